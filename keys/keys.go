@@ -1,0 +1,326 @@
+// Package keys is the only place where runqueue builds Redis key names.
+//
+// Every key of one env lives in one Redis Cluster hash slot: keys start with the
+// hash tag "{<prefix>:<shard>}" where shard = fnv1a32(env) mod shards. User
+// strings (env, queue, concurrency key, message id) are encoded injectively
+// with Segment, which escapes every byte outside [A-Za-z0-9._-] as %XX. An
+// encoded segment therefore never contains ':', '*', '?', '[', ']', '{', '}' or
+// whitespace, so no user string can forge a separator, a wildcard or a hash
+// tag, and distinct tuples always give distinct keys.
+package keys
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+)
+
+// Segment encodes s injectively: bytes in [A-Za-z0-9._-] stay, every other
+// byte (including '%') becomes %XX with upper-case hex digits.
+func Segment(s string) string {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if !plain(s[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 2*n)
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if plain(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
+// ErrBadSegment reports a string that Segment cannot have produced.
+var ErrBadSegment = errors.New("keys: malformed encoded segment")
+
+// DecodeSegment inverts Segment. It rejects anything Segment never produces
+// (lower-case hex, an escaped plain byte, a raw special byte), so decoding
+// is exact and Segment(DecodeSegment(x)) == x for every accepted x.
+func DecodeSegment(enc string) (string, error) {
+	if !strings.Contains(enc, "%") {
+		for i := 0; i < len(enc); i++ {
+			if !plain(enc[i]) {
+				return "", ErrBadSegment
+			}
+		}
+		return enc, nil
+	}
+	b := make([]byte, 0, len(enc))
+	for i := 0; i < len(enc); i++ {
+		c := enc[i]
+		if c != '%' {
+			if !plain(c) {
+				return "", ErrBadSegment
+			}
+			b = append(b, c)
+			continue
+		}
+		if i+2 >= len(enc) {
+			return "", ErrBadSegment
+		}
+		hi, ok1 := unhex(enc[i+1])
+		lo, ok2 := unhex(enc[i+2])
+		if !ok1 || !ok2 {
+			return "", ErrBadSegment
+		}
+		v := hi<<4 | lo
+		if plain(v) {
+			return "", ErrBadSegment
+		}
+		b = append(b, v)
+		i += 2
+	}
+	return string(b), nil
+}
+
+func plain(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'A' && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// Space builds the keys of one deployment: a prefix and a shard count.
+type Space struct {
+	prefix string
+	shards int
+}
+
+// NewSpace validates the prefix (non-empty, [a-zA-Z0-9_.-] only, at most 64
+// bytes) and the shard count (1..16384).
+func NewSpace(prefix string, shards int) (Space, error) {
+	if prefix == "" || len(prefix) > 64 || Segment(prefix) != prefix {
+		return Space{}, fmt.Errorf("keys: prefix %q must be 1-64 bytes of [A-Za-z0-9._-]", prefix)
+	}
+	if shards < 1 || shards > 16384 {
+		return Space{}, fmt.Errorf("keys: shards %d must be in 1..16384", shards)
+	}
+	return Space{prefix: prefix, shards: shards}, nil
+}
+
+// Prefix returns the key prefix.
+func (s Space) Prefix() string { return s.prefix }
+
+// Shards returns the shard count.
+func (s Space) Shards() int { return s.shards }
+
+// ShardOf returns the shard of env.
+func (s Space) ShardOf(env string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(env))
+	return int(h.Sum32() % uint32(s.shards))
+}
+
+// Shard is the key space of one shard: one hash slot.
+type Shard struct {
+	tag string // "{prefix:N}"
+	n   int
+}
+
+// Shard returns the keys of shard n.
+func (s Space) Shard(n int) Shard {
+	return Shard{tag: fmt.Sprintf("{%s:%d}", s.prefix, n), n: n}
+}
+
+// Number is the shard number.
+func (sh Shard) Number() int { return sh.n }
+
+// Tag is the hash tag all keys of the shard start with.
+func (sh Shard) Tag() string { return sh.tag }
+
+// Master is the shard's ZSET of base queues with work, member QueueMember,
+// score the earliest time (ms) the queue has work to serve.
+func (sh Shard) Master() string { return sh.tag + ":master" }
+
+// Leases is the shard's ZSET of in-flight runs, member RunMember, score the
+// lease deadline in ms.
+func (sh Shard) Leases() string { return sh.tag + ":leases" }
+
+// TTL is the shard's ZSET of queued runs with a TTL, member RunMember, score
+// the expiry deadline in ms.
+func (sh Shard) TTL() string { return sh.tag + ":ttl" }
+
+// Wake is the pub/sub channel an enqueue publishes to (a channel, not a key).
+func (sh Shard) Wake() string { return sh.tag + ":wake" }
+
+// Env returns the keys of env (which must belong to this shard).
+func (s Space) Env(env string) Env {
+	sh := s.Shard(s.ShardOf(env))
+	return Env{Shard: sh, env: env, base: sh.tag + ":e:" + Segment(env)}
+}
+
+// Env is the key space of one env.
+type Env struct {
+	Shard
+	env  string
+	base string
+}
+
+// Name is the env's name.
+func (e Env) Name() string { return e.env }
+
+// Inflight is the env's SET of in-flight message refs (its concurrency).
+func (e Env) Inflight() string { return e.base + ":inflight" }
+
+// Queue returns the keys of a base queue of the env.
+func (e Env) Queue(queue string) Queue {
+	return Queue{Env: e, queue: queue, base: e.base + ":q:" + Segment(queue)}
+}
+
+// Queue is the key space of one base queue.
+type Queue struct {
+	Env
+	queue string
+	base  string
+}
+
+// Name is the queue's name.
+func (q Queue) Name() string { return q.queue }
+
+// Member is the queue's member in the shard master ZSET.
+func (q Queue) Member() string { return QueueMember(q.env, q.queue) }
+
+// CkIndex is the ZSET variant -> head ready score (ms, timestamp domain) of
+// the variants that have ready runs.
+func (q Queue) CkIndex() string { return q.base + ":ckIndex" }
+
+// DelayIndex is the ZSET variant -> earliest available_at (ms) of the
+// variants that have delayed runs.
+func (q Queue) DelayIndex() string { return q.base + ":delayIndex" }
+
+// Depth is the HASH of queued-run counters: "r" ready, "d" delayed.
+func (q Queue) Depth() string { return q.base + ":depth" }
+
+// Inflight is the queue's SET of in-flight message refs (all its keys).
+func (q Queue) Inflight() string { return q.base + ":inflight" }
+
+// Dead is the queue's dead-letter ZSET, member RunMember, score the time of
+// death in ms.
+func (q Queue) Dead() string { return q.base + ":dead" }
+
+// CkVtime is the ZSET variant -> virtual start tag (flag on only).
+func (q Queue) CkVtime() string { return q.base + ":ckVtime" }
+
+// CkVtimeFloor is the STRING holding the queue's virtual clock V (flag on only).
+func (q Queue) CkVtimeFloor() string { return q.base + ":ckVtimeFloor" }
+
+// CkVtimeIdle is the ZSET variant -> tag parked when it drained (flag on only).
+func (q Queue) CkVtimeIdle() string { return q.base + ":ckVtimeIdle" }
+
+// Weights is the HASH variant -> weight override (flag on only).
+func (q Queue) Weights() string { return q.base + ":weights" }
+
+// Meta is the HASH encoded message id -> run metadata.
+func (q Queue) Meta() string { return q.base + ":meta" }
+
+// Payloads is the HASH encoded message id -> payload bytes.
+func (q Queue) Payloads() string { return q.base + ":payload" }
+
+// Variant returns the keys of the variant of concurrency key ck ("" for runs
+// without a key).
+func (q Queue) Variant(ck string) Variant {
+	return Variant{base: q.base + ":v:" + Segment(ck), member: VariantMember(ck)}
+}
+
+// Variant is the key space of one (env, queue, concurrency key).
+type Variant struct {
+	base   string
+	member string
+}
+
+// Member is the variant's member in ckIndex, ckVtime, ckVtimeIdle, DelayIndex.
+func (v Variant) Member() string { return v.member }
+
+// Ready is the ZSET of ready message ids, score the ready score (ms).
+func (v Variant) Ready() string { return v.base + ":ready" }
+
+// Delayed is the ZSET of delayed message ids, score available_at (ms).
+func (v Variant) Delayed() string { return v.base + ":delayed" }
+
+// Inflight is the SET of the variant's in-flight message ids.
+func (v Variant) Inflight() string { return v.base + ":inflight" }
+
+// VariantMember is the member naming concurrency key ck in the per-queue
+// sorted sets: "=" followed by the encoded key, so "" (no key) is "=".
+func VariantMember(ck string) string { return "=" + Segment(ck) }
+
+// DecodeVariantMember inverts VariantMember.
+func DecodeVariantMember(m string) (string, error) {
+	if !strings.HasPrefix(m, "=") {
+		return "", ErrBadSegment
+	}
+	return DecodeSegment(m[1:])
+}
+
+// QueueMember names (env, queue) in the shard master ZSET.
+func QueueMember(env, queue string) string { return Segment(env) + ":" + Segment(queue) }
+
+// DecodeQueueMember inverts QueueMember.
+func DecodeQueueMember(m string) (env, queue string, err error) {
+	parts := strings.Split(m, ":")
+	if len(parts) != 2 {
+		return "", "", ErrBadSegment
+	}
+	if env, err = DecodeSegment(parts[0]); err != nil {
+		return "", "", err
+	}
+	if queue, err = DecodeSegment(parts[1]); err != nil {
+		return "", "", err
+	}
+	return env, queue, nil
+}
+
+// Ref identifies one run.
+type Ref struct {
+	Env, Queue, Key, ID string
+}
+
+// RunMember names a run in shard-level sets (leases, ttl) and queue-level
+// sets (inflight, dead): env:queue:=key:id, each segment encoded.
+func RunMember(r Ref) string {
+	return Segment(r.Env) + ":" + Segment(r.Queue) + ":" + VariantMember(r.Key) + ":" + Segment(r.ID)
+}
+
+// DecodeRunMember inverts RunMember.
+func DecodeRunMember(m string) (Ref, error) {
+	parts := strings.Split(m, ":")
+	if len(parts) != 4 {
+		return Ref{}, ErrBadSegment
+	}
+	var r Ref
+	var err error
+	if r.Env, err = DecodeSegment(parts[0]); err != nil {
+		return Ref{}, err
+	}
+	if r.Queue, err = DecodeSegment(parts[1]); err != nil {
+		return Ref{}, err
+	}
+	if r.Key, err = DecodeVariantMember(parts[2]); err != nil {
+		return Ref{}, err
+	}
+	if r.ID, err = DecodeSegment(parts[3]); err != nil {
+		return Ref{}, err
+	}
+	return r, nil
+}

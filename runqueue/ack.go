@@ -1,0 +1,241 @@
+package runqueue
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+func checkRun(r *Run) error {
+	if r == nil {
+		return invalid("run", "must not be nil")
+	}
+	if err := checkQueue(r.Env, r.Queue); err != nil {
+		return err
+	}
+	if err := checkKey(r.Key); err != nil {
+		return err
+	}
+	if err := checkName("id", r.ID); err != nil {
+		return err
+	}
+	if r.Token <= 0 {
+		return invalid("token", "must come from a dequeued run")
+	}
+	return nil
+}
+
+// Ack completes a run: it is removed everywhere and its concurrency released.
+func (q *Queue) Ack(ctx context.Context, r *Run) error {
+	if err := checkRun(r); err != nil {
+		return err
+	}
+	qk := q.space.Env(r.Env).Queue(r.Queue)
+	v := qk.Variant(r.Key)
+	ks := []string{qk.Meta(), qk.Payloads(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()}
+	err := run(ctx, q.rdb, q.scripts.ack, ks, keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token).Err()
+	return scriptError(err, nil)
+}
+
+// ExtendLease moves the lease deadline of a held run to now + d (a heartbeat).
+func (q *Queue) ExtendLease(ctx context.Context, r *Run, d time.Duration) error {
+	if err := checkRun(r); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return invalid("duration", "must be positive")
+	}
+	qk := q.space.Env(r.Env).Queue(r.Queue)
+	v := qk.Variant(r.Key)
+	deadline := q.now() + max(ms(d), 1)
+	err := run(ctx, q.rdb, q.scripts.extend, []string{qk.Meta(), qk.Leases()},
+		keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token, deadline).Err()
+	if err == nil {
+		r.LeaseDeadline = time.UnixMilli(deadline)
+	}
+	return scriptError(err, nil)
+}
+
+// NackOptions choose what Nack does; nil means retry with backoff.
+type NackOptions struct {
+	// RetryAt retries at this time; zero means now + Backoff(attempt).
+	RetryAt time.Time
+	// DeadLetter dead-letters the run now, whatever attempts are left.
+	DeadLetter bool
+}
+
+// NackResult says what became of a nacked run.
+type NackResult struct {
+	// Requeued is true when the run will be retried, false when it was
+	// dead-lettered.
+	Requeued bool
+	// Attempt is the attempt number of its next delivery (or of the one it
+	// died at + 1).
+	Attempt int
+	// RetryAt is when it becomes ready again (zero when dead-lettered).
+	RetryAt time.Time
+}
+
+// Backoff returns the default retry delay after a failed delivery attempt:
+// BackoffBase*2^(attempt-1), at most BackoffMax, times a jitter factor.
+func (q *Queue) Backoff(attempt int) time.Duration {
+	d := float64(q.cfg.BackoffBase) * math.Pow(2, float64(max(attempt, 1)-1))
+	d = math.Min(d, float64(q.cfg.BackoffMax))
+	if j := q.cfg.BackoffJitter; j > 0 {
+		q.rrMu.Lock()
+		f := 1 - j + 2*j*q.cfg.Rand.Float64()
+		q.rrMu.Unlock()
+		d *= f
+	}
+	return time.Duration(d)
+}
+
+// Nack gives a held run back: retried later with attempt + 1, or
+// dead-lettered when it has no attempts left (Config.MaxAttempts) or opts
+// asks for it.
+func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult, error) {
+	if err := checkRun(r); err != nil {
+		return NackResult{}, err
+	}
+	if opts == nil {
+		opts = &NackOptions{}
+	}
+	now := q.now()
+	retry := opts.RetryAt.UnixMilli()
+	if opts.RetryAt.IsZero() {
+		retry = now + ms(q.Backoff(r.Attempt))
+	}
+	return q.requeue(ctx, r.ref(), r.Token, now, retry, opts.DeadLetter)
+}
+
+func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int64, kill bool) (NackResult, error) {
+	qk := q.space.Env(ref.Env).Queue(ref.Queue)
+	v := qk.Variant(ref.Key)
+	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(),
+		qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases(), qk.Dead()}
+	killArg := 0
+	if kill {
+		killArg = 1
+	}
+	maxAttempts := q.cfg.MaxAttempts
+	if maxAttempts < 0 {
+		maxAttempts = 0
+	}
+	args := []any{now, keys.Segment(ref.ID), v.Member(), keys.RunMember(ref), token, retry,
+		ms(q.cfg.PriorityStep), maxAttempts, killArg, qk.Member(), qk.Wake()}
+	ks, args = q.withHooks(q.scripts.requeue, qk, ks, args)
+	res, err := run(ctx, q.rdb, q.scripts.requeue, ks, args...).Int64Slice()
+	if err != nil {
+		return NackResult{}, scriptError(err, nil)
+	}
+	out := NackResult{Requeued: res[0] == 1, Attempt: int(res[1])}
+	if out.Requeued {
+		out.RetryAt = time.UnixMilli(retry)
+	}
+	return out, nil
+}
+
+// RecoverLeases requeues (attempt + 1, ready now) up to limit runs of shard
+// whose lease deadline passed, or dead-letters those without attempts left.
+// Any number of instances may run it concurrently: each run is recovered
+// once. It returns how many runs it recovered or dead-lettered.
+func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error) {
+	if err := q.checkSweep(shard, limit); err != nil {
+		return 0, err
+	}
+	now := q.now()
+	sh := q.space.Shard(shard)
+	members, err := q.rdb.ZRangeByScore(ctx, sh.Leases(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(limit)}).Result()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range members {
+		ref, err := keys.DecodeRunMember(m)
+		if err != nil {
+			continue
+		}
+		_, err = q.requeue(ctx, ref, 0, now, now, false)
+		switch err {
+		case nil:
+			n++
+		case ErrNotFound, ErrNotInFlight, ErrLeaseActive:
+			// Another instance got there first, or the holder acked or
+			// extended meanwhile.
+		default:
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (q *Queue) checkSweep(shard, limit int) error {
+	if shard < 0 || shard >= q.space.Shards() {
+		return invalid("shard", "%d is outside 0..%d", shard, q.space.Shards()-1)
+	}
+	if limit <= 0 || limit > 100000 {
+		return invalid("limit", "%d is outside 1..100000", limit)
+	}
+	return nil
+}
+
+// ExpireTTL removes up to limit queued runs of shard whose TTL passed before
+// they were dequeued, and returns how many it expired.
+func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
+	if err := q.checkSweep(shard, limit); err != nil {
+		return 0, err
+	}
+	now := q.now()
+	sh := q.space.Shard(shard)
+	members, err := q.rdb.ZRangeByScore(ctx, sh.TTL(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(limit)}).Result()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, m := range members {
+		ref, err := keys.DecodeRunMember(m)
+		if err != nil {
+			continue
+		}
+		qk := q.space.Env(ref.Env).Queue(ref.Queue)
+		v := qk.Variant(ref.Key)
+		ks := []string{qk.Meta(), qk.Payloads(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
+			qk.Depth(), qk.Master(), sh.TTL()}
+		args := []any{now, keys.Segment(ref.ID), v.Member(), m, qk.Member()}
+		ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
+		got, err := run(ctx, q.rdb, q.scripts.expire, ks, args...).Int()
+		if err != nil {
+			return n, scriptError(err, nil)
+		}
+		n += got
+	}
+	return n, nil
+}
+
+// Redrive puts a dead-lettered run back in its queue, ready now, with its
+// attempts reset.
+func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
+	if err := checkQueue(env, queue); err != nil {
+		return err
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := checkName("id", id); err != nil {
+		return err
+	}
+	qk := q.space.Env(env).Queue(queue)
+	v := qk.Variant(key)
+	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
+	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Dead()}
+	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qk.Member(), qk.Wake()}
+	ks, args = q.withHooks(q.scripts.redrive, qk, ks, args)
+	return scriptError(run(ctx, q.rdb, q.scripts.redrive, ks, args...).Err(), nil)
+}

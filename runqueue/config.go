@@ -1,0 +1,242 @@
+package runqueue
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Clock tells the time. Every script receives now from Go, never from Redis,
+// so tests and the bench can drive time step by step.
+type Clock interface {
+	Now() time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// Limits are concurrency limits for one base queue; 0 means no limit.
+type Limits struct {
+	Env   int // runs in flight across every queue of the env
+	Queue int // runs in flight in the base queue, all keys together
+	Key   int // runs in flight per concurrency key of the queue
+}
+
+// Config configures a Queue. The zero value of every field means its default.
+type Config struct {
+	// Prefix starts every key (inside the hash tag). [A-Za-z0-9._-], 1-64
+	// bytes. Defaults to "rq".
+	Prefix string
+	// Shards is the number of hash slots envs are spread over (shard =
+	// fnv1a(env) mod Shards). Changing it moves envs: drain first. Defaults to 16.
+	Shards int
+
+	// VtimeScheduling turns the fair virtual-time scheduler on
+	// (CK_VTIME_SCHEDULING_ENABLED). Defaults to false: variants are served in
+	// age order by the pinned flag-off scripts.
+	VtimeScheduling bool
+
+	// PriorityStep is how much earlier one priority level makes a run ready
+	// to order: ready score = available_at - priority*PriorityStep. Defaults
+	// to 30s.
+	PriorityStep time.Duration
+	// MaxPayloadBytes bounds a run's payload. Defaults to 1 MiB.
+	MaxPayloadBytes int
+	// MaxQueueDepth refuses enqueues (ErrQueueFull) when a base queue holds
+	// this many queued runs (ready + delayed). Defaults to 0: no limit.
+	MaxQueueDepth int
+	// MaxKeyDepth is MaxQueueDepth for one concurrency key. Defaults to 0: no limit.
+	MaxKeyDepth int
+
+	// EnvConcurrency, QueueConcurrency and KeyConcurrency are the default
+	// concurrency limits when LimitsFor is nil. Default to 0: no limit.
+	EnvConcurrency   int
+	QueueConcurrency int
+	KeyConcurrency   int
+	// LimitsFor returns the limits of a base queue at each dequeue. Defaults
+	// to the three fields above for every queue.
+	LimitsFor func(env, queue string) Limits
+
+	// LeaseDuration is how long a dequeued run is held before lease recovery
+	// may requeue it. Defaults to 5m.
+	LeaseDuration time.Duration
+	// MaxAttempts is the number of deliveries before a run is dead-lettered
+	// by Nack or lease recovery. Defaults to 5; negative means no limit.
+	MaxAttempts int
+	// BackoffBase, BackoffMax and BackoffJitter shape Nack's default retry
+	// time: BackoffBase*2^(attempt-1), at most BackoffMax, then multiplied by
+	// a random factor in [1-BackoffJitter, 1+BackoffJitter]. Default to 1s,
+	// 10m and 0.2.
+	BackoffBase   time.Duration
+	BackoffMax    time.Duration
+	BackoffJitter float64
+
+	// MaxDequeueCount bounds maxCount of one dequeue call. Defaults to 1000.
+	MaxDequeueCount int
+	// ScanLimit is how many variants of a queue a flag-off dequeue call looks
+	// at (in age order) and how many due delayed variants it promotes.
+	// Defaults to 3*maxCount, at least 30.
+	ScanLimit int
+	// PromoteLimit is how many due delayed runs of one variant one dequeue
+	// call moves to ready. 1..500. Defaults to 100.
+	PromoteLimit int
+
+	// WindowMultiplier sets the scheduler's window per serve: pass 1 reads
+	// 2*WindowMultiplier tags and considers the first WindowMultiplier
+	// servable ones; pass 2 reads WindowMultiplier heads in age order.
+	// Defaults to 3.
+	WindowMultiplier int
+	// Quantum is the virtual time one serve costs a key of weight 1. Defaults to 1.
+	Quantum float64
+	// StateTTL is the lifetime of the scheduler's state, refreshed by writes.
+	// Defaults to 24h.
+	StateTTL time.Duration
+	// IdleMaxEntries caps the parked tags kept per queue. Defaults to 10,000.
+	IdleMaxEntries int
+	// MaxWeightOverrides caps the weight overrides per queue. Defaults to 1,000.
+	MaxWeightOverrides int
+
+	// BlockPollInterval is the longest a blocking dequeue sleeps without a
+	// wake-up when work exists but limits hold it (an ack elsewhere frees it
+	// silently). Defaults to 1s.
+	BlockPollInterval time.Duration
+
+	// Clock tells the time. Defaults to the wall clock.
+	Clock Clock
+	// Rand draws backoff jitter. Defaults to a randomly seeded source.
+	Rand *rand.Rand
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c *Config) WithDefaults() *Config {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	setDefault(&out.Prefix, "rq")
+	setDefault(&out.Shards, 16)
+	setDefault(&out.PriorityStep, 30*time.Second)
+	setDefault(&out.MaxPayloadBytes, 1<<20)
+	setDefault(&out.LeaseDuration, 5*time.Minute)
+	setDefault(&out.MaxAttempts, 5)
+	setDefault(&out.BackoffBase, time.Second)
+	setDefault(&out.BackoffMax, 10*time.Minute)
+	setDefault(&out.BackoffJitter, 0.2)
+	setDefault(&out.MaxDequeueCount, 1000)
+	setDefault(&out.PromoteLimit, 100)
+	setDefault(&out.WindowMultiplier, 3)
+	setDefault(&out.Quantum, 1)
+	setDefault(&out.StateTTL, 24*time.Hour)
+	setDefault(&out.IdleMaxEntries, 10000)
+	setDefault(&out.MaxWeightOverrides, 1000)
+	setDefault(&out.BlockPollInterval, time.Second)
+	if out.Clock == nil {
+		out.Clock = wallClock{}
+	}
+	if out.Rand == nil {
+		out.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if out.LimitsFor == nil {
+		l := Limits{Env: out.EnvConcurrency, Queue: out.QueueConcurrency, Key: out.KeyConcurrency}
+		out.LimitsFor = func(string, string) Limits { return l }
+	}
+	return &out
+}
+
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+func (c *Config) validate() error {
+	bad := func(field string, v any) error {
+		return &InvalidError{Field: "Config." + field, Reason: fmt.Sprintf("value %v out of range", v)}
+	}
+	switch {
+	case c.Shards < 1 || c.Shards > 16384:
+		return bad("Shards", c.Shards)
+	case c.PriorityStep < time.Millisecond:
+		return bad("PriorityStep", c.PriorityStep)
+	case c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > 512<<20:
+		return bad("MaxPayloadBytes", c.MaxPayloadBytes)
+	case c.MaxQueueDepth < 0:
+		return bad("MaxQueueDepth", c.MaxQueueDepth)
+	case c.MaxKeyDepth < 0:
+		return bad("MaxKeyDepth", c.MaxKeyDepth)
+	case c.LeaseDuration < time.Millisecond:
+		return bad("LeaseDuration", c.LeaseDuration)
+	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
+		return bad("BackoffMax", c.BackoffMax)
+	case c.BackoffJitter < 0 || c.BackoffJitter >= 1:
+		return bad("BackoffJitter", c.BackoffJitter)
+	case c.MaxDequeueCount < 1 || c.MaxDequeueCount > 10000:
+		return bad("MaxDequeueCount", c.MaxDequeueCount)
+	case c.ScanLimit < 0 || c.ScanLimit > 10000:
+		return bad("ScanLimit", c.ScanLimit)
+	case c.PromoteLimit < 1 || c.PromoteLimit > 500:
+		return bad("PromoteLimit", c.PromoteLimit)
+	case c.WindowMultiplier < 1 || c.WindowMultiplier > 100:
+		return bad("WindowMultiplier", c.WindowMultiplier)
+	case c.Quantum <= 0 || c.Quantum > 1e6:
+		return bad("Quantum", c.Quantum)
+	case c.StateTTL < time.Second:
+		return bad("StateTTL", c.StateTTL)
+	case c.IdleMaxEntries < 1:
+		return bad("IdleMaxEntries", c.IdleMaxEntries)
+	case c.MaxWeightOverrides < 1:
+		return bad("MaxWeightOverrides", c.MaxWeightOverrides)
+	}
+	return nil
+}
+
+// ConfigFromEnv reads a Config from the environment:
+//
+//	CK_VTIME_SCHEDULING_ENABLED  VtimeScheduling (true/false/1/0; default off)
+//	RUNQUEUE_PREFIX              Prefix
+//	RUNQUEUE_SHARDS              Shards
+//	RUNQUEUE_LEASE_DURATION      LeaseDuration (Go duration, e.g. 30s)
+//	RUNQUEUE_MAX_ATTEMPTS        MaxAttempts
+//	RUNQUEUE_MAX_QUEUE_DEPTH     MaxQueueDepth
+//	RUNQUEUE_MAX_KEY_DEPTH       MaxKeyDepth
+//	RUNQUEUE_VTIME_QUANTUM       Quantum
+//	RUNQUEUE_VTIME_WINDOW_MULTIPLIER  WindowMultiplier
+//	RUNQUEUE_VTIME_STATE_TTL     StateTTL
+//
+// Unset variables leave the field zero (its default). A malformed value is
+// an *InvalidError naming the variable.
+func ConfigFromEnv() (*Config, error) {
+	c := &Config{}
+	var err error
+	get := func(name string, parse func(string) error) {
+		v, ok := os.LookupEnv(name)
+		if !ok || err != nil || strings.TrimSpace(v) == "" {
+			return
+		}
+		if e := parse(strings.TrimSpace(v)); e != nil {
+			err = &InvalidError{Field: name, Reason: e.Error()}
+		}
+	}
+	intVar := func(p *int) func(string) error {
+		return func(s string) (e error) { *p, e = strconv.Atoi(s); return e }
+	}
+	durVar := func(p *time.Duration) func(string) error {
+		return func(s string) (e error) { *p, e = time.ParseDuration(s); return e }
+	}
+	get("CK_VTIME_SCHEDULING_ENABLED", func(s string) (e error) { c.VtimeScheduling, e = strconv.ParseBool(s); return e })
+	get("RUNQUEUE_PREFIX", func(s string) error { c.Prefix = s; return nil })
+	get("RUNQUEUE_SHARDS", intVar(&c.Shards))
+	get("RUNQUEUE_LEASE_DURATION", durVar(&c.LeaseDuration))
+	get("RUNQUEUE_MAX_ATTEMPTS", intVar(&c.MaxAttempts))
+	get("RUNQUEUE_MAX_QUEUE_DEPTH", intVar(&c.MaxQueueDepth))
+	get("RUNQUEUE_MAX_KEY_DEPTH", intVar(&c.MaxKeyDepth))
+	get("RUNQUEUE_VTIME_QUANTUM", func(s string) (e error) { c.Quantum, e = strconv.ParseFloat(s, 64); return e })
+	get("RUNQUEUE_VTIME_WINDOW_MULTIPLIER", intVar(&c.WindowMultiplier))
+	get("RUNQUEUE_VTIME_STATE_TTL", durVar(&c.StateTTL))
+	return c, err
+}

@@ -1,0 +1,255 @@
+package runqueue
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// Run is a dequeued run, in flight under a lease until acked, nacked or
+// recovered.
+type Run struct {
+	Env, Queue, Key, ID string
+	Payload             []byte
+	// Attempt is the delivery attempt, from 1.
+	Attempt int
+	// Token identifies this delivery; a later delivery of the same run (after
+	// lease recovery) makes this holder's Ack, Nack and ExtendLease fail with
+	// ErrLeaseLost.
+	Token int64
+	// LeaseDeadline is when lease recovery may take the run back.
+	LeaseDeadline time.Time
+}
+
+func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: r.Key, ID: r.ID} }
+
+func (q *Queue) checkMaxCount(maxCount int) error {
+	if maxCount <= 0 || maxCount > q.cfg.MaxDequeueCount {
+		return invalid("maxCount", "%d is outside 1..%d", maxCount, q.cfg.MaxDequeueCount)
+	}
+	return nil
+}
+
+// Dequeue moves up to maxCount ready runs of one base queue in flight, each
+// with a lease of Config.LeaseDuration, atomically and within the env, queue
+// and key concurrency limits. With the scheduler flag off the runs come in
+// age order; with it on, in fair virtual-time order across keys.
+func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([]*Run, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, err
+	}
+	if err := q.checkMaxCount(maxCount); err != nil {
+		return nil, err
+	}
+	return q.dequeueQueue(ctx, q.space.Env(env).Queue(queue), maxCount, q.now())
+}
+
+func (q *Queue) scanLimit(maxCount int) int {
+	if q.cfg.ScanLimit > 0 {
+		return q.cfg.ScanLimit
+	}
+	return max(30, 3*maxCount)
+}
+
+// dequeueQueue reads the candidate variants (their keys must be declared to
+// the script), then runs the dequeue script, which re-reads the indexes and
+// serves only among the candidates it was given keys for.
+func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]*Run, error) {
+	var members []string
+	var extra []any
+	var err error
+	if q.cfg.VtimeScheduling {
+		members, extra, err = q.vtimeCandidates(ctx, qk, maxCount, now)
+	} else {
+		members, err = q.ageCandidates(ctx, qk, maxCount, now)
+	}
+	if err != nil || len(members) == 0 {
+		return nil, err
+	}
+	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
+	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
+		qk.Env.Inflight(), qk.Inflight(), qk.Meta(), qk.Payloads(), qk.TTL()}
+	if q.cfg.VtimeScheduling {
+		ks = append(ks, q.vtimeKeys(qk)...)
+	}
+	lease := now + ms(q.cfg.LeaseDuration)
+	args := []any{now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
+		runPrefix(qk.Env.Name(), qk.Name()), ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit, len(members)}
+	for _, m := range members {
+		v, err := variantOf(qk, m)
+		if err != nil {
+			return nil, err
+		}
+		ks = append(ks, v.Ready(), v.Delayed(), v.Inflight())
+		args = append(args, m)
+	}
+	args = append(args, extra...)
+	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
+	if err != nil {
+		return nil, scriptError(err, nil)
+	}
+	return decodeRuns(qk, res, lease)
+}
+
+func variantOf(qk keys.Queue, member string) (keys.Variant, error) {
+	ck, err := keys.DecodeVariantMember(member)
+	if err != nil {
+		return keys.Variant{}, fmt.Errorf("runqueue: corrupt variant member %q in %s: %w", member, qk.CkIndex(), err)
+	}
+	return qk.Variant(ck), nil
+}
+
+// ageCandidates reads the variants a flag-off dequeue may serve: the first
+// scan entries of ckIndex and the first scan due entries of delayIndex.
+func (q *Queue) ageCandidates(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]string, error) {
+	scan := int64(q.scanLimit(maxCount))
+	var ready, due *redis.StringSliceCmd
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		ready = p.ZRange(ctx, qk.CkIndex(), 0, scan-1)
+		due = p.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: scan})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return union(ready.Val(), due.Val()), nil
+}
+
+func union(lists ...[]string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, l := range lists {
+		for _, m := range l {
+			if !seen[m] {
+				seen[m] = true
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+func decodeRuns(qk keys.Queue, res []any, lease int64) ([]*Run, error) {
+	if len(res)%5 != 0 {
+		return nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+	}
+	runs := make([]*Run, 0, len(res)/5)
+	for i := 0; i < len(res); i += 5 {
+		encID, _ := res[i].(string)
+		member, _ := res[i+1].(string)
+		body, _ := res[i+2].(string)
+		att, _ := res[i+3].(int64)
+		tok, _ := res[i+4].(int64)
+		id, err := keys.DecodeSegment(encID)
+		if err != nil {
+			return nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
+		}
+		ck, err := keys.DecodeVariantMember(member)
+		if err != nil {
+			return nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
+		}
+		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(body),
+			Attempt: int(att), Token: tok, LeaseDeadline: time.UnixMilli(lease)})
+	}
+	return runs, nil
+}
+
+// DequeueShard serves up to maxCount ready runs from the queues of one shard
+// (see ShardOf). Envs are served round-robin: every env with ready work on
+// the shard gets a share of each call, whatever another env's backlog, so an
+// env with one ready run is served within two calls.
+func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
+	if shard < 0 || shard >= q.space.Shards() {
+		return nil, invalid("shard", "%d is outside 0..%d", shard, q.space.Shards()-1)
+	}
+	if err := q.checkMaxCount(maxCount); err != nil {
+		return nil, err
+	}
+	now := q.now()
+	sh := q.space.Shard(shard)
+	members, err := q.rdb.ZRangeByScore(ctx, sh.Master(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(max(64, 4*maxCount)),
+	}).Result()
+	if err != nil {
+		return nil, err
+	}
+	plan := q.shardPlan(members)
+	var out []*Run
+	var more []keys.Queue // queues that filled their share and may have more
+	for i, qk := range plan {
+		left := maxCount - len(out)
+		if left <= 0 {
+			break
+		}
+		// Share what is left evenly among the queues still to visit in this
+		// round, so one env's backlog cannot take the whole call.
+		share := (left + len(plan) - i - 1) / (len(plan) - i)
+		runs, err := q.dequeueQueue(ctx, qk, share, now)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, runs...)
+		if len(runs) == share {
+			more = append(more, qk)
+		}
+	}
+	// Whatever capacity is left goes to those queues in order.
+	for _, qk := range more {
+		if len(out) >= maxCount {
+			break
+		}
+		runs, err := q.dequeueQueue(ctx, qk, maxCount-len(out), now)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, runs...)
+	}
+	return out, nil
+}
+
+// shardPlan orders the queues of a shard for one call: one queue per env in
+// the first round (each env's oldest), envs rotated by a per-instance
+// counter, then the remaining queues in master order.
+func (q *Queue) shardPlan(members []string) []keys.Queue {
+	type entry struct {
+		env, queue string
+		rank       int
+	}
+	byEnv := map[string][]entry{}
+	var envs []string
+	for i, m := range members {
+		env, queue, err := keys.DecodeQueueMember(m)
+		if err != nil {
+			continue // not ours to serve; never crash a consumer on a foreign member
+		}
+		if _, ok := byEnv[env]; !ok {
+			envs = append(envs, env)
+		}
+		byEnv[env] = append(byEnv[env], entry{env, queue, i})
+	}
+	if len(envs) == 0 {
+		return nil
+	}
+	q.rrMu.Lock()
+	off := int(q.rr % uint64(len(envs)))
+	q.rr++
+	q.rrMu.Unlock()
+	envs = append(envs[off:], envs[:off]...)
+	var first, rest []entry
+	for _, e := range envs {
+		first = append(first, byEnv[e][0])
+		rest = append(rest, byEnv[e][1:]...)
+	}
+	sort.SliceStable(rest, func(i, j int) bool { return rest[i].rank < rest[j].rank })
+	var plan []keys.Queue
+	for _, e := range append(first, rest...) {
+		plan = append(plan, q.space.Env(e.env).Queue(e.queue))
+	}
+	return plan
+}

@@ -1,0 +1,94 @@
+package runqueue
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors. Use errors.Is; typed errors below carry details.
+var (
+	// ErrInvalid is wrapped by every *InvalidError: bad input, nothing written.
+	ErrInvalid = errors.New("runqueue: invalid argument")
+	// ErrConflict: a run with this id exists with another body or key.
+	ErrConflict = errors.New("runqueue: message id exists with another body")
+	// ErrQueueFull: admission control refused the run; nothing was written.
+	ErrQueueFull = errors.New("runqueue: queue depth limit reached")
+	// ErrNotFound: no run with this id (under this concurrency key).
+	ErrNotFound = errors.New("runqueue: no such run")
+	// ErrNotInFlight: the run exists but is not in flight.
+	ErrNotInFlight = errors.New("runqueue: run is not in flight")
+	// ErrLeaseLost: the caller's lease ended; the run was recovered and
+	// delivered again, so this holder may no longer ack, nack or extend it.
+	ErrLeaseLost = errors.New("runqueue: lease lost to a later delivery")
+	// ErrLeaseActive: recovery found the lease still running.
+	ErrLeaseActive = errors.New("runqueue: lease has not expired")
+	// ErrNotDead: redrive of a run that is not dead-lettered.
+	ErrNotDead = errors.New("runqueue: run is not dead-lettered")
+	// ErrTooManyWeights: a queue already has MaxWeightOverrides weights.
+	ErrTooManyWeights = errors.New("runqueue: too many weight overrides for this queue")
+	// ErrClosed: the Queue was closed.
+	ErrClosed = errors.New("runqueue: queue closed")
+)
+
+// InvalidError reports which argument was rejected and why.
+type InvalidError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InvalidError) Error() string {
+	return fmt.Sprintf("runqueue: invalid %s: %s", e.Field, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalid) true.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// QueueFullError is returned when admission control refuses a run. Scope is
+// "queue" (the base queue's depth) or "key" (the concurrency key's depth).
+type QueueFullError struct {
+	Scope string
+	Limit int
+}
+
+func (e *QueueFullError) Error() string {
+	return fmt.Sprintf("runqueue: %s depth limit %d reached", e.Scope, e.Limit)
+}
+
+// Unwrap makes errors.Is(err, ErrQueueFull) true.
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
+
+// scriptError maps the RQ_* codes that scripts return through
+// redis.error_reply to typed errors. It is the only place that knows them.
+func scriptError(err error, limits map[string]int) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	code, _, _ := strings.Cut(msg, " ")
+	switch code {
+	case "RQ_CONFLICT":
+		return ErrConflict
+	case "RQ_QUEUE_FULL":
+		return &QueueFullError{Scope: "queue", Limit: limits["queue"]}
+	case "RQ_KEY_FULL":
+		return &QueueFullError{Scope: "key", Limit: limits["key"]}
+	case "RQ_NOT_FOUND":
+		return ErrNotFound
+	case "RQ_NOT_IN_FLIGHT":
+		return ErrNotInFlight
+	case "RQ_LEASE_LOST":
+		return ErrLeaseLost
+	case "RQ_LEASE_ACTIVE":
+		return ErrLeaseActive
+	case "RQ_NOT_DEAD":
+		return ErrNotDead
+	case "RQ_TOO_MANY_WEIGHTS":
+		return ErrTooManyWeights
+	}
+	return err
+}

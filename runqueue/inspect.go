@@ -1,0 +1,239 @@
+package runqueue
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// Stats describe the runs of an env, a base queue or a concurrency key.
+type Stats struct {
+	Ready    int64 // queued and available now (or since promoted)
+	Delayed  int64 // queued with a future available_at (or a due one not yet promoted)
+	InFlight int64 // dequeued and not yet acked, nacked or recovered
+	Dead     int64 // dead-lettered (queue and env only)
+	// OldestReadyAge is now minus the available_at of the oldest ready run
+	// (zero when none is ready). For a queue it is measured on the variant
+	// first in age order.
+	OldestReadyAge time.Duration
+}
+
+// QueueStats reports one base queue.
+func (q *Queue) QueueStats(ctx context.Context, env, queue string) (Stats, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return Stats{}, err
+	}
+	qk := q.space.Env(env).Queue(queue)
+	var depth *redis.SliceCmd
+	var inflight, dead *redis.IntCmd
+	var head *redis.StringSliceCmd
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		depth = p.HMGet(ctx, qk.Depth(), "r", "d")
+		inflight = p.SCard(ctx, qk.Inflight())
+		dead = p.ZCard(ctx, qk.Dead())
+		head = p.ZRange(ctx, qk.CkIndex(), 0, 0)
+		return nil
+	})
+	if err != nil {
+		return Stats{}, err
+	}
+	s := Stats{Ready: toInt(depth.Val()[0]), Delayed: toInt(depth.Val()[1]), InFlight: inflight.Val(), Dead: dead.Val()}
+	if h := head.Val(); len(h) == 1 {
+		ck, err := keys.DecodeVariantMember(h[0])
+		if err == nil {
+			s.OldestReadyAge, err = q.oldestAge(ctx, qk, qk.Variant(ck))
+			if err != nil {
+				return Stats{}, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// KeyStats reports one concurrency key of a base queue.
+func (q *Queue) KeyStats(ctx context.Context, env, queue, key string) (Stats, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return Stats{}, err
+	}
+	if err := checkKey(key); err != nil {
+		return Stats{}, err
+	}
+	qk := q.space.Env(env).Queue(queue)
+	v := qk.Variant(key)
+	var ready, delayed, inflight *redis.IntCmd
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		ready = p.ZCard(ctx, v.Ready())
+		delayed = p.ZCard(ctx, v.Delayed())
+		inflight = p.SCard(ctx, v.Inflight())
+		return nil
+	})
+	if err != nil {
+		return Stats{}, err
+	}
+	s := Stats{Ready: ready.Val(), Delayed: delayed.Val(), InFlight: inflight.Val()}
+	if s.Ready > 0 {
+		if s.OldestReadyAge, err = q.oldestAge(ctx, qk, v); err != nil {
+			return Stats{}, err
+		}
+	}
+	return s, nil
+}
+
+// oldestAge is now minus the available_at of the head of v's ready set.
+func (q *Queue) oldestAge(ctx context.Context, qk keys.Queue, v keys.Variant) (time.Duration, error) {
+	ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, 0).Result()
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	raw, err := q.rdb.HGet(ctx, qk.Meta(), ids[0]).Result()
+	if err == redis.Nil {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	m, ok := parseMeta(raw)
+	if !ok {
+		return 0, nil
+	}
+	return max(0, time.Duration(q.now()-m.at)*time.Millisecond), nil
+}
+
+// EnvStats reports every base queue of env that holds queued runs, summed,
+// and the env's in-flight count.
+func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
+	if err := checkName("env", env); err != nil {
+		return Stats{}, err
+	}
+	e := q.space.Env(env)
+	queues, err := q.envQueues(ctx, e)
+	if err != nil {
+		return Stats{}, err
+	}
+	var total Stats
+	for _, name := range queues {
+		s, err := q.QueueStats(ctx, env, name)
+		if err != nil {
+			return Stats{}, err
+		}
+		total.Ready += s.Ready
+		total.Delayed += s.Delayed
+		total.Dead += s.Dead
+		total.OldestReadyAge = max(total.OldestReadyAge, s.OldestReadyAge)
+	}
+	total.InFlight, err = q.rdb.SCard(ctx, e.Inflight()).Result()
+	return total, err
+}
+
+// envQueues lists the base queues of env that hold queued runs (the shard
+// master holds exactly those).
+func (q *Queue) envQueues(ctx context.Context, e keys.Env) ([]string, error) {
+	all, err := q.rdb.ZRange(ctx, e.Master(), 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range all {
+		env, queue, err := keys.DecodeQueueMember(m)
+		if err == nil && env == e.Name() {
+			out = append(out, queue)
+		}
+	}
+	return out, nil
+}
+
+// DeadRun is a dead-lettered run.
+type DeadRun struct {
+	Env, Queue, Key, ID string
+	Payload             []byte
+	Attempt             int // attempts made + 1
+	Priority            int
+	DiedAt              time.Time
+}
+
+// DeadLetters lists up to limit dead-lettered runs of a queue, oldest death
+// first, starting at offset.
+func (q *Queue) DeadLetters(ctx context.Context, env, queue string, offset, limit int) ([]DeadRun, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, err
+	}
+	if offset < 0 {
+		return nil, invalid("offset", "must not be negative")
+	}
+	if limit <= 0 || limit > 10000 {
+		return nil, invalid("limit", "%d is outside 1..10000", limit)
+	}
+	qk := q.space.Env(env).Queue(queue)
+	zs, err := q.rdb.ZRangeWithScores(ctx, qk.Dead(), int64(offset), int64(offset+limit-1)).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]DeadRun, 0, len(zs))
+	for _, z := range zs {
+		ref, err := keys.DecodeRunMember(z.Member.(string))
+		if err != nil {
+			continue
+		}
+		d, err := q.deadRun(ctx, qk, ref)
+		if err != nil {
+			return nil, err
+		}
+		d.DiedAt = time.UnixMilli(int64(z.Score))
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// DeadLetter inspects one dead-lettered run.
+func (q *Queue) DeadLetter(ctx context.Context, env, queue, key, id string) (DeadRun, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return DeadRun{}, err
+	}
+	if err := checkKey(key); err != nil {
+		return DeadRun{}, err
+	}
+	if err := checkName("id", id); err != nil {
+		return DeadRun{}, err
+	}
+	qk := q.space.Env(env).Queue(queue)
+	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
+	score, err := q.rdb.ZScore(ctx, qk.Dead(), keys.RunMember(ref)).Result()
+	if err == redis.Nil {
+		return DeadRun{}, ErrNotFound
+	}
+	if err != nil {
+		return DeadRun{}, err
+	}
+	d, err := q.deadRun(ctx, qk, ref)
+	d.DiedAt = time.UnixMilli(int64(score))
+	return d, err
+}
+
+func (q *Queue) deadRun(ctx context.Context, qk keys.Queue, ref keys.Ref) (DeadRun, error) {
+	id := keys.Segment(ref.ID)
+	vals, err := q.rdb.HMGet(ctx, qk.Meta(), id).Result()
+	if err != nil {
+		return DeadRun{}, err
+	}
+	body, err := q.rdb.HGet(ctx, qk.Payloads(), id).Result()
+	if err != nil && err != redis.Nil {
+		return DeadRun{}, err
+	}
+	d := DeadRun{Env: ref.Env, Queue: ref.Queue, Key: ref.Key, ID: ref.ID, Payload: []byte(body)}
+	if s, ok := vals[0].(string); ok {
+		if m, ok := parseMeta(s); ok {
+			d.Attempt, d.Priority = m.att, m.pr
+		}
+	}
+	return d, nil
+}
+
+func toInt(v any) int64 {
+	s, _ := v.(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}

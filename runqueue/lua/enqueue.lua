@@ -1,0 +1,79 @@
+-- enqueue: store a run and queue it in its variant (ready or delayed).
+--
+-- KEYS[1] -> queue meta HASH (field encoded id -> run metadata, see meta)
+-- KEYS[2] -> queue payload HASH (field encoded id -> opaque payload bytes)
+-- KEYS[3] -> variant ready ZSET (encoded id, score ready score ms)
+-- KEYS[4] -> variant delayed ZSET (encoded id, score available_at ms)
+-- KEYS[5] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[6] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[7] -> queue depth HASH (r: ready count, d: delayed count)
+-- KEYS[8] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> payload
+-- ARGV[5] -> priority 0..9
+-- ARGV[6] -> available_at (ms)
+-- ARGV[7] -> ready score (ms): available_at - priority * priority step
+-- ARGV[8] -> expiry deadline (ms), 0 for no TTL
+-- ARGV[9] -> run member (for the ttl ZSET)
+-- ARGV[10] -> queue member (for the master ZSET)
+-- ARGV[11] -> maximum queued runs in the queue, 0 for no limit
+-- ARGV[12] -> maximum queued runs in the variant, 0 for no limit
+-- ARGV[13] -> wake channel ("" to not publish)
+-- Returns: 1 queued, 0 already queued with the same body (no-op).
+-- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.
+--@include meta
+local q = { meta = KEYS[1], payload = KEYS[2], ck_index = KEYS[5], delay_index = KEYS[6],
+            depth = KEYS[7], master = KEYS[8], qm = ARGV[10] }
+local v = { ready = KEYS[3], delayed = KEYS[4] }
+local ttl_set = KEYS[9]
+local now = tonumber(ARGV[1])
+local id = ARGV[2]
+local vm = ARGV[3]
+local payload = ARGV[4]
+local priority = tonumber(ARGV[5])
+local available_at = tonumber(ARGV[6])
+local ready_score = tonumber(ARGV[7])
+local expires_at = tonumber(ARGV[8])
+local run_member = ARGV[9]
+local max_queue = tonumber(ARGV[11])
+local max_key = tonumber(ARGV[12])
+local wake = ARGV[13]
+local NK, NA = 9, 13
+--@include hooks
+--@include place
+
+local existing = redis.call('HGET', q.meta, id)
+if existing then
+  local m = meta_parse(existing)
+  if m.vm == vm and redis.call('HGET', q.payload, id) == payload then
+    return 0
+  end
+  return redis.error_reply('RQ_CONFLICT message id exists with another body')
+end
+if max_queue > 0 then
+  local d = redis.call('HMGET', q.depth, 'r', 'd')
+  if (tonumber(d[1]) or 0) + (tonumber(d[2]) or 0) >= max_queue then
+    return redis.error_reply('RQ_QUEUE_FULL queue depth limit reached')
+  end
+end
+if max_key > 0 then
+  if redis.call('ZCARD', v.ready) + redis.call('ZCARD', v.delayed) >= max_key then
+    return redis.error_reply('RQ_KEY_FULL concurrency key depth limit reached')
+  end
+end
+
+local st = 'd'
+if available_at <= now then st = 'r' end
+redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = 0, ld = 0, vm = vm,
+  pr = priority, at = available_at, ttl = expires_at }))
+redis.call('HSET', q.payload, id, payload)
+if expires_at > 0 then
+  redis.call('ZADD', ttl_set, expires_at, run_member)
+end
+if place(q, v, id, vm, available_at, ready_score, now) and wake ~= '' then
+  redis.call('PUBLISH', wake, q.qm)
+end
+return 1

@@ -1,0 +1,52 @@
+-- Shared end of the dequeue scripts: persist the serves chosen in memory,
+-- move the runs in flight with a lease, and return them.
+-- Returns a flat array: for each run, encoded id, variant member, payload,
+-- attempt, delivery token.
+if #served == 0 then
+  if dirty then master_refresh(q.ck_index, q.delay_index, q.master, q.qm) end
+  return {}
+end
+for _, vm in ipairs(touched) do
+  local c = cands[vm]
+  local ids = {}
+  for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
+  redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
+  redis.call('SADD', c.inflight, unpack(ids))
+  local h = redis.call('ZRANGE', c.ready, 0, 0, 'WITHSCORES')
+  if h[2] then
+    redis.call('ZADD', q.ck_index, h[2], vm)
+  else
+    redis.call('ZREM', q.ck_index, vm)
+    on_ready_empty(vm)
+  end
+end
+redis.call('HINCRBY', q.depth, 'r', -#served)
+
+local ids, members, lease_args = {}, {}, {}
+for i, s in ipairs(served) do
+  ids[i] = s.id
+  members[i] = run_prefix .. s.vm .. ':' .. s.id
+  lease_args[2 * i - 1] = lease_deadline
+  lease_args[2 * i] = members[i]
+end
+local metas = redis.call('HMGET', q.meta, unpack(ids))
+local bodies = redis.call('HMGET', payloads, unpack(ids))
+local hargs, out, expiring = {}, {}, {}
+for i, s in ipairs(served) do
+  local m = meta_parse(metas[i])
+  m.st, m.dl, m.ld = 'f', m.dl + 1, lease_deadline
+  if m.ttl > 0 then expiring[#expiring + 1] = members[i] end
+  hargs[#hargs + 1] = s.id
+  hargs[#hargs + 1] = meta_format(m)
+  out[#out + 1] = s.id
+  out[#out + 1] = s.vm
+  out[#out + 1] = bodies[i]
+  out[#out + 1] = m.att
+  out[#out + 1] = m.dl
+end
+redis.call('HSET', q.meta, unpack(hargs))
+redis.call('SADD', env_inflight, unpack(members))
+redis.call('SADD', queue_inflight, unpack(ids))
+redis.call('ZADD', leases, unpack(lease_args))
+if #expiring > 0 then redis.call('ZREM', ttl_set, unpack(expiring)) end
+master_refresh(q.ck_index, q.delay_index, q.master, q.qm)

@@ -1,0 +1,44 @@
+-- redrive: a dead-lettered run goes back to its variant, ready now, with
+-- its attempts reset.
+--
+-- KEYS[1] -> queue meta HASH
+-- KEYS[2] -> variant ready ZSET
+-- KEYS[3] -> variant delayed ZSET
+-- KEYS[4] -> queue ckIndex ZSET
+-- KEYS[5] -> queue delayIndex ZSET
+-- KEYS[6] -> queue depth HASH
+-- KEYS[7] -> shard master ZSET
+-- KEYS[8] -> queue dead ZSET
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> run member
+-- ARGV[5] -> priority step (ms)
+-- ARGV[6] -> queue member
+-- ARGV[7] -> wake channel ("" to not publish)
+-- Returns: 1 redriven.
+-- Errors: RQ_NOT_FOUND, RQ_NOT_DEAD.
+--@include meta
+local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
+            master = KEYS[7], qm = ARGV[6] }
+local v = { ready = KEYS[2], delayed = KEYS[3] }
+local dead = KEYS[8]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local priority_step = tonumber(ARGV[5])
+local wake = ARGV[7]
+local NK, NA = 8, 7
+--@include hooks
+--@include place
+
+local raw = redis.call('HGET', q.meta, id)
+if not raw then return redis.error_reply('RQ_NOT_FOUND no such run') end
+local m = meta_parse(raw)
+if m.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
+if m.st ~= 'x' then return redis.error_reply('RQ_NOT_DEAD run is not dead-lettered') end
+redis.call('ZREM', dead, member)
+m.st, m.att, m.at, m.ld, m.ttl = 'r', 1, now, 0, 0
+redis.call('HSET', q.meta, id, meta_format(m))
+place(q, v, id, vm, now, now - m.pr * priority_step, now)
+if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
+return 1

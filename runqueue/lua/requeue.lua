@@ -1,0 +1,70 @@
+-- requeue: a held run goes back to its variant (nack, or lease recovery
+-- when its lease passed), attempt + 1, or to the dead letter when it has no
+-- attempts left or the caller asks for it.
+--
+-- KEYS[1] -> queue meta HASH
+-- KEYS[2] -> variant ready ZSET
+-- KEYS[3] -> variant delayed ZSET
+-- KEYS[4] -> queue ckIndex ZSET
+-- KEYS[5] -> queue delayIndex ZSET
+-- KEYS[6] -> queue depth HASH
+-- KEYS[7] -> shard master ZSET
+-- KEYS[8] -> env inflight SET
+-- KEYS[9] -> queue inflight SET
+-- KEYS[10] -> variant inflight SET
+-- KEYS[11] -> shard leases ZSET
+-- KEYS[12] -> queue dead ZSET (run member, score time of death ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> run member
+-- ARGV[5] -> delivery token of the holder; 0 to recover an expired lease
+-- ARGV[6] -> retry at (ms)
+-- ARGV[7] -> priority step (ms)
+-- ARGV[8] -> max attempts, 0 for no limit
+-- ARGV[9] -> 1 to dead-letter now
+-- ARGV[10] -> queue member
+-- ARGV[11] -> wake channel ("" to not publish)
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered.
+-- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
+--@include meta
+local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
+            master = KEYS[7], qm = ARGV[10] }
+local v = { ready = KEYS[2], delayed = KEYS[3] }
+local env_inflight, queue_inflight, variant_inflight, leases, dead =
+  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local token = tonumber(ARGV[5])
+local retry_at = tonumber(ARGV[6])
+local priority_step = tonumber(ARGV[7])
+local max_attempts = tonumber(ARGV[8])
+local kill = ARGV[9] == '1'
+local wake = ARGV[11]
+local NK, NA = 12, 11
+--@include hooks
+--@include place
+--@include holder
+
+local m, err = load_held(q.meta, id, vm, token, now)
+if err then return err end
+redis.call('SREM', env_inflight, member)
+redis.call('SREM', queue_inflight, id)
+redis.call('SREM', variant_inflight, id)
+redis.call('ZREM', leases, member)
+m.att = m.att + 1
+m.ld = 0
+if kill or (max_attempts > 0 and m.att > max_attempts) then
+  m.st = 'x'
+  redis.call('HSET', q.meta, id, meta_format(m))
+  redis.call('ZADD', dead, now, member)
+  return { 0, m.att }
+end
+m.at = retry_at
+m.st = 'd'
+if retry_at <= now then m.st = 'r' end
+redis.call('HSET', q.meta, id, meta_format(m))
+if place(q, v, id, vm, retry_at, retry_at - m.pr * priority_step, now) and wake ~= '' then
+  redis.call('PUBLISH', wake, q.qm)
+end
+return { 1, m.att }

@@ -1,0 +1,116 @@
+package runqueue
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// Queue is a handle on the run queues of one key space. It is safe for
+// concurrent use; create one per process and Close it when done.
+type Queue struct {
+	rdb     redis.UniversalClient
+	cfg     *Config
+	space   keys.Space
+	scripts *scriptSet
+
+	wakeOnce sync.Once
+	waker    *waker
+	closed   chan struct{}
+	closeMu  sync.Mutex
+	rr       uint64 // rotates the env order of shard dequeues
+	rrMu     sync.Mutex
+}
+
+// New returns a Queue on client. It assembles and loads every script of the
+// configured flag state, so a broken script (or an unreachable Redis) is an
+// error here rather than at the first call. cfg may be nil for defaults.
+func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue, error) {
+	if client == nil {
+		return nil, invalid("client", "must not be nil")
+	}
+	c := cfg.WithDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	space, err := keys.NewSpace(c.Prefix, c.Shards)
+	if err != nil {
+		return nil, &InvalidError{Field: "Config.Prefix", Reason: err.Error()}
+	}
+	scripts, err := buildScripts(c.VtimeScheduling)
+	if err != nil {
+		return nil, err
+	}
+	if err := scripts.load(ctx, client); err != nil {
+		return nil, err
+	}
+	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, closed: make(chan struct{})}, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (q *Queue) Config() Config { return *q.cfg }
+
+// Shards returns the number of shards.
+func (q *Queue) Shards() int { return q.space.Shards() }
+
+// ShardOf returns the shard that holds env's queues.
+func (q *Queue) ShardOf(env string) int { return q.space.ShardOf(env) }
+
+// Close stops the wake-up listener of blocking dequeues. It does not close
+// the Redis client, which the caller owns.
+func (q *Queue) Close() error {
+	q.closeMu.Lock()
+	defer q.closeMu.Unlock()
+	select {
+	case <-q.closed:
+		return nil
+	default:
+	}
+	close(q.closed)
+	if q.waker != nil {
+		return q.waker.close()
+	}
+	return nil
+}
+
+func (q *Queue) isClosed() bool {
+	select {
+	case <-q.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+func (q *Queue) now() int64 { return q.cfg.Clock.Now().UnixMilli() }
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// runPrefix is the start of the run members of a queue: env:queue:
+func runPrefix(env, queue string) string {
+	return keys.Segment(env) + ":" + keys.Segment(queue) + ":"
+}
+
+// vtimeKeys and vtimeArgs are what the flag-on scripts with hooks take
+// after their own KEYS and ARGV.
+func (q *Queue) vtimeKeys(qk keys.Queue) []string {
+	return []string{qk.CkVtime(), qk.CkVtimeFloor(), qk.CkVtimeIdle(), qk.Weights()}
+}
+
+func (q *Queue) vtimeArgs() []any {
+	return []any{q.cfg.Quantum, int64(q.cfg.StateTTL / time.Second), q.cfg.IdleMaxEntries}
+}
+
+// withHooks appends the scheduler's keys and arguments when sc has hooks
+// and the flag is on.
+func (q *Queue) withHooks(sc *script, qk keys.Queue, ks []string, args []any) ([]string, []any) {
+	if sc.hooks && q.cfg.VtimeScheduling {
+		ks = append(ks, q.vtimeKeys(qk)...)
+		args = append(args, q.vtimeArgs()...)
+	}
+	return ks, args
+}

@@ -1,0 +1,192 @@
+package runqueue
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// waker fans out the wake-ups that scripts PUBLISH when a run becomes ready
+// (on the shard's wake channel, message = queue member) to blocked callers.
+// One subscription per Queue, opened at the first blocking call.
+type waker struct {
+	ps      *redis.PubSub
+	mu      sync.Mutex
+	waiters map[string]map[chan struct{}]struct{}
+	done    chan struct{}
+}
+
+func (q *Queue) getWaker(ctx context.Context) (*waker, error) {
+	q.closeMu.Lock()
+	defer q.closeMu.Unlock()
+	if q.isClosed() {
+		return nil, ErrClosed
+	}
+	if q.waker != nil {
+		return q.waker, nil
+	}
+	chans := make([]string, q.space.Shards())
+	for i := range chans {
+		chans[i] = q.space.Shard(i).Wake()
+	}
+	ps := q.rdb.Subscribe(ctx, chans...)
+	// Wait for every confirmation so that no publish after this point is missed.
+	for range chans {
+		msg, err := ps.Receive(ctx)
+		if err != nil {
+			_ = ps.Close()
+			return nil, err
+		}
+		if _, ok := msg.(*redis.Subscription); !ok {
+			_ = ps.Close()
+			return nil, fmt.Errorf("runqueue: unexpected %T while subscribing", msg)
+		}
+	}
+	w := &waker{ps: ps, waiters: map[string]map[chan struct{}]struct{}{}, done: make(chan struct{})}
+	go w.loop()
+	q.waker = w
+	return w, nil
+}
+
+func (w *waker) loop() {
+	defer close(w.done)
+	for msg := range w.ps.Channel() {
+		w.notify(msg.Channel)
+		w.notify(msg.Channel + "|" + msg.Payload)
+	}
+}
+
+func (w *waker) notify(topic string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.waiters[topic] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (w *waker) register(topic string) chan struct{} {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.waiters[topic] == nil {
+		w.waiters[topic] = map[chan struct{}]struct{}{}
+	}
+	w.waiters[topic][ch] = struct{}{}
+	return ch
+}
+
+func (w *waker) unregister(topic string, ch chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.waiters[topic], ch)
+	if len(w.waiters[topic]) == 0 {
+		delete(w.waiters, topic)
+	}
+}
+
+func (w *waker) close() error {
+	err := w.ps.Close()
+	<-w.done
+	return err
+}
+
+// DequeueWait is Dequeue that waits up to timeout for work when none is
+// ready. It does not poll: an enqueue (from any process) wakes it through
+// Redis pub/sub, a delayed run wakes it at its time, and when runs exist but
+// limits hold them it looks again every Config.BlockPollInterval. It returns
+// an empty slice on timeout, and ctx's error when ctx ends first.
+func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int, timeout time.Duration) ([]*Run, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, err
+	}
+	if err := q.checkMaxCount(maxCount); err != nil {
+		return nil, err
+	}
+	qk := q.space.Env(env).Queue(queue)
+	return q.block(ctx, qk.Wake()+"|"+qk.Member(), timeout,
+		func() ([]*Run, error) { return q.dequeueQueue(ctx, qk, maxCount, q.now()) },
+		func() (*redis.ZSliceCmd, error) {
+			s, err := q.rdb.ZScore(ctx, qk.Master(), qk.Member()).Result()
+			if err == redis.Nil {
+				return redis.NewZSliceCmdResult(nil, nil), nil
+			}
+			return redis.NewZSliceCmdResult([]redis.Z{{Score: s}}, err), err
+		})
+}
+
+// DequeueShardWait is DequeueShard that waits up to timeout, like DequeueWait.
+func (q *Queue) DequeueShardWait(ctx context.Context, shard, maxCount int, timeout time.Duration) ([]*Run, error) {
+	if shard < 0 || shard >= q.space.Shards() {
+		return nil, invalid("shard", "%d is outside 0..%d", shard, q.space.Shards()-1)
+	}
+	if err := q.checkMaxCount(maxCount); err != nil {
+		return nil, err
+	}
+	sh := q.space.Shard(shard)
+	return q.block(ctx, sh.Wake(), timeout,
+		func() ([]*Run, error) { return q.DequeueShard(ctx, shard, maxCount) },
+		func() (*redis.ZSliceCmd, error) {
+			cmd := q.rdb.ZRangeWithScores(ctx, sh.Master(), 0, 0)
+			return cmd, cmd.Err()
+		})
+}
+
+func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
+	try func() ([]*Run, error), next func() (*redis.ZSliceCmd, error)) ([]*Run, error) {
+	if timeout < 0 {
+		return nil, invalid("timeout", "must not be negative")
+	}
+	w, err := q.getWaker(ctx)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		// Register before looking, so a publish between the look and the
+		// wait is not lost.
+		ch := w.register(topic)
+		runs, err := try()
+		if err != nil || len(runs) > 0 {
+			w.unregister(topic, ch)
+			return runs, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			w.unregister(topic, ch)
+			return runs, nil
+		}
+		sleep := left
+		if cmd, err := next(); err != nil {
+			w.unregister(topic, ch)
+			return nil, err
+		} else if z := cmd.Val(); len(z) > 0 {
+			due := time.Duration(int64(z[0].Score)-q.now()) * time.Millisecond
+			if due <= 0 {
+				due = q.cfg.BlockPollInterval // work exists but limits hold it
+			}
+			sleep = min(sleep, due)
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			w.unregister(topic, ch)
+			return nil, ctx.Err()
+		case <-q.closed:
+			t.Stop()
+			w.unregister(topic, ch)
+			return nil, ErrClosed
+		}
+		t.Stop()
+		w.unregister(topic, ch)
+	}
+}
+

@@ -189,4 +189,3 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		w.unregister(topic, ch)
 	}
 }
-

@@ -1,0 +1,62 @@
+# Run `make` for the list of targets.
+.DEFAULT_GOAL := help
+
+GO      ?= go
+TIMEOUT ?= 10m
+
+# Tests that need a real Redis start their own redis-server when it is on
+# PATH (see internal/redistest); RUNQUEUE_REQUIRE_REDIS=1 makes them fail
+# instead of skip when there is none.
+REQUIRE_REDIS := RUNQUEUE_REQUIRE_REDIS=1
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_\/.-]+:.*## / { printf "  %-18s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## Run all tests (real-Redis tests run when redis-server is on PATH)
+	$(GO) test ./... -count=1 -timeout $(TIMEOUT)
+
+.PHONY: test/race
+test/race: ## Run all tests with the race detector
+	$(GO) test ./... -count=1 -timeout $(TIMEOUT) -race
+
+.PHONY: test/redis
+test/redis: ## Run the real-Redis tests; fail if no Redis is available
+	$(REQUIRE_REDIS) $(GO) test ./... -count=1 -timeout $(TIMEOUT) -run 'Redis|Real|Conformance'
+
+.PHONY: test/cluster
+test/cluster: ## Run the Redis Cluster tests; fail if no Redis is available
+	$(REQUIRE_REDIS) $(GO) test ./... -count=1 -timeout $(TIMEOUT) -run Cluster
+
+.PHONY: verify
+verify: verify/lua verify/fmt verify/vet ## Run every check: pinned Lua SHAs, gofmt, go vet
+
+.PHONY: verify/lua
+verify/lua: ## Check that the flag-off Lua scripts match their pinned SHA-1s
+	$(GO) test ./runqueue -run TestFlagOffScriptsPinned -count=1
+
+.PHONY: verify/fmt
+verify/fmt: ## Fail if any Go file is not gofmt-ed
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: verify/vet
+verify/vet: ## Run go vet
+	$(GO) vet ./...
+
+.PHONY: generate/lua-sha
+generate/lua-sha: ## Rewrite the pinned Lua SHA-1s and script snapshots (on purpose only)
+	RUNQUEUE_UPDATE_GOLDEN=1 $(GO) test ./runqueue -run 'TestFlagOffScriptsPinned|TestScriptSnapshots' -count=1
+
+.PHONY: lint
+lint: verify/fmt verify/vet ## gofmt and go vet, plus staticcheck when installed
+	@if command -v staticcheck >/dev/null 2>&1; then echo staticcheck ./...; staticcheck ./...; \
+	else echo "staticcheck not installed; skipped"; fi
+
+.PHONY: bench
+bench: ## Run the benchmark program (go run ./bench)
+	$(GO) run ./bench
+
+.PHONY: bench/go
+bench/go: ## Run the Go benchmarks of ./runqueue against a real Redis
+	$(REQUIRE_REDIS) $(GO) test ./runqueue -run '^$$' -bench . -benchmem -count=5 -timeout $(TIMEOUT)

@@ -1,0 +1,491 @@
+// Package redistest gives tests a Redis to run against: an embedded miniredis
+// ([Mini]), a real redis-server ([Real]) or a single-node Redis Cluster
+// ([Cluster]), and reads a server's command statistics ([CommandStats]).
+//
+// # Sharing
+//
+// Real and Cluster start at most one redis-server each per test binary, on
+// first use, and every test of the binary shares it. Tests therefore never
+// FLUSHDB: each one puts its keys under its own [Prefix].
+//
+// A package that uses Real or Cluster stops the servers from TestMain:
+//
+//	func TestMain(m *testing.M) { redistest.Main(m) }
+//
+// or, when goleak owns TestMain:
+//
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
+//
+// # Environment
+//
+//   - REDIS_URL: Real connects to this server (redis.ParseURL syntax) instead
+//     of starting one.
+//   - REDIS_CLUSTER_ADDRS: comma-separated node addresses; Cluster connects to
+//     them instead of starting a server.
+//   - RUNQUEUE_REQUIRE_REDIS=1: a test that needs a real Redis fails, rather
+//     than skips, when none is available (no REDIS_URL and no redis-server on
+//     PATH). CI sets it so that a missing Redis cannot pass silently.
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Mini returns a client for a fresh miniredis owned by t.
+func Mini(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	_, c := MiniServer(t)
+	return c
+}
+
+// MiniServer is [Mini] that also returns the server, so that tests can call
+// FastForward, FlushScripts and the like on it.
+func MiniServer(t testing.TB) (*miniredis.Miniredis, redis.UniversalClient) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	// Cleanups run last-in first-out: the client closes before the server.
+	t.Cleanup(func() { _ = c.Close() })
+	return m, c
+}
+
+// Real returns a client for a real Redis: the server at REDIS_URL if set,
+// otherwise the redis-server shared by this test binary, started on first use.
+// Without either, it skips t, or fails it under RUNQUEUE_REQUIRE_REDIS=1.
+func Real(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatalf("redistest: REDIS_URL: %v", err)
+		}
+		return connect(t, redis.NewClient(opt))
+	}
+	addr := need(t, standalone)
+	return connect(t, redis.NewClient(&redis.Options{Addr: addr}))
+}
+
+// Cluster returns a cluster client for a real Redis Cluster: the nodes in
+// REDIS_CLUSTER_ADDRS if set, otherwise a single-node cluster (all 16384 slots
+// on one redis-server) shared by this test binary. One node is enough to
+// surface CROSSSLOT errors; it does not exercise routing between nodes.
+// Skips or fails like [Real].
+func Cluster(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	if addrs := os.Getenv("REDIS_CLUSTER_ADDRS"); addrs != "" {
+		return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")}))
+	}
+	addr := need(t, clustered)
+	return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}}))
+}
+
+// Prefix returns a short key prefix unique to the caller, "t" followed by 8
+// lowercase hex digits. It holds only [a-z0-9], so it fits in any key and
+// inside a {hash tag}.
+func Prefix(t testing.TB) string {
+	t.Helper()
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return "t" + hex.EncodeToString(b[:])
+}
+
+// Main runs the tests, stops the redis-servers they started and exits with the
+// tests' status. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(Wrap(m).Run())
+}
+
+// Wrap returns m with a Run that also stops the redis-servers the tests
+// started, for a TestMain that hands m to something else that exits, such as
+// goleak.VerifyTestMain. The servers stop before goleak looks for goroutines.
+func Wrap(m *testing.M) interface{ Run() int } {
+	return stopping{m}
+}
+
+type stopping struct{ m *testing.M }
+
+func (s stopping) Run() int {
+	defer standalone.stop()
+	defer clustered.stop()
+	return s.m.Run()
+}
+
+// connect registers c's Close with t and checks that the server answers, so
+// that a wrong REDIS_URL fails with one clear message.
+func connect(t testing.TB, c redis.UniversalClient) redis.UniversalClient {
+	t.Helper()
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("redistest: PING: %v", err)
+	}
+	return c
+}
+
+// need returns the address of s, starting it if this is its first use.
+func need(t testing.TB, s *server) string {
+	t.Helper()
+	addr, err := s.get()
+	switch {
+	case errors.Is(err, errMissing):
+		unavailable(t)
+	case err != nil:
+		t.Fatalf("redistest: %v", err)
+	}
+	return addr
+}
+
+// unavailable skips t, or fails it when the environment demands a real Redis.
+func unavailable(t testing.TB) {
+	t.Helper()
+	const msg = "redistest: test needs a real Redis: install redis-server (on PATH) or set REDIS_URL / REDIS_CLUSTER_ADDRS"
+	if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "1" {
+		t.Fatalf("%s (RUNQUEUE_REQUIRE_REDIS=1)", msg)
+		return // only reached with a stand-in testing.TB
+	}
+	t.Skip(msg)
+}
+
+var errMissing = errors.New("redis-server is not on PATH")
+
+// The servers shared by the tests of one binary.
+var (
+	standalone = &server{}
+	clustered  = &server{cluster: true}
+)
+
+// server is a redis-server child process, started at most once.
+type server struct {
+	cluster bool
+
+	once sync.Once
+	addr string
+	err  error
+
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd.Wait has returned
+	dir    string
+}
+
+func (s *server) get() (string, error) {
+	s.once.Do(func() { s.addr, s.err = s.start() })
+	return s.addr, s.err
+}
+
+func (s *server) start() (string, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errMissing
+	}
+	// The port is free when freePort returns but another process may take it
+	// before redis-server binds it; the next attempt picks another.
+	for attempt := 1; ; attempt++ {
+		addr, err := s.spawn(bin)
+		if err == nil || attempt == 3 {
+			return addr, err
+		}
+	}
+}
+
+func (s *server) spawn(bin string) (string, error) {
+	port, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return "", err
+	}
+	logPath := filepath.Join(dir, "redis.log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", err
+	}
+	args := []string{
+		"--save", "", "--appendonly", "no",
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--daemonize", "no", "--dir", dir,
+	}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"))
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	// An *os.File is handed to the child as is: no copying goroutines.
+	cmd.Stdout, cmd.Stderr = log, log
+	setDeathSignal(cmd)
+	err = cmd.Start()
+	_ = log.Close()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("starting redis-server: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if err := waitReady(addr, s.cluster, exited); err != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		out, _ := os.ReadFile(logPath)
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("redis-server %s: %w\n%s", strings.Join(args, " "), err, tail(out, 2000))
+	}
+	s.cmd, s.exited, s.dir = cmd, exited, dir
+	return addr, nil
+}
+
+// stop kills the server, if it was started, and removes its directory. It
+// runs after all tests, so nothing races with get.
+func (s *server) stop() {
+	if s.cmd == nil {
+		return
+	}
+	// There is nothing to save, so no need for a graceful SHUTDOWN.
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	_ = os.RemoveAll(s.dir)
+	s.cmd = nil
+}
+
+// waitReady waits until the server answers PING and, in cluster mode, until
+// it owns every slot and reports cluster_state:ok.
+func waitReady(addr string, cluster bool, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer func() { _ = c.Close() }()
+
+	poll := func(what string, ok func() bool) error {
+		for !ok() {
+			select {
+			case <-exited:
+				return errors.New("exited during startup")
+			case <-ctx.Done():
+				return fmt.Errorf("no %s within 10s", what)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		return nil
+	}
+	if err := poll("PONG", func() bool { return c.Ping(ctx).Err() == nil }); err != nil || !cluster {
+		return err
+	}
+	if err := c.ClusterAddSlotsRange(ctx, 0, 16383).Err(); err != nil {
+		return fmt.Errorf("CLUSTER ADDSLOTSRANGE: %w", err)
+	}
+	return poll("cluster_state:ok", func() bool {
+		info, err := c.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok")
+	})
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// CmdStat is one command's line of INFO commandstats.
+type CmdStat struct {
+	Calls int64
+	Usec  int64 // total microseconds spent in the command
+}
+
+func (a CmdStat) add(b CmdStat) CmdStat { return CmdStat{a.Calls + b.Calls, a.Usec + b.Usec} }
+
+// Stats maps a command name as Redis 7 spells it in INFO commandstats
+// ("zadd", "evalsha", "script|load") to its statistics.
+//
+// The statistics are server-wide: measure only where no other client is busy
+// on the same server. Tests of one binary share their server, and parallel
+// tests only start once every sequential top-level test has finished, so a
+// sequential test measures alone on a spawned server; on a REDIS_URL server
+// used by other processes it does not.
+type Stats map[string]CmdStat
+
+// CommandStats reads INFO commandstats; on a cluster client it sums every
+// master's.
+func CommandStats(ctx context.Context, c redis.UniversalClient) (Stats, error) {
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return nodeStats(ctx, c)
+	}
+	var mu sync.Mutex
+	sum := Stats{}
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		s, err := nodeStats(ctx, n)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for name, st := range s {
+			sum[name] = sum[name].add(st)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sum, nil
+}
+
+// ResetStats runs CONFIG RESETSTAT; on a cluster client, on every master.
+func ResetStats(ctx context.Context, c redis.UniversalClient) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			return n.ConfigResetStat(ctx).Err()
+		})
+	}
+	return c.ConfigResetStat(ctx).Err()
+}
+
+func nodeStats(ctx context.Context, c redis.Cmdable) (Stats, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	return parseCommandStats(info)
+}
+
+// parseCommandStats parses lines such as
+// "cmdstat_zadd:calls=12,usec=34,usec_per_call=2.83,rejected_calls=0,failed_calls=0".
+func parseCommandStats(info string) (Stats, error) {
+	s := Stats{}
+	for line := range strings.Lines(info) {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue // blank line or "# Commandstats" header
+		}
+		name, ok = strings.CutPrefix(name, "cmdstat_")
+		if !ok {
+			continue
+		}
+		var st CmdStat
+		for field := range strings.SplitSeq(fields, ",") {
+			key, val, _ := strings.Cut(field, "=")
+			var dst *int64
+			switch key {
+			case "calls":
+				dst = &st.Calls
+			case "usec":
+				dst = &st.Usec
+			default:
+				continue
+			}
+			n, err := strconv.ParseInt(val, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("commandstats line %q: %w", line, err)
+			}
+			*dst = n
+		}
+		s[name] = st
+	}
+	return s, nil
+}
+
+// Sub returns s minus before, keeping only the commands whose calls changed.
+func (s Stats) Sub(before Stats) Stats {
+	d := Stats{}
+	for name, st := range s {
+		b := before[name]
+		if st.Calls != b.Calls {
+			d[name] = CmdStat{st.Calls - b.Calls, st.Usec - b.Usec}
+		}
+	}
+	return d
+}
+
+// Total sums every command except the measuring and connection overhead
+// (INFO, PING, CONFIG, CLIENT, HELLO, CLUSTER, COMMAND, ...). A command run by
+// a script is counted both on its own line and inside the script's usec, so
+// Total().Usec counts script time twice; compare Calls, or Commands and
+// Scripts separately.
+func (s Stats) Total() CmdStat {
+	return s.sum(func(name string) bool { return !overhead(name) })
+}
+
+// Commands sums the data commands: Total without the script invocations and
+// the SCRIPT/FUNCTION admin commands. When the work is done in Lua, these are
+// the redis.call()s the scripts made.
+func (s Stats) Commands() CmdStat {
+	return s.sum(func(name string) bool { return !overhead(name) && !scripting(name) })
+}
+
+// Scripts sums the script invocations: EVAL, EVALSHA, FCALL and their _RO
+// forms, each counted once however many commands the script ran.
+func (s Stats) Scripts() CmdStat {
+	return s.sum(scriptCall)
+}
+
+func (s Stats) sum(include func(name string) bool) CmdStat {
+	var t CmdStat
+	for name, st := range s {
+		if include(name) {
+			t = t.add(st)
+		}
+	}
+	return t
+}
+
+// overhead reports whether the command is one the test harness or go-redis
+// sends on its own: measuring, connection setup, cluster topology discovery.
+func overhead(name string) bool {
+	switch name {
+	case "info", "ping", "hello", "auth", "select", "readonly", "readwrite", "quit", "echo":
+		return true
+	}
+	for _, p := range []string{"config|", "client|", "cluster|", "command|"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func scriptCall(name string) bool {
+	switch name {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		return true
+	}
+	return false
+}
+
+// scripting reports whether the command invokes or manages scripts.
+func scripting(name string) bool {
+	return scriptCall(name) || strings.HasPrefix(name, "script|") || strings.HasPrefix(name, "function|")
+}

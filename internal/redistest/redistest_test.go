@@ -1,0 +1,178 @@
+package redistest
+
+import (
+	"context"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(Wrap(m))
+}
+
+func TestPrefix(t *testing.T) {
+	t.Parallel()
+
+	seen := map[string]bool{}
+	for range 1000 {
+		p := Prefix(t)
+		require.Regexp(t, regexp.MustCompile(`^t[0-9a-f]{8}$`), p)
+		require.False(t, seen[p], "duplicate prefix %q", p)
+		seen[p] = true
+	}
+}
+
+func TestMini(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	m, c := MiniServer(t)
+	key := Prefix(t) + ":k"
+	require.NoError(t, c.Set(ctx, key, "v", time.Minute).Err())
+	require.Equal(t, "v", c.Get(ctx, key).Val())
+
+	m.FastForward(2 * time.Minute)
+	require.ErrorIs(t, c.Get(ctx, key).Err(), redis.Nil)
+
+	require.NoError(t, Mini(t).Ping(ctx).Err())
+}
+
+func TestReal(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	c1, c2 := Real(t), Real(t)
+	require.NoError(t, c1.Ping(ctx).Err())
+
+	key := Prefix(t) + ":k"
+	require.NoError(t, c1.Set(ctx, key, "v", time.Minute).Err())
+	require.Equal(t, "v", c2.Get(ctx, key).Val(), "both clients reach the one shared server")
+}
+
+// Not parallel: command statistics are server-wide.
+func TestRealCommandStats(t *testing.T) {
+	ctx := context.Background()
+	c := Real(t)
+	testCommandStats(ctx, t, c, Prefix(t))
+}
+
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := Cluster(t)
+
+	info, err := c.ClusterInfo(ctx).Result()
+	require.NoError(t, err)
+	require.Contains(t, info, "cluster_state:ok")
+	require.Equal(t, int64(12182), c.ClusterKeySlot(ctx, "foo").Val())
+
+	// Keys of different slots in one script fail; one hash tag makes them legal.
+	p := Prefix(t)
+	const script = `redis.call('SET', KEYS[1], 1); redis.call('SET', KEYS[2], 1); return 1`
+	err = c.Eval(ctx, script, []string{p + ":a", p + ":b"}).Err()
+	require.ErrorContains(t, err, "CROSSSLOT")
+	require.NoError(t, c.Eval(ctx, script, []string{"{" + p + "}:a", "{" + p + "}:b"}).Err())
+}
+
+// Not parallel: command statistics are server-wide.
+func TestClusterCommandStats(t *testing.T) {
+	ctx := context.Background()
+	c := Cluster(t)
+	testCommandStats(ctx, t, c, "{"+Prefix(t)+"}")
+}
+
+func testCommandStats(ctx context.Context, t *testing.T, c redis.UniversalClient, prefix string) {
+	t.Helper()
+
+	require.NoError(t, ResetStats(ctx, c))
+	before, err := CommandStats(ctx, c)
+	require.NoError(t, err)
+
+	sha, err := c.ScriptLoad(ctx, `redis.call('SET', KEYS[1], 1); redis.call('SET', KEYS[2], 2); return 1`).Result()
+	require.NoError(t, err)
+	require.NoError(t, c.EvalSha(ctx, sha, []string{prefix + ":a", prefix + ":b"}).Err())
+	require.NoError(t, c.Get(ctx, prefix+":a").Err())
+
+	after, err := CommandStats(ctx, c)
+	require.NoError(t, err)
+	d := after.Sub(before)
+
+	require.Equal(t, int64(2), d["set"].Calls, "redis.call()s inside Lua are counted: %v", d)
+	require.Equal(t, int64(1), d["get"].Calls)
+	require.Equal(t, int64(1), d["evalsha"].Calls)
+	require.Equal(t, int64(1), d["script|load"].Calls)
+	require.Equal(t, int64(3), d.Commands().Calls, "sets and get, not INFO, script or admin: %v", d)
+	require.Equal(t, int64(1), d.Scripts().Calls)
+	require.Equal(t, int64(5), d.Total().Calls)
+}
+
+func TestParseCommandStats(t *testing.T) {
+	t.Parallel()
+
+	const info = "# Commandstats\r\n" +
+		"cmdstat_zadd:calls=12,usec=34,usec_per_call=2.83,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_evalsha:calls=3,usec=900,usec_per_call=300.00,rejected_calls=0,failed_calls=1\r\n" +
+		"cmdstat_script|load:calls=1,usec=20,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=4,usec=100,usec_per_call=25.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_config|resetstat:calls=1,usec=5,usec_per_call=5.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_ping:calls=2,usec=1,usec_per_call=0.50,rejected_calls=0,failed_calls=0\r\n" +
+		"\r\n"
+
+	s, err := parseCommandStats(info)
+	require.NoError(t, err)
+	require.Equal(t, Stats{
+		"zadd":             {Calls: 12, Usec: 34},
+		"evalsha":          {Calls: 3, Usec: 900},
+		"script|load":      {Calls: 1, Usec: 20},
+		"info":             {Calls: 4, Usec: 100},
+		"config|resetstat": {Calls: 1, Usec: 5},
+		"ping":             {Calls: 2, Usec: 1},
+	}, s)
+	require.Equal(t, CmdStat{Calls: 12, Usec: 34}, s.Commands())
+	require.Equal(t, CmdStat{Calls: 3, Usec: 900}, s.Scripts())
+	require.Equal(t, CmdStat{Calls: 16, Usec: 954}, s.Total())
+
+	_, err = parseCommandStats("cmdstat_get:calls=x,usec=1\r\n")
+	require.Error(t, err)
+}
+
+func TestStatsSub(t *testing.T) {
+	t.Parallel()
+
+	before := Stats{"get": {Calls: 1, Usec: 10}, "set": {Calls: 5, Usec: 50}}
+	after := Stats{"get": {Calls: 4, Usec: 25}, "set": {Calls: 5, Usec: 50}, "zadd": {Calls: 2, Usec: 7}}
+	require.Equal(t, Stats{"get": {Calls: 3, Usec: 15}, "zadd": {Calls: 2, Usec: 7}}, after.Sub(before))
+}
+
+// recordTB stands in for a test so that the skip/fail decision can be observed
+// without ending the real test.
+type recordTB struct {
+	testing.TB
+	skipped, failed bool
+}
+
+func (r *recordTB) Helper()               { r.TB.Helper() }
+func (r *recordTB) Skip(...any)           { r.skipped = true }
+func (r *recordTB) Fatalf(string, ...any) { r.failed = true }
+
+func TestUnavailable(t *testing.T) {
+	t.Run("Skips", func(t *testing.T) {
+		t.Setenv("RUNQUEUE_REQUIRE_REDIS", "")
+		r := &recordTB{TB: t}
+		unavailable(r)
+		require.True(t, r.skipped)
+		require.False(t, r.failed)
+	})
+	t.Run("FailsWhenRequired", func(t *testing.T) {
+		t.Setenv("RUNQUEUE_REQUIRE_REDIS", "1")
+		r := &recordTB{TB: t}
+		unavailable(r)
+		require.True(t, r.failed)
+		require.False(t, r.skipped)
+	})
+}

@@ -2,6 +2,7 @@ package runqueue
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -102,7 +103,7 @@ func (q *Queue) vtimeKeys(qk keys.Queue) []string {
 }
 
 func (q *Queue) vtimeArgs() []any {
-	return []any{q.cfg.Quantum, int64(q.cfg.StateTTL / time.Second), q.cfg.IdleMaxEntries}
+	return []any{strconv.FormatFloat(q.cfg.Quantum, 'g', -1, 64), int64(q.cfg.StateTTL / time.Second), q.cfg.IdleMaxEntries}
 }
 
 // withHooks appends the scheduler's keys and arguments when sc has hooks

@@ -27,11 +27,11 @@ type script struct {
 
 // scriptSet is the scripts of one flag state.
 type scriptSet struct {
-	enqueue, dequeue, ack, extend, requeue, expire, redrive *script
+	enqueue, dequeue, ack, extend, requeue, expire, redrive, setweight *script
 }
 
 func (s *scriptSet) all() []*script {
-	return []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive}
+	return []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight}
 }
 
 // assemble expands "--@include NAME" lines with lua/lib/NAME.lua; "hooks"
@@ -109,6 +109,7 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.requeue, "requeue"+suffix, "requeue.lua")
 	mk(&s.expire, "expire"+suffix, "expire.lua")
 	mk(&s.redrive, "redrive"+suffix, "redrive.lua")
+	mk(&s.setweight, "setweight", "setweight.lua")
 	return &s, err
 }
 

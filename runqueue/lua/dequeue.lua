@@ -29,41 +29,27 @@
 -- ARGV[13..12+n] -> candidate variant members, in KEYS order
 -- Returns: see dequeue_end.
 local FK = 10
+local now = tonumber(ARGV[1])
 --@include meta
 --@include hooks
 --@include place
 --@include dequeue_begin
+--@include window
 
--- Age order: entries of ckIndex read once, kept sorted in memory. An entry
--- whose new head sorts after the last entry read leaves the list, because
--- unread variants may sort before it.
-local order = redis.call('ZRANGE', q.ck_index, 0, scan - 1, 'WITHSCORES')
-local list = {}
-for i = 1, #order, 2 do list[#list + 1] = { vm = order[i], rs = tonumber(order[i + 1]) } end
-local bound = nil
-if #list == scan then bound = { vm = list[#list].vm, rs = list[#list].rs } end
-local function before(a, b) return a.rs < b.rs or (a.rs == b.rs and a.vm < b.vm) end
-
+-- Age order: the first scan entries of ckIndex (lowest head ready score,
+-- then member); each serve takes the first servable one.
+local age = window_new(redis.call('ZRANGE', q.ck_index, 0, scan, 'WITHSCORES'), scan)
+local function servable(vm)
+  return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
+end
 while #served < cap do
-  local pick = nil
-  for i, e in ipairs(list) do
-    if cands[e.vm] ~= nil and not key_gated(e.vm) and head(e.vm) ~= nil then
-      pick = i
-      break
-    end
-  end
-  if pick == nil then break end
-  local e = table.remove(list, pick)
-  local _, nxt = take(e.vm)
-  if nxt ~= nil then
-    e.rs = nxt
-    if bound == nil or not before(bound, e) then
-      local at = #list + 1
-      for i, o in ipairs(list) do
-        if before(e, o) then at = i break end
-      end
-      table.insert(list, at, e)
-    end
+  local vm = window_first(age, servable)
+  if vm == nil then break end
+  local _, nxt = take(vm)
+  if nxt == nil then
+    window_remove(age, vm)
+  else
+    window_move(age, vm, nxt)
   end
 end
 --@include dequeue_end

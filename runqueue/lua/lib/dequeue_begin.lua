@@ -4,7 +4,6 @@
 local q = { ck_index = KEYS[1], delay_index = KEYS[2], depth = KEYS[3], master = KEYS[4],
             meta = KEYS[8], qm = ARGV[7] }
 local leases, env_inflight, queue_inflight, payloads, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
-local now = tonumber(ARGV[1])
 local max_count = tonumber(ARGV[2])
 local env_limit = tonumber(ARGV[3])
 local queue_limit = tonumber(ARGV[4])
@@ -15,7 +14,6 @@ local priority_step = tonumber(ARGV[9])
 local scan = tonumber(ARGV[10])
 local promote_limit = tonumber(ARGV[11])
 local ncand = tonumber(ARGV[12])
-local NA = 12 + ncand
 
 local cap = max_count
 if env_limit > 0 then cap = math.min(cap, env_limit - redis.call('SCARD', env_inflight)) end
@@ -70,12 +68,14 @@ end
 local due_variants = redis.call('ZRANGEBYSCORE', q.delay_index, '-inf', now, 'LIMIT', 0, scan)
 for _, vm in ipairs(due_variants) do promote(vm) end
 
--- Head of variant vm's ready ZSET as seen by this call: prefetch up to cap
--- entries once, then walk them in memory; taken counts runs served.
+-- Head of variant vm's ready ZSET as seen by this call: prefetch up to
+-- cap + 1 entries once (one more than the call can take, so running out
+-- means the variant is empty), then walk them in memory; taken counts runs
+-- served.
 local function head(vm)
   local c = cands[vm]
   if c.list == nil then
-    c.list = redis.call('ZRANGE', c.ready, 0, cap - 1, 'WITHSCORES')
+    c.list = redis.call('ZRANGE', c.ready, 0, cap, 'WITHSCORES')
     c.taken = 0
   end
   local p = 2 * c.taken + 1

@@ -17,10 +17,9 @@ for _, vm in ipairs(touched) do
     redis.call('ZADD', q.ck_index, h[2], vm)
   else
     redis.call('ZREM', q.ck_index, vm)
-    on_ready_empty(vm)
   end
 end
-redis.call('HINCRBY', q.depth, 'r', -#served)
+depth_sub(q.depth, 'r', #served)
 
 local ids, members, lease_args = {}, {}, {}
 for i, s in ipairs(served) do

@@ -1,0 +1,156 @@
+-- dequeue_vtime (scheduler flag on): serve up to maxCount ready runs of one
+-- base queue in fair virtual-time order across its variants (start-time fair
+-- queuing; vtime/ is the model this must match step by step), each moved in
+-- flight with a lease. Every serve re-decides, so a variant may be served
+-- several times in one call and a call of N serves what N calls of 1 would.
+--
+-- KEYS[1..10] -> as dequeue.lua
+-- KEYS[11] -> queue ckVtime ZSET (variant member, score tag S)
+-- KEYS[12] -> queue ckVtimeFloor STRING (see hooks_vtime)
+-- KEYS[13] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[14] -> queue weights HASH (variant member -> weight)
+-- KEYS[15+3i..17+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
+-- ARGV[1..12+n] -> as dequeue.lua, with ARGV[10] = maxCount * window multiplier
+-- ARGV[13+n] -> quantum
+-- ARGV[14+n] -> state TTL (s)
+-- ARGV[15+n] -> idle set cap
+-- ARGV[16+n] -> window multiplier
+-- ARGV[17+n] -> 1 when ckIndex has variants without a tag (discovery), else 0
+-- Returns: see dequeue_end.
+local NK, FK = 10, 14
+local now = tonumber(ARGV[1])
+local NA = 12 + tonumber(ARGV[12])
+--@include meta
+--@include hooks
+--@include place
+--@include dequeue_begin
+--@include window
+local wc = max_count * tonumber(ARGV[NA + 4])
+local repair = ARGV[NA + 5] == '1'
+
+-- Due delayed runs were promoted (and their variants registered) above.
+local f = floor_read()
+local V = f.v
+local tags = {}      -- variant -> working tag, for the variants this call saw
+local changed = {}   -- variants whose tag this call sets
+local idle_taken = {}
+local age_raw = redis.call('ZRANGE', q.ck_index, 0, wc, 'WITHSCORES')
+
+-- Discovery: variants with ready runs but no tag register at max(V, parked)
+-- or V, from the oldest wc and from wc more at the rotating cursor.
+local discovered = {}
+if repair then
+  local index_n = redis.call('ZCARD', q.ck_index)
+  local seen, list = {}, {}
+  local function consider(vm)
+    if not seen[vm] then
+      seen[vm] = true
+      list[#list + 1] = vm
+    end
+  end
+  for i = 1, math.min(#age_raw, 2 * wc), 2 do consider(age_raw[i]) end
+  if f.c < index_n then
+    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + wc - 1)) do consider(vm) end
+  end
+  if #list > 0 then
+    local have = redis.call('ZMSCORE', vt.tags, unpack(list))
+    local need = {}
+    for i, vm in ipairs(list) do
+      if not have[i] then need[#need + 1] = vm end
+    end
+    if #need > 0 then
+      local parked = redis.call('ZMSCORE', vt.idle, unpack(need))
+      for i, vm in ipairs(need) do
+        local s = V
+        if parked[i] then
+          s = math.max(V, tonumber(parked[i]))
+          idle_taken[#idle_taken + 1] = vm
+        end
+        discovered[#discovered + 1] = { vm = vm, s = s }
+        tags[vm] = s
+        changed[vm] = true
+      end
+    end
+  end
+  f.c = f.c + wc
+  if f.c >= index_n then f.c = 0 end
+end
+
+local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc, 'WITHSCORES')
+for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
+local scan = window_new(scan_raw, 2 * wc, discovered)
+local age = window_new(age_raw, wc)
+
+local nw = f.nw
+if nw < 0 then
+  nw = redis.call('HLEN', vt.weights)
+  f.nw = nw
+end
+local weight_of = {}
+local function weight(vm)
+  if nw == 0 then return 1 end
+  if weight_of[vm] == nil then weight_of[vm] = tonumber(redis.call('HGET', vt.weights, vm)) or 1 end
+  return weight_of[vm]
+end
+
+local function tag(vm)
+  if tags[vm] == nil then
+    local s = redis.call('ZSCORE', vt.tags, vm)
+    if s then tags[vm] = tonumber(s) else tags[vm] = V end
+  end
+  return tags[vm]
+end
+
+local function servable(vm)
+  return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
+end
+
+local parked, drained = {}, {}
+while #served < cap do
+  local vm = window_first(scan, servable) or window_first(age, servable)
+  if vm == nil then break end
+  local e = math.max(tag(vm), V)
+  V = math.max(V, e)
+  local s = e + vt.quantum / weight(vm)
+  tags[vm] = s
+  changed[vm] = true
+  local _, nxt = take(vm)
+  if nxt ~= nil then
+    window_move(scan, vm, s)
+    window_move(age, vm, nxt)
+  else
+    window_remove(scan, vm)
+    window_remove(age, vm)
+    if s > V then parked[#parked + 1] = { vm = vm, s = s } end
+    drained[#drained + 1] = vm
+    changed[vm] = nil
+  end
+end
+
+if #served > 0 then
+  local zargs = {}
+  for vm, _ in pairs(changed) do
+    zargs[#zargs + 1] = fmt(tags[vm])
+    zargs[#zargs + 1] = vm
+  end
+  for i = 1, #zargs, 1000 do
+    redis.call('ZADD', vt.tags, unpack(zargs, i, math.min(i + 999, #zargs)))
+  end
+  if #drained > 0 then redis.call('ZREM', vt.tags, unpack(drained)) end
+  if #idle_taken > 0 then redis.call('ZREM', vt.idle, unpack(idle_taken)) end
+  if #parked > 0 then
+    local iargs = {}
+    for _, p in ipairs(parked) do
+      iargs[#iargs + 1] = fmt(p.s)
+      iargs[#iargs + 1] = p.vm
+    end
+    redis.call('ZADD', vt.idle, unpack(iargs))
+    redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(V))
+    redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
+    redis.call('EXPIRE', vt.idle, vt.ttl)
+  end
+  f.v = V
+  floor_write(f)
+end
+--@include dequeue_end
+return out

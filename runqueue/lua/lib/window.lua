@@ -1,0 +1,56 @@
+-- A window is the part of a sorted set a dequeue read: its first n entries
+-- ({vm, s} in ZSET order: score, then member), kept sorted in memory as
+-- scores change. An entry whose new score sorts after the n-th entry read
+-- leaves the window, because unread entries may sort before it; a set read
+-- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
+-- WITHSCORES reply of up to n + 1 entries; extra holds more {vm, s} entries
+-- to merge in (variants registered by this call).
+local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
+
+local function window_new(raw, n, extra)
+  local list = {}
+  for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = tonumber(raw[i + 1]) } end
+  if extra then
+    for _, e in ipairs(extra) do list[#list + 1] = { vm = e.vm, s = e.s } end
+    table.sort(list, entry_before)
+  end
+  local w = { list = list, bound = nil }
+  if #list > n then
+    for i = #list, n + 1, -1 do list[i] = nil end
+    w.bound = { vm = list[n].vm, s = list[n].s }
+  end
+  return w
+end
+
+-- First member of the window for which ok(vm) holds, or nil.
+local function window_first(w, ok)
+  for _, e in ipairs(w.list) do
+    if ok(e.vm) then return e.vm end
+  end
+  return nil
+end
+
+local function window_remove(w, vm)
+  for i, e in ipairs(w.list) do
+    if e.vm == vm then
+      table.remove(w.list, i)
+      return true
+    end
+  end
+  return false
+end
+
+-- Re-sort vm with its new score s, if it is in the window.
+local function window_move(w, vm, s)
+  if not window_remove(w, vm) then return end
+  local e = { vm = vm, s = s }
+  if w.bound ~= nil and entry_before(w.bound, e) then return end
+  local at = #w.list + 1
+  for i, o in ipairs(w.list) do
+    if entry_before(e, o) then
+      at = i
+      break
+    end
+  end
+  table.insert(w.list, at, e)
+end

@@ -1,0 +1,68 @@
+package runqueue
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// Weight bounds for SetWeight.
+const (
+	MinWeight = 0.001
+	MaxWeight = 1000
+)
+
+// SetWeight gives a concurrency key of a base queue a scheduler weight: with
+// the fair scheduler on, a key of weight w gets w times the share of a key
+// of weight 1 while both have work. It applies at the next serve, on every
+// instance. Weights are configuration: they do not expire with the
+// scheduler's state. At most Config.MaxWeightOverrides keys per queue may
+// have one (ErrTooManyWeights beyond).
+func (q *Queue) SetWeight(ctx context.Context, env, queue, key string, w float64) error {
+	if !(w >= MinWeight && w <= MaxWeight) {
+		return invalid("weight", "%v is outside %v..%v", w, MinWeight, MaxWeight)
+	}
+	return q.setWeight(ctx, env, queue, key, strconv.FormatFloat(w, 'g', -1, 64))
+}
+
+// ClearWeight returns a key to the default weight 1.
+func (q *Queue) ClearWeight(ctx context.Context, env, queue, key string) error {
+	return q.setWeight(ctx, env, queue, key, "")
+}
+
+func (q *Queue) setWeight(ctx context.Context, env, queue, key, w string) error {
+	if err := checkQueue(env, queue); err != nil {
+		return err
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	qk := q.space.Env(env).Queue(queue)
+	err := run(ctx, q.rdb, q.scripts.setweight, []string{qk.Weights(), qk.CkVtimeFloor()},
+		qk.Variant(key).Member(), w, q.cfg.MaxWeightOverrides).Err()
+	return scriptError(err, nil)
+}
+
+// Weights lists the weight overrides of a base queue by concurrency key.
+func (q *Queue) Weights(ctx context.Context, env, queue string) (map[string]float64, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, err
+	}
+	qk := q.space.Env(env).Queue(queue)
+	raw, err := q.rdb.HGetAll(ctx, qk.Weights()).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]float64, len(raw))
+	for m, v := range raw {
+		key, err := keys.DecodeVariantMember(m)
+		if err != nil {
+			continue
+		}
+		if out[key], err = strconv.ParseFloat(v, 64); err != nil {
+			delete(out, key)
+		}
+	}
+	return out, nil
+}

@@ -18,32 +18,48 @@ import (
 func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]string, []any, error) {
 	wc := int64(maxCount * q.cfg.WindowMultiplier)
 	var tags, age, due *redis.StringSliceCmd
-	var nIndex, nTags *redis.IntCmd
-	var floor *redis.StringCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		tags = p.ZRange(ctx, qk.CkVtime(), 0, 2*wc-1)
-		age = p.ZRange(ctx, qk.CkIndex(), 0, wc-1)
+		// One entry more than the script uses tells whether a set was read whole.
+		tags = p.ZRange(ctx, qk.CkVtime(), 0, 2*wc)
+		age = p.ZRange(ctx, qk.CkIndex(), 0, wc)
 		due = p.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: wc})
-		nIndex = p.ZCard(ctx, qk.CkIndex())
-		nTags = p.ZCard(ctx, qk.CkVtime())
 		return nil
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	lists := [][]string{tags.Val(), age.Val(), due.Val()}
-	repair := nIndex.Val() > nTags.Val()
+	t, a := tags.Val(), age.Val()
+	nTags, nIndex := int64(len(t)), int64(len(a))
+	if int64(len(t)) > 2*wc {
+		t = t[:2*wc]
+	}
+	if int64(len(a)) > wc {
+		a = a[:wc]
+	}
+	// Discovery is needed when ckIndex has more variants than ckVtime; the
+	// reads above tell unless they were cut short.
+	if nTags > 2*wc || nIndex > wc {
+		if nIndex, err = q.rdb.ZCard(ctx, qk.CkIndex()).Result(); err != nil {
+			return nil, nil, err
+		}
+		if nTags > 2*wc && nIndex > 2*wc {
+			if nTags, err = q.rdb.ZCard(ctx, qk.CkVtime()).Result(); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	lists := [][]string{t, a, due.Val()}
+	repair := nIndex > nTags
 	if repair {
-		floor = q.rdb.Get(ctx, qk.CkVtimeFloor())
 		c := int64(0)
-		if raw, err := floor.Result(); err == nil {
+		if raw, err := q.rdb.Get(ctx, qk.CkVtimeFloor()).Result(); err == nil {
 			if f := strings.Split(raw, "|"); len(f) == 5 {
 				c, _ = strconv.ParseInt(f[2], 10, 64)
 			}
 		} else if err != redis.Nil {
 			return nil, nil, err
 		}
-		if c < nIndex.Val() {
+		if c < nIndex {
 			cursor, err := q.rdb.ZRange(ctx, qk.CkIndex(), c, c+wc-1).Result()
 			if err != nil {
 				return nil, nil, err

@@ -6,19 +6,25 @@ if #served == 0 then
   if dirty then master_refresh(q.ck_index, q.delay_index, q.master, q.qm) end
   return {}
 end
+-- The prefetch holds one more entry than the call could take, so the new
+-- head of each touched variant is known without reading it again.
+local heads, emptied = {}, {}
 for _, vm in ipairs(touched) do
   local c = cands[vm]
   local ids = {}
   for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
   redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
   redis.call('SADD', c.inflight, unpack(ids))
-  local h = redis.call('ZRANGE', c.ready, 0, 0, 'WITHSCORES')
-  if h[2] then
-    redis.call('ZADD', q.ck_index, h[2], vm)
+  local p = 2 * c.taken + 1
+  if c.list[p] then
+    heads[#heads + 1] = c.list[p + 1]
+    heads[#heads + 1] = vm
   else
-    redis.call('ZREM', q.ck_index, vm)
+    emptied[#emptied + 1] = vm
   end
 end
+if #heads > 0 then redis.call('ZADD', q.ck_index, unpack(heads)) end
+if #emptied > 0 then redis.call('ZREM', q.ck_index, unpack(emptied)) end
 depth_sub(q.depth, 'r', #served)
 
 local ids, members, lease_args = {}, {}, {}

@@ -1,0 +1,224 @@
+// Package opbudget holds the op-count budget tests of the scheduler: they
+// read INFO commandstats, which is server-wide, so they live in their own
+// test binary (its own redis-server) and never run in parallel.
+package opbudget
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+type clock struct{ t time.Time }
+
+func (c *clock) Now() time.Time { return c.t }
+
+type bundle struct {
+	ctx context.Context
+	c   redis.UniversalClient
+	q   *runqueue.Queue
+}
+
+func newBundle(t *testing.T, c redis.UniversalClient, on bool, mutate func(*runqueue.Config)) *bundle {
+	cfg := &runqueue.Config{Prefix: redistest.Prefix(t), VtimeScheduling: on,
+		Clock: &clock{t: time.UnixMilli(1_900_000_000_000)}}
+	if mutate != nil {
+		mutate(cfg)
+	}
+	q, err := runqueue.New(context.Background(), c, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	return &bundle{ctx: context.Background(), c: c, q: q}
+}
+
+// measure runs fn between two commandstats reads and returns the delta.
+func measure(t *testing.T, c redis.UniversalClient, fn func()) redistest.Stats {
+	ctx := context.Background()
+	require.NoError(t, redistest.ResetStats(ctx, c))
+	before, err := redistest.CommandStats(ctx, c)
+	require.NoError(t, err)
+	fn()
+	after, err := redistest.CommandStats(ctx, c)
+	require.NoError(t, err)
+	return after.Sub(before)
+}
+
+func enqueue(t *testing.T, b *bundle, key string, n int, at time.Time) {
+	for i := 0; i < n; i++ {
+		_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "env", Queue: "q", Key: key,
+			ID: fmt.Sprintf("%s-%d", key, i), Payload: []byte("p"), AvailableAt: at})
+		require.NoError(t, err)
+	}
+}
+
+// TestServableBudget: 6 keys x 30 runs, maxCount 5, 50 dequeue calls with
+// immediate acks. Flag on may use at most 1.5 more Redis commands per
+// dequeued run than flag off (commands include the redis.calls inside Lua
+// and the candidate reads Go makes before the script).
+func TestServableBudget(t *testing.T) {
+	c := redistest.Real(t)
+	perRun := map[bool]float64{}
+	for _, on := range []bool{false, true} {
+		b := newBundle(t, c, on, nil)
+		// Runs of the six keys arrive interleaved, so both flags spread each
+		// call over several keys and the difference is the scheduler's own.
+		past := time.UnixMilli(1_899_999_000_000)
+		for i := 0; i < 30; i++ {
+			for k := 0; k < 6; k++ {
+				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "env", Queue: "q", Key: fmt.Sprintf("key%d", k),
+					ID: fmt.Sprintf("%d-%d", k, i), Payload: []byte("p"), AvailableAt: past.Add(time.Duration(6*i+k) * time.Millisecond)})
+				require.NoError(t, err)
+			}
+		}
+		served := 0
+		st := measure(t, c, func() {
+			for i := 0; i < 50; i++ {
+				runs, err := b.q.Dequeue(b.ctx, "env", "q", 5)
+				require.NoError(t, err)
+				served += len(runs)
+				for _, r := range runs {
+					require.NoError(t, b.q.Ack(b.ctx, r))
+				}
+			}
+		})
+		require.Equal(t, 180, served)
+		cmds := st.Commands()
+		perRun[on] = float64(cmds.Calls) / float64(served)
+		t.Logf("flag %v: %d commands (%d scripts, %d us in scripts) for %d runs: %.2f commands/run",
+			on, cmds.Calls, st.Scripts().Calls, st.Scripts().Usec, served, perRun[on])
+	}
+	require.LessOrEqual(t, perRun[true]-perRun[false], 1.5,
+		"flag on uses %.2f commands per dequeued run, flag off %.2f", perRun[true], perRun[false])
+}
+
+// TestUnservableBudget: keys whose heads are an hour ahead cost a dequeue
+// nothing: the calls of a dequeue that serves the one ready key are the same
+// with 200 and with 2,000 such keys, and bounded by the window.
+func TestUnservableBudget(t *testing.T) {
+	c := redistest.Real(t)
+	count := func(blockers int) int64 {
+		b := newBundle(t, c, true, nil)
+		now := time.UnixMilli(1_900_000_000_000)
+		for i := 0; i < blockers; i++ {
+			enqueue(t, b, fmt.Sprintf("later%04d", i), 1, now.Add(time.Hour))
+		}
+		enqueue(t, b, "zready", 1, now.Add(-time.Second))
+		var runs []*runqueue.Run
+		st := measure(t, c, func() {
+			var err error
+			runs, err = b.q.Dequeue(b.ctx, "env", "q", 5)
+			require.NoError(t, err)
+		})
+		require.Len(t, runs, 1)
+		require.Equal(t, "zready", runs[0].Key)
+		t.Logf("%d future-headed keys: %d commands", blockers, st.Commands().Calls)
+		return st.Commands().Calls
+	}
+	small, large := count(200), count(2000)
+	require.Equal(t, small, large, "dequeue cost must not depend on the number of future-headed keys")
+	// maxCount 5, multiplier 3: window 15. A generous ceiling of 4 commands
+	// per window slot over both passes plus the fixed part.
+	require.LessOrEqual(t, small, int64(20+4*(2*15+15)))
+}
+
+// TestGatedBudget: 80 keys each at its per-key limit. A dequeue serves
+// nothing and probes (SCARD) at most 2 x window variants.
+func TestGatedBudget(t *testing.T) {
+	c := redistest.Real(t)
+	for _, on := range []bool{false, true} {
+		b := newBundle(t, c, on, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 })
+		past := time.UnixMilli(1_899_999_000_000)
+		for k := 0; k < 80; k++ {
+			enqueue(t, b, fmt.Sprintf("g%02d", k), 2, past)
+		}
+		for {
+			runs, err := b.q.Dequeue(b.ctx, "env", "q", 10)
+			require.NoError(t, err)
+			if len(runs) == 0 {
+				break
+			}
+		}
+		var runs []*runqueue.Run
+		st := measure(t, c, func() {
+			var err error
+			runs, err = b.q.Dequeue(b.ctx, "env", "q", 10)
+			require.NoError(t, err)
+		})
+		require.Empty(t, runs)
+		window := int64(10 * 3)
+		t.Logf("flag %v: fully gated dequeue: %d commands, %d SCARD, %d us in the script",
+			on, st.Commands().Calls, st["scard"].Calls, st.Scripts().Usec)
+		if on {
+			require.LessOrEqual(t, st["scard"].Calls, 2*window)
+			require.Zero(t, writes(st), "a call that serves nothing writes nothing: %v", st)
+		}
+	}
+}
+
+// writes counts the write commands in st.
+func writes(st redistest.Stats) int64 {
+	var n int64
+	for _, name := range []string{"zadd", "zrem", "set", "hset", "sadd", "srem", "expire", "del", "hincrby",
+		"zremrangebyrank", "zremrangebyscore", "publish"} {
+		n += st[name].Calls
+	}
+	return n
+}
+
+// TestLifecycleCost reports (does not assert) the Redis CPU and commands of
+// a run's lifecycle: enqueue, dequeue in batches of 10, ack, flag off and on.
+func TestLifecycleCost(t *testing.T) {
+	c := redistest.Real(t)
+	const n = 2000
+	for _, on := range []bool{false, true} {
+		b := newBundle(t, c, on, nil)
+		past := time.UnixMilli(1_899_999_000_000)
+		enq := measure(t, c, func() {
+			for i := 0; i < n; i++ {
+				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "env", Queue: "q", Key: fmt.Sprintf("k%d", i%20),
+					ID: fmt.Sprint(i), Payload: []byte("payload"), AvailableAt: past})
+				require.NoError(t, err)
+			}
+		})
+		var runs []*runqueue.Run
+		deq := measure(t, c, func() {
+			for len(runs) < n {
+				got, err := b.q.Dequeue(b.ctx, "env", "q", 10)
+				require.NoError(t, err)
+				require.NotEmpty(t, got)
+				runs = append(runs, got...)
+			}
+		})
+		ack := measure(t, c, func() {
+			for _, r := range runs {
+				require.NoError(t, b.q.Ack(b.ctx, r))
+			}
+		})
+		// Script usec includes the redis.calls the scripts make; the
+		// candidate reads Go sends before a dequeue script (a few cheap
+		// reads per call, not per run) are in commands/run only.
+		us := func(st redistest.Stats) float64 { return float64(st.Scripts().Usec) / n }
+		total := 0.0
+		for _, p := range []struct {
+			name string
+			st   redistest.Stats
+		}{{"enqueue", enq}, {"dequeue (batch 10)", deq}, {"ack", ack}} {
+			total += us(p.st)
+			t.Logf("flag %-5v %-19s %6.2f us/run  %5.2f commands/run  %4.2f scripts/run",
+				on, p.name, us(p.st), float64(p.st.Commands().Calls)/n, float64(p.st.Scripts().Calls)/n)
+		}
+		t.Logf("flag %-5v lifecycle           %6.2f us/run", on, total)
+		for name, v := range deq {
+			t.Logf("flag %-5v dequeue %-16s %6d calls %6d us", on, name, v.Calls, v.Usec)
+		}
+	}
+}

@@ -171,9 +171,13 @@ func (c *Config) validate() error {
 		return bad("MaxKeyDepth", c.MaxKeyDepth)
 	case c.LeaseDuration < time.Millisecond:
 		return bad("LeaseDuration", c.LeaseDuration)
-	case c.BackoffBase < 0 || c.BackoffMax < c.BackoffBase:
+	case c.BackoffBase < 0:
+		return bad("BackoffBase", c.BackoffBase)
+	case c.BackoffMax < c.BackoffBase:
 		return bad("BackoffMax", c.BackoffMax)
-	case c.BackoffJitter < 0 || c.BackoffJitter >= 1:
+	// Written as !(in range) so that NaN, which fails every comparison, is
+	// rejected too.
+	case !(c.BackoffJitter >= 0 && c.BackoffJitter < 1):
 		return bad("BackoffJitter", c.BackoffJitter)
 	case c.MaxDequeueCount < 1 || c.MaxDequeueCount > 10000:
 		return bad("MaxDequeueCount", c.MaxDequeueCount)
@@ -183,7 +187,7 @@ func (c *Config) validate() error {
 		return bad("PromoteLimit", c.PromoteLimit)
 	case c.WindowMultiplier < 1 || c.WindowMultiplier > 100:
 		return bad("WindowMultiplier", c.WindowMultiplier)
-	case c.Quantum <= 0 || c.Quantum > 1e6:
+	case !(c.Quantum > 0 && c.Quantum <= 1e6):
 		return bad("Quantum", c.Quantum)
 	case c.StateTTL < time.Second:
 		return bad("StateTTL", c.StateTTL)

@@ -108,8 +108,14 @@ func (d *diff) enqueue(rt *rapid.T) {
 
 func (d *diff) dequeue(rt *rapid.T, n int) []string {
 	now := d.now()
+	preview, err := d.q.Preview(d.ctx, d.env, d.queue, n)
+	require.NoError(rt, err)
 	runs, err := d.q.Dequeue(d.ctx, d.env, d.queue, n)
 	require.NoError(rt, err)
+	var predicted []string
+	for _, p := range preview {
+		predicted = append(predicted, p.Key+"/"+p.ID+"/"+strconv.Itoa(p.Attempt))
+	}
 	want := d.m.Dequeue(n, now)
 	var got, exp []string
 	for _, r := range runs {
@@ -123,6 +129,7 @@ func (d *diff) dequeue(rt *rapid.T, n int) []string {
 		exp = append(exp, s.Key+"/"+id+"/"+strconv.Itoa(s.Attempt))
 	}
 	require.Equal(rt, exp, got, "dequeue(%d) served", n)
+	require.Equal(rt, got, predicted, "Preview(%d) predicted", n)
 	return got
 }
 

@@ -73,7 +73,5 @@ redis.call('HSET', q.payload, id, payload)
 if expires_at > 0 then
   redis.call('ZADD', ttl_set, expires_at, run_member)
 end
-if place(q, v, id, vm, available_at, ready_score, now) and wake ~= '' then
-  redis.call('PUBLISH', wake, q.qm)
-end
+place_wake(q, v, id, vm, available_at, ready_score, now, wake)
 return 1

@@ -64,7 +64,5 @@ m.at = retry_at
 m.st = 'd'
 if retry_at <= now then m.st = 'r' end
 redis.call('HSET', q.meta, id, meta_format(m))
-if place(q, v, id, vm, retry_at, retry_at - m.pr * priority_step, now) and wake ~= '' then
-  redis.call('PUBLISH', wake, q.qm)
-end
+place_wake(q, v, id, vm, retry_at, retry_at - m.pr * priority_step, now, wake)
 return { 1, m.att }

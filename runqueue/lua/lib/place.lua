@@ -16,6 +16,16 @@ local function master_refresh(ck_index, delay_index, master, qm)
   end
 end
 
+-- Take n queued runs off the depth counter field ('r' or 'd'). When the
+-- queue then holds no queued run, the counters are deleted, so a queue whose
+-- last run is acked, dead-lettered or expired leaves no key behind.
+local function depth_sub(depth, field, n)
+  if redis.call('HINCRBY', depth, field, -n) > 0 then return end
+  local other = 'd'
+  if field == 'd' then other = 'r' end
+  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
+end
+
 -- Put a queued run into its variant: ready (scored by ready score) when
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
@@ -38,12 +48,26 @@ local function place(q, v, id, vm, at, rs, now)
   return false
 end
 
+-- place, then wake the consumers blocked on channel wake ('' for none) when
+-- the run is ready, or when it is delayed and now the queue's earliest work:
+-- they then sleep until its time instead of until their timeout.
+local function place_wake(q, v, id, vm, at, rs, now, wake)
+  local earliest = false
+  if wake ~= '' and at > now then
+    local s = redis.call('ZSCORE', q.master, q.qm)
+    earliest = (not s) or tonumber(s) > at
+  end
+  local ready = place(q, v, id, vm, at, rs, now)
+  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
+  return ready
+end
+
 -- Remove a queued run from its variant (ready or delayed) and fix the
 -- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
 local function unplace(q, v, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
-    redis.call('HINCRBY', q.depth, 'r', -1)
+    depth_sub(q.depth, 'r', 1)
     local head = redis.call('ZRANGE', v.ready, 0, 0, 'WITHSCORES')
     if head[2] then
       redis.call('ZADD', q.ck_index, head[2], vm)
@@ -53,7 +77,7 @@ local function unplace(q, v, id, vm, st)
     end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
-    redis.call('HINCRBY', q.depth, 'd', -1)
+    depth_sub(q.depth, 'd', 1)
     local head = redis.call('ZRANGE', v.delayed, 0, 0, 'WITHSCORES')
     if head[2] then
       redis.call('ZADD', q.delay_index, head[2], vm)

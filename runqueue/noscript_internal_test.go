@@ -1,0 +1,207 @@
+package runqueue
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/keys"
+)
+
+// evalCounter counts, per script SHA-1, the EVALSHA calls sent (inside
+// pipelines or not), those answered NOSCRIPT, and the EVAL calls sent.
+type evalCounter struct {
+	mu                      sync.Mutex
+	evalsha, noscript, eval map[string]int
+}
+
+func newEvalCounter(c redis.UniversalClient) *evalCounter {
+	e := &evalCounter{}
+	e.reset()
+	c.AddHook(e)
+	return e
+}
+
+func (e *evalCounter) reset() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.evalsha, e.noscript, e.eval = map[string]int{}, map[string]int{}, map[string]int{}
+}
+
+func (e *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (e *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		e.count(cmd, err) // cmd.Err() is set from err after the hooks return
+		return err
+	}
+}
+
+func (e *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			e.count(cmd, cmd.Err())
+		}
+		return err
+	}
+}
+
+func (e *evalCounter) count(cmd redis.Cmder, err error) {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch cmd.Name() {
+	case "evalsha":
+		sha, _ := args[1].(string)
+		e.evalsha[sha]++
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			e.noscript[sha]++
+		}
+	case "eval":
+		src, _ := args[1].(string)
+		if s, err := buildScripts(false); err == nil {
+			for _, sc := range s.all() {
+				if sc != nil && sc.src == src {
+					e.eval[sc.sha]++
+					return
+				}
+			}
+		}
+		e.eval["unknown"]++
+	}
+}
+
+func (e *evalCounter) snapshot() (evalsha, noscript, eval map[string]int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.evalsha, e.noscript, e.eval
+}
+
+// TestRunPipelinedRecoversNoScript checks the pipelined script runner after
+// the script cache was lost: every call that met NOSCRIPT is resent with its
+// source and does its work once; calls that did not (the script was still
+// cached) are not sent again, since a write script must not run twice for
+// one request; script errors stay attached to their own call.
+//
+// Not parallel: SCRIPT FLUSH empties the cache of the redis-server every
+// test of this binary shares, and sequential top-level tests run alone, so
+// no other test reloads a script between the flush and the pipeline.
+func TestRunPipelinedRecoversNoScript(t *testing.T) {
+	backends := []struct {
+		name   string
+		client func(testing.TB) redis.UniversalClient
+	}{{"Mini", redistest.Mini}, {"Real", redistest.Real}, {"Cluster", redistest.Cluster}}
+	for _, bk := range backends {
+		t.Run(bk.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c := bk.client(t)
+			counter := newEvalCounter(c)
+			scripts, err := buildScripts(false)
+			require.NoError(t, err)
+			space, err := keys.NewSpace(redistest.Prefix(t), 16)
+			require.NoError(t, err)
+			qk := space.Env("prod").Queue("q")
+			v := qk.Variant("k")
+			const now = int64(1_800_000_000_000)
+
+			enqueue := func(id, body string) call {
+				ref := keys.Ref{Env: "prod", Queue: "q", Key: "k", ID: id}
+				return call{sc: scripts.enqueue,
+					keys: []string{qk.Meta(), qk.Payloads(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
+						qk.Depth(), qk.Master(), qk.TTL()},
+					args: []any{now, keys.Segment(id), v.Member(), body, 0, now, now, 0, keys.RunMember(ref),
+						qk.Member(), 0, 0, ""}}
+			}
+			ack := func(id string) call {
+				ref := keys.Ref{Env: "prod", Queue: "q", Key: "k", ID: id}
+				return call{sc: scripts.ack,
+					keys: []string{qk.Meta(), qk.Payloads(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()},
+					args: []any{keys.Segment(id), v.Member(), keys.RunMember(ref), 1}}
+			}
+
+			t.Run("AllFlushed", func(t *testing.T) {
+				require.NoError(t, c.ScriptFlush(ctx).Err())
+				counter.reset()
+				cmds, err := runPipelined(ctx, c, []call{
+					enqueue("1", "a"), enqueue("2", "b"), ack("missing"), enqueue("1", "other"), enqueue("3", "c"),
+				})
+				require.NoError(t, err)
+				require.Len(t, cmds, 5)
+				for _, i := range []int{0, 1, 4} {
+					n, err := cmds[i].Int()
+					require.NoError(t, err, "call %d", i)
+					require.Equal(t, 1, n, "call %d", i)
+				}
+				require.ErrorContains(t, cmds[2].Err(), "RQ_NOT_FOUND")
+				// Resent in order: the first enqueue of id 1 ran before this one.
+				require.ErrorContains(t, cmds[3].Err(), "RQ_CONFLICT")
+
+				evalsha, noscript, eval := counter.snapshot()
+				require.Positive(t, noscript[scripts.enqueue.sha], "the flush did not empty the cache")
+				require.Positive(t, noscript[scripts.ack.sha], "the flush did not empty the cache")
+				require.Positive(t, eval[scripts.enqueue.sha]+eval[scripts.ack.sha], "nothing was resent with its source")
+				require.Zero(t, eval["unknown"])
+				t.Logf("EVALSHA %v, NOSCRIPT %v, EVAL %v", evalsha, noscript, eval)
+
+				ids, err := c.HKeys(ctx, qk.Meta()).Result()
+				require.NoError(t, err)
+				require.ElementsMatch(t, []string{"1", "2", "3"}, ids)
+				body, err := c.HGet(ctx, qk.Payloads(), "1").Result()
+				require.NoError(t, err)
+				require.Equal(t, "a", body)
+				require.Equal(t, "3", c.HGet(ctx, qk.Depth(), "r").Val())
+			})
+
+			t.Run("PartlyFlushed", func(t *testing.T) {
+				// Only enqueue is cached: its calls succeed inside the
+				// pipeline and must not run again; ack's are resent.
+				require.NoError(t, c.ScriptFlush(ctx).Err())
+				sha, err := c.ScriptLoad(ctx, scripts.enqueue.src).Result()
+				require.NoError(t, err)
+				require.Equal(t, scripts.enqueue.sha, sha)
+				counter.reset()
+
+				cmds, err := runPipelined(ctx, c, []call{enqueue("4", "d"), ack("missing"), enqueue("5", "e")})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), cmds[0].Val())
+				require.ErrorContains(t, cmds[1].Err(), "RQ_NOT_FOUND")
+				require.Equal(t, int64(1), cmds[2].Val())
+
+				evalsha, noscript, eval := counter.snapshot()
+				require.Equal(t, 2, evalsha[scripts.enqueue.sha], "a call that ran in the pipeline was sent again")
+				require.Zero(t, noscript[scripts.enqueue.sha])
+				require.Zero(t, eval[scripts.enqueue.sha])
+				// ack: NOSCRIPT in the pipeline, then run's EVALSHA meets
+				// NOSCRIPT again and falls back to EVAL, once.
+				require.Equal(t, 2, evalsha[scripts.ack.sha])
+				require.Equal(t, 2, noscript[scripts.ack.sha])
+				require.Equal(t, 1, eval[scripts.ack.sha], "ack was not resent with its source")
+				require.Equal(t, "5", c.HGet(ctx, qk.Depth(), "r").Val())
+			})
+
+			t.Run("Cached", func(t *testing.T) {
+				require.NoError(t, scripts.load(ctx, c))
+				counter.reset()
+				cmds, err := runPipelined(ctx, c, []call{enqueue("6", "f"), enqueue("6", "f")})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), cmds[0].Val())
+				require.Equal(t, int64(0), cmds[1].Val(), "same id and body: a no-op")
+				evalsha, noscript, eval := counter.snapshot()
+				require.Equal(t, 2, evalsha[scripts.enqueue.sha])
+				require.Empty(t, noscript)
+				require.Empty(t, eval)
+			})
+		})
+	}
+}

@@ -1,0 +1,155 @@
+-- expire: TTL sweep of one queued run whose deadline passed.
+--
+-- KEYS[1] -> queue meta HASH
+-- KEYS[2] -> queue payload HASH
+-- KEYS[3] -> variant ready ZSET
+-- KEYS[4] -> variant delayed ZSET
+-- KEYS[5] -> queue ckIndex ZSET
+-- KEYS[6] -> queue delayIndex ZSET
+-- KEYS[7] -> queue depth HASH
+-- KEYS[8] -> shard master ZSET
+-- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> run member
+-- ARGV[5] -> queue member
+-- Returns: 1 expired, 0 nothing to expire (gone, in flight, or not yet due).
+-- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
+--   st  state: r ready, d delayed, f in flight, x dead
+--   att attempt number of the next (or current) delivery, from 1
+--   dl  delivery counter: the lease token of the current holder
+--   ld  lease deadline (ms), 0 when not in flight
+--   vm  variant member ("=" + encoded concurrency key)
+--   pr  priority 0..9
+--   at  available_at (ms)
+--   ttl expiry deadline (ms), 0 for none
+local function meta_parse(s)
+  local st, att, dl, ld, vm, pr, at, ttl =
+    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
+  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
+           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+end
+
+local function meta_format(m)
+  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
+    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
+    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+end
+local q = { meta = KEYS[1], ck_index = KEYS[5], delay_index = KEYS[6], depth = KEYS[7],
+            master = KEYS[8], qm = ARGV[5] }
+local v = { ready = KEYS[3], delayed = KEYS[4] }
+local payloads, ttl_set = KEYS[2], KEYS[9]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local NK, NA = 9, 5
+-- Scheduler flag off: variants are served in age order; nothing to track.
+local function on_ready_start(vm) end
+local function on_ready_empty(vm) end
+-- Recompute the queue's score in the shard master ZSET: the earliest time it
+-- has work (lowest ready head score, or earliest delayed available_at).
+local function master_refresh(ck_index, delay_index, master, qm)
+  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+  local best = nil
+  if r[2] then best = tonumber(r[2]) end
+  if d[2] then
+    local x = tonumber(d[2])
+    if best == nil or x < best then best = x end
+  end
+  if best == nil then
+    redis.call('ZREM', master, qm)
+  else
+    redis.call('ZADD', master, best, qm)
+  end
+end
+
+-- Take n queued runs off the depth counter field ('r' or 'd'). When the
+-- queue then holds no queued run, the counters are deleted, so a queue whose
+-- last run is acked, dead-lettered or expired leaves no key behind.
+local function depth_sub(depth, field, n)
+  if redis.call('HINCRBY', depth, field, -n) > 0 then return end
+  local other = 'd'
+  if field == 'd' then other = 'r' end
+  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
+end
+
+-- Put a queued run into its variant: ready (scored by ready score) when
+-- available_at <= now, else delayed (scored by available_at). Maintains the
+-- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
+-- score. Returns true when the run is ready. on_ready_start(vm) runs when the
+-- variant gains its first ready run (the scheduler's registration hook).
+local function place(q, v, id, vm, at, rs, now)
+  if at <= now then
+    redis.call('ZADD', v.ready, rs, id)
+    redis.call('HINCRBY', q.depth, 'r', 1)
+    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+      on_ready_start(vm)
+    end
+    redis.call('ZADD', q.master, 'LT', rs, q.qm)
+    return true
+  end
+  redis.call('ZADD', v.delayed, at, id)
+  redis.call('HINCRBY', q.depth, 'd', 1)
+  redis.call('ZADD', q.delay_index, 'LT', at, vm)
+  redis.call('ZADD', q.master, 'LT', at, q.qm)
+  return false
+end
+
+-- place, then wake the consumers blocked on channel wake ('' for none) when
+-- the run is ready, or when it is delayed and now the queue's earliest work:
+-- they then sleep until its time instead of until their timeout.
+local function place_wake(q, v, id, vm, at, rs, now, wake)
+  local earliest = false
+  if wake ~= '' and at > now then
+    local s = redis.call('ZSCORE', q.master, q.qm)
+    earliest = (not s) or tonumber(s) > at
+  end
+  local ready = place(q, v, id, vm, at, rs, now)
+  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
+  return ready
+end
+
+-- Remove a queued run from its variant (ready or delayed) and fix the
+-- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
+local function unplace(q, v, id, vm, st)
+  if st == 'r' then
+    if redis.call('ZREM', v.ready, id) == 0 then return false end
+    depth_sub(q.depth, 'r', 1)
+    local head = redis.call('ZRANGE', v.ready, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.ck_index, head[2], vm)
+    else
+      redis.call('ZREM', q.ck_index, vm)
+      on_ready_empty(vm)
+    end
+  else
+    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+    depth_sub(q.depth, 'd', 1)
+    local head = redis.call('ZRANGE', v.delayed, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.delay_index, head[2], vm)
+    else
+      redis.call('ZREM', q.delay_index, vm)
+    end
+  end
+  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
+  return true
+end
+
+local raw = redis.call('HGET', q.meta, id)
+if not raw then
+  redis.call('ZREM', ttl_set, member)
+  return 0
+end
+local m = meta_parse(raw)
+if m.vm ~= vm or (m.st ~= 'r' and m.st ~= 'd') or m.ttl == 0 then
+  redis.call('ZREM', ttl_set, member)
+  return 0
+end
+if m.ttl > now then return 0 end
+unplace(q, v, id, vm, m.st)
+redis.call('HDEL', q.meta, id)
+redis.call('HDEL', payloads, id)
+redis.call('ZREM', ttl_set, member)
+return 1

@@ -1,0 +1,554 @@
+-- dequeue_vtime (scheduler flag on): serve up to maxCount ready runs of one
+-- base queue in fair virtual-time order across its variants (start-time fair
+-- queuing; vtime/ is the model this must match step by step), each moved in
+-- flight with a lease. Every serve re-decides, so a variant may be served
+-- several times in one call and a call of N serves what N calls of 1 would.
+--
+-- KEYS[1..10] -> as dequeue.lua
+-- KEYS[11] -> queue ckVtime ZSET (variant member, score tag S)
+-- KEYS[12] -> queue ckVtimeFloor STRING (see hooks_vtime)
+-- KEYS[13] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[14] -> queue weights HASH (variant member -> weight)
+-- KEYS[15+3i..17+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
+-- ARGV[1..12+n] -> as dequeue.lua, with ARGV[10] = maxCount * window multiplier
+-- ARGV[13+n] -> quantum
+-- ARGV[14+n] -> state TTL (s)
+-- ARGV[15+n] -> idle set cap
+-- ARGV[16+n] -> window multiplier
+-- ARGV[17+n] -> 1 when ckIndex has variants without a tag (discovery), else 0
+-- Returns: see dequeue_end.
+local NK, FK = 10, 14
+local now = tonumber(ARGV[1])
+local NA = 12 + tonumber(ARGV[12])
+-- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
+--   st  state: r ready, d delayed, f in flight, x dead
+--   att attempt number of the next (or current) delivery, from 1
+--   dl  delivery counter: the lease token of the current holder
+--   ld  lease deadline (ms), 0 when not in flight
+--   vm  variant member ("=" + encoded concurrency key)
+--   pr  priority 0..9
+--   at  available_at (ms)
+--   ttl expiry deadline (ms), 0 for none
+local function meta_parse(s)
+  local st, att, dl, ld, vm, pr, at, ttl =
+    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
+  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
+           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+end
+
+local function meta_format(m)
+  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
+    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
+    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+end
+-- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
+-- the model these functions implement).
+-- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
+-- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|r|nw": clock V, last
+--               newcomer tag L ("" for none), discovery cursor c, time (ms)
+--               ckVtime's TTL was last refreshed r, weight overrides nw (-1 unknown)
+-- KEYS[NK+3] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[NK+4] -> queue weights HASH (variant member -> weight)
+-- ARGV[NA+1] -> quantum
+-- ARGV[NA+2] -> state TTL (s)
+-- ARGV[NA+3] -> idle set cap
+local vt = { tags = KEYS[NK + 1], floor = KEYS[NK + 2], idle = KEYS[NK + 3], weights = KEYS[NK + 4],
+             quantum = tonumber(ARGV[NA + 1]), ttl = tonumber(ARGV[NA + 2]), idle_max = tonumber(ARGV[NA + 3]) }
+
+-- Tags travel as strings with 17 significant digits: exact doubles on Redis
+-- and on gopher-lua alike.
+local function fmt(x) return string.format('%.17g', x) end
+
+local function floor_read()
+  local raw = redis.call('GET', vt.floor)
+  if not raw then return { v = 0, l = nil, c = 0, r = 0, nw = -1 } end
+  local v, l, c, r, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), r = tonumber(r), nw = tonumber(nw) }
+end
+
+-- Persist the floor with the state TTL; refresh ckVtime's TTL at most once
+-- per half TTL, which keeps it alive while the queue is used without an
+-- EXPIRE on every call.
+local function floor_write(f)
+  if now - f.r >= vt.ttl * 500 then
+    redis.call('EXPIRE', vt.tags, vt.ttl)
+    f.r = now
+  end
+  local l = ''
+  if f.l ~= nil then l = fmt(f.l) end
+  redis.call('SET', vt.floor, fmt(f.v) .. '|' .. l .. '|' .. string.format('%d', f.c) .. '|' ..
+    string.format('%d', f.r) .. '|' .. string.format('%d', f.nw), 'EX', vt.ttl)
+end
+
+-- A variant gained its first ready run: register it. Returning variants get
+-- max(V, parked); newcomers queue one quantum behind the highest of {the
+-- highest tag capped at V + quantum, the previous newcomer's tag}, or at V
+-- when that is not above V.
+local function register_new(vm)
+  if redis.call('ZSCORE', vt.tags, vm) then return end
+  local f = floor_read()
+  local s
+  local parked = redis.call('ZSCORE', vt.idle, vm)
+  if parked then
+    s = math.max(f.v, tonumber(parked))
+    redis.call('ZREM', vt.idle, vm)
+  else
+    local a = nil
+    local top = redis.call('ZRANGE', vt.tags, -1, -1, 'WITHSCORES')
+    if top[2] then a = math.min(tonumber(top[2]), f.v + vt.quantum) end
+    if f.l ~= nil and (a == nil or f.l > a) then a = f.l end
+    s = f.v
+    if a ~= nil and a > f.v then s = a + vt.quantum end
+    f.l = s
+  end
+  redis.call('ZADD', vt.tags, fmt(s), vm)
+  floor_write(f)
+end
+
+local function on_ready_start(vm) register_new(vm) end
+
+-- A variant's last ready run left outside a dequeue: park its tag when it
+-- is above V (it owes service), and leave the fair order.
+local function on_ready_empty(vm)
+  local s = redis.call('ZSCORE', vt.tags, vm)
+  if not s then return end
+  if tonumber(s) > floor_read().v then
+    redis.call('ZADD', vt.idle, s, vm)
+    redis.call('EXPIRE', vt.idle, vt.ttl)
+  end
+  redis.call('ZREM', vt.tags, vm)
+end
+-- Recompute the queue's score in the shard master ZSET: the earliest time it
+-- has work (lowest ready head score, or earliest delayed available_at).
+local function master_refresh(ck_index, delay_index, master, qm)
+  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+  local best = nil
+  if r[2] then best = tonumber(r[2]) end
+  if d[2] then
+    local x = tonumber(d[2])
+    if best == nil or x < best then best = x end
+  end
+  if best == nil then
+    redis.call('ZREM', master, qm)
+  else
+    redis.call('ZADD', master, best, qm)
+  end
+end
+
+-- Take n queued runs off the depth counter field ('r' or 'd'). When the
+-- queue then holds no queued run, the counters are deleted, so a queue whose
+-- last run is acked, dead-lettered or expired leaves no key behind.
+local function depth_sub(depth, field, n)
+  if redis.call('HINCRBY', depth, field, -n) > 0 then return end
+  local other = 'd'
+  if field == 'd' then other = 'r' end
+  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
+end
+
+-- Put a queued run into its variant: ready (scored by ready score) when
+-- available_at <= now, else delayed (scored by available_at). Maintains the
+-- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
+-- score. Returns true when the run is ready. on_ready_start(vm) runs when the
+-- variant gains its first ready run (the scheduler's registration hook).
+local function place(q, v, id, vm, at, rs, now)
+  if at <= now then
+    redis.call('ZADD', v.ready, rs, id)
+    redis.call('HINCRBY', q.depth, 'r', 1)
+    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+      on_ready_start(vm)
+    end
+    redis.call('ZADD', q.master, 'LT', rs, q.qm)
+    return true
+  end
+  redis.call('ZADD', v.delayed, at, id)
+  redis.call('HINCRBY', q.depth, 'd', 1)
+  redis.call('ZADD', q.delay_index, 'LT', at, vm)
+  redis.call('ZADD', q.master, 'LT', at, q.qm)
+  return false
+end
+
+-- place, then wake the consumers blocked on channel wake ('' for none) when
+-- the run is ready, or when it is delayed and now the queue's earliest work:
+-- they then sleep until its time instead of until their timeout.
+local function place_wake(q, v, id, vm, at, rs, now, wake)
+  local earliest = false
+  if wake ~= '' and at > now then
+    local s = redis.call('ZSCORE', q.master, q.qm)
+    earliest = (not s) or tonumber(s) > at
+  end
+  local ready = place(q, v, id, vm, at, rs, now)
+  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
+  return ready
+end
+
+-- Remove a queued run from its variant (ready or delayed) and fix the
+-- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
+local function unplace(q, v, id, vm, st)
+  if st == 'r' then
+    if redis.call('ZREM', v.ready, id) == 0 then return false end
+    depth_sub(q.depth, 'r', 1)
+    local head = redis.call('ZRANGE', v.ready, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.ck_index, head[2], vm)
+    else
+      redis.call('ZREM', q.ck_index, vm)
+      on_ready_empty(vm)
+    end
+  else
+    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+    depth_sub(q.depth, 'd', 1)
+    local head = redis.call('ZRANGE', v.delayed, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.delay_index, head[2], vm)
+    else
+      redis.call('ZREM', q.delay_index, vm)
+    end
+  end
+  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
+  return true
+end
+-- Shared start of the dequeue scripts: bind keys and arguments, compute the
+-- capacity the env and queue limits allow, map the candidate variants Go
+-- read ahead (only those have declared keys), and promote due delayed runs.
+local q = { ck_index = KEYS[1], delay_index = KEYS[2], depth = KEYS[3], master = KEYS[4],
+            meta = KEYS[8], qm = ARGV[7] }
+local leases, env_inflight, queue_inflight, payloads, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
+local max_count = tonumber(ARGV[2])
+local env_limit = tonumber(ARGV[3])
+local queue_limit = tonumber(ARGV[4])
+local key_limit = tonumber(ARGV[5])
+local lease_deadline = tonumber(ARGV[6])
+local run_prefix = ARGV[8]
+local priority_step = tonumber(ARGV[9])
+local scan = tonumber(ARGV[10])
+local promote_limit = tonumber(ARGV[11])
+local ncand = tonumber(ARGV[12])
+
+local cap = max_count
+if env_limit > 0 then cap = math.min(cap, env_limit - redis.call('SCARD', env_inflight)) end
+if queue_limit > 0 then cap = math.min(cap, queue_limit - redis.call('SCARD', queue_inflight)) end
+if cap <= 0 then return {} end
+
+-- cands[vm] = { ready, delayed, inflight keys; inflight count; prefetched ready head }
+local cands = {}
+for i = 1, ncand do
+  local base = FK + 3 * (i - 1)
+  cands[ARGV[12 + i]] = { ready = KEYS[base + 1], delayed = KEYS[base + 2], inflight = KEYS[base + 3] }
+end
+local touched = {}   -- variant members in first-serve order
+local dirty = false  -- promotion or serve wrote something
+
+-- Move up to promote_limit due runs of variant vm from delayed to ready.
+local function promote(vm)
+  local c = cands[vm]
+  if c == nil then return end
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', now, 'WITHSCORES', 'LIMIT', 0, promote_limit)
+  if #due > 0 then
+    local ids = {}
+    for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+    local metas = redis.call('HMGET', q.meta, unpack(ids))
+    local zargs, hargs, min_rs = {}, {}, nil
+    for i, id in ipairs(ids) do
+      local m = meta_parse(metas[i])
+      local rs = m.at - m.pr * priority_step
+      if min_rs == nil or rs < min_rs then min_rs = rs end
+      zargs[#zargs + 1] = rs
+      zargs[#zargs + 1] = id
+      m.st = 'r'
+      hargs[#hargs + 1] = id
+      hargs[#hargs + 1] = meta_format(m)
+    end
+    redis.call('ZADD', c.ready, unpack(zargs))
+    redis.call('ZREM', c.delayed, unpack(ids))
+    redis.call('HSET', q.meta, unpack(hargs))
+    redis.call('HINCRBY', q.depth, 'd', -#ids)
+    redis.call('HINCRBY', q.depth, 'r', #ids)
+    if redis.call('ZADD', q.ck_index, 'LT', min_rs, vm) == 1 then on_ready_start(vm) end
+    dirty = true
+  end
+  local head = redis.call('ZRANGE', c.delayed, 0, 0, 'WITHSCORES')
+  if head[2] then
+    redis.call('ZADD', q.delay_index, head[2], vm)
+  else
+    redis.call('ZREM', q.delay_index, vm)
+  end
+end
+
+local due_variants = redis.call('ZRANGEBYSCORE', q.delay_index, '-inf', now, 'LIMIT', 0, scan)
+for _, vm in ipairs(due_variants) do promote(vm) end
+
+-- Head of variant vm's ready ZSET as seen by this call: prefetch up to
+-- cap + 1 entries once (one more than the call can take, so running out
+-- means the variant is empty), then walk them in memory; taken counts runs
+-- served.
+local function head(vm)
+  local c = cands[vm]
+  if c.list == nil then
+    c.list = redis.call('ZRANGE', c.ready, 0, cap, 'WITHSCORES')
+    c.taken = 0
+  end
+  local p = 2 * c.taken + 1
+  if c.list[p] == nil then return nil end
+  return tonumber(c.list[p + 1]), c.list[p]
+end
+
+-- True when vm's own limit blocks another serve.
+local function key_gated(vm)
+  if key_limit <= 0 then return false end
+  local c = cands[vm]
+  if c.inflight_n == nil then c.inflight_n = redis.call('SCARD', c.inflight) end
+  return c.inflight_n + (c.taken or 0) >= key_limit
+end
+
+-- Serve the head of vm; returns its ready score and the next head's.
+local served = {}
+local function take(vm)
+  local c = cands[vm]
+  local rs, id = head(vm)
+  if c.taken == 0 then touched[#touched + 1] = vm end
+  c.taken = c.taken + 1
+  served[#served + 1] = { vm = vm, id = id }
+  return rs, (head(vm))
+end
+-- A window is the part of a sorted set a dequeue read: its first n entries
+-- ({vm, s} in ZSET order: score, then member), kept sorted in memory as
+-- scores change. An entry whose new score sorts after the n-th entry read
+-- leaves the window, because unread entries may sort before it; a set read
+-- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
+-- WITHSCORES reply of up to n + 1 entries; extra holds more {vm, s} entries
+-- to merge in (variants registered by this call).
+local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
+
+local function window_new(raw, n, extra)
+  local list = {}
+  for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = tonumber(raw[i + 1]) } end
+  if extra then
+    for _, e in ipairs(extra) do list[#list + 1] = { vm = e.vm, s = e.s } end
+    table.sort(list, entry_before)
+  end
+  local w = { list = list, bound = nil }
+  if #list > n then
+    for i = #list, n + 1, -1 do list[i] = nil end
+    w.bound = { vm = list[n].vm, s = list[n].s }
+  end
+  return w
+end
+
+-- First member of the window for which ok(vm) holds, or nil.
+local function window_first(w, ok)
+  for _, e in ipairs(w.list) do
+    if ok(e.vm) then return e.vm end
+  end
+  return nil
+end
+
+local function window_remove(w, vm)
+  for i, e in ipairs(w.list) do
+    if e.vm == vm then
+      table.remove(w.list, i)
+      return true
+    end
+  end
+  return false
+end
+
+-- Re-sort vm with its new score s, if it is in the window.
+local function window_move(w, vm, s)
+  if not window_remove(w, vm) then return end
+  local e = { vm = vm, s = s }
+  if w.bound ~= nil and entry_before(w.bound, e) then return end
+  local at = #w.list + 1
+  for i, o in ipairs(w.list) do
+    if entry_before(e, o) then
+      at = i
+      break
+    end
+  end
+  table.insert(w.list, at, e)
+end
+local wc = max_count * tonumber(ARGV[NA + 4])
+local repair = ARGV[NA + 5] == '1'
+
+-- Due delayed runs were promoted (and their variants registered) above.
+local f = floor_read()
+local V = f.v
+local tags = {}      -- variant -> working tag, for the variants this call saw
+local changed = {}   -- variants whose tag this call sets
+local idle_taken = {}
+local age_raw = redis.call('ZRANGE', q.ck_index, 0, wc, 'WITHSCORES')
+
+-- Discovery: variants with ready runs but no tag register at max(V, parked)
+-- or V, from the oldest wc and from wc more at the rotating cursor.
+local discovered = {}
+if repair then
+  local index_n = redis.call('ZCARD', q.ck_index)
+  local seen, list = {}, {}
+  local function consider(vm)
+    if not seen[vm] then
+      seen[vm] = true
+      list[#list + 1] = vm
+    end
+  end
+  for i = 1, math.min(#age_raw, 2 * wc), 2 do consider(age_raw[i]) end
+  if f.c < index_n then
+    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + wc - 1)) do consider(vm) end
+  end
+  if #list > 0 then
+    local have = redis.call('ZMSCORE', vt.tags, unpack(list))
+    local need = {}
+    for i, vm in ipairs(list) do
+      if not have[i] then need[#need + 1] = vm end
+    end
+    if #need > 0 then
+      local parked = redis.call('ZMSCORE', vt.idle, unpack(need))
+      for i, vm in ipairs(need) do
+        local s = V
+        if parked[i] then
+          s = math.max(V, tonumber(parked[i]))
+          idle_taken[#idle_taken + 1] = vm
+        end
+        discovered[#discovered + 1] = { vm = vm, s = s }
+        tags[vm] = s
+        changed[vm] = true
+      end
+    end
+  end
+  f.c = f.c + wc
+  if f.c >= index_n then f.c = 0 end
+end
+
+local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc, 'WITHSCORES')
+for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
+local scan = window_new(scan_raw, 2 * wc, discovered)
+local age = window_new(age_raw, wc)
+
+local nw = f.nw
+if nw < 0 then
+  nw = redis.call('HLEN', vt.weights)
+  f.nw = nw
+end
+local weight_of = {}
+local function weight(vm)
+  if nw == 0 then return 1 end
+  if weight_of[vm] == nil then weight_of[vm] = tonumber(redis.call('HGET', vt.weights, vm)) or 1 end
+  return weight_of[vm]
+end
+
+local function tag(vm)
+  if tags[vm] == nil then
+    local s = redis.call('ZSCORE', vt.tags, vm)
+    if s then tags[vm] = tonumber(s) else tags[vm] = V end
+  end
+  return tags[vm]
+end
+
+local function servable(vm)
+  return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
+end
+
+local parked, drained = {}, {}
+while #served < cap do
+  local vm = window_first(scan, servable) or window_first(age, servable)
+  if vm == nil then break end
+  local e = math.max(tag(vm), V)
+  V = math.max(V, e)
+  local s = e + vt.quantum / weight(vm)
+  tags[vm] = s
+  changed[vm] = true
+  local _, nxt = take(vm)
+  if nxt ~= nil then
+    window_move(scan, vm, s)
+    window_move(age, vm, nxt)
+  else
+    window_remove(scan, vm)
+    window_remove(age, vm)
+    if s > V then parked[#parked + 1] = { vm = vm, s = s } end
+    drained[#drained + 1] = vm
+    changed[vm] = nil
+  end
+end
+
+if #served > 0 then
+  local zargs = {}
+  for vm, _ in pairs(changed) do
+    zargs[#zargs + 1] = fmt(tags[vm])
+    zargs[#zargs + 1] = vm
+  end
+  for i = 1, #zargs, 1000 do
+    redis.call('ZADD', vt.tags, unpack(zargs, i, math.min(i + 999, #zargs)))
+  end
+  if #drained > 0 then redis.call('ZREM', vt.tags, unpack(drained)) end
+  if #idle_taken > 0 then redis.call('ZREM', vt.idle, unpack(idle_taken)) end
+  if #parked > 0 then
+    local iargs = {}
+    for _, p in ipairs(parked) do
+      iargs[#iargs + 1] = fmt(p.s)
+      iargs[#iargs + 1] = p.vm
+    end
+    redis.call('ZADD', vt.idle, unpack(iargs))
+    redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(V))
+    redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
+    redis.call('EXPIRE', vt.idle, vt.ttl)
+  end
+  f.v = V
+  floor_write(f)
+end
+-- Shared end of the dequeue scripts: persist the serves chosen in memory,
+-- move the runs in flight with a lease, and return them.
+-- Returns a flat array: for each run, encoded id, variant member, payload,
+-- attempt, delivery token.
+if #served == 0 then
+  if dirty then master_refresh(q.ck_index, q.delay_index, q.master, q.qm) end
+  return {}
+end
+-- The prefetch holds one more entry than the call could take, so the new
+-- head of each touched variant is known without reading it again.
+local heads, emptied = {}, {}
+for _, vm in ipairs(touched) do
+  local c = cands[vm]
+  local ids = {}
+  for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
+  redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
+  redis.call('SADD', c.inflight, unpack(ids))
+  local p = 2 * c.taken + 1
+  if c.list[p] then
+    heads[#heads + 1] = c.list[p + 1]
+    heads[#heads + 1] = vm
+  else
+    emptied[#emptied + 1] = vm
+  end
+end
+if #heads > 0 then redis.call('ZADD', q.ck_index, unpack(heads)) end
+if #emptied > 0 then redis.call('ZREM', q.ck_index, unpack(emptied)) end
+depth_sub(q.depth, 'r', #served)
+
+local ids, members, lease_args = {}, {}, {}
+for i, s in ipairs(served) do
+  ids[i] = s.id
+  members[i] = run_prefix .. s.vm .. ':' .. s.id
+  lease_args[2 * i - 1] = lease_deadline
+  lease_args[2 * i] = members[i]
+end
+local metas = redis.call('HMGET', q.meta, unpack(ids))
+local bodies = redis.call('HMGET', payloads, unpack(ids))
+local hargs, out, expiring = {}, {}, {}
+for i, s in ipairs(served) do
+  local m = meta_parse(metas[i])
+  m.st, m.dl, m.ld = 'f', m.dl + 1, lease_deadline
+  if m.ttl > 0 then expiring[#expiring + 1] = members[i] end
+  hargs[#hargs + 1] = s.id
+  hargs[#hargs + 1] = meta_format(m)
+  out[#out + 1] = s.id
+  out[#out + 1] = s.vm
+  out[#out + 1] = bodies[i]
+  out[#out + 1] = m.att
+  out[#out + 1] = m.dl
+end
+redis.call('HSET', q.meta, unpack(hargs))
+redis.call('SADD', env_inflight, unpack(members))
+redis.call('SADD', queue_inflight, unpack(ids))
+redis.call('ZADD', leases, unpack(lease_args))
+if #expiring > 0 then redis.call('ZREM', ttl_set, unpack(expiring)) end
+master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
+return out

@@ -1,0 +1,262 @@
+-- enqueue: store a run and queue it in its variant (ready or delayed).
+--
+-- KEYS[1] -> queue meta HASH (field encoded id -> run metadata, see meta)
+-- KEYS[2] -> queue payload HASH (field encoded id -> opaque payload bytes)
+-- KEYS[3] -> variant ready ZSET (encoded id, score ready score ms)
+-- KEYS[4] -> variant delayed ZSET (encoded id, score available_at ms)
+-- KEYS[5] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[6] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[7] -> queue depth HASH (r: ready count, d: delayed count)
+-- KEYS[8] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> payload
+-- ARGV[5] -> priority 0..9
+-- ARGV[6] -> available_at (ms)
+-- ARGV[7] -> ready score (ms): available_at - priority * priority step
+-- ARGV[8] -> expiry deadline (ms), 0 for no TTL
+-- ARGV[9] -> run member (for the ttl ZSET)
+-- ARGV[10] -> queue member (for the master ZSET)
+-- ARGV[11] -> maximum queued runs in the queue, 0 for no limit
+-- ARGV[12] -> maximum queued runs in the variant, 0 for no limit
+-- ARGV[13] -> wake channel ("" to not publish)
+-- Returns: 1 queued, 0 already queued with the same body (no-op).
+-- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.
+-- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
+--   st  state: r ready, d delayed, f in flight, x dead
+--   att attempt number of the next (or current) delivery, from 1
+--   dl  delivery counter: the lease token of the current holder
+--   ld  lease deadline (ms), 0 when not in flight
+--   vm  variant member ("=" + encoded concurrency key)
+--   pr  priority 0..9
+--   at  available_at (ms)
+--   ttl expiry deadline (ms), 0 for none
+local function meta_parse(s)
+  local st, att, dl, ld, vm, pr, at, ttl =
+    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
+  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
+           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+end
+
+local function meta_format(m)
+  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
+    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
+    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+end
+local q = { meta = KEYS[1], payload = KEYS[2], ck_index = KEYS[5], delay_index = KEYS[6],
+            depth = KEYS[7], master = KEYS[8], qm = ARGV[10] }
+local v = { ready = KEYS[3], delayed = KEYS[4] }
+local ttl_set = KEYS[9]
+local now = tonumber(ARGV[1])
+local id = ARGV[2]
+local vm = ARGV[3]
+local payload = ARGV[4]
+local priority = tonumber(ARGV[5])
+local available_at = tonumber(ARGV[6])
+local ready_score = tonumber(ARGV[7])
+local expires_at = tonumber(ARGV[8])
+local run_member = ARGV[9]
+local max_queue = tonumber(ARGV[11])
+local max_key = tonumber(ARGV[12])
+local wake = ARGV[13]
+local NK, NA = 9, 13
+-- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
+-- the model these functions implement).
+-- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
+-- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|r|nw": clock V, last
+--               newcomer tag L ("" for none), discovery cursor c, time (ms)
+--               ckVtime's TTL was last refreshed r, weight overrides nw (-1 unknown)
+-- KEYS[NK+3] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[NK+4] -> queue weights HASH (variant member -> weight)
+-- ARGV[NA+1] -> quantum
+-- ARGV[NA+2] -> state TTL (s)
+-- ARGV[NA+3] -> idle set cap
+local vt = { tags = KEYS[NK + 1], floor = KEYS[NK + 2], idle = KEYS[NK + 3], weights = KEYS[NK + 4],
+             quantum = tonumber(ARGV[NA + 1]), ttl = tonumber(ARGV[NA + 2]), idle_max = tonumber(ARGV[NA + 3]) }
+
+-- Tags travel as strings with 17 significant digits: exact doubles on Redis
+-- and on gopher-lua alike.
+local function fmt(x) return string.format('%.17g', x) end
+
+local function floor_read()
+  local raw = redis.call('GET', vt.floor)
+  if not raw then return { v = 0, l = nil, c = 0, r = 0, nw = -1 } end
+  local v, l, c, r, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), r = tonumber(r), nw = tonumber(nw) }
+end
+
+-- Persist the floor with the state TTL; refresh ckVtime's TTL at most once
+-- per half TTL, which keeps it alive while the queue is used without an
+-- EXPIRE on every call.
+local function floor_write(f)
+  if now - f.r >= vt.ttl * 500 then
+    redis.call('EXPIRE', vt.tags, vt.ttl)
+    f.r = now
+  end
+  local l = ''
+  if f.l ~= nil then l = fmt(f.l) end
+  redis.call('SET', vt.floor, fmt(f.v) .. '|' .. l .. '|' .. string.format('%d', f.c) .. '|' ..
+    string.format('%d', f.r) .. '|' .. string.format('%d', f.nw), 'EX', vt.ttl)
+end
+
+-- A variant gained its first ready run: register it. Returning variants get
+-- max(V, parked); newcomers queue one quantum behind the highest of {the
+-- highest tag capped at V + quantum, the previous newcomer's tag}, or at V
+-- when that is not above V.
+local function register_new(vm)
+  if redis.call('ZSCORE', vt.tags, vm) then return end
+  local f = floor_read()
+  local s
+  local parked = redis.call('ZSCORE', vt.idle, vm)
+  if parked then
+    s = math.max(f.v, tonumber(parked))
+    redis.call('ZREM', vt.idle, vm)
+  else
+    local a = nil
+    local top = redis.call('ZRANGE', vt.tags, -1, -1, 'WITHSCORES')
+    if top[2] then a = math.min(tonumber(top[2]), f.v + vt.quantum) end
+    if f.l ~= nil and (a == nil or f.l > a) then a = f.l end
+    s = f.v
+    if a ~= nil and a > f.v then s = a + vt.quantum end
+    f.l = s
+  end
+  redis.call('ZADD', vt.tags, fmt(s), vm)
+  floor_write(f)
+end
+
+local function on_ready_start(vm) register_new(vm) end
+
+-- A variant's last ready run left outside a dequeue: park its tag when it
+-- is above V (it owes service), and leave the fair order.
+local function on_ready_empty(vm)
+  local s = redis.call('ZSCORE', vt.tags, vm)
+  if not s then return end
+  if tonumber(s) > floor_read().v then
+    redis.call('ZADD', vt.idle, s, vm)
+    redis.call('EXPIRE', vt.idle, vt.ttl)
+  end
+  redis.call('ZREM', vt.tags, vm)
+end
+-- Recompute the queue's score in the shard master ZSET: the earliest time it
+-- has work (lowest ready head score, or earliest delayed available_at).
+local function master_refresh(ck_index, delay_index, master, qm)
+  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+  local best = nil
+  if r[2] then best = tonumber(r[2]) end
+  if d[2] then
+    local x = tonumber(d[2])
+    if best == nil or x < best then best = x end
+  end
+  if best == nil then
+    redis.call('ZREM', master, qm)
+  else
+    redis.call('ZADD', master, best, qm)
+  end
+end
+
+-- Take n queued runs off the depth counter field ('r' or 'd'). When the
+-- queue then holds no queued run, the counters are deleted, so a queue whose
+-- last run is acked, dead-lettered or expired leaves no key behind.
+local function depth_sub(depth, field, n)
+  if redis.call('HINCRBY', depth, field, -n) > 0 then return end
+  local other = 'd'
+  if field == 'd' then other = 'r' end
+  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
+end
+
+-- Put a queued run into its variant: ready (scored by ready score) when
+-- available_at <= now, else delayed (scored by available_at). Maintains the
+-- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
+-- score. Returns true when the run is ready. on_ready_start(vm) runs when the
+-- variant gains its first ready run (the scheduler's registration hook).
+local function place(q, v, id, vm, at, rs, now)
+  if at <= now then
+    redis.call('ZADD', v.ready, rs, id)
+    redis.call('HINCRBY', q.depth, 'r', 1)
+    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+      on_ready_start(vm)
+    end
+    redis.call('ZADD', q.master, 'LT', rs, q.qm)
+    return true
+  end
+  redis.call('ZADD', v.delayed, at, id)
+  redis.call('HINCRBY', q.depth, 'd', 1)
+  redis.call('ZADD', q.delay_index, 'LT', at, vm)
+  redis.call('ZADD', q.master, 'LT', at, q.qm)
+  return false
+end
+
+-- place, then wake the consumers blocked on channel wake ('' for none) when
+-- the run is ready, or when it is delayed and now the queue's earliest work:
+-- they then sleep until its time instead of until their timeout.
+local function place_wake(q, v, id, vm, at, rs, now, wake)
+  local earliest = false
+  if wake ~= '' and at > now then
+    local s = redis.call('ZSCORE', q.master, q.qm)
+    earliest = (not s) or tonumber(s) > at
+  end
+  local ready = place(q, v, id, vm, at, rs, now)
+  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
+  return ready
+end
+
+-- Remove a queued run from its variant (ready or delayed) and fix the
+-- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
+local function unplace(q, v, id, vm, st)
+  if st == 'r' then
+    if redis.call('ZREM', v.ready, id) == 0 then return false end
+    depth_sub(q.depth, 'r', 1)
+    local head = redis.call('ZRANGE', v.ready, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.ck_index, head[2], vm)
+    else
+      redis.call('ZREM', q.ck_index, vm)
+      on_ready_empty(vm)
+    end
+  else
+    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+    depth_sub(q.depth, 'd', 1)
+    local head = redis.call('ZRANGE', v.delayed, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.delay_index, head[2], vm)
+    else
+      redis.call('ZREM', q.delay_index, vm)
+    end
+  end
+  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
+  return true
+end
+
+local existing = redis.call('HGET', q.meta, id)
+if existing then
+  local m = meta_parse(existing)
+  if m.vm == vm and redis.call('HGET', q.payload, id) == payload then
+    return 0
+  end
+  return redis.error_reply('RQ_CONFLICT message id exists with another body')
+end
+if max_queue > 0 then
+  local d = redis.call('HMGET', q.depth, 'r', 'd')
+  if (tonumber(d[1]) or 0) + (tonumber(d[2]) or 0) >= max_queue then
+    return redis.error_reply('RQ_QUEUE_FULL queue depth limit reached')
+  end
+end
+if max_key > 0 then
+  if redis.call('ZCARD', v.ready) + redis.call('ZCARD', v.delayed) >= max_key then
+    return redis.error_reply('RQ_KEY_FULL concurrency key depth limit reached')
+  end
+end
+
+local st = 'd'
+if available_at <= now then st = 'r' end
+redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = 0, ld = 0, vm = vm,
+  pr = priority, at = available_at, ttl = expires_at }))
+redis.call('HSET', q.payload, id, payload)
+if expires_at > 0 then
+  redis.call('ZADD', ttl_set, expires_at, run_member)
+end
+place_wake(q, v, id, vm, available_at, ready_score, now, wake)
+return 1

@@ -1,0 +1,229 @@
+-- redrive: a dead-lettered run goes back to its variant, ready now, with
+-- its attempts reset.
+--
+-- KEYS[1] -> queue meta HASH
+-- KEYS[2] -> variant ready ZSET
+-- KEYS[3] -> variant delayed ZSET
+-- KEYS[4] -> queue ckIndex ZSET
+-- KEYS[5] -> queue delayIndex ZSET
+-- KEYS[6] -> queue depth HASH
+-- KEYS[7] -> shard master ZSET
+-- KEYS[8] -> queue dead ZSET
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> run member
+-- ARGV[5] -> priority step (ms)
+-- ARGV[6] -> queue member
+-- ARGV[7] -> wake channel ("" to not publish)
+-- Returns: 1 redriven.
+-- Errors: RQ_NOT_FOUND, RQ_NOT_DEAD.
+-- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
+--   st  state: r ready, d delayed, f in flight, x dead
+--   att attempt number of the next (or current) delivery, from 1
+--   dl  delivery counter: the lease token of the current holder
+--   ld  lease deadline (ms), 0 when not in flight
+--   vm  variant member ("=" + encoded concurrency key)
+--   pr  priority 0..9
+--   at  available_at (ms)
+--   ttl expiry deadline (ms), 0 for none
+local function meta_parse(s)
+  local st, att, dl, ld, vm, pr, at, ttl =
+    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
+  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
+           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+end
+
+local function meta_format(m)
+  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
+    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
+    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+end
+local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
+            master = KEYS[7], qm = ARGV[6] }
+local v = { ready = KEYS[2], delayed = KEYS[3] }
+local dead = KEYS[8]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local priority_step = tonumber(ARGV[5])
+local wake = ARGV[7]
+local NK, NA = 8, 7
+-- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
+-- the model these functions implement).
+-- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
+-- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|r|nw": clock V, last
+--               newcomer tag L ("" for none), discovery cursor c, time (ms)
+--               ckVtime's TTL was last refreshed r, weight overrides nw (-1 unknown)
+-- KEYS[NK+3] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[NK+4] -> queue weights HASH (variant member -> weight)
+-- ARGV[NA+1] -> quantum
+-- ARGV[NA+2] -> state TTL (s)
+-- ARGV[NA+3] -> idle set cap
+local vt = { tags = KEYS[NK + 1], floor = KEYS[NK + 2], idle = KEYS[NK + 3], weights = KEYS[NK + 4],
+             quantum = tonumber(ARGV[NA + 1]), ttl = tonumber(ARGV[NA + 2]), idle_max = tonumber(ARGV[NA + 3]) }
+
+-- Tags travel as strings with 17 significant digits: exact doubles on Redis
+-- and on gopher-lua alike.
+local function fmt(x) return string.format('%.17g', x) end
+
+local function floor_read()
+  local raw = redis.call('GET', vt.floor)
+  if not raw then return { v = 0, l = nil, c = 0, r = 0, nw = -1 } end
+  local v, l, c, r, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), r = tonumber(r), nw = tonumber(nw) }
+end
+
+-- Persist the floor with the state TTL; refresh ckVtime's TTL at most once
+-- per half TTL, which keeps it alive while the queue is used without an
+-- EXPIRE on every call.
+local function floor_write(f)
+  if now - f.r >= vt.ttl * 500 then
+    redis.call('EXPIRE', vt.tags, vt.ttl)
+    f.r = now
+  end
+  local l = ''
+  if f.l ~= nil then l = fmt(f.l) end
+  redis.call('SET', vt.floor, fmt(f.v) .. '|' .. l .. '|' .. string.format('%d', f.c) .. '|' ..
+    string.format('%d', f.r) .. '|' .. string.format('%d', f.nw), 'EX', vt.ttl)
+end
+
+-- A variant gained its first ready run: register it. Returning variants get
+-- max(V, parked); newcomers queue one quantum behind the highest of {the
+-- highest tag capped at V + quantum, the previous newcomer's tag}, or at V
+-- when that is not above V.
+local function register_new(vm)
+  if redis.call('ZSCORE', vt.tags, vm) then return end
+  local f = floor_read()
+  local s
+  local parked = redis.call('ZSCORE', vt.idle, vm)
+  if parked then
+    s = math.max(f.v, tonumber(parked))
+    redis.call('ZREM', vt.idle, vm)
+  else
+    local a = nil
+    local top = redis.call('ZRANGE', vt.tags, -1, -1, 'WITHSCORES')
+    if top[2] then a = math.min(tonumber(top[2]), f.v + vt.quantum) end
+    if f.l ~= nil and (a == nil or f.l > a) then a = f.l end
+    s = f.v
+    if a ~= nil and a > f.v then s = a + vt.quantum end
+    f.l = s
+  end
+  redis.call('ZADD', vt.tags, fmt(s), vm)
+  floor_write(f)
+end
+
+local function on_ready_start(vm) register_new(vm) end
+
+-- A variant's last ready run left outside a dequeue: park its tag when it
+-- is above V (it owes service), and leave the fair order.
+local function on_ready_empty(vm)
+  local s = redis.call('ZSCORE', vt.tags, vm)
+  if not s then return end
+  if tonumber(s) > floor_read().v then
+    redis.call('ZADD', vt.idle, s, vm)
+    redis.call('EXPIRE', vt.idle, vt.ttl)
+  end
+  redis.call('ZREM', vt.tags, vm)
+end
+-- Recompute the queue's score in the shard master ZSET: the earliest time it
+-- has work (lowest ready head score, or earliest delayed available_at).
+local function master_refresh(ck_index, delay_index, master, qm)
+  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+  local best = nil
+  if r[2] then best = tonumber(r[2]) end
+  if d[2] then
+    local x = tonumber(d[2])
+    if best == nil or x < best then best = x end
+  end
+  if best == nil then
+    redis.call('ZREM', master, qm)
+  else
+    redis.call('ZADD', master, best, qm)
+  end
+end
+
+-- Take n queued runs off the depth counter field ('r' or 'd'). When the
+-- queue then holds no queued run, the counters are deleted, so a queue whose
+-- last run is acked, dead-lettered or expired leaves no key behind.
+local function depth_sub(depth, field, n)
+  if redis.call('HINCRBY', depth, field, -n) > 0 then return end
+  local other = 'd'
+  if field == 'd' then other = 'r' end
+  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
+end
+
+-- Put a queued run into its variant: ready (scored by ready score) when
+-- available_at <= now, else delayed (scored by available_at). Maintains the
+-- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
+-- score. Returns true when the run is ready. on_ready_start(vm) runs when the
+-- variant gains its first ready run (the scheduler's registration hook).
+local function place(q, v, id, vm, at, rs, now)
+  if at <= now then
+    redis.call('ZADD', v.ready, rs, id)
+    redis.call('HINCRBY', q.depth, 'r', 1)
+    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+      on_ready_start(vm)
+    end
+    redis.call('ZADD', q.master, 'LT', rs, q.qm)
+    return true
+  end
+  redis.call('ZADD', v.delayed, at, id)
+  redis.call('HINCRBY', q.depth, 'd', 1)
+  redis.call('ZADD', q.delay_index, 'LT', at, vm)
+  redis.call('ZADD', q.master, 'LT', at, q.qm)
+  return false
+end
+
+-- place, then wake the consumers blocked on channel wake ('' for none) when
+-- the run is ready, or when it is delayed and now the queue's earliest work:
+-- they then sleep until its time instead of until their timeout.
+local function place_wake(q, v, id, vm, at, rs, now, wake)
+  local earliest = false
+  if wake ~= '' and at > now then
+    local s = redis.call('ZSCORE', q.master, q.qm)
+    earliest = (not s) or tonumber(s) > at
+  end
+  local ready = place(q, v, id, vm, at, rs, now)
+  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
+  return ready
+end
+
+-- Remove a queued run from its variant (ready or delayed) and fix the
+-- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
+local function unplace(q, v, id, vm, st)
+  if st == 'r' then
+    if redis.call('ZREM', v.ready, id) == 0 then return false end
+    depth_sub(q.depth, 'r', 1)
+    local head = redis.call('ZRANGE', v.ready, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.ck_index, head[2], vm)
+    else
+      redis.call('ZREM', q.ck_index, vm)
+      on_ready_empty(vm)
+    end
+  else
+    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+    depth_sub(q.depth, 'd', 1)
+    local head = redis.call('ZRANGE', v.delayed, 0, 0, 'WITHSCORES')
+    if head[2] then
+      redis.call('ZADD', q.delay_index, head[2], vm)
+    else
+      redis.call('ZREM', q.delay_index, vm)
+    end
+  end
+  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
+  return true
+end
+
+local raw = redis.call('HGET', q.meta, id)
+if not raw then return redis.error_reply('RQ_NOT_FOUND no such run') end
+local m = meta_parse(raw)
+if m.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
+if m.st ~= 'x' then return redis.error_reply('RQ_NOT_DEAD run is not dead-lettered') end
+redis.call('ZREM', dead, member)
+m.st, m.att, m.at, m.ld, m.ttl = 'r', 1, now, 0, 0
+redis.call('HSET', q.meta, id, meta_format(m))
+place(q, v, id, vm, now, now - m.pr * priority_step, now)
+if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
+return 1

@@ -209,7 +209,8 @@ func (q Queue) CkIndex() string { return q.base + ":ckIndex" }
 // variants that have delayed runs.
 func (q Queue) DelayIndex() string { return q.base + ":delayIndex" }
 
-// Depth is the HASH of queued-run counters: "r" ready, "d" delayed.
+// Depth is the HASH of queued-run counters: "r" ready, "d" delayed. It is
+// deleted when both reach zero, so an empty queue leaves no key.
 func (q Queue) Depth() string { return q.base + ":depth" }
 
 // Inflight is the queue's SET of in-flight message refs (all its keys).

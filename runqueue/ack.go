@@ -31,6 +31,9 @@ func checkRun(r *Run) error {
 }
 
 // Ack completes a run: it is removed everywhere and its concurrency released.
+// A second Ack of the same delivery finds nothing: ErrNotFound. A holder
+// whose lease was recovered gets ErrNotInFlight while the run waits to be
+// delivered again, ErrLeaseLost once it was.
 func (q *Queue) Ack(ctx context.Context, r *Run) error {
 	if err := checkRun(r); err != nil {
 		return err

@@ -23,7 +23,7 @@ test/race: ## Run all tests with the race detector
 
 .PHONY: test/redis
 test/redis: ## Run the real-Redis tests; fail if no Redis is available
-	$(REQUIRE_REDIS) $(GO) test ./... -count=1 -timeout $(TIMEOUT) -run 'Redis|Real|Conformance'
+	$(REQUIRE_REDIS) $(GO) test ./... -count=1 -timeout $(TIMEOUT)
 
 .PHONY: test/cluster
 test/cluster: ## Run the Redis Cluster tests; fail if no Redis is available

@@ -38,6 +38,7 @@ func names(sp keys.Space, env, queue, ck, id string) []name {
 		key("TTL", sh.TTL(), shard),
 		key("Wake", sh.Wake(), shard),
 		key("EnvInflight", e.Inflight(), env),
+		key("EnvDead", e.Dead(), env),
 		key("CkIndex", q.CkIndex(), env, queue),
 		key("DelayIndex", q.DelayIndex(), env, queue),
 		key("Depth", q.Depth(), env, queue),
@@ -48,7 +49,6 @@ func names(sp keys.Space, env, queue, ck, id string) []name {
 		key("CkVtimeIdle", q.CkVtimeIdle(), env, queue),
 		key("Weights", q.Weights(), env, queue),
 		key("Meta", q.Meta(), env, queue),
-		key("Payloads", q.Payloads(), env, queue),
 		key("Ready", v.Ready(), env, queue, ck),
 		key("Delayed", v.Delayed(), env, queue, ck),
 		key("VariantInflight", v.Inflight(), env, queue, ck),
@@ -207,7 +207,7 @@ func separators(identity string) int {
 	switch b {
 	case "Master", "Leases", "TTL", "Wake":
 		return 1
-	case "EnvInflight":
+	case "EnvInflight", "EnvDead":
 		return 3
 	case "Ready", "Delayed", "VariantInflight":
 		return 7
@@ -226,7 +226,7 @@ func checkNoPrefixForgery(t *testing.T, sp keys.Space, runs [2][4]string) {
 		envB, queueB := runs[b][0], runs[b][1]
 		qa := sp.Env(envA).Queue(queueA)
 		envPrefix := strings.TrimSuffix(sp.Env(envA).Inflight(), "inflight")
-		queuePrefix := strings.TrimSuffix(qa.Meta(), "meta")
+		queuePrefix := strings.TrimSuffix(qa.Meta(), "runs")
 		for _, n := range names(sp, envB, queueB, runs[b][2], runs[b][3]) {
 			if n.kind != "key" {
 				continue

@@ -183,6 +183,9 @@ func (e Env) Name() string { return e.env }
 // Inflight is the env's SET of in-flight message refs (its concurrency).
 func (e Env) Inflight() string { return e.base + ":inflight" }
 
+// Dead is the env's HASH queue member -> number of dead-lettered runs.
+func (e Env) Dead() string { return e.base + ":dead" }
+
 // Queue returns the keys of a base queue of the env.
 func (e Env) Queue(queue string) Queue {
 	return Queue{Env: e, queue: queue, base: e.base + ":q:" + Segment(queue)}
@@ -232,11 +235,9 @@ func (q Queue) CkVtimeIdle() string { return q.base + ":ckVtimeIdle" }
 // Weights is the HASH variant -> weight override (flag on only).
 func (q Queue) Weights() string { return q.base + ":weights" }
 
-// Meta is the HASH encoded message id -> run metadata.
-func (q Queue) Meta() string { return q.base + ":meta" }
-
-// Payloads is the HASH encoded message id -> payload bytes.
-func (q Queue) Payloads() string { return q.base + ":payload" }
+// Meta is the HASH of the queue's runs: field encoded id -> run metadata,
+// field encoded id + ":p" -> payload bytes (encoded ids hold no ':').
+func (q Queue) Meta() string { return q.base + ":runs" }
 
 // Variant returns the keys of the variant of concurrency key ck ("" for runs
 // without a key).

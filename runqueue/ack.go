@@ -40,7 +40,7 @@ func (q *Queue) Ack(ctx context.Context, r *Run) error {
 	}
 	qk := q.space.Env(r.Env).Queue(r.Queue)
 	v := qk.Variant(r.Key)
-	ks := []string{qk.Meta(), qk.Payloads(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()}
+	ks := []string{qk.Meta(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()}
 	err := run(ctx, q.rdb, q.scripts.ack, ks, keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token).Err()
 	return scriptError(err, nil)
 }
@@ -120,7 +120,7 @@ func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int
 	qk := q.space.Env(ref.Env).Queue(ref.Queue)
 	v := qk.Variant(ref.Key)
 	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(),
-		qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases(), qk.Dead()}
+		qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases(), qk.Dead(), qk.Env.Dead()}
 	killArg := 0
 	if kill {
 		killArg = 1
@@ -209,7 +209,7 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 		}
 		qk := q.space.Env(ref.Env).Queue(ref.Queue)
 		v := qk.Variant(ref.Key)
-		ks := []string{qk.Meta(), qk.Payloads(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
+		ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
 			qk.Depth(), qk.Master(), sh.TTL()}
 		args := []any{now, keys.Segment(ref.ID), v.Member(), m, qk.Member()}
 		ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
@@ -237,7 +237,7 @@ func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
 	qk := q.space.Env(env).Queue(queue)
 	v := qk.Variant(key)
 	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
-	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Dead()}
+	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Dead(), qk.Env.Dead()}
 	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qk.Member(), qk.Wake()}
 	ks, args = q.withHooks(q.scripts.redrive, qk, ks, args)
 	return scriptError(run(ctx, q.rdb, q.scripts.redrive, ks, args...).Err(), nil)

@@ -504,7 +504,6 @@ func badInputCases(t *testing.T, b *testBundle, st badInputState) []badCase {
 		{"BackoffBaseNegative", "BackoffBase", func(c *runqueue.Config) { c.BackoffBase = -time.Second }},
 		{"BackoffMaxBelowBase", "BackoffMax", func(c *runqueue.Config) { c.BackoffBase, c.BackoffMax = time.Minute, time.Second }},
 		{"BackoffMaxNegative", "BackoffMax", func(c *runqueue.Config) { c.BackoffMax = -time.Second }},
-		{"BackoffJitterNegative", "BackoffJitter", func(c *runqueue.Config) { c.BackoffJitter = -0.1 }},
 		{"BackoffJitterOne", "BackoffJitter", func(c *runqueue.Config) { c.BackoffJitter = 1 }},
 		{"BackoffJitterNaN", "BackoffJitter", func(c *runqueue.Config) { c.BackoffJitter = nan }},
 		{"MaxDequeueCountNegative", "MaxDequeueCount", func(c *runqueue.Config) { c.MaxDequeueCount = -1 }},

@@ -70,12 +70,13 @@ type Config struct {
 	// BackoffBase, BackoffMax and BackoffJitter shape Nack's default retry
 	// time: BackoffBase*2^(attempt-1), at most BackoffMax, then multiplied by
 	// a random factor in [1-BackoffJitter, 1+BackoffJitter]. Default to 1s,
-	// 10m and 0.2.
+	// 10m and 0.2; a negative BackoffJitter means no jitter.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
 
-	// MaxDequeueCount bounds maxCount of one dequeue call. Defaults to 1000.
+	// MaxDequeueCount bounds maxCount of one dequeue call (at most 2000).
+	// Defaults to 1000.
 	MaxDequeueCount int
 	// ScanLimit is how many variants of a queue a flag-off dequeue call looks
 	// at (in age order) and how many due delayed variants it promotes.
@@ -177,9 +178,9 @@ func (c *Config) validate() error {
 		return bad("BackoffMax", c.BackoffMax)
 	// Written as !(in range) so that NaN, which fails every comparison, is
 	// rejected too.
-	case !(c.BackoffJitter >= 0 && c.BackoffJitter < 1):
+	case !(c.BackoffJitter < 1): // negative: no jitter
 		return bad("BackoffJitter", c.BackoffJitter)
-	case c.MaxDequeueCount < 1 || c.MaxDequeueCount > 10000:
+	case c.MaxDequeueCount < 1 || c.MaxDequeueCount > 2000:
 		return bad("MaxDequeueCount", c.MaxDequeueCount)
 	case c.ScanLimit < 0 || c.ScanLimit > 10000:
 		return bad("ScanLimit", c.ScanLimit)

@@ -74,7 +74,7 @@ func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, n
 	}
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
 	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
-		qk.Env.Inflight(), qk.Inflight(), qk.Meta(), qk.Payloads(), qk.TTL()}
+		qk.Env.Inflight(), qk.Inflight(), qk.Meta(), qk.TTL()}
 	if q.cfg.VtimeScheduling {
 		ks = append(ks, q.vtimeKeys(qk)...)
 	}
@@ -177,12 +177,38 @@ func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 	}
 	now := q.now()
 	sh := q.space.Shard(shard)
-	members, err := q.rdb.ZRangeByScore(ctx, sh.Master(), &redis.ZRangeBy{
-		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(max(64, 4*maxCount)),
-	}).Result()
-	if err != nil {
+	// The oldest due queues, and as many more at a rotating offset, so that
+	// an env whose queues all sort behind another env's many queues is
+	// still reached within a bounded number of calls.
+	n := int64(max(64, 4*maxCount))
+	q.rrMu.Lock()
+	off := q.shardOff[shard]
+	q.rrMu.Unlock()
+	due := &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: n}
+	rot := &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Offset: off, Count: n}
+	var oldest, rotating *redis.StringSliceCmd
+	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		oldest = p.ZRangeByScore(ctx, sh.Master(), due)
+		if off > 0 {
+			rotating = p.ZRangeByScore(ctx, sh.Master(), rot)
+		}
+		return nil
+	}); err != nil {
 		return nil, err
 	}
+	members := oldest.Val()
+	next := off + n
+	if rotating != nil {
+		members = union(members, rotating.Val())
+		if int64(len(rotating.Val())) < n {
+			next = 0
+		}
+	} else if int64(len(members)) < n {
+		next = 0
+	}
+	q.rrMu.Lock()
+	q.shardOff[shard] = next
+	q.rrMu.Unlock()
 	plan := q.shardPlan(members)
 	var out []*Run
 	var more []keys.Queue // queues that filled their share and may have more

@@ -74,7 +74,7 @@ func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 	v := qk.Variant(p.Key)
 	id := keys.Segment(p.ID)
 	ref := keys.Ref{Env: p.Env, Queue: p.Queue, Key: p.Key, ID: p.ID}
-	ks := []string{qk.Meta(), qk.Payloads(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
+	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
 		qk.Depth(), qk.Master(), qk.TTL()}
 	args := []any{now, id, v.Member(), p.Payload, p.Priority, at, at - int64(p.Priority)*ms(q.cfg.PriorityStep),
 		expires, keys.RunMember(ref), qk.Member(), q.cfg.MaxQueueDepth, q.cfg.MaxKeyDepth, qk.Wake()}

@@ -103,8 +103,8 @@ func (q *Queue) oldestAge(ctx context.Context, qk keys.Queue, v keys.Variant) (t
 	return max(0, time.Duration(q.now()-m.at)*time.Millisecond), nil
 }
 
-// EnvStats reports every base queue of env that holds queued runs, summed,
-// and the env's in-flight count.
+// EnvStats sums the queued runs of every base queue of env, and reports the
+// env's in-flight and dead-lettered runs.
 func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
 	if err := checkName("env", env); err != nil {
 		return Stats{}, err
@@ -122,8 +122,16 @@ func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
 		}
 		total.Ready += s.Ready
 		total.Delayed += s.Delayed
-		total.Dead += s.Dead
 		total.OldestReadyAge = max(total.OldestReadyAge, s.OldestReadyAge)
+	}
+	// Dead runs are counted per queue in the env's dead hash, which also
+	// covers queues that hold nothing but dead runs.
+	dead, err := q.rdb.HVals(ctx, e.Dead()).Result()
+	if err != nil {
+		return Stats{}, err
+	}
+	for _, d := range dead {
+		total.Dead += toInt(d)
 	}
 	total.InFlight, err = q.rdb.SCard(ctx, e.Inflight()).Result()
 	return total, err
@@ -219,7 +227,7 @@ func (q *Queue) deadRun(ctx context.Context, qk keys.Queue, ref keys.Ref) (DeadR
 	if err != nil {
 		return DeadRun{}, err
 	}
-	body, err := q.rdb.HGet(ctx, qk.Payloads(), id).Result()
+	body, err := q.rdb.HGet(ctx, qk.Meta(), id+":p").Result()
 	if err != nil && err != redis.Nil {
 		return DeadRun{}, err
 	}

@@ -118,7 +118,7 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 			enqueue := func(id, body string) call {
 				ref := keys.Ref{Env: "prod", Queue: "q", Key: "k", ID: id}
 				return call{sc: scripts.enqueue,
-					keys: []string{qk.Meta(), qk.Payloads(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
+					keys: []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
 						qk.Depth(), qk.Master(), qk.TTL()},
 					args: []any{now, keys.Segment(id), v.Member(), body, 0, now, now, 0, keys.RunMember(ref),
 						qk.Member(), 0, 0, ""}}
@@ -126,7 +126,7 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 			ack := func(id string) call {
 				ref := keys.Ref{Env: "prod", Queue: "q", Key: "k", ID: id}
 				return call{sc: scripts.ack,
-					keys: []string{qk.Meta(), qk.Payloads(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()},
+					keys: []string{qk.Meta(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()},
 					args: []any{keys.Segment(id), v.Member(), keys.RunMember(ref), 1}}
 			}
 
@@ -154,10 +154,10 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 				require.Zero(t, eval["unknown"])
 				t.Logf("EVALSHA %v, NOSCRIPT %v, EVAL %v", evalsha, noscript, eval)
 
-				ids, err := c.HKeys(ctx, qk.Meta()).Result()
+				fields, err := c.HKeys(ctx, qk.Meta()).Result()
 				require.NoError(t, err)
-				require.ElementsMatch(t, []string{"1", "2", "3"}, ids)
-				body, err := c.HGet(ctx, qk.Payloads(), "1").Result()
+				require.ElementsMatch(t, []string{"1", "1:p", "2", "2:p", "3", "3:p"}, fields)
+				body, err := c.HGet(ctx, qk.Meta(), "1:p").Result()
 				require.NoError(t, err)
 				require.Equal(t, "a", body)
 				require.Equal(t, "3", c.HGet(ctx, qk.Depth(), "r").Val())

@@ -23,7 +23,8 @@ type Queue struct {
 	waker    *waker
 	closed   chan struct{}
 	closeMu  sync.Mutex
-	rr       uint64 // rotates the env order of shard dequeues
+	rr       uint64        // rotates the env order of shard dequeues
+	shardOff map[int]int64 // rotating read offset in each shard's master
 	rrMu     sync.Mutex
 }
 
@@ -49,7 +50,8 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	if err := scripts.load(ctx, client); err != nil {
 		return nil, err
 	}
-	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, closed: make(chan struct{})}, nil
+	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, closed: make(chan struct{}),
+		shardOff: map[int]int64{}}, nil
 }
 
 // Config returns the effective configuration (defaults filled in).

@@ -10,10 +10,9 @@
 -- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
 -- KEYS[6] -> env inflight SET (run members)
 -- KEYS[7] -> queue inflight SET (encoded ids)
--- KEYS[8] -> queue meta HASH
--- KEYS[9] -> queue payload HASH
--- KEYS[10] -> shard ttl ZSET (run member, score expiry deadline ms)
--- KEYS[11+3i..13+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
+-- KEYS[8] -> queue runs HASH (metadata and payload fields)
+-- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- KEYS[10+3i..12+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> maxCount
 -- ARGV[3] -> env concurrency limit, 0 for none
@@ -28,7 +27,7 @@
 -- ARGV[12] -> n, the number of candidate variants
 -- ARGV[13..12+n] -> candidate variant members, in KEYS order
 -- Returns: see dequeue_end.
-local FK = 10
+local FK = 9
 local now = tonumber(ARGV[1])
 --@include meta
 --@include hooks

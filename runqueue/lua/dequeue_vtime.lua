@@ -4,12 +4,12 @@
 -- flight with a lease. Every serve re-decides, so a variant may be served
 -- several times in one call and a call of N serves what N calls of 1 would.
 --
--- KEYS[1..10] -> as dequeue.lua
--- KEYS[11] -> queue ckVtime ZSET (variant member, score tag S)
--- KEYS[12] -> queue ckVtimeFloor STRING (see hooks_vtime)
--- KEYS[13] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
--- KEYS[14] -> queue weights HASH (variant member -> weight)
--- KEYS[15+3i..17+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
+-- KEYS[1..9] -> as dequeue.lua
+-- KEYS[10] -> queue ckVtime ZSET (variant member, score tag S)
+-- KEYS[11] -> queue ckVtimeFloor STRING (see hooks_vtime)
+-- KEYS[12] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[13] -> queue weights HASH (variant member -> weight)
+-- KEYS[14+3i..16+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
 -- ARGV[1..12+n] -> as dequeue.lua, with ARGV[10] = maxCount * window multiplier
 -- ARGV[13+n] -> quantum
 -- ARGV[14+n] -> state TTL (s)
@@ -17,7 +17,7 @@
 -- ARGV[16+n] -> window multiplier
 -- ARGV[17+n] -> 1 when ckIndex has variants without a tag (discovery), else 0
 -- Returns: see dequeue_end.
-local NK, FK = 10, 14
+local NK, FK = 9, 13
 local now = tonumber(ARGV[1])
 local NA = 12 + tonumber(ARGV[12])
 --@include meta

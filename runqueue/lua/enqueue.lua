@@ -1,14 +1,14 @@
 -- enqueue: store a run and queue it in its variant (ready or delayed).
 --
--- KEYS[1] -> queue meta HASH (field encoded id -> run metadata, see meta)
--- KEYS[2] -> queue payload HASH (field encoded id -> opaque payload bytes)
--- KEYS[3] -> variant ready ZSET (encoded id, score ready score ms)
--- KEYS[4] -> variant delayed ZSET (encoded id, score available_at ms)
--- KEYS[5] -> queue ckIndex ZSET (variant member, score head ready score ms)
--- KEYS[6] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
--- KEYS[7] -> queue depth HASH (r: ready count, d: delayed count)
--- KEYS[8] -> shard master ZSET (queue member, score earliest work ms)
--- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- KEYS[1] -> queue runs HASH (field encoded id -> run metadata, see meta;
+--            field encoded id .. ":p" -> opaque payload bytes)
+-- KEYS[2] -> variant ready ZSET (encoded id, score ready score ms)
+-- KEYS[3] -> variant delayed ZSET (encoded id, score available_at ms)
+-- KEYS[4] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[5] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[6] -> queue depth HASH (r: ready count, d: delayed count)
+-- KEYS[7] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[8] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -25,10 +25,10 @@
 -- Returns: 1 queued, 0 already queued with the same body (no-op).
 -- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.
 --@include meta
-local q = { meta = KEYS[1], payload = KEYS[2], ck_index = KEYS[5], delay_index = KEYS[6],
-            depth = KEYS[7], master = KEYS[8], qm = ARGV[10] }
-local v = { ready = KEYS[3], delayed = KEYS[4] }
-local ttl_set = KEYS[9]
+local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5],
+            depth = KEYS[6], master = KEYS[7], qm = ARGV[10] }
+local v = { ready = KEYS[2], delayed = KEYS[3] }
+local ttl_set = KEYS[8]
 local now = tonumber(ARGV[1])
 local id = ARGV[2]
 local vm = ARGV[3]
@@ -41,14 +41,14 @@ local run_member = ARGV[9]
 local max_queue = tonumber(ARGV[11])
 local max_key = tonumber(ARGV[12])
 local wake = ARGV[13]
-local NK, NA = 9, 13
+local NK, NA = 8, 13
 --@include hooks
 --@include place
 
 local existing = redis.call('HGET', q.meta, id)
 if existing then
   local m = meta_parse(existing)
-  if m.vm == vm and redis.call('HGET', q.payload, id) == payload then
+  if m.vm == vm and redis.call('HGET', q.meta, id .. ':p') == payload then
     return 0
   end
   return redis.error_reply('RQ_CONFLICT message id exists with another body')
@@ -67,9 +67,10 @@ end
 
 local st = 'd'
 if available_at <= now then st = 'r' end
-redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = 0, ld = 0, vm = vm,
-  pr = priority, at = available_at, ttl = expires_at }))
-redis.call('HSET', q.payload, id, payload)
+-- The delivery counter starts at now * 1000, so the lease tokens of a run
+-- enqueued again under a reused id never repeat the tokens of the old one.
+redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = now * 1000, ld = 0, vm = vm,
+  pr = priority, at = available_at, ttl = expires_at }), id .. ':p', payload)
 if expires_at > 0 then
   redis.call('ZADD', ttl_set, expires_at, run_member)
 end

@@ -9,6 +9,7 @@
 -- KEYS[6] -> queue depth HASH
 -- KEYS[7] -> shard master ZSET
 -- KEYS[8] -> queue dead ZSET
+-- KEYS[9] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -22,12 +23,12 @@
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
             master = KEYS[7], qm = ARGV[6] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
-local dead = KEYS[8]
+local dead, env_dead = KEYS[8], KEYS[9]
 local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 local priority_step = tonumber(ARGV[5])
 local wake = ARGV[7]
-local NK, NA = 8, 7
+local NK, NA = 9, 7
 --@include hooks
 --@include place
 
@@ -37,6 +38,7 @@ local m = meta_parse(raw)
 if m.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
 if m.st ~= 'x' then return redis.error_reply('RQ_NOT_DEAD run is not dead-lettered') end
 redis.call('ZREM', dead, member)
+if redis.call('HINCRBY', env_dead, q.qm, -1) <= 0 then redis.call('HDEL', env_dead, q.qm) end
 m.st, m.att, m.at, m.ld, m.ttl = 'r', 1, now, 0, 0
 redis.call('HSET', q.meta, id, meta_format(m))
 place(q, v, id, vm, now, now - m.pr * priority_step, now)

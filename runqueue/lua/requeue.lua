@@ -14,6 +14,7 @@
 -- KEYS[10] -> variant inflight SET
 -- KEYS[11] -> shard leases ZSET
 -- KEYS[12] -> queue dead ZSET (run member, score time of death ms)
+-- KEYS[13] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -31,8 +32,8 @@
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
             master = KEYS[7], qm = ARGV[10] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
-local env_inflight, queue_inflight, variant_inflight, leases, dead =
-  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local env_inflight, queue_inflight, variant_inflight, leases, dead, env_dead =
+  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 local token = tonumber(ARGV[5])
@@ -41,7 +42,7 @@ local priority_step = tonumber(ARGV[7])
 local max_attempts = tonumber(ARGV[8])
 local kill = ARGV[9] == '1'
 local wake = ARGV[11]
-local NK, NA = 12, 11
+local NK, NA = 13, 11
 --@include hooks
 --@include place
 --@include holder
@@ -58,6 +59,7 @@ if kill or (max_attempts > 0 and m.att > max_attempts) then
   m.st = 'x'
   redis.call('HSET', q.meta, id, meta_format(m))
   redis.call('ZADD', dead, now, member)
+  redis.call('HINCRBY', env_dead, q.qm, 1)
   return { 0, m.att }
 end
 m.at = retry_at

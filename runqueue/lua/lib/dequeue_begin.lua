@@ -3,7 +3,7 @@
 -- read ahead (only those have declared keys), and promote due delayed runs.
 local q = { ck_index = KEYS[1], delay_index = KEYS[2], depth = KEYS[3], master = KEYS[4],
             meta = KEYS[8], qm = ARGV[7] }
-local leases, env_inflight, queue_inflight, payloads, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
+local leases, env_inflight, queue_inflight, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9]
 local max_count = tonumber(ARGV[2])
 local env_limit = tonumber(ARGV[3])
 local queue_limit = tonumber(ARGV[4])

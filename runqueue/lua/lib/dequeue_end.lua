@@ -27,25 +27,27 @@ if #heads > 0 then redis.call('ZADD', q.ck_index, unpack(heads)) end
 if #emptied > 0 then redis.call('ZREM', q.ck_index, unpack(emptied)) end
 depth_sub(q.depth, 'r', #served)
 
-local ids, members, lease_args = {}, {}, {}
+local ids, fields, members, lease_args = {}, {}, {}, {}
 for i, s in ipairs(served) do
   ids[i] = s.id
+  fields[2 * i - 1] = s.id
+  fields[2 * i] = s.id .. ':p'
   members[i] = run_prefix .. s.vm .. ':' .. s.id
   lease_args[2 * i - 1] = lease_deadline
   lease_args[2 * i] = members[i]
 end
-local metas = redis.call('HMGET', q.meta, unpack(ids))
-local bodies = redis.call('HMGET', payloads, unpack(ids))
+-- Metadata and payload of every served run in one read.
+local got = redis.call('HMGET', q.meta, unpack(fields))
 local hargs, out, expiring = {}, {}, {}
 for i, s in ipairs(served) do
-  local m = meta_parse(metas[i])
+  local m = meta_parse(got[2 * i - 1])
   m.st, m.dl, m.ld = 'f', m.dl + 1, lease_deadline
   if m.ttl > 0 then expiring[#expiring + 1] = members[i] end
   hargs[#hargs + 1] = s.id
   hargs[#hargs + 1] = meta_format(m)
   out[#out + 1] = s.id
   out[#out + 1] = s.vm
-  out[#out + 1] = bodies[i]
+  out[#out + 1] = got[2 * i]
   out[#out + 1] = m.att
   out[#out + 1] = m.dl
 end

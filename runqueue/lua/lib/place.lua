@@ -29,35 +29,35 @@ end
 -- Put a queued run into its variant: ready (scored by ready score) when
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score. Returns true when the run is ready. on_ready_start(vm) runs when the
--- variant gains its first ready run (the scheduler's registration hook).
+-- score, which can only move when the index entry did (CH says so).
+-- on_ready_start(vm) runs when the variant's ready head is new or earlier
+-- (the scheduler registers a variant that has no tag).
+-- Returns: ready (the run is ready), earliest (the run is now the queue's
+-- earliest work).
 local function place(q, v, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       on_ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
-    redis.call('ZADD', q.master, 'LT', rs, q.qm)
-    return true
+    return true, false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  redis.call('ZADD', q.delay_index, 'LT', at, vm)
-  redis.call('ZADD', q.master, 'LT', at, q.qm)
-  return false
+  local earliest = false
+  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  return false, earliest
 end
 
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
 local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local earliest = false
-  if wake ~= '' and at > now then
-    local s = redis.call('ZSCORE', q.master, q.qm)
-    earliest = (not s) or tonumber(s) > at
-  end
-  local ready = place(q, v, id, vm, at, rs, now)
+  local ready, earliest = place(q, v, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end

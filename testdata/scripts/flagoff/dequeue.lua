@@ -10,10 +10,9 @@
 -- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
 -- KEYS[6] -> env inflight SET (run members)
 -- KEYS[7] -> queue inflight SET (encoded ids)
--- KEYS[8] -> queue meta HASH
--- KEYS[9] -> queue payload HASH
--- KEYS[10] -> shard ttl ZSET (run member, score expiry deadline ms)
--- KEYS[11+3i..13+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
+-- KEYS[8] -> queue runs HASH (metadata and payload fields)
+-- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- KEYS[10+3i..12+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> maxCount
 -- ARGV[3] -> env concurrency limit, 0 for none
@@ -28,7 +27,7 @@
 -- ARGV[12] -> n, the number of candidate variants
 -- ARGV[13..12+n] -> candidate variant members, in KEYS order
 -- Returns: see dequeue_end.
-local FK = 10
+local FK = 9
 local now = tonumber(ARGV[1])
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
 --   st  state: r ready, d delayed, f in flight, x dead
@@ -85,35 +84,35 @@ end
 -- Put a queued run into its variant: ready (scored by ready score) when
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score. Returns true when the run is ready. on_ready_start(vm) runs when the
--- variant gains its first ready run (the scheduler's registration hook).
+-- score, which can only move when the index entry did (CH says so).
+-- on_ready_start(vm) runs when the variant's ready head is new or earlier
+-- (the scheduler registers a variant that has no tag).
+-- Returns: ready (the run is ready), earliest (the run is now the queue's
+-- earliest work).
 local function place(q, v, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       on_ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
-    redis.call('ZADD', q.master, 'LT', rs, q.qm)
-    return true
+    return true, false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  redis.call('ZADD', q.delay_index, 'LT', at, vm)
-  redis.call('ZADD', q.master, 'LT', at, q.qm)
-  return false
+  local earliest = false
+  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  return false, earliest
 end
 
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
 local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local earliest = false
-  if wake ~= '' and at > now then
-    local s = redis.call('ZSCORE', q.master, q.qm)
-    earliest = (not s) or tonumber(s) > at
-  end
-  local ready = place(q, v, id, vm, at, rs, now)
+  local ready, earliest = place(q, v, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -149,7 +148,7 @@ end
 -- read ahead (only those have declared keys), and promote due delayed runs.
 local q = { ck_index = KEYS[1], delay_index = KEYS[2], depth = KEYS[3], master = KEYS[4],
             meta = KEYS[8], qm = ARGV[7] }
-local leases, env_inflight, queue_inflight, payloads, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9], KEYS[10]
+local leases, env_inflight, queue_inflight, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9]
 local max_count = tonumber(ARGV[2])
 local env_limit = tonumber(ARGV[3])
 local queue_limit = tonumber(ARGV[4])
@@ -349,25 +348,27 @@ if #heads > 0 then redis.call('ZADD', q.ck_index, unpack(heads)) end
 if #emptied > 0 then redis.call('ZREM', q.ck_index, unpack(emptied)) end
 depth_sub(q.depth, 'r', #served)
 
-local ids, members, lease_args = {}, {}, {}
+local ids, fields, members, lease_args = {}, {}, {}, {}
 for i, s in ipairs(served) do
   ids[i] = s.id
+  fields[2 * i - 1] = s.id
+  fields[2 * i] = s.id .. ':p'
   members[i] = run_prefix .. s.vm .. ':' .. s.id
   lease_args[2 * i - 1] = lease_deadline
   lease_args[2 * i] = members[i]
 end
-local metas = redis.call('HMGET', q.meta, unpack(ids))
-local bodies = redis.call('HMGET', payloads, unpack(ids))
+-- Metadata and payload of every served run in one read.
+local got = redis.call('HMGET', q.meta, unpack(fields))
 local hargs, out, expiring = {}, {}, {}
 for i, s in ipairs(served) do
-  local m = meta_parse(metas[i])
+  local m = meta_parse(got[2 * i - 1])
   m.st, m.dl, m.ld = 'f', m.dl + 1, lease_deadline
   if m.ttl > 0 then expiring[#expiring + 1] = members[i] end
   hargs[#hargs + 1] = s.id
   hargs[#hargs + 1] = meta_format(m)
   out[#out + 1] = s.id
   out[#out + 1] = s.vm
-  out[#out + 1] = bodies[i]
+  out[#out + 1] = got[2 * i]
   out[#out + 1] = m.att
   out[#out + 1] = m.dl
 end

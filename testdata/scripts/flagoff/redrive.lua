@@ -9,6 +9,7 @@
 -- KEYS[6] -> queue depth HASH
 -- KEYS[7] -> shard master ZSET
 -- KEYS[8] -> queue dead ZSET
+-- KEYS[9] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -42,12 +43,12 @@ end
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
             master = KEYS[7], qm = ARGV[6] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
-local dead = KEYS[8]
+local dead, env_dead = KEYS[8], KEYS[9]
 local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 local priority_step = tonumber(ARGV[5])
 local wake = ARGV[7]
-local NK, NA = 8, 7
+local NK, NA = 9, 7
 -- Scheduler flag off: variants are served in age order; nothing to track.
 local function on_ready_start(vm) end
 local function on_ready_empty(vm) end
@@ -82,35 +83,35 @@ end
 -- Put a queued run into its variant: ready (scored by ready score) when
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score. Returns true when the run is ready. on_ready_start(vm) runs when the
--- variant gains its first ready run (the scheduler's registration hook).
+-- score, which can only move when the index entry did (CH says so).
+-- on_ready_start(vm) runs when the variant's ready head is new or earlier
+-- (the scheduler registers a variant that has no tag).
+-- Returns: ready (the run is ready), earliest (the run is now the queue's
+-- earliest work).
 local function place(q, v, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       on_ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
-    redis.call('ZADD', q.master, 'LT', rs, q.qm)
-    return true
+    return true, false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  redis.call('ZADD', q.delay_index, 'LT', at, vm)
-  redis.call('ZADD', q.master, 'LT', at, q.qm)
-  return false
+  local earliest = false
+  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  return false, earliest
 end
 
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
 local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local earliest = false
-  if wake ~= '' and at > now then
-    local s = redis.call('ZSCORE', q.master, q.qm)
-    earliest = (not s) or tonumber(s) > at
-  end
-  local ready = place(q, v, id, vm, at, rs, now)
+  local ready, earliest = place(q, v, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -148,6 +149,7 @@ local m = meta_parse(raw)
 if m.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
 if m.st ~= 'x' then return redis.error_reply('RQ_NOT_DEAD run is not dead-lettered') end
 redis.call('ZREM', dead, member)
+if redis.call('HINCRBY', env_dead, q.qm, -1) <= 0 then redis.call('HDEL', env_dead, q.qm) end
 m.st, m.att, m.at, m.ld, m.ttl = 'r', 1, now, 0, 0
 redis.call('HSET', q.meta, id, meta_format(m))
 place(q, v, id, vm, now, now - m.pr * priority_step, now)

@@ -14,6 +14,7 @@
 -- KEYS[10] -> variant inflight SET
 -- KEYS[11] -> shard leases ZSET
 -- KEYS[12] -> queue dead ZSET (run member, score time of death ms)
+-- KEYS[13] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -51,8 +52,8 @@ end
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
             master = KEYS[7], qm = ARGV[10] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
-local env_inflight, queue_inflight, variant_inflight, leases, dead =
-  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local env_inflight, queue_inflight, variant_inflight, leases, dead, env_dead =
+  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
 local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 local token = tonumber(ARGV[5])
@@ -61,7 +62,7 @@ local priority_step = tonumber(ARGV[7])
 local max_attempts = tonumber(ARGV[8])
 local kill = ARGV[9] == '1'
 local wake = ARGV[11]
-local NK, NA = 12, 11
+local NK, NA = 13, 11
 -- Scheduler flag off: variants are served in age order; nothing to track.
 local function on_ready_start(vm) end
 local function on_ready_empty(vm) end
@@ -96,35 +97,35 @@ end
 -- Put a queued run into its variant: ready (scored by ready score) when
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score. Returns true when the run is ready. on_ready_start(vm) runs when the
--- variant gains its first ready run (the scheduler's registration hook).
+-- score, which can only move when the index entry did (CH says so).
+-- on_ready_start(vm) runs when the variant's ready head is new or earlier
+-- (the scheduler registers a variant that has no tag).
+-- Returns: ready (the run is ready), earliest (the run is now the queue's
+-- earliest work).
 local function place(q, v, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       on_ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
-    redis.call('ZADD', q.master, 'LT', rs, q.qm)
-    return true
+    return true, false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  redis.call('ZADD', q.delay_index, 'LT', at, vm)
-  redis.call('ZADD', q.master, 'LT', at, q.qm)
-  return false
+  local earliest = false
+  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  return false, earliest
 end
 
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
 local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local earliest = false
-  if wake ~= '' and at > now then
-    local s = redis.call('ZSCORE', q.master, q.qm)
-    earliest = (not s) or tonumber(s) > at
-  end
-  local ready = place(q, v, id, vm, at, rs, now)
+  local ready, earliest = place(q, v, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -184,6 +185,7 @@ if kill or (max_attempts > 0 and m.att > max_attempts) then
   m.st = 'x'
   redis.call('HSET', q.meta, id, meta_format(m))
   redis.call('ZADD', dead, now, member)
+  redis.call('HINCRBY', env_dead, q.qm, 1)
   return { 0, m.att }
 end
 m.at = retry_at

@@ -1,11 +1,10 @@
 -- ack: a run is done; remove it everywhere and release its concurrency.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> queue payload HASH
--- KEYS[3] -> env inflight SET (run members)
--- KEYS[4] -> queue inflight SET (encoded ids)
--- KEYS[5] -> variant inflight SET (encoded ids)
--- KEYS[6] -> shard leases ZSET (run member, score lease deadline ms)
+-- KEYS[1] -> queue runs HASH (metadata and payload fields)
+-- KEYS[2] -> env inflight SET (run members)
+-- KEYS[3] -> queue inflight SET (encoded ids)
+-- KEYS[4] -> variant inflight SET (encoded ids)
+-- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
 -- ARGV[1] -> encoded message id
 -- ARGV[2] -> variant member
 -- ARGV[3] -> run member
@@ -49,14 +48,13 @@ local function load_held(meta, id, vm, token, now)
   end
   return m
 end
-local meta, payloads, env_inflight, queue_inflight, variant_inflight, leases =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local meta, env_inflight, queue_inflight, variant_inflight, leases =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, vm, member, token = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 
 local _, err = load_held(meta, id, vm, token, 0)
 if err then return err end
-redis.call('HDEL', meta, id)
-redis.call('HDEL', payloads, id)
+redis.call('HDEL', meta, id, id .. ':p')
 redis.call('SREM', env_inflight, member)
 redis.call('SREM', queue_inflight, id)
 redis.call('SREM', variant_inflight, id)

@@ -1,14 +1,14 @@
 -- enqueue: store a run and queue it in its variant (ready or delayed).
 --
--- KEYS[1] -> queue meta HASH (field encoded id -> run metadata, see meta)
--- KEYS[2] -> queue payload HASH (field encoded id -> opaque payload bytes)
--- KEYS[3] -> variant ready ZSET (encoded id, score ready score ms)
--- KEYS[4] -> variant delayed ZSET (encoded id, score available_at ms)
--- KEYS[5] -> queue ckIndex ZSET (variant member, score head ready score ms)
--- KEYS[6] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
--- KEYS[7] -> queue depth HASH (r: ready count, d: delayed count)
--- KEYS[8] -> shard master ZSET (queue member, score earliest work ms)
--- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- KEYS[1] -> queue runs HASH (field encoded id -> run metadata, see meta;
+--            field encoded id .. ":p" -> opaque payload bytes)
+-- KEYS[2] -> variant ready ZSET (encoded id, score ready score ms)
+-- KEYS[3] -> variant delayed ZSET (encoded id, score available_at ms)
+-- KEYS[4] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[5] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[6] -> queue depth HASH (r: ready count, d: delayed count)
+-- KEYS[7] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[8] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -45,10 +45,10 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
-local q = { meta = KEYS[1], payload = KEYS[2], ck_index = KEYS[5], delay_index = KEYS[6],
-            depth = KEYS[7], master = KEYS[8], qm = ARGV[10] }
-local v = { ready = KEYS[3], delayed = KEYS[4] }
-local ttl_set = KEYS[9]
+local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5],
+            depth = KEYS[6], master = KEYS[7], qm = ARGV[10] }
+local v = { ready = KEYS[2], delayed = KEYS[3] }
+local ttl_set = KEYS[8]
 local now = tonumber(ARGV[1])
 local id = ARGV[2]
 local vm = ARGV[3]
@@ -61,7 +61,7 @@ local run_member = ARGV[9]
 local max_queue = tonumber(ARGV[11])
 local max_key = tonumber(ARGV[12])
 local wake = ARGV[13]
-local NK, NA = 9, 13
+local NK, NA = 8, 13
 -- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
 -- the model these functions implement).
 -- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
@@ -170,35 +170,35 @@ end
 -- Put a queued run into its variant: ready (scored by ready score) when
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score. Returns true when the run is ready. on_ready_start(vm) runs when the
--- variant gains its first ready run (the scheduler's registration hook).
+-- score, which can only move when the index entry did (CH says so).
+-- on_ready_start(vm) runs when the variant's ready head is new or earlier
+-- (the scheduler registers a variant that has no tag).
+-- Returns: ready (the run is ready), earliest (the run is now the queue's
+-- earliest work).
 local function place(q, v, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       on_ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
-    redis.call('ZADD', q.master, 'LT', rs, q.qm)
-    return true
+    return true, false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  redis.call('ZADD', q.delay_index, 'LT', at, vm)
-  redis.call('ZADD', q.master, 'LT', at, q.qm)
-  return false
+  local earliest = false
+  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  return false, earliest
 end
 
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
 local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local earliest = false
-  if wake ~= '' and at > now then
-    local s = redis.call('ZSCORE', q.master, q.qm)
-    earliest = (not s) or tonumber(s) > at
-  end
-  local ready = place(q, v, id, vm, at, rs, now)
+  local ready, earliest = place(q, v, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -233,7 +233,7 @@ end
 local existing = redis.call('HGET', q.meta, id)
 if existing then
   local m = meta_parse(existing)
-  if m.vm == vm and redis.call('HGET', q.payload, id) == payload then
+  if m.vm == vm and redis.call('HGET', q.meta, id .. ':p') == payload then
     return 0
   end
   return redis.error_reply('RQ_CONFLICT message id exists with another body')
@@ -252,9 +252,10 @@ end
 
 local st = 'd'
 if available_at <= now then st = 'r' end
-redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = 0, ld = 0, vm = vm,
-  pr = priority, at = available_at, ttl = expires_at }))
-redis.call('HSET', q.payload, id, payload)
+-- The delivery counter starts at now * 1000, so the lease tokens of a run
+-- enqueued again under a reused id never repeat the tokens of the old one.
+redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = now * 1000, ld = 0, vm = vm,
+  pr = priority, at = available_at, ttl = expires_at }), id .. ':p', payload)
 if expires_at > 0 then
   redis.call('ZADD', ttl_set, expires_at, run_member)
 end

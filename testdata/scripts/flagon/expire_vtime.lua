@@ -1,14 +1,13 @@
 -- expire: TTL sweep of one queued run whose deadline passed.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> queue payload HASH
--- KEYS[3] -> variant ready ZSET
--- KEYS[4] -> variant delayed ZSET
--- KEYS[5] -> queue ckIndex ZSET
--- KEYS[6] -> queue delayIndex ZSET
--- KEYS[7] -> queue depth HASH
--- KEYS[8] -> shard master ZSET
--- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- KEYS[1] -> queue runs HASH (metadata and payload fields)
+-- KEYS[2] -> variant ready ZSET
+-- KEYS[3] -> variant delayed ZSET
+-- KEYS[4] -> queue ckIndex ZSET
+-- KEYS[5] -> queue delayIndex ZSET
+-- KEYS[6] -> queue depth HASH
+-- KEYS[7] -> shard master ZSET
+-- KEYS[8] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -36,13 +35,13 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
-local q = { meta = KEYS[1], ck_index = KEYS[5], delay_index = KEYS[6], depth = KEYS[7],
-            master = KEYS[8], qm = ARGV[5] }
-local v = { ready = KEYS[3], delayed = KEYS[4] }
-local payloads, ttl_set = KEYS[2], KEYS[9]
+local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
+            master = KEYS[7], qm = ARGV[5] }
+local v = { ready = KEYS[2], delayed = KEYS[3] }
+local ttl_set = KEYS[8]
 local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
-local NK, NA = 9, 5
+local NK, NA = 8, 5
 -- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
 -- the model these functions implement).
 -- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
@@ -151,35 +150,35 @@ end
 -- Put a queued run into its variant: ready (scored by ready score) when
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score. Returns true when the run is ready. on_ready_start(vm) runs when the
--- variant gains its first ready run (the scheduler's registration hook).
+-- score, which can only move when the index entry did (CH says so).
+-- on_ready_start(vm) runs when the variant's ready head is new or earlier
+-- (the scheduler registers a variant that has no tag).
+-- Returns: ready (the run is ready), earliest (the run is now the queue's
+-- earliest work).
 local function place(q, v, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', rs, vm) == 1 then
+    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       on_ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
-    redis.call('ZADD', q.master, 'LT', rs, q.qm)
-    return true
+    return true, false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  redis.call('ZADD', q.delay_index, 'LT', at, vm)
-  redis.call('ZADD', q.master, 'LT', at, q.qm)
-  return false
+  local earliest = false
+  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  return false, earliest
 end
 
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
 local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local earliest = false
-  if wake ~= '' and at > now then
-    local s = redis.call('ZSCORE', q.master, q.qm)
-    earliest = (not s) or tonumber(s) > at
-  end
-  local ready = place(q, v, id, vm, at, rs, now)
+  local ready, earliest = place(q, v, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -223,7 +222,6 @@ if m.vm ~= vm or (m.st ~= 'r' and m.st ~= 'd') or m.ttl == 0 then
 end
 if m.ttl > now then return 0 end
 unplace(q, v, id, vm, m.st)
-redis.call('HDEL', q.meta, id)
-redis.call('HDEL', payloads, id)
+redis.call('HDEL', q.meta, id, id .. ':p')
 redis.call('ZREM', ttl_set, member)
 return 1

@@ -116,7 +116,8 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 	return q.requeue(ctx, r.ref(), r.Token, now, retry, opts.DeadLetter)
 }
 
-func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int64, kill bool) (NackResult, error) {
+// requeueCall builds the requeue script call of a held run.
+func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) call {
 	qk := q.space.Env(ref.Env).Queue(ref.Queue)
 	v := qk.Variant(ref.Key)
 	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(),
@@ -132,7 +133,12 @@ func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int
 	args := []any{now, keys.Segment(ref.ID), v.Member(), keys.RunMember(ref), token, retry,
 		ms(q.cfg.PriorityStep), maxAttempts, killArg, qk.Member(), qk.Wake()}
 	ks, args = q.withHooks(q.scripts.requeue, qk, ks, args)
-	res, err := run(ctx, q.rdb, q.scripts.requeue, ks, args...).Int64Slice()
+	return call{sc: q.scripts.requeue, keys: ks, args: args}
+}
+
+func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int64, kill bool) (NackResult, error) {
+	c := q.requeueCall(ref, token, now, retry, kill)
+	res, err := run(ctx, q.rdb, c.sc, c.keys, c.args...).Int64Slice()
 	if err != nil {
 		return NackResult{}, scriptError(err, nil)
 	}
@@ -148,34 +154,21 @@ func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int
 // Any number of instances may run it concurrently: each run is recovered
 // once. It returns how many runs it recovered or dead-lettered.
 func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error) {
-	if err := q.checkSweep(shard, limit); err != nil {
-		return 0, err
-	}
 	now := q.now()
-	sh := q.space.Shard(shard)
-	members, err := q.rdb.ZRangeByScore(ctx, sh.Leases(), &redis.ZRangeBy{
-		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(limit)}).Result()
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, m := range members {
-		ref, err := keys.DecodeRunMember(m)
-		if err != nil {
-			continue
-		}
-		_, err = q.requeue(ctx, ref, 0, now, now, false)
-		switch err {
-		case nil:
-			n++
-		case ErrNotFound, ErrNotInFlight, ErrLeaseActive:
-			// Another instance got there first, or the holder acked or
-			// extended meanwhile.
-		default:
-			return n, err
-		}
-	}
-	return n, nil
+	return q.sweep(ctx, shard, limit, keys.Shard.Leases, now,
+		func(ref keys.Ref, _ string) call { return q.requeueCall(ref, 0, now, now, false) },
+		func(cmd *redis.Cmd) (int, error) {
+			switch err := scriptError(cmd.Err(), nil); err {
+			case nil:
+				return 1, nil
+			case ErrNotFound, ErrNotInFlight, ErrLeaseActive:
+				// Another instance got there first, or the holder acked or
+				// extended meanwhile.
+				return 0, nil
+			default:
+				return 0, err
+			}
+		})
 }
 
 func (q *Queue) checkSweep(shard, limit int) error {
@@ -191,33 +184,60 @@ func (q *Queue) checkSweep(shard, limit int) error {
 // ExpireTTL removes up to limit queued runs of shard whose TTL passed before
 // they were dequeued, and returns how many it expired.
 func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
+	now := q.now()
+	sh := q.space.Shard(max(0, shard))
+	return q.sweep(ctx, shard, limit, keys.Shard.TTL, now,
+		func(ref keys.Ref, member string) call {
+			qk := q.space.Env(ref.Env).Queue(ref.Queue)
+			v := qk.Variant(ref.Key)
+			ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
+				qk.Depth(), qk.Master(), sh.TTL()}
+			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qk.Member()}
+			ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
+			return call{sc: q.scripts.expire, keys: ks, args: args}
+		},
+		func(cmd *redis.Cmd) (int, error) {
+			n, err := cmd.Int()
+			return n, scriptError(err, nil)
+		})
+}
+
+// sweep reads up to limit members of a shard set (leases, ttl) whose score
+// is due by now, sends one script call per run in one pipeline, in score
+// order, and adds up what each call reports.
+func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
+	build func(ref keys.Ref, member string) call, count func(*redis.Cmd) (int, error)) (int, error) {
 	if err := q.checkSweep(shard, limit); err != nil {
 		return 0, err
 	}
-	now := q.now()
-	sh := q.space.Shard(shard)
-	members, err := q.rdb.ZRangeByScore(ctx, sh.TTL(), &redis.ZRangeBy{
+	members, err := q.rdb.ZRangeByScore(ctx, set(q.space.Shard(shard)), &redis.ZRangeBy{
 		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(limit)}).Result()
 	if err != nil {
 		return 0, err
 	}
-	n := 0
+	var calls []call
 	for _, m := range members {
 		ref, err := keys.DecodeRunMember(m)
 		if err != nil {
-			continue
+			continue // not a member runqueue wrote; never crash a sweeper on it
 		}
-		qk := q.space.Env(ref.Env).Queue(ref.Queue)
-		v := qk.Variant(ref.Key)
-		ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
-			qk.Depth(), qk.Master(), sh.TTL()}
-		args := []any{now, keys.Segment(ref.ID), v.Member(), m, qk.Member()}
-		ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
-		got, err := run(ctx, q.rdb, q.scripts.expire, ks, args...).Int()
+		calls = append(calls, build(ref, m))
+	}
+	n := 0
+	for len(calls) > 0 {
+		chunk := calls[:min(len(calls), 500)]
+		calls = calls[len(chunk):]
+		cmds, err := runPipelined(ctx, q.rdb, chunk)
 		if err != nil {
-			return n, scriptError(err, nil)
+			return n, err
 		}
-		n += got
+		for _, cmd := range cmds {
+			got, err := count(cmd)
+			if err != nil {
+				return n, err
+			}
+			n += got
+		}
 	}
 	return n, nil
 }

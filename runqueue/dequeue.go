@@ -80,9 +80,6 @@ func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, n
 	}
 	lease := now + ms(q.cfg.LeaseDuration)
 	scan := q.scanLimit(maxCount)
-	if q.cfg.VtimeScheduling {
-		scan = maxCount * q.cfg.WindowMultiplier
-	}
 	args := []any{now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
 		runPrefix(qk.Env.Name(), qk.Name()), ms(q.cfg.PriorityStep), scan, q.cfg.PromoteLimit, len(members)}
 	for _, m := range members {

@@ -68,6 +68,7 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 		return nil, err
 	}
 	wc := maxCount * q.cfg.WindowMultiplier
+	scan := q.scanLimit(maxCount)
 	lim := q.cfg.LimitsFor(env, queue)
 	full, err := q.capacityGone(ctx, qk, lim)
 	if err != nil {
@@ -113,9 +114,9 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 			ks.Reason = "at its limit"
 		case full:
 			ks.Reason = "queue or env at its limit"
-		case !inTags && !(inAge && r2 < wc):
+		case !inTags && !(inAge && r2 < scan):
 			ks.Reason = "awaiting discovery"
-		case r1 >= 2*wc && !(inAge && r2 < wc):
+		case r1 >= 2*wc && !(inAge && r2 < scan):
 			ks.Reason = "outside the window"
 		}
 		out.Keys = append(out.Keys, ks)
@@ -189,7 +190,7 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 		}
 	}
 	due, err := q.rdb.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10),
-		Count: int64(n * q.cfg.WindowMultiplier)}).Result()
+		Count: int64(q.scanLimit(n))}).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +226,7 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 	lim := q.cfg.LimitsFor(env, queue)
 	m := vtime.Restore(vtime.Config{
 		Quantum: q.cfg.Quantum, WindowMultiplier: q.cfg.WindowMultiplier, IdleMaxEntries: q.cfg.IdleMaxEntries,
-		PriorityStep: ms(q.cfg.PriorityStep), PromoteLimit: q.cfg.PromoteLimit,
+		PriorityStep: ms(q.cfg.PriorityStep), PromoteLimit: q.cfg.PromoteLimit, ScanLimit: q.cfg.ScanLimit,
 		Limits: vtime.Limits{Env: lim.Env, Queue: lim.Queue, Key: lim.Key},
 	}, snap)
 	var out []PreviewRun
@@ -370,7 +371,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	}
 	if raw, err := floor.Result(); err == nil {
 		f := strings.Split(raw, "|")
-		if len(f) != 5 {
+		if len(f) != 4 {
 			return nil, fmt.Errorf("runqueue: malformed %s: %q", qk.CkVtimeFloor(), raw)
 		}
 		st.v, _ = strconv.ParseFloat(f[0], 64)

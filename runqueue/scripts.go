@@ -193,7 +193,9 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	}
 	for i, cmd := range cmds {
 		if isNoScript(cmd.Err()) {
-			cmds[i] = run(ctx, c, calls[i].sc, calls[i].keys, calls[i].args...)
+			// The cache is known to be missing it: send the source at once
+			// (EVAL also caches it for the calls after).
+			cmds[i] = c.Eval(ctx, calls[i].sc.src, calls[i].keys, calls[i].args...)
 		}
 	}
 	return cmds, nil

@@ -10,19 +10,20 @@ import (
 	"github.com/runqueue/runqueue/keys"
 )
 
-// vtimeCandidates reads what a fair dequeue may touch: the first
-// 2*window tags, the first window variants in age order, the first window
-// due delayed variants and, when ckIndex holds variants without a tag, the
-// window at the discovery cursor. window = maxCount * WindowMultiplier.
-// extra is the scheduler's ARGV tail.
+// vtimeCandidates reads what a fair dequeue may touch: the first 2*window
+// tags (window = maxCount * WindowMultiplier), the first scan variants in age
+// order, the first scan due delayed variants and, when ckIndex holds
+// variants without a tag, scan more at the discovery cursor (scan =
+// scanLimit(maxCount)). extra is the scheduler's ARGV tail.
 func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]string, []any, error) {
 	wc := int64(maxCount * q.cfg.WindowMultiplier)
+	scan := int64(q.scanLimit(maxCount))
 	var tags, age, due *redis.StringSliceCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		// One entry more than the script uses tells whether a set was read whole.
 		tags = p.ZRange(ctx, qk.CkVtime(), 0, 2*wc)
-		age = p.ZRange(ctx, qk.CkIndex(), 0, wc)
-		due = p.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: wc})
+		age = p.ZRange(ctx, qk.CkIndex(), 0, scan)
+		due = p.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: scan})
 		return nil
 	})
 	if err != nil {
@@ -30,19 +31,19 @@ func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int
 	}
 	t, a := tags.Val(), age.Val()
 	nTags, nIndex := int64(len(t)), int64(len(a))
-	if int64(len(t)) > 2*wc {
+	if nTags > 2*wc {
 		t = t[:2*wc]
 	}
-	if int64(len(a)) > wc {
-		a = a[:wc]
+	if nIndex > scan {
+		a = a[:scan]
 	}
 	// Discovery is needed when ckIndex has more variants than ckVtime; the
 	// reads above tell unless they were cut short.
-	if nTags > 2*wc || nIndex > wc {
+	if nTags > 2*wc || nIndex > scan {
 		if nIndex, err = q.rdb.ZCard(ctx, qk.CkIndex()).Result(); err != nil {
 			return nil, nil, err
 		}
-		if nTags > 2*wc && nIndex > 2*wc {
+		if nTags > 2*wc && nIndex >= nTags {
 			if nTags, err = q.rdb.ZCard(ctx, qk.CkVtime()).Result(); err != nil {
 				return nil, nil, err
 			}
@@ -53,14 +54,14 @@ func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int
 	if repair {
 		c := int64(0)
 		if raw, err := q.rdb.Get(ctx, qk.CkVtimeFloor()).Result(); err == nil {
-			if f := strings.Split(raw, "|"); len(f) == 5 {
+			if f := strings.Split(raw, "|"); len(f) == 4 {
 				c, _ = strconv.ParseInt(f[2], 10, 64)
 			}
 		} else if err != redis.Nil {
 			return nil, nil, err
 		}
 		if c < nIndex {
-			cursor, err := q.rdb.ZRange(ctx, qk.CkIndex(), c, c+wc-1).Result()
+			cursor, err := q.rdb.ZRange(ctx, qk.CkIndex(), c, c+scan-1).Result()
 			if err != nil {
 				return nil, nil, err
 			}

@@ -293,7 +293,7 @@ func (d *diff) compare(rt *rapid.T, step string) {
 	}
 }
 
-// readFloor parses ckVtimeFloor "V|L|c|r|nw"; a missing key is V 0, no L.
+// readFloor parses ckVtimeFloor "V|L|c|nw"; a missing key is V 0, no L.
 func readFloor(t require.TestingT, ctx context.Context, c redis.UniversalClient, key string) (float64, string, int) {
 	raw, err := c.Get(ctx, key).Result()
 	if errors.Is(err, redis.Nil) {
@@ -301,7 +301,7 @@ func readFloor(t require.TestingT, ctx context.Context, c redis.UniversalClient,
 	}
 	require.NoError(t, err)
 	f := strings.Split(raw, "|")
-	require.Len(t, f, 5, raw)
+	require.Len(t, f, 4, raw)
 	v, err := strconv.ParseFloat(f[0], 64)
 	require.NoError(t, err)
 	l := ""

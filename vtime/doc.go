@@ -30,9 +30,11 @@
 //
 // What a call can see: the first 2*N*WindowMultiplier tags (pass 1; gated
 // variants are skipped without using up anything) and, only when none of
-// those is servable, the first N*WindowMultiplier variants in age order
-// (pass 2: lowest head ready score, then name). A call that serves nothing
-// writes nothing, except the promotion of due delayed runs to ready.
+// those is servable, the first S variants in age order (pass 2: lowest head
+// ready score, then name), where S = ScanLimit, by default max(30, 3*N): the
+// variants a flag-off dequeue looks at, so flag on serves whenever flag off
+// would. A call promotes the due delayed runs of the first S due variants.
+// A call that serves nothing writes nothing, except that promotion.
 //
 // # Registration
 //
@@ -47,9 +49,8 @@
 //     entry is removed, so draining and coming back never buys credit.
 //   - Discovery (repair): when ckIndex has more variants than ckVtime (work
 //     written with the flag off, or expired state), a call registers the
-//     untagged variants among the first N*WindowMultiplier in age order and
-//     among N*WindowMultiplier more at a rotating cursor, at max(V, parked)
-//     or V. The cursor makes every variant reachable in a bounded number of
+//     untagged variants among the first S in age order and among S more at
+//     a rotating cursor, at max(V, parked) or V. The cursor makes every variant reachable in a bounded number of
 //     calls whatever the age of its head.
 //
 // # Draining
@@ -57,7 +58,7 @@
 // When a variant's last ready run leaves (served, expired), its tag is
 // parked in idle if it is above V, and the variant leaves tags. Parked tags
 // at or below V are worthless and are reaped, and idle is rank-capped to
-// IdleMaxEntries (highest kept), by each serving call that parked something.
+// IdleMaxEntries (highest kept), by every call that parks a tag.
 //
 // # Guarantees (proved by tests on this model and on the Lua)
 //

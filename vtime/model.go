@@ -23,7 +23,11 @@ type Config struct {
 	PriorityStep     int64   // ms, default 30,000
 	PromoteLimit     int     // default 100
 	MaxAttempts      int     // deliveries before dead letter; 0 = no limit
-	Limits           Limits
+	// ScanLimit is how many variants a call reads in age order (pass 2,
+	// discovery) and how many due delayed variants it promotes, as the
+	// flag-off dequeue does; 0 means max(30, 3*maxCount).
+	ScanLimit int
+	Limits    Limits
 }
 
 func (c Config) withDefaults() Config {
@@ -262,16 +266,18 @@ func (m *Model) registerNew(vm string) {
 	m.L, m.HasL = s, true
 }
 
-// drained handles a variant whose last ready run left outside a dequeue.
+// drained handles a variant whose last ready run left outside a dequeue:
+// its tag is parked when above V, and parking reaps the idle set.
 func (m *Model) drained(vm string) {
 	s, ok := m.tags[vm]
 	if !ok {
 		return
 	}
+	delete(m.tags, vm)
 	if s > m.V {
 		m.idle[vm] = s
+		m.reapIdle()
 	}
-	delete(m.tags, vm)
 }
 
 // Served is one run a dequeue returned.
@@ -299,10 +305,14 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 		return nil
 	}
 	wc := maxCount * m.cfg.WindowMultiplier
+	scanN := m.cfg.ScanLimit
+	if scanN == 0 {
+		scanN = max(30, 3*maxCount)
+	}
 
 	// Promotion of due delayed runs: persists even if nothing is served.
 	for i, e := range m.delayIndex() {
-		if i >= wc || e.Score > float64(now) {
+		if i >= scanN || e.Score > float64(now) {
 			break
 		}
 		m.promote(e.Member, now)
@@ -327,20 +337,20 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 			}
 			tags[e.Member] = s
 		}
-		for i := 0; i < wc && i < len(index); i++ {
+		for i := 0; i < scanN && i < len(index); i++ {
 			discover(index[i])
 		}
-		for i := cursor; i < cursor+wc && i < len(index); i++ {
+		for i := cursor; i < cursor+scanN && i < len(index); i++ {
 			discover(index[i])
 		}
-		cursor += wc
+		cursor += scanN
 		if cursor >= len(index) {
 			cursor = 0
 		}
 	}
 
 	scan := newWindow(sortedEntries(tags), 2*wc)
-	age := newWindow(index, wc)
+	age := newWindow(index, scanN)
 	q := m.cfg.Quantum
 	var out []Served
 	parked := 0

@@ -271,7 +271,9 @@ func Run(ctx context.Context, client redis.UniversalClient, prefix string, flagO
 				contended[r.Key]++
 			}
 		}
-		held[step+spec.Hold] = append(held[step+spec.Hold], runs...)
+		if len(runs) > 0 {
+			held[step+spec.Hold] = append(held[step+spec.Hold], runs...)
+		}
 		for _, r := range held[step] {
 			if err := h.server().Ack(ctx, r); err != nil {
 				return nil, fmt.Errorf("step %d ack: %w", step, err)

@@ -10,7 +10,8 @@
 -- KEYS[12] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
 -- KEYS[13] -> queue weights HASH (variant member -> weight)
 -- KEYS[14+3i..16+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
--- ARGV[1..12+n] -> as dequeue.lua, with ARGV[10] = maxCount * window multiplier
+-- ARGV[1..12+n] -> as dequeue.lua (ARGV[10], scan: the age-order window,
+--                   the discovery window and the due variants promoted)
 -- ARGV[13+n] -> quantum
 -- ARGV[14+n] -> state TTL (s)
 -- ARGV[15+n] -> idle set cap
@@ -34,10 +35,10 @@ local V = f.v
 local tags = {}      -- variant -> working tag, for the variants this call saw
 local changed = {}   -- variants whose tag this call sets
 local idle_taken = {}
-local age_raw = redis.call('ZRANGE', q.ck_index, 0, wc, 'WITHSCORES')
+local age_raw = redis.call('ZRANGE', q.ck_index, 0, scan, 'WITHSCORES')
 
 -- Discovery: variants with ready runs but no tag register at max(V, parked)
--- or V, from the oldest wc and from wc more at the rotating cursor.
+-- or V, from the oldest scan and from scan more at the rotating cursor.
 local discovered = {}
 if repair then
   local index_n = redis.call('ZCARD', q.ck_index)
@@ -48,9 +49,9 @@ if repair then
       list[#list + 1] = vm
     end
   end
-  for i = 1, math.min(#age_raw, 2 * wc), 2 do consider(age_raw[i]) end
+  for i = 1, math.min(#age_raw, 2 * scan), 2 do consider(age_raw[i]) end
   if f.c < index_n then
-    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + wc - 1)) do consider(vm) end
+    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + scan - 1)) do consider(vm) end
   end
   if #list > 0 then
     local have = redis.call('ZMSCORE', vt.tags, unpack(list))
@@ -72,14 +73,14 @@ if repair then
       end
     end
   end
-  f.c = f.c + wc
+  f.c = f.c + scan
   if f.c >= index_n then f.c = 0 end
 end
 
 local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc, 'WITHSCORES')
 for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local scan = window_new(scan_raw, 2 * wc, discovered)
-local age = window_new(age_raw, wc)
+local pass1 = window_new(scan_raw, 2 * wc, discovered)
+local age = window_new(age_raw, scan)
 
 local nw = f.nw
 if nw < 0 then
@@ -107,7 +108,7 @@ end
 
 local parked, drained = {}, {}
 while #served < cap do
-  local vm = window_first(scan, servable) or window_first(age, servable)
+  local vm = window_first(pass1, servable) or window_first(age, servable)
   if vm == nil then break end
   local e = math.max(tag(vm), V)
   V = math.max(V, e)
@@ -116,10 +117,10 @@ while #served < cap do
   changed[vm] = true
   local _, nxt = take(vm)
   if nxt ~= nil then
-    window_move(scan, vm, s)
+    window_move(pass1, vm, s)
     window_move(age, vm, nxt)
   else
-    window_remove(scan, vm)
+    window_remove(pass1, vm)
     window_remove(age, vm)
     if s > V then parked[#parked + 1] = { vm = vm, s = s } end
     drained[#drained + 1] = vm
@@ -145,9 +146,7 @@ if #served > 0 then
       iargs[#iargs + 1] = p.vm
     end
     redis.call('ZADD', vt.idle, unpack(iargs))
-    redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(V))
-    redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
-    redis.call('EXPIRE', vt.idle, vt.ttl)
+    reap_idle(V)
   end
   f.v = V
   floor_write(f)

@@ -213,17 +213,29 @@ end
 local due_variants = redis.call('ZRANGEBYSCORE', q.delay_index, '-inf', now, 'LIMIT', 0, scan)
 for _, vm in ipairs(due_variants) do promote(vm) end
 
--- Head of variant vm's ready ZSET as seen by this call: prefetch up to
--- cap + 1 entries once (one more than the call can take, so running out
--- means the variant is empty), then walk them in memory; taken counts runs
--- served.
+-- Head of variant vm's ready ZSET as seen by this call, walked in memory:
+-- the first read takes up to 8 entries, each further read doubles what is
+-- held, never past cap + 1 in all (one more than the call can take, so
+-- running out of a short read means the variant is empty). taken counts
+-- the runs served.
 local function head(vm)
   local c = cands[vm]
   if c.list == nil then
-    c.list = redis.call('ZRANGE', c.ready, 0, cap, 'WITHSCORES')
+    local want = math.min(cap + 1, 8)
+    c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
     c.taken = 0
+    c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
+  if c.list[p] == nil and not c.complete then
+    local have = #c.list / 2
+    local want = math.min(have, cap + 1 - have)
+    if want > 0 then
+      local more = redis.call('ZRANGE', c.ready, have, have + want - 1, 'WITHSCORES')
+      for _, x in ipairs(more) do c.list[#c.list + 1] = x end
+      c.complete = #more < 2 * want
+    end
+  end
   if c.list[p] == nil then return nil end
   return tonumber(c.list[p + 1]), c.list[p]
 end

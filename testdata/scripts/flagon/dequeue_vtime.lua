@@ -10,7 +10,8 @@
 -- KEYS[12] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
 -- KEYS[13] -> queue weights HASH (variant member -> weight)
 -- KEYS[14+3i..16+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
--- ARGV[1..12+n] -> as dequeue.lua, with ARGV[10] = maxCount * window multiplier
+-- ARGV[1..12+n] -> as dequeue.lua (ARGV[10], scan: the age-order window,
+--                   the discovery window and the due variants promoted)
 -- ARGV[13+n] -> quantum
 -- ARGV[14+n] -> state TTL (s)
 -- ARGV[15+n] -> idle set cap
@@ -44,9 +45,9 @@ end
 -- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
 -- the model these functions implement).
 -- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
--- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|r|nw": clock V, last
---               newcomer tag L ("" for none), discovery cursor c, time (ms)
---               ckVtime's TTL was last refreshed r, weight overrides nw (-1 unknown)
+-- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|nw": clock V, last
+--               newcomer tag L ("" for none), discovery cursor c, weight
+--               overrides nw (-1 unknown)
 -- KEYS[NK+3] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
 -- KEYS[NK+4] -> queue weights HASH (variant member -> weight)
 -- ARGV[NA+1] -> quantum
@@ -61,23 +62,19 @@ local function fmt(x) return string.format('%.17g', x) end
 
 local function floor_read()
   local raw = redis.call('GET', vt.floor)
-  if not raw then return { v = 0, l = nil, c = 0, r = 0, nw = -1 } end
-  local v, l, c, r, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), r = tonumber(r), nw = tonumber(nw) }
+  if not raw then return { v = 0, l = nil, c = 0, nw = -1 } end
+  local v, l, c, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), nw = tonumber(nw) }
 end
 
--- Persist the floor with the state TTL; refresh ckVtime's TTL at most once
--- per half TTL, which keeps it alive while the queue is used without an
--- EXPIRE on every call.
+-- Persist the floor, and refresh the TTL of ckVtime, which every caller
+-- has just written (it may have been recreated after draining empty).
 local function floor_write(f)
-  if now - f.r >= vt.ttl * 500 then
-    redis.call('EXPIRE', vt.tags, vt.ttl)
-    f.r = now
-  end
+  redis.call('EXPIRE', vt.tags, vt.ttl)
   local l = ''
   if f.l ~= nil then l = fmt(f.l) end
   redis.call('SET', vt.floor, fmt(f.v) .. '|' .. l .. '|' .. string.format('%d', f.c) .. '|' ..
-    string.format('%d', f.r) .. '|' .. string.format('%d', f.nw), 'EX', vt.ttl)
+    string.format('%d', f.nw), 'EX', vt.ttl)
 end
 
 -- A variant gained its first ready run: register it. Returning variants get
@@ -107,16 +104,25 @@ end
 
 local function on_ready_start(vm) register_new(vm) end
 
+-- Drop parked tags at or below V (they confer nothing) and all but the
+-- highest idle_max: run by every call that parks one.
+local function reap_idle(v)
+  redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(v))
+  redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
+  redis.call('EXPIRE', vt.idle, vt.ttl)
+end
+
 -- A variant's last ready run left outside a dequeue: park its tag when it
 -- is above V (it owes service), and leave the fair order.
 local function on_ready_empty(vm)
   local s = redis.call('ZSCORE', vt.tags, vm)
   if not s then return end
-  if tonumber(s) > floor_read().v then
-    redis.call('ZADD', vt.idle, s, vm)
-    redis.call('EXPIRE', vt.idle, vt.ttl)
-  end
   redis.call('ZREM', vt.tags, vm)
+  local v = floor_read().v
+  if tonumber(s) > v then
+    redis.call('ZADD', vt.idle, s, vm)
+    reap_idle(v)
+  end
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
@@ -278,17 +284,29 @@ end
 local due_variants = redis.call('ZRANGEBYSCORE', q.delay_index, '-inf', now, 'LIMIT', 0, scan)
 for _, vm in ipairs(due_variants) do promote(vm) end
 
--- Head of variant vm's ready ZSET as seen by this call: prefetch up to
--- cap + 1 entries once (one more than the call can take, so running out
--- means the variant is empty), then walk them in memory; taken counts runs
--- served.
+-- Head of variant vm's ready ZSET as seen by this call, walked in memory:
+-- the first read takes up to 8 entries, each further read doubles what is
+-- held, never past cap + 1 in all (one more than the call can take, so
+-- running out of a short read means the variant is empty). taken counts
+-- the runs served.
 local function head(vm)
   local c = cands[vm]
   if c.list == nil then
-    c.list = redis.call('ZRANGE', c.ready, 0, cap, 'WITHSCORES')
+    local want = math.min(cap + 1, 8)
+    c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
     c.taken = 0
+    c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
+  if c.list[p] == nil and not c.complete then
+    local have = #c.list / 2
+    local want = math.min(have, cap + 1 - have)
+    if want > 0 then
+      local more = redis.call('ZRANGE', c.ready, have, have + want - 1, 'WITHSCORES')
+      for _, x in ipairs(more) do c.list[#c.list + 1] = x end
+      c.complete = #more < 2 * want
+    end
+  end
   if c.list[p] == nil then return nil end
   return tonumber(c.list[p + 1]), c.list[p]
 end
@@ -376,10 +394,10 @@ local V = f.v
 local tags = {}      -- variant -> working tag, for the variants this call saw
 local changed = {}   -- variants whose tag this call sets
 local idle_taken = {}
-local age_raw = redis.call('ZRANGE', q.ck_index, 0, wc, 'WITHSCORES')
+local age_raw = redis.call('ZRANGE', q.ck_index, 0, scan, 'WITHSCORES')
 
 -- Discovery: variants with ready runs but no tag register at max(V, parked)
--- or V, from the oldest wc and from wc more at the rotating cursor.
+-- or V, from the oldest scan and from scan more at the rotating cursor.
 local discovered = {}
 if repair then
   local index_n = redis.call('ZCARD', q.ck_index)
@@ -390,9 +408,9 @@ if repair then
       list[#list + 1] = vm
     end
   end
-  for i = 1, math.min(#age_raw, 2 * wc), 2 do consider(age_raw[i]) end
+  for i = 1, math.min(#age_raw, 2 * scan), 2 do consider(age_raw[i]) end
   if f.c < index_n then
-    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + wc - 1)) do consider(vm) end
+    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + scan - 1)) do consider(vm) end
   end
   if #list > 0 then
     local have = redis.call('ZMSCORE', vt.tags, unpack(list))
@@ -414,14 +432,14 @@ if repair then
       end
     end
   end
-  f.c = f.c + wc
+  f.c = f.c + scan
   if f.c >= index_n then f.c = 0 end
 end
 
 local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc, 'WITHSCORES')
 for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local scan = window_new(scan_raw, 2 * wc, discovered)
-local age = window_new(age_raw, wc)
+local pass1 = window_new(scan_raw, 2 * wc, discovered)
+local age = window_new(age_raw, scan)
 
 local nw = f.nw
 if nw < 0 then
@@ -449,7 +467,7 @@ end
 
 local parked, drained = {}, {}
 while #served < cap do
-  local vm = window_first(scan, servable) or window_first(age, servable)
+  local vm = window_first(pass1, servable) or window_first(age, servable)
   if vm == nil then break end
   local e = math.max(tag(vm), V)
   V = math.max(V, e)
@@ -458,10 +476,10 @@ while #served < cap do
   changed[vm] = true
   local _, nxt = take(vm)
   if nxt ~= nil then
-    window_move(scan, vm, s)
+    window_move(pass1, vm, s)
     window_move(age, vm, nxt)
   else
-    window_remove(scan, vm)
+    window_remove(pass1, vm)
     window_remove(age, vm)
     if s > V then parked[#parked + 1] = { vm = vm, s = s } end
     drained[#drained + 1] = vm
@@ -487,9 +505,7 @@ if #served > 0 then
       iargs[#iargs + 1] = p.vm
     end
     redis.call('ZADD', vt.idle, unpack(iargs))
-    redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(V))
-    redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
-    redis.call('EXPIRE', vt.idle, vt.ttl)
+    reap_idle(V)
   end
   f.v = V
   floor_write(f)

@@ -52,9 +52,9 @@ local NK, NA = 9, 7
 -- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
 -- the model these functions implement).
 -- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
--- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|r|nw": clock V, last
---               newcomer tag L ("" for none), discovery cursor c, time (ms)
---               ckVtime's TTL was last refreshed r, weight overrides nw (-1 unknown)
+-- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|nw": clock V, last
+--               newcomer tag L ("" for none), discovery cursor c, weight
+--               overrides nw (-1 unknown)
 -- KEYS[NK+3] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
 -- KEYS[NK+4] -> queue weights HASH (variant member -> weight)
 -- ARGV[NA+1] -> quantum
@@ -69,23 +69,19 @@ local function fmt(x) return string.format('%.17g', x) end
 
 local function floor_read()
   local raw = redis.call('GET', vt.floor)
-  if not raw then return { v = 0, l = nil, c = 0, r = 0, nw = -1 } end
-  local v, l, c, r, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), r = tonumber(r), nw = tonumber(nw) }
+  if not raw then return { v = 0, l = nil, c = 0, nw = -1 } end
+  local v, l, c, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), nw = tonumber(nw) }
 end
 
--- Persist the floor with the state TTL; refresh ckVtime's TTL at most once
--- per half TTL, which keeps it alive while the queue is used without an
--- EXPIRE on every call.
+-- Persist the floor, and refresh the TTL of ckVtime, which every caller
+-- has just written (it may have been recreated after draining empty).
 local function floor_write(f)
-  if now - f.r >= vt.ttl * 500 then
-    redis.call('EXPIRE', vt.tags, vt.ttl)
-    f.r = now
-  end
+  redis.call('EXPIRE', vt.tags, vt.ttl)
   local l = ''
   if f.l ~= nil then l = fmt(f.l) end
   redis.call('SET', vt.floor, fmt(f.v) .. '|' .. l .. '|' .. string.format('%d', f.c) .. '|' ..
-    string.format('%d', f.r) .. '|' .. string.format('%d', f.nw), 'EX', vt.ttl)
+    string.format('%d', f.nw), 'EX', vt.ttl)
 end
 
 -- A variant gained its first ready run: register it. Returning variants get
@@ -115,16 +111,25 @@ end
 
 local function on_ready_start(vm) register_new(vm) end
 
+-- Drop parked tags at or below V (they confer nothing) and all but the
+-- highest idle_max: run by every call that parks one.
+local function reap_idle(v)
+  redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(v))
+  redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
+  redis.call('EXPIRE', vt.idle, vt.ttl)
+end
+
 -- A variant's last ready run left outside a dequeue: park its tag when it
 -- is above V (it owes service), and leave the fair order.
 local function on_ready_empty(vm)
   local s = redis.call('ZSCORE', vt.tags, vm)
   if not s then return end
-  if tonumber(s) > floor_read().v then
-    redis.call('ZADD', vt.idle, s, vm)
-    redis.call('EXPIRE', vt.idle, vt.ttl)
-  end
   redis.call('ZREM', vt.tags, vm)
+  local v = floor_read().v
+  if tonumber(s) > v then
+    redis.call('ZADD', vt.idle, s, vm)
+    reap_idle(v)
+  end
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).

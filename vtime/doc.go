@@ -47,8 +47,9 @@
 //     low-weight key with a huge tag cannot push newcomers back (the cap).
 //   - Return (a parked tag exists): registers at max(V, parked) and the idle
 //     entry is removed, so draining and coming back never buys credit.
-//   - Discovery (repair): when ckIndex has more variants than ckVtime (work
-//     written with the flag off, or expired state), a call registers the
+//   - Discovery (repair): when ckIndex and ckVtime hold different numbers of
+//     variants (work written with the flag off, expired state, or tags a
+//     flag-off drain left behind), a call registers the
 //     untagged variants among the first S in age order and among S more at
 //     a rotating cursor, at max(V, parked) or V. The cursor makes every variant reachable in a bounded number of
 //     calls whatever the age of its head.

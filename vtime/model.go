@@ -325,7 +325,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	idle := clone(m.idle)
 
 	index := m.CkIndex()
-	if len(index) > len(m.tags) {
+	if len(index) != len(m.tags) {
 		discover := func(e Entry) {
 			if _, ok := tags[e.Member]; ok {
 				return
@@ -350,6 +350,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	}
 
 	scan := newWindow(sortedEntries(tags), 2*wc)
+	scan.addSpare(sortedEntries(tags), 2*wc, 2*wc)
 	age := newWindow(index, scanN)
 	q := m.cfg.Quantum
 	var out []Served
@@ -357,8 +358,28 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	servable := func(vm string) bool {
 		return len(m.ready[vm]) > 0 && (lim.Key <= 0 || m.inflight[vm] < lim.Key)
 	}
+	// A tag whose variant has no ready run is stale (only a flag-off drain
+	// leaves one): it leaves the window, a spare entry takes its place, and
+	// it is collected like a drained variant, even by a call that serves
+	// nothing.
+	var stale []string
+	pass1 := func() (string, bool) {
+		for i := 0; i < len(scan.list); {
+			vm := scan.list[i].Member
+			if servable(vm) {
+				return vm, true
+			}
+			if len(m.ready[vm]) == 0 && (lim.Key <= 0 || m.inflight[vm] < lim.Key) {
+				stale = append(stale, vm)
+				scan.drop(vm)
+				continue
+			}
+			i++
+		}
+		return "", false
+	}
 	for len(out) < capacity {
-		vm, ok := scan.first(servable)
+		vm, ok := pass1()
 		if !ok {
 			if vm, ok = age.first(servable); !ok {
 				break
@@ -394,7 +415,14 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 		}
 		delete(tags, vm)
 	}
-	if len(out) == 0 {
+	for _, vm := range stale {
+		if s := tags[vm]; s > V {
+			idle[vm] = s
+			parked++
+		}
+		delete(tags, vm)
+	}
+	if len(out) == 0 && len(stale) == 0 {
 		return nil
 	}
 	m.V, m.Cursor, m.tags, m.idle = V, cursor, tags, idle
@@ -553,6 +581,35 @@ func (m *Model) KeyOf(member string) string { return m.keyOf[member] }
 type window struct {
 	list  []Entry
 	bound *Entry
+	spare []Entry
+	more  bool // entries exist after the spare ones
+}
+
+// addSpare keeps up to k entries after the first n of sorted aside, to
+// refill the window when drop takes an entry out.
+func (w *window) addSpare(sorted []Entry, n, k int) {
+	if len(sorted) <= n {
+		return
+	}
+	end := min(len(sorted), n+k)
+	w.spare = append([]Entry(nil), sorted[n:end]...)
+	w.more = len(sorted) > end
+}
+
+// drop takes member out of the window for good and appends the next spare
+// entry (which sorts after every entry of the window).
+func (w *window) drop(member string) {
+	if !w.remove(member) || len(w.spare) == 0 {
+		return
+	}
+	nxt := w.spare[0]
+	w.spare = w.spare[1:]
+	w.list = append(w.list, nxt)
+	if len(w.spare) == 0 && !w.more {
+		w.bound = nil
+	} else {
+		w.bound = &nxt
+	}
 }
 
 func newWindow(sorted []Entry, n int) *window {

@@ -77,9 +77,12 @@ if repair then
   if f.c >= index_n then f.c = 0 end
 end
 
-local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc, 'WITHSCORES')
+-- Pass 1 reads 2*wc tags, and 2*wc more to replace stale ones: tags of
+-- variants with no ready run, which only a flag-off instance leaves behind
+-- (it drains variants without touching ckVtime).
+local scan_raw = redis.call('ZRANGE', vt.tags, 0, 4 * wc, 'WITHSCORES')
 for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local pass1 = window_new(scan_raw, 2 * wc, discovered)
+local pass1 = window_new(scan_raw, 2 * wc, discovered, 2 * wc)
 local age = window_new(age_raw, scan)
 
 local nw = f.nw
@@ -106,9 +109,28 @@ local function servable(vm)
   return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
 end
 
+-- First servable variant of pass 1; stale ones met on the way leave the
+-- window for good and are collected below.
+local stale = {}
+local function pass1_first()
+  local i = 1
+  while i <= #pass1.list do
+    local vm = pass1.list[i].vm
+    if servable(vm) then return vm end
+    local c = cands[vm]
+    if c ~= nil and c.list ~= nil and #c.list == 0 and c.complete then
+      stale[#stale + 1] = vm
+      window_drop(pass1, vm)
+    else
+      i = i + 1
+    end
+  end
+  return nil
+end
+
 local parked, drained = {}, {}
 while #served < cap do
-  local vm = window_first(pass1, servable) or window_first(age, servable)
+  local vm = pass1_first() or window_first(age, servable)
   if vm == nil then break end
   local e = math.max(tag(vm), V)
   V = math.max(V, e)
@@ -128,7 +150,14 @@ while #served < cap do
   end
 end
 
-if #served > 0 then
+-- Stale tags go as drained variants do (parked when above V). This is the
+-- one write a call that serves nothing may make: it collects garbage.
+for _, vm in ipairs(stale) do
+  if tags[vm] > V then parked[#parked + 1] = { vm = vm, s = tags[vm] } end
+  drained[#drained + 1] = vm
+  changed[vm] = nil
+end
+if #served > 0 or #stale > 0 then
   local zargs = {}
   for vm, _ in pairs(changed) do
     zargs[#zargs + 1] = fmt(tags[vm])

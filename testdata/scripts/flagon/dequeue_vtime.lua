@@ -334,19 +334,24 @@ end
 -- scores change. An entry whose new score sorts after the n-th entry read
 -- leaves the window, because unread entries may sort before it; a set read
 -- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
--- WITHSCORES reply of up to n + 1 entries; extra holds more {vm, s} entries
--- to merge in (variants registered by this call).
+-- WITHSCORES reply of up to n + spare + 1 entries; extra holds more {vm, s}
+-- entries to merge in (variants registered by this call). Up to spare
+-- entries after the first n are kept aside to refill the window when one
+-- of its entries turns out to be stale (window_drop).
 local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
 
-local function window_new(raw, n, extra)
+local function window_new(raw, n, extra, spare)
   local list = {}
   for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = tonumber(raw[i + 1]) } end
   if extra then
     for _, e in ipairs(extra) do list[#list + 1] = { vm = e.vm, s = e.s } end
     table.sort(list, entry_before)
   end
-  local w = { list = list, bound = nil }
+  local w = { list = list, bound = nil, spare = {} }
   if #list > n then
+    spare = spare or 0
+    for i = n + 1, math.min(#list, n + spare) do w.spare[#w.spare + 1] = list[i] end
+    w.more = #list > n + spare
     for i = #list, n + 1, -1 do list[i] = nil end
     w.bound = { vm = list[n].vm, s = list[n].s }
   end
@@ -369,6 +374,20 @@ local function window_remove(w, vm)
     end
   end
   return false
+end
+
+-- Drop vm from the window for good and take the next spare entry in its
+-- place (every spare entry sorts after the window's, so it goes last).
+local function window_drop(w, vm)
+  if not window_remove(w, vm) then return end
+  local nxt = table.remove(w.spare, 1)
+  if nxt == nil then return end
+  w.list[#w.list + 1] = nxt
+  if #w.spare == 0 and not w.more then
+    w.bound = nil
+  else
+    w.bound = { vm = nxt.vm, s = nxt.s }
+  end
 end
 
 -- Re-sort vm with its new score s, if it is in the window.
@@ -436,9 +455,12 @@ if repair then
   if f.c >= index_n then f.c = 0 end
 end
 
-local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc, 'WITHSCORES')
+-- Pass 1 reads 2*wc tags, and 2*wc more to replace stale ones: tags of
+-- variants with no ready run, which only a flag-off instance leaves behind
+-- (it drains variants without touching ckVtime).
+local scan_raw = redis.call('ZRANGE', vt.tags, 0, 4 * wc, 'WITHSCORES')
 for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local pass1 = window_new(scan_raw, 2 * wc, discovered)
+local pass1 = window_new(scan_raw, 2 * wc, discovered, 2 * wc)
 local age = window_new(age_raw, scan)
 
 local nw = f.nw
@@ -465,9 +487,28 @@ local function servable(vm)
   return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
 end
 
+-- First servable variant of pass 1; stale ones met on the way leave the
+-- window for good and are collected below.
+local stale = {}
+local function pass1_first()
+  local i = 1
+  while i <= #pass1.list do
+    local vm = pass1.list[i].vm
+    if servable(vm) then return vm end
+    local c = cands[vm]
+    if c ~= nil and c.list ~= nil and #c.list == 0 and c.complete then
+      stale[#stale + 1] = vm
+      window_drop(pass1, vm)
+    else
+      i = i + 1
+    end
+  end
+  return nil
+end
+
 local parked, drained = {}, {}
 while #served < cap do
-  local vm = window_first(pass1, servable) or window_first(age, servable)
+  local vm = pass1_first() or window_first(age, servable)
   if vm == nil then break end
   local e = math.max(tag(vm), V)
   V = math.max(V, e)
@@ -487,7 +528,14 @@ while #served < cap do
   end
 end
 
-if #served > 0 then
+-- Stale tags go as drained variants do (parked when above V). This is the
+-- one write a call that serves nothing may make: it collects garbage.
+for _, vm in ipairs(stale) do
+  if tags[vm] > V then parked[#parked + 1] = { vm = vm, s = tags[vm] } end
+  drained[#drained + 1] = vm
+  changed[vm] = nil
+end
+if #served > 0 or #stale > 0 then
   local zargs = {}
   for vm, _ in pairs(changed) do
     zargs[#zargs + 1] = fmt(tags[vm])

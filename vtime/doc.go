@@ -70,10 +70,17 @@
 //     serve sequence, inside batches too.
 //  3. No credit for idle, gated or future-headed time: E = max(S, V).
 //  4. Batch invariance: dequeue(N) == N x dequeue(1) whenever the first
-//     2*WindowMultiplier tags hold a servable variant at every serve and no
-//     discovery is pending.
+//     2*WindowMultiplier tags hold a servable variant at every serve, no
+//     discovery is pending and at most S variants (S for maxCount 1) have
+//     due delayed runs waiting for promotion.
 //  5. Reachability: with discovery, every ready, non-gated variant is served
 //     within a bounded number of calls.
 //  6. Work conservation within the windows: a call stops early only when
-//     nothing it can see is servable.
+//     nothing it can see is servable, and it sees what a flag-off call sees
+//     in age order, so flag on serves whenever flag off would. Flag on
+//     therefore never drains slower than flag off, except with per-key
+//     limits: then fairness, by serving the key with the longest backlog
+//     later, can make that key's runs the critical path (A with 3 runs, B,
+//     C, D with 1, key limit 1, runs held one call: age order drains in 6
+//     calls, the fair order in 7).
 package vtime

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// The sections of a run. Every section but scenarios needs a real Redis:
+// miniredis has no command statistics, no MEMORY USAGE and is no model of
+// Redis performance, so on it those sections are left out, never estimated.
+const (
+	secScenarios  = "scenarios"
+	secCost       = "cost"
+	secMemory     = "memory"
+	secSweep      = "sweep"
+	secThroughput = "throughput"
+)
+
+var allSections = []string{secScenarios, secCost, secMemory, secSweep, secThroughput}
+
+func knownSection(s string) bool { return slices.Contains(allSections, s) }
+
+// Options are the knobs of one bench run. Tests use small sizes.
+type Options struct {
+	RedisURL string // "" for the embedded miniredis
+	Force    bool   // accept a non-empty database
+	JSONPath string
+	OutDir   string
+	Strict   bool
+	Progress bool // progress line on stderr
+
+	Sections  map[string]bool // nil: all
+	Scenarios []string        // scenario names; empty: all
+
+	CostRuns    int // runs per cost measurement
+	CostRepeats int // repetitions of each cost measurement (the fastest is kept)
+	CostKeys    int // keys the cost runs are spread over
+	GatedCalls  int // fully gated dequeue calls
+	GatedKeys   int // keys held at their limit in the gated measurement
+
+	MemoryKeys []int
+	SweepKeys  []int
+	SweepRuns  int
+
+	Producers, Workers, ThroughputRuns, ThroughputKeys, Batch int
+}
+
+// DefaultOptions are the sizes of `go run ./bench`: a few minutes in all
+// on a real Redis on 2 cores.
+func DefaultOptions() Options {
+	return Options{
+		CostRuns: 10000, CostRepeats: 3, CostKeys: 100, GatedCalls: 2000, GatedKeys: 80,
+		MemoryKeys: []int{100, 1000, 10000, 100000},
+		SweepKeys:  []int{10, 100, 1000, 10000, 100000},
+		SweepRuns:  5000,
+		Producers:  4, Workers: 8, ThroughputRuns: 20000, ThroughputKeys: 100, Batch: 10,
+	}
+}
+
+func (o Options) validate() error {
+	for name, v := range map[string]int{"cost-runs": o.CostRuns, "cost-repeats": o.CostRepeats, "cost-keys": o.CostKeys, "gated-calls": o.GatedCalls,
+		"sweep-runs": o.SweepRuns, "producers": o.Producers, "workers": o.Workers, "runs": o.ThroughputRuns,
+		"keys": o.ThroughputKeys, "batch": o.Batch} {
+		if v < 1 {
+			return fmt.Errorf("-%s must be at least 1, got %d", name, v)
+		}
+	}
+	if o.GatedKeys < 1 {
+		return fmt.Errorf("gated keys must be at least 1, got %d", o.GatedKeys)
+	}
+	if o.Batch > 1000 {
+		return fmt.Errorf("-batch must be at most 1000, got %d", o.Batch)
+	}
+	return nil
+}
+
+func (o Options) want(section string) bool { return o.Sections == nil || o.Sections[section] }
+
+// Report is everything one run measured; it is also the JSON document.
+// Sections a backend cannot measure stay empty and are omitted.
+type Report struct {
+	Backend      string    `json:"backend"` // "miniredis" or "redis"
+	RedisVersion string    `json:"redis_version,omitempty"`
+	GoVersion    string    `json:"go_version"`
+	CPUs         int       `json:"cpus"`
+	StartedAt    time.Time `json:"started_at"`
+	DurationSec  float64   `json:"duration_s"`
+	Settings     Settings  `json:"settings"`
+
+	Scenarios  []ScenarioResult `json:"scenarios,omitempty"`
+	Verdicts   []VerdictRow     `json:"verdicts,omitempty"`
+	Cost       []CostRow        `json:"cost,omitempty"`
+	Targets    []TargetRow      `json:"targets,omitempty"`
+	Memory     []MemoryRow      `json:"memory,omitempty"`
+	Sweep      []SweepRow       `json:"sweep,omitempty"`
+	Throughput []ThroughputRow  `json:"throughput,omitempty"`
+
+	// Notes are caveats printed under the tables (e.g. a shared server).
+	Notes []string `json:"notes,omitempty"`
+
+	charts []chartFile
+}
+
+// Settings records the sizes used, so that two JSON documents can be
+// compared knowingly.
+type Settings struct {
+	CostRuns       int   `json:"cost_runs,omitempty"`
+	CostRepeats    int   `json:"cost_repeats,omitempty"`
+	CostKeys       int   `json:"cost_keys,omitempty"`
+	GatedCalls     int   `json:"gated_calls,omitempty"`
+	GatedKeys      int   `json:"gated_keys,omitempty"`
+	MemoryKeys     []int `json:"memory_keys,omitempty"`
+	SweepKeys      []int `json:"sweep_keys,omitempty"`
+	SweepRuns      int   `json:"sweep_runs,omitempty"`
+	Producers      int   `json:"producers,omitempty"`
+	Workers        int   `json:"workers,omitempty"`
+	ThroughputRuns int   `json:"throughput_runs,omitempty"`
+	ThroughputKeys int   `json:"throughput_keys,omitempty"`
+	Batch          int   `json:"batch,omitempty"`
+}
+
+// allMet reports whether every scenario threshold was met.
+func (r *Report) allMet() bool {
+	for _, v := range r.Verdicts {
+		if !v.OK {
+			return false
+		}
+	}
+	return true
+}
+
+// run runs the bench and writes its outputs: the table to stdout, progress
+// to stderr when opts.Progress, and the -json and -out files.
+func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Report, err error) {
+	start := time.Now()
+	rep = &Report{GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), StartedAt: start.UTC().Truncate(time.Second)}
+	prog := newProgress(stderr, opts.Progress)
+	defer prog.done()
+
+	var client *redis.Client
+	var ks *keyspace
+	if opts.RedisURL == "" {
+		rep.Backend = "miniredis"
+		m, err := miniredis.Run()
+		if err != nil {
+			return nil, fmt.Errorf("starting miniredis: %w", err)
+		}
+		defer m.Close()
+		client = redis.NewClient(&redis.Options{Addr: m.Addr()})
+		defer func() { _ = client.Close() }()
+		ks = newKeyspace(client)
+	} else {
+		rep.Backend = "redis"
+		client, err = connect(ctx, opts.RedisURL)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = client.Close() }()
+		if err := checkEmpty(ctx, client, opts.Force); err != nil {
+			return nil, err
+		}
+		if rep.RedisVersion, err = redisVersion(ctx, client); err != nil {
+			return nil, err
+		}
+		if opts.Force {
+			rep.Notes = append(rep.Notes, "run with -force on a database that held keys: command statistics are "+
+				"server-wide, so other clients' work would inflate the cost figures")
+		}
+		ks = newKeyspace(client)
+		// Remove everything written under the bench prefix, whatever
+		// happened, with a context of its own: ctx may be cancelled by now.
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if cerr := ks.cleanupAll(cctx); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("removing the bench keys (prefix %s): %w", ks.base, cerr))
+			}
+		}()
+	}
+
+	real := rep.Backend == "redis"
+	if opts.want(secScenarios) {
+		if err := runScenarios(ctx, client, ks, opts, rep, prog); err != nil {
+			return rep, err
+		}
+	}
+	if real && opts.want(secCost) {
+		rep.Settings.CostRuns, rep.Settings.CostRepeats, rep.Settings.CostKeys = opts.CostRuns, opts.CostRepeats, opts.CostKeys
+		rep.Settings.GatedCalls, rep.Settings.GatedKeys = opts.GatedCalls, opts.GatedKeys
+		if err := runCost(ctx, client, ks, opts, rep, prog); err != nil {
+			return rep, err
+		}
+	}
+	if real && (opts.want(secMemory) || opts.want(secSweep)) {
+		if opts.want(secMemory) {
+			rep.Settings.MemoryKeys = opts.MemoryKeys
+		}
+		if opts.want(secSweep) {
+			rep.Settings.SweepKeys, rep.Settings.SweepRuns = opts.SweepKeys, opts.SweepRuns
+		}
+		if err := runSweep(ctx, client, ks, opts, rep, prog); err != nil {
+			return rep, err
+		}
+	}
+	if real && opts.want(secThroughput) {
+		rep.Settings.Producers, rep.Settings.Workers = opts.Producers, opts.Workers
+		rep.Settings.ThroughputRuns, rep.Settings.ThroughputKeys, rep.Settings.Batch = opts.ThroughputRuns, opts.ThroughputKeys, opts.Batch
+		if err := runThroughput(ctx, client, ks, opts, rep, prog); err != nil {
+			return rep, err
+		}
+	}
+	rep.DurationSec = math.Round(time.Since(start).Seconds()*100) / 100
+	prog.done()
+
+	printReport(stdout, rep)
+	if opts.JSONPath != "" {
+		if err := writeJSON(opts.JSONPath, rep); err != nil {
+			return rep, err
+		}
+	}
+	if opts.OutDir != "" {
+		if err := writeOut(opts.OutDir, rep); err != nil {
+			return rep, err
+		}
+		fmt.Fprintf(stdout, "\nreport: %s\n", filepath.Join(opts.OutDir, "report.md"))
+	}
+	return rep, nil
+}
+
+func writeJSON(path string, rep *Report) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

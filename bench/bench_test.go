@@ -1,0 +1,479 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// tinyOptions are sizes small enough for a test to run every section in a
+// few seconds.
+func tinyOptions() Options {
+	return Options{
+		Scenarios: []string{"retry-storm"},
+		CostRuns:  120, CostRepeats: 1, CostKeys: 10, GatedCalls: 20, GatedKeys: 8,
+		MemoryKeys: []int{10, 50}, SweepKeys: []int{10, 50}, SweepRuns: 40,
+		Producers: 2, Workers: 2, ThroughputRuns: 200, ThroughputKeys: 10, Batch: 10,
+	}
+}
+
+// decode reads the JSON document as generic values, the way a consumer
+// that knows only the documented field names would.
+func decode(t *testing.T, path string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(b, &doc))
+	return doc
+}
+
+func objects(t *testing.T, doc map[string]any, key string) []map[string]any {
+	t.Helper()
+	raw, ok := doc[key].([]any)
+	require.True(t, ok, "%q is not a list in %v", key, doc[key])
+	out := make([]map[string]any, len(raw))
+	for i, r := range raw {
+		out[i], ok = r.(map[string]any)
+		require.True(t, ok, "%s[%d] is not an object", key, i)
+	}
+	return out
+}
+
+func requireFields(t *testing.T, what string, obj map[string]any, fields ...string) {
+	t.Helper()
+	for _, f := range fields {
+		require.Contains(t, obj, f, "%s lacks %q: %v", what, f, obj)
+	}
+}
+
+// requireSVG checks that path is a well-formed SVG document that draws
+// something.
+func requireSVG(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	root, paths := "", 0
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "%s is not well-formed XML", path)
+		if se, ok := tok.(xml.StartElement); ok {
+			if root == "" {
+				root = se.Name.Local
+			}
+			if se.Name.Local == "path" {
+				paths++
+			}
+		}
+	}
+	require.Equal(t, "svg", root, path)
+	require.Positive(t, paths, "%s draws no path", path)
+	require.Less(t, len(b), 200_000, "%s should stay small", path)
+}
+
+// TestMiniredisReport runs the default backend on two scenarios: the JSON
+// holds the documented fields and no section miniredis cannot measure, and
+// -out writes the report with the two cumulative-serve charts.
+func TestMiniredisReport(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	opts := DefaultOptions()
+	opts.Scenarios = []string{"skew", "weights"}
+	opts.JSONPath = filepath.Join(dir, "bench.json")
+	opts.OutDir = filepath.Join(dir, "out")
+	var stdout, stderr bytes.Buffer
+	rep, err := run(context.Background(), opts, &stdout, &stderr)
+	require.NoError(t, err)
+	require.True(t, rep.allMet(), stdout.String())
+	require.Empty(t, stderr.String(), "no progress without a terminal")
+
+	out := stdout.String()
+	require.Contains(t, out, "backend miniredis")
+	require.Regexp(t, `(?m)^skew +480 → 4 +576 → 16 .* 7/7 met$`, out)
+	require.Contains(t, out, "all 10 thresholds met")
+	require.NotContains(t, out, "Cost per operation")
+
+	doc := decode(t, opts.JSONPath)
+	require.Equal(t, "miniredis", doc["backend"])
+	for _, absent := range []string{"cost", "targets", "memory", "sweep", "throughput", "redis_version"} {
+		require.NotContains(t, doc, absent, "miniredis cannot measure %s: it must be left out", absent)
+	}
+	scen := objects(t, doc, "scenarios")
+	require.Len(t, scen, 4)
+	for _, s := range scen {
+		requireFields(t, "scenario", s, "name", "flag", "first_light_serve_step", "all_light_first_serve_step",
+			"light_mean_wait", "jain", "drain_steps", "wait_p50", "wait_p95", "wait_p99")
+	}
+	require.Equal(t, []any{"skew", "off", 480.0, "skew", "on", 4.0},
+		[]any{scen[0]["name"], scen[0]["flag"], scen[0]["first_light_serve_step"], scen[1]["name"], scen[1]["flag"], scen[1]["first_light_serve_step"]})
+	verdicts := objects(t, doc, "verdicts")
+	require.Len(t, verdicts, 10)
+	for _, v := range verdicts {
+		requireFields(t, "verdict", v, "scenario", "metric", "value", "off", "threshold", "ok")
+		require.Equal(t, true, v["ok"], v)
+	}
+
+	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))
+	require.NoError(t, err)
+	for _, chart := range []string{"skew.svg", "weights.svg"} {
+		require.Contains(t, string(md), "]("+chart+")")
+		requireSVG(t, filepath.Join(opts.OutDir, chart))
+	}
+	require.Contains(t, string(md), "| skew | 480 → 4 |")
+	require.NoFileExists(t, filepath.Join(opts.OutDir, "sweep.svg"))
+}
+
+// emptyDB returns the URL of a database of the test server that holds no
+// key, skipping when all of them are in use (a shared REDIS_URL server).
+func emptyDB(t *testing.T, from int) (string, *redis.Client) {
+	t.Helper()
+	base := redistest.Real(t).(*redis.Client).Options()
+	for db := from; db < 16; db++ {
+		opt := *base
+		opt.DB = db
+		c := redis.NewClient(&opt)
+		n, err := c.DBSize(context.Background()).Result()
+		require.NoError(t, err)
+		if n == 0 {
+			t.Cleanup(func() { _ = c.Close() })
+			return "redis://" + opt.Addr + "/" + strconv.Itoa(db), c
+		}
+		_ = c.Close()
+	}
+	t.Skip("no empty database on the test server")
+	return "", nil
+}
+
+// TestRealRedis runs every section on a real Redis with tiny sizes: each
+// section is present with its documented fields, the figures are positive,
+// and no key of the bench is left behind.
+func TestRealRedis(t *testing.T) {
+	url, c := emptyDB(t, 1)
+	dir := t.TempDir()
+	opts := tinyOptions()
+	opts.RedisURL = url
+	opts.JSONPath = filepath.Join(dir, "bench.json")
+	opts.OutDir = filepath.Join(dir, "out")
+	var stdout bytes.Buffer
+	_, err := run(context.Background(), opts, &stdout, io.Discard)
+	require.NoError(t, err)
+	require.Zero(t, c.DBSize(context.Background()).Val(), "the bench must remove its keys")
+
+	out := stdout.String()
+	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Redis CPU per run lifecycle", "End-to-end throughput"} {
+		require.Contains(t, out, title)
+	}
+
+	doc := decode(t, opts.JSONPath)
+	require.Equal(t, "redis", doc["backend"])
+	require.NotEmpty(t, doc["redis_version"])
+
+	cost := objects(t, doc, "cost")
+	ops := map[string]int{}
+	for _, r := range cost {
+		requireFields(t, "cost row", r, "op", "flag", "redis_us_per_call", "redis_us_per_op", "calls_per_op")
+		op := r["op"].(string)
+		ops[op+"/"+r["flag"].(string)]++
+		require.Positive(t, r["redis_us_per_call"], r)
+		if op == "dequeue_gated" {
+			// No run moves: per-run figures cannot be measured.
+			require.NotContains(t, r, "redis_us_per_run")
+			require.NotContains(t, r, "calls_per_run")
+			require.Zero(t, r["runs"])
+			continue
+		}
+		requireFields(t, "cost row", r, "redis_us_per_run", "calls_per_run")
+		require.Positive(t, r["calls_per_run"], r)
+		if strings.HasPrefix(op, "dequeue") {
+			require.GreaterOrEqual(t, r["read_calls_per_op"], 1.0, "a dequeue reads its candidates first: %v", r)
+		} else {
+			require.Zero(t, r["read_calls_per_op"], r)
+		}
+	}
+	for _, op := range costOrder {
+		for _, f := range []string{"off", "on"} {
+			require.Equal(t, 1, ops[op+"/"+f], "cost rows %v", ops)
+		}
+	}
+	require.Len(t, objects(t, doc, "targets"), 8)
+
+	mem := objects(t, doc, "memory")
+	require.Len(t, mem, 4)
+	for _, m := range mem {
+		requireFields(t, "memory row", m, "keys", "flag", "bytes_per_key", "index_bytes_per_key", "vtime_bytes_per_key")
+		require.Positive(t, m["index_bytes_per_key"], m)
+		if m["flag"] == "on" {
+			require.Positive(t, m["vtime_bytes_per_key"], "flag on registers every key in ckVtime: %v", m)
+		} else {
+			require.Zero(t, m["vtime_bytes_per_key"], m)
+		}
+	}
+
+	sweep := objects(t, doc, "sweep")
+	require.Len(t, sweep, 4)
+	for _, s := range sweep {
+		requireFields(t, "sweep row", s, "keys", "flag", "redis_us_per_run", "dequeue_us_per_run")
+		require.Equal(t, 40.0, s["runs"])
+	}
+
+	tp := objects(t, doc, "throughput")
+	require.Len(t, tp, 2)
+	for _, r := range tp {
+		requireFields(t, "throughput row", r, "flag", "producers", "workers", "runs", "runs_per_sec", "latency_p50_ms", "latency_p99_ms")
+		require.Equal(t, 200.0, r["runs"])
+		require.Positive(t, r["runs_per_sec"])
+		require.GreaterOrEqual(t, r["latency_p99_ms"], r["latency_p50_ms"])
+	}
+
+	requireSVG(t, filepath.Join(opts.OutDir, "sweep.svg"))
+	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "](sweep.svg)")
+	require.NoFileExists(t, filepath.Join(opts.OutDir, "skew.svg"), "the skew scenario did not run")
+}
+
+// TestRealRedisRefusesNonEmpty: a database that holds a key is refused
+// without -force and left as it was; with -force the bench runs and still
+// touches nothing but its own keys.
+func TestRealRedisRefusesNonEmpty(t *testing.T) {
+	url, c := emptyDB(t, 8)
+	ctx := context.Background()
+	foreign := map[string]string{"foreign": "1", "{bench:x}": "2", "{benchzz.1:x}": "3", "x{bench0.1:y}": "4"}
+	for k, v := range foreign {
+		require.NoError(t, c.Set(ctx, k, v, 0).Err())
+	}
+	t.Cleanup(func() {
+		_ = c.Del(context.Background(), "foreign", "{bench:x}", "{benchzz.1:x}", "x{bench0.1:y}").Err()
+	})
+	opts := tinyOptions()
+	opts.RedisURL = url
+	opts.Sections = map[string]bool{secScenarios: true, secMemory: true}
+
+	_, err := run(ctx, opts, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "-force")
+	require.ErrorContains(t, err, "holds 4 keys")
+
+	opts.Force = true
+	var stdout bytes.Buffer
+	rep, err := run(ctx, opts, &stdout, io.Discard)
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.Memory)
+	require.Contains(t, stdout.String(), "-force")
+	all, err := c.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"foreign", "{bench:x}", "{benchzz.1:x}", "x{bench0.1:y}"}, all)
+	for k, v := range foreign {
+		require.Equal(t, v, c.Get(ctx, k).Val())
+	}
+}
+
+// TestRealRedisCleansUpWhenInterrupted: a run cancelled in the middle
+// (Ctrl-C) still removes every key it wrote.
+func TestRealRedisCleansUpWhenInterrupted(t *testing.T) {
+	url, c := emptyDB(t, 12)
+	opts := tinyOptions()
+	opts.RedisURL = url
+	opts.Sections = map[string]bool{secThroughput: true}
+	opts.ThroughputRuns = 10_000_000 // never finishes on its own
+	ctx, cancel := context.WithCancel(context.Background())
+	// Cancel once keys exist, as a Ctrl-C would.
+	go func() {
+		for ctx.Err() == nil {
+			if c.DBSize(context.Background()).Val() > 0 {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	_, err := run(ctx, opts, io.Discard, io.Discard)
+	cancel()
+	require.ErrorIs(t, err, context.Canceled)
+	require.Zero(t, c.DBSize(context.Background()).Val())
+}
+
+// TestKeyspaceCleanup deletes exactly the keys of the run's prefixes (all
+// under "{" + base + ".", base being random): a key of another prefix, of
+// another run or with the tag elsewhere in its name survives.
+func TestKeyspaceCleanup(t *testing.T) {
+	t.Parallel()
+	for name, client := range map[string]func(testing.TB) redis.UniversalClient{"Mini": redistest.Mini, "Real": redistest.Real} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := client(t).(*redis.Client)
+			ctx := context.Background()
+			ks := newKeyspace(c)
+			p1, p2 := ks.prefix(), ks.prefix()
+			require.NotEqual(t, p1, p2)
+			other := newKeyspace(c)
+			op := other.prefix()
+			// mine[3] would be prefix p1 + "0" (that is, base.10): the run's,
+			// but not p1's.
+			mine := []string{"{" + p1 + ":0}:master", "{" + p1 + ":3}:e:x", "{" + p2 + ":0}:leases", "{" + p1 + "0:0}:master"}
+			theirs := []string{"{" + op + ":0}:master", "{" + ks.base + ":0}:master", "x{" + p1 + ":0}", ks.base + ".1:0"}
+			for _, k := range append(append([]string{}, mine...), theirs...) {
+				require.NoError(t, c.Set(ctx, k, "v", 0).Err())
+			}
+			t.Cleanup(func() { _ = c.Del(context.Background(), theirs...).Err() })
+
+			require.NoError(t, ks.cleanup(ctx, p1))
+			require.Zero(t, c.Exists(ctx, mine[0], mine[1]).Val())
+			require.EqualValues(t, 2, c.Exists(ctx, mine[2], mine[3]).Val())
+			require.NoError(t, ks.cleanupAll(ctx))
+			require.Zero(t, c.Exists(ctx, mine...).Val())
+			require.EqualValues(t, len(theirs), c.Exists(ctx, theirs...).Val())
+		})
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	env := func(url string) func(string) string {
+		return func(k string) string {
+			if k == "REDIS_URL" {
+				return url
+			}
+			return ""
+		}
+	}
+	t.Run("Defaults", func(t *testing.T) {
+		o, err := parseFlags(nil, env(""), io.Discard)
+		require.NoError(t, err)
+		require.Empty(t, o.RedisURL)
+		require.Equal(t, DefaultOptions().SweepKeys, o.SweepKeys)
+		require.Len(t, o.Sections, len(allSections))
+	})
+	t.Run("RedisURLFromEnv", func(t *testing.T) {
+		o, err := parseFlags(nil, env("redis://h:1/2"), io.Discard)
+		require.NoError(t, err)
+		require.Equal(t, "redis://h:1/2", o.RedisURL)
+		o, err = parseFlags([]string{"-redis", "redis://x:2/0"}, env("redis://h:1/2"), io.Discard)
+		require.NoError(t, err)
+		require.Equal(t, "redis://x:2/0", o.RedisURL, "the flag wins over the environment")
+	})
+	t.Run("Lists", func(t *testing.T) {
+		o, err := parseFlags([]string{"-sweep-keys", "5, 50", "-sections", "cost,memory", "-scenarios", "skew"}, env(""), io.Discard)
+		require.NoError(t, err)
+		require.Equal(t, []int{5, 50}, o.SweepKeys)
+		require.Equal(t, map[string]bool{"cost": true, "memory": true}, o.Sections)
+		require.Equal(t, []string{"skew"}, o.Scenarios)
+	})
+	bad := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"UnknownSection", []string{"-sections", "costs"}, `unknown section "costs"`},
+		{"BadKeyCount", []string{"-memory-keys", "10,x"}, `"x" is not a positive integer`},
+		{"ZeroWorkers", []string{"-workers", "0"}, "-workers must be at least 1"},
+		{"HugeBatch", []string{"-batch", "5000"}, "-batch must be at most 1000"},
+		{"StrayArgument", []string{"now"}, `unexpected argument "now"`},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseFlags(tc.args, env(""), io.Discard)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// TestUnknownScenario names the scenarios there are.
+func TestUnknownScenario(t *testing.T) {
+	t.Parallel()
+	_, err := selectCases([]string{"skew", "nope"})
+	require.ErrorContains(t, err, `unknown scenario "nope"`)
+	require.ErrorContains(t, err, "weights")
+}
+
+func TestTargets(t *testing.T) {
+	t.Parallel()
+	f := func(v float64) *float64 { return &v }
+	rows := []CostRow{
+		{Op: "enqueue", Flag: "off", RedisUsPerRun: f(10)},
+		{Op: "enqueue", Flag: "on", RedisUsPerRun: f(10.5)},
+		{Op: "dequeue_batch10", Flag: "off", RedisUsPerRun: f(4), CallsPerRun: f(4)},
+		{Op: "dequeue_batch10", Flag: "on", RedisUsPerRun: f(5), CallsPerRun: f(5.5)},
+		{Op: "dequeue_gated", Flag: "off", RedisUsPerOp: 10},
+		{Op: "dequeue_gated", Flag: "on", RedisUsPerOp: 16},
+	}
+	got := map[string]bool{}
+	for _, tr := range targets(rows) {
+		got[tr.Op+" "+tr.Metric] = tr.Met
+	}
+	require.Equal(t, map[string]bool{
+		"enqueue redis_us_per_run":         true,  // 1.05x <= 1.10x
+		"dequeue_batch10 redis_us_per_run": false, // 1.25x > 1.15x
+		"dequeue_batch10 calls_per_run":    true,  // +1.5 <= +1.5
+		"dequeue_gated redis_us_per_op":    false, // 1.6x > 1.5x
+	}, got)
+}
+
+func TestFastestRow(t *testing.T) {
+	t.Parallel()
+	r := fastestRow([]CostRow{{Op: "a", RedisUsPerOp: 12, Calls: 1}, {Op: "a", RedisUsPerOp: 10, Calls: 2}, {Op: "a", RedisUsPerOp: 15, Calls: 3}})
+	require.Equal(t, 2, r.Calls, "the fastest repetition, whole")
+	require.Equal(t, 3, r.Repeats)
+	require.InDelta(t, 0.5, r.Spread, 1e-9)
+}
+
+func TestHelpers(t *testing.T) {
+	t.Parallel()
+	t.Run("Percentile", func(t *testing.T) {
+		v := []float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10}
+		require.Equal(t, []float64{5, 10, 10, 1}, []float64{percentile(v, 50), percentile(v, 95), percentile(v, 99), percentile(v, 1)})
+		require.Zero(t, percentile(nil, 50))
+	})
+	t.Run("Segments", func(t *testing.T) {
+		require.Equal(t, [][2]int{{0, 40}}, segments(0, 40))
+		require.Equal(t, [][2]int{{100, 200}, {200, 300}, {300, 400}}, segments(100, 400))
+		require.Nil(t, segments(5, 5))
+	})
+	t.Run("SweepRunsPerKey", func(t *testing.T) {
+		require.Equal(t, 501, sweepRunsPerKey(10, 5000))
+		require.Equal(t, 2, sweepRunsPerKey(10_000, 5000))
+		require.Equal(t, 1, sweepRunsPerKey(100_000, 5000))
+	})
+	t.Run("Threshold", func(t *testing.T) {
+		require.Equal(t, "<= 112", prettyThreshold("<= 111.60000000000001"))
+		require.Equal(t, "== 636 (flag off)", prettyThreshold("== 636 (flag off)"))
+		require.Equal(t, "within 5% of flag off", prettyThreshold("within 5% of flag off"))
+	})
+	t.Run("Num", func(t *testing.T) {
+		require.Equal(t, []string{"480", "0.326", "4.50", "61.2", "558", "-"},
+			[]string{num(480), num(0.32631), num(4.5), num(61.23), num(557.6), num(math.NaN())})
+	})
+}
+
+func TestDownsample(t *testing.T) {
+	t.Parallel()
+	series := make([]int, 1000)
+	for i := range series {
+		series[i] = i / 3
+	}
+	xy := downsample(series)
+	require.LessOrEqual(t, len(xy), maxPoints+1)
+	require.Equal(t, 0.0, xy[0].X)
+	require.Equal(t, 999.0, xy[len(xy)-1].X, "the last point is kept")
+	require.Equal(t, 333.0, xy[len(xy)-1].Y)
+}

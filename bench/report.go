@@ -1,0 +1,299 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// section is one titled table of the output, shared by the terminal and
+// the Markdown report.
+type section struct {
+	title string
+	t     *table
+	notes []string // lines printed under the table
+	chart string   // file name of the section's chart, if any
+}
+
+func backendLine(rep *Report) string {
+	b := "miniredis (embedded; fairness only: no cost, memory or throughput figures)"
+	if rep.Backend == "redis" {
+		b = "Redis " + rep.RedisVersion
+	}
+	return fmt.Sprintf("backend %s · %s · %d CPUs · %.1f s", b, rep.GoVersion, rep.CPUs, rep.DurationSec)
+}
+
+func sections(rep *Report) []section {
+	var out []section
+	if len(rep.Scenarios) > 0 {
+		out = append(out, scenarioSection(rep), verdictSection(rep))
+	}
+	if len(rep.Cost) > 0 {
+		out = append(out, costSection(rep))
+	}
+	if len(rep.Targets) > 0 {
+		out = append(out, targetSection(rep))
+	}
+	if len(rep.Memory) > 0 {
+		out = append(out, memorySection(rep))
+	}
+	if len(rep.Sweep) > 0 {
+		out = append(out, sweepSection(rep))
+	}
+	if len(rep.Throughput) > 0 {
+		out = append(out, throughputSection(rep))
+	}
+	return out
+}
+
+func scenarioSection(rep *Report) section {
+	t := &table{header: []string{"SCENARIO", "FIRST LIGHT SERVE", "ALL LIGHT SERVED", "LIGHT MEAN WAIT", "JAIN", "DRAIN STEPS", "THRESHOLDS"},
+		right: []bool{false, true, true, true, true, true, false}}
+	for i := 0; i+1 < len(rep.Scenarios); i += 2 {
+		off, on := rep.Scenarios[i], rep.Scenarios[i+1]
+		step := func(v int) string {
+			if v < 0 {
+				return "never"
+			}
+			return fmt.Sprint(v)
+		}
+		first, all, wait := "-", "-", "-"
+		if on.light {
+			first = arrow(step(off.FirstLightServeStep), step(on.FirstLightServeStep))
+			all = arrow(step(off.AllLightFirstServeStep), step(on.AllLightFirstServeStep))
+			wait = arrow(num(off.LightMeanWait), num(on.LightMeanWait))
+		}
+		verdict := fmt.Sprintf("%d/%d met", on.Met, on.Checked)
+		if on.Met < on.Checked {
+			verdict = fmt.Sprintf("%d/%d met, %d NOT MET", on.Met, on.Checked, on.Checked-on.Met)
+		}
+		t.add(on.Name, first, all, wait, arrow(fixed(off.Jain, 3), fixed(on.Jain, 3)),
+			arrow(fmt.Sprint(off.DrainSteps), fmt.Sprint(on.DrainSteps)), verdict)
+	}
+	return section{title: "Scenarios (DESIGN section 8): flag off → flag on, in steps (one dequeue call of up to 10 runs per step)", t: t,
+		notes: []string{"light = the scenario's late or small keys; JAIN = Jain's index of per-key serves over contended steps (1 = even)"}}
+}
+
+// verdictSection lists every threshold. The two "every run exactly once"
+// checks of a scenario (one per arm) show as one line.
+func verdictSection(rep *Report) section {
+	t := &table{header: []string{"SCENARIO", "THRESHOLD ON", "OFF", "ON", "REQUIRED (FLAG ON)", "VERDICT"},
+		right: []bool{false, false, true, true, false, false}}
+	met, total := 0, 0
+	var failed []string
+	for i := 0; i < len(rep.Verdicts); i++ {
+		v := rep.Verdicts[i]
+		total++
+		if v.OK {
+			met++
+		} else {
+			failed = append(failed, v.Scenario+": "+v.Metric)
+		}
+		if v.Threshold == "every run exactly once" && i+1 < len(rep.Verdicts) {
+			w := rep.Verdicts[i+1]
+			if w.Scenario == v.Scenario && w.Threshold == v.Threshold {
+				i++
+				total++
+				if w.OK {
+					met++
+				} else {
+					failed = append(failed, w.Scenario+": "+w.Metric)
+				}
+				t.add(v.Scenario, "runs served (of enqueued)", num(v.Value)+"/"+num(v.Off), num(w.Value)+"/"+num(w.Off),
+					"every run exactly once", verdictWord(v.OK && w.OK))
+				continue
+			}
+		}
+		t.add(v.Scenario, v.Metric, stepOrNum(v.Off), stepOrNum(v.Value), prettyThreshold(v.Threshold), verdictWord(v.OK))
+	}
+	s := section{title: "Thresholds of DESIGN section 8", t: t}
+	if len(failed) == 0 {
+		s.notes = []string{fmt.Sprintf("all %d thresholds met", total)}
+	} else {
+		s.notes = []string{fmt.Sprintf("%d of %d thresholds met; NOT MET: %s", met, total, strings.Join(failed, "; "))}
+	}
+	return s
+}
+
+// stepOrNum prints a verdict's value: the harness reports a serve step
+// that never happened as -1.
+func stepOrNum(v float64) string {
+	if v == -1 {
+		return "never"
+	}
+	return num(v)
+}
+
+var thresholdNum = regexp.MustCompile(`^(<=|>=|==) (-?[0-9.e+-]+)(.*)$`)
+
+// prettyThreshold rounds the limit of a threshold such as "<= 111.60000000000001".
+func prettyThreshold(s string) string {
+	m := thresholdNum.FindStringSubmatch(s)
+	if m == nil {
+		return s
+	}
+	v, err := strconv.ParseFloat(m[2], 64)
+	if err != nil {
+		return s
+	}
+	return m[1] + " " + num(v) + m[3]
+}
+
+func costSection(rep *Report) section {
+	t := &table{header: []string{"OPERATION", "FLAG", "CALLS", "RUNS", "µs/SCRIPT CALL", "µs/RUN", "CMDS/RUN", "INNER/RUN", "READS/CALL", "SPREAD"},
+		right: []bool{false, false, true, true, true, true, true, true, true, true}}
+	opt := func(p *float64, d int) string {
+		if p == nil {
+			return "-"
+		}
+		return fixed(*p, d)
+	}
+	for _, r := range rep.Cost {
+		t.add(strings.ReplaceAll(r.Op, "_", " "), r.Flag, fmt.Sprint(r.Calls), fmt.Sprint(r.Runs), fixed(r.RedisUsPerCall, 2),
+			opt(r.RedisUsPerRun, 2), opt(r.CallsPerRun, 2), opt(r.InnerCallsPerRun, 2), fixed(r.ReadCallsPerOp, 2), fixed(100*r.Spread, 0)+"%")
+	}
+	st := rep.Settings
+	return section{title: fmt.Sprintf("Cost per operation (Redis CPU from INFO commandstats; %d runs over %d keys per measurement, fastest of %d)", st.CostRuns, st.CostKeys, st.CostRepeats), t: t,
+		notes: []string{
+			"µs/SCRIPT CALL = EVALSHA usec / EVALSHA calls (the redis.calls inside included)",
+			"µs/RUN = (script usec + usec of Go's own candidate reads) / runs moved",
+			"CMDS/RUN = Redis commands per run: redis.calls inside the scripts (INNER/RUN) plus Go's reads",
+			"SPREAD = (max - min) / min of Redis µs per call over the repeats (the fastest is kept: other load only adds time); ack runs the same script on both flags, so its off/on gap is noise",
+			fmt.Sprintf("dequeue gated: %d keys each at its KeyConcurrency limit of 1 with a run queued behind; %d calls of maxCount 10 serving nothing (no runs: per-call figures only)", st.GatedKeys, st.GatedCalls),
+		}}
+}
+
+func targetSection(rep *Report) section {
+	t := &table{header: []string{"TARGET (DESIGN section 9)", "OFF", "ON", "ON vs OFF", "LIMIT", "VERDICT"},
+		right: []bool{false, true, true, true, false, false}}
+	for _, r := range rep.Targets {
+		cmp := ""
+		switch {
+		case r.Ratio != nil:
+			cmp = fixed(*r.Ratio, 2) + "x"
+		case r.Diff != nil:
+			cmp = fmt.Sprintf("%+.2f", *r.Diff)
+		}
+		word := "met"
+		if !r.Met {
+			word = "not met"
+		}
+		t.add(r.Target, fixed(r.Off, 2), fixed(r.On, 2), cmp, r.Limit, word)
+	}
+	return section{title: "Cost targets (informative: they never fail the run)", t: t}
+}
+
+func memorySection(rep *Report) section {
+	t := &table{header: []string{"KEYS", "FLAG", "INDEX BYTES/KEY", "ckIndex", "ckVtime", "ckVtimeIdle", "ckVtimeFloor (B)", "ALL KEYS BYTES/KEY"},
+		right: []bool{true, false, true, true, true, true, true, true}}
+	for _, m := range rep.Memory {
+		t.add(fmt.Sprint(m.Keys), m.Flag, fixed(m.BytesPerKey, 1), fixed(m.IndexBytesPerKey, 1), fixed(m.VtimeBytesPerKey, 1),
+			fixed(m.IdleBytesPerKey, 1), fmt.Sprint(m.FloorBytes), fixed(m.AllBytesPerKey, 1))
+	}
+	return section{title: "Memory per registered key (MEMORY USAGE ... SAMPLES 0; one ready run per key)", t: t,
+		notes: []string{"INDEX = ckIndex + ckVtime + ckVtimeIdle + ckVtimeFloor; ALL KEYS = every key of the queue's prefix, runs included"}}
+}
+
+func sweepSection(rep *Report) section {
+	t := &table{header: []string{"ACTIVE KEYS", "RUNS/KEY", "µs/RUN OFF", "µs/RUN ON", "ON/OFF", "ENQUEUE µs", "DEQUEUE µs", "ACK µs", "DEQUEUE CMDS/RUN"},
+		right: []bool{true, true, true, true, true, true, true, true, true}}
+	for i := 0; i+1 < len(rep.Sweep); i += 2 {
+		off, on := rep.Sweep[i], rep.Sweep[i+1]
+		t.add(fmt.Sprint(off.Keys), fmt.Sprint(off.RunsPerKey), fixed(off.RedisUsPerRun, 2), fixed(on.RedisUsPerRun, 2),
+			fixed(on.RedisUsPerRun/off.RedisUsPerRun, 2)+"x",
+			arrow(fixed(off.EnqueueUsPerRun, 2), fixed(on.EnqueueUsPerRun, 2)),
+			arrow(fixed(off.DequeueUsPerRun, 2), fixed(on.DequeueUsPerRun, 2)),
+			arrow(fixed(off.AckUsPerRun, 2), fixed(on.AckUsPerRun, 2)),
+			arrow(fixed(off.DequeueCallsPerRun, 2), fixed(on.DequeueCallsPerRun, 2)))
+	}
+	runs, batch := 0, 0
+	if len(rep.Sweep) > 0 {
+		runs, batch = rep.Sweep[0].Runs, rep.Sweep[0].Batch
+	}
+	return section{title: fmt.Sprintf("Redis CPU per run lifecycle (enqueue + dequeue + ack) against active keys; %d runs dequeued (maxCount %d) and acked per point, cheapest of 3 segments per step; columns off → on", runs, batch),
+		t: t, chart: "sweep.svg"}
+}
+
+func throughputSection(rep *Report) section {
+	t := &table{header: []string{"FLAG", "PRODUCERS", "WORKERS", "RUNS", "KEYS", "BATCH", "RUNS/S", "LATENCY p50 ms", "p99 ms", "max ms"},
+		right: []bool{false, true, true, true, true, true, true, true, true, true}}
+	for _, r := range rep.Throughput {
+		t.add(r.Flag, fmt.Sprint(r.Producers), fmt.Sprint(r.Workers), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fmt.Sprint(r.Batch),
+			fixed(r.RunsPerSec, 0), fixed(r.LatencyP50Ms, 2), fixed(r.LatencyP99Ms, 2), fixed(r.LatencyMaxMs, 1))
+	}
+	return section{title: "End-to-end throughput (wall clock; no-op handler: DequeueWait + Ack; enqueue-to-dequeue latency)", t: t}
+}
+
+// printReport writes the human tables.
+func printReport(w io.Writer, rep *Report) {
+	fmt.Fprintf(w, "runqueue bench: scheduler flag off vs on · %s\n", backendLine(rep))
+	for _, s := range sections(rep) {
+		fmt.Fprintf(w, "\n%s\n", s.title)
+		s.t.text(w)
+		for _, n := range s.notes {
+			fmt.Fprintf(w, "  %s\n", n)
+		}
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "\nnote: %s\n", n)
+	}
+}
+
+// chartFile is one SVG of the report.
+type chartFile struct {
+	name, title string
+	svg         []byte
+}
+
+// writeOut writes report.md and the charts to dir.
+func writeOut(dir string, rep *Report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# runqueue bench: scheduler flag off vs on\n\n%s, started %s.\n",
+		backendLine(rep), rep.StartedAt.Format("2006-01-02 15:04 UTC"))
+	written := map[string]bool{}
+	for _, c := range rep.charts {
+		if err := os.WriteFile(filepath.Join(dir, c.name), c.svg, 0o644); err != nil {
+			return err
+		}
+	}
+	chartRef := func(name string) {
+		for _, c := range rep.charts {
+			if c.name == name && !written[name] {
+				written[name] = true
+				fmt.Fprintf(&b, "\n![%s](%s)\n", c.title, c.name)
+			}
+		}
+	}
+	for i, s := range sections(rep) {
+		fmt.Fprintf(&b, "\n## %s\n\n", s.title)
+		s.t.markdown(&b)
+		if len(s.notes) > 0 {
+			b.WriteString("\n")
+			for _, n := range s.notes {
+				fmt.Fprintf(&b, "* %s\n", n)
+			}
+		}
+		if i == 0 {
+			// The scenario charts belong under the scenario table.
+			for _, c := range rep.charts {
+				if c.name != "sweep.svg" {
+					chartRef(c.name)
+				}
+			}
+		}
+		if s.chart != "" {
+			chartRef(s.chart)
+		}
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(&b, "\nNote: %s\n", n)
+	}
+	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(b.String()), 0o644)
+}

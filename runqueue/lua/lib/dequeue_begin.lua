@@ -107,7 +107,8 @@ end
 local served = {}
 local function take(vm)
   local c = cands[vm]
-  local rs, id = head(vm)
+  local p = 2 * c.taken + 1
+  local rs, id = tonumber(c.list[p + 1]), c.list[p]
   if c.taken == 0 then touched[#touched + 1] = vm end
   c.taken = c.taken + 1
   served[#served + 1] = { vm = vm, id = id }

@@ -252,7 +252,8 @@ end
 local served = {}
 local function take(vm)
   local c = cands[vm]
-  local rs, id = head(vm)
+  local p = 2 * c.taken + 1
+  local rs, id = tonumber(c.list[p + 1]), c.list[p]
   if c.taken == 0 then touched[#touched + 1] = vm end
   c.taken = c.taken + 1
   served[#served + 1] = { vm = vm, id = id }
@@ -289,20 +290,25 @@ end
 
 -- First member of the window for which ok(vm) holds, or nil.
 local function window_first(w, ok)
-  for _, e in ipairs(w.list) do
-    if ok(e.vm) then return e.vm end
+  local list = w.list
+  for i = 1, #list do
+    local vm = list[i].vm
+    if ok(vm) then return vm end
   end
   return nil
 end
 
+-- Remove vm; returns its entry, or nil when it was not in the window.
 local function window_remove(w, vm)
-  for i, e in ipairs(w.list) do
+  local list = w.list
+  for i = 1, #list do
+    local e = list[i]
     if e.vm == vm then
-      table.remove(w.list, i)
-      return true
+      table.remove(list, i)
+      return e
     end
   end
-  return false
+  return nil
 end
 
 -- Drop vm from the window for good and take the next spare entry in its
@@ -321,17 +327,19 @@ end
 
 -- Re-sort vm with its new score s, if it is in the window.
 local function window_move(w, vm, s)
-  if not window_remove(w, vm) then return end
-  local e = { vm = vm, s = s }
+  local e = window_remove(w, vm)
+  if e == nil then return end
+  e.s = s
   if w.bound ~= nil and entry_before(w.bound, e) then return end
-  local at = #w.list + 1
-  for i, o in ipairs(w.list) do
-    if entry_before(e, o) then
+  local list = w.list
+  local at = #list + 1
+  for i = 1, #list do
+    if entry_before(e, list[i]) then
       at = i
       break
     end
   end
-  table.insert(w.list, at, e)
+  table.insert(list, at, e)
 end
 
 -- Age order: the first scan entries of ckIndex (lowest head ready score,

@@ -10,9 +10,9 @@ import (
 	"github.com/runqueue/runqueue/keys"
 )
 
-// vtimeCandidates reads what a fair dequeue may touch: the first 4*window
-// tags (window = maxCount * WindowMultiplier; pass 1 uses 2*window, the
-// rest replaces stale tags), the first scan variants in age
+// vtimeCandidates reads what a fair dequeue may touch: the first 2*window
+// tags (window = maxCount * WindowMultiplier; 2*window more when repairing,
+// to replace stale tags), the first scan variants in age
 // order, the first scan due delayed variants and, when ckIndex holds
 // variants without a tag, scan more at the discovery cursor (scan =
 // scanLimit(maxCount)). extra is the scheduler's ARGV tail.
@@ -22,7 +22,7 @@ func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int
 	var tags, age, due *redis.StringSliceCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		// One entry more than the script uses tells whether a set was read whole.
-		tags = p.ZRange(ctx, qk.CkVtime(), 0, 4*wc)
+		tags = p.ZRange(ctx, qk.CkVtime(), 0, 2*wc)
 		age = p.ZRange(ctx, qk.CkIndex(), 0, scan)
 		due = p.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: scan})
 		return nil
@@ -32,8 +32,8 @@ func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int
 	}
 	t, a := tags.Val(), age.Val()
 	nTags, nIndex := int64(len(t)), int64(len(a))
-	if nTags > 4*wc {
-		t = t[:4*wc]
+	if nTags > 2*wc {
+		t = t[:2*wc]
 	}
 	if nIndex > scan {
 		a = a[:scan]
@@ -43,7 +43,7 @@ func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int
 	// the flag off, or state expired), or some tag has no ready variant
 	// (left by a flag-off drain), which usually comes with the former. The
 	// reads above give the counts unless they were cut short.
-	if nTags > 4*wc || nIndex > scan {
+	if nTags > 2*wc || nIndex > scan {
 		var ci, ct *redis.IntCmd
 		if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			ci = p.ZCard(ctx, qk.CkIndex())
@@ -57,6 +57,14 @@ func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int
 	lists := [][]string{t, a, due.Val()}
 	repair := nIndex != nTags
 	if repair {
+		// Spare tags to replace stale ones in pass 1.
+		if nTags > 2*wc {
+			spare, err := q.rdb.ZRange(ctx, qk.CkVtime(), 2*wc, 4*wc-1).Result()
+			if err != nil {
+				return nil, nil, err
+			}
+			lists = append(lists, spare)
+		}
 		c := int64(0)
 		if raw, err := q.rdb.Get(ctx, qk.CkVtimeFloor()).Result(); err == nil {
 			if f := strings.Split(raw, "|"); len(f) == 4 {

@@ -325,7 +325,8 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	idle := clone(m.idle)
 
 	index := m.CkIndex()
-	if len(index) != len(m.tags) {
+	repair := len(index) != len(m.tags)
+	if repair {
 		discover := func(e Entry) {
 			if _, ok := tags[e.Member]; ok {
 				return
@@ -350,7 +351,9 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	}
 
 	scan := newWindow(sortedEntries(tags), 2*wc)
-	scan.addSpare(sortedEntries(tags), 2*wc, 2*wc)
+	if repair {
+		scan.addSpare(sortedEntries(tags), 2*wc, 2*wc)
+	}
 	age := newWindow(index, scanN)
 	q := m.cfg.Quantum
 	var out []Served

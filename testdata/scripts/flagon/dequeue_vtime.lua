@@ -463,12 +463,15 @@ if repair then
   if f.c >= index_n then f.c = 0 end
 end
 
--- Pass 1 reads 2*wc tags, and 2*wc more to replace stale ones: tags of
--- variants with no ready run, which only a flag-off instance leaves behind
--- (it drains variants without touching ckVtime).
-local scan_raw = redis.call('ZRANGE', vt.tags, 0, 4 * wc, 'WITHSCORES')
+-- Pass 1 reads 2*wc tags and, when the counts differ (repair), 2*wc more
+-- to replace stale ones: tags of variants with no ready run, which only a
+-- flag-off instance leaves behind (it drains variants without touching
+-- ckVtime), and which make the counts differ.
+local spare = 0
+if repair then spare = 2 * wc end
+local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc + spare, 'WITHSCORES')
 for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local pass1 = window_new(scan_raw, 2 * wc, discovered, 2 * wc)
+local pass1 = window_new(scan_raw, 2 * wc, discovered, spare)
 local age = window_new(age_raw, scan)
 
 local nw = f.nw

@@ -64,15 +64,23 @@ func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, n
 	var members []string
 	var extra []any
 	var err error
+	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
+	// Without a per-key limit every variant with a ready run is servable, so
+	// a call of maxCount can only serve among the first maxCount variants of
+	// each window (a serve moves one variant back): the keys of those are
+	// all the script needs, which saves passing dozens of keys per call.
+	need := 0
+	if lim.Key <= 0 {
+		need = maxCount
+	}
 	if q.cfg.VtimeScheduling {
-		members, extra, err = q.vtimeCandidates(ctx, qk, maxCount, now)
+		members, extra, err = q.vtimeCandidates(ctx, qk, maxCount, need, now)
 	} else {
-		members, err = q.ageCandidates(ctx, qk, maxCount, now)
+		members, err = q.ageCandidates(ctx, qk, maxCount, need, now)
 	}
 	if err != nil || len(members) == 0 {
 		return nil, err
 	}
-	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
 	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
 		qk.Env.Inflight(), qk.Inflight(), qk.Meta(), qk.TTL()}
 	if q.cfg.VtimeScheduling {
@@ -107,12 +115,17 @@ func variantOf(qk keys.Queue, member string) (keys.Variant, error) {
 }
 
 // ageCandidates reads the variants a flag-off dequeue may serve: the first
-// scan entries of ckIndex and the first scan due entries of delayIndex.
-func (q *Queue) ageCandidates(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]string, error) {
+// scan entries of ckIndex (only the first need when need > 0) and the first
+// scan due entries of delayIndex.
+func (q *Queue) ageCandidates(ctx context.Context, qk keys.Queue, maxCount, need int, now int64) ([]string, error) {
 	scan := int64(q.scanLimit(maxCount))
+	read := scan
+	if need > 0 {
+		read = min(scan, int64(need))
+	}
 	var ready, due *redis.StringSliceCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		ready = p.ZRange(ctx, qk.CkIndex(), 0, scan-1)
+		ready = p.ZRange(ctx, qk.CkIndex(), 0, read-1)
 		due = p.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: scan})
 		return nil
 	})

@@ -16,7 +16,9 @@ import (
 // order, the first scan due delayed variants and, when ckIndex holds
 // variants without a tag, scan more at the discovery cursor (scan =
 // scanLimit(maxCount)). extra is the scheduler's ARGV tail.
-func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]string, []any, error) {
+// When need > 0 (no per-key limit) and no repair is due, only the first
+// need entries of each window are returned.
+func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount, need int, now int64) ([]string, []any, error) {
 	wc := int64(maxCount * q.cfg.WindowMultiplier)
 	scan := int64(q.scanLimit(maxCount))
 	var tags, age, due *redis.StringSliceCmd
@@ -54,8 +56,11 @@ func (q *Queue) vtimeCandidates(ctx context.Context, qk keys.Queue, maxCount int
 		}
 		nIndex, nTags = ci.Val(), ct.Val()
 	}
-	lists := [][]string{t, a, due.Val()}
 	repair := nIndex != nTags
+	if need > 0 && !repair {
+		t, a = t[:min(len(t), need)], a[:min(len(a), need)]
+	}
+	lists := [][]string{t, a, due.Val()}
 	if repair {
 		// Spare tags to replace stale ones in pass 1.
 		if nTags > 2*wc {

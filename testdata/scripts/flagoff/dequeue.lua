@@ -344,7 +344,12 @@ end
 
 -- Age order: the first scan entries of ckIndex (lowest head ready score,
 -- then member); each serve takes the first servable one.
-local age = window_new(redis.call('ZRANGE', q.ck_index, 0, scan, 'WITHSCORES'), scan)
+-- Without a per-key limit every variant in ckIndex is servable and each
+-- serve moves one variant back, so the call can only serve among the first
+-- cap: reading further (a costly WITHSCORES reply) would change nothing.
+local reach = scan
+if key_limit <= 0 then reach = math.min(scan, cap) end
+local age = window_new(redis.call('ZRANGE', q.ck_index, 0, reach, 'WITHSCORES'), reach)
 local function servable(vm)
   return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
 end

@@ -421,7 +421,14 @@ local V = f.v
 local tags = {}      -- variant -> working tag, for the variants this call saw
 local changed = {}   -- variants whose tag this call sets
 local idle_taken = {}
-local age_raw = redis.call('ZRANGE', q.ck_index, 0, scan, 'WITHSCORES')
+-- Without a per-key limit and with nothing to repair every variant in the
+-- windows is servable and each serve moves one variant back, so the call
+-- can only serve among the first cap of each window: reading further (a
+-- costly WITHSCORES reply) would change nothing. (Go passes keys on the
+-- same rule.)
+local reach, reach1 = scan, 2 * wc
+if key_limit <= 0 and not repair then reach, reach1 = math.min(scan, cap), math.min(2 * wc, cap) end
+local age_raw = redis.call('ZRANGE', q.ck_index, 0, reach, 'WITHSCORES')
 
 -- Discovery: variants with ready runs but no tag register at max(V, parked)
 -- or V, from the oldest scan and from scan more at the rotating cursor.
@@ -469,10 +476,10 @@ end
 -- ckVtime), and which make the counts differ.
 local spare = 0
 if repair then spare = 2 * wc end
-local scan_raw = redis.call('ZRANGE', vt.tags, 0, 2 * wc + spare, 'WITHSCORES')
+local scan_raw = redis.call('ZRANGE', vt.tags, 0, reach1 + spare, 'WITHSCORES')
 for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local pass1 = window_new(scan_raw, 2 * wc, discovered, spare)
-local age = window_new(age_raw, scan)
+local pass1 = window_new(scan_raw, reach1, discovered, spare)
+local age = window_new(age_raw, reach)
 
 local nw = f.nw
 if nw < 0 then

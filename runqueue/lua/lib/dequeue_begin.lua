@@ -57,12 +57,7 @@ local function promote(vm)
     if redis.call('ZADD', q.ck_index, 'LT', min_rs, vm) == 1 then on_ready_start(vm) end
     dirty = true
   end
-  local head = redis.call('ZRANGE', c.delayed, 0, 0, 'WITHSCORES')
-  if head[2] then
-    redis.call('ZADD', q.delay_index, head[2], vm)
-  else
-    redis.call('ZREM', q.delay_index, vm)
-  end
+  index_head(c.delayed, q.delay_index, vm)
 end
 
 local due_variants = redis.call('ZRANGEBYSCORE', q.delay_index, '-inf', now, 'LIMIT', 0, scan)

@@ -208,28 +208,29 @@ local function place_wake(q, v, id, vm, at, rs, now, wake)
   return ready
 end
 
+-- Point vm's entry in index (ckIndex or delayIndex) at the head score of
+-- its set, or remove the entry when the set is empty. Returns false then.
+local function index_head(set, index, vm)
+  local head = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  if head[2] then
+    redis.call('ZADD', index, head[2], vm)
+    return true
+  end
+  redis.call('ZREM', index, vm)
+  return false
+end
+
 -- Remove a queued run from its variant (ready or delayed) and fix the
 -- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
 local function unplace(q, v, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    local head = redis.call('ZRANGE', v.ready, 0, 0, 'WITHSCORES')
-    if head[2] then
-      redis.call('ZADD', q.ck_index, head[2], vm)
-    else
-      redis.call('ZREM', q.ck_index, vm)
-      on_ready_empty(vm)
-    end
+    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)
-    local head = redis.call('ZRANGE', v.delayed, 0, 0, 'WITHSCORES')
-    if head[2] then
-      redis.call('ZADD', q.delay_index, head[2], vm)
-    else
-      redis.call('ZREM', q.delay_index, vm)
-    end
+    index_head(v.delayed, q.delay_index, vm)
   end
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true

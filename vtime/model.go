@@ -172,9 +172,14 @@ func head(set map[string]float64) (Entry, bool) {
 }
 
 // CkIndex returns variant -> head ready score, in ZSET order.
-func (m *Model) CkIndex() []Entry {
+func (m *Model) CkIndex() []Entry { return headIndex(m.ready) }
+
+func (m *Model) delayIndex() []Entry { return headIndex(m.delayed) }
+
+// headIndex is variant -> score of its set's head, in ZSET order.
+func headIndex(sets map[string]map[string]float64) []Entry {
 	idx := map[string]float64{}
-	for vm, set := range m.ready {
+	for vm, set := range sets {
 		if h, ok := head(set); ok {
 			idx[vm] = h.Score
 		}
@@ -182,14 +187,20 @@ func (m *Model) CkIndex() []Entry {
 	return sortedEntries(idx)
 }
 
-func (m *Model) delayIndex() []Entry {
-	idx := map[string]float64{}
-	for vm, set := range m.delayed {
-		if h, ok := head(set); ok {
-			idx[vm] = h.Score
-		}
+// addTo puts id with score into vm's set of sets, creating it, and reports
+// whether the set was empty before.
+func addTo(sets map[string]map[string]float64, vm, id string, score float64) bool {
+	set := sets[vm]
+	if set == nil {
+		set = map[string]float64{}
+		sets[vm] = set
 	}
-	return sortedEntries(idx)
+	set[id] = score
+	return len(set) == 1
+}
+
+func (m *Model) readyScore(r *run) float64 {
+	return float64(r.at - int64(r.priority)*m.cfg.PriorityStep)
 }
 
 // Enqueue adds a run. It returns ErrExists when the id is taken.
@@ -215,25 +226,13 @@ func (m *Model) place(r *run, now int64) {
 	vm := m.member(r)
 	if r.at <= now {
 		r.state = Ready
-		set := m.ready[vm]
-		if set == nil {
-			set = map[string]float64{}
-			m.ready[vm] = set
-		}
-		first := len(set) == 0
-		set[r.id] = float64(r.at - int64(r.priority)*m.cfg.PriorityStep)
-		if first {
+		if addTo(m.ready, vm, r.id, m.readyScore(r)) {
 			m.registerNew(vm)
 		}
 		return
 	}
 	r.state = Delayed
-	set := m.delayed[vm]
-	if set == nil {
-		set = map[string]float64{}
-		m.delayed[vm] = set
-	}
-	set[r.id] = float64(r.at)
+	addTo(m.delayed, vm, r.id, float64(r.at))
 }
 
 // registerNew registers a variant that gained its first ready run.
@@ -459,18 +458,7 @@ func (m *Model) promote(vm string, now int64) {
 			break
 		}
 		delete(set, e.Member)
-		r := m.runs[e.Member]
-		rs := m.ready[vm]
-		if rs == nil {
-			rs = map[string]float64{}
-			m.ready[vm] = rs
-		}
-		first := len(rs) == 0
-		rs[r.id] = float64(r.at - int64(r.priority)*m.cfg.PriorityStep)
-		r.state = Ready
-		if first {
-			m.registerNew(vm)
-		}
+		m.place(m.runs[e.Member], now) // due: it goes to ready
 	}
 	if len(set) == 0 {
 		delete(m.delayed, vm)

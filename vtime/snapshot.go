@@ -46,19 +46,14 @@ func Restore(cfg Config, s Snapshot) *Model {
 		r := &run{id: sr.ID, key: sr.Key, priority: sr.Priority, at: sr.At, attempt: sr.Attempt}
 		m.runs[r.id] = r
 		vm := m.member(r)
+		// Tags come with the snapshot: runs are added without registering.
 		if sr.Delayed {
 			r.state = Delayed
-			if m.delayed[vm] == nil {
-				m.delayed[vm] = map[string]float64{}
-			}
-			m.delayed[vm][r.id] = float64(r.at)
+			addTo(m.delayed, vm, r.id, float64(r.at))
 			continue
 		}
 		r.state = Ready
-		if m.ready[vm] == nil {
-			m.ready[vm] = map[string]float64{}
-		}
-		m.ready[vm][r.id] = float64(r.at - int64(r.priority)*m.cfg.PriorityStep)
+		addTo(m.ready, vm, r.id, m.readyScore(r))
 	}
 	return m
 }

@@ -15,13 +15,7 @@ func checkRun(r *Run) error {
 	if r == nil {
 		return invalid("run", "must not be nil")
 	}
-	if err := checkQueue(r.Env, r.Queue); err != nil {
-		return err
-	}
-	if err := checkKey(r.Key); err != nil {
-		return err
-	}
-	if err := checkName("id", r.ID); err != nil {
+	if err := checkRef(r.Env, r.Queue, r.Key, r.ID); err != nil {
 		return err
 	}
 	if r.Token <= 0 {
@@ -245,13 +239,7 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 // Redrive puts a dead-lettered run back in its queue, ready now, with its
 // attempts reset.
 func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
-	if err := checkQueue(env, queue); err != nil {
-		return err
-	}
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	if err := checkName("id", id); err != nil {
+	if err := checkRef(env, queue, key, id); err != nil {
 		return err
 	}
 	qk := q.space.Env(env).Queue(queue)

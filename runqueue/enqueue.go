@@ -37,13 +37,7 @@ type EnqueueParams struct {
 // queue is a *QueueFullError (errors.Is ErrQueueFull). Nothing is written on
 // error.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
-	if err := checkQueue(p.Env, p.Queue); err != nil {
-		return false, err
-	}
-	if err := checkKey(p.Key); err != nil {
-		return false, err
-	}
-	if err := checkName("id", p.ID); err != nil {
+	if err := checkRef(p.Env, p.Queue, p.Key, p.ID); err != nil {
 		return false, err
 	}
 	if len(p.Payload) > q.cfg.MaxPayloadBytes {

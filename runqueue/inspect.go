@@ -56,10 +56,7 @@ func (q *Queue) QueueStats(ctx context.Context, env, queue string) (Stats, error
 
 // KeyStats reports one concurrency key of a base queue.
 func (q *Queue) KeyStats(ctx context.Context, env, queue, key string) (Stats, error) {
-	if err := checkQueue(env, queue); err != nil {
-		return Stats{}, err
-	}
-	if err := checkKey(key); err != nil {
+	if err := checkVariant(env, queue, key); err != nil {
 		return Stats{}, err
 	}
 	qk := q.space.Env(env).Queue(queue)
@@ -198,13 +195,7 @@ func (q *Queue) DeadLetters(ctx context.Context, env, queue string, offset, limi
 
 // DeadLetter inspects one dead-lettered run.
 func (q *Queue) DeadLetter(ctx context.Context, env, queue, key, id string) (DeadRun, error) {
-	if err := checkQueue(env, queue); err != nil {
-		return DeadRun{}, err
-	}
-	if err := checkKey(key); err != nil {
-		return DeadRun{}, err
-	}
-	if err := checkName("id", id); err != nil {
+	if err := checkRef(env, queue, key, id); err != nil {
 		return DeadRun{}, err
 	}
 	qk := q.space.Env(env).Queue(queue)

@@ -49,3 +49,19 @@ func checkQueue(env, queue string) error {
 	}
 	return checkName("queue", queue)
 }
+
+// checkVariant checks env, queue and an optional concurrency key.
+func checkVariant(env, queue, key string) error {
+	if err := checkQueue(env, queue); err != nil {
+		return err
+	}
+	return checkKey(key)
+}
+
+// checkRef checks the names that identify one run.
+func checkRef(env, queue, key, id string) error {
+	if err := checkVariant(env, queue, key); err != nil {
+		return err
+	}
+	return checkName("id", id)
+}

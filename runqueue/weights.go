@@ -32,10 +32,7 @@ func (q *Queue) ClearWeight(ctx context.Context, env, queue, key string) error {
 }
 
 func (q *Queue) setWeight(ctx context.Context, env, queue, key, w string) error {
-	if err := checkQueue(env, queue); err != nil {
-		return err
-	}
-	if err := checkKey(key); err != nil {
+	if err := checkVariant(env, queue, key); err != nil {
 		return err
 	}
 	qk := q.space.Env(env).Queue(queue)

@@ -245,6 +245,26 @@ func newQueue(ctx context.Context, c redis.UniversalClient, p string, on bool, c
 	return runqueue.New(ctx, c, cfg)
 }
 
+// scratchQueue opens a queue under a fresh prefix of ks. done closes it and
+// removes the prefix's keys, keeping the first error in *err.
+func scratchQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient, on bool, clock runqueue.Clock,
+	mutate func(*runqueue.Config)) (q *runqueue.Queue, done func(err *error), err error) {
+	p := ks.prefix()
+	cleanup := func(err *error) {
+		if cerr := ks.cleanup(context.WithoutCancel(ctx), p); cerr != nil && *err == nil {
+			*err = cerr
+		}
+	}
+	if q, err = newQueue(ctx, c, p, on, clock, mutate); err != nil {
+		cleanup(&err)
+		return nil, nil, err
+	}
+	return q, func(err *error) {
+		_ = q.Close()
+		cleanup(err)
+	}, nil
+}
+
 // fill enqueues runs from..to-1 with workers goroutines: run i gets key
 // keyOf(i), available at at(i) and id id+i.
 func fill(ctx context.Context, q *runqueue.Queue, workers, from, to int, id string, keyOf func(int) string, at func(int) time.Time) error {
@@ -363,18 +383,12 @@ func sortCost(rows []CostRow) {
 // calls of batch (measured), then acks them (batch 1) or nacks them
 // (batch 10), measured.
 func costBatch(ctx context.Context, mc *measured, ks *keyspace, opts Options, on bool, batch int) (rows []CostRow, err error) {
-	p := ks.prefix()
-	defer func() {
-		if cerr := ks.cleanup(context.WithoutCancel(ctx), p); cerr != nil && err == nil {
-			err = cerr
-		}
-	}()
 	now := time.Now()
-	q, err := newQueue(ctx, mc, p, on, fixedClock{now}, nil)
+	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = q.Close() }()
+	defer done(&err)
 	n := opts.CostRuns
 	keyOf := func(i int) string { return keyName(i % opts.CostKeys) }
 	at := func(i int) time.Time { return now.Add(-time.Duration(n-i) * time.Millisecond) }
@@ -441,18 +455,12 @@ func costBatch(ctx context.Context, mc *measured, ks *keyspace, opts Options, on
 // costGated holds GatedKeys keys at their KeyConcurrency limit of 1, each
 // with a queued run behind, and measures dequeue calls that serve nothing.
 func costGated(ctx context.Context, mc *measured, ks *keyspace, opts Options, on bool) (row CostRow, err error) {
-	p := ks.prefix()
-	defer func() {
-		if cerr := ks.cleanup(context.WithoutCancel(ctx), p); cerr != nil && err == nil {
-			err = cerr
-		}
-	}()
 	now := time.Now()
-	q, err := newQueue(ctx, mc, p, on, fixedClock{now}, func(c *runqueue.Config) { c.KeyConcurrency = 1 })
+	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, func(c *runqueue.Config) { c.KeyConcurrency = 1 })
 	if err != nil {
 		return row, err
 	}
-	defer func() { _ = q.Close() }()
+	defer done(&err)
 	k := opts.GatedKeys
 	if err := fill(ctx, q, 8, 0, 2*k, "g", func(i int) string { return keyName(i % k) },
 		func(i int) time.Time { return now.Add(-time.Duration(2*k-i) * time.Millisecond) }); err != nil {

@@ -117,18 +117,12 @@ func sweepRunsPerKey(keys, runs int) int {
 }
 
 func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n int, on, wantMem, wantSweep bool) (mem *MemoryRow, row *SweepRow, err error) {
-	p := ks.prefix()
-	defer func() {
-		if cerr := ks.cleanup(context.WithoutCancel(ctx), p); cerr != nil && err == nil {
-			err = cerr
-		}
-	}()
 	now := time.Now()
-	q, err := newQueue(ctx, mc, p, on, fixedClock{now}, nil)
+	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer func() { _ = q.Close() }()
+	defer done(&err)
 	rpk := 1
 	if wantSweep {
 		rpk = sweepRunsPerKey(n, opts.SweepRuns)
@@ -156,7 +150,7 @@ func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n
 		return nil, nil, err
 	}
 	if wantMem {
-		if mem, err = memoryRow(ctx, mc.m.stats, p, q.Shards(), n, on); err != nil {
+		if mem, err = memoryRow(ctx, mc.m.stats, q.Config().Prefix, q.Shards(), n, on); err != nil {
 			return nil, nil, err
 		}
 	}

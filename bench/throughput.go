@@ -46,17 +46,11 @@ func runThroughput(ctx context.Context, c *redis.Client, ks *keyspace, opts Opti
 }
 
 func throughput(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, on bool) (row ThroughputRow, err error) {
-	p := ks.prefix()
-	defer func() {
-		if cerr := ks.cleanup(context.WithoutCancel(ctx), p); cerr != nil && err == nil {
-			err = cerr
-		}
-	}()
-	q, err := newQueue(ctx, c, p, on, nil, nil) // the wall clock
+	q, done, err := scratchQueue(ctx, ks, c, on, nil, nil) // the wall clock
 	if err != nil {
 		return row, err
 	}
-	defer func() { _ = q.Close() }()
+	defer done(&err)
 
 	n := opts.ThroughputRuns
 	// A guard against a stall: the bench must end.

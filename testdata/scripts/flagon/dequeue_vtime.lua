@@ -580,8 +580,8 @@ if #served == 0 then
   if dirty then master_refresh(q.ck_index, q.delay_index, q.master, q.qm) end
   return {}
 end
--- The prefetch holds one more entry than the call could take, so the new
--- head of each touched variant is known without reading it again.
+-- head() read past the last run taken (or found the set ended), so the
+-- new head of each touched variant is known without reading it again.
 local heads, emptied = {}, {}
 for _, vm in ipairs(touched) do
   local c = cands[vm]

@@ -47,9 +47,16 @@ func (q *Queue) ExtendLease(ctx context.Context, r *Run, d time.Duration) error 
 	if d <= 0 {
 		return invalid("duration", "must be positive")
 	}
+	if err := checkDuration("duration", d, time.Nanosecond); err != nil {
+		return err
+	}
+	now := q.now()
+	if err := checkDeadline("duration", now, d); err != nil {
+		return err
+	}
 	qk := q.space.Env(r.Env).Queue(r.Queue)
 	v := qk.Variant(r.Key)
-	deadline := q.now() + max(ms(d), 1)
+	deadline := now + max(ms(d), 1)
 	err := run(ctx, q.rdb, q.scripts.extend, []string{qk.Meta(), qk.Leases()},
 		keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token, deadline).Err()
 	if err == nil {
@@ -101,6 +108,11 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 	}
 	if opts == nil {
 		opts = &NackOptions{}
+	}
+	if !opts.RetryAt.IsZero() {
+		if err := checkTime("retryAt", opts.RetryAt); err != nil {
+			return NackResult{}, err
+		}
 	}
 	now := q.now()
 	retry := opts.RetryAt.UnixMilli()

@@ -41,8 +41,8 @@ type Config struct {
 	VtimeScheduling bool
 
 	// PriorityStep is how much earlier one priority level makes a run ready
-	// to order: ready score = available_at - priority*PriorityStep. Defaults
-	// to 30s.
+	// to order: ready score = available_at - priority*PriorityStep. 1ms to
+	// MaxDuration. Defaults to 30s.
 	PriorityStep time.Duration
 	// MaxPayloadBytes bounds a run's payload. Defaults to 1 MiB.
 	MaxPayloadBytes int
@@ -62,7 +62,7 @@ type Config struct {
 	LimitsFor func(env, queue string) Limits
 
 	// LeaseDuration is how long a dequeued run is held before lease recovery
-	// may requeue it. Defaults to 5m.
+	// may requeue it. 1ms to MaxDuration. Defaults to 5m.
 	LeaseDuration time.Duration
 	// MaxAttempts is the number of deliveries before a run is dead-lettered
 	// by Nack or lease recovery. Defaults to 5; negative means no limit.
@@ -70,7 +70,8 @@ type Config struct {
 	// BackoffBase, BackoffMax and BackoffJitter shape Nack's default retry
 	// time: BackoffBase*2^(attempt-1), at most BackoffMax, then multiplied by
 	// a random factor in [1-BackoffJitter, 1+BackoffJitter]. Default to 1s,
-	// 10m and 0.2; a negative BackoffJitter means no jitter.
+	// 10m and 0.2; a negative BackoffJitter means no jitter. BackoffBase is
+	// 0 to MaxDuration, BackoffMax BackoffBase to MaxDuration.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
@@ -94,7 +95,7 @@ type Config struct {
 	// Quantum is the virtual time one serve costs a key of weight 1. Defaults to 1.
 	Quantum float64
 	// StateTTL is the lifetime of the scheduler's state, refreshed by writes.
-	// Defaults to 24h.
+	// 1s to MaxDuration. Defaults to 24h.
 	StateTTL time.Duration
 	// IdleMaxEntries caps the parked tags kept per queue. Defaults to 10,000.
 	IdleMaxEntries int
@@ -103,8 +104,18 @@ type Config struct {
 
 	// BlockPollInterval is the longest a blocking dequeue sleeps without a
 	// wake-up when work exists but limits hold it (an ack elsewhere frees it
-	// silently). Defaults to 1s.
+	// silently). 1ms to MaxDuration. Defaults to 1s.
 	BlockPollInterval time.Duration
+
+	// AllowEviction lets New accept a Redis whose maxmemory-policy is not
+	// noeviction. Such a server may evict keys under memory pressure, and
+	// with them runs, leases and scheduler state. Defaults to false: New
+	// reads CONFIG GET maxmemory-policy (on every master of a cluster) and
+	// refuses anything but noeviction with an *EvictionPolicyError
+	// (errors.Is ErrEvictionPolicy). Where CONFIG is not allowed (an ERR,
+	// NOPERM or unknown-command reply, as on some managed services) or the
+	// reply is empty, the check is skipped silently.
+	AllowEviction bool
 
 	// Clock tells the time. Defaults to the wall clock.
 	Clock Clock
@@ -159,23 +170,32 @@ func (c *Config) validate() error {
 	bad := func(field string, v any) error {
 		return &InvalidError{Field: "Config." + field, Reason: fmt.Sprintf("value %v out of range", v)}
 	}
+	// Durations that reach the scripts: at most MaxDuration, so that every
+	// millisecond value the scripts derive from them stays exact.
+	for _, d := range []struct {
+		field    string
+		d, least time.Duration
+	}{
+		{"PriorityStep", c.PriorityStep, time.Millisecond},
+		{"LeaseDuration", c.LeaseDuration, time.Millisecond},
+		{"BackoffBase", c.BackoffBase, 0},
+		{"BackoffMax", c.BackoffMax, max(c.BackoffBase, 0)},
+		{"StateTTL", c.StateTTL, time.Second},
+		{"BlockPollInterval", c.BlockPollInterval, time.Millisecond},
+	} {
+		if err := checkDuration("Config."+d.field, d.d, d.least); err != nil {
+			return err
+		}
+	}
 	switch {
 	case c.Shards < 1 || c.Shards > 16384:
 		return bad("Shards", c.Shards)
-	case c.PriorityStep < time.Millisecond:
-		return bad("PriorityStep", c.PriorityStep)
 	case c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > 512<<20:
 		return bad("MaxPayloadBytes", c.MaxPayloadBytes)
 	case c.MaxQueueDepth < 0:
 		return bad("MaxQueueDepth", c.MaxQueueDepth)
 	case c.MaxKeyDepth < 0:
 		return bad("MaxKeyDepth", c.MaxKeyDepth)
-	case c.LeaseDuration < time.Millisecond:
-		return bad("LeaseDuration", c.LeaseDuration)
-	case c.BackoffBase < 0:
-		return bad("BackoffBase", c.BackoffBase)
-	case c.BackoffMax < c.BackoffBase:
-		return bad("BackoffMax", c.BackoffMax)
 	// Written as !(in range) so that NaN, which fails every comparison, is
 	// rejected too.
 	case !(c.BackoffJitter < 1): // negative: no jitter
@@ -190,8 +210,6 @@ func (c *Config) validate() error {
 		return bad("WindowMultiplier", c.WindowMultiplier)
 	case !(c.Quantum > 0 && c.Quantum <= 1e6):
 		return bad("Quantum", c.Quantum)
-	case c.StateTTL < time.Second:
-		return bad("StateTTL", c.StateTTL)
 	case c.IdleMaxEntries < 1:
 		return bad("IdleMaxEntries", c.IdleMaxEntries)
 	case c.MaxWeightOverrides < 1:

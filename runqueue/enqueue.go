@@ -55,7 +55,28 @@ func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 	if !p.AvailableAt.IsZero() && p.Delay != 0 {
 		return false, invalid("delay", "set either AvailableAt or Delay")
 	}
+	if err := checkDuration("delay", p.Delay, 0); err != nil {
+		return false, err
+	}
+	if err := checkDuration("ttl", p.TTL, 0); err != nil {
+		return false, err
+	}
+	if !p.AvailableAt.IsZero() {
+		if err := checkTime("availableAt", p.AvailableAt); err != nil {
+			return false, err
+		}
+	}
 	now := q.now()
+	if p.Delay > 0 {
+		if err := checkDeadline("delay", now, p.Delay); err != nil {
+			return false, err
+		}
+	}
+	if p.TTL > 0 {
+		if err := checkDeadline("ttl", now, p.TTL); err != nil {
+			return false, err
+		}
+	}
 	at := now + ms(p.Delay)
 	if !p.AvailableAt.IsZero() {
 		at = p.AvailableAt.UnixMilli()

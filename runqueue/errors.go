@@ -29,6 +29,9 @@ var (
 	ErrTooManyWeights = errors.New("runqueue: too many weight overrides for this queue")
 	// ErrClosed: the Queue was closed.
 	ErrClosed = errors.New("runqueue: queue closed")
+	// ErrEvictionPolicy is wrapped by every *EvictionPolicyError: New found a
+	// Redis that may evict keys.
+	ErrEvictionPolicy = errors.New("runqueue: redis maxmemory-policy may evict keys")
 )
 
 // InvalidError reports which argument was rejected and why.
@@ -61,6 +64,23 @@ func (e *QueueFullError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrQueueFull) true.
 func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
+
+// EvictionPolicyError is returned by New when a Redis server (Addr; on a
+// cluster, one master) has a maxmemory-policy (Policy) other than
+// noeviction: under memory pressure it would evict runs, leases and
+// scheduler state.
+type EvictionPolicyError struct {
+	Policy string
+	Addr   string
+}
+
+func (e *EvictionPolicyError) Error() string {
+	return fmt.Sprintf("runqueue: redis %s has maxmemory-policy %s, which can evict runs: "+
+		"set maxmemory-policy noeviction, or set Config.AllowEviction to accept losing runs", e.Addr, e.Policy)
+}
+
+// Unwrap makes errors.Is(err, ErrEvictionPolicy) true.
+func (e *EvictionPolicyError) Unwrap() error { return ErrEvictionPolicy }
 
 // scriptError maps the RQ_* codes that scripts return through
 // redis.error_reply to typed errors. It is the only place that knows them.

@@ -2,7 +2,9 @@ package runqueue
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +45,11 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	if err != nil {
 		return nil, &InvalidError{Field: "Config.Prefix", Reason: err.Error()}
 	}
+	if !c.AllowEviction {
+		if err := checkEviction(ctx, client); err != nil {
+			return nil, err
+		}
+	}
 	scripts, err := buildScripts(c.VtimeScheduling)
 	if err != nil {
 		return nil, err
@@ -52,6 +59,47 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	}
 	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, closed: make(chan struct{}),
 		shardOff: map[int]int64{}}, nil
+}
+
+// checkEviction refuses a Redis whose maxmemory-policy is not noeviction:
+// on a cluster or ring client every master (shard) is checked. A server
+// that does not let us read the policy (CONFIG refused with ERR or NOPERM,
+// or renamed away: unknown command; miniredis) or answers with no value is
+// not checked. Any other error (an unreachable server) is returned.
+func checkEviction(ctx context.Context, client redis.UniversalClient) error {
+	check := func(ctx context.Context, c redis.Cmdable, addr string) error {
+		res, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		var reply redis.Error
+		switch {
+		case errors.As(err, &reply):
+			msg := reply.Error()
+			if strings.HasPrefix(msg, "ERR") || strings.HasPrefix(msg, "NOPERM") ||
+				strings.Contains(strings.ToLower(msg), "unknown command") {
+				return nil // cannot check
+			}
+			return err
+		case err != nil:
+			return err
+		}
+		if p := strings.ToLower(res["maxmemory-policy"]); p != "" && p != "noeviction" {
+			return &EvictionPolicyError{Policy: p, Addr: addr}
+		}
+		return nil
+	}
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			return check(ctx, n, n.Options().Addr)
+		})
+	case *redis.Ring:
+		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			return check(ctx, n, n.Options().Addr)
+		})
+	case *redis.Client:
+		return check(ctx, c, c.Options().Addr)
+	default:
+		return check(ctx, client, "")
+	}
 }
 
 // Config returns the effective configuration (defaults filled in).

@@ -1,6 +1,7 @@
 package runqueue
 
 import (
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -64,4 +65,47 @@ func checkRef(env, queue, key, id string) error {
 		return err
 	}
 	return checkName("id", id)
+}
+
+// Time and duration bounds. Every time runqueue hands a script is a Unix
+// millisecond count in 0..MaxTimeUnixMilli, and every duration at most
+// MaxDuration, so the values the scripts compute (now + delay, now + TTL,
+// now + lease, available_at - 9*PriorityStep, at least -9*MaxDuration) stay
+// below 2^53 in magnitude: exact in a Lua double and in a sorted-set score,
+// and far from overflowing int64 nanoseconds or milliseconds.
+const (
+	// MaxTimeUnixMilli is the latest time accepted, 9999-12-31T23:59:59.999Z,
+	// in Unix milliseconds. The earliest is the Unix epoch (0).
+	MaxTimeUnixMilli = 253402300799999
+	// MaxDuration is the longest duration accepted: 100 years of 365 days.
+	MaxDuration = 100 * 365 * 24 * time.Hour
+)
+
+// checkTime checks an absolute time against the epoch..MaxTimeUnixMilli range,
+// comparing time.Time values so that a time far outside it (whose UnixMilli
+// overflows int64) is rejected too. The caller handles the zero value.
+func checkTime(field string, t time.Time) error {
+	if t.Before(time.UnixMilli(0)) || !t.Before(time.UnixMilli(MaxTimeUnixMilli+1)) {
+		return invalid(field, "%s is outside 1970-01-01T00:00:00Z..9999-12-31T23:59:59.999Z",
+			t.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// checkDuration checks least <= d <= MaxDuration.
+func checkDuration(field string, d, least time.Duration) error {
+	if d < least || d > MaxDuration {
+		return invalid(field, "%v is outside %v..%v", d, least, MaxDuration)
+	}
+	return nil
+}
+
+// checkDeadline checks that now + d, a time a script will store, is at most
+// MaxTimeUnixMilli. d was checked with checkDuration, so the sum cannot
+// overflow for any clock inside the range.
+func checkDeadline(field string, now int64, d time.Duration) error {
+	if at := now + ms(d); at < 0 || at > MaxTimeUnixMilli {
+		return invalid(field, "now + %v is outside 1970-01-01T00:00:00Z..9999-12-31T23:59:59.999Z", d)
+	}
+	return nil
 }

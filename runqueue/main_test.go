@@ -28,7 +28,7 @@ type backend struct {
 	client func(t testing.TB) redis.UniversalClient
 }
 
-// backends are miniredis (always), a real redis-server and a single-node
+// backends are miniredis (always), a real redis-server and a three-node
 // Redis Cluster (skipped without one, failed under RUNQUEUE_REQUIRE_REDIS=1).
 var backends = []backend{
 	{"Mini", redistest.Mini},

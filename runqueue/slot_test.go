@@ -296,6 +296,14 @@ func TestScriptKeysShareOneSlot(t *testing.T) {
 					require.NoError(t, err)
 					require.Equal(t, int(slot), keys.Slot(k), "slot of %q", k)
 				}
+				// Which node served each env's shard.
+				nodes := map[string][]string{}
+				for _, env := range driveEnvs {
+					addr, err := redistest.NodeOf(b.ctx, cc, fmt.Sprintf("{%s:%d}", b.prefix, b.q.ShardOf(env)))
+					require.NoError(t, err)
+					nodes[addr] = append(nodes[addr], env)
+				}
+				t.Logf("envs by node: %q", nodes)
 			}
 		})
 	}

@@ -1,12 +1,12 @@
 // Package redistest gives tests a Redis to run against: an embedded miniredis
-// ([Mini]), a real redis-server ([Real]) or a single-node Redis Cluster
-// ([Cluster]), and reads a server's command statistics ([CommandStats]).
+// ([Mini]), a real Redis ([Real]) or a three-node Redis Cluster ([Cluster]),
+// and reads a server's command statistics ([CommandStats]).
 //
 // # Sharing
 //
-// Real and Cluster start at most one redis-server each per test binary, on
-// first use, and every test of the binary shares it. Tests therefore never
-// FLUSHDB: each one puts its keys under its own [Prefix].
+// Real and Cluster start at most one Redis each per test binary, on first
+// use, and every test of the binary shares it. Tests therefore never FLUSHDB:
+// each one puts its keys under its own [Prefix].
 //
 // A package that uses Real or Cluster stops the servers from TestMain:
 //
@@ -16,12 +16,15 @@
 //
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
 //
+// Main and Wrap also print, once the tests have run, where the real Redis
+// came from ([Source], [ClusterSource]); go test shows it with -v.
+//
 // # Environment
 //
 //   - REDIS_URL: Real connects to this server (redis.ParseURL syntax) instead
 //     of starting one.
 //   - REDIS_CLUSTER_ADDRS: comma-separated node addresses; Cluster connects to
-//     them instead of starting a server.
+//     them instead of starting a cluster.
 //   - RUNQUEUE_REQUIRE_REDIS=1: a test that needs a real Redis fails, rather
 //     than skips, when none is available (no REDIS_URL and no redis-server on
 //     PATH). CI sets it so that a missing Redis cannot pass silently.
@@ -33,10 +36,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,25 +76,35 @@ func Real(t testing.TB) redis.UniversalClient {
 		if err != nil {
 			t.Fatalf("redistest: REDIS_URL: %v", err)
 		}
+		standalone.note(sourceURL)
 		return connect(t, redis.NewClient(opt))
 	}
-	addr := need(t, standalone)
-	return connect(t, redis.NewClient(&redis.Options{Addr: addr}))
+	addrs := need(t, standalone)
+	return connect(t, redis.NewClient(&redis.Options{Addr: addrs[0]}))
 }
 
-// Cluster returns a cluster client for a real Redis Cluster: the nodes in
-// REDIS_CLUSTER_ADDRS if set, otherwise a single-node cluster (all 16384 slots
-// on one redis-server) shared by this test binary. One node is enough to
-// surface CROSSSLOT errors; it does not exercise routing between nodes.
-// Skips or fails like [Real].
+// Cluster returns a client for a real Redis Cluster, a *redis.ClusterClient:
+// the nodes in REDIS_CLUSTER_ADDRS if set, otherwise a cluster of three
+// redis-servers shared by this test binary, each the master of a third of the
+// slots (see [NodeOf] for which one serves a key). Skips or fails like [Real].
 func Cluster(t testing.TB) redis.UniversalClient {
 	t.Helper()
 	if addrs := os.Getenv("REDIS_CLUSTER_ADDRS"); addrs != "" {
+		clustered.note(sourceClusterAddrs)
 		return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")}))
 	}
-	addr := need(t, clustered)
-	return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}}))
+	addrs := need(t, clustered)
+	return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}))
 }
+
+// Source says where this test binary's [Real] Redis came from so far:
+// "REDIS_URL", "redis-server 7.0.15 (spawned)", or "" when no test has asked
+// for one (or none could be had).
+func Source() string { return standalone.source() }
+
+// ClusterSource is [Source] for [Cluster]: "REDIS_CLUSTER_ADDRS",
+// "3-node cluster of redis-server 7.0.15 (spawned)" or "".
+func ClusterSource() string { return clustered.source() }
 
 // Prefix returns a short key prefix unique to the caller, "t" followed by 8
 // lowercase hex digits. It holds only [a-z0-9], so it fits in any key and
@@ -107,13 +118,13 @@ func Prefix(t testing.TB) string {
 	return "t" + hex.EncodeToString(b[:])
 }
 
-// Main runs the tests, stops the redis-servers they started and exits with the
-// tests' status. Call it from TestMain.
+// Main runs the tests, stops the Redis servers they started and exits with
+// the tests' status. Call it from TestMain.
 func Main(m *testing.M) {
 	os.Exit(Wrap(m).Run())
 }
 
-// Wrap returns m with a Run that also stops the redis-servers the tests
+// Wrap returns m with a Run that also stops the Redis servers the tests
 // started, for a TestMain that hands m to something else that exits, such as
 // goleak.VerifyTestMain. The servers stop before goleak looks for goroutines.
 func Wrap(m *testing.M) interface{ Run() int } {
@@ -125,7 +136,27 @@ type stopping struct{ m *testing.M }
 func (s stopping) Run() int {
 	defer standalone.stop()
 	defer clustered.stop()
-	return s.m.Run()
+	code := s.m.Run()
+	if line := sourcesLine(); line != "" {
+		fmt.Fprintln(os.Stderr, line)
+	}
+	return code
+}
+
+// sourcesLine is the line Main prints about the real Redis the tests used,
+// or "" when they used none.
+func sourcesLine() string {
+	var used []string
+	if src := Source(); src != "" {
+		used = append(used, "Real: "+src)
+	}
+	if src := ClusterSource(); src != "" {
+		used = append(used, "Cluster: "+src)
+	}
+	if len(used) == 0 {
+		return ""
+	}
+	return "redistest: " + strings.Join(used, "; ")
 }
 
 // connect registers c's Close with t and checks that the server answers, so
@@ -141,17 +172,17 @@ func connect(t testing.TB, c redis.UniversalClient) redis.UniversalClient {
 	return c
 }
 
-// need returns the address of s, starting it if this is its first use.
-func need(t testing.TB, s *server) string {
+// need returns the node addresses of s, starting it if this is its first use.
+func need(t testing.TB, s *shared) []string {
 	t.Helper()
-	addr, err := s.get()
+	addrs, err := s.get()
 	switch {
 	case errors.Is(err, errMissing):
 		unavailable(t)
 	case err != nil:
 		t.Fatalf("redistest: %v", err)
 	}
-	return addr
+	return addrs
 }
 
 // unavailable skips t, or fails it when the environment demands a real Redis.
@@ -167,156 +198,73 @@ func unavailable(t testing.TB) {
 
 var errMissing = errors.New("redis-server is not on PATH")
 
-// The servers shared by the tests of one binary.
-var (
-	standalone = &server{}
-	clustered  = &server{cluster: true}
+// Sources that are not a started server.
+const (
+	sourceURL          = "REDIS_URL"
+	sourceClusterAddrs = "REDIS_CLUSTER_ADDRS"
 )
 
-// server is a redis-server child process, started at most once.
-type server struct {
-	cluster bool
+// The Redis deployments shared by the tests of one binary.
+var (
+	standalone = &shared{start: startStandalone}
+	clustered  = &shared{start: startCluster}
+)
+
+// shared is a Redis deployment started at most once per test binary.
+type shared struct {
+	start func() (*deployment, error)
 
 	once sync.Once
-	addr string
+	dep  *deployment
 	err  error
 
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once cmd.Wait has returned
-	dir    string
+	mu   sync.Mutex // guards used, which source reads while tests run
+	used []string   // where the tests' Redis came from, in first-use order
 }
 
-func (s *server) get() (string, error) {
-	s.once.Do(func() { s.addr, s.err = s.start() })
-	return s.addr, s.err
+// deployment is a started Redis: its node addresses, where it came from and
+// how to stop it.
+type deployment struct {
+	addrs  []string
+	source string
+	stop   func()
 }
 
-func (s *server) start() (string, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", errMissing
-	}
-	// The port is free when freePort returns but another process may take it
-	// before redis-server binds it; the next attempt picks another.
-	for attempt := 1; ; attempt++ {
-		addr, err := s.spawn(bin)
-		if err == nil || attempt == 3 {
-			return addr, err
+func (s *shared) get() ([]string, error) {
+	s.once.Do(func() {
+		s.dep, s.err = s.start()
+		if s.err == nil {
+			s.note(s.dep.source)
 		}
-	}
-}
-
-func (s *server) spawn(bin string) (string, error) {
-	port, err := freePort()
-	if err != nil {
-		return "", err
-	}
-	dir, err := os.MkdirTemp("", "redistest-")
-	if err != nil {
-		return "", err
-	}
-	logPath := filepath.Join(dir, "redis.log")
-	log, err := os.Create(logPath)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return "", err
-	}
-	args := []string{
-		"--save", "", "--appendonly", "no",
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--daemonize", "no", "--dir", dir,
-	}
-	if s.cluster {
-		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"))
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = dir
-	// An *os.File is handed to the child as is: no copying goroutines.
-	cmd.Stdout, cmd.Stderr = log, log
-	setDeathSignal(cmd)
-	err = cmd.Start()
-	_ = log.Close()
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return "", fmt.Errorf("starting redis-server: %w", err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
-
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if err := waitReady(addr, s.cluster, exited); err != nil {
-		_ = cmd.Process.Kill()
-		<-exited
-		out, _ := os.ReadFile(logPath)
-		_ = os.RemoveAll(dir)
-		return "", fmt.Errorf("redis-server %s: %w\n%s", strings.Join(args, " "), err, tail(out, 2000))
-	}
-	s.cmd, s.exited, s.dir = cmd, exited, dir
-	return addr, nil
-}
-
-// stop kills the server, if it was started, and removes its directory. It
-// runs after all tests, so nothing races with get.
-func (s *server) stop() {
-	if s.cmd == nil {
-		return
-	}
-	// There is nothing to save, so no need for a graceful SHUTDOWN.
-	_ = s.cmd.Process.Kill()
-	<-s.exited
-	_ = os.RemoveAll(s.dir)
-	s.cmd = nil
-}
-
-// waitReady waits until the server answers PING and, in cluster mode, until
-// it owns every slot and reports cluster_state:ok.
-func waitReady(addr string, cluster bool, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
-	defer func() { _ = c.Close() }()
-
-	poll := func(what string, ok func() bool) error {
-		for !ok() {
-			select {
-			case <-exited:
-				return errors.New("exited during startup")
-			case <-ctx.Done():
-				return fmt.Errorf("no %s within 10s", what)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-		return nil
-	}
-	if err := poll("PONG", func() bool { return c.Ping(ctx).Err() == nil }); err != nil || !cluster {
-		return err
-	}
-	if err := c.ClusterAddSlotsRange(ctx, 0, 16383).Err(); err != nil {
-		return fmt.Errorf("CLUSTER ADDSLOTSRANGE: %w", err)
-	}
-	return poll("cluster_state:ok", func() bool {
-		info, err := c.ClusterInfo(ctx).Result()
-		return err == nil && strings.Contains(info, "cluster_state:ok")
 	})
+	if s.err != nil {
+		return nil, s.err
+	}
+	return s.dep.addrs, nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// note records that a test used the Redis from src.
+func (s *shared) note(src string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Contains(s.used, src) {
+		s.used = append(s.used, src)
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func tail(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
+func (s *shared) source() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.used, " and ")
+}
+
+// stop stops the deployment, if it was started. It runs after all tests, so
+// nothing races with get.
+func (s *shared) stop() {
+	if s.dep != nil {
+		s.dep.stop()
+		s.dep = nil
 	}
-	return b
 }
 
 // CmdStat is one command's line of INFO commandstats.

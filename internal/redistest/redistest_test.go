@@ -2,13 +2,18 @@ package redistest
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/runqueue/runqueue/keys"
 )
 
 func TestMain(m *testing.M) {
@@ -65,6 +70,7 @@ func TestCluster(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := Cluster(t)
+	require.IsType(t, &redis.ClusterClient{}, c)
 
 	info, err := c.ClusterInfo(ctx).Result()
 	require.NoError(t, err)
@@ -77,6 +83,116 @@ func TestCluster(t *testing.T) {
 	err = c.Eval(ctx, script, []string{p + ":a", p + ":b"}).Err()
 	require.ErrorContains(t, err, "CROSSSLOT")
 	require.NoError(t, c.Eval(ctx, script, []string{"{" + p + "}:a", "{" + p + "}:b"}).Err())
+}
+
+// TestClusterNodes checks the spawned cluster's shape: three masters, each
+// serving one third of the slots, and every node agreeing on it.
+func TestClusterNodes(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("REDIS_CLUSTER_ADDRS") != "" {
+		t.Skip("the shape of a REDIS_CLUSTER_ADDRS cluster is its owner's")
+	}
+	ctx := context.Background()
+	c := Cluster(t)
+	masters, err := Masters(ctx, c)
+	require.NoError(t, err)
+	require.Len(t, masters, 3)
+	require.Contains(t, ClusterSource(), "3-node cluster of redis-server")
+
+	want := map[slotRange]string{}
+	for _, r := range slotRanges(3) {
+		addr, err := NodeOf(ctx, c, slotKey(t, r.start))
+		require.NoError(t, err)
+		last, err := NodeOf(ctx, c, slotKey(t, r.end))
+		require.NoError(t, err)
+		require.Equal(t, addr, last, "slots %d-%d on one node", r.start, r.end)
+		want[r] = addr
+	}
+	require.Len(t, want, 3, "one range per master: %v", want)
+	for _, addr := range masters {
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		require.NoError(t, nodeAgrees(ctx, n, 3, want), "node %s", addr)
+		require.NoError(t, n.Close())
+	}
+}
+
+// slotKey returns a key of the given hash slot.
+func slotKey(t *testing.T, slot int) string {
+	t.Helper()
+	for i := range 1 << 20 {
+		k := "k" + strconv.Itoa(i)
+		if keys.Slot(k) == slot {
+			return k
+		}
+	}
+	t.Fatalf("no key found for slot %d", slot)
+	return ""
+}
+
+// TestClusterShardsSpread checks that the shards of one prefix, {rq:0},
+// {rq:1}, ..., land on more than one node, that each key is stored on the
+// node NodeOf names, and that a script on one shard's keys runs wherever
+// that shard lives.
+func TestClusterShardsSpread(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := Cluster(t)
+	masters, err := Masters(ctx, c)
+	require.NoError(t, err)
+	if len(masters) < 2 {
+		t.Skipf("a one-master cluster (%v) cannot spread keys", masters)
+	}
+
+	p := Prefix(t)
+	byNode := map[string][]int{}
+	for shard := range 16 {
+		tag := fmt.Sprintf("{%s:%d}", p, shard)
+		const script = `redis.call('SET', KEYS[1], ARGV[1]); redis.call('SET', KEYS[2], ARGV[1]); return 1`
+		require.NoError(t, c.Eval(ctx, script, []string{tag + ":a", tag + ":b"}, shard).Err())
+
+		addr, err := NodeOf(ctx, c, tag+":a")
+		require.NoError(t, err)
+		byNode[addr] = append(byNode[addr], shard)
+
+		n := redis.NewClient(&redis.Options{Addr: addr})
+		require.Equal(t, int64(2), n.Exists(ctx, tag+":a", tag+":b").Val(), "shard %d stored on %s", shard, addr)
+		require.NoError(t, n.Close())
+	}
+	t.Logf("shards by node: %v", byNode)
+	require.Greater(t, len(byNode), 1, "16 shards all on one node: %v", byNode)
+}
+
+func TestSlotRanges(t *testing.T) {
+	t.Parallel()
+	for n := 1; n <= 5; n++ {
+		r := slotRanges(n)
+		require.Len(t, r, n)
+		require.Equal(t, 0, r[0].start)
+		require.Equal(t, 16383, r[n-1].end)
+		for i := 1; i < n; i++ {
+			require.Equal(t, r[i-1].end+1, r[i].start)
+		}
+	}
+	require.Equal(t, []slotRange{{0, 5460}, {5461, 10921}, {10922, 16383}}, slotRanges(3))
+}
+
+func TestNodeOfPlainClient(t *testing.T) {
+	t.Parallel()
+	c := Mini(t)
+	addr, err := NodeOf(context.Background(), c, "any")
+	require.NoError(t, err)
+	require.Equal(t, c.(*redis.Client).Options().Addr, addr)
+}
+
+func TestSource(t *testing.T) {
+	t.Parallel()
+	Real(t)
+	if os.Getenv("REDIS_URL") != "" {
+		require.Contains(t, Source(), "REDIS_URL")
+	} else {
+		require.Regexp(t, `^redis-server \d+\.\d+\.\d+ \(spawned\)$`, Source())
+	}
+	t.Logf("Real: %s", Source())
 }
 
 // Not parallel: command statistics are server-wide.
@@ -105,10 +221,14 @@ func testCommandStats(ctx context.Context, t *testing.T, c redis.UniversalClient
 	require.Equal(t, int64(2), d["set"].Calls, "redis.call()s inside Lua are counted: %v", d)
 	require.Equal(t, int64(1), d["get"].Calls)
 	require.Equal(t, int64(1), d["evalsha"].Calls)
-	require.Equal(t, int64(1), d["script|load"].Calls)
+	// A cluster client loads a script on every master.
+	masters, err := Masters(ctx, c)
+	require.NoError(t, err)
+	loads := int64(len(masters))
+	require.Equal(t, loads, d["script|load"].Calls)
 	require.Equal(t, int64(3), d.Commands().Calls, "sets and get, not INFO, script or admin: %v", d)
 	require.Equal(t, int64(1), d.Scripts().Calls)
-	require.Equal(t, int64(5), d.Total().Calls)
+	require.Equal(t, 4+loads, d.Total().Calls)
 }
 
 func TestParseCommandStats(t *testing.T) {

@@ -188,14 +188,14 @@ func targetSection(rep *Report) section {
 }
 
 func memorySection(rep *Report) section {
-	t := &table{header: []string{"KEYS", "FLAG", "INDEX BYTES/KEY", "ckIndex", "ckVtime", "ckVtimeIdle", "ckVtimeFloor (B)", "ALL KEYS BYTES/KEY"},
-		right: []bool{true, false, true, true, true, true, true, true}}
+	t := &table{header: []string{"KEYS", "FLAG", "INDEX BYTES/KEY", "ckIndex", "ckVtime", "ckVtimeState", "ALL KEYS BYTES/KEY"},
+		right: []bool{true, false, true, true, true, true, true}}
 	for _, m := range rep.Memory {
 		t.add(fmt.Sprint(m.Keys), m.Flag, fixed(m.BytesPerKey, 1), fixed(m.IndexBytesPerKey, 1), fixed(m.VtimeBytesPerKey, 1),
-			fixed(m.IdleBytesPerKey, 1), fmt.Sprint(m.FloorBytes), fixed(m.AllBytesPerKey, 1))
+			fixed(m.StateBytesPerKey, 1), fixed(m.AllBytesPerKey, 1))
 	}
 	return section{title: "Memory per registered key (MEMORY USAGE ... SAMPLES 0; one ready run per key)", t: t,
-		notes: []string{"INDEX = ckIndex + ckVtime + ckVtimeIdle + ckVtimeFloor; ALL KEYS = every key of the queue's prefix, runs included"}}
+		notes: []string{"INDEX = ckIndex + ckVtime + ckVtimeState; ALL KEYS = every key of the queue's prefix, runs included"}}
 }
 
 func sweepSection(rep *Report) section {

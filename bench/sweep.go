@@ -19,13 +19,12 @@ import (
 type MemoryRow struct {
 	Keys int    `json:"keys"`
 	Flag string `json:"flag"`
-	// BytesPerKey is ckIndex + ckVtime + ckVtimeIdle + ckVtimeFloor bytes
-	// over keys: what the key index costs (flag off: ckIndex alone).
+	// BytesPerKey is ckIndex + ckVtime + ckVtimeState bytes over keys:
+	// what the key index costs (flag off: ckIndex alone).
 	BytesPerKey      float64 `json:"bytes_per_key"`
 	IndexBytesPerKey float64 `json:"index_bytes_per_key"`
 	VtimeBytesPerKey float64 `json:"vtime_bytes_per_key"`
-	IdleBytesPerKey  float64 `json:"idle_bytes_per_key"`
-	FloorBytes       int64   `json:"floor_bytes"`
+	StateBytesPerKey float64 `json:"state_bytes_per_key"`
 	// AllBytesPerKey is every key of the queue's prefix (variants' ZSETs,
 	// run hashes, indexes) over keys: the whole footprint of a key with
 	// one run.
@@ -239,8 +238,10 @@ func memoryRow(ctx context.Context, c *redis.Client, p string, shards, n int, on
 		}
 		return v, err
 	}
-	var b [4]int64
-	for i, k := range []string{qk.CkIndex(), qk.CkVtime(), qk.CkVtimeIdle(), qk.CkVtimeFloor()} {
+	// ckVtime holds the registrations and the parked tags; the state hash
+	// the clock and one field per registered key.
+	var b [3]int64
+	for i, k := range []string{qk.CkIndex(), qk.CkVtime(), qk.CkVtimeState()} {
 		if b[i], err = usage(k); err != nil {
 			return nil, fmt.Errorf("MEMORY USAGE %s: %w", k, err)
 		}
@@ -251,9 +252,9 @@ func memoryRow(ctx context.Context, c *redis.Client, p string, shards, n int, on
 	}
 	fn := float64(n)
 	return &MemoryRow{Keys: n, Flag: flagName(on),
-		BytesPerKey:      float64(b[0]+b[1]+b[2]+b[3]) / fn,
-		IndexBytesPerKey: float64(b[0]) / fn, VtimeBytesPerKey: float64(b[1]) / fn, IdleBytesPerKey: float64(b[2]) / fn,
-		FloorBytes: b[3], AllBytesPerKey: float64(all) / fn}, nil
+		BytesPerKey:      float64(b[0]+b[1]+b[2]) / fn,
+		IndexBytesPerKey: float64(b[0]) / fn, VtimeBytesPerKey: float64(b[1]) / fn, StateBytesPerKey: float64(b[2]) / fn,
+		AllBytesPerKey: float64(all) / fn}, nil
 }
 
 // prefixMemory sums MEMORY USAGE over every key of prefix p.

@@ -36,6 +36,7 @@ func names(sp keys.Space, env, queue, ck, id string) []name {
 		key("Master", sh.Master(), shard),
 		key("Leases", sh.Leases(), shard),
 		key("TTL", sh.TTL(), shard),
+		key("Tokens", sh.Tokens(), shard),
 		key("Wake", sh.Wake(), shard),
 		key("EnvInflight", e.Inflight(), env),
 		key("EnvDead", e.Dead(), env),
@@ -45,8 +46,7 @@ func names(sp keys.Space, env, queue, ck, id string) []name {
 		key("QueueInflight", q.Inflight(), env, queue),
 		key("Dead", q.Dead(), env, queue),
 		key("CkVtime", q.CkVtime(), env, queue),
-		key("CkVtimeFloor", q.CkVtimeFloor(), env, queue),
-		key("CkVtimeIdle", q.CkVtimeIdle(), env, queue),
+		key("CkVtimeState", q.CkVtimeState(), env, queue),
 		key("Weights", q.Weights(), env, queue),
 		key("Meta", q.Meta(), env, queue),
 		key("Ready", v.Ready(), env, queue, ck),
@@ -205,7 +205,7 @@ func checkRun(t *testing.T, sp keys.Space, r [4]string, ns []name) {
 func separators(identity string) int {
 	b, _, _ := strings.Cut(identity, "[")
 	switch b {
-	case "Master", "Leases", "TTL", "Wake":
+	case "Master", "Leases", "TTL", "Wake", "Tokens":
 		return 1
 	case "EnvInflight", "EnvDead":
 		return 3

@@ -132,6 +132,10 @@ func (s Space) ShardOf(env string) int {
 	return int(h.Sum32() % uint32(s.shards))
 }
 
+// Layout is the STRING holding the layout version of everything under the
+// prefix (in shard 0's slot).
+func (s Space) Layout() string { return s.Shard(0).Tag() + ":layout" }
+
 // Shard is the key space of one shard: one hash slot.
 type Shard struct {
 	tag string // "{prefix:N}"
@@ -160,6 +164,10 @@ func (sh Shard) Leases() string { return sh.tag + ":leases" }
 // TTL is the shard's ZSET of queued runs with a TTL, member RunMember, score
 // the expiry deadline in ms.
 func (sh Shard) TTL() string { return sh.tag + ":ttl" }
+
+// Tokens is the shard's STRING counter of delivery tokens: every delivery
+// takes the next value, so a lease token never repeats in the shard.
+func (sh Shard) Tokens() string { return sh.tag + ":tokens" }
 
 // Wake is the pub/sub channel an enqueue publishes to (a channel, not a key).
 func (sh Shard) Wake() string { return sh.tag + ":wake" }
@@ -223,14 +231,14 @@ func (q Queue) Inflight() string { return q.base + ":inflight" }
 // death in ms.
 func (q Queue) Dead() string { return q.base + ":dead" }
 
-// CkVtime is the ZSET variant -> virtual start tag (flag on only).
+// CkVtime is the scheduler's ZSET (flag on only): registered variants by
+// tag, gated ones after them, parked tags before them.
 func (q Queue) CkVtime() string { return q.base + ":ckVtime" }
 
-// CkVtimeFloor is the STRING holding the queue's virtual clock V (flag on only).
-func (q Queue) CkVtimeFloor() string { return q.base + ":ckVtimeFloor" }
-
-// CkVtimeIdle is the ZSET variant -> tag parked when it drained (flag on only).
-func (q Queue) CkVtimeIdle() string { return q.base + ":ckVtimeIdle" }
+// CkVtimeState is the HASH of the scheduler's state (flag on only): its
+// clock, anchor, cursor and registration counter, and one field per
+// registered variant. It lives and expires with CkVtime.
+func (q Queue) CkVtimeState() string { return q.base + ":ckVtimeState" }
 
 // Weights is the HASH variant -> weight override (flag on only).
 func (q Queue) Weights() string { return q.base + ":weights" }
@@ -242,8 +250,14 @@ func (q Queue) Meta() string { return q.base + ":runs" }
 // Variant returns the keys of the variant of concurrency key ck ("" for runs
 // without a key).
 func (q Queue) Variant(ck string) Variant {
-	return Variant{base: q.base + ":v:" + Segment(ck), member: VariantMember(ck)}
+	return Variant{base: q.VariantBase() + Segment(ck), member: VariantMember(ck)}
 }
+
+// VariantBase is what every variant key of the queue starts with. The
+// dequeue scripts derive a variant's keys from its member: VariantBase +
+// the member without its "=" + ":ready" (":delayed", ":inflight"), which
+// is what Variant builds.
+func (q Queue) VariantBase() string { return q.base + ":v:" }
 
 // Variant is the key space of one (env, queue, concurrency key).
 type Variant struct {

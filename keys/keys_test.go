@@ -310,17 +310,19 @@ func TestKeyNames(t *testing.T) {
 		q.Dead():                     tag + ":e:prod:q:emails:dead",
 		q.Meta():                     tag + ":e:prod:q:emails:runs",
 		q.CkVtime():                  tag + ":e:prod:q:emails:ckVtime",
-		q.CkVtimeFloor():             tag + ":e:prod:q:emails:ckVtimeFloor",
-		q.CkVtimeIdle():              tag + ":e:prod:q:emails:ckVtimeIdle",
+		q.CkVtimeState():             tag + ":e:prod:q:emails:ckVtimeState",
+		e.Tokens():                   tag + ":tokens",
+		s.Layout():                   "{rq:0}:layout",
 		q.Weights():                  tag + ":e:prod:q:emails:weights",
 		v.Ready():                    tag + ":e:prod:q:emails:v:user%3A1:ready",
 		v.Delayed():                  tag + ":e:prod:q:emails:v:user%3A1:delayed",
 		v.Inflight():                 tag + ":e:prod:q:emails:v:user%3A1:inflight",
+		q.VariantBase() + "user%3A1": tag + ":e:prod:q:emails:v:user%3A1",
 	}
 	for got, w := range want {
 		require.Equal(t, w, got)
 	}
-	require.Len(t, want, 19, "two accessors returned the same key")
+	require.Len(t, want, 21, "two accessors returned the same key")
 	require.Equal(t, "=user%3A1", v.Member())
 	require.Equal(t, "prod:emails", q.Member())
 	require.Equal(t, "prod", e.Name())

@@ -25,9 +25,10 @@ func checkRun(r *Run) error {
 }
 
 // Ack completes a run: it is removed everywhere and its concurrency released.
-// A second Ack of the same delivery finds nothing: ErrNotFound. A holder
-// whose lease was recovered gets ErrNotInFlight while the run waits to be
-// delivered again, ErrLeaseLost once it was.
+// Ack is idempotent: acking a run that no longer exists (acked before, for
+// instance by a first attempt whose reply was lost and that go-redis
+// retried) succeeds. A holder whose lease was recovered gets ErrNotInFlight
+// while the run waits to be delivered again, ErrLeaseLost once it was.
 func (q *Queue) Ack(ctx context.Context, r *Run) error {
 	if err := checkRun(r); err != nil {
 		return err
@@ -35,8 +36,9 @@ func (q *Queue) Ack(ctx context.Context, r *Run) error {
 	qk := q.space.Env(r.Env).Queue(r.Queue)
 	v := qk.Variant(r.Key)
 	ks := []string{qk.Meta(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()}
-	err := run(ctx, q.rdb, q.scripts.ack, ks, keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token).Err()
-	return scriptError(err, nil)
+	args := []any{keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token, q.now()}
+	ks, args = q.withHooks(q.scripts.ack, qk, ks, args)
+	return scriptError(run(ctx, q.rdb, q.scripts.ack, ks, args...).Err(), nil)
 }
 
 // ExtendLease moves the lease deadline of a held run to now + d (a heartbeat).
@@ -249,7 +251,9 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 }
 
 // Redrive puts a dead-lettered run back in its queue, ready now, with its
-// attempts reset.
+// attempts reset. A run that is already live (queued or in flight, for
+// instance after a first attempt whose reply was lost and that go-redis
+// retried) is left as it is and Redrive succeeds.
 func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
 	if err := checkRef(env, queue, key, id); err != nil {
 		return err

@@ -54,17 +54,19 @@ type ccHolder struct {
 // ccTracker is the workers' shared bookkeeping; every check that fails is
 // recorded (goroutines may not call t.FailNow) and reported at the end.
 type ccTracker struct {
-	mu       sync.Mutex
-	held     map[string]*ccHolder // run id -> latest delivery
-	acked    map[string]int
-	nackDead map[string]bool
-	attempts map[string]int   // highest attempt delivered
-	tokens   map[string]int64 // highest token delivered
-	deliver  int
-	lost     int // acks and nacks refused because the lease was lost
-	drops    int
-	maxInUse map[string]int // highest in-flight count seen by the workers, by limit scope
-	failures []string
+	mu    sync.Mutex
+	held  map[string]*ccHolder // run id -> latest delivery
+	acked map[string]int
+	// staleAcks: runs acked (nil) by a delivery older than their latest.
+	staleAcks map[string]bool
+	nackDead  map[string]bool
+	attempts  map[string]int   // highest attempt delivered
+	tokens    map[string]int64 // highest token delivered
+	deliver   int
+	lost      int // acks and nacks refused because the lease was lost
+	drops     int
+	maxInUse  map[string]int // highest in-flight count seen by the workers, by limit scope
+	failures  []string
 }
 
 func (tr *ccTracker) fail(format string, args ...any) {
@@ -170,6 +172,14 @@ func (tr *ccTracker) settled(r *runqueue.Run, nack *runqueue.NackResult, err err
 	}
 	h := tr.held[r.ID]
 	if nack == nil {
+		// An ack by a delivery whose lease passed succeeds only when the run
+		// is gone (a later delivery acked it: Ack is idempotent); while a
+		// later holder has it, the ack is ErrLeaseLost. Checked at the end:
+		// such a run must have been acked by its latest delivery.
+		if r.Token < tr.tokens[r.ID] {
+			tr.staleAcks[r.ID] = true
+			return
+		}
 		// An ack succeeds only for the latest delivery, and nothing can
 		// deliver the run after it.
 		if h != nil && h.token != r.Token {
@@ -227,7 +237,7 @@ func TestConcurrency(t *testing.T) {
 	work, stop := context.WithCancel(ctx)
 	defer stop()
 
-	tr := &ccTracker{held: map[string]*ccHolder{}, acked: map[string]int{}, nackDead: map[string]bool{},
+	tr := &ccTracker{held: map[string]*ccHolder{}, acked: map[string]int{}, staleAcks: map[string]bool{}, nackDead: map[string]bool{},
 		attempts: map[string]int{}, tokens: map[string]int64{}, maxInUse: map[string]int{}}
 	var wg sync.WaitGroup
 
@@ -404,6 +414,9 @@ func TestConcurrency(t *testing.T) {
 	produced.Wait()
 	require.NoError(t, ctx.Err(), "the runs did not settle in time")
 	require.Empty(t, tr.failures)
+	for id := range tr.staleAcks {
+		require.Equal(t, 1, tr.acked[id], "run %s: an old delivery's ack succeeded, so its latest delivery must have acked it", id)
+	}
 	for _, q := range ccQueues {
 		s, err := b.q.QueueStats(b.ctx, q.env, q.queue)
 		require.NoError(t, err)

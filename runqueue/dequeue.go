@@ -57,48 +57,21 @@ func (q *Queue) scanLimit(maxCount int) int {
 	return max(30, 3*maxCount)
 }
 
-// dequeueQueue reads the candidate variants (their keys must be declared to
-// the script), then runs the dequeue script, which re-reads the indexes and
-// serves only among the candidates it was given keys for.
+// dequeueQueue runs the dequeue script of the flag state: one round trip.
+// The script derives the keys of the variants it serves from their
+// members (keys.Queue.VariantBase), in the queue's hash slot.
 func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]*Run, error) {
-	var members []string
-	var extra []any
-	var err error
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
-	// Without a per-key limit every variant with a ready run is servable, so
-	// a call of maxCount can only serve among the first maxCount variants of
-	// each window (a serve moves one variant back): the keys of those are
-	// all the script needs, which saves passing dozens of keys per call.
-	need := 0
-	if lim.Key <= 0 {
-		need = maxCount
-	}
-	if q.cfg.VtimeScheduling {
-		members, extra, err = q.vtimeCandidates(ctx, qk, maxCount, need, now)
-	} else {
-		members, err = q.ageCandidates(ctx, qk, maxCount, need, now)
-	}
-	if err != nil || len(members) == 0 {
-		return nil, err
-	}
 	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
-		qk.Env.Inflight(), qk.Inflight(), qk.Meta(), qk.TTL()}
+		qk.Env.Inflight(), qk.Inflight(), qk.Meta(), qk.TTL(), qk.Tokens()}
+	lease := now + ms(q.cfg.LeaseDuration)
+	args := []any{now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
+		runPrefix(qk.Env.Name(), qk.Name()), ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
+		qk.VariantBase()}
 	if q.cfg.VtimeScheduling {
 		ks = append(ks, q.vtimeKeys(qk)...)
+		args = append(args, append(q.vtimeArgs(), q.cfg.WindowMultiplier)...)
 	}
-	lease := now + ms(q.cfg.LeaseDuration)
-	scan := q.scanLimit(maxCount)
-	args := []any{now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
-		runPrefix(qk.Env.Name(), qk.Name()), ms(q.cfg.PriorityStep), scan, q.cfg.PromoteLimit, len(members)}
-	for _, m := range members {
-		v, err := variantOf(qk, m)
-		if err != nil {
-			return nil, err
-		}
-		ks = append(ks, v.Ready(), v.Delayed(), v.Inflight())
-		args = append(args, m)
-	}
-	args = append(args, extra...)
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
 	if err != nil {
 		return nil, scriptError(err, nil)
@@ -112,27 +85,6 @@ func variantOf(qk keys.Queue, member string) (keys.Variant, error) {
 		return keys.Variant{}, fmt.Errorf("runqueue: corrupt variant member %q in %s: %w", member, qk.CkIndex(), err)
 	}
 	return qk.Variant(ck), nil
-}
-
-// ageCandidates reads the variants a flag-off dequeue may serve: the first
-// scan entries of ckIndex (only the first need when need > 0) and the first
-// scan due entries of delayIndex.
-func (q *Queue) ageCandidates(ctx context.Context, qk keys.Queue, maxCount, need int, now int64) ([]string, error) {
-	scan := int64(q.scanLimit(maxCount))
-	read := scan
-	if need > 0 {
-		read = min(scan, int64(need))
-	}
-	var ready, due *redis.StringSliceCmd
-	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		ready = p.ZRange(ctx, qk.CkIndex(), 0, read-1)
-		due = p.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: scan})
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return union(ready.Val(), due.Val()), nil
 }
 
 func union(lists ...[]string) []string {

@@ -23,8 +23,6 @@ var (
 	ErrLeaseLost = errors.New("runqueue: lease lost to a later delivery")
 	// ErrLeaseActive: recovery found the lease still running.
 	ErrLeaseActive = errors.New("runqueue: lease has not expired")
-	// ErrNotDead: redrive of a run that is not dead-lettered.
-	ErrNotDead = errors.New("runqueue: run is not dead-lettered")
 	// ErrTooManyWeights: a queue already has MaxWeightOverrides weights.
 	ErrTooManyWeights = errors.New("runqueue: too many weight overrides for this queue")
 	// ErrClosed: the Queue was closed.
@@ -105,8 +103,6 @@ func scriptError(err error, limits map[string]int) error {
 		return ErrLeaseLost
 	case "RQ_LEASE_ACTIVE":
 		return ErrLeaseActive
-	case "RQ_NOT_DEAD":
-		return ErrNotDead
 	case "RQ_TOO_MANY_WEIGHTS":
 		return ErrTooManyWeights
 	}

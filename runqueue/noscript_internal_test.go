@@ -127,14 +127,14 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 				ref := keys.Ref{Env: "prod", Queue: "q", Key: "k", ID: id}
 				return call{sc: scripts.ack,
 					keys: []string{qk.Meta(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()},
-					args: []any{keys.Segment(id), v.Member(), keys.RunMember(ref), 1}}
+					args: []any{keys.Segment(id), v.Member(), keys.RunMember(ref), 1, now}}
 			}
 
 			t.Run("AllFlushed", func(t *testing.T) {
 				require.NoError(t, c.ScriptFlush(ctx).Err())
 				counter.reset()
 				cmds, err := runPipelined(ctx, c, []call{
-					enqueue("1", "a"), enqueue("2", "b"), ack("missing"), enqueue("1", "other"), enqueue("3", "c"),
+					enqueue("1", "a"), enqueue("2", "b"), ack("2"), enqueue("1", "other"), enqueue("3", "c"),
 				})
 				require.NoError(t, err)
 				require.Len(t, cmds, 5)
@@ -143,7 +143,7 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 					require.NoError(t, err, "call %d", i)
 					require.Equal(t, 1, n, "call %d", i)
 				}
-				require.ErrorContains(t, cmds[2].Err(), "RQ_NOT_FOUND")
+				require.ErrorContains(t, cmds[2].Err(), "RQ_NOT_IN_FLIGHT")
 				// Resent in order: the first enqueue of id 1 ran before this one.
 				require.ErrorContains(t, cmds[3].Err(), "RQ_CONFLICT")
 
@@ -172,10 +172,10 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 				require.Equal(t, scripts.enqueue.sha, sha)
 				counter.reset()
 
-				cmds, err := runPipelined(ctx, c, []call{enqueue("4", "d"), ack("missing"), enqueue("5", "e")})
+				cmds, err := runPipelined(ctx, c, []call{enqueue("4", "d"), ack("4"), enqueue("5", "e")})
 				require.NoError(t, err)
 				require.Equal(t, int64(1), cmds[0].Val())
-				require.ErrorContains(t, cmds[1].Err(), "RQ_NOT_FOUND")
+				require.ErrorContains(t, cmds[1].Err(), "RQ_NOT_IN_FLIGHT")
 				require.Equal(t, int64(1), cmds[2].Val())
 
 				evalsha, noscript, eval := counter.snapshot()

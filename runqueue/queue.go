@@ -3,7 +3,6 @@ package runqueue
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -52,6 +51,9 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	}
 	scripts, err := buildScripts(c.VtimeScheduling)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkLayout(ctx, client, space); err != nil {
 		return nil, err
 	}
 	if err := scripts.load(ctx, client); err != nil {
@@ -149,11 +151,11 @@ func runPrefix(env, queue string) string {
 // vtimeKeys and vtimeArgs are what the flag-on scripts with hooks take
 // after their own KEYS and ARGV.
 func (q *Queue) vtimeKeys(qk keys.Queue) []string {
-	return []string{qk.CkVtime(), qk.CkVtimeFloor(), qk.CkVtimeIdle(), qk.Weights()}
+	return []string{qk.CkVtime(), qk.CkVtimeState(), qk.Weights()}
 }
 
 func (q *Queue) vtimeArgs() []any {
-	return []any{strconv.FormatFloat(q.cfg.Quantum, 'g', -1, 64), int64(q.cfg.StateTTL / time.Second), q.cfg.IdleMaxEntries}
+	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries}
 }
 
 // withHooks appends the scheduler's keys and arguments when sc has hooks

@@ -147,7 +147,7 @@ func TestRolloutFlagOffAgain(t *testing.T) {
 		p.ack(t, p.deq(t, p.on, 1)...) // c served once: d now has the lower tag
 		before := readVtimeState(t, p)
 		require.Contains(t, before.values, p.qk.CkVtime())
-		require.Contains(t, before.values, p.qk.CkVtimeFloor())
+		require.Contains(t, before.values, p.qk.CkVtimeState())
 		require.Contains(t, before.values, p.qk.Weights())
 
 		// Flag off: an old run of a new key, then every operation.
@@ -224,7 +224,7 @@ func TestRolloutFlagOffNeverWritesVtime(t *testing.T) {
 	rolloutBackends(t, func(t *testing.T, c redis.UniversalClient, _ *miniredis.Miniredis) {
 		p := newVPPool(t, c).get(vpConfig{MaxAttempts: 5})
 		q := p.off
-		names := []string{p.qk.CkVtime(), p.qk.CkVtimeFloor(), p.qk.CkVtimeIdle(), p.qk.Weights()}
+		names := []string{p.qk.CkVtime(), p.qk.CkVtimeState(), p.qk.Weights()}
 		check := func(step string) {
 			n, err := c.Exists(p.ctx, names...).Result()
 			require.NoError(t, err)

@@ -34,15 +34,24 @@ func (s *scriptSet) all() []*script {
 	return []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight}
 }
 
-// assemble expands "--@include NAME" lines with lua/lib/NAME.lua; "hooks"
-// expands to the flag state's hook fragment. Fragments are never copied
-// into scripts by hand, so shared code cannot drift between them.
+// assemble expands "--@include NAME" lines with lua/lib/NAME.lua, in
+// fragments too; "hooks" expands to the flag state's hook fragment.
+// Fragments are never copied into scripts by hand, so shared code cannot
+// drift between them.
 func assemble(file string, vtime bool) (src string, hooks bool, err error) {
 	raw, err := luaFS.ReadFile("lua/" + file)
 	if err != nil {
 		return "", false, err
 	}
 	var b strings.Builder
+	hooks, err = expand(&b, file, raw, vtime, 0)
+	return b.String(), hooks, err
+}
+
+func expand(b *strings.Builder, file string, raw []byte, vtime bool, depth int) (hooks bool, err error) {
+	if depth > 4 {
+		return false, fmt.Errorf("runqueue: %s: includes nest too deep", file)
+	}
 	sc := bufio.NewScanner(strings.NewReader(string(raw)))
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
 	for sc.Scan() {
@@ -63,14 +72,16 @@ func assemble(file string, vtime bool) (src string, hooks bool, err error) {
 		}
 		frag, err := luaFS.ReadFile("lua/lib/" + name + ".lua")
 		if err != nil {
-			return "", false, fmt.Errorf("runqueue: %s includes %q: %w", file, name, err)
+			return false, fmt.Errorf("runqueue: %s includes %q: %w", file, name, err)
 		}
-		b.Write(frag)
 		if len(frag) > 0 && frag[len(frag)-1] != '\n' {
-			b.WriteByte('\n')
+			frag = append(frag, '\n')
+		}
+		if _, err := expand(b, name, frag, vtime, depth+1); err != nil {
+			return false, err
 		}
 	}
-	return b.String(), hooks, sc.Err()
+	return hooks, sc.Err()
 }
 
 func newScript(name, file string, vtime bool) (*script, error) {
@@ -84,7 +95,7 @@ func newScript(name, file string, vtime bool) (*script, error) {
 
 // buildScripts assembles the script set of one flag state. With the flag on,
 // scripts with hooks get the scheduler's fragment and dequeue is replaced by
-// the fair dequeue; ack and extend never touch a variant and are shared.
+// the fair dequeue; extend and setweight are the same in both states.
 func buildScripts(vtime bool) (*scriptSet, error) {
 	var s scriptSet
 	var err error
@@ -104,7 +115,7 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 		dq = "dequeue_vtime.lua"
 	}
 	mk(&s.dequeue, "dequeue"+suffix, dq)
-	mk(&s.ack, "ack", "ack.lua")
+	mk(&s.ack, "ack"+suffix, "ack.lua")
 	mk(&s.extend, "extend", "extend.lua")
 	mk(&s.requeue, "requeue"+suffix, "requeue.lua")
 	mk(&s.expire, "expire"+suffix, "expire.lua")

@@ -2,8 +2,8 @@ package runqueue_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,6 +40,7 @@ type diff struct {
 	nextID int
 	keys   []string
 	lease  time.Duration
+	limits *runqueue.Limits
 
 	inflight map[string]*runqueue.Run // id -> run as delivered
 	ttl      map[string]int64         // id -> TTL deadline of queued runs
@@ -59,13 +60,14 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 		Key:   rapid.SampledFrom([]int{0, 0, 1, 2}).Draw(rt, "keyLimit"),
 	}
 	wm := rapid.SampledFrom([]int{1, 2, 3}).Draw(rt, "windowMultiplier")
-	quantum := rapid.SampledFrom([]float64{1, 1, 0.3}).Draw(rt, "quantum")
 	idleMax := rapid.SampledFrom([]int{10000, 2}).Draw(rt, "idleMax")
+	scan := rapid.SampledFrom([]int{0, 0, 2, 3}).Draw(rt, "scanLimit")
 	lease := time.Minute
+	lim := &limits
 	cfg := &runqueue.Config{
 		Prefix: prefix, Clock: clock, VtimeScheduling: true, MaxAttempts: 3,
-		QueueConcurrency: limits.Queue, KeyConcurrency: limits.Key,
-		WindowMultiplier: wm, Quantum: quantum, IdleMaxEntries: idleMax, LeaseDuration: lease,
+		LimitsFor:        func(string, string) runqueue.Limits { return *lim },
+		WindowMultiplier: wm, IdleMaxEntries: idleMax, LeaseDuration: lease, ScanLimit: scan,
 	}
 	ctx := context.Background()
 	q, err := runqueue.New(ctx, c, cfg)
@@ -74,19 +76,43 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 	ks := []string{"", "a", "b:c", "*", "{d}", "é", "z z", "k7", "k8"}[:nkeys]
 	space, err := keys.NewSpace(prefix, q.Shards())
 	require.NoError(t, err)
+	qk := space.Env(diffEnv).Queue(diffQueue)
+	mcfg := vtime.Config{
+		WindowMultiplier: wm, IdleMaxEntries: idleMax, MaxAttempts: 3, ScanLimit: scan,
+		Limits: vtime.Limits{Queue: limits.Queue, Key: limits.Key},
+	}
+	m := vtime.New(mcfg)
+	if rapid.IntRange(0, 3).Draw(rt, "edge") == 0 {
+		// Start the clock a few serves before the rebase point: the first
+		// calls rebase, and both sides must agree on every value after.
+		v := int64(vtime.RebaseAt - rapid.IntRange(1, 40).Draw(rt, "serves before the rebase")*vtime.Unit)
+		m = vtime.Restore(mcfg, vtime.Snapshot{V: v})
+		seedSchedulerClock(t, ctx, c, qk, v, clock.Now().UnixMilli())
+	}
 	return &diff{
 		ctx: ctx, c: c, q: q, clock: clock, env: diffEnv, queue: diffQueue,
-		qk:   space.Env(diffEnv).Queue(diffQueue),
-		keys: ks, lease: lease,
-		m: vtime.New(vtime.Config{
-			Quantum: quantum, WindowMultiplier: wm, IdleMaxEntries: idleMax, MaxAttempts: 3,
-			Limits: vtime.Limits{Queue: limits.Queue, Key: limits.Key},
-		}),
+		qk:   qk,
+		keys: ks, lease: lease, limits: lim,
+		m:    m,
 		inflight: map[string]*runqueue.Run{}, ttl: map[string]int64{}, dead: map[string]string{},
 	}
 }
 
 func (d *diff) now() int64 { return d.clock.Now().UnixMilli() }
+
+// seedSchedulerClock creates a queue's scheduler state with clock v, as the
+// scripts create it (lua/lib/sched.lua: the sentinel, the scalars).
+func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClient, qk keys.Queue, v, now int64) {
+	day := 24 * time.Hour
+	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: -(1 << 53), Member: ""})
+		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gs", 0, "nw", -1)
+		p.PExpire(ctx, qk.CkVtime(), day)
+		p.PExpire(ctx, qk.CkVtimeState(), day)
+		return nil
+	})
+	require.NoError(t, err)
+}
 
 func (d *diff) enqueue(rt *rapid.T) {
 	d.nextID++
@@ -252,9 +278,26 @@ func (d *diff) redrive(rt *rapid.T) {
 	delete(d.dead, id)
 }
 
+// setLimits changes the queue and key limits from the next dequeue on.
+func (d *diff) setLimits(rt *rapid.T) {
+	l := runqueue.Limits{
+		Queue: rapid.SampledFrom([]int{0, 0, 4, 9}).Draw(rt, "queueLimit"),
+		Key:   rapid.SampledFrom([]int{0, 0, 1, 2, 3}).Draw(rt, "keyLimit"),
+	}
+	*d.limits = l
+	d.m.SetLimits(vtime.Limits{Queue: l.Queue, Key: l.Key})
+}
+
+// expireState makes the scheduler's state expire whole, as StateTTL with
+// no scheduler write does.
+func (d *diff) expireState(rt *rapid.T) {
+	require.NoError(rt, d.c.Del(d.ctx, d.qk.CkVtime(), d.qk.CkVtimeState()).Err())
+	d.m.ExpireState()
+}
+
 func (d *diff) setWeight(rt *rapid.T) {
 	key := rapid.SampledFrom(d.keys).Draw(rt, "weightKey")
-	w := rapid.SampledFrom([]float64{0, 0.01, 0.5, 2, 3, 100}).Draw(rt, "weight")
+	w := rapid.SampledFrom([]float64{0, 0.001, 0.01, 0.3, 0.5, 2, 3, 7, 100, 1000}).Draw(rt, "weight")
 	if w == 0 {
 		require.NoError(rt, d.q.ClearWeight(d.ctx, d.env, d.queue, key))
 	} else {
@@ -263,56 +306,59 @@ func (d *diff) setWeight(rt *rapid.T) {
 	d.m.SetWeight(key, w)
 }
 
-// compare checks that Redis holds exactly the model's scheduler state.
+// compare checks that Redis holds exactly the model's scheduler state:
+// clock, epoch, anchor, cursor, registration counter, gating state, every
+// registration (tag, remainder, order, gated), every parked tag, the
+// weights, and ckIndex.
 func (d *diff) compare(rt *rapid.T, step string) {
-	zs := func(key string) []vtime.Entry {
-		z, err := d.c.ZRangeWithScores(d.ctx, key, 0, -1).Result()
-		require.NoError(rt, err)
-		out := []vtime.Entry{}
-		for _, e := range z {
-			out = append(out, vtime.Entry{Member: e.Member.(string), Score: e.Score})
+	got, _, err := d.q.SchedulerSnapshot(d.ctx, d.env, d.queue)
+	require.NoError(rt, err)
+	if os.Getenv("DIFF_DEBUG") != "" {
+		z, _ := d.c.ZRangeWithScores(d.ctx, d.qk.CkVtime(), 0, -1).Result()
+		h, _ := d.c.HGetAll(d.ctx, d.qk.CkVtimeState()).Result()
+		rt.Logf("DEBUG %s: z=%v h=%v", step, z, h)
+	}
+	requireSameScheduler(rt, d.m.Snapshot(), got, step)
+	z, err := d.c.ZRangeWithScores(d.ctx, d.qk.CkIndex(), 0, -1).Result()
+	require.NoError(rt, err)
+	idx := []vtime.Entry{}
+	for _, e := range z {
+		idx = append(idx, vtime.Entry{Member: e.Member.(string), Score: e.Score})
+	}
+	want := d.m.CkIndex()
+	if want == nil {
+		want = []vtime.Entry{}
+	}
+	require.Equal(rt, want, idx, "ckIndex after %s", step)
+}
+
+// requireSameScheduler compares the scheduler parts of two snapshots.
+func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step string) {
+	type sched struct {
+		V, Epoch, L   int64
+		HasL          bool
+		Cursor        int
+		NextSeq       int64
+		GK, GS        int
+		Reg           map[string]vtime.Reg
+		Idle, Weights map[string]int64
+	}
+	pick := func(s vtime.Snapshot) sched {
+		out := sched{s.V, s.Epoch, s.L, s.HasL, s.Cursor, max(1, s.NextSeq), s.GK, s.GS, s.Reg, s.Idle, s.Weights}
+		if !out.HasL {
+			out.L = 0
+		}
+		for _, m := range []*map[string]int64{&out.Idle, &out.Weights} {
+			if *m == nil {
+				*m = map[string]int64{}
+			}
+		}
+		if out.Reg == nil {
+			out.Reg = map[string]vtime.Reg{}
 		}
 		return out
 	}
-	orEmpty := func(e []vtime.Entry) []vtime.Entry {
-		if e == nil {
-			return []vtime.Entry{}
-		}
-		return e
-	}
-	require.Equal(rt, orEmpty(d.m.Tags()), zs(d.qk.CkVtime()), "ckVtime after %s", step)
-	require.Equal(rt, orEmpty(d.m.Idle()), zs(d.qk.CkVtimeIdle()), "ckVtimeIdle after %s", step)
-	require.Equal(rt, orEmpty(d.m.CkIndex()), zs(d.qk.CkIndex()), "ckIndex after %s", step)
-	v, l, c := readFloor(rt, d.ctx, d.c, d.qk.CkVtimeFloor())
-	require.Equal(rt, d.m.V, v, "V after %s", step)
-	require.Equal(rt, d.m.Cursor, c, "cursor after %s", step)
-	if d.m.HasL {
-		require.Equal(rt, strconv.FormatFloat(d.m.L, 'g', 17, 64), l, "L after %s", step)
-	} else {
-		require.Equal(rt, "", l, "L after %s", step)
-	}
-}
-
-// readFloor parses ckVtimeFloor "V|L|c|nw"; a missing key is V 0, no L.
-func readFloor(t require.TestingT, ctx context.Context, c redis.UniversalClient, key string) (float64, string, int) {
-	raw, err := c.Get(ctx, key).Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, "", 0
-	}
-	require.NoError(t, err)
-	f := strings.Split(raw, "|")
-	require.Len(t, f, 4, raw)
-	v, err := strconv.ParseFloat(f[0], 64)
-	require.NoError(t, err)
-	l := ""
-	if f[1] != "" {
-		lf, err := strconv.ParseFloat(f[1], 64)
-		require.NoError(t, err)
-		l = strconv.FormatFloat(lf, 'g', 17, 64)
-	}
-	cur, err := strconv.Atoi(f[2])
-	require.NoError(t, err)
-	return v, l, cur
+	require.Equal(t, pick(want), pick(got), "scheduler state after %s", step)
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -362,12 +408,18 @@ func TestVtimeDifferential(t *testing.T) {
 					case op < 93:
 						name = "expire"
 						d.expire(rt)
-					case op < 96:
+					case op < 95:
 						name = "redrive"
 						d.redrive(rt)
-					default:
+					case op < 97:
 						name = "weight"
 						d.setWeight(rt)
+					case op < 99:
+						name = "limits"
+						d.setLimits(rt)
+					default:
+						name = "expire state"
+						d.expireState(rt)
 					}
 					d.compare(rt, fmt.Sprintf("step %d (%s)", i, name))
 					steps++
@@ -375,6 +427,88 @@ func TestVtimeDifferential(t *testing.T) {
 			})
 			diffSteps.n.Add(int64(steps))
 			t.Logf("%s: %d differential steps", b.name, steps)
+		})
+	}
+}
+
+// TestVtimeRebaseAtTheEdge starts a queue's clock a few serves before the
+// rebase point, with keys of weight 1000, 1 and 0.001 backlogged: the
+// weight-1000 key's tag keeps moving across the rebase (no precision
+// horizon), the Lua and the model agree on every stored value after every
+// call, the logical clock never decreases, and every stored value stays
+// an exact integer below 2^52.
+func TestVtimeRebaseAtTheEdge(t *testing.T) {
+	for _, b := range backends[:2] {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			c := b.client(t)
+			ctx := context.Background()
+			clock := newFakeClock()
+			prefix := redistest.Prefix(t)
+			q, err := runqueue.New(ctx, c, &runqueue.Config{Prefix: prefix, Clock: clock, VtimeScheduling: true})
+			require.NoError(t, err)
+			defer q.Close()
+			space, err := keys.NewSpace(prefix, q.Shards())
+			require.NoError(t, err)
+			qk := space.Env(diffEnv).Queue(diffQueue)
+			start := int64(vtime.RebaseAt - 3*vtime.Unit)
+			m := vtime.Restore(vtime.Config{}, vtime.Snapshot{V: start})
+			seedSchedulerClock(t, ctx, c, qk, start, clock.Now().UnixMilli())
+			weights := map[string]float64{"fast": 1000, "one": 1, "slow": 0.001}
+			for k, w := range weights {
+				require.NoError(t, q.SetWeight(ctx, diffEnv, diffQueue, k, w))
+				m.SetWeight(k, w)
+				for i := 0; i < 400; i++ {
+					id := fmt.Sprintf("%s-%d", k, i)
+					now := clock.Now().UnixMilli()
+					_, err := q.Enqueue(ctx, runqueue.EnqueueParams{Env: diffEnv, Queue: diffQueue, Key: k, ID: id})
+					require.NoError(t, err)
+					require.NoError(t, m.Enqueue(id, k, 0, now, now))
+				}
+			}
+			lastV := m.V()
+			var fastTags []int64
+			served := map[string]int{}
+			for call := 0; call < 100; call++ {
+				now := clock.Now().UnixMilli()
+				want := m.Dequeue(10, now)
+				runs, err := q.Dequeue(ctx, diffEnv, diffQueue, 10)
+				require.NoError(t, err)
+				require.Len(t, runs, len(want))
+				for i, r := range runs {
+					require.Equal(t, want[i].Key, r.Key, "call %d serve %d", call, i)
+					if call < 40 {
+						served[r.Key]++
+					}
+					require.NoError(t, q.Ack(ctx, r))
+					id, err := keys.DecodeSegment(want[i].ID)
+					require.NoError(t, err)
+					require.NoError(t, m.Ack(id))
+				}
+				got, _, err := q.SchedulerSnapshot(ctx, diffEnv, diffQueue)
+				require.NoError(t, err)
+				requireSameScheduler(t, m.Snapshot(), got, fmt.Sprintf("call %d", call))
+				require.GreaterOrEqual(t, m.V(), lastV, "the clock went back at call %d", call)
+				lastV = m.V()
+				for vm, r := range got.Reg {
+					require.Less(t, r.U, int64(1)<<52, "%s's tag", vm)
+				}
+				if r, ok := got.Reg[keys.VariantMember("fast")]; ok {
+					fastTags = append(fastTags, r.U)
+				}
+			}
+			s := m.Snapshot()
+			require.Positive(t, s.Epoch, "the clock passed the rebase point")
+			for i := 1; i < len(fastTags); i++ {
+				require.NotEqual(t, fastTags[i-1], fastTags[i], "the weight-1000 key's tag stopped moving")
+			}
+			// Shares over the first 400 serves: fast (weight 1000) takes all
+			// but about one per 1,000 (one and slow register at about the same
+			// time, so each may get its first serve).
+			require.GreaterOrEqual(t, served["fast"], 398)
+			require.LessOrEqual(t, served["one"], 1)
+			require.LessOrEqual(t, served["slow"], 1)
+			t.Logf("epoch %d, V %.3f, served %v", s.Epoch, m.V(), served)
 		})
 	}
 }

@@ -2,7 +2,6 @@ package runqueue_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -186,20 +185,45 @@ func (p *vp) zset(t require.TestingT, key string) []vtime.Entry {
 	return out
 }
 
-func (p *vp) tags(t require.TestingT) []vtime.Entry { return p.zset(t, p.qk.CkVtime()) }
+// snap is the scheduler state as stored.
+func (p *vp) snap(t require.TestingT) vtime.Snapshot {
+	s, _, err := p.on.SchedulerSnapshot(p.ctx, vpEnv, p.queue)
+	require.NoError(t, err)
+	return s
+}
+
+// tags lists the registrations in competition order (gated last), score
+// the tag in serves at weight 1.
+func (p *vp) tags(t require.TestingT) []vtime.Entry { return snapTags(p.snap(t)) }
+
+func snapTags(s vtime.Snapshot) []vtime.Entry {
+	m := vtime.Restore(vtime.Config{}, s)
+	var out []vtime.Entry
+	for _, r := range m.Registered() {
+		out = append(out, vtime.Entry{Member: r.Member, Score: float64(r.U) / vtime.Unit})
+	}
+	return out
+}
 
 func (p *vp) tag(t require.TestingT, key string) (float64, bool) {
-	s, err := p.c.ZScore(p.ctx, p.qk.CkVtime(), p.qk.Variant(key).Member()).Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, false
+	r, ok := p.snap(t).Reg[p.qk.Variant(key).Member()]
+	return float64(r.U) / vtime.Unit, ok
+}
+
+// idle lists the parked tags (serves at weight 1) in ZSET order.
+func (p *vp) idle(t require.TestingT) []vtime.Entry { return snapIdle(p.snap(t)) }
+
+func snapIdle(s vtime.Snapshot) []vtime.Entry {
+	var out []vtime.Entry
+	for _, e := range vtime.Restore(vtime.Config{}, s).Idle() {
+		out = append(out, vtime.Entry{Member: e.Member, Score: e.Score / vtime.Unit})
 	}
-	require.NoError(t, err)
-	return s, true
+	return out
 }
 
 func (p *vp) v(t require.TestingT) float64 {
-	v, _, _ := readFloor(t, p.ctx, p.c, p.qk.CkVtimeFloor())
-	return v
+	s := p.snap(t)
+	return (float64(s.Epoch)*vtime.RebaseBy + float64(s.V)) / vtime.Unit
 }
 
 func (p *vp) setWeight(t require.TestingT, key string, w float64) {
@@ -667,15 +691,19 @@ func (p *vp) servable(t require.TestingT, vm string, keyLimit int) bool {
 // schedulerState is what the flag-on scripts keep, with the parked tags at
 // or below V left out (see TestVtimePropBatchInvariance).
 func (p *vp) schedulerState(t require.TestingT) string {
-	v, l, c := readFloor(t, p.ctx, p.c, p.qk.CkVtimeFloor())
+	st := p.snap(t)
 	var idle []vtime.Entry
-	for _, e := range p.zset(t, p.qk.CkVtimeIdle()) {
-		if e.Score > v {
+	for _, e := range snapIdle(st) {
+		if e.Score*vtime.Unit > float64(st.V) {
 			idle = append(idle, e)
 		}
 	}
+	l := ""
+	if st.HasL {
+		l = fmt.Sprint(st.L)
+	}
 	return fmt.Sprintf("V %v L %s cursor %d\ntags %v\nidle %v\nckIndex %v\ndelayIndex %v",
-		v, l, c, p.tags(t), idle, p.zset(t, p.qk.CkIndex()), p.zset(t, p.qk.DelayIndex()))
+		st.V, l, st.Cursor, snapTags(st), idle, p.zset(t, p.qk.CkIndex()), p.zset(t, p.qk.DelayIndex()))
 }
 
 // TestVtimePropBatchInvariance: two queues (two prefixes) get the same
@@ -1102,7 +1130,7 @@ func TestVtimePropFlagOffNeverWritesVtime(t *testing.T) {
 				// per shard.
 				p := newVPPool(t, c).get(vpConfig{MaxAttempts: 3, Limits: runqueue.Limits{Key: keyLimit}})
 				bundle := p.bundle()
-				vtimeKeys := []string{p.qk.CkVtime(), p.qk.CkVtimeFloor(), p.qk.CkVtimeIdle(), p.qk.Weights()}
+				vtimeKeys := []string{p.qk.CkVtime(), p.qk.CkVtimeState(), p.qk.Weights()}
 				sh := &vpShadow{step: 30 * time.Second, queued: map[string]*vpShadowRun{}}
 				held := map[string]*runqueue.Run{}
 				ttl := map[string]int64{}
@@ -1244,7 +1272,7 @@ func TestVtimeIdleCapOnExpiry(t *testing.T) {
 			n, err := p.on.ExpireTTL(p.ctx, p.on.ShardOf(vpEnv), 100)
 			require.NoError(t, err)
 			require.Equal(t, 1, n) // drains one variant, which parks at 1 > V
-			idle := p.zset(t, p.qk.CkVtimeIdle())
+			idle := p.idle(t)
 			require.LessOrEqual(t, len(idle), 1+1, "after sweep %d: idle %v, cap 1, one entry parked by the call", i+1, idle)
 		}
 	})
@@ -1275,7 +1303,7 @@ func TestVtimePropMemory(t *testing.T) {
 				lastParked := 0
 				for i := rapid.IntRange(5, 25).Draw(rt, "steps"); i > 0; i-- {
 					before := map[string]float64{}
-					for _, e := range d.zsetEntries(rt, d.qk.CkVtimeIdle()) {
+					for _, e := range d.idle(rt) {
 						before[e.Member] = e.Score
 					}
 					op := rapid.IntRange(0, 99).Draw(rt, "op")
@@ -1297,8 +1325,13 @@ func TestVtimePropMemory(t *testing.T) {
 					default:
 						d.redrive(rt)
 					}
-					require.Equal(rt, members(d.qk.CkIndex()), members(d.qk.CkVtime()), "ckVtime vs variants with ready runs")
-					idle := d.zsetEntries(rt, d.qk.CkVtimeIdle())
+					reg := []string{}
+					for _, e := range d.m.Registered() {
+						reg = append(reg, e.Member)
+					}
+					sort.Strings(reg)
+					require.Equal(rt, members(d.qk.CkIndex()), reg, "registrations vs variants with ready runs")
+					idle := d.idle(rt)
 					parked := 0
 					for _, e := range idle {
 						if s, ok := before[e.Member]; !ok || s != e.Score {
@@ -1310,7 +1343,7 @@ func TestVtimePropMemory(t *testing.T) {
 					}
 					require.LessOrEqual(rt, len(idle), idleMax+lastParked,
 						"idle set %d entries, cap %d, parked by the last call that parked %d", len(idle), idleMax, lastParked)
-					for _, k := range []string{d.qk.CkVtime(), d.qk.CkVtimeFloor(), d.qk.CkVtimeIdle()} {
+					for _, k := range []string{d.qk.CkVtime(), d.qk.CkVtimeState()} {
 						ttl, err := c.PTTL(d.ctx, k).Result()
 						require.NoError(rt, err)
 						require.NotEqual(rt, time.Duration(-1), ttl, "%s has no TTL", k)
@@ -1329,4 +1362,10 @@ func (d *diff) zsetEntries(t require.TestingT, key string) []vtime.Entry {
 		out = append(out, vtime.Entry{Member: e.Member.(string), Score: e.Score})
 	}
 	return out
+}
+
+func (d *diff) idle(t require.TestingT) []vtime.Entry {
+	s, _, err := d.q.SchedulerSnapshot(d.ctx, d.env, d.queue)
+	require.NoError(t, err)
+	return snapIdle(s)
 }

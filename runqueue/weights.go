@@ -36,7 +36,7 @@ func (q *Queue) setWeight(ctx context.Context, env, queue, key, w string) error 
 		return err
 	}
 	qk := q.space.Env(env).Queue(queue)
-	err := run(ctx, q.rdb, q.scripts.setweight, []string{qk.Weights(), qk.CkVtimeFloor()},
+	err := run(ctx, q.rdb, q.scripts.setweight, []string{qk.Weights(), qk.CkVtimeState()},
 		qk.Variant(key).Member(), w, q.cfg.MaxWeightOverrides).Err()
 	return scriptError(err, nil)
 }

@@ -8,6 +8,35 @@ import (
 	"github.com/runqueue/runqueue/keys"
 )
 
+// Virtual time is counted in integer units, so that it is exact for any
+// history: a serve of a key of weight 1 costs Unit units.
+const (
+	// Unit is the virtual time of one serve at weight 1.
+	Unit = 1_000_000
+	// strideNum / milli-weight is the cost of one serve: a key of weight w
+	// (milli-weight m = round(w*1000)) pays strideNum/m units per serve,
+	// carried exactly as a quotient and a remainder below m.
+	strideNum = Unit * 1000
+	// MinMilliWeight and MaxMilliWeight bound a weight (0.001..1000).
+	MinMilliWeight = 1
+	MaxMilliWeight = 1_000_000
+	// RebaseAt: when the stored clock reaches it, every stored time is moved
+	// down by RebaseBy (one epoch), which keeps every value an exact integer
+	// of a double (tags stay below 2^52; Lua numbers are doubles).
+	RebaseAt = 1 << 51
+	RebaseBy = 1 << 50
+	// rebaseFloor: a tag this far below V is worth no more than V itself
+	// (E = max(S, V)); a rebase lifts such tags to it so none goes negative.
+	rebaseFloor = 1 << 49
+	// UngateChunk is how many gated variants one dequeue call returns to the
+	// competition after the key limit rose.
+	UngateChunk = 1000
+	// ReadBudget is the least number of tags one call may read in pass 1
+	// (plus 4 x window): entries that turn out stale or at their limit are
+	// taken out for good as they are met, and reading stops at the budget.
+	ReadBudget = 1000
+)
+
 // Limits are concurrency limits; 0 means none.
 type Limits struct {
 	Env   int // in flight in the env: this queue plus Model.EnvOther
@@ -17,23 +46,19 @@ type Limits struct {
 
 // Config mirrors the scheduler fields of runqueue.Config.
 type Config struct {
-	Quantum          float64 // default 1
-	WindowMultiplier int     // default 3
-	IdleMaxEntries   int     // default 10,000
-	PriorityStep     int64   // ms, default 30,000
-	PromoteLimit     int     // default 100
-	MaxAttempts      int     // deliveries before dead letter; 0 = no limit
-	// ScanLimit is how many variants a call reads in age order (pass 2,
-	// discovery) and how many due delayed variants it promotes, as the
-	// flag-off dequeue does; 0 means max(30, 3*maxCount).
+	WindowMultiplier int   // default 3
+	IdleMaxEntries   int   // default 10,000
+	PriorityStep     int64 // ms, default 30,000
+	PromoteLimit     int   // default 100
+	MaxAttempts      int   // deliveries before dead letter; 0 = no limit
+	// ScanLimit is how many variants a call reads in age order (the age
+	// head and the discovery cursor) and how many due delayed variants it
+	// promotes, as the flag-off dequeue does; 0 means max(30, 3*maxCount).
 	ScanLimit int
 	Limits    Limits
 }
 
 func (c Config) withDefaults() Config {
-	if c.Quantum == 0 {
-		c.Quantum = 1
-	}
 	if c.WindowMultiplier == 0 {
 		c.WindowMultiplier = 3
 	}
@@ -66,18 +91,33 @@ type run struct {
 	attempt  int
 }
 
+// Reg is a registered variant: its tag, the remainder of its last stride
+// (numerator over its milli-weight), its registration order and whether it
+// is gated (at its key limit, out of the competition).
+type Reg struct {
+	U     int64
+	R     int64
+	Seq   int64
+	Gated bool
+}
+
 // Model is one base queue under the fair scheduler.
 type Model struct {
 	cfg Config
 
-	V      float64
-	L      float64
-	HasL   bool
-	Cursor int
+	// Scheduler state: it lives and expires as a whole (ExpireState).
+	v       int64 // stored clock V, units
+	epoch   int64 // rebases done: the logical clock is epoch*RebaseBy + v
+	l       int64 // the previous newcomer's tag
+	hasL    bool
+	cursor  int   // discovery cursor: a rank in ckIndex
+	nextSeq int64 // registration order of the next registration, from 1
+	gk      int   // key limit the gated variants were gated under (0: none)
+	gs      int   // gated variants left to return after the limit rose
+	reg     map[string]*Reg
+	idle    map[string]int64 // variant member -> parked tag
 
-	tags    map[string]float64 // variant member -> S
-	idle    map[string]float64 // variant member -> parked tag
-	weights map[string]float64 // variant member -> weight
+	weights map[string]int64 // variant member -> milli-weight (configuration)
 
 	runs     map[string]*run               // encoded id -> run
 	ready    map[string]map[string]float64 // member -> encoded id -> ready score
@@ -91,18 +131,33 @@ type Model struct {
 
 // New returns an empty model.
 func New(cfg Config) *Model {
-	return &Model{
+	m := &Model{
 		cfg:      cfg.withDefaults(),
-		tags:     map[string]float64{},
-		idle:     map[string]float64{},
-		weights:  map[string]float64{},
+		weights:  map[string]int64{},
 		runs:     map[string]*run{},
 		ready:    map[string]map[string]float64{},
 		delayed:  map[string]map[string]float64{},
 		inflight: map[string]int{},
 		keyOf:    map[string]string{},
 	}
+	m.ExpireState()
+	return m
 }
+
+// ExpireState drops the whole scheduler state (clock, tags, parked tags,
+// anchor, cursor, registration order), as the state TTL does after a
+// StateTTL with no scheduler write. Weights are configuration and stay.
+func (m *Model) ExpireState() {
+	m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs = 0, 0, 0, false, 0, 1, 0, 0
+	m.reg = map[string]*Reg{}
+	m.idle = map[string]int64{}
+}
+
+// SetLimits changes the concurrency limits from the next call on.
+func (m *Model) SetLimits(l Limits) { m.cfg.Limits = l }
+
+// V returns the logical virtual clock in serves at weight 1.
+func (m *Model) V() float64 { return float64(m.epoch)*RebaseBy/Unit + float64(m.v)/Unit }
 
 // Errors of the model's operations (the Lua reports the same conditions).
 var (
@@ -132,33 +187,86 @@ func less(a, b Entry) bool {
 	return a.Score < b.Score || (a.Score == b.Score && a.Member < b.Member)
 }
 
-// Tags returns ckVtime in ZSET order.
-func (m *Model) Tags() []Entry { return sortedEntries(m.tags) }
+// RegEntry is a registered variant as Registered reports it.
+type RegEntry struct {
+	Member string
+	Reg
+}
 
-// Idle returns ckVtimeIdle in ZSET order.
-func (m *Model) Idle() []Entry { return sortedEntries(m.idle) }
+// Registered returns the registered variants in competition order (tag,
+// then registration order), the gated ones after the others.
+func (m *Model) Registered() []RegEntry {
+	out := make([]RegEntry, 0, len(m.reg))
+	for vm, r := range m.reg {
+		out = append(out, RegEntry{vm, *r})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Gated != b.Gated {
+			return !a.Gated
+		}
+		return regBefore(a.Reg, b.Reg)
+	})
+	return out
+}
 
-// Weight returns the weight of key's variant.
-func (m *Model) Weight(key string) float64 { return m.weight(keys.VariantMember(key)) }
+func regBefore(a, b Reg) bool { return a.U < b.U || (a.U == b.U && a.Seq < b.Seq) }
 
-func (m *Model) weight(vm string) float64 {
+// Idle returns the parked tags in ZSET order (tag, member).
+func (m *Model) Idle() []Entry {
+	f := make(map[string]float64, len(m.idle))
+	for vm, p := range m.idle {
+		f[vm] = float64(p)
+	}
+	return sortedEntries(f)
+}
+
+// Clock returns the stored clock V (units), the epoch, the newcomer anchor
+// (ok false when none), the discovery cursor, the next registration
+// number and the gating state (gk, gs): what Redis stores.
+func (m *Model) Clock() (v, epoch, l int64, hasL bool, cursor int, nextSeq int64, gk, gs int) {
+	return m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs
+}
+
+// MilliWeight returns the milli-weight of a variant member (1000: weight 1).
+func (m *Model) MilliWeight(vm string) int64 {
 	if w, ok := m.weights[vm]; ok {
 		return w
 	}
-	return 1
+	return 1000
 }
 
-// SetWeight sets (w > 0) or clears (w == 0) the weight of key.
+// Weight returns the weight of key's variant.
+func (m *Model) Weight(key string) float64 {
+	return float64(m.MilliWeight(keys.VariantMember(key))) / 1000
+}
+
+// MilliWeightOf converts a weight to milli-weight, rounding half up (the
+// Lua rounds the same way); 0 for 0.
+func MilliWeightOf(w float64) int64 {
+	if w == 0 {
+		return 0
+	}
+	return min(MaxMilliWeight, max(MinMilliWeight, int64(math.Floor(w*1000+0.5))))
+}
+
+// SetWeight sets (w > 0) or clears (w == 0) the weight of key. A key's
+// stored tag stays as it is: debt or credit earned at the old weight is
+// kept, and the new weight prices the serves from now on (the sub-unit
+// remainder of the old stride is dropped).
 func (m *Model) SetWeight(key string, w float64) {
 	vm := keys.VariantMember(key)
+	if r, ok := m.reg[vm]; ok {
+		r.R = 0 // the remainder was of the old weight's stride
+	}
 	if w == 0 {
 		delete(m.weights, vm)
 		return
 	}
-	m.weights[vm] = w
+	m.weights[vm] = MilliWeightOf(w)
 }
 
-// headScore returns the lowest (score, member) of a set.
+// head returns the lowest (score, member) of a set.
 func head(set map[string]float64) (Entry, bool) {
 	var best Entry
 	found := false
@@ -221,13 +329,18 @@ func (m *Model) member(r *run) string {
 	return vm
 }
 
-// place queues r as ready or delayed; a variant's first ready run registers it.
+// place queues r as ready or delayed. A run that becomes its variant's
+// ready head (the first, or earlier than the head: ckIndex changes)
+// registers the variant unless it has a tag.
 func (m *Model) place(r *run, now int64) {
 	vm := m.member(r)
 	if r.at <= now {
 		r.state = Ready
-		if addTo(m.ready, vm, r.id, m.readyScore(r)) {
-			m.registerNew(vm)
+		rs := m.readyScore(r)
+		h, had := head(m.ready[vm])
+		addTo(m.ready, vm, r.id, rs)
+		if !had || rs < h.Score {
+			m.register(vm)
 		}
 		return
 	}
@@ -235,47 +348,100 @@ func (m *Model) place(r *run, now int64) {
 	addTo(m.delayed, vm, r.id, float64(r.at))
 }
 
-// registerNew registers a variant that gained its first ready run.
-func (m *Model) registerNew(vm string) {
-	if _, ok := m.tags[vm]; ok {
-		return
-	}
-	if p, ok := m.idle[vm]; ok {
-		m.tags[vm] = math.Max(m.V, p)
-		delete(m.idle, vm)
-		return
-	}
-	q := m.cfg.Quantum
-	a, has := 0.0, false
-	if len(m.tags) > 0 {
-		top := math.Inf(-1)
-		for _, s := range m.tags {
-			top = math.Max(top, s)
+// topActive returns the highest tag among the registered variants that are
+// not gated: the pack a newcomer queues behind.
+func (m *Model) topActive() (int64, bool) {
+	var top int64
+	has := false
+	for _, r := range m.reg {
+		if !r.Gated && (!has || r.U > top) {
+			top, has = r.U, true
 		}
-		a, has = math.Min(top, m.V+q), true
 	}
-	if m.HasL && (!has || m.L > a) {
-		a, has = m.L, true
-	}
-	s := m.V
-	if has && a > m.V {
-		s = a + q
-	}
-	m.tags[vm] = s
-	m.L, m.HasL = s, true
+	return top, has
 }
 
-// drained handles a variant whose last ready run left outside a dequeue:
-// its tag is parked when above V, and parking reaps the idle set.
+// register gives a variant that gained its first ready run a tag (see the
+// package comment, Registration), unless it has one.
+func (m *Model) register(vm string) {
+	if _, ok := m.reg[vm]; ok {
+		return
+	}
+	top, has := m.topActive()
+	m.registerAt(vm, top, has, false)
+}
+
+// registerAt registers vm with top as the highest active tag: a returning
+// variant (parked tag) at max(V, parked); a discovered one (found untagged
+// in ckIndex: written with the flag off, or state expired) at V; any other
+// by the newcomer rule.
+func (m *Model) registerAt(vm string, top int64, hasTop, discovered bool) *Reg {
+	var u int64
+	if p, ok := m.idle[vm]; ok {
+		u = max(m.v, p)
+		delete(m.idle, vm)
+	} else if discovered {
+		u = m.v
+	} else {
+		u = m.newcomerTag(top, hasTop)
+		m.l, m.hasL = u, true
+	}
+	r := &Reg{U: u, Seq: m.nextSeq}
+	m.nextSeq++
+	m.reg[vm] = r
+	return r
+}
+
+// newcomerTag is the newcomer rule: one quantum behind the highest of {the
+// highest active tag capped at V+Unit, the previous newcomer's tag capped
+// at the highest active tag}, or V when that is not above V.
+func (m *Model) newcomerTag(top int64, hasTop bool) int64 {
+	if !hasTop {
+		return m.v
+	}
+	a := min(top, m.v+Unit)
+	if m.hasL {
+		a = max(a, min(m.l, top))
+	}
+	if a > m.v {
+		return a + Unit
+	}
+	return m.v
+}
+
+// park keeps a leaving variant's tag when it is above V (it owes service).
+func (m *Model) park(vm string, u int64) bool {
+	delete(m.reg, vm)
+	if u > m.v {
+		m.idle[vm] = u
+		return true
+	}
+	return false
+}
+
+// drained handles a variant whose last ready run left outside a dequeue.
 func (m *Model) drained(vm string) {
-	s, ok := m.tags[vm]
+	r, ok := m.reg[vm]
 	if !ok {
 		return
 	}
-	delete(m.tags, vm)
-	if s > m.V {
-		m.idle[vm] = s
+	if m.park(vm, r.U) {
 		m.reapIdle()
+	}
+}
+
+// released handles a freed in-flight slot of vm (ack, nack, recovery, dead
+// letter): a gated variant competes again, at max(S, V).
+func (m *Model) released(vm string) {
+	if r, ok := m.reg[vm]; ok && r.Gated {
+		m.ungate(r)
+	}
+}
+
+func (m *Model) ungate(r *Reg) {
+	r.Gated = false
+	if r.U < m.v {
+		r.U, r.R = m.v, 0
 	}
 }
 
@@ -286,8 +452,42 @@ type Served struct {
 	Attempt int
 }
 
-// Dequeue serves up to maxCount runs at time now.
+// call is the working state of one Dequeue.
+type call struct {
+	m        *Model
+	cap      int
+	keyLimit int
+	scan     int
+	out      []Served
+	parked   bool
+}
+
+// Dequeue serves up to maxCount runs at time now, in phases that the Lua
+// (dequeue_vtime.lua) follows with the same names: capacity, promote,
+// ungate, discover, serve (pass 1 with the age head as fallback), collect
+// and persist (here the model writes as it goes), rebase.
 func (m *Model) Dequeue(maxCount int, now int64) []Served {
+	c := &call{m: m, keyLimit: m.cfg.Limits.Key}
+	if c.cap = m.capacity(maxCount); c.cap <= 0 {
+		return nil
+	}
+	c.scan = m.cfg.ScanLimit
+	if c.scan == 0 {
+		c.scan = max(30, 3*maxCount)
+	}
+	c.promote(now)
+	c.ungateSwept()
+	c.discover()
+	c.serve(maxCount)
+	if c.parked {
+		m.reapIdle()
+	}
+	m.rebase()
+	return c.out
+}
+
+// capacity is what the env and queue limits leave of maxCount.
+func (m *Model) capacity(maxCount int) int {
 	lim := m.cfg.Limits
 	queueN := 0
 	for _, n := range m.inflight {
@@ -300,152 +500,17 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	if lim.Queue > 0 {
 		capacity = min(capacity, lim.Queue-queueN)
 	}
-	if capacity <= 0 {
-		return nil
-	}
-	wc := maxCount * m.cfg.WindowMultiplier
-	scanN := m.cfg.ScanLimit
-	if scanN == 0 {
-		scanN = max(30, 3*maxCount)
-	}
-
-	// Promotion of due delayed runs: persists even if nothing is served.
-	for i, e := range m.delayIndex() {
-		if i >= scanN || e.Score > float64(now) {
-			break
-		}
-		m.promote(e.Member, now)
-	}
-
-	// Working copies: a call that serves nothing writes nothing more.
-	V := m.V
-	cursor := m.Cursor
-	tags := clone(m.tags)
-	idle := clone(m.idle)
-
-	index := m.CkIndex()
-	repair := len(index) != len(m.tags)
-	if repair {
-		discover := func(e Entry) {
-			if _, ok := tags[e.Member]; ok {
-				return
-			}
-			s := V
-			if p, ok := idle[e.Member]; ok {
-				s = math.Max(V, p)
-				delete(idle, e.Member)
-			}
-			tags[e.Member] = s
-		}
-		for i := 0; i < scanN && i < len(index); i++ {
-			discover(index[i])
-		}
-		for i := cursor; i < cursor+scanN && i < len(index); i++ {
-			discover(index[i])
-		}
-		cursor += scanN
-		if cursor >= len(index) {
-			cursor = 0
-		}
-	}
-
-	scan := newWindow(sortedEntries(tags), 2*wc)
-	if repair {
-		scan.addSpare(sortedEntries(tags), 2*wc, 2*wc)
-	}
-	age := newWindow(index, scanN)
-	q := m.cfg.Quantum
-	var out []Served
-	parked := 0
-	servable := func(vm string) bool {
-		return len(m.ready[vm]) > 0 && (lim.Key <= 0 || m.inflight[vm] < lim.Key)
-	}
-	// A tag whose variant has no ready run is stale (only a flag-off drain
-	// leaves one): it leaves the window, a spare entry takes its place, and
-	// it is collected like a drained variant, even by a call that serves
-	// nothing.
-	var stale []string
-	pass1 := func() (string, bool) {
-		for i := 0; i < len(scan.list); {
-			vm := scan.list[i].Member
-			if servable(vm) {
-				return vm, true
-			}
-			if len(m.ready[vm]) == 0 && (lim.Key <= 0 || m.inflight[vm] < lim.Key) {
-				stale = append(stale, vm)
-				scan.drop(vm)
-				continue
-			}
-			i++
-		}
-		return "", false
-	}
-	for len(out) < capacity {
-		vm, ok := pass1()
-		if !ok {
-			if vm, ok = age.first(servable); !ok {
-				break
-			}
-		}
-		s, ok := tags[vm]
-		if !ok {
-			s = V
-		}
-		e := math.Max(s, V)
-		V = math.Max(V, e)
-		s = e + q/m.weight(vm)
-		tags[vm] = s
-
-		h, _ := head(m.ready[vm])
-		delete(m.ready[vm], h.Member)
-		r := m.runs[h.Member]
-		r.state = InFlight
-		m.inflight[vm]++
-		out = append(out, Served{ID: r.id, Key: r.key, Attempt: r.attempt})
-
-		if nh, ok := head(m.ready[vm]); ok {
-			scan.move(vm, s)
-			age.move(vm, nh.Score)
-			continue
-		}
-		delete(m.ready, vm)
-		scan.remove(vm)
-		age.remove(vm)
-		if s > V {
-			idle[vm] = s
-			parked++
-		}
-		delete(tags, vm)
-	}
-	for _, vm := range stale {
-		if s := tags[vm]; s > V {
-			idle[vm] = s
-			parked++
-		}
-		delete(tags, vm)
-	}
-	if len(out) == 0 && len(stale) == 0 {
-		return nil
-	}
-	m.V, m.Cursor, m.tags, m.idle = V, cursor, tags, idle
-	if parked > 0 {
-		m.reapIdle()
-	}
-	return out
+	return capacity
 }
 
-// reapIdle drops parked tags at or below V, then all but the highest
-// IdleMaxEntries.
-func (m *Model) reapIdle() {
-	for vm, s := range m.idle {
-		if s <= m.V {
-			delete(m.idle, vm)
+// promote moves the due delayed runs of the first scan due variants to
+// ready (registering the variants that gain a ready run).
+func (c *call) promote(now int64) {
+	for i, e := range c.m.delayIndex() {
+		if i >= c.scan || e.Score > float64(now) {
+			break
 		}
-	}
-	if extra := len(m.idle) - m.cfg.IdleMaxEntries; extra > 0 {
-		for _, e := range sortedEntries(m.idle)[:extra] {
-			delete(m.idle, e.Member)
-		}
+		c.m.promote(e.Member, now)
 	}
 }
 
@@ -465,12 +530,302 @@ func (m *Model) promote(vm string, now int64) {
 	}
 }
 
-func clone(in map[string]float64) map[string]float64 {
-	out := make(map[string]float64, len(in))
-	for k, v := range in {
-		out[k] = v
+// ungateSwept returns gated variants to the competition after the key
+// limit rose (or went away): the gated count at the rise is swept,
+// UngateChunk per call, lowest tags first.
+func (c *call) ungateSwept() {
+	m := c.m
+	k := c.keyLimit
+	if m.gs == 0 && m.gk > 0 && (k == 0 || k > m.gk) {
+		n := 0
+		for _, r := range m.reg {
+			if r.Gated {
+				n++
+			}
+		}
+		m.gs, m.gk = n, k
 	}
-	return out
+	if m.gs == 0 {
+		return
+	}
+	var gated []*Reg
+	for _, r := range m.reg {
+		if r.Gated {
+			gated = append(gated, r)
+		}
+	}
+	sort.Slice(gated, func(i, j int) bool { return regBefore(*gated[i], *gated[j]) })
+	n := min(m.gs, UngateChunk, len(gated))
+	for _, r := range gated[:n] {
+		m.ungate(r)
+	}
+	m.gs -= n
+	if len(gated) == n {
+		m.gs = 0
+	}
+}
+
+// atLimit reports whether vm's in-flight runs (this call's serves
+// included) reach the key limit.
+func (c *call) atLimit(vm string) bool {
+	return c.keyLimit > 0 && c.m.inflight[vm] >= c.keyLimit
+}
+
+// discover reads scan variants of ckIndex at the rotating cursor and
+// registers those with no tag; a gated one whose slot was freed by an
+// instance that does not un-gate (flag off) competes again. Every call
+// does this, so every variant with ready work is reached within
+// ceil(variants/scan) calls whatever stale state exists.
+func (c *call) discover() {
+	m := c.m
+	index := m.CkIndex()
+	end := min(len(index), m.cursor+c.scan)
+	for i := m.cursor; i < end; i++ {
+		vm := index[i].Member
+		r, ok := m.reg[vm]
+		switch {
+		case !ok:
+			m.registerAt(vm, 0, false, true)
+		case r.Gated && !c.atLimit(vm):
+			m.ungate(r)
+		}
+	}
+	m.cursor += c.scan
+	if m.cursor >= len(index) {
+		m.cursor = 0
+	}
+}
+
+// window is the part of the active tags one call has read: the first
+// entries in (tag, registration) order, kept sorted as tags change. An
+// entry whose new tag sorts after the last entry read waits in overflow
+// until a further read passes it.
+type window struct {
+	snap     []*wentry // the active tags as they stood when serving began
+	read     int       // entries of snap read so far
+	last     Reg       // the last entry read, as it was read
+	list     []*wentry
+	overflow []*wentry
+	budget   int
+	first    int // size of the first read
+}
+
+type wentry struct {
+	vm string
+	Reg
+}
+
+func (w *window) more() bool { return w.read < len(w.snap) }
+
+func (w *window) insert(e *wentry) {
+	if w.more() && w.read > 0 && regBefore(w.last, e.Reg) {
+		w.overflow = append(w.overflow, e)
+		return
+	}
+	i := sort.Search(len(w.list), func(i int) bool { return regBefore(e.Reg, w.list[i].Reg) })
+	w.list = append(w.list, nil)
+	copy(w.list[i+1:], w.list[i:])
+	w.list[i] = e
+}
+
+// extend reads the next chunk: the first read takes w.first entries, each
+// further one as many as were read so far, never past the budget. Every
+// entry read sorts after every entry of the list.
+func (w *window) extend() bool {
+	if !w.more() || w.read >= w.budget {
+		return false
+	}
+	n := w.first
+	if w.read > 0 {
+		n = w.read
+	}
+	n = min(n, w.budget-w.read, len(w.snap)-w.read)
+	w.list = append(w.list, w.snap[w.read:w.read+n]...)
+	w.read += n
+	w.last = w.snap[w.read-1].Reg
+	// Overflow entries the new bound passes join the list.
+	over := w.overflow
+	w.overflow = nil
+	for _, e := range over {
+		w.insert(e)
+	}
+	return true
+}
+
+func (w *window) remove(e *wentry) {
+	for i, x := range w.list {
+		if x == e {
+			w.list = append(w.list[:i], w.list[i+1:]...)
+			return
+		}
+	}
+}
+
+// serve runs the serves of one call: each picks the first servable variant
+// of the window (pass 1); entries met on the way that have no ready run
+// (stale: only a flag-off drain leaves them) are collected, those at their
+// key limit are gated, both for good. When pass 1 runs dry, the first scan
+// variants of ckIndex in age order are registered if they have no tag (the
+// age head, what a flag-off call would serve), once per call.
+func (c *call) serve(maxCount int) {
+	m := c.m
+	w := &window{first: c.cap + 1, budget: ReadBudget + 4*maxCount*m.cfg.WindowMultiplier}
+	for vm, r := range m.reg {
+		if !r.Gated {
+			w.snap = append(w.snap, &wentry{vm, *r})
+		}
+	}
+	sort.Slice(w.snap, func(i, j int) bool { return regBefore(w.snap[i].Reg, w.snap[j].Reg) })
+	w.extend()
+	index := m.CkIndex() // the age head as it stood when serving began
+	ageDone := false
+	for len(c.out) < c.cap {
+		e := c.pick(w)
+		if e == nil && !ageDone {
+			ageDone = true
+			c.ageHead(w, index)
+			e = c.pick(w)
+		}
+		if e == nil {
+			break
+		}
+		c.serveOne(w, e)
+	}
+}
+
+// pick returns the first servable entry of the window, collecting stale
+// entries and gating those at their limit on the way, reading further
+// while the budget lasts.
+func (c *call) pick(w *window) *wentry {
+	m := c.m
+	for {
+		for i := 0; i < len(w.list); {
+			e := w.list[i]
+			switch {
+			case len(m.ready[e.vm]) == 0:
+				w.list = append(w.list[:i], w.list[i+1:]...)
+				if m.park(e.vm, m.reg[e.vm].U) {
+					c.parked = true
+				}
+			case c.atLimit(e.vm):
+				w.list = append(w.list[:i], w.list[i+1:]...)
+				c.gate(e.vm)
+			default:
+				return e
+			}
+		}
+		if !w.extend() {
+			return nil
+		}
+	}
+}
+
+// gate takes vm out of the competition at its key limit, keeping its tag.
+func (c *call) gate(vm string) {
+	c.m.reg[vm].Gated = true
+	c.m.gk = c.keyLimit
+}
+
+// ageHead registers the untagged variants among the first scan of ckIndex
+// in age order as it stood when serving began (and un-gates gated ones
+// below their limit), adding them to the window. Variants this call
+// drained are passed over.
+func (c *call) ageHead(w *window, index []Entry) {
+	m := c.m
+	for i := 0; i < c.scan && i < len(index); i++ {
+		vm := index[i].Member
+		if len(m.ready[vm]) == 0 {
+			continue
+		}
+		if r, ok := m.reg[vm]; ok {
+			if r.Gated && !c.atLimit(vm) {
+				m.ungate(r)
+				w.insert(&wentry{vm, *r})
+			}
+			continue
+		}
+		w.insert(&wentry{vm, *m.registerAt(vm, 0, false, true)})
+	}
+}
+
+// serveOne serves the head run of e's variant: E = max(S, V), V = max(V, E),
+// S = E + stride.
+func (c *call) serveOne(w *window, e *wentry) {
+	m := c.m
+	r := m.reg[e.vm]
+	eu, er := r.U, r.R
+	if eu < m.v {
+		eu, er = m.v, 0
+	}
+	m.v = max(m.v, eu)
+	mw := m.MilliWeight(e.vm)
+	if er >= mw {
+		er = 0
+	}
+	total := er + strideNum
+	r.U, r.R = eu+total/mw, total%mw
+
+	h, _ := head(m.ready[e.vm])
+	delete(m.ready[e.vm], h.Member)
+	run := m.runs[h.Member]
+	run.state = InFlight
+	m.inflight[e.vm]++
+	c.out = append(c.out, Served{ID: run.id, Key: run.key, Attempt: run.attempt})
+
+	w.remove(e)
+	switch {
+	case len(m.ready[e.vm]) == 0:
+		delete(m.ready, e.vm)
+		if m.park(e.vm, r.U) {
+			c.parked = true
+		}
+	case c.atLimit(e.vm):
+		c.gate(e.vm)
+	default:
+		e.Reg = *r
+		w.insert(e)
+	}
+}
+
+// reapIdle drops parked tags at or below V, then all but the highest
+// IdleMaxEntries (ties: member order).
+func (m *Model) reapIdle() {
+	for vm, p := range m.idle {
+		if p <= m.v {
+			delete(m.idle, vm)
+		}
+	}
+	if extra := len(m.idle) - m.cfg.IdleMaxEntries; extra > 0 {
+		for _, e := range m.Idle()[:extra] {
+			delete(m.idle, e.Member)
+		}
+	}
+}
+
+// rebase moves every stored time down by RebaseBy once the clock reaches
+// RebaseAt; tags more than rebaseFloor below V are lifted to V - rebaseFloor
+// first (they are worth V either way). Order and differences are kept, so
+// nothing a key is owed changes; the logical clock goes on from the epoch.
+func (m *Model) rebase() {
+	if m.v < RebaseAt {
+		return
+	}
+	m.reapIdle()
+	lo := m.v - rebaseFloor
+	for _, r := range m.reg {
+		if r.U < lo {
+			r.U, r.R = lo, 0
+		}
+		r.U -= RebaseBy
+	}
+	for vm, p := range m.idle {
+		m.idle[vm] = p - RebaseBy
+	}
+	if m.hasL {
+		m.l = max(m.l, lo) - RebaseBy
+	}
+	m.v -= RebaseBy
+	m.epoch++
 }
 
 func (m *Model) held(id string) (*run, error) {
@@ -484,13 +839,22 @@ func (m *Model) held(id string) (*run, error) {
 	return r, nil
 }
 
+func (m *Model) release(r *run) {
+	vm := keys.VariantMember(r.key)
+	m.inflight[vm]--
+	if m.inflight[vm] == 0 {
+		delete(m.inflight, vm)
+	}
+	m.released(vm)
+}
+
 // Ack completes an in-flight run.
 func (m *Model) Ack(id string) error {
 	r, err := m.held(id)
 	if err != nil {
 		return err
 	}
-	m.inflight[keys.VariantMember(r.key)]--
+	m.release(r)
 	delete(m.runs, r.id)
 	return nil
 }
@@ -502,7 +866,7 @@ func (m *Model) Nack(id string, retryAt, now int64, kill bool) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	m.inflight[keys.VariantMember(r.key)]--
+	m.release(r)
 	r.attempt++
 	if kill || (m.cfg.MaxAttempts > 0 && r.attempt > m.cfg.MaxAttempts) {
 		r.state = Dead
@@ -564,86 +928,3 @@ func (m *Model) State(id string) (byte, int) {
 
 // KeyOf returns the concurrency key of a variant member seen by the model.
 func (m *Model) KeyOf(member string) string { return m.keyOf[member] }
-
-// window is the part of a sorted set a dequeue call read: its first n
-// entries, kept sorted as scores change. An entry whose new score sorts
-// after the last entry read leaves the window, since unread entries may
-// sort before it; a set read whole has no such bound.
-type window struct {
-	list  []Entry
-	bound *Entry
-	spare []Entry
-	more  bool // entries exist after the spare ones
-}
-
-// addSpare keeps up to k entries after the first n of sorted aside, to
-// refill the window when drop takes an entry out.
-func (w *window) addSpare(sorted []Entry, n, k int) {
-	if len(sorted) <= n {
-		return
-	}
-	end := min(len(sorted), n+k)
-	w.spare = append([]Entry(nil), sorted[n:end]...)
-	w.more = len(sorted) > end
-}
-
-// drop takes member out of the window for good and appends the next spare
-// entry (which sorts after every entry of the window).
-func (w *window) drop(member string) {
-	if !w.remove(member) || len(w.spare) == 0 {
-		return
-	}
-	nxt := w.spare[0]
-	w.spare = w.spare[1:]
-	w.list = append(w.list, nxt)
-	if len(w.spare) == 0 && !w.more {
-		w.bound = nil
-	} else {
-		w.bound = &nxt
-	}
-}
-
-func newWindow(sorted []Entry, n int) *window {
-	w := &window{}
-	if len(sorted) > n {
-		sorted = sorted[:n]
-		last := sorted[n-1]
-		w.bound = &last
-	}
-	w.list = append([]Entry(nil), sorted...)
-	return w
-}
-
-func (w *window) first(ok func(string) bool) (string, bool) {
-	for _, e := range w.list {
-		if ok(e.Member) {
-			return e.Member, true
-		}
-	}
-	return "", false
-}
-
-func (w *window) remove(member string) bool {
-	for i, e := range w.list {
-		if e.Member == member {
-			w.list = append(w.list[:i], w.list[i+1:]...)
-			return true
-		}
-	}
-	return false
-}
-
-// move re-sorts member with its new score, if it was in the window.
-func (w *window) move(member string, score float64) {
-	if !w.remove(member) {
-		return
-	}
-	e := Entry{member, score}
-	if w.bound != nil && less(*w.bound, e) {
-		return
-	}
-	i := sort.Search(len(w.list), func(i int) bool { return less(e, w.list[i]) })
-	w.list = append(w.list, Entry{})
-	copy(w.list[i+1:], w.list[i:])
-	w.list[i] = e
-}

@@ -13,14 +13,16 @@ type SnapshotRun struct {
 // Snapshot is the state of one base queue as read from Redis, to replay
 // the scheduler on it without touching Redis (runqueue's Preview).
 type Snapshot struct {
-	V       float64
-	L       float64
-	HasL    bool
-	Cursor  int
-	Tags    map[string]float64 // variant member -> tag
-	Idle    map[string]float64 // variant member -> parked tag
-	Weights map[string]float64 // variant member -> weight
-	Runs    []SnapshotRun
+	V, Epoch int64 // stored clock (units) and rebases done
+	L        int64 // previous newcomer's tag, when HasL
+	HasL     bool
+	Cursor   int
+	NextSeq  int64 // 0 means 1
+	GK, GS   int
+	Reg      map[string]Reg   // variant member -> registration
+	Idle     map[string]int64 // variant member -> parked tag
+	Weights  map[string]int64 // variant member -> milli-weight
+	Runs     []SnapshotRun
 	// InFlight is the number of runs in flight per variant member.
 	InFlight map[string]int
 	EnvOther int
@@ -29,9 +31,12 @@ type Snapshot struct {
 // Restore builds a model holding s.
 func Restore(cfg Config, s Snapshot) *Model {
 	m := New(cfg)
-	m.V, m.L, m.HasL, m.Cursor, m.EnvOther = s.V, s.L, s.HasL, s.Cursor, s.EnvOther
-	for k, v := range s.Tags {
-		m.tags[k] = v
+	m.v, m.epoch, m.l, m.hasL, m.cursor, m.gk, m.gs = s.V, s.Epoch, s.L, s.HasL, s.Cursor, s.GK, s.GS
+	m.nextSeq = max(1, s.NextSeq)
+	m.EnvOther = s.EnvOther
+	for k, r := range s.Reg {
+		cp := r
+		m.reg[k] = &cp
 	}
 	for k, v := range s.Idle {
 		m.idle[k] = v
@@ -46,7 +51,7 @@ func Restore(cfg Config, s Snapshot) *Model {
 		r := &run{id: sr.ID, key: sr.Key, priority: sr.Priority, at: sr.At, attempt: sr.Attempt}
 		m.runs[r.id] = r
 		vm := m.member(r)
-		// Tags come with the snapshot: runs are added without registering.
+		// Registrations come with the snapshot: runs are added without registering.
 		if sr.Delayed {
 			r.state = Delayed
 			addTo(m.delayed, vm, r.id, float64(r.at))
@@ -56,4 +61,67 @@ func Restore(cfg Config, s Snapshot) *Model {
 		addTo(m.ready, vm, r.id, m.readyScore(r))
 	}
 	return m
+}
+
+// Snapshot returns the model's state as a Snapshot (the runs' ids encoded).
+func (m *Model) Snapshot() Snapshot {
+	s := Snapshot{V: m.v, Epoch: m.epoch, L: m.l, HasL: m.hasL, Cursor: m.cursor, NextSeq: m.nextSeq,
+		GK: m.gk, GS: m.gs, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
+		InFlight: map[string]int{}, EnvOther: m.EnvOther}
+	for k, r := range m.reg {
+		s.Reg[k] = *r
+	}
+	for k, v := range m.idle {
+		s.Idle[k] = v
+	}
+	for k, v := range m.weights {
+		s.Weights[k] = v
+	}
+	for k, v := range m.inflight {
+		s.InFlight[k] = v
+	}
+	for _, r := range m.runs {
+		if r.state != Ready && r.state != Delayed {
+			continue
+		}
+		s.Runs = append(s.Runs, SnapshotRun{ID: r.id, Key: r.key, Priority: r.priority, At: r.at,
+			Attempt: r.attempt, Delayed: r.state == Delayed})
+	}
+	return s
+}
+
+// Clone returns a deep copy of m (runs in flight and dead included).
+func (m *Model) Clone() *Model {
+	c := *m
+	c.reg = make(map[string]*Reg, len(m.reg))
+	for k, r := range m.reg {
+		cp := *r
+		c.reg[k] = &cp
+	}
+	c.idle = cloneMap(m.idle)
+	c.weights = cloneMap(m.weights)
+	c.inflight = cloneMap(m.inflight)
+	c.keyOf = cloneMap(m.keyOf)
+	c.runs = make(map[string]*run, len(m.runs))
+	for id, r := range m.runs {
+		cp := *r
+		c.runs[id] = &cp
+	}
+	cloneSets := func(in map[string]map[string]float64) map[string]map[string]float64 {
+		out := make(map[string]map[string]float64, len(in))
+		for k, v := range in {
+			out[k] = cloneMap(v)
+		}
+		return out
+	}
+	c.ready, c.delayed = cloneSets(m.ready), cloneSets(m.delayed)
+	return &c
+}
+
+func cloneMap[K comparable, V any](in map[K]V) map[K]V {
+	out := make(map[K]V, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
 }

@@ -1,194 +1,376 @@
 -- dequeue_vtime (scheduler flag on): serve up to maxCount ready runs of one
 -- base queue in fair virtual-time order across its variants (start-time fair
--- queuing; vtime/ is the model this must match step by step), each moved in
--- flight with a lease. Every serve re-decides, so a variant may be served
--- several times in one call and a call of N serves what N calls of 1 would.
+-- queuing; vtime/ is the model this follows phase by phase: capacity,
+-- promote, ungate, discover, serve, persist, rebase), each moved in flight
+-- with a lease. Every serve re-decides, so a variant may be served several
+-- times in one call and a call of N serves what N calls of 1 would.
 --
--- KEYS[1..9] -> as dequeue.lua
--- KEYS[10] -> queue ckVtime ZSET (variant member, score tag S)
--- KEYS[11] -> queue ckVtimeFloor STRING (see hooks_vtime)
--- KEYS[12] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[1..10] -> as dequeue.lua
+-- KEYS[11] -> queue ckVtime ZSET (see lib/sched)
+-- KEYS[12] -> queue scheduler state HASH (see lib/sched)
 -- KEYS[13] -> queue weights HASH (variant member -> weight)
--- KEYS[14+3i..16+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
--- ARGV[1..12+n] -> as dequeue.lua (ARGV[10], scan: the age-order window,
---                   the discovery window and the due variants promoted)
--- ARGV[13+n] -> quantum
--- ARGV[14+n] -> state TTL (s)
--- ARGV[15+n] -> idle set cap
--- ARGV[16+n] -> window multiplier
--- ARGV[17+n] -> 1 when ckIndex has variants without a tag (discovery), else 0
--- Returns: see dequeue_end.
-local NK, FK = 9, 13
-local now = tonumber(ARGV[1])
-local NA = 12 + tonumber(ARGV[12])
+-- ARGV[1..12] -> as dequeue.lua (ARGV[10], scan: the discovery cursor's
+--                 step, the age head and the due variants promoted)
+-- ARGV[13] -> scheduler state TTL (ms)
+-- ARGV[14] -> idle set cap
+-- ARGV[15] -> window multiplier
+-- Returns: see dq_finish.
 --@include meta
 --@include hooks
 --@include place
---@include dequeue_begin
---@include window
-local wc = max_count * tonumber(ARGV[NA + 4])
-local repair = ARGV[NA + 5] == '1'
+--@include dequeue
+local OWN_KEYS, OWN_ARGS = 10, 12
+local dq = dq_open(KEYS, ARGV)
+if dq.cap <= 0 then return {} end
+local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
+                     ARGV[OWN_ARGS + 1], ARGV[OWN_ARGS + 2], dq.now)
+local wm = tonumber(ARGV[OWN_ARGS + 3])
+local G = SCHED.G
 
--- Due delayed runs were promoted (and their variants registered) above.
-local f = floor_read()
-local V = f.v
-local tags = {}      -- variant -> working tag, for the variants this call saw
-local changed = {}   -- variants whose tag this call sets
-local idle_taken = {}
--- Without a per-key limit and with nothing to repair every variant in the
--- windows is servable and each serve moves one variant back, so the call
--- can only serve among the first cap of each window: reading further (a
--- costly WITHSCORES reply) would change nothing. (Go passes keys on the
--- same rule.)
-local reach, reach1 = scan, 2 * wc
-if key_limit <= 0 and not repair then reach, reach1 = math.min(scan, cap), math.min(2 * wc, cap) end
-local age_raw = redis.call('ZRANGE', q.ck_index, 0, reach, 'WITHSCORES')
+-- promote: due delayed runs become ready; their variants register.
+dq_promote(dq, sched_hooks(S))
+local st = sched_state(S)
 
--- Discovery: variants with ready runs but no tag register at max(V, parked)
--- or V, from the oldest scan and from scan more at the rotating cursor.
-local discovered = {}
-if repair then
-  local index_n = redis.call('ZCARD', q.ck_index)
-  local seen, list = {}, {}
-  local function consider(vm)
-    if not seen[vm] then
-      seen[vm] = true
-      list[#list + 1] = vm
-    end
+-- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
+-- r (stride remainder, nil until needed), gated, gone, new, hv (state-hash
+-- value to write) }, and the order they were first changed in.
+local ent, changed = {}, {}
+local function touch(e)
+  if not e.touched then
+    e.touched = true
+    changed[#changed + 1] = e
   end
-  for i = 1, math.min(#age_raw, 2 * scan), 2 do consider(age_raw[i]) end
-  if f.c < index_n then
-    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + scan - 1)) do consider(vm) end
+end
+
+-- ungate: after the key limit rose (or went away), the variants gated
+-- under the lower one return, lowest tags first, UNGATE_CHUNK per call.
+local kl = dq.key_limit
+if st.gs == 0 and st.gk > 0 and (kl == 0 or kl > st.gk) then
+  st.gs = redis.call('ZCOUNT', S.z, SCHED.GS, '+inf')
+  st.gk = kl
+end
+if st.gs > 0 then
+  local k = math.min(st.gs, SCHED.UNGATE_CHUNK)
+  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, k + 1)
+  local n = math.min(#raw / 2, k)
+  local vms = {}
+  for i = 1, n do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  local hvs = sched_hmget(S.h, vms)
+  local zargs, hargs = {}, {}
+  for i = 1, n do
+    local r = 0
+    if hvs[i] then r = sched_parse(hvs[i]).r end
+    local u = num(raw[2 * i]) - G
+    if u < st.v then u, r = st.v, 0 end
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = raw[2 * i - 1]
+    hargs[#hargs + 1] = vms[i]
+    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, r)
   end
-  if #list > 0 then
-    local have = redis.call('ZMSCORE', vt.tags, unpack(list))
-    local need = {}
-    for i, vm in ipairs(list) do
-      if not have[i] then need[#need + 1] = vm end
-    end
-    if #need > 0 then
-      local parked = redis.call('ZMSCORE', vt.idle, unpack(need))
-      for i, vm in ipairs(need) do
-        local s = V
-        if parked[i] then
-          s = math.max(V, tonumber(parked[i]))
-          idle_taken[#idle_taken + 1] = vm
-        end
-        discovered[#discovered + 1] = { vm = vm, s = s }
-        tags[vm] = s
-        changed[vm] = true
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  st.gs = st.gs - n
+  if #raw / 2 <= k then st.gs = 0 end
+end
+
+-- discover: scan variants of ckIndex at the rotating cursor; untagged ones
+-- register (at V or their parked tag), gated ones below their limit return.
+do
+  local raw = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
+  local list = {}
+  for i = 1, math.min(#raw, dq.scan) do list[i] = raw[i] end
+  local hvs = sched_hmget(S.h, list)
+  local zargs, hargs = {}, {}
+  for i, vm in ipairs(list) do
+    if not hvs[i] then
+      local u, code = sched_admit(S, st, vm, true, nil)
+      zargs[#zargs + 1] = sched_fmt(u)
+      zargs[#zargs + 1] = code .. vm
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = code
+    else
+      local rg = sched_parse(hvs[i])
+      if rg.gated and not dq_at_limit(dq, vm) then
+        local u, r = num(redis.call('ZSCORE', S.z, rg.code .. vm)) - G, rg.r
+        if u < st.v then u, r = st.v, 0 end
+        zargs[#zargs + 1] = sched_fmt(u)
+        zargs[#zargs + 1] = rg.code .. vm
+        hargs[#hargs + 1] = vm
+        hargs[#hargs + 1] = sched_value(rg.code, false, r)
       end
     end
   end
-  f.c = f.c + scan
-  if f.c >= index_n then f.c = 0 end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  st.c = st.c + dq.scan
+  if #raw <= dq.scan then st.c = 0 end
 end
 
--- Pass 1 reads 2*wc tags and, when the counts differ (repair), 2*wc more
--- to replace stale ones: tags of variants with no ready run, which only a
--- flag-off instance leaves behind (it drains variants without touching
--- ckVtime), and which make the counts differ.
-local spare = 0
-if repair then spare = 2 * wc end
-local scan_raw = redis.call('ZRANGE', vt.tags, 0, reach1 + spare, 'WITHSCORES')
-for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local pass1 = window_new(scan_raw, reach1, discovered, spare)
-local age = window_new(age_raw, reach)
+-- serve, pass 1: the active tags in (tag, registration) order, read lazily
+-- into a window (W), as vtime's window does. Nothing of ckVtime's active
+-- region is written until persist, so reads by rank stay consistent.
+local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
+            budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
+local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
 
-local nw = f.nw
+local function w_insert(e)
+  if W.more and W.read > 0 and before(W.last, e) then
+    W.over[#W.over + 1] = e
+    return
+  end
+  local list = W.list
+  local at = #list + 1
+  for i = 1, #list do
+    if before(e, list[i]) then
+      at = i
+      break
+    end
+  end
+  table.insert(list, at, e)
+end
+
+local function w_remove(e)
+  for i = 1, #W.list do
+    if W.list[i] == e then
+      table.remove(W.list, i)
+      return
+    end
+  end
+end
+
+-- Read the next chunk (first cap + 1 entries, then as many as were read,
+-- within the budget; one more is peeked to know whether any are left).
+local function w_extend()
+  if not W.more or W.read >= W.budget then return false end
+  local n = W.first
+  if W.read > 0 then n = W.read end
+  n = math.min(n, W.budget - W.read)
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(' .. SCHED.GS, 'WITHSCORES', 'LIMIT', W.read, n + 1)
+  local got = #raw / 2
+  W.more = got > n
+  local take = math.min(got, n)
+  if take == 0 then return false end
+  for i = 1, take do
+    local member = raw[2 * i - 1]
+    local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
+                u = num(raw[2 * i]) }
+    ent[e.vm] = e
+    W.list[#W.list + 1] = e
+  end
+  W.read = W.read + take
+  W.last = { u = num(raw[2 * take]), member = raw[2 * take - 1] }
+  local over = W.over
+  W.over = {}
+  for _, e in ipairs(over) do w_insert(e) end
+  return true
+end
+
+local parked = {}
+local function gate(e)
+  e.gated = true
+  st.gk = kl
+  touch(e)
+end
+
+local function leave(e)
+  e.gone = true
+  touch(e)
+  if e.u > st.v then parked[#parked + 1] = e end
+end
+
+-- The first servable entry; stale entries (no ready run: a flag-off drain
+-- left them) are collected and those at their key limit gated, for good.
+local function pick()
+  while true do
+    local i = 1
+    while i <= #W.list do
+      local e = W.list[i]
+      if dq_head(dq, e.vm) == nil then
+        table.remove(W.list, i)
+        leave(e)
+      elseif dq_at_limit(dq, e.vm) then
+        table.remove(W.list, i)
+        gate(e)
+      else
+        return e
+      end
+    end
+    if not w_extend() then return nil end
+  end
+end
+
+-- serve, age head (once, when pass 1 runs dry): the first scan variants of
+-- ckIndex as it stood when serving began (nothing writes it before
+-- dq_finish) that still have a ready run: untagged ones register at V or
+-- their parked tag, gated ones below their limit return.
+local function age_head()
+  local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
+  local need = {}
+  for _, vm in ipairs(list) do
+    if ent[vm] == nil then need[#need + 1] = vm end
+  end
+  local hv = {}
+  local vals = sched_hmget(S.h, need)
+  for i, vm in ipairs(need) do hv[vm] = vals[i] end
+  for _, vm in ipairs(list) do
+    if ent[vm] == nil and dq_head(dq, vm) ~= nil then
+      if hv[vm] then
+        local rg = sched_parse(hv[vm])
+        if rg.gated and not dq_at_limit(dq, vm) then
+          local member = rg.code .. vm
+          local e = { vm = vm, member = member, code = rg.code,
+                      u = num(redis.call('ZSCORE', S.z, member)) - G, r = rg.r, was_gated = true }
+          if e.u < st.v then e.u, e.r = st.v, 0 end
+          ent[vm] = e
+          touch(e)
+          w_insert(e)
+        end
+      else
+        local u, code = sched_admit(S, st, vm, true, nil)
+        local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        ent[vm] = e
+        touch(e)
+        w_insert(e)
+      end
+    end
+  end
+end
+
+local nw = st.nw
 if nw < 0 then
-  nw = redis.call('HLEN', vt.weights)
-  f.nw = nw
+  nw = redis.call('HLEN', S.w)
+  st.nw = nw
 end
-local weight_of = {}
-local function weight(vm)
-  if nw == 0 then return 1 end
-  if weight_of[vm] == nil then weight_of[vm] = tonumber(redis.call('HGET', vt.weights, vm)) or 1 end
-  return weight_of[vm]
-end
-
-local function tag(vm)
-  if tags[vm] == nil then
-    local s = redis.call('ZSCORE', vt.tags, vm)
-    if s then tags[vm] = tonumber(s) else tags[vm] = V end
-  end
-  return tags[vm]
+local milli = {}
+local function weight_of(vm)
+  if nw == 0 then return 1000 end
+  if milli[vm] == nil then milli[vm] = sched_milli(redis.call('HGET', S.w, vm)) end
+  return milli[vm]
 end
 
-local function servable(vm)
-  return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
-end
-
--- First servable variant of pass 1; stale ones met on the way leave the
--- window for good and are collected below.
-local stale = {}
-local function pass1_first()
-  local i = 1
-  while i <= #pass1.list do
-    local vm = pass1.list[i].vm
-    if servable(vm) then return vm end
-    local c = cands[vm]
-    if c ~= nil and c.list ~= nil and #c.list == 0 and c.complete then
-      stale[#stale + 1] = vm
-      window_drop(pass1, vm)
-    else
-      i = i + 1
+-- The stride remainder of e: only a weight other than 1 leaves one.
+local function remainder(e, mw)
+  if e.r == nil then
+    e.r = 0
+    if mw ~= 1000 then
+      local hv = redis.call('HGET', S.h, e.vm)
+      if hv then e.r = sched_parse(hv).r end
     end
+    e.r0 = e.r
   end
-  return nil
+  return e.r
 end
 
-local parked, drained = {}, {}
-while #served < cap do
-  local vm = pass1_first() or window_first(age, servable)
-  if vm == nil then break end
-  local e = math.max(tag(vm), V)
-  V = math.max(V, e)
-  local s = e + vt.quantum / weight(vm)
-  tags[vm] = s
-  changed[vm] = true
-  local _, nxt = take(vm)
-  if nxt ~= nil then
-    window_move(pass1, vm, s)
-    window_move(age, vm, nxt)
+-- E = max(S, V), V = max(V, E), S = E + stride (exact: quotient and
+-- remainder of 10^9 / milli-weight).
+local function serve_one(e)
+  local mw = weight_of(e.vm)
+  local eu, er = e.u, remainder(e, mw)
+  if eu < st.v then eu, er = st.v, 0 end
+  if eu > st.v then st.v = eu end
+  if er >= mw then er = 0 end
+  local q, r = sched_div(er + SCHED.STRIDE, mw)
+  e.u, e.r = eu + q, r
+  touch(e)
+  local nxt = dq_take(dq, e.vm)
+  w_remove(e)
+  if nxt == nil then
+    leave(e)
+  elseif dq_at_limit(dq, e.vm) then
+    gate(e)
   else
-    window_remove(pass1, vm)
-    window_remove(age, vm)
-    if s > V then parked[#parked + 1] = { vm = vm, s = s } end
-    drained[#drained + 1] = vm
-    changed[vm] = nil
+    w_insert(e)
   end
 end
 
--- Stale tags go as drained variants do (parked when above V). This is the
--- one write a call that serves nothing may make: it collects garbage.
-for _, vm in ipairs(stale) do
-  if tags[vm] > V then parked[#parked + 1] = { vm = vm, s = tags[vm] } end
-  drained[#drained + 1] = vm
-  changed[vm] = nil
+w_extend()
+local age_done = false
+while #dq.served < dq.cap do
+  local e = pick()
+  if e == nil and not age_done then
+    age_done = true
+    age_head()
+    e = pick()
+  end
+  if e == nil then break end
+  serve_one(e)
 end
-if #served > 0 or #stale > 0 then
-  local zargs = {}
-  for vm, _ in pairs(changed) do
-    zargs[#zargs + 1] = fmt(tags[vm])
-    zargs[#zargs + 1] = vm
-  end
-  for i = 1, #zargs, 1000 do
-    redis.call('ZADD', vt.tags, unpack(zargs, i, math.min(i + 999, #zargs)))
-  end
-  if #drained > 0 then redis.call('ZREM', vt.tags, unpack(drained)) end
-  if #idle_taken > 0 then redis.call('ZREM', vt.idle, unpack(idle_taken)) end
-  if #parked > 0 then
-    local iargs = {}
-    for _, p in ipairs(parked) do
-      iargs[#iargs + 1] = fmt(p.s)
-      iargs[#iargs + 1] = p.vm
+
+-- persist: the tags and registrations this call changed, then parked tags.
+do
+  local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
+  for _, e in ipairs(changed) do
+    if e.gone then
+      if not e.new then
+        zrem[#zrem + 1] = e.member
+        hdel[#hdel + 1] = e.vm
+      end
+    else
+      local score = e.u
+      if e.gated then score = score + G end
+      zargs[#zargs + 1] = sched_fmt(score)
+      zargs[#zargs + 1] = e.member
+      if e.r == nil then
+        -- Gated without a serve: keep the remainder it has.
+        local hv = redis.call('HGET', S.h, e.vm)
+        e.r = 0
+        if hv then e.r = sched_parse(hv).r end
+        e.r0 = e.r
+      end
+      local r = e.r
+      if e.new or e.gated or e.was_gated or r ~= (e.r0 or 0) then
+        hargs[#hargs + 1] = e.vm
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, r)
+      end
     end
-    redis.call('ZADD', vt.idle, unpack(iargs))
-    reap_idle(V)
   end
-  f.v = V
-  floor_write(f)
+  for _, e in ipairs(parked) do
+    iargs[#iargs + 1] = sched_fmt(e.u - G)
+    iargs[#iargs + 1] = e.vm
+  end
+  sched_chunked('ZREM', S.z, zrem, 1)
+  sched_chunked('HDEL', S.h, hdel, 1)
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  if #iargs > 0 then
+    sched_chunked('ZADD', S.z, iargs, 2)
+    sched_reap(S, st.v)
+  end
 end
---@include dequeue_end
-return out
+
+-- rebase: once V reaches 2^51, every stored time moves down 2^50 (tags
+-- more than 2^49 below V first rise to it: they are worth V either way).
+if st.v >= SCHED.REBASE_AT then
+  sched_reap(S, st.v)
+  local lo = st.v - SCHED.REBASE_FLOOR
+  local zargs, hargs = {}, {}
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '+inf', 'WITHSCORES')
+  for i = 1, #raw, 2 do
+    local s = num(raw[i + 1])
+    local gated = s >= G
+    local u = s
+    if gated then u = s - G end
+    if u < lo then
+      u = lo
+      hargs[#hargs + 1] = string.sub(raw[i], 9)
+      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, 0)
+    end
+    u = u - SCHED.REBASE_BY
+    if gated then u = u + G end
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = raw[i]
+  end
+  local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, '(0', 'WITHSCORES')
+  for i = 1, #idle, 2 do
+    zargs[#zargs + 1] = sched_fmt(num(idle[i + 1]) - SCHED.REBASE_BY)
+    zargs[#zargs + 1] = idle[i]
+  end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  if st.l ~= nil then st.l = math.max(st.l, lo) - SCHED.REBASE_BY end
+  st.v = st.v - SCHED.REBASE_BY
+  st.e = st.e + 1
+end
+
+sched_save(S)
+return dq_finish(dq)

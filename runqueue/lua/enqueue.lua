@@ -22,6 +22,8 @@
 -- ARGV[11] -> maximum queued runs in the queue, 0 for no limit
 -- ARGV[12] -> maximum queued runs in the variant, 0 for no limit
 -- ARGV[13] -> wake channel ("" to not publish)
+-- Flag on: KEYS[9..11] and ARGV[14..15] follow, the scheduler's (see
+-- lib/hooks_vtime).
 -- Returns: 1 queued, 0 already queued with the same body (no-op).
 -- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.
 --@include meta
@@ -41,9 +43,10 @@ local run_member = ARGV[9]
 local max_queue = tonumber(ARGV[11])
 local max_key = tonumber(ARGV[12])
 local wake = ARGV[13]
-local NK, NA = 8, 13
 --@include hooks
 --@include place
+local OWN_KEYS, OWN_ARGS = 8, 13
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
 local existing = redis.call('HGET', q.meta, id)
 if existing then
@@ -67,12 +70,14 @@ end
 
 local st = 'd'
 if available_at <= now then st = 'r' end
--- The delivery counter starts at now * 1000, so the lease tokens of a run
--- enqueued again under a reused id never repeat the tokens of the old one.
-redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = now * 1000, ld = 0, vm = vm,
+-- dl is the delivery token of the current holder: 0 until a dequeue gives
+-- one from the shard's counter (so tokens never repeat, whatever ids are
+-- reused).
+redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = 0, ld = 0, vm = vm,
   pr = priority, at = available_at, ttl = expires_at }), id .. ':p', payload)
 if expires_at > 0 then
   redis.call('ZADD', ttl_set, expires_at, run_member)
 end
-place_wake(q, v, id, vm, available_at, ready_score, now, wake)
+place_wake(q, v, hooks, id, vm, available_at, ready_score, now, wake)
+hooks.finish()
 return 1

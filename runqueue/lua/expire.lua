@@ -13,6 +13,8 @@
 -- ARGV[3] -> variant member
 -- ARGV[4] -> run member
 -- ARGV[5] -> queue member
+-- Flag on: KEYS[9..11] and ARGV[6..7] follow, the scheduler's (see
+-- lib/hooks_vtime).
 -- Returns: 1 expired, 0 nothing to expire (gone, in flight, or not yet due).
 --@include meta
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
@@ -21,9 +23,10 @@ local v = { ready = KEYS[2], delayed = KEYS[3] }
 local ttl_set = KEYS[8]
 local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
-local NK, NA = 8, 5
 --@include hooks
 --@include place
+local OWN_KEYS, OWN_ARGS = 8, 5
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
 local raw = redis.call('HGET', q.meta, id)
 if not raw then
@@ -36,7 +39,8 @@ if m.vm ~= vm or (m.st ~= 'r' and m.st ~= 'd') or m.ttl == 0 then
   return 0
 end
 if m.ttl > now then return 0 end
-unplace(q, v, id, vm, m.st)
+unplace(q, v, hooks, id, vm, m.st)
 redis.call('HDEL', q.meta, id, id .. ':p')
 redis.call('ZREM', ttl_set, member)
+hooks.finish()
 return 1

@@ -26,7 +26,12 @@
 -- ARGV[9] -> 1 to dead-letter now
 -- ARGV[10] -> queue member
 -- ARGV[11] -> wake channel ("" to not publish)
--- Returns: {1, attempt} requeued, {0, attempt} dead-lettered.
+-- Flag on: KEYS[14..16] and ARGV[12..13] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A retried
+-- call of a holder whose first call went through (the run is no longer in
+-- flight and its last delivery token is the holder's) returns what the
+-- first returned.
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
 --@include meta
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
@@ -42,17 +47,29 @@ local priority_step = tonumber(ARGV[7])
 local max_attempts = tonumber(ARGV[8])
 local kill = ARGV[9] == '1'
 local wake = ARGV[11]
-local NK, NA = 13, 11
 --@include hooks
 --@include place
 --@include holder
+local OWN_KEYS, OWN_ARGS = 13, 11
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
+if token > 0 then
+  local raw = redis.call('HGET', q.meta, id)
+  if raw then
+    local m = meta_parse(raw)
+    if m.vm == vm and m.st ~= 'f' and m.dl == token then
+      if m.st == 'x' then return { 0, m.att } end
+      return { 1, m.att }
+    end
+  end
+end
 local m, err = load_held(q.meta, id, vm, token, now)
 if err then return err end
 redis.call('SREM', env_inflight, member)
 redis.call('SREM', queue_inflight, id)
 redis.call('SREM', variant_inflight, id)
 redis.call('ZREM', leases, member)
+hooks.released(vm)
 m.att = m.att + 1
 m.ld = 0
 if kill or (max_attempts > 0 and m.att > max_attempts) then
@@ -60,11 +77,13 @@ if kill or (max_attempts > 0 and m.att > max_attempts) then
   redis.call('HSET', q.meta, id, meta_format(m))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, 1)
+  hooks.finish()
   return { 0, m.att }
 end
 m.at = retry_at
 m.st = 'd'
 if retry_at <= now then m.st = 'r' end
 redis.call('HSET', q.meta, id, meta_format(m))
-place_wake(q, v, id, vm, retry_at, retry_at - m.pr * priority_step, now, wake)
+place_wake(q, v, hooks, id, vm, retry_at, retry_at - m.pr * priority_step, now, wake)
+hooks.finish()
 return { 1, m.att }

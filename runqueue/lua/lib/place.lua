@@ -4,9 +4,9 @@ local function master_refresh(ck_index, delay_index, master, qm)
   local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
   local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
   local best = nil
-  if r[2] then best = tonumber(r[2]) end
+  if r[2] then best = num(r[2]) end
   if d[2] then
-    local x = tonumber(d[2])
+    local x = num(d[2])
     if best == nil or x < best then best = x end
   end
   if best == nil then
@@ -30,16 +30,16 @@ end
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
 -- score, which can only move when the index entry did (CH says so).
--- on_ready_start(vm) runs when the variant's ready head is new or earlier
--- (the scheduler registers a variant that has no tag).
+-- hooks.ready_start(vm) runs when the variant's ready head is new or
+-- earlier (the scheduler registers a variant that has no tag).
 -- Returns: ready (the run is ready), earliest (the run is now the queue's
 -- earliest work).
-local function place(q, v, id, vm, at, rs, now)
+local function place(q, v, hooks, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      on_ready_start(vm)
+      hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
     return true, false
@@ -56,8 +56,8 @@ end
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, id, vm, at, rs, now)
+local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
+  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -75,12 +75,13 @@ local function index_head(set, index, vm)
 end
 
 -- Remove a queued run from its variant (ready or delayed) and fix the
--- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
-local function unplace(q, v, id, vm, st)
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves.
+local function unplace(q, v, hooks, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)

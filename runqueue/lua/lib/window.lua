@@ -3,24 +3,14 @@
 -- scores change. An entry whose new score sorts after the n-th entry read
 -- leaves the window, because unread entries may sort before it; a set read
 -- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
--- WITHSCORES reply of up to n + spare + 1 entries; extra holds more {vm, s}
--- entries to merge in (variants registered by this call). Up to spare
--- entries after the first n are kept aside to refill the window when one
--- of its entries turns out to be stale (window_drop).
+-- WITHSCORES reply of up to n + 1 entries.
 local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
 
-local function window_new(raw, n, extra, spare)
+local function window_new(raw, n)
   local list = {}
-  for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = tonumber(raw[i + 1]) } end
-  if extra then
-    for _, e in ipairs(extra) do list[#list + 1] = { vm = e.vm, s = e.s } end
-    table.sort(list, entry_before)
-  end
-  local w = { list = list, bound = nil, spare = {} }
+  for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = num(raw[i + 1]) } end
+  local w = { list = list, bound = nil }
   if #list > n then
-    spare = spare or 0
-    for i = n + 1, math.min(#list, n + spare) do w.spare[#w.spare + 1] = list[i] end
-    w.more = #list > n + spare
     for i = #list, n + 1, -1 do list[i] = nil end
     w.bound = { vm = list[n].vm, s = list[n].s }
   end
@@ -48,20 +38,6 @@ local function window_remove(w, vm)
     end
   end
   return nil
-end
-
--- Drop vm from the window for good and take the next spare entry in its
--- place (every spare entry sorts after the window's, so it goes last).
-local function window_drop(w, vm)
-  if not window_remove(w, vm) then return end
-  local nxt = table.remove(w.spare, 1)
-  if nxt == nil then return end
-  w.list[#w.list + 1] = nxt
-  if #w.spare == 0 and not w.more then
-    w.bound = nil
-  else
-    w.bound = { vm = nxt.vm, s = nxt.s }
-  end
 end
 
 -- Re-sort vm with its new score s, if it is in the window.

@@ -9,8 +9,12 @@
 -- ARGV[2] -> variant member
 -- ARGV[3] -> run member
 -- ARGV[4] -> delivery token of the holder
--- Returns: 1.
--- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST.
+-- ARGV[5] -> now (ms)
+-- Flag on: KEYS[6..8] and ARGV[6..7] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: 1 acked, 0 the run no longer exists (acked before: a retried
+-- ack whose first call went through finds it so).
+-- Errors: RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST.
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
 --   st  state: r ready, d delayed, f in flight, x dead
 --   att attempt number of the next (or current) delivery, from 1
@@ -32,6 +36,17 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
 -- Load run id of variant vm and check that it is in flight under the lease
 -- token the caller holds (token 0: any holder whose lease has passed now).
 -- Returns the parsed metadata, or nil and an error reply.
@@ -48,10 +63,19 @@ local function load_held(meta, id, vm, token, now)
   end
   return m
 end
+-- Scheduler flag off: no scheduler state; the hooks do nothing. (The
+-- flag-on build includes hooks_vtime instead, with the same function.)
+local function hooks_open(keys, args, own_keys, own_args, now)
+  local nop = function() end
+  return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
+end
 local meta, env_inflight, queue_inflight, variant_inflight, leases =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, vm, member, token = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local OWN_KEYS, OWN_ARGS = 5, 5
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, tonumber(ARGV[5]))
 
+if redis.call('HEXISTS', meta, id) == 0 then return 0 end
 local _, err = load_held(meta, id, vm, token, 0)
 if err then return err end
 redis.call('HDEL', meta, id, id .. ':p')
@@ -59,4 +83,6 @@ redis.call('SREM', env_inflight, member)
 redis.call('SREM', queue_inflight, id)
 redis.call('SREM', variant_inflight, id)
 redis.call('ZREM', leases, member)
+hooks.released(vm)
+hooks.finish()
 return 1

@@ -1,7 +1,8 @@
 -- dequeue (scheduler flag off): serve up to maxCount ready runs of one base
 -- queue in age order (lowest ready score first across its variants; ties by
 -- variant member), each moved in flight with a lease. One variant may give
--- several runs in one call.
+-- several runs in one call. Variant keys are derived from their members in
+-- the queue's hash slot (see lib/dequeue).
 --
 -- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
 -- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
@@ -12,9 +13,9 @@
 -- KEYS[7] -> queue inflight SET (encoded ids)
 -- KEYS[8] -> queue runs HASH (metadata and payload fields)
 -- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
--- KEYS[10+3i..12+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
+-- KEYS[10] -> shard delivery token counter STRING
 -- ARGV[1] -> now (ms)
--- ARGV[2] -> maxCount
+-- ARGV[2] -> maxCount (at most 2000)
 -- ARGV[3] -> env concurrency limit, 0 for none
 -- ARGV[4] -> queue concurrency limit (all keys), 0 for none
 -- ARGV[5] -> per-key concurrency limit, 0 for none
@@ -24,11 +25,8 @@
 -- ARGV[9] -> priority step (ms)
 -- ARGV[10] -> scan: ckIndex entries read (and due delayed variants promoted)
 -- ARGV[11] -> promote limit: runs promoted per variant per call
--- ARGV[12] -> n, the number of candidate variants
--- ARGV[13..12+n] -> candidate variant members, in KEYS order
--- Returns: see dequeue_end.
-local FK = 9
-local now = tonumber(ARGV[1])
+-- ARGV[12] -> variant key base (the queue's keys' start .. ":v:")
+-- Returns: see dq_finish.
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
 --   st  state: r ready, d delayed, f in flight, x dead
 --   att attempt number of the next (or current) delivery, from 1
@@ -50,18 +48,32 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
--- Scheduler flag off: variants are served in age order; nothing to track.
-local function on_ready_start(vm) end
-local function on_ready_empty(vm) end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
+-- Scheduler flag off: no scheduler state; the hooks do nothing. (The
+-- flag-on build includes hooks_vtime instead, with the same function.)
+local function hooks_open(keys, args, own_keys, own_args, now)
+  local nop = function() end
+  return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
+end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
 local function master_refresh(ck_index, delay_index, master, qm)
   local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
   local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
   local best = nil
-  if r[2] then best = tonumber(r[2]) end
+  if r[2] then best = num(r[2]) end
   if d[2] then
-    local x = tonumber(d[2])
+    local x = num(d[2])
     if best == nil or x < best then best = x end
   end
   if best == nil then
@@ -85,16 +97,16 @@ end
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
 -- score, which can only move when the index entry did (CH says so).
--- on_ready_start(vm) runs when the variant's ready head is new or earlier
--- (the scheduler registers a variant that has no tag).
+-- hooks.ready_start(vm) runs when the variant's ready head is new or
+-- earlier (the scheduler registers a variant that has no tag).
 -- Returns: ready (the run is ready), earliest (the run is now the queue's
 -- earliest work).
-local function place(q, v, id, vm, at, rs, now)
+local function place(q, v, hooks, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      on_ready_start(vm)
+      hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
     return true, false
@@ -111,8 +123,8 @@ end
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, id, vm, at, rs, now)
+local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
+  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -130,12 +142,13 @@ local function index_head(set, index, vm)
 end
 
 -- Remove a queued run from its variant (ready or delayed) and fix the
--- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
-local function unplace(q, v, id, vm, st)
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves.
+local function unplace(q, v, hooks, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)
@@ -144,50 +157,57 @@ local function unplace(q, v, id, vm, st)
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
--- Shared start of the dequeue scripts: bind keys and arguments, compute the
--- capacity the env and queue limits allow, map the candidate variants Go
--- read ahead (only those have declared keys), and promote due delayed runs.
-local q = { ck_index = KEYS[1], delay_index = KEYS[2], depth = KEYS[3], master = KEYS[4],
-            meta = KEYS[8], qm = ARGV[7] }
-local leases, env_inflight, queue_inflight, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9]
-local max_count = tonumber(ARGV[2])
-local env_limit = tonumber(ARGV[3])
-local queue_limit = tonumber(ARGV[4])
-local key_limit = tonumber(ARGV[5])
-local lease_deadline = tonumber(ARGV[6])
-local run_prefix = ARGV[8]
-local priority_step = tonumber(ARGV[9])
-local scan = tonumber(ARGV[10])
-local promote_limit = tonumber(ARGV[11])
-local ncand = tonumber(ARGV[12])
-
-local cap = max_count
-if env_limit > 0 then cap = math.min(cap, env_limit - redis.call('SCARD', env_inflight)) end
-if queue_limit > 0 then cap = math.min(cap, queue_limit - redis.call('SCARD', queue_inflight)) end
-if cap <= 0 then return {} end
-
--- cands[vm] = { ready, delayed, inflight keys; inflight count; prefetched ready head }
-local cands = {}
-for i = 1, ncand do
-  local base = FK + 3 * (i - 1)
-  cands[ARGV[12 + i]] = { ready = KEYS[base + 1], delayed = KEYS[base + 2], inflight = KEYS[base + 3] }
+-- The machinery both dequeue scripts share, as functions over one call's
+-- state dq: binding its keys and arguments, the capacity the env and queue
+-- limits leave, promotion of due delayed runs, reading variants' heads,
+-- taking runs, and moving the taken runs in flight (dq_finish).
+--
+-- Variant keys are derived from the variant member ("=" .. encoded key):
+-- vbase .. encoded key .. ":ready" (":delayed", ":inflight"), the names
+-- keys.Queue.Variant builds in Go. They share the queue's hash tag, so on
+-- Redis Cluster they live in the slot of the declared keys.
+local function dq_open(keys, args)
+  local dq = {
+    ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
+    env_inflight = keys[6], queue_inflight = keys[7], meta = keys[8], ttl_set = keys[9], tokens = keys[10],
+    now = tonumber(args[1]), max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
+    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = tonumber(args[6]),
+    qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
+    promote_limit = tonumber(args[11]), vbase = args[12],
+    vars = {},     -- variant member -> { ready, delayed, inflight keys; head cache }
+    touched = {},  -- variant members in first-serve order
+    served = {},   -- { vm, id } in serve order
+    dirty = false, -- promotion wrote something
+  }
+  local cap = dq.max_count
+  if dq.env_limit > 0 then cap = math.min(cap, dq.env_limit - redis.call('SCARD', dq.env_inflight)) end
+  if dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('SCARD', dq.queue_inflight)) end
+  dq.cap = cap
+  return dq
 end
-local touched = {}   -- variant members in first-serve order
-local dirty = false  -- promotion or serve wrote something
+
+local function dq_var(dq, vm)
+  local c = dq.vars[vm]
+  if c == nil then
+    local b = dq.vbase .. string.sub(vm, 2)
+    c = { ready = b .. ':ready', delayed = b .. ':delayed', inflight = b .. ':inflight', taken = 0 }
+    dq.vars[vm] = c
+  end
+  return c
+end
 
 -- Move up to promote_limit due runs of variant vm from delayed to ready.
-local function promote(vm)
-  local c = cands[vm]
-  if c == nil then return end
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', now, 'WITHSCORES', 'LIMIT', 0, promote_limit)
+local function dq_promote_variant(dq, hooks, vm)
+  local c = dq_var(dq, vm)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now, 'WITHSCORES', 'LIMIT', 0, dq.promote_limit)
   if #due > 0 then
     local ids = {}
     for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
-    local metas = redis.call('HMGET', q.meta, unpack(ids))
+    local metas = redis.call('HMGET', dq.meta, unpack(ids))
     local zargs, hargs, min_rs = {}, {}, nil
     for i, id in ipairs(ids) do
       local m = meta_parse(metas[i])
-      local rs = m.at - m.pr * priority_step
+      local rs = m.at - m.pr * dq.priority_step
       if min_rs == nil or rs < min_rs then min_rs = rs end
       zargs[#zargs + 1] = rs
       zargs[#zargs + 1] = id
@@ -197,35 +217,37 @@ local function promote(vm)
     end
     redis.call('ZADD', c.ready, unpack(zargs))
     redis.call('ZREM', c.delayed, unpack(ids))
-    redis.call('HSET', q.meta, unpack(hargs))
-    redis.call('HINCRBY', q.depth, 'd', -#ids)
-    redis.call('HINCRBY', q.depth, 'r', #ids)
-    if redis.call('ZADD', q.ck_index, 'LT', min_rs, vm) == 1 then on_ready_start(vm) end
-    dirty = true
+    redis.call('HSET', dq.meta, unpack(hargs))
+    redis.call('HINCRBY', dq.depth, 'd', -#ids)
+    redis.call('HINCRBY', dq.depth, 'r', #ids)
+    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
+    dq.dirty = true
   end
-  index_head(c.delayed, q.delay_index, vm)
+  index_head(c.delayed, dq.delay_index, vm)
 end
 
-local due_variants = redis.call('ZRANGEBYSCORE', q.delay_index, '-inf', now, 'LIMIT', 0, scan)
-for _, vm in ipairs(due_variants) do promote(vm) end
+-- Promote the due delayed runs of the first scan due variants.
+local function dq_promote(dq, hooks)
+  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now, 'LIMIT', 0, dq.scan)
+  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
+end
 
--- Head of variant vm's ready ZSET as seen by this call, walked in memory:
--- the first read takes up to 8 entries, each further read doubles what is
--- held, never past cap + 1 in all (one more than the call can take, so
--- running out of a short read means the variant is empty). taken counts
--- the runs served.
-local function head(vm)
-  local c = cands[vm]
+-- Head of variant vm's ready ZSET as seen by this call (after the runs it
+-- took), walked in memory: the first read takes up to 8 entries, each
+-- further read doubles what is held, never past cap + 1 in all (one more
+-- than the call can take, so running out of a short read means the variant
+-- is empty). Returns the head's ready score and id, or nil.
+local function dq_head(dq, vm)
+  local c = dq_var(dq, vm)
   if c.list == nil then
-    local want = math.min(cap + 1, 8)
+    local want = math.min(dq.cap + 1, 8)
     c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
-    c.taken = 0
     c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
   if c.list[p] == nil and not c.complete then
     local have = #c.list / 2
-    local want = math.min(have, cap + 1 - have)
+    local want = math.min(have, dq.cap + 1 - have)
     if want > 0 then
       local more = redis.call('ZRANGE', c.ready, have, have + want - 1, 'WITHSCORES')
       for _, x in ipairs(more) do c.list[#c.list + 1] = x end
@@ -233,51 +255,112 @@ local function head(vm)
     end
   end
   if c.list[p] == nil then return nil end
-  return tonumber(c.list[p + 1]), c.list[p]
+  return num(c.list[p + 1]), c.list[p]
 end
 
 -- True when vm's own limit blocks another serve.
-local function key_gated(vm)
-  if key_limit <= 0 then return false end
-  local c = cands[vm]
+local function dq_at_limit(dq, vm)
+  if dq.key_limit <= 0 then return false end
+  local c = dq_var(dq, vm)
   if c.inflight_n == nil then c.inflight_n = redis.call('SCARD', c.inflight) end
-  return c.inflight_n + (c.taken or 0) >= key_limit
+  return c.inflight_n + c.taken >= dq.key_limit
 end
 
--- Serve the head of vm; returns its ready score and the next head's.
-local served = {}
-local function take(vm)
-  local c = cands[vm]
-  local p = 2 * c.taken + 1
-  local rs, id = tonumber(c.list[p + 1]), c.list[p]
-  if c.taken == 0 then touched[#touched + 1] = vm end
+-- Serve the head of vm (dq_head found one); returns the next head's ready
+-- score, or nil when vm has no ready run left.
+local function dq_take(dq, vm)
+  local c = dq_var(dq, vm)
+  local id = c.list[2 * c.taken + 1]
+  if c.taken == 0 then dq.touched[#dq.touched + 1] = vm end
   c.taken = c.taken + 1
-  served[#served + 1] = { vm = vm, id = id }
-  return rs, (head(vm))
+  dq.served[#dq.served + 1] = { vm = vm, id = id }
+  return (dq_head(dq, vm))
+end
+
+-- Persist the serves chosen in memory: take the runs out of their ready
+-- sets, move them in flight with a lease and a delivery token (unique in
+-- the shard for ever: a counter), fix the indexes and the master score.
+-- Returns a flat array: for each run, encoded id, variant member, payload,
+-- attempt, delivery token.
+local function dq_finish(dq)
+  if #dq.served == 0 then
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
+    return {}
+  end
+  -- dq_head read past the last run taken (or found the set ended), so the
+  -- new head of each touched variant is known without reading it again.
+  local heads, emptied = {}, {}
+  for _, vm in ipairs(dq.touched) do
+    local c = dq.vars[vm]
+    local ids = {}
+    for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
+    redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
+    redis.call('SADD', c.inflight, unpack(ids))
+    local p = 2 * c.taken + 1
+    if c.list[p] then
+      heads[#heads + 1] = c.list[p + 1]
+      heads[#heads + 1] = vm
+    else
+      emptied[#emptied + 1] = vm
+    end
+  end
+  for i = 1, #heads, 1000 do
+    redis.call('ZADD', dq.ck_index, unpack(heads, i, math.min(i + 999, #heads)))
+  end
+  for i = 1, #emptied, 1000 do
+    redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
+  end
+  depth_sub(dq.depth, 'r', #dq.served)
+
+  local n = #dq.served
+  local token0 = redis.call('INCRBY', dq.tokens, n) - n
+  local fields, hargs, out, expiring = {}, {}, {}, {}
+  local ids, members, lease_args = {}, {}, {}
+  for i, s in ipairs(dq.served) do
+    fields[2 * i - 1] = s.id
+    fields[2 * i] = s.id .. ':p'
+  end
+  -- Metadata and payload of every served run in one read (cap <= 2000
+  -- runs: 4000 fields).
+  local got = redis.call('HMGET', dq.meta, unpack(fields))
+  for i, s in ipairs(dq.served) do
+    local m = meta_parse(got[2 * i - 1])
+    local member = dq.run_prefix .. s.vm .. ':' .. s.id
+    m.st, m.dl, m.ld = 'f', token0 + i, dq.lease_deadline
+    if m.ttl > 0 then expiring[#expiring + 1] = member end
+    hargs[#hargs + 1] = s.id
+    hargs[#hargs + 1] = meta_format(m)
+    ids[i] = s.id
+    members[i] = member
+    lease_args[#lease_args + 1] = dq.lease_deadline
+    lease_args[#lease_args + 1] = member
+    out[#out + 1] = s.id
+    out[#out + 1] = s.vm
+    out[#out + 1] = got[2 * i]
+    out[#out + 1] = m.att
+    out[#out + 1] = m.dl
+  end
+  redis.call('HSET', dq.meta, unpack(hargs))
+  redis.call('SADD', dq.env_inflight, unpack(members))
+  redis.call('SADD', dq.queue_inflight, unpack(ids))
+  redis.call('ZADD', dq.leases, unpack(lease_args))
+  if #expiring > 0 then redis.call('ZREM', dq.ttl_set, unpack(expiring)) end
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
+  return out
 end
 -- A window is the part of a sorted set a dequeue read: its first n entries
 -- ({vm, s} in ZSET order: score, then member), kept sorted in memory as
 -- scores change. An entry whose new score sorts after the n-th entry read
 -- leaves the window, because unread entries may sort before it; a set read
 -- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
--- WITHSCORES reply of up to n + spare + 1 entries; extra holds more {vm, s}
--- entries to merge in (variants registered by this call). Up to spare
--- entries after the first n are kept aside to refill the window when one
--- of its entries turns out to be stale (window_drop).
+-- WITHSCORES reply of up to n + 1 entries.
 local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
 
-local function window_new(raw, n, extra, spare)
+local function window_new(raw, n)
   local list = {}
-  for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = tonumber(raw[i + 1]) } end
-  if extra then
-    for _, e in ipairs(extra) do list[#list + 1] = { vm = e.vm, s = e.s } end
-    table.sort(list, entry_before)
-  end
-  local w = { list = list, bound = nil, spare = {} }
+  for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = num(raw[i + 1]) } end
+  local w = { list = list, bound = nil }
   if #list > n then
-    spare = spare or 0
-    for i = n + 1, math.min(#list, n + spare) do w.spare[#w.spare + 1] = list[i] end
-    w.more = #list > n + spare
     for i = #list, n + 1, -1 do list[i] = nil end
     w.bound = { vm = list[n].vm, s = list[n].s }
   end
@@ -307,20 +390,6 @@ local function window_remove(w, vm)
   return nil
 end
 
--- Drop vm from the window for good and take the next spare entry in its
--- place (every spare entry sorts after the window's, so it goes last).
-local function window_drop(w, vm)
-  if not window_remove(w, vm) then return end
-  local nxt = table.remove(w.spare, 1)
-  if nxt == nil then return end
-  w.list[#w.list + 1] = nxt
-  if #w.spare == 0 and not w.more then
-    w.bound = nil
-  else
-    w.bound = { vm = nxt.vm, s = nxt.s }
-  end
-end
-
 -- Re-sort vm with its new score s, if it is in the window.
 local function window_move(w, vm, s)
   local e = window_remove(w, vm)
@@ -337,85 +406,32 @@ local function window_move(w, vm, s)
   end
   table.insert(list, at, e)
 end
+local OWN_KEYS, OWN_ARGS = 10, 12
+local dq = dq_open(KEYS, ARGV)
+if dq.cap <= 0 then return {} end
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, dq.now)
+dq_promote(dq, hooks)
 
 -- Age order: the first scan entries of ckIndex (lowest head ready score,
 -- then member); each serve takes the first servable one.
 -- Without a per-key limit every variant in ckIndex is servable and each
 -- serve moves one variant back, so the call can only serve among the first
 -- cap: reading further (a costly WITHSCORES reply) would change nothing.
-local reach = scan
-if key_limit <= 0 then reach = math.min(scan, cap) end
-local age = window_new(redis.call('ZRANGE', q.ck_index, 0, reach, 'WITHSCORES'), reach)
+local reach = dq.scan
+if dq.key_limit <= 0 then reach = math.min(dq.scan, dq.cap) end
+local age = window_new(redis.call('ZRANGE', dq.ck_index, 0, reach, 'WITHSCORES'), reach)
 local function servable(vm)
-  return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
+  return not dq_at_limit(dq, vm) and dq_head(dq, vm) ~= nil
 end
-while #served < cap do
+while #dq.served < dq.cap do
   local vm = window_first(age, servable)
   if vm == nil then break end
-  local _, nxt = take(vm)
+  local nxt = dq_take(dq, vm)
   if nxt == nil then
     window_remove(age, vm)
   else
     window_move(age, vm, nxt)
   end
 end
--- Shared end of the dequeue scripts: persist the serves chosen in memory,
--- move the runs in flight with a lease, and return them.
--- Returns a flat array: for each run, encoded id, variant member, payload,
--- attempt, delivery token.
-if #served == 0 then
-  if dirty then master_refresh(q.ck_index, q.delay_index, q.master, q.qm) end
-  return {}
-end
--- head() read past the last run taken (or found the set ended), so the
--- new head of each touched variant is known without reading it again.
-local heads, emptied = {}, {}
-for _, vm in ipairs(touched) do
-  local c = cands[vm]
-  local ids = {}
-  for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
-  redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
-  redis.call('SADD', c.inflight, unpack(ids))
-  local p = 2 * c.taken + 1
-  if c.list[p] then
-    heads[#heads + 1] = c.list[p + 1]
-    heads[#heads + 1] = vm
-  else
-    emptied[#emptied + 1] = vm
-  end
-end
-if #heads > 0 then redis.call('ZADD', q.ck_index, unpack(heads)) end
-if #emptied > 0 then redis.call('ZREM', q.ck_index, unpack(emptied)) end
-depth_sub(q.depth, 'r', #served)
-
-local ids, fields, members, lease_args = {}, {}, {}, {}
-for i, s in ipairs(served) do
-  ids[i] = s.id
-  fields[2 * i - 1] = s.id
-  fields[2 * i] = s.id .. ':p'
-  members[i] = run_prefix .. s.vm .. ':' .. s.id
-  lease_args[2 * i - 1] = lease_deadline
-  lease_args[2 * i] = members[i]
-end
--- Metadata and payload of every served run in one read.
-local got = redis.call('HMGET', q.meta, unpack(fields))
-local hargs, out, expiring = {}, {}, {}
-for i, s in ipairs(served) do
-  local m = meta_parse(got[2 * i - 1])
-  m.st, m.dl, m.ld = 'f', m.dl + 1, lease_deadline
-  if m.ttl > 0 then expiring[#expiring + 1] = members[i] end
-  hargs[#hargs + 1] = s.id
-  hargs[#hargs + 1] = meta_format(m)
-  out[#out + 1] = s.id
-  out[#out + 1] = s.vm
-  out[#out + 1] = got[2 * i]
-  out[#out + 1] = m.att
-  out[#out + 1] = m.dl
-end
-redis.call('HSET', q.meta, unpack(hargs))
-redis.call('SADD', env_inflight, unpack(members))
-redis.call('SADD', queue_inflight, unpack(ids))
-redis.call('ZADD', leases, unpack(lease_args))
-if #expiring > 0 then redis.call('ZREM', ttl_set, unpack(expiring)) end
-master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
-return out
+hooks.finish()
+return dq_finish(dq)

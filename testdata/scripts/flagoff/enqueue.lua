@@ -22,6 +22,8 @@
 -- ARGV[11] -> maximum queued runs in the queue, 0 for no limit
 -- ARGV[12] -> maximum queued runs in the variant, 0 for no limit
 -- ARGV[13] -> wake channel ("" to not publish)
+-- Flag on: KEYS[9..11] and ARGV[14..15] follow, the scheduler's (see
+-- lib/hooks_vtime).
 -- Returns: 1 queued, 0 already queued with the same body (no-op).
 -- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
@@ -45,6 +47,17 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5],
             depth = KEYS[6], master = KEYS[7], qm = ARGV[10] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
@@ -61,19 +74,21 @@ local run_member = ARGV[9]
 local max_queue = tonumber(ARGV[11])
 local max_key = tonumber(ARGV[12])
 local wake = ARGV[13]
-local NK, NA = 8, 13
--- Scheduler flag off: variants are served in age order; nothing to track.
-local function on_ready_start(vm) end
-local function on_ready_empty(vm) end
+-- Scheduler flag off: no scheduler state; the hooks do nothing. (The
+-- flag-on build includes hooks_vtime instead, with the same function.)
+local function hooks_open(keys, args, own_keys, own_args, now)
+  local nop = function() end
+  return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
+end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
 local function master_refresh(ck_index, delay_index, master, qm)
   local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
   local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
   local best = nil
-  if r[2] then best = tonumber(r[2]) end
+  if r[2] then best = num(r[2]) end
   if d[2] then
-    local x = tonumber(d[2])
+    local x = num(d[2])
     if best == nil or x < best then best = x end
   end
   if best == nil then
@@ -97,16 +112,16 @@ end
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
 -- score, which can only move when the index entry did (CH says so).
--- on_ready_start(vm) runs when the variant's ready head is new or earlier
--- (the scheduler registers a variant that has no tag).
+-- hooks.ready_start(vm) runs when the variant's ready head is new or
+-- earlier (the scheduler registers a variant that has no tag).
 -- Returns: ready (the run is ready), earliest (the run is now the queue's
 -- earliest work).
-local function place(q, v, id, vm, at, rs, now)
+local function place(q, v, hooks, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      on_ready_start(vm)
+      hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
     return true, false
@@ -123,8 +138,8 @@ end
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, id, vm, at, rs, now)
+local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
+  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -142,12 +157,13 @@ local function index_head(set, index, vm)
 end
 
 -- Remove a queued run from its variant (ready or delayed) and fix the
--- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
-local function unplace(q, v, id, vm, st)
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves.
+local function unplace(q, v, hooks, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)
@@ -156,6 +172,8 @@ local function unplace(q, v, id, vm, st)
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
+local OWN_KEYS, OWN_ARGS = 8, 13
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
 local existing = redis.call('HGET', q.meta, id)
 if existing then
@@ -179,12 +197,14 @@ end
 
 local st = 'd'
 if available_at <= now then st = 'r' end
--- The delivery counter starts at now * 1000, so the lease tokens of a run
--- enqueued again under a reused id never repeat the tokens of the old one.
-redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = now * 1000, ld = 0, vm = vm,
+-- dl is the delivery token of the current holder: 0 until a dequeue gives
+-- one from the shard's counter (so tokens never repeat, whatever ids are
+-- reused).
+redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = 0, ld = 0, vm = vm,
   pr = priority, at = available_at, ttl = expires_at }), id .. ':p', payload)
 if expires_at > 0 then
   redis.call('ZADD', ttl_set, expires_at, run_member)
 end
-place_wake(q, v, id, vm, available_at, ready_score, now, wake)
+place_wake(q, v, hooks, id, vm, available_at, ready_score, now, wake)
+hooks.finish()
 return 1

@@ -17,8 +17,11 @@
 -- ARGV[5] -> priority step (ms)
 -- ARGV[6] -> queue member
 -- ARGV[7] -> wake channel ("" to not publish)
--- Returns: 1 redriven.
--- Errors: RQ_NOT_FOUND, RQ_NOT_DEAD.
+-- Flag on: KEYS[10..12] and ARGV[8..9] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: 1 redriven, 2 already live (queued or in flight: a retried
+-- redrive whose first call went through finds it so).
+-- Errors: RQ_NOT_FOUND.
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
 --   st  state: r ready, d delayed, f in flight, x dead
 --   att attempt number of the next (or current) delivery, from 1
@@ -40,6 +43,17 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
             master = KEYS[7], qm = ARGV[6] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
@@ -48,19 +62,21 @@ local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 local priority_step = tonumber(ARGV[5])
 local wake = ARGV[7]
-local NK, NA = 9, 7
--- Scheduler flag off: variants are served in age order; nothing to track.
-local function on_ready_start(vm) end
-local function on_ready_empty(vm) end
+-- Scheduler flag off: no scheduler state; the hooks do nothing. (The
+-- flag-on build includes hooks_vtime instead, with the same function.)
+local function hooks_open(keys, args, own_keys, own_args, now)
+  local nop = function() end
+  return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
+end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
 local function master_refresh(ck_index, delay_index, master, qm)
   local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
   local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
   local best = nil
-  if r[2] then best = tonumber(r[2]) end
+  if r[2] then best = num(r[2]) end
   if d[2] then
-    local x = tonumber(d[2])
+    local x = num(d[2])
     if best == nil or x < best then best = x end
   end
   if best == nil then
@@ -84,16 +100,16 @@ end
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
 -- score, which can only move when the index entry did (CH says so).
--- on_ready_start(vm) runs when the variant's ready head is new or earlier
--- (the scheduler registers a variant that has no tag).
+-- hooks.ready_start(vm) runs when the variant's ready head is new or
+-- earlier (the scheduler registers a variant that has no tag).
 -- Returns: ready (the run is ready), earliest (the run is now the queue's
 -- earliest work).
-local function place(q, v, id, vm, at, rs, now)
+local function place(q, v, hooks, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      on_ready_start(vm)
+      hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
     return true, false
@@ -110,8 +126,8 @@ end
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, id, vm, at, rs, now)
+local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
+  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -129,12 +145,13 @@ local function index_head(set, index, vm)
 end
 
 -- Remove a queued run from its variant (ready or delayed) and fix the
--- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
-local function unplace(q, v, id, vm, st)
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves.
+local function unplace(q, v, hooks, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)
@@ -143,16 +160,19 @@ local function unplace(q, v, id, vm, st)
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
+local OWN_KEYS, OWN_ARGS = 9, 7
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
 local raw = redis.call('HGET', q.meta, id)
 if not raw then return redis.error_reply('RQ_NOT_FOUND no such run') end
 local m = meta_parse(raw)
 if m.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
-if m.st ~= 'x' then return redis.error_reply('RQ_NOT_DEAD run is not dead-lettered') end
+if m.st ~= 'x' then return 2 end
 redis.call('ZREM', dead, member)
 if redis.call('HINCRBY', env_dead, q.qm, -1) <= 0 then redis.call('HDEL', env_dead, q.qm) end
 m.st, m.att, m.at, m.ld, m.ttl = 'r', 1, now, 0, 0
 redis.call('HSET', q.meta, id, meta_format(m))
-place(q, v, id, vm, now, now - m.pr * priority_step, now)
+place(q, v, hooks, id, vm, now, now - m.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
+hooks.finish()
 return 1

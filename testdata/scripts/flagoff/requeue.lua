@@ -26,7 +26,12 @@
 -- ARGV[9] -> 1 to dead-letter now
 -- ARGV[10] -> queue member
 -- ARGV[11] -> wake channel ("" to not publish)
--- Returns: {1, attempt} requeued, {0, attempt} dead-lettered.
+-- Flag on: KEYS[14..16] and ARGV[12..13] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A retried
+-- call of a holder whose first call went through (the run is no longer in
+-- flight and its last delivery token is the holder's) returns what the
+-- first returned.
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
 --   st  state: r ready, d delayed, f in flight, x dead
@@ -49,6 +54,17 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
             master = KEYS[7], qm = ARGV[10] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
@@ -62,19 +78,21 @@ local priority_step = tonumber(ARGV[7])
 local max_attempts = tonumber(ARGV[8])
 local kill = ARGV[9] == '1'
 local wake = ARGV[11]
-local NK, NA = 13, 11
--- Scheduler flag off: variants are served in age order; nothing to track.
-local function on_ready_start(vm) end
-local function on_ready_empty(vm) end
+-- Scheduler flag off: no scheduler state; the hooks do nothing. (The
+-- flag-on build includes hooks_vtime instead, with the same function.)
+local function hooks_open(keys, args, own_keys, own_args, now)
+  local nop = function() end
+  return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
+end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
 local function master_refresh(ck_index, delay_index, master, qm)
   local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
   local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
   local best = nil
-  if r[2] then best = tonumber(r[2]) end
+  if r[2] then best = num(r[2]) end
   if d[2] then
-    local x = tonumber(d[2])
+    local x = num(d[2])
     if best == nil or x < best then best = x end
   end
   if best == nil then
@@ -98,16 +116,16 @@ end
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
 -- score, which can only move when the index entry did (CH says so).
--- on_ready_start(vm) runs when the variant's ready head is new or earlier
--- (the scheduler registers a variant that has no tag).
+-- hooks.ready_start(vm) runs when the variant's ready head is new or
+-- earlier (the scheduler registers a variant that has no tag).
 -- Returns: ready (the run is ready), earliest (the run is now the queue's
 -- earliest work).
-local function place(q, v, id, vm, at, rs, now)
+local function place(q, v, hooks, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      on_ready_start(vm)
+      hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
     return true, false
@@ -124,8 +142,8 @@ end
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, id, vm, at, rs, now)
+local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
+  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -143,12 +161,13 @@ local function index_head(set, index, vm)
 end
 
 -- Remove a queued run from its variant (ready or delayed) and fix the
--- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
-local function unplace(q, v, id, vm, st)
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves.
+local function unplace(q, v, hooks, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)
@@ -173,13 +192,26 @@ local function load_held(meta, id, vm, token, now)
   end
   return m
 end
+local OWN_KEYS, OWN_ARGS = 13, 11
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
+if token > 0 then
+  local raw = redis.call('HGET', q.meta, id)
+  if raw then
+    local m = meta_parse(raw)
+    if m.vm == vm and m.st ~= 'f' and m.dl == token then
+      if m.st == 'x' then return { 0, m.att } end
+      return { 1, m.att }
+    end
+  end
+end
 local m, err = load_held(q.meta, id, vm, token, now)
 if err then return err end
 redis.call('SREM', env_inflight, member)
 redis.call('SREM', queue_inflight, id)
 redis.call('SREM', variant_inflight, id)
 redis.call('ZREM', leases, member)
+hooks.released(vm)
 m.att = m.att + 1
 m.ld = 0
 if kill or (max_attempts > 0 and m.att > max_attempts) then
@@ -187,11 +219,13 @@ if kill or (max_attempts > 0 and m.att > max_attempts) then
   redis.call('HSET', q.meta, id, meta_format(m))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, 1)
+  hooks.finish()
   return { 0, m.att }
 end
 m.at = retry_at
 m.st = 'd'
 if retry_at <= now then m.st = 'r' end
 redis.call('HSET', q.meta, id, meta_format(m))
-place_wake(q, v, id, vm, retry_at, retry_at - m.pr * priority_step, now, wake)
+place_wake(q, v, hooks, id, vm, retry_at, retry_at - m.pr * priority_step, now, wake)
+hooks.finish()
 return { 1, m.att }

@@ -1,26 +1,20 @@
 -- dequeue_vtime (scheduler flag on): serve up to maxCount ready runs of one
 -- base queue in fair virtual-time order across its variants (start-time fair
--- queuing; vtime/ is the model this must match step by step), each moved in
--- flight with a lease. Every serve re-decides, so a variant may be served
--- several times in one call and a call of N serves what N calls of 1 would.
+-- queuing; vtime/ is the model this follows phase by phase: capacity,
+-- promote, ungate, discover, serve, persist, rebase), each moved in flight
+-- with a lease. Every serve re-decides, so a variant may be served several
+-- times in one call and a call of N serves what N calls of 1 would.
 --
--- KEYS[1..9] -> as dequeue.lua
--- KEYS[10] -> queue ckVtime ZSET (variant member, score tag S)
--- KEYS[11] -> queue ckVtimeFloor STRING (see hooks_vtime)
--- KEYS[12] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
+-- KEYS[1..10] -> as dequeue.lua
+-- KEYS[11] -> queue ckVtime ZSET (see lib/sched)
+-- KEYS[12] -> queue scheduler state HASH (see lib/sched)
 -- KEYS[13] -> queue weights HASH (variant member -> weight)
--- KEYS[14+3i..16+3i] -> candidate i's ready ZSET, delayed ZSET, inflight SET
--- ARGV[1..12+n] -> as dequeue.lua (ARGV[10], scan: the age-order window,
---                   the discovery window and the due variants promoted)
--- ARGV[13+n] -> quantum
--- ARGV[14+n] -> state TTL (s)
--- ARGV[15+n] -> idle set cap
--- ARGV[16+n] -> window multiplier
--- ARGV[17+n] -> 1 when ckIndex has variants without a tag (discovery), else 0
--- Returns: see dequeue_end.
-local NK, FK = 9, 13
-local now = tonumber(ARGV[1])
-local NA = 12 + tonumber(ARGV[12])
+-- ARGV[1..12] -> as dequeue.lua (ARGV[10], scan: the discovery cursor's
+--                 step, the age head and the due variants promoted)
+-- ARGV[13] -> scheduler state TTL (ms)
+-- ARGV[14] -> idle set cap
+-- ARGV[15] -> window multiplier
+-- Returns: see dq_finish.
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
 --   st  state: r ready, d delayed, f in flight, x dead
 --   att attempt number of the next (or current) delivery, from 1
@@ -42,87 +36,256 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
--- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
--- the model these functions implement).
--- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
--- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|nw": clock V, last
---               newcomer tag L ("" for none), discovery cursor c, weight
---               overrides nw (-1 unknown)
--- KEYS[NK+3] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
--- KEYS[NK+4] -> queue weights HASH (variant member -> weight)
--- ARGV[NA+1] -> quantum
--- ARGV[NA+2] -> state TTL (s)
--- ARGV[NA+3] -> idle set cap
-local vt = { tags = KEYS[NK + 1], floor = KEYS[NK + 2], idle = KEYS[NK + 3], weights = KEYS[NK + 4],
-             quantum = tonumber(ARGV[NA + 1]), ttl = tonumber(ARGV[NA + 2]), idle_max = tonumber(ARGV[NA + 3]) }
 
--- Tags travel as strings with 17 significant digits: exact doubles on Redis
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
+-- Scheduler flag on: the hooks keep each variant's registration (see
+-- sched). A script that includes "hooks" calls
+--   hooks_open(KEYS, ARGV, own_keys, own_args, now)
+-- where own_keys and own_args count the script's own KEYS and ARGV; the
+-- flag-on build appends these after them:
+--   KEYS[own_keys+1] -> queue ckVtime ZSET (see sched)
+--   KEYS[own_keys+2] -> queue scheduler state HASH (see sched)
+--   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
+--   ARGV[own_args+1] -> scheduler state TTL (ms)
+--   ARGV[own_args+2] -> idle set cap
+-- The fair scheduler's state in Redis (flag on only). vtime/ is the model
+-- these functions implement; see vtime/doc.go for the rules.
+--
+-- ckVtime ZSET, by score region (every value an exact integer of a double):
+--   -2^53         the sentinel member "": the key lives exactly as long as
+--                 the state hash (created, refreshed and expiring together)
+--   [-2^52, 0)    idle: member = variant member, score = parked tag - 2^52
+--   [0, 2^52)     active: member = seq code .. variant member, score = tag
+--   [2^52, 2^53)  gated: the same members, score = tag + 2^52
+-- state HASH: v (clock V, units), e (epoch), l (previous newcomer's tag,
+--   absent when none), c (discovery cursor), s (next registration number),
+--   x (refresh deadline, ms), gk (gating limit), gs (gated variants left to
+--   return), nw (weight overrides, -1 unknown); and per registered variant
+--   member: its 8-character seq code, then "g" when gated, then "|r" when
+--   its stride remainder r is not 0.
+local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
+                IDLE_MIN = '-4503599627370496', SENTINEL = '-9007199254740992',
+                REBASE_AT = 2251799813685248, REBASE_BY = 1125899906842624,
+                REBASE_FLOOR = 562949953421312, UNGATE_CHUNK = 1000, READ_BUDGET = 1000 }
+local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+
+-- Integers below 2^53 print exactly with 17 significant digits, on Redis
 -- and on gopher-lua alike.
-local function fmt(x) return string.format('%.17g', x) end
+local function sched_fmt(x) return string.format('%.17g', x) end
 
-local function floor_read()
-  local raw = redis.call('GET', vt.floor)
-  if not raw then return { v = 0, l = nil, c = 0, nw = -1 } end
-  local v, l, c, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), nw = tonumber(nw) }
+-- The fixed-width code of registration number n: its order is n's order.
+local function sched_code(n)
+  local out = {}
+  for i = 8, 1, -1 do
+    local d = n % 62
+    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
+    n = (n - d) / 62
+  end
+  return table.concat(out)
 end
 
--- Persist the floor, and refresh the TTL of ckVtime, which every caller
--- has just written (it may have been recreated after draining empty).
-local function floor_write(f)
-  redis.call('EXPIRE', vt.tags, vt.ttl)
-  local l = ''
-  if f.l ~= nil then l = fmt(f.l) end
-  redis.call('SET', vt.floor, fmt(f.v) .. '|' .. l .. '|' .. string.format('%d', f.c) .. '|' ..
-    string.format('%d', f.nw), 'EX', vt.ttl)
+-- A variant's state-hash value: { code, gated, r }.
+local function sched_parse(v)
+  local code, g, r = string.match(v, '^(........)(g?)|?(%d*)$')
+  return { code = code, gated = g == 'g', r = tonumber(r) or 0 }
 end
 
--- A variant gained its first ready run: register it. Returning variants get
--- max(V, parked); newcomers queue one quantum behind the highest of {the
--- highest tag capped at V + quantum, the previous newcomer's tag}, or at V
--- when that is not above V.
-local function register_new(vm)
-  if redis.call('ZSCORE', vt.tags, vm) then return end
-  local f = floor_read()
-  local s
-  local parked = redis.call('ZSCORE', vt.idle, vm)
-  if parked then
-    s = math.max(f.v, tonumber(parked))
-    redis.call('ZREM', vt.idle, vm)
+local function sched_value(code, gated, r)
+  local v = code
+  if gated then v = v .. 'g' end
+  if r > 0 then v = v .. '|' .. sched_fmt(r) end
+  return v
+end
+
+-- Call sites pass their keys and arguments explicitly.
+local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
+  return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
+end
+
+-- The scalars, read once per script. A missing state is created whole:
+-- a stray ckVtime without its hash is dropped first, so V never restarts
+-- under tags that outlived it.
+local function sched_state(S)
+  if S.st then return S.st end
+  local r = redis.call('HMGET', S.h, 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'nw')
+  if not r[1] then
+    redis.call('DEL', S.z)
+    redis.call('ZADD', S.z, SCHED.SENTINEL, '')
+    S.st = { v = 0, e = 0, l = nil, c = 0, s = 1, x = 0, gk = 0, gs = 0, nw = -1 }
+    S.fresh = true
   else
-    local a = nil
-    local top = redis.call('ZRANGE', vt.tags, -1, -1, 'WITHSCORES')
-    if top[2] then a = math.min(tonumber(top[2]), f.v + vt.quantum) end
-    if f.l ~= nil and (a == nil or f.l > a) then a = f.l end
-    s = f.v
-    if a ~= nil and a > f.v then s = a + vt.quantum end
-    f.l = s
+    S.st = { v = tonumber(r[1]), e = tonumber(r[2]), l = tonumber(r[3]), c = tonumber(r[4]),
+             s = tonumber(r[5]), x = tonumber(r[6]), gk = tonumber(r[7]), gs = tonumber(r[8]),
+             nw = tonumber(r[9]) }
   end
-  redis.call('ZADD', vt.tags, fmt(s), vm)
-  floor_write(f)
+  return S.st
 end
 
-local function on_ready_start(vm) register_new(vm) end
-
--- Drop parked tags at or below V (they confer nothing) and all but the
--- highest idle_max: run by every call that parks one.
-local function reap_idle(v)
-  redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(v))
-  redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
-  redis.call('EXPIRE', vt.idle, vt.ttl)
+-- Write the scalars back and refresh the lifetime of both keys together
+-- when half of it is gone (or the state is new).
+local function sched_save(S)
+  local st = S.st
+  if not st then return end
+  local args = { 'v', sched_fmt(st.v), 'e', sched_fmt(st.e), 'c', sched_fmt(st.c), 's', sched_fmt(st.s),
+                 'gk', sched_fmt(st.gk), 'gs', sched_fmt(st.gs), 'nw', sched_fmt(st.nw) }
+  if st.l ~= nil then
+    args[#args + 1] = 'l'
+    args[#args + 1] = sched_fmt(st.l)
+  end
+  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  if refresh then
+    st.x = S.now + S.ttl
+  end
+  args[#args + 1] = 'x'
+  args[#args + 1] = sched_fmt(st.x)
+  redis.call('HSET', S.h, unpack(args))
+  if refresh then
+    redis.call('PEXPIRE', S.z, S.ttl)
+    redis.call('PEXPIRE', S.h, S.ttl)
+  end
 end
 
--- A variant's last ready run left outside a dequeue: park its tag when it
--- is above V (it owes service), and leave the fair order.
-local function on_ready_empty(vm)
-  local s = redis.call('ZSCORE', vt.tags, vm)
-  if not s then return end
-  redis.call('ZREM', vt.tags, vm)
-  local v = floor_read().v
-  if tonumber(s) > v then
-    redis.call('ZADD', vt.idle, s, vm)
-    reap_idle(v)
+-- The highest tag of the active region, or nil.
+local function sched_top(S)
+  local t = redis.call('ZREVRANGEBYSCORE', S.z, '(' .. SCHED.GS, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+  return num(t[2])
+end
+
+-- The newcomer rule: one quantum behind the highest of {top capped at
+-- V + UNIT, the previous newcomer's tag capped at top}, or V when that is
+-- not above V.
+local function sched_newcomer(st, top)
+  if top == nil then return st.v end
+  local a = math.min(top, st.v + SCHED.UNIT)
+  if st.l ~= nil then a = math.max(a, math.min(st.l, top)) end
+  if a > st.v then return a + SCHED.UNIT end
+  return st.v
+end
+
+-- The registration of a variant with no tag: { u, code }. A parked tag
+-- makes it a return (at max(V, parked), the parked entry goes now);
+-- otherwise a discovered variant starts at V and a newcomer follows the
+-- newcomer rule with top the highest active tag (top_fn() reads it).
+local function sched_admit(S, st, vm, discovered, top_fn)
+  local u
+  local parked = redis.call('ZSCORE', S.z, vm)
+  if parked then
+    u = math.max(st.v, num(parked) + SCHED.G)
+    redis.call('ZREM', S.z, vm)
+  elseif discovered then
+    u = st.v
+  else
+    u = sched_newcomer(st, top_fn())
+    st.l = u
   end
+  local code = sched_code(st.s)
+  st.s = st.s + 1
+  return u, code
+end
+
+-- A variant gained its first ready run: register it unless it has a tag.
+local function sched_register(S, vm, discovered)
+  if redis.call('HEXISTS', S.h, vm) == 1 then return end
+  local st = sched_state(S)
+  local u, code = sched_admit(S, st, vm, discovered, function() return sched_top(S) end)
+  redis.call('ZADD', S.z, sched_fmt(u), code .. vm)
+  redis.call('HSET', S.h, vm, code)
+end
+
+-- Drop parked tags at or below v (worth nothing), then all but the highest
+-- idle_max (rank 0 is the sentinel).
+local function sched_reap(S, v)
+  redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
+  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, '(0')
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
+end
+
+-- A variant's last ready run left outside a dequeue: it leaves the
+-- competition, its tag parked when above V.
+local function sched_drained(S, vm)
+  local hv = redis.call('HGET', S.h, vm)
+  if not hv then return end
+  local st = sched_state(S)
+  local rg = sched_parse(hv)
+  local u = num(redis.call('ZSCORE', S.z, rg.code .. vm))
+  if rg.gated then u = u - SCHED.G end
+  redis.call('ZREM', S.z, rg.code .. vm)
+  redis.call('HDEL', S.h, vm)
+  if u > st.v then
+    redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
+    sched_reap(S, st.v)
+  end
+end
+
+-- A slot of vm freed (ack, nack, lease recovery, dead letter): a gated
+-- variant competes again, at max(S, V).
+local function sched_released(S, vm)
+  local hv = redis.call('HGET', S.h, vm)
+  if not hv then return end
+  local rg = sched_parse(hv)
+  if not rg.gated then return end
+  local st = sched_state(S)
+  local member = rg.code .. vm
+  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
+  if u < st.v then u, r = st.v, 0 end
+  redis.call('ZADD', S.z, sched_fmt(u), member)
+  redis.call('HSET', S.h, vm, sched_value(rg.code, false, r))
+end
+
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
+-- unpack much more than 8,000 values), step values at a time.
+local function sched_chunked(cmd, key, args, step)
+  local n = step * math.floor(1000 / step)
+  for i = 1, #args, n do
+    redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
+  end
+end
+
+-- HMGET of any number of fields (in chunks of 1000).
+local function sched_hmget(h, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime).
+local function sched_hooks(S)
+  return {
+    ready_start = function(vm) sched_register(S, vm, false) end,
+    ready_empty = function(vm) sched_drained(S, vm) end,
+    released = function(vm) sched_released(S, vm) end,
+    finish = function() sched_save(S) end,
+  }
+end
+local function hooks_open(keys, args, own_keys, own_args, now)
+  return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
+                                args[own_args + 1], args[own_args + 2], now))
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
@@ -130,9 +293,9 @@ local function master_refresh(ck_index, delay_index, master, qm)
   local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
   local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
   local best = nil
-  if r[2] then best = tonumber(r[2]) end
+  if r[2] then best = num(r[2]) end
   if d[2] then
-    local x = tonumber(d[2])
+    local x = num(d[2])
     if best == nil or x < best then best = x end
   end
   if best == nil then
@@ -156,16 +319,16 @@ end
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
 -- score, which can only move when the index entry did (CH says so).
--- on_ready_start(vm) runs when the variant's ready head is new or earlier
--- (the scheduler registers a variant that has no tag).
+-- hooks.ready_start(vm) runs when the variant's ready head is new or
+-- earlier (the scheduler registers a variant that has no tag).
 -- Returns: ready (the run is ready), earliest (the run is now the queue's
 -- earliest work).
-local function place(q, v, id, vm, at, rs, now)
+local function place(q, v, hooks, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      on_ready_start(vm)
+      hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
     return true, false
@@ -182,8 +345,8 @@ end
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, id, vm, at, rs, now)
+local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
+  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -201,12 +364,13 @@ local function index_head(set, index, vm)
 end
 
 -- Remove a queued run from its variant (ready or delayed) and fix the
--- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
-local function unplace(q, v, id, vm, st)
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves.
+local function unplace(q, v, hooks, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)
@@ -215,50 +379,57 @@ local function unplace(q, v, id, vm, st)
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
--- Shared start of the dequeue scripts: bind keys and arguments, compute the
--- capacity the env and queue limits allow, map the candidate variants Go
--- read ahead (only those have declared keys), and promote due delayed runs.
-local q = { ck_index = KEYS[1], delay_index = KEYS[2], depth = KEYS[3], master = KEYS[4],
-            meta = KEYS[8], qm = ARGV[7] }
-local leases, env_inflight, queue_inflight, ttl_set = KEYS[5], KEYS[6], KEYS[7], KEYS[9]
-local max_count = tonumber(ARGV[2])
-local env_limit = tonumber(ARGV[3])
-local queue_limit = tonumber(ARGV[4])
-local key_limit = tonumber(ARGV[5])
-local lease_deadline = tonumber(ARGV[6])
-local run_prefix = ARGV[8]
-local priority_step = tonumber(ARGV[9])
-local scan = tonumber(ARGV[10])
-local promote_limit = tonumber(ARGV[11])
-local ncand = tonumber(ARGV[12])
-
-local cap = max_count
-if env_limit > 0 then cap = math.min(cap, env_limit - redis.call('SCARD', env_inflight)) end
-if queue_limit > 0 then cap = math.min(cap, queue_limit - redis.call('SCARD', queue_inflight)) end
-if cap <= 0 then return {} end
-
--- cands[vm] = { ready, delayed, inflight keys; inflight count; prefetched ready head }
-local cands = {}
-for i = 1, ncand do
-  local base = FK + 3 * (i - 1)
-  cands[ARGV[12 + i]] = { ready = KEYS[base + 1], delayed = KEYS[base + 2], inflight = KEYS[base + 3] }
+-- The machinery both dequeue scripts share, as functions over one call's
+-- state dq: binding its keys and arguments, the capacity the env and queue
+-- limits leave, promotion of due delayed runs, reading variants' heads,
+-- taking runs, and moving the taken runs in flight (dq_finish).
+--
+-- Variant keys are derived from the variant member ("=" .. encoded key):
+-- vbase .. encoded key .. ":ready" (":delayed", ":inflight"), the names
+-- keys.Queue.Variant builds in Go. They share the queue's hash tag, so on
+-- Redis Cluster they live in the slot of the declared keys.
+local function dq_open(keys, args)
+  local dq = {
+    ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
+    env_inflight = keys[6], queue_inflight = keys[7], meta = keys[8], ttl_set = keys[9], tokens = keys[10],
+    now = tonumber(args[1]), max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
+    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = tonumber(args[6]),
+    qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
+    promote_limit = tonumber(args[11]), vbase = args[12],
+    vars = {},     -- variant member -> { ready, delayed, inflight keys; head cache }
+    touched = {},  -- variant members in first-serve order
+    served = {},   -- { vm, id } in serve order
+    dirty = false, -- promotion wrote something
+  }
+  local cap = dq.max_count
+  if dq.env_limit > 0 then cap = math.min(cap, dq.env_limit - redis.call('SCARD', dq.env_inflight)) end
+  if dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('SCARD', dq.queue_inflight)) end
+  dq.cap = cap
+  return dq
 end
-local touched = {}   -- variant members in first-serve order
-local dirty = false  -- promotion or serve wrote something
+
+local function dq_var(dq, vm)
+  local c = dq.vars[vm]
+  if c == nil then
+    local b = dq.vbase .. string.sub(vm, 2)
+    c = { ready = b .. ':ready', delayed = b .. ':delayed', inflight = b .. ':inflight', taken = 0 }
+    dq.vars[vm] = c
+  end
+  return c
+end
 
 -- Move up to promote_limit due runs of variant vm from delayed to ready.
-local function promote(vm)
-  local c = cands[vm]
-  if c == nil then return end
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', now, 'WITHSCORES', 'LIMIT', 0, promote_limit)
+local function dq_promote_variant(dq, hooks, vm)
+  local c = dq_var(dq, vm)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now, 'WITHSCORES', 'LIMIT', 0, dq.promote_limit)
   if #due > 0 then
     local ids = {}
     for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
-    local metas = redis.call('HMGET', q.meta, unpack(ids))
+    local metas = redis.call('HMGET', dq.meta, unpack(ids))
     local zargs, hargs, min_rs = {}, {}, nil
     for i, id in ipairs(ids) do
       local m = meta_parse(metas[i])
-      local rs = m.at - m.pr * priority_step
+      local rs = m.at - m.pr * dq.priority_step
       if min_rs == nil or rs < min_rs then min_rs = rs end
       zargs[#zargs + 1] = rs
       zargs[#zargs + 1] = id
@@ -268,35 +439,37 @@ local function promote(vm)
     end
     redis.call('ZADD', c.ready, unpack(zargs))
     redis.call('ZREM', c.delayed, unpack(ids))
-    redis.call('HSET', q.meta, unpack(hargs))
-    redis.call('HINCRBY', q.depth, 'd', -#ids)
-    redis.call('HINCRBY', q.depth, 'r', #ids)
-    if redis.call('ZADD', q.ck_index, 'LT', min_rs, vm) == 1 then on_ready_start(vm) end
-    dirty = true
+    redis.call('HSET', dq.meta, unpack(hargs))
+    redis.call('HINCRBY', dq.depth, 'd', -#ids)
+    redis.call('HINCRBY', dq.depth, 'r', #ids)
+    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
+    dq.dirty = true
   end
-  index_head(c.delayed, q.delay_index, vm)
+  index_head(c.delayed, dq.delay_index, vm)
 end
 
-local due_variants = redis.call('ZRANGEBYSCORE', q.delay_index, '-inf', now, 'LIMIT', 0, scan)
-for _, vm in ipairs(due_variants) do promote(vm) end
+-- Promote the due delayed runs of the first scan due variants.
+local function dq_promote(dq, hooks)
+  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now, 'LIMIT', 0, dq.scan)
+  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
+end
 
--- Head of variant vm's ready ZSET as seen by this call, walked in memory:
--- the first read takes up to 8 entries, each further read doubles what is
--- held, never past cap + 1 in all (one more than the call can take, so
--- running out of a short read means the variant is empty). taken counts
--- the runs served.
-local function head(vm)
-  local c = cands[vm]
+-- Head of variant vm's ready ZSET as seen by this call (after the runs it
+-- took), walked in memory: the first read takes up to 8 entries, each
+-- further read doubles what is held, never past cap + 1 in all (one more
+-- than the call can take, so running out of a short read means the variant
+-- is empty). Returns the head's ready score and id, or nil.
+local function dq_head(dq, vm)
+  local c = dq_var(dq, vm)
   if c.list == nil then
-    local want = math.min(cap + 1, 8)
+    local want = math.min(dq.cap + 1, 8)
     c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
-    c.taken = 0
     c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
   if c.list[p] == nil and not c.complete then
     local have = #c.list / 2
-    local want = math.min(have, cap + 1 - have)
+    local want = math.min(have, dq.cap + 1 - have)
     if want > 0 then
       local more = redis.call('ZRANGE', c.ready, have, have + want - 1, 'WITHSCORES')
       for _, x in ipairs(more) do c.list[#c.list + 1] = x end
@@ -304,331 +477,451 @@ local function head(vm)
     end
   end
   if c.list[p] == nil then return nil end
-  return tonumber(c.list[p + 1]), c.list[p]
+  return num(c.list[p + 1]), c.list[p]
 end
 
 -- True when vm's own limit blocks another serve.
-local function key_gated(vm)
-  if key_limit <= 0 then return false end
-  local c = cands[vm]
+local function dq_at_limit(dq, vm)
+  if dq.key_limit <= 0 then return false end
+  local c = dq_var(dq, vm)
   if c.inflight_n == nil then c.inflight_n = redis.call('SCARD', c.inflight) end
-  return c.inflight_n + (c.taken or 0) >= key_limit
+  return c.inflight_n + c.taken >= dq.key_limit
 end
 
--- Serve the head of vm; returns its ready score and the next head's.
-local served = {}
-local function take(vm)
-  local c = cands[vm]
-  local p = 2 * c.taken + 1
-  local rs, id = tonumber(c.list[p + 1]), c.list[p]
-  if c.taken == 0 then touched[#touched + 1] = vm end
+-- Serve the head of vm (dq_head found one); returns the next head's ready
+-- score, or nil when vm has no ready run left.
+local function dq_take(dq, vm)
+  local c = dq_var(dq, vm)
+  local id = c.list[2 * c.taken + 1]
+  if c.taken == 0 then dq.touched[#dq.touched + 1] = vm end
   c.taken = c.taken + 1
-  served[#served + 1] = { vm = vm, id = id }
-  return rs, (head(vm))
-end
--- A window is the part of a sorted set a dequeue read: its first n entries
--- ({vm, s} in ZSET order: score, then member), kept sorted in memory as
--- scores change. An entry whose new score sorts after the n-th entry read
--- leaves the window, because unread entries may sort before it; a set read
--- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
--- WITHSCORES reply of up to n + spare + 1 entries; extra holds more {vm, s}
--- entries to merge in (variants registered by this call). Up to spare
--- entries after the first n are kept aside to refill the window when one
--- of its entries turns out to be stale (window_drop).
-local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
-
-local function window_new(raw, n, extra, spare)
-  local list = {}
-  for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = tonumber(raw[i + 1]) } end
-  if extra then
-    for _, e in ipairs(extra) do list[#list + 1] = { vm = e.vm, s = e.s } end
-    table.sort(list, entry_before)
-  end
-  local w = { list = list, bound = nil, spare = {} }
-  if #list > n then
-    spare = spare or 0
-    for i = n + 1, math.min(#list, n + spare) do w.spare[#w.spare + 1] = list[i] end
-    w.more = #list > n + spare
-    for i = #list, n + 1, -1 do list[i] = nil end
-    w.bound = { vm = list[n].vm, s = list[n].s }
-  end
-  return w
+  dq.served[#dq.served + 1] = { vm = vm, id = id }
+  return (dq_head(dq, vm))
 end
 
--- First member of the window for which ok(vm) holds, or nil.
-local function window_first(w, ok)
-  local list = w.list
-  for i = 1, #list do
-    local vm = list[i].vm
-    if ok(vm) then return vm end
+-- Persist the serves chosen in memory: take the runs out of their ready
+-- sets, move them in flight with a lease and a delivery token (unique in
+-- the shard for ever: a counter), fix the indexes and the master score.
+-- Returns a flat array: for each run, encoded id, variant member, payload,
+-- attempt, delivery token.
+local function dq_finish(dq)
+  if #dq.served == 0 then
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
+    return {}
   end
-  return nil
-end
-
--- Remove vm; returns its entry, or nil when it was not in the window.
-local function window_remove(w, vm)
-  local list = w.list
-  for i = 1, #list do
-    local e = list[i]
-    if e.vm == vm then
-      table.remove(list, i)
-      return e
+  -- dq_head read past the last run taken (or found the set ended), so the
+  -- new head of each touched variant is known without reading it again.
+  local heads, emptied = {}, {}
+  for _, vm in ipairs(dq.touched) do
+    local c = dq.vars[vm]
+    local ids = {}
+    for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
+    redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
+    redis.call('SADD', c.inflight, unpack(ids))
+    local p = 2 * c.taken + 1
+    if c.list[p] then
+      heads[#heads + 1] = c.list[p + 1]
+      heads[#heads + 1] = vm
+    else
+      emptied[#emptied + 1] = vm
     end
   end
-  return nil
-end
+  for i = 1, #heads, 1000 do
+    redis.call('ZADD', dq.ck_index, unpack(heads, i, math.min(i + 999, #heads)))
+  end
+  for i = 1, #emptied, 1000 do
+    redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
+  end
+  depth_sub(dq.depth, 'r', #dq.served)
 
--- Drop vm from the window for good and take the next spare entry in its
--- place (every spare entry sorts after the window's, so it goes last).
-local function window_drop(w, vm)
-  if not window_remove(w, vm) then return end
-  local nxt = table.remove(w.spare, 1)
-  if nxt == nil then return end
-  w.list[#w.list + 1] = nxt
-  if #w.spare == 0 and not w.more then
-    w.bound = nil
-  else
-    w.bound = { vm = nxt.vm, s = nxt.s }
+  local n = #dq.served
+  local token0 = redis.call('INCRBY', dq.tokens, n) - n
+  local fields, hargs, out, expiring = {}, {}, {}, {}
+  local ids, members, lease_args = {}, {}, {}
+  for i, s in ipairs(dq.served) do
+    fields[2 * i - 1] = s.id
+    fields[2 * i] = s.id .. ':p'
+  end
+  -- Metadata and payload of every served run in one read (cap <= 2000
+  -- runs: 4000 fields).
+  local got = redis.call('HMGET', dq.meta, unpack(fields))
+  for i, s in ipairs(dq.served) do
+    local m = meta_parse(got[2 * i - 1])
+    local member = dq.run_prefix .. s.vm .. ':' .. s.id
+    m.st, m.dl, m.ld = 'f', token0 + i, dq.lease_deadline
+    if m.ttl > 0 then expiring[#expiring + 1] = member end
+    hargs[#hargs + 1] = s.id
+    hargs[#hargs + 1] = meta_format(m)
+    ids[i] = s.id
+    members[i] = member
+    lease_args[#lease_args + 1] = dq.lease_deadline
+    lease_args[#lease_args + 1] = member
+    out[#out + 1] = s.id
+    out[#out + 1] = s.vm
+    out[#out + 1] = got[2 * i]
+    out[#out + 1] = m.att
+    out[#out + 1] = m.dl
+  end
+  redis.call('HSET', dq.meta, unpack(hargs))
+  redis.call('SADD', dq.env_inflight, unpack(members))
+  redis.call('SADD', dq.queue_inflight, unpack(ids))
+  redis.call('ZADD', dq.leases, unpack(lease_args))
+  if #expiring > 0 then redis.call('ZREM', dq.ttl_set, unpack(expiring)) end
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
+  return out
+end
+local OWN_KEYS, OWN_ARGS = 10, 12
+local dq = dq_open(KEYS, ARGV)
+if dq.cap <= 0 then return {} end
+local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
+                     ARGV[OWN_ARGS + 1], ARGV[OWN_ARGS + 2], dq.now)
+local wm = tonumber(ARGV[OWN_ARGS + 3])
+local G = SCHED.G
+
+-- promote: due delayed runs become ready; their variants register.
+dq_promote(dq, sched_hooks(S))
+local st = sched_state(S)
+
+-- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
+-- r (stride remainder, nil until needed), gated, gone, new, hv (state-hash
+-- value to write) }, and the order they were first changed in.
+local ent, changed = {}, {}
+local function touch(e)
+  if not e.touched then
+    e.touched = true
+    changed[#changed + 1] = e
   end
 end
 
--- Re-sort vm with its new score s, if it is in the window.
-local function window_move(w, vm, s)
-  local e = window_remove(w, vm)
-  if e == nil then return end
-  e.s = s
-  if w.bound ~= nil and entry_before(w.bound, e) then return end
-  local list = w.list
+-- ungate: after the key limit rose (or went away), the variants gated
+-- under the lower one return, lowest tags first, UNGATE_CHUNK per call.
+local kl = dq.key_limit
+if st.gs == 0 and st.gk > 0 and (kl == 0 or kl > st.gk) then
+  st.gs = redis.call('ZCOUNT', S.z, SCHED.GS, '+inf')
+  st.gk = kl
+end
+if st.gs > 0 then
+  local k = math.min(st.gs, SCHED.UNGATE_CHUNK)
+  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, k + 1)
+  local n = math.min(#raw / 2, k)
+  local vms = {}
+  for i = 1, n do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  local hvs = sched_hmget(S.h, vms)
+  local zargs, hargs = {}, {}
+  for i = 1, n do
+    local r = 0
+    if hvs[i] then r = sched_parse(hvs[i]).r end
+    local u = num(raw[2 * i]) - G
+    if u < st.v then u, r = st.v, 0 end
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = raw[2 * i - 1]
+    hargs[#hargs + 1] = vms[i]
+    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, r)
+  end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  st.gs = st.gs - n
+  if #raw / 2 <= k then st.gs = 0 end
+end
+
+-- discover: scan variants of ckIndex at the rotating cursor; untagged ones
+-- register (at V or their parked tag), gated ones below their limit return.
+do
+  local raw = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
+  local list = {}
+  for i = 1, math.min(#raw, dq.scan) do list[i] = raw[i] end
+  local hvs = sched_hmget(S.h, list)
+  local zargs, hargs = {}, {}
+  for i, vm in ipairs(list) do
+    if not hvs[i] then
+      local u, code = sched_admit(S, st, vm, true, nil)
+      zargs[#zargs + 1] = sched_fmt(u)
+      zargs[#zargs + 1] = code .. vm
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = code
+    else
+      local rg = sched_parse(hvs[i])
+      if rg.gated and not dq_at_limit(dq, vm) then
+        local u, r = num(redis.call('ZSCORE', S.z, rg.code .. vm)) - G, rg.r
+        if u < st.v then u, r = st.v, 0 end
+        zargs[#zargs + 1] = sched_fmt(u)
+        zargs[#zargs + 1] = rg.code .. vm
+        hargs[#hargs + 1] = vm
+        hargs[#hargs + 1] = sched_value(rg.code, false, r)
+      end
+    end
+  end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  st.c = st.c + dq.scan
+  if #raw <= dq.scan then st.c = 0 end
+end
+
+-- serve, pass 1: the active tags in (tag, registration) order, read lazily
+-- into a window (W), as vtime's window does. Nothing of ckVtime's active
+-- region is written until persist, so reads by rank stay consistent.
+local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
+            budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
+local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
+
+local function w_insert(e)
+  if W.more and W.read > 0 and before(W.last, e) then
+    W.over[#W.over + 1] = e
+    return
+  end
+  local list = W.list
   local at = #list + 1
   for i = 1, #list do
-    if entry_before(e, list[i]) then
+    if before(e, list[i]) then
       at = i
       break
     end
   end
   table.insert(list, at, e)
 end
-local wc = max_count * tonumber(ARGV[NA + 4])
-local repair = ARGV[NA + 5] == '1'
 
--- Due delayed runs were promoted (and their variants registered) above.
-local f = floor_read()
-local V = f.v
-local tags = {}      -- variant -> working tag, for the variants this call saw
-local changed = {}   -- variants whose tag this call sets
-local idle_taken = {}
--- Without a per-key limit and with nothing to repair every variant in the
--- windows is servable and each serve moves one variant back, so the call
--- can only serve among the first cap of each window: reading further (a
--- costly WITHSCORES reply) would change nothing. (Go passes keys on the
--- same rule.)
-local reach, reach1 = scan, 2 * wc
-if key_limit <= 0 and not repair then reach, reach1 = math.min(scan, cap), math.min(2 * wc, cap) end
-local age_raw = redis.call('ZRANGE', q.ck_index, 0, reach, 'WITHSCORES')
-
--- Discovery: variants with ready runs but no tag register at max(V, parked)
--- or V, from the oldest scan and from scan more at the rotating cursor.
-local discovered = {}
-if repair then
-  local index_n = redis.call('ZCARD', q.ck_index)
-  local seen, list = {}, {}
-  local function consider(vm)
-    if not seen[vm] then
-      seen[vm] = true
-      list[#list + 1] = vm
+local function w_remove(e)
+  for i = 1, #W.list do
+    if W.list[i] == e then
+      table.remove(W.list, i)
+      return
     end
   end
-  for i = 1, math.min(#age_raw, 2 * scan), 2 do consider(age_raw[i]) end
-  if f.c < index_n then
-    for _, vm in ipairs(redis.call('ZRANGE', q.ck_index, f.c, f.c + scan - 1)) do consider(vm) end
+end
+
+-- Read the next chunk (first cap + 1 entries, then as many as were read,
+-- within the budget; one more is peeked to know whether any are left).
+local function w_extend()
+  if not W.more or W.read >= W.budget then return false end
+  local n = W.first
+  if W.read > 0 then n = W.read end
+  n = math.min(n, W.budget - W.read)
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(' .. SCHED.GS, 'WITHSCORES', 'LIMIT', W.read, n + 1)
+  local got = #raw / 2
+  W.more = got > n
+  local take = math.min(got, n)
+  if take == 0 then return false end
+  for i = 1, take do
+    local member = raw[2 * i - 1]
+    local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
+                u = num(raw[2 * i]) }
+    ent[e.vm] = e
+    W.list[#W.list + 1] = e
   end
-  if #list > 0 then
-    local have = redis.call('ZMSCORE', vt.tags, unpack(list))
-    local need = {}
-    for i, vm in ipairs(list) do
-      if not have[i] then need[#need + 1] = vm end
+  W.read = W.read + take
+  W.last = { u = num(raw[2 * take]), member = raw[2 * take - 1] }
+  local over = W.over
+  W.over = {}
+  for _, e in ipairs(over) do w_insert(e) end
+  return true
+end
+
+local parked = {}
+local function gate(e)
+  e.gated = true
+  st.gk = kl
+  touch(e)
+end
+
+local function leave(e)
+  e.gone = true
+  touch(e)
+  if e.u > st.v then parked[#parked + 1] = e end
+end
+
+-- The first servable entry; stale entries (no ready run: a flag-off drain
+-- left them) are collected and those at their key limit gated, for good.
+local function pick()
+  while true do
+    local i = 1
+    while i <= #W.list do
+      local e = W.list[i]
+      if dq_head(dq, e.vm) == nil then
+        table.remove(W.list, i)
+        leave(e)
+      elseif dq_at_limit(dq, e.vm) then
+        table.remove(W.list, i)
+        gate(e)
+      else
+        return e
+      end
     end
-    if #need > 0 then
-      local parked = redis.call('ZMSCORE', vt.idle, unpack(need))
-      for i, vm in ipairs(need) do
-        local s = V
-        if parked[i] then
-          s = math.max(V, tonumber(parked[i]))
-          idle_taken[#idle_taken + 1] = vm
+    if not w_extend() then return nil end
+  end
+end
+
+-- serve, age head (once, when pass 1 runs dry): the first scan variants of
+-- ckIndex as it stood when serving began (nothing writes it before
+-- dq_finish) that still have a ready run: untagged ones register at V or
+-- their parked tag, gated ones below their limit return.
+local function age_head()
+  local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
+  local need = {}
+  for _, vm in ipairs(list) do
+    if ent[vm] == nil then need[#need + 1] = vm end
+  end
+  local hv = {}
+  local vals = sched_hmget(S.h, need)
+  for i, vm in ipairs(need) do hv[vm] = vals[i] end
+  for _, vm in ipairs(list) do
+    if ent[vm] == nil and dq_head(dq, vm) ~= nil then
+      if hv[vm] then
+        local rg = sched_parse(hv[vm])
+        if rg.gated and not dq_at_limit(dq, vm) then
+          local member = rg.code .. vm
+          local e = { vm = vm, member = member, code = rg.code,
+                      u = num(redis.call('ZSCORE', S.z, member)) - G, r = rg.r, was_gated = true }
+          if e.u < st.v then e.u, e.r = st.v, 0 end
+          ent[vm] = e
+          touch(e)
+          w_insert(e)
         end
-        discovered[#discovered + 1] = { vm = vm, s = s }
-        tags[vm] = s
-        changed[vm] = true
+      else
+        local u, code = sched_admit(S, st, vm, true, nil)
+        local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        ent[vm] = e
+        touch(e)
+        w_insert(e)
       end
     end
   end
-  f.c = f.c + scan
-  if f.c >= index_n then f.c = 0 end
 end
 
--- Pass 1 reads 2*wc tags and, when the counts differ (repair), 2*wc more
--- to replace stale ones: tags of variants with no ready run, which only a
--- flag-off instance leaves behind (it drains variants without touching
--- ckVtime), and which make the counts differ.
-local spare = 0
-if repair then spare = 2 * wc end
-local scan_raw = redis.call('ZRANGE', vt.tags, 0, reach1 + spare, 'WITHSCORES')
-for i = 1, #scan_raw, 2 do tags[scan_raw[i]] = tonumber(scan_raw[i + 1]) end
-local pass1 = window_new(scan_raw, reach1, discovered, spare)
-local age = window_new(age_raw, reach)
-
-local nw = f.nw
+local nw = st.nw
 if nw < 0 then
-  nw = redis.call('HLEN', vt.weights)
-  f.nw = nw
+  nw = redis.call('HLEN', S.w)
+  st.nw = nw
 end
-local weight_of = {}
-local function weight(vm)
-  if nw == 0 then return 1 end
-  if weight_of[vm] == nil then weight_of[vm] = tonumber(redis.call('HGET', vt.weights, vm)) or 1 end
-  return weight_of[vm]
+local milli = {}
+local function weight_of(vm)
+  if nw == 0 then return 1000 end
+  if milli[vm] == nil then milli[vm] = sched_milli(redis.call('HGET', S.w, vm)) end
+  return milli[vm]
 end
 
-local function tag(vm)
-  if tags[vm] == nil then
-    local s = redis.call('ZSCORE', vt.tags, vm)
-    if s then tags[vm] = tonumber(s) else tags[vm] = V end
+-- The stride remainder of e: only a weight other than 1 leaves one.
+local function remainder(e, mw)
+  if e.r == nil then
+    e.r = 0
+    if mw ~= 1000 then
+      local hv = redis.call('HGET', S.h, e.vm)
+      if hv then e.r = sched_parse(hv).r end
+    end
+    e.r0 = e.r
   end
-  return tags[vm]
+  return e.r
 end
 
-local function servable(vm)
-  return cands[vm] ~= nil and not key_gated(vm) and head(vm) ~= nil
+-- E = max(S, V), V = max(V, E), S = E + stride (exact: quotient and
+-- remainder of 10^9 / milli-weight).
+local function serve_one(e)
+  local mw = weight_of(e.vm)
+  local eu, er = e.u, remainder(e, mw)
+  if eu < st.v then eu, er = st.v, 0 end
+  if eu > st.v then st.v = eu end
+  if er >= mw then er = 0 end
+  local q, r = sched_div(er + SCHED.STRIDE, mw)
+  e.u, e.r = eu + q, r
+  touch(e)
+  local nxt = dq_take(dq, e.vm)
+  w_remove(e)
+  if nxt == nil then
+    leave(e)
+  elseif dq_at_limit(dq, e.vm) then
+    gate(e)
+  else
+    w_insert(e)
+  end
 end
 
--- First servable variant of pass 1; stale ones met on the way leave the
--- window for good and are collected below.
-local stale = {}
-local function pass1_first()
-  local i = 1
-  while i <= #pass1.list do
-    local vm = pass1.list[i].vm
-    if servable(vm) then return vm end
-    local c = cands[vm]
-    if c ~= nil and c.list ~= nil and #c.list == 0 and c.complete then
-      stale[#stale + 1] = vm
-      window_drop(pass1, vm)
+w_extend()
+local age_done = false
+while #dq.served < dq.cap do
+  local e = pick()
+  if e == nil and not age_done then
+    age_done = true
+    age_head()
+    e = pick()
+  end
+  if e == nil then break end
+  serve_one(e)
+end
+
+-- persist: the tags and registrations this call changed, then parked tags.
+do
+  local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
+  for _, e in ipairs(changed) do
+    if e.gone then
+      if not e.new then
+        zrem[#zrem + 1] = e.member
+        hdel[#hdel + 1] = e.vm
+      end
     else
-      i = i + 1
+      local score = e.u
+      if e.gated then score = score + G end
+      zargs[#zargs + 1] = sched_fmt(score)
+      zargs[#zargs + 1] = e.member
+      if e.r == nil then
+        -- Gated without a serve: keep the remainder it has.
+        local hv = redis.call('HGET', S.h, e.vm)
+        e.r = 0
+        if hv then e.r = sched_parse(hv).r end
+        e.r0 = e.r
+      end
+      local r = e.r
+      if e.new or e.gated or e.was_gated or r ~= (e.r0 or 0) then
+        hargs[#hargs + 1] = e.vm
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, r)
+      end
     end
   end
-  return nil
-end
-
-local parked, drained = {}, {}
-while #served < cap do
-  local vm = pass1_first() or window_first(age, servable)
-  if vm == nil then break end
-  local e = math.max(tag(vm), V)
-  V = math.max(V, e)
-  local s = e + vt.quantum / weight(vm)
-  tags[vm] = s
-  changed[vm] = true
-  local _, nxt = take(vm)
-  if nxt ~= nil then
-    window_move(pass1, vm, s)
-    window_move(age, vm, nxt)
-  else
-    window_remove(pass1, vm)
-    window_remove(age, vm)
-    if s > V then parked[#parked + 1] = { vm = vm, s = s } end
-    drained[#drained + 1] = vm
-    changed[vm] = nil
+  for _, e in ipairs(parked) do
+    iargs[#iargs + 1] = sched_fmt(e.u - G)
+    iargs[#iargs + 1] = e.vm
+  end
+  sched_chunked('ZREM', S.z, zrem, 1)
+  sched_chunked('HDEL', S.h, hdel, 1)
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  if #iargs > 0 then
+    sched_chunked('ZADD', S.z, iargs, 2)
+    sched_reap(S, st.v)
   end
 end
 
--- Stale tags go as drained variants do (parked when above V). This is the
--- one write a call that serves nothing may make: it collects garbage.
-for _, vm in ipairs(stale) do
-  if tags[vm] > V then parked[#parked + 1] = { vm = vm, s = tags[vm] } end
-  drained[#drained + 1] = vm
-  changed[vm] = nil
-end
-if #served > 0 or #stale > 0 then
-  local zargs = {}
-  for vm, _ in pairs(changed) do
-    zargs[#zargs + 1] = fmt(tags[vm])
-    zargs[#zargs + 1] = vm
-  end
-  for i = 1, #zargs, 1000 do
-    redis.call('ZADD', vt.tags, unpack(zargs, i, math.min(i + 999, #zargs)))
-  end
-  if #drained > 0 then redis.call('ZREM', vt.tags, unpack(drained)) end
-  if #idle_taken > 0 then redis.call('ZREM', vt.idle, unpack(idle_taken)) end
-  if #parked > 0 then
-    local iargs = {}
-    for _, p in ipairs(parked) do
-      iargs[#iargs + 1] = fmt(p.s)
-      iargs[#iargs + 1] = p.vm
+-- rebase: once V reaches 2^51, every stored time moves down 2^50 (tags
+-- more than 2^49 below V first rise to it: they are worth V either way).
+if st.v >= SCHED.REBASE_AT then
+  sched_reap(S, st.v)
+  local lo = st.v - SCHED.REBASE_FLOOR
+  local zargs, hargs = {}, {}
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '+inf', 'WITHSCORES')
+  for i = 1, #raw, 2 do
+    local s = num(raw[i + 1])
+    local gated = s >= G
+    local u = s
+    if gated then u = s - G end
+    if u < lo then
+      u = lo
+      hargs[#hargs + 1] = string.sub(raw[i], 9)
+      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, 0)
     end
-    redis.call('ZADD', vt.idle, unpack(iargs))
-    reap_idle(V)
+    u = u - SCHED.REBASE_BY
+    if gated then u = u + G end
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = raw[i]
   end
-  f.v = V
-  floor_write(f)
-end
--- Shared end of the dequeue scripts: persist the serves chosen in memory,
--- move the runs in flight with a lease, and return them.
--- Returns a flat array: for each run, encoded id, variant member, payload,
--- attempt, delivery token.
-if #served == 0 then
-  if dirty then master_refresh(q.ck_index, q.delay_index, q.master, q.qm) end
-  return {}
-end
--- head() read past the last run taken (or found the set ended), so the
--- new head of each touched variant is known without reading it again.
-local heads, emptied = {}, {}
-for _, vm in ipairs(touched) do
-  local c = cands[vm]
-  local ids = {}
-  for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
-  redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
-  redis.call('SADD', c.inflight, unpack(ids))
-  local p = 2 * c.taken + 1
-  if c.list[p] then
-    heads[#heads + 1] = c.list[p + 1]
-    heads[#heads + 1] = vm
-  else
-    emptied[#emptied + 1] = vm
+  local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, '(0', 'WITHSCORES')
+  for i = 1, #idle, 2 do
+    zargs[#zargs + 1] = sched_fmt(num(idle[i + 1]) - SCHED.REBASE_BY)
+    zargs[#zargs + 1] = idle[i]
   end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  if st.l ~= nil then st.l = math.max(st.l, lo) - SCHED.REBASE_BY end
+  st.v = st.v - SCHED.REBASE_BY
+  st.e = st.e + 1
 end
-if #heads > 0 then redis.call('ZADD', q.ck_index, unpack(heads)) end
-if #emptied > 0 then redis.call('ZREM', q.ck_index, unpack(emptied)) end
-depth_sub(q.depth, 'r', #served)
 
-local ids, fields, members, lease_args = {}, {}, {}, {}
-for i, s in ipairs(served) do
-  ids[i] = s.id
-  fields[2 * i - 1] = s.id
-  fields[2 * i] = s.id .. ':p'
-  members[i] = run_prefix .. s.vm .. ':' .. s.id
-  lease_args[2 * i - 1] = lease_deadline
-  lease_args[2 * i] = members[i]
-end
--- Metadata and payload of every served run in one read.
-local got = redis.call('HMGET', q.meta, unpack(fields))
-local hargs, out, expiring = {}, {}, {}
-for i, s in ipairs(served) do
-  local m = meta_parse(got[2 * i - 1])
-  m.st, m.dl, m.ld = 'f', m.dl + 1, lease_deadline
-  if m.ttl > 0 then expiring[#expiring + 1] = members[i] end
-  hargs[#hargs + 1] = s.id
-  hargs[#hargs + 1] = meta_format(m)
-  out[#out + 1] = s.id
-  out[#out + 1] = s.vm
-  out[#out + 1] = got[2 * i]
-  out[#out + 1] = m.att
-  out[#out + 1] = m.dl
-end
-redis.call('HSET', q.meta, unpack(hargs))
-redis.call('SADD', env_inflight, unpack(members))
-redis.call('SADD', queue_inflight, unpack(ids))
-redis.call('ZADD', leases, unpack(lease_args))
-if #expiring > 0 then redis.call('ZREM', ttl_set, unpack(expiring)) end
-master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
-return out
+sched_save(S)
+return dq_finish(dq)

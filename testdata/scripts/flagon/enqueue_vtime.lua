@@ -22,6 +22,8 @@
 -- ARGV[11] -> maximum queued runs in the queue, 0 for no limit
 -- ARGV[12] -> maximum queued runs in the variant, 0 for no limit
 -- ARGV[13] -> wake channel ("" to not publish)
+-- Flag on: KEYS[9..11] and ARGV[14..15] follow, the scheduler's (see
+-- lib/hooks_vtime).
 -- Returns: 1 queued, 0 already queued with the same body (no-op).
 -- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.
 -- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
@@ -45,6 +47,17 @@ local function meta_format(m)
     string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
     string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
 end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
 local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5],
             depth = KEYS[6], master = KEYS[7], qm = ARGV[10] }
 local v = { ready = KEYS[2], delayed = KEYS[3] }
@@ -61,88 +74,245 @@ local run_member = ARGV[9]
 local max_queue = tonumber(ARGV[11])
 local max_key = tonumber(ARGV[12])
 local wake = ARGV[13]
-local NK, NA = 8, 13
--- Scheduler flag on: keep each variant's virtual start tag (see vtime/doc.go,
--- the model these functions implement).
--- KEYS[NK+1] -> queue ckVtime ZSET (variant member, score tag S)
--- KEYS[NK+2] -> queue ckVtimeFloor STRING "V|L|c|nw": clock V, last
---               newcomer tag L ("" for none), discovery cursor c, weight
---               overrides nw (-1 unknown)
--- KEYS[NK+3] -> queue ckVtimeIdle ZSET (variant member, score parked tag)
--- KEYS[NK+4] -> queue weights HASH (variant member -> weight)
--- ARGV[NA+1] -> quantum
--- ARGV[NA+2] -> state TTL (s)
--- ARGV[NA+3] -> idle set cap
-local vt = { tags = KEYS[NK + 1], floor = KEYS[NK + 2], idle = KEYS[NK + 3], weights = KEYS[NK + 4],
-             quantum = tonumber(ARGV[NA + 1]), ttl = tonumber(ARGV[NA + 2]), idle_max = tonumber(ARGV[NA + 3]) }
+-- Scheduler flag on: the hooks keep each variant's registration (see
+-- sched). A script that includes "hooks" calls
+--   hooks_open(KEYS, ARGV, own_keys, own_args, now)
+-- where own_keys and own_args count the script's own KEYS and ARGV; the
+-- flag-on build appends these after them:
+--   KEYS[own_keys+1] -> queue ckVtime ZSET (see sched)
+--   KEYS[own_keys+2] -> queue scheduler state HASH (see sched)
+--   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
+--   ARGV[own_args+1] -> scheduler state TTL (ms)
+--   ARGV[own_args+2] -> idle set cap
+-- The fair scheduler's state in Redis (flag on only). vtime/ is the model
+-- these functions implement; see vtime/doc.go for the rules.
+--
+-- ckVtime ZSET, by score region (every value an exact integer of a double):
+--   -2^53         the sentinel member "": the key lives exactly as long as
+--                 the state hash (created, refreshed and expiring together)
+--   [-2^52, 0)    idle: member = variant member, score = parked tag - 2^52
+--   [0, 2^52)     active: member = seq code .. variant member, score = tag
+--   [2^52, 2^53)  gated: the same members, score = tag + 2^52
+-- state HASH: v (clock V, units), e (epoch), l (previous newcomer's tag,
+--   absent when none), c (discovery cursor), s (next registration number),
+--   x (refresh deadline, ms), gk (gating limit), gs (gated variants left to
+--   return), nw (weight overrides, -1 unknown); and per registered variant
+--   member: its 8-character seq code, then "g" when gated, then "|r" when
+--   its stride remainder r is not 0.
+local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
+                IDLE_MIN = '-4503599627370496', SENTINEL = '-9007199254740992',
+                REBASE_AT = 2251799813685248, REBASE_BY = 1125899906842624,
+                REBASE_FLOOR = 562949953421312, UNGATE_CHUNK = 1000, READ_BUDGET = 1000 }
+local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 
--- Tags travel as strings with 17 significant digits: exact doubles on Redis
+-- Integers below 2^53 print exactly with 17 significant digits, on Redis
 -- and on gopher-lua alike.
-local function fmt(x) return string.format('%.17g', x) end
+local function sched_fmt(x) return string.format('%.17g', x) end
 
-local function floor_read()
-  local raw = redis.call('GET', vt.floor)
-  if not raw then return { v = 0, l = nil, c = 0, nw = -1 } end
-  local v, l, c, nw = string.match(raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
-  return { v = tonumber(v), l = tonumber(l), c = tonumber(c), nw = tonumber(nw) }
+-- The fixed-width code of registration number n: its order is n's order.
+local function sched_code(n)
+  local out = {}
+  for i = 8, 1, -1 do
+    local d = n % 62
+    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
+    n = (n - d) / 62
+  end
+  return table.concat(out)
 end
 
--- Persist the floor, and refresh the TTL of ckVtime, which every caller
--- has just written (it may have been recreated after draining empty).
-local function floor_write(f)
-  redis.call('EXPIRE', vt.tags, vt.ttl)
-  local l = ''
-  if f.l ~= nil then l = fmt(f.l) end
-  redis.call('SET', vt.floor, fmt(f.v) .. '|' .. l .. '|' .. string.format('%d', f.c) .. '|' ..
-    string.format('%d', f.nw), 'EX', vt.ttl)
+-- A variant's state-hash value: { code, gated, r }.
+local function sched_parse(v)
+  local code, g, r = string.match(v, '^(........)(g?)|?(%d*)$')
+  return { code = code, gated = g == 'g', r = tonumber(r) or 0 }
 end
 
--- A variant gained its first ready run: register it. Returning variants get
--- max(V, parked); newcomers queue one quantum behind the highest of {the
--- highest tag capped at V + quantum, the previous newcomer's tag}, or at V
--- when that is not above V.
-local function register_new(vm)
-  if redis.call('ZSCORE', vt.tags, vm) then return end
-  local f = floor_read()
-  local s
-  local parked = redis.call('ZSCORE', vt.idle, vm)
-  if parked then
-    s = math.max(f.v, tonumber(parked))
-    redis.call('ZREM', vt.idle, vm)
+local function sched_value(code, gated, r)
+  local v = code
+  if gated then v = v .. 'g' end
+  if r > 0 then v = v .. '|' .. sched_fmt(r) end
+  return v
+end
+
+-- Call sites pass their keys and arguments explicitly.
+local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
+  return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
+end
+
+-- The scalars, read once per script. A missing state is created whole:
+-- a stray ckVtime without its hash is dropped first, so V never restarts
+-- under tags that outlived it.
+local function sched_state(S)
+  if S.st then return S.st end
+  local r = redis.call('HMGET', S.h, 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'nw')
+  if not r[1] then
+    redis.call('DEL', S.z)
+    redis.call('ZADD', S.z, SCHED.SENTINEL, '')
+    S.st = { v = 0, e = 0, l = nil, c = 0, s = 1, x = 0, gk = 0, gs = 0, nw = -1 }
+    S.fresh = true
   else
-    local a = nil
-    local top = redis.call('ZRANGE', vt.tags, -1, -1, 'WITHSCORES')
-    if top[2] then a = math.min(tonumber(top[2]), f.v + vt.quantum) end
-    if f.l ~= nil and (a == nil or f.l > a) then a = f.l end
-    s = f.v
-    if a ~= nil and a > f.v then s = a + vt.quantum end
-    f.l = s
+    S.st = { v = tonumber(r[1]), e = tonumber(r[2]), l = tonumber(r[3]), c = tonumber(r[4]),
+             s = tonumber(r[5]), x = tonumber(r[6]), gk = tonumber(r[7]), gs = tonumber(r[8]),
+             nw = tonumber(r[9]) }
   end
-  redis.call('ZADD', vt.tags, fmt(s), vm)
-  floor_write(f)
+  return S.st
 end
 
-local function on_ready_start(vm) register_new(vm) end
-
--- Drop parked tags at or below V (they confer nothing) and all but the
--- highest idle_max: run by every call that parks one.
-local function reap_idle(v)
-  redis.call('ZREMRANGEBYSCORE', vt.idle, '-inf', fmt(v))
-  redis.call('ZREMRANGEBYRANK', vt.idle, 0, -(vt.idle_max + 1))
-  redis.call('EXPIRE', vt.idle, vt.ttl)
+-- Write the scalars back and refresh the lifetime of both keys together
+-- when half of it is gone (or the state is new).
+local function sched_save(S)
+  local st = S.st
+  if not st then return end
+  local args = { 'v', sched_fmt(st.v), 'e', sched_fmt(st.e), 'c', sched_fmt(st.c), 's', sched_fmt(st.s),
+                 'gk', sched_fmt(st.gk), 'gs', sched_fmt(st.gs), 'nw', sched_fmt(st.nw) }
+  if st.l ~= nil then
+    args[#args + 1] = 'l'
+    args[#args + 1] = sched_fmt(st.l)
+  end
+  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  if refresh then
+    st.x = S.now + S.ttl
+  end
+  args[#args + 1] = 'x'
+  args[#args + 1] = sched_fmt(st.x)
+  redis.call('HSET', S.h, unpack(args))
+  if refresh then
+    redis.call('PEXPIRE', S.z, S.ttl)
+    redis.call('PEXPIRE', S.h, S.ttl)
+  end
 end
 
--- A variant's last ready run left outside a dequeue: park its tag when it
--- is above V (it owes service), and leave the fair order.
-local function on_ready_empty(vm)
-  local s = redis.call('ZSCORE', vt.tags, vm)
-  if not s then return end
-  redis.call('ZREM', vt.tags, vm)
-  local v = floor_read().v
-  if tonumber(s) > v then
-    redis.call('ZADD', vt.idle, s, vm)
-    reap_idle(v)
+-- The highest tag of the active region, or nil.
+local function sched_top(S)
+  local t = redis.call('ZREVRANGEBYSCORE', S.z, '(' .. SCHED.GS, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+  return num(t[2])
+end
+
+-- The newcomer rule: one quantum behind the highest of {top capped at
+-- V + UNIT, the previous newcomer's tag capped at top}, or V when that is
+-- not above V.
+local function sched_newcomer(st, top)
+  if top == nil then return st.v end
+  local a = math.min(top, st.v + SCHED.UNIT)
+  if st.l ~= nil then a = math.max(a, math.min(st.l, top)) end
+  if a > st.v then return a + SCHED.UNIT end
+  return st.v
+end
+
+-- The registration of a variant with no tag: { u, code }. A parked tag
+-- makes it a return (at max(V, parked), the parked entry goes now);
+-- otherwise a discovered variant starts at V and a newcomer follows the
+-- newcomer rule with top the highest active tag (top_fn() reads it).
+local function sched_admit(S, st, vm, discovered, top_fn)
+  local u
+  local parked = redis.call('ZSCORE', S.z, vm)
+  if parked then
+    u = math.max(st.v, num(parked) + SCHED.G)
+    redis.call('ZREM', S.z, vm)
+  elseif discovered then
+    u = st.v
+  else
+    u = sched_newcomer(st, top_fn())
+    st.l = u
   end
+  local code = sched_code(st.s)
+  st.s = st.s + 1
+  return u, code
+end
+
+-- A variant gained its first ready run: register it unless it has a tag.
+local function sched_register(S, vm, discovered)
+  if redis.call('HEXISTS', S.h, vm) == 1 then return end
+  local st = sched_state(S)
+  local u, code = sched_admit(S, st, vm, discovered, function() return sched_top(S) end)
+  redis.call('ZADD', S.z, sched_fmt(u), code .. vm)
+  redis.call('HSET', S.h, vm, code)
+end
+
+-- Drop parked tags at or below v (worth nothing), then all but the highest
+-- idle_max (rank 0 is the sentinel).
+local function sched_reap(S, v)
+  redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
+  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, '(0')
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
+end
+
+-- A variant's last ready run left outside a dequeue: it leaves the
+-- competition, its tag parked when above V.
+local function sched_drained(S, vm)
+  local hv = redis.call('HGET', S.h, vm)
+  if not hv then return end
+  local st = sched_state(S)
+  local rg = sched_parse(hv)
+  local u = num(redis.call('ZSCORE', S.z, rg.code .. vm))
+  if rg.gated then u = u - SCHED.G end
+  redis.call('ZREM', S.z, rg.code .. vm)
+  redis.call('HDEL', S.h, vm)
+  if u > st.v then
+    redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
+    sched_reap(S, st.v)
+  end
+end
+
+-- A slot of vm freed (ack, nack, lease recovery, dead letter): a gated
+-- variant competes again, at max(S, V).
+local function sched_released(S, vm)
+  local hv = redis.call('HGET', S.h, vm)
+  if not hv then return end
+  local rg = sched_parse(hv)
+  if not rg.gated then return end
+  local st = sched_state(S)
+  local member = rg.code .. vm
+  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
+  if u < st.v then u, r = st.v, 0 end
+  redis.call('ZADD', S.z, sched_fmt(u), member)
+  redis.call('HSET', S.h, vm, sched_value(rg.code, false, r))
+end
+
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
+-- unpack much more than 8,000 values), step values at a time.
+local function sched_chunked(cmd, key, args, step)
+  local n = step * math.floor(1000 / step)
+  for i = 1, #args, n do
+    redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
+  end
+end
+
+-- HMGET of any number of fields (in chunks of 1000).
+local function sched_hmget(h, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime).
+local function sched_hooks(S)
+  return {
+    ready_start = function(vm) sched_register(S, vm, false) end,
+    ready_empty = function(vm) sched_drained(S, vm) end,
+    released = function(vm) sched_released(S, vm) end,
+    finish = function() sched_save(S) end,
+  }
+end
+local function hooks_open(keys, args, own_keys, own_args, now)
+  return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
+                                args[own_args + 1], args[own_args + 2], now))
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
@@ -150,9 +320,9 @@ local function master_refresh(ck_index, delay_index, master, qm)
   local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
   local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
   local best = nil
-  if r[2] then best = tonumber(r[2]) end
+  if r[2] then best = num(r[2]) end
   if d[2] then
-    local x = tonumber(d[2])
+    local x = num(d[2])
     if best == nil or x < best then best = x end
   end
   if best == nil then
@@ -176,16 +346,16 @@ end
 -- available_at <= now, else delayed (scored by available_at). Maintains the
 -- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
 -- score, which can only move when the index entry did (CH says so).
--- on_ready_start(vm) runs when the variant's ready head is new or earlier
--- (the scheduler registers a variant that has no tag).
+-- hooks.ready_start(vm) runs when the variant's ready head is new or
+-- earlier (the scheduler registers a variant that has no tag).
 -- Returns: ready (the run is ready), earliest (the run is now the queue's
 -- earliest work).
-local function place(q, v, id, vm, at, rs, now)
+local function place(q, v, hooks, id, vm, at, rs, now)
   if at <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      on_ready_start(vm)
+      hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
     end
     return true, false
@@ -202,8 +372,8 @@ end
 -- place, then wake the consumers blocked on channel wake ('' for none) when
 -- the run is ready, or when it is delayed and now the queue's earliest work:
 -- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, id, vm, at, rs, now)
+local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
+  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
   if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
   return ready
 end
@@ -221,12 +391,13 @@ local function index_head(set, index, vm)
 end
 
 -- Remove a queued run from its variant (ready or delayed) and fix the
--- indexes. on_ready_empty(vm) runs when the variant's last ready run leaves.
-local function unplace(q, v, id, vm, st)
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves.
+local function unplace(q, v, hooks, id, vm, st)
   if st == 'r' then
     if redis.call('ZREM', v.ready, id) == 0 then return false end
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then on_ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
   else
     if redis.call('ZREM', v.delayed, id) == 0 then return false end
     depth_sub(q.depth, 'd', 1)
@@ -235,6 +406,8 @@ local function unplace(q, v, id, vm, st)
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
+local OWN_KEYS, OWN_ARGS = 8, 13
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
 local existing = redis.call('HGET', q.meta, id)
 if existing then
@@ -258,12 +431,14 @@ end
 
 local st = 'd'
 if available_at <= now then st = 'r' end
--- The delivery counter starts at now * 1000, so the lease tokens of a run
--- enqueued again under a reused id never repeat the tokens of the old one.
-redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = now * 1000, ld = 0, vm = vm,
+-- dl is the delivery token of the current holder: 0 until a dequeue gives
+-- one from the shard's counter (so tokens never repeat, whatever ids are
+-- reused).
+redis.call('HSET', q.meta, id, meta_format({ st = st, att = 1, dl = 0, ld = 0, vm = vm,
   pr = priority, at = available_at, ttl = expires_at }), id .. ':p', payload)
 if expires_at > 0 then
   redis.call('ZADD', ttl_set, expires_at, run_member)
 end
-place_wake(q, v, id, vm, available_at, ready_score, now, wake)
+place_wake(q, v, hooks, id, vm, available_at, ready_score, now, wake)
+hooks.finish()
 return 1

@@ -1,13 +1,14 @@
 -- setweight: set or clear the scheduler weight of one concurrency key.
 --
 -- KEYS[1] -> queue weights HASH (variant member -> weight)
--- KEYS[2] -> queue ckVtimeFloor STRING (its last field counts the weights)
+-- KEYS[2] -> queue scheduler state HASH (see lib/sched: its nw field counts
+--            the weights; the key's stride remainder is of the old weight)
 -- ARGV[1] -> variant member
 -- ARGV[2] -> weight (0.001..1000, checked by the caller), "" to clear
 -- ARGV[3] -> maximum number of weights per queue
 -- Returns: the number of weights of the queue.
 -- Errors: RQ_TOO_MANY_WEIGHTS.
-local weights, floor = KEYS[1], KEYS[2]
+local weights, state = KEYS[1], KEYS[2]
 local vm, weight, max_weights = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 if weight == '' then
@@ -19,15 +20,14 @@ else
   redis.call('HSET', weights, vm, weight)
 end
 local n = redis.call('HLEN', weights)
--- The fair dequeue reads weights only when the floor says there are some.
-local raw = redis.call('GET', floor)
-if raw then
-  local ttl = redis.call('PTTL', floor)
-  local updated = string.gsub(raw, '|[^|]*$', '|' .. string.format('%d', n))
-  if ttl > 0 then
-    redis.call('SET', floor, updated, 'PX', ttl)
-  else
-    redis.call('SET', floor, updated)
+-- The fair dequeue reads weights only when the state says there are some.
+-- The hash keeps its TTL: HSET on an existing field does not touch it.
+if redis.call('HEXISTS', state, 'v') == 1 then
+  redis.call('HSET', state, 'nw', n)
+  local hv = redis.call('HGET', state, vm)
+  if hv then
+    local code, g = string.match(hv, '^(........)(g?)')
+    redis.call('HSET', state, vm, code .. g)
   end
 end
 return n

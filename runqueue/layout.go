@@ -1,0 +1,59 @@
+package runqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// LayoutVersion is the version of what runqueue stores in Redis (key names,
+// value formats, the scheduler's state). New records it under the prefix
+// the first time and refuses a Redis that holds another, so a rolling
+// upgrade can never mix layouts silently.
+//
+//   - 1: the first release (no version recorded).
+//   - 2: the scheduler keeps its state in ckVtime (registrations in
+//     registration order, gated and parked regions) and ckVtimeState;
+//     ckVtimeFloor and ckVtimeIdle are gone; lease tokens come from a
+//     per-shard counter.
+const LayoutVersion = 2
+
+// ErrLayout is wrapped by every *LayoutError.
+var ErrLayout = errors.New("runqueue: redis holds another layout version")
+
+// LayoutError reports a Redis prefix written by another layout version.
+type LayoutError struct {
+	Key   string // where the version is recorded
+	Found string // the version recorded there
+	Want  int    // LayoutVersion
+}
+
+func (e *LayoutError) Error() string {
+	return fmt.Sprintf("runqueue: %s holds layout version %s, this build writes %d: drain the queues under this "+
+		"prefix with the old version (or use a new Config.Prefix) before starting this one, and never run both "+
+		"on one prefix", e.Key, e.Found, e.Want)
+}
+
+func (e *LayoutError) Unwrap() error { return ErrLayout }
+
+// checkLayout records LayoutVersion under the prefix, or checks the one
+// recorded there.
+func checkLayout(ctx context.Context, c redis.UniversalClient, space keys.Space) error {
+	key := space.Layout()
+	want := fmt.Sprint(LayoutVersion)
+	if err := c.SetNX(ctx, key, want, 0).Err(); err != nil {
+		return err
+	}
+	got, err := c.Get(ctx, key).Result()
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return &LayoutError{Key: key, Found: got, Want: LayoutVersion}
+	}
+	return nil
+}

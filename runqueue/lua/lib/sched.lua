@@ -1,0 +1,226 @@
+-- The fair scheduler's state in Redis (flag on only). vtime/ is the model
+-- these functions implement; see vtime/doc.go for the rules.
+--
+-- ckVtime ZSET, by score region (every value an exact integer of a double):
+--   -2^53         the sentinel member "": the key lives exactly as long as
+--                 the state hash (created, refreshed and expiring together)
+--   [-2^52, 0)    idle: member = variant member, score = parked tag - 2^52
+--   [0, 2^52)     active: member = seq code .. variant member, score = tag
+--   [2^52, 2^53)  gated: the same members, score = tag + 2^52
+-- state HASH: v (clock V, units), e (epoch), l (previous newcomer's tag,
+--   absent when none), c (discovery cursor), s (next registration number),
+--   x (refresh deadline, ms), gk (gating limit), gs (gated variants left to
+--   return), nw (weight overrides, -1 unknown); and per registered variant
+--   member: its 8-character seq code, then "g" when gated, then "|r" when
+--   its stride remainder r is not 0.
+local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
+                IDLE_MIN = '-4503599627370496', SENTINEL = '-9007199254740992',
+                REBASE_AT = 2251799813685248, REBASE_BY = 1125899906842624,
+                REBASE_FLOOR = 562949953421312, UNGATE_CHUNK = 1000, READ_BUDGET = 1000 }
+local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+
+-- Integers below 2^53 print exactly with 17 significant digits, on Redis
+-- and on gopher-lua alike.
+local function sched_fmt(x) return string.format('%.17g', x) end
+
+-- The fixed-width code of registration number n: its order is n's order.
+local function sched_code(n)
+  local out = {}
+  for i = 8, 1, -1 do
+    local d = n % 62
+    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
+    n = (n - d) / 62
+  end
+  return table.concat(out)
+end
+
+-- A variant's state-hash value: { code, gated, r }.
+local function sched_parse(v)
+  local code, g, r = string.match(v, '^(........)(g?)|?(%d*)$')
+  return { code = code, gated = g == 'g', r = tonumber(r) or 0 }
+end
+
+local function sched_value(code, gated, r)
+  local v = code
+  if gated then v = v .. 'g' end
+  if r > 0 then v = v .. '|' .. sched_fmt(r) end
+  return v
+end
+
+-- Call sites pass their keys and arguments explicitly.
+local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
+  return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
+end
+
+-- The scalars, read once per script. A missing state is created whole:
+-- a stray ckVtime without its hash is dropped first, so V never restarts
+-- under tags that outlived it.
+local function sched_state(S)
+  if S.st then return S.st end
+  local r = redis.call('HMGET', S.h, 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'nw')
+  if not r[1] then
+    redis.call('DEL', S.z)
+    redis.call('ZADD', S.z, SCHED.SENTINEL, '')
+    S.st = { v = 0, e = 0, l = nil, c = 0, s = 1, x = 0, gk = 0, gs = 0, nw = -1 }
+    S.fresh = true
+  else
+    S.st = { v = tonumber(r[1]), e = tonumber(r[2]), l = tonumber(r[3]), c = tonumber(r[4]),
+             s = tonumber(r[5]), x = tonumber(r[6]), gk = tonumber(r[7]), gs = tonumber(r[8]),
+             nw = tonumber(r[9]) }
+  end
+  return S.st
+end
+
+-- Write the scalars back and refresh the lifetime of both keys together
+-- when half of it is gone (or the state is new).
+local function sched_save(S)
+  local st = S.st
+  if not st then return end
+  local args = { 'v', sched_fmt(st.v), 'e', sched_fmt(st.e), 'c', sched_fmt(st.c), 's', sched_fmt(st.s),
+                 'gk', sched_fmt(st.gk), 'gs', sched_fmt(st.gs), 'nw', sched_fmt(st.nw) }
+  if st.l ~= nil then
+    args[#args + 1] = 'l'
+    args[#args + 1] = sched_fmt(st.l)
+  end
+  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  if refresh then
+    st.x = S.now + S.ttl
+  end
+  args[#args + 1] = 'x'
+  args[#args + 1] = sched_fmt(st.x)
+  redis.call('HSET', S.h, unpack(args))
+  if refresh then
+    redis.call('PEXPIRE', S.z, S.ttl)
+    redis.call('PEXPIRE', S.h, S.ttl)
+  end
+end
+
+-- The highest tag of the active region, or nil.
+local function sched_top(S)
+  local t = redis.call('ZREVRANGEBYSCORE', S.z, '(' .. SCHED.GS, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+  return num(t[2])
+end
+
+-- The newcomer rule: one quantum behind the highest of {top capped at
+-- V + UNIT, the previous newcomer's tag capped at top}, or V when that is
+-- not above V.
+local function sched_newcomer(st, top)
+  if top == nil then return st.v end
+  local a = math.min(top, st.v + SCHED.UNIT)
+  if st.l ~= nil then a = math.max(a, math.min(st.l, top)) end
+  if a > st.v then return a + SCHED.UNIT end
+  return st.v
+end
+
+-- The registration of a variant with no tag: { u, code }. A parked tag
+-- makes it a return (at max(V, parked), the parked entry goes now);
+-- otherwise a discovered variant starts at V and a newcomer follows the
+-- newcomer rule with top the highest active tag (top_fn() reads it).
+local function sched_admit(S, st, vm, discovered, top_fn)
+  local u
+  local parked = redis.call('ZSCORE', S.z, vm)
+  if parked then
+    u = math.max(st.v, num(parked) + SCHED.G)
+    redis.call('ZREM', S.z, vm)
+  elseif discovered then
+    u = st.v
+  else
+    u = sched_newcomer(st, top_fn())
+    st.l = u
+  end
+  local code = sched_code(st.s)
+  st.s = st.s + 1
+  return u, code
+end
+
+-- A variant gained its first ready run: register it unless it has a tag.
+local function sched_register(S, vm, discovered)
+  if redis.call('HEXISTS', S.h, vm) == 1 then return end
+  local st = sched_state(S)
+  local u, code = sched_admit(S, st, vm, discovered, function() return sched_top(S) end)
+  redis.call('ZADD', S.z, sched_fmt(u), code .. vm)
+  redis.call('HSET', S.h, vm, code)
+end
+
+-- Drop parked tags at or below v (worth nothing), then all but the highest
+-- idle_max (rank 0 is the sentinel).
+local function sched_reap(S, v)
+  redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
+  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, '(0')
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
+end
+
+-- A variant's last ready run left outside a dequeue: it leaves the
+-- competition, its tag parked when above V.
+local function sched_drained(S, vm)
+  local hv = redis.call('HGET', S.h, vm)
+  if not hv then return end
+  local st = sched_state(S)
+  local rg = sched_parse(hv)
+  local u = num(redis.call('ZSCORE', S.z, rg.code .. vm))
+  if rg.gated then u = u - SCHED.G end
+  redis.call('ZREM', S.z, rg.code .. vm)
+  redis.call('HDEL', S.h, vm)
+  if u > st.v then
+    redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
+    sched_reap(S, st.v)
+  end
+end
+
+-- A slot of vm freed (ack, nack, lease recovery, dead letter): a gated
+-- variant competes again, at max(S, V).
+local function sched_released(S, vm)
+  local hv = redis.call('HGET', S.h, vm)
+  if not hv then return end
+  local rg = sched_parse(hv)
+  if not rg.gated then return end
+  local st = sched_state(S)
+  local member = rg.code .. vm
+  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
+  if u < st.v then u, r = st.v, 0 end
+  redis.call('ZADD', S.z, sched_fmt(u), member)
+  redis.call('HSET', S.h, vm, sched_value(rg.code, false, r))
+end
+
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
+-- unpack much more than 8,000 values), step values at a time.
+local function sched_chunked(cmd, key, args, step)
+  local n = step * math.floor(1000 / step)
+  for i = 1, #args, n do
+    redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
+  end
+end
+
+-- HMGET of any number of fields (in chunks of 1000).
+local function sched_hmget(h, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime).
+local function sched_hooks(S)
+  return {
+    ready_start = function(vm) sched_register(S, vm, false) end,
+    ready_empty = function(vm) sched_drained(S, vm) end,
+    released = function(vm) sched_released(S, vm) end,
+    finish = function() sched_save(S) end,
+  }
+end

@@ -1,0 +1,218 @@
+package runqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/vtime"
+)
+
+// The scheduler's state as the flag-on scripts store it (lua/lib/sched.lua):
+// ckVtime holds a sentinel at -2^53, parked tags (score = tag - 2^52), active
+// registrations (member = 8-character seq code + variant member, score =
+// tag) and gated ones (score = tag + 2^52); the state hash holds the
+// scalars and one field per registered variant. This file is its one Go
+// reader.
+const (
+	gatedOffset = 1 << 52
+	seqDigits   = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	seqCodeLen  = 8
+)
+
+// seqCode is the fixed-width code of registration number n (its order is
+// n's order).
+func seqCode(n int64) string {
+	var b [seqCodeLen]byte
+	for i := seqCodeLen - 1; i >= 0; i-- {
+		b[i] = seqDigits[n%62]
+		n /= 62
+	}
+	return string(b[:])
+}
+
+func parseSeqCode(code string) (int64, bool) {
+	if len(code) != seqCodeLen {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(code); i++ {
+		d := strings.IndexByte(seqDigits, code[i])
+		if d < 0 {
+			return 0, false
+		}
+		n = n*62 + int64(d)
+	}
+	return n, true
+}
+
+// regValue parses a registered variant's state-hash value:
+// code, then "g" when gated, then "|r" when the remainder is not 0.
+func regValue(v string) (code string, gated bool, r int64, ok bool) {
+	if len(v) < seqCodeLen {
+		return "", false, 0, false
+	}
+	code, rest := v[:seqCodeLen], v[seqCodeLen:]
+	if strings.HasPrefix(rest, "g") {
+		gated, rest = true, rest[1:]
+	}
+	if rest != "" {
+		if !strings.HasPrefix(rest, "|") {
+			return "", false, 0, false
+		}
+		n, err := strconv.ParseInt(rest[1:], 10, 64)
+		if err != nil {
+			return "", false, 0, false
+		}
+		r = n
+	}
+	return code, gated, r, true
+}
+
+// schedState is a queue's scheduler state and indexes read from Redis.
+type schedState struct {
+	snap      vtime.Snapshot // scheduler state (no runs, no in-flight counts)
+	exists    bool           // the state hash exists
+	index     []zentry       // ckIndex in order
+	delayIdx  []string
+	weightsF  map[string]float64 // variant member -> weight as set
+	activeIdx map[string]int     // rank of a registered, non-gated variant
+}
+
+type zentry struct {
+	member string
+	score  float64
+}
+
+func rank(z []zentry) map[string]int {
+	out := make(map[string]int, len(z))
+	for i, e := range z {
+		out[e.member] = i
+	}
+	return out
+}
+
+// members returns every variant member the state or the indexes mention.
+func (s *schedState) members() []string {
+	seen := map[string]bool{}
+	add := func(m string) { seen[m] = true }
+	for m := range s.snap.Reg {
+		add(m)
+	}
+	for m := range s.snap.Idle {
+		add(m)
+	}
+	for m := range s.weightsF {
+		add(m)
+	}
+	for _, e := range s.index {
+		add(e.member)
+	}
+	for _, m := range s.delayIdx {
+		add(m)
+	}
+	out := make([]string, 0, len(seen))
+	for m := range seen {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// readScheduler reads the scheduler state of qk, at most MaxInspectVariants
+// variants of each structure (ErrTooLarge beyond).
+func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, error) {
+	var tags, index *redis.ZSliceCmd
+	var delay *redis.StringSliceCmd
+	var state, weights *redis.MapStringStringCmd
+	limit := int64(MaxInspectVariants)
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// Sentinel, parked, active and gated entries: up to limit of each.
+		tags = p.ZRangeWithScores(ctx, qk.CkVtime(), 0, 3*limit+1)
+		index = p.ZRangeWithScores(ctx, qk.CkIndex(), 0, limit)
+		delay = p.ZRange(ctx, qk.DelayIndex(), 0, limit)
+		state = p.HGetAll(ctx, qk.CkVtimeState())
+		weights = p.HGetAll(ctx, qk.Weights())
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	if int64(len(tags.Val())) > 3*limit+1 || int64(len(index.Val())) > limit || int64(len(delay.Val())) > limit {
+		return nil, ErrTooLarge
+	}
+	st := &schedState{
+		snap: vtime.Snapshot{Reg: map[string]vtime.Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
+			InFlight: map[string]int{}},
+		delayIdx: delay.Val(), weightsF: map[string]float64{}, activeIdx: map[string]int{},
+	}
+	for _, e := range index.Val() {
+		st.index = append(st.index, zentry{e.Member.(string), e.Score})
+	}
+	for m, w := range weights.Val() {
+		if f, err := strconv.ParseFloat(w, 64); err == nil {
+			st.weightsF[m] = f
+			st.snap.Weights[m] = vtime.MilliWeightOf(f)
+		}
+	}
+	h := state.Val()
+	st.exists = h["v"] != ""
+	num := func(field string) int64 {
+		n, _ := strconv.ParseFloat(h[field], 64)
+		return int64(n)
+	}
+	st.snap.V, st.snap.Epoch, st.snap.Cursor = num("v"), num("e"), int(num("c"))
+	st.snap.NextSeq, st.snap.GK, st.snap.GS = max(1, num("s")), int(num("gk")), int(num("gs"))
+	if h["l"] != "" {
+		st.snap.L, st.snap.HasL = num("l"), true
+	}
+	regs := map[string]vtime.Reg{}
+	for field, v := range h {
+		if !strings.HasPrefix(field, "=") {
+			continue
+		}
+		code, gated, r, ok := regValue(v)
+		seq, ok2 := parseSeqCode(code)
+		if !ok || !ok2 {
+			return nil, fmt.Errorf("runqueue: malformed %s field %q: %q", qk.CkVtimeState(), field, v)
+		}
+		regs[field] = vtime.Reg{R: r, Seq: seq, Gated: gated}
+	}
+	active := 0
+	for _, z := range tags.Val() {
+		member := z.Member.(string)
+		switch s := z.Score; {
+		case s < -gatedOffset:
+			// the sentinel
+		case s < 0:
+			st.snap.Idle[member] = int64(s) + gatedOffset
+		case len(member) > seqCodeLen:
+			vm := member[seqCodeLen:]
+			rg, ok := regs[vm]
+			if !ok {
+				continue // a tag without its registration: not ours to show
+			}
+			rg.U = int64(s)
+			if s >= gatedOffset {
+				rg.U -= gatedOffset
+			} else {
+				st.activeIdx[vm] = active
+				active++
+			}
+			st.snap.Reg[vm] = rg
+		}
+	}
+	return st, nil
+}
+
+// clockQuanta converts a stored time (units) of a state at epoch e to
+// quanta of Config.Quantum.
+func (q *Queue) clockQuanta(epoch, units int64) float64 {
+	return (float64(epoch)*vtime.RebaseBy + float64(units)) / vtime.Unit * q.cfg.Quantum
+}

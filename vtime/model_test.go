@@ -695,3 +695,675 @@ func sumInflight(m *Model) int {
 	}
 	return n
 }
+
+func TestProbe(t *testing.T) {
+	t.Parallel()
+
+	t.Run("FreedByFlagOffReturnsAtMaxSV", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Key: 1}})
+		add(t, m, "a", 3, 0, 0)
+		add(t, m, "b", 30, 0, 0)
+		out := m.Dequeue(1, 0)
+		require.Equal(t, []string{"a"}, servedKeys(out))
+		for m.v <= 2*U {
+			require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
+		}
+		flagOffAck(t, m, decode(t, out[0].ID))
+		require.True(t, mustReg(t, m, "a").Gated, "a flag-off ack does not un-gate")
+		v := m.v
+		// The probe (rank 0) finds a below its limit: a competes at V and,
+		// with the lowest tag, is served.
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true}, mustReg(t, m, "a"))
+	})
+
+	t.Run("RotatesOverGatedWithinGatedPlusOneCalls", func(t *testing.T) {
+		t.Parallel()
+		// g0..g3 gated at limit 1, all held; g3 (highest tag, last in age
+		// order, out of the one-variant age head) is freed by a flag-off ack.
+		m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 1})
+		var held []string
+		for i := 0; i < 4; i++ {
+			k := fmt.Sprintf("g%d", i)
+			require.NoError(t, m.Enqueue(k+"#1", k, 0, int64(i), 10))
+			require.NoError(t, m.Enqueue(k+"#2", k, 0, int64(i), 10))
+			require.NoError(t, m.Enqueue(k+"#3", k, 0, int64(i), 10))
+		}
+		for i := 0; i < 4; i++ {
+			out := m.Dequeue(1, 10)
+			require.Len(t, out, 1)
+			held = append(held, decode(t, out[0].ID))
+		}
+		require.Equal(t, 4, gatedCount(m))
+		flagOffAck(t, m, held[3])
+		gp := m.gp
+		for calls := 1; ; calls++ {
+			require.LessOrEqual(t, calls, 4+1, "not returned within gated+1 calls (probe started at %d)", gp)
+			out := m.Dequeue(1, 10)
+			if len(out) > 0 {
+				// Returned at max(S, V) = U and served at once.
+				require.Equal(t, []string{"g3"}, servedKeys(out))
+				require.Equal(t, Reg{U: 2 * U, Seq: 4, Gated: true}, mustReg(t, m, "g3"))
+				break
+			}
+		}
+	})
+}
+
+func TestDiscovery(t *testing.T) {
+	t.Parallel()
+
+	t.Run("AtVNotAsNewcomer", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		add(t, m, "b", 20, 0, 0)
+		for m.v < 2*U {
+			require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
+		}
+		l := m.l
+		flagOffEnqueue(m, "u#1", "u", 0)
+		_, ok := regOf(m, "u")
+		require.False(t, ok)
+		// Discovered at V = 2U (a newcomer would be at 4U: top 3U = V+U).
+		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)))
+		p, ok := parkedOf(m, "u")
+		require.True(t, ok)
+		require.Equal(t, 3*U, p, "served at E = 2U")
+		require.Equal(t, l, m.l, "discovery is not a newcomer: the anchor stays")
+	})
+
+	t.Run("AtParkedTag", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Key: 1}})
+		m.SetWeight("u", 0.5)
+		add(t, m, "u", 1, 0, 0)
+		add(t, m, "b", 20, 0, 0)
+		require.Equal(t, []string{"u"}, deqAck(t, m, 1, 0)) // parked at 2U
+		flagOffEnqueue(m, "u#2", "u", 0)
+		require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
+		require.Equal(t, Reg{U: 2 * U, Seq: 3}, mustReg(t, m, "u"), "max(V, parked)")
+		_, ok := parkedOf(m, "u")
+		require.False(t, ok)
+	})
+
+	t.Run("RotatingCursor", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{ScanLimit: 10})
+		for i := 0; i < 25; i++ {
+			k := fmt.Sprintf("u%02d", i)
+			for j := 0; j < 3; j++ {
+				flagOffEnqueue(m, fmt.Sprintf("%s#%d", k, j), k, int64(i)) // head score i whatever is served
+			}
+		}
+		for _, want := range []struct{ registered, cursor int }{{10, 10}, {20, 20}, {25, 0}, {25, 10}} {
+			require.Len(t, m.Dequeue(1, 100), 1)
+			require.Len(t, m.reg, want.registered)
+			require.Equal(t, want.cursor, m.cursor)
+		}
+		// Registered in ckIndex order at V = 0.
+		for i := 0; i < 25; i++ {
+			require.Equal(t, int64(i+1), mustReg(t, m, fmt.Sprintf("u%02d", i)).Seq)
+		}
+	})
+
+	t.Run("RegisteredVariantsUntouched", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Key: 1}})
+		add(t, m, "a", 3, 0, 0)
+		m.Dequeue(1, 0)
+		before := mustReg(t, m, "a")
+		require.Empty(t, m.Dequeue(1, 0))
+		require.Equal(t, before, mustReg(t, m, "a"))
+	})
+}
+
+func TestReadBudget(t *testing.T) {
+	t.Parallel()
+	// 1100 entries at tag 0 that cannot be served, interleaved in
+	// registration order: stale ones (drained by a flag-off dequeue) and
+	// ones at their limit (key limit 1 after a flag-off serve); then u,
+	// registered last. One call of 1 reads at most ReadBudget + 4*1*3 of
+	// them: each met entry leaves for good (collected or gated), and the
+	// next call goes on from there.
+	m := New(Config{})
+	const n = 1100
+	for i := 0; i < n; i++ {
+		k := fmt.Sprintf("k%04d", i)
+		add(t, m, k, 1+i%2, 0, 0) // odd: one run left after the flag-off serve
+		flagOffServe(t, m, k)
+	}
+	add(t, m, "u", 3, 0, 0)
+	m.SetLimits(Limits{Key: 1})
+	budget := ReadBudget + 4*1*3
+
+	m.Dequeue(1, 0)
+	met := 0
+	for i := 0; i < n; i++ {
+		r, ok := regOf(m, fmt.Sprintf("k%04d", i))
+		if !ok || r.Gated {
+			met++
+			require.Equal(t, i%2 == 1, ok, "stale entries are collected, those at the limit gated")
+			require.Less(t, i, budget, "met in (tag, seq) order")
+		}
+	}
+	require.Equal(t, budget, met, "pass 1 stops at the budget")
+
+	require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)), "the next call goes on and serves u")
+	require.Equal(t, n/2+1, gatedCount(m), "the odd keys and u (at its limit after its serve)")
+	require.Len(t, m.reg, n/2+1, "every stale entry collected")
+}
+
+func TestAgeHead(t *testing.T) {
+	t.Parallel()
+
+	t.Run("RegistersOncePerCallWhenPassOneRunsDry", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 2})
+		require.NoError(t, m.Enqueue("a#1", "a", 0, 100, 100))
+		require.NoError(t, m.Enqueue("a#2", "a", 0, 100, 100))
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 100)))
+		require.True(t, mustReg(t, m, "a").Gated)
+		for i, at := range []int64{-30, -20, -10} {
+			k := fmt.Sprintf("u%d", i)
+			flagOffEnqueue(m, k+"#1", k, at)
+		}
+		// ckIndex: u0, u1, u2, a. Discovery reads ranks 2 and 3.
+		m.cursor = 2
+		out := m.Dequeue(5, 100)
+		// u2 (discovered) is served; pass 1 is dry (a is gated); the age
+		// head (u0, u1) registers at V and both are served; pass 1 is dry
+		// again and the age head is not read twice.
+		require.Equal(t, []string{"u2", "u0", "u1"}, servedKeys(out))
+		require.Equal(t, 0, m.cursor)
+		for _, k := range []string{"u0", "u1", "u2"} {
+			p, ok := parkedOf(m, k)
+			require.True(t, ok, k)
+			require.Equal(t, U, p, "%s served at V = 0", k)
+		}
+	})
+
+	t.Run("NotReadWhilePassOneServes", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{ScanLimit: 1})
+		add(t, m, "b", 5, 0, 0)
+		flagOffEnqueue(m, "old#1", "old", -50)
+		flagOffEnqueue(m, "older#1", "older", -60)
+		m.cursor = 2 // discovery reads b only
+		require.Equal(t, []string{"b", "b"}, servedKeys(m.Dequeue(2, 0)))
+		_, ok := regOf(m, "older")
+		require.False(t, ok, "pass 1 never ran dry: the age head was not read")
+	})
+
+	t.Run("LeavesGatedToTheProbe", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 2})
+		var held []string
+		for _, k := range []string{"g0", "g1"} {
+			add(t, m, k, 3, 0, 0)
+		}
+		for i := 0; i < 2; i++ {
+			out := m.Dequeue(1, 0)
+			require.Len(t, out, 1)
+			held = append(held, decode(t, out[0].ID))
+		}
+		require.Equal(t, 2, gatedCount(m))
+		flagOffAck(t, m, held[1]) // g1's slot freed without un-gating
+		m.gp = 0                  // the probe looks at g0 (at its limit)
+		// g1 is in the age head but registered: the age head leaves it.
+		require.Empty(t, m.Dequeue(1, 0))
+		require.True(t, mustReg(t, m, "g1").Gated)
+		require.Equal(t, 1, m.gp)
+		// The probe, at rank 1, returns it.
+		require.Equal(t, []string{"g1"}, servedKeys(m.Dequeue(1, 0)))
+	})
+}
+
+func TestPromotion(t *testing.T) {
+	t.Parallel()
+
+	t.Run("DueRunRegistersAsNewcomer", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		add(t, m, "a", 5, 0, 0)
+		require.NoError(t, m.Enqueue("d#1", "d", 0, 5, 0))
+		st, _ := m.State("d#1")
+		require.Equal(t, byte(Delayed), st)
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 4)))
+		_, ok := regOf(m, "d")
+		require.False(t, ok, "not due")
+		// At 5: d registers by the newcomer rule (top 2U, V U: at 3U).
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 5)))
+		require.Equal(t, Reg{U: 3 * U, Seq: 2}, mustReg(t, m, "d"))
+		require.Equal(t, 3*U, m.l)
+	})
+
+	t.Run("PromoteLimitPerVariant", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{PromoteLimit: 2})
+		for i := 0; i < 5; i++ {
+			require.NoError(t, m.Enqueue(fmt.Sprintf("d#%d", i), "d", 0, int64(1+i), 0))
+		}
+		require.Equal(t, []string{"d"}, servedKeys(m.Dequeue(1, 10)))
+		require.Len(t, m.ready[vm("d")], 1)
+		require.Len(t, m.delayed[vm("d")], 3)
+	})
+
+	t.Run("ScanLimitDueVariantsPerCall", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{ScanLimit: 2, Limits: Limits{Key: 1}})
+		for i := 0; i < 3; i++ {
+			k := fmt.Sprintf("d%d", i)
+			require.NoError(t, m.Enqueue(k+"#1", k, 0, int64(1+i), 0))
+			require.NoError(t, m.Enqueue(k+"#2", k, 0, int64(1+i), 0))
+		}
+		m.Dequeue(1, 10)
+		require.Len(t, m.reg, 2)
+		_, ok := regOf(m, "d2")
+		require.False(t, ok)
+		m.Dequeue(1, 10)
+		mustReg(t, m, "d2")
+	})
+
+	t.Run("NothingAtZeroCapacity", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Queue: 1}})
+		add(t, m, "a", 2, 0, 0)
+		require.NoError(t, m.Enqueue("d#1", "d", 0, 5, 0))
+		require.Len(t, m.Dequeue(1, 0), 1)
+		before := m.Snapshot()
+		require.Empty(t, m.Dequeue(1, 10))
+		require.Equal(t, normalized(before), normalized(m.Snapshot()), "capacity 0: the call does nothing")
+	})
+}
+
+func TestWeights(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ExactLongRunShares", func(t *testing.T) {
+		t.Parallel()
+		// Milli-weights 3000, 300, 7000 (gcd 100): every 103 serves the
+		// counts are exactly 30, 3, 70 and the tags meet, remainders 0.
+		for _, batch := range []int{1, 7, 103} {
+			m := New(Config{})
+			ws := map[string]float64{"a": 3, "b": 0.3, "c": 7}
+			want := map[string]int{"a": 30, "b": 3, "c": 70}
+			for _, k := range []string{"a", "b", "c"} {
+				m.SetWeight(k, ws[k])
+				add(t, m, k, 400, 0, 0)
+			}
+			count := map[string]int{}
+			total := 0
+			for k := 1; k <= 5; k++ {
+				for total < 103*k {
+					for _, s := range m.Dequeue(min(batch, 103*k-total), 0) {
+						count[s.Key]++
+						total++
+						require.NoError(t, m.Ack(decode(t, s.ID)))
+					}
+				}
+				for key, n := range want {
+					require.Equal(t, n*k, count[key], "batch %d, after %d serves: %s", batch, total, key)
+					require.Equal(t, Reg{U: int64(k) * 10 * U, Seq: mustReg(t, m, key).Seq}, mustReg(t, m, key))
+				}
+			}
+		}
+	})
+
+	t.Run("RemainderCarried", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		m.SetWeight("a", 0.3)
+		add(t, m, "a", 4, 0, 0)
+		for _, want := range []Reg{{U: 3333333, R: 100}, {U: 6666666, R: 200}, {U: 10000000, R: 0}} {
+			require.Len(t, m.Dequeue(1, 0), 1)
+			want.Seq = 1
+			require.Equal(t, want, mustReg(t, m, "a"))
+		}
+	})
+
+	t.Run("ChangeKeepsTagDropsRemainder", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		m.SetWeight("a", 0.3)
+		add(t, m, "a", 4, 0, 0)
+		m.Dequeue(1, 0)
+		require.Equal(t, Reg{U: 3333333, R: 100, Seq: 1}, mustReg(t, m, "a"))
+		m.SetWeight("a", 2)
+		require.Equal(t, Reg{U: 3333333, R: 0, Seq: 1}, mustReg(t, m, "a"))
+		require.Equal(t, 2.0, m.Weight("a"))
+		m.Dequeue(1, 0)
+		require.Equal(t, Reg{U: 3333333 + U/2, R: 0, Seq: 1}, mustReg(t, m, "a"))
+		m.SetWeight("a", 0) // cleared: weight 1
+		require.Equal(t, int64(1000), m.MilliWeight(vm("a")))
+		m.Dequeue(1, 0)
+		require.Equal(t, 3333333+U/2+U, mustReg(t, m, "a").U)
+	})
+
+	t.Run("MilliWeightOf", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct {
+			w    float64
+			want int64
+		}{
+			{0, 0}, {0.0001, MinMilliWeight}, {0.0004, 1}, {0.0005, 1}, {0.001, 1}, {0.0015, 2},
+			{0.3, 300}, {1, 1000}, {3, 3000}, {7, 7000}, {1000, MaxMilliWeight}, {5000, MaxMilliWeight},
+		} {
+			require.Equal(t, c.want, MilliWeightOf(c.w), "%v", c.w)
+		}
+	})
+
+	t.Run("ExtremeStrides", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		m.SetWeight("lo", 0.001)
+		m.SetWeight("hi", 1000)
+		add(t, m, "lo", 2, 0, 0)
+		add(t, m, "hi", 3, 0, 0)
+		require.Equal(t, []string{"lo", "hi", "hi"}, servedKeys(m.Dequeue(3, 0)))
+		require.Equal(t, 1000*U, mustReg(t, m, "lo").U, "10^9 / 1")
+		require.Equal(t, int64(2000), mustReg(t, m, "hi").U)
+	})
+}
+
+// normalized orders a snapshot's runs (Snapshot lists them in map order).
+func normalized(s Snapshot) Snapshot {
+	s.Runs = append([]SnapshotRun(nil), s.Runs...)
+	sort.Slice(s.Runs, func(i, j int) bool { return s.Runs[i].ID < s.Runs[j].ID })
+	return s
+}
+
+// storedInRange checks that every stored time is an exact integer of a
+// double that the next rebase keeps non-negative: in [0, 2^52).
+func storedInRange(t require.TestingT, m *Model) {
+	const limit = int64(1) << 52
+	in := func(what string, x int64) {
+		require.True(t, x >= 0 && x < limit, "%s = %d outside [0, 2^52)", what, x)
+	}
+	in("V", m.v)
+	if m.hasL {
+		in("L", m.l)
+	}
+	for v, r := range m.reg {
+		in("tag of "+v, r.U)
+		require.True(t, r.R >= 0 && r.R < max(m.MilliWeight(v), 1000*1000), "remainder of %s = %d", v, r.R)
+	}
+	for v, p := range m.idle {
+		in("parked tag of "+v, p)
+	}
+}
+
+func TestRebase(t *testing.T) {
+	t.Parallel()
+
+	t.Run("TranslationInvariantAcrossTheEdge", func(t *testing.T) {
+		t.Parallel()
+		// The same workload from V = 0 and from V = RebaseAt - 1.5 units:
+		// the same serves, and logical tags that differ by the offset,
+		// across the rebase. The weight-1000 key's tag keeps moving by 1000
+		// units a serve.
+		const offset = RebaseAt - 3*U/2
+		ref, edge := New(Config{}), New(Config{})
+		edge.v = offset
+		ws := map[string]float64{"h": 1000, "b": 1, "c": 0.5}
+		for _, m := range []*Model{ref, edge} {
+			for _, k := range []string{"h", "b", "c"} {
+				m.SetWeight(k, ws[k])
+				add(t, m, k, 3, 0, 0)
+			}
+		}
+		lastV, lastF := logical(edge), edge.V()
+		for i := 0; i < 4000; i++ {
+			hBefore, hadH := regOf(edge, "h")
+			hLogical, vLogical := edge.epoch*RebaseBy+hBefore.U, logical(edge)
+			got, want := deqAck(t, edge, 1, 0), deqAck(t, ref, 1, 0)
+			require.Equal(t, want, got, "serve %d", i)
+			storedInRange(t, edge)
+			require.GreaterOrEqual(t, logical(edge), lastV)
+			require.GreaterOrEqual(t, edge.V(), lastF, "V() decreased at serve %d", i)
+			lastV, lastF = logical(edge), edge.V()
+			if got[0] == "h" && hadH {
+				h := mustReg(t, edge, "h")
+				require.Equal(t, max(hLogical, vLogical)+1000, edge.epoch*RebaseBy+h.U, "h's tag moves by its stride")
+			}
+			for _, m := range []*Model{ref, edge} {
+				for _, k := range []string{"h", "b", "c"} {
+					if len(m.ready[vm(k)]) < 2 {
+						add(t, m, k, 2, 0, 0)
+					}
+				}
+			}
+			require.Equal(t, ref.v+offset, logical(edge))
+			require.Equal(t, ref.l+offset, edge.epoch*RebaseBy+edge.l)
+			for _, k := range []string{"h", "b", "c"} {
+				r, e := mustReg(t, ref, k), mustReg(t, edge, k)
+				require.Equal(t, r.U+offset, edge.epoch*RebaseBy+e.U, k)
+				require.Equal(t, r.R, e.R, k)
+			}
+		}
+		require.Equal(t, int64(1), edge.epoch, "the edge model rebased")
+		require.Less(t, edge.v, int64(RebaseAt))
+	})
+
+	t.Run("ShiftsAndLifts", func(t *testing.T) {
+		t.Parallel()
+		m := Restore(Config{Limits: Limits{Key: 1}}, Snapshot{
+			V: RebaseAt - 1, L: 3, HasL: true, NextSeq: 3,
+			Reg: map[string]Reg{
+				vm("x"): {U: RebaseAt, Seq: 1},
+				vm("g"): {U: 5, R: 7, Seq: 2, Gated: true},
+			},
+			Idle:     map[string]int64{vm("p"): RebaseAt + 3*U, vm("q"): 17},
+			InFlight: map[string]int{vm("g"): 1},
+			Runs: []SnapshotRun{
+				{ID: "x1", Key: "x", Attempt: 1}, {ID: "x2", Key: "x", Attempt: 1},
+				{ID: "g1", Key: "g", Attempt: 1},
+			},
+		})
+		require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)))
+		lo := int64(RebaseAt - rebaseFloor)
+		require.Equal(t, int64(1), m.epoch)
+		require.Equal(t, int64(RebaseAt-RebaseBy), m.v)
+		require.Equal(t, Reg{U: RebaseAt + U - RebaseBy, Seq: 1, Gated: true}, mustReg(t, m, "x"))
+		require.Equal(t, Reg{U: lo - RebaseBy, Seq: 2, Gated: true}, mustReg(t, m, "g"), "lifted to V - 2^49, remainder dropped")
+		require.Equal(t, lo-RebaseBy, m.l)
+		require.Equal(t, []Entry{{vm("p"), float64(RebaseAt + 3*U - RebaseBy)}}, m.Idle(), "q (<= V) reaped, p shifted")
+		storedInRange(t, m)
+	})
+
+	t.Run("NoRebaseBelowTheEdge", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		m.v = RebaseAt - U - 1
+		add(t, m, "a", 3, 0, 0)
+		m.Dequeue(2, 0)
+		require.Equal(t, int64(0), m.epoch)
+		require.Equal(t, int64(RebaseAt-1), m.v)
+	})
+}
+
+func TestExpireState(t *testing.T) {
+	t.Parallel()
+	m := New(Config{Limits: Limits{Key: 1}})
+	m.SetWeight("a", 2)
+	add(t, m, "a", 3, 0, 0)
+	add(t, m, "b", 1, 0, 0)
+	add(t, m, "c", 3, 0, 0)
+	require.NoError(t, m.Enqueue("d#1", "d", 0, 50, 0))
+	out := m.Dequeue(3, 0) // a gated, b parked, c gated
+	require.Len(t, out, 3)
+	m.epoch, m.cursor, m.gp = 2, 1, 1
+	runs := m.Snapshot().Runs
+
+	m.ExpireState()
+	require.Empty(t, m.reg)
+	require.Empty(t, m.idle)
+	require.Equal(t, []int64{0, 0, 0, 0, 1, 0, 0, 0}, []int64{m.v, m.epoch, m.l, int64(m.cursor), m.nextSeq, int64(m.gk), int64(m.gs), int64(m.gp)})
+	require.False(t, m.hasL)
+	require.Equal(t, 0.0, m.V())
+	require.Equal(t, 2.0, m.Weight("a"), "weights are configuration")
+	require.ElementsMatch(t, runs, m.Snapshot().Runs, "runs stay")
+	require.Equal(t, map[string]int{vm("a"): 1, vm("b"): 1, vm("c"): 1}, m.inflight)
+	// Discovery registers the variants with ready runs at V = 0 again.
+	require.NoError(t, m.Ack(decode(t, out[0].ID)))
+	m.Dequeue(1, 0)
+	mustReg(t, m, "a")
+	mustReg(t, m, "c")
+}
+
+func TestSnapshotRestore(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Limits: Limits{Key: 2}, IdleMaxEntries: 3, ScanLimit: 2}
+	build := func() *Model {
+		m := New(cfg)
+		m.SetWeight("a", 0.3)
+		m.SetWeight("z", 7)
+		for i, k := range []string{"a", "b", "c", "z", "y"} {
+			add(t, m, k, 1+i, 0, 0)
+		}
+		require.NoError(t, m.Enqueue("d#1", "d", 2, 40, 0))
+		for i := 0; i < 4; i++ {
+			m.Dequeue(2, int64(i))
+		}
+		m.EnvOther = 1
+		m.epoch = 3
+		return m
+	}
+	m := build()
+	s := m.Snapshot()
+	require.NotEmpty(t, s.Reg)
+	require.NotEmpty(t, s.InFlight)
+
+	r := Restore(cfg, s)
+	require.Equal(t, normalized(s), normalized(r.Snapshot()), "round trip")
+
+	// The restored model schedules as the original from here.
+	o := m.Clone()
+	for i := 0; i < 12; i++ {
+		now := int64(10 * i)
+		require.Equal(t, servedKeys(o.Dequeue(2, now)), servedKeys(r.Dequeue(2, now)), "call %d", i)
+		require.Equal(t, normalized(o.Snapshot()), normalized(r.Snapshot()), "call %d", i)
+	}
+
+	t.Run("NextSeqDefaultsToOne", func(t *testing.T) {
+		t.Parallel()
+		r := Restore(Config{}, Snapshot{})
+		require.Equal(t, int64(1), r.nextSeq)
+	})
+}
+
+func TestClone(t *testing.T) {
+	t.Parallel()
+	m := New(Config{Limits: Limits{Key: 1}})
+	m.SetWeight("a", 3)
+	add(t, m, "a", 3, 0, 0)
+	add(t, m, "b", 1, 0, 0)
+	out := m.Dequeue(2, 0)
+	before := normalized(m.Snapshot())
+	states := map[string]byte{}
+	for id, r := range m.runs {
+		states[id] = r.state
+	}
+
+	c := m.Clone()
+	require.NoError(t, c.Ack(decode(t, out[0].ID)))
+	add(t, c, "a", 2, 0, 0)
+	add(t, c, "n", 2, 0, 0)
+	c.SetWeight("a", 0.5)
+	c.SetLimits(Limits{Key: 3})
+	c.Dequeue(5, 0)
+	c.EnvOther = 4
+	c.ExpireState()
+
+	require.Equal(t, before, normalized(m.Snapshot()), "the original is untouched")
+	require.Equal(t, Limits{Key: 1}, m.cfg.Limits)
+	for id, r := range m.runs {
+		require.Equal(t, states[id], r.state, id)
+	}
+	// And the other way round.
+	c2 := m.Clone()
+	snap := normalized(c2.Snapshot())
+	add(t, m, "x", 1, 0, 0)
+	m.Dequeue(3, 0)
+	require.Equal(t, snap, normalized(c2.Snapshot()))
+}
+
+func TestCapacity(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		limits   Limits
+		envOther int
+		maxCount int
+		want     int
+	}{
+		{"none", Limits{}, 5, 4, 4},
+		{"queue", Limits{Queue: 3}, 0, 4, 2},
+		{"env", Limits{Env: 5}, 2, 4, 2},
+		{"envAndQueue", Limits{Env: 10, Queue: 2}, 1, 4, 1},
+		{"envFull", Limits{Env: 3}, 2, 4, 0},
+		{"envOverfull", Limits{Env: 3}, 7, 4, 0},
+		{"queueFull", Limits{Queue: 1}, 0, 4, 0},
+		{"maxCountZero", Limits{}, 0, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			m := New(Config{})
+			add(t, m, "held", 1, 0, 0)
+			require.Len(t, m.Dequeue(1, 0), 1) // one run in flight in this queue
+			for _, k := range []string{"a", "b", "c", "d", "e"} {
+				add(t, m, k, 1, 0, 0)
+			}
+			require.NoError(t, m.Enqueue("late#1", "late", 0, 5, 0))
+			m.EnvOther = c.envOther
+			m.SetLimits(c.limits)
+			require.Equal(t, c.want, max(m.capacity(c.maxCount), 0))
+			before := normalized(m.Snapshot())
+			out := m.Dequeue(c.maxCount, 10)
+			require.Len(t, out, c.want)
+			if c.want == 0 {
+				require.Nil(t, out)
+				require.Equal(t, before, normalized(m.Snapshot()), "a call without capacity does nothing")
+			}
+		})
+	}
+}
+
+func TestErrors(t *testing.T) {
+	t.Parallel()
+	m := New(Config{MaxAttempts: 2})
+	add(t, m, "a", 1, 0, 0)
+	ids := add(t, m, "b", 1, 5, 0) // delayed
+	require.ErrorIs(t, m.Enqueue("a#0", "a", 0, 0, 0), ErrExists)
+	require.ErrorIs(t, m.Ack("nope"), ErrNotFound)
+	require.ErrorIs(t, m.Ack("a#0"), ErrNotInFlight)
+	_, err := m.Nack("a#0", 0, 0, false)
+	require.ErrorIs(t, err, ErrNotInFlight)
+	_, err = m.Recover("nope", 0)
+	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, m.Redrive("a#0", 0), ErrNotDead)
+	require.ErrorIs(t, m.Redrive("nope", 0), ErrNotFound)
+	require.False(t, m.Expire("nope"))
+
+	// Attempts: two deliveries, then the dead letter; redrive resets.
+	require.Len(t, m.Dequeue(1, 0), 1)
+	ok, err := m.Nack("a#0", 0, 0, false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Len(t, m.Dequeue(1, 0), 1)
+	ok, err = m.Nack("a#0", 0, 0, false)
+	require.NoError(t, err)
+	require.False(t, ok)
+	st, attempt := m.State("a#0")
+	require.Equal(t, byte(Dead), st)
+	require.Equal(t, 3, attempt)
+	require.False(t, m.Expire("a#0"), "a dead run is not queued")
+	require.NoError(t, m.Redrive("a#0", 0))
+	st, attempt = m.State("a#0")
+	require.Equal(t, []any{byte(Ready), 1}, []any{st, attempt})
+	mustReg(t, m, "a")
+	require.True(t, m.Expire(ids[0]), "a delayed run expires")
+	st, _ = m.State(ids[0])
+	require.Equal(t, byte(0), st)
+}

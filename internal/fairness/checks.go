@@ -1,0 +1,737 @@
+package fairness
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Tol is the arithmetic tolerance of the checks, per serve involved: the
+// scheduler keeps virtual time in integer units of 1e-6 of a serve at
+// weight 1, so each serve's cost 1/w may be rounded by up to one unit, and
+// a sum over n serves by up to n units.
+const Tol = 1e-6
+
+// A Check judges one guarantee on an observed history.
+type Check struct {
+	Name string
+	Fn   func(h *History) []Violation
+}
+
+// Checks are every check, in the order of docs/design.md section 7.
+var Checks = []Check{
+	{"newcomer", CheckNewcomer},
+	{"newcomer-order", CheckNewcomerOrder},
+	{"lag", CheckLag},
+	{"batch", CheckBatchInvariance},
+	{"reachability", CheckReachability},
+	{"work", CheckWorkConservation},
+	{"exactly-once", CheckExactlyOnce},
+	{"clock", CheckClock},
+}
+
+// CheckByName returns the check called name.
+func CheckByName(name string) (Check, bool) {
+	for _, c := range Checks {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Check{}, false
+}
+
+// servability tracks, while a check replays a history, which keys are
+// servable, which await discovery, their weights and the flag.
+type servability struct {
+	servable map[string]bool
+	suspect  map[string]bool
+	weight   map[string]float64
+	flagOn   bool
+}
+
+func newServability() *servability {
+	return &servability{servable: map[string]bool{}, suspect: map[string]bool{}, weight: map[string]float64{},
+		flagOn: true}
+}
+
+func (s *servability) apply(e Event) {
+	switch e.Kind {
+	case EvServable:
+		s.servable[e.Key] = true
+	case EvUnservable:
+		delete(s.servable, e.Key)
+	case EvSuspect:
+		if e.On {
+			s.suspect[e.Key] = true
+		} else {
+			delete(s.suspect, e.Key)
+		}
+	case EvWeight:
+		s.weight[e.Key] = e.W
+	case EvFlag:
+		s.flagOn = e.On
+	}
+}
+
+func (s *servability) w(key string) float64 {
+	if w, ok := s.weight[key]; ok {
+		return w
+	}
+	return 1
+}
+
+// CheckNewcomer: the no-debt wait and newcomer bound (docs/design.md
+// section 7, guarantees 1 and 10).
+//
+// Statement. Let key k register (gain its first ready run) through a
+// flag-on write, with no debt (Event.Eligible: k never had a ready run,
+// or the state expired since it last had one, or its last ready run left
+// by a serve at weight 1 and at least 3A flag-on serves, all at weight 1,
+// followed, A the distinct keys they served), and be servable at once.
+// Let P be the number of other keys that registered before k, still hold
+// ready runs and were not served since they registered. Then, until k is
+// served, every other key j that is served m times while k waits
+// satisfies
+//
+//	sum over j's first m-1 of those serves of 1/w_j(at that serve) <= 2 + P + Tol*(m+1)
+//
+// With equal weights (all 1) that is: no other key receives more than
+// 3 + P serves before k, and with no newcomer ahead of k (P = 0) no more
+// than 3.
+//
+// Why. E_j = max(S_j, V) >= V0 (V when k registered) for every j, and
+// each serve of j moves its tag up by 1/w_j, so j's m-th serve starts at
+// least the sum above past V0. k's tag is at most V0 + 2 + P: a newcomer
+// queues one quantum behind min(highest tag, V + 1) or behind the
+// previous newcomer, whose tag is bounded the same way one rank earlier;
+// expired, drained or served newcomers do not count (the anchor never
+// outlives the newcomers). Ties at k's tag may go to j: the +1 serve.
+// The episode ends without a verdict when k stops being servable, awaits
+// discovery, the flag turns off, or the state expires or may have lapsed.
+func CheckNewcomer(h *History) []Violation {
+	type episode struct {
+		key   string
+		p     int
+		start int // serve index at which k registered
+		done  bool
+	}
+	// Per key: serve indices and the cumulative sum of 1/w after each.
+	idx := map[string][]int{}
+	cum := map[string][]float64{}
+	cumBefore := func(j string, serve int) (float64, int) {
+		ix := idx[j]
+		n := sort.SearchInts(ix, serve) // serves of j before index serve
+		if n == 0 {
+			return 0, 0
+		}
+		return cum[j][n-1], n
+	}
+	var out []Violation
+	var eps []*episode
+	active := map[string]*episode{}
+	pendingStart := map[string]*episode{}
+	flagOn := true
+	end := func(k string) {
+		if e := active[k]; e != nil {
+			e.done = true
+			delete(active, k)
+		}
+		delete(pendingStart, k)
+	}
+	endAll := func() {
+		for k := range active {
+			end(k)
+		}
+		pendingStart = map[string]*episode{}
+	}
+	for _, e := range h.Events {
+		switch e.Kind {
+		case EvRegister:
+			delete(pendingStart, e.Key)
+			if e.Visible && e.Eligible && flagOn {
+				pendingStart[e.Key] = &episode{key: e.Key, p: e.P, start: e.Serve}
+			}
+		case EvServable:
+			if ep := pendingStart[e.Key]; ep != nil {
+				delete(pendingStart, e.Key)
+				active[e.Key] = ep
+				eps = append(eps, ep)
+			}
+		case EvUnservable:
+			end(e.Key)
+		case EvSuspect:
+			if e.On {
+				end(e.Key)
+			}
+		case EvFlag:
+			flagOn = e.On
+			endAll()
+		case EvReset, EvLapse:
+			endAll()
+		case EvServe:
+			j := e.Key
+			if active[j] != nil {
+				end(j) // served: the wait is over
+			}
+			delete(pendingStart, j)
+			jx := idx[j]
+			if len(jx) > 0 {
+				last := jx[len(jx)-1]
+				prev := cum[j][len(jx)-1]
+				for _, ep := range eps {
+					if ep.start > last {
+						break // j not served since this episode began
+					}
+					if ep.done {
+						continue
+					}
+					base, nb := cumBefore(j, ep.start)
+					m := len(jx) - nb + 1 // this serve is j's m-th in the wait
+					work := prev - base
+					bound := 2 + float64(ep.p) + Tol*float64(m+1)
+					if m >= 2 && work > bound {
+						out = append(out, Violation{Check: "newcomer", Op: e.Op, Serve: e.Serve,
+							Msg: fmt.Sprintf("%q (P=%d) registered after %d serves and still waits; %q is served for the %d-th time since (work before this serve %.6g > 2+P)",
+								ep.key, ep.p, ep.start, j, m, work)})
+						ep.done = true
+						delete(active, ep.key)
+					}
+				}
+			}
+			c := 0.0
+			if n := len(cum[j]); n > 0 {
+				c = cum[j][n-1]
+			}
+			idx[j] = append(idx[j], e.Serve)
+			cum[j] = append(cum[j], c+1/e.W)
+			// Keep the episode list short: drop finished ones at the front.
+			for len(eps) > 0 && eps[0].done {
+				eps = eps[1:]
+			}
+		}
+	}
+	return out
+}
+
+// CheckNewcomerOrder: newcomers are served in registration order, never
+// by name (docs/design.md section 6, ties; the adversarial-names
+// scenario of section 8; guarantee 10: "whatever was minted before it").
+//
+// Statement. Let key h register fresh (it never had a ready run) through
+// a flag-on write and be servable. Until h is served, no key that
+// registered fresh through a flag-on write in a later operation is
+// served, as long as h stays servable, nothing expires the state and the
+// flag stays on.
+//
+// Why. A newcomer queues one quantum behind the previous newcomer's tag
+// when that is above V, else at V; so a later newcomer's tag is at least
+// h's while h waits (the anchor is never lowered below a registered tag),
+// and ties go by registration order, never by name. Keys registering in
+// one operation (a promotion, a lease recovery sweep) register in an order
+// the oracle does not choose, so only later operations count.
+func CheckNewcomerOrder(h *History) []Violation {
+	type waiting struct {
+		key string
+		op  int
+	}
+	var out []Violation
+	var queue []waiting         // fresh newcomers waiting, in registration order
+	freshOp := map[string]int{} // key -> op of its fresh registration, while waiting
+	pending := map[string]int{}
+	drop := func(k string) {
+		delete(freshOp, k)
+		for i, w := range queue {
+			if w.key == k {
+				queue = append(queue[:i], queue[i+1:]...)
+				return
+			}
+		}
+	}
+	flagOn := true
+	for _, e := range h.Events {
+		switch e.Kind {
+		case EvRegister:
+			delete(pending, e.Key)
+			if e.Fresh && e.Visible && flagOn {
+				pending[e.Key] = e.Op
+			}
+		case EvServable:
+			if op, ok := pending[e.Key]; ok {
+				delete(pending, e.Key)
+				freshOp[e.Key] = op
+				queue = append(queue, waiting{e.Key, op})
+			}
+		case EvUnservable:
+			drop(e.Key)
+		case EvSuspect:
+			if e.On {
+				drop(e.Key)
+			}
+		case EvFlag, EvReset, EvLapse:
+			if e.Kind == EvFlag {
+				flagOn = e.On
+			}
+			queue, freshOp, pending = nil, map[string]int{}, map[string]int{}
+		case EvServe:
+			if op, ok := freshOp[e.Key]; ok {
+				for _, w := range queue {
+					if w.op >= op {
+						break
+					}
+					out = append(out, Violation{Check: "newcomer-order", Op: e.Op, Serve: e.Serve,
+						Msg: fmt.Sprintf("newcomer %q (registered at op #%d) served before newcomer %q (registered at op #%d, still waiting)",
+							e.Key, op, w.key, w.op)})
+					break
+				}
+			}
+			drop(e.Key)
+			delete(pending, e.Key)
+		}
+	}
+	return out
+}
+
+// CheckLag: the lag bound (docs/design.md section 7, guarantee 2).
+//
+// Statement. For two keys i, j that are both servable, not awaiting
+// discovery, with the flag on and their weights w_i, w_j unchanged,
+// from the point at which each has been served once in that stretch:
+// for D(t) = n_i(t)/w_i - n_j(t)/w_j, n(t) the serves since that point
+// and t running over every prefix of the serve sequence (inside a batch
+// too: each serve is a prefix point),
+//
+//	max over s <= t of |D(t) - D(s)| <= 1/w_i + 1/w_j + Tol*(2 + n_i + n_j)
+//
+// The stretch restarts whenever either key stops being servable or
+// awaits discovery, a weight of either changes, the flag flips, or the
+// state expires or may have lapsed. (Why "served once": before that a
+// key may carry debt from before the stretch, e.g. a newcomer two quanta
+// past V; after its first serve its tag is at most V + 1/w, the premise
+// of start-time fair queuing's lag bound.) Keys followed: the first 64
+// that become servable.
+func CheckLag(h *History) []Violation {
+	const maxKeys = 64
+	type pair struct {
+		i, j           string
+		active         bool
+		si, sj         bool
+		started        bool
+		d, minD, maxD  float64
+		ni, nj         int
+		reported       bool
+		startOp, start int
+	}
+	st := newServability()
+	var followed []string
+	isFollowed := map[string]bool{}
+	pairs := map[string][]*pair{} // key -> its pairs
+	var out []Violation
+	ok := func(k string) bool { return st.servable[k] && !st.suspect[k] && st.flagOn }
+	update := func(p *pair, e Event) {
+		want := ok(p.i) && ok(p.j)
+		if want == p.active {
+			return
+		}
+		*p = pair{i: p.i, j: p.j, active: want, startOp: e.Op, start: e.Serve}
+	}
+	restart := func(p *pair, e Event) {
+		*p = pair{i: p.i, j: p.j, active: false}
+		update(p, e)
+	}
+	for _, e := range h.Events {
+		st.apply(e)
+		switch e.Kind {
+		case EvServable:
+			if !isFollowed[e.Key] && len(followed) < maxKeys {
+				isFollowed[e.Key] = true
+				for _, o := range followed {
+					p := &pair{i: o, j: e.Key}
+					pairs[o] = append(pairs[o], p)
+					pairs[e.Key] = append(pairs[e.Key], p)
+				}
+				followed = append(followed, e.Key)
+			}
+			for _, p := range pairs[e.Key] {
+				update(p, e)
+			}
+		case EvUnservable, EvSuspect:
+			for _, p := range pairs[e.Key] {
+				update(p, e)
+			}
+		case EvWeight:
+			for _, p := range pairs[e.Key] {
+				restart(p, e)
+			}
+		case EvFlag, EvReset, EvLapse:
+			for _, k := range followed {
+				for _, p := range pairs[k] {
+					if p.i == k {
+						restart(p, e)
+					}
+				}
+			}
+		case EvServe:
+			for _, p := range pairs[e.Key] {
+				if !p.active {
+					continue
+				}
+				if !p.started {
+					if e.Key == p.i {
+						p.si = true
+					} else {
+						p.sj = true
+					}
+					p.started = p.si && p.sj
+					continue
+				}
+				if e.Key == p.i {
+					p.ni++
+					p.d += 1 / st.w(p.i)
+				} else {
+					p.nj++
+					p.d -= 1 / st.w(p.j)
+				}
+				p.minD, p.maxD = math.Min(p.minD, p.d), math.Max(p.maxD, p.d)
+				bound := 1/st.w(p.i) + 1/st.w(p.j) + Tol*float64(2+p.ni+p.nj)
+				if !p.reported && (p.d-p.minD > bound || p.maxD-p.d > bound) {
+					p.reported = true
+					out = append(out, Violation{Check: "lag", Op: e.Op, Serve: e.Serve,
+						Msg: fmt.Sprintf("%q (w %g) and %q (w %g), both servable since op #%d: served %d and %d times since both were served once; swing %.6g > bound %.6g",
+							p.i, st.w(p.i), p.j, st.w(p.j), p.startOp, p.ni, p.nj, math.Max(p.d-p.minD, p.maxD-p.d), bound)})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// CheckBatchInvariance: dequeue(N) == N x dequeue(1) (docs/design.md
+// section 7, guarantee 4), on a driver that can probe (the model clones
+// itself).
+//
+// Statement. When a call of N >= 2 starts with the flag on, nothing
+// awaiting discovery, and every due delayed run fits in the promotion of
+// a call of 1 (at most ScanLimit due variants, at most PromoteLimit due
+// runs each), it serves the same runs, in the same order, with the same
+// attempts, as N calls of dequeue(1) from the same state.
+func CheckBatchInvariance(h *History) []Violation {
+	var out []Violation
+	var probe *Event
+	var got []Served
+	for i := range h.Events {
+		e := h.Events[i]
+		switch e.Kind {
+		case EvProbe:
+			probe, got = &h.Events[i], nil
+		case EvServe:
+			got = append(got, Served{Key: e.Key, ID: e.ID, Attempt: e.Attempt})
+		case EvCallEnd:
+			if probe != nil && !sameServes(probe.Singles, got) {
+				out = append(out, Violation{Check: "batch", Op: e.Op, Serve: e.Serve,
+					Msg: fmt.Sprintf("dequeue(%d) served %v; %d x dequeue(1) serve %v", probe.MaxCount, got, probe.MaxCount, probe.Singles)})
+			}
+			probe = nil
+		}
+	}
+	return out
+}
+
+func sameServes(a, b []Served) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckReachability: every servable key is served within a bounded number
+// of calls (docs/design.md section 7, guarantee 5), whatever expired,
+// drained, flipped or lost its state before.
+//
+// Statement. Count, for a key k, the flag-on dequeue calls with capacity
+// (the env and queue limits leave room) at whose start k is servable and
+// which do not serve k; the count restarts when k is served (by any call)
+// or stops being servable. It never exceeds
+//
+//	B = ceil(N/30) + 2 + A * (floor(D*W) + 1)
+//
+// where, over the calls counted: N is the most keys with ready runs at a
+// call's start and A = N - 1; W the largest weight of a key servable at
+// a call's start (at least 1);
+// D the debt bound of k: an upper bound on its tag minus V, tracked by the
+// oracle from what it saw (Event.Debt): 1/w after a flag-on serve at
+// weight w, max(previous, 2 + P) when it registers, 0 when the state
+// expired while it had ready runs (it is discovered at V).
+//
+// Why. Discovery reaches every untagged variant within ceil(N/30) + 1
+// calls (the cursor moves 30 or more variants per call); once k has a tag
+// at most V + D, each other key j can be served at most floor(D*w_j) + 1
+// times before k, and a call with capacity that does not serve k serves
+// another key (work conservation), so at most A*(floor(D*W)+1) such calls.
+// The bound is loose on purpose: it catches starvation, not unfairness.
+func CheckReachability(h *History) []Violation {
+	type wait struct {
+		calls    int
+		n        int
+		maxW     float64
+		debt     float64
+		reported bool
+	}
+	st := newServability()
+	debt := map[string]float64{}
+	waits := map[string]*wait{}
+	var out []Violation
+	var callW float64
+	var counting bool
+	var callN int
+	var atStart []string
+	servedInCall := map[string]bool{}
+	for _, e := range h.Events {
+		st.apply(e)
+		switch e.Kind {
+		case EvRegister:
+			debt[e.Key] = e.Debt
+		case EvReset:
+			for k := range debt {
+				debt[k] = 0
+			}
+		case EvUnservable:
+			delete(waits, e.Key)
+		case EvCall:
+			counting = e.On && e.Capacity > 0
+			callN = e.N
+			atStart = atStart[:0]
+			clear(servedInCall)
+			callW = 1
+			if counting {
+				for k := range st.servable {
+					atStart = append(atStart, k)
+					callW = math.Max(callW, st.w(k))
+				}
+			}
+		case EvServe:
+			delete(waits, e.Key)
+			servedInCall[e.Key] = true
+			if e.On {
+				debt[e.Key] = 1 / e.W
+			}
+		case EvCallEnd:
+			if !counting {
+				continue
+			}
+			sort.Strings(atStart)
+			for _, k := range atStart {
+				if servedInCall[k] || !st.servable[k] {
+					continue
+				}
+				w := waits[k]
+				if w == nil {
+					w = &wait{debt: debt[k]}
+					waits[k] = w
+				}
+				w.calls++
+				w.n = max(w.n, callN)
+				w.maxW = math.Max(w.maxW, callW)
+				a := max(w.n-1, 0)
+				bound := (w.n+29)/30 + 2 + a*(int(math.Floor(w.debt*w.maxW+1e-9))+1)
+				if w.calls > bound && !w.reported {
+					w.reported = true
+					out = append(out, Violation{Check: "reachability", Op: e.Op, Serve: e.Serve,
+						Msg: fmt.Sprintf("%q servable and unserved for %d calls with capacity (bound %d: %d keys with work, debt %.4g, max weight %g)",
+							k, w.calls, bound, w.n, w.debt, w.maxW)})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// CheckWorkConservation: a call serves all it may (docs/design.md section
+// 7, guarantee 6).
+//
+// Statement. A flag-on call that starts with nothing awaiting discovery,
+// no tag left behind by a flag-off drain (stale tags are cleaned up a
+// bounded number per call, and a call may meet only those), no possible
+// lapse of the state, and every due delayed run within its promotion,
+// returns exactly min(maxCount, what the env and queue limits leave, the
+// servable runs), the servable runs being each key's ready runs up to its
+// key limit.
+func CheckWorkConservation(h *History) []Violation {
+	var out []Violation
+	var call *Event
+	for i := range h.Events {
+		e := h.Events[i]
+		switch e.Kind {
+		case EvCall:
+			call = nil
+			if e.On && e.Clean && e.Certain {
+				call = &h.Events[i]
+			}
+		case EvCallEnd:
+			if call == nil {
+				continue
+			}
+			want := min(call.Capacity, call.Expect)
+			if e.N != want {
+				out = append(out, Violation{Check: "work", Op: e.Op, Serve: e.Serve,
+					Msg: fmt.Sprintf("dequeue(%d) served %d; capacity %d, servable runs %d: want %d",
+						call.MaxCount, e.N, call.Capacity, call.Expect, want)})
+			}
+			call = nil
+		}
+	}
+	return out
+}
+
+// CheckExactlyOnce: one holder per delivered run, and every run ends
+// acked, dead-lettered or expired exactly once (docs/design.md section 7,
+// guarantee 7).
+//
+// Statement. A run is served only while queued (never while held, never
+// after it ended, never unknown), with attempt 1 + the times it was
+// requeued; acking a held run succeeds; a nack requeues exactly when
+// attempts remain and no dead letter was asked; lease recovery takes back
+// exactly the held runs whose lease passed and the TTL sweep expires
+// exactly the queued runs whose TTL passed (by count); at the end every
+// run has ended.
+func CheckExactlyOnce(h *History) []Violation {
+	type life struct {
+		state   runState
+		attempt int
+		key     string
+	}
+	runs := map[string]*life{}
+	var out []Violation
+	bad := func(e Event, format string, args ...any) {
+		out = append(out, Violation{Check: "exactly-once", Op: e.Op, Serve: e.Serve, Msg: fmt.Sprintf(format, args...)})
+	}
+	terminal := func(e Event, id string, l *life, s runState) {
+		if l.state == stAcked || l.state == stDead || l.state == stExpired {
+			bad(e, "run %s ended twice", id)
+		}
+		l.state = s
+	}
+	for _, e := range h.Events {
+		switch e.Kind {
+		case EvEnqueue:
+			if runs[e.ID] != nil {
+				bad(e, "run %s queued twice", e.ID)
+			}
+			runs[e.ID] = &life{state: stReady, attempt: 1, key: e.Key}
+		case EvServe:
+			l := runs[e.ID]
+			switch {
+			case l == nil:
+				bad(e, "served unknown run %s", e.ID)
+				continue
+			case l.state == stHeld:
+				bad(e, "run %s served while held: two holders", e.ID)
+			case l.state != stReady:
+				bad(e, "run %s served after it ended", e.ID)
+			}
+			if l.key != e.Key {
+				bad(e, "run %s of %q served as %q", e.ID, l.key, e.Key)
+			}
+			if e.Attempt != l.attempt {
+				bad(e, "run %s served as attempt %d, want %d", e.ID, e.Attempt, l.attempt)
+			}
+			l.state = stHeld
+		case EvAck:
+			l := runs[e.ID]
+			if e.Text != "" {
+				bad(e, "ack of held run %s failed: %s", e.ID, e.Text)
+				continue
+			}
+			if l == nil || l.state != stHeld {
+				bad(e, "ack of %s succeeded but it was not held", e.ID)
+				continue
+			}
+			terminal(e, e.ID, l, stAcked)
+		case EvNack:
+			l := runs[e.ID]
+			if l == nil || l.state != stHeld {
+				bad(e, "nack of %s succeeded but it was not held", e.ID)
+				continue
+			}
+			if e.On != e.Eligible {
+				bad(e, "nack of %s requeued=%v, want %v", e.ID, e.On, e.Eligible)
+			}
+			l.attempt++
+			if e.On {
+				l.state = stReady
+			} else {
+				terminal(e, e.ID, l, stDead)
+			}
+		case EvRecover:
+			if e.N != len(e.IDs)+len(e.Dead) {
+				bad(e, "lease recovery took back %d runs, %d were due", e.N, len(e.IDs)+len(e.Dead))
+			}
+			for _, id := range e.IDs {
+				if l := runs[id]; l != nil {
+					l.attempt++
+					l.state = stReady
+				}
+			}
+			for _, id := range e.Dead {
+				if l := runs[id]; l != nil {
+					l.attempt++
+					terminal(e, id, l, stDead)
+				}
+			}
+		case EvExpire:
+			if e.N != len(e.IDs) {
+				bad(e, "TTL sweep expired %d runs, %d were due", e.N, len(e.IDs))
+			}
+			for _, id := range e.IDs {
+				if l := runs[id]; l != nil {
+					terminal(e, id, l, stExpired)
+				}
+			}
+		case EvEnd:
+			if len(e.IDs) > 0 {
+				bad(e, "%d runs never ended (queue did not drain): %v", len(e.IDs), head(e.IDs, 10))
+			}
+		case EvError:
+			bad(e, "driver error: %s", e.Text)
+		}
+	}
+	return out
+}
+
+func head(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// CheckClock: V never decreases while the scheduler state exists
+// (docs/design.md section 6, one lifetime).
+//
+// Statement. Between two reads of V with no whole-state expiry in between
+// (ExpireState, or a StateProber finding none of the state left, or, on a
+// driver without one, StateTTL/2 without a certain scheduler write: a
+// flag-on serve, registration or drain), the second read is not below the
+// first. A V that restarts while part of the state lives (state expiring
+// piece by piece) fails it.
+func CheckClock(h *History) []Violation {
+	var out []Violation
+	last, has := 0.0, false
+	for _, e := range h.Events {
+		switch e.Kind {
+		case EvReset, EvLapse:
+			has = false
+		case EvV:
+			if has && e.W < last {
+				out = append(out, Violation{Check: "clock", Op: e.Op, Serve: e.Serve,
+					Msg: fmt.Sprintf("V went from %.17g down to %.17g with the state alive", last, e.W)})
+			}
+			last, has = e.W, true
+		}
+	}
+	return out
+}

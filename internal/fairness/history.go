@@ -1,0 +1,261 @@
+package fairness
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Kind is the kind of an Event.
+type Kind uint8
+
+// The events an Oracle records. Fields of Event that a kind does not name
+// are zero.
+const (
+	// EvOp: an operation starts (Text describes it).
+	EvOp Kind = iota + 1
+	// EvCall: a dequeue call starts. MaxCount; Capacity = min(maxCount,
+	// what the env and queue limits leave); Expect = runs servable now,
+	// each key's ready runs up to its key limit; N = keys with ready runs;
+	// On = flag on; Clean = flag on, nothing awaiting discovery, no tag a
+	// flag-off drain may have left, no possible lapse of the state;
+	// Certain = the due delayed runs fit in the call's promotion (and in
+	// that of a call of 1: Certain1).
+	EvCall
+	// EvServe: a run served. Key, ID, Attempt, W (key's weight), On,
+	// Serve (its index in the whole serve sequence, from 0).
+	EvServe
+	// EvCallEnd: a dequeue call returned N runs.
+	EvCallEnd
+	// EvRegister: Key gained its first ready run (Debt, P, Eligible,
+	// Visible: see Event).
+	EvRegister
+	// EvDrain: Key lost its last ready run (On: by a serve).
+	EvDrain
+	// EvServable / EvUnservable: Key has a ready run and is below its key
+	// limit / no longer.
+	EvServable
+	EvUnservable
+	// EvSuspect: Key may have ready runs without a tag (On) — written with
+	// the flag off, or present when the state expired — or no longer.
+	EvSuspect
+	// EvWeight: Key's weight became W.
+	EvWeight
+	// EvLimits: the limits changed (Text).
+	EvLimits
+	// EvFlag: the flag became On.
+	EvFlag
+	// EvReset: the scheduler state expired as a whole (StateExpirer).
+	EvReset
+	// EvLapse: the state may have run out by its TTL (a driver without a
+	// StateProber, StateTTL/2 after the last certain write), or did
+	// (a StateProber found none of it): every tag may be gone.
+	EvLapse
+	// EvV: the virtual clock read W.
+	EvV
+	// EvProbe: Singles is what MaxCount calls of dequeue(1) serve from the
+	// state the next call starts from.
+	EvProbe
+	// EvEnqueue: run ID of Key was queued.
+	EvEnqueue
+	// EvAck: run ID acked (Text: the error, if any).
+	EvAck
+	// EvNack: run ID nacked; On = requeued; Eligible = requeue expected.
+	EvNack
+	// EvRecover: lease recovery took back N runs; IDs were due and are
+	// requeued, Dead were due and are out of attempts.
+	EvRecover
+	// EvExpire: the TTL sweep expired N runs; IDs were due.
+	EvExpire
+	// EvEnd: the history ends; IDs are the runs that never ended.
+	EvEnd
+	// EvError: a driver call failed unexpectedly (Text).
+	EvError
+)
+
+var kindNames = map[Kind]string{EvOp: "op", EvCall: "call", EvServe: "serve", EvCallEnd: "call-end",
+	EvRegister: "register", EvDrain: "drain", EvServable: "servable", EvUnservable: "unservable",
+	EvSuspect: "suspect", EvWeight: "weight", EvLimits: "limits", EvFlag: "flag", EvReset: "reset",
+	EvLapse: "lapse", EvV: "V", EvProbe: "probe", EvEnqueue: "enqueue", EvAck: "ack", EvNack: "nack",
+	EvRecover: "recover", EvExpire: "expire", EvEnd: "end", EvError: "error"}
+
+func (k Kind) String() string { return kindNames[k] }
+
+// Event is one observation. Op is the index of the operation it belongs
+// to; Serve is the number of serves before it.
+type Event struct {
+	Kind  Kind
+	Op    int
+	Serve int
+	Key   string
+	ID    string
+	Text  string
+	On    bool
+	W     float64
+
+	Attempt  int
+	MaxCount int
+	Capacity int
+	Expect   int
+	N        int
+	Clean    bool
+	Certain  bool
+	Certain1 bool
+
+	// EvRegister: Visible = the run came through a flag-on write (the key
+	// registers now); Eligible = the key has no debt: it never had a ready
+	// run, or the state expired since it last had one, or since its last
+	// ready run left by a serve at weight 1 there were at least 3A
+	// flag-on serves, all at weight 1, A the number of distinct keys they
+	// served; P = other keys that registered before it, still hold ready
+	// runs and were not served since (the newcomers it may queue behind);
+	// Debt = an upper bound on its tag minus V (see CheckReachability).
+	// Fresh = the key never had a ready run before.
+	Visible  bool
+	Eligible bool
+	Fresh    bool
+	P        int
+	Debt     float64
+
+	IDs     []string
+	Dead    []string
+	Singles []Served
+}
+
+func (e Event) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "#%d s%d %s", e.Op, e.Serve, e.Kind)
+	switch e.Kind {
+	case EvOp, EvLimits, EvError:
+		fmt.Fprintf(&b, " %s", e.Text)
+	case EvServe:
+		fmt.Fprintf(&b, " %q %s a%d w%g on=%v", e.Key, e.ID, e.Attempt, e.W, e.On)
+	case EvCall:
+		fmt.Fprintf(&b, " max=%d cap=%d servable=%d keys=%d on=%v clean=%v certain=%v",
+			e.MaxCount, e.Capacity, e.Expect, e.N, e.On, e.Clean, e.Certain)
+	case EvRegister:
+		fmt.Fprintf(&b, " %q visible=%v eligible=%v P=%d debt=%g", e.Key, e.Visible, e.Eligible, e.P, e.Debt)
+	case EvV:
+		fmt.Fprintf(&b, " %g", e.W)
+	default:
+		if e.Key != "" || e.Kind == EvServable || e.Kind == EvUnservable || e.Kind == EvDrain || e.Kind == EvSuspect {
+			fmt.Fprintf(&b, " %q", e.Key)
+		}
+		if e.ID != "" {
+			fmt.Fprintf(&b, " %s", e.ID)
+		}
+		if e.Kind == EvWeight {
+			fmt.Fprintf(&b, " %g", e.W)
+		}
+		if e.Kind == EvFlag || e.Kind == EvSuspect || e.Kind == EvNack || e.Kind == EvDrain {
+			fmt.Fprintf(&b, " %v", e.On)
+		}
+		if e.Kind == EvRecover || e.Kind == EvExpire || e.Kind == EvCallEnd {
+			fmt.Fprintf(&b, " n=%d due=%d", e.N, len(e.IDs)+len(e.Dead))
+		}
+	}
+	return b.String()
+}
+
+// History is what an Oracle observed.
+type History struct {
+	Events []Event
+	// Ops, Calls and Serves count operations, dequeue calls and serves.
+	Ops, Calls, Serves int
+	// MaxAttempts as configured (EvRecover already says what became of a
+	// run); ScanMin is the smallest discovery scan of a call (30).
+	ScanMin int
+}
+
+// Violation is a check that failed.
+type Violation struct {
+	Check string
+	Op    int // operation index
+	Serve int // serves before it
+	Msg   string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("%s: op #%d, after %d serves: %s", v.Check, v.Op, v.Serve, v.Msg)
+}
+
+// Trace renders the operations of h up to op (inclusive), one a line,
+// with the serves of each, for a failure report.
+func (h *History) Trace(upTo int) string {
+	var b strings.Builder
+	for _, e := range h.Events {
+		if e.Op > upTo {
+			break
+		}
+		switch e.Kind {
+		case EvOp:
+			fmt.Fprintf(&b, "\n#%d %s", e.Op, e.Text)
+		case EvServe:
+			fmt.Fprintf(&b, " [%q %s]", e.Key, e.ID)
+		case EvRegister:
+			if e.Visible {
+				fmt.Fprintf(&b, " (+%q P=%d%s)", e.Key, e.P, map[bool]string{true: " fresh"}[e.Eligible])
+			}
+		case EvV:
+			fmt.Fprintf(&b, " V=%g", e.W)
+		}
+	}
+	return b.String()
+}
+
+// Coverage counts what the checks had to judge in h: eligible newcomer
+// registrations, flag-on calls checked for work conservation, batch
+// probes, V reads, serves.
+type Coverage struct {
+	Sequences, Ops, Calls, Serves, Newcomers, WorkCalls, Probes, VReads int
+}
+
+func (c Coverage) String() string {
+	return fmt.Sprintf("%d sequences, %d operations, %d dequeue calls, %d serves checked (%d newcomer registrations, %d calls held to work conservation, %d batch probes, %d V reads)",
+		c.Sequences, c.Ops, c.Calls, c.Serves, c.Newcomers, c.WorkCalls, c.Probes, c.VReads)
+}
+
+// Add adds h's counts to c.
+func (c *Coverage) Add(h *History) {
+	c.Sequences++
+	c.Ops += h.Ops
+	c.Calls += h.Calls
+	c.Serves += h.Serves
+	for _, e := range h.Events {
+		switch e.Kind {
+		case EvRegister:
+			if e.Visible && e.Eligible {
+				c.Newcomers++
+			}
+		case EvCall:
+			if e.On && e.Clean && e.Certain {
+				c.WorkCalls++
+			}
+		case EvProbe:
+			c.Probes++
+		case EvV:
+			c.VReads++
+		}
+	}
+}
+
+// Report renders the first violation of each check in vs, then the
+// operations up to the first violation (the last 80).
+func Report(h *History, vs []Violation) string {
+	v := vs[0]
+	var b strings.Builder
+	seen := map[string]int{}
+	for _, x := range vs {
+		seen[x.Check]++
+	}
+	for _, x := range vs {
+		if n := seen[x.Check]; n > 0 {
+			fmt.Fprintf(&b, "%s (%d violations)\n", x, n)
+			seen[x.Check] = 0
+		}
+	}
+	lines := strings.Split(h.Trace(v.Op), "\n")
+	if len(lines) > 80 {
+		lines = append([]string{"..."}, lines[len(lines)-80:]...)
+	}
+	return b.String() + "operations:" + strings.Join(lines, "\n")
+}

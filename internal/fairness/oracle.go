@@ -1,0 +1,867 @@
+package fairness
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// Config tells an Oracle what it cannot observe: the backend's settings.
+type Config struct {
+	Lease       time.Duration // lease of a dequeued run
+	MaxAttempts int           // deliveries before dead letter; 0: no limit
+	// StateTTL, when the scheduler state can run out on its own as the
+	// driver's clock moves (miniredis with FastForward). A driver that is
+	// a StateProber is asked after every clock move whether the state
+	// still exists; for any other, the oracle assumes the state may be
+	// gone StateTTL/2 after the last certain scheduler write (a state may
+	// refresh its TTL lazily, once half of it has passed). 0: the state
+	// only goes by ExpireState.
+	StateTTL     time.Duration
+	PromoteLimit int // due runs one call promotes per variant; 0: 100
+	// ScanLimit is how many due variants one call promotes (and how many
+	// variants it reads in age order); 0: max(30, 3*maxCount).
+	ScanLimit int
+	// VEvery > 0 reads V only after every VEvery-th dequeue call (and
+	// after each ExpireState); 0: after every operation; < 0: never (a
+	// read may cost one round trip per key). V moves only when
+	// a call serves or the state goes, so reading after calls loses no
+	// decrease, only its exact moment.
+	VEvery int
+}
+
+type runState uint8
+
+const (
+	stReady runState = iota + 1
+	stDelayed
+	stHeld
+	stAcked
+	stDead
+	stExpired
+)
+
+type orun struct {
+	id, key  string
+	priority int
+	at       time.Duration // available at
+	state    runState
+	attempt  int           // attempt of the next delivery
+	ttl      time.Duration // TTL deadline while never dequeued; 0 none
+	lease    time.Duration // lease deadline while held
+}
+
+type okey struct {
+	name                   string
+	ready, held            int
+	delayed                map[string]*orun
+	servable               bool
+	room                   int // servable runs: ready, up to the key limit
+	weight                 float64
+	suspect                bool
+	stale                  bool
+	everReady              bool
+	resetSinceReady        bool
+	drainServe             int // serve index of the serve that drained it; -1: not by a serve at weight 1, flag on
+	pending                bool
+	debt                   float64
+	registeredUnderFlagOff bool
+}
+
+// Oracle drives a Driver and records what it observes in a History: every
+// serve with what the oracle knows at that moment (which keys are
+// servable, awaiting discovery, their weights, when each registered). It
+// knows the runs it queued and what became of them, never the scheduler's
+// tags: the checks (checks.go) judge the guarantees on the observed
+// schedule alone.
+type Oracle struct {
+	d      Driver
+	cfg    Config
+	H      History
+	now    time.Duration
+	flagOn bool
+	limits Limits
+	nextID int
+
+	runs      map[string]*orun
+	keys      map[string]*okey
+	keyOrder  []string
+	held      int
+	withReady int // keys with ready runs
+	room      int // sum of the keys' room
+	suspects  int
+	stales    int // keys drained by a flag-off operation: their tags may be stale
+	pendingN  int // keys pending: registered, not served since
+	delayedK  map[string]*okey
+
+	// batchRegs, while above 0, is how many keys register in the current
+	// batch (a lease recovery sweep, a call's promotion), in an order the
+	// oracle does not choose: each may queue behind all the others, so
+	// each gets P = batchBase + batchRegs - 1.
+	batchRegs, batchBase int
+
+	lastWrite time.Duration // last certain scheduler write
+	lapsed    bool          // no certain write for StateTTL/2 since lastWrite
+	dirty     bool          // a certain write since the state last went
+	finishing bool          // Finish is draining: no batch probes (each replays the history)
+	op        int
+
+	// serve log for the eligibility rule: key, weight 1, flag on
+	serveKey []string
+	serveW1  []bool
+}
+
+// New returns an oracle on d, flag on, no limits.
+func New(d Driver, cfg Config) *Oracle {
+	if cfg.PromoteLimit == 0 {
+		cfg.PromoteLimit = 100
+	}
+	return &Oracle{d: d, cfg: cfg, flagOn: true, runs: map[string]*orun{}, keys: map[string]*okey{},
+		delayedK: map[string]*okey{}, H: History{ScanMin: 30}}
+}
+
+// Now is the time since the oracle started.
+func (o *Oracle) Now() time.Duration { return o.now }
+
+// Config returns the oracle's configuration.
+func (o *Oracle) Config() Config { return o.cfg }
+
+func (o *Oracle) emit(e Event) {
+	e.Op, e.Serve = o.op, o.H.Serves
+	o.H.Events = append(o.H.Events, e)
+}
+
+func (o *Oracle) key(name string) *okey {
+	k, ok := o.keys[name]
+	if !ok {
+		k = &okey{name: name, weight: 1, drainServe: -1, delayed: map[string]*orun{}}
+		o.keys[name] = k
+		o.keyOrder = append(o.keyOrder, name)
+	}
+	return k
+}
+
+// begin starts an operation: the lapse rule runs first, since the clock
+// may have moved past StateTTL since the last write.
+func (o *Oracle) begin(format string, args ...any) {
+	o.op++
+	o.H.Ops++
+	o.emit(Event{Kind: EvOp, Text: fmt.Sprintf(format, args...)})
+	o.checkLapse(false)
+}
+
+// checkLapse applies the lapse rule; moved: the clock just moved, when a
+// StateProber is asked.
+func (o *Oracle) checkLapse(moved bool) {
+	if o.cfg.StateTTL <= 0 {
+		return
+	}
+	if p, ok := o.d.(StateProber); ok {
+		if !moved {
+			return
+		}
+		exists, err := p.StateExists()
+		if err != nil {
+			_ = o.fail(err)
+			return
+		}
+		if !exists && o.dirty {
+			o.dirty = false
+			o.emit(Event{Kind: EvLapse, On: true})
+			o.stateGone()
+		}
+		return
+	}
+	if o.lapsed || o.now-o.lastWrite < o.cfg.StateTTL/2 {
+		return
+	}
+	o.lapsed = true
+	o.emit(Event{Kind: EvLapse})
+	for _, name := range o.keyOrder {
+		if k := o.keys[name]; k.ready > 0 {
+			o.setSuspect(k, true)
+		}
+	}
+}
+
+// stateGone: the scheduler state is gone as a whole; keys with ready runs
+// await discovery, the others start anew.
+func (o *Oracle) stateGone() {
+	o.lapsed = false
+	o.lastWrite = o.now
+	for _, name := range o.keyOrder {
+		k := o.keys[name]
+		k.debt = 0
+		if k.ready > 0 {
+			o.setSuspect(k, true)
+		} else {
+			k.resetSinceReady = true
+		}
+		if k.stale {
+			k.stale = false
+			o.stales--
+		}
+	}
+}
+
+// wrote notes a certain scheduler write (flag on): a serve, a
+// registration or a drain.
+func (o *Oracle) wrote() {
+	o.lastWrite = o.now
+	o.lapsed = false
+	o.dirty = true
+}
+
+func (o *Oracle) fail(err error) error {
+	o.emit(Event{Kind: EvError, Text: err.Error()})
+	return err
+}
+
+func (o *Oracle) end() {
+	if o.cfg.VEvery == 0 {
+		o.readV()
+	}
+}
+
+func (o *Oracle) readV() {
+	cr, ok := o.d.(ClockReader)
+	if !ok {
+		return
+	}
+	v, err := cr.V()
+	if errors.Is(err, ErrVUnavailable) {
+		return
+	}
+	if err != nil {
+		_ = o.fail(fmt.Errorf("reading V: %w", err))
+		return
+	}
+	o.emit(Event{Kind: EvV, W: v})
+}
+
+// ---- bookkeeping of keys
+
+func (o *Oracle) refresh(k *okey) {
+	room := k.ready
+	if o.limits.Key > 0 {
+		room = max(0, min(room, o.limits.Key-k.held))
+	}
+	o.room += room - k.room
+	k.room = room
+	s := room > 0
+	if s == k.servable {
+		return
+	}
+	k.servable = s
+	if s {
+		o.emit(Event{Kind: EvServable, Key: k.name})
+	} else {
+		o.emit(Event{Kind: EvUnservable, Key: k.name})
+	}
+}
+
+func (o *Oracle) setSuspect(k *okey, on bool) {
+	if k.suspect == on {
+		return
+	}
+	k.suspect = on
+	if on {
+		o.suspects++
+	} else {
+		o.suspects--
+	}
+	o.emit(Event{Kind: EvSuspect, Key: k.name, On: on})
+}
+
+// eligible: k has no debt (see Event.Eligible).
+func (o *Oracle) eligible(k *okey) bool {
+	if !k.everReady || k.resetSinceReady {
+		return true
+	}
+	if k.drainServe < 0 {
+		return false
+	}
+	seen := map[string]bool{}
+	m := 0
+	for i := k.drainServe + 1; i < len(o.serveKey); i++ {
+		if !o.serveW1[i] {
+			return false
+		}
+		seen[o.serveKey[i]] = true
+		m++
+	}
+	return len(seen) > 0 && m >= 3*len(seen)
+}
+
+// gainReady makes r ready; the key's first ready run registers it.
+func (o *Oracle) gainReady(r *orun) {
+	k := o.key(r.key)
+	r.state = stReady
+	k.ready++
+	if k.ready == 1 {
+		o.withReady++
+		p := o.pendingN
+		if o.batchRegs > 0 {
+			p = o.batchBase + o.batchRegs - 1
+		}
+		eligible, fresh := o.eligible(k), !k.everReady
+		k.debt = max(k.debt, 2+float64(p))
+		if !k.everReady || k.resetSinceReady {
+			k.debt = 2 + float64(p)
+		}
+		k.everReady, k.resetSinceReady, k.drainServe = true, false, -1
+		k.pending = true
+		o.pendingN++
+		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt})
+		if o.flagOn {
+			o.wrote()
+			if k.stale { // the stale tag is the key's tag again
+				k.stale = false
+				o.stales--
+			}
+		} else {
+			o.setSuspect(k, true)
+		}
+	}
+	o.refresh(k)
+}
+
+// loseReady takes a ready run away (served or expired).
+func (o *Oracle) loseReady(k *okey, byServe bool) {
+	k.ready--
+	if k.ready == 0 {
+		o.withReady--
+		if k.pending {
+			k.pending = false
+			o.pendingN--
+		}
+		k.drainServe = -1
+		if byServe && o.flagOn && k.weight == 1 {
+			k.drainServe = o.H.Serves - 1
+		}
+		if o.flagOn {
+			o.wrote()
+		} else if !k.stale {
+			k.stale = true
+			o.stales++
+		}
+		o.setSuspect(k, false)
+		o.emit(Event{Kind: EvDrain, Key: k.name, On: byServe})
+	}
+	o.refresh(k)
+}
+
+// beginBatch announces that the runs rs become ready together.
+func (o *Oracle) beginBatch(rs []*orun) {
+	fresh := map[string]bool{}
+	for _, r := range rs {
+		if k := o.keys[r.key]; k == nil || k.ready == 0 {
+			fresh[r.key] = true
+		}
+	}
+	o.batchRegs, o.batchBase = len(fresh), o.pendingN
+}
+
+func (o *Oracle) endBatch() { o.batchRegs = 0 }
+
+func (o *Oracle) place(r *orun) {
+	if r.at <= o.now {
+		o.gainReady(r)
+		return
+	}
+	r.state = stDelayed
+	k := o.key(r.key)
+	k.delayed[r.id] = r
+	o.delayedK[k.name] = k
+}
+
+func (o *Oracle) unDelay(r *orun) {
+	k := o.keys[r.key]
+	delete(k.delayed, r.id)
+	if len(k.delayed) == 0 {
+		delete(o.delayedK, k.name)
+	}
+}
+
+func (o *Oracle) scan(maxCount int) int {
+	if o.cfg.ScanLimit > 0 {
+		return o.cfg.ScanLimit
+	}
+	return max(30, 3*maxCount)
+}
+
+type dueVariant struct {
+	k    *okey
+	head time.Duration
+	vm   string
+	due  []*orun
+}
+
+// dueVariants lists the variants with due delayed runs in delay-index
+// order: head time, then variant member.
+func (o *Oracle) dueVariants() []dueVariant {
+	var out []dueVariant
+	for _, k := range o.delayedK {
+		var head time.Duration = -1
+		var due []*orun
+		for _, r := range k.delayed {
+			if head < 0 || r.at < head {
+				head = r.at
+			}
+			if r.at <= o.now {
+				due = append(due, r)
+			}
+		}
+		if head >= 0 && head <= o.now {
+			out = append(out, dueVariant{k, head, keys.VariantMember(k.name), due})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].head < out[j].head || (out[i].head == out[j].head && out[i].vm < out[j].vm)
+	})
+	return out
+}
+
+// promote applies a call's promotion and reports whether it was certain
+// for a call of maxCount and for a call of 1: every due run promoted.
+func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
+	dv := o.dueVariants()
+	certain = len(dv) <= o.scan(maxCount)
+	certain1 = len(dv) <= o.scan(1)
+	var batch []*orun
+	for i, v := range dv {
+		if i < o.scan(maxCount) {
+			batch = append(batch, v.due[:min(len(v.due), o.cfg.PromoteLimit)]...)
+		}
+	}
+	o.beginBatch(batch)
+	defer o.endBatch()
+	for i, v := range dv {
+		if i >= o.scan(maxCount) {
+			break
+		}
+		if len(v.due) > o.cfg.PromoteLimit {
+			certain, certain1 = false, false
+		}
+		sort.Slice(v.due, func(a, b int) bool {
+			x, y := v.due[a], v.due[b]
+			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
+		})
+		for j, r := range v.due {
+			if j >= o.cfg.PromoteLimit {
+				break
+			}
+			o.unDelay(r)
+			o.gainReady(r)
+		}
+	}
+	return certain, certain1
+}
+
+func (o *Oracle) capacity(maxCount int) int {
+	c := maxCount
+	if o.limits.Env > 0 {
+		c = min(c, o.limits.Env-o.held)
+	}
+	if o.limits.Queue > 0 {
+		c = min(c, o.limits.Queue-o.held)
+	}
+	return max(c, 0)
+}
+
+// ---- operations
+
+// Enqueue queues a run of key and returns its id.
+func (o *Oracle) Enqueue(key string, priority int, delay, ttl time.Duration) (string, error) {
+	o.nextID++
+	id := fmt.Sprintf("r%d", o.nextID)
+	o.begin("enqueue %q %s prio=%d delay=%v ttl=%v", key, id, priority, delay, ttl)
+	defer o.end()
+	if err := o.d.Enqueue(key, id, priority, delay, ttl); err != nil {
+		return "", o.fail(err)
+	}
+	r := &orun{id: id, key: key, priority: priority, at: o.now + delay, attempt: 1}
+	if ttl > 0 {
+		r.ttl = o.now + max(ttl, time.Millisecond)
+	}
+	o.runs[id] = r
+	o.emit(Event{Kind: EvEnqueue, Key: key, ID: id})
+	o.place(r)
+	return id, nil
+}
+
+// Dequeue runs one dequeue call and returns what it served.
+func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
+	o.begin("dequeue %d", maxCount)
+	defer o.end()
+	capacity := o.capacity(maxCount)
+	certain, certain1 := true, true
+	if capacity > 0 {
+		certain, certain1 = o.promote(maxCount)
+	}
+	clean := o.flagOn && o.suspects == 0 && !o.lapsed
+	// A tag left by a flag-off drain is cleaned up lazily, a bounded
+	// number per call: a call may read only such tags and serve nothing
+	// (docs/design.md section 8, stale-cleanup-10k: a fresh key is served
+	// within 3 calls, not at once). Work conservation is exact without.
+	exact := clean && o.stales == 0
+	if bp, ok := o.d.(BatchProber); ok && !o.finishing && maxCount >= 2 && capacity > 0 && exact && certain1 {
+		singles, err := bp.ProbeSingles(maxCount)
+		if err != nil {
+			return nil, o.fail(err)
+		}
+		o.emit(Event{Kind: EvProbe, MaxCount: maxCount, Singles: singles})
+	}
+	o.H.Calls++
+	o.emit(Event{Kind: EvCall, MaxCount: maxCount, Capacity: capacity, Expect: o.room, N: o.withReady,
+		On: o.flagOn, Clean: exact, Certain: certain, Certain1: certain1})
+	served, err := o.d.Dequeue(maxCount)
+	if err != nil {
+		return nil, o.fail(err)
+	}
+	for _, s := range served {
+		o.serve(s)
+	}
+	o.emit(Event{Kind: EvCallEnd, N: len(served)})
+	if o.cfg.VEvery > 0 && o.H.Calls%o.cfg.VEvery == 0 {
+		o.readV()
+	}
+	return served, nil
+}
+
+func (o *Oracle) serve(s Served) {
+	k := o.key(s.Key)
+	o.emit(Event{Kind: EvServe, Key: s.Key, ID: s.ID, Attempt: s.Attempt, W: k.weight, On: o.flagOn})
+	o.H.Serves++
+	o.serveKey = append(o.serveKey, s.Key)
+	o.serveW1 = append(o.serveW1, o.flagOn && k.weight == 1)
+	r, ok := o.runs[s.ID]
+	if !ok || r.state != stReady || r.key != s.Key {
+		return // the lifecycle check reports it; the oracle keeps its books
+	}
+	r.state, r.ttl, r.lease = stHeld, 0, o.now+o.cfg.Lease
+	k.held++
+	o.held++
+	if k.pending {
+		k.pending = false
+		o.pendingN--
+	}
+	if o.flagOn {
+		k.debt = 1 / k.weight
+		o.setSuspect(k, false)
+		o.wrote()
+	}
+	o.loseReady(k, true)
+}
+
+// Held lists the runs in flight, sorted.
+func (o *Oracle) Held() []string {
+	var out []string
+	for id, r := range o.runs {
+		if r.state == stHeld {
+			out = append(out, id)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return idLess(out[i], out[j]) })
+	return out
+}
+
+func idLess(a, b string) bool { return len(a) < len(b) || (len(a) == len(b) && a < b) }
+
+func (o *Oracle) release(r *orun) {
+	r.lease = 0
+	o.held--
+	o.keys[r.key].held--
+}
+
+// Ack completes a held run.
+func (o *Oracle) Ack(id string) error {
+	o.begin("ack %s", id)
+	defer o.end()
+	r := o.runs[id]
+	err := o.d.Ack(id)
+	e := Event{Kind: EvAck, ID: id, Key: r.key}
+	if err != nil {
+		e.Text = err.Error()
+	}
+	o.emit(e)
+	if err != nil {
+		return nil // the lifecycle check reports it
+	}
+	o.release(r)
+	r.state = stAcked
+	o.refresh(o.keys[r.key])
+	return nil
+}
+
+// Nack gives a held run back, retried after retryAfter or dead-lettered.
+func (o *Oracle) Nack(id string, retryAfter time.Duration, deadLetter bool) error {
+	o.begin("nack %s retry=%v dead=%v", id, retryAfter, deadLetter)
+	defer o.end()
+	r := o.runs[id]
+	requeued, err := o.d.Nack(id, retryAfter, deadLetter)
+	if err != nil {
+		return o.fail(err)
+	}
+	r.attempt++
+	expected := !deadLetter && (o.cfg.MaxAttempts <= 0 || r.attempt <= o.cfg.MaxAttempts)
+	o.emit(Event{Kind: EvNack, ID: id, Key: r.key, On: requeued, Eligible: expected})
+	o.release(r)
+	if !requeued {
+		r.state = stDead
+		o.refresh(o.keys[r.key])
+		return nil
+	}
+	r.at = o.now + retryAfter
+	o.refresh(o.keys[r.key])
+	o.place(r)
+	return nil
+}
+
+// RecoverLeases moves the clock past every lease deadline and recovers
+// the held runs.
+func (o *Oracle) RecoverLeases() error {
+	if err := o.advance(o.cfg.Lease + time.Second); err != nil {
+		return err
+	}
+	o.begin("recover leases")
+	defer o.end()
+	var due []*orun
+	for _, r := range o.runs {
+		if r.state == stHeld && r.lease <= o.now {
+			due = append(due, r)
+		}
+	}
+	sort.Slice(due, func(i, j int) bool {
+		return due[i].lease < due[j].lease || (due[i].lease == due[j].lease && idLess(due[i].id, due[j].id))
+	})
+	n, err := o.d.RecoverLeases()
+	if err != nil {
+		return o.fail(err)
+	}
+	e := Event{Kind: EvRecover, N: n}
+	for _, r := range due {
+		r.attempt++
+		if o.cfg.MaxAttempts > 0 && r.attempt > o.cfg.MaxAttempts {
+			e.Dead = append(e.Dead, r.id)
+		} else {
+			e.IDs = append(e.IDs, r.id)
+		}
+	}
+	o.emit(e)
+	var back []*orun
+	for _, r := range due {
+		if !(o.cfg.MaxAttempts > 0 && r.attempt > o.cfg.MaxAttempts) {
+			back = append(back, r)
+		}
+	}
+	o.beginBatch(back)
+	defer o.endBatch()
+	for _, r := range due {
+		o.release(r)
+		if o.cfg.MaxAttempts > 0 && r.attempt > o.cfg.MaxAttempts {
+			r.state = stDead
+			o.refresh(o.keys[r.key])
+			continue
+		}
+		r.at = o.now
+		o.refresh(o.keys[r.key])
+		o.gainReady(r)
+	}
+	return nil
+}
+
+// SweepTTL expires the queued runs whose TTL passed.
+func (o *Oracle) SweepTTL() error {
+	o.begin("sweep ttl")
+	defer o.end()
+	var due []*orun
+	for _, r := range o.runs {
+		if (r.state == stReady || r.state == stDelayed) && r.ttl > 0 && r.ttl <= o.now {
+			due = append(due, r)
+		}
+	}
+	sort.Slice(due, func(i, j int) bool {
+		return due[i].ttl < due[j].ttl || (due[i].ttl == due[j].ttl && idLess(due[i].id, due[j].id))
+	})
+	n, err := o.d.SweepTTL()
+	if err != nil {
+		return o.fail(err)
+	}
+	e := Event{Kind: EvExpire, N: n}
+	for _, r := range due {
+		e.IDs = append(e.IDs, r.id)
+	}
+	o.emit(e)
+	for _, r := range due {
+		if r.state == stDelayed {
+			o.unDelay(r)
+			r.state = stExpired
+			continue
+		}
+		r.state = stExpired
+		o.loseReady(o.keys[r.key], false)
+	}
+	return nil
+}
+
+// SetWeight sets key's weight.
+func (o *Oracle) SetWeight(key string, w float64) error {
+	o.begin("weight %q %g", key, w)
+	defer o.end()
+	if err := o.d.SetWeight(key, w); err != nil {
+		return o.fail(err)
+	}
+	o.key(key).weight = w
+	o.emit(Event{Kind: EvWeight, Key: key, W: w})
+	return nil
+}
+
+// SetLimits changes the limits from the next dequeue on.
+func (o *Oracle) SetLimits(l Limits) error {
+	o.begin("limits env=%d queue=%d key=%d", l.Env, l.Queue, l.Key)
+	defer o.end()
+	if err := o.d.SetLimits(l); err != nil {
+		return o.fail(err)
+	}
+	o.limits = l
+	o.emit(Event{Kind: EvLimits, Text: fmt.Sprintf("%+v", l)})
+	for _, name := range o.keyOrder {
+		o.refresh(o.keys[name])
+	}
+	return nil
+}
+
+// Advance moves the clock.
+func (o *Oracle) Advance(d time.Duration) error {
+	return o.advance(d)
+}
+
+func (o *Oracle) advance(d time.Duration) error {
+	o.begin("advance %v", d)
+	defer o.end()
+	if err := o.d.Advance(d); err != nil {
+		return o.fail(err)
+	}
+	o.now += d
+	o.checkLapse(true)
+	return nil
+}
+
+// CanFlip reports whether the driver can turn the flag off and on.
+func (o *Oracle) CanFlip() bool { _, ok := o.d.(FlagFlipper); return ok }
+
+// CanExpire reports whether the driver's scheduler state can expire.
+func (o *Oracle) CanExpire() bool { _, ok := o.d.(StateExpirer); return ok }
+
+// FlagOn reports the flag state.
+func (o *Oracle) FlagOn() bool { return o.flagOn }
+
+// SetFlag turns the scheduler flag on or off.
+func (o *Oracle) SetFlag(on bool) error {
+	f, ok := o.d.(FlagFlipper)
+	if !ok || on == o.flagOn {
+		return nil
+	}
+	o.begin("flag %v", on)
+	defer o.end()
+	if err := f.SetFlag(on); err != nil {
+		return o.fail(err)
+	}
+	o.flagOn = on
+	o.emit(Event{Kind: EvFlag, On: on})
+	return nil
+}
+
+// ExpireState lets the scheduler state expire as a whole.
+func (o *Oracle) ExpireState() error {
+	x, ok := o.d.(StateExpirer)
+	if !ok {
+		return nil
+	}
+	o.begin("expire state")
+	if o.cfg.VEvery >= 0 {
+		defer o.readV()
+	}
+	if err := x.ExpireState(); err != nil {
+		return o.fail(err)
+	}
+	o.emit(Event{Kind: EvReset})
+	o.dirty = false
+	o.stateGone()
+	return nil
+}
+
+// Keys is the number of keys the oracle has seen.
+func (o *Oracle) Keys() int { return len(o.keys) }
+
+// Ready is the number of ready runs of key.
+func (o *Oracle) Ready(key string) int {
+	if k := o.keys[key]; k != nil {
+		return k.ready
+	}
+	return 0
+}
+
+// Queued is the number of runs ready or delayed.
+func (o *Oracle) Queued() int {
+	n := 0
+	for _, r := range o.runs {
+		if r.state == stReady || r.state == stDelayed {
+			n++
+		}
+	}
+	return n
+}
+
+// Finish drains the queue with the flag on and no limits (recovering
+// leases, letting delayed runs come due, acking every serve), sweeps the
+// TTLs and records the end of the history.
+func (o *Oracle) Finish() error {
+	o.finishing = true
+	if err := o.SetFlag(true); err != nil {
+		return err
+	}
+	if err := o.SetLimits(Limits{}); err != nil {
+		return err
+	}
+	if err := o.RecoverLeases(); err != nil {
+		return err
+	}
+	budget := o.Queued() + 30
+	for idle := 0; o.Queued() > 0 && budget > 0 && idle < 5; budget-- {
+		served, err := o.Dequeue(10)
+		if err != nil {
+			return err
+		}
+		for _, s := range served {
+			if r := o.runs[s.ID]; r != nil && r.state == stHeld {
+				if err := o.Ack(s.ID); err != nil {
+					return err
+				}
+			}
+		}
+		if len(served) == 0 {
+			idle++
+			if err := o.Advance(time.Minute); err != nil {
+				return err
+			}
+		}
+	}
+	if err := o.SweepTTL(); err != nil {
+		return err
+	}
+	o.begin("end")
+	var open []string
+	for id, r := range o.runs {
+		if r.state != stAcked && r.state != stDead && r.state != stExpired {
+			open = append(open, id)
+		}
+	}
+	sort.Slice(open, func(i, j int) bool { return idLess(open[i], open[j]) })
+	o.emit(Event{Kind: EvEnd, IDs: open})
+	return nil
+}

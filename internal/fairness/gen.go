@@ -1,0 +1,223 @@
+package fairness
+
+import (
+	"fmt"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// AdversarialNames are concurrency keys that sort first or look special:
+// the empty key (no key), "!" and "!!a" (sort before letters), "*" (the
+// peer's wildcard).
+var AdversarialNames = []string{"!", "!!a", "", "*"}
+
+// GenConfig shapes the random operation sequences of Drive.
+type GenConfig struct {
+	MinOps, MaxOps int
+	// Names are the long-lived keys a sequence draws from (1..all of
+	// them); one-run keys ("u1", "u2", ...) are minted on top.
+	Names []string
+	// Weights are the weights SetWeight draws from.
+	Weights []float64
+	// Waves, when above 0, adds an operation that mints up to Waves one-run
+	// keys at once (some with a TTL that lets them expire unserved).
+	Waves int
+}
+
+// DefaultGen is the generator of the oracle tests.
+var DefaultGen = GenConfig{
+	MinOps: 10, MaxOps: 120,
+	Names:   append([]string{"a", "b", "c", "d", "e", "f"}, AdversarialNames...),
+	Weights: []float64{0.001, 0.01, 0.5, 1, 1, 1, 2, 3, 100, 1000},
+	Waves:   12,
+}
+
+// Drive runs one random operation sequence on o and finishes it (drain,
+// final sweep). Flag flips and state expiry are drawn only when the
+// driver supports them.
+func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
+	n := rapid.IntRange(1, len(g.Names)).Draw(t, "names")
+	names := rapid.Permutation(g.Names).Draw(t, "order")[:n]
+	var minted []string
+	mint := 0
+	steps := rapid.IntRange(g.MinOps, g.MaxOps).Draw(t, "ops")
+	dur := func(label string, secs ...int) time.Duration {
+		return time.Duration(rapid.SampledFrom(secs).Draw(t, label)) * time.Second
+	}
+	// Styles. autoAck: every run is acked right after its dequeue, which
+	// keeps keys below their limits; otherwise runs stay held until an
+	// ack, nack or lease recovery, which fills the key limits (gated keys).
+	// sustained: keys topped up before every dequeue, so that they stay
+	// backlogged for many calls (long waits show).
+	autoAck := rapid.Bool().Draw(t, "autoAck")
+	sustained := names[:rapid.IntRange(0, min(3, len(names))).Draw(t, "sustained")]
+	if rapid.Bool().Draw(t, "limitsFirst") {
+		if err := o.SetLimits(Limits{Key: rapid.SampledFrom([]int{1, 2}).Draw(t, "firstKeyLimit")}); err != nil {
+			return err
+		}
+	}
+	dequeue := func() error {
+		maxCount := rapid.IntRange(1, 10).Draw(t, "maxCount")
+		for _, k := range sustained {
+			for o.Ready(k) <= maxCount {
+				if _, err := o.Enqueue(k, 0, 0, 0); err != nil {
+					return err
+				}
+			}
+		}
+		served, err := o.Dequeue(maxCount)
+		for _, s := range served {
+			if autoAck && err == nil {
+				err = o.Ack(s.ID)
+			}
+		}
+		return err
+	}
+	for i := 0; i < steps; i++ {
+		var err error
+		switch op := rapid.IntRange(0, 99).Draw(t, "op"); {
+		case op < 14: // backlog on a long-lived key
+			key := rapid.SampledFrom(names).Draw(t, "key")
+			for c := rapid.IntRange(1, 8).Draw(t, "runs"); c > 0 && err == nil; c-- {
+				_, err = o.Enqueue(key, rapid.SampledFrom([]int{0, 0, 0, 1, 9}).Draw(t, "priority"),
+					dur("delay", 0, 0, 0, 5, 40), dur("ttl", 0, 0, 0, 20, 90))
+			}
+		case op < 20: // a one-run key appears (and may expire unserved)
+			mint++
+			key := fmt.Sprintf("u%d", mint)
+			minted = append(minted, key)
+			_, err = o.Enqueue(key, 0, dur("mintDelay", 0, 0, 0, 5), dur("mintTTL", 0, 0, 10, 30))
+		case op < 23 && g.Waves > 0:
+			ttl := dur("waveTTL", 0, 0, 10)
+			for c := rapid.IntRange(1, g.Waves).Draw(t, "wave"); c > 0 && err == nil; c-- {
+				mint++
+				key := fmt.Sprintf("u%d", mint)
+				minted = append(minted, key)
+				_, err = o.Enqueue(key, 0, 0, ttl)
+			}
+		case op < 50:
+			err = dequeue()
+		case op < 58:
+			if held := o.Held(); len(held) > 0 {
+				for c := rapid.IntRange(1, 3).Draw(t, "acks"); c > 0 && len(held) > 0 && err == nil; c-- {
+					id := rapid.SampledFrom(held).Draw(t, "ack")
+					err = o.Ack(id)
+					held = o.Held()
+				}
+			}
+		case op < 63:
+			if held := o.Held(); len(held) > 0 {
+				err = o.Nack(rapid.SampledFrom(held).Draw(t, "nack"), dur("retry", 0, 0, 3, 30),
+					rapid.IntRange(0, 7).Draw(t, "kill") == 0)
+			}
+		case op < 68:
+			err = o.Advance(dur("advance", 1, 5, 20, 45, 180))
+		case op < 71:
+			err = o.RecoverLeases()
+		case op < 75:
+			err = o.SweepTTL()
+		case op < 78:
+			pool := names
+			if len(minted) > 0 && rapid.Bool().Draw(t, "weightMinted") {
+				pool = minted
+			}
+			err = o.SetWeight(rapid.SampledFrom(pool).Draw(t, "weightKey"), rapid.SampledFrom(g.Weights).Draw(t, "weight"))
+		case op < 83:
+			err = o.SetLimits(Limits{
+				Env:   rapid.SampledFrom([]int{0, 0, 0, 3, 8}).Draw(t, "envLimit"),
+				Queue: rapid.SampledFrom([]int{0, 0, 2, 5, 9}).Draw(t, "queueLimit"),
+				Key:   rapid.SampledFrom([]int{0, 0, 1, 2}).Draw(t, "keyLimit"),
+			})
+		case op < 89:
+			if o.CanFlip() {
+				err = o.SetFlag(!o.FlagOn())
+			} else {
+				err = dequeue()
+			}
+		case op < 93: // an outage: no dequeue for minutes while the sweepers run
+			for c := 0; c < 3 && err == nil; c++ {
+				if err = o.Advance(2 * time.Minute); err == nil {
+					err = o.SweepTTL()
+				}
+			}
+		default:
+			if o.CanExpire() {
+				err = o.ExpireState()
+			} else {
+				err = o.Advance(dur("advance", 1, 5, 20, 45, 180))
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return o.Finish()
+}
+
+// Run checks h with checks and returns the violations.
+func Run(h *History, checks ...Check) []Violation {
+	var out []Violation
+	for _, c := range checks {
+		out = append(out, c.Fn(h)...)
+	}
+	return out
+}
+
+// DriveScale runs a long sequence on o that mints at least keys one-run
+// keys in waves of 100..800 (some with a TTL that expires them unserved)
+// next to backlogged long-lived keys, with dequeues of 1..10 acked at
+// once, TTL sweeps, limit and weight changes, flag flips and state
+// expiry when the driver has them; then finishes it.
+func DriveScale(t *rapid.T, o *Oracle, keys int) error {
+	names := append([]string{"a", "b", "c"}, AdversarialNames...)
+	minted := 0
+	for minted < keys {
+		var err error
+		for _, k := range names {
+			if rapid.IntRange(0, 2).Draw(t, "topUp") == 0 {
+				for c := rapid.IntRange(1, 6).Draw(t, "runs"); c > 0 && err == nil; c-- {
+					_, err = o.Enqueue(k, 0, 0, 0)
+				}
+			}
+		}
+		ttl := time.Duration(rapid.SampledFrom([]int{0, 0, 5}).Draw(t, "waveTTL")) * time.Second
+		for c := rapid.IntRange(100, 800).Draw(t, "wave"); c > 0 && err == nil; c-- {
+			minted++
+			_, err = o.Enqueue(fmt.Sprintf("u%d", minted), 0, 0, ttl)
+		}
+		for c := rapid.IntRange(1, 60).Draw(t, "calls"); c > 0 && err == nil; c-- {
+			var served []Served
+			served, err = o.Dequeue(rapid.IntRange(1, 10).Draw(t, "maxCount"))
+			for _, s := range served {
+				if err == nil {
+					err = o.Ack(s.ID)
+				}
+			}
+		}
+		if err != nil {
+			return err
+		}
+		switch rapid.IntRange(0, 9).Draw(t, "event") {
+		case 0, 1:
+			if err = o.Advance(10 * time.Second); err == nil {
+				err = o.SweepTTL()
+			}
+		case 2:
+			if o.CanFlip() {
+				err = o.SetFlag(!o.FlagOn())
+			}
+		case 3:
+			err = o.ExpireState()
+		case 4:
+			err = o.SetLimits(Limits{Queue: rapid.SampledFrom([]int{0, 5}).Draw(t, "queueLimit")})
+		case 5:
+			err = o.SetWeight(rapid.SampledFrom(names).Draw(t, "weightKey"),
+				rapid.SampledFrom([]float64{0.5, 1, 2}).Draw(t, "weight"))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return o.Finish()
+}

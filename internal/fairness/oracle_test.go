@@ -1,0 +1,83 @@
+package fairness
+
+import (
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// modelOracle draws a model configuration and returns an oracle on it.
+func modelOracle(t *rapid.T) *Oracle {
+	c := ModelConfig{
+		WindowMultiplier: rapid.SampledFrom([]int{1, 2, 3}).Draw(t, "windowMultiplier"),
+		IdleMaxEntries:   rapid.SampledFrom([]int{10000, 2}).Draw(t, "idleMax"),
+		MaxAttempts:      3,
+		Lease:            time.Minute,
+	}
+	return New(NewModelDriver(c), Config{Lease: c.Lease, MaxAttempts: c.MaxAttempts})
+}
+
+// checkModel runs the named check over random sequences on the model.
+func checkModel(t *testing.T, name string) {
+	c, ok := CheckByName(name)
+	if !ok {
+		t.Fatalf("no check %q", name)
+	}
+	var cov Coverage
+	rapid.Check(t, func(rt *rapid.T) {
+		o := modelOracle(rt)
+		if err := Drive(rt, o, DefaultGen); err != nil {
+			rt.Fatalf("driving the model: %v", err)
+		}
+		cov.Add(&o.H)
+		if vs := c.Fn(&o.H); len(vs) > 0 {
+			rt.Fatalf("%s", Report(&o.H, vs))
+		}
+	})
+	t.Logf("model, check %s: %s", name, cov)
+}
+
+// One test per guarantee, so that each can be run (and fail) on its own.
+
+func TestModelNewcomer(t *testing.T)         { t.Parallel(); checkModel(t, "newcomer") }
+func TestModelLag(t *testing.T)              { t.Parallel(); checkModel(t, "lag") }
+func TestModelBatchInvariance(t *testing.T)  { t.Parallel(); checkModel(t, "batch") }
+func TestModelReachability(t *testing.T)     { t.Parallel(); checkModel(t, "reachability") }
+func TestModelWorkConservation(t *testing.T) { t.Parallel(); checkModel(t, "work") }
+func TestModelExactlyOnce(t *testing.T)      { t.Parallel(); checkModel(t, "exactly-once") }
+func TestModelClockMonotone(t *testing.T)    { t.Parallel(); checkModel(t, "clock") }
+
+func TestModelNewcomerOrder(t *testing.T) { t.Parallel(); checkModel(t, "newcomer-order") }
+
+// checkModelScenario runs a scripted scenario on the model and holds its
+// history to every check.
+func checkModelScenario(t *testing.T, name string) {
+	t.Parallel()
+	for _, sc := range Scenarios {
+		if sc.Name != name {
+			continue
+		}
+		d := NewModelDriver(ModelConfig{MaxAttempts: 3, Lease: time.Minute})
+		o := New(d, Config{Lease: time.Minute, MaxAttempts: 3})
+		if err := sc.Run(o); err != nil {
+			t.Fatalf("scenario %s: %v", name, err)
+		}
+		if err := o.Finish(); err != nil {
+			t.Fatalf("finishing: %v", err)
+		}
+		if vs := Run(&o.H, Checks...); len(vs) > 0 {
+			t.Fatalf("%s", Report(&o.H, vs))
+		}
+		return
+	}
+	t.Fatalf("no scenario %q", name)
+}
+
+// The audit's states (docs/design.md section 8) on the model; the ones
+// that need flag flips, a natural state TTL or thousands of keys run on
+// the Lua only (runqueue/fairness_oracle_test.go).
+
+func TestModelScenarioExpiredNewcomers(t *testing.T) { checkModelScenario(t, "ExpiredNewcomers") }
+func TestModelScenarioAdversarialNames(t *testing.T) { checkModelScenario(t, "AdversarialNames") }
+func TestModelScenarioGatedWindow(t *testing.T)      { checkModelScenario(t, "GatedWindow") }

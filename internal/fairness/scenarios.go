@@ -1,0 +1,212 @@
+package fairness
+
+import (
+	"fmt"
+	"time"
+)
+
+// Scenario is a scripted sequence that builds one of the states an audit
+// found the scheduler starving keys in (docs/design.md section 8). The
+// checks judge its history like any random one: a scenario asserts
+// nothing itself.
+type Scenario struct {
+	Name string
+	// Flip: needs a FlagFlipper. NaturalTTL: needs the state to run out
+	// by its own TTL as the clock moves (miniredis). MaxCount: the largest
+	// dequeue it makes (a driver must allow it).
+	// Big: thousands of keys, for a real Redis only.
+	Flip, NaturalTTL, Big bool
+	Run                   func(o *Oracle) error
+}
+
+// script runs the steps of a scenario, stopping at the first error.
+type script struct {
+	o   *Oracle
+	err error
+}
+
+func (s *script) enq(key string, n int, ttl time.Duration) {
+	for i := 0; i < n && s.err == nil; i++ {
+		_, s.err = s.o.Enqueue(key, 0, 0, ttl)
+	}
+}
+
+// topUp keeps key at n ready runs or more.
+func (s *script) topUp(key string, n int) {
+	if r := s.o.Ready(key); r < n {
+		s.enq(key, n-r, 0)
+	}
+}
+
+// deq runs one call and acks what it served unless hold.
+func (s *script) deq(n int, hold bool) []Served {
+	if s.err != nil {
+		return nil
+	}
+	var served []Served
+	served, s.err = s.o.Dequeue(n)
+	for _, x := range served {
+		if !hold && s.err == nil {
+			s.err = s.o.Ack(x.ID)
+		}
+	}
+	return served
+}
+
+func (s *script) do(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+// Scenarios are the audit's states, each as a script.
+var Scenarios = []Scenario{
+	{Name: "ExpiredNewcomers", Run: func(o *Oracle) error {
+		// Three keys backlogged; 20 one-run keys arrive, queue behind one
+		// another as newcomers, and expire unserved; an honest key arrives
+		// and must not queue behind the expired ones (newcomer check:
+		// served before any backlogged key gets more than 3 serves).
+		s := &script{o: o}
+		for _, k := range []string{"a", "b", "c"} {
+			s.enq(k, 4, 0)
+		}
+		s.deq(3, false)
+		for i := 0; i < 20; i++ {
+			s.enq(fmt.Sprintf("u%d", i), 1, time.Second)
+		}
+		s.do(o.Advance(2 * time.Second))
+		s.do(o.SweepTTL())
+		s.enq("honest", 1, 0)
+		for i := 0; i < 40 && s.err == nil; i++ {
+			for _, k := range []string{"a", "b", "c"} {
+				s.topUp(k, 2)
+			}
+			s.deq(1, false)
+		}
+		return s.err
+	}},
+	{Name: "AdversarialNames", Run: func(o *Oracle) error {
+		// Every key holds one run; a tenant mints keys named "!..." (they
+		// sort first) at twice the drain rate; an honest one-run key "h"
+		// arrives: no key registered after h may be served before it
+		// (newcomer-order check).
+		s := &script{o: o}
+		for i := 0; i < 6; i++ {
+			s.enq(fmt.Sprintf("k%d", i), 1, 0)
+		}
+		s.enq("h", 1, 0)
+		for i := 0; i < 30 && s.err == nil; i++ {
+			s.enq(fmt.Sprintf("!%03d", 2*i), 1, 0)
+			s.enq(fmt.Sprintf("!%03d", 2*i+1), 1, 0)
+			s.deq(1, false)
+		}
+		return s.err
+	}},
+	{Name: "EqualCountsFlip", Flip: true, Run: func(o *Oracle) error {
+		// Flag on: x (weight 0.001) is served once, its tag far ahead; flag
+		// off: x drains (its tag stays, stale) and y arrives (no tag); flag
+		// on again: as many stale tags as untagged keys. y must be reached
+		// within a bounded number of calls (reachability check) while a and
+		// b stay backlogged.
+		s := &script{o: o}
+		s.do(o.SetWeight("x", 0.001))
+		s.enq("x", 2, 0)
+		s.enq("a", 3, 0)
+		s.enq("b", 3, 0)
+		s.deq(3, false)
+		s.do(o.SetFlag(false))
+		for i := 0; i < 10 && o.Ready("x") > 0 && s.err == nil; i++ {
+			s.deq(1, false)
+		}
+		s.enq("y", 1, 0)
+		s.do(o.SetFlag(true))
+		for i := 0; i < 40 && s.err == nil; i++ {
+			s.topUp("a", 3)
+			s.topUp("b", 3)
+			s.deq(1, false)
+		}
+		return s.err
+	}},
+	{Name: "GatedWindow", Run: func(o *Oracle) error {
+		// Key limit 1: eight keys hold a run each and wait at their limit
+		// with low tags; "old" has a backlog with the oldest heads; "owed"
+		// arrives with no debt. Gated keys must leave the competition:
+		// owed is served before old gets more than 3 serves (newcomer
+		// check), whatever the window.
+		s := &script{o: o}
+		s.enq("old", 30, 0)
+		s.do(o.Advance(time.Second))
+		for i := 0; i < 8; i++ {
+			s.enq(fmt.Sprintf("g%d", i), 2, 0)
+		}
+		s.do(o.SetLimits(Limits{Key: 1}))
+		for i := 0; i < 9 && s.err == nil; i++ {
+			for _, x := range s.deq(1, true) {
+				if x.Key == "old" && s.err == nil {
+					s.err = o.Ack(x.ID)
+				}
+			}
+		}
+		s.enq("owed", 3, 0)
+		for i := 0; i < 20 && s.err == nil; i++ {
+			for _, x := range s.deq(1, true) {
+				if x.Key != "owed" && x.Key[0] != 'g' && s.err == nil {
+					s.err = o.Ack(x.ID)
+				}
+			}
+		}
+		return s.err
+	}},
+	{Name: "OutagePastTTL", NaturalTTL: true, Run: func(o *Oracle) error {
+		// a and b backlogged; x is served last and drains, its tag parked
+		// above V; an outage longer than the state TTL follows, during
+		// which the TTL sweeper still expires a run (y, a newcomer); then
+		// x returns. The state must expire whole (clock check: V never
+		// decreases while any of it exists) and x must not carry its old
+		// tag into a fresh clock (reachability).
+		s := &script{o: o}
+		for i := 0; i < 20 && s.err == nil; i++ {
+			s.topUp("a", 3)
+			s.topUp("b", 3)
+			s.deq(1, false)
+		}
+		s.enq("x", 1, 0)
+		for i := 0; i < 10 && o.Ready("x") > 0 && s.err == nil; i++ {
+			s.deq(1, false)
+		}
+		s.enq("y", 1, time.Minute)
+		ttl := o.cfg.StateTTL
+		s.do(o.Advance(ttl / 2))
+		s.do(o.SweepTTL())
+		s.do(o.Advance(ttl/2 + 30*time.Second))
+		s.do(o.SweepTTL())
+		s.enq("x", 3, 0)
+		for i := 0; i < 40 && s.err == nil; i++ {
+			s.topUp("a", 3)
+			s.topUp("b", 3)
+			s.deq(1, false)
+		}
+		return s.err
+	}},
+	{Name: "StaleCleanup10k", Flip: true, Big: true, Run: func(o *Oracle) error {
+		// 10,000 keys registered with the flag on and drained with it off
+		// leave 10,000 stale tags; with the flag on again, calls of 700
+		// must succeed (exactly-once reports driver errors) and a fresh
+		// key must be reached (reachability).
+		s := &script{o: o}
+		for i := 0; i < 10000 && s.err == nil; i++ {
+			s.enq(fmt.Sprintf("s%d", i), 1, 0)
+		}
+		s.do(o.SetFlag(false))
+		for i := 0; i < 30 && o.Queued() > 0 && s.err == nil; i++ {
+			s.deq(700, false)
+		}
+		s.do(o.SetFlag(true))
+		s.enq("fresh", 1, 0)
+		for i := 0; i < 5 && s.err == nil; i++ {
+			s.enq(fmt.Sprintf("t%d", i), 1, 0)
+			s.deq(700, false)
+		}
+		return s.err
+	}},
+}

@@ -2,6 +2,15 @@
 // ([Mini]), a real Redis ([Real]) or a three-node Redis Cluster ([Cluster]),
 // and reads a server's command statistics ([CommandStats]).
 //
+// # Where the real Redis comes from
+//
+// Real takes the first of: the server at REDIS_URL; a redis-server on PATH,
+// started by the test binary; a Redis container started with testcontainers
+// (image redis:7.0) when a Docker engine answers. Cluster takes the nodes in
+// REDIS_CLUSTER_ADDRS, or else starts three redis-servers from PATH; it has
+// no container fallback. Without any of them, the test skips (or fails, see
+// RUNQUEUE_REQUIRE_REDIS).
+//
 // # Sharing
 //
 // Real and Cluster start at most one Redis each per test binary, on first
@@ -26,8 +35,8 @@
 //   - REDIS_CLUSTER_ADDRS: comma-separated node addresses; Cluster connects to
 //     them instead of starting a cluster.
 //   - RUNQUEUE_REQUIRE_REDIS=1: a test that needs a real Redis fails, rather
-//     than skips, when none is available (no REDIS_URL and no redis-server on
-//     PATH). CI sets it so that a missing Redis cannot pass silently.
+//     than skips, when none is available. CI sets it so that a missing Redis
+//     cannot pass silently.
 package redistest
 
 import (
@@ -67,8 +76,9 @@ func MiniServer(t testing.TB) (*miniredis.Miniredis, redis.UniversalClient) {
 }
 
 // Real returns a client for a real Redis: the server at REDIS_URL if set,
-// otherwise the redis-server shared by this test binary, started on first use.
-// Without either, it skips t, or fails it under RUNQUEUE_REQUIRE_REDIS=1.
+// otherwise the Redis shared by this test binary, started on first use: a
+// redis-server from PATH or, without one, a testcontainers container. Without
+// any, it skips t, or fails it under RUNQUEUE_REQUIRE_REDIS=1.
 func Real(t testing.TB) redis.UniversalClient {
 	t.Helper()
 	if url := os.Getenv("REDIS_URL"); url != "" {
@@ -98,8 +108,9 @@ func Cluster(t testing.TB) redis.UniversalClient {
 }
 
 // Source says where this test binary's [Real] Redis came from so far:
-// "REDIS_URL", "redis-server 7.0.15 (spawned)", or "" when no test has asked
-// for one (or none could be had).
+// "REDIS_URL", "redis-server 7.0.15 (spawned)", "testcontainers redis:7.0
+// (redis 7.0.15)", or "" when no test has asked for one (or none could be
+// had).
 func Source() string { return standalone.source() }
 
 // ClusterSource is [Source] for [Cluster]: "REDIS_CLUSTER_ADDRS",
@@ -178,6 +189,7 @@ func need(t testing.TB, s *shared) []string {
 	addrs, err := s.get()
 	switch {
 	case errors.Is(err, errMissing):
+		t.Logf("redistest: %v", err)
 		unavailable(t)
 	case err != nil:
 		t.Fatalf("redistest: %v", err)
@@ -188,7 +200,7 @@ func need(t testing.TB, s *shared) []string {
 // unavailable skips t, or fails it when the environment demands a real Redis.
 func unavailable(t testing.TB) {
 	t.Helper()
-	const msg = "redistest: test needs a real Redis: install redis-server (on PATH) or set REDIS_URL / REDIS_CLUSTER_ADDRS"
+	const msg = "redistest: test needs a real Redis: set REDIS_URL / REDIS_CLUSTER_ADDRS, install redis-server (on PATH) or, for Real only, run a Docker engine (testcontainers)"
 	if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "1" {
 		t.Fatalf("%s (RUNQUEUE_REQUIRE_REDIS=1)", msg)
 		return // only reached with a stand-in testing.TB

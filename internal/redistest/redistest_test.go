@@ -296,3 +296,25 @@ func TestUnavailable(t *testing.T) {
 		require.False(t, r.skipped)
 	})
 }
+
+// TestContainer starts a Redis with testcontainers where a Docker engine
+// answers, whatever Real picks on this machine, so that the fallback is
+// exercised wherever it can be. It skips without Docker, even under
+// RUNQUEUE_REQUIRE_REDIS=1: Docker is optional.
+func TestContainer(t *testing.T) {
+	t.Parallel()
+	if err := dockerEngine(); err != nil {
+		t.Skipf("no Docker engine: %v", err)
+	}
+	d, err := startContainer()
+	require.NoError(t, err)
+	defer d.stop()
+	require.Regexp(t, `^testcontainers redis:7\.0 \(redis 7\.0\.\d+\)$`, d.source)
+
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: d.addrs[0]})
+	defer func() { _ = c.Close() }()
+	key := Prefix(t) + ":k"
+	require.NoError(t, c.Set(ctx, key, "v", time.Minute).Err())
+	require.Equal(t, "v", c.Get(ctx, key).Val())
+}

@@ -14,11 +14,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// startStandalone starts the redis-server that Real shares.
+// startStandalone starts the Redis that Real shares: a redis-server from
+// PATH, or else a container when a Docker engine answers.
 func startStandalone() (*deployment, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		return nil, errMissing
+		return startContainer()
 	}
 	p, err := spawn(bin, false)
 	if err != nil {

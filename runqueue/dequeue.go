@@ -70,7 +70,7 @@ func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, n
 		qk.VariantBase()}
 	if q.cfg.VtimeScheduling {
 		ks = append(ks, q.vtimeKeys(qk)...)
-		args = append(args, append(q.vtimeArgs(), q.cfg.WindowMultiplier)...)
+		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier)
 	}
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
 	if err != nil {

@@ -154,8 +154,14 @@ func (q *Queue) vtimeKeys(qk keys.Queue) []string {
 	return []string{qk.CkVtime(), qk.CkVtimeState(), qk.Weights()}
 }
 
-func (q *Queue) vtimeArgs() []any {
-	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries}
+// vtimeArgs: the state TTL, the idle cap, and whether qk has a per-key
+// limit (then a freed slot may return a gated variant).
+func (q *Queue) vtimeArgs(qk keys.Queue) []any {
+	keyLimited := 0
+	if q.cfg.LimitsFor(qk.Env.Name(), qk.Name()).Key > 0 {
+		keyLimited = 1
+	}
+	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, keyLimited}
 }
 
 // withHooks appends the scheduler's keys and arguments when sc has hooks
@@ -163,7 +169,7 @@ func (q *Queue) vtimeArgs() []any {
 func (q *Queue) withHooks(sc *script, qk keys.Queue, ks []string, args []any) ([]string, []any) {
 	if sc.hooks && q.cfg.VtimeScheduling {
 		ks = append(ks, q.vtimeKeys(qk)...)
-		args = append(args, q.vtimeArgs()...)
+		args = append(args, q.vtimeArgs(qk)...)
 	}
 	return ks, args
 }

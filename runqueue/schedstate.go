@@ -168,7 +168,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		return int64(n)
 	}
 	st.snap.V, st.snap.Epoch, st.snap.Cursor = num("v"), num("e"), int(num("c"))
-	st.snap.NextSeq, st.snap.GK, st.snap.GS = max(1, num("s")), int(num("gk")), int(num("gs"))
+	st.snap.NextSeq, st.snap.GK, st.snap.GS, st.snap.GP = max(1, num("s")), int(num("gk")), int(num("gs")), int(num("gp"))
 	if h["l"] != "" {
 		st.snap.L, st.snap.HasL = num("l"), true
 	}

@@ -2,6 +2,7 @@ package runqueue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -93,7 +94,7 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 		ctx: ctx, c: c, q: q, clock: clock, env: diffEnv, queue: diffQueue,
 		qk:   qk,
 		keys: ks, lease: lease, limits: lim,
-		m:    m,
+		m:        m,
 		inflight: map[string]*runqueue.Run{}, ttl: map[string]int64{}, dead: map[string]string{},
 	}
 }
@@ -106,7 +107,7 @@ func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClie
 	day := 24 * time.Hour
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: -(1 << 53), Member: ""})
-		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gs", 0, "nw", -1)
+		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gs", 0, "gp", 0, "nw", -1)
 		p.PExpire(ctx, qk.CkVtime(), day)
 		p.PExpire(ctx, qk.CkVtimeState(), day)
 		return nil
@@ -311,8 +312,24 @@ func (d *diff) setWeight(rt *rapid.T) {
 // registration (tag, remainder, order, gated), every parked tag, the
 // weights, and ckIndex.
 func (d *diff) compare(rt *rapid.T, step string) {
-	got, _, err := d.q.SchedulerSnapshot(d.ctx, d.env, d.queue)
+	got, exists, err := d.q.SchedulerSnapshot(d.ctx, d.env, d.queue)
 	require.NoError(rt, err)
+	if exists {
+		// The state hash counts the gated variants (a dequeue skips its
+		// gated probe when there are none): the count must be exact.
+		ng, err := d.c.HGet(d.ctx, d.qk.CkVtimeState(), "ng").Int()
+		if errors.Is(err, redis.Nil) {
+			ng, err = 0, nil
+		}
+		require.NoError(rt, err)
+		gated := 0
+		for _, r := range got.Reg {
+			if r.Gated {
+				gated++
+			}
+		}
+		require.Equal(rt, gated, ng, "gated count after %s", step)
+	}
 	if os.Getenv("DIFF_DEBUG") != "" {
 		z, _ := d.c.ZRangeWithScores(d.ctx, d.qk.CkVtime(), 0, -1).Result()
 		h, _ := d.c.HGetAll(d.ctx, d.qk.CkVtimeState()).Result()
@@ -339,12 +356,12 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 		HasL          bool
 		Cursor        int
 		NextSeq       int64
-		GK, GS        int
+		GK, GS, GP    int
 		Reg           map[string]vtime.Reg
 		Idle, Weights map[string]int64
 	}
 	pick := func(s vtime.Snapshot) sched {
-		out := sched{s.V, s.Epoch, s.L, s.HasL, s.Cursor, max(1, s.NextSeq), s.GK, s.GS, s.Reg, s.Idle, s.Weights}
+		out := sched{s.V, s.Epoch, s.L, s.HasL, s.Cursor, max(1, s.NextSeq), s.GK, s.GS, s.GP, s.Reg, s.Idle, s.Weights}
 		if !out.HasL {
 			out.L = 0
 		}

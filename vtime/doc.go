@@ -26,8 +26,9 @@
 //     number (seq) and gated flag (Redis: ckVtime members "<seq code><member>"
 //     and the state hash's per-variant fields).
 //   - V, the epoch, L (the previous newcomer's tag), the discovery cursor,
-//     the next registration number, and gk/gs (the gating limit and the
-//     gated variants left to return after it rose): the state hash.
+//     the next registration number, and gk/gs/gp (the gating limit, the
+//     gated variants left to return after it rose, the gated probe's
+//     rank): the state hash.
 //   - idle: variant -> tag parked when it drained (ckVtime's idle region).
 //   - weights: variant -> milli-weight; configuration, not state.
 //
@@ -55,12 +56,13 @@
 //   - promote: the due delayed runs of the first ScanLimit due variants
 //     become ready (up to PromoteLimit each), registering their variants.
 //   - ungate: after the key limit rose (or went away), the variants gated
-//     under the lower limit return to the competition, UngateChunk per call.
+//     under the lower limit return to the competition, UngateChunk per call;
+//     and one gated variant, at a rotating rank, returns if it is below its
+//     limit (an instance with the flag off freed its slot without saying).
 //   - discover: ScanLimit variants of ckIndex at a rotating cursor; those
-//     without a tag register (at max(V, parked) or V), gated ones below
-//     their limit return. Every call does it, so every variant with ready
-//     work is reached within ceil(variants/ScanLimit) calls, whatever
-//     stale state exists.
+//     without a tag register (at max(V, parked) or V). Every call does it,
+//     so every variant with ready work is reached within
+//     ceil(variants/ScanLimit) calls, whatever stale state exists.
 //   - serve, pass 1: the registered, non-gated tags in order, read lazily
 //     (first maxCount+1, then doubling, at most ReadBudget + 4*maxCount*
 //     WindowMultiplier per call). An entry met with no ready run (stale: a
@@ -68,10 +70,10 @@
 //     met at its key limit is gated. Both leave for good, so gated and stale
 //     keys cost nothing on later calls. A serve that brings a variant to its
 //     key limit gates it at once.
-//   - serve, age head: when pass 1 finds nothing servable, the first
-//     ScanLimit variants of ckIndex in age order (what a flag-off call would
-//     serve) are registered if untagged (or returned if gated below their
-//     limit), once per call, and pass 1 goes on.
+//   - serve, age head: when pass 1 finds nothing servable, the untagged
+//     variants among the first ScanLimit of ckIndex in age order (what a
+//     flag-off call would serve) are registered, once per call, and pass 1
+//     goes on.
 //   - collect and persist: drained variants park their tag when it is above
 //     V; parked tags at or below V are reaped and the idle set is capped to
 //     the highest IdleMaxEntries.
@@ -97,9 +99,12 @@
 //
 // A variant at its per-key limit is out of the competition: it keeps its
 // tag, and it competes again, at max(S, V) (gated time earns no credit),
-// when a slot frees (ack, nack, lease recovery, dead letter: at once), when
-// the discovery cursor finds it below its limit (a flag-off instance freed
-// the slot), or within ceil(gated/UngateChunk) calls of its limit rising.
+// when a slot frees (ack, nack, lease recovery, dead letter: at once),
+// within ceil(gated/UngateChunk) calls of its limit rising, and, when a
+// flag-off instance freed the slot, when the probe or the age head finds it
+// below its limit (within gated+1 calls). A call's cost does not depend on
+// the number of gated variants: pass 1 never sees them and the probe looks
+// at one.
 //
 // # Guarantees (checked by the oracle on observed schedules, on this model
 // and on the Lua)

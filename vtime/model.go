@@ -114,6 +114,7 @@ type Model struct {
 	nextSeq int64 // registration order of the next registration, from 1
 	gk      int   // key limit the gated variants were gated under (0: none)
 	gs      int   // gated variants left to return after the limit rose
+	gp      int   // probe cursor: a rank among the gated variants
 	reg     map[string]*Reg
 	idle    map[string]int64 // variant member -> parked tag
 
@@ -148,7 +149,7 @@ func New(cfg Config) *Model {
 // anchor, cursor, registration order), as the state TTL does after a
 // StateTTL with no scheduler write. Weights are configuration and stay.
 func (m *Model) ExpireState() {
-	m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs = 0, 0, 0, false, 0, 1, 0, 0
+	m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs, m.gp = 0, 0, 0, false, 0, 1, 0, 0, 0
 	m.reg = map[string]*Reg{}
 	m.idle = map[string]int64{}
 }
@@ -223,9 +224,9 @@ func (m *Model) Idle() []Entry {
 
 // Clock returns the stored clock V (units), the epoch, the newcomer anchor
 // (ok false when none), the discovery cursor, the next registration
-// number and the gating state (gk, gs): what Redis stores.
-func (m *Model) Clock() (v, epoch, l int64, hasL bool, cursor int, nextSeq int64, gk, gs int) {
-	return m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs
+// number and the gating state (gk, gs, gp): what Redis stores.
+func (m *Model) Clock() (v, epoch, l int64, hasL bool, cursor int, nextSeq int64, gk, gs, gp int) {
+	return m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs, m.gp
 }
 
 // MilliWeight returns the milli-weight of a variant member (1000: weight 1).
@@ -431,8 +432,13 @@ func (m *Model) drained(vm string) {
 }
 
 // released handles a freed in-flight slot of vm (ack, nack, recovery, dead
-// letter): a gated variant competes again, at max(S, V).
+// letter): a gated variant competes again, at max(S, V). Without a key
+// limit there is nothing to look at (gated variants of an earlier limit
+// return through the sweep), which spares every ack a read.
 func (m *Model) released(vm string) {
+	if m.cfg.Limits.Key <= 0 {
+		return
+	}
 	if r, ok := m.reg[vm]; ok && r.Gated {
 		m.ungate(r)
 	}
@@ -477,6 +483,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	}
 	c.promote(now)
 	c.ungateSwept()
+	c.probeGated()
 	c.discover()
 	c.serve(maxCount)
 	if c.parked {
@@ -548,21 +555,52 @@ func (c *call) ungateSwept() {
 	if m.gs == 0 {
 		return
 	}
-	var gated []*Reg
-	for _, r := range m.reg {
-		if r.Gated {
-			gated = append(gated, r)
-		}
-	}
-	sort.Slice(gated, func(i, j int) bool { return regBefore(*gated[i], *gated[j]) })
-	n := min(m.gs, UngateChunk, len(gated))
-	for _, r := range gated[:n] {
-		m.ungate(r)
+	all := m.gatedSorted()
+	n := min(m.gs, UngateChunk, len(all))
+	for _, g := range all[:n] {
+		m.ungate(g.r)
 	}
 	m.gs -= n
-	if len(gated) == n {
+	if len(all) == n {
 		m.gs = 0
 	}
+}
+
+// gated is a gated registration and its variant.
+type gated struct {
+	vm string
+	r  *Reg
+}
+
+// gatedSorted returns the gated registrations in (tag, registration) order.
+func (m *Model) gatedSorted() []gated {
+	var out []gated
+	for vm, r := range m.reg {
+		if r.Gated {
+			out = append(out, gated{vm, r})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return regBefore(*out[i].r, *out[j].r) })
+	return out
+}
+
+// probeGated looks at one gated variant per call, at a rotating rank: one
+// below its limit (its slot was freed by an instance that does not
+// un-gate: flag off) competes again. One look per call keeps the cost of a
+// call the same whatever the number of gated variants.
+func (c *call) probeGated() {
+	m := c.m
+	all := m.gatedSorted()
+	if m.gp >= len(all) {
+		m.gp = 0
+		return
+	}
+	g := all[m.gp]
+	if c.atLimit(g.vm) {
+		m.gp++
+		return
+	}
+	m.ungate(g.r)
 }
 
 // atLimit reports whether vm's in-flight runs (this call's serves
@@ -572,22 +610,17 @@ func (c *call) atLimit(vm string) bool {
 }
 
 // discover reads scan variants of ckIndex at the rotating cursor and
-// registers those with no tag; a gated one whose slot was freed by an
-// instance that does not un-gate (flag off) competes again. Every call
-// does this, so every variant with ready work is reached within
-// ceil(variants/scan) calls whatever stale state exists.
+// registers those with no tag. Every call does this, so every variant with
+// ready work is reached within ceil(variants/scan) calls whatever stale
+// state exists.
 func (c *call) discover() {
 	m := c.m
 	index := m.CkIndex()
 	end := min(len(index), m.cursor+c.scan)
 	for i := m.cursor; i < end; i++ {
 		vm := index[i].Member
-		r, ok := m.reg[vm]
-		switch {
-		case !ok:
+		if _, ok := m.reg[vm]; !ok {
 			m.registerAt(vm, 0, false, true)
-		case r.Gated && !c.atLimit(vm):
-			m.ungate(r)
 		}
 	}
 	m.cursor += c.scan
@@ -727,21 +760,16 @@ func (c *call) gate(vm string) {
 }
 
 // ageHead registers the untagged variants among the first scan of ckIndex
-// in age order as it stood when serving began (and un-gates gated ones
-// below their limit), adding them to the window. Variants this call
-// drained are passed over.
+// in age order as it stood when serving began, adding them to the window:
+// what a flag-off call would serve that pass 1 cannot see. Variants this
+// call drained are passed over; registered ones (gated included: the probe
+// looks after those) are left as they are, so a call whose keys are all
+// gated costs the same whatever their number.
 func (c *call) ageHead(w *window, index []Entry) {
 	m := c.m
 	for i := 0; i < c.scan && i < len(index); i++ {
 		vm := index[i].Member
-		if len(m.ready[vm]) == 0 {
-			continue
-		}
-		if r, ok := m.reg[vm]; ok {
-			if r.Gated && !c.atLimit(vm) {
-				m.ungate(r)
-				w.insert(&wentry{vm, *r})
-			}
+		if _, ok := m.reg[vm]; ok || len(m.ready[vm]) == 0 {
 			continue
 		}
 		w.insert(&wentry{vm, *m.registerAt(vm, 0, false, true)})

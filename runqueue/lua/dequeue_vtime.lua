@@ -28,7 +28,7 @@ local wm = tonumber(ARGV[OWN_ARGS + 3])
 local G = SCHED.G
 
 -- promote: due delayed runs become ready; their variants register.
-dq_promote(dq, sched_hooks(S))
+dq_promote(dq, sched_hooks(S, false))
 local st = sched_state(S)
 
 -- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
@@ -46,7 +46,7 @@ end
 -- under the lower one return, lowest tags first, UNGATE_CHUNK per call.
 local kl = dq.key_limit
 if st.gs == 0 and st.gk > 0 and (kl == 0 or kl > st.gk) then
-  st.gs = redis.call('ZCOUNT', S.z, SCHED.GS, '+inf')
+  st.gs = st.ng
   st.gk = kl
 end
 if st.gs > 0 then
@@ -70,13 +70,41 @@ if st.gs > 0 then
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.gs = st.gs - n
+  st.ng = st.ng - n
   if #raw / 2 <= k then st.gs = 0 end
 end
 
+-- ungate, probe: one gated variant at a rotating rank returns if it is
+-- below its limit (a flag-off instance freed its slot without saying). One
+-- look per call: a call costs the same whatever the number of gated keys.
+do
+  local raw = {}
+  if st.ng > 0 then raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1) end
+  if #raw == 0 then
+    st.gp = 0
+  else
+    local vm = string.sub(raw[1], 9)
+    if dq_at_limit(dq, vm) then
+      st.gp = st.gp + 1
+    else
+      local hv = redis.call('HGET', S.h, vm)
+      local r = 0
+      if hv then r = sched_parse(hv).r end
+      local u = num(raw[2]) - G
+      if u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), raw[1])
+      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
 -- discover: scan variants of ckIndex at the rotating cursor; untagged ones
--- register (at V or their parked tag), gated ones below their limit return.
+-- register (at V or their parked tag).
+local index_empty
 do
   local raw = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
+  index_empty = st.c == 0 and #raw == 0
   local list = {}
   for i = 1, math.min(#raw, dq.scan) do list[i] = raw[i] end
   local hvs = sched_hmget(S.h, list)
@@ -88,16 +116,6 @@ do
       zargs[#zargs + 1] = code .. vm
       hargs[#hargs + 1] = vm
       hargs[#hargs + 1] = code
-    else
-      local rg = sched_parse(hvs[i])
-      if rg.gated and not dq_at_limit(dq, vm) then
-        local u, r = num(redis.call('ZSCORE', S.z, rg.code .. vm)) - G, rg.r
-        if u < st.v then u, r = st.v, 0 end
-        zargs[#zargs + 1] = sched_fmt(u)
-        zargs[#zargs + 1] = rg.code .. vm
-        hargs[#hargs + 1] = vm
-        hargs[#hargs + 1] = sched_value(rg.code, false, r)
-      end
     end
   end
   sched_chunked('ZADD', S.z, zargs, 2)
@@ -169,6 +187,7 @@ local parked = {}
 local function gate(e)
   e.gated = true
   st.gk = kl
+  st.ng = st.ng + 1
   touch(e)
 end
 
@@ -199,39 +218,26 @@ local function pick()
   end
 end
 
--- serve, age head (once, when pass 1 runs dry): the first scan variants of
--- ckIndex as it stood when serving began (nothing writes it before
--- dq_finish) that still have a ready run: untagged ones register at V or
--- their parked tag, gated ones below their limit return.
+-- serve, age head (once, when pass 1 runs dry): the untagged variants
+-- among the first scan of ckIndex as it stood when serving began (nothing
+-- writes it before dq_finish) that still have a ready run register at V or
+-- their parked tag. Registered ones are left alone (gated ones too: the
+-- probe looks after them), so an all-gated queue costs the same whatever
+-- the number of its keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
   for _, vm in ipairs(list) do
     if ent[vm] == nil then need[#need + 1] = vm end
   end
-  local hv = {}
   local vals = sched_hmget(S.h, need)
-  for i, vm in ipairs(need) do hv[vm] = vals[i] end
-  for _, vm in ipairs(list) do
-    if ent[vm] == nil and dq_head(dq, vm) ~= nil then
-      if hv[vm] then
-        local rg = sched_parse(hv[vm])
-        if rg.gated and not dq_at_limit(dq, vm) then
-          local member = rg.code .. vm
-          local e = { vm = vm, member = member, code = rg.code,
-                      u = num(redis.call('ZSCORE', S.z, member)) - G, r = rg.r, was_gated = true }
-          if e.u < st.v then e.u, e.r = st.v, 0 end
-          ent[vm] = e
-          touch(e)
-          w_insert(e)
-        end
-      else
-        local u, code = sched_admit(S, st, vm, true, nil)
-        local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
-        ent[vm] = e
-        touch(e)
-        w_insert(e)
-      end
+  for i, vm in ipairs(need) do
+    if not vals[i] and dq_head(dq, vm) ~= nil then
+      local u, code = sched_admit(S, st, vm, true, nil)
+      local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+      ent[vm] = e
+      touch(e)
+      w_insert(e)
     end
   end
 end
@@ -284,7 +290,7 @@ local function serve_one(e)
 end
 
 w_extend()
-local age_done = false
+local age_done = index_empty -- nothing for the age head to read
 while #dq.served < dq.cap do
   local e = pick()
   if e == nil and not age_done then

@@ -22,7 +22,7 @@
 -- ARGV[11] -> maximum queued runs in the queue, 0 for no limit
 -- ARGV[12] -> maximum queued runs in the variant, 0 for no limit
 -- ARGV[13] -> wake channel ("" to not publish)
--- Flag on: KEYS[9..11] and ARGV[14..15] follow, the scheduler's (see
+-- Flag on: KEYS[9..11] and ARGV[14..16] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: 1 queued, 0 already queued with the same body (no-op).
 -- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.

@@ -13,7 +13,7 @@
 -- ARGV[3] -> variant member
 -- ARGV[4] -> run member
 -- ARGV[5] -> queue member
--- Flag on: KEYS[9..11] and ARGV[6..7] follow, the scheduler's (see
+-- Flag on: KEYS[9..11] and ARGV[6..8] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: 1 expired, 0 nothing to expire (gone, in flight, or not yet due).
 --@include meta

@@ -17,7 +17,7 @@
 -- ARGV[5] -> priority step (ms)
 -- ARGV[6] -> queue member
 -- ARGV[7] -> wake channel ("" to not publish)
--- Flag on: KEYS[10..12] and ARGV[8..9] follow, the scheduler's (see
+-- Flag on: KEYS[10..12] and ARGV[8..10] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: 1 redriven, 2 already live (queued or in flight: a retried
 -- redrive whose first call went through finds it so).

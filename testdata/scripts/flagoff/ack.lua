@@ -10,7 +10,7 @@
 -- ARGV[3] -> run member
 -- ARGV[4] -> delivery token of the holder
 -- ARGV[5] -> now (ms)
--- Flag on: KEYS[6..8] and ARGV[6..7] follow, the scheduler's (see
+-- Flag on: KEYS[6..8] and ARGV[6..8] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: 1 acked, 0 the run no longer exists (acked before: a retried
 -- ack whose first call went through finds it so).

@@ -26,7 +26,7 @@
 -- ARGV[9] -> 1 to dead-letter now
 -- ARGV[10] -> queue member
 -- ARGV[11] -> wake channel ("" to not publish)
--- Flag on: KEYS[14..16] and ARGV[12..13] follow, the scheduler's (see
+-- Flag on: KEYS[14..16] and ARGV[12..14] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A retried
 -- call of a holder whose first call went through (the run is no longer in

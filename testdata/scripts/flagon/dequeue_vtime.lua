@@ -57,6 +57,8 @@ end
 --   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
 --   ARGV[own_args+1] -> scheduler state TTL (ms)
 --   ARGV[own_args+2] -> idle set cap
+--   ARGV[own_args+3] -> 1 when the queue has a per-key limit (a freed slot
+--                       may return a gated variant), else 0
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
@@ -69,7 +71,8 @@ end
 -- state HASH: v (clock V, units), e (epoch), l (previous newcomer's tag,
 --   absent when none), c (discovery cursor), s (next registration number),
 --   x (refresh deadline, ms), gk (gating limit), gs (gated variants left to
---   return), nw (weight overrides, -1 unknown); and per registered variant
+--   return), gp (the gated probe's rank), ng (gated variants), nw (weight
+--   overrides, -1 unknown); and per registered variant
 --   member: its 8-character seq code, then "g" when gated, then "|r" when
 --   its stride remainder r is not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
@@ -111,43 +114,45 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
+local SCHED_FIELDS = { 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'gp', 'ng', 'nw' }
+
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
 -- under tags that outlived it.
 local function sched_state(S)
   if S.st then return S.st end
-  local r = redis.call('HMGET', S.h, 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'nw')
+  local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gs = 0, gp = 0, ng = 0, nw = -1 }
   if not r[1] then
     redis.call('DEL', S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
-    S.st = { v = 0, e = 0, l = nil, c = 0, s = 1, x = 0, gk = 0, gs = 0, nw = -1 }
     S.fresh = true
   else
-    S.st = { v = tonumber(r[1]), e = tonumber(r[2]), l = tonumber(r[3]), c = tonumber(r[4]),
-             s = tonumber(r[5]), x = tonumber(r[6]), gk = tonumber(r[7]), gs = tonumber(r[8]),
-             nw = tonumber(r[9]) }
+    for i, f in ipairs(SCHED_FIELDS) do
+      if r[i] then st[f] = tonumber(r[i]) end
+    end
   end
-  return S.st
+  S.st, S.was = st, {}
+  for _, f in ipairs(SCHED_FIELDS) do S.was[f] = st[f] end
+  return st
 end
 
--- Write the scalars back and refresh the lifetime of both keys together
--- when half of it is gone (or the state is new).
+-- Write the scalars that changed, and refresh the lifetime of both keys
+-- together when half of it is gone (or the state is new). A call that
+-- changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
-  local args = { 'v', sched_fmt(st.v), 'e', sched_fmt(st.e), 'c', sched_fmt(st.c), 's', sched_fmt(st.s),
-                 'gk', sched_fmt(st.gk), 'gs', sched_fmt(st.gs), 'nw', sched_fmt(st.nw) }
-  if st.l ~= nil then
-    args[#args + 1] = 'l'
-    args[#args + 1] = sched_fmt(st.l)
-  end
   local refresh = S.fresh or st.x - S.now < S.ttl / 2
-  if refresh then
-    st.x = S.now + S.ttl
+  if refresh then st.x = S.now + S.ttl end
+  local args = {}
+  for _, f in ipairs(SCHED_FIELDS) do
+    if st[f] ~= nil and (S.fresh or st[f] ~= S.was[f]) then
+      args[#args + 1] = f
+      args[#args + 1] = sched_fmt(st[f])
+    end
   end
-  args[#args + 1] = 'x'
-  args[#args + 1] = sched_fmt(st.x)
-  redis.call('HSET', S.h, unpack(args))
+  if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
   if refresh then
     redis.call('PEXPIRE', S.z, S.ttl)
     redis.call('PEXPIRE', S.h, S.ttl)
@@ -217,7 +222,10 @@ local function sched_drained(S, vm)
   local st = sched_state(S)
   local rg = sched_parse(hv)
   local u = num(redis.call('ZSCORE', S.z, rg.code .. vm))
-  if rg.gated then u = u - SCHED.G end
+  if rg.gated then
+    u = u - SCHED.G
+    st.ng = st.ng - 1
+  end
   redis.call('ZREM', S.z, rg.code .. vm)
   redis.call('HDEL', S.h, vm)
   if u > st.v then
@@ -239,6 +247,7 @@ local function sched_released(S, vm)
   if u < st.v then u, r = st.v, 0 end
   redis.call('ZADD', S.z, sched_fmt(u), member)
   redis.call('HSET', S.h, vm, sched_value(rg.code, false, r))
+  st.ng = st.ng - 1
 end
 
 -- Milli-weight of a weight string (round half up, clamped to 1..10^6).
@@ -274,18 +283,23 @@ local function sched_hmget(h, fields)
   return out
 end
 
--- The hooks of the scripts that move runs (see hooks_vtime).
-local function sched_hooks(S)
+-- The hooks of the scripts that move runs (see hooks_vtime). Without a
+-- per-key limit a freed slot returns nothing (gated variants of an earlier
+-- limit come back through the dequeue's sweep), which spares a read.
+local function sched_hooks(S, key_limited)
+  local nop = function() end
+  local released = nop
+  if key_limited then released = function(vm) sched_released(S, vm) end end
   return {
     ready_start = function(vm) sched_register(S, vm, false) end,
     ready_empty = function(vm) sched_drained(S, vm) end,
-    released = function(vm) sched_released(S, vm) end,
+    released = released,
     finish = function() sched_save(S) end,
   }
 end
 local function hooks_open(keys, args, own_keys, own_args, now)
   return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                                args[own_args + 1], args[own_args + 2], now))
+                                args[own_args + 1], args[own_args + 2], now), args[own_args + 3] == '1')
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
@@ -579,7 +593,7 @@ local wm = tonumber(ARGV[OWN_ARGS + 3])
 local G = SCHED.G
 
 -- promote: due delayed runs become ready; their variants register.
-dq_promote(dq, sched_hooks(S))
+dq_promote(dq, sched_hooks(S, false))
 local st = sched_state(S)
 
 -- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
@@ -597,7 +611,7 @@ end
 -- under the lower one return, lowest tags first, UNGATE_CHUNK per call.
 local kl = dq.key_limit
 if st.gs == 0 and st.gk > 0 and (kl == 0 or kl > st.gk) then
-  st.gs = redis.call('ZCOUNT', S.z, SCHED.GS, '+inf')
+  st.gs = st.ng
   st.gk = kl
 end
 if st.gs > 0 then
@@ -621,13 +635,41 @@ if st.gs > 0 then
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.gs = st.gs - n
+  st.ng = st.ng - n
   if #raw / 2 <= k then st.gs = 0 end
 end
 
+-- ungate, probe: one gated variant at a rotating rank returns if it is
+-- below its limit (a flag-off instance freed its slot without saying). One
+-- look per call: a call costs the same whatever the number of gated keys.
+do
+  local raw = {}
+  if st.ng > 0 then raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1) end
+  if #raw == 0 then
+    st.gp = 0
+  else
+    local vm = string.sub(raw[1], 9)
+    if dq_at_limit(dq, vm) then
+      st.gp = st.gp + 1
+    else
+      local hv = redis.call('HGET', S.h, vm)
+      local r = 0
+      if hv then r = sched_parse(hv).r end
+      local u = num(raw[2]) - G
+      if u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), raw[1])
+      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
 -- discover: scan variants of ckIndex at the rotating cursor; untagged ones
--- register (at V or their parked tag), gated ones below their limit return.
+-- register (at V or their parked tag).
+local index_empty
 do
   local raw = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
+  index_empty = st.c == 0 and #raw == 0
   local list = {}
   for i = 1, math.min(#raw, dq.scan) do list[i] = raw[i] end
   local hvs = sched_hmget(S.h, list)
@@ -639,16 +681,6 @@ do
       zargs[#zargs + 1] = code .. vm
       hargs[#hargs + 1] = vm
       hargs[#hargs + 1] = code
-    else
-      local rg = sched_parse(hvs[i])
-      if rg.gated and not dq_at_limit(dq, vm) then
-        local u, r = num(redis.call('ZSCORE', S.z, rg.code .. vm)) - G, rg.r
-        if u < st.v then u, r = st.v, 0 end
-        zargs[#zargs + 1] = sched_fmt(u)
-        zargs[#zargs + 1] = rg.code .. vm
-        hargs[#hargs + 1] = vm
-        hargs[#hargs + 1] = sched_value(rg.code, false, r)
-      end
     end
   end
   sched_chunked('ZADD', S.z, zargs, 2)
@@ -720,6 +752,7 @@ local parked = {}
 local function gate(e)
   e.gated = true
   st.gk = kl
+  st.ng = st.ng + 1
   touch(e)
 end
 
@@ -750,39 +783,26 @@ local function pick()
   end
 end
 
--- serve, age head (once, when pass 1 runs dry): the first scan variants of
--- ckIndex as it stood when serving began (nothing writes it before
--- dq_finish) that still have a ready run: untagged ones register at V or
--- their parked tag, gated ones below their limit return.
+-- serve, age head (once, when pass 1 runs dry): the untagged variants
+-- among the first scan of ckIndex as it stood when serving began (nothing
+-- writes it before dq_finish) that still have a ready run register at V or
+-- their parked tag. Registered ones are left alone (gated ones too: the
+-- probe looks after them), so an all-gated queue costs the same whatever
+-- the number of its keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
   for _, vm in ipairs(list) do
     if ent[vm] == nil then need[#need + 1] = vm end
   end
-  local hv = {}
   local vals = sched_hmget(S.h, need)
-  for i, vm in ipairs(need) do hv[vm] = vals[i] end
-  for _, vm in ipairs(list) do
-    if ent[vm] == nil and dq_head(dq, vm) ~= nil then
-      if hv[vm] then
-        local rg = sched_parse(hv[vm])
-        if rg.gated and not dq_at_limit(dq, vm) then
-          local member = rg.code .. vm
-          local e = { vm = vm, member = member, code = rg.code,
-                      u = num(redis.call('ZSCORE', S.z, member)) - G, r = rg.r, was_gated = true }
-          if e.u < st.v then e.u, e.r = st.v, 0 end
-          ent[vm] = e
-          touch(e)
-          w_insert(e)
-        end
-      else
-        local u, code = sched_admit(S, st, vm, true, nil)
-        local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
-        ent[vm] = e
-        touch(e)
-        w_insert(e)
-      end
+  for i, vm in ipairs(need) do
+    if not vals[i] and dq_head(dq, vm) ~= nil then
+      local u, code = sched_admit(S, st, vm, true, nil)
+      local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+      ent[vm] = e
+      touch(e)
+      w_insert(e)
     end
   end
 end
@@ -835,7 +855,7 @@ local function serve_one(e)
 end
 
 w_extend()
-local age_done = false
+local age_done = index_empty -- nothing for the age head to read
 while #dq.served < dq.cap do
   local e = pick()
   if e == nil and not age_done then

@@ -22,7 +22,7 @@
 -- ARGV[11] -> maximum queued runs in the queue, 0 for no limit
 -- ARGV[12] -> maximum queued runs in the variant, 0 for no limit
 -- ARGV[13] -> wake channel ("" to not publish)
--- Flag on: KEYS[9..11] and ARGV[14..15] follow, the scheduler's (see
+-- Flag on: KEYS[9..11] and ARGV[14..16] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: 1 queued, 0 already queued with the same body (no-op).
 -- Errors: RQ_CONFLICT (same id, other body), RQ_QUEUE_FULL, RQ_KEY_FULL.
@@ -84,6 +84,8 @@ local wake = ARGV[13]
 --   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
 --   ARGV[own_args+1] -> scheduler state TTL (ms)
 --   ARGV[own_args+2] -> idle set cap
+--   ARGV[own_args+3] -> 1 when the queue has a per-key limit (a freed slot
+--                       may return a gated variant), else 0
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
@@ -96,7 +98,8 @@ local wake = ARGV[13]
 -- state HASH: v (clock V, units), e (epoch), l (previous newcomer's tag,
 --   absent when none), c (discovery cursor), s (next registration number),
 --   x (refresh deadline, ms), gk (gating limit), gs (gated variants left to
---   return), nw (weight overrides, -1 unknown); and per registered variant
+--   return), gp (the gated probe's rank), ng (gated variants), nw (weight
+--   overrides, -1 unknown); and per registered variant
 --   member: its 8-character seq code, then "g" when gated, then "|r" when
 --   its stride remainder r is not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
@@ -138,43 +141,45 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
+local SCHED_FIELDS = { 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'gp', 'ng', 'nw' }
+
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
 -- under tags that outlived it.
 local function sched_state(S)
   if S.st then return S.st end
-  local r = redis.call('HMGET', S.h, 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'nw')
+  local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gs = 0, gp = 0, ng = 0, nw = -1 }
   if not r[1] then
     redis.call('DEL', S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
-    S.st = { v = 0, e = 0, l = nil, c = 0, s = 1, x = 0, gk = 0, gs = 0, nw = -1 }
     S.fresh = true
   else
-    S.st = { v = tonumber(r[1]), e = tonumber(r[2]), l = tonumber(r[3]), c = tonumber(r[4]),
-             s = tonumber(r[5]), x = tonumber(r[6]), gk = tonumber(r[7]), gs = tonumber(r[8]),
-             nw = tonumber(r[9]) }
+    for i, f in ipairs(SCHED_FIELDS) do
+      if r[i] then st[f] = tonumber(r[i]) end
+    end
   end
-  return S.st
+  S.st, S.was = st, {}
+  for _, f in ipairs(SCHED_FIELDS) do S.was[f] = st[f] end
+  return st
 end
 
--- Write the scalars back and refresh the lifetime of both keys together
--- when half of it is gone (or the state is new).
+-- Write the scalars that changed, and refresh the lifetime of both keys
+-- together when half of it is gone (or the state is new). A call that
+-- changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
-  local args = { 'v', sched_fmt(st.v), 'e', sched_fmt(st.e), 'c', sched_fmt(st.c), 's', sched_fmt(st.s),
-                 'gk', sched_fmt(st.gk), 'gs', sched_fmt(st.gs), 'nw', sched_fmt(st.nw) }
-  if st.l ~= nil then
-    args[#args + 1] = 'l'
-    args[#args + 1] = sched_fmt(st.l)
-  end
   local refresh = S.fresh or st.x - S.now < S.ttl / 2
-  if refresh then
-    st.x = S.now + S.ttl
+  if refresh then st.x = S.now + S.ttl end
+  local args = {}
+  for _, f in ipairs(SCHED_FIELDS) do
+    if st[f] ~= nil and (S.fresh or st[f] ~= S.was[f]) then
+      args[#args + 1] = f
+      args[#args + 1] = sched_fmt(st[f])
+    end
   end
-  args[#args + 1] = 'x'
-  args[#args + 1] = sched_fmt(st.x)
-  redis.call('HSET', S.h, unpack(args))
+  if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
   if refresh then
     redis.call('PEXPIRE', S.z, S.ttl)
     redis.call('PEXPIRE', S.h, S.ttl)
@@ -244,7 +249,10 @@ local function sched_drained(S, vm)
   local st = sched_state(S)
   local rg = sched_parse(hv)
   local u = num(redis.call('ZSCORE', S.z, rg.code .. vm))
-  if rg.gated then u = u - SCHED.G end
+  if rg.gated then
+    u = u - SCHED.G
+    st.ng = st.ng - 1
+  end
   redis.call('ZREM', S.z, rg.code .. vm)
   redis.call('HDEL', S.h, vm)
   if u > st.v then
@@ -266,6 +274,7 @@ local function sched_released(S, vm)
   if u < st.v then u, r = st.v, 0 end
   redis.call('ZADD', S.z, sched_fmt(u), member)
   redis.call('HSET', S.h, vm, sched_value(rg.code, false, r))
+  st.ng = st.ng - 1
 end
 
 -- Milli-weight of a weight string (round half up, clamped to 1..10^6).
@@ -301,18 +310,23 @@ local function sched_hmget(h, fields)
   return out
 end
 
--- The hooks of the scripts that move runs (see hooks_vtime).
-local function sched_hooks(S)
+-- The hooks of the scripts that move runs (see hooks_vtime). Without a
+-- per-key limit a freed slot returns nothing (gated variants of an earlier
+-- limit come back through the dequeue's sweep), which spares a read.
+local function sched_hooks(S, key_limited)
+  local nop = function() end
+  local released = nop
+  if key_limited then released = function(vm) sched_released(S, vm) end end
   return {
     ready_start = function(vm) sched_register(S, vm, false) end,
     ready_empty = function(vm) sched_drained(S, vm) end,
-    released = function(vm) sched_released(S, vm) end,
+    released = released,
     finish = function() sched_save(S) end,
   }
 end
 local function hooks_open(keys, args, own_keys, own_args, now)
   return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                                args[own_args + 1], args[own_args + 2], now))
+                                args[own_args + 1], args[own_args + 2], now), args[own_args + 3] == '1')
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).

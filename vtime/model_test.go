@@ -10,6 +10,12 @@ import (
 	"github.com/runqueue/runqueue/keys"
 )
 
+// tb is what the helpers need of a *testing.T or a *rapid.T.
+type tb interface {
+	require.TestingT
+	Helper()
+}
+
 // U is one serve at weight 1 in units, typed for arithmetic on tags.
 const U = int64(Unit)
 
@@ -26,7 +32,7 @@ func regOf(m *Model, key string) (Reg, bool) {
 }
 
 // mustReg returns key's registration and fails when it has none.
-func mustReg(t testing.TB, m *Model, key string) Reg {
+func mustReg(t tb, m *Model, key string) Reg {
 	t.Helper()
 	r, ok := regOf(m, key)
 	require.True(t, ok, "%q is not registered", key)
@@ -51,7 +57,7 @@ func servedKeys(s []Served) []string {
 
 // add enqueues n runs of key available at at (ready when at <= now), with
 // fresh ids, and returns the ids.
-func add(t testing.TB, m *Model, key string, n int, at, now int64) []string {
+func add(t tb, m *Model, key string, n int, at, now int64) []string {
 	t.Helper()
 	var ids []string
 	for i := 0; i < n; i++ {
@@ -68,7 +74,7 @@ func add(t testing.TB, m *Model, key string, n int, at, now int64) []string {
 	return ids
 }
 
-func decode(t testing.TB, enc string) string {
+func decode(t tb, enc string) string {
 	t.Helper()
 	id, err := keys.DecodeSegment(enc)
 	require.NoError(t, err)
@@ -76,7 +82,7 @@ func decode(t testing.TB, enc string) string {
 }
 
 // ackAll acks the runs a dequeue served.
-func ackAll(t testing.TB, m *Model, served []Served) {
+func ackAll(t tb, m *Model, served []Served) {
 	t.Helper()
 	for _, s := range served {
 		require.NoError(t, m.Ack(decode(t, s.ID)))
@@ -84,7 +90,7 @@ func ackAll(t testing.TB, m *Model, served []Served) {
 }
 
 // deqAck dequeues maxCount at now and acks what it served.
-func deqAck(t testing.TB, m *Model, maxCount int, now int64) []string {
+func deqAck(t tb, m *Model, maxCount int, now int64) []string {
 	t.Helper()
 	out := m.Dequeue(maxCount, now)
 	ackAll(t, m, out)
@@ -102,7 +108,7 @@ func flagOffEnqueue(m *Model, id, key string, at int64) {
 // flagOffServe delivers key's ready head the way a flag-off dequeue does:
 // in flight, without touching the scheduler state (a drain leaves a stale
 // registration). It returns the decoded id.
-func flagOffServe(t testing.TB, m *Model, key string) string {
+func flagOffServe(t tb, m *Model, key string) string {
 	t.Helper()
 	v := vm(key)
 	h, ok := head(m.ready[v])
@@ -118,7 +124,7 @@ func flagOffServe(t testing.TB, m *Model, key string) string {
 
 // flagOffAck completes an in-flight run without the release hook (a
 // flag-off ack): the slot frees, a gated variant stays gated.
-func flagOffAck(t testing.TB, m *Model, id string) {
+func flagOffAck(t tb, m *Model, id string) {
 	t.Helper()
 	r, err := m.held(id)
 	require.NoError(t, err)
@@ -1114,7 +1120,7 @@ func TestRebase(t *testing.T) {
 			}
 		}
 		lastV, lastF := logical(edge), edge.V()
-		for i := 0; i < 4000; i++ {
+		for i := 0; i < 2500; i++ {
 			hBefore, hadH := regOf(edge, "h")
 			hLogical, vLogical := edge.epoch*RebaseBy+hBefore.U, logical(edge)
 			got, want := deqAck(t, edge, 1, 0), deqAck(t, ref, 1, 0)

@@ -220,3 +220,50 @@ func TestBugSameCallRegistrationsOrderedByName(t *testing.T) {
 	out := m.Dequeue(1, 5)
 	require.Equal(t, []string{"b"}, servedKeys(out), "registration order decided by name")
 }
+
+// Gating: a gated variant whose slot a flag-off instance freed returns
+// "when the probe ... finds it below its limit (within gated+1 calls)". The
+// probe's position is a rank among the gated variants: releases below the
+// target move it under the probe, and a probe past the end of a shrunk list
+// spends its call resetting. Here at most 3 variants are gated at any time
+// and k2, freed before call 5, returns at call 10 (6 calls).
+func TestBugProbeMissesItsBound(t *testing.T) {
+	t.Parallel()
+	m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 1})
+	for _, k := range []string{"k0", "k1", "k2"} {
+		add(t, m, k, 6, 0, 0)
+	}
+	ack := func(key string) {
+		for id, r := range m.runs {
+			if r.key == key && r.state == InFlight {
+				require.NoError(t, m.Ack(decode(t, id)))
+				return
+			}
+		}
+		t.Fatalf("%s has no run in flight", key)
+	}
+	call := func(want ...string) {
+		t.Helper()
+		if want == nil {
+			want = []string{}
+		}
+		require.Equal(t, want, servedKeys(m.Dequeue(2, 0)))
+		require.LessOrEqual(t, gatedCount(m), 3)
+	}
+	call("k0", "k1") // 1
+	call("k2")       // 2: the probe looks at rank 0 (k0)
+	call()           // 3: rank 1 (k1)
+	call()           // 4: rank 2 (k2, at its limit)
+	for id, r := range m.runs {
+		if r.key == "k2" && r.state == InFlight {
+			flagOffAck(t, m, decode(t, id)) // k2's slot freed, k2 still gated
+		}
+	}
+	call() // 5: rank 3 past the end: reset, no look
+	ack("k0")
+	call("k0") // 6: gated k1, k2: rank 0 (k1); k0 served and gated (after k2)
+	ack("k1")
+	call("k1") // 7: gated k2, k0: rank 1 (k0): k2 moved under the probe
+	call()     // 8: gated k2, k0, k1: rank 2 (k1)
+	require.False(t, mustReg(t, m, "k2").Gated, "k2 still gated 4 calls after its slot freed, with at most 3 gated")
+}

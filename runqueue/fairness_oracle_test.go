@@ -193,3 +193,6 @@ func TestFairnessScenarioEqualCountsFlip(t *testing.T)  { checkLuaScenario(t, "E
 func TestFairnessScenarioGatedWindow(t *testing.T)      { checkLuaScenario(t, "GatedWindow") }
 func TestFairnessScenarioOutagePastTTL(t *testing.T)    { checkLuaScenario(t, "OutagePastTTL") }
 func TestFairnessScenarioStaleCleanup10k(t *testing.T)  { checkLuaScenario(t, "StaleCleanup10k") }
+func TestFairnessScenarioExpiredChainSurvivor(t *testing.T) {
+	checkLuaScenario(t, "ExpiredChainSurvivor")
+}

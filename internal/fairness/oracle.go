@@ -539,6 +539,16 @@ func (o *Oracle) serve(s Served) {
 	o.serveKey = append(o.serveKey, s.Key)
 	o.serveW1 = append(o.serveW1, o.flagOn && k.weight == 1)
 	r, ok := o.runs[s.ID]
+	if ok && r.state == stDelayed && r.key == s.Key {
+		if r.at > o.now {
+			o.emit(Event{Kind: EvError, Text: fmt.Sprintf("run %s served %v before it was due", s.ID, r.at-o.now)})
+			return
+		}
+		// Due, and promoted where the oracle did not expect it: take the
+		// backend's word for it.
+		o.unDelay(r)
+		o.gainReady(r)
+	}
 	if !ok || r.state != stReady || r.key != s.Key {
 		return // the lifecycle check reports it; the oracle keeps its books
 	}

@@ -81,3 +81,6 @@ func checkModelScenario(t *testing.T, name string) {
 func TestModelScenarioExpiredNewcomers(t *testing.T) { checkModelScenario(t, "ExpiredNewcomers") }
 func TestModelScenarioAdversarialNames(t *testing.T) { checkModelScenario(t, "AdversarialNames") }
 func TestModelScenarioGatedWindow(t *testing.T)      { checkModelScenario(t, "GatedWindow") }
+func TestModelScenarioExpiredChainSurvivor(t *testing.T) {
+	checkModelScenario(t, "ExpiredChainSurvivor")
+}

@@ -209,4 +209,29 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "ExpiredChainSurvivor", Run: func(o *Oracle) error {
+		// As ExpiredNewcomers, but one newcomer (c) registers behind the
+		// chain of one-run keys and survives them: when they expire, c
+		// keeps the tag the chain gave it, and an honest key arriving
+		// next must not queue behind that tag (newcomer check: P counts
+		// only c, so h is served before a or b gets more than 4 serves).
+		s := &script{o: o}
+		for _, k := range []string{"a", "b"} {
+			s.enq(k, 4, 0)
+		}
+		s.deq(2, false)
+		for i := 0; i < 15; i++ {
+			s.enq(fmt.Sprintf("u%d", i), 1, time.Second)
+		}
+		s.enq("c", 1, 0)
+		s.do(o.Advance(2 * time.Second))
+		s.do(o.SweepTTL())
+		s.enq("h", 1, 0)
+		for i := 0; i < 40 && s.err == nil; i++ {
+			s.topUp("a", 2)
+			s.topUp("b", 2)
+			s.deq(1, false)
+		}
+		return s.err
+	}},
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runqueue/runqueue/internal/scenario"
@@ -36,7 +37,7 @@ type ScenarioResult struct {
 	light bool // the scenario names light keys
 }
 
-// VerdictRow is one threshold of DESIGN section 8 on one scenario.
+// VerdictRow is one threshold of docs/design.md section 8 on one scenario.
 type VerdictRow struct {
 	Scenario string `json:"scenario"`
 	scenario.Verdict
@@ -46,6 +47,42 @@ type VerdictRow struct {
 type scenarioPair struct {
 	c       scenario.Case
 	off, on *scenario.Result
+}
+
+// runnable drops the cases that cannot run on the backend (real-Redis-only
+// scenarios on miniredis) and says why in the report's notes.
+func runnable(cases []scenario.Case, b scenario.Backend, rep *Report) []scenario.Case {
+	var out []scenario.Case
+	for _, c := range cases {
+		if why := c.Spec.SkipReason(b); why != "" {
+			rep.Notes = append(rep.Notes, "scenario skipped: "+why+" (run with -redis)")
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// runOne runs one arm of a scenario under prefix p. On miniredis a scenario
+// that lets server time pass (Spec.StateTTL) gets a miniredis of its own to
+// fast-forward, so that the scenarios running beside it keep their clock.
+func runOne(ctx context.Context, c *redis.Client, ks *keyspace, mini bool, spec scenario.Spec, on bool) (*scenario.Result, error) {
+	if mini && spec.StateTTL > 0 {
+		m, err := miniredis.Run()
+		if err != nil {
+			return nil, fmt.Errorf("starting miniredis: %w", err)
+		}
+		defer m.Close()
+		own := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		defer func() { _ = own.Close() }()
+		return scenario.RunOn(ctx, own, scenario.Backend{Mini: true, Elapse: m.FastForward}, "bench", on, spec)
+	}
+	p := ks.prefix()
+	res, err := scenario.RunOn(ctx, c, scenario.Backend{Mini: mini}, p, on, spec)
+	if err == nil {
+		err = ks.cleanup(ctx, p)
+	}
+	return res, err
 }
 
 // selectCases returns the suite's cases named in names (all when empty).
@@ -77,6 +114,8 @@ func runScenarios(ctx context.Context, c *redis.Client, ks *keyspace, opts Optio
 	if err != nil {
 		return err
 	}
+	mini := rep.Backend == "miniredis"
+	cases = runnable(cases, scenario.Backend{Mini: mini}, rep)
 	pairs := make([]scenarioPair, len(cases))
 	type job struct {
 		i  int
@@ -92,11 +131,7 @@ func runScenarios(ctx context.Context, c *redis.Client, ks *keyspace, opts Optio
 	for range max(1, runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for j := range jobs {
-				p := ks.prefix()
-				res, err := scenario.Run(ctx, c, p, j.on, cases[j.i].Spec)
-				if err == nil {
-					err = ks.cleanup(ctx, p)
-				}
+				res, err := runOne(ctx, c, ks, mini, cases[j.i].Spec, j.on)
 				mu.Lock()
 				finished++
 				prog.printf("scenarios %d/%d done: %s, flag %s", finished, total, cases[j.i].Spec.Name, flagName(j.on))

@@ -1,13 +1,17 @@
-// Package scenario is the deterministic step harness of DESIGN section 8:
-// every run is enqueued with an explicit available_at on a fixed fake clock,
-// then each step is one dequeue call of one base queue followed by the acks
-// of the runs whose hold elapsed. There is no wall clock and no randomness,
-// so a scenario gives the same numbers on every run and every backend. The
-// tests assert the thresholds; the bench prints the numbers.
+// Package scenario is the deterministic step harness of docs/design.md
+// section 8: every run is enqueued with an explicit available_at on a fake
+// clock, then each step is one dequeue call of one base queue followed by
+// the acks of the runs whose hold elapsed. The fake clock moves only when a
+// scenario says so (H.Advance, H.Elapse). There is no wall clock and no
+// randomness, so a scenario gives the same numbers on every run and every
+// backend; the one exception is H.Elapse on a real Redis, which sleeps so
+// that the server's key TTLs run out (see Spec.StateTTL). The tests assert
+// the thresholds; the bench prints the numbers.
 package scenario
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -32,6 +36,10 @@ type Spec struct {
 	// runs until every run is served (bounded by MaxSteps).
 	Steps    int
 	MaxSteps int // default 5000
+	// Until, when set, is asked at the end of every step: true ends the
+	// scenario there, before Steps or the drain (the figure it measures is
+	// known; the rest of the run would only cost time).
+	Until func(h *H) bool
 	// Light names the keys whose waits are reported as light waits.
 	Light []string
 	// Setup enqueues the initial runs (before step 0).
@@ -46,6 +54,58 @@ type Spec struct {
 	Mixed bool
 	// Weights set before Setup (applied with the flag on only).
 	Weights map[string]float64
+
+	// StateTTL, when set, is Config.StateTTL and lets the scenario pass
+	// server time with H.Elapse. On a server that keeps the wall clock
+	// (Backend.Elapse nil: a real Redis) the queue runs with a StateTTL of
+	// RealStateTTL instead, and H.Elapse sleeps d scaled by RealStateTTL /
+	// StateTTL, so the scheduler state ages in the same proportion.
+	StateTTL time.Duration
+	// WatchV samples the scheduler's clock V and whether any scheduler
+	// state exists (both through Schedule) after Setup, at the end of every
+	// step and after every H.Elapse and H.ExpireTTL. Result.Extra[ExtraVDrop]
+	// is the largest decrease of V between two samples taken while state
+	// existed.
+	WatchV bool
+	// CountErrors: a dequeue call that fails is counted
+	// (Result.Extra[ExtraFailedCalls], Result.FirstError) and the scenario
+	// goes on, instead of ending the run with the error.
+	CountErrors bool
+	// RealRedisOnly: the scenario shows a limit that only a real Redis
+	// enforces; SkipReason reports it on miniredis.
+	RealRedisOnly bool
+}
+
+// RealStateTTL is Config.StateTTL of a scenario with Spec.StateTTL set that
+// runs on a real Redis (Backend.Elapse nil).
+const RealStateTTL = 2 * time.Second
+
+// Names of Result.Extra figures the harness records.
+const (
+	ExtraVDrop       = "V drop"
+	ExtraFailedCalls = "failed calls"
+)
+
+// Backend tells the harness what it may do to the server besides running
+// the queue. The zero value is a real Redis.
+type Backend struct {
+	// Mini is true for an embedded miniredis.
+	Mini bool
+	// Elapse moves the server's clock on by d, so that keys with a Redis
+	// TTL age by d (miniredis's FastForward). nil: the server keeps the wall
+	// clock, and H.Elapse sleeps (see Spec.StateTTL). A miniredis needs it
+	// for a scenario with Spec.StateTTL set. A server shared by scenarios
+	// that run at the same time must not be fast-forwarded: give such a
+	// scenario a server of its own.
+	Elapse func(d time.Duration)
+}
+
+// SkipReason is why spec cannot run on b, or "" when it can.
+func (s *Spec) SkipReason(b Backend) string {
+	if s.RealRedisOnly && b.Mini {
+		return s.Name + " runs on a real Redis only: miniredis does not enforce the Lua limits it checks"
+	}
+	return ""
 }
 
 // Serve is one served run.
@@ -78,8 +138,12 @@ type Result struct {
 	FirstServe map[string]int `json:"first_serve"`
 	// Extra holds scenario-specific figures.
 	Extra map[string]float64 `json:"extra,omitempty"`
+	// FirstError is the first failed dequeue call (Spec.CountErrors).
+	FirstError string `json:"first_error,omitempty"`
 	// Serves is the serve log in order.
 	Serves []Serve `json:"-"`
+	// Arrival is the order in which keys were first enqueued (0 first).
+	Arrival map[string]int `json:"-"`
 }
 
 // H is the harness a scenario's hooks drive.
@@ -92,28 +156,54 @@ type H struct {
 	Raw   redis.UniversalClient
 
 	spec     *Spec
+	backend  Backend
 	on, off  *runqueue.Queue
 	clock    *clock
-	arm      bool // flag-on arm
+	arm      bool  // flag-on arm
+	phase    *bool // SetFlag: the flag of the current phase (nil: none set)
 	step     int
 	queued   map[string]int // key -> queued runs
-	ready    map[string]int // key -> queued runs available at the fixed now
+	ready    map[string]int // key -> queued runs available when enqueued
+	added    map[string]int // key -> runs ever enqueued
+	arrival  map[string]int // key -> order of its first enqueue
+	ttl      map[string]ttlRun
 	runKey   map[string]string
 	nextID   int
 	enqueued int
+	res      *Result
+
+	// WatchV state: the last sample's V while state existed.
+	vPrev float64
+	vHas  bool
+	vDrop float64
+}
+
+// ttlRun is a queued run enqueued with a TTL.
+type ttlRun struct {
+	key      string
+	deadline time.Time
+	ready    bool
 }
 
 type clock struct{ t time.Time }
 
 func (c *clock) Now() time.Time { return c.t }
 
-// Now is the harness's fixed time.
+// Now is the harness's time: fixed unless Advance or Elapse moves it.
 func (h *H) Now() time.Time { return h.clock.t }
+
+// SetFlag starts a phase: from now on, in the flag-on arm, the instance with
+// the scheduler flag on (true) or off (false) enqueues, serves, acks and
+// sweeps, whatever Flip and Mixed say. The flag-off arm keeps the flag off.
+func (h *H) SetFlag(on bool) { h.phase = &on }
 
 // enqueuer picks the instance that enqueues now.
 func (h *H) enqueuer() *runqueue.Queue {
 	if !h.arm {
 		return h.off
+	}
+	if h.phase != nil {
+		return h.pick(*h.phase)
 	}
 	if h.step < 0 && h.flip() {
 		return h.off
@@ -128,10 +218,20 @@ func (h *H) server() *runqueue.Queue {
 	if !h.arm {
 		return h.off
 	}
+	if h.phase != nil {
+		return h.pick(*h.phase)
+	}
 	if h.mixed() && h.step%2 == 1 {
 		return h.off
 	}
 	return h.on
+}
+
+func (h *H) pick(on bool) *runqueue.Queue {
+	if on {
+		return h.on
+	}
+	return h.off
 }
 
 func (h *H) flip() bool  { return h.spec.Flip }
@@ -139,23 +239,46 @@ func (h *H) mixed() bool { return h.spec.Mixed }
 
 // Add enqueues n runs of key, run k available at T0 + at(k).
 func (h *H) Add(key string, n int, at func(k int) time.Duration) error {
+	return h.AddTTL(key, n, 0, at)
+}
+
+// AddTTL is Add with a TTL (0: none): a run not served within ttl of now
+// expires at the next H.ExpireTTL after that.
+func (h *H) AddTTL(key string, n int, ttl time.Duration, at func(k int) time.Duration) error {
 	for k := 0; k < n; k++ {
 		h.nextID++
 		id := fmt.Sprintf("%s#%d", key, h.nextID)
 		when := h.T0.Add(at(k))
 		if _, err := h.enqueuer().Enqueue(h.Ctx, runqueue.EnqueueParams{
-			Env: h.Env, Queue: h.Queue, Key: key, ID: id, AvailableAt: when,
+			Env: h.Env, Queue: h.Queue, Key: key, ID: id, AvailableAt: when, TTL: ttl,
 		}); err != nil {
 			return err
 		}
 		h.runKey[id] = key
+		if _, ok := h.arrival[key]; !ok {
+			h.arrival[key] = len(h.arrival)
+		}
+		h.added[key]++
 		h.queued[key]++
-		if !when.After(h.Now()) {
+		ready := !when.After(h.Now())
+		if ready {
 			h.ready[key]++
+		}
+		if ttl > 0 {
+			h.ttl[id] = ttlRun{key: key, deadline: h.Now().Add(ttl), ready: ready}
 		}
 		h.enqueued++
 	}
 	return nil
+}
+
+// forget takes a run dequeued outside the measured steps off the books: it
+// counts neither as a serve nor as an enqueued run.
+func (h *H) forget(r *runqueue.Run) {
+	h.queued[r.Key]--
+	h.ready[r.Key]--
+	h.enqueued--
+	delete(h.ttl, r.ID)
 }
 
 // Hold dequeues up to n runs now and keeps them in flight for the whole
@@ -163,11 +286,133 @@ func (h *H) Add(key string, n int, at func(k int) time.Duration) error {
 func (h *H) Hold(n int) error {
 	runs, err := h.server().Dequeue(h.Ctx, h.Env, h.Queue, n)
 	for _, r := range runs {
-		h.queued[r.Key]--
-		h.ready[r.Key]--
-		h.enqueued--
+		h.forget(r)
 	}
 	return err
+}
+
+// Consume dequeues up to n runs now, in calls of at most 1,000, and acks
+// each at once: work done before the measured steps (they count neither as
+// serves nor as enqueued runs). It returns how many runs it took.
+func (h *H) Consume(n int) (int, error) {
+	got := 0
+	for got < n {
+		runs, err := h.server().Dequeue(h.Ctx, h.Env, h.Queue, min(n-got, 1000))
+		if err != nil {
+			return got, err
+		}
+		if len(runs) == 0 {
+			break
+		}
+		for _, r := range runs {
+			h.forget(r)
+			if err := h.server().Ack(h.Ctx, r); err != nil {
+				return got, err
+			}
+		}
+		got += len(runs)
+	}
+	return got, nil
+}
+
+// Advance moves the fake clock (what the queue sees as now) on by d. The
+// server's clock does not move: keys with a Redis TTL do not age (Elapse).
+func (h *H) Advance(d time.Duration) { h.clock.t = h.clock.t.Add(d) }
+
+// Elapse lets d pass for the queue and for the server: the fake clock moves
+// on by d, and keys with a Redis TTL (the scheduler's state) age by d, by
+// Backend.Elapse or, on a real Redis, by sleeping d scaled by RealStateTTL /
+// Spec.StateTTL. The scenario needs Spec.StateTTL.
+func (h *H) Elapse(d time.Duration) error {
+	if h.spec.StateTTL <= 0 {
+		return fmt.Errorf("scenario %s: H.Elapse needs Spec.StateTTL", h.spec.Name)
+	}
+	h.Advance(d)
+	if h.backend.Elapse != nil {
+		h.backend.Elapse(d)
+	} else {
+		t := time.NewTimer(time.Duration(float64(d) * float64(RealStateTTL) / float64(h.spec.StateTTL)))
+		select {
+		case <-t.C:
+		case <-h.Ctx.Done():
+			t.Stop()
+			return h.Ctx.Err()
+		}
+	}
+	return h.watchV()
+}
+
+// ExpireTTL runs the TTL sweep of the queue's shard now, with the instance
+// of the current phase, until nothing is due, and returns how many runs
+// expired. Every run enqueued with a TTL that is due and still queued must
+// expire: the expired runs leave the books (they count as neither serves
+// nor enqueued), and the queue's depth must then equal the runs the books
+// hold queued. (The sweep's own count can fall short: go-redis retries a
+// pipeline that timed out, and the runs the first attempt expired are gone
+// by the second.)
+func (h *H) ExpireTTL() (int, error) {
+	q := h.server()
+	for {
+		n, err := q.ExpireTTL(h.Ctx, q.ShardOf(h.Env), 100000)
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	due := 0
+	for id, t := range h.ttl {
+		if t.deadline.After(h.Now()) {
+			continue
+		}
+		due++
+		h.queued[t.key]--
+		if t.ready {
+			h.ready[t.key]--
+		}
+		h.enqueued--
+		delete(h.ttl, id)
+	}
+	st, err := q.QueueStats(h.Ctx, h.Env, h.Queue)
+	if err != nil {
+		return due, err
+	}
+	queued := 0
+	for _, n := range h.queued {
+		queued += n
+	}
+	if got := st.Ready + st.Delayed; got != int64(queued) {
+		return due, fmt.Errorf("after the TTL sweep the queue holds %d runs, want %d (%d were due)", got, queued, due)
+	}
+	return due, h.watchV()
+}
+
+// watchV takes one sample of the scheduler's clock (Spec.WatchV). It reads
+// through the public Schedule, so it does not depend on how the state is
+// stored, and it changes nothing. State exists when V is not 0 or some key
+// has a tag or a parked tag.
+func (h *H) watchV() error {
+	if !h.spec.WatchV {
+		return nil
+	}
+	s, err := h.on.Schedule(h.Ctx, h.Env, h.Queue, 1)
+	if err != nil {
+		return err
+	}
+	exists := s.V != 0
+	for _, k := range s.Keys {
+		exists = exists || k.Registered || k.HasParked
+	}
+	if !exists {
+		h.vHas = false
+		return nil
+	}
+	if h.vHas && s.V < h.vPrev {
+		h.vDrop = max(h.vDrop, h.vPrev-s.V)
+	}
+	h.vPrev, h.vHas = s.V, true
+	return nil
 }
 
 // SetTags overwrites scheduler tags of registered variants, in the flag-on
@@ -187,23 +432,49 @@ func (h *H) SetTags(tags map[string]float64) error {
 // Queued is how many runs of key wait in the queue.
 func (h *H) Queued(key string) int { return h.queued[key] }
 
+// Enqueued is how many runs of key were ever enqueued.
+func (h *H) Enqueued(key string) int { return h.added[key] }
+
+// Served is how many runs the measured steps have served so far.
+func (h *H) Served() int { return len(h.res.Serves) }
+
+// Mark records a scenario-specific figure in Result.Extra.
+func (h *H) Mark(name string, v float64) { h.res.Extra[name] = v }
+
 // Step is the current step (-1 during Setup).
 func (h *H) Step() int { return h.step }
 
-// Run runs spec on client under prefix, with the scheduler flag on or off.
+// Run runs spec on client under prefix, with the scheduler flag on or off:
+// RunOn with the zero Backend (a real Redis). A scenario that neither lets
+// server time pass nor needs a real Redis runs the same on miniredis.
 func Run(ctx context.Context, client redis.UniversalClient, prefix string, flagOn bool, spec Spec) (*Result, error) {
+	return RunOn(ctx, client, Backend{}, prefix, flagOn, spec)
+}
+
+// RunOn is Run on a backend b.
+func RunOn(ctx context.Context, client redis.UniversalClient, b Backend, prefix string, flagOn bool, spec Spec) (*Result, error) {
+	if why := spec.SkipReason(b); why != "" {
+		return nil, errors.New(why)
+	}
+	if spec.StateTTL > 0 && b.Mini && b.Elapse == nil {
+		return nil, fmt.Errorf("scenario %s lets server time pass: on miniredis Backend.Elapse must fast-forward it", spec.Name)
+	}
 	if spec.MaxCount == 0 {
 		spec.MaxCount = 10
 	}
 	if spec.MaxSteps == 0 {
 		spec.MaxSteps = 5000
 	}
+	stateTTL := spec.StateTTL
+	if stateTTL > 0 && b.Elapse == nil {
+		stateTTL = RealStateTTL
+	}
 	clk := &clock{t: time.UnixMilli(1_900_000_000_000)}
 	mk := func(on bool) (*runqueue.Queue, error) {
 		return runqueue.New(ctx, client, &runqueue.Config{
 			Prefix: prefix, Clock: clk, VtimeScheduling: on,
 			EnvConcurrency: spec.EnvLimit, KeyConcurrency: spec.KeyLimit,
-			MaxDequeueCount: 1000,
+			MaxDequeueCount: 1000, StateTTL: stateTTL,
 		})
 	}
 	off, err := mk(false)
@@ -220,9 +491,12 @@ func Run(ctx context.Context, client redis.UniversalClient, prefix string, flagO
 	if err != nil {
 		return nil, err
 	}
+	res := &Result{Name: spec.Name, Flag: map[bool]string{true: "on", false: "off"}[flagOn],
+		FirstLightServeStep: -1, AllLightFirstServeStep: -1, Extra: map[string]float64{}}
 	h := &H{Ctx: ctx, T0: clk.t.Add(-time.Hour), Env: "env", Queue: "queue", Raw: client,
-		spec: &spec, on: on, off: off, clock: clk, arm: flagOn, step: -1,
-		queued: map[string]int{}, ready: map[string]int{}, runKey: map[string]string{}}
+		spec: &spec, backend: b, on: on, off: off, clock: clk, arm: flagOn, step: -1,
+		queued: map[string]int{}, ready: map[string]int{}, runKey: map[string]string{},
+		added: map[string]int{}, arrival: map[string]int{}, ttl: map[string]ttlRun{}, res: res}
 	h.Keys = space.Env(h.Env).Queue(h.Queue)
 	if flagOn {
 		for k, w := range spec.Weights {
@@ -236,8 +510,10 @@ func Run(ctx context.Context, client redis.UniversalClient, prefix string, flagO
 			return nil, err
 		}
 	}
-	res := &Result{Name: spec.Name, Flag: map[bool]string{true: "on", false: "off"}[flagOn],
-		FirstLightServeStep: -1, AllLightFirstServeStep: -1, Extra: map[string]float64{}}
+	if err := h.watchV(); err != nil {
+		return nil, err
+	}
+	failed := 0
 	held := map[int][]*runqueue.Run{}
 	contended := map[string]int{}
 	for step := 0; ; step++ {
@@ -261,10 +537,18 @@ func Run(ctx context.Context, client redis.UniversalClient, prefix string, flagO
 		}
 		runs, err := h.server().Dequeue(ctx, h.Env, h.Queue, spec.MaxCount)
 		if err != nil {
-			return nil, fmt.Errorf("step %d: %w", step, err)
+			if !spec.CountErrors {
+				return nil, fmt.Errorf("step %d: %w", step, err)
+			}
+			if failed == 0 {
+				res.FirstError = fmt.Sprintf("step %d: %v", step, err)
+			}
+			failed++
+			runs = nil
 		}
 		for _, r := range runs {
 			res.Serves = append(res.Serves, Serve{Step: step, Key: r.Key, ID: r.ID})
+			delete(h.ttl, r.ID)
 			h.queued[r.Key]--
 			h.ready[r.Key]--
 			if active >= 2 {
@@ -281,7 +565,20 @@ func Run(ctx context.Context, client redis.UniversalClient, prefix string, flagO
 		}
 		delete(held, step)
 		res.Steps = step + 1
+		if err := h.watchV(); err != nil {
+			return nil, fmt.Errorf("step %d: %w", step, err)
+		}
+		if spec.Until != nil && spec.Until(h) {
+			break
+		}
 	}
+	if spec.WatchV {
+		res.Extra[ExtraVDrop] = h.vDrop
+	}
+	if spec.CountErrors {
+		res.Extra[ExtraFailedCalls] = float64(failed)
+	}
+	res.Arrival = h.arrival
 	res.Enqueued = h.enqueued
 	res.Served = len(res.Serves)
 	res.summarize(spec, contended)

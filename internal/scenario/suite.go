@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// Verdict is one threshold of DESIGN section 8, checked on a pair of runs.
+// Verdict is one threshold of docs/design.md section 8, checked on a pair
+// of runs.
 type Verdict struct {
 	Metric    string  `json:"metric"`
 	Value     float64 `json:"value"`
@@ -61,10 +62,10 @@ func lightKeys(prefix string, n int) []string {
 	return out
 }
 
-// Suite returns the scenarios of DESIGN section 8.
+// Suite returns the scenarios of docs/design.md section 8.
 func Suite() []Case {
 	hasPrefix := func(p string) func(string) bool { return func(k string) bool { return strings.HasPrefix(k, p) } }
-	return []Case{
+	return append([]Case{
 		{
 			Spec: Spec{Name: "skew", EnvLimit: 1, Hold: 3, Light: lightKeys("light", 4),
 				Setup: func(h *H) error {
@@ -394,7 +395,7 @@ func Suite() []Case {
 				}
 			},
 		},
-	}
+	}, defectCases()...)
 }
 
 func keysFlip() []string { return lightKeys("k", 50) }

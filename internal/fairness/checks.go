@@ -88,8 +88,11 @@ func (s *servability) w(key string) float64 {
 // or the state expired since it last had one, or its last ready run left
 // by a serve at weight 1 and at least 3A flag-on serves, all at weight 1,
 // followed, A the distinct keys they served), and be servable at once.
-// Let P be the number of other keys that registered before k, still hold
-// ready runs and were not served since they registered. Then, until k is
+// Let P be the number of other keys that registered before k (or in the
+// same lease recovery or promotion, whose order the oracle does not
+// choose), still hold ready runs and were not served since they
+// registered: the newcomers k may legitimately queue behind (a newcomer
+// queues one quantum behind the previous one). Then, until k is
 // served, every other key j that is served m times while k waits
 // satisfies
 //

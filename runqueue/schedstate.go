@@ -15,15 +15,17 @@ import (
 )
 
 // The scheduler's state as the flag-on scripts store it (lua/lib/sched.lua):
-// ckVtime holds a sentinel at -2^53, parked tags (score = tag - 2^52), active
+// ckVtime holds a sentinel at -2^53, parked tags (score = tag - 2^52), the
+// newcomer lane (score = registration number - 2^51), competing
 // registrations (member = 8-character seq code + variant member, score =
 // tag) and gated ones (score = tag + 2^52); the state hash holds the
 // scalars and one field per registered variant. This file is its one Go
 // reader.
 const (
-	gatedOffset = 1 << 52
-	seqDigits   = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-	seqCodeLen  = 8
+	gatedOffset   = 1 << 52
+	waitingOffset = 1 << 51
+	seqDigits     = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	seqCodeLen    = 8
 )
 
 // seqCode is the fixed-width code of registration number n (its order is
@@ -52,27 +54,31 @@ func parseSeqCode(code string) (int64, bool) {
 	return n, true
 }
 
-// regValue parses a registered variant's state-hash value:
-// code, then "g" when gated, then "|r" when the remainder is not 0.
-func regValue(v string) (code string, gated bool, r int64, ok bool) {
+// regValue parses a registered variant's state-hash value: code, then "g"
+// when gated, "w" when in the newcomer lane, then "|r" when the remainder
+// is not 0.
+func regValue(v string) (code string, gated, waiting bool, r int64, ok bool) {
 	if len(v) < seqCodeLen {
-		return "", false, 0, false
+		return "", false, false, 0, false
 	}
 	code, rest := v[:seqCodeLen], v[seqCodeLen:]
 	if strings.HasPrefix(rest, "g") {
 		gated, rest = true, rest[1:]
 	}
+	if strings.HasPrefix(rest, "w") {
+		waiting, rest = true, rest[1:]
+	}
 	if rest != "" {
 		if !strings.HasPrefix(rest, "|") {
-			return "", false, 0, false
+			return "", false, false, 0, false
 		}
 		n, err := strconv.ParseInt(rest[1:], 10, 64)
 		if err != nil {
-			return "", false, 0, false
+			return "", false, false, 0, false
 		}
 		r = n
 	}
-	return code, gated, r, true
+	return code, gated, waiting, r, true
 }
 
 // schedState is a queue's scheduler state and indexes read from Redis.
@@ -168,21 +174,17 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		return int64(n)
 	}
 	st.snap.V, st.snap.Epoch, st.snap.Cursor = num("v"), num("e"), int(num("c"))
-	st.snap.NextSeq, st.snap.GK, st.snap.GS, st.snap.GP = max(1, num("s")), int(num("gk")), int(num("gs")), int(num("gp"))
-	if h["l"] != "" {
-		st.snap.L, st.snap.HasL = num("l"), true
-	}
-	regs := map[string]vtime.Reg{}
+	st.snap.NextSeq, st.snap.GK, st.snap.GP = max(1, num("s")), int(num("gk")), int(num("gp"))
 	for field, v := range h {
 		if !strings.HasPrefix(field, "=") {
 			continue
 		}
-		code, gated, r, ok := regValue(v)
+		code, gated, waiting, r, ok := regValue(v)
 		seq, ok2 := parseSeqCode(code)
 		if !ok || !ok2 {
 			return nil, fmt.Errorf("runqueue: malformed %s field %q: %q", qk.CkVtimeState(), field, v)
 		}
-		regs[field] = vtime.Reg{R: r, Seq: seq, Gated: gated}
+		st.snap.Reg[field] = vtime.Reg{R: r, Seq: seq, Gated: gated, Waiting: waiting}
 	}
 	active := 0
 	for _, z := range tags.Val() {
@@ -190,11 +192,13 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		switch s := z.Score; {
 		case s < -gatedOffset:
 			// the sentinel
-		case s < 0:
+		case s < -waitingOffset:
 			st.snap.Idle[member] = int64(s) + gatedOffset
+		case s < 0:
+			// the newcomer lane: its members carry the "w" flag
 		case len(member) > seqCodeLen:
 			vm := member[seqCodeLen:]
-			rg, ok := regs[vm]
+			rg, ok := st.snap.Reg[vm]
 			if !ok {
 				continue // a tag without its registration: not ours to show
 			}

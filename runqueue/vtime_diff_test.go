@@ -107,7 +107,7 @@ func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClie
 	day := 24 * time.Hour
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: -(1 << 53), Member: ""})
-		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gs", 0, "gp", 0, "nw", -1)
+		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gp", 0, "ng", 0, "nw", -1)
 		p.PExpire(ctx, qk.CkVtime(), day)
 		p.PExpire(ctx, qk.CkVtimeState(), day)
 		return nil
@@ -352,19 +352,15 @@ func (d *diff) compare(rt *rapid.T, step string) {
 // requireSameScheduler compares the scheduler parts of two snapshots.
 func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step string) {
 	type sched struct {
-		V, Epoch, L   int64
-		HasL          bool
+		V, Epoch      int64
 		Cursor        int
 		NextSeq       int64
-		GK, GS, GP    int
+		GK, GP        int
 		Reg           map[string]vtime.Reg
 		Idle, Weights map[string]int64
 	}
 	pick := func(s vtime.Snapshot) sched {
-		out := sched{s.V, s.Epoch, s.L, s.HasL, s.Cursor, max(1, s.NextSeq), s.GK, s.GS, s.GP, s.Reg, s.Idle, s.Weights}
-		if !out.HasL {
-			out.L = 0
-		}
+		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, s.GP, s.Reg, s.Idle, s.Weights}
 		for _, m := range []*map[string]int64{&out.Idle, &out.Weights} {
 			if *m == nil {
 				*m = map[string]int64{}

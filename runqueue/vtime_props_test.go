@@ -698,12 +698,8 @@ func (p *vp) schedulerState(t require.TestingT) string {
 			idle = append(idle, e)
 		}
 	}
-	l := ""
-	if st.HasL {
-		l = fmt.Sprint(st.L)
-	}
-	return fmt.Sprintf("V %v L %s cursor %d\ntags %v\nidle %v\nckIndex %v\ndelayIndex %v",
-		st.V, l, st.Cursor, snapTags(st), idle, p.zset(t, p.qk.CkIndex()), p.zset(t, p.qk.DelayIndex()))
+	return fmt.Sprintf("V %v cursor %d\ntags %v\nidle %v\nckIndex %v\ndelayIndex %v",
+		st.V, st.Cursor, snapTags(st), idle, p.zset(t, p.qk.CkIndex()), p.zset(t, p.qk.DelayIndex()))
 }
 
 // TestVtimePropBatchInvariance: two queues (two prefixes) get the same

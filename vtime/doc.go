@@ -14,21 +14,22 @@
 // m = round(w*1000) (1..10^6), and a serve costs 10^9/m units, carried
 // exactly: a key keeps the remainder of its last stride (below m), so its
 // long-run share is exactly w/sum(w) whatever the history. Tags are
-// compared by their integer units. When the stored clock reaches 2^51, a
-// rebase moves every stored time down by 2^50 and counts an epoch, so every
+// compared by their integer units. When the stored clock reaches 2^49, a
+// rebase moves every stored time down by 2^48 and counts an epoch, so every
 // value stays an exact integer of a double (the Lua's numbers) for ever:
 // there is no precision horizon. The logical clock (V) is
-// epoch*2^50 + stored V; it never decreases while the state exists.
+// epoch*2^48 + stored V; it never decreases while the state exists.
 //
 // # State
 //
 //   - registrations: variant -> tag S (units), stride remainder, registration
-//     number (seq) and gated flag (Redis: ckVtime members "<seq code><member>"
-//     and the state hash's per-variant fields).
-//   - V, the epoch, L (the previous newcomer's tag), the discovery cursor,
-//     the next registration number, and gk/gs/gp (the gating limit, the
-//     gated variants left to return after it rose, the gated probe's
-//     rank): the state hash.
+//     number (seq), gated flag and waiting flag (in the newcomer lane).
+//     Redis: ckVtime members "<seq code><member>" in its active or gated
+//     region, the lane in its waiting region, and the state hash's
+//     per-variant fields.
+//   - V, the epoch, the discovery cursor, the next registration number,
+//     gk (the key limit gated variants were gated under) and gp (the gated
+//     probe's rank): the state hash.
 //   - idle: variant -> tag parked when it drained (ckVtime's idle region).
 //   - weights: variant -> milli-weight; configuration, not state.
 //
@@ -44,67 +45,83 @@
 // Each serve picks, among the registered variants that are not gated and
 // have a ready run, the first in (S, seq) order; since the effective start
 // E = max(S, V) is monotone in S, that is the smallest E, ties broken by
-// the stored tag, then by registration order (never by name: a tenant
-// chooses names, not when its keys registered). Then V = max(V, E) and
+// the stored tag, then by registration order. Then V = max(V, E) and
 // S = E + stride. A dequeue of N makes N such decisions, so a variant may be
 // served several times in one call.
 //
 // A call runs these phases (the Lua has the same names):
 //
-//   - capacity: what the env and queue limits leave of maxCount; at 0 the
-//     call does nothing.
+//   - capacity: what the env and queue limits leave of maxCount (cap); at 0
+//     the call does nothing.
 //   - promote: the due delayed runs of the first ScanLimit due variants
 //     become ready (up to PromoteLimit each), registering their variants.
-//   - ungate: after the key limit rose (or went away), the variants gated
-//     under the lower limit return to the competition, UngateChunk per call;
-//     and one gated variant, at a rotating rank, returns if it is below its
-//     limit (an instance with the flag off freed its slot without saying).
+//   - ungate: when the key limit rose above the one the gated variants were
+//     gated under (or went away), every gated variant returns (those still
+//     at the new limit are gated again when met); and one gated variant, at
+//     a rotating rank, returns if it is below its limit (an instance with
+//     the flag off freed its slot without saying).
 //   - discover: ScanLimit variants of ckIndex at a rotating cursor; those
-//     without a tag register (at max(V, parked) or V). Every call does it,
-//     so every variant with ready work is reached within
-//     ceil(variants/ScanLimit) calls, whatever stale state exists.
+//     without a tag register (at their parked tag or V). The cursor then
+//     moves ScanLimit - cap: a serve moves at most one variant past an
+//     unread one, so none whose head stays put slips past the cursor.
 //   - serve, pass 1: the registered, non-gated tags in order, read lazily
-//     (first maxCount+1, then doubling, at most ReadBudget + 4*maxCount*
+//     (first cap+1, then doubling, at most ReadBudget + 4*maxCount*
 //     WindowMultiplier per call). An entry met with no ready run (stale: a
 //     flag-off drain leaves one) is collected as a drained variant is; one
 //     met at its key limit is gated. Both leave for good, so gated and stale
 //     keys cost nothing on later calls. A serve that brings a variant to its
 //     key limit gates it at once.
-//   - serve, age head: when pass 1 finds nothing servable, the untagged
-//     variants among the first ScanLimit of ckIndex in age order (what a
-//     flag-off call would serve) are registered, once per call, and pass 1
-//     goes on.
+//   - serve, age head: when pass 1 finds nothing servable, the first
+//     ScanLimit variants of ckIndex in age order as it stood when serving
+//     began (what a flag-off call would serve) that the call has not seen
+//     and that have a ready run join, once per call: untagged ones register
+//     (at their parked tag or V), registered non-gated ones that pass 1 did
+//     not reach (its budget ran out) come as they are, both at their rank
+//     whatever the window's bound; then pass 1 goes on.
 //   - collect and persist: drained variants park their tag when it is above
-//     V; parked tags at or below V are reaped and the idle set is capped to
-//     the highest IdleMaxEntries.
-//   - rebase, when V reaches 2^51.
+//     V; a call that parks reaps the parked tags at or below V and caps the
+//     idle set to the highest IdleMaxEntries (ties: member order).
+//   - rebase, when V reaches 2^49.
 //
 // # Registration
 //
-//   - Return (a parked tag exists): at max(V, parked); the parked entry goes.
-//     Draining and coming back never buys credit.
-//   - Discovery (untagged work in ckIndex): at V (or the parked tag).
+//   - Return (a parked tag above V exists): at the parked tag, which goes.
+//     Draining and coming back never buys credit. A parked tag at or below
+//     V is worth nothing: it goes, and the variant registers as below.
+//   - Discovery (untagged work in ckIndex): at V.
 //   - Newcomer (any other first ready run: enqueue, nack, lease recovery,
-//     redrive, promotion): let top be the highest tag among the registered,
-//     non-gated variants; A = max(min(top, V+Unit), min(L, top)); it
-//     registers at A+Unit when A > V, else at V, and L becomes its tag.
-//     Newcomers thus queue one quantum behind the pack and behind each other
-//     (minting keys buys the share of one key), at cold start every key
-//     starts at V, a low-weight key's huge tag cannot push them back (the cap
-//     at V+Unit), and the anchor L can never be above a tag registered now,
-//     so expired, drained or minted-and-gone keys cannot push later
-//     newcomers back.
+//     redrive, promotion): newcomers go through a lane, one at a time.
+//     When the lane is empty, let top be the highest tag among the
+//     competing variants and A = min(top, V+Unit): the newcomer registers
+//     at V when A <= V (nothing is ahead of the clock: cold start, every
+//     key at V), else it becomes the lane's head at A+Unit: one quantum
+//     behind the pack, and a low-weight key's huge tag cannot push it back
+//     (the cap at V+Unit). When the lane is not empty, the newcomer queues
+//     behind it (in registration order) without a tag and takes no part in
+//     the competition. When the head leaves the lane (its first serve, or
+//     gated, drained or collected unserved), the next newcomer becomes the
+//     head at max(V, t): t is one quantum past the head's serve, or the
+//     tag of a head that left unserved. So newcomers together get the
+//     share of one key (minting keys buys nothing), and newcomers that
+//     expire, drain or are minted and gone never push later ones back.
+//
+// Variants that register in the same call (promotion of runs due at the
+// same time, discovery) register in their index order, whose exact ties
+// are broken by name: the one place a name orders anything, and only among
+// variants that registered at the same instant.
 //
 // # Gating
 //
 // A variant at its per-key limit is out of the competition: it keeps its
 // tag, and it competes again, at max(S, V) (gated time earns no credit),
-// when a slot frees (ack, nack, lease recovery, dead letter: at once),
-// within ceil(gated/UngateChunk) calls of its limit rising, and, when a
-// flag-off instance freed the slot, when the probe or the age head finds it
-// below its limit (within gated+1 calls). A call's cost does not depend on
-// the number of gated variants: pass 1 never sees them and the probe looks
-// at one.
+// when a slot frees while the queue has a per-key limit (ack, nack, lease
+// recovery, dead letter: at once), at the first call after its limit rose
+// or went away, and, when a flag-off instance freed the slot, when the
+// gated probe comes to it (one rank per call; a lap takes as many calls as
+// there are gated variants, and a variant is passed over only when one
+// before it left the gated set during the lap). A call's cost does not
+// depend on the number of gated variants: pass 1 never sees them and the
+// probe looks at one.
 //
 // # Guarantees (checked by the oracle on observed schedules, on this model
 // and on the Lua)
@@ -121,19 +138,22 @@
 //     un-gating or age-head registration is pending, the pass-1 reads stay
 //     within the budget and the due delayed runs fit in one call's
 //     promotion (ScanLimit variants for maxCount 1).
-//  5. Reachability: every variant with a ready head below its limit is
-//     registered within ceil(variants/ScanLimit) calls and then served
-//     within the bounds of 1, 2 and 10.
+//  5. Reachability: every untagged variant with ready work whose head
+//     stays put is registered within ceil(variants/(ScanLimit-maxCount))+1
+//     calls (a lap more for each variant before it that a TTL sweep or a
+//     flag-off writer removed meanwhile), and every registered variant with
+//     a ready head below its limit is served within the bounds of 1, 2 and
+//     7.
 //  6. Work conservation: a call stops early only when nothing it can reach
 //     is servable; the age-head fallback reads what a flag-off call reads.
-//     Flag on therefore serves whenever flag off would, but it may drain
-//     slower with per-key limits: fairness serves the longest key later and
-//     it becomes the critical path (A with 3 runs, B, C, D with 1, key
-//     limit 1, runs held one call: age order drains in 6 calls, the fair
-//     order in 7).
-//  7. Newcomer bound: with equal weights, a key that registers when every
-//     registered key has been served since it registered (no earlier
-//     newcomer still waits) is served within 3 serves per other active key,
-//     whatever expired, drained or was minted before it. Newcomers that
-//     arrive together queue behind each other, one round each.
+//     Flag on therefore serves whenever flag off would (but for a gated
+//     variant whose slot a flag-off instance freed, until the probe comes
+//     to it), and it may drain slower with per-key limits: fairness serves
+//     the longest key later and it becomes the critical path (A with 3
+//     runs, B, C, D with 1, key limit 1, runs held one call: age order
+//     drains in 6 calls, the fair order in 7).
+//  7. Newcomer bound: with equal weights, a key that registers when the
+//     lane is empty is served within 3 serves per other active key,
+//     whatever expired, drained, returned or was minted before it; the k-th
+//     newcomer waiting in the lane, after about k rounds.
 package vtime

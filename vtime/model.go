@@ -22,12 +22,12 @@ const (
 	MaxMilliWeight = 1_000_000
 	// RebaseAt: when the stored clock reaches it, every stored time is moved
 	// down by RebaseBy (one epoch), which keeps every value an exact integer
-	// of a double (tags stay below 2^52; Lua numbers are doubles).
-	RebaseAt = 1 << 51
-	RebaseBy = 1 << 50
+	// of a double (tags stay below 2^50; Lua numbers are doubles).
+	RebaseAt = 1 << 49
+	RebaseBy = 1 << 48
 	// rebaseFloor: a tag this far below V is worth no more than V itself
 	// (E = max(S, V)); a rebase lifts such tags to it so none goes negative.
-	rebaseFloor = 1 << 49
+	rebaseFloor = 1 << 47
 	// UngateChunk is how many gated variants one dequeue call returns to the
 	// competition after the key limit rose.
 	UngateChunk = 1000
@@ -92,13 +92,16 @@ type run struct {
 }
 
 // Reg is a registered variant: its tag, the remainder of its last stride
-// (numerator over its milli-weight), its registration order and whether it
-// is gated (at its key limit, out of the competition).
+// (numerator over its milli-weight), its registration order, whether it is
+// gated (at its key limit, out of the competition) and whether it waits in
+// the newcomer lane (see the package comment: the lane's head, its lowest
+// Seq, competes with its tag; the others wait behind it without one, U 0).
 type Reg struct {
-	U     int64
-	R     int64
-	Seq   int64
-	Gated bool
+	U       int64
+	R       int64
+	Seq     int64
+	Gated   bool
+	Waiting bool
 }
 
 // Model is one base queue under the fair scheduler.
@@ -108,12 +111,9 @@ type Model struct {
 	// Scheduler state: it lives and expires as a whole (ExpireState).
 	v       int64 // stored clock V, units
 	epoch   int64 // rebases done: the logical clock is epoch*RebaseBy + v
-	l       int64 // the previous newcomer's tag
-	hasL    bool
 	cursor  int   // discovery cursor: a rank in ckIndex
 	nextSeq int64 // registration order of the next registration, from 1
 	gk      int   // key limit the gated variants were gated under (0: none)
-	gs      int   // gated variants left to return after the limit rose
 	gp      int   // probe cursor: a rank among the gated variants
 	reg     map[string]*Reg
 	idle    map[string]int64 // variant member -> parked tag
@@ -149,7 +149,7 @@ func New(cfg Config) *Model {
 // anchor, cursor, registration order), as the state TTL does after a
 // StateTTL with no scheduler write. Weights are configuration and stay.
 func (m *Model) ExpireState() {
-	m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs, m.gp = 0, 0, 0, false, 0, 1, 0, 0, 0
+	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gp = 0, 0, 0, 1, 0, 0
 	m.reg = map[string]*Reg{}
 	m.idle = map[string]int64{}
 }
@@ -157,8 +157,9 @@ func (m *Model) ExpireState() {
 // SetLimits changes the concurrency limits from the next call on.
 func (m *Model) SetLimits(l Limits) { m.cfg.Limits = l }
 
-// V returns the logical virtual clock in serves at weight 1.
-func (m *Model) V() float64 { return float64(m.epoch)*RebaseBy/Unit + float64(m.v)/Unit }
+// V returns the logical virtual clock in serves at weight 1 (computed from
+// the exact integer, so it never decreases).
+func (m *Model) V() float64 { return float64(m.epoch*RebaseBy+m.v) / Unit }
 
 // Errors of the model's operations (the Lua reports the same conditions).
 var (
@@ -222,11 +223,11 @@ func (m *Model) Idle() []Entry {
 	return sortedEntries(f)
 }
 
-// Clock returns the stored clock V (units), the epoch, the newcomer anchor
-// (ok false when none), the discovery cursor, the next registration
-// number and the gating state (gk, gs, gp): what Redis stores.
-func (m *Model) Clock() (v, epoch, l int64, hasL bool, cursor int, nextSeq int64, gk, gs, gp int) {
-	return m.v, m.epoch, m.l, m.hasL, m.cursor, m.nextSeq, m.gk, m.gs, m.gp
+// Clock returns the stored clock V (units), the epoch, the discovery
+// cursor, the next registration number and the gating state (gk, gp): what
+// Redis stores.
+func (m *Model) Clock() (v, epoch int64, cursor int, nextSeq int64, gk, gp int) {
+	return m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gp
 }
 
 // MilliWeight returns the milli-weight of a variant member (1000: weight 1).
@@ -349,17 +350,50 @@ func (m *Model) place(r *run, now int64) {
 	addTo(m.delayed, vm, r.id, float64(r.at))
 }
 
-// topActive returns the highest tag among the registered variants that are
-// not gated: the pack a newcomer queues behind.
+// laneHead returns the head of the newcomer lane (its waiting variant with
+// the lowest registration number), or nil.
+func (m *Model) laneHead() (string, *Reg) {
+	var hv string
+	var h *Reg
+	for vm, r := range m.reg {
+		if r.Waiting && (h == nil || r.Seq < h.Seq) {
+			hv, h = vm, r
+		}
+	}
+	return hv, h
+}
+
+// competing reports whether a registration takes part in pass 1: not
+// gated, and not queued in the lane behind its head.
+func (m *Model) competing(r *Reg, head *Reg) bool {
+	return !r.Gated && (!r.Waiting || r == head)
+}
+
+// topActive returns the highest tag among the competing registrations: the
+// pack a newcomer queues behind.
 func (m *Model) topActive() (int64, bool) {
+	_, head := m.laneHead()
 	var top int64
 	has := false
 	for _, r := range m.reg {
-		if !r.Gated && (!has || r.U > top) {
+		if m.competing(r, head) && (!has || r.U > top) {
 			top, has = r.U, true
 		}
 	}
 	return top, has
+}
+
+// laneNext gives the lane its next head when the head left it (served,
+// gated, drained or collected): at max(V, t), where t is one quantum past
+// the head's serve, or the tag of a head that left unserved, so newcomers
+// that leave without service never push later ones back. It returns the
+// new head, if any.
+func (m *Model) laneNext(t int64) regRef {
+	vm, r := m.laneHead()
+	if r != nil {
+		r.U, r.R = max(m.v, t), 0
+	}
+	return regRef{vm, r}
 }
 
 // register gives a variant that gained its first ready run a tag (see the
@@ -372,42 +406,36 @@ func (m *Model) register(vm string) {
 	m.registerAt(vm, top, has, false)
 }
 
-// registerAt registers vm with top as the highest active tag: a returning
-// variant (parked tag) at max(V, parked); a discovered one (found untagged
-// in ckIndex: written with the flag off, or state expired) at V; any other
-// by the newcomer rule.
+// registerAt registers vm with top as the highest competing tag: a
+// returning variant (parked tag above V) at its parked tag; a discovered
+// one (found untagged in ckIndex: written with the flag off, or state
+// expired) at V; any other by the newcomer rule: behind the lane's head
+// when the lane is not empty; else, with A = min(top, V+Unit), at V when
+// A <= V (nothing is ahead: cold start), or as the lane's head at A+Unit.
+// A parked tag at or below V is worth nothing: it goes, whenever a call
+// reaps or not.
 func (m *Model) registerAt(vm string, top int64, hasTop, discovered bool) *Reg {
-	var u int64
-	if p, ok := m.idle[vm]; ok {
-		u = max(m.v, p)
-		delete(m.idle, vm)
-	} else if discovered {
-		u = m.v
-	} else {
-		u = m.newcomerTag(top, hasTop)
-		m.l, m.hasL = u, true
+	r := &Reg{Seq: m.nextSeq}
+	p, parked := m.idle[vm]
+	delete(m.idle, vm)
+	switch {
+	case parked && p > m.v:
+		r.U = p
+	case discovered:
+		r.U = m.v
+	default:
+		if _, h := m.laneHead(); h != nil {
+			r.Waiting = true
+			break
+		}
+		r.U = m.v
+		if a := min(top, m.v+Unit); hasTop && a > m.v {
+			r.U, r.Waiting = a+Unit, true
+		}
 	}
-	r := &Reg{U: u, Seq: m.nextSeq}
 	m.nextSeq++
 	m.reg[vm] = r
 	return r
-}
-
-// newcomerTag is the newcomer rule: one quantum behind the highest of {the
-// highest active tag capped at V+Unit, the previous newcomer's tag capped
-// at the highest active tag}, or V when that is not above V.
-func (m *Model) newcomerTag(top int64, hasTop bool) int64 {
-	if !hasTop {
-		return m.v
-	}
-	a := min(top, m.v+Unit)
-	if m.hasL {
-		a = max(a, min(m.l, top))
-	}
-	if a > m.v {
-		return a + Unit
-	}
-	return m.v
 }
 
 // park keeps a leaving variant's tag when it is above V (it owes service).
@@ -420,12 +448,27 @@ func (m *Model) park(vm string, u int64) bool {
 	return false
 }
 
+// leaveLane takes r out of the lane when it waits there; a head that
+// leaves unserved hands its tag to the next head, which it returns.
+func (m *Model) leaveLane(r *Reg) regRef {
+	if !r.Waiting {
+		return regRef{}
+	}
+	_, head := m.laneHead()
+	r.Waiting = false
+	if r != head {
+		return regRef{}
+	}
+	return m.laneNext(r.U)
+}
+
 // drained handles a variant whose last ready run left outside a dequeue.
 func (m *Model) drained(vm string) {
 	r, ok := m.reg[vm]
 	if !ok {
 		return
 	}
+	m.leaveLane(r)
 	if m.park(vm, r.U) {
 		m.reapIdle()
 	}
@@ -482,7 +525,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 		c.scan = max(30, 3*maxCount)
 	}
 	c.promote(now)
-	c.ungateSwept()
+	c.ungateRise()
 	c.probeGated()
 	c.discover()
 	c.serve(maxCount)
@@ -537,47 +580,34 @@ func (m *Model) promote(vm string, now int64) {
 	}
 }
 
-// ungateSwept returns gated variants to the competition after the key
-// limit rose (or went away): the gated count at the rise is swept,
-// UngateChunk per call, lowest tags first.
-func (c *call) ungateSwept() {
+// ungateRise returns every gated variant to the competition when the key
+// limit rose above the one they were gated under (or went away): each
+// competes again at max(S, V); those still at the new limit are gated
+// again when a call meets them.
+func (c *call) ungateRise() {
 	m := c.m
 	k := c.keyLimit
-	if m.gs == 0 && m.gk > 0 && (k == 0 || k > m.gk) {
-		n := 0
-		for _, r := range m.reg {
-			if r.Gated {
-				n++
-			}
-		}
-		m.gs, m.gk = n, k
-	}
-	if m.gs == 0 {
+	if m.gk == 0 || (k > 0 && k <= m.gk) {
 		return
 	}
-	all := m.gatedSorted()
-	n := min(m.gs, UngateChunk, len(all))
-	for _, g := range all[:n] {
+	for _, g := range m.gatedSorted() {
 		m.ungate(g.r)
 	}
-	m.gs -= n
-	if len(all) == n {
-		m.gs = 0
-	}
+	m.gk, m.gp = k, 0
 }
 
-// gated is a gated registration and its variant.
-type gated struct {
+// regRef is a registration and its variant.
+type regRef struct {
 	vm string
 	r  *Reg
 }
 
 // gatedSorted returns the gated registrations in (tag, registration) order.
-func (m *Model) gatedSorted() []gated {
-	var out []gated
+func (m *Model) gatedSorted() []regRef {
+	var out []regRef
 	for vm, r := range m.reg {
 		if r.Gated {
-			out = append(out, gated{vm, r})
+			out = append(out, regRef{vm, r})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return regBefore(*out[i].r, *out[j].r) })
@@ -623,9 +653,13 @@ func (c *call) discover() {
 			m.registerAt(vm, 0, false, true)
 		}
 	}
-	m.cursor += c.scan
-	if m.cursor >= len(index) {
+	// The next call starts cap entries before the end of this chunk: a
+	// serve moves at most one variant from before an unread one to after
+	// it, so no variant whose head stays put slips past the cursor.
+	if m.cursor+c.scan >= len(index) {
 		m.cursor = 0
+	} else {
+		m.cursor += max(1, c.scan-c.cap)
 	}
 }
 
@@ -640,7 +674,8 @@ type window struct {
 	list     []*wentry
 	overflow []*wentry
 	budget   int
-	first    int // size of the first read
+	first    int             // size of the first read
+	seen     map[string]bool // variants read or added by this call
 }
 
 type wentry struct {
@@ -655,6 +690,11 @@ func (w *window) insert(e *wentry) {
 		w.overflow = append(w.overflow, e)
 		return
 	}
+	w.place(e)
+}
+
+// place puts e in the list at its rank, whatever the bound.
+func (w *window) place(e *wentry) {
 	i := sort.Search(len(w.list), func(i int) bool { return regBefore(e.Reg, w.list[i].Reg) })
 	w.list = append(w.list, nil)
 	copy(w.list[i+1:], w.list[i:])
@@ -673,6 +713,9 @@ func (w *window) extend() bool {
 		n = w.read
 	}
 	n = min(n, w.budget-w.read, len(w.snap)-w.read)
+	for _, e := range w.snap[w.read : w.read+n] {
+		w.seen[e.vm] = true
+	}
 	w.list = append(w.list, w.snap[w.read:w.read+n]...)
 	w.read += n
 	w.last = w.snap[w.read-1].Reg
@@ -702,9 +745,10 @@ func (w *window) remove(e *wentry) {
 // age head, what a flag-off call would serve), once per call.
 func (c *call) serve(maxCount int) {
 	m := c.m
-	w := &window{first: c.cap + 1, budget: ReadBudget + 4*maxCount*m.cfg.WindowMultiplier}
+	w := &window{first: c.cap + 1, budget: ReadBudget + 4*maxCount*m.cfg.WindowMultiplier, seen: map[string]bool{}}
+	_, head := m.laneHead()
 	for vm, r := range m.reg {
-		if !r.Gated {
+		if m.competing(r, head) {
 			w.snap = append(w.snap, &wentry{vm, *r})
 		}
 	}
@@ -737,12 +781,14 @@ func (c *call) pick(w *window) *wentry {
 			switch {
 			case len(m.ready[e.vm]) == 0:
 				w.list = append(w.list[:i], w.list[i+1:]...)
-				if m.park(e.vm, m.reg[e.vm].U) {
+				r := m.reg[e.vm]
+				c.newHead(w, m.leaveLane(r))
+				if m.park(e.vm, r.U) {
 					c.parked = true
 				}
 			case c.atLimit(e.vm):
 				w.list = append(w.list[:i], w.list[i+1:]...)
-				c.gate(e.vm)
+				c.gate(w, e.vm)
 			default:
 				return e
 			}
@@ -753,26 +799,48 @@ func (c *call) pick(w *window) *wentry {
 	}
 }
 
-// gate takes vm out of the competition at its key limit, keeping its tag.
-func (c *call) gate(vm string) {
-	c.m.reg[vm].Gated = true
+// gate takes vm out of the competition at its key limit, keeping its tag
+// (out of the lane too).
+func (c *call) gate(w *window, vm string) {
+	r := c.m.reg[vm]
+	r.Gated = true
 	c.m.gk = c.keyLimit
+	c.newHead(w, c.m.leaveLane(r))
 }
 
-// ageHead registers the untagged variants among the first scan of ckIndex
-// in age order as it stood when serving began, adding them to the window:
-// what a flag-off call would serve that pass 1 cannot see. Variants this
-// call drained are passed over; registered ones (gated included: the probe
-// looks after those) are left as they are, so a call whose keys are all
-// gated costs the same whatever their number.
+// newHead puts the lane's new head (if any) in the window.
+func (c *call) newHead(w *window, h regRef) {
+	if h.r != nil {
+		w.seen[h.vm] = true
+		w.insert(&wentry{h.vm, *h.r})
+	}
+}
+
+// ageHead, when pass 1 finds nothing servable, looks at the first scan
+// variants of ckIndex in age order as it stood when serving began (what a
+// flag-off call would serve): untagged ones register (at V or their parked
+// tag), and registered, non-gated ones that pass 1 did not reach (it
+// stopped at its read budget) join too. Both take their place in the
+// window whatever its bound. Variants this call drained and gated ones
+// (the probe looks after those) are passed over, so a call whose keys are
+// all gated costs the same whatever their number.
 func (c *call) ageHead(w *window, index []Entry) {
 	m := c.m
 	for i := 0; i < c.scan && i < len(index); i++ {
 		vm := index[i].Member
-		if _, ok := m.reg[vm]; ok || len(m.ready[vm]) == 0 {
+		if len(m.ready[vm]) == 0 || w.seen[vm] {
 			continue
 		}
-		w.insert(&wentry{vm, *m.registerAt(vm, 0, false, true)})
+		_, head := m.laneHead()
+		r, ok := m.reg[vm]
+		switch {
+		case !ok:
+			r = m.registerAt(vm, 0, false, true)
+		case !m.competing(r, head):
+			continue // gated (the probe looks after those) or queued in the lane
+		}
+		w.seen[vm] = true
+		w.place(&wentry{vm, *r})
 	}
 }
 
@@ -780,6 +848,7 @@ func (c *call) ageHead(w *window, index []Entry) {
 // S = E + stride.
 func (c *call) serveOne(w *window, e *wentry) {
 	m := c.m
+	w.remove(e) // out of the window while its tag changes
 	r := m.reg[e.vm]
 	eu, er := r.U, r.R
 	if eu < m.v {
@@ -792,6 +861,12 @@ func (c *call) serveOne(w *window, e *wentry) {
 	}
 	total := er + strideNum
 	r.U, r.R = eu+total/mw, total%mw
+	if r.Waiting {
+		// The lane's head is served: it leaves the lane, and the next
+		// newcomer competes one quantum behind this serve.
+		r.Waiting = false
+		c.newHead(w, m.laneNext(eu+Unit))
+	}
 
 	h, _ := head(m.ready[e.vm])
 	delete(m.ready[e.vm], h.Member)
@@ -800,7 +875,6 @@ func (c *call) serveOne(w *window, e *wentry) {
 	m.inflight[e.vm]++
 	c.out = append(c.out, Served{ID: run.id, Key: run.key, Attempt: run.attempt})
 
-	w.remove(e)
 	switch {
 	case len(m.ready[e.vm]) == 0:
 		delete(m.ready, e.vm)
@@ -808,7 +882,7 @@ func (c *call) serveOne(w *window, e *wentry) {
 			c.parked = true
 		}
 	case c.atLimit(e.vm):
-		c.gate(e.vm)
+		c.gate(w, e.vm)
 	default:
 		e.Reg = *r
 		w.insert(e)
@@ -840,7 +914,11 @@ func (m *Model) rebase() {
 	}
 	m.reapIdle()
 	lo := m.v - rebaseFloor
+	_, head := m.laneHead()
 	for _, r := range m.reg {
+		if r.Waiting && r != head {
+			continue // queued in the lane: no tag yet
+		}
 		if r.U < lo {
 			r.U, r.R = lo, 0
 		}
@@ -848,9 +926,6 @@ func (m *Model) rebase() {
 	}
 	for vm, p := range m.idle {
 		m.idle[vm] = p - RebaseBy
-	}
-	if m.hasL {
-		m.l = max(m.l, lo) - RebaseBy
 	}
 	m.v -= RebaseBy
 	m.epoch++

@@ -14,12 +14,9 @@ type SnapshotRun struct {
 // the scheduler on it without touching Redis (runqueue's Preview).
 type Snapshot struct {
 	V, Epoch int64 // stored clock (units) and rebases done
-	L        int64 // previous newcomer's tag, when HasL
-	HasL     bool
 	Cursor   int
 	NextSeq  int64 // 0 means 1
-	GK, GS   int
-	GP       int
+	GK, GP   int
 	Reg      map[string]Reg   // variant member -> registration
 	Idle     map[string]int64 // variant member -> parked tag
 	Weights  map[string]int64 // variant member -> milli-weight
@@ -32,7 +29,7 @@ type Snapshot struct {
 // Restore builds a model holding s.
 func Restore(cfg Config, s Snapshot) *Model {
 	m := New(cfg)
-	m.v, m.epoch, m.l, m.hasL, m.cursor, m.gk, m.gs, m.gp = s.V, s.Epoch, s.L, s.HasL, s.Cursor, s.GK, s.GS, s.GP
+	m.v, m.epoch, m.cursor, m.gk, m.gp = s.V, s.Epoch, s.Cursor, s.GK, s.GP
 	m.nextSeq = max(1, s.NextSeq)
 	m.EnvOther = s.EnvOther
 	for k, r := range s.Reg {
@@ -66,8 +63,8 @@ func Restore(cfg Config, s Snapshot) *Model {
 
 // Snapshot returns the model's state as a Snapshot (the runs' ids encoded).
 func (m *Model) Snapshot() Snapshot {
-	s := Snapshot{V: m.v, Epoch: m.epoch, L: m.l, HasL: m.hasL, Cursor: m.cursor, NextSeq: m.nextSeq,
-		GK: m.gk, GS: m.gs, GP: m.gp, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
+	s := Snapshot{V: m.v, Epoch: m.epoch, Cursor: m.cursor, NextSeq: m.nextSeq,
+		GK: m.gk, GP: m.gp, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
 		InFlight: map[string]int{}, EnvOther: m.EnvOther}
 	for k, r := range m.reg {
 		s.Reg[k] = *r

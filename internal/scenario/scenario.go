@@ -15,12 +15,14 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
+	"github.com/runqueue/runqueue/vtime"
 )
 
 // Spec describes one scenario.
@@ -415,16 +417,53 @@ func (h *H) watchV() error {
 	return nil
 }
 
-// SetTags overwrites scheduler tags of registered variants, in the flag-on
-// arm only, to build a state that is slow to reach through serves.
+// SetTags overwrites the scheduler tags (in serves at weight 1) of
+// registered variants, in the flag-on arm only, to build a state that is
+// slow to reach through serves. It writes the layout of the flag-on
+// scripts (runqueue/lua/lib/sched.lua): the member is the variant's seq
+// code and member, in the competing or the gated region. A variant waiting
+// in the newcomer lane leaves it to take its tag; the lane must then empty
+// whole (a harness limit: it does not pick a new head).
 func (h *H) SetTags(tags map[string]float64) error {
 	if !h.arm {
 		return nil
 	}
+	state := h.Keys.CkVtimeState()
 	for k, s := range tags {
-		if err := h.Raw.ZAddXX(h.Ctx, h.Keys.CkVtime(), redis.Z{Score: s, Member: keys.VariantMember(k)}).Err(); err != nil {
+		vm := keys.VariantMember(k)
+		reg, err := h.Raw.HGet(h.Ctx, state, vm).Result()
+		if errors.Is(err, redis.Nil) {
+			continue // not registered
+		}
+		if err != nil {
 			return err
 		}
+		if len(reg) < 8 {
+			return fmt.Errorf("scenario: malformed registration %q of %s", reg, k)
+		}
+		code, flags := reg[:8], reg[8:]
+		score := s * vtime.Unit
+		if strings.HasPrefix(flags, "g") {
+			score += 1 << 52 // the gated region
+		}
+		if strings.Contains(flags, "w") {
+			if err := h.Raw.ZRem(h.Ctx, h.Keys.CkVtime(), vm).Err(); err != nil {
+				return err
+			}
+			if err := h.Raw.HSet(h.Ctx, state, vm, code+strings.Replace(flags, "w", "", 1), "lh", "").Err(); err != nil {
+				return err
+			}
+		}
+		if err := h.Raw.ZAdd(h.Ctx, h.Keys.CkVtime(), redis.Z{Score: score, Member: code + vm}).Err(); err != nil {
+			return err
+		}
+	}
+	lane, err := h.Raw.ZCount(h.Ctx, h.Keys.CkVtime(), "-2251799813685248", "(-1125899906842624").Result()
+	if err != nil {
+		return err
+	}
+	if lh, _ := h.Raw.HGet(h.Ctx, state, "lh").Result(); lane > 0 && lh == "" {
+		return fmt.Errorf("scenario: SetTags took the lane's head out but %d newcomers still wait", lane)
 	}
 	return nil
 }

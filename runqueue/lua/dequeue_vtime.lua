@@ -42,22 +42,17 @@ local function touch(e)
   end
 end
 
--- ungate: after the key limit rose (or went away), the variants gated
--- under the lower one return, lowest tags first, UNGATE_CHUNK per call.
+-- ungate: when the key limit rose above the one the gated variants were
+-- gated under (or went away), every gated variant returns, at max(S, V);
+-- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
-if st.gs == 0 and st.gk > 0 and (kl == 0 or kl > st.gk) then
-  st.gs = st.ng
-  st.gk = kl
-end
-if st.gs > 0 then
-  local k = math.min(st.gs, SCHED.UNGATE_CHUNK)
-  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, k + 1)
-  local n = math.min(#raw / 2, k)
+if st.gk > 0 and (kl == 0 or kl > st.gk) then
+  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES')
   local vms = {}
-  for i = 1, n do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  for i = 1, #raw / 2 do vms[i] = string.sub(raw[2 * i - 1], 9) end
   local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
-  for i = 1, n do
+  for i = 1, #vms do
     local r = 0
     if hvs[i] then r = sched_parse(hvs[i]).r end
     local u = num(raw[2 * i]) - G
@@ -65,13 +60,11 @@ if st.gs > 0 then
     zargs[#zargs + 1] = sched_fmt(u)
     zargs[#zargs + 1] = raw[2 * i - 1]
     hargs[#hargs + 1] = vms[i]
-    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, r)
+    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, false, r)
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
-  st.gs = st.gs - n
-  st.ng = st.ng - n
-  if #raw / 2 <= k then st.gs = 0 end
+  st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
 -- ungate, probe: one gated variant at a rotating rank returns if it is
@@ -93,7 +86,7 @@ do
       local u = num(raw[2]) - G
       if u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
-      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, r))
+      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, false, r))
       st.ng = st.ng - 1
     end
   end
@@ -111,7 +104,7 @@ do
   local zargs, hargs = {}, {}
   for i, vm in ipairs(list) do
     if not hvs[i] then
-      local u, code = sched_admit(S, st, vm, true, nil)
+      local u, code = sched_admit(S, st, vm, true)
       zargs[#zargs + 1] = sched_fmt(u)
       zargs[#zargs + 1] = code .. vm
       hargs[#hargs + 1] = vm
@@ -120,9 +113,17 @@ do
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
-  st.c = st.c + dq.scan
-  if #raw <= dq.scan then st.c = 0 end
+  -- The next call starts cap entries before the end of this chunk: a serve
+  -- moves at most one variant from before an unread one to after it, so
+  -- no variant whose head stays put slips past the cursor.
+  if #raw <= dq.scan then
+    st.c = 0
+  else
+    st.c = st.c + math.max(1, dq.scan - dq.cap)
+  end
 end
+
+local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 
 -- serve, pass 1: the active tags in (tag, registration) order, read lazily
 -- into a window (W), as vtime's window does. Nothing of ckVtime's active
@@ -131,11 +132,8 @@ local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.
             budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
 local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
 
-local function w_insert(e)
-  if W.more and W.read > 0 and before(W.last, e) then
-    W.over[#W.over + 1] = e
-    return
-  end
+-- Put e in the list at its rank, whatever the bound.
+local function w_place(e)
   local list = W.list
   local at = #list + 1
   for i = 1, #list do
@@ -145,6 +143,14 @@ local function w_insert(e)
     end
   end
   table.insert(list, at, e)
+end
+
+local function w_insert(e)
+  if W.more and W.read > 0 and before(W.last, e) then
+    W.over[#W.over + 1] = e
+    return
+  end
+  w_place(e)
 end
 
 local function w_remove(e)
@@ -163,7 +169,7 @@ local function w_extend()
   local n = W.first
   if W.read > 0 then n = W.read end
   n = math.min(n, W.budget - W.read)
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(' .. SCHED.GS, 'WITHSCORES', 'LIMIT', W.read, n + 1)
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read, n + 1)
   local got = #raw / 2
   W.more = got > n
   local take = math.min(got, n)
@@ -172,6 +178,8 @@ local function w_extend()
     local member = raw[2 * i - 1]
     local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
                 u = num(raw[2 * i]) }
+    e.waiting = e.vm == lane_head0
+    e.waiting0 = e.waiting
     ent[e.vm] = e
     W.list[#W.list + 1] = e
   end
@@ -183,18 +191,44 @@ local function w_extend()
   return true
 end
 
+-- The newcomer lane: its head competes, the others wait in registration
+-- order (the lane region holds them all; nothing writes it before
+-- persist, so ranks stay put). When the head leaves it, the next one
+-- competes at max(V, t).
+local lane_left = 0
+local function lane_leave(e, t)
+  if not e.waiting then return end
+  e.waiting = false
+  lane_left = lane_left + 1
+  st.lh = ''
+  local nxt = sched_lane_at(S, lane_left)
+  if not nxt then return end
+  local code = sched_parse(redis.call('HGET', S.h, nxt)).code
+  local h = { vm = nxt, member = code .. nxt, code = code, u = math.max(st.v, t), r = 0, r0 = 0,
+              waiting = true, waiting0 = true }
+  st.lh = nxt
+  ent[nxt] = h
+  touch(h)
+  w_insert(h)
+end
+
 local parked = {}
 local function gate(e)
   e.gated = true
   st.gk = kl
   st.ng = st.ng + 1
   touch(e)
+  lane_leave(e, e.u)
 end
 
 local function leave(e)
   e.gone = true
   touch(e)
-  if e.u > st.v then parked[#parked + 1] = e end
+  lane_leave(e, e.u)
+  if e.u > st.v then
+    e.parked = true
+    parked[#parked + 1] = e
+  end
 end
 
 -- The first servable entry; stale entries (no ready run: a flag-off drain
@@ -218,12 +252,13 @@ local function pick()
   end
 end
 
--- serve, age head (once, when pass 1 runs dry): the untagged variants
--- among the first scan of ckIndex as it stood when serving began (nothing
--- writes it before dq_finish) that still have a ready run register at V or
--- their parked tag. Registered ones are left alone (gated ones too: the
--- probe looks after them), so an all-gated queue costs the same whatever
--- the number of its keys.
+-- serve, age head (once, when pass 1 runs dry): the first scan variants of
+-- ckIndex as it stood when serving began (nothing writes it before
+-- dq_finish) that this call has not seen and that still have a ready run:
+-- untagged ones register at V or their parked tag, registered, non-gated
+-- ones that pass 1 did not reach (it stopped at its budget) join too, both
+-- at their rank whatever the window's bound. Gated ones are left to the
+-- probe, so an all-gated queue costs the same whatever the number of keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
@@ -232,12 +267,21 @@ local function age_head()
   end
   local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
-    if not vals[i] and dq_head(dq, vm) ~= nil then
-      local u, code = sched_admit(S, st, vm, true, nil)
-      local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+    local rg = vals[i] and sched_parse(vals[i])
+    -- Gated ones are the probe's; queued ones wait in the lane.
+    local out = rg and (rg.gated or (rg.waiting and vm ~= st.lh))
+    if not out and dq_head(dq, vm) ~= nil then
+      local e
+      if rg then
+        e = { vm = vm, member = rg.code .. vm, code = rg.code,
+              u = num(redis.call('ZSCORE', S.z, rg.code .. vm)), waiting = rg.waiting, waiting0 = rg.waiting }
+      else
+        local u, code = sched_admit(S, st, vm, true)
+        e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        touch(e)
+      end
       ent[vm] = e
-      touch(e)
-      w_insert(e)
+      w_place(e)
     end
   end
 end
@@ -270,6 +314,7 @@ end
 -- E = max(S, V), V = max(V, E), S = E + stride (exact: quotient and
 -- remainder of 10^9 / milli-weight).
 local function serve_one(e)
+  w_remove(e) -- out of the window while its tag changes
   local mw = weight_of(e.vm)
   local eu, er = e.u, remainder(e, mw)
   if eu < st.v then eu, er = st.v, 0 end
@@ -278,8 +323,10 @@ local function serve_one(e)
   local q, r = sched_div(er + SCHED.STRIDE, mw)
   e.u, e.r = eu + q, r
   touch(e)
+  -- The lane's head is served: it leaves the lane, and the next newcomer
+  -- competes one quantum behind this serve.
+  lane_leave(e, eu + SCHED.UNIT)
   local nxt = dq_take(dq, e.vm)
-  w_remove(e)
   if nxt == nil then
     leave(e)
   elseif dq_at_limit(dq, e.vm) then
@@ -303,9 +350,12 @@ while #dq.served < dq.cap do
 end
 
 -- persist: the tags and registrations this call changed, then parked tags.
+-- A variant that left the lane leaves its region (unless parking replaces
+-- the entry: the member is the same).
 do
   local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
   for _, e in ipairs(changed) do
+    if not e.parked and not e.waiting then zrem[#zrem + 1] = e.vm end
     if e.gone then
       if not e.new then
         zrem[#zrem + 1] = e.member
@@ -324,9 +374,9 @@ do
         e.r0 = e.r
       end
       local r = e.r
-      if e.new or e.gated or e.was_gated or r ~= (e.r0 or 0) then
+      if e.new or e.gated or r ~= (e.r0 or 0) or e.waiting ~= e.waiting0 then
         hargs[#hargs + 1] = e.vm
-        hargs[#hargs + 1] = sched_value(e.code, e.gated, r)
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r)
       end
     end
   end
@@ -344,8 +394,8 @@ do
   end
 end
 
--- rebase: once V reaches 2^51, every stored time moves down 2^50 (tags
--- more than 2^49 below V first rise to it: they are worth V either way).
+-- rebase: once V reaches 2^49, every stored time moves down 2^48 (tags
+-- more than 2^47 below V first rise to it: they are worth V either way).
 if st.v >= SCHED.REBASE_AT then
   sched_reap(S, st.v)
   local lo = st.v - SCHED.REBASE_FLOOR
@@ -359,21 +409,20 @@ if st.v >= SCHED.REBASE_AT then
     if u < lo then
       u = lo
       hargs[#hargs + 1] = string.sub(raw[i], 9)
-      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, 0)
+      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, string.sub(raw[i], 9) == st.lh, 0)
     end
     u = u - SCHED.REBASE_BY
     if gated then u = u + G end
     zargs[#zargs + 1] = sched_fmt(u)
     zargs[#zargs + 1] = raw[i]
   end
-  local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, '(0', 'WITHSCORES')
+  local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END, 'WITHSCORES')
   for i = 1, #idle, 2 do
     zargs[#zargs + 1] = sched_fmt(num(idle[i + 1]) - SCHED.REBASE_BY)
     zargs[#zargs + 1] = idle[i]
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
-  if st.l ~= nil then st.l = math.max(st.l, lo) - SCHED.REBASE_BY end
   st.v = st.v - SCHED.REBASE_BY
   st.e = st.e + 1
 end

@@ -26,8 +26,8 @@ if redis.call('HEXISTS', state, 'v') == 1 then
   redis.call('HSET', state, 'nw', n)
   local hv = redis.call('HGET', state, vm)
   if hv then
-    local code, g = string.match(hv, '^(........)(g?)')
-    redis.call('HSET', state, vm, code .. g)
+    local kept = string.match(hv, '^(........[gw]*)') -- the code and flags: the remainder goes
+    redis.call('HSET', state, vm, kept)
   end
 end
 return n

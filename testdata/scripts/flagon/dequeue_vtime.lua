@@ -62,23 +62,33 @@ end
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
--- ckVtime ZSET, by score region (every value an exact integer of a double):
---   -2^53         the sentinel member "": the key lives exactly as long as
---                 the state hash (created, refreshed and expiring together)
---   [-2^52, 0)    idle: member = variant member, score = parked tag - 2^52
---   [0, 2^52)     active: member = seq code .. variant member, score = tag
---   [2^52, 2^53)  gated: the same members, score = tag + 2^52
--- state HASH: v (clock V, units), e (epoch), l (previous newcomer's tag,
---   absent when none), c (discovery cursor), s (next registration number),
---   x (refresh deadline, ms), gk (gating limit), gs (gated variants left to
---   return), gp (the gated probe's rank), ng (gated variants), nw (weight
---   overrides, -1 unknown); and per registered variant
---   member: its 8-character seq code, then "g" when gated, then "|r" when
---   its stride remainder r is not 0.
+-- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
+-- exact integer of a double):
+--   -2^53               the sentinel member "": the key lives exactly as
+--                       long as the state hash (created, refreshed and
+--                       expiring together)
+--   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
+--   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
+--                       its registration number - 2^51 (a variant is never
+--                       both parked and registered: the member cannot
+--                       collide); its lowest is the head
+--   [0, 2^50)           competing: member = seq code .. variant member,
+--                       score = t (the lane's head included)
+--   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
+-- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
+--   registration number), x (refresh deadline, ms), gk (gating limit), gp
+--   (the gated probe's rank), ng (gated variants), nw (weight overrides,
+--   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
+--   registered variant member: its 8-character seq code, then "g" when
+--   gated, "w" when in the lane, then "|r" when its stride remainder r is
+--   not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
-                IDLE_MIN = '-4503599627370496', SENTINEL = '-9007199254740992',
-                REBASE_AT = 2251799813685248, REBASE_BY = 1125899906842624,
-                REBASE_FLOOR = 562949953421312, UNGATE_CHUNK = 1000, READ_BUDGET = 1000 }
+                W = 2251799813685248, ACTIVE_END = '(1125899906842624',
+                IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
+                WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
+                SENTINEL = '-9007199254740992',
+                REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
+                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000 }
 local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 
 -- Integers below 2^53 print exactly with 17 significant digits, on Redis
@@ -96,15 +106,16 @@ local function sched_code(n)
   return table.concat(out)
 end
 
--- A variant's state-hash value: { code, gated, r }.
+-- A variant's state-hash value: { code, gated, waiting, r }.
 local function sched_parse(v)
-  local code, g, r = string.match(v, '^(........)(g?)|?(%d*)$')
-  return { code = code, gated = g == 'g', r = tonumber(r) or 0 }
+  local code, g, w, r = string.match(v, '^(........)(g?)(w?)|?(%d*)$')
+  return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
 end
 
-local function sched_value(code, gated, r)
+local function sched_value(code, gated, waiting, r)
   local v = code
   if gated then v = v .. 'g' end
+  if waiting then v = v .. 'w' end
   if r > 0 then v = v .. '|' .. sched_fmt(r) end
   return v
 end
@@ -114,7 +125,7 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'gp', 'ng', 'nw' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -122,15 +133,16 @@ local SCHED_FIELDS = { 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'gp', 'ng', 'nw
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gs = 0, gp = 0, ng = 0, nw = -1 }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
   if not r[1] then
     redis.call('DEL', S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
   else
     for i, f in ipairs(SCHED_FIELDS) do
-      if r[i] then st[f] = tonumber(r[i]) end
+      if r[i] then st[f] = tonumber(r[i]) or r[i] end
     end
+    if st.lh == nil then st.lh = '' end
   end
   S.st, S.was = st, {}
   for _, f in ipairs(SCHED_FIELDS) do S.was[f] = st[f] end
@@ -147,9 +159,9 @@ local function sched_save(S)
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
-    if st[f] ~= nil and (S.fresh or st[f] ~= S.was[f]) then
+    if S.fresh or st[f] ~= S.was[f] then
       args[#args + 1] = f
-      args[#args + 1] = sched_fmt(st[f])
+      if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
     end
   end
   if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
@@ -159,76 +171,92 @@ local function sched_save(S)
   end
 end
 
--- The highest tag of the active region, or nil.
-local function sched_top(S)
-  local t = redis.call('ZREVRANGEBYSCORE', S.z, '(' .. SCHED.GS, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-  return num(t[2])
-end
-
--- The newcomer rule: one quantum behind the highest of {top capped at
--- V + UNIT, the previous newcomer's tag capped at top}, or V when that is
--- not above V.
-local function sched_newcomer(st, top)
-  if top == nil then return st.v end
-  local a = math.min(top, st.v + SCHED.UNIT)
-  if st.l ~= nil then a = math.max(a, math.min(st.l, top)) end
-  if a > st.v then return a + SCHED.UNIT end
-  return st.v
-end
-
--- The registration of a variant with no tag: { u, code }. A parked tag
--- makes it a return (at max(V, parked), the parked entry goes now);
--- otherwise a discovered variant starts at V and a newcomer follows the
--- newcomer rule with top the highest active tag (top_fn() reads it).
-local function sched_admit(S, st, vm, discovered, top_fn)
-  local u
+-- The registration of a variant with no tag: u (nil when it queues in the
+-- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
+-- makes it a return (at the parked tag); a parked tag at or below V is
+-- worth nothing and goes; then a discovered variant starts at V, and a
+-- newcomer queues behind the lane's head when the lane is not empty, else
+-- with A = min(top, V + UNIT) registers at V when A <= V, or becomes the
+-- lane's head at A + UNIT.
+local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
-  if parked then
-    u = math.max(st.v, num(parked) + SCHED.G)
-    redis.call('ZREM', S.z, vm)
-  elseif discovered then
-    u = st.v
-  else
-    u = sched_newcomer(st, top_fn())
-    st.l = u
+  if parked then redis.call('ZREM', S.z, vm) end
+  local u, waiting = st.v, false
+  if parked and num(parked) + SCHED.G > st.v then
+    u = num(parked) + SCHED.G
+  elseif not discovered then
+    if st.lh ~= '' then
+      u, waiting = nil, true
+    else
+      local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+      if t[2] and math.min(num(t[2]), st.v + SCHED.UNIT) > st.v then
+        u, waiting = math.min(num(t[2]), st.v + SCHED.UNIT) + SCHED.UNIT, true
+        st.lh = vm
+      end
+    end
   end
-  local code = sched_code(st.s)
+  local seq = st.s
   st.s = st.s + 1
-  return u, code
+  return u, sched_code(seq), waiting, seq
 end
 
 -- A variant gained its first ready run: register it unless it has a tag.
 local function sched_register(S, vm, discovered)
   if redis.call('HEXISTS', S.h, vm) == 1 then return end
   local st = sched_state(S)
-  local u, code = sched_admit(S, st, vm, discovered, function() return sched_top(S) end)
-  redis.call('ZADD', S.z, sched_fmt(u), code .. vm)
-  redis.call('HSET', S.h, vm, code)
+  local u, code, waiting, seq = sched_admit(S, st, vm, discovered)
+  local zargs = {}
+  if u then
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = code .. vm
+  end
+  if waiting then
+    zargs[#zargs + 1] = sched_fmt(seq - SCHED.W)
+    zargs[#zargs + 1] = vm
+  end
+  redis.call('ZADD', S.z, unpack(zargs))
+  redis.call('HSET', S.h, vm, sched_value(code, false, waiting, 0))
+end
+
+-- The lane's member after the first `after` (0-based rank), or nil.
+local function sched_lane_at(S, after)
+  return redis.call('ZRANGEBYSCORE', S.z, SCHED.WAIT_MIN, SCHED.WAIT_END, 'LIMIT', after, 1)[1]
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
 -- idle_max (rank 0 is the sentinel).
 local function sched_reap(S, v)
   redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
-  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, '(0')
+  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
   if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
 end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
--- competition, its tag parked when above V.
+-- competition (and the lane: a head that leaves unserved hands its tag to
+-- the next newcomer), its tag parked when above V.
 local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
   local rg = sched_parse(hv)
-  local u = num(redis.call('ZSCORE', S.z, rg.code .. vm))
+  local member = rg.code .. vm
+  local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   if rg.gated then
     u = u - SCHED.G
     st.ng = st.ng - 1
   end
-  redis.call('ZREM', S.z, rg.code .. vm)
   redis.call('HDEL', S.h, vm)
-  if u > st.v then
+  redis.call('ZREM', S.z, member, vm)
+  if rg.waiting and st.lh == vm then
+    st.lh = ''
+    local nxt = sched_lane_at(S, 0)
+    if nxt then
+      local nv = sched_parse(redis.call('HGET', S.h, nxt))
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u)), nv.code .. nxt)
+      st.lh = nxt
+    end
+  end
+  if u and u > st.v then
     redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
     sched_reap(S, st.v)
   end
@@ -246,7 +274,7 @@ local function sched_released(S, vm)
   local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
   if u < st.v then u, r = st.v, 0 end
   redis.call('ZADD', S.z, sched_fmt(u), member)
-  redis.call('HSET', S.h, vm, sched_value(rg.code, false, r))
+  redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
   st.ng = st.ng - 1
 end
 
@@ -607,22 +635,17 @@ local function touch(e)
   end
 end
 
--- ungate: after the key limit rose (or went away), the variants gated
--- under the lower one return, lowest tags first, UNGATE_CHUNK per call.
+-- ungate: when the key limit rose above the one the gated variants were
+-- gated under (or went away), every gated variant returns, at max(S, V);
+-- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
-if st.gs == 0 and st.gk > 0 and (kl == 0 or kl > st.gk) then
-  st.gs = st.ng
-  st.gk = kl
-end
-if st.gs > 0 then
-  local k = math.min(st.gs, SCHED.UNGATE_CHUNK)
-  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, k + 1)
-  local n = math.min(#raw / 2, k)
+if st.gk > 0 and (kl == 0 or kl > st.gk) then
+  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES')
   local vms = {}
-  for i = 1, n do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  for i = 1, #raw / 2 do vms[i] = string.sub(raw[2 * i - 1], 9) end
   local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
-  for i = 1, n do
+  for i = 1, #vms do
     local r = 0
     if hvs[i] then r = sched_parse(hvs[i]).r end
     local u = num(raw[2 * i]) - G
@@ -630,13 +653,11 @@ if st.gs > 0 then
     zargs[#zargs + 1] = sched_fmt(u)
     zargs[#zargs + 1] = raw[2 * i - 1]
     hargs[#hargs + 1] = vms[i]
-    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, r)
+    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, false, r)
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
-  st.gs = st.gs - n
-  st.ng = st.ng - n
-  if #raw / 2 <= k then st.gs = 0 end
+  st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
 -- ungate, probe: one gated variant at a rotating rank returns if it is
@@ -658,7 +679,7 @@ do
       local u = num(raw[2]) - G
       if u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
-      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, r))
+      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, false, r))
       st.ng = st.ng - 1
     end
   end
@@ -676,7 +697,7 @@ do
   local zargs, hargs = {}, {}
   for i, vm in ipairs(list) do
     if not hvs[i] then
-      local u, code = sched_admit(S, st, vm, true, nil)
+      local u, code = sched_admit(S, st, vm, true)
       zargs[#zargs + 1] = sched_fmt(u)
       zargs[#zargs + 1] = code .. vm
       hargs[#hargs + 1] = vm
@@ -685,9 +706,17 @@ do
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
-  st.c = st.c + dq.scan
-  if #raw <= dq.scan then st.c = 0 end
+  -- The next call starts cap entries before the end of this chunk: a serve
+  -- moves at most one variant from before an unread one to after it, so
+  -- no variant whose head stays put slips past the cursor.
+  if #raw <= dq.scan then
+    st.c = 0
+  else
+    st.c = st.c + math.max(1, dq.scan - dq.cap)
+  end
 end
+
+local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 
 -- serve, pass 1: the active tags in (tag, registration) order, read lazily
 -- into a window (W), as vtime's window does. Nothing of ckVtime's active
@@ -696,11 +725,8 @@ local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.
             budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
 local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
 
-local function w_insert(e)
-  if W.more and W.read > 0 and before(W.last, e) then
-    W.over[#W.over + 1] = e
-    return
-  end
+-- Put e in the list at its rank, whatever the bound.
+local function w_place(e)
   local list = W.list
   local at = #list + 1
   for i = 1, #list do
@@ -710,6 +736,14 @@ local function w_insert(e)
     end
   end
   table.insert(list, at, e)
+end
+
+local function w_insert(e)
+  if W.more and W.read > 0 and before(W.last, e) then
+    W.over[#W.over + 1] = e
+    return
+  end
+  w_place(e)
 end
 
 local function w_remove(e)
@@ -728,7 +762,7 @@ local function w_extend()
   local n = W.first
   if W.read > 0 then n = W.read end
   n = math.min(n, W.budget - W.read)
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(' .. SCHED.GS, 'WITHSCORES', 'LIMIT', W.read, n + 1)
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read, n + 1)
   local got = #raw / 2
   W.more = got > n
   local take = math.min(got, n)
@@ -737,6 +771,8 @@ local function w_extend()
     local member = raw[2 * i - 1]
     local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
                 u = num(raw[2 * i]) }
+    e.waiting = e.vm == lane_head0
+    e.waiting0 = e.waiting
     ent[e.vm] = e
     W.list[#W.list + 1] = e
   end
@@ -748,18 +784,44 @@ local function w_extend()
   return true
 end
 
+-- The newcomer lane: its head competes, the others wait in registration
+-- order (the lane region holds them all; nothing writes it before
+-- persist, so ranks stay put). When the head leaves it, the next one
+-- competes at max(V, t).
+local lane_left = 0
+local function lane_leave(e, t)
+  if not e.waiting then return end
+  e.waiting = false
+  lane_left = lane_left + 1
+  st.lh = ''
+  local nxt = sched_lane_at(S, lane_left)
+  if not nxt then return end
+  local code = sched_parse(redis.call('HGET', S.h, nxt)).code
+  local h = { vm = nxt, member = code .. nxt, code = code, u = math.max(st.v, t), r = 0, r0 = 0,
+              waiting = true, waiting0 = true }
+  st.lh = nxt
+  ent[nxt] = h
+  touch(h)
+  w_insert(h)
+end
+
 local parked = {}
 local function gate(e)
   e.gated = true
   st.gk = kl
   st.ng = st.ng + 1
   touch(e)
+  lane_leave(e, e.u)
 end
 
 local function leave(e)
   e.gone = true
   touch(e)
-  if e.u > st.v then parked[#parked + 1] = e end
+  lane_leave(e, e.u)
+  if e.u > st.v then
+    e.parked = true
+    parked[#parked + 1] = e
+  end
 end
 
 -- The first servable entry; stale entries (no ready run: a flag-off drain
@@ -783,12 +845,13 @@ local function pick()
   end
 end
 
--- serve, age head (once, when pass 1 runs dry): the untagged variants
--- among the first scan of ckIndex as it stood when serving began (nothing
--- writes it before dq_finish) that still have a ready run register at V or
--- their parked tag. Registered ones are left alone (gated ones too: the
--- probe looks after them), so an all-gated queue costs the same whatever
--- the number of its keys.
+-- serve, age head (once, when pass 1 runs dry): the first scan variants of
+-- ckIndex as it stood when serving began (nothing writes it before
+-- dq_finish) that this call has not seen and that still have a ready run:
+-- untagged ones register at V or their parked tag, registered, non-gated
+-- ones that pass 1 did not reach (it stopped at its budget) join too, both
+-- at their rank whatever the window's bound. Gated ones are left to the
+-- probe, so an all-gated queue costs the same whatever the number of keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
@@ -797,12 +860,21 @@ local function age_head()
   end
   local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
-    if not vals[i] and dq_head(dq, vm) ~= nil then
-      local u, code = sched_admit(S, st, vm, true, nil)
-      local e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+    local rg = vals[i] and sched_parse(vals[i])
+    -- Gated ones are the probe's; queued ones wait in the lane.
+    local out = rg and (rg.gated or (rg.waiting and vm ~= st.lh))
+    if not out and dq_head(dq, vm) ~= nil then
+      local e
+      if rg then
+        e = { vm = vm, member = rg.code .. vm, code = rg.code,
+              u = num(redis.call('ZSCORE', S.z, rg.code .. vm)), waiting = rg.waiting, waiting0 = rg.waiting }
+      else
+        local u, code = sched_admit(S, st, vm, true)
+        e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        touch(e)
+      end
       ent[vm] = e
-      touch(e)
-      w_insert(e)
+      w_place(e)
     end
   end
 end
@@ -835,6 +907,7 @@ end
 -- E = max(S, V), V = max(V, E), S = E + stride (exact: quotient and
 -- remainder of 10^9 / milli-weight).
 local function serve_one(e)
+  w_remove(e) -- out of the window while its tag changes
   local mw = weight_of(e.vm)
   local eu, er = e.u, remainder(e, mw)
   if eu < st.v then eu, er = st.v, 0 end
@@ -843,8 +916,10 @@ local function serve_one(e)
   local q, r = sched_div(er + SCHED.STRIDE, mw)
   e.u, e.r = eu + q, r
   touch(e)
+  -- The lane's head is served: it leaves the lane, and the next newcomer
+  -- competes one quantum behind this serve.
+  lane_leave(e, eu + SCHED.UNIT)
   local nxt = dq_take(dq, e.vm)
-  w_remove(e)
   if nxt == nil then
     leave(e)
   elseif dq_at_limit(dq, e.vm) then
@@ -868,9 +943,12 @@ while #dq.served < dq.cap do
 end
 
 -- persist: the tags and registrations this call changed, then parked tags.
+-- A variant that left the lane leaves its region (unless parking replaces
+-- the entry: the member is the same).
 do
   local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
   for _, e in ipairs(changed) do
+    if not e.parked and not e.waiting then zrem[#zrem + 1] = e.vm end
     if e.gone then
       if not e.new then
         zrem[#zrem + 1] = e.member
@@ -889,9 +967,9 @@ do
         e.r0 = e.r
       end
       local r = e.r
-      if e.new or e.gated or e.was_gated or r ~= (e.r0 or 0) then
+      if e.new or e.gated or r ~= (e.r0 or 0) or e.waiting ~= e.waiting0 then
         hargs[#hargs + 1] = e.vm
-        hargs[#hargs + 1] = sched_value(e.code, e.gated, r)
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r)
       end
     end
   end
@@ -909,8 +987,8 @@ do
   end
 end
 
--- rebase: once V reaches 2^51, every stored time moves down 2^50 (tags
--- more than 2^49 below V first rise to it: they are worth V either way).
+-- rebase: once V reaches 2^49, every stored time moves down 2^48 (tags
+-- more than 2^47 below V first rise to it: they are worth V either way).
 if st.v >= SCHED.REBASE_AT then
   sched_reap(S, st.v)
   local lo = st.v - SCHED.REBASE_FLOOR
@@ -924,21 +1002,20 @@ if st.v >= SCHED.REBASE_AT then
     if u < lo then
       u = lo
       hargs[#hargs + 1] = string.sub(raw[i], 9)
-      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, 0)
+      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, string.sub(raw[i], 9) == st.lh, 0)
     end
     u = u - SCHED.REBASE_BY
     if gated then u = u + G end
     zargs[#zargs + 1] = sched_fmt(u)
     zargs[#zargs + 1] = raw[i]
   end
-  local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, '(0', 'WITHSCORES')
+  local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END, 'WITHSCORES')
   for i = 1, #idle, 2 do
     zargs[#zargs + 1] = sched_fmt(num(idle[i + 1]) - SCHED.REBASE_BY)
     zargs[#zargs + 1] = idle[i]
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
-  if st.l ~= nil then st.l = math.max(st.l, lo) - SCHED.REBASE_BY end
   st.v = st.v - SCHED.REBASE_BY
   st.e = st.e + 1
 end

@@ -77,23 +77,33 @@ local wake = ARGV[7]
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
--- ckVtime ZSET, by score region (every value an exact integer of a double):
---   -2^53         the sentinel member "": the key lives exactly as long as
---                 the state hash (created, refreshed and expiring together)
---   [-2^52, 0)    idle: member = variant member, score = parked tag - 2^52
---   [0, 2^52)     active: member = seq code .. variant member, score = tag
---   [2^52, 2^53)  gated: the same members, score = tag + 2^52
--- state HASH: v (clock V, units), e (epoch), l (previous newcomer's tag,
---   absent when none), c (discovery cursor), s (next registration number),
---   x (refresh deadline, ms), gk (gating limit), gs (gated variants left to
---   return), gp (the gated probe's rank), ng (gated variants), nw (weight
---   overrides, -1 unknown); and per registered variant
---   member: its 8-character seq code, then "g" when gated, then "|r" when
---   its stride remainder r is not 0.
+-- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
+-- exact integer of a double):
+--   -2^53               the sentinel member "": the key lives exactly as
+--                       long as the state hash (created, refreshed and
+--                       expiring together)
+--   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
+--   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
+--                       its registration number - 2^51 (a variant is never
+--                       both parked and registered: the member cannot
+--                       collide); its lowest is the head
+--   [0, 2^50)           competing: member = seq code .. variant member,
+--                       score = t (the lane's head included)
+--   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
+-- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
+--   registration number), x (refresh deadline, ms), gk (gating limit), gp
+--   (the gated probe's rank), ng (gated variants), nw (weight overrides,
+--   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
+--   registered variant member: its 8-character seq code, then "g" when
+--   gated, "w" when in the lane, then "|r" when its stride remainder r is
+--   not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
-                IDLE_MIN = '-4503599627370496', SENTINEL = '-9007199254740992',
-                REBASE_AT = 2251799813685248, REBASE_BY = 1125899906842624,
-                REBASE_FLOOR = 562949953421312, UNGATE_CHUNK = 1000, READ_BUDGET = 1000 }
+                W = 2251799813685248, ACTIVE_END = '(1125899906842624',
+                IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
+                WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
+                SENTINEL = '-9007199254740992',
+                REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
+                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000 }
 local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 
 -- Integers below 2^53 print exactly with 17 significant digits, on Redis
@@ -111,15 +121,16 @@ local function sched_code(n)
   return table.concat(out)
 end
 
--- A variant's state-hash value: { code, gated, r }.
+-- A variant's state-hash value: { code, gated, waiting, r }.
 local function sched_parse(v)
-  local code, g, r = string.match(v, '^(........)(g?)|?(%d*)$')
-  return { code = code, gated = g == 'g', r = tonumber(r) or 0 }
+  local code, g, w, r = string.match(v, '^(........)(g?)(w?)|?(%d*)$')
+  return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
 end
 
-local function sched_value(code, gated, r)
+local function sched_value(code, gated, waiting, r)
   local v = code
   if gated then v = v .. 'g' end
+  if waiting then v = v .. 'w' end
   if r > 0 then v = v .. '|' .. sched_fmt(r) end
   return v
 end
@@ -129,7 +140,7 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'gp', 'ng', 'nw' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -137,15 +148,16 @@ local SCHED_FIELDS = { 'v', 'e', 'l', 'c', 's', 'x', 'gk', 'gs', 'gp', 'ng', 'nw
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gs = 0, gp = 0, ng = 0, nw = -1 }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
   if not r[1] then
     redis.call('DEL', S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
   else
     for i, f in ipairs(SCHED_FIELDS) do
-      if r[i] then st[f] = tonumber(r[i]) end
+      if r[i] then st[f] = tonumber(r[i]) or r[i] end
     end
+    if st.lh == nil then st.lh = '' end
   end
   S.st, S.was = st, {}
   for _, f in ipairs(SCHED_FIELDS) do S.was[f] = st[f] end
@@ -162,9 +174,9 @@ local function sched_save(S)
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
-    if st[f] ~= nil and (S.fresh or st[f] ~= S.was[f]) then
+    if S.fresh or st[f] ~= S.was[f] then
       args[#args + 1] = f
-      args[#args + 1] = sched_fmt(st[f])
+      if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
     end
   end
   if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
@@ -174,76 +186,92 @@ local function sched_save(S)
   end
 end
 
--- The highest tag of the active region, or nil.
-local function sched_top(S)
-  local t = redis.call('ZREVRANGEBYSCORE', S.z, '(' .. SCHED.GS, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-  return num(t[2])
-end
-
--- The newcomer rule: one quantum behind the highest of {top capped at
--- V + UNIT, the previous newcomer's tag capped at top}, or V when that is
--- not above V.
-local function sched_newcomer(st, top)
-  if top == nil then return st.v end
-  local a = math.min(top, st.v + SCHED.UNIT)
-  if st.l ~= nil then a = math.max(a, math.min(st.l, top)) end
-  if a > st.v then return a + SCHED.UNIT end
-  return st.v
-end
-
--- The registration of a variant with no tag: { u, code }. A parked tag
--- makes it a return (at max(V, parked), the parked entry goes now);
--- otherwise a discovered variant starts at V and a newcomer follows the
--- newcomer rule with top the highest active tag (top_fn() reads it).
-local function sched_admit(S, st, vm, discovered, top_fn)
-  local u
+-- The registration of a variant with no tag: u (nil when it queues in the
+-- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
+-- makes it a return (at the parked tag); a parked tag at or below V is
+-- worth nothing and goes; then a discovered variant starts at V, and a
+-- newcomer queues behind the lane's head when the lane is not empty, else
+-- with A = min(top, V + UNIT) registers at V when A <= V, or becomes the
+-- lane's head at A + UNIT.
+local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
-  if parked then
-    u = math.max(st.v, num(parked) + SCHED.G)
-    redis.call('ZREM', S.z, vm)
-  elseif discovered then
-    u = st.v
-  else
-    u = sched_newcomer(st, top_fn())
-    st.l = u
+  if parked then redis.call('ZREM', S.z, vm) end
+  local u, waiting = st.v, false
+  if parked and num(parked) + SCHED.G > st.v then
+    u = num(parked) + SCHED.G
+  elseif not discovered then
+    if st.lh ~= '' then
+      u, waiting = nil, true
+    else
+      local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+      if t[2] and math.min(num(t[2]), st.v + SCHED.UNIT) > st.v then
+        u, waiting = math.min(num(t[2]), st.v + SCHED.UNIT) + SCHED.UNIT, true
+        st.lh = vm
+      end
+    end
   end
-  local code = sched_code(st.s)
+  local seq = st.s
   st.s = st.s + 1
-  return u, code
+  return u, sched_code(seq), waiting, seq
 end
 
 -- A variant gained its first ready run: register it unless it has a tag.
 local function sched_register(S, vm, discovered)
   if redis.call('HEXISTS', S.h, vm) == 1 then return end
   local st = sched_state(S)
-  local u, code = sched_admit(S, st, vm, discovered, function() return sched_top(S) end)
-  redis.call('ZADD', S.z, sched_fmt(u), code .. vm)
-  redis.call('HSET', S.h, vm, code)
+  local u, code, waiting, seq = sched_admit(S, st, vm, discovered)
+  local zargs = {}
+  if u then
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = code .. vm
+  end
+  if waiting then
+    zargs[#zargs + 1] = sched_fmt(seq - SCHED.W)
+    zargs[#zargs + 1] = vm
+  end
+  redis.call('ZADD', S.z, unpack(zargs))
+  redis.call('HSET', S.h, vm, sched_value(code, false, waiting, 0))
+end
+
+-- The lane's member after the first `after` (0-based rank), or nil.
+local function sched_lane_at(S, after)
+  return redis.call('ZRANGEBYSCORE', S.z, SCHED.WAIT_MIN, SCHED.WAIT_END, 'LIMIT', after, 1)[1]
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
 -- idle_max (rank 0 is the sentinel).
 local function sched_reap(S, v)
   redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
-  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, '(0')
+  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
   if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
 end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
--- competition, its tag parked when above V.
+-- competition (and the lane: a head that leaves unserved hands its tag to
+-- the next newcomer), its tag parked when above V.
 local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
   local rg = sched_parse(hv)
-  local u = num(redis.call('ZSCORE', S.z, rg.code .. vm))
+  local member = rg.code .. vm
+  local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   if rg.gated then
     u = u - SCHED.G
     st.ng = st.ng - 1
   end
-  redis.call('ZREM', S.z, rg.code .. vm)
   redis.call('HDEL', S.h, vm)
-  if u > st.v then
+  redis.call('ZREM', S.z, member, vm)
+  if rg.waiting and st.lh == vm then
+    st.lh = ''
+    local nxt = sched_lane_at(S, 0)
+    if nxt then
+      local nv = sched_parse(redis.call('HGET', S.h, nxt))
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u)), nv.code .. nxt)
+      st.lh = nxt
+    end
+  end
+  if u and u > st.v then
     redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
     sched_reap(S, st.v)
   end
@@ -261,7 +289,7 @@ local function sched_released(S, vm)
   local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
   if u < st.v then u, r = st.v, 0 end
   redis.call('ZADD', S.z, sched_fmt(u), member)
-  redis.call('HSET', S.h, vm, sched_value(rg.code, false, r))
+  redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
   st.ng = st.ng - 1
 end
 

@@ -210,6 +210,22 @@ func (p *vp) tag(t require.TestingT, key string) (float64, bool) {
 	return float64(r.U) / vtime.Unit, ok
 }
 
+// queuedInLane reports whether key waits in the newcomer lane behind its
+// head (registered without a tag).
+func (p *vp) queuedInLane(t require.TestingT, key string) bool {
+	s := p.snap(t)
+	r, ok := s.Reg[p.qk.Variant(key).Member()]
+	if !ok || !r.Waiting {
+		return false
+	}
+	for _, o := range s.Reg {
+		if o.Waiting && o.Seq < r.Seq {
+			return true
+		}
+	}
+	return false
+}
+
 // idle lists the parked tags (serves at weight 1) in ZSET order.
 func (p *vp) idle(t require.TestingT) []vtime.Entry { return snapIdle(p.snap(t)) }
 
@@ -291,6 +307,13 @@ func TestVtimePropNoDebtWait(t *testing.T) {
 		}
 		p.enq(rt, p.on, n, rapid.IntRange(1, 3).Draw(rt, "nRuns"), 0, rapid.IntRange(0, 9).Draw(rt, "nPrio"))
 		v0 := p.v(rt)
+		if p.queuedInLane(rt, n) {
+			// n waits in the newcomer lane behind its head, without a tag:
+			// the bound below needs one. The oracle's newcomer check
+			// (internal/fairness) covers the lane.
+			ackAll()
+			return
+		}
 		sn, ok := p.tag(rt, n)
 		require.True(rt, ok)
 		T := math.Max(sn, v0)

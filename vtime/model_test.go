@@ -154,6 +154,43 @@ func gatedCount(m *Model) int {
 	return n
 }
 
+// clock is m.Clock() as one slice: V, epoch, cursor, next registration
+// number, gk, gp.
+func clock(m *Model) []int64 {
+	v, epoch, cursor, nextSeq, gk, gp := m.Clock()
+	return []int64{v, epoch, int64(cursor), nextSeq, int64(gk), int64(gp)}
+}
+
+// lane lists the newcomer lane in registration order: its head first,
+// then the variants queued behind it.
+func lane(m *Model) []string {
+	var out []string
+	for v, r := range m.reg {
+		if r.Waiting {
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return m.reg[out[i]].Seq < m.reg[out[j]].Seq })
+	return out
+}
+
+// vms maps keys to their variant members.
+func vms(keys ...string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = vm(k)
+	}
+	return out
+}
+
+// expireAll expires the runs with the given ids and requires each did.
+func expireAll(t tb, m *Model, ids []string) {
+	t.Helper()
+	for _, id := range ids {
+		require.True(t, m.Expire(id), id)
+	}
+}
+
 func TestNewcomerRule(t *testing.T) {
 	t.Parallel()
 
@@ -163,13 +200,14 @@ func TestNewcomerRule(t *testing.T) {
 		for _, k := range []string{"c", "a", "b"} {
 			add(t, m, k, 2, 0, 0)
 		}
-		// No tag above V: every newcomer starts at V, in arrival order.
+		// No tag above V: every newcomer starts at V, in arrival order, and
+		// none goes through the lane.
 		require.Equal(t, Reg{U: 0, Seq: 1}, mustReg(t, m, "c"))
 		require.Equal(t, Reg{U: 0, Seq: 2}, mustReg(t, m, "a"))
 		require.Equal(t, Reg{U: 0, Seq: 3}, mustReg(t, m, "b"))
-		require.Equal(t, []int64{0, 0, 0, 0, 4, 0, 0}, []int64{m.v, m.epoch, m.l, int64(m.cursor), m.nextSeq, int64(m.gk), int64(m.gs)})
-		require.True(t, m.hasL)
+		require.Equal(t, []int64{0, 0, 0, 4, 0, 0}, clock(m))
 		require.Equal(t, []string{vm("c"), vm("a"), vm("b")}, regMembers(m))
+		require.Empty(t, lane(m))
 	})
 
 	t.Run("ColdStartAfterDrainAtCurrentV", func(t *testing.T) {
@@ -181,10 +219,9 @@ func TestNewcomerRule(t *testing.T) {
 		p, ok := parkedOf(m, "a")
 		require.True(t, ok)
 		require.Equal(t, 3*U, p)
-		// Nothing is registered: b starts at V, and becomes the anchor.
+		// Nothing is registered (a parked tag is not the pack): b starts at V.
 		add(t, m, "b", 1, 0, 0)
 		require.Equal(t, Reg{U: 2 * U, Seq: 2}, mustReg(t, m, "b"))
-		require.Equal(t, 2*U, m.l)
 	})
 
 	t.Run("NotAboveVStartsAtV", func(t *testing.T) {
@@ -193,7 +230,7 @@ func TestNewcomerRule(t *testing.T) {
 		m := New(Config{})
 		add(t, m, "a", 1, 0, 0)
 		add(t, m, "b", 1, 0, 0)
-		require.Equal(t, int64(0), mustReg(t, m, "b").U)
+		require.Equal(t, Reg{U: 0, Seq: 2}, mustReg(t, m, "b"))
 	})
 
 	t.Run("OneUnitBehindThePack", func(t *testing.T) {
@@ -202,30 +239,107 @@ func TestNewcomerRule(t *testing.T) {
 		add(t, m, "a", 5, 0, 0)
 		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0))) // V 0, S_a U
 		add(t, m, "n", 1, 0, 0)
-		// top U (capped at V+U = U), anchor 0: A = U > V, so n is at 2U.
-		require.Equal(t, Reg{U: 2 * U, Seq: 2}, mustReg(t, m, "n"))
-		require.Equal(t, 2*U, m.l)
-		require.True(t, m.hasL)
+		// The lane is empty, top U (capped at V+U = U): A = U > V, so n is
+		// the lane's head at 2U.
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "n"))
+		require.Equal(t, vms("n"), lane(m))
 	})
 
-	t.Run("ChainedNewcomers", func(t *testing.T) {
+	t.Run("LaneQueuesNewcomersBehindItsHead", func(t *testing.T) {
 		t.Parallel()
 		m := New(Config{})
 		add(t, m, "a", 5, 0, 0)
 		m.Dequeue(1, 0)
-		for i, want := range []int64{2 * U, 3 * U, 4 * U, 5 * U} {
+		add(t, m, "n0", 1, 0, 0)
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "n0"))
+		for i := 1; i < 4; i++ {
 			k := fmt.Sprintf("n%d", i)
 			add(t, m, k, 1, 0, 0)
-			// The cap keeps top at V+U; the chain comes from the anchor,
-			// which the previous newcomer (the highest tag) does not cap.
-			require.Equal(t, want, mustReg(t, m, k).U, k)
-			require.Equal(t, want, m.l, k)
+			// Behind the head, without a tag.
+			require.Equal(t, Reg{U: 0, Seq: int64(i + 2), Waiting: true}, mustReg(t, m, k), k)
 		}
-		// They are served one round each, in registration order.
+		require.Equal(t, vms("n0", "n1", "n2", "n3"), lane(m))
+		// Only the head competes: pass 1 never sees the others, nor does a
+		// newcomer's top.
+		top, ok := m.topActive()
+		require.True(t, ok)
+		require.Equal(t, 2*U, top)
+		// Each head is served, and the next competes one quantum past that
+		// serve: one round each. a has 4 runs left: a (U), a (2U, seq 1
+		// before n0's 2U), n0 (n1 at 3U), a, n1 (n2 at 4U), a (drained),
+		// n2 (n3 at 5U), n3.
 		got := servedKeys(m.Dequeue(8, 0))
-		// a has 4 runs left: a (U), a (2U, seq 1 before n0's 2U), n0, a,
-		// n1, a (drained), n2, n3.
 		require.Equal(t, []string{"a", "a", "n0", "a", "n1", "a", "n2", "n3"}, got)
+		require.Empty(t, m.reg)
+		require.Equal(t, 5*U, m.v)
+		require.Equal(t, []Entry{{vm("n3"), float64(6 * U)}}, m.Idle(), "the others parked at or below V: reaped")
+	})
+
+	t.Run("NewcomersTogetherGetOneShare", func(t *testing.T) {
+		t.Parallel()
+		// Two backlogged keys and five newcomers with work: while they wait
+		// for their first serve, the newcomers get one key's share between
+		// them (minting keys buys nothing); once served they compete as any
+		// key.
+		m := New(Config{})
+		add(t, m, "a", 30, 0, 0)
+		add(t, m, "b", 30, 0, 0)
+		require.Equal(t, []string{"a", "b"}, deqAck(t, m, 2, 0)) // a, b at U, V 0
+		for i := 0; i < 5; i++ {
+			add(t, m, fmt.Sprintf("n%d", i), 5, 0, 0)
+		}
+		require.Equal(t, vms("n0", "n1", "n2", "n3", "n4"), lane(m))
+		var got []string
+		for len(got) < 19 {
+			got = append(got, deqAck(t, m, 1, 0)...)
+		}
+		require.Equal(t, []string{"a", "b", "a", "b", "n0", "a", "b", "n0", "n1",
+			"a", "b", "n0", "n1", "n2", "a", "b", "n0", "n1", "n2"}, got)
+		require.Equal(t, vms("n3", "n4"), lane(m))
+	})
+
+	t.Run("ServedHeadHandsOnOneQuantumPastItsServe", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		add(t, m, "a", 10, 0, 0)
+		m.Dequeue(1, 0) // a at U, V 0
+		m.SetWeight("n", 0.5)
+		add(t, m, "n", 3, 0, 0)
+		add(t, m, "late", 1, 0, 0)
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "n"))
+		require.Equal(t, Reg{U: 0, Seq: 3, Waiting: true}, mustReg(t, m, "late"))
+		require.Equal(t, []string{"a", "a"}, servedKeys(m.Dequeue(2, 0))) // a at 3U, V 2U
+		require.Equal(t, 2*U, m.v)
+		// n is served at 2U (stride 2U): 4U, out of the lane; late heads
+		// it at 2U + U, not behind n's tag.
+		require.Equal(t, []string{"n"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, Reg{U: 4 * U, Seq: 2}, mustReg(t, m, "n"))
+		require.Equal(t, Reg{U: 3 * U, Seq: 3, Waiting: true}, mustReg(t, m, "late"))
+		require.Equal(t, vms("late"), lane(m))
+		add(t, m, "later", 1, 0, 0)
+		require.Equal(t, Reg{U: 0, Seq: 4, Waiting: true}, mustReg(t, m, "later"))
+	})
+
+	t.Run("GatedHeadHandsOnItsTag", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Key: 1}})
+		add(t, m, "a", 5, 0, 0)
+		require.Equal(t, []string{"a"}, deqAck(t, m, 1, 0)) // a at U, V 0
+		add(t, m, "n0", 2, 0, 0)
+		add(t, m, "n1", 2, 0, 0)
+		require.Equal(t, vms("n0", "n1"), lane(m))
+		require.Equal(t, 2*U, mustReg(t, m, "n0").U)
+		out := m.Dequeue(1, 0) // a (U) served and gated at 2U; V U
+		require.Equal(t, []string{"a"}, servedKeys(out))
+		// n0 gets a run in flight from a flag-off instance: the next call
+		// meets it at its limit and gates it; n1 heads the lane at n0's tag
+		// and is served in the same call.
+		flagOffServe(t, m, "n0")
+		require.Equal(t, []string{"n1"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Gated: true}, mustReg(t, m, "n0"))
+		require.Equal(t, Reg{U: 3 * U, Seq: 3, Gated: true}, mustReg(t, m, "n1"))
+		require.Equal(t, 2*U, m.v)
+		require.Empty(t, lane(m))
 	})
 
 	t.Run("CapAtVPlusUnitAgainstLowWeightTag", func(t *testing.T) {
@@ -240,12 +354,12 @@ func TestNewcomerRule(t *testing.T) {
 		add(t, m, "n", 1, 0, 0)
 		// Anchored on the highest tag n would sit at 101U; capped at V+U it
 		// sits one unit behind y.
-		require.Equal(t, 2*U, mustReg(t, m, "n").U)
+		require.Equal(t, Reg{U: 2 * U, Seq: 3, Waiting: true}, mustReg(t, m, "n"))
 		// y (U) first, then y (2U, seq 2) before n (2U, seq 3).
 		require.Equal(t, []string{"y", "y", "n"}, servedKeys(m.Dequeue(3, 0)))
 	})
 
-	t.Run("AnchorCappedAfterNewcomersExpire", func(t *testing.T) {
+	t.Run("ExpiredNewcomersDoNotPushBack", func(t *testing.T) {
 		t.Parallel()
 		m := New(Config{})
 		add(t, m, "a", 5, 0, 0)
@@ -254,19 +368,101 @@ func TestNewcomerRule(t *testing.T) {
 		for i := 0; i < 300; i++ {
 			k := fmt.Sprintf("n%03d", i)
 			ids = append(ids, add(t, m, k, 1, 0, 0)...)
-			require.Equal(t, int64(i+2)*U, mustReg(t, m, k).U)
 		}
-		require.Equal(t, 301*U, m.l)
-		for _, id := range ids {
-			require.True(t, m.Expire(id))
-		}
+		require.Equal(t, 2*U, mustReg(t, m, "n000").U)
+		require.Len(t, lane(m), 300)
+		// Each head expires unserved: the next takes its tag (2U), and the
+		// gone one parks it.
+		expireAll(t, m, ids)
 		require.Len(t, m.reg, 1)
-		require.Len(t, m.idle, 300, "each expired newcomer parked its tag (above V)")
+		require.Empty(t, lane(m))
+		require.Len(t, m.idle, 300, "each expired head parked its tag (above V)")
+		for _, e := range m.Idle() {
+			require.Equal(t, float64(2*U), e.Score, e.Member)
+		}
 		add(t, m, "late", 1, 0, 0)
-		// The anchor 301U is capped at the highest active tag (U): late is
-		// one unit behind the pack, not 300 rounds behind the gone keys.
-		require.Equal(t, 2*U, mustReg(t, m, "late").U)
-		require.LessOrEqual(t, mustReg(t, m, "late").U, m.v+2*U)
+		// late is one unit behind the pack (U), not 300 rounds behind the
+		// gone keys.
+		require.Equal(t, Reg{U: 2 * U, Seq: 302, Waiting: true}, mustReg(t, m, "late"))
+	})
+
+	t.Run("QueuedNewcomersThatLeaveDoNotPark", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		add(t, m, "a", 5, 0, 0)
+		m.Dequeue(1, 0)
+		var ids []string
+		for i := 0; i < 5; i++ {
+			ids = append(ids, add(t, m, fmt.Sprintf("n%d", i), 1, 0, 0)...)
+		}
+		// The queued ones (no tag) go first: nothing to park; the head last.
+		for i := len(ids) - 1; i >= 0; i-- {
+			require.True(t, m.Expire(ids[i]))
+		}
+		require.Equal(t, []Entry{{vm("n0"), float64(2 * U)}}, m.Idle())
+		require.Empty(t, lane(m))
+	})
+
+	t.Run("ReturnAfterExpiryDoesNotPushBack", func(t *testing.T) {
+		t.Parallel()
+		// Finding 3's sequence: fifty newcomers expire, one returns at its
+		// parked tag (a return: it does not join the lane) and is the
+		// highest competing tag. The next newcomer heads the lane one unit
+		// behind the pack (the top is capped at V+U).
+		m := New(Config{})
+		add(t, m, "a", 5, 0, 0)
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0))) // a at U, V 0
+		var ids []string
+		for i := 0; i < 50; i++ {
+			ids = append(ids, add(t, m, fmt.Sprintf("n%02d", i), 1, 0, 0)...)
+		}
+		expireAll(t, m, ids)
+		add(t, m, "n49", 1, 0, 0)
+		require.Equal(t, Reg{U: 2 * U, Seq: 52}, mustReg(t, m, "n49"), "a return at its parked tag")
+		add(t, m, "late", 1, 0, 0)
+		require.Equal(t, Reg{U: 2 * U, Seq: 53, Waiting: true}, mustReg(t, m, "late"))
+		require.Equal(t, []string{"a", "a", "n49", "late"}, servedKeys(m.Dequeue(4, 0)))
+	})
+
+	t.Run("LowWeightTagAndExpiredNewcomersDoNotPushBack", func(t *testing.T) {
+		t.Parallel()
+		// Finding 2's sequence: a weight-0.01 key's tag (100U) is the top;
+		// fifty newcomers go through the lane and expire. Late heads the
+		// lane at 2U, as without them.
+		m := New(Config{})
+		m.SetWeight("x", 0.01)
+		add(t, m, "x", 5, 0, 0)
+		add(t, m, "a", 5, 0, 0)
+		require.Equal(t, []string{"x", "a"}, servedKeys(m.Dequeue(2, 0))) // x at 100U, a at U, V 0
+		var ids []string
+		for i := 0; i < 50; i++ {
+			ids = append(ids, add(t, m, fmt.Sprintf("n%02d", i), 1, 0, 0)...)
+		}
+		require.Equal(t, 2*U, mustReg(t, m, "n00").U)
+		expireAll(t, m, ids)
+		add(t, m, "late", 1, 0, 0)
+		require.Equal(t, Reg{U: 2 * U, Seq: 53, Waiting: true}, mustReg(t, m, "late"))
+		require.Equal(t, []string{"a", "a", "late"}, servedKeys(m.Dequeue(3, 0)))
+	})
+
+	t.Run("DrainedHeadLeavesTheLane", func(t *testing.T) {
+		t.Parallel()
+		// A head whose ready run expires (its other run is delayed) drains:
+		// it leaves the lane, and comes back as a return.
+		m := New(Config{})
+		add(t, m, "a", 5, 0, 0)
+		m.Dequeue(1, 0)
+		require.NoError(t, m.Enqueue("n#1", "n", 0, 0, 0))
+		require.NoError(t, m.Enqueue("n#2", "n", 0, 9, 0))
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "n"))
+		require.True(t, m.Expire("n#1"))
+		require.Empty(t, lane(m))
+		add(t, m, "late", 1, 0, 0)
+		require.Equal(t, Reg{U: 2 * U, Seq: 3, Waiting: true}, mustReg(t, m, "late"))
+		// n's run comes due: it returns at its parked tag, not in the lane.
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 9)))
+		require.Equal(t, Reg{U: 2 * U, Seq: 4}, mustReg(t, m, "n"))
+		require.Equal(t, vms("late"), lane(m))
 	})
 
 	t.Run("GatedTagsAreNotThePack", func(t *testing.T) {
@@ -276,9 +472,9 @@ func TestNewcomerRule(t *testing.T) {
 		add(t, m, "x", 3, 0, 0)
 		require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)))
 		require.Equal(t, Reg{U: 100 * U, Seq: 1, Gated: true}, mustReg(t, m, "x"))
-		// The only tag is gated: no active tag, n starts at V.
+		// The only tag is gated: nothing competes, n starts at V.
 		add(t, m, "n", 1, 0, 0)
-		require.Equal(t, int64(0), mustReg(t, m, "n").U)
+		require.Equal(t, Reg{U: 0, Seq: 2}, mustReg(t, m, "n"))
 	})
 }
 
@@ -296,37 +492,52 @@ func TestReturnAndPark(t *testing.T) {
 		p, ok := parkedOf(m, "a")
 		require.True(t, ok, "a drained with S U > V 0: parked")
 		require.Equal(t, U, p)
-		l := m.l
-
 		add(t, m, "a", 1, 0, 0)
-		require.Equal(t, Reg{U: U, Seq: 3}, mustReg(t, m, "a"), "max(V, parked)")
+		require.Equal(t, Reg{U: U, Seq: 3}, mustReg(t, m, "a"), "at the parked tag, not in the lane")
 		_, ok = parkedOf(m, "a")
 		require.False(t, ok, "the parked entry goes")
-		require.Equal(t, l, m.l, "a return is not a newcomer: the anchor stays")
+		// A newcomer now: the lane is empty, top U (a's): it heads the lane.
+		add(t, m, "n", 1, 0, 0)
+		require.Equal(t, Reg{U: 2 * U, Seq: 4, Waiting: true}, mustReg(t, m, "n"))
 	})
 
-	t.Run("ReturnAtVWhenParkedBelow", func(t *testing.T) {
+	t.Run("ParkedAtOrBelowVIsWorthNothing", func(t *testing.T) {
 		t.Parallel()
-		m := New(Config{})
-		add(t, m, "a", 1, 0, 0)
-		add(t, m, "b", 9, 0, 0)
-		require.Equal(t, []string{"a", "b", "b", "b"}, servedKeys(m.Dequeue(4, 0)))
-		require.Equal(t, 2*U, m.v)
+		// Finding 6: whether a call reaped a worthless parked tag (at or
+		// below V) or not, the variant registers the same way: the entry is
+		// treated as absent.
+		reaped := New(Config{})
+		add(t, reaped, "a", 1, 0, 0)
+		add(t, reaped, "b", 9, 0, 0)
+		require.Equal(t, []string{"a", "b", "b", "b"}, servedKeys(reaped.Dequeue(4, 0)))
+		require.Equal(t, 2*U, reaped.v)
 		// The call parked a at U, and reaped at its end: U <= V.
-		_, ok := parkedOf(m, "a")
+		_, ok := parkedOf(reaped, "a")
 		require.False(t, ok)
 
-		m2 := New(Config{})
-		add(t, m2, "a", 1, 0, 0)
-		add(t, m2, "b", 9, 0, 0)
-		require.Equal(t, []string{"a"}, servedKeys(m2.Dequeue(1, 0)))
-		require.Equal(t, []string{"b", "b", "b"}, servedKeys(m2.Dequeue(3, 0)))
+		kept := New(Config{})
+		add(t, kept, "a", 1, 0, 0)
+		add(t, kept, "b", 9, 0, 0)
+		require.Equal(t, []string{"a"}, servedKeys(kept.Dequeue(1, 0)))
+		require.Equal(t, []string{"b", "b", "b"}, servedKeys(kept.Dequeue(3, 0)))
 		// This call parked nothing: the worthless entry (U <= V 2U) stays.
-		p, ok := parkedOf(m2, "a")
+		p, ok := parkedOf(kept, "a")
 		require.True(t, ok)
 		require.Equal(t, U, p)
-		add(t, m2, "a", 1, 0, 0)
-		require.Equal(t, 2*U, mustReg(t, m2, "a").U, "max(V, parked) = V")
+
+		// Discovered: at V in both.
+		for _, m := range []*Model{reaped.Clone(), kept.Clone()} {
+			flagOffEnqueue(m, "a#9", "a", 0)
+			require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)), "a at V 2U, b at 3U")
+			require.Equal(t, []Entry{{vm("a"), float64(3 * U)}}, m.Idle())
+		}
+		// A newcomer in both: top 3U (= V+U), nothing waits: 4U.
+		for _, m := range []*Model{reaped, kept} {
+			add(t, m, "a", 1, 0, 0)
+			require.Equal(t, Reg{U: 4 * U, Seq: 3, Waiting: true}, mustReg(t, m, "a"))
+			require.Empty(t, m.idle)
+		}
+		require.Equal(t, normalized(reaped.Snapshot()), normalized(kept.Snapshot()))
 	})
 
 	t.Run("ExpireParksOnlyAboveV", func(t *testing.T) {
@@ -454,6 +665,41 @@ func TestTiesByRegistrationOrder(t *testing.T) {
 			add(t, m, k, 1, 0, 0)
 		}
 		require.Equal(t, names, servedKeys(m.Dequeue(len(names), 0)))
+	})
+
+	t.Run("SameCallRegistrationsInIndexOrder", func(t *testing.T) {
+		t.Parallel()
+		// Finding 10's sequence, now documented: variants that register in
+		// one call register in their index order, exact ties broken by
+		// name. b's run was queued first; both come due at 5 and register
+		// in delayIndex order ("=%21" before "=b"): "!" is served first.
+		m := New(Config{})
+		require.NoError(t, m.Enqueue("b#1", "b", 0, 5, 0))
+		require.NoError(t, m.Enqueue("!#1", "!", 0, 5, 0))
+		require.Equal(t, []string{"!"}, servedKeys(m.Dequeue(1, 5)))
+		require.Equal(t, Reg{U: 0, Seq: 2}, mustReg(t, m, "b"))
+
+		// The same through the lane: the first to register heads it.
+		m = New(Config{})
+		add(t, m, "a", 5, 0, 0)
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)))
+		require.NoError(t, m.Enqueue("b#1", "b", 0, 5, 0))
+		require.NoError(t, m.Enqueue("!#1", "!", 0, 5, 0))
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 5)))
+		require.Equal(t, vms("!", "b"), lane(m))
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "!"))
+
+		// Registered at different instants, the earlier wins whatever the
+		// name.
+		m = New(Config{})
+		require.NoError(t, m.Enqueue("b#1", "b", 0, 4, 0))
+		require.NoError(t, m.Enqueue("b#2", "b", 0, 4, 0))
+		require.NoError(t, m.Enqueue("b#3", "b", 0, 4, 0))
+		require.NoError(t, m.Enqueue("!#1", "!", 0, 5, 0))
+		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 4)))
+		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 5)))
+		require.Equal(t, int64(1), mustReg(t, m, "b").Seq)
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "!"))
 	})
 }
 
@@ -597,7 +843,7 @@ func TestRelease(t *testing.T) {
 	})
 }
 
-func TestLimitRiseSweep(t *testing.T) {
+func TestLimitRise(t *testing.T) {
 	t.Parallel()
 
 	build := func(t *testing.T, n int) *Model {
@@ -613,36 +859,32 @@ func TestLimitRiseSweep(t *testing.T) {
 		require.Len(t, m.Dequeue(n, 5000), n)
 		require.Equal(t, n, gatedCount(m))
 		require.Equal(t, 1, m.gk)
-		require.Equal(t, 0, m.gs)
 		return m
 	}
 
-	t.Run("MoreThanUngateChunk", func(t *testing.T) {
+	t.Run("EveryGatedReturnsAtTheFirstCall", func(t *testing.T) {
 		t.Parallel()
-		n := UngateChunk + 200
+		n := 1200
 		m := build(t, n)
+		// The probe walks the gated variants meanwhile (all at the limit).
+		require.Empty(t, m.Dequeue(1, 5000))
+		require.Empty(t, m.Dequeue(1, 5000))
+		require.Equal(t, 2, m.gp)
 		m.SetLimits(Limits{Key: 2})
 		out := m.Dequeue(1, 5000)
-		// The rise is seen: gs = n, gk = 2; the lowest UngateChunk return,
-		// one of them is served and reaches the new limit.
+		// The rise is seen: every gated variant returns at max(S, V) = U,
+		// gk = 2, gp = 0; the lowest is served and reaches the new limit.
 		require.Equal(t, []string{"k0000"}, servedKeys(out))
-		require.Equal(t, 200, m.gs)
 		require.Equal(t, 2, m.gk)
-		for i := 0; i < UngateChunk; i++ {
-			r := mustReg(t, m, fmt.Sprintf("k%04d", i))
-			require.Equal(t, i == 0, r.Gated, i)
+		require.Equal(t, 0, m.gp)
+		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true}, mustReg(t, m, "k0000"))
+		for i := 1; i < n; i++ {
+			require.Equal(t, Reg{U: U, Seq: int64(i + 1)}, mustReg(t, m, fmt.Sprintf("k%04d", i)), i)
 		}
-		// k1000 returned too, by the probe (below its limit at rank 0).
-		require.False(t, mustReg(t, m, "k1000").Gated)
-		for i := UngateChunk + 1; i < n; i++ {
-			require.True(t, mustReg(t, m, fmt.Sprintf("k%04d", i)).Gated, i)
-		}
-		// Second call: the remaining ones return; none is left gated below
-		// the new limit.
-		require.Equal(t, []string{"k0001"}, servedKeys(m.Dequeue(1, 5000)))
-		require.Equal(t, 0, m.gs)
 		require.Empty(t, gatedBelowLimit(m))
+		require.Equal(t, []string{"k0001"}, servedKeys(m.Dequeue(1, 5000)))
 		require.True(t, mustReg(t, m, "k0001").Gated)
+		require.Equal(t, 2, gatedCount(m))
 	})
 
 	t.Run("LimitGoesAway", func(t *testing.T) {
@@ -652,16 +894,45 @@ func TestLimitRiseSweep(t *testing.T) {
 		require.Len(t, m.Dequeue(1, 5000), 1)
 		require.Equal(t, 0, gatedCount(m))
 		require.Equal(t, 0, m.gk)
-		require.Equal(t, 0, m.gs)
+		require.Equal(t, 0, m.gp)
+		require.Len(t, m.Dequeue(9, 5000), 9, "no limit: every variant serves")
 	})
 
-	t.Run("LimitLoweredOrSameDoesNotSweep", func(t *testing.T) {
+	t.Run("LimitLoweredOrSameDoesNotUngate", func(t *testing.T) {
 		t.Parallel()
 		m := build(t, 5)
 		m.SetLimits(Limits{Key: 1})
 		require.Empty(t, m.Dequeue(1, 5000))
 		require.Equal(t, 5, gatedCount(m))
-		require.Equal(t, 0, m.gs)
+		require.Equal(t, 1, m.gk)
+
+		// Gated under 2 (two in flight), the limit lowered to 1: they stay.
+		m2 := New(Config{Limits: Limits{Key: 2}})
+		add(t, m2, "x", 5, 0, 0)
+		require.Equal(t, []string{"x", "x"}, servedKeys(m2.Dequeue(3, 0)))
+		require.Equal(t, 2, m2.gk)
+		m2.SetLimits(Limits{Key: 1})
+		require.Empty(t, m2.Dequeue(1, 0))
+		require.True(t, mustReg(t, m2, "x").Gated)
+		require.Equal(t, 2, m2.gk)
+	})
+
+	t.Run("StillAtTheNewLimitGatedAgainWhenMet", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Key: 2}})
+		add(t, m, "x", 5, 0, 0)
+		require.Equal(t, []string{"x", "x"}, servedKeys(m.Dequeue(2, 0))) // x gated at 2U, gk 2, V U
+		m.SetLimits(Limits{Key: 1})
+		add(t, m, "y", 5, 0, 0) // no active tag: at V
+		require.Equal(t, []string{"y"}, servedKeys(m.Dequeue(2, 0)))
+		require.Equal(t, 1, m.gk, "y gated under 1")
+		m.SetLimits(Limits{Key: 2})
+		// 2 > gk 1: both return; x, two in flight, is met at the limit and
+		// gated again; y is served and reaches it.
+		require.Equal(t, []string{"y"}, servedKeys(m.Dequeue(5, 0)))
+		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true}, mustReg(t, m, "x"))
+		require.Equal(t, Reg{U: 3 * U, Seq: 2, Gated: true}, mustReg(t, m, "y"))
+		require.Equal(t, 2, m.gk)
 	})
 
 	t.Run("UngatedAtMaxSV", func(t *testing.T) {
@@ -674,11 +945,54 @@ func TestLimitRiseSweep(t *testing.T) {
 		v := m.v
 		m.SetLimits(Limits{Key: 2})
 		require.Equal(t, []string{"k0000"}, servedKeys(m.Dequeue(1, 5000)))
-		// Swept at max(S, V) = V; k0000 then served at V and gated at 2.
+		// Returned at max(S, V) = V; k0000 then served at V and gated at 2.
 		require.Equal(t, Reg{U: v, Seq: 2}, mustReg(t, m, "k0001"))
 		require.Equal(t, Reg{U: v, Seq: 3}, mustReg(t, m, "k0002"))
 		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true}, mustReg(t, m, "k0000"))
 	})
+}
+
+// TestLimitRiseReturnsEveryGated is finding 1's sequence: variants gated
+// under limit 1 with high tags (weight 0.01) and a thousand with low ones;
+// after the rise to 2, one call serves 500 of the low ones, which reach the
+// new limit and are gated again. The high-tag variants gated under the old
+// limit returned at that first call (before, a sweep counted on the lowest
+// tags left them gated below the limit for about 500 calls).
+func TestLimitRiseReturnsEveryGated(t *testing.T) {
+	t.Parallel()
+	m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 1})
+	var old []string
+	for i := 0; i < 5; i++ { // high tags: weight 0.01, served once
+		k := fmt.Sprintf("z%d", i)
+		m.SetWeight(k, 0.01)
+		add(t, m, k, 3, 0, 0)
+		old = append(old, k)
+	}
+	const n = 1000
+	for i := 0; i < n; i++ {
+		add(t, m, fmt.Sprintf("a%04d", i), 3, 0, 0)
+	}
+	require.Len(t, m.Dequeue(n+5, 0), n+5)
+	require.Equal(t, n+5, gatedCount(m))
+	require.Equal(t, 100*U, mustReg(t, m, "z0").U)
+
+	m.SetLimits(Limits{Key: 2})
+	out := m.Dequeue(500, 0) // 500 of the a's reach 2 and are gated again
+	require.Len(t, out, 500)
+	for _, s := range out {
+		require.Less(t, s.Key, "a0500")
+	}
+	require.Equal(t, 500, gatedCount(m))
+	require.Empty(t, gatedBelowLimit(m), "no variant is left gated below the new limit")
+	for _, k := range old {
+		require.Equal(t, Reg{U: 100 * U, Seq: mustReg(t, m, k).Seq}, mustReg(t, m, k), k)
+	}
+	v, epoch, _, nextSeq, gk, gp := m.Clock()
+	require.Equal(t, []int64{U, 0, n + 6, 2, 0}, []int64{v, epoch, nextSeq, int64(gk), int64(gp)})
+	// The other a's, then the z's, are served next.
+	out = m.Dequeue(505, 0)
+	require.Len(t, out, 505)
+	require.Equal(t, old, servedKeys(out[500:]))
 }
 
 // gatedBelowLimit lists the gated variants below the current key limit.
@@ -755,6 +1069,59 @@ func TestProbe(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("PassedOverWhenOneBeforeLeaves", func(t *testing.T) {
+		t.Parallel()
+		// Finding 9's sequence, now documented: the probe's position is a
+		// rank among the gated variants, so a variant is passed over when
+		// one before it leaves the gated set during the lap. At most 3
+		// variants are gated at any time; k2, freed before call 5, is passed
+		// over in the lap of calls 6 to 8 (k1, before it, was acked) and
+		// returns at the next look at its rank.
+		m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 1})
+		for _, k := range []string{"k0", "k1", "k2"} {
+			add(t, m, k, 6, 0, 0)
+		}
+		ack := func(key string) {
+			t.Helper()
+			for id, r := range m.runs {
+				if r.key == key && r.state == InFlight {
+					require.NoError(t, m.Ack(decode(t, id)))
+					return
+				}
+			}
+			t.Fatalf("%s has no run in flight", key)
+		}
+		call := func(gp int, want ...string) {
+			t.Helper()
+			if want == nil {
+				want = []string{}
+			}
+			require.Equal(t, want, servedKeys(m.Dequeue(2, 0)))
+			require.LessOrEqual(t, gatedCount(m), 3)
+			require.Equal(t, gp, m.gp)
+		}
+		call(0, "k0", "k1") // 1
+		call(1, "k2")       // 2: the probe looks at rank 0 (k0)
+		call(2)             // 3: rank 1 (k1)
+		call(3)             // 4: rank 2 (k2, at its limit)
+		for id, r := range m.runs {
+			if r.key == "k2" && r.state == InFlight {
+				flagOffAck(t, m, decode(t, id)) // k2's slot freed, k2 still gated
+			}
+		}
+		call(0) // 5: rank 3 past the end: back to rank 0
+		ack("k0")
+		call(1, "k0") // 6: gated k1, k2: rank 0 (k1); k0 served and gated (after k2)
+		ack("k1")
+		call(2, "k1") // 7: gated k2, k0: rank 1 (k0): k2 moved under the probe
+		call(3)       // 8: gated k2, k0, k1: rank 2 (k1)
+		require.True(t, mustReg(t, m, "k2").Gated, "passed over in the lap of calls 6 to 8")
+		// The next lap comes to rank 0 (after the call that goes back to
+		// it: see TestBugProbeLapTakesGatedPlusOneCalls).
+		call(0)       // 9
+		call(0, "k2") // 10
+	})
 }
 
 func TestDiscovery(t *testing.T) {
@@ -767,7 +1134,6 @@ func TestDiscovery(t *testing.T) {
 		for m.v < 2*U {
 			require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
 		}
-		l := m.l
 		flagOffEnqueue(m, "u#1", "u", 0)
 		_, ok := regOf(m, "u")
 		require.False(t, ok)
@@ -776,7 +1142,19 @@ func TestDiscovery(t *testing.T) {
 		p, ok := parkedOf(m, "u")
 		require.True(t, ok)
 		require.Equal(t, 3*U, p, "served at E = 2U")
-		require.Equal(t, l, m.l, "discovery is not a newcomer: the anchor stays")
+
+		// A discovered variant does not go through the lane: u competes at
+		// V while the lane's head n waits.
+		m = New(Config{})
+		add(t, m, "a", 5, 0, 0)
+		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0))) // a at U, V 0
+		add(t, m, "n", 2, 0, 0)
+		require.Equal(t, vms("n"), lane(m))
+		flagOffEnqueue(m, "u#1", "u", 0)
+		flagOffEnqueue(m, "u#2", "u", 0)
+		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, Reg{U: U, Seq: 3}, mustReg(t, m, "u"))
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "n"))
 	})
 
 	t.Run("AtParkedTag", func(t *testing.T) {
@@ -795,21 +1173,41 @@ func TestDiscovery(t *testing.T) {
 
 	t.Run("RotatingCursor", func(t *testing.T) {
 		t.Parallel()
-		m := New(Config{ScanLimit: 10})
+		// The cursor moves ScanLimit - cap (cap: the call's capacity, here
+		// maxCount or what the queue limit leaves), at least 1, and goes
+		// back to 0 once a chunk reaches the end of ckIndex.
+		m := New(Config{ScanLimit: 10, Limits: Limits{Queue: 6}})
 		for i := 0; i < 25; i++ {
 			k := fmt.Sprintf("u%02d", i)
 			for j := 0; j < 3; j++ {
 				flagOffEnqueue(m, fmt.Sprintf("%s#%d", k, j), k, int64(i)) // head score i whatever is served
 			}
 		}
-		for _, want := range []struct{ registered, cursor int }{{10, 10}, {20, 20}, {25, 0}, {25, 10}} {
-			require.Len(t, m.Dequeue(1, 100), 1)
+		for _, want := range []struct{ maxCount, served, registered, cursor int }{
+			{1, 1, 10, 9}, {1, 1, 19, 18}, {1, 1, 25, 0}, {1, 1, 25, 9},
+			{4, 2, 25, 17}, // 4 in flight: cap 2
+			{4, 0, 25, 17}, // cap 0: the call does nothing
+		} {
+			require.Len(t, m.Dequeue(want.maxCount, 100), want.served)
 			require.Len(t, m.reg, want.registered)
 			require.Equal(t, want.cursor, m.cursor)
 		}
 		// Registered in ckIndex order at V = 0.
 		for i := 0; i < 25; i++ {
 			require.Equal(t, int64(i+1), mustReg(t, m, fmt.Sprintf("u%02d", i)).Seq)
+		}
+
+		// ScanLimit at or below the capacity: the cursor moves 1.
+		m = New(Config{ScanLimit: 2})
+		for i := 0; i < 5; i++ {
+			k := fmt.Sprintf("u%02d", i)
+			for j := 0; j < 20; j++ {
+				flagOffEnqueue(m, fmt.Sprintf("%s#%d", k, j), k, int64(i))
+			}
+		}
+		for _, cursor := range []int{1, 2, 3, 0, 1} {
+			m.Dequeue(3, 100)
+			require.Equal(t, cursor, m.cursor)
 		}
 	})
 
@@ -821,6 +1219,66 @@ func TestDiscovery(t *testing.T) {
 		before := mustReg(t, m, "a")
 		require.Empty(t, m.Dequeue(1, 0))
 		require.Equal(t, before, mustReg(t, m, "a"))
+	})
+
+	t.Run("CursorPastTheEnd", func(t *testing.T) {
+		t.Parallel()
+		// Finding 8's first sequence: ckIndex r0, u0, u1 (equal scores),
+		// ScanLimit 2, maxCount 1: the bound is ceil(3/(2-1))+1 = 4 calls.
+		// Call 1 reads r0, u0 and serves r0, which drains: u1 moves to rank
+		// 1. The cursor moved 2-1 = 1, so call 2 reads u0, u1.
+		m := New(Config{ScanLimit: 2})
+		add(t, m, "r0", 1, 0, 0)
+		flagOffEnqueue(m, "u0#1", "u0", 0)
+		flagOffEnqueue(m, "u1#1", "u1", 0)
+		require.Equal(t, []string{"r0"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, 1, m.cursor)
+		_, ok := regOf(m, "u1")
+		require.False(t, ok)
+		m.Dequeue(1, 0)
+		_, ok = regOf(m, "u1")
+		require.True(t, ok, "u1 not reached in 2 calls (bound 4)")
+	})
+
+	t.Run("ServeMovesAVariantPastAnUnreadOne", func(t *testing.T) {
+		t.Parallel()
+		// ckIndex r0 (head 0), x (10), u (20); ScanLimit 2, maxCount 1.
+		// Call 1 reads r0, x and serves r0, whose next head (100) moves it
+		// past u: x, u, r0. A cursor moved by ScanLimit (2) would read r0
+		// and skip u; moved by ScanLimit - cap (1) it reads u.
+		m := New(Config{ScanLimit: 2})
+		require.NoError(t, m.Enqueue("r0#1", "r0", 0, 0, 100))
+		require.NoError(t, m.Enqueue("r0#2", "r0", 0, 100, 100))
+		flagOffEnqueue(m, "x#1", "x", 10)
+		flagOffEnqueue(m, "u#1", "u", 20)
+		require.Equal(t, []string{"r0"}, servedKeys(m.Dequeue(1, 100)))
+		require.Equal(t, vms("x", "u", "r0"), []string{m.CkIndex()[0].Member, m.CkIndex()[1].Member, m.CkIndex()[2].Member})
+		_, ok := regOf(m, "u")
+		require.False(t, ok)
+		m.Dequeue(1, 100)
+		_, ok = regOf(m, "u")
+		require.True(t, ok, "u slipped past the cursor")
+	})
+
+	t.Run("ScanLimitAtOrBelowMaxCount", func(t *testing.T) {
+		t.Parallel()
+		// Finding 8's second sequence, with ScanLimit 1 and maxCount 1: no
+		// bound is stated (ScanLimit - maxCount = 0); the cursor moves 1 a
+		// call. ckIndex r0, u0, u1. Call 1 reads r0 and serves it; call 2
+		// reads u0 (rank 1), serves it and it drains: u1 moves to rank 1,
+		// below the cursor (2). Call 3 reads past the end and resets, call 4
+		// reads r0, call 5 reaches u1 (registered at V and served).
+		m := New(Config{ScanLimit: 1})
+		add(t, m, "r0", 9, 0, 0)
+		flagOffEnqueue(m, "u0#1", "u0", 0)
+		flagOffEnqueue(m, "u1#1", "u1", 0)
+		for call, cursor := range []int{1, 2, 0, 1} {
+			m.Dequeue(1, 0)
+			require.Equal(t, cursor, m.cursor, "call %d", call+1)
+			_, ok := regOf(m, "u1")
+			require.False(t, ok, "call %d", call+1)
+		}
+		require.Equal(t, []string{"u1"}, servedKeys(m.Dequeue(1, 0)))
 	})
 }
 
@@ -923,6 +1381,50 @@ func TestAgeHead(t *testing.T) {
 		// The probe, at rank 1, returns it.
 		require.Equal(t, []string{"g1"}, servedKeys(m.Dequeue(1, 0)))
 	})
+
+	t.Run("JoinsRegisteredPastTheReadBudget", func(t *testing.T) {
+		t.Parallel()
+		// Finding 5's sequence: more stale entries (flag-off drains) ahead
+		// of u than the read budget. Pass 1 stops at the budget; the age
+		// head (u, all a flag-off call sees) lets u join although u is
+		// registered, at its rank whatever the window's bound: flag on
+		// serves u as flag off would.
+		m := New(Config{})
+		for i := 0; i < ReadBudget+100; i++ {
+			k := fmt.Sprintf("s%04d", i)
+			add(t, m, k, 1, 0, 0)
+			flagOffServe(t, m, k)
+		}
+		add(t, m, "u", 1, 0, 0)
+		require.Equal(t, []Entry{{vm("u"), 0}}, m.CkIndex(), "u is all a flag-off call sees")
+		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)))
+		budget := ReadBudget + 4*1*3
+		require.Len(t, m.reg, ReadBudget+100-budget, "the stale entries past the budget wait for the next call")
+		require.Empty(t, m.Dequeue(1, 0))
+		require.Empty(t, m.reg)
+	})
+
+	t.Run("RegisteredJoinAtTheirRank", func(t *testing.T) {
+		t.Parallel()
+		// Past the budget, two registered variants with work in the age
+		// head join at their rank (tag, then registration), not in age
+		// order, and no gated variant joins.
+		m := New(Config{Limits: Limits{Key: 2}, ScanLimit: 3})
+		add(t, m, "g", 3, 0, 0) // gated at two in flight below
+		add(t, m, "lo", 2, 0, 0)
+		add(t, m, "hi", 2, 0, 0)
+		require.Equal(t, []string{"g", "lo", "hi", "g"}, servedKeys(m.Dequeue(4, 0)))
+		require.True(t, mustReg(t, m, "g").Gated)
+		require.Equal(t, U, mustReg(t, m, "lo").U)
+		m.reg[vm("hi")].U = U / 2 // hi before lo in tag order, after it in age order
+		for i := 0; i < ReadBudget+100; i++ {
+			k := fmt.Sprintf("s%04d", i)
+			add(t, m, k, 1, 0, 0)
+			flagOffServe(t, m, k)
+		}
+		require.Equal(t, []string{"hi", "lo"}, servedKeys(m.Dequeue(3, 0)))
+		require.True(t, mustReg(t, m, "g").Gated)
+	})
 }
 
 func TestPromotion(t *testing.T) {
@@ -941,8 +1443,7 @@ func TestPromotion(t *testing.T) {
 		require.False(t, ok, "not due")
 		// At 5: d registers by the newcomer rule (top 2U, V U: at 3U).
 		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 5)))
-		require.Equal(t, Reg{U: 3 * U, Seq: 2}, mustReg(t, m, "d"))
-		require.Equal(t, 3*U, m.l)
+		require.Equal(t, Reg{U: 3 * U, Seq: 2, Waiting: true}, mustReg(t, m, "d"))
 	})
 
 	t.Run("PromoteLimitPerVariant", func(t *testing.T) {
@@ -1080,17 +1581,17 @@ func normalized(s Snapshot) Snapshot {
 	return s
 }
 
-// storedInRange checks that every stored time is an exact integer of a
-// double that the next rebase keeps non-negative: in [0, 2^52).
+// storedInRange checks what the rebase promises between calls: the stored
+// clock below RebaseAt, and every stored time an exact integer of a double
+// that the next rebase keeps non-negative, below 2^50 (model.go: tags stay
+// below 2^50).
 func storedInRange(t require.TestingT, m *Model) {
-	const limit = int64(1) << 52
+	const limit = int64(1) << 50
 	in := func(what string, x int64) {
-		require.True(t, x >= 0 && x < limit, "%s = %d outside [0, 2^52)", what, x)
+		require.True(t, x >= 0 && x < limit, "%s = %d outside [0, 2^50)", what, x)
 	}
 	in("V", m.v)
-	if m.hasL {
-		in("L", m.l)
-	}
+	require.Less(t, m.v, int64(RebaseAt), "V at or past RebaseAt after a call")
 	for v, r := range m.reg {
 		in("tag of "+v, r.U)
 		require.True(t, r.R >= 0 && r.R < max(m.MilliWeight(v), 1000*1000), "remainder of %s = %d", v, r.R)
@@ -1139,13 +1640,30 @@ func TestRebase(t *testing.T) {
 						add(t, m, k, 2, 0, 0)
 					}
 				}
+				if i%250 == 0 { // newcomers, two in a row: the second waits behind the first
+					add(t, m, fmt.Sprintf("n%d", i), 1, 0, 0)
+					add(t, m, fmt.Sprintf("o%d", i), 1, 0, 0)
+				}
 			}
 			require.Equal(t, ref.v+offset, logical(edge))
-			require.Equal(t, ref.l+offset, edge.epoch*RebaseBy+edge.l)
-			for _, k := range []string{"h", "b", "c"} {
-				r, e := mustReg(t, ref, k), mustReg(t, edge, k)
-				require.Equal(t, r.U+offset, edge.epoch*RebaseBy+e.U, k)
-				require.Equal(t, r.R, e.R, k)
+			require.Len(t, edge.reg, len(ref.reg))
+			refLane := lane(ref)
+			require.Equal(t, refLane, lane(edge))
+			for v, r := range ref.reg {
+				e, ok := edge.reg[v]
+				require.True(t, ok, v)
+				if r.Waiting && v != refLane[0] {
+					require.Zero(t, e.U, "%s queued in the lane: no tag", v)
+				} else {
+					require.Equal(t, r.U+offset, edge.epoch*RebaseBy+e.U, v)
+				}
+				r2 := *r
+				r2.U = e.U
+				require.Equal(t, r2, *e, v)
+			}
+			require.Len(t, edge.idle, len(ref.idle))
+			for v, p := range ref.idle {
+				require.Equal(t, p+offset, edge.epoch*RebaseBy+edge.idle[v], v)
 			}
 		}
 		require.Equal(t, int64(1), edge.epoch, "the edge model rebased")
@@ -1155,16 +1673,17 @@ func TestRebase(t *testing.T) {
 	t.Run("ShiftsAndLifts", func(t *testing.T) {
 		t.Parallel()
 		m := Restore(Config{Limits: Limits{Key: 1}}, Snapshot{
-			V: RebaseAt - 1, L: 3, HasL: true, NextSeq: 3,
+			V: RebaseAt - 1, NextSeq: 4,
 			Reg: map[string]Reg{
 				vm("x"): {U: RebaseAt, Seq: 1},
 				vm("g"): {U: 5, R: 7, Seq: 2, Gated: true},
+				vm("w"): {U: RebaseAt + 2*U, Seq: 3, Waiting: true},
 			},
 			Idle:     map[string]int64{vm("p"): RebaseAt + 3*U, vm("q"): 17},
 			InFlight: map[string]int{vm("g"): 1},
 			Runs: []SnapshotRun{
 				{ID: "x1", Key: "x", Attempt: 1}, {ID: "x2", Key: "x", Attempt: 1},
-				{ID: "g1", Key: "g", Attempt: 1},
+				{ID: "g1", Key: "g", Attempt: 1}, {ID: "w1", Key: "w", Attempt: 1},
 			},
 		})
 		require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)))
@@ -1172,8 +1691,8 @@ func TestRebase(t *testing.T) {
 		require.Equal(t, int64(1), m.epoch)
 		require.Equal(t, int64(RebaseAt-RebaseBy), m.v)
 		require.Equal(t, Reg{U: RebaseAt + U - RebaseBy, Seq: 1, Gated: true}, mustReg(t, m, "x"))
-		require.Equal(t, Reg{U: lo - RebaseBy, Seq: 2, Gated: true}, mustReg(t, m, "g"), "lifted to V - 2^49, remainder dropped")
-		require.Equal(t, lo-RebaseBy, m.l)
+		require.Equal(t, Reg{U: lo - RebaseBy, Seq: 2, Gated: true}, mustReg(t, m, "g"), "lifted to V - 2^47, remainder dropped")
+		require.Equal(t, Reg{U: RebaseAt + 2*U - RebaseBy, Seq: 3, Waiting: true}, mustReg(t, m, "w"), "shifted, still waiting")
 		require.Equal(t, []Entry{{vm("p"), float64(RebaseAt + 3*U - RebaseBy)}}, m.Idle(), "q (<= V) reaped, p shifted")
 		storedInRange(t, m)
 	})
@@ -1186,6 +1705,25 @@ func TestRebase(t *testing.T) {
 		m.Dequeue(2, 0)
 		require.Equal(t, int64(0), m.epoch)
 		require.Equal(t, int64(RebaseAt-1), m.v)
+	})
+
+	t.Run("VNeverDecreasesAcrossLateRebase", func(t *testing.T) {
+		t.Parallel()
+		// Finding 7's sequence: V() is computed from the exact integer
+		// epoch*RebaseBy + v, so a one-unit step across a rebase never reads
+		// as a decrease, at any epoch where that integer fits.
+		for _, epoch := range []int64{31, 32, 1000, 1 << 14} {
+			m := Restore(Config{}, Snapshot{
+				Epoch: epoch, V: RebaseAt - 1, NextSeq: 2,
+				Reg:  map[string]Reg{vm("x"): {U: RebaseAt, Seq: 1}},
+				Runs: []SnapshotRun{{ID: "x1", Key: "x", Attempt: 1}, {ID: "x2", Key: "x", Attempt: 1}},
+			})
+			before, lBefore := m.V(), logical(m)
+			require.Len(t, m.Dequeue(1, 0), 1)
+			require.Equal(t, epoch+1, m.epoch)
+			require.Equal(t, lBefore+1, logical(m), "the logical clock moved up one unit")
+			require.GreaterOrEqual(t, m.V(), before, "V() decreased at epoch %d", epoch)
+		}
 	})
 }
 
@@ -1205,8 +1743,7 @@ func TestExpireState(t *testing.T) {
 	m.ExpireState()
 	require.Empty(t, m.reg)
 	require.Empty(t, m.idle)
-	require.Equal(t, []int64{0, 0, 0, 0, 1, 0, 0, 0}, []int64{m.v, m.epoch, m.l, int64(m.cursor), m.nextSeq, int64(m.gk), int64(m.gs), int64(m.gp)})
-	require.False(t, m.hasL)
+	require.Equal(t, []int64{0, 0, 0, 1, 0, 0}, clock(m))
 	require.Equal(t, 0.0, m.V())
 	require.Equal(t, 2.0, m.Weight("a"), "weights are configuration")
 	require.ElementsMatch(t, runs, m.Snapshot().Runs, "runs stay")
@@ -1372,4 +1909,40 @@ func TestErrors(t *testing.T) {
 	require.True(t, m.Expire(ids[0]), "a delayed run expires")
 	st, _ = m.State(ids[0])
 	require.Equal(t, byte(0), st)
+}
+
+// TestReleaseWithoutKeyLimitWaitsForTheProbe is finding 4's sequence,
+// now documented: a freed slot returns a gated variant at once only while
+// the queue has a per-key limit. x's slot frees while the limit is off and
+// the limit is back (not above gk) before the next call: no rise, so x
+// returns when the gated probe comes to its rank (y, z, x: the third call).
+func TestReleaseWithoutKeyLimitWaitsForTheProbe(t *testing.T) {
+	t.Parallel()
+	m := New(Config{Limits: Limits{Key: 1}})
+	for _, k := range []string{"y", "z", "x"} {
+		add(t, m, k, 3, 0, 0)
+	}
+	out := m.Dequeue(3, 0)
+	require.Equal(t, []string{"y", "z", "x"}, servedKeys(out))
+	require.Equal(t, 3, gatedCount(m))
+	m.SetLimits(Limits{})
+	require.NoError(t, m.Ack(decode(t, out[2].ID)))
+	require.True(t, mustReg(t, m, "x").Gated, "no key limit: the release does not look")
+	m.SetLimits(Limits{Key: 1})
+	require.Empty(t, m.Dequeue(1, 0)) // probe: rank 0 (y, at its limit)
+	require.Empty(t, m.Dequeue(1, 0)) // rank 1 (z, at its limit)
+	require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)), "rank 2: x below its limit")
+	require.Equal(t, Reg{U: 2 * U, Seq: 3, Gated: true}, mustReg(t, m, "x"))
+
+	// Had a call run while the limit was off, every gated variant would
+	// have returned at it.
+	m = New(Config{Limits: Limits{Key: 1}})
+	for _, k := range []string{"y", "z", "x"} {
+		add(t, m, k, 3, 0, 0)
+	}
+	out = m.Dequeue(3, 0)
+	m.SetLimits(Limits{})
+	require.NoError(t, m.Ack(decode(t, out[2].ID)))
+	require.Equal(t, []string{"y", "z", "x"}, servedKeys(m.Dequeue(3, 0)))
+	require.Zero(t, gatedCount(m))
 }

@@ -221,9 +221,11 @@ func scanOf(c Config, maxCount int) int {
 
 // batchConditions reports whether the conditions of guarantee 4 hold for
 // a dequeue(n) at now: no discovery pending (every variant of ckIndex is
-// registered), no un-gating pending (no sweep under way or about to start,
-// no gated variant below its limit for the probe), the pass-1 reads within
-// the budget and the due delayed runs promoted whole by one call of 1.
+// registered), no un-gating pending (no rise of the key limit above gk, or
+// to none, with gated variants present; no gated variant below its limit
+// for the probe), the pass-1 reads within the budget (nor, therefore,
+// registered variants for the age head) and the due delayed runs promoted
+// whole by one call of 1.
 func batchConditions(m *Model, n int, now int64) (bool, string) {
 	for _, e := range m.CkIndex() {
 		if _, ok := m.reg[e.Member]; !ok {
@@ -232,8 +234,8 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 	}
 	k := m.cfg.Limits.Key
 	gated := gatedCount(m)
-	if m.gs > 0 || (gated > 0 && m.gk > 0 && (k == 0 || k > m.gk)) {
-		return false, "sweep pending"
+	if gated > 0 && m.gk > 0 && (k == 0 || k > m.gk) {
+		return false, "rise pending"
 	}
 	if len(gatedBelowLimit(m)) > 0 {
 		return false, "probe pending"
@@ -312,29 +314,32 @@ func TestPropBatchInvariance(t *testing.T) {
 }
 
 // registration is what the rules of doc.go give a variant that registers
-// outside a dequeue (enqueue, nack, recovery, redrive): a return at
-// max(V, parked), else the newcomer rule.
-func registration(m *Model, v string) int64 {
-	if p, ok := m.idle[v]; ok {
-		return max(m.v, p)
+// outside a dequeue (enqueue, nack, recovery, redrive): a return at its
+// parked tag when that is above V, else the newcomer rule: behind the
+// lane's head (no tag, waiting) when the lane is not empty; else, with
+// A = min(top, V+Unit) over the competing tags, at V when A <= V, or as
+// the lane's head at A+Unit.
+func registration(m *Model, v string) Reg {
+	r := Reg{Seq: m.nextSeq}
+	if p, ok := m.idle[v]; ok && p > m.v {
+		r.U = p
+		return r
+	}
+	if len(lane(m)) > 0 {
+		r.Waiting = true
+		return r
 	}
 	top, has := int64(0), false
-	for _, r := range m.reg {
-		if !r.Gated && (!has || r.U > top) {
-			top, has = r.U, true
+	for _, x := range m.reg {
+		if !x.Gated && (!has || x.U > top) {
+			top, has = x.U, true
 		}
 	}
-	if !has {
-		return m.v
+	r.U = m.v
+	if a := min(top, m.v+Unit); has && a > m.v {
+		r.U, r.Waiting = a+Unit, true
 	}
-	a := min(top, m.v+Unit)
-	if m.hasL {
-		a = max(a, min(m.l, top))
-	}
-	if a > m.v {
-		return a + Unit
-	}
-	return m.v
+	return r
 }
 
 // TestPropInvariants: over random workloads of the model's own operations
@@ -386,8 +391,7 @@ func TestPropInvariants(t *testing.T) {
 			if o.kind != opDequeue {
 				for v, r := range m.reg {
 					if _, was := before.reg[v]; !was {
-						require.Equal(rt, registration(before, v), r.U, "%s registered by %v", v, o)
-						require.Equal(rt, before.nextSeq, r.Seq)
+						require.Equal(rt, registration(before, v), *r, "%s registered by %v", v, o)
 					}
 				}
 			}

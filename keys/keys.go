@@ -188,8 +188,9 @@ type Env struct {
 // Name is the env's name.
 func (e Env) Name() string { return e.env }
 
-// Inflight is the env's SET of in-flight message refs (its concurrency).
-func (e Env) Inflight() string { return e.base + ":inflight" }
+// InflightCount is the env's STRING counter of runs in flight across its
+// queues (its concurrency); deleted at 0.
+func (e Env) InflightCount() string { return e.base + ":inflightN" }
 
 // Dead is the env's HASH queue member -> number of dead-lettered runs.
 func (e Env) Dead() string { return e.base + ":dead" }
@@ -224,8 +225,14 @@ func (q Queue) DelayIndex() string { return q.base + ":delayIndex" }
 // deleted when both reach zero, so an empty queue leaves no key.
 func (q Queue) Depth() string { return q.base + ":depth" }
 
-// Inflight is the queue's SET of in-flight message refs (all its keys).
-func (q Queue) Inflight() string { return q.base + ":inflight" }
+// Held is the queue's HASH of runs in flight: field "<variant member>:<encoded
+// id>" (HeldField), value the delivery token of the holder. Its length is
+// the queue's in-flight count.
+func (q Queue) Held() string { return q.base + ":held" }
+
+// KeyInflight is the queue's HASH variant member -> runs in flight; a field
+// goes at 0.
+func (q Queue) KeyInflight() string { return q.base + ":kin" }
 
 // Dead is the queue's dead-letter ZSET, member RunMember, score the time of
 // death in ms.
@@ -243,9 +250,10 @@ func (q Queue) CkVtimeState() string { return q.base + ":ckVtimeState" }
 // Weights is the HASH variant -> weight override (flag on only).
 func (q Queue) Weights() string { return q.base + ":weights" }
 
-// Meta is the HASH of the queue's runs: field encoded id -> run metadata,
-// field encoded id + ":p" -> payload bytes (encoded ids hold no ':').
-func (q Queue) Meta() string { return q.base + ":runs" }
+// Runs is the HASH of the queue's runs: field encoded id -> record
+// (attempt, priority, available_at, expiry, last settled token, variant
+// member, then the payload's bytes; see runqueue's record.go).
+func (q Queue) Runs() string { return q.base + ":runs" }
 
 // Variant returns the keys of the variant of concurrency key ck ("" for runs
 // without a key).
@@ -274,8 +282,6 @@ func (v Variant) Ready() string { return v.base + ":ready" }
 // Delayed is the ZSET of delayed message ids, score available_at (ms).
 func (v Variant) Delayed() string { return v.base + ":delayed" }
 
-// Inflight is the SET of the variant's in-flight message ids.
-func (v Variant) Inflight() string { return v.base + ":inflight" }
 
 // VariantMember is the member naming concurrency key ck in the per-queue
 // sorted sets: "=" followed by the encoded key, so "" (no key) is "=".
@@ -312,11 +318,16 @@ type Ref struct {
 	Env, Queue, Key, ID string
 }
 
-// RunMember names a run in shard-level sets (leases, ttl) and queue-level
-// sets (inflight, dead): env:queue:=key:id, each segment encoded.
-func RunMember(r Ref) string {
-	return Segment(r.Env) + ":" + Segment(r.Queue) + ":" + VariantMember(r.Key) + ":" + Segment(r.ID)
-}
+// RunMember names a run in shard-level sets (leases, ttl) and the queue's
+// dead set: env:queue:=key:id, each segment encoded.
+func RunMember(r Ref) string { return RunPrefix(r.Env, r.Queue) + HeldField(r.Key, r.ID) }
+
+// HeldField names a run in its queue's held hash: =key:id, each segment
+// encoded (RunMember without the env and queue).
+func HeldField(key, id string) string { return VariantMember(key) + ":" + Segment(id) }
+
+// RunPrefix is what every run member of a queue starts with: env:queue:.
+func RunPrefix(env, queue string) string { return Segment(env) + ":" + Segment(queue) + ":" }
 
 // DecodeRunMember inverts RunMember.
 func DecodeRunMember(m string) (Ref, error) {

@@ -2,8 +2,11 @@ package runqueue
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,15 +33,93 @@ func checkRun(r *Run) error {
 // retried) succeeds. A holder whose lease was recovered gets ErrNotInFlight
 // while the run waits to be delivered again, ErrLeaseLost once it was.
 func (q *Queue) Ack(ctx context.Context, r *Run) error {
-	if err := checkRun(r); err != nil {
+	errs, err := q.AckMany(ctx, []*Run{r})
+	if err != nil {
 		return err
 	}
-	qk := q.space.Env(r.Env).Queue(r.Queue)
-	v := qk.Variant(r.Key)
-	ks := []string{qk.Meta(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()}
-	args := []any{keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token, q.now()}
-	ks, args = q.withHooks(q.scripts.ack, qk, ks, args)
-	return scriptError(run(ctx, q.rdb, q.scripts.ack, ks, args...).Err(), nil)
+	return errs[0]
+}
+
+// AckMany acks runs, errs[i] saying what became of runs[i] (nil: acked, or
+// gone already), as Ack does for one. Runs of one base queue go in one
+// script call (up to 1000 each), the calls in one pipeline. A Redis or
+// network error is returned as err (every errs[i] of a call that did not
+// complete is that error too); a retry is safe.
+func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
+	errs := make([]error, len(runs))
+	now := q.now()
+	type batch struct {
+		qk   keys.Queue
+		args []any
+		idx  []int
+	}
+	var order []*batch
+	open := map[keys.Queue]*batch{}
+	for i, r := range runs {
+		if err := checkRun(r); err != nil {
+			errs[i] = err
+			continue
+		}
+		qk := q.space.Env(r.Env).Queue(r.Queue)
+		b := open[qk]
+		if b == nil || len(b.idx) == maxBatch {
+			b = &batch{qk: qk, args: []any{now, keys.RunPrefix(r.Env, r.Queue), 0}}
+			open[qk] = b
+			order = append(order, b)
+		}
+		b.args = append(b.args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
+		b.idx = append(b.idx, i)
+	}
+	if len(order) == 0 {
+		return errs, nil
+	}
+	calls := make([]call, len(order))
+	for i, b := range order {
+		b.args[2] = len(b.idx)
+		ks, args := q.withHooks(q.scripts.ack, b.qk, q.heldKeys(b.qk), b.args)
+		calls[i] = call{sc: q.scripts.ack, keys: ks, args: args}
+	}
+	cmds, err := runPipelined(ctx, q.rdb, calls)
+	if err != nil {
+		for _, b := range order {
+			for _, i := range b.idx {
+				errs[i] = err
+			}
+		}
+		return errs, err
+	}
+	var first error
+	for ci, cmd := range cmds {
+		vals, err := cmd.Slice()
+		if err == nil && len(vals) != len(order[ci].idx) {
+			err = fmt.Errorf("runqueue: ack returned %d results for %d runs", len(vals), len(order[ci].idx))
+		}
+		for k, i := range order[ci].idx {
+			switch {
+			case err != nil:
+				errs[i] = scriptError(err, nil)
+				if first == nil {
+					first = errs[i]
+				}
+			case vals[k] == int64(1), vals[k] == int64(0):
+			default:
+				errs[i] = heldError(vals[k])
+			}
+		}
+	}
+	return errs, first
+}
+
+// heldKeys are the keys of a queue's in-flight bookkeeping, in the order the
+// ack script and the dequeue's acks take them.
+func (q *Queue) heldKeys(qk keys.Queue) []string {
+	return []string{qk.Runs(), qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases()}
+}
+
+// heldError maps an error code of lib/held.lua to its error.
+func heldError(v any) error {
+	code, _ := v.(string)
+	return scriptError(errors.New("RQ_"+strings.ToUpper(code)), nil)
 }
 
 // ExtendLease moves the lease deadline of a held run to now + d (a heartbeat).
@@ -59,7 +140,7 @@ func (q *Queue) ExtendLease(ctx context.Context, r *Run, d time.Duration) error 
 	qk := q.space.Env(r.Env).Queue(r.Queue)
 	v := qk.Variant(r.Key)
 	deadline := now + max(ms(d), 1)
-	err := run(ctx, q.rdb, q.scripts.extend, []string{qk.Meta(), qk.Leases()},
+	err := run(ctx, q.rdb, q.scripts.extend, []string{qk.Runs(), qk.Held(), qk.Leases()},
 		keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token, deadline).Err()
 	if err == nil {
 		r.LeaseDeadline = time.UnixMilli(deadline)
@@ -128,8 +209,8 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) call {
 	qk := q.space.Env(ref.Env).Queue(ref.Queue)
 	v := qk.Variant(ref.Key)
-	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(),
-		qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases(), qk.Dead(), qk.Env.Dead()}
+	ks := []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(),
+		qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases(), qk.Dead(), qk.Env.Dead()}
 	killArg := 0
 	if kill {
 		killArg = 1
@@ -139,7 +220,7 @@ func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) ca
 		maxAttempts = 0
 	}
 	args := []any{now, keys.Segment(ref.ID), v.Member(), keys.RunMember(ref), token, retry,
-		ms(q.cfg.PriorityStep), maxAttempts, killArg, qk.Member(), qk.Wake()}
+		ms(q.cfg.PriorityStep), maxAttempts, killArg, qk.Member(), qk.Wake(), qk.VariantBase()}
 	ks, args = q.withHooks(q.scripts.requeue, qk, ks, args)
 	return call{sc: q.scripts.requeue, keys: ks, args: args}
 }
@@ -198,9 +279,8 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 		func(ref keys.Ref, member string) call {
 			qk := q.space.Env(ref.Env).Queue(ref.Queue)
 			v := qk.Variant(ref.Key)
-			ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
-				qk.Depth(), qk.Master(), sh.TTL()}
-			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qk.Member()}
+			ks := []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), sh.TTL()}
+			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qk.Member(), qk.VariantBase()}
 			ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
 			return call{sc: q.scripts.expire, keys: ks, args: args}
 		},
@@ -261,8 +341,9 @@ func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
 	qk := q.space.Env(env).Queue(queue)
 	v := qk.Variant(key)
 	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
-	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Dead(), qk.Env.Dead()}
-	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qk.Member(), qk.Wake()}
+	ks := []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Dead(), qk.Env.Dead()}
+	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qk.Member(), qk.Wake(),
+		qk.VariantBase()}
 	ks, args = q.withHooks(q.scripts.redrive, qk, ks, args)
 	return scriptError(run(ctx, q.rdb, q.scripts.redrive, ks, args...).Err(), nil)
 }

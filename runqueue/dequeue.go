@@ -61,22 +61,61 @@ func (q *Queue) scanLimit(maxCount int) int {
 // The script derives the keys of the variants it serves from their
 // members (keys.Queue.VariantBase), in the queue's hash slot.
 func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]*Run, error) {
+	runs, _, err := q.settleAndDequeue(ctx, qk, nil, maxCount, now)
+	return runs, err
+}
+
+// settleAndDequeue acks acks (runs of qk) and dequeues up to maxCount runs of
+// qk in one script call; ackErrs[i] says what became of acks[i].
+func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
 	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
-		qk.Env.Inflight(), qk.Inflight(), qk.Meta(), qk.TTL(), qk.Tokens()}
+		qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens()}
 	lease := now + ms(q.cfg.LeaseDuration)
-	args := []any{now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
-		runPrefix(qk.Env.Name(), qk.Name()), ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
-		qk.VariantBase()}
+	args := make([]any, 0, 16+3*len(acks))
+	args = append(args, now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
+		keys.RunPrefix(qk.Env.Name(), qk.Name()), ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
+		qk.VariantBase(), len(acks))
+	for _, r := range acks {
+		args = append(args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
+	}
 	if q.cfg.VtimeScheduling {
 		ks = append(ks, q.vtimeKeys(qk)...)
 		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier)
 	}
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
 	if err != nil {
-		return nil, scriptError(err, nil)
+		return nil, nil, scriptError(err, nil)
 	}
-	return decodeRuns(qk, res, lease)
+	return decodeDequeue(qk, res, lease, len(acks))
+}
+
+// AckAndDequeue acks acks and then dequeues up to maxCount runs of one base
+// queue, in one script call: a worker's loop costs one round trip per
+// batch. Every run of acks must belong to env and queue. ackErrs[i] says
+// what became of acks[i], as AckMany does; maxCount may be 0 (acks only).
+// The runs acked free their slots for the dequeue of the same call.
+func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, nil, err
+	}
+	if maxCount != 0 {
+		if err := q.checkMaxCount(maxCount); err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(acks) > maxBatch {
+		return nil, nil, invalid("acks", "%d runs, at most %d", len(acks), maxBatch)
+	}
+	for _, r := range acks {
+		if err := checkRun(r); err != nil {
+			return nil, nil, err
+		}
+		if r.Env != env || r.Queue != queue {
+			return nil, nil, invalid("acks", "run %q belongs to %s/%s, not %s/%s", r.ID, r.Env, r.Queue, env, queue)
+		}
+	}
+	return q.settleAndDequeue(ctx, q.space.Env(env).Queue(queue), acks, maxCount, q.now())
 }
 
 func variantOf(qk keys.Queue, member string) (keys.Variant, error) {
@@ -101,29 +140,44 @@ func union(lists ...[]string) []string {
 	return out
 }
 
-func decodeRuns(qk keys.Queue, res []any, lease int64) ([]*Run, error) {
-	if len(res)%5 != 0 {
-		return nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+// decodeDequeue reads a dequeue script's reply (lua/lib/dequeue.lua,
+// dq_finish): the acks' results, then four values per run.
+func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) ([]*Run, []error, error) {
+	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
+		return nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
 	}
-	runs := make([]*Run, 0, len(res)/5)
-	for i := 0; i < len(res); i += 5 {
+	var ackErrs []error
+	if acks > 0 {
+		ackErrs = make([]error, acks)
+		for i := range ackErrs {
+			if v := res[1+i]; v != int64(1) && v != int64(0) {
+				ackErrs[i] = heldError(v)
+			}
+		}
+	}
+	res = res[1+acks:]
+	runs := make([]*Run, 0, len(res)/4)
+	for i := 0; i < len(res); i += 4 {
 		encID, _ := res[i].(string)
 		member, _ := res[i+1].(string)
-		body, _ := res[i+2].(string)
-		att, _ := res[i+3].(int64)
-		tok, _ := res[i+4].(int64)
+		raw, _ := res[i+2].(string)
+		tok, _ := res[i+3].(int64)
 		id, err := keys.DecodeSegment(encID)
 		if err != nil {
-			return nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
+			return nil, nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
 		}
 		ck, err := keys.DecodeVariantMember(member)
 		if err != nil {
-			return nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
+			return nil, nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
 		}
-		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(body),
-			Attempt: int(att), Token: tok, LeaseDeadline: time.UnixMilli(lease)})
+		rec, ok := parseRecord(raw)
+		if !ok {
+			return nil, nil, fmt.Errorf("runqueue: corrupt record of %q in %s", id, qk.Runs())
+		}
+		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(rec.payload),
+			Attempt: rec.att, Token: tok, LeaseDeadline: time.UnixMilli(lease)})
 	}
-	return runs, nil
+	return runs, ackErrs, nil
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard

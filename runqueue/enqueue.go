@@ -2,6 +2,9 @@ package runqueue
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/runqueue/runqueue/keys"
@@ -37,46 +40,158 @@ type EnqueueParams struct {
 // queue is a *QueueFullError (errors.Is ErrQueueFull). Nothing is written on
 // error.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
-	if err := checkRef(p.Env, p.Queue, p.Key, p.ID); err != nil {
+	res, err := q.EnqueueMany(ctx, []EnqueueParams{p})
+	if err != nil {
 		return false, err
+	}
+	return res[0].Queued, res[0].Err
+}
+
+// EnqueueResult is what became of one run of EnqueueMany.
+type EnqueueResult struct {
+	// Queued is true when the run was queued, false when it was not: a run
+	// with the same id, key and payload already existed (Err nil: an
+	// idempotent retry), or Err says why.
+	Queued bool
+	// Err is nil, an *InvalidError, ErrConflict or a *QueueFullError.
+	// Nothing of a run with an error was written.
+	Err error
+}
+
+// maxBatch bounds the runs of one script call; a call also stops growing at
+// batchBytes of payload.
+const (
+	maxBatch   = 1000
+	batchBytes = 4 << 20
+)
+
+// EnqueueMany stores and queues runs, results[i] saying what became of
+// runs[i]. Each run is all or nothing and idempotent as with Enqueue; runs
+// of one base queue go in one script call (up to 1000 runs or 4 MiB of
+// payload each), the calls in one pipeline. A Redis or network error
+// returns err with results of the runs whose call did not complete left
+// unknown (Queued false, Err the same error): a retry of the whole batch
+// is safe.
+func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]EnqueueResult, error) {
+	res := make([]EnqueueResult, len(runs))
+	now := q.now()
+	type batch struct {
+		qk    keys.Queue
+		args  []any
+		idx   []int
+		bytes int
+	}
+	var order []*batch
+	open := map[keys.Queue]*batch{}
+	for i := range runs {
+		p := &runs[i]
+		if err := q.checkEnqueue(p, now); err != nil {
+			res[i].Err = err
+			continue
+		}
+		qk := q.space.Env(p.Env).Queue(p.Queue)
+		b := open[qk]
+		if b == nil || len(b.idx) == maxBatch || b.bytes+len(p.Payload) > batchBytes && len(b.idx) > 0 {
+			b = &batch{qk: qk, args: []any{now, qk.VariantBase(), qk.Member(), qk.Wake(), q.cfg.MaxQueueDepth,
+				q.cfg.MaxKeyDepth, keys.RunPrefix(p.Env, p.Queue), 0}}
+			open[qk] = b
+			order = append(order, b)
+		}
+		b.args = append(b.args, q.enqueueArgs(p, now)...)
+		b.idx = append(b.idx, i)
+		b.bytes += len(p.Payload)
+	}
+	calls := make([]call, len(order))
+	for i, b := range order {
+		b.args[7] = len(b.idx)
+		ks := []string{b.qk.Runs(), b.qk.CkIndex(), b.qk.DelayIndex(), b.qk.Depth(), b.qk.Master(), b.qk.TTL()}
+		ks, args := q.withHooks(q.scripts.enqueue, b.qk, ks, b.args)
+		calls[i] = call{sc: q.scripts.enqueue, keys: ks, args: args}
+	}
+	if len(calls) == 0 {
+		return res, nil
+	}
+	cmds, err := runPipelined(ctx, q.rdb, calls)
+	if err != nil {
+		for _, b := range order {
+			for _, i := range b.idx {
+				res[i].Err = err
+			}
+		}
+		return res, err
+	}
+	limits := map[string]int{"queue": q.cfg.MaxQueueDepth, "key": q.cfg.MaxKeyDepth}
+	var first error
+	for ci, cmd := range cmds {
+		vals, err := cmd.Slice()
+		if err == nil && len(vals) != len(order[ci].idx) {
+			err = fmt.Errorf("runqueue: enqueue returned %d results for %d runs", len(vals), len(order[ci].idx))
+		}
+		for k, i := range order[ci].idx {
+			switch {
+			case err != nil:
+				res[i].Err = scriptError(err, limits)
+				if first == nil {
+					first = res[i].Err
+				}
+			case vals[k] == int64(1):
+				res[i].Queued = true
+			case vals[k] == int64(0):
+			default:
+				code, _ := vals[k].(string)
+				res[i].Err = scriptError(errors.New("RQ_"+strings.ToUpper(code)), limits)
+			}
+		}
+	}
+	return res, first
+}
+
+// checkEnqueue validates one run.
+func (q *Queue) checkEnqueue(p *EnqueueParams, now int64) error {
+	if err := checkRef(p.Env, p.Queue, p.Key, p.ID); err != nil {
+		return err
 	}
 	if len(p.Payload) > q.cfg.MaxPayloadBytes {
-		return false, invalid("payload", "is %d bytes, at most %d allowed", len(p.Payload), q.cfg.MaxPayloadBytes)
+		return invalid("payload", "is %d bytes, at most %d allowed", len(p.Payload), q.cfg.MaxPayloadBytes)
 	}
 	if p.Priority < 0 || p.Priority > MaxPriority {
-		return false, invalid("priority", "%d is outside 0..%d", p.Priority, MaxPriority)
+		return invalid("priority", "%d is outside 0..%d", p.Priority, MaxPriority)
 	}
 	if p.Delay < 0 {
-		return false, invalid("delay", "must not be negative")
+		return invalid("delay", "must not be negative")
 	}
 	if p.TTL < 0 {
-		return false, invalid("ttl", "must not be negative")
+		return invalid("ttl", "must not be negative")
 	}
 	if !p.AvailableAt.IsZero() && p.Delay != 0 {
-		return false, invalid("delay", "set either AvailableAt or Delay")
+		return invalid("delay", "set either AvailableAt or Delay")
 	}
 	if err := checkDuration("delay", p.Delay, 0); err != nil {
-		return false, err
+		return err
 	}
 	if err := checkDuration("ttl", p.TTL, 0); err != nil {
-		return false, err
+		return err
 	}
 	if !p.AvailableAt.IsZero() {
 		if err := checkTime("availableAt", p.AvailableAt); err != nil {
-			return false, err
+			return err
 		}
 	}
-	now := q.now()
 	if p.Delay > 0 {
 		if err := checkDeadline("delay", now, p.Delay); err != nil {
-			return false, err
+			return err
 		}
 	}
 	if p.TTL > 0 {
 		if err := checkDeadline("ttl", now, p.TTL); err != nil {
-			return false, err
+			return err
 		}
 	}
+	return nil
+}
+
+// enqueueArgs are the seven ARGV values of one run (lua/enqueue.lua).
+func (q *Queue) enqueueArgs(p *EnqueueParams, now int64) []any {
 	at := now + ms(p.Delay)
 	if !p.AvailableAt.IsZero() {
 		at = p.AvailableAt.UnixMilli()
@@ -85,18 +200,7 @@ func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 	if p.TTL > 0 {
 		expires = now + max(ms(p.TTL), 1)
 	}
-	qk := q.space.Env(p.Env).Queue(p.Queue)
-	v := qk.Variant(p.Key)
-	id := keys.Segment(p.ID)
-	ref := keys.Ref{Env: p.Env, Queue: p.Queue, Key: p.Key, ID: p.ID}
-	ks := []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
-		qk.Depth(), qk.Master(), qk.TTL()}
-	args := []any{now, id, v.Member(), p.Payload, p.Priority, at, at - int64(p.Priority)*ms(q.cfg.PriorityStep),
-		expires, keys.RunMember(ref), qk.Member(), q.cfg.MaxQueueDepth, q.cfg.MaxKeyDepth, qk.Wake()}
-	ks, args = q.withHooks(q.scripts.enqueue, qk, ks, args)
-	n, err := run(ctx, q.rdb, q.scripts.enqueue, ks, args...).Int()
-	if err != nil {
-		return false, scriptError(err, map[string]int{"queue": q.cfg.MaxQueueDepth, "key": q.cfg.MaxKeyDepth})
-	}
-	return n == 1, nil
+	vm := keys.VariantMember(p.Key)
+	rec, off := appendRecord(make([]byte, 0, 40+len(vm)+len(p.Payload)), p.Priority, at, expires, vm, p.Payload)
+	return []any{keys.Segment(p.ID), vm, rec, off, at, at - int64(p.Priority)*ms(q.cfg.PriorityStep), expires}
 }

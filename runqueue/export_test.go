@@ -2,7 +2,11 @@ package runqueue
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/vtime"
 )
 
@@ -14,4 +18,29 @@ func (q *Queue) SchedulerSnapshot(ctx context.Context, env, queue string) (vtime
 		return vtime.Snapshot{}, false, err
 	}
 	return st.snap, st.exists, nil
+}
+
+// RecordOf reads the stored record of a run: its concurrency key, priority
+// and attempt. Tests only.
+func (q *Queue) RecordOf(ctx context.Context, env, queue, id string) (key string, priority, attempt int, err error) {
+	raw, err := q.rdb.HGet(ctx, q.space.Env(env).Queue(queue).Runs(), keys.Segment(id)).Result()
+	if err != nil {
+		return "", 0, 0, err
+	}
+	r, ok := parseRecord(raw)
+	if !ok {
+		return "", 0, 0, fmt.Errorf("malformed record %q", raw)
+	}
+	key, err = keys.DecodeVariantMember(r.vm)
+	return key, r.pr, r.att, err
+}
+
+// KeyInflight is the in-flight count of a concurrency key. Tests only.
+func (q *Queue) KeyInflight(ctx context.Context, env, queue, key string) (int, error) {
+	qk := q.space.Env(env).Queue(queue)
+	n, err := q.rdb.HGet(ctx, qk.KeyInflight(), qk.Variant(key).Member()).Int()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
 }

@@ -2,6 +2,7 @@ package runqueue
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -33,7 +34,7 @@ func (q *Queue) QueueStats(ctx context.Context, env, queue string) (Stats, error
 	var head *redis.StringSliceCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		depth = p.HMGet(ctx, qk.Depth(), "r", "d")
-		inflight = p.SCard(ctx, qk.Inflight())
+		inflight = p.HLen(ctx, qk.Held())
 		dead = p.ZCard(ctx, qk.Dead())
 		head = p.ZRange(ctx, qk.CkIndex(), 0, 0)
 		return nil
@@ -61,17 +62,18 @@ func (q *Queue) KeyStats(ctx context.Context, env, queue, key string) (Stats, er
 	}
 	qk := q.space.Env(env).Queue(queue)
 	v := qk.Variant(key)
-	var ready, delayed, inflight *redis.IntCmd
+	var ready, delayed *redis.IntCmd
+	var inflight *redis.StringCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		ready = p.ZCard(ctx, v.Ready())
 		delayed = p.ZCard(ctx, v.Delayed())
-		inflight = p.SCard(ctx, v.Inflight())
+		inflight = p.HGet(ctx, qk.KeyInflight(), v.Member())
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return Stats{}, err
 	}
-	s := Stats{Ready: ready.Val(), Delayed: delayed.Val(), InFlight: inflight.Val()}
+	s := Stats{Ready: ready.Val(), Delayed: delayed.Val(), InFlight: toInt(inflight.Val())}
 	if s.Ready > 0 {
 		if s.OldestReadyAge, err = q.oldestAge(ctx, qk, v); err != nil {
 			return Stats{}, err
@@ -86,18 +88,18 @@ func (q *Queue) oldestAge(ctx context.Context, qk keys.Queue, v keys.Variant) (t
 	if err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	raw, err := q.rdb.HGet(ctx, qk.Meta(), ids[0]).Result()
+	raw, err := q.rdb.HGet(ctx, qk.Runs(), ids[0]).Result()
 	if err == redis.Nil {
 		return 0, nil
 	}
 	if err != nil {
 		return 0, err
 	}
-	m, ok := parseMeta(raw)
+	r, ok := parseRecord(raw)
 	if !ok {
 		return 0, nil
 	}
-	return max(0, time.Duration(q.now()-m.at)*time.Millisecond), nil
+	return max(0, time.Duration(q.now()-r.at)*time.Millisecond), nil
 }
 
 // EnvStats sums the queued runs of every base queue of env, and reports the
@@ -130,8 +132,17 @@ func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
 	for _, d := range dead {
 		total.Dead += toInt(d)
 	}
-	total.InFlight, err = q.rdb.SCard(ctx, e.Inflight()).Result()
+	total.InFlight, err = q.envInflight(ctx, e)
 	return total, err
+}
+
+// envInflight is the env's in-flight count.
+func (q *Queue) envInflight(ctx context.Context, e keys.Env) (int64, error) {
+	n, err := q.rdb.Get(ctx, e.InflightCount()).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
 }
 
 // envQueues lists the base queues of env that hold queued runs (the shard
@@ -213,20 +224,16 @@ func (q *Queue) DeadLetter(ctx context.Context, env, queue, key, id string) (Dea
 }
 
 func (q *Queue) deadRun(ctx context.Context, qk keys.Queue, ref keys.Ref) (DeadRun, error) {
-	id := keys.Segment(ref.ID)
-	vals, err := q.rdb.HMGet(ctx, qk.Meta(), id).Result()
+	d := DeadRun{Env: ref.Env, Queue: ref.Queue, Key: ref.Key, ID: ref.ID}
+	raw, err := q.rdb.HGet(ctx, qk.Runs(), keys.Segment(ref.ID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return d, nil
+	}
 	if err != nil {
 		return DeadRun{}, err
 	}
-	body, err := q.rdb.HGet(ctx, qk.Meta(), id+":p").Result()
-	if err != nil && err != redis.Nil {
-		return DeadRun{}, err
-	}
-	d := DeadRun{Env: ref.Env, Queue: ref.Queue, Key: ref.Key, ID: ref.ID, Payload: []byte(body)}
-	if s, ok := vals[0].(string); ok {
-		if m, ok := parseMeta(s); ok {
-			d.Attempt, d.Priority = m.att, m.pr
-		}
+	if r, ok := parseRecord(raw); ok {
+		d.Attempt, d.Priority, d.Payload = r.att, r.pr, []byte(r.payload)
 	}
 	return d, nil
 }

@@ -20,7 +20,11 @@ import (
 //     registration order, gated and parked regions) and ckVtimeState;
 //     ckVtimeFloor and ckVtimeIdle are gone; lease tokens come from a
 //     per-shard counter.
-const LayoutVersion = 2
+//   - 3: a run is one record (attempt, priority, times, last settled token,
+//     variant member, then the payload) built by Go; runs in flight are the
+//     queue's held hash (token by run) with per-key and per-env counters, in
+//     place of three sets.
+const LayoutVersion = 3
 
 // ErrLayout is wrapped by every *LayoutError.
 var ErrLayout = errors.New("runqueue: redis holds another layout version")

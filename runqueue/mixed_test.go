@@ -234,7 +234,7 @@ func mixedExpired(t require.TestingT, p *vp, runs map[string]*mixedRun, now int6
 		if r.state != "queued" || r.ttl == 0 {
 			continue
 		}
-		exists, err := p.c.HExists(p.ctx, p.qk.Meta(), keys.Segment(id)).Result()
+		exists, err := p.c.HExists(p.ctx, p.qk.Runs(), keys.Segment(id)).Result()
 		require.NoError(t, err)
 		require.Equal(t, r.ttl > now, exists, "%s (TTL deadline %d, now %d) exists: %v", id, r.ttl, now, exists)
 		if !exists {

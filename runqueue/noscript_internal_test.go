@@ -116,18 +116,23 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 			const now = int64(1_800_000_000_000)
 
 			enqueue := func(id, body string) call {
-				ref := keys.Ref{Env: "prod", Queue: "q", Key: "k", ID: id}
+				rec, off := appendRecord(nil, 0, now, 0, v.Member(), []byte(body))
 				return call{sc: scripts.enqueue,
-					keys: []string{qk.Meta(), v.Ready(), v.Delayed(), qk.CkIndex(), qk.DelayIndex(),
-						qk.Depth(), qk.Master(), qk.TTL()},
-					args: []any{now, keys.Segment(id), v.Member(), body, 0, now, now, 0, keys.RunMember(ref),
-						qk.Member(), 0, 0, ""}}
+					keys: []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.TTL()},
+					args: []any{now, qk.VariantBase(), qk.Member(), "", 0, 0, keys.RunPrefix("prod", "q"), 1,
+						keys.Segment(id), v.Member(), rec, off, now, now, 0}}
 			}
 			ack := func(id string) call {
-				ref := keys.Ref{Env: "prod", Queue: "q", Key: "k", ID: id}
 				return call{sc: scripts.ack,
-					keys: []string{qk.Meta(), qk.Env.Inflight(), qk.Inflight(), v.Inflight(), qk.Leases()},
-					args: []any{keys.Segment(id), v.Member(), keys.RunMember(ref), 1, now}}
+					keys: []string{qk.Runs(), qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases()},
+					args: []any{now, keys.RunPrefix("prod", "q"), 1, v.Member(), keys.Segment(id), 1}}
+			}
+			// one is the single value of a call's reply (one run a call).
+			one := func(cmd *redis.Cmd) any {
+				vals, err := cmd.Slice()
+				require.NoError(t, err)
+				require.Len(t, vals, 1)
+				return vals[0]
 			}
 
 			t.Run("AllFlushed", func(t *testing.T) {
@@ -139,13 +144,11 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 				require.NoError(t, err)
 				require.Len(t, cmds, 5)
 				for _, i := range []int{0, 1, 4} {
-					n, err := cmds[i].Int()
-					require.NoError(t, err, "call %d", i)
-					require.Equal(t, 1, n, "call %d", i)
+					require.Equal(t, int64(1), one(cmds[i]), "call %d", i)
 				}
-				require.ErrorContains(t, cmds[2].Err(), "RQ_NOT_IN_FLIGHT")
+				require.Equal(t, "not_in_flight", one(cmds[2]))
 				// Resent in order: the first enqueue of id 1 ran before this one.
-				require.ErrorContains(t, cmds[3].Err(), "RQ_CONFLICT")
+				require.Equal(t, "conflict", one(cmds[3]))
 
 				evalsha, noscript, eval := counter.snapshot()
 				require.Positive(t, noscript[scripts.enqueue.sha], "the flush did not empty the cache")
@@ -154,12 +157,14 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 				require.Zero(t, eval["unknown"])
 				t.Logf("EVALSHA %v, NOSCRIPT %v, EVAL %v", evalsha, noscript, eval)
 
-				fields, err := c.HKeys(ctx, qk.Meta()).Result()
+				fields, err := c.HKeys(ctx, qk.Runs()).Result()
 				require.NoError(t, err)
-				require.ElementsMatch(t, []string{"1", "1:p", "2", "2:p", "3", "3:p"}, fields)
-				body, err := c.HGet(ctx, qk.Meta(), "1:p").Result()
+				require.ElementsMatch(t, []string{"1", "2", "3"}, fields)
+				raw, err := c.HGet(ctx, qk.Runs(), "1").Result()
 				require.NoError(t, err)
-				require.Equal(t, "a", body)
+				rec, ok := parseRecord(raw)
+				require.True(t, ok)
+				require.Equal(t, "a", rec.payload)
 				require.Equal(t, "3", c.HGet(ctx, qk.Depth(), "r").Val())
 			})
 
@@ -174,9 +179,9 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 
 				cmds, err := runPipelined(ctx, c, []call{enqueue("4", "d"), ack("4"), enqueue("5", "e")})
 				require.NoError(t, err)
-				require.Equal(t, int64(1), cmds[0].Val())
-				require.ErrorContains(t, cmds[1].Err(), "RQ_NOT_IN_FLIGHT")
-				require.Equal(t, int64(1), cmds[2].Val())
+				require.Equal(t, int64(1), one(cmds[0]))
+				require.Equal(t, "not_in_flight", one(cmds[1]))
+				require.Equal(t, int64(1), one(cmds[2]))
 
 				evalsha, noscript, eval := counter.snapshot()
 				require.Equal(t, 2, evalsha[scripts.enqueue.sha], "a call that ran in the pipeline was sent again")
@@ -195,8 +200,8 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 				counter.reset()
 				cmds, err := runPipelined(ctx, c, []call{enqueue("6", "f"), enqueue("6", "f")})
 				require.NoError(t, err)
-				require.Equal(t, int64(1), cmds[0].Val())
-				require.Equal(t, int64(0), cmds[1].Val(), "same id and body: a no-op")
+				require.Equal(t, int64(1), one(cmds[0]))
+				require.Equal(t, int64(0), one(cmds[1]), "same id and body: a no-op")
 				evalsha, noscript, eval := counter.snapshot()
 				require.Equal(t, 2, evalsha[scripts.enqueue.sha])
 				require.Empty(t, noscript)

@@ -93,16 +93,17 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 		if p, ok := sn.Idle[vm]; ok {
 			ks.HasParked, ks.Parked = true, q.clockQuanta(sn.Epoch, p)
 		}
-		var ready, delayed, inflight *redis.IntCmd
+		var ready, delayed *redis.IntCmd
+		var inflight *redis.StringCmd
 		if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			ready = p.ZCard(ctx, v.Ready())
 			delayed = p.ZCard(ctx, v.Delayed())
-			inflight = p.SCard(ctx, v.Inflight())
+			inflight = p.HGet(ctx, qk.KeyInflight(), vm)
 			return nil
-		}); err != nil {
+		}); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, err
 		}
-		ks.Ready, ks.Delayed, ks.InFlight = ready.Val(), delayed.Val(), inflight.Val()
+		ks.Ready, ks.Delayed, ks.InFlight = ready.Val(), delayed.Val(), toInt(inflight.Val())
 		switch {
 		case ks.Ready == 0 && ks.Delayed > 0:
 			ks.Reason = "head in the future"
@@ -122,13 +123,13 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 
 func (q *Queue) capacityGone(ctx context.Context, qk keys.Queue, lim Limits) (bool, error) {
 	if lim.Env > 0 {
-		n, err := q.rdb.SCard(ctx, qk.Env.Inflight()).Result()
+		n, err := q.envInflight(ctx, qk.Env)
 		if err != nil || n >= int64(lim.Env) {
 			return err == nil, err
 		}
 	}
 	if lim.Queue > 0 {
-		n, err := q.rdb.SCard(ctx, qk.Inflight()).Result()
+		n, err := q.rdb.HLen(ctx, qk.Held()).Result()
 		return err == nil && n >= int64(lim.Queue), err
 	}
 	return false, nil
@@ -163,7 +164,10 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 		if _, ok := snap.InFlight[vm]; ok {
 			return nil
 		}
-		c, err := q.rdb.SCard(ctx, v.Inflight()).Result()
+		c, err := q.rdb.HGet(ctx, qk.KeyInflight(), vm).Int64()
+		if errors.Is(err, redis.Nil) {
+			err = nil
+		}
 		snap.InFlight[vm] = int(c)
 		sumInflight += c
 		return err
@@ -218,14 +222,14 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 			return nil, err
 		}
 	}
-	qn, err := q.rdb.SCard(ctx, qk.Inflight()).Result()
+	qn, err := q.rdb.HLen(ctx, qk.Held()).Result()
 	if err != nil {
 		return nil, err
 	}
 	// In-flight runs of variants with no ready run count for the queue
 	// limit; "" is no variant's member.
 	snap.InFlight[""] = int(qn - sumInflight)
-	en, err := q.rdb.SCard(ctx, qk.Env.Inflight()).Result()
+	en, err := q.envInflight(ctx, qk.Env)
 	if err != nil {
 		return nil, err
 	}
@@ -267,22 +271,22 @@ func (q *Queue) addSnapshotRuns(ctx context.Context, qk keys.Queue, snap *vtime.
 	if len(ids) == 0 {
 		return nil
 	}
-	metas, err := q.rdb.HMGet(ctx, qk.Meta(), ids...).Result()
+	recs, err := q.rdb.HMGet(ctx, qk.Runs(), ids...).Result()
 	if err != nil {
 		return err
 	}
-	for i, raw := range metas {
+	for i, raw := range recs {
 		s, _ := raw.(string)
-		m, ok := parseMeta(s)
+		r, ok := parseRecord(s)
 		if !ok {
 			continue
 		}
-		key, err := keys.DecodeVariantMember(m.vm)
+		key, err := keys.DecodeVariantMember(r.vm)
 		if err != nil {
 			return err
 		}
-		snap.Runs = append(snap.Runs, vtime.SnapshotRun{ID: ids[i], Key: key, Priority: m.pr, At: m.at,
-			Attempt: m.att, Delayed: delayed})
+		snap.Runs = append(snap.Runs, vtime.SnapshotRun{ID: ids[i], Key: key, Priority: r.pr, At: r.at,
+			Attempt: r.att, Delayed: delayed})
 	}
 	return nil
 }

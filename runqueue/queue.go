@@ -143,11 +143,6 @@ func (q *Queue) now() int64 { return q.cfg.Clock.Now().UnixMilli() }
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
-// runPrefix is the start of the run members of a queue: env:queue:
-func runPrefix(env, queue string) string {
-	return keys.Segment(env) + ":" + keys.Segment(queue) + ":"
-}
-
 // vtimeKeys and vtimeArgs are what the flag-on scripts with hooks take
 // after their own KEYS and ARGV.
 func (q *Queue) vtimeKeys(qk keys.Queue) []string {

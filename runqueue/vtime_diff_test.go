@@ -7,7 +7,6 @@ import (
 	"os"
 	"sort"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -260,12 +259,10 @@ func (d *diff) expire(rt *rapid.T) {
 
 // keyOf finds the concurrency key of a queued run from its enqueue.
 func (d *diff) keyOf(id string) string {
-	raw, err := d.c.HGet(d.ctx, d.qk.Meta(), keys.Segment(id)).Result()
+	k, _, _, err := d.q.RecordOf(d.ctx, d.env, d.queue, id)
 	if err != nil {
 		return ""
 	}
-	vm := strings.Split(raw, "|")[4]
-	k, _ := keys.DecodeVariantMember(vm)
 	return k
 }
 

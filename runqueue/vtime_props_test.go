@@ -2,6 +2,7 @@ package runqueue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -706,9 +707,9 @@ func (p *vp) servable(t require.TestingT, vm string, keyLimit int) bool {
 	if keyLimit <= 0 {
 		return true
 	}
-	in, err := p.c.SCard(p.ctx, v.Inflight()).Result()
+	in, err := p.on.KeyInflight(p.ctx, vpEnv, p.queue, k)
 	require.NoError(t, err)
-	return int(in) < keyLimit
+	return in < keyLimit
 }
 
 // schedulerState is what the flag-on scripts keep, with the parked tags at
@@ -766,7 +767,7 @@ func TestVtimePropBatchInvariance(t *testing.T) {
 		batch := a.apply(rt, vpOp{kind: vpDequeue, n: n})
 		var singles []string
 		for i := 0; i < n; i++ {
-			inflight, err := b.p.c.SCard(b.p.ctx, b.p.qk.Inflight()).Result()
+			inflight, err := b.p.c.HLen(b.p.ctx, b.p.qk.Held()).Result()
 			require.NoError(rt, err)
 			if queueLimit == 0 || int(inflight) < queueLimit {
 				tags := b.p.tags(rt)
@@ -868,9 +869,12 @@ func (p *vp) vpServable(t require.TestingT, keyLimit int) (servable, variants in
 		require.NoError(t, err)
 		room := int(r + d)
 		if keyLimit > 0 {
-			in, err := p.c.SCard(p.ctx, v.Inflight()).Result()
+			in, err := p.c.HGet(p.ctx, p.qk.KeyInflight(), v.Member()).Int()
+			if errors.Is(err, redis.Nil) {
+				err = nil
+			}
 			require.NoError(t, err)
-			room = min(room, keyLimit-int(in))
+			room = min(room, keyLimit-in)
 		}
 		servable += max(room, 0)
 	}
@@ -896,7 +900,7 @@ func TestVtimePropWorkConservation(t *testing.T) {
 				continue
 			}
 			servable, variants := p.vpServable(rt, keyLimit)
-			inflight, err := p.c.SCard(p.ctx, p.qk.Inflight()).Result()
+			inflight, err := p.c.HLen(p.ctx, p.qk.Held()).Result()
 			require.NoError(rt, err)
 			capacity := o.n
 			if queueLimit > 0 {
@@ -1262,11 +1266,7 @@ func TestVtimePropFlagOffNeverWritesVtime(t *testing.T) {
 
 // shadowPrio reads a run's priority back (nack and redrive keep it).
 func shadowPrio(t require.TestingT, p *vp, id string) int {
-	raw, err := p.c.HGet(p.ctx, p.qk.Meta(), keys.Segment(id)).Result()
-	require.NoError(t, err)
-	f := strings.Split(raw, "|")
-	require.GreaterOrEqual(t, len(f), 6, raw)
-	prio, err := strconv.Atoi(f[5])
+	_, prio, _, err := p.on.RecordOf(p.ctx, vpEnv, p.queue, id)
 	require.NoError(t, err)
 	return prio
 }

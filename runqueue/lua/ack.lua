@@ -1,37 +1,27 @@
--- ack: a run is done; remove it everywhere and release its concurrency.
+-- ack: runs of one base queue are done; each is removed everywhere and its
+-- concurrency released. A run that no longer exists is done already (an
+-- ack whose first call went through and was sent again finds it so).
 --
--- KEYS[1] -> queue runs HASH (metadata and payload fields)
--- KEYS[2] -> env inflight SET (run members)
--- KEYS[3] -> queue inflight SET (encoded ids)
--- KEYS[4] -> variant inflight SET (encoded ids)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[3] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[4] -> env in-flight counter STRING
 -- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
--- ARGV[1] -> encoded message id
--- ARGV[2] -> variant member
--- ARGV[3] -> run member
--- ARGV[4] -> delivery token of the holder
--- ARGV[5] -> now (ms)
--- Flag on: KEYS[6..8] and ARGV[6..8] follow, the scheduler's (see
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[3] -> n, the number of runs (at most 1000)
+-- ARGV[4+3i..6+3i] -> run i: variant member, encoded id, delivery token
+-- Flag on: KEYS[6..8] and ARGV[4+3n..6+3n] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: 1 acked, 0 the run no longer exists (acked before: a retried
--- ack whose first call went through finds it so).
--- Errors: RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST.
---@include meta
---@include holder
+-- Returns: one value per run: 1 acked, 0 gone already, "not_in_flight" or
+-- "lease_lost".
+--@include record
+--@include held
 --@include hooks
-local meta, env_inflight, queue_inflight, variant_inflight, leases =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local id, vm, member, token = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local OWN_KEYS, OWN_ARGS = 5, 5
-local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, tonumber(ARGV[5]))
-
-if redis.call('HEXISTS', meta, id) == 0 then return 0 end
-local _, err = load_held(meta, id, vm, token, 0)
-if err then return err end
-redis.call('HDEL', meta, id, id .. ':p')
-redis.call('SREM', env_inflight, member)
-redis.call('SREM', queue_inflight, id)
-redis.call('SREM', variant_inflight, id)
-redis.call('ZREM', leases, member)
-hooks.released(vm)
+local k = { runs = KEYS[1], held = KEYS[2], kin = KEYS[3], env_n = KEYS[4], leases = KEYS[5] }
+local now, n = tonumber(ARGV[1]), tonumber(ARGV[3])
+local OWN_KEYS, OWN_ARGS = 5, 3 + 3 * n
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
+local out = held_ack(k, ARGV[2], ARGV, 4, n, now, hooks)
 hooks.finish()
-return 1
+return out

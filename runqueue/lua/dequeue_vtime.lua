@@ -1,31 +1,35 @@
--- dequeue_vtime (scheduler flag on): serve up to maxCount ready runs of one
--- base queue in fair virtual-time order across its variants (start-time fair
--- queuing; vtime/ is the model this follows phase by phase: capacity,
--- promote, ungate, discover, serve, persist, rebase), each moved in flight
--- with a lease. Every serve re-decides, so a variant may be served several
--- times in one call and a call of N serves what N calls of 1 would.
+-- dequeue_vtime (scheduler flag on): ack the runs the call carries, then
+-- serve up to maxCount ready runs of one base queue in fair virtual-time
+-- order across its variants (start-time fair queuing; vtime/ is the model
+-- this follows phase by phase: capacity, promote, ungate, discover, serve,
+-- persist, rebase), each moved in flight with a lease. Every serve
+-- re-decides, so a variant may be served several times in one call and a
+-- call of N serves what N calls of 1 would.
 --
--- KEYS[1..10] -> as dequeue.lua
+-- KEYS[1..10], ARGV[1..13+3a] -> see lib/dequeue
 -- KEYS[11] -> queue ckVtime ZSET (see lib/sched)
 -- KEYS[12] -> queue scheduler state HASH (see lib/sched)
 -- KEYS[13] -> queue weights HASH (variant member -> weight)
--- ARGV[1..12] -> as dequeue.lua (ARGV[10], scan: the discovery cursor's
---                 step, the age head and the due variants promoted)
--- ARGV[13] -> scheduler state TTL (ms)
--- ARGV[14] -> idle set cap
--- ARGV[15] -> window multiplier
+-- ARGV[14+3a] -> scheduler state TTL (ms)
+-- ARGV[15+3a] -> idle set cap
+-- ARGV[16+3a] -> window multiplier
 -- Returns: see dq_finish.
---@include meta
+--@include record
+--@include held
 --@include hooks
 --@include place
 --@include dequeue
-local OWN_KEYS, OWN_ARGS = 10, 12
+local OWN_KEYS = 10
 local dq = dq_open(KEYS, ARGV)
-if dq.cap <= 0 then return {} end
 local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
-                     ARGV[OWN_ARGS + 1], ARGV[OWN_ARGS + 2], dq.now)
-local wm = tonumber(ARGV[OWN_ARGS + 3])
+                     ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
+local wm = tonumber(ARGV[dq.own_args + 3])
 local G = SCHED.G
+local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0))
+if dq_capacity(dq) <= 0 then
+  sched_save(S)
+  return dq_finish(dq, acked)
+end
 
 -- promote: due delayed runs become ready; their variants register.
 dq_promote(dq, sched_hooks(S, false))
@@ -428,4 +432,4 @@ if st.v >= SCHED.REBASE_AT then
 end
 
 sched_save(S)
-return dq_finish(dq)
+return dq_finish(dq, acked)

@@ -1,46 +1,42 @@
 -- expire: TTL sweep of one queued run whose deadline passed.
 --
--- KEYS[1] -> queue runs HASH (metadata and payload fields)
--- KEYS[2] -> variant ready ZSET
--- KEYS[3] -> variant delayed ZSET
--- KEYS[4] -> queue ckIndex ZSET
--- KEYS[5] -> queue delayIndex ZSET
--- KEYS[6] -> queue depth HASH
--- KEYS[7] -> shard master ZSET
--- KEYS[8] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
 -- ARGV[4] -> run member
 -- ARGV[5] -> queue member
--- Flag on: KEYS[9..11] and ARGV[6..8] follow, the scheduler's (see
+-- ARGV[6] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[7..9] and ARGV[7..9] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: 1 expired, 0 nothing to expire (gone, in flight, or not yet due).
---@include meta
-local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
-            master = KEYS[7], qm = ARGV[5] }
-local v = { ready = KEYS[2], delayed = KEYS[3] }
-local ttl_set = KEYS[8]
-local now = tonumber(ARGV[1])
-local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+-- Returns: 1 expired, 0 nothing to expire (gone, in flight, dead, or not
+-- yet due). The ttl entry of a run that was dequeued goes here too: the
+-- dequeue leaves it to the sweep.
+--@include record
 --@include hooks
 --@include place
-local OWN_KEYS, OWN_ARGS = 8, 5
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[5] }
+local ttl_set = KEYS[6]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local OWN_KEYS, OWN_ARGS = 6, 6
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
-local raw = redis.call('HGET', q.meta, id)
-if not raw then
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if not r or r.vm ~= vm or r.ttl == '0' then
   redis.call('ZREM', ttl_set, member)
   return 0
 end
-local m = meta_parse(raw)
-if m.vm ~= vm or (m.st ~= 'r' and m.st ~= 'd') or m.ttl == 0 then
-  redis.call('ZREM', ttl_set, member)
-  return 0
-end
-if m.ttl > now then return 0 end
-unplace(q, v, hooks, id, vm, m.st)
-redis.call('HDEL', q.meta, id, id .. ':p')
+if tonumber(r.ttl) > now then return 0 end
 redis.call('ZREM', ttl_set, member)
+if not unplace(q, variant_keys(ARGV[6], vm), hooks, id, vm) then return 0 end
+redis.call('HDEL', q.runs, id)
 hooks.finish()
 return 1

@@ -1,7 +1,8 @@
 -- extend: heartbeat; move the lease deadline of a held run.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> shard leases ZSET (run member, score lease deadline ms)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[3] -> shard leases ZSET (run member, score lease deadline ms)
 -- ARGV[1] -> encoded message id
 -- ARGV[2] -> variant member
 -- ARGV[3] -> run member
@@ -9,14 +10,12 @@
 -- ARGV[5] -> new lease deadline (ms)
 -- Returns: 1.
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST.
---@include meta
---@include holder
-local meta, leases = KEYS[1], KEYS[2]
-local id, vm, member, token, deadline = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+--@include record
+--@include held
+local runs, held, leases = KEYS[1], KEYS[2], KEYS[3]
+local id, vm, member, token, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-local m, err = load_held(meta, id, vm, token, 0)
-if err then return err end
-m.ld = deadline
-redis.call('HSET', meta, id, meta_format(m))
+local _, err = held_check(runs, held, leases, vm, id, member, token, 0)
+if err then return redis.error_reply(HELD_ERRORS[err]) end
 redis.call('ZADD', leases, 'XX', deadline, member)
 return 1

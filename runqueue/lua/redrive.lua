@@ -1,15 +1,13 @@
 -- redrive: a dead-lettered run goes back to its variant, ready now, with
 -- its attempts reset.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> variant ready ZSET
--- KEYS[3] -> variant delayed ZSET
--- KEYS[4] -> queue ckIndex ZSET
--- KEYS[5] -> queue delayIndex ZSET
--- KEYS[6] -> queue depth HASH
--- KEYS[7] -> shard master ZSET
--- KEYS[8] -> queue dead ZSET
--- KEYS[9] -> env dead HASH (queue member -> dead-lettered runs)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue dead ZSET
+-- KEYS[7] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -17,35 +15,32 @@
 -- ARGV[5] -> priority step (ms)
 -- ARGV[6] -> queue member
 -- ARGV[7] -> wake channel ("" to not publish)
--- Flag on: KEYS[10..12] and ARGV[8..10] follow, the scheduler's (see
+-- ARGV[8] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[8..10] and ARGV[9..11] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: 1 redriven, 2 already live (queued or in flight: a retried
--- redrive whose first call went through finds it so).
+-- Returns: 1 redriven, 2 already live (queued or in flight: a redrive sent
+-- again after its first call went through finds it so).
 -- Errors: RQ_NOT_FOUND.
---@include meta
-local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
-            master = KEYS[7], qm = ARGV[6] }
-local v = { ready = KEYS[2], delayed = KEYS[3] }
-local dead, env_dead = KEYS[8], KEYS[9]
+--@include record
+--@include hooks
+--@include place
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[6] }
+local dead, env_dead = KEYS[6], KEYS[7]
 local now = tonumber(ARGV[1])
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 local priority_step = tonumber(ARGV[5])
 local wake = ARGV[7]
---@include hooks
---@include place
-local OWN_KEYS, OWN_ARGS = 9, 7
+local OWN_KEYS, OWN_ARGS = 7, 8
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
-local raw = redis.call('HGET', q.meta, id)
-if not raw then return redis.error_reply('RQ_NOT_FOUND no such run') end
-local m = meta_parse(raw)
-if m.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
-if m.st ~= 'x' then return 2 end
-redis.call('ZREM', dead, member)
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if not r or r.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run') end
+if redis.call('ZREM', dead, member) == 0 then return 2 end
 if redis.call('HINCRBY', env_dead, q.qm, -1) <= 0 then redis.call('HDEL', env_dead, q.qm) end
-m.st, m.att, m.at, m.ld, m.ttl = 'r', 1, now, 0, 0
-redis.call('HSET', q.meta, id, meta_format(m))
-place(q, v, hooks, id, vm, now, now - m.pr * priority_step, now)
+redis.call('HSET', q.runs, id, 1 .. '|' .. r.pr .. '|' .. now .. '|0|' .. r.lt .. '|' .. vm .. '|' .. string.sub(rec, r.pos))
+place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks.finish()
 return 1

@@ -2,19 +2,17 @@
 -- when its lease passed), attempt + 1, or to the dead letter when it has no
 -- attempts left or the caller asks for it.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> variant ready ZSET
--- KEYS[3] -> variant delayed ZSET
--- KEYS[4] -> queue ckIndex ZSET
--- KEYS[5] -> queue delayIndex ZSET
--- KEYS[6] -> queue depth HASH
--- KEYS[7] -> shard master ZSET
--- KEYS[8] -> env inflight SET
--- KEYS[9] -> queue inflight SET
--- KEYS[10] -> variant inflight SET
--- KEYS[11] -> shard leases ZSET
--- KEYS[12] -> queue dead ZSET (run member, score time of death ms)
--- KEYS[13] -> env dead HASH (queue member -> dead-lettered runs)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[7] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[8] -> env in-flight counter STRING
+-- KEYS[9] -> shard leases ZSET
+-- KEYS[10] -> queue dead ZSET (run member, score time of death ms)
+-- KEYS[11] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -26,64 +24,55 @@
 -- ARGV[9] -> 1 to dead-letter now
 -- ARGV[10] -> queue member
 -- ARGV[11] -> wake channel ("" to not publish)
--- Flag on: KEYS[14..16] and ARGV[12..14] follow, the scheduler's (see
+-- ARGV[12] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[12..14] and ARGV[13..15] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A retried
--- call of a holder whose first call went through (the run is no longer in
--- flight and its last delivery token is the holder's) returns what the
--- first returned.
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
+-- again after its first call went through (the record's last settled token
+-- is the holder's) returns what the first returned.
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
---@include meta
-local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
-            master = KEYS[7], qm = ARGV[10] }
-local v = { ready = KEYS[2], delayed = KEYS[3] }
-local env_inflight, queue_inflight, variant_inflight, leases, dead, env_dead =
-  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local now = tonumber(ARGV[1])
-local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
-local token = tonumber(ARGV[5])
-local retry_at = tonumber(ARGV[6])
-local priority_step = tonumber(ARGV[7])
-local max_attempts = tonumber(ARGV[8])
-local kill = ARGV[9] == '1'
-local wake = ARGV[11]
+--@include record
+--@include held
 --@include hooks
 --@include place
---@include holder
-local OWN_KEYS, OWN_ARGS = 13, 11
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[10] }
+local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local now = tonumber(ARGV[1])
+local id, vm, member, token, retry_at = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local priority_step, max_attempts, kill = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
+local wake = ARGV[11]
+local OWN_KEYS, OWN_ARGS = 11, 12
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
-if token > 0 then
-  local raw = redis.call('HGET', q.meta, id)
-  if raw then
-    local m = meta_parse(raw)
-    if m.vm == vm and m.st ~= 'f' and m.dl == token then
-      if m.st == 'x' then return { 0, m.att } end
-      return { 1, m.att }
-    end
+local t, err = held_check(q.runs, held, leases, vm, id, member, token, now)
+if err == 'not_in_flight' and token ~= '0' then
+  local r = rec_parse(redis.call('HGET', q.runs, id))
+  if r.lt == token then
+    if redis.call('ZSCORE', dead, member) then return { 0, r.att } end
+    return { 1, r.att }
   end
 end
-local m, err = load_held(q.meta, id, vm, token, now)
-if err then return err end
-redis.call('SREM', env_inflight, member)
-redis.call('SREM', queue_inflight, id)
-redis.call('SREM', variant_inflight, id)
+if err then return redis.error_reply(HELD_ERRORS[err]) end
+redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
+kin_release(kin, vm, 1)
+env_release(env_n, 1)
 hooks.released(vm)
-m.att = m.att + 1
-m.ld = 0
-if kill or (max_attempts > 0 and m.att > max_attempts) then
-  m.st = 'x'
-  redis.call('HSET', q.meta, id, meta_format(m))
+local rec = redis.call('HGET', q.runs, id)
+local r = rec_parse(rec)
+local att = r.att + 1
+if kill or (max_attempts > 0 and att > max_attempts) then
+  redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, 1)
   hooks.finish()
-  return { 0, m.att }
+  return { 0, att }
 end
-m.at = retry_at
-m.st = 'd'
-if retry_at <= now then m.st = 'r' end
-redis.call('HSET', q.meta, id, meta_format(m))
-place_wake(q, v, hooks, id, vm, retry_at, retry_at - m.pr * priority_step, now, wake)
+redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
+local v = variant_keys(ARGV[12], vm)
+if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
+  redis.call('PUBLISH', wake, q.qm)
+end
 hooks.finish()
-return { 1, m.att }
+return { 1, att }

@@ -1,37 +1,78 @@
 -- The machinery both dequeue scripts share, as functions over one call's
--- state dq: binding its keys and arguments, the capacity the env and queue
--- limits leave, promotion of due delayed runs, reading variants' heads,
--- taking runs, and moving the taken runs in flight (dq_finish).
+-- state dq: binding its keys and arguments, the acks a call may carry (the
+-- fused ack-and-dequeue), the capacity the env and queue limits leave,
+-- promotion of due delayed runs, reading variants' heads, taking runs, and
+-- moving the taken runs in flight (dq_finish).
 --
--- Variant keys are derived from the variant member ("=" .. encoded key):
--- vbase .. encoded key .. ":ready" (":delayed", ":inflight"), the names
--- keys.Queue.Variant builds in Go. They share the queue's hash tag, so on
--- Redis Cluster they live in the slot of the declared keys.
+-- KEYS and ARGV of a dequeue script (both flag states):
+-- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[3] -> queue depth HASH (r, d)
+-- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
+-- KEYS[6] -> env in-flight counter STRING
+-- KEYS[7] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[8] -> queue runs HASH (encoded id -> record)
+-- KEYS[9] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[10] -> shard delivery token counter STRING
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> maxCount (0..2000; 0: acks only)
+-- ARGV[3] -> env concurrency limit, 0 for none
+-- ARGV[4] -> queue concurrency limit (all keys), 0 for none
+-- ARGV[5] -> per-key concurrency limit, 0 for none
+-- ARGV[6] -> lease deadline (ms)
+-- ARGV[7] -> queue member
+-- ARGV[8] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[9] -> priority step (ms)
+-- ARGV[10] -> scan: age-order entries read, due delayed variants promoted
+-- ARGV[11] -> promote limit: runs promoted per variant per call
+-- ARGV[12] -> variant key base (keys.Queue.VariantBase)
+-- ARGV[13] -> a, the number of runs to ack first (at most 1000)
+-- ARGV[14+3i..16+3i] -> ack i: variant member, encoded id, delivery token
+--
+-- Variant keys are derived from the variant member (lib/place's
+-- variant_keys), in the queue's hash slot.
 local function dq_open(keys, args)
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
-    env_inflight = keys[6], queue_inflight = keys[7], meta = keys[8], ttl_set = keys[9], tokens = keys[10],
+    env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10],
     now = tonumber(args[1]), max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
-    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = tonumber(args[6]),
+    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = args[6],
     qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
-    promote_limit = tonumber(args[11]), vbase = args[12],
-    vars = {},     -- variant member -> { ready, delayed, inflight keys; head cache }
+    promote_limit = tonumber(args[11]), vbase = args[12], acks = tonumber(args[13]),
+    vars = {},     -- variant member -> { ready, delayed keys; head cache; counts }
     touched = {},  -- variant members in first-serve order
     served = {},   -- { vm, id } in serve order
     dirty = false, -- promotion wrote something
   }
-  local cap = dq.max_count
-  if dq.env_limit > 0 then cap = math.min(cap, dq.env_limit - redis.call('SCARD', dq.env_inflight)) end
-  if dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('SCARD', dq.queue_inflight)) end
-  dq.cap = cap
+  dq.own_args = 13 + 3 * dq.acks
   return dq
+end
+
+-- The acks the call carries, before anything else: their slots count for
+-- this call's capacity.
+local function dq_ack(dq, hooks)
+  if dq.acks == 0 then return {} end
+  return held_ack({ runs = dq.runs, held = dq.held, kin = dq.kin, env_n = dq.env_n, leases = dq.leases },
+    dq.run_prefix, ARGV, 14, dq.acks, dq.now, hooks)
+end
+
+-- What the env and queue limits leave of maxCount.
+local function dq_capacity(dq)
+  local cap = dq.max_count
+  if cap > 0 and dq.env_limit > 0 then
+    cap = math.min(cap, dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0))
+  end
+  if cap > 0 and dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('HLEN', dq.held)) end
+  dq.cap = cap
+  return cap
 end
 
 local function dq_var(dq, vm)
   local c = dq.vars[vm]
   if c == nil then
-    local b = dq.vbase .. string.sub(vm, 2)
-    c = { ready = b .. ':ready', delayed = b .. ':delayed', inflight = b .. ':inflight', taken = 0 }
+    c = variant_keys(dq.vbase, vm)
+    c.taken = 0
     dq.vars[vm] = c
   end
   return c
@@ -40,27 +81,21 @@ end
 -- Move up to promote_limit due runs of variant vm from delayed to ready.
 local function dq_promote_variant(dq, hooks, vm)
   local c = dq_var(dq, vm)
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now, 'WITHSCORES', 'LIMIT', 0, dq.promote_limit)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now, 'LIMIT', 0, dq.promote_limit)
   if #due > 0 then
-    local ids = {}
-    for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
-    local metas = redis.call('HMGET', dq.meta, unpack(ids))
-    local zargs, hargs, min_rs = {}, {}, nil
-    for i, id in ipairs(ids) do
-      local m = meta_parse(metas[i])
-      local rs = m.at - m.pr * dq.priority_step
+    local recs = redis.call('HMGET', dq.runs, unpack(due))
+    local zargs, min_rs = {}, nil
+    for i, id in ipairs(due) do
+      local r = rec_parse(recs[i])
+      local rs = tonumber(r.at) - r.pr * dq.priority_step
       if min_rs == nil or rs < min_rs then min_rs = rs end
       zargs[#zargs + 1] = rs
       zargs[#zargs + 1] = id
-      m.st = 'r'
-      hargs[#hargs + 1] = id
-      hargs[#hargs + 1] = meta_format(m)
     end
     redis.call('ZADD', c.ready, unpack(zargs))
-    redis.call('ZREM', c.delayed, unpack(ids))
-    redis.call('HSET', dq.meta, unpack(hargs))
-    redis.call('HINCRBY', dq.depth, 'd', -#ids)
-    redis.call('HINCRBY', dq.depth, 'r', #ids)
+    redis.call('ZREM', c.delayed, unpack(due))
+    redis.call('HINCRBY', dq.depth, 'd', -#due)
+    redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
     dq.dirty = true
   end
@@ -99,12 +134,17 @@ local function dq_head(dq, vm)
   return num(c.list[p + 1]), c.list[p]
 end
 
+-- Runs of vm in flight before this call.
+local function dq_inflight(dq, vm)
+  local c = dq_var(dq, vm)
+  if c.inflight_n == nil then c.inflight_n = tonumber(redis.call('HGET', dq.kin, vm)) or 0 end
+  return c.inflight_n
+end
+
 -- True when vm's own limit blocks another serve.
 local function dq_at_limit(dq, vm)
   if dq.key_limit <= 0 then return false end
-  local c = dq_var(dq, vm)
-  if c.inflight_n == nil then c.inflight_n = redis.call('SCARD', c.inflight) end
-  return c.inflight_n + c.taken >= dq.key_limit
+  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
 end
 
 -- Serve the head of vm (dq_head found one); returns the next head's ready
@@ -120,23 +160,24 @@ end
 
 -- Persist the serves chosen in memory: take the runs out of their ready
 -- sets, move them in flight with a lease and a delivery token (unique in
--- the shard for ever: a counter), fix the indexes and the master score.
--- Returns a flat array: for each run, encoded id, variant member, payload,
--- attempt, delivery token.
-local function dq_finish(dq)
+-- the shard for ever: a counter), fix the indexes, the counts and the
+-- master score. Records are returned as stored, unparsed (Go reads them);
+-- a served run's ttl entry is left to the TTL sweep.
+-- Returns a flat array: acks' results count, the acks' results, then for
+-- each run: encoded id, variant member, record, delivery token.
+local function dq_finish(dq, acked)
+  local out = { #acked }
+  for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
     if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
-    return {}
+    return out
   end
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
-  local heads, emptied = {}, {}
+  local heads, emptied, counts = {}, {}, {}
   for _, vm in ipairs(dq.touched) do
     local c = dq.vars[vm]
-    local ids = {}
-    for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
     redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
-    redis.call('SADD', c.inflight, unpack(ids))
     local p = 2 * c.taken + 1
     if c.list[p] then
       heads[#heads + 1] = c.list[p + 1]
@@ -144,6 +185,8 @@ local function dq_finish(dq)
     else
       emptied[#emptied + 1] = vm
     end
+    counts[#counts + 1] = vm
+    counts[#counts + 1] = dq_inflight(dq, vm) + c.taken
   end
   for i = 1, #heads, 1000 do
     redis.call('ZADD', dq.ck_index, unpack(heads, i, math.min(i + 999, #heads)))
@@ -151,41 +194,29 @@ local function dq_finish(dq)
   for i = 1, #emptied, 1000 do
     redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
   end
+  redis.call('HSET', dq.kin, unpack(counts))
   depth_sub(dq.depth, 'r', #dq.served)
 
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, n) - n
-  local fields, hargs, out, expiring = {}, {}, {}, {}
-  local ids, members, lease_args = {}, {}, {}
+  redis.call('INCRBY', dq.env_n, n)
+  local ids, fields, leases = {}, {}, {}
   for i, s in ipairs(dq.served) do
-    fields[2 * i - 1] = s.id
-    fields[2 * i] = s.id .. ':p'
-  end
-  -- Metadata and payload of every served run in one read (cap <= 2000
-  -- runs: 4000 fields).
-  local got = redis.call('HMGET', dq.meta, unpack(fields))
-  for i, s in ipairs(dq.served) do
-    local m = meta_parse(got[2 * i - 1])
-    local member = dq.run_prefix .. s.vm .. ':' .. s.id
-    m.st, m.dl, m.ld = 'f', token0 + i, dq.lease_deadline
-    if m.ttl > 0 then expiring[#expiring + 1] = member end
-    hargs[#hargs + 1] = s.id
-    hargs[#hargs + 1] = meta_format(m)
     ids[i] = s.id
-    members[i] = member
-    lease_args[#lease_args + 1] = dq.lease_deadline
-    lease_args[#lease_args + 1] = member
+    fields[2 * i - 1] = s.vm .. ':' .. s.id
+    fields[2 * i] = token0 + i
+    leases[2 * i - 1] = dq.lease_deadline
+    leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
+  end
+  redis.call('HSET', dq.held, unpack(fields))
+  redis.call('ZADD', dq.leases, unpack(leases))
+  local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  for i, s in ipairs(dq.served) do
     out[#out + 1] = s.id
     out[#out + 1] = s.vm
-    out[#out + 1] = got[2 * i]
-    out[#out + 1] = m.att
-    out[#out + 1] = m.dl
+    out[#out + 1] = recs[i]
+    out[#out + 1] = token0 + i
   end
-  redis.call('HSET', dq.meta, unpack(hargs))
-  redis.call('SADD', dq.env_inflight, unpack(members))
-  redis.call('SADD', dq.queue_inflight, unpack(ids))
-  redis.call('ZADD', dq.leases, unpack(lease_args))
-  if #expiring > 0 then redis.call('ZREM', dq.ttl_set, unpack(expiring)) end
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
   return out
 end

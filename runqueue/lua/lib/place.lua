@@ -26,40 +26,40 @@ local function depth_sub(depth, field, n)
   if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
 end
 
--- Put a queued run into its variant: ready (scored by ready score) when
--- available_at <= now, else delayed (scored by available_at). Maintains the
--- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score, which can only move when the index entry did (CH says so).
--- hooks.ready_start(vm) runs when the variant's ready head is new or
--- earlier (the scheduler registers a variant that has no tag).
--- Returns: ready (the run is ready), earliest (the run is now the queue's
--- earliest work).
+-- The keys of variant vm of the queue whose variant keys start with vbase
+-- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
+-- the queue's hash slot.
+local function variant_keys(vbase, vm)
+  local b = vbase .. string.sub(vm, 2)
+  return { ready = b .. ':ready', delayed = b .. ':delayed' }
+end
+
+-- Put a queued run into its variant: ready (scored by ready score rs) when
+-- available_at <= now, else delayed (scored by available_at). at and rs
+-- are numbers or decimal strings. Maintains the depth counters, ckIndex /
+-- delayIndex (LT keeps the head) and the master score, which can only move
+-- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- the variant's ready head is new or earlier (the scheduler registers a
+-- variant that has no tag).
+-- Returns: whether the run is ready or now the queue's earliest work (a
+-- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
-  if at <= now then
+  if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
+      return true
     end
-    return true, false
+    return false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  local earliest = false
   if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
-  return false, earliest
-end
-
--- place, then wake the consumers blocked on channel wake ('' for none) when
--- the run is ready, or when it is delayed and now the queue's earliest work:
--- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
-  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
-  return ready
+  return false
 end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
@@ -74,18 +74,18 @@ local function index_head(set, index, vm)
   return false
 end
 
--- Remove a queued run from its variant (ready or delayed) and fix the
+-- Remove queued run id from its variant (ready or delayed) and fix the
 -- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves.
-local function unplace(q, v, hooks, id, vm, st)
-  if st == 'r' then
-    if redis.call('ZREM', v.ready, id) == 0 then return false end
+-- leaves. Returns false when the run was not queued.
+local function unplace(q, v, hooks, id, vm)
+  if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
     if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  else
-    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+  elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)
+  else
+    return false
   end
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true

@@ -1,52 +1,31 @@
--- dequeue (scheduler flag off): serve up to maxCount ready runs of one base
--- queue in age order (lowest ready score first across its variants; ties by
--- variant member), each moved in flight with a lease. One variant may give
--- several runs in one call. Variant keys are derived from their members in
--- the queue's hash slot (see lib/dequeue).
+-- dequeue (scheduler flag off): ack the runs the call carries, then serve
+-- up to maxCount ready runs of one base queue in age order (lowest ready
+-- score first across its variants; ties by variant member), each moved in
+-- flight with a lease. One variant may give several runs in one call.
 --
--- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
--- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
--- KEYS[3] -> queue depth HASH (r, d)
--- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
--- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
--- KEYS[6] -> env inflight SET (run members)
--- KEYS[7] -> queue inflight SET (encoded ids)
--- KEYS[8] -> queue runs HASH (metadata and payload fields)
--- KEYS[9] -> shard ttl ZSET (run member, score expiry deadline ms)
--- KEYS[10] -> shard delivery token counter STRING
--- ARGV[1] -> now (ms)
--- ARGV[2] -> maxCount (at most 2000)
--- ARGV[3] -> env concurrency limit, 0 for none
--- ARGV[4] -> queue concurrency limit (all keys), 0 for none
--- ARGV[5] -> per-key concurrency limit, 0 for none
--- ARGV[6] -> lease deadline (ms)
--- ARGV[7] -> queue member
--- ARGV[8] -> run member prefix (encoded env ":" encoded queue ":")
--- ARGV[9] -> priority step (ms)
--- ARGV[10] -> scan: ckIndex entries read (and due delayed variants promoted)
--- ARGV[11] -> promote limit: runs promoted per variant per call
--- ARGV[12] -> variant key base (the queue's keys' start .. ":v:")
+-- KEYS and ARGV: see lib/dequeue.
 -- Returns: see dq_finish.
--- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
---   st  state: r ready, d delayed, f in flight, x dead
---   att attempt number of the next (or current) delivery, from 1
---   dl  delivery counter: the lease token of the current holder
---   ld  lease deadline (ms), 0 when not in flight
---   vm  variant member ("=" + encoded concurrency key)
---   pr  priority 0..9
---   at  available_at (ms)
---   ttl expiry deadline (ms), 0 for none
-local function meta_parse(s)
-  local st, att, dl, ld, vm, pr, at, ttl =
-    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
-  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
-           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   ttl  expiry deadline (ms), 0 for none
+--   lt   delivery token of the last delivery a nack or a lease recovery
+--        settled (0: none): a retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
-local function meta_format(m)
-  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
-    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
-    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+-- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+local function rec_with(s, r, att, at, lt)
+  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
@@ -58,6 +37,96 @@ local function num(s)
     n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
   end
   return n
+end
+-- In-flight runs. The queue's held HASH maps "<variant member>:<encoded
+-- id>" to the delivery token of its holder (the queue's in-flight count is
+-- its length); the queue's key-inflight HASH counts in-flight runs per
+-- variant member (fields go at 0); the env's counter STRING counts them
+-- across the env's queues; the shard's leases ZSET holds each run member
+-- (run prefix .. field) with its lease deadline.
+
+-- Check that run id of variant vm (held field vm:id, run member member)
+-- is in flight under token (token "0": any holder whose lease has passed
+-- now). Returns the holder's token, or nil and an error code: not_found (no
+-- such run under this key), not_in_flight, lease_lost, lease_active.
+local function held_check(runs, held, leases, vm, id, member, token, now)
+  local t = redis.call('HGET', held, vm .. ':' .. id)
+  if not t then
+    local rec = redis.call('HGET', runs, id)
+    if rec and rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
+    return nil, 'not_found'
+  end
+  if token ~= '0' then
+    if t ~= token then return nil, 'lease_lost' end
+  else
+    local deadline = num(redis.call('ZSCORE', leases, member))
+    if deadline and deadline > now then return nil, 'lease_active' end
+  end
+  return t
+end
+
+-- n runs of variant vm leave flight (their held fields and leases gone by
+-- the caller): its count follows.
+local function kin_release(kin, vm, n)
+  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+end
+
+-- n runs of the env leave flight.
+local function env_release(env_n, n)
+  if redis.call('DECRBY', env_n, n) <= 0 then redis.call('DEL', env_n) end
+end
+
+local HELD_ERRORS = {
+  not_found = 'RQ_NOT_FOUND no such run',
+  not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
+  lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
+  lease_active = 'RQ_LEASE_ACTIVE lease has not expired',
+}
+
+-- Ack n runs of one queue, given from args[first] on (variant member,
+-- encoded id, delivery token: three values a run): each is removed
+-- everywhere and its concurrency released. Returns one value per run: 1
+-- acked, 0 gone already (an ack sent again after its first call went
+-- through), or an error code (not_in_flight, lease_lost).
+local function held_ack(k, prefix, args, first, n, now, hooks)
+  local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  for i = 0, n - 1 do
+    local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
+    local member = prefix .. vm .. ':' .. id
+    local err
+    if seen[member] then
+      err = 'not_found' -- the same run twice in one call
+    else
+      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    end
+    seen[member] = true
+    if err == 'not_found' then
+      out[i + 1] = 0
+    elseif err then
+      out[i + 1] = err
+    else
+      out[i + 1] = 1
+      fields[#fields + 1] = vm .. ':' .. id
+      ids[#ids + 1] = id
+      members[#members + 1] = member
+      if not per_vm[vm] then
+        per_vm[vm] = 0
+        vms[#vms + 1] = vm
+      end
+      per_vm[vm] = per_vm[vm] + 1
+    end
+  end
+  if #ids > 0 then
+    redis.call('HDEL', k.held, unpack(fields))
+    redis.call('HDEL', k.runs, unpack(ids))
+    redis.call('ZREM', k.leases, unpack(members))
+    for _, vm in ipairs(vms) do
+      kin_release(k.kin, vm, per_vm[vm])
+      hooks.released(vm)
+    end
+    env_release(k.env_n, #ids)
+  end
+  return out
 end
 -- Scheduler flag off: no scheduler state; the hooks do nothing. (The
 -- flag-on build includes hooks_vtime instead, with the same function.)
@@ -93,40 +162,40 @@ local function depth_sub(depth, field, n)
   if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
 end
 
--- Put a queued run into its variant: ready (scored by ready score) when
--- available_at <= now, else delayed (scored by available_at). Maintains the
--- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score, which can only move when the index entry did (CH says so).
--- hooks.ready_start(vm) runs when the variant's ready head is new or
--- earlier (the scheduler registers a variant that has no tag).
--- Returns: ready (the run is ready), earliest (the run is now the queue's
--- earliest work).
+-- The keys of variant vm of the queue whose variant keys start with vbase
+-- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
+-- the queue's hash slot.
+local function variant_keys(vbase, vm)
+  local b = vbase .. string.sub(vm, 2)
+  return { ready = b .. ':ready', delayed = b .. ':delayed' }
+end
+
+-- Put a queued run into its variant: ready (scored by ready score rs) when
+-- available_at <= now, else delayed (scored by available_at). at and rs
+-- are numbers or decimal strings. Maintains the depth counters, ckIndex /
+-- delayIndex (LT keeps the head) and the master score, which can only move
+-- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- the variant's ready head is new or earlier (the scheduler registers a
+-- variant that has no tag).
+-- Returns: whether the run is ready or now the queue's earliest work (a
+-- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
-  if at <= now then
+  if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
+      return true
     end
-    return true, false
+    return false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  local earliest = false
   if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
-  return false, earliest
-end
-
--- place, then wake the consumers blocked on channel wake ('' for none) when
--- the run is ready, or when it is delayed and now the queue's earliest work:
--- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
-  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
-  return ready
+  return false
 end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
@@ -141,56 +210,97 @@ local function index_head(set, index, vm)
   return false
 end
 
--- Remove a queued run from its variant (ready or delayed) and fix the
+-- Remove queued run id from its variant (ready or delayed) and fix the
 -- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves.
-local function unplace(q, v, hooks, id, vm, st)
-  if st == 'r' then
-    if redis.call('ZREM', v.ready, id) == 0 then return false end
+-- leaves. Returns false when the run was not queued.
+local function unplace(q, v, hooks, id, vm)
+  if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
     if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  else
-    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+  elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)
+  else
+    return false
   end
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
 -- The machinery both dequeue scripts share, as functions over one call's
--- state dq: binding its keys and arguments, the capacity the env and queue
--- limits leave, promotion of due delayed runs, reading variants' heads,
--- taking runs, and moving the taken runs in flight (dq_finish).
+-- state dq: binding its keys and arguments, the acks a call may carry (the
+-- fused ack-and-dequeue), the capacity the env and queue limits leave,
+-- promotion of due delayed runs, reading variants' heads, taking runs, and
+-- moving the taken runs in flight (dq_finish).
 --
--- Variant keys are derived from the variant member ("=" .. encoded key):
--- vbase .. encoded key .. ":ready" (":delayed", ":inflight"), the names
--- keys.Queue.Variant builds in Go. They share the queue's hash tag, so on
--- Redis Cluster they live in the slot of the declared keys.
+-- KEYS and ARGV of a dequeue script (both flag states):
+-- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[3] -> queue depth HASH (r, d)
+-- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
+-- KEYS[6] -> env in-flight counter STRING
+-- KEYS[7] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[8] -> queue runs HASH (encoded id -> record)
+-- KEYS[9] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[10] -> shard delivery token counter STRING
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> maxCount (0..2000; 0: acks only)
+-- ARGV[3] -> env concurrency limit, 0 for none
+-- ARGV[4] -> queue concurrency limit (all keys), 0 for none
+-- ARGV[5] -> per-key concurrency limit, 0 for none
+-- ARGV[6] -> lease deadline (ms)
+-- ARGV[7] -> queue member
+-- ARGV[8] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[9] -> priority step (ms)
+-- ARGV[10] -> scan: age-order entries read, due delayed variants promoted
+-- ARGV[11] -> promote limit: runs promoted per variant per call
+-- ARGV[12] -> variant key base (keys.Queue.VariantBase)
+-- ARGV[13] -> a, the number of runs to ack first (at most 1000)
+-- ARGV[14+3i..16+3i] -> ack i: variant member, encoded id, delivery token
+--
+-- Variant keys are derived from the variant member (lib/place's
+-- variant_keys), in the queue's hash slot.
 local function dq_open(keys, args)
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
-    env_inflight = keys[6], queue_inflight = keys[7], meta = keys[8], ttl_set = keys[9], tokens = keys[10],
+    env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10],
     now = tonumber(args[1]), max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
-    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = tonumber(args[6]),
+    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = args[6],
     qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
-    promote_limit = tonumber(args[11]), vbase = args[12],
-    vars = {},     -- variant member -> { ready, delayed, inflight keys; head cache }
+    promote_limit = tonumber(args[11]), vbase = args[12], acks = tonumber(args[13]),
+    vars = {},     -- variant member -> { ready, delayed keys; head cache; counts }
     touched = {},  -- variant members in first-serve order
     served = {},   -- { vm, id } in serve order
     dirty = false, -- promotion wrote something
   }
-  local cap = dq.max_count
-  if dq.env_limit > 0 then cap = math.min(cap, dq.env_limit - redis.call('SCARD', dq.env_inflight)) end
-  if dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('SCARD', dq.queue_inflight)) end
-  dq.cap = cap
+  dq.own_args = 13 + 3 * dq.acks
   return dq
+end
+
+-- The acks the call carries, before anything else: their slots count for
+-- this call's capacity.
+local function dq_ack(dq, hooks)
+  if dq.acks == 0 then return {} end
+  return held_ack({ runs = dq.runs, held = dq.held, kin = dq.kin, env_n = dq.env_n, leases = dq.leases },
+    dq.run_prefix, ARGV, 14, dq.acks, dq.now, hooks)
+end
+
+-- What the env and queue limits leave of maxCount.
+local function dq_capacity(dq)
+  local cap = dq.max_count
+  if cap > 0 and dq.env_limit > 0 then
+    cap = math.min(cap, dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0))
+  end
+  if cap > 0 and dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('HLEN', dq.held)) end
+  dq.cap = cap
+  return cap
 end
 
 local function dq_var(dq, vm)
   local c = dq.vars[vm]
   if c == nil then
-    local b = dq.vbase .. string.sub(vm, 2)
-    c = { ready = b .. ':ready', delayed = b .. ':delayed', inflight = b .. ':inflight', taken = 0 }
+    c = variant_keys(dq.vbase, vm)
+    c.taken = 0
     dq.vars[vm] = c
   end
   return c
@@ -199,27 +309,21 @@ end
 -- Move up to promote_limit due runs of variant vm from delayed to ready.
 local function dq_promote_variant(dq, hooks, vm)
   local c = dq_var(dq, vm)
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now, 'WITHSCORES', 'LIMIT', 0, dq.promote_limit)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now, 'LIMIT', 0, dq.promote_limit)
   if #due > 0 then
-    local ids = {}
-    for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
-    local metas = redis.call('HMGET', dq.meta, unpack(ids))
-    local zargs, hargs, min_rs = {}, {}, nil
-    for i, id in ipairs(ids) do
-      local m = meta_parse(metas[i])
-      local rs = m.at - m.pr * dq.priority_step
+    local recs = redis.call('HMGET', dq.runs, unpack(due))
+    local zargs, min_rs = {}, nil
+    for i, id in ipairs(due) do
+      local r = rec_parse(recs[i])
+      local rs = tonumber(r.at) - r.pr * dq.priority_step
       if min_rs == nil or rs < min_rs then min_rs = rs end
       zargs[#zargs + 1] = rs
       zargs[#zargs + 1] = id
-      m.st = 'r'
-      hargs[#hargs + 1] = id
-      hargs[#hargs + 1] = meta_format(m)
     end
     redis.call('ZADD', c.ready, unpack(zargs))
-    redis.call('ZREM', c.delayed, unpack(ids))
-    redis.call('HSET', dq.meta, unpack(hargs))
-    redis.call('HINCRBY', dq.depth, 'd', -#ids)
-    redis.call('HINCRBY', dq.depth, 'r', #ids)
+    redis.call('ZREM', c.delayed, unpack(due))
+    redis.call('HINCRBY', dq.depth, 'd', -#due)
+    redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
     dq.dirty = true
   end
@@ -258,12 +362,17 @@ local function dq_head(dq, vm)
   return num(c.list[p + 1]), c.list[p]
 end
 
+-- Runs of vm in flight before this call.
+local function dq_inflight(dq, vm)
+  local c = dq_var(dq, vm)
+  if c.inflight_n == nil then c.inflight_n = tonumber(redis.call('HGET', dq.kin, vm)) or 0 end
+  return c.inflight_n
+end
+
 -- True when vm's own limit blocks another serve.
 local function dq_at_limit(dq, vm)
   if dq.key_limit <= 0 then return false end
-  local c = dq_var(dq, vm)
-  if c.inflight_n == nil then c.inflight_n = redis.call('SCARD', c.inflight) end
-  return c.inflight_n + c.taken >= dq.key_limit
+  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
 end
 
 -- Serve the head of vm (dq_head found one); returns the next head's ready
@@ -279,23 +388,24 @@ end
 
 -- Persist the serves chosen in memory: take the runs out of their ready
 -- sets, move them in flight with a lease and a delivery token (unique in
--- the shard for ever: a counter), fix the indexes and the master score.
--- Returns a flat array: for each run, encoded id, variant member, payload,
--- attempt, delivery token.
-local function dq_finish(dq)
+-- the shard for ever: a counter), fix the indexes, the counts and the
+-- master score. Records are returned as stored, unparsed (Go reads them);
+-- a served run's ttl entry is left to the TTL sweep.
+-- Returns a flat array: acks' results count, the acks' results, then for
+-- each run: encoded id, variant member, record, delivery token.
+local function dq_finish(dq, acked)
+  local out = { #acked }
+  for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
     if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
-    return {}
+    return out
   end
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
-  local heads, emptied = {}, {}
+  local heads, emptied, counts = {}, {}, {}
   for _, vm in ipairs(dq.touched) do
     local c = dq.vars[vm]
-    local ids = {}
-    for i = 1, c.taken do ids[i] = c.list[2 * i - 1] end
     redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
-    redis.call('SADD', c.inflight, unpack(ids))
     local p = 2 * c.taken + 1
     if c.list[p] then
       heads[#heads + 1] = c.list[p + 1]
@@ -303,6 +413,8 @@ local function dq_finish(dq)
     else
       emptied[#emptied + 1] = vm
     end
+    counts[#counts + 1] = vm
+    counts[#counts + 1] = dq_inflight(dq, vm) + c.taken
   end
   for i = 1, #heads, 1000 do
     redis.call('ZADD', dq.ck_index, unpack(heads, i, math.min(i + 999, #heads)))
@@ -310,41 +422,29 @@ local function dq_finish(dq)
   for i = 1, #emptied, 1000 do
     redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
   end
+  redis.call('HSET', dq.kin, unpack(counts))
   depth_sub(dq.depth, 'r', #dq.served)
 
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, n) - n
-  local fields, hargs, out, expiring = {}, {}, {}, {}
-  local ids, members, lease_args = {}, {}, {}
+  redis.call('INCRBY', dq.env_n, n)
+  local ids, fields, leases = {}, {}, {}
   for i, s in ipairs(dq.served) do
-    fields[2 * i - 1] = s.id
-    fields[2 * i] = s.id .. ':p'
-  end
-  -- Metadata and payload of every served run in one read (cap <= 2000
-  -- runs: 4000 fields).
-  local got = redis.call('HMGET', dq.meta, unpack(fields))
-  for i, s in ipairs(dq.served) do
-    local m = meta_parse(got[2 * i - 1])
-    local member = dq.run_prefix .. s.vm .. ':' .. s.id
-    m.st, m.dl, m.ld = 'f', token0 + i, dq.lease_deadline
-    if m.ttl > 0 then expiring[#expiring + 1] = member end
-    hargs[#hargs + 1] = s.id
-    hargs[#hargs + 1] = meta_format(m)
     ids[i] = s.id
-    members[i] = member
-    lease_args[#lease_args + 1] = dq.lease_deadline
-    lease_args[#lease_args + 1] = member
+    fields[2 * i - 1] = s.vm .. ':' .. s.id
+    fields[2 * i] = token0 + i
+    leases[2 * i - 1] = dq.lease_deadline
+    leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
+  end
+  redis.call('HSET', dq.held, unpack(fields))
+  redis.call('ZADD', dq.leases, unpack(leases))
+  local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  for i, s in ipairs(dq.served) do
     out[#out + 1] = s.id
     out[#out + 1] = s.vm
-    out[#out + 1] = got[2 * i]
-    out[#out + 1] = m.att
-    out[#out + 1] = m.dl
+    out[#out + 1] = recs[i]
+    out[#out + 1] = token0 + i
   end
-  redis.call('HSET', dq.meta, unpack(hargs))
-  redis.call('SADD', dq.env_inflight, unpack(members))
-  redis.call('SADD', dq.queue_inflight, unpack(ids))
-  redis.call('ZADD', dq.leases, unpack(lease_args))
-  if #expiring > 0 then redis.call('ZREM', dq.ttl_set, unpack(expiring)) end
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
   return out
 end
@@ -406,10 +506,11 @@ local function window_move(w, vm, s)
   end
   table.insert(list, at, e)
 end
-local OWN_KEYS, OWN_ARGS = 10, 12
+local OWN_KEYS = 10
 local dq = dq_open(KEYS, ARGV)
-if dq.cap <= 0 then return {} end
-local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, dq.now)
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, dq.own_args, dq.now)
+local acked = dq_ack(dq, hooks)
+if dq_capacity(dq) <= 0 then return dq_finish(dq, acked) end
 dq_promote(dq, hooks)
 
 -- Age order: the first scan entries of ckIndex (lowest head ready score,
@@ -433,5 +534,4 @@ while #dq.served < dq.cap do
     window_move(age, vm, nxt)
   end
 end
-hooks.finish()
-return dq_finish(dq)
+return dq_finish(dq, acked)

@@ -1,15 +1,13 @@
 -- redrive: a dead-lettered run goes back to its variant, ready now, with
 -- its attempts reset.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> variant ready ZSET
--- KEYS[3] -> variant delayed ZSET
--- KEYS[4] -> queue ckIndex ZSET
--- KEYS[5] -> queue delayIndex ZSET
--- KEYS[6] -> queue depth HASH
--- KEYS[7] -> shard master ZSET
--- KEYS[8] -> queue dead ZSET
--- KEYS[9] -> env dead HASH (queue member -> dead-lettered runs)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue dead ZSET
+-- KEYS[7] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -17,31 +15,33 @@
 -- ARGV[5] -> priority step (ms)
 -- ARGV[6] -> queue member
 -- ARGV[7] -> wake channel ("" to not publish)
--- Flag on: KEYS[10..12] and ARGV[8..10] follow, the scheduler's (see
+-- ARGV[8] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[8..10] and ARGV[9..11] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: 1 redriven, 2 already live (queued or in flight: a retried
--- redrive whose first call went through finds it so).
+-- Returns: 1 redriven, 2 already live (queued or in flight: a redrive sent
+-- again after its first call went through finds it so).
 -- Errors: RQ_NOT_FOUND.
--- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
---   st  state: r ready, d delayed, f in flight, x dead
---   att attempt number of the next (or current) delivery, from 1
---   dl  delivery counter: the lease token of the current holder
---   ld  lease deadline (ms), 0 when not in flight
---   vm  variant member ("=" + encoded concurrency key)
---   pr  priority 0..9
---   at  available_at (ms)
---   ttl expiry deadline (ms), 0 for none
-local function meta_parse(s)
-  local st, att, dl, ld, vm, pr, at, ttl =
-    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
-  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
-           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   ttl  expiry deadline (ms), 0 for none
+--   lt   delivery token of the last delivery a nack or a lease recovery
+--        settled (0: none): a retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
-local function meta_format(m)
-  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
-    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
-    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+-- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+local function rec_with(s, r, att, at, lt)
+  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
@@ -54,14 +54,6 @@ local function num(s)
   end
   return n
 end
-local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
-            master = KEYS[7], qm = ARGV[6] }
-local v = { ready = KEYS[2], delayed = KEYS[3] }
-local dead, env_dead = KEYS[8], KEYS[9]
-local now = tonumber(ARGV[1])
-local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
-local priority_step = tonumber(ARGV[5])
-local wake = ARGV[7]
 -- Scheduler flag off: no scheduler state; the hooks do nothing. (The
 -- flag-on build includes hooks_vtime instead, with the same function.)
 local function hooks_open(keys, args, own_keys, own_args, now)
@@ -96,40 +88,40 @@ local function depth_sub(depth, field, n)
   if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
 end
 
--- Put a queued run into its variant: ready (scored by ready score) when
--- available_at <= now, else delayed (scored by available_at). Maintains the
--- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score, which can only move when the index entry did (CH says so).
--- hooks.ready_start(vm) runs when the variant's ready head is new or
--- earlier (the scheduler registers a variant that has no tag).
--- Returns: ready (the run is ready), earliest (the run is now the queue's
--- earliest work).
+-- The keys of variant vm of the queue whose variant keys start with vbase
+-- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
+-- the queue's hash slot.
+local function variant_keys(vbase, vm)
+  local b = vbase .. string.sub(vm, 2)
+  return { ready = b .. ':ready', delayed = b .. ':delayed' }
+end
+
+-- Put a queued run into its variant: ready (scored by ready score rs) when
+-- available_at <= now, else delayed (scored by available_at). at and rs
+-- are numbers or decimal strings. Maintains the depth counters, ckIndex /
+-- delayIndex (LT keeps the head) and the master score, which can only move
+-- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- the variant's ready head is new or earlier (the scheduler registers a
+-- variant that has no tag).
+-- Returns: whether the run is ready or now the queue's earliest work (a
+-- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
-  if at <= now then
+  if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
+      return true
     end
-    return true, false
+    return false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  local earliest = false
   if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
-  return false, earliest
-end
-
--- place, then wake the consumers blocked on channel wake ('' for none) when
--- the run is ready, or when it is delayed and now the queue's earliest work:
--- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
-  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
-  return ready
+  return false
 end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
@@ -144,35 +136,39 @@ local function index_head(set, index, vm)
   return false
 end
 
--- Remove a queued run from its variant (ready or delayed) and fix the
+-- Remove queued run id from its variant (ready or delayed) and fix the
 -- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves.
-local function unplace(q, v, hooks, id, vm, st)
-  if st == 'r' then
-    if redis.call('ZREM', v.ready, id) == 0 then return false end
+-- leaves. Returns false when the run was not queued.
+local function unplace(q, v, hooks, id, vm)
+  if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
     if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  else
-    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+  elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)
+  else
+    return false
   end
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
-local OWN_KEYS, OWN_ARGS = 9, 7
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[6] }
+local dead, env_dead = KEYS[6], KEYS[7]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local priority_step = tonumber(ARGV[5])
+local wake = ARGV[7]
+local OWN_KEYS, OWN_ARGS = 7, 8
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
-local raw = redis.call('HGET', q.meta, id)
-if not raw then return redis.error_reply('RQ_NOT_FOUND no such run') end
-local m = meta_parse(raw)
-if m.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
-if m.st ~= 'x' then return 2 end
-redis.call('ZREM', dead, member)
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if not r or r.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run') end
+if redis.call('ZREM', dead, member) == 0 then return 2 end
 if redis.call('HINCRBY', env_dead, q.qm, -1) <= 0 then redis.call('HDEL', env_dead, q.qm) end
-m.st, m.att, m.at, m.ld, m.ttl = 'r', 1, now, 0, 0
-redis.call('HSET', q.meta, id, meta_format(m))
-place(q, v, hooks, id, vm, now, now - m.pr * priority_step, now)
+redis.call('HSET', q.runs, id, 1 .. '|' .. r.pr .. '|' .. now .. '|0|' .. r.lt .. '|' .. vm .. '|' .. string.sub(rec, r.pos))
+place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks.finish()
 return 1

@@ -2,19 +2,17 @@
 -- when its lease passed), attempt + 1, or to the dead letter when it has no
 -- attempts left or the caller asks for it.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> variant ready ZSET
--- KEYS[3] -> variant delayed ZSET
--- KEYS[4] -> queue ckIndex ZSET
--- KEYS[5] -> queue delayIndex ZSET
--- KEYS[6] -> queue depth HASH
--- KEYS[7] -> shard master ZSET
--- KEYS[8] -> env inflight SET
--- KEYS[9] -> queue inflight SET
--- KEYS[10] -> variant inflight SET
--- KEYS[11] -> shard leases ZSET
--- KEYS[12] -> queue dead ZSET (run member, score time of death ms)
--- KEYS[13] -> env dead HASH (queue member -> dead-lettered runs)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[7] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[8] -> env in-flight counter STRING
+-- KEYS[9] -> shard leases ZSET
+-- KEYS[10] -> queue dead ZSET (run member, score time of death ms)
+-- KEYS[11] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
@@ -26,33 +24,34 @@
 -- ARGV[9] -> 1 to dead-letter now
 -- ARGV[10] -> queue member
 -- ARGV[11] -> wake channel ("" to not publish)
--- Flag on: KEYS[14..16] and ARGV[12..14] follow, the scheduler's (see
+-- ARGV[12] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[12..14] and ARGV[13..15] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A retried
--- call of a holder whose first call went through (the run is no longer in
--- flight and its last delivery token is the holder's) returns what the
--- first returned.
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
+-- again after its first call went through (the record's last settled token
+-- is the holder's) returns what the first returned.
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
--- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
---   st  state: r ready, d delayed, f in flight, x dead
---   att attempt number of the next (or current) delivery, from 1
---   dl  delivery counter: the lease token of the current holder
---   ld  lease deadline (ms), 0 when not in flight
---   vm  variant member ("=" + encoded concurrency key)
---   pr  priority 0..9
---   at  available_at (ms)
---   ttl expiry deadline (ms), 0 for none
-local function meta_parse(s)
-  local st, att, dl, ld, vm, pr, at, ttl =
-    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
-  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
-           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   ttl  expiry deadline (ms), 0 for none
+--   lt   delivery token of the last delivery a nack or a lease recovery
+--        settled (0: none): a retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
-local function meta_format(m)
-  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
-    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
-    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+-- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+local function rec_with(s, r, att, at, lt)
+  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
@@ -65,19 +64,96 @@ local function num(s)
   end
   return n
 end
-local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
-            master = KEYS[7], qm = ARGV[10] }
-local v = { ready = KEYS[2], delayed = KEYS[3] }
-local env_inflight, queue_inflight, variant_inflight, leases, dead, env_dead =
-  KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13]
-local now = tonumber(ARGV[1])
-local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
-local token = tonumber(ARGV[5])
-local retry_at = tonumber(ARGV[6])
-local priority_step = tonumber(ARGV[7])
-local max_attempts = tonumber(ARGV[8])
-local kill = ARGV[9] == '1'
-local wake = ARGV[11]
+-- In-flight runs. The queue's held HASH maps "<variant member>:<encoded
+-- id>" to the delivery token of its holder (the queue's in-flight count is
+-- its length); the queue's key-inflight HASH counts in-flight runs per
+-- variant member (fields go at 0); the env's counter STRING counts them
+-- across the env's queues; the shard's leases ZSET holds each run member
+-- (run prefix .. field) with its lease deadline.
+
+-- Check that run id of variant vm (held field vm:id, run member member)
+-- is in flight under token (token "0": any holder whose lease has passed
+-- now). Returns the holder's token, or nil and an error code: not_found (no
+-- such run under this key), not_in_flight, lease_lost, lease_active.
+local function held_check(runs, held, leases, vm, id, member, token, now)
+  local t = redis.call('HGET', held, vm .. ':' .. id)
+  if not t then
+    local rec = redis.call('HGET', runs, id)
+    if rec and rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
+    return nil, 'not_found'
+  end
+  if token ~= '0' then
+    if t ~= token then return nil, 'lease_lost' end
+  else
+    local deadline = num(redis.call('ZSCORE', leases, member))
+    if deadline and deadline > now then return nil, 'lease_active' end
+  end
+  return t
+end
+
+-- n runs of variant vm leave flight (their held fields and leases gone by
+-- the caller): its count follows.
+local function kin_release(kin, vm, n)
+  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+end
+
+-- n runs of the env leave flight.
+local function env_release(env_n, n)
+  if redis.call('DECRBY', env_n, n) <= 0 then redis.call('DEL', env_n) end
+end
+
+local HELD_ERRORS = {
+  not_found = 'RQ_NOT_FOUND no such run',
+  not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
+  lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
+  lease_active = 'RQ_LEASE_ACTIVE lease has not expired',
+}
+
+-- Ack n runs of one queue, given from args[first] on (variant member,
+-- encoded id, delivery token: three values a run): each is removed
+-- everywhere and its concurrency released. Returns one value per run: 1
+-- acked, 0 gone already (an ack sent again after its first call went
+-- through), or an error code (not_in_flight, lease_lost).
+local function held_ack(k, prefix, args, first, n, now, hooks)
+  local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  for i = 0, n - 1 do
+    local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
+    local member = prefix .. vm .. ':' .. id
+    local err
+    if seen[member] then
+      err = 'not_found' -- the same run twice in one call
+    else
+      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    end
+    seen[member] = true
+    if err == 'not_found' then
+      out[i + 1] = 0
+    elseif err then
+      out[i + 1] = err
+    else
+      out[i + 1] = 1
+      fields[#fields + 1] = vm .. ':' .. id
+      ids[#ids + 1] = id
+      members[#members + 1] = member
+      if not per_vm[vm] then
+        per_vm[vm] = 0
+        vms[#vms + 1] = vm
+      end
+      per_vm[vm] = per_vm[vm] + 1
+    end
+  end
+  if #ids > 0 then
+    redis.call('HDEL', k.held, unpack(fields))
+    redis.call('HDEL', k.runs, unpack(ids))
+    redis.call('ZREM', k.leases, unpack(members))
+    for _, vm in ipairs(vms) do
+      kin_release(k.kin, vm, per_vm[vm])
+      hooks.released(vm)
+    end
+    env_release(k.env_n, #ids)
+  end
+  return out
+end
 -- Scheduler flag off: no scheduler state; the hooks do nothing. (The
 -- flag-on build includes hooks_vtime instead, with the same function.)
 local function hooks_open(keys, args, own_keys, own_args, now)
@@ -112,40 +188,40 @@ local function depth_sub(depth, field, n)
   if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
 end
 
--- Put a queued run into its variant: ready (scored by ready score) when
--- available_at <= now, else delayed (scored by available_at). Maintains the
--- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score, which can only move when the index entry did (CH says so).
--- hooks.ready_start(vm) runs when the variant's ready head is new or
--- earlier (the scheduler registers a variant that has no tag).
--- Returns: ready (the run is ready), earliest (the run is now the queue's
--- earliest work).
+-- The keys of variant vm of the queue whose variant keys start with vbase
+-- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
+-- the queue's hash slot.
+local function variant_keys(vbase, vm)
+  local b = vbase .. string.sub(vm, 2)
+  return { ready = b .. ':ready', delayed = b .. ':delayed' }
+end
+
+-- Put a queued run into its variant: ready (scored by ready score rs) when
+-- available_at <= now, else delayed (scored by available_at). at and rs
+-- are numbers or decimal strings. Maintains the depth counters, ckIndex /
+-- delayIndex (LT keeps the head) and the master score, which can only move
+-- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- the variant's ready head is new or earlier (the scheduler registers a
+-- variant that has no tag).
+-- Returns: whether the run is ready or now the queue's earliest work (a
+-- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
-  if at <= now then
+  if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
+      return true
     end
-    return true, false
+    return false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  local earliest = false
   if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
-  return false, earliest
-end
-
--- place, then wake the consumers blocked on channel wake ('' for none) when
--- the run is ready, or when it is delayed and now the queue's earliest work:
--- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
-  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
-  return ready
+  return false
 end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
@@ -160,72 +236,60 @@ local function index_head(set, index, vm)
   return false
 end
 
--- Remove a queued run from its variant (ready or delayed) and fix the
+-- Remove queued run id from its variant (ready or delayed) and fix the
 -- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves.
-local function unplace(q, v, hooks, id, vm, st)
-  if st == 'r' then
-    if redis.call('ZREM', v.ready, id) == 0 then return false end
+-- leaves. Returns false when the run was not queued.
+local function unplace(q, v, hooks, id, vm)
+  if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
     if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  else
-    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+  elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)
+  else
+    return false
   end
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
--- Load run id of variant vm and check that it is in flight under the lease
--- token the caller holds (token 0: any holder whose lease has passed now).
--- Returns the parsed metadata, or nil and an error reply.
-local function load_held(meta, id, vm, token, now)
-  local raw = redis.call('HGET', meta, id)
-  if not raw then return nil, redis.error_reply('RQ_NOT_FOUND no such run') end
-  local m = meta_parse(raw)
-  if m.vm ~= vm then return nil, redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
-  if m.st ~= 'f' then return nil, redis.error_reply('RQ_NOT_IN_FLIGHT run is not in flight') end
-  if token > 0 then
-    if m.dl ~= token then return nil, redis.error_reply('RQ_LEASE_LOST lease is held by a later delivery') end
-  elseif m.ld > now then
-    return nil, redis.error_reply('RQ_LEASE_ACTIVE lease has not expired')
-  end
-  return m
-end
-local OWN_KEYS, OWN_ARGS = 13, 11
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[10] }
+local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local now = tonumber(ARGV[1])
+local id, vm, member, token, retry_at = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local priority_step, max_attempts, kill = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
+local wake = ARGV[11]
+local OWN_KEYS, OWN_ARGS = 11, 12
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
-if token > 0 then
-  local raw = redis.call('HGET', q.meta, id)
-  if raw then
-    local m = meta_parse(raw)
-    if m.vm == vm and m.st ~= 'f' and m.dl == token then
-      if m.st == 'x' then return { 0, m.att } end
-      return { 1, m.att }
-    end
+local t, err = held_check(q.runs, held, leases, vm, id, member, token, now)
+if err == 'not_in_flight' and token ~= '0' then
+  local r = rec_parse(redis.call('HGET', q.runs, id))
+  if r.lt == token then
+    if redis.call('ZSCORE', dead, member) then return { 0, r.att } end
+    return { 1, r.att }
   end
 end
-local m, err = load_held(q.meta, id, vm, token, now)
-if err then return err end
-redis.call('SREM', env_inflight, member)
-redis.call('SREM', queue_inflight, id)
-redis.call('SREM', variant_inflight, id)
+if err then return redis.error_reply(HELD_ERRORS[err]) end
+redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
+kin_release(kin, vm, 1)
+env_release(env_n, 1)
 hooks.released(vm)
-m.att = m.att + 1
-m.ld = 0
-if kill or (max_attempts > 0 and m.att > max_attempts) then
-  m.st = 'x'
-  redis.call('HSET', q.meta, id, meta_format(m))
+local rec = redis.call('HGET', q.runs, id)
+local r = rec_parse(rec)
+local att = r.att + 1
+if kill or (max_attempts > 0 and att > max_attempts) then
+  redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, 1)
   hooks.finish()
-  return { 0, m.att }
+  return { 0, att }
 end
-m.at = retry_at
-m.st = 'd'
-if retry_at <= now then m.st = 'r' end
-redis.call('HSET', q.meta, id, meta_format(m))
-place_wake(q, v, hooks, id, vm, retry_at, retry_at - m.pr * priority_step, now, wake)
+redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
+local v = variant_keys(ARGV[12], vm)
+if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
+  redis.call('PUBLISH', wake, q.qm)
+end
 hooks.finish()
-return { 1, m.att }
+return { 1, att }

@@ -1,41 +1,43 @@
 -- expire: TTL sweep of one queued run whose deadline passed.
 --
--- KEYS[1] -> queue runs HASH (metadata and payload fields)
--- KEYS[2] -> variant ready ZSET
--- KEYS[3] -> variant delayed ZSET
--- KEYS[4] -> queue ckIndex ZSET
--- KEYS[5] -> queue delayIndex ZSET
--- KEYS[6] -> queue depth HASH
--- KEYS[7] -> shard master ZSET
--- KEYS[8] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> encoded message id
 -- ARGV[3] -> variant member
 -- ARGV[4] -> run member
 -- ARGV[5] -> queue member
--- Flag on: KEYS[9..11] and ARGV[6..8] follow, the scheduler's (see
+-- ARGV[6] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[7..9] and ARGV[7..9] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: 1 expired, 0 nothing to expire (gone, in flight, or not yet due).
--- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
---   st  state: r ready, d delayed, f in flight, x dead
---   att attempt number of the next (or current) delivery, from 1
---   dl  delivery counter: the lease token of the current holder
---   ld  lease deadline (ms), 0 when not in flight
---   vm  variant member ("=" + encoded concurrency key)
---   pr  priority 0..9
---   at  available_at (ms)
---   ttl expiry deadline (ms), 0 for none
-local function meta_parse(s)
-  local st, att, dl, ld, vm, pr, at, ttl =
-    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
-  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
-           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+-- Returns: 1 expired, 0 nothing to expire (gone, in flight, dead, or not
+-- yet due). The ttl entry of a run that was dequeued goes here too: the
+-- dequeue leaves it to the sweep.
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   ttl  expiry deadline (ms), 0 for none
+--   lt   delivery token of the last delivery a nack or a lease recovery
+--        settled (0: none): a retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
-local function meta_format(m)
-  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
-    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
-    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+-- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+local function rec_with(s, r, att, at, lt)
+  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
@@ -48,12 +50,6 @@ local function num(s)
   end
   return n
 end
-local q = { meta = KEYS[1], ck_index = KEYS[4], delay_index = KEYS[5], depth = KEYS[6],
-            master = KEYS[7], qm = ARGV[5] }
-local v = { ready = KEYS[2], delayed = KEYS[3] }
-local ttl_set = KEYS[8]
-local now = tonumber(ARGV[1])
-local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 -- Scheduler flag on: the hooks keep each variant's registration (see
 -- sched). A script that includes "hooks" calls
 --   hooks_open(KEYS, ARGV, own_keys, own_args, now)
@@ -364,40 +360,40 @@ local function depth_sub(depth, field, n)
   if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
 end
 
--- Put a queued run into its variant: ready (scored by ready score) when
--- available_at <= now, else delayed (scored by available_at). Maintains the
--- depth counters, ckIndex / delayIndex (LT keeps the head) and the master
--- score, which can only move when the index entry did (CH says so).
--- hooks.ready_start(vm) runs when the variant's ready head is new or
--- earlier (the scheduler registers a variant that has no tag).
--- Returns: ready (the run is ready), earliest (the run is now the queue's
--- earliest work).
+-- The keys of variant vm of the queue whose variant keys start with vbase
+-- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
+-- the queue's hash slot.
+local function variant_keys(vbase, vm)
+  local b = vbase .. string.sub(vm, 2)
+  return { ready = b .. ':ready', delayed = b .. ':delayed' }
+end
+
+-- Put a queued run into its variant: ready (scored by ready score rs) when
+-- available_at <= now, else delayed (scored by available_at). at and rs
+-- are numbers or decimal strings. Maintains the depth counters, ckIndex /
+-- delayIndex (LT keeps the head) and the master score, which can only move
+-- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- the variant's ready head is new or earlier (the scheduler registers a
+-- variant that has no tag).
+-- Returns: whether the run is ready or now the queue's earliest work (a
+-- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
-  if at <= now then
+  if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
     redis.call('HINCRBY', q.depth, 'r', 1)
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
+      return true
     end
-    return true, false
+    return false
   end
   redis.call('ZADD', v.delayed, at, id)
   redis.call('HINCRBY', q.depth, 'd', 1)
-  local earliest = false
   if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    earliest = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
-  return false, earliest
-end
-
--- place, then wake the consumers blocked on channel wake ('' for none) when
--- the run is ready, or when it is delayed and now the queue's earliest work:
--- they then sleep until its time instead of until their timeout.
-local function place_wake(q, v, hooks, id, vm, at, rs, now, wake)
-  local ready, earliest = place(q, v, hooks, id, vm, at, rs, now)
-  if wake ~= '' and (ready or earliest) then redis.call('PUBLISH', wake, q.qm) end
-  return ready
+  return false
 end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
@@ -412,38 +408,39 @@ local function index_head(set, index, vm)
   return false
 end
 
--- Remove a queued run from its variant (ready or delayed) and fix the
+-- Remove queued run id from its variant (ready or delayed) and fix the
 -- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves.
-local function unplace(q, v, hooks, id, vm, st)
-  if st == 'r' then
-    if redis.call('ZREM', v.ready, id) == 0 then return false end
+-- leaves. Returns false when the run was not queued.
+local function unplace(q, v, hooks, id, vm)
+  if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
     if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  else
-    if redis.call('ZREM', v.delayed, id) == 0 then return false end
+  elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)
+  else
+    return false
   end
   master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
   return true
 end
-local OWN_KEYS, OWN_ARGS = 8, 5
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[5] }
+local ttl_set = KEYS[6]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local OWN_KEYS, OWN_ARGS = 6, 6
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
-local raw = redis.call('HGET', q.meta, id)
-if not raw then
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if not r or r.vm ~= vm or r.ttl == '0' then
   redis.call('ZREM', ttl_set, member)
   return 0
 end
-local m = meta_parse(raw)
-if m.vm ~= vm or (m.st ~= 'r' and m.st ~= 'd') or m.ttl == 0 then
-  redis.call('ZREM', ttl_set, member)
-  return 0
-end
-if m.ttl > now then return 0 end
-unplace(q, v, hooks, id, vm, m.st)
-redis.call('HDEL', q.meta, id, id .. ':p')
+if tonumber(r.ttl) > now then return 0 end
 redis.call('ZREM', ttl_set, member)
+if not unplace(q, variant_keys(ARGV[6], vm), hooks, id, vm) then return 0 end
+redis.call('HDEL', q.runs, id)
 hooks.finish()
 return 1

@@ -1,7 +1,8 @@
 -- extend: heartbeat; move the lease deadline of a held run.
 --
--- KEYS[1] -> queue meta HASH
--- KEYS[2] -> shard leases ZSET (run member, score lease deadline ms)
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[3] -> shard leases ZSET (run member, score lease deadline ms)
 -- ARGV[1] -> encoded message id
 -- ARGV[2] -> variant member
 -- ARGV[3] -> run member
@@ -9,26 +10,27 @@
 -- ARGV[5] -> new lease deadline (ms)
 -- Returns: 1.
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST.
--- Run metadata lives in one HASH field per run: "st|att|dl|ld|vm|pr|at|ttl".
---   st  state: r ready, d delayed, f in flight, x dead
---   att attempt number of the next (or current) delivery, from 1
---   dl  delivery counter: the lease token of the current holder
---   ld  lease deadline (ms), 0 when not in flight
---   vm  variant member ("=" + encoded concurrency key)
---   pr  priority 0..9
---   at  available_at (ms)
---   ttl expiry deadline (ms), 0 for none
-local function meta_parse(s)
-  local st, att, dl, ld, vm, pr, at, ttl =
-    string.match(s, '^(%a)|(%d+)|(%d+)|(%d+)|([^|]*)|(%d)|(-?%d+)|(%d+)$')
-  return { st = st, att = tonumber(att), dl = tonumber(dl), ld = tonumber(ld), vm = vm,
-           pr = tonumber(pr), at = tonumber(at), ttl = tonumber(ttl) }
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   ttl  expiry deadline (ms), 0 for none
+--   lt   delivery token of the last delivery a nack or a lease recovery
+--        settled (0: none): a retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
-local function meta_format(m)
-  return m.st .. '|' .. string.format('%d', m.att) .. '|' .. string.format('%d', m.dl) .. '|' ..
-    string.format('%d', m.ld) .. '|' .. m.vm .. '|' .. string.format('%d', m.pr) .. '|' ..
-    string.format('%d', m.at) .. '|' .. string.format('%d', m.ttl)
+-- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+local function rec_with(s, r, att, at, lt)
+  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
@@ -41,28 +43,100 @@ local function num(s)
   end
   return n
 end
--- Load run id of variant vm and check that it is in flight under the lease
--- token the caller holds (token 0: any holder whose lease has passed now).
--- Returns the parsed metadata, or nil and an error reply.
-local function load_held(meta, id, vm, token, now)
-  local raw = redis.call('HGET', meta, id)
-  if not raw then return nil, redis.error_reply('RQ_NOT_FOUND no such run') end
-  local m = meta_parse(raw)
-  if m.vm ~= vm then return nil, redis.error_reply('RQ_NOT_FOUND no such run under this concurrency key') end
-  if m.st ~= 'f' then return nil, redis.error_reply('RQ_NOT_IN_FLIGHT run is not in flight') end
-  if token > 0 then
-    if m.dl ~= token then return nil, redis.error_reply('RQ_LEASE_LOST lease is held by a later delivery') end
-  elseif m.ld > now then
-    return nil, redis.error_reply('RQ_LEASE_ACTIVE lease has not expired')
-  end
-  return m
-end
-local meta, leases = KEYS[1], KEYS[2]
-local id, vm, member, token, deadline = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+-- In-flight runs. The queue's held HASH maps "<variant member>:<encoded
+-- id>" to the delivery token of its holder (the queue's in-flight count is
+-- its length); the queue's key-inflight HASH counts in-flight runs per
+-- variant member (fields go at 0); the env's counter STRING counts them
+-- across the env's queues; the shard's leases ZSET holds each run member
+-- (run prefix .. field) with its lease deadline.
 
-local m, err = load_held(meta, id, vm, token, 0)
-if err then return err end
-m.ld = deadline
-redis.call('HSET', meta, id, meta_format(m))
+-- Check that run id of variant vm (held field vm:id, run member member)
+-- is in flight under token (token "0": any holder whose lease has passed
+-- now). Returns the holder's token, or nil and an error code: not_found (no
+-- such run under this key), not_in_flight, lease_lost, lease_active.
+local function held_check(runs, held, leases, vm, id, member, token, now)
+  local t = redis.call('HGET', held, vm .. ':' .. id)
+  if not t then
+    local rec = redis.call('HGET', runs, id)
+    if rec and rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
+    return nil, 'not_found'
+  end
+  if token ~= '0' then
+    if t ~= token then return nil, 'lease_lost' end
+  else
+    local deadline = num(redis.call('ZSCORE', leases, member))
+    if deadline and deadline > now then return nil, 'lease_active' end
+  end
+  return t
+end
+
+-- n runs of variant vm leave flight (their held fields and leases gone by
+-- the caller): its count follows.
+local function kin_release(kin, vm, n)
+  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+end
+
+-- n runs of the env leave flight.
+local function env_release(env_n, n)
+  if redis.call('DECRBY', env_n, n) <= 0 then redis.call('DEL', env_n) end
+end
+
+local HELD_ERRORS = {
+  not_found = 'RQ_NOT_FOUND no such run',
+  not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
+  lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
+  lease_active = 'RQ_LEASE_ACTIVE lease has not expired',
+}
+
+-- Ack n runs of one queue, given from args[first] on (variant member,
+-- encoded id, delivery token: three values a run): each is removed
+-- everywhere and its concurrency released. Returns one value per run: 1
+-- acked, 0 gone already (an ack sent again after its first call went
+-- through), or an error code (not_in_flight, lease_lost).
+local function held_ack(k, prefix, args, first, n, now, hooks)
+  local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  for i = 0, n - 1 do
+    local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
+    local member = prefix .. vm .. ':' .. id
+    local err
+    if seen[member] then
+      err = 'not_found' -- the same run twice in one call
+    else
+      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    end
+    seen[member] = true
+    if err == 'not_found' then
+      out[i + 1] = 0
+    elseif err then
+      out[i + 1] = err
+    else
+      out[i + 1] = 1
+      fields[#fields + 1] = vm .. ':' .. id
+      ids[#ids + 1] = id
+      members[#members + 1] = member
+      if not per_vm[vm] then
+        per_vm[vm] = 0
+        vms[#vms + 1] = vm
+      end
+      per_vm[vm] = per_vm[vm] + 1
+    end
+  end
+  if #ids > 0 then
+    redis.call('HDEL', k.held, unpack(fields))
+    redis.call('HDEL', k.runs, unpack(ids))
+    redis.call('ZREM', k.leases, unpack(members))
+    for _, vm in ipairs(vms) do
+      kin_release(k.kin, vm, per_vm[vm])
+      hooks.released(vm)
+    end
+    env_release(k.env_n, #ids)
+  end
+  return out
+end
+local runs, held, leases = KEYS[1], KEYS[2], KEYS[3]
+local id, vm, member, token, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+local _, err = held_check(runs, held, leases, vm, id, member, token, 0)
+if err then return redis.error_reply(HELD_ERRORS[err]) end
 redis.call('ZADD', leases, 'XX', deadline, member)
 return 1

@@ -1,0 +1,90 @@
+-- In-flight runs. The queue's held HASH maps "<variant member>:<encoded
+-- id>" to the delivery token of its holder (the queue's in-flight count is
+-- its length); the queue's key-inflight HASH counts in-flight runs per
+-- variant member (fields go at 0); the env's counter STRING counts them
+-- across the env's queues; the shard's leases ZSET holds each run member
+-- (run prefix .. field) with its lease deadline.
+
+-- Check that run id of variant vm (held field vm:id, run member member)
+-- is in flight under token (token "0": any holder whose lease has passed
+-- now). Returns the holder's token, or nil and an error code: not_found (no
+-- such run under this key), not_in_flight, lease_lost, lease_active.
+local function held_check(runs, held, leases, vm, id, member, token, now)
+  local t = redis.call('HGET', held, vm .. ':' .. id)
+  if not t then
+    local rec = redis.call('HGET', runs, id)
+    if rec and rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
+    return nil, 'not_found'
+  end
+  if token ~= '0' then
+    if t ~= token then return nil, 'lease_lost' end
+  else
+    local deadline = num(redis.call('ZSCORE', leases, member))
+    if deadline and deadline > now then return nil, 'lease_active' end
+  end
+  return t
+end
+
+-- n runs of variant vm leave flight (their held fields and leases gone by
+-- the caller): its count follows.
+local function kin_release(kin, vm, n)
+  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+end
+
+-- n runs of the env leave flight.
+local function env_release(env_n, n)
+  if redis.call('DECRBY', env_n, n) <= 0 then redis.call('DEL', env_n) end
+end
+
+local HELD_ERRORS = {
+  not_found = 'RQ_NOT_FOUND no such run',
+  not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
+  lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
+  lease_active = 'RQ_LEASE_ACTIVE lease has not expired',
+}
+
+-- Ack n runs of one queue, given from args[first] on (variant member,
+-- encoded id, delivery token: three values a run): each is removed
+-- everywhere and its concurrency released. Returns one value per run: 1
+-- acked, 0 gone already (an ack sent again after its first call went
+-- through), or an error code (not_in_flight, lease_lost).
+local function held_ack(k, prefix, args, first, n, now, hooks)
+  local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  for i = 0, n - 1 do
+    local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
+    local member = prefix .. vm .. ':' .. id
+    local err
+    if seen[member] then
+      err = 'not_found' -- the same run twice in one call
+    else
+      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    end
+    seen[member] = true
+    if err == 'not_found' then
+      out[i + 1] = 0
+    elseif err then
+      out[i + 1] = err
+    else
+      out[i + 1] = 1
+      fields[#fields + 1] = vm .. ':' .. id
+      ids[#ids + 1] = id
+      members[#members + 1] = member
+      if not per_vm[vm] then
+        per_vm[vm] = 0
+        vms[#vms + 1] = vm
+      end
+      per_vm[vm] = per_vm[vm] + 1
+    end
+  end
+  if #ids > 0 then
+    redis.call('HDEL', k.held, unpack(fields))
+    redis.call('HDEL', k.runs, unpack(ids))
+    redis.call('ZREM', k.leases, unpack(members))
+    for _, vm in ipairs(vms) do
+      kin_release(k.kin, vm, per_vm[vm])
+      hooks.released(vm)
+    end
+    env_release(k.env_n, #ids)
+  end
+  return out
+end

@@ -1,0 +1,33 @@
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   ttl  expiry deadline (ms), 0 for none
+--   lt   delivery token of the last delivery a nack or a lease recovery
+--        settled (0: none): a retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
+end
+
+-- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+local function rec_with(s, r, att, at, lt)
+  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end

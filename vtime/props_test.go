@@ -521,3 +521,144 @@ func TestPropNoDebtWait(t *testing.T) {
 		}
 	})
 }
+
+// TestPropReachability: guarantee 5's discovery bound. With ScanLimit S
+// above maxCount M, every untagged variant with ready work whose head stays
+// put is registered within ceil(variants/(S-M))+1 calls with capacity,
+// whatever the serves of other variants (which move their heads past it or
+// drain them), model writes and flag-off enqueues do meanwhile (the count
+// starts over when the state expires, the cursor with it). variants is the
+// most variants the calls' indexes held (due delayed variants counted).
+// TTL sweeps and flag-off dequeues, which the doc gives a lap each, are
+// left out.
+func TestPropReachability(t *testing.T) {
+	t.Parallel()
+	checked, tight := 0, 0
+	rapid.Check(t, func(rt *rapid.T) {
+		scan := rapid.IntRange(2, 8).Draw(rt, "scanLimit")
+		maxM := rapid.IntRange(1, scan-1).Draw(rt, "maxCount")
+		m := New(Config{ScanLimit: scan, PromoteLimit: 1, Limits: Limits{
+			Key:   rapid.SampledFrom([]int{0, 0, 0, 1, 2}).Draw(rt, "keyLimit"),
+			Queue: rapid.SampledFrom([]int{0, 0, 0, 6}).Draw(rt, "queueLimit"),
+		}})
+		s := &sim{m: m, now: 1000}
+		score := func(label string) int64 { return int64(rapid.IntRange(0, 1000).Draw(rt, label)) }
+		// Registered variants whose heads move when served, and untagged
+		// ones (flag-off writes) whose heads stay put.
+		nreg := rapid.IntRange(1, 8).Draw(rt, "registered")
+		for i := 0; i < nreg; i++ {
+			for j := rapid.IntRange(1, 6).Draw(rt, "runs"); j > 0; j-- {
+				s.next++
+				require.NoError(rt, m.Enqueue(fmt.Sprintf("r%d", s.next), fmt.Sprintf("r%d", i), 0, score("at"), s.now))
+			}
+		}
+		untagged := 0
+		flagOff := func() {
+			s.next++
+			flagOffEnqueue(m, fmt.Sprintf("r%d", s.next), fmt.Sprintf("u%d", untagged), score("at"))
+			untagged++
+		}
+		for i := rapid.IntRange(1, 12).Draw(rt, "untagged"); i > 0; i-- {
+			flagOff()
+		}
+		type track struct {
+			head     float64
+			calls    int
+			variants int
+		}
+		tracked := map[string]*track{}
+		bound := func(tr *track) int { return (tr.variants+scan-maxM-1)/(scan-maxM) + 1 }
+		// reach counts the variants a call's discovery may see: ckIndex and
+		// the due delayed variants.
+		reach := func() int {
+			seen := map[string]bool{}
+			for _, e := range m.CkIndex() {
+				seen[e.Member] = true
+			}
+			for _, e := range m.delayIndex() {
+				if e.Score <= float64(s.now) {
+					seen[e.Member] = true
+				}
+			}
+			return len(seen)
+		}
+		pickInFlight := func() (string, bool) {
+			ids := s.idsIn(InFlight)
+			if len(ids) == 0 {
+				return "", false
+			}
+			return decode(rt, ids[rapid.IntRange(0, len(ids)-1).Draw(rt, "which")]), true
+		}
+		for i := rapid.IntRange(1, 150).Draw(rt, "ops"); i > 0; i-- {
+			// Track the untagged variants with ready work; a head that moved
+			// starts over.
+			for _, e := range m.CkIndex() {
+				if _, ok := m.reg[e.Member]; ok {
+					delete(tracked, e.Member)
+					continue
+				}
+				if tr, ok := tracked[e.Member]; !ok || tr.head != e.Score {
+					tracked[e.Member] = &track{head: e.Score}
+				}
+			}
+			k := rapid.IntRange(0, 99).Draw(rt, "op")
+			switch {
+			case k < 55:
+				n := rapid.IntRange(1, maxM).Draw(rt, "n")
+				if m.capacity(n) <= 0 {
+					m.Dequeue(n, s.now)
+					continue
+				}
+				v := reach()
+				for _, tr := range tracked {
+					tr.variants = max(tr.variants, v)
+				}
+				m.Dequeue(n, s.now)
+			case k < 70:
+				if id, ok := pickInFlight(); ok {
+					require.NoError(rt, m.Ack(id))
+				}
+				continue
+			case k < 80:
+				s.next++
+				key := fmt.Sprintf("r%d", rapid.IntRange(0, nreg-1).Draw(rt, "key"))
+				require.NoError(rt, m.Enqueue(fmt.Sprintf("r%d", s.next), key, 0, score("at")+s.now-1000, s.now))
+				continue
+			case k < 88:
+				flagOff()
+				continue
+			case k < 93:
+				if id, ok := pickInFlight(); ok {
+					_, err := m.Nack(id, s.now+int64(rapid.IntRange(-1000, 50).Draw(rt, "retry")), s.now, false)
+					require.NoError(rt, err)
+				}
+				continue
+			case k < 97:
+				s.now += int64(rapid.IntRange(1, 50).Draw(rt, "advance"))
+				continue
+			default:
+				m.ExpireState()
+				clear(tracked) // the cursor expires with the state: the count starts over
+				continue
+			}
+			for v, tr := range tracked {
+				tr.calls++
+				if _, ok := m.reg[v]; ok || len(m.ready[v]) == 0 {
+					if ok {
+						checked++
+						if tr.calls == bound(tr) {
+							tight++
+						}
+					}
+					require.LessOrEqual(rt, tr.calls, bound(tr), "%s registered after %d calls (variants %d)", v, tr.calls, tr.variants)
+					delete(tracked, v)
+					continue
+				}
+				require.Less(rt, tr.calls, bound(tr), "%s untagged after %d calls (variants %d, ScanLimit %d, maxCount %d)",
+					v, tr.calls, tr.variants, scan, maxM)
+			}
+		}
+	})
+	t.Logf("reachability: %d registrations checked, %d at the bound", checked, tight)
+	require.Positive(t, checked)
+}

@@ -202,3 +202,54 @@ func TestReviewTieOrderFollowsServerLocale(t *testing.T) {
 	}
 	require.Equal(t, exp, got, "serve order of one dequeue(%d) on a Redis with LC_COLLATE=en_US.UTF-8", 2*nkeys)
 }
+
+// TestReviewStateTTLRefreshFollowsWriterClock: the state's lifetime is
+// refreshed (PEXPIRE of both keys) only when the stored deadline x, written
+// from the caller's clock, is less than StateTTL/2 ahead of the caller's
+// now. Redis expires the keys on its own clock. One instance whose clock is
+// ahead by more than StateTTL/2 (or one whose clock stepped back) writes an
+// x that the others never reach: they keep writing the state and never
+// refresh it, and it expires under them while in use. The clock restarts
+// at 0, every tag and parked tag goes (a key that drained owing service
+// comes back as new: credit for idle time), although the doc says the
+// state expires only after StateTTL with no scheduler write.
+//
+// Sequence: StateTTL 1 minute; instance A (clock one hour ahead) enqueues
+// and dequeues once; instance B (right clock) dequeues every 10 s; at 60 s
+// the state is gone although B wrote it 10 s before.
+func TestReviewStateTTLRefreshFollowsWriterClock(t *testing.T) {
+	srv, c := redistest.MiniServer(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	clockB := newFakeClock()
+	clockA := newFakeClock()
+	clockA.Advance(time.Hour)
+	cfg := func(cl *fakeClock) *runqueue.Config {
+		return &runqueue.Config{Prefix: prefix, Clock: cl, VtimeScheduling: true, StateTTL: time.Minute}
+	}
+	qa, err := runqueue.New(ctx, c, cfg(clockA))
+	require.NoError(t, err)
+	defer qa.Close()
+	qb, err := runqueue.New(ctx, c, cfg(clockB))
+	require.NoError(t, err)
+	defer qb.Close()
+	space, err := keys.NewSpace(prefix, qa.Shards())
+	require.NoError(t, err)
+	qk := space.Env(reviewEnv).Queue(reviewQueue)
+	for i := 0; i < 20; i++ {
+		_, err := qb.Enqueue(ctx, runqueue.EnqueueParams{Env: reviewEnv, Queue: reviewQueue, Key: "a", ID: fmt.Sprint("a", i)})
+		require.NoError(t, err)
+	}
+	_, err = qa.Dequeue(ctx, reviewEnv, reviewQueue, 1)
+	require.NoError(t, err)
+	for i := 1; i <= 8; i++ {
+		srv.FastForward(10 * time.Second)
+		clockB.Advance(10 * time.Second)
+		n, err := c.Exists(ctx, qk.CkVtimeState(), qk.CkVtime()).Result()
+		require.NoError(t, err)
+		require.EqualValues(t, 2, n, "the state expired %d s after A's write although B wrote it every 10 s", 10*i)
+		runs, err := qb.Dequeue(ctx, reviewEnv, reviewQueue, 1)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+	}
+}

@@ -180,7 +180,8 @@ func TestRealRedis(t *testing.T) {
 	require.Zero(t, c.DBSize(context.Background()).Val(), "the bench must remove its keys")
 
 	out := stdout.String()
-	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Redis CPU per run lifecycle", "End-to-end throughput"} {
+	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Redis CPU per run lifecycle", "End-to-end throughput",
+		"Prefilled queue"} {
 		require.Contains(t, out, title)
 	}
 	require.Regexp(t, `(?m)^lifecycle +on +`, out)
@@ -265,18 +266,33 @@ func TestRealRedis(t *testing.T) {
 	}
 
 	tp := objects(t, doc, "throughput")
-	require.Len(t, tp, 2)
+	var phases []string
 	for _, r := range tp {
-		requireFields(t, "throughput row", r, "flag", "producers", "workers", "runs", "runs_per_sec", "latency_p50_ms", "latency_p99_ms")
+		requireFields(t, "throughput row", r, "flag", "phase", "producers", "workers", "runs", "keys", "batch", "duration_s", "runs_per_sec", "redis_cpu_us_per_run")
+		phases = append(phases, r["phase"].(string)+"/"+r["flag"].(string))
 		require.Equal(t, 200.0, r["runs"])
 		require.Positive(t, r["runs_per_sec"])
-		require.GreaterOrEqual(t, r["latency_p99_ms"], r["latency_p50_ms"])
+		require.Positive(t, r["redis_cpu_us_per_run"], r)
+		switch r["phase"] {
+		case "concurrent":
+			requireFields(t, "concurrent throughput row", r, "latency_p50_ms", "latency_p99_ms", "latency_max_ms")
+			require.GreaterOrEqual(t, r["latency_p99_ms"], r["latency_p50_ms"])
+			require.Equal(t, []any{2.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "enqueue":
+			require.NotContains(t, r, "latency_p50_ms")
+			require.Equal(t, []any{2.0, 0.0, 0.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "process":
+			require.NotContains(t, r, "latency_p50_ms")
+			require.Equal(t, []any{0.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
+		}
 	}
+	require.Equal(t, []string{"concurrent/off", "concurrent/on", "enqueue/off", "enqueue/on", "process/off", "process/on"}, phases)
 
 	requireSVG(t, filepath.Join(opts.OutDir, "sweep.svg"))
 	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "](sweep.svg)")
+	require.Contains(t, string(md), "## Prefilled queue")
 	require.Regexp(t, `\| lifecycle \| on \| `, string(md))
 	require.NoFileExists(t, filepath.Join(opts.OutDir, "skew.svg"), "the skew scenario did not run")
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -44,8 +45,11 @@ func sections(rep *Report) []section {
 	if len(rep.Sweep) > 0 {
 		out = append(out, sweepSection(rep))
 	}
-	if len(rep.Throughput) > 0 {
+	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseConcurrent }) {
 		out = append(out, throughputSection(rep))
+	}
+	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseProcess }) {
+		out = append(out, prefilledSection(rep))
 	}
 	return out
 }
@@ -234,13 +238,55 @@ func sweepSection(rep *Report) section {
 }
 
 func throughputSection(rep *Report) section {
-	t := &table{header: []string{"FLAG", "PRODUCERS", "WORKERS", "RUNS", "KEYS", "BATCH", "RUNS/S", "LATENCY p50 ms", "p99 ms", "max ms"},
-		right: []bool{false, true, true, true, true, true, true, true, true, true}}
-	for _, r := range rep.Throughput {
-		t.add(r.Flag, fmt.Sprint(r.Producers), fmt.Sprint(r.Workers), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fmt.Sprint(r.Batch),
-			fixed(r.RunsPerSec, 0), fixed(r.LatencyP50Ms, 2), fixed(r.LatencyP99Ms, 2), fixed(r.LatencyMaxMs, 1))
+	t := &table{header: []string{"FLAG", "PRODUCERS", "WORKERS", "RUNS", "KEYS", "BATCH", "RUNS/S", "CPU µs/RUN", "LATENCY p50 ms", "p99 ms", "max ms"},
+		right: []bool{false, true, true, true, true, true, true, true, true, true, true}}
+	opt := func(p *float64, d int) string {
+		if p == nil {
+			return "-"
+		}
+		return fixed(*p, d)
 	}
-	return section{title: "End-to-end throughput (wall clock; no-op handler: DequeueWait + Ack; enqueue-to-dequeue latency)", t: t}
+	for _, r := range rep.Throughput {
+		if r.Phase != phaseConcurrent {
+			continue
+		}
+		t.add(r.Flag, fmt.Sprint(r.Producers), fmt.Sprint(r.Workers), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fmt.Sprint(r.Batch),
+			fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2), opt(r.LatencyP50Ms, 2), opt(r.LatencyP99Ms, 2), opt(r.LatencyMaxMs, 1))
+	}
+	return section{title: "End-to-end throughput, producers and workers at once (wall clock; no-op handler: DequeueWait + Ack; enqueue-to-dequeue latency)", t: t,
+		notes: []string{"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs: commands, network work and wake-up pub/sub, what a user pays for"}}
+}
+
+// prefilledSection pairs the enqueue and process rows of each flag.
+func prefilledSection(rep *Report) section {
+	t := &table{header: []string{"FLAG", "RUNS", "KEYS", "ENQUEUE RUNS/S", "ENQUEUE CPU µs/RUN", "PROCESS RUNS/S", "PROCESS CPU µs/RUN", "CPU µs/RUN IN ALL"},
+		right: []bool{false, true, true, true, true, true, true, true}}
+	var producers, workers, batch int
+	for _, flag := range []string{"off", "on"} {
+		var enq, proc *ThroughputRow
+		for i, r := range rep.Throughput {
+			switch {
+			case r.Flag != flag:
+			case r.Phase == phaseEnqueue:
+				enq = &rep.Throughput[i]
+			case r.Phase == phaseProcess:
+				proc = &rep.Throughput[i]
+			}
+		}
+		if enq == nil || proc == nil {
+			continue
+		}
+		producers, workers, batch = enq.Producers, proc.Workers, proc.Batch
+		t.add(flag, fmt.Sprint(enq.Runs), fmt.Sprint(enq.Keys), fixed(enq.RunsPerSec, 0), fixed(enq.RedisCPUUsPerRun, 2),
+			fixed(proc.RunsPerSec, 0), fixed(proc.RedisCPUUsPerRun, 2), fixed(enq.RedisCPUUsPerRun+proc.RedisCPUUsPerRun, 2))
+	}
+	return section{title: fmt.Sprintf("Prefilled queue (wall clock): %d producers enqueue every run with no worker running (one Enqueue call per run), "+
+		"then %d workers process them (DequeueWait of up to %d runs + one Ack per run, no-op handler)", producers, workers, batch), t: t,
+		notes: []string{
+			"the method other queues (BullMQ, asynq) publish: jobs added first, then processed; their per-job Redis CPU is process CPU too",
+			"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs: commands plus the network work a user pays for",
+			"no worker is subscribed while the queue fills, so the enqueues' wake-up PUBLISH reaches nobody (in the concurrent run it reaches the workers)",
+		}}
 }
 
 // printReport writes the human tables.

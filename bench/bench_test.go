@@ -180,9 +180,13 @@ func TestRealRedis(t *testing.T) {
 	require.Zero(t, c.DBSize(context.Background()).Val(), "the bench must remove its keys")
 
 	out := stdout.String()
-	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Redis CPU per run lifecycle", "End-to-end throughput"} {
+	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Redis CPU per run lifecycle", "End-to-end throughput",
+		"Prefilled queue"} {
 		require.Contains(t, out, title)
 	}
+	require.Regexp(t, `(?m)^lifecycle +on +`, out)
+	require.Contains(t, out, "<= 30 µs (flag on)")
+	require.Contains(t, out, "network work")
 
 	doc := decode(t, opts.JSONPath)
 	require.Equal(t, "redis", doc["backend"])
@@ -190,20 +194,25 @@ func TestRealRedis(t *testing.T) {
 
 	cost := objects(t, doc, "cost")
 	ops := map[string]int{}
+	byOp := map[string]map[string]any{}
 	for _, r := range cost {
-		requireFields(t, "cost row", r, "op", "flag", "redis_us_per_call", "redis_us_per_op", "calls_per_op")
+		requireFields(t, "cost row", r, "op", "flag", "redis_us_per_call", "redis_us_per_op", "redis_cpu_us_per_op", "calls_per_op")
 		op := r["op"].(string)
 		ops[op+"/"+r["flag"].(string)]++
+		byOp[op+"/"+r["flag"].(string)] = r
 		require.Positive(t, r["redis_us_per_call"], r)
+		require.Positive(t, r["redis_cpu_us_per_op"], r)
 		if op == "dequeue_gated" {
 			// No run moves: per-run figures cannot be measured.
 			require.NotContains(t, r, "redis_us_per_run")
+			require.NotContains(t, r, "redis_cpu_us_per_run")
 			require.NotContains(t, r, "calls_per_run")
 			require.Zero(t, r["runs"])
 			continue
 		}
-		requireFields(t, "cost row", r, "redis_us_per_run", "calls_per_run")
+		requireFields(t, "cost row", r, "redis_us_per_run", "redis_cpu_us_per_run", "calls_per_run")
 		require.Positive(t, r["calls_per_run"], r)
+		require.Positive(t, r["redis_cpu_us_per_run"], r)
 		// Every operation is one script call: a dequeue derives the keys of
 		// the variants it serves inside the script, so Go reads nothing first.
 		require.Zero(t, r["read_calls_per_op"], r)
@@ -213,7 +222,29 @@ func TestRealRedis(t *testing.T) {
 			require.Equal(t, 1, ops[op+"/"+f], "cost rows %v", ops)
 		}
 	}
-	require.Len(t, objects(t, doc, "targets"), 8)
+	// The lifecycle row is the sum of its parts, per run.
+	for _, f := range []string{"off", "on"} {
+		for _, metric := range []string{"redis_us_per_run", "redis_cpu_us_per_run", "calls_per_run"} {
+			sum := 0.0
+			for _, op := range lifecycleOps {
+				sum += byOp[op+"/"+f][metric].(float64)
+			}
+			require.InDelta(t, sum, byOp["lifecycle/"+f][metric], 1e-6*sum, "%s, flag %s", metric, f)
+		}
+	}
+	targets := objects(t, doc, "targets")
+	require.Len(t, targets, 10)
+	lifecycle := map[string]bool{}
+	for _, tr := range targets {
+		requireFields(t, "target", tr, "target", "op", "metric", "off", "on", "limit", "met")
+		if tr["op"] == "lifecycle" {
+			lifecycle[tr["metric"].(string)] = true
+			require.Equal(t, "<= 30 µs (flag on)", tr["limit"])
+			require.Equal(t, tr["on"].(float64) <= 30, tr["met"], tr)
+			require.NotContains(t, tr, "ratio")
+		}
+	}
+	require.Equal(t, map[string]bool{"redis_us_per_run": true, "redis_cpu_us_per_run": true}, lifecycle)
 
 	mem := objects(t, doc, "memory")
 	require.Len(t, mem, 4)
@@ -235,18 +266,34 @@ func TestRealRedis(t *testing.T) {
 	}
 
 	tp := objects(t, doc, "throughput")
-	require.Len(t, tp, 2)
+	var phases []string
 	for _, r := range tp {
-		requireFields(t, "throughput row", r, "flag", "producers", "workers", "runs", "runs_per_sec", "latency_p50_ms", "latency_p99_ms")
+		requireFields(t, "throughput row", r, "flag", "phase", "producers", "workers", "runs", "keys", "batch", "duration_s", "runs_per_sec", "redis_cpu_us_per_run")
+		phases = append(phases, r["phase"].(string)+"/"+r["flag"].(string))
 		require.Equal(t, 200.0, r["runs"])
 		require.Positive(t, r["runs_per_sec"])
-		require.GreaterOrEqual(t, r["latency_p99_ms"], r["latency_p50_ms"])
+		require.Positive(t, r["redis_cpu_us_per_run"], r)
+		switch r["phase"] {
+		case "concurrent":
+			requireFields(t, "concurrent throughput row", r, "latency_p50_ms", "latency_p99_ms", "latency_max_ms")
+			require.GreaterOrEqual(t, r["latency_p99_ms"], r["latency_p50_ms"])
+			require.Equal(t, []any{2.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "enqueue":
+			require.NotContains(t, r, "latency_p50_ms")
+			require.Equal(t, []any{2.0, 0.0, 0.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "process":
+			require.NotContains(t, r, "latency_p50_ms")
+			require.Equal(t, []any{0.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
+		}
 	}
+	require.Equal(t, []string{"concurrent/off", "concurrent/on", "enqueue/off", "enqueue/on", "process/off", "process/on"}, phases)
 
 	requireSVG(t, filepath.Join(opts.OutDir, "sweep.svg"))
 	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "](sweep.svg)")
+	require.Contains(t, string(md), "## Prefilled queue")
+	require.Regexp(t, `\| lifecycle \| on \| `, string(md))
 	require.NoFileExists(t, filepath.Join(opts.OutDir, "skew.svg"), "the skew scenario did not run")
 }
 
@@ -424,6 +471,69 @@ func TestTargets(t *testing.T) {
 		"dequeue_batch10 calls_per_run":    true,  // +1.5 <= +1.5
 		"dequeue_gated redis_us_per_op":    false, // 1.6x > 1.5x
 	}, got)
+
+	// The lifecycle is judged on flag on alone, against 30 µs per run.
+	rows = append(rows,
+		CostRow{Op: "lifecycle", Flag: "off", RedisUsPerRun: f(12), RedisCPUUsPerRun: f(35)},
+		CostRow{Op: "lifecycle", Flag: "on", RedisUsPerRun: f(14), RedisCPUUsPerRun: f(31)})
+	got = map[string]bool{}
+	for _, tr := range targets(rows) {
+		got[tr.Op+" "+tr.Metric] = tr.Met
+		if tr.Op == "lifecycle" {
+			require.Nil(t, tr.Ratio)
+			require.Nil(t, tr.Diff)
+			require.Equal(t, "<= 30 µs (flag on)", tr.Limit)
+		}
+	}
+	require.False(t, got["lifecycle redis_cpu_us_per_run"]) // 31 > 30
+	require.True(t, got["lifecycle redis_us_per_run"])      // 14 <= 30
+	require.Len(t, got, 6)
+}
+
+// TestLifecycleRow: the lifecycle row is enqueue + dequeue batch 10 + ack
+// per run, each part counted as measured.
+func TestLifecycleRow(t *testing.T) {
+	t.Parallel()
+	mk := func(op string, calls, runs int, scriptUs, cpuUs, cmds float64) CostRow {
+		tot := costTotals{scriptCalls: float64(calls), scriptUsec: scriptUs, cmds: cmds, cpuUsec: cpuUs}
+		r := costRowOf(op, "on", tot, calls, runs)
+		r.Repeats, r.Spread = 3, 0.1
+		return r
+	}
+	rows := []CostRow{
+		mk("enqueue", 1000, 1000, 20_000, 30_000, 6000),
+		mk("dequeue_batch10", 100, 1000, 50_000, 60_000, 4300),
+		mk("dequeue_batch1", 1000, 1000, 99_000, 99_000, 16000), // not a part
+		mk("ack", 1000, 1000, 17_000, 25_000, 7000),
+	}
+	rows[3].Spread = 0.4
+	r, ok := lifecycleRow(rows, "on")
+	require.True(t, ok)
+	require.Equal(t, "lifecycle", r.Op)
+	require.Equal(t, []int{2100, 1000}, []int{r.Calls, r.Runs})
+	require.InDelta(t, 87.0, *r.RedisUsPerRun, 1e-9)     // 20 + 50 + 17
+	require.InDelta(t, 115.0, *r.RedisCPUUsPerRun, 1e-9) // 30 + 60 + 25
+	require.InDelta(t, 17.3, *r.CallsPerRun, 1e-9)       // 6 + 4.3 + 7
+	require.InDelta(t, 87_000.0/2100, r.RedisUsPerCall, 1e-9)
+	require.InDelta(t, 115_000.0/2100, r.RedisCPUUsPerOp, 1e-9)
+	require.Equal(t, 3, r.Repeats)
+	require.InDelta(t, 0.4, r.Spread, 1e-9)
+	_, ok = lifecycleRow(rows[:3], "on")
+	require.False(t, ok, "no ack row")
+	_, ok = lifecycleRow(rows, "off")
+	require.False(t, ok, "no flag-off rows")
+}
+
+func TestParseCPU(t *testing.T) {
+	t.Parallel()
+	us, err := parseCPU("# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.000123\r\nused_cpu_sys_children:9.000000\r\n" +
+		"used_cpu_user_children:9.000000\r\nused_cpu_sys_main_thread:1.000000\r\nused_cpu_user_main_thread:2.000000\r\n")
+	require.NoError(t, err)
+	require.Equal(t, 3_250_123.0, us)
+	_, err = parseCPU("# CPU\r\nused_cpu_sys:1.0\r\n")
+	require.ErrorContains(t, err, "not found")
+	_, err = parseCPU("used_cpu_sys:x\r\nused_cpu_user:1\r\n")
+	require.ErrorContains(t, err, "used_cpu_sys:x")
 }
 
 func TestFastestRow(t *testing.T) {

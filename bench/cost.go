@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sort"
@@ -31,6 +32,11 @@ import (
 // and after each non-script command or pipeline it sends: their delta is
 // exactly those commands. The cost phases run one goroutine at a time, so
 // nothing else runs on the server in between.
+//
+// Beside these, each phase reads the Redis process CPU (INFO cpu, see
+// cpu.go) before and after: the time inside the commands plus the network
+// work around them, which is what a user pays for and what other queues
+// publish. The lifecycle row sums enqueue, dequeue (batch 10) and ack.
 
 // meter measures the commands a client sends outside scripts.
 type meter struct {
@@ -112,6 +118,7 @@ type sample struct {
 	scripts redistest.CmdStat // EVALSHA calls and their usec (inner calls included)
 	cmds    redistest.CmdStat // every non-script command: inner calls and Go's reads
 	reads   redistest.CmdStat // Go's own non-script commands
+	cpu     float64           // Redis process CPU, µs (INFO cpu: used_cpu_sys + used_cpu_user)
 }
 
 // usec is the Redis CPU of the phase: scripts and Go's own commands.
@@ -130,8 +137,13 @@ func newMeasured(c *redis.Client) *measured {
 	return &measured{Client: mc, m: m}
 }
 
-// measure runs fn and returns the command statistics it caused.
+// measure runs fn and returns the command statistics and the Redis process
+// CPU it caused.
 func (mc *measured) measure(ctx context.Context, fn func() error) (sample, error) {
+	cpu, err := startCPU(ctx, mc.m.stats)
+	if err != nil {
+		return sample{}, err
+	}
 	before, err := redistest.CommandStats(ctx, mc.m.stats)
 	if err != nil {
 		return sample{}, err
@@ -145,6 +157,10 @@ func (mc *measured) measure(ctx context.Context, fn func() error) (sample, error
 	if err != nil {
 		return sample{}, err
 	}
+	cpuUsec, err := cpu.stop(ctx)
+	if err != nil {
+		return sample{}, err
+	}
 	after, err := redistest.CommandStats(ctx, mc.m.stats)
 	if err != nil {
 		return sample{}, err
@@ -155,7 +171,12 @@ func (mc *measured) measure(ctx context.Context, fn func() error) (sample, error
 		return sample{}, mc.m.err
 	}
 	d := after.Sub(before)
-	return sample{scripts: d.Scripts(), cmds: d.Commands(), reads: mc.m.reads}, nil
+	// The process CPU window holds the bench's own INFO calls: the first
+	// commandstats snapshot, the meter's (around Go's reads) and the
+	// closing INFO cpu. Their time inside Redis is on the "info" line of
+	// the delta; take it out, so that only the operations' CPU remains.
+	cpuUsec = max(0, cpuUsec-float64(d["info"].Usec))
+	return sample{scripts: d.Scripts(), cmds: d.Commands(), reads: mc.m.reads, cpu: cpuUsec}, nil
 }
 
 // CostRow is the cost of one operation on one flag state. Per-run figures
@@ -173,6 +194,12 @@ type CostRow struct {
 	// Go's own reads, per API call and per run.
 	RedisUsPerOp  float64  `json:"redis_us_per_op"`
 	RedisUsPerRun *float64 `json:"redis_us_per_run,omitempty"`
+	// RedisCPUUsPerOp and RedisCPUUsPerRun are the Redis process CPU
+	// (INFO cpu: used_cpu_sys + used_cpu_user) of the phase, per API call
+	// and per run: the commands' time plus the network work around them
+	// (reading requests, writing replies, the event loop).
+	RedisCPUUsPerOp  float64  `json:"redis_cpu_us_per_op"`
+	RedisCPUUsPerRun *float64 `json:"redis_cpu_us_per_run,omitempty"`
 	// CallsPerRun counts Redis commands per run: the redis.calls inside the
 	// scripts plus Go's own reads; InnerCallsPerRun the first only.
 	CallsPerOp       float64  `json:"calls_per_op"`
@@ -187,36 +214,97 @@ type CostRow struct {
 	Spread  float64 `json:"spread"`
 }
 
+// costTotals are the totals of a measured phase.
+type costTotals struct {
+	scriptCalls, scriptUsec float64 // script calls and their usec (inner calls included)
+	cmds                    float64 // non-script commands: inner calls and Go's reads
+	reads, readUsec         float64 // Go's own non-script commands
+	cpuUsec                 float64 // Redis process CPU
+}
+
+func (s sample) totals() costTotals {
+	return costTotals{scriptCalls: float64(s.scripts.Calls), scriptUsec: float64(s.scripts.Usec), cmds: float64(s.cmds.Calls),
+		reads: float64(s.reads.Calls), readUsec: float64(s.reads.Usec), cpuUsec: s.cpu}
+}
+
 func newCostRow(op string, on bool, s sample, calls, runs int) CostRow {
-	r := CostRow{Op: op, Flag: flagName(on), Calls: calls, Runs: runs}
-	usec := float64(s.scripts.Usec + s.reads.Usec)
-	if s.scripts.Calls > 0 {
-		r.RedisUsPerCall = float64(s.scripts.Usec) / float64(s.scripts.Calls)
+	return costRowOf(op, flagName(on), s.totals(), calls, runs)
+}
+
+func costRowOf(op, flag string, t costTotals, calls, runs int) CostRow {
+	r := CostRow{Op: op, Flag: flag, Calls: calls, Runs: runs}
+	usec := t.scriptUsec + t.readUsec
+	if t.scriptCalls > 0 {
+		r.RedisUsPerCall = t.scriptUsec / t.scriptCalls
 	}
 	if calls > 0 {
 		r.RedisUsPerOp = usec / float64(calls)
-		r.CallsPerOp = float64(s.cmds.Calls) / float64(calls)
-		r.ReadCallsPerOp = float64(s.reads.Calls) / float64(calls)
-		r.ScriptCallsPerOp = float64(s.scripts.Calls) / float64(calls)
+		r.RedisCPUUsPerOp = t.cpuUsec / float64(calls)
+		r.CallsPerOp = t.cmds / float64(calls)
+		r.ReadCallsPerOp = t.reads / float64(calls)
+		r.ScriptCallsPerOp = t.scriptCalls / float64(calls)
 	}
 	if runs > 0 {
 		perRun := func(v float64) *float64 { x := v / float64(runs); return &x }
 		r.RedisUsPerRun = perRun(usec)
-		r.CallsPerRun = perRun(float64(s.cmds.Calls))
-		r.InnerCallsPerRun = perRun(float64(s.cmds.Calls - s.reads.Calls))
+		r.RedisCPUUsPerRun = perRun(t.cpuUsec)
+		r.CallsPerRun = perRun(t.cmds)
+		r.InnerCallsPerRun = perRun(t.cmds - t.reads)
 	}
 	return r
 }
 
-// TargetRow is one cost target of DESIGN section 9: flag on against flag
-// off in the same run. It informs; it never fails the run.
+// lifecycleOps are the operations of one run's life in the lifecycle row:
+// enqueue, dequeue at batch 10, ack.
+var lifecycleOps = []string{"enqueue", "dequeue_batch10", "ack"}
+
+// lifecycleLimitUs is the lifecycle target: Redis CPU per run, flag on.
+const lifecycleLimitUs = 30.0
+
+// lifecycleRow sums the enqueue, dequeue batch 10 and ack rows of flag into
+// the cost of one run's whole life, per run of the dequeue row. Each part
+// counts as it was measured (its fastest repetition); Spread is the
+// largest of the parts'. ok is false when a part is missing.
+func lifecycleRow(rows []CostRow, flag string) (row CostRow, ok bool) {
+	var parts []CostRow
+	for _, op := range lifecycleOps {
+		i := slices.IndexFunc(rows, func(r CostRow) bool { return r.Op == op && r.Flag == flag })
+		if i < 0 || rows[i].Runs == 0 {
+			return row, false
+		}
+		parts = append(parts, rows[i])
+	}
+	n := parts[1].Runs
+	var t costTotals
+	calls, repeats, spread := 0.0, parts[0].Repeats, 0.0
+	for _, p := range parts {
+		k := float64(p.Calls) * float64(n) / float64(p.Runs) // the part's API calls for n runs
+		calls += k
+		scriptUsec := p.RedisUsPerCall * p.ScriptCallsPerOp * k
+		t.scriptCalls += p.ScriptCallsPerOp * k
+		t.scriptUsec += scriptUsec
+		t.cmds += p.CallsPerOp * k
+		t.reads += p.ReadCallsPerOp * k
+		t.readUsec += max(0, p.RedisUsPerOp*k-scriptUsec)
+		t.cpuUsec += p.RedisCPUUsPerOp * k
+		repeats, spread = min(repeats, p.Repeats), max(spread, p.Spread)
+	}
+	row = costRowOf("lifecycle", flag, t, int(math.Round(calls)), n)
+	row.Repeats, row.Spread = repeats, spread
+	return row, true
+}
+
+// TargetRow is one cost target of docs/design.md section 9: flag on against
+// flag off in the same run, or flag on against an absolute limit (the
+// lifecycle). It informs; it never fails the run.
 type TargetRow struct {
 	Target string  `json:"target"`
 	Op     string  `json:"op"`
 	Metric string  `json:"metric"`
 	Off    float64 `json:"off"`
 	On     float64 `json:"on"`
-	// Ratio is on/off for a ratio target; Diff is on-off for an additive one.
+	// Ratio is on/off for a ratio target; Diff is on-off for an additive
+	// one; an absolute target (on against Limit) has neither.
 	Ratio *float64 `json:"ratio,omitempty"`
 	Diff  *float64 `json:"diff,omitempty"`
 	Limit string   `json:"limit"`
@@ -334,6 +422,11 @@ func runCost(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, r
 	for _, rows := range all {
 		rep.Cost = append(rep.Cost, fastestRow(rows))
 	}
+	for _, flag := range []string{"off", "on"} {
+		if row, ok := lifecycleRow(rep.Cost, flag); ok {
+			rep.Cost = append(rep.Cost, row)
+		}
+	}
 	sortCost(rep.Cost)
 	rep.Targets = targets(rep.Cost)
 	worst := 0.0
@@ -362,7 +455,7 @@ func fastestRow(rows []CostRow) CostRow {
 	return m
 }
 
-var costOrder = []string{"enqueue", "dequeue_batch1", "dequeue_batch10", "dequeue_batch100", "dequeue_gated", "ack", "nack"}
+var costOrder = []string{"enqueue", "dequeue_batch1", "dequeue_batch10", "dequeue_batch100", "dequeue_gated", "ack", "nack", "lifecycle"}
 
 func sortCost(rows []CostRow) {
 	rank := func(r CostRow) int {
@@ -491,7 +584,8 @@ func costGated(ctx context.Context, mc *measured, ks *keyspace, opts Options, on
 	return newCostRow("dequeue_gated", on, s, opts.GatedCalls, 0), nil
 }
 
-// targets compares flag on with flag off against DESIGN section 9.
+// targets compares flag on with flag off, and the lifecycle of flag on with
+// its limit, against docs/design.md section 9.
 func targets(rows []CostRow) []TargetRow {
 	find := func(op, flag string) *CostRow {
 		for i := range rows {
@@ -502,6 +596,19 @@ func targets(rows []CostRow) []TargetRow {
 		return nil
 	}
 	var out []TargetRow
+	// absolute compares flag on with limit; flag off is shown beside it.
+	absolute := func(target, op, metric string, get func(*CostRow) *float64, limit float64) {
+		off, on := find(op, "off"), find(op, "on")
+		if on == nil || get(on) == nil {
+			return
+		}
+		r := TargetRow{Target: target, Op: op, Metric: metric, On: *get(on),
+			Limit: fmt.Sprintf("<= %s µs (flag on)", num(limit)), Met: *get(on) <= limit}
+		if off != nil && get(off) != nil {
+			r.Off = *get(off)
+		}
+		out = append(out, r)
+	}
 	ratio := func(target, op, metric string, get func(*CostRow) *float64, limit float64) {
 		off, on := find(op, "off"), find(op, "on")
 		if off == nil || on == nil || get(off) == nil || get(on) == nil || *get(off) <= 0 {
@@ -523,6 +630,9 @@ func targets(rows []CostRow) []TargetRow {
 	perRun := func(r *CostRow) *float64 { return r.RedisUsPerRun }
 	perOp := func(r *CostRow) *float64 { return &r.RedisUsPerOp }
 	callsPerRun := func(r *CostRow) *float64 { return r.CallsPerRun }
+	cpuPerRun := func(r *CostRow) *float64 { return r.RedisCPUUsPerRun }
+	absolute("run lifecycle (enqueue + dequeue batch 10 + ack) Redis process CPU per run", "lifecycle", "redis_cpu_us_per_run", cpuPerRun, lifecycleLimitUs)
+	absolute("run lifecycle (enqueue + dequeue batch 10 + ack) Redis µs per run in commands", "lifecycle", "redis_us_per_run", perRun, lifecycleLimitUs)
 	ratio("enqueue Redis CPU", "enqueue", "redis_us_per_run", perRun, 1.10)
 	for _, b := range []int{1, 10, 100} {
 		op := fmt.Sprintf("dequeue_batch%d", b)

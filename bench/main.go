@@ -1,6 +1,7 @@
 // Command bench compares the fair scheduler (flag on) with age order (flag
-// off): the scenario suite of DESIGN section 8 on both flag states and, on a
-// real Redis, the cost, memory and throughput figures of DESIGN section 9.
+// off): the scenario suite of docs/design.md section 8 on both flag states
+// and, on a real Redis, the cost, memory and throughput figures of
+// docs/design.md section 9.
 //
 //	go run ./bench                                  # embedded miniredis: fairness only
 //	go run ./bench -redis redis://127.0.0.1:6379/0  # real Redis: fairness, cost, memory, throughput
@@ -71,8 +72,9 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 		fmt.Fprintf(errOut, "usage: go run ./bench [flags]\n\n"+
 			"Runs the scenario suite with the scheduler flag off and on and prints the\n"+
 			"results. Without -redis (and REDIS_URL) it uses an embedded miniredis, which\n"+
-			"measures fairness only; with a real Redis it also measures cost per operation,\n"+
-			"memory per key, cost against key count and end-to-end throughput.\n\nflags:\n")
+			"measures fairness only; with a real Redis it also measures cost per operation\n"+
+			"(commandstats and process CPU), memory per key, cost against key count and\n"+
+			"throughput (concurrent, and a prefilled queue enqueued then processed).\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.RedisURL, "redis", getenv("REDIS_URL"), "real Redis `URL` (redis://host:port/db); default $REDIS_URL, else embedded miniredis")
@@ -89,10 +91,10 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 	memKeys := fs.String("memory-keys", joinInts(o.MemoryKeys), "key counts of the memory measurement")
 	sweepKeys := fs.String("sweep-keys", joinInts(o.SweepKeys), "active key counts of the cost sweep")
 	fs.IntVar(&o.SweepRuns, "sweep-runs", o.SweepRuns, "runs dequeued and acked at each sweep point")
-	fs.IntVar(&o.Producers, "producers", o.Producers, "throughput: producer goroutines")
-	fs.IntVar(&o.Workers, "workers", o.Workers, "throughput: worker goroutines")
-	fs.IntVar(&o.ThroughputRuns, "runs", o.ThroughputRuns, "throughput: runs per flag state")
-	fs.IntVar(&o.ThroughputKeys, "keys", o.ThroughputKeys, "throughput: concurrency keys")
+	fs.IntVar(&o.Producers, "producers", o.Producers, "throughput: producer goroutines (concurrent and prefilled phases)")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "throughput: worker goroutines (concurrent and prefilled phases)")
+	fs.IntVar(&o.ThroughputRuns, "runs", o.ThroughputRuns, "throughput: runs per flag state in each phase (concurrent; prefilled: enqueued, then processed)")
+	fs.IntVar(&o.ThroughputKeys, "keys", o.ThroughputKeys, "throughput: concurrency keys the runs are spread over")
 	fs.IntVar(&o.Batch, "batch", o.Batch, "throughput: maxCount of each worker's dequeue")
 	if err := fs.Parse(args); err != nil {
 		return o, err

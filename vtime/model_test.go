@@ -701,6 +701,32 @@ func TestTiesByRegistrationOrder(t *testing.T) {
 		require.Equal(t, int64(1), mustReg(t, m, "b").Seq)
 		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "!"))
 	})
+
+	t.Run("NameDecidesWhichTiedVariantACallReaches", func(t *testing.T) {
+		t.Parallel()
+		// When a call reaches only ScanLimit of the due (or untagged)
+		// variants, exact ties in the index are broken by name: "!" and b
+		// come due at 5 (b queued first), ScanLimit 1: the first call
+		// promotes "!" only, b registers a call later. (doc.go: the name
+		// orders "only among variants that registered at the same
+		// instant"; here it decides which registers first.)
+		m := New(Config{ScanLimit: 1})
+		require.NoError(t, m.Enqueue("b#1", "b", 0, 5, 0))
+		require.NoError(t, m.Enqueue("!#1", "!", 0, 5, 0))
+		require.Equal(t, []string{"!"}, servedKeys(m.Dequeue(1, 5)))
+		_, ok := regOf(m, "b")
+		require.False(t, ok, "b still delayed")
+		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 5)))
+
+		// Discovery alike: u and "!" untagged with equal heads.
+		m = New(Config{ScanLimit: 1})
+		flagOffEnqueue(m, "u#1", "u", 0)
+		flagOffEnqueue(m, "!#1", "!", 0)
+		flagOffEnqueue(m, "!#2", "!", 0)
+		require.Equal(t, []string{"!"}, servedKeys(m.Dequeue(1, 0)))
+		_, ok = regOf(m, "u")
+		require.False(t, ok)
+	})
 }
 
 func TestGating(t *testing.T) {

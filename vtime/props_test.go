@@ -342,15 +342,68 @@ func registration(m *Model, v string) Reg {
 	return r
 }
 
+// checkLane checks the newcomer lane across one operation o from before to
+// m: a lane member is never gated, and those queued behind the head have
+// no tag (U and R 0); a registration joins the lane only when it
+// registers, at its end; the lane loses members only from its front in a
+// dequeue (the head served, gated or collected hands on to the next), and
+// anywhere outside one (a drain); when the head leaves outside a dequeue
+// (its last ready run expired), the next head takes its tag, at least V;
+// and the head is never more than two quanta past V (the pack capped at
+// V+Unit, plus one), so nothing that left the lane pushes it back.
+func checkLane(t *rapid.T, before, m *Model, o op) {
+	was, now := lane(before), lane(m)
+	if len(now) > 0 {
+		head := now[0]
+		require.LessOrEqual(t, m.reg[head].U, m.v+2*Unit, "lane head %s past V+2U (%v)", head, o)
+		for _, v := range now {
+			r := m.reg[v]
+			require.False(t, r.Gated, "%s gated in the lane (%v)", v, o)
+			if v != head {
+				require.Zero(t, r.U, "%s queued with a tag (%v)", v, o)
+				require.Zero(t, r.R, "%s queued with a remainder (%v)", v, o)
+			}
+		}
+	}
+	// Members still in the lane, in their old order, then the new ones.
+	stayed := map[string]bool{}
+	var kept []string
+	for _, v := range was {
+		if r, ok := m.reg[v]; ok && r.Waiting && r.Seq == before.reg[v].Seq {
+			stayed[v] = true
+			kept = append(kept, v)
+		}
+	}
+	for _, v := range now {
+		if stayed[v] {
+			continue
+		}
+		_, old := before.reg[v]
+		require.False(t, old && before.reg[v].Seq == m.reg[v].Seq, "%s rejoined the lane without registering (%v)", v, o)
+	}
+	strs := func(x []string) []string { return append([]string{}, x...) }
+	require.Equal(t, strs(kept), strs(now[:len(kept)]), "lane order (%v)", o)
+	if o.kind == opDequeue {
+		require.Equal(t, strs(was[len(was)-len(kept):]), strs(kept), "a dequeue takes from the lane's front only")
+	}
+	if len(was) > 0 && len(kept) > 0 && kept[0] != was[0] && o.kind != opDequeue {
+		oldHead := before.reg[was[0]]
+		if _, gone := m.reg[was[0]]; !gone || !m.reg[was[0]].Waiting {
+			require.Equal(t, max(m.v, oldHead.U), m.reg[kept[0]].U, "next head at max(V, the old head's tag) (%v)", o)
+		}
+	}
+}
+
 // TestPropInvariants: over random workloads of the model's own operations
 // (limits and weights changing included), after every operation: the
 // logical clock and V() never decrease; a variant is registered exactly
 // while it has ready runs; registration numbers are unique and below the
 // next; a registration outside a dequeue follows the return or newcomer
-// rule; a variant is gated only at its limit, and stays at it while gated;
-// after a call with capacity, no gated variant is below the limit; after an
-// operation that parked, every parked tag is above V and the idle set is
-// within its cap; every stored time is in [0, 2^52).
+// rule; the newcomer lane keeps its order (see checkLane); a variant is
+// gated only at its limit, and stays at it while gated; after a call with
+// capacity, no gated variant is below the limit; after an operation that
+// parked, every parked tag is above V and the idle set is within its cap;
+// every stored time is in [0, 2^50).
 func TestPropInvariants(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(rt *rapid.T) {
@@ -395,6 +448,7 @@ func TestPropInvariants(t *testing.T) {
 					}
 				}
 			}
+			checkLane(rt, before, m, o)
 
 			for v, r := range m.reg {
 				if !r.Gated {
@@ -442,6 +496,94 @@ func TestPropInvariants(t *testing.T) {
 			}
 		}
 	})
+}
+
+// laneKey draws a key in the lane with a ready run, the head half the
+// time, or "" when there is none.
+func laneKey(rt *rapid.T, m *Model) string {
+	var keys []string
+	for i, v := range lane(m) {
+		if len(m.ready[v]) > 0 {
+			keys = append(keys, m.KeyOf(v))
+			if i == 0 && rapid.Bool().Draw(rt, "head") {
+				return keys[0]
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return ""
+	}
+	return keys[rapid.IntRange(0, len(keys)-1).Draw(rt, "lane key")]
+}
+
+// TestPropLane: the invariants of checkLane and the registration rule
+// under workloads that keep the newcomer lane busy: newcomers (fresh keys
+// with one or two runs) arrive while older keys are backlogged, and expire,
+// are served, gated (key limits, flag-off serves) or left stale (flag-off
+// drains) in any order.
+func TestPropLane(t *testing.T) {
+	t.Parallel()
+	stats := map[string]int{}
+	rapid.Check(t, func(rt *rapid.T) {
+		cfg := randomConfig(rt)
+		s := &sim{m: New(cfg)}
+		m := s.m
+		old := rapid.IntRange(1, 4).Draw(rt, "backlogged")
+		for i := 0; i < old; i++ {
+			m.SetWeight(keyName(i), rapid.SampledFrom([]float64{0.01, 0.5, 1, 3}).Draw(rt, "w"))
+			add(rt, m, keyName(i), 20, 0, 0)
+		}
+		fresh := 0
+		for i := rapid.IntRange(1, 100).Draw(rt, "ops"); i > 0; i-- {
+			var o op
+			switch k := rapid.IntRange(0, 99).Draw(rt, "lane op"); {
+			case k < 30:
+				o = op{kind: opEnqueue, key: fmt.Sprintf("n%d", fresh), n: rapid.IntRange(1, 2).Draw(rt, "runs")}
+				fresh++
+			case k < 50:
+				o = op{kind: opExpire, key: laneKey(rt, m)}
+			case k < 75:
+				o = op{kind: opDequeue, n: rapid.IntRange(1, 4).Draw(rt, "maxCount")}
+			case k < 85:
+				o = op{kind: opAck, pick: rapid.IntRange(0, 1000).Draw(rt, "pick")}
+			case k < 92:
+				o = op{kind: opFlagOffServe, key: laneKey(rt, m)}
+			default:
+				o = op{kind: opLimits, limits: Limits{Key: rapid.SampledFrom([]int{0, 1, 2}).Draw(rt, "keyLimit")}}
+			}
+			if o.key == "" && (o.kind == opExpire || o.kind == opFlagOffServe) {
+				continue
+			}
+			before := m.Clone()
+			if o.kind == opExpire {
+				h, _ := head(m.ready[vm(o.key)])
+				require.True(rt, m.Expire(decode(rt, h.Member)))
+			} else {
+				s.apply(rt, o)
+			}
+			storedInRange(rt, m)
+			if o.kind != opDequeue && o.kind != opFlagOffServe {
+				for v, r := range m.reg {
+					if _, was := before.reg[v]; !was {
+						require.Equal(rt, registration(before, v), *r, "%s registered by %v", v, o)
+					}
+				}
+			}
+			checkLane(rt, before, m, o)
+			if l := lane(m); len(l) >= 2 {
+				stats["lane of 2 or more"]++
+			}
+			if bl, l := lane(before), lane(m); len(bl) > 0 && (len(l) == 0 || bl[0] != l[0]) {
+				stats["head left by "+o.kind.String()]++
+			}
+			for i := 0; i < old; i++ {
+				if len(m.ready[vm(keyName(i))]) < 5 {
+					add(rt, m, keyName(i), 5, 0, s.now)
+				}
+			}
+		}
+	})
+	t.Logf("lane: %v", stats)
 }
 
 // TestPropNoPanics: every operation, flag-off writers, the state TTL, limit
@@ -520,4 +662,145 @@ func TestPropNoDebtWait(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestPropReachability: guarantee 5's discovery bound. With ScanLimit S
+// above maxCount M, every untagged variant with ready work whose head stays
+// put is registered within ceil(variants/(S-M))+1 calls with capacity,
+// whatever the serves of other variants (which move their heads past it or
+// drain them), model writes and flag-off enqueues do meanwhile (the count
+// starts over when the state expires, the cursor with it). variants is the
+// most variants the calls' indexes held (due delayed variants counted).
+// TTL sweeps and flag-off dequeues, which the doc gives a lap each, are
+// left out.
+func TestPropReachability(t *testing.T) {
+	t.Parallel()
+	checked, tight := 0, 0
+	rapid.Check(t, func(rt *rapid.T) {
+		scan := rapid.IntRange(2, 8).Draw(rt, "scanLimit")
+		maxM := rapid.IntRange(1, scan-1).Draw(rt, "maxCount")
+		m := New(Config{ScanLimit: scan, PromoteLimit: 1, Limits: Limits{
+			Key:   rapid.SampledFrom([]int{0, 0, 0, 1, 2}).Draw(rt, "keyLimit"),
+			Queue: rapid.SampledFrom([]int{0, 0, 0, 6}).Draw(rt, "queueLimit"),
+		}})
+		s := &sim{m: m, now: 1000}
+		score := func(label string) int64 { return int64(rapid.IntRange(0, 1000).Draw(rt, label)) }
+		// Registered variants whose heads move when served, and untagged
+		// ones (flag-off writes) whose heads stay put.
+		nreg := rapid.IntRange(1, 8).Draw(rt, "registered")
+		for i := 0; i < nreg; i++ {
+			for j := rapid.IntRange(1, 6).Draw(rt, "runs"); j > 0; j-- {
+				s.next++
+				require.NoError(rt, m.Enqueue(fmt.Sprintf("r%d", s.next), fmt.Sprintf("r%d", i), 0, score("at"), s.now))
+			}
+		}
+		untagged := 0
+		flagOff := func() {
+			s.next++
+			flagOffEnqueue(m, fmt.Sprintf("r%d", s.next), fmt.Sprintf("u%d", untagged), score("at"))
+			untagged++
+		}
+		for i := rapid.IntRange(1, 12).Draw(rt, "untagged"); i > 0; i-- {
+			flagOff()
+		}
+		type track struct {
+			head     float64
+			calls    int
+			variants int
+		}
+		tracked := map[string]*track{}
+		bound := func(tr *track) int { return (tr.variants+scan-maxM-1)/(scan-maxM) + 1 }
+		// reach counts the variants a call's discovery may see: ckIndex and
+		// the due delayed variants.
+		reach := func() int {
+			seen := map[string]bool{}
+			for _, e := range m.CkIndex() {
+				seen[e.Member] = true
+			}
+			for _, e := range m.delayIndex() {
+				if e.Score <= float64(s.now) {
+					seen[e.Member] = true
+				}
+			}
+			return len(seen)
+		}
+		pickInFlight := func() (string, bool) {
+			ids := s.idsIn(InFlight)
+			if len(ids) == 0 {
+				return "", false
+			}
+			return decode(rt, ids[rapid.IntRange(0, len(ids)-1).Draw(rt, "which")]), true
+		}
+		for i := rapid.IntRange(1, 150).Draw(rt, "ops"); i > 0; i-- {
+			// Track the untagged variants with ready work; a head that moved
+			// starts over.
+			for _, e := range m.CkIndex() {
+				if _, ok := m.reg[e.Member]; ok {
+					delete(tracked, e.Member)
+					continue
+				}
+				if tr, ok := tracked[e.Member]; !ok || tr.head != e.Score {
+					tracked[e.Member] = &track{head: e.Score}
+				}
+			}
+			k := rapid.IntRange(0, 99).Draw(rt, "op")
+			switch {
+			case k < 55:
+				n := rapid.IntRange(1, maxM).Draw(rt, "n")
+				if m.capacity(n) <= 0 {
+					m.Dequeue(n, s.now)
+					continue
+				}
+				v := reach()
+				for _, tr := range tracked {
+					tr.variants = max(tr.variants, v)
+				}
+				m.Dequeue(n, s.now)
+			case k < 70:
+				if id, ok := pickInFlight(); ok {
+					require.NoError(rt, m.Ack(id))
+				}
+				continue
+			case k < 80:
+				s.next++
+				key := fmt.Sprintf("r%d", rapid.IntRange(0, nreg-1).Draw(rt, "key"))
+				require.NoError(rt, m.Enqueue(fmt.Sprintf("r%d", s.next), key, 0, score("at")+s.now-1000, s.now))
+				continue
+			case k < 88:
+				flagOff()
+				continue
+			case k < 93:
+				if id, ok := pickInFlight(); ok {
+					_, err := m.Nack(id, s.now+int64(rapid.IntRange(-1000, 50).Draw(rt, "retry")), s.now, false)
+					require.NoError(rt, err)
+				}
+				continue
+			case k < 97:
+				s.now += int64(rapid.IntRange(1, 50).Draw(rt, "advance"))
+				continue
+			default:
+				m.ExpireState()
+				clear(tracked) // the cursor expires with the state: the count starts over
+				continue
+			}
+			for v, tr := range tracked {
+				tr.calls++
+				if _, ok := m.reg[v]; ok || len(m.ready[v]) == 0 {
+					if ok {
+						checked++
+						if tr.calls == bound(tr) {
+							tight++
+						}
+					}
+					require.LessOrEqual(rt, tr.calls, bound(tr), "%s registered after %d calls (variants %d)", v, tr.calls, tr.variants)
+					delete(tracked, v)
+					continue
+				}
+				require.Less(rt, tr.calls, bound(tr), "%s untagged after %d calls (variants %d, ScanLimit %d, maxCount %d)",
+					v, tr.calls, tr.variants, scan, maxM)
+			}
+		}
+	})
+	t.Logf("reachability: %d registrations checked, %d at the bound", checked, tight)
+	require.Positive(t, checked)
 }

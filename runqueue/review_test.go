@@ -1,0 +1,255 @@
+package runqueue_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/runqueue"
+	"github.com/runqueue/runqueue/vtime"
+)
+
+// Adversarial review of the fair scheduler (flag on). Each TestReview*
+// test demonstrates one defect with a minimal sequence.
+
+const reviewEnv, reviewQueue = "env", "q"
+
+func reviewEnqueue(t testing.TB, b *testBundle, key, id string) {
+	t.Helper()
+	ok, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: reviewEnv, Queue: reviewQueue, Key: key, ID: id,
+		Payload: []byte(id)})
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
+func reviewQK(t testing.TB, b *testBundle) keys.Queue {
+	t.Helper()
+	space, err := keys.NewSpace(b.prefix, b.q.Shards())
+	require.NoError(t, err)
+	return space.Env(reviewEnv).Queue(reviewQueue)
+}
+
+// TestReviewStateHashWithoutCkVtime: the scheduler state is two keys
+// (ckVtime and ckVtimeState). sched_state only looks at the hash: when the
+// hash exists and ckVtime does not (an operator deleted the "vtime" key to
+// reset fairness, a volatile-* eviction under Config.AllowEviction took one
+// of the two keys, a script error left a partial write), every registered
+// variant has a hash field and no tag. Discovery skips them (they have a
+// field), pass 1 never reads them, and the age head builds an entry with
+// u = nil: the dequeue dies with a Lua error ("attempt to compare nil with
+// number"), on every call, for as long as the hash lives; and enqueues of
+// new keys keep refreshing the hash's TTL.
+func TestReviewStateHashWithoutCkVtime(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
+		qk := reviewQK(t, b)
+		reviewEnqueue(t, b, "a", "a1")
+		reviewEnqueue(t, b, "b", "b1")
+		// ckVtime goes, its hash stays.
+		require.NoError(t, c.Del(b.ctx, qk.CkVtime()).Err())
+		runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 2)
+		require.NoError(t, err, "a dequeue over a state hash without its ckVtime")
+		require.Len(t, runs, 2)
+	})
+}
+
+// TestReviewScheduleShowsLaneNewcomerAsOwed: Schedule knows nothing of the
+// newcomer lane. A key queued in the lane behind its head has no tag (U 0
+// in the snapshot) and takes no part in the competition, yet Schedule
+// reports it as competing (Reason "") with Tag 0 and Lag = -V: "owed
+// service", the opposite of its state.
+func TestReviewScheduleShowsLaneNewcomerAsOwed(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
+		for i := 0; i < 5; i++ {
+			reviewEnqueue(t, b, "a", "a"+strconv.Itoa(i))
+		}
+		for i := 0; i < 3; i++ {
+			runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
+			require.NoError(t, err)
+			require.Len(t, runs, 1)
+		}
+		// V = 2 quanta, a's tag 3: b becomes the lane's head (at 4), c
+		// queues behind it without a tag.
+		reviewEnqueue(t, b, "b", "b1")
+		reviewEnqueue(t, b, "c", "c1")
+		snap, _, err := b.q.SchedulerSnapshot(b.ctx, reviewEnv, reviewQueue)
+		require.NoError(t, err)
+		require.True(t, snap.Reg[keys.VariantMember("c")].Waiting, "c is queued in the lane")
+		require.NotEqual(t, keys.VariantMember("c"), "")
+		s, err := b.q.Schedule(b.ctx, reviewEnv, reviewQueue, 1)
+		require.NoError(t, err)
+		for _, k := range s.Keys {
+			if k.Key != "c" {
+				continue
+			}
+			require.False(t, k.Reason == "" && k.Lag < 0,
+				"Schedule reports c, queued in the newcomer lane, as competing and owed service: %+v (V %v)", k, s.V)
+		}
+	})
+}
+
+// startLocaleRedis starts a redis-server whose LC_COLLATE is en_US.UTF-8
+// (generated into a temporary LOCPATH with localedef), as a server started
+// by systemd on a host with LANG=en_US.UTF-8 has: Redis calls
+// setlocale(LC_COLLATE, "") at start, and Lua compares strings with
+// strcoll.
+func startLocaleRedis(t *testing.T) redis.UniversalClient {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("no redis-server on PATH")
+	}
+	localedef, err := exec.LookPath("localedef")
+	if err != nil {
+		t.Skip("no localedef to build the en_US.UTF-8 locale")
+	}
+	dir := t.TempDir()
+	locpath := filepath.Join(dir, "locale")
+	require.NoError(t, os.MkdirAll(locpath, 0o755))
+	if out, err := exec.Command(localedef, "-i", "en_US", "-f", "UTF-8", filepath.Join(locpath, "en_US.UTF-8")).CombinedOutput(); err != nil {
+		if _, statErr := os.Stat(filepath.Join(locpath, "en_US.UTF-8")); statErr != nil {
+			t.Skipf("localedef en_US.UTF-8: %v: %s", err, out)
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	cmd := exec.Command(bin, "--save", "", "--appendonly", "no", "--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1", "--daemonize", "no", "--dir", dir)
+	cmd.Env = append(os.Environ(), "LOCPATH="+locpath, "LC_ALL=en_US.UTF-8")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(ctx).Err() != nil {
+		require.True(t, time.Now().Before(deadline), "redis-server did not answer")
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The server's Lua now orders "0000000a" before "0000000Z" (collation),
+	// where a ZSET orders them by bytes.
+	v, err := c.Eval(ctx, "if '0000000a' < '0000000Z' then return 1 end return 0", nil).Int()
+	require.NoError(t, err)
+	if v != 1 {
+		t.Skip("the locale did not take: Lua still compares bytes")
+	}
+	return c
+}
+
+// TestReviewTieOrderFollowsServerLocale: the fair dequeue breaks ties of
+// equal tags in memory with Lua's "<" on the members (seq code .. variant
+// member): before(a, b) = a.u < b.u or (a.u == b.u and a.member < b.member).
+// Redis's Lua compares strings with strcoll, and Redis sets LC_COLLATE from
+// its environment at start. Under en_US.UTF-8 the seq code "0000000a"
+// (registration 36) sorts before "0000000Z" (35) and "0000000A" (10), and
+// within a primary-equal code the variant names decide: ties no longer go
+// to the key that registered first, a batch of N no longer serves what N
+// calls of 1 serve (the ZSET reads order by bytes), and the Lua and the
+// model disagree.
+//
+// 37 keys registered at V with 2 runs each, one dequeue of 74: the model
+// serves the second round in registration order; the Lua, in collation
+// order.
+func TestReviewTieOrderFollowsServerLocale(t *testing.T) {
+	if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "" {
+		if _, err := exec.LookPath("redis-server"); err != nil {
+			t.Skip("no redis-server")
+		}
+	}
+	c := startLocaleRedis(t)
+	clock := newFakeClock()
+	ctx := context.Background()
+	q, err := runqueue.New(ctx, c, &runqueue.Config{Prefix: redistest.Prefix(t), Clock: clock, VtimeScheduling: true})
+	require.NoError(t, err)
+	defer q.Close()
+	m := vtime.New(vtime.Config{})
+	const nkeys = 37
+	now := clock.Now().UnixMilli()
+	for i := 0; i < nkeys; i++ {
+		key := fmt.Sprintf("k%02d", i)
+		for j := 0; j < 2; j++ {
+			id := fmt.Sprintf("%s-%d", key, j)
+			_, err := q.Enqueue(ctx, runqueue.EnqueueParams{Env: reviewEnv, Queue: reviewQueue, Key: key, ID: id})
+			require.NoError(t, err)
+			require.NoError(t, m.Enqueue(id, key, 0, now, now))
+		}
+	}
+	want := m.Dequeue(2*nkeys, now)
+	runs, err := q.Dequeue(ctx, reviewEnv, reviewQueue, 2*nkeys)
+	require.NoError(t, err)
+	require.Len(t, runs, len(want))
+	var got, exp []string
+	for i := range runs {
+		got = append(got, runs[i].Key)
+		exp = append(exp, want[i].Key)
+	}
+	require.Equal(t, exp, got, "serve order of one dequeue(%d) on a Redis with LC_COLLATE=en_US.UTF-8", 2*nkeys)
+}
+
+// TestReviewStateTTLRefreshFollowsWriterClock: the state's lifetime is
+// refreshed (PEXPIRE of both keys) only when the stored deadline x, written
+// from the caller's clock, is less than StateTTL/2 ahead of the caller's
+// now. Redis expires the keys on its own clock. One instance whose clock is
+// ahead by more than StateTTL/2 (or one whose clock stepped back) writes an
+// x that the others never reach: they keep writing the state and never
+// refresh it, and it expires under them while in use. The clock restarts
+// at 0, every tag and parked tag goes (a key that drained owing service
+// comes back as new: credit for idle time), although the doc says the
+// state expires only after StateTTL with no scheduler write.
+//
+// Sequence: StateTTL 1 minute; instance A (clock one hour ahead) enqueues
+// and dequeues once; instance B (right clock) dequeues every 10 s; at 60 s
+// the state is gone although B wrote it 10 s before.
+func TestReviewStateTTLRefreshFollowsWriterClock(t *testing.T) {
+	srv, c := redistest.MiniServer(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	clockB := newFakeClock()
+	clockA := newFakeClock()
+	clockA.Advance(time.Hour)
+	cfg := func(cl *fakeClock) *runqueue.Config {
+		return &runqueue.Config{Prefix: prefix, Clock: cl, VtimeScheduling: true, StateTTL: time.Minute}
+	}
+	qa, err := runqueue.New(ctx, c, cfg(clockA))
+	require.NoError(t, err)
+	defer qa.Close()
+	qb, err := runqueue.New(ctx, c, cfg(clockB))
+	require.NoError(t, err)
+	defer qb.Close()
+	space, err := keys.NewSpace(prefix, qa.Shards())
+	require.NoError(t, err)
+	qk := space.Env(reviewEnv).Queue(reviewQueue)
+	for i := 0; i < 20; i++ {
+		_, err := qb.Enqueue(ctx, runqueue.EnqueueParams{Env: reviewEnv, Queue: reviewQueue, Key: "a", ID: fmt.Sprint("a", i)})
+		require.NoError(t, err)
+	}
+	_, err = qa.Dequeue(ctx, reviewEnv, reviewQueue, 1)
+	require.NoError(t, err)
+	for i := 1; i <= 8; i++ {
+		srv.FastForward(10 * time.Second)
+		clockB.Advance(10 * time.Second)
+		n, err := c.Exists(ctx, qk.CkVtimeState(), qk.CkVtime()).Result()
+		require.NoError(t, err)
+		require.EqualValues(t, 2, n, "the state expired %d s after A's write although B wrote it every 10 s", 10*i)
+		runs, err := qb.Dequeue(ctx, reviewEnv, reviewQueue, 1)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+	}
+}

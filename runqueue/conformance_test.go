@@ -728,6 +728,30 @@ func ttlCases() []conformanceCase {
 			// An expired id is free again.
 			enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "ready"})
 		}},
+		{name: "ExpireTTLEndsAtDelivery", fn: func(t *testing.T, b *testBundle) {
+			// Back in the queue before its TTL entry is due (a nack, a lease
+			// recovery), a delivered run must outlive its old deadline.
+			shard := b.q.ShardOf(env)
+			enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "nacked", TTL: 10 * time.Second})
+			enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: "recovered", TTL: 10 * time.Second})
+			runs := dequeue(t, b, queueName, 2)
+			require.Len(t, runs, 2)
+			for _, r := range runs {
+				if r.ID == "nacked" {
+					_, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: b.clock.Now()})
+					require.NoError(t, err)
+				}
+			}
+			b.clock.Advance(b.q.Config().LeaseDuration)
+			n, err := b.q.RecoverLeases(b.ctx, shard, 100)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			b.clock.Advance(time.Hour)
+			n, err = b.q.ExpireTTL(b.ctx, shard, 100)
+			require.NoError(t, err)
+			require.Zero(t, n, "delivered runs have no TTL")
+			require.ElementsMatch(t, []string{"nacked", "recovered"}, runIDs(dequeue(t, b, queueName, 10)))
+		}},
 		{name: "ExpireTTLLimit", fn: func(t *testing.T, b *testBundle) {
 			for i := range 5 {
 				enqueue(t, b, runqueue.EnqueueParams{ID: string(rune('a' + i)), TTL: time.Second})

@@ -2,6 +2,7 @@ package fairness
 
 import (
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -240,7 +241,8 @@ func (c *Coverage) Add(h *History) {
 }
 
 // Report renders the first violation of each check in vs, then the
-// operations up to the first violation (the last 80).
+// operations up to the first violation (the last 80, or all of them when
+// RUNQUEUE_FAIRNESS_FULL_TRACE is set).
 func Report(h *History, vs []Violation) string {
 	v := vs[0]
 	var b strings.Builder
@@ -255,7 +257,7 @@ func Report(h *History, vs []Violation) string {
 		}
 	}
 	lines := strings.Split(h.Trace(v.Op), "\n")
-	if len(lines) > 80 {
+	if len(lines) > 80 && os.Getenv("RUNQUEUE_FAIRNESS_FULL_TRACE") == "" {
 		lines = append([]string{"..."}, lines[len(lines)-80:]...)
 	}
 	return b.String() + "operations:" + strings.Join(lines, "\n")

@@ -57,6 +57,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     if seen[member] then
       err = 'not_found' -- the same run twice in one call
     else
+      local _
       _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
     end
     seen[member] = true

@@ -3,7 +3,9 @@
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   ttl  expiry deadline (ms), 0 for none
+--   ttl  expiry deadline (ms), 0 for none. It binds only until the first
+--        delivery: the dequeue leaves the field (it does not rewrite
+--        records), every later rewrite (rec_with) clears it.
 --   lt   delivery token of the last delivery a nack or a lease recovery
 --        settled (0: none): a retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
@@ -16,9 +18,10 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+-- The record r after a delivery (nack, lease recovery, redrive): new att,
+-- at and lt, no TTL, and the same pr, vm and payload.
 local function rec_with(s, r, att, at, lt)
-  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+  return att .. '|' .. r.pr .. '|' .. at .. '|0|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores

@@ -38,20 +38,20 @@ func names(sp keys.Space, env, queue, ck, id string) []name {
 		key("TTL", sh.TTL(), shard),
 		key("Tokens", sh.Tokens(), shard),
 		key("Wake", sh.Wake(), shard),
-		key("EnvInflight", e.Inflight(), env),
+		key("EnvInflightCount", e.InflightCount(), env),
 		key("EnvDead", e.Dead(), env),
 		key("CkIndex", q.CkIndex(), env, queue),
 		key("DelayIndex", q.DelayIndex(), env, queue),
 		key("Depth", q.Depth(), env, queue),
-		key("QueueInflight", q.Inflight(), env, queue),
+		key("Held", q.Held(), env, queue),
+		key("KeyInflight", q.KeyInflight(), env, queue),
 		key("Dead", q.Dead(), env, queue),
 		key("CkVtime", q.CkVtime(), env, queue),
 		key("CkVtimeState", q.CkVtimeState(), env, queue),
 		key("Weights", q.Weights(), env, queue),
-		key("Meta", q.Meta(), env, queue),
+		key("Runs", q.Runs(), env, queue),
 		key("Ready", v.Ready(), env, queue, ck),
 		key("Delayed", v.Delayed(), env, queue, ck),
-		key("VariantInflight", v.Inflight(), env, queue, ck),
 		// Members and fields: each kind lives in its own sets, so each kind
 		// must be injective on its own.
 		{"variant member", v.Member(), idOf("VariantMember", ck)},
@@ -207,9 +207,9 @@ func separators(identity string) int {
 	switch b {
 	case "Master", "Leases", "TTL", "Wake", "Tokens":
 		return 1
-	case "EnvInflight", "EnvDead":
+	case "EnvInflightCount", "EnvDead":
 		return 3
-	case "Ready", "Delayed", "VariantInflight":
+	case "Ready", "Delayed":
 		return 7
 	}
 	return 5
@@ -225,8 +225,8 @@ func checkNoPrefixForgery(t *testing.T, sp keys.Space, runs [2][4]string) {
 		envA, queueA := runs[a][0], runs[a][1]
 		envB, queueB := runs[b][0], runs[b][1]
 		qa := sp.Env(envA).Queue(queueA)
-		envPrefix := strings.TrimSuffix(sp.Env(envA).Inflight(), "inflight")
-		queuePrefix := strings.TrimSuffix(qa.Meta(), "runs")
+		envPrefix := strings.TrimSuffix(sp.Env(envA).InflightCount(), "inflightN")
+		queuePrefix := strings.TrimSuffix(qa.Runs(), "runs")
 		for _, n := range names(sp, envB, queueB, runs[b][2], runs[b][3]) {
 			if n.kind != "key" {
 				continue

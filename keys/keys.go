@@ -282,7 +282,6 @@ func (v Variant) Ready() string { return v.base + ":ready" }
 // Delayed is the ZSET of delayed message ids, score available_at (ms).
 func (v Variant) Delayed() string { return v.base + ":delayed" }
 
-
 // VariantMember is the member naming concurrency key ck in the per-queue
 // sorted sets: "=" followed by the encoded key, so "" (no key) is "=".
 func VariantMember(ck string) string { return "=" + Segment(ck) }

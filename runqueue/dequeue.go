@@ -70,7 +70,7 @@ func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, n
 func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
 	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
-		qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens()}
+		qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens(), qk.TTL()}
 	lease := now + ms(q.cfg.LeaseDuration)
 	args := make([]any, 0, 16+3*len(acks))
 	args = append(args, now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),

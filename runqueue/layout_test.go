@@ -21,7 +21,8 @@ func TestLayoutVersion(t *testing.T) {
 		require.NoError(t, err)
 		got, err := c.Get(b.ctx, space.Layout()).Result()
 		require.NoError(t, err)
-		require.Equal(t, "2", got)
+		// Spelled out: a change of what is stored changes this number.
+		require.Equal(t, "3", got)
 
 		// A second instance on the same prefix agrees.
 		q2, err := runqueue.New(b.ctx, c, &runqueue.Config{Prefix: b.prefix, Clock: b.clock})
@@ -29,13 +30,13 @@ func TestLayoutVersion(t *testing.T) {
 		require.NoError(t, q2.Close())
 
 		// Another version is refused.
-		require.NoError(t, c.Set(b.ctx, space.Layout(), "1", 0).Err())
+		require.NoError(t, c.Set(b.ctx, space.Layout(), "2", 0).Err())
 		before := b.dump(t)
 		_, err = runqueue.New(b.ctx, c, &runqueue.Config{Prefix: b.prefix, Clock: b.clock})
 		require.ErrorIs(t, err, runqueue.ErrLayout)
 		var le *runqueue.LayoutError
 		require.ErrorAs(t, err, &le)
-		require.Equal(t, "1", le.Found)
+		require.Equal(t, "2", le.Found)
 		require.Equal(t, runqueue.LayoutVersion, le.Want)
 		require.Contains(t, err.Error(), "drain")
 		require.Equal(t, before, b.dump(t))

@@ -6,7 +6,7 @@ import (
 )
 
 // record is a run as stored in its queue's runs hash (lua/lib/record.lua):
-// "att|pr|at|ttl|lt|vm|" then the payload's bytes. Go builds it at enqueue;
+// "ttl|att|pr|at|lt|vm|" then the payload's bytes. Go builds it at enqueue;
 // the scripts rewrite it only when a nack, a lease recovery or a redrive
 // changes the attempt, the time or the last settled token. A run's state
 // is where it is (a variant's ready or delayed set, the queue's held hash,
@@ -22,12 +22,11 @@ type record struct {
 // appendRecord appends the record of a new run to b and returns it with
 // the payload's offset (1-based, as Lua's string.sub counts).
 func appendRecord(b []byte, pr int, at, ttl int64, vm string, payload []byte) ([]byte, int) {
-	b = append(b, "1|"...)
+	b = strconv.AppendInt(b, ttl, 10)
+	b = append(b, "|1|"...)
 	b = strconv.AppendInt(b, int64(pr), 10)
 	b = append(b, '|')
 	b = strconv.AppendInt(b, at, 10)
-	b = append(b, '|')
-	b = strconv.AppendInt(b, ttl, 10)
 	b = append(b, "|0|"...)
 	b = append(b, vm...)
 	b = append(b, '|')
@@ -53,7 +52,7 @@ func parseRecord(s string) (r record, ok bool) {
 		}
 		return n
 	}
-	r = record{att: int(num(f[0])), pr: int(num(f[1])), at: num(f[2]), ttl: num(f[3]), lt: num(f[4]),
+	r = record{ttl: num(f[0]), att: int(num(f[1])), pr: int(num(f[2])), at: num(f[3]), lt: num(f[4]),
 		vm: f[5], payload: s}
 	return r, err == nil
 }

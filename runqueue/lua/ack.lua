@@ -13,8 +13,8 @@
 -- ARGV[4+3i..6+3i] -> run i: variant member, encoded id, delivery token
 -- Flag on: KEYS[6..8] and ARGV[4+3n..6+3n] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: one value per run: 1 acked, 0 gone already, "not_in_flight" or
--- "lease_lost".
+-- Returns: one value per run: 1 acked, 0 gone already, "not_found" (the
+-- run exists under another key), "not_in_flight" or "lease_lost".
 --@include record
 --@include held
 --@include hooks

@@ -3,7 +3,7 @@
 -- score first across its variants; ties by variant member), each moved in
 -- flight with a lease. One variant may give several runs in one call.
 --
--- KEYS and ARGV: see lib/dequeue.
+-- KEYS[1..11], ARGV[1..13+3a] -> see lib/dequeue
 -- Returns: see dq_finish.
 --@include record
 --@include held
@@ -11,7 +11,7 @@
 --@include place
 --@include dequeue
 --@include window
-local OWN_KEYS = 10
+local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, dq.own_args, dq.now)
 local acked = dq_ack(dq, hooks)

@@ -6,10 +6,10 @@
 -- re-decides, so a variant may be served several times in one call and a
 -- call of N serves what N calls of 1 would.
 --
--- KEYS[1..10], ARGV[1..13+3a] -> see lib/dequeue
--- KEYS[11] -> queue ckVtime ZSET (see lib/sched)
--- KEYS[12] -> queue scheduler state HASH (see lib/sched)
--- KEYS[13] -> queue weights HASH (variant member -> weight)
+-- KEYS[1..11], ARGV[1..13+3a] -> see lib/dequeue
+-- KEYS[12] -> queue ckVtime ZSET (see lib/sched)
+-- KEYS[13] -> queue scheduler state HASH (see lib/sched)
+-- KEYS[14] -> queue weights HASH (variant member -> weight)
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
 -- ARGV[16+3a] -> window multiplier
@@ -19,7 +19,7 @@
 --@include hooks
 --@include place
 --@include dequeue
-local OWN_KEYS = 10
+local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)

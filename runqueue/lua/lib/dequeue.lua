@@ -15,6 +15,7 @@
 -- KEYS[8] -> queue runs HASH (encoded id -> record)
 -- KEYS[9] -> queue key-inflight HASH (variant member -> runs in flight)
 -- KEYS[10] -> shard delivery token counter STRING
+-- KEYS[11] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> maxCount (0..2000; 0: acks only)
 -- ARGV[3] -> env concurrency limit, 0 for none
@@ -35,7 +36,7 @@
 local function dq_open(keys, args)
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
-    env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10],
+    env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10], ttl = keys[11],
     now = tonumber(args[1]), max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
     queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = args[6],
     qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
@@ -162,7 +163,8 @@ end
 -- sets, move them in flight with a lease and a delivery token (unique in
 -- the shard for ever: a counter), fix the indexes, the counts and the
 -- master score. Records are returned as stored, unparsed (Go reads them);
--- a served run's ttl entry is left to the TTL sweep.
+-- a served run with a TTL leaves the TTL set (its record keeps the
+-- deadline until the next rewrite clears it: see lib/record).
 -- Returns a flat array: acks' results count, the acks' results, then for
 -- each run: encoded id, variant member, record, delivery token.
 local function dq_finish(dq, acked)
@@ -211,12 +213,15 @@ local function dq_finish(dq, acked)
   redis.call('HSET', dq.held, unpack(fields))
   redis.call('ZADD', dq.leases, unpack(leases))
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  local expiring = {}
   for i, s in ipairs(dq.served) do
     out[#out + 1] = s.id
     out[#out + 1] = s.vm
     out[#out + 1] = recs[i]
     out[#out + 1] = token0 + i
+    if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
+  if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
   return out
 end

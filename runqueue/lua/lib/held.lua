@@ -7,13 +7,15 @@
 
 -- Check that run id of variant vm (held field vm:id, run member member)
 -- is in flight under token (token "0": any holder whose lease has passed
--- now). Returns the holder's token, or nil and an error code: not_found (no
--- such run under this key), not_in_flight, lease_lost, lease_active.
+-- now). Returns the holder's token, or nil and an error code: gone (no such
+-- run at all: done already, or never queued), not_found (the run exists
+-- under another key), not_in_flight, lease_lost, lease_active.
 local function held_check(runs, held, leases, vm, id, member, token, now)
   local t = redis.call('HGET', held, vm .. ':' .. id)
   if not t then
     local rec = redis.call('HGET', runs, id)
-    if rec and rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
+    if not rec then return nil, 'gone' end
+    if rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
     return nil, 'not_found'
   end
   if token ~= '0' then
@@ -37,6 +39,7 @@ local function env_release(env_n, n)
 end
 
 local HELD_ERRORS = {
+  gone = 'RQ_NOT_FOUND no such run',
   not_found = 'RQ_NOT_FOUND no such run',
   not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
   lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
@@ -47,7 +50,8 @@ local HELD_ERRORS = {
 -- encoded id, delivery token: three values a run): each is removed
 -- everywhere and its concurrency released. Returns one value per run: 1
 -- acked, 0 gone already (an ack sent again after its first call went
--- through), or an error code (not_in_flight, lease_lost).
+-- through, or the same run twice in one call), or an error code
+-- (not_found, not_in_flight, lease_lost).
 local function held_ack(k, prefix, args, first, n, now, hooks)
   local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
   for i = 0, n - 1 do
@@ -55,13 +59,13 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     local member = prefix .. vm .. ':' .. id
     local err
     if seen[member] then
-      err = 'not_found' -- the same run twice in one call
+      err = 'gone' -- the same run twice in one call
     else
       local _
       _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
     end
     seen[member] = true
-    if err == 'not_found' then
+    if err == 'gone' then
       out[i + 1] = 0
     elseif err then
       out[i + 1] = err

@@ -18,11 +18,14 @@
 -- yet due). The ttl entry of a run that was dequeued goes here too: the
 -- dequeue leaves it to the sweep.
 -- A run's record is one field of the queue's runs HASH, built by Go
--- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+-- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
+--   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
+--        whether the run has one (rec_has_ttl). It binds only until the
+--        first delivery: the dequeue removes the run's ttl entry but does
+--        not rewrite the record; every later rewrite (rec_with) clears it.
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   ttl  expiry deadline (ms), 0 for none
 --   lt   delivery token of the last delivery a nack or a lease recovery
 --        settled (0: none): a retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
@@ -31,13 +34,19 @@
 -- strings unless a script computes with them; the dequeue does not parse
 -- records at all.
 local function rec_parse(s)
-  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  local ttl, att, pr, at, lt, vm, pos = string.match(s, '^(%d+)|(%d+)|(%d)|(%d+)|(%d+)|([^|]*)|()')
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+-- The record r after a delivery (nack, lease recovery, redrive): new att,
+-- at and lt, no TTL, and the same pr, vm and payload.
 local function rec_with(s, r, att, at, lt)
-  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+end
+
+-- Whether record s has a TTL (its first field is not "0").
+local function rec_has_ttl(s)
+  return string.byte(s, 1) ~= 48
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores

@@ -6,20 +6,23 @@
 -- re-decides, so a variant may be served several times in one call and a
 -- call of N serves what N calls of 1 would.
 --
--- KEYS[1..10], ARGV[1..13+3a] -> see lib/dequeue
--- KEYS[11] -> queue ckVtime ZSET (see lib/sched)
--- KEYS[12] -> queue scheduler state HASH (see lib/sched)
--- KEYS[13] -> queue weights HASH (variant member -> weight)
+-- KEYS[1..11], ARGV[1..13+3a] -> see lib/dequeue
+-- KEYS[12] -> queue ckVtime ZSET (see lib/sched)
+-- KEYS[13] -> queue scheduler state HASH (see lib/sched)
+-- KEYS[14] -> queue weights HASH (variant member -> weight)
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
 -- ARGV[16+3a] -> window multiplier
 -- Returns: see dq_finish.
 -- A run's record is one field of the queue's runs HASH, built by Go
--- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+-- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
+--   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
+--        whether the run has one (rec_has_ttl). It binds only until the
+--        first delivery: the dequeue removes the run's ttl entry but does
+--        not rewrite the record; every later rewrite (rec_with) clears it.
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   ttl  expiry deadline (ms), 0 for none
 --   lt   delivery token of the last delivery a nack or a lease recovery
 --        settled (0: none): a retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
@@ -28,13 +31,19 @@
 -- strings unless a script computes with them; the dequeue does not parse
 -- records at all.
 local function rec_parse(s)
-  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  local ttl, att, pr, at, lt, vm, pos = string.match(s, '^(%d+)|(%d+)|(%d)|(%d+)|(%d+)|([^|]*)|()')
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+-- The record r after a delivery (nack, lease recovery, redrive): new att,
+-- at and lt, no TTL, and the same pr, vm and payload.
 local function rec_with(s, r, att, at, lt)
-  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+end
+
+-- Whether record s has a TTL (its first field is not "0").
+local function rec_has_ttl(s)
+  return string.byte(s, 1) ~= 48
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
@@ -56,13 +65,15 @@ end
 
 -- Check that run id of variant vm (held field vm:id, run member member)
 -- is in flight under token (token "0": any holder whose lease has passed
--- now). Returns the holder's token, or nil and an error code: not_found (no
--- such run under this key), not_in_flight, lease_lost, lease_active.
+-- now). Returns the holder's token, or nil and an error code: gone (no such
+-- run at all: done already, or never queued), not_found (the run exists
+-- under another key), not_in_flight, lease_lost, lease_active.
 local function held_check(runs, held, leases, vm, id, member, token, now)
   local t = redis.call('HGET', held, vm .. ':' .. id)
   if not t then
     local rec = redis.call('HGET', runs, id)
-    if rec and rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
+    if not rec then return nil, 'gone' end
+    if rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
     return nil, 'not_found'
   end
   if token ~= '0' then
@@ -86,6 +97,7 @@ local function env_release(env_n, n)
 end
 
 local HELD_ERRORS = {
+  gone = 'RQ_NOT_FOUND no such run',
   not_found = 'RQ_NOT_FOUND no such run',
   not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
   lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
@@ -96,7 +108,8 @@ local HELD_ERRORS = {
 -- encoded id, delivery token: three values a run): each is removed
 -- everywhere and its concurrency released. Returns one value per run: 1
 -- acked, 0 gone already (an ack sent again after its first call went
--- through), or an error code (not_in_flight, lease_lost).
+-- through, or the same run twice in one call), or an error code
+-- (not_found, not_in_flight, lease_lost).
 local function held_ack(k, prefix, args, first, n, now, hooks)
   local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
   for i = 0, n - 1 do
@@ -104,12 +117,13 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     local member = prefix .. vm .. ':' .. id
     local err
     if seen[member] then
-      err = 'not_found' -- the same run twice in one call
+      err = 'gone' -- the same run twice in one call
     else
+      local _
       _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
     end
     seen[member] = true
-    if err == 'not_found' then
+    if err == 'gone' then
       out[i + 1] = 0
     elseif err then
       out[i + 1] = err
@@ -528,6 +542,7 @@ end
 -- KEYS[8] -> queue runs HASH (encoded id -> record)
 -- KEYS[9] -> queue key-inflight HASH (variant member -> runs in flight)
 -- KEYS[10] -> shard delivery token counter STRING
+-- KEYS[11] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[1] -> now (ms)
 -- ARGV[2] -> maxCount (0..2000; 0: acks only)
 -- ARGV[3] -> env concurrency limit, 0 for none
@@ -548,7 +563,7 @@ end
 local function dq_open(keys, args)
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
-    env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10],
+    env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10], ttl = keys[11],
     now = tonumber(args[1]), max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
     queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = args[6],
     qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
@@ -675,7 +690,8 @@ end
 -- sets, move them in flight with a lease and a delivery token (unique in
 -- the shard for ever: a counter), fix the indexes, the counts and the
 -- master score. Records are returned as stored, unparsed (Go reads them);
--- a served run's ttl entry is left to the TTL sweep.
+-- a served run with a TTL leaves the TTL set (its record keeps the
+-- deadline until the next rewrite clears it: see lib/record).
 -- Returns a flat array: acks' results count, the acks' results, then for
 -- each run: encoded id, variant member, record, delivery token.
 local function dq_finish(dq, acked)
@@ -724,16 +740,19 @@ local function dq_finish(dq, acked)
   redis.call('HSET', dq.held, unpack(fields))
   redis.call('ZADD', dq.leases, unpack(leases))
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  local expiring = {}
   for i, s in ipairs(dq.served) do
     out[#out + 1] = s.id
     out[#out + 1] = s.vm
     out[#out + 1] = recs[i]
     out[#out + 1] = token0 + i
+    if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
+  if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
   return out
 end
-local OWN_KEYS = 10
+local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)

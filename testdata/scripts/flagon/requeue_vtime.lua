@@ -32,11 +32,14 @@
 -- is the holder's) returns what the first returned.
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
 -- A run's record is one field of the queue's runs HASH, built by Go
--- (runqueue/record.go): "att|pr|at|ttl|lt|vm|" then the payload's bytes.
+-- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
+--   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
+--        whether the run has one (rec_has_ttl). It binds only until the
+--        first delivery: the dequeue removes the run's ttl entry but does
+--        not rewrite the record; every later rewrite (rec_with) clears it.
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   ttl  expiry deadline (ms), 0 for none
 --   lt   delivery token of the last delivery a nack or a lease recovery
 --        settled (0: none): a retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
@@ -45,13 +48,19 @@
 -- strings unless a script computes with them; the dequeue does not parse
 -- records at all.
 local function rec_parse(s)
-  local att, pr, at, ttl, lt, vm, pos = string.match(s, '^(%d+)|(%d)|(%d+)|(%d+)|(%d+)|([^|]*)|()')
+  local ttl, att, pr, at, lt, vm, pos = string.match(s, '^(%d+)|(%d+)|(%d)|(%d+)|(%d+)|([^|]*)|()')
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r with new att, at and lt, and the same pr, ttl, vm, payload.
+-- The record r after a delivery (nack, lease recovery, redrive): new att,
+-- at and lt, no TTL, and the same pr, vm and payload.
 local function rec_with(s, r, att, at, lt)
-  return att .. '|' .. r.pr .. '|' .. at .. '|' .. r.ttl .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+end
+
+-- Whether record s has a TTL (its first field is not "0").
+local function rec_has_ttl(s)
+  return string.byte(s, 1) ~= 48
 end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
@@ -73,13 +82,15 @@ end
 
 -- Check that run id of variant vm (held field vm:id, run member member)
 -- is in flight under token (token "0": any holder whose lease has passed
--- now). Returns the holder's token, or nil and an error code: not_found (no
--- such run under this key), not_in_flight, lease_lost, lease_active.
+-- now). Returns the holder's token, or nil and an error code: gone (no such
+-- run at all: done already, or never queued), not_found (the run exists
+-- under another key), not_in_flight, lease_lost, lease_active.
 local function held_check(runs, held, leases, vm, id, member, token, now)
   local t = redis.call('HGET', held, vm .. ':' .. id)
   if not t then
     local rec = redis.call('HGET', runs, id)
-    if rec and rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
+    if not rec then return nil, 'gone' end
+    if rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
     return nil, 'not_found'
   end
   if token ~= '0' then
@@ -103,6 +114,7 @@ local function env_release(env_n, n)
 end
 
 local HELD_ERRORS = {
+  gone = 'RQ_NOT_FOUND no such run',
   not_found = 'RQ_NOT_FOUND no such run',
   not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
   lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
@@ -113,7 +125,8 @@ local HELD_ERRORS = {
 -- encoded id, delivery token: three values a run): each is removed
 -- everywhere and its concurrency released. Returns one value per run: 1
 -- acked, 0 gone already (an ack sent again after its first call went
--- through), or an error code (not_in_flight, lease_lost).
+-- through, or the same run twice in one call), or an error code
+-- (not_found, not_in_flight, lease_lost).
 local function held_ack(k, prefix, args, first, n, now, hooks)
   local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
   for i = 0, n - 1 do
@@ -121,12 +134,13 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     local member = prefix .. vm .. ':' .. id
     local err
     if seen[member] then
-      err = 'not_found' -- the same run twice in one call
+      err = 'gone' -- the same run twice in one call
     else
+      local _
       _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
     end
     seen[member] = true
-    if err == 'not_found' then
+    if err == 'gone' then
       out[i + 1] = 0
     elseif err then
       out[i + 1] = err

@@ -102,6 +102,10 @@ type Config struct {
 	// MaxWeightOverrides caps the weight overrides per queue. Defaults to 1,000.
 	MaxWeightOverrides int
 
+	// Observer receives what the Queue and its Workers do (metrics).
+	// Defaults to NopObserver.
+	Observer Observer
+
 	// BlockPollInterval is the longest a blocking dequeue sleeps without a
 	// wake-up when work exists but limits hold it (an ack elsewhere frees it
 	// silently). 1ms to MaxDuration. Defaults to 1s.
@@ -148,6 +152,9 @@ func (c *Config) WithDefaults() *Config {
 	setDefault(&out.BlockPollInterval, time.Second)
 	if out.Clock == nil {
 		out.Clock = wallClock{}
+	}
+	if out.Observer == nil {
+		out.Observer = NopObserver{}
 	}
 	if out.Rand == nil {
 		out.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))

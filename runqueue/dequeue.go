@@ -19,6 +19,12 @@ type Run struct {
 	Payload             []byte
 	// Attempt is the delivery attempt, from 1.
 	Attempt int
+	// Priority is the run's priority (0..9).
+	Priority int
+	// AvailableAt is when the run became (or was to become) ready: its
+	// enqueue time plus delay, or its retry time after a nack. The wait of
+	// a delivery is its dequeue time minus AvailableAt (Observer.Dequeued).
+	AvailableAt time.Time
 	// Token identifies this delivery; a later delivery of the same run (after
 	// lease recovery) makes this holder's Ack, Nack and ExtendLease fail with
 	// ErrLeaseLost.
@@ -175,7 +181,8 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) ([]*Run, []e
 			return nil, nil, fmt.Errorf("runqueue: corrupt record of %q in %s", id, qk.Runs())
 		}
 		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(rec.payload),
-			Attempt: rec.att, Token: tok, LeaseDeadline: time.UnixMilli(lease)})
+			Attempt: rec.att, Priority: rec.pr, AvailableAt: time.UnixMilli(rec.at), Token: tok,
+			LeaseDeadline: time.UnixMilli(lease)})
 	}
 	return runs, ackErrs, nil
 }

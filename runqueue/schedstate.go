@@ -17,41 +17,28 @@ import (
 // The scheduler's state as the flag-on scripts store it (lua/lib/sched.lua):
 // ckVtime holds a sentinel at -2^53, parked tags (score = tag - 2^52), the
 // newcomer lane (score = registration number - 2^51), competing
-// registrations (member = 8-character seq code + variant member, score =
-// tag) and gated ones (score = tag + 2^52); the state hash holds the
+// registrations (member = seq code + variant member, score = tag) and gated ones (score = tag + 2^52); the state hash holds the
 // scalars and one field per registered variant. This file is its one Go
 // reader.
 const (
 	gatedOffset   = 1 << 52
 	waitingOffset = 1 << 51
-	seqDigits     = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-	seqCodeLen    = 8
+	seqCodeLen    = 15
 )
 
-// seqCode is the fixed-width code of registration number n (its order is
-// n's order).
-func seqCode(n int64) string {
-	var b [seqCodeLen]byte
-	for i := seqCodeLen - 1; i >= 0; i-- {
-		b[i] = seqDigits[n%62]
-		n /= 62
-	}
-	return string(b[:])
-}
-
+// parseSeqCode reads a seq code: a registration number (below 10^15) in
+// decimal, zero-padded to seqCodeLen, so that its byte order is its order.
 func parseSeqCode(code string) (int64, bool) {
 	if len(code) != seqCodeLen {
 		return 0, false
 	}
-	var n int64
 	for i := 0; i < len(code); i++ {
-		d := strings.IndexByte(seqDigits, code[i])
-		if d < 0 {
+		if code[i] < '0' || code[i] > '9' {
 			return 0, false
 		}
-		n = n*62 + int64(d)
 	}
-	return n, true
+	n, err := strconv.ParseInt(code, 10, 64)
+	return n, err == nil
 }
 
 // regValue parses a registered variant's state-hash value: code, then "g"

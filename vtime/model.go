@@ -28,9 +28,6 @@ const (
 	// rebaseFloor: a tag this far below V is worth no more than V itself
 	// (E = max(S, V)); a rebase lifts such tags to it so none goes negative.
 	rebaseFloor = 1 << 47
-	// UngateChunk is how many gated variants one dequeue call returns to the
-	// competition after the key limit rose.
-	UngateChunk = 1000
 	// ReadBudget is the least number of tags one call may read in pass 1
 	// (plus 4 x window): entries that turn out stale or at their limit are
 	// taken out for good as they are met, and reading stops at the budget.
@@ -159,7 +156,7 @@ func (m *Model) SetLimits(l Limits) { m.cfg.Limits = l }
 
 // V returns the logical virtual clock in serves at weight 1 (computed from
 // the exact integer, so it never decreases).
-func (m *Model) V() float64 { return float64(m.epoch*RebaseBy+m.v) / Unit }
+func (m *Model) V() float64 { return (float64(m.epoch)*RebaseBy + float64(m.v)) / Unit }
 
 // Errors of the model's operations (the Lua reports the same conditions).
 var (
@@ -384,16 +381,28 @@ func (m *Model) topActive() (int64, bool) {
 }
 
 // laneNext gives the lane its next head when the head left it (served,
-// gated, drained or collected): at max(V, t), where t is one quantum past
-// the head's serve, or the tag of a head that left unserved, so newcomers
-// that leave without service never push later ones back. It returns the
-// new head, if any.
-func (m *Model) laneNext(t int64) regRef {
+// gated, drained or collected): at max(V, t), where t is one quantum of the
+// new head past the old head's serve at start (served), or the tag of a
+// head that left unserved (start), so newcomers that leave without service
+// never push later ones back. It returns the new head, if any.
+func (m *Model) laneNext(start int64, served bool) regRef {
 	vm, r := m.laneHead()
 	if r != nil {
+		t := start
+		if served {
+			t += m.quantum(vm)
+		}
 		r.U, r.R = max(m.v, t), 0
 	}
 	return regRef{vm, r}
+}
+
+// quantum is a newcomer's offset: one serve of vm, at most Unit (a serve
+// at weight 1). With equal weights every key's serve costs the same, so a
+// newcomer queues one serve of its own behind the pack; a low-weight
+// newcomer (a serve above Unit) queues no further back than a weight-1 one.
+func (m *Model) quantum(vm string) int64 {
+	return min(Unit, strideNum/m.MilliWeight(vm))
 }
 
 // register gives a variant that gained its first ready run a tag (see the
@@ -410,8 +419,9 @@ func (m *Model) register(vm string) {
 // returning variant (parked tag above V) at its parked tag; a discovered
 // one (found untagged in ckIndex: written with the flag off, or state
 // expired) at V; any other by the newcomer rule: behind the lane's head
-// when the lane is not empty; else, with A = min(top, V+Unit), at V when
-// A <= V (nothing is ahead: cold start), or as the lane's head at A+Unit.
+// when the lane is not empty; else, with q its quantum and A = min(top,
+// V+q), at V when A <= V (nothing is ahead: cold start), or as the lane's
+// head at A+q.
 // A parked tag at or below V is worth nothing: it goes, whenever a call
 // reaps or not.
 func (m *Model) registerAt(vm string, top int64, hasTop, discovered bool) *Reg {
@@ -429,8 +439,9 @@ func (m *Model) registerAt(vm string, top int64, hasTop, discovered bool) *Reg {
 			break
 		}
 		r.U = m.v
-		if a := min(top, m.v+Unit); hasTop && a > m.v {
-			r.U, r.Waiting = a+Unit, true
+		q := m.quantum(vm)
+		if a := min(top, m.v+q); hasTop && a > m.v {
+			r.U, r.Waiting = a+q, true
 		}
 	}
 	m.nextSeq++
@@ -459,7 +470,7 @@ func (m *Model) leaveLane(r *Reg) regRef {
 	if r != head {
 		return regRef{}
 	}
-	return m.laneNext(r.U)
+	return m.laneNext(r.U, false)
 }
 
 // drained handles a variant whose last ready run left outside a dequeue.
@@ -614,15 +625,18 @@ func (m *Model) gatedSorted() []regRef {
 	return out
 }
 
-// probeGated looks at one gated variant per call, at a rotating rank: one
-// below its limit (its slot was freed by an instance that does not
-// un-gate: flag off) competes again. One look per call keeps the cost of a
-// call the same whatever the number of gated variants.
+// probeGated looks at one gated variant per call, at a rotating rank (back
+// to rank 0 past the end): one below its limit (its slot was freed by an
+// instance that does not un-gate: flag off) competes again. One look per
+// call keeps the cost of a call the same whatever the number of gated
+// variants.
 func (c *call) probeGated() {
 	m := c.m
 	all := m.gatedSorted()
 	if m.gp >= len(all) {
 		m.gp = 0
+	}
+	if len(all) == 0 {
 		return
 	}
 	g := all[m.gp]
@@ -685,8 +699,11 @@ type wentry struct {
 
 func (w *window) more() bool { return w.read < len(w.snap) }
 
+// insert puts e in the list when it sorts before the bound (the last
+// entry read), else in overflow until a read passes it; once the read
+// budget is spent, no read will, and e goes to the list at its rank.
 func (w *window) insert(e *wentry) {
-	if w.more() && w.read > 0 && regBefore(w.last, e.Reg) {
+	if w.more() && w.read > 0 && w.read < w.budget && regBefore(w.last, e.Reg) {
 		w.overflow = append(w.overflow, e)
 		return
 	}
@@ -819,11 +836,12 @@ func (c *call) newHead(w *window, h regRef) {
 // ageHead, when pass 1 finds nothing servable, looks at the first scan
 // variants of ckIndex in age order as it stood when serving began (what a
 // flag-off call would serve): untagged ones register (at V or their parked
-// tag), and registered, non-gated ones that pass 1 did not reach (it
-// stopped at its read budget) join too. Both take their place in the
-// window whatever its bound. Variants this call drained and gated ones
-// (the probe looks after those) are passed over, so a call whose keys are
-// all gated costs the same whatever their number.
+// tag), registered, non-gated ones that pass 1 did not reach (it stopped
+// at its read budget) join as they are, and ones queued in the newcomer
+// lane leave it and join at V. All take their place in the window
+// whatever its bound. Variants this call drained and gated ones (the probe
+// looks after those) are passed over, so a call whose keys are all gated
+// costs the same whatever their number.
 func (c *call) ageHead(w *window, index []Entry) {
 	m := c.m
 	for i := 0; i < c.scan && i < len(index); i++ {
@@ -836,8 +854,13 @@ func (c *call) ageHead(w *window, index []Entry) {
 		switch {
 		case !ok:
 			r = m.registerAt(vm, 0, false, true)
+		case r.Gated:
+			continue // the probe looks after those
 		case !m.competing(r, head):
-			continue // gated (the probe looks after those) or queued in the lane
+			// Queued in the lane, and the oldest work: it leaves the lane
+			// (the head stays) and competes at V.
+			r.Waiting = false
+			r.U, r.R = m.v, 0
 		}
 		w.seen[vm] = true
 		w.place(&wentry{vm, *r})
@@ -865,7 +888,7 @@ func (c *call) serveOne(w *window, e *wentry) {
 		// The lane's head is served: it leaves the lane, and the next
 		// newcomer competes one quantum behind this serve.
 		r.Waiting = false
-		c.newHead(w, m.laneNext(eu+Unit))
+		c.newHead(w, m.laneNext(eu, true))
 	}
 
 	h, _ := head(m.ready[e.vm])

@@ -1098,25 +1098,24 @@ func TestProbe(t *testing.T) {
 
 	t.Run("PassedOverWhenOneBeforeLeaves", func(t *testing.T) {
 		t.Parallel()
-		// Finding 9's sequence, now documented: the probe's position is a
-		// rank among the gated variants, so a variant is passed over when
-		// one before it leaves the gated set during the lap. At most 3
-		// variants are gated at any time; k2, freed before call 5, is passed
-		// over in the lap of calls 6 to 8 (k1, before it, was acked) and
-		// returns at the next look at its rank.
+		// The probe's position is a rank among the gated variants, so a
+		// variant is passed over when one before it leaves the gated set
+		// during the lap: k1, freed by a flag-off ack just as k0 (before
+		// it) is acked, moves to rank 0 while the probe goes on at rank 1,
+		// and returns at the next lap.
 		m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 1})
 		for _, k := range []string{"k0", "k1", "k2"} {
 			add(t, m, k, 6, 0, 0)
 		}
-		ack := func(key string) {
+		inflight := func(key string) string {
 			t.Helper()
 			for id, r := range m.runs {
 				if r.key == key && r.state == InFlight {
-					require.NoError(t, m.Ack(decode(t, id)))
-					return
+					return decode(t, id)
 				}
 			}
 			t.Fatalf("%s has no run in flight", key)
+			return ""
 		}
 		call := func(gp int, want ...string) {
 			t.Helper()
@@ -1130,23 +1129,14 @@ func TestProbe(t *testing.T) {
 		call(0, "k0", "k1") // 1
 		call(1, "k2")       // 2: the probe looks at rank 0 (k0)
 		call(2)             // 3: rank 1 (k1)
-		call(3)             // 4: rank 2 (k2, at its limit)
-		for id, r := range m.runs {
-			if r.key == "k2" && r.state == InFlight {
-				flagOffAck(t, m, decode(t, id)) // k2's slot freed, k2 still gated
-			}
-		}
-		call(0) // 5: rank 3 past the end: back to rank 0
-		ack("k0")
-		call(1, "k0") // 6: gated k1, k2: rank 0 (k1); k0 served and gated (after k2)
-		ack("k1")
-		call(2, "k1") // 7: gated k2, k0: rank 1 (k0): k2 moved under the probe
-		call(3)       // 8: gated k2, k0, k1: rank 2 (k1)
-		require.True(t, mustReg(t, m, "k2").Gated, "passed over in the lap of calls 6 to 8")
-		// The next lap comes to rank 0 (after the call that goes back to
-		// it: see TestBugProbeLapTakesGatedPlusOneCalls).
-		call(0)       // 9
-		call(0, "k2") // 10
+		call(3)             // 4: rank 2 (k2)
+		call(1)             // 5: past the end: rank 0 (k0) in the same call
+		flagOffAck(t, m, inflight("k1"))
+		require.NoError(t, m.Ack(inflight("k0")))
+		call(2, "k0") // 6: gated k1, k2: rank 1 (k2); k0 served and gated
+		call(3)       // 7: gated k1, k2, k0: rank 2 (k0)
+		require.True(t, mustReg(t, m, "k1").Gated, "passed over in the lap of calls 6 and 7")
+		call(0, "k1") // 8: back to rank 0 (k1), below its limit: served
 	})
 }
 

@@ -438,10 +438,14 @@ func (h *H) SetTags(tags map[string]float64) error {
 		if err != nil {
 			return err
 		}
-		if len(reg) < 8 {
+		n := strings.IndexFunc(reg, func(r rune) bool { return r < '0' || r > '9' })
+		if n < 0 {
+			n = len(reg)
+		}
+		if n == 0 {
 			return fmt.Errorf("scenario: malformed registration %q of %s", reg, k)
 		}
-		code, flags := reg[:8], reg[8:]
+		code, flags := reg[:n], reg[n:]
 		score := s * vtime.Unit
 		if strings.HasPrefix(flags, "g") {
 			score += 1 << 52 // the gated region

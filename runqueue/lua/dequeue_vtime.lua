@@ -35,6 +35,13 @@ end
 dq_promote(dq, sched_hooks(S, false))
 local st = sched_state(S)
 
+-- Milli-weights, read once per variant (none when the queue has none).
+local milli = {}
+local function weight_of(vm)
+  if milli[vm] == nil then milli[vm] = sched_weight(S, st, vm) end
+  return milli[vm]
+end
+
 -- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
 -- r (stride remainder, nil until needed), gated, gone, new, hv (state-hash
 -- value to write) }, and the order they were first changed in.
@@ -53,7 +60,7 @@ local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
   local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES')
   local vms = {}
-  for i = 1, #raw / 2 do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  for i = 1, #raw / 2 do vms[i] = sched_split(raw[2 * i - 1]) end
   local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
   for i = 1, #vms do
@@ -64,23 +71,30 @@ if st.gk > 0 and (kl == 0 or kl > st.gk) then
     zargs[#zargs + 1] = sched_fmt(u)
     zargs[#zargs + 1] = raw[2 * i - 1]
     hargs[#hargs + 1] = vms[i]
-    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, false, r)
+    hargs[#hargs + 1] = sched_value(select(2, sched_split(raw[2 * i - 1])), false, false, r)
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
--- ungate, probe: one gated variant at a rotating rank returns if it is
--- below its limit (a flag-off instance freed its slot without saying). One
--- look per call: a call costs the same whatever the number of gated keys.
+-- ungate, probe: one gated variant at a rotating rank (back to rank 0 past
+-- the end, in the same call) returns if it is below its limit (a flag-off
+-- instance freed its slot without saying). One look per call: a call costs
+-- the same whatever the number of gated keys.
 do
   local raw = {}
-  if st.ng > 0 then raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1) end
+  if st.ng > 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1)
+    if #raw == 0 and st.gp > 0 then
+      st.gp = 0
+      raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+  end
   if #raw == 0 then
     st.gp = 0
   else
-    local vm = string.sub(raw[1], 9)
+    local vm, code = sched_split(raw[1])
     if dq_at_limit(dq, vm) then
       st.gp = st.gp + 1
     else
@@ -90,7 +104,7 @@ do
       local u = num(raw[2]) - G
       if u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
-      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, false, r))
+      redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
       st.ng = st.ng - 1
     end
   end
@@ -134,7 +148,13 @@ local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 -- region is written until persist, so reads by rank stay consistent.
 local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
             budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
-local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
+-- (tag, registration) order; registration numbers compare as numbers.
+local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
+
+-- A window entry for variant vm, seq code code, tag u.
+local function entry(vm, code, u)
+  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
+end
 
 -- Put e in the list at its rank, whatever the bound.
 local function w_place(e)
@@ -149,8 +169,11 @@ local function w_place(e)
   table.insert(list, at, e)
 end
 
+-- Put e in the list when it sorts before the bound (the last entry read),
+-- else in overflow until a read passes it; once the budget is spent no
+-- read will, and e takes its rank in the list.
 local function w_insert(e)
-  if W.more and W.read > 0 and before(W.last, e) then
+  if W.more and W.read > 0 and W.read < W.budget and before(W.last, e) then
     W.over[#W.over + 1] = e
     return
   end
@@ -178,17 +201,17 @@ local function w_extend()
   W.more = got > n
   local take = math.min(got, n)
   if take == 0 then return false end
+  local e
   for i = 1, take do
-    local member = raw[2 * i - 1]
-    local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
-                u = num(raw[2 * i]) }
+    e = entry(sched_split(raw[2 * i - 1]))
+    e.u = num(raw[2 * i])
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e
     W.list[#W.list + 1] = e
   end
   W.read = W.read + take
-  W.last = { u = num(raw[2 * take]), member = raw[2 * take - 1] }
+  W.last = { u = e.u, seq = e.seq }
   local over = W.over
   W.over = {}
   for _, e in ipairs(over) do w_insert(e) end
@@ -198,18 +221,24 @@ end
 -- The newcomer lane: its head competes, the others wait in registration
 -- order (the lane region holds them all; nothing writes it before
 -- persist, so ranks stay put). When the head leaves it, the next one
--- competes at max(V, t).
-local lane_left = 0
-local function lane_leave(e, t)
+-- still there competes at max(V, t): t is its quantum past the old head's
+-- serve at start (served), or the old head's tag (start). The age head may
+-- take members from behind the head (lane_out).
+local lane_pos, lane_out = 0, {}
+local function lane_leave(e, start, served)
   if not e.waiting then return end
   e.waiting = false
-  lane_left = lane_left + 1
   st.lh = ''
-  local nxt = sched_lane_at(S, lane_left)
+  local nxt
+  repeat
+    lane_pos = lane_pos + 1
+    nxt = sched_lane_at(S, lane_pos)
+  until not nxt or not lane_out[nxt]
   if not nxt then return end
-  local code = sched_parse(redis.call('HGET', S.h, nxt)).code
-  local h = { vm = nxt, member = code .. nxt, code = code, u = math.max(st.v, t), r = 0, r0 = 0,
-              waiting = true, waiting0 = true }
+  local t = start
+  if served then t = t + sched_quantum(weight_of(nxt)) end
+  local h = entry(nxt, sched_parse(redis.call('HGET', S.h, nxt)).code, math.max(st.v, t))
+  h.r, h.r0, h.waiting, h.waiting0 = 0, 0, true, true
   st.lh = nxt
   ent[nxt] = h
   touch(h)
@@ -259,10 +288,12 @@ end
 -- serve, age head (once, when pass 1 runs dry): the first scan variants of
 -- ckIndex as it stood when serving began (nothing writes it before
 -- dq_finish) that this call has not seen and that still have a ready run:
--- untagged ones register at V or their parked tag, registered, non-gated
--- ones that pass 1 did not reach (it stopped at its budget) join too, both
--- at their rank whatever the window's bound. Gated ones are left to the
--- probe, so an all-gated queue costs the same whatever the number of keys.
+-- untagged ones register at V or their parked tag, competing ones that
+-- pass 1 did not reach (it stopped at its budget) join as they are, and
+-- ones queued in the lane behind its head leave it and compete at V (they
+-- hold the oldest work); all at their rank whatever the window's bound.
+-- Gated ones are left to the probe, so an all-gated queue costs the same
+-- whatever the number of keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
@@ -272,17 +303,25 @@ local function age_head()
   local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
     local rg = vals[i] and sched_parse(vals[i])
-    -- Gated ones are the probe's; queued ones wait in the lane.
-    local out = rg and (rg.gated or (rg.waiting and vm ~= st.lh))
-    if not out and dq_head(dq, vm) ~= nil then
+    if not (rg and rg.gated) and dq_head(dq, vm) ~= nil then
       local e
-      if rg then
-        e = { vm = vm, member = rg.code .. vm, code = rg.code,
-              u = num(redis.call('ZSCORE', S.z, rg.code .. vm)), waiting = rg.waiting, waiting0 = rg.waiting }
-      else
+      if not rg then
         local u, code = sched_admit(S, st, vm, true)
-        e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        e = entry(vm, code, u)
+        e.r, e.new = 0, true
         touch(e)
+      elseif rg.waiting and vm ~= st.lh then
+        e = entry(vm, rg.code, st.v)
+        e.r, e.r0, e.waiting0 = 0, 0, true
+        lane_out[vm] = true
+        touch(e)
+      else
+        e = entry(vm, rg.code, num(redis.call('ZSCORE', S.z, rg.code .. vm)))
+        e.waiting, e.waiting0 = rg.waiting, rg.waiting
+        if e.u == nil then -- its tag went missing (a hand edit): at V
+          e.u, e.r, e.r0 = st.v, 0, 0
+          touch(e)
+        end
       end
       ent[vm] = e
       w_place(e)
@@ -290,17 +329,6 @@ local function age_head()
   end
 end
 
-local nw = st.nw
-if nw < 0 then
-  nw = redis.call('HLEN', S.w)
-  st.nw = nw
-end
-local milli = {}
-local function weight_of(vm)
-  if nw == 0 then return 1000 end
-  if milli[vm] == nil then milli[vm] = sched_milli(redis.call('HGET', S.w, vm)) end
-  return milli[vm]
-end
 
 -- The stride remainder of e: only a weight other than 1 leaves one.
 local function remainder(e, mw)
@@ -328,8 +356,8 @@ local function serve_one(e)
   e.u, e.r = eu + q, r
   touch(e)
   -- The lane's head is served: it leaves the lane, and the next newcomer
-  -- competes one quantum behind this serve.
-  lane_leave(e, eu + SCHED.UNIT)
+  -- competes one quantum of its own behind this serve.
+  lane_leave(e, eu, true)
   local nxt = dq_take(dq, e.vm)
   if nxt == nil then
     leave(e)
@@ -359,7 +387,7 @@ end
 do
   local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
   for _, e in ipairs(changed) do
-    if not e.parked and not e.waiting then zrem[#zrem + 1] = e.vm end
+    if e.waiting0 and not e.waiting and not e.parked then zrem[#zrem + 1] = e.vm end
     if e.gone then
       if not e.new then
         zrem[#zrem + 1] = e.member
@@ -412,8 +440,9 @@ if st.v >= SCHED.REBASE_AT then
     if gated then u = s - G end
     if u < lo then
       u = lo
-      hargs[#hargs + 1] = string.sub(raw[i], 9)
-      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, string.sub(raw[i], 9) == st.lh, 0)
+      local vm, code = sched_split(raw[i])
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(code, gated, vm == st.lh, 0)
     end
     u = u - SCHED.REBASE_BY
     if gated then u = u + G end

@@ -416,6 +416,15 @@ local function dq_finish(dq, acked)
     if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
     return out
   end
+  -- The in-flight counts of the touched variants not read yet, in one read.
+  local unread = {}
+  for _, vm in ipairs(dq.touched) do
+    if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
+  end
+  if #unread > 0 then
+    local ns = redis.call('HMGET', dq.kin, unpack(unread))
+    for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
+  end
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
   local heads, emptied, counts = {}, {}, {}

@@ -177,13 +177,17 @@ end
 --                       both parked and registered: the member cannot
 --                       collide); its lowest is the head
 --   [0, 2^50)           competing: member = seq code .. variant member,
---                       score = t (the lane's head included)
+--                       score = t (the lane's head included); the seq code
+--                       is the registration number as 15 decimal digits,
+--                       so equal tags order by registration in the ZSET
+--                       (bytes) and in Lua (compared as numbers: Lua's
+--                       string "<" follows the server's locale)
 --   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
 -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
 --   registration number), x (refresh deadline, ms), gk (gating limit), gp
 --   (the gated probe's rank), ng (gated variants), nw (weight overrides,
 --   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
---   registered variant member: its 8-character seq code, then "g" when
+--   registered variant member: its seq code, then "g" when
 --   gated, "w" when in the lane, then "|r" when its stride remainder r is
 --   not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
@@ -192,27 +196,28 @@ local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = 
                 WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
                 SENTINEL = '-9007199254740992',
                 REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000 }
-local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
+                CODE_LEN = 15, VM_AT = 16 }
 
 -- Integers below 2^53 print exactly with 17 significant digits, on Redis
 -- and on gopher-lua alike.
 local function sched_fmt(x) return string.format('%.17g', x) end
 
--- The fixed-width code of registration number n: its order is n's order.
+-- The fixed-width code of registration number n (below 10^15): its byte
+-- order is n's order.
 local function sched_code(n)
-  local out = {}
-  for i = 8, 1, -1 do
-    local d = n % 62
-    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
-    n = (n - d) / 62
-  end
-  return table.concat(out)
+  local s = sched_fmt(n)
+  return string.rep('0', SCHED.CODE_LEN - #s) .. s
+end
+
+-- The variant member and the code of a competing or gated member.
+local function sched_split(member)
+  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
 end
 
 -- A variant's state-hash value: { code, gated, waiting, r }.
 local function sched_parse(v)
-  local code, g, w, r = string.match(v, '^(........)(g?)(w?)|?(%d*)$')
+  local code, g, w, r = string.match(v, '^(%d+)(g?)(w?)|?(%d*)$')
   return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
 end
 
@@ -233,13 +238,15 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it.
+-- under tags that outlived it; a hash without its ckVtime (the sentinel
+-- gone: deleted by hand, evicted) is a broken state and starts again the
+-- same way, as if it had expired.
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[1] then
-    redis.call('DEL', S.z)
+  if not r[1] or not redis.call('ZSCORE', S.z, '') then
+    redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
   else
@@ -254,12 +261,15 @@ local function sched_state(S)
 end
 
 -- Write the scalars that changed, and refresh the lifetime of both keys
--- together when half of it is gone (or the state is new). A call that
--- changed nothing writes nothing.
+-- together when half of it is gone by the writer's clock, when the stored
+-- deadline is further off than a whole lifetime (written by a clock ahead
+-- of this one: Redis expires keys by its own), or when the state is new.
+-- A call that changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
-  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  local left = st.x - S.now
+  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
@@ -275,13 +285,42 @@ local function sched_save(S)
   end
 end
 
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Milli-weight of variant vm: 1000 without a read when the queue has no
+-- weights (st.nw counts them; -1: not known yet).
+local function sched_weight(S, st, vm)
+  if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+  if st.nw == 0 then return 1000 end
+  return sched_milli(redis.call('HGET', S.w, vm))
+end
+
+-- A newcomer's quantum: one serve of its own at milli-weight m, at most
+-- UNIT (a serve at weight 1).
+local function sched_quantum(m)
+  if m <= 1000 then return SCHED.UNIT end
+  return (sched_div(SCHED.STRIDE, m))
+end
+
 -- The registration of a variant with no tag: u (nil when it queues in the
 -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
 -- makes it a return (at the parked tag); a parked tag at or below V is
 -- worth nothing and goes; then a discovered variant starts at V, and a
 -- newcomer queues behind the lane's head when the lane is not empty, else
--- with A = min(top, V + UNIT) registers at V when A <= V, or becomes the
--- lane's head at A + UNIT.
+-- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+-- or becomes the lane's head at A + q.
 local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
   if parked then redis.call('ZREM', S.z, vm) end
@@ -293,8 +332,9 @@ local function sched_admit(S, st, vm, discovered)
       u, waiting = nil, true
     else
       local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-      if t[2] and math.min(num(t[2]), st.v + SCHED.UNIT) > st.v then
-        u, waiting = math.min(num(t[2]), st.v + SCHED.UNIT) + SCHED.UNIT, true
+      if t[2] and num(t[2]) > st.v then
+        local q = sched_quantum(sched_weight(S, st, vm))
+        u, waiting = math.min(num(t[2]), st.v + q) + q, true
         st.lh = vm
       end
     end
@@ -342,11 +382,14 @@ local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
+  -- A broken state started again (sched_state): nothing is registered. (No
+  -- script registers a variant before it drains or releases one.)
+  if S.fresh then return end
   local rg = sched_parse(hv)
   local member = rg.code .. vm
   local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   if rg.gated then
-    u = u - SCHED.G
+    if u then u = u - SCHED.G end
     st.ng = st.ng - 1
   end
   redis.call('HDEL', S.h, vm)
@@ -356,7 +399,7 @@ local function sched_drained(S, vm)
     local nxt = sched_lane_at(S, 0)
     if nxt then
       local nv = sched_parse(redis.call('HGET', S.h, nxt))
-      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u)), nv.code .. nxt)
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
       st.lh = nxt
     end
   end
@@ -374,26 +417,14 @@ local function sched_released(S, vm)
   local rg = sched_parse(hv)
   if not rg.gated then return end
   local st = sched_state(S)
+  if S.fresh then return end -- a broken state started again: see sched_drained
   local member = rg.code .. vm
-  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
-  if u < st.v then u, r = st.v, 0 end
+  local u, r = num(redis.call('ZSCORE', S.z, member)), rg.r
+  if u then u = u - SCHED.G end
+  if not u or u < st.v then u, r = st.v, 0 end
   redis.call('ZADD', S.z, sched_fmt(u), member)
   redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
   st.ng = st.ng - 1
-end
-
--- Milli-weight of a weight string (round half up, clamped to 1..10^6).
-local function sched_milli(w)
-  local x = tonumber(w)
-  if not x then return 1000 end
-  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
-end
-
--- q, r of total / m, exact for integers below 2^53.
-local function sched_div(total, m)
-  local q = math.floor(total / m)
-  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
-  return q, total - q * m
 end
 
 -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
@@ -701,6 +732,15 @@ local function dq_finish(dq, acked)
     if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
     return out
   end
+  -- The in-flight counts of the touched variants not read yet, in one read.
+  local unread = {}
+  for _, vm in ipairs(dq.touched) do
+    if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
+  end
+  if #unread > 0 then
+    local ns = redis.call('HMGET', dq.kin, unpack(unread))
+    for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
+  end
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
   local heads, emptied, counts = {}, {}, {}
@@ -768,6 +808,13 @@ end
 dq_promote(dq, sched_hooks(S, false))
 local st = sched_state(S)
 
+-- Milli-weights, read once per variant (none when the queue has none).
+local milli = {}
+local function weight_of(vm)
+  if milli[vm] == nil then milli[vm] = sched_weight(S, st, vm) end
+  return milli[vm]
+end
+
 -- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
 -- r (stride remainder, nil until needed), gated, gone, new, hv (state-hash
 -- value to write) }, and the order they were first changed in.
@@ -786,7 +833,7 @@ local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
   local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES')
   local vms = {}
-  for i = 1, #raw / 2 do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  for i = 1, #raw / 2 do vms[i] = sched_split(raw[2 * i - 1]) end
   local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
   for i = 1, #vms do
@@ -797,23 +844,30 @@ if st.gk > 0 and (kl == 0 or kl > st.gk) then
     zargs[#zargs + 1] = sched_fmt(u)
     zargs[#zargs + 1] = raw[2 * i - 1]
     hargs[#hargs + 1] = vms[i]
-    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, false, r)
+    hargs[#hargs + 1] = sched_value(select(2, sched_split(raw[2 * i - 1])), false, false, r)
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
--- ungate, probe: one gated variant at a rotating rank returns if it is
--- below its limit (a flag-off instance freed its slot without saying). One
--- look per call: a call costs the same whatever the number of gated keys.
+-- ungate, probe: one gated variant at a rotating rank (back to rank 0 past
+-- the end, in the same call) returns if it is below its limit (a flag-off
+-- instance freed its slot without saying). One look per call: a call costs
+-- the same whatever the number of gated keys.
 do
   local raw = {}
-  if st.ng > 0 then raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1) end
+  if st.ng > 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1)
+    if #raw == 0 and st.gp > 0 then
+      st.gp = 0
+      raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+  end
   if #raw == 0 then
     st.gp = 0
   else
-    local vm = string.sub(raw[1], 9)
+    local vm, code = sched_split(raw[1])
     if dq_at_limit(dq, vm) then
       st.gp = st.gp + 1
     else
@@ -823,7 +877,7 @@ do
       local u = num(raw[2]) - G
       if u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
-      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, false, r))
+      redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
       st.ng = st.ng - 1
     end
   end
@@ -867,7 +921,13 @@ local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 -- region is written until persist, so reads by rank stay consistent.
 local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
             budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
-local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
+-- (tag, registration) order; registration numbers compare as numbers.
+local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
+
+-- A window entry for variant vm, seq code code, tag u.
+local function entry(vm, code, u)
+  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
+end
 
 -- Put e in the list at its rank, whatever the bound.
 local function w_place(e)
@@ -882,8 +942,11 @@ local function w_place(e)
   table.insert(list, at, e)
 end
 
+-- Put e in the list when it sorts before the bound (the last entry read),
+-- else in overflow until a read passes it; once the budget is spent no
+-- read will, and e takes its rank in the list.
 local function w_insert(e)
-  if W.more and W.read > 0 and before(W.last, e) then
+  if W.more and W.read > 0 and W.read < W.budget and before(W.last, e) then
     W.over[#W.over + 1] = e
     return
   end
@@ -911,17 +974,17 @@ local function w_extend()
   W.more = got > n
   local take = math.min(got, n)
   if take == 0 then return false end
+  local e
   for i = 1, take do
-    local member = raw[2 * i - 1]
-    local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
-                u = num(raw[2 * i]) }
+    e = entry(sched_split(raw[2 * i - 1]))
+    e.u = num(raw[2 * i])
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e
     W.list[#W.list + 1] = e
   end
   W.read = W.read + take
-  W.last = { u = num(raw[2 * take]), member = raw[2 * take - 1] }
+  W.last = { u = e.u, seq = e.seq }
   local over = W.over
   W.over = {}
   for _, e in ipairs(over) do w_insert(e) end
@@ -931,18 +994,24 @@ end
 -- The newcomer lane: its head competes, the others wait in registration
 -- order (the lane region holds them all; nothing writes it before
 -- persist, so ranks stay put). When the head leaves it, the next one
--- competes at max(V, t).
-local lane_left = 0
-local function lane_leave(e, t)
+-- still there competes at max(V, t): t is its quantum past the old head's
+-- serve at start (served), or the old head's tag (start). The age head may
+-- take members from behind the head (lane_out).
+local lane_pos, lane_out = 0, {}
+local function lane_leave(e, start, served)
   if not e.waiting then return end
   e.waiting = false
-  lane_left = lane_left + 1
   st.lh = ''
-  local nxt = sched_lane_at(S, lane_left)
+  local nxt
+  repeat
+    lane_pos = lane_pos + 1
+    nxt = sched_lane_at(S, lane_pos)
+  until not nxt or not lane_out[nxt]
   if not nxt then return end
-  local code = sched_parse(redis.call('HGET', S.h, nxt)).code
-  local h = { vm = nxt, member = code .. nxt, code = code, u = math.max(st.v, t), r = 0, r0 = 0,
-              waiting = true, waiting0 = true }
+  local t = start
+  if served then t = t + sched_quantum(weight_of(nxt)) end
+  local h = entry(nxt, sched_parse(redis.call('HGET', S.h, nxt)).code, math.max(st.v, t))
+  h.r, h.r0, h.waiting, h.waiting0 = 0, 0, true, true
   st.lh = nxt
   ent[nxt] = h
   touch(h)
@@ -992,10 +1061,12 @@ end
 -- serve, age head (once, when pass 1 runs dry): the first scan variants of
 -- ckIndex as it stood when serving began (nothing writes it before
 -- dq_finish) that this call has not seen and that still have a ready run:
--- untagged ones register at V or their parked tag, registered, non-gated
--- ones that pass 1 did not reach (it stopped at its budget) join too, both
--- at their rank whatever the window's bound. Gated ones are left to the
--- probe, so an all-gated queue costs the same whatever the number of keys.
+-- untagged ones register at V or their parked tag, competing ones that
+-- pass 1 did not reach (it stopped at its budget) join as they are, and
+-- ones queued in the lane behind its head leave it and compete at V (they
+-- hold the oldest work); all at their rank whatever the window's bound.
+-- Gated ones are left to the probe, so an all-gated queue costs the same
+-- whatever the number of keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
@@ -1005,17 +1076,25 @@ local function age_head()
   local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
     local rg = vals[i] and sched_parse(vals[i])
-    -- Gated ones are the probe's; queued ones wait in the lane.
-    local out = rg and (rg.gated or (rg.waiting and vm ~= st.lh))
-    if not out and dq_head(dq, vm) ~= nil then
+    if not (rg and rg.gated) and dq_head(dq, vm) ~= nil then
       local e
-      if rg then
-        e = { vm = vm, member = rg.code .. vm, code = rg.code,
-              u = num(redis.call('ZSCORE', S.z, rg.code .. vm)), waiting = rg.waiting, waiting0 = rg.waiting }
-      else
+      if not rg then
         local u, code = sched_admit(S, st, vm, true)
-        e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        e = entry(vm, code, u)
+        e.r, e.new = 0, true
         touch(e)
+      elseif rg.waiting and vm ~= st.lh then
+        e = entry(vm, rg.code, st.v)
+        e.r, e.r0, e.waiting0 = 0, 0, true
+        lane_out[vm] = true
+        touch(e)
+      else
+        e = entry(vm, rg.code, num(redis.call('ZSCORE', S.z, rg.code .. vm)))
+        e.waiting, e.waiting0 = rg.waiting, rg.waiting
+        if e.u == nil then -- its tag went missing (a hand edit): at V
+          e.u, e.r, e.r0 = st.v, 0, 0
+          touch(e)
+        end
       end
       ent[vm] = e
       w_place(e)
@@ -1023,17 +1102,6 @@ local function age_head()
   end
 end
 
-local nw = st.nw
-if nw < 0 then
-  nw = redis.call('HLEN', S.w)
-  st.nw = nw
-end
-local milli = {}
-local function weight_of(vm)
-  if nw == 0 then return 1000 end
-  if milli[vm] == nil then milli[vm] = sched_milli(redis.call('HGET', S.w, vm)) end
-  return milli[vm]
-end
 
 -- The stride remainder of e: only a weight other than 1 leaves one.
 local function remainder(e, mw)
@@ -1061,8 +1129,8 @@ local function serve_one(e)
   e.u, e.r = eu + q, r
   touch(e)
   -- The lane's head is served: it leaves the lane, and the next newcomer
-  -- competes one quantum behind this serve.
-  lane_leave(e, eu + SCHED.UNIT)
+  -- competes one quantum of its own behind this serve.
+  lane_leave(e, eu, true)
   local nxt = dq_take(dq, e.vm)
   if nxt == nil then
     leave(e)
@@ -1092,7 +1160,7 @@ end
 do
   local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
   for _, e in ipairs(changed) do
-    if not e.parked and not e.waiting then zrem[#zrem + 1] = e.vm end
+    if e.waiting0 and not e.waiting and not e.parked then zrem[#zrem + 1] = e.vm end
     if e.gone then
       if not e.new then
         zrem[#zrem + 1] = e.member
@@ -1145,8 +1213,9 @@ if st.v >= SCHED.REBASE_AT then
     if gated then u = s - G end
     if u < lo then
       u = lo
-      hargs[#hargs + 1] = string.sub(raw[i], 9)
-      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, string.sub(raw[i], 9) == st.lh, 0)
+      local vm, code = sched_split(raw[i])
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(code, gated, vm == st.lh, 0)
     end
     u = u - SCHED.REBASE_BY
     if gated then u = u + G end

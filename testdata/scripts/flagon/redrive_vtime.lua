@@ -89,13 +89,17 @@ end
 --                       both parked and registered: the member cannot
 --                       collide); its lowest is the head
 --   [0, 2^50)           competing: member = seq code .. variant member,
---                       score = t (the lane's head included)
+--                       score = t (the lane's head included); the seq code
+--                       is the registration number as 15 decimal digits,
+--                       so equal tags order by registration in the ZSET
+--                       (bytes) and in Lua (compared as numbers: Lua's
+--                       string "<" follows the server's locale)
 --   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
 -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
 --   registration number), x (refresh deadline, ms), gk (gating limit), gp
 --   (the gated probe's rank), ng (gated variants), nw (weight overrides,
 --   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
---   registered variant member: its 8-character seq code, then "g" when
+--   registered variant member: its seq code, then "g" when
 --   gated, "w" when in the lane, then "|r" when its stride remainder r is
 --   not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
@@ -104,27 +108,28 @@ local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = 
                 WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
                 SENTINEL = '-9007199254740992',
                 REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000 }
-local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
+                CODE_LEN = 15, VM_AT = 16 }
 
 -- Integers below 2^53 print exactly with 17 significant digits, on Redis
 -- and on gopher-lua alike.
 local function sched_fmt(x) return string.format('%.17g', x) end
 
--- The fixed-width code of registration number n: its order is n's order.
+-- The fixed-width code of registration number n (below 10^15): its byte
+-- order is n's order.
 local function sched_code(n)
-  local out = {}
-  for i = 8, 1, -1 do
-    local d = n % 62
-    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
-    n = (n - d) / 62
-  end
-  return table.concat(out)
+  local s = sched_fmt(n)
+  return string.rep('0', SCHED.CODE_LEN - #s) .. s
+end
+
+-- The variant member and the code of a competing or gated member.
+local function sched_split(member)
+  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
 end
 
 -- A variant's state-hash value: { code, gated, waiting, r }.
 local function sched_parse(v)
-  local code, g, w, r = string.match(v, '^(........)(g?)(w?)|?(%d*)$')
+  local code, g, w, r = string.match(v, '^(%d+)(g?)(w?)|?(%d*)$')
   return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
 end
 
@@ -145,13 +150,15 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it.
+-- under tags that outlived it; a hash without its ckVtime (the sentinel
+-- gone: deleted by hand, evicted) is a broken state and starts again the
+-- same way, as if it had expired.
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[1] then
-    redis.call('DEL', S.z)
+  if not r[1] or not redis.call('ZSCORE', S.z, '') then
+    redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
   else
@@ -166,12 +173,15 @@ local function sched_state(S)
 end
 
 -- Write the scalars that changed, and refresh the lifetime of both keys
--- together when half of it is gone (or the state is new). A call that
--- changed nothing writes nothing.
+-- together when half of it is gone by the writer's clock, when the stored
+-- deadline is further off than a whole lifetime (written by a clock ahead
+-- of this one: Redis expires keys by its own), or when the state is new.
+-- A call that changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
-  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  local left = st.x - S.now
+  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
@@ -187,13 +197,42 @@ local function sched_save(S)
   end
 end
 
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Milli-weight of variant vm: 1000 without a read when the queue has no
+-- weights (st.nw counts them; -1: not known yet).
+local function sched_weight(S, st, vm)
+  if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+  if st.nw == 0 then return 1000 end
+  return sched_milli(redis.call('HGET', S.w, vm))
+end
+
+-- A newcomer's quantum: one serve of its own at milli-weight m, at most
+-- UNIT (a serve at weight 1).
+local function sched_quantum(m)
+  if m <= 1000 then return SCHED.UNIT end
+  return (sched_div(SCHED.STRIDE, m))
+end
+
 -- The registration of a variant with no tag: u (nil when it queues in the
 -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
 -- makes it a return (at the parked tag); a parked tag at or below V is
 -- worth nothing and goes; then a discovered variant starts at V, and a
 -- newcomer queues behind the lane's head when the lane is not empty, else
--- with A = min(top, V + UNIT) registers at V when A <= V, or becomes the
--- lane's head at A + UNIT.
+-- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+-- or becomes the lane's head at A + q.
 local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
   if parked then redis.call('ZREM', S.z, vm) end
@@ -205,8 +244,9 @@ local function sched_admit(S, st, vm, discovered)
       u, waiting = nil, true
     else
       local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-      if t[2] and math.min(num(t[2]), st.v + SCHED.UNIT) > st.v then
-        u, waiting = math.min(num(t[2]), st.v + SCHED.UNIT) + SCHED.UNIT, true
+      if t[2] and num(t[2]) > st.v then
+        local q = sched_quantum(sched_weight(S, st, vm))
+        u, waiting = math.min(num(t[2]), st.v + q) + q, true
         st.lh = vm
       end
     end
@@ -254,11 +294,14 @@ local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
+  -- A broken state started again (sched_state): nothing is registered. (No
+  -- script registers a variant before it drains or releases one.)
+  if S.fresh then return end
   local rg = sched_parse(hv)
   local member = rg.code .. vm
   local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   if rg.gated then
-    u = u - SCHED.G
+    if u then u = u - SCHED.G end
     st.ng = st.ng - 1
   end
   redis.call('HDEL', S.h, vm)
@@ -268,7 +311,7 @@ local function sched_drained(S, vm)
     local nxt = sched_lane_at(S, 0)
     if nxt then
       local nv = sched_parse(redis.call('HGET', S.h, nxt))
-      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u)), nv.code .. nxt)
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
       st.lh = nxt
     end
   end
@@ -286,26 +329,14 @@ local function sched_released(S, vm)
   local rg = sched_parse(hv)
   if not rg.gated then return end
   local st = sched_state(S)
+  if S.fresh then return end -- a broken state started again: see sched_drained
   local member = rg.code .. vm
-  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
-  if u < st.v then u, r = st.v, 0 end
+  local u, r = num(redis.call('ZSCORE', S.z, member)), rg.r
+  if u then u = u - SCHED.G end
+  if not u or u < st.v then u, r = st.v, 0 end
   redis.call('ZADD', S.z, sched_fmt(u), member)
   redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
   st.ng = st.ng - 1
-end
-
--- Milli-weight of a weight string (round half up, clamped to 1..10^6).
-local function sched_milli(w)
-  local x = tonumber(w)
-  if not x then return 1000 end
-  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
-end
-
--- q, r of total / m, exact for integers below 2^53.
-local function sched_div(total, m)
-  local q = math.floor(total / m)
-  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
-  return q, total - q * m
 end
 
 -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to

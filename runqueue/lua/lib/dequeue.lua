@@ -103,8 +103,19 @@ local function dq_promote_variant(dq, hooks, vm)
   index_head(c.delayed, dq.delay_index, vm)
 end
 
--- Promote the due delayed runs of the first scan due variants.
+-- Promote the due delayed runs of the first scan due variants. A look at
+-- delayIndex's head comes first: when nothing is due (the common case) it
+-- is all the call reads of delayed runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
+  local head = redis.call('ZRANGE', dq.delay_index, 0, 0, 'WITHSCORES')
+  if not head[2] then
+    dq.delay_head = false
+    return
+  end
+  if num(head[2]) > dq.now then
+    dq.delay_head = num(head[2])
+    return
+  end
   local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now, 'LIMIT', 0, dq.scan)
   for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
 end
@@ -171,7 +182,7 @@ local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
-    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head) end
     return out
   end
   -- The in-flight counts of the touched variants not read yet, in one read.
@@ -231,6 +242,6 @@ local function dq_finish(dq, acked)
     if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
-  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head)
   return out
 end

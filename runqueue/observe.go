@@ -21,8 +21,8 @@ type Observer interface {
 	Nacked(env, queue string, requeued bool)
 	// Expired: n queued runs of env/queue passed their TTL.
 	Expired(env, queue string, n int)
-	// Recovered: n runs of env/queue whose lease passed were requeued, and
-	// dead of them dead-lettered (no attempts left).
+	// Recovered: n runs of env/queue whose lease passed were taken back:
+	// dead of them dead-lettered (no attempts left), the others requeued.
 	Recovered(env, queue string, n, dead int)
 	// Handled: a Worker's handler returned (or panicked) after d, with
 	// outcome one of OutcomeAck, OutcomeRetry, OutcomeDead, OutcomePanic,

@@ -93,7 +93,30 @@ func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run
 	if err != nil {
 		return nil, nil, scriptError(err, nil)
 	}
-	return decodeDequeue(qk, res, lease, len(acks))
+	runs, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	if err == nil && q.observe {
+		// Every dequeue path (shard, blocking, fused with acks) ends here,
+		// once per script call, so each run is reported exactly once.
+		if n := ackedCount(res, len(acks)); n > 0 {
+			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), n)
+		}
+		if len(runs) > 0 {
+			q.cfg.Observer.Dequeued(runs, time.UnixMilli(now))
+		}
+	}
+	return runs, ackErrs, err
+}
+
+// ackedCount is how many of the acks of a dequeue script's reply were
+// acked by this call (1), leaving out those gone already (0) and errors.
+func ackedCount(res []any, acks int) int {
+	n := 0
+	for _, v := range res[1 : 1+acks] {
+		if v == int64(1) {
+			n++
+		}
+	}
+	return n
 }
 
 // AckAndDequeue acks acks and then dequeues up to maxCount runs of one base

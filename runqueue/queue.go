@@ -19,6 +19,7 @@ type Queue struct {
 	cfg     *Config
 	space   keys.Space
 	scripts *scriptSet
+	observe bool // cfg.Observer is not a NopObserver
 
 	wakeOnce sync.Once
 	waker    *waker
@@ -59,8 +60,8 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	if err := scripts.load(ctx, client); err != nil {
 		return nil, err
 	}
-	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, closed: make(chan struct{}),
-		shardOff: map[int]int64{}}, nil
+	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
+		closed: make(chan struct{}), shardOff: map[int]int64{}}, nil
 }
 
 // checkEviction refuses a Redis whose maxmemory-policy is not noeviction:

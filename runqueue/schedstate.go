@@ -207,3 +207,87 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 func (q *Queue) clockQuanta(epoch, units int64) float64 {
 	return (float64(epoch)*vtime.RebaseBy + float64(units)) / vtime.Unit * q.cfg.Quantum
 }
+
+// Score bounds of the competing and gated regions of ckVtime (see the
+// constants above and lib/sched.lua): tags are below 2^50.
+const (
+	activeMin  = "0"
+	activeMax  = "(1125899906842624" // 2^50
+	gatedMin   = "4503599627370496"  // 2^52
+	gatedMax   = "(5629499534213120" // 2^52 + 2^50
+	maxTopLags = MaxInspectVariants
+)
+
+// KeyLag is one concurrency key's lag as the fair scheduler sees it.
+type KeyLag struct {
+	Key string
+	// Lag is the key's tag minus the queue's clock V, in quanta, as
+	// Schedule reports it: positive when the key was served ahead of the
+	// others and waits.
+	Lag float64
+	// Gated: the key is at its per-key limit.
+	Gated bool
+}
+
+// TopLags returns the k registered concurrency keys of a base queue with
+// the largest lag, largest first, for metrics that must
+// not grow with the number of keys. It reads the clock and the k highest
+// tags of the competing and of the gated keys: one round trip of three
+// commands, O(log n + k) on Redis whatever the queue's size. Keys in the
+// newcomer lane have no tag yet and are not among them. Empty with the flag
+// off or when the queue has no scheduler state.
+func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, err
+	}
+	if k < 1 || k > maxTopLags {
+		return nil, invalid("k", "%d is outside 1..%d", k, maxTopLags)
+	}
+	qk := q.space.Env(env).Queue(queue)
+	var clock *redis.SliceCmd
+	var active, gated *redis.ZSliceCmd
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.HMGet(ctx, qk.CkVtimeState(), "v", "e")
+		active = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: activeMin, Max: activeMax, Count: int64(k)})
+		gated = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: gatedMin, Max: gatedMax, Count: int64(k)})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	num := func(v any) int64 {
+		s, _ := v.(string)
+		n, _ := strconv.ParseFloat(s, 64)
+		return int64(n)
+	}
+	cv := clock.Val()
+	if cv[0] == nil {
+		return nil, nil // no state: nothing registered
+	}
+	epoch := num(cv[1])
+	v := q.clockQuanta(epoch, num(cv[0]))
+	out := make([]KeyLag, 0, 2*k)
+	add := func(zs []redis.Z, offset int64, isGated bool) {
+		for _, z := range zs {
+			m, _ := z.Member.(string)
+			if len(m) <= seqCodeLen {
+				continue
+			}
+			key, err := keys.DecodeVariantMember(m[seqCodeLen:])
+			if err != nil {
+				continue // not a member the scripts wrote: not ours to show
+			}
+			tag := q.clockQuanta(epoch, int64(z.Score)-offset)
+			out = append(out, KeyLag{Key: key, Lag: tag - v, Gated: isGated})
+		}
+	}
+	add(active.Val(), 0, false)
+	add(gated.Val(), gatedOffset, true)
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Lag != out[j].Lag {
+			return out[i].Lag > out[j].Lag
+		}
+		return out[i].Key < out[j].Key
+	})
+	return out[:min(len(out), k)], nil
+}

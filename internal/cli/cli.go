@@ -202,7 +202,11 @@ func connectAndRun(ctx context.Context, g *globals, cfg *runqueue.Config, cmd *c
 		return err
 	}
 	defer q.Close()
-	return exec(ctx, q, &output{w: stdout, json: g.json, vtime: g.vtime}, pos)
+	err = exec(ctx, q, &output{w: stdout, json: g.json, vtime: g.vtime}, pos)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("gave up after -timeout %v: %w", g.timeout, err)
+	}
+	return err
 }
 
 func newFlagSet(name string) *flag.FlagSet {

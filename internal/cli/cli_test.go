@@ -182,7 +182,14 @@ func TestUnreachable(t *testing.T) {
 		r := runCLI(t, "-redis", l.Addr().String(), "-dial-timeout", "200ms", "stats", "e")
 		require.Less(t, time.Since(start), 3*time.Second)
 		require.Equal(t, cli.ExitFailure, r.code)
-		require.Contains(t, r.stderr, "runqueue stats: cannot reach Redis at "+l.Addr().String()+": no answer within 1.2s")
+		require.Contains(t, r.stderr, "runqueue stats: cannot reach Redis at "+l.Addr().String()+": no answer within 1.")
+
+		// -timeout bounds the whole command, the reachability check included.
+		start = time.Now()
+		r = runCLI(t, "-redis", l.Addr().String(), "-timeout", "300ms", "stats", "e")
+		require.Less(t, time.Since(start), 2*time.Second)
+		require.Equal(t, cli.ExitFailure, r.code)
+		require.Contains(t, r.stderr, "runqueue stats: cannot reach Redis at "+l.Addr().String()+": no answer within ")
 	})
 }
 

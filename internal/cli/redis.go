@@ -156,15 +156,16 @@ func redact(raw string) string {
 // deep inside a command.
 func ping(ctx context.Context, e endpoint, dialTimeout time.Duration) error {
 	// Room for the dial and one round trip.
-	wait := dialTimeout + time.Second
-	ctx, cancel := context.WithTimeout(ctx, wait)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout+time.Second)
 	defer cancel()
 	err := e.client.Ping(ctx).Err()
 	if err == nil {
 		return nil
 	}
 	if ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) {
-		return &unreachableError{addr: e.String(), err: fmt.Errorf("no answer within %v (%v)", wait, err)}
+		waited := time.Since(start).Round(100 * time.Millisecond)
+		return &unreachableError{addr: e.String(), err: fmt.Errorf("no answer within %v (%v)", waited, err)}
 	}
 	return &unreachableError{addr: e.String(), err: err}
 }

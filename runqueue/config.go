@@ -120,6 +120,13 @@ type Config struct {
 	// reply is empty, the check is skipped silently.
 	AllowEviction bool
 
+	// ReadOnly opens the Queue for inspection only: New neither records the
+	// layout version (it still refuses a prefix that holds another one) nor
+	// loads the scripts, and every method that would write returns
+	// ErrReadOnly. For operator tools that must leave Redis as they found it.
+	// Defaults to false.
+	ReadOnly bool
+
 	// Clock tells the time. Defaults to the wall clock.
 	Clock Clock
 	// Rand draws backoff jitter. Defaults to a randomly seeded source.

@@ -33,6 +33,7 @@ type Queue struct {
 // New returns a Queue on client. It assembles and loads every script of the
 // configured flag state, so a broken script (or an unreachable Redis) is an
 // error here rather than at the first call. cfg may be nil for defaults.
+// With Config.ReadOnly it writes nothing and loads no script.
 func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue, error) {
 	if client == nil {
 		return nil, invalid("client", "must not be nil")
@@ -54,10 +55,16 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	if err != nil {
 		return nil, err
 	}
-	if err := checkLayout(ctx, client, space); err != nil {
+	if err := checkLayout(ctx, client, space, c.ReadOnly); err != nil {
 		return nil, err
 	}
-	if err := scripts.load(ctx, client); err != nil {
+	if c.ReadOnly {
+		// Every write goes through a script, so refusing the scripts refuses
+		// every write.
+		for _, sc := range scripts.all() {
+			sc.refused = true
+		}
+	} else if err := scripts.load(ctx, client); err != nil {
 		return nil, err
 	}
 	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),

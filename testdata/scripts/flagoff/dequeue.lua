@@ -555,15 +555,15 @@ local function window_move(w, vm, s)
   if e == nil then return end
   e.s = s
   if w.bound ~= nil and entry_before(w.bound, e) then return end
+  -- Binary search for the first entry e sorts before: a call of n serves
+  -- over n variants costs n log n comparisons, not n^2.
   local list = w.list
-  local at = #list + 1
-  for i = 1, #list do
-    if entry_before(e, list[i]) then
-      at = i
-      break
-    end
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if entry_before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
-  table.insert(list, at, e)
+  table.insert(list, lo, e)
 end
 local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)

@@ -960,17 +960,16 @@ local function entry(vm, code, u)
   return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
--- Put e in the list at its rank, whatever the bound.
+-- Put e in the list at its rank, whatever the bound (binary search: a call
+-- of n serves over n keys costs n log n comparisons, not n^2).
 local function w_place(e)
   local list = W.list
-  local at = #list + 1
-  for i = 1, #list do
-    if before(e, list[i]) then
-      at = i
-      break
-    end
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
-  table.insert(list, at, e)
+  table.insert(list, lo, e)
 end
 
 -- Put e in the list when it sorts before the bound (the last entry read),

@@ -155,7 +155,15 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		}
 	}
 	h := state.Val()
-	st.exists = h["v"] != ""
+	// The state is both keys: a hash without ckVtime's sentinel, or a
+	// ckVtime without the hash, is no state (the next dequeue starts it
+	// again: lua/lib/sched.lua, sched_state).
+	z := tags.Val()
+	sentinel := len(z) > 0 && z[0].Member == "" && z[0].Score < -gatedOffset
+	if st.exists = h["v"] != "" && sentinel; !st.exists {
+		st.snap.NextSeq = 1
+		return st, nil
+	}
 	num := func(field string) int64 {
 		n, _ := strconv.ParseFloat(h[field], 64)
 		return int64(n)

@@ -319,8 +319,8 @@ func nodeSection(rep *Report) section {
 		notes: []string{
 			"masters: " + strings.Join(masters, ", "),
 			"RUNS = runs the node took: enqueued (enqueue phase) or acked (concurrent and process phases); the nodes' runs add up to the phase's",
-			"RUNS/S = the node's runs over the time from the start of the phase to its last run (a node with fewer workers ends later); " +
-				"CPU µs/RUN = the node's Redis process CPU (INFO cpu) over the phase / its runs",
+			"RUNS/S = the node's runs over the time from the start of the phase to its last run: each node drains at its own pace, " +
+				"and the phase's RUNS/S is set by the last; CPU µs/RUN = the node's Redis process CPU (INFO cpu) over the phase / its runs",
 		}}
 }
 

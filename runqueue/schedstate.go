@@ -42,30 +42,34 @@ func parseSeqCode(code string) (int64, bool) {
 }
 
 // regValue parses a registered variant's state-hash value: code, then "g"
-// when gated, "w" when in the newcomer lane, then "|r" when the remainder
-// is not 0.
-func regValue(v string) (code string, gated, waiting bool, r int64, ok bool) {
+// and its tag when gated or "w" when in the newcomer lane, then "|r" when
+// the remainder is not 0.
+func regValue(v string) (code string, gated, waiting bool, tag, r int64, ok bool) {
 	if len(v) < seqCodeLen {
-		return "", false, false, 0, false
+		return "", false, false, 0, 0, false
 	}
 	code, rest := v[:seqCodeLen], v[seqCodeLen:]
-	if strings.HasPrefix(rest, "g") {
-		gated, rest = true, rest[1:]
-	}
-	if strings.HasPrefix(rest, "w") {
-		waiting, rest = true, rest[1:]
-	}
-	if rest != "" {
-		if !strings.HasPrefix(rest, "|") {
-			return "", false, false, 0, false
-		}
+	rest, rs, hasR := strings.Cut(rest, "|")
+	switch {
+	case strings.HasPrefix(rest, "g"):
 		n, err := strconv.ParseInt(rest[1:], 10, 64)
 		if err != nil {
-			return "", false, false, 0, false
+			return "", false, false, 0, 0, false
+		}
+		gated, tag = true, n
+	case rest == "w":
+		waiting = true
+	case rest != "":
+		return "", false, false, 0, 0, false
+	}
+	if hasR {
+		n, err := strconv.ParseInt(rs, 10, 64)
+		if err != nil {
+			return "", false, false, 0, 0, false
 		}
 		r = n
 	}
-	return code, gated, waiting, r, true
+	return code, gated, waiting, tag, r, true
 }
 
 // schedState is a queue's scheduler state and indexes read from Redis.
@@ -169,17 +173,17 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		return int64(n)
 	}
 	st.snap.V, st.snap.Epoch, st.snap.Cursor = num("v"), num("e"), int(num("c"))
-	st.snap.NextSeq, st.snap.GK, st.snap.GP = max(1, num("s")), int(num("gk")), int(num("gp"))
+	st.snap.NextSeq, st.snap.GK, st.snap.GN, st.snap.GP = max(1, num("s")), int(num("gk")), max(1, num("gn")), num("gp")
 	for field, v := range h {
 		if !strings.HasPrefix(field, "=") {
 			continue
 		}
-		code, gated, waiting, r, ok := regValue(v)
+		code, gated, waiting, tag, r, ok := regValue(v)
 		seq, ok2 := parseSeqCode(code)
 		if !ok || !ok2 {
 			return nil, fmt.Errorf("runqueue: malformed %s field %q: %q", qk.CkVtimeState(), field, v)
 		}
-		st.snap.Reg[field] = vtime.Reg{R: r, Seq: seq, Gated: gated, Waiting: waiting}
+		st.snap.Reg[field] = vtime.Reg{U: tag, R: r, Seq: seq, Gated: gated, Waiting: waiting}
 	}
 	active := 0
 	for _, z := range tags.Val() {
@@ -197,10 +201,10 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 			if !ok {
 				continue // a tag without its registration: not ours to show
 			}
-			rg.U = int64(s)
 			if s >= gatedOffset {
-				rg.U -= gatedOffset
+				rg.Gate = int64(s) - gatedOffset // its tag is in the hash
 			} else {
+				rg.U = int64(s)
 				st.activeIdx[vm] = active
 				active++
 			}
@@ -216,13 +220,11 @@ func (q *Queue) clockQuanta(epoch, units int64) float64 {
 	return (float64(epoch)*vtime.RebaseBy + float64(units)) / vtime.Unit * q.cfg.Quantum
 }
 
-// Score bounds of the competing and gated regions of ckVtime (see the
-// constants above and lib/sched.lua): tags are below 2^50.
+// Score bounds of the competing region of ckVtime (see the constants above
+// and lib/sched.lua): tags are below 2^50.
 const (
 	activeMin  = "0"
 	activeMax  = "(1125899906842624" // 2^50
-	gatedMin   = "4503599627370496"  // 2^52
-	gatedMax   = "(5629499534213120" // 2^52 + 2^50
 	maxTopLags = MaxInspectVariants
 )
 
@@ -233,17 +235,16 @@ type KeyLag struct {
 	// Schedule reports it: positive when the key was served ahead of the
 	// others and waits.
 	Lag float64
-	// Gated: the key is at its per-key limit.
-	Gated bool
 }
 
-// TopLags returns the k registered concurrency keys of a base queue with
-// the largest lag, largest first, for metrics that must
-// not grow with the number of keys. It reads the clock and the k highest
-// tags of the competing and of the gated keys: one round trip of three
-// commands, O(log n + k) on Redis whatever the queue's size. Keys in the
-// newcomer lane have no tag yet and are not among them. Empty with the flag
-// off or when the queue has no scheduler state.
+// TopLags returns the k competing concurrency keys of a base queue with
+// the largest lag, largest first, for metrics that must not grow with the
+// number of keys. It reads the clock and the k highest tags of the
+// competing keys: one round trip of two commands, O(log n + k) on Redis
+// whatever the queue's size. Gated keys (at their per-key limit, out of
+// the competition) and keys queued in the newcomer lane (no tag yet) are
+// not among them. Empty with the flag off or when the queue has no
+// scheduler state.
 func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -253,11 +254,10 @@ func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag
 	}
 	qk := q.space.Env(env).Queue(queue)
 	var clock *redis.SliceCmd
-	var active, gated *redis.ZSliceCmd
+	var active *redis.ZSliceCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.HMGet(ctx, qk.CkVtimeState(), "v", "e")
 		active = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: activeMin, Max: activeMax, Count: int64(k)})
-		gated = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: gatedMin, Max: gatedMax, Count: int64(k)})
 		return nil
 	})
 	if err != nil {
@@ -274,23 +274,19 @@ func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag
 	}
 	epoch := num(cv[1])
 	v := q.clockQuanta(epoch, num(cv[0]))
-	out := make([]KeyLag, 0, 2*k)
-	add := func(zs []redis.Z, offset int64, isGated bool) {
-		for _, z := range zs {
-			m, _ := z.Member.(string)
-			if len(m) <= seqCodeLen {
-				continue
-			}
-			key, err := keys.DecodeVariantMember(m[seqCodeLen:])
-			if err != nil {
-				continue // not a member the scripts wrote: not ours to show
-			}
-			tag := q.clockQuanta(epoch, int64(z.Score)-offset)
-			out = append(out, KeyLag{Key: key, Lag: tag - v, Gated: isGated})
+	out := make([]KeyLag, 0, k)
+	for _, z := range active.Val() {
+		m, _ := z.Member.(string)
+		if len(m) <= seqCodeLen {
+			continue
 		}
+		key, err := keys.DecodeVariantMember(m[seqCodeLen:])
+		if err != nil {
+			continue // not a member the scripts wrote: not ours to show
+		}
+		tag := q.clockQuanta(epoch, int64(z.Score))
+		out = append(out, KeyLag{Key: key, Lag: tag - v})
 	}
-	add(active.Val(), 0, false)
-	add(gated.Val(), gatedOffset, true)
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Lag != out[j].Lag {
 			return out[i].Lag > out[j].Lag

@@ -352,12 +352,13 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 		V, Epoch      int64
 		Cursor        int
 		NextSeq       int64
-		GK, GP        int
+		GK            int
+		GN, GP        int64
 		Reg           map[string]vtime.Reg
 		Idle, Weights map[string]int64
 	}
 	pick := func(s vtime.Snapshot) sched {
-		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, s.GP, s.Reg, s.Idle, s.Weights}
+		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Reg, s.Idle, s.Weights}
 		for _, m := range []*map[string]int64{&out.Idle, &out.Weights} {
 			if *m == nil {
 				*m = map[string]int64{}

@@ -23,13 +23,15 @@
 // # State
 //
 //   - registrations: variant -> tag S (units), stride remainder, registration
-//     number (seq), gated flag and waiting flag (in the newcomer lane).
+//     number (seq), gated flag and gating number (the probe's order), and
+//     waiting flag (in the newcomer lane).
 //     Redis: ckVtime members "<seq code><member>" in its active or gated
 //     region, the lane in its waiting region, and the state hash's
 //     per-variant fields.
 //   - V, the epoch, the discovery cursor, the next registration number,
-//     gk (the key limit gated variants were gated under) and gp (the gated
-//     probe's rank): the state hash.
+//     gk (the key limit gated variants were gated under), the next gating
+//     number and gp (the gating number the probe looked at last): the state
+//     hash.
 //   - idle: variant -> tag parked when it drained (ckVtime's idle region).
 //   - weights: variant -> milli-weight; configuration, not state.
 //
@@ -64,9 +66,10 @@
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in
 //     proportion to the gated variants, once per rise. And one gated
-//     variant, at a rotating rank (back to rank 0 past the end, in the same
-//     call), returns if it is below its limit (an instance with the flag
-//     off freed its slot without saying).
+//     variant, the next in gating order after the one looked at last (back
+//     to the first past the end, in the same call), returns if it is below
+//     its limit (an instance with the flag off freed its slot without
+//     saying).
 //   - discover: ScanLimit variants of ckIndex at a rotating cursor; those
 //     without a tag register (at their parked tag or V). The cursor then
 //     moves max(1, ScanLimit - cap): a serve moves at most one variant past
@@ -88,10 +91,10 @@
 //     began (what a flag-off call would serve) that the call has not seen
 //     and that have a ready run join, once per call: untagged ones register
 //     (at their parked tag or V), competing ones that pass 1 did not reach
-//     (its budget ran out) come as they are, and ones queued in the lane
-//     leave it and compete at V (they hold the oldest work); all at their
-//     rank whatever the window's bound; then pass 1 goes on. Gated ones are
-//     left to the probe.
+//     (its budget ran out) come as they are, and for one queued in the lane
+//     the lane's head comes (the lane keeps its order; its head is
+//     servable or hands on); all at their rank whatever the window's
+//     bound; then pass 1 goes on. Gated ones are left to the probe.
 //   - collect and persist: drained variants park their tag when it is above
 //     V; any operation that parks (a dequeue, a TTL sweep or another drain)
 //     reaps the parked tags at or below V and caps the idle set to the
@@ -114,7 +117,7 @@
 //     serve behind the pack, and a low-weight key's huge tag cannot push it
 //     back (the cap at V+q). When the lane is not empty, the newcomer queues
 //     behind it (in registration order) without a tag and takes no part in
-//     the competition (but see the age head). When the head leaves the lane
+//     the competition. When the head leaves the lane
 //     (its first serve, or gated, drained or collected unserved), the next
 //     newcomer becomes the head at max(V, t): t is the next head's quantum
 //     past the old head's serve, or the tag of a head that left unserved.
@@ -138,11 +141,12 @@
 // limit (ack, nack, lease recovery, dead letter: at once), at the first
 // call after its limit rose or went away, and otherwise (a flag-off
 // instance, or one configured without a per-key limit, freed the slot)
-// when the gated probe comes to it: one rank per call, so a lap takes as
-// many calls as there are gated variants, and a variant is passed over
-// (waits for the next lap) only when one before it left the gated set
-// during the lap. A call's cost does not depend on the number of gated
-// variants: pass 1 never sees them and the probe looks at one.
+// when the gated probe comes to it: one variant per call in gating order,
+// and a variant gated later always comes after every one gated before it,
+// so each is looked at within a lap of as many calls as there are gated
+// variants, whatever joins or leaves the gated set meanwhile. A call's
+// cost does not depend on the number of gated variants: pass 1 never sees
+// them and the probe looks at one.
 //
 // # Guarantees (checked by the oracle on observed schedules, on this model
 // and on the Lua)

@@ -90,14 +90,17 @@ type run struct {
 
 // Reg is a registered variant: its tag, the remainder of its last stride
 // (numerator over its milli-weight), its registration order, whether it is
-// gated (at its key limit, out of the competition) and whether it waits in
-// the newcomer lane (see the package comment: the lane's head, its lowest
-// Seq, competes with its tag; the others wait behind it without one, U 0).
+// gated (at its key limit, out of the competition) and, while it is, its
+// gating number (the order in which the gated probe visits), and whether
+// it waits in the newcomer lane (see the package comment: the lane's head,
+// its lowest Seq, competes with its tag; the others wait behind it without
+// one, U 0).
 type Reg struct {
 	U       int64
 	R       int64
 	Seq     int64
 	Gated   bool
+	Gate    int64
 	Waiting bool
 }
 
@@ -111,7 +114,8 @@ type Model struct {
 	cursor  int   // discovery cursor: a rank in ckIndex
 	nextSeq int64 // registration order of the next registration, from 1
 	gk      int   // key limit the gated variants were gated under (0: none)
-	gp      int   // probe cursor: a rank among the gated variants
+	gn      int64 // gating number of the next variant gated, from 1
+	gp      int64 // probe cursor: the gating number the probe last looked at
 	reg     map[string]*Reg
 	idle    map[string]int64 // variant member -> parked tag
 
@@ -146,7 +150,7 @@ func New(cfg Config) *Model {
 // anchor, cursor, registration order), as the state TTL does after a
 // StateTTL with no scheduler write. Weights are configuration and stay.
 func (m *Model) ExpireState() {
-	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gp = 0, 0, 0, 1, 0, 0
+	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gn, m.gp = 0, 0, 0, 1, 0, 1, 0
 	m.reg = map[string]*Reg{}
 	m.idle = map[string]int64{}
 }
@@ -223,8 +227,8 @@ func (m *Model) Idle() []Entry {
 // Clock returns the stored clock V (units), the epoch, the discovery
 // cursor, the next registration number and the gating state (gk, gp): what
 // Redis stores.
-func (m *Model) Clock() (v, epoch int64, cursor int, nextSeq int64, gk, gp int) {
-	return m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gp
+func (m *Model) Clock() (v, epoch int64, cursor int, nextSeq int64, gk int, gn, gp int64) {
+	return m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gn, m.gp
 }
 
 // MilliWeight returns the milli-weight of a variant member (1000: weight 1).
@@ -499,7 +503,7 @@ func (m *Model) released(vm string) {
 }
 
 func (m *Model) ungate(r *Reg) {
-	r.Gated = false
+	r.Gated, r.Gate = false, 0
 	if r.U < m.v {
 		r.U, r.R = m.v, 0
 	}
@@ -613,7 +617,7 @@ type regRef struct {
 	r  *Reg
 }
 
-// gatedSorted returns the gated registrations in (tag, registration) order.
+// gatedSorted returns the gated registrations in gating order.
 func (m *Model) gatedSorted() []regRef {
 	var out []regRef
 	for vm, r := range m.reg {
@@ -621,30 +625,34 @@ func (m *Model) gatedSorted() []regRef {
 			out = append(out, regRef{vm, r})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return regBefore(*out[i].r, *out[j].r) })
+	sort.Slice(out, func(i, j int) bool { return out[i].r.Gate < out[j].r.Gate })
 	return out
 }
 
-// probeGated looks at one gated variant per call, at a rotating rank (back
-// to rank 0 past the end): one below its limit (its slot was freed by an
-// instance that does not un-gate: flag off) competes again. One look per
-// call keeps the cost of a call the same whatever the number of gated
-// variants.
+// probeGated looks at one gated variant per call: the first gated after
+// the one it looked at last, in gating order (back to the first past the
+// end). One below its limit (its slot was freed by an instance that does
+// not un-gate: flag off) competes again. Variants gated since come after
+// every older one, so each gated variant is looked at within a lap of as
+// many calls as there are gated variants, whatever joins or leaves. One
+// look per call keeps the cost of a call the same whatever the number of
+// gated variants.
 func (c *call) probeGated() {
 	m := c.m
 	all := m.gatedSorted()
-	if m.gp >= len(all) {
-		m.gp = 0
-	}
 	if len(all) == 0 {
+		m.gp = 0
 		return
 	}
-	g := all[m.gp]
-	if c.atLimit(g.vm) {
-		m.gp++
-		return
+	i := sort.Search(len(all), func(i int) bool { return all[i].r.Gate > m.gp })
+	if i == len(all) {
+		i = 0
 	}
-	m.ungate(g.r)
+	g := all[i]
+	m.gp = g.r.Gate
+	if !c.atLimit(g.vm) {
+		m.ungate(g.r)
+	}
 }
 
 // atLimit reports whether vm's in-flight runs (this call's serves
@@ -820,7 +828,8 @@ func (c *call) pick(w *window) *wentry {
 // (out of the lane too).
 func (c *call) gate(w *window, vm string) {
 	r := c.m.reg[vm]
-	r.Gated = true
+	r.Gated, r.Gate = true, c.m.gn
+	c.m.gn++
 	c.m.gk = c.keyLimit
 	c.newHead(w, c.m.leaveLane(r))
 }
@@ -836,10 +845,10 @@ func (c *call) newHead(w *window, h regRef) {
 // ageHead, when pass 1 finds nothing servable, looks at the first scan
 // variants of ckIndex in age order as it stood when serving began (what a
 // flag-off call would serve): untagged ones register (at V or their parked
-// tag), registered, non-gated ones that pass 1 did not reach (it stopped
-// at its read budget) join as they are, and ones queued in the newcomer
-// lane leave it and join at V. All take their place in the window
-// whatever its bound. Variants this call drained and gated ones (the probe
+// tag), competing ones that pass 1 did not reach (it stopped at its read
+// budget) join as they are, and for one queued in the newcomer lane the
+// lane's head joins. All take their place in the window whatever its
+// bound. Variants this call drained and gated ones (the probe
 // looks after those) are passed over, so a call whose keys are all gated
 // costs the same whatever their number.
 func (c *call) ageHead(w *window, index []Entry) {
@@ -849,7 +858,7 @@ func (c *call) ageHead(w *window, index []Entry) {
 		if len(m.ready[vm]) == 0 || w.seen[vm] {
 			continue
 		}
-		_, head := m.laneHead()
+		hv, head := m.laneHead()
 		r, ok := m.reg[vm]
 		switch {
 		case !ok:
@@ -857,10 +866,14 @@ func (c *call) ageHead(w *window, index []Entry) {
 		case r.Gated:
 			continue // the probe looks after those
 		case !m.competing(r, head):
-			// Queued in the lane, and the oldest work: it leaves the lane
-			// (the head stays) and competes at V.
-			r.Waiting = false
-			r.U, r.R = m.v, 0
+			// Queued in the lane, and the oldest work: the lane's head
+			// joins as it is, so the lane keeps its order and the call
+			// serves whenever a flag-off call would.
+			if !w.seen[hv] {
+				w.seen[hv] = true
+				w.place(&wentry{hv, *head})
+			}
+			continue
 		}
 		w.seen[vm] = true
 		w.place(&wentry{vm, *r})

@@ -60,8 +60,8 @@ func TestVPast2To63Units(t *testing.T) {
 // 1 stopped at its read budget, the age head once passed over the
 // variants queued in the newcomer lane, and a head handed on during the
 // call went to the window's overflow, which the spent budget never read
-// again. Now a queued variant among the oldest work leaves the lane to
-// compete at V, and once the budget is spent an entry goes to the list.
+// again. Now a queued variant among the oldest work brings the lane's head
+// in, and once the budget is spent an entry goes to the list.
 func TestAgeHeadTakesFromTheLane(t *testing.T) {
 	t.Parallel()
 	// build: a served once (at U, V 0); more stale entries (flag-off
@@ -86,9 +86,13 @@ func TestAgeHeadTakesFromTheLane(t *testing.T) {
 
 	t.Run("QueuedInTheAgeHead", func(t *testing.T) {
 		t.Parallel()
-		// A flag-off call (ScanLimit 1) serves q; flag on serves nothing.
+		// A flag-off call (ScanLimit 1) serves q; flag on once served
+		// nothing. The age head meets q, queued in the lane: the lane's
+		// head h joins and is served (the lane keeps its order), and q
+		// heads the lane after it.
 		m := build(t, 1)
-		require.Equal(t, []string{"q"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, []string{"h"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, vms("q"), lane(m))
 	})
 
 	t.Run("HeadHandedOnPastTheBudget", func(t *testing.T) {

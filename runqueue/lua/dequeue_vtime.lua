@@ -58,36 +58,35 @@ end
 -- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
-  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
   local vms = {}
-  for i = 1, #raw / 2 do vms[i] = sched_split(raw[2 * i - 1]) end
+  for i = 1, #raw do vms[i] = sched_split(raw[i]) end
   local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
   for i = 1, #vms do
-    local r = 0
-    if hvs[i] then r = sched_parse(hvs[i]).r end
-    local u = num(raw[2 * i]) - G
-    if u < st.v then u, r = st.v, 0 end
+    local rg = hvs[i] and sched_parse(hvs[i]) or { code = select(2, sched_split(raw[i])), r = 0 }
+    local u, r = rg.tag, rg.r
+    if not u or u < st.v then u, r = st.v, 0 end
     zargs[#zargs + 1] = sched_fmt(u)
-    zargs[#zargs + 1] = raw[2 * i - 1]
+    zargs[#zargs + 1] = raw[i]
     hargs[#hargs + 1] = vms[i]
-    hargs[#hargs + 1] = sched_value(select(2, sched_split(raw[2 * i - 1])), false, false, r)
+    hargs[#hargs + 1] = sched_value(rg.code, false, false, r)
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
--- ungate, probe: one gated variant at a rotating rank (back to rank 0 past
--- the end, in the same call) returns if it is below its limit (a flag-off
--- instance freed its slot without saying). One look per call: a call costs
--- the same whatever the number of gated keys.
+-- ungate, probe: the next gated variant in gating order after the one
+-- looked at last (back to the first past the end, in the same call)
+-- returns if it is below its limit (a flag-off instance freed its slot
+-- without saying). One look per call: a call costs the same whatever the
+-- number of gated keys, and one gated later comes after every older one.
 do
   local raw = {}
   if st.ng > 0 then
-    raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1)
+    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     if #raw == 0 and st.gp > 0 then
-      st.gp = 0
       raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     end
   end
@@ -95,14 +94,12 @@ do
     st.gp = 0
   else
     local vm, code = sched_split(raw[1])
-    if dq_at_limit(dq, vm) then
-      st.gp = st.gp + 1
-    else
+    st.gp = num(raw[2]) - G
+    if not dq_at_limit(dq, vm) then
       local hv = redis.call('HGET', S.h, vm)
-      local r = 0
-      if hv then r = sched_parse(hv).r end
-      local u = num(raw[2]) - G
-      if u < st.v then u, r = st.v, 0 end
+      local rg = hv and sched_parse(hv) or { r = 0 }
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
       redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
       st.ng = st.ng - 1
@@ -220,19 +217,15 @@ end
 -- The newcomer lane: its head competes, the others wait in registration
 -- order (the lane region holds them all; nothing writes it before
 -- persist, so ranks stay put). When the head leaves it, the next one
--- still there competes at max(V, t): t is its quantum past the old head's
--- serve at start (served), or the old head's tag (start). The age head may
--- take members from behind the head (lane_out).
-local lane_pos, lane_out = 0, {}
+-- competes at max(V, t): t is its quantum past the old head's serve at
+-- start (served), or the old head's tag (start).
+local lane_left = 0
 local function lane_leave(e, start, served)
   if not e.waiting then return end
   e.waiting = false
   st.lh = ''
-  local nxt
-  repeat
-    lane_pos = lane_pos + 1
-    nxt = sched_lane_at(S, lane_pos)
-  until not nxt or not lane_out[nxt]
+  lane_left = lane_left + 1
+  local nxt = sched_lane_at(S, lane_left)
   if not nxt then return end
   local t = start
   if served then t = t + sched_quantum(weight_of(nxt)) end
@@ -246,7 +239,8 @@ end
 
 local parked = {}
 local function gate(e)
-  e.gated = true
+  e.gated, e.gate = true, st.gn
+  st.gn = st.gn + 1
   st.gk = kl
   st.ng = st.ng + 1
   touch(e)
@@ -289,8 +283,8 @@ end
 -- dq_finish) that this call has not seen and that still have a ready run:
 -- untagged ones register at V or their parked tag, competing ones that
 -- pass 1 did not reach (it stopped at its budget) join as they are, and
--- ones queued in the lane behind its head leave it and compete at V (they
--- hold the oldest work); all at their rank whatever the window's bound.
+-- for one queued in the lane behind its head, the lane's head joins (the
+-- lane keeps its order); all at their rank whatever the window's bound.
 -- Gated ones are left to the probe, so an all-gated queue costs the same
 -- whatever the number of keys.
 local function age_head()
@@ -302,7 +296,8 @@ local function age_head()
   local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
     local rg = vals[i] and sched_parse(vals[i])
-    if not (rg and rg.gated) and dq_head(dq, vm) ~= nil then
+    -- (ent: the lane's head may have joined for a member met before it)
+    if ent[vm] == nil and not (rg and rg.gated) and dq_head(dq, vm) ~= nil then
       local e
       if not rg then
         local u, code = sched_admit(S, st, vm, true)
@@ -310,20 +305,25 @@ local function age_head()
         e.r, e.new = 0, true
         touch(e)
       elseif rg.waiting and vm ~= st.lh then
-        e = entry(vm, rg.code, st.v)
-        e.r, e.r0, e.waiting0 = 0, 0, true
-        lane_out[vm] = true
-        touch(e)
+        local h = st.lh
+        if h ~= '' and ent[h] == nil then
+          local code = sched_parse(redis.call('HGET', S.h, h)).code
+          e = entry(h, code, num(redis.call('ZSCORE', S.z, code .. h)))
+          e.waiting, e.waiting0 = true, true
+          vm = h
+        end
       else
         e = entry(vm, rg.code, num(redis.call('ZSCORE', S.z, rg.code .. vm)))
         e.waiting, e.waiting0 = rg.waiting, rg.waiting
-        if e.u == nil then -- its tag went missing (a hand edit): at V
-          e.u, e.r, e.r0 = st.v, 0, 0
-          touch(e)
-        end
       end
-      ent[vm] = e
-      w_place(e)
+      if e and e.u == nil then -- its tag went missing (a hand edit): at V
+        e.u, e.r, e.r0 = st.v, 0, 0
+        touch(e)
+      end
+      if e then
+        ent[vm] = e
+        w_place(e)
+      end
     end
   end
 end
@@ -394,7 +394,7 @@ do
       end
     else
       local score = e.u
-      if e.gated then score = score + G end
+      if e.gated then score = G + e.gate end
       zargs[#zargs + 1] = sched_fmt(score)
       zargs[#zargs + 1] = e.member
       if e.r == nil then
@@ -407,7 +407,7 @@ do
       local r = e.r
       if e.new or e.gated or r ~= (e.r0 or 0) or e.waiting ~= e.waiting0 then
         hargs[#hargs + 1] = e.vm
-        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r)
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r, e.u)
       end
     end
   end
@@ -431,22 +431,31 @@ if st.v >= SCHED.REBASE_AT then
   sched_reap(S, st.v)
   local lo = st.v - SCHED.REBASE_FLOOR
   local zargs, hargs = {}, {}
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '+inf', 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES')
   for i = 1, #raw, 2 do
-    local s = num(raw[i + 1])
-    local gated = s >= G
-    local u = s
-    if gated then u = s - G end
+    local u = num(raw[i + 1])
     if u < lo then
       u = lo
       local vm, code = sched_split(raw[i])
       hargs[#hargs + 1] = vm
-      hargs[#hargs + 1] = sched_value(code, gated, vm == st.lh, 0)
+      hargs[#hargs + 1] = sched_value(code, false, vm == st.lh, 0)
     end
-    u = u - SCHED.REBASE_BY
-    if gated then u = u + G end
-    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = sched_fmt(u - SCHED.REBASE_BY)
     zargs[#zargs + 1] = raw[i]
+  end
+  -- Gated tags live in the state hash (their scores are gating numbers).
+  local gated = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
+  local gvms = {}
+  for i = 1, #gated do gvms[i] = sched_split(gated[i]) end
+  local gvals = sched_hmget(S.h, gvms)
+  for i, vm in ipairs(gvms) do
+    if gvals[i] then
+      local rg = sched_parse(gvals[i])
+      local u, r = rg.tag or lo, rg.r
+      if u < lo then u, r = lo, 0 end
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(rg.code, true, false, r, u - SCHED.REBASE_BY)
+    end
   end
   local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END, 'WITHSCORES')
   for i = 1, #idle, 2 do

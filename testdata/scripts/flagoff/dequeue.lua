@@ -513,7 +513,17 @@ end
 -- leaves the window, because unread entries may sort before it; a set read
 -- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
 -- WITHSCORES reply of up to n + 1 entries.
-local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
+-- a < b comparing bytes, as a ZSET orders members (Lua's "<" on strings
+-- follows the server's locale: LC_COLLATE).
+local function bytes_less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local function entry_before(a, b) return a.s < b.s or (a.s == b.s and bytes_less(a.vm, b.vm)) end
 
 local function window_new(raw, n)
   local list = {}

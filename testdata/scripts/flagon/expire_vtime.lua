@@ -90,14 +90,16 @@ end
 --                       so equal tags order by registration in the ZSET
 --                       (bytes) and in Lua (compared as numbers: Lua's
 --                       string "<" follows the server's locale)
---   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
+--   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
+--                       variant's gating number (the probe's order: later
+--                       gated, later looked at); the tag is in the hash
 -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
---   registration number), x (refresh deadline, ms), gk (gating limit), gp
---   (the gated probe's rank), ng (gated variants), nw (weight overrides,
---   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
---   registered variant member: its seq code, then "g" when
---   gated, "w" when in the lane, then "|r" when its stride remainder r is
---   not 0.
+--   registration number), x (refresh deadline, ms), gk (gating limit), gn
+--   (next gating number), gp (the gating number the probe looked at last),
+--   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
+--   head, "" when the lane is empty); and per registered variant member:
+--   its seq code, then "g" and its tag when gated or "w" when in the lane,
+--   then "|r" when its stride remainder r is not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
                 W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                 IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
@@ -123,15 +125,16 @@ local function sched_split(member)
   return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
 end
 
--- A variant's state-hash value: { code, gated, waiting, r }.
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
-  local code, g, w, r = string.match(v, '^(%d+)(g?)(w?)|?(%d*)$')
-  return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
 end
 
-local function sched_value(code, gated, waiting, r)
+-- The value of a registration; a gated one carries its tag u.
+local function sched_value(code, gated, waiting, r, u)
   local v = code
-  if gated then v = v .. 'g' end
+  if gated then v = v .. 'g' .. sched_fmt(u) end
   if waiting then v = v .. 'w' end
   if r > 0 then v = v .. '|' .. sched_fmt(r) end
   return v
@@ -142,7 +145,7 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -152,7 +155,7 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
   if not r[1] or not redis.call('ZSCORE', S.z, '') then
     redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
@@ -295,10 +298,12 @@ local function sched_drained(S, vm)
   if S.fresh then return end
   local rg = sched_parse(hv)
   local member = rg.code .. vm
-  local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
+  local u
   if rg.gated then
-    if u then u = u - SCHED.G end
+    u = rg.tag
     st.ng = st.ng - 1
+  else
+    u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   end
   redis.call('HDEL', S.h, vm)
   redis.call('ZREM', S.z, member, vm)
@@ -327,8 +332,7 @@ local function sched_released(S, vm)
   local st = sched_state(S)
   if S.fresh then return end -- a broken state started again: see sched_drained
   local member = rg.code .. vm
-  local u, r = num(redis.call('ZSCORE', S.z, member)), rg.r
-  if u then u = u - SCHED.G end
+  local u, r = rg.tag, rg.r
   if not u or u < st.v then u, r = st.v, 0 end
   redis.call('ZADD', S.z, sched_fmt(u), member)
   redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))

@@ -22,7 +22,8 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
-// Second adversarial review of the fair scheduler (flag on). The harness
+// Tests from the second adversarial review of the fair scheduler (flag
+// on); each failed on the version it reviewed and checks the fix. The harness
 // below drives one base queue through a flag-on and a flag-off instance on
 // the same Redis; before each flag-on call it rebuilds the vtime model
 // from what Redis holds (scheduler state, every queued run, the in-flight
@@ -300,10 +301,10 @@ func r2Backends(t *testing.T, mini bool, fn func(t *testing.T, c redis.Universal
 	}
 }
 
-// TestReview2AgeHeadLaneLua: the Lua of the age head taking keys queued in
-// the lane (lane_out) and of the lane's hand-off by rank past them, against
+// TestAgeHeadLaneLua: the Lua of the age head meeting keys queued in the
+// lane (the lane's head joins) and of the lane's hand-off by rank, against
 // the model, after pass 1 spent its read budget on stale tags.
-func TestReview2AgeHeadLaneLua(t *testing.T) {
+func TestAgeHeadLaneLua(t *testing.T) {
 	for _, scan := range []int{1, 2, 3, 5} {
 		for _, n := range []int{1, 2, 3, 5} {
 			t.Run(fmt.Sprintf("scan%d/n%d", scan, n), func(t *testing.T) {
@@ -332,12 +333,12 @@ func TestReview2AgeHeadLaneLua(t *testing.T) {
 	}
 }
 
-// TestReview2StaleBudgetDiff: random sequences over a queue whose pass 1
+// TestStaleBudgetDiff: random sequences over a queue whose pass 1
 // runs out of its read budget (thousands of stale tags, refreshed by
 // flag-off drains), with the newcomer lane, weights, key limits and
 // flag-off serves: every flag-on dequeue equals the model rebuilt from
 // Redis just before it, serves and state.
-func TestReview2StaleBudgetDiff(t *testing.T) {
+func TestStaleBudgetDiff(t *testing.T) {
 	r2Backends(t, false, func(t *testing.T, c redis.UniversalClient) {
 		var deqs, stales, served int
 		defer func() { t.Logf("%d dequeues (%d served), %d stale batches", deqs, served, stales) }()
@@ -403,14 +404,14 @@ func (h *r2) preview(n int) []string {
 	return out
 }
 
-// TestReview2PreviewOfBrokenState: "In Redis the state is two keys; a
+// TestPreviewOfBrokenState: "In Redis the state is two keys; a
 // writer that finds one without the other ... starts the state again as if
 // it had expired" (vtime/doc.go). The dequeue does (sched_state), but
 // Preview replays the half it finds: with the hash and no ckVtime it
 // keeps the old registration order (every tag read as 0); with ckVtime
 // and no hash it keeps ckVtime's parked tags. Preview then predicts
 // another run than the dequeue it claims to predict serves.
-func TestReview2PreviewOfBrokenState(t *testing.T) {
+func TestPreviewOfBrokenState(t *testing.T) {
 	t.Run("HashWithoutCkVtime", func(t *testing.T) {
 		r2Backends(t, true, func(t *testing.T, c redis.UniversalClient) {
 			h := newR2(t, c, r2Config{})
@@ -522,12 +523,12 @@ func (h *r2) expireCmp(step string) {
 	h.checkLane(step)
 }
 
-// TestReview2LaneDiff: random sequences rich in newcomers (the lane),
+// TestLaneDiff: random sequences rich in newcomers (the lane),
 // batches of registrations in one EnqueueMany, TTL expiry of lane members,
 // flag-off serves and drains, stale tags past the read budget, weights
 // and key limits; every flag-on write equals the model rebuilt from Redis
 // just before it.
-func TestReview2LaneDiff(t *testing.T) {
+func TestLaneDiff(t *testing.T) {
 	r2Backends(t, false, func(t *testing.T, c redis.UniversalClient) {
 		var deqs, served, expired int
 		defer func() { t.Logf("%d dequeues (%d served), %d expired", deqs, served, expired) }()
@@ -591,14 +592,15 @@ func TestReview2LaneDiff(t *testing.T) {
 	})
 }
 
-// TestReview2NewcomerOrderPastTheBudget: the oracle's newcomer-order
+// TestNewcomerOrderPastTheBudget: the oracle's newcomer-order
 // check (docs/design.md section 7, guarantee 10 and the adversarial-names
 // scenario: "no key registered after h is served before h") on the Lua,
 // when pass 1 spends its read budget on stale tags (a rolling deploy's
-// flag-off drains). The age head then takes q, queued in the lane behind
+// flag-off drains). The age head once took q, queued in the lane behind
 // h and registered after it, out of the lane at V because its run is
-// older (priority): q is served and h, the lane's head, waits.
-func TestReview2NewcomerOrderPastTheBudget(t *testing.T) {
+// older (priority): q was served while h, the lane's head, waited. Now
+// the age head brings h in for q.
+func TestNewcomerOrderPastTheBudget(t *testing.T) {
 	p, mini := foPool(t, foBackends[1], 1)
 	o := foOracleOn(t, p, mini, 1)
 	step := func(err error) { t.Helper(); require.NoError(t, err) }
@@ -639,10 +641,10 @@ func TestReview2NewcomerOrderPastTheBudget(t *testing.T) {
 	}
 }
 
-// TestReview2ProbeWrapLua: the gated probe past the end of the gated set
+// TestProbeWrapLua: the gated probe past the end of the gated set
 // wraps to rank 0 in the same call; rank 0 is below its limit (a flag-off
 // ack freed its slot) and returns. Lua against the model, every call.
-func TestReview2ProbeWrapLua(t *testing.T) {
+func TestProbeWrapLua(t *testing.T) {
 	r2Backends(t, true, func(t *testing.T, c redis.UniversalClient) {
 		h := newR2(t, c, r2Config{Limits: runqueue.Limits{Key: 1}})
 		for _, k := range []string{"g0", "g1", "g2"} {
@@ -662,12 +664,12 @@ func TestReview2ProbeWrapLua(t *testing.T) {
 	})
 }
 
-// TestReview2ProbeStarvedByJoinersLua: the Lua twin of vtime's
-// TestReview2ProbeStarvedByLowerTaggedJoiners (each call checked against
+// TestProbeNotStarvedByJoinersLua: the Lua twin of vtime's
+// TestProbeNotStarvedByLowerTaggedJoiners (each call checked against
 // the model): t's slot is freed by a flag-off ack while it is gated, and
-// one newcomer a call is gated with a tag below t's; the probe never
-// reaches t.
-func TestReview2ProbeStarvedByJoinersLua(t *testing.T) {
+// one newcomer a call is gated with a tag below t's; the probe, walking
+// ranks of tag order, once never reached t. It now walks gating order.
+func TestProbeNotStarvedByJoinersLua(t *testing.T) {
 	r2Backends(t, false, func(t *testing.T, c redis.UniversalClient) {
 		h := newR2(t, c, r2Config{Limits: runqueue.Limits{Key: 1}})
 		require.NoError(t, h.on.SetWeight(h.ctx, r2Env, r2Queue, "t", 0.2))
@@ -694,10 +696,10 @@ func TestReview2ProbeStarvedByJoinersLua(t *testing.T) {
 	})
 }
 
-// TestReview2AgeHeadJoinersGatedAndDrained: lane members taken out by the
-// age head are gated (key limit 1) or drained in the same call, then the
-// lane's head is served and hands the lane on past them, by rank.
-func TestReview2AgeHeadJoinersGatedAndDrained(t *testing.T) {
+// TestAgeHeadLaneMembersGatedAndDrained: the age head meets lane members
+// while keys are gated (key limit 1) or drained in the same call, the
+// lane's head is served and hands the lane on, by rank.
+func TestAgeHeadLaneMembersGatedAndDrained(t *testing.T) {
 	for _, n := range []int{2, 3, 4, 6} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			t.Parallel()
@@ -725,7 +727,7 @@ func TestReview2AgeHeadJoinersGatedAndDrained(t *testing.T) {
 	}
 }
 
-// TestReview2FlagOffTieOrderIgnoresServerLocale: the flag-off dequeue
+// TestFlagOffTieOrderIgnoresServerLocale: the flag-off dequeue
 // serves "in age order (lowest ready score first across its variants;
 // ties by variant member)", ckIndex's order. Within a call it re-sorts a
 // served variant in memory with lib/window's entry_before, which compares
@@ -734,7 +736,7 @@ func TestReview2AgeHeadJoinersGatedAndDrained(t *testing.T) {
 // a's second run ties with B's head; ckIndex (bytes) puts "=B" first, the
 // en_US collation "=a". One dequeue(2) serves a, a; two dequeue(1) serve
 // a, B.
-func TestReview2FlagOffTieOrderIgnoresServerLocale(t *testing.T) {
+func TestFlagOffTieOrderIgnoresServerLocale(t *testing.T) {
 	if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "" {
 		if _, err := exec.LookPath("redis-server"); err != nil {
 			t.Skip("no redis-server")

@@ -1,7 +1,7 @@
 package vtime
 
-// Second adversarial review of the scheduler model: each TestReview2* is a
-// minimal sequence on which the model breaks a statement of doc.go.
+// Tests from the second adversarial review of the scheduler model: each is
+// a minimal sequence on which an earlier model broke a statement of doc.go.
 
 import (
 	"fmt"
@@ -11,17 +11,14 @@ import (
 )
 
 // Gating (doc.go): a gated variant whose slot a flag-off instance freed
-// competes again "when the gated probe comes to it: one rank per call, so
-// a lap takes as many calls as there are gated variants, and a variant is
-// passed over (waits for the next lap) only when one before it left the
-// gated set during the lap". The probe walks ranks of (tag, registration)
-// order, and a variant gated during the lap with a lower tag takes a rank
-// before the probe's: every later rank moves one up as the probe does.
+// competes again when the gated probe comes to it, within a lap. The probe
+// once walked ranks of (tag, registration) order, and a variant gated
+// during the lap with a lower tag took a rank before the probe's: every
+// later rank moved one up as the probe did. It now walks gating order.
 // Here t (weight 0.2, tag 5U) is gated and its slot freed by a flag-off
 // ack; g0 and g1 stay at their limit; one newcomer a call is served at V
-// and gated at V + 0.1U (weight 10). The probe looks at g0 on every call
-// and t is never probed: nothing left the gated set.
-func TestReview2ProbeStarvedByLowerTaggedJoiners(t *testing.T) {
+// and gated at V + 0.1U (weight 10). t must be probed within the lap.
+func TestProbeNotStarvedByLowerTaggedJoiners(t *testing.T) {
 	t.Parallel()
 	m := New(Config{Limits: Limits{Key: 1}})
 	m.SetWeight("t", 0.2)

@@ -73,7 +73,7 @@ func Mini(t testing.TB) redis.UniversalClient {
 func MiniServer(t testing.TB) (*miniredis.Miniredis, redis.UniversalClient) {
 	t.Helper()
 	m := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: ReadTimeout})
 	// Cleanups run last-in first-out: the client closes before the server.
 	t.Cleanup(func() { _ = c.Close() })
 	return m, c
@@ -90,8 +90,17 @@ func Real(t testing.TB) redis.UniversalClient {
 	if d.opt != nil {
 		opt = new(*d.opt) // each client its own copy: go-redis keeps state in it
 	}
+	opt.ReadTimeout = ReadTimeout
 	return connect(t, redis.NewClient(opt))
 }
+
+// ReadTimeout is the read timeout of the clients this package returns.
+// go-redis sends a command again when its reply times out (3s by
+// default), and a dequeue is not idempotent: when the first call went
+// through, its runs stay in flight until lease recovery and the test sees
+// fewer. A dequeue of 1,000 runs on a loaded CI machine can take seconds,
+// so test clients wait longer than a production client would.
+const ReadTimeout = time.Minute
 
 // Cluster returns a client for a real Redis Cluster, a *redis.ClusterClient:
 // the nodes in REDIS_CLUSTER_ADDRS if set, otherwise a cluster of three
@@ -100,7 +109,7 @@ func Real(t testing.TB) redis.UniversalClient {
 func Cluster(t testing.TB) redis.UniversalClient {
 	t.Helper()
 	d := need(t, clustered)
-	return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs}))
+	return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs, ReadTimeout: ReadTimeout}))
 }
 
 // Source says where this test binary's [Real] Redis came from. It starts

@@ -75,6 +75,9 @@ func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, n
 // qk in one script call; ackErrs[i] says what became of acks[i].
 func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
+	if lim.Key > 0 {
+		q.keyLimited.Store(true)
+	}
 	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
 		qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens(), qk.TTL()}
 	lease := now + ms(q.cfg.LeaseDuration)
@@ -93,6 +96,14 @@ func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run
 	if err != nil {
 		return nil, nil, scriptError(err, nil)
 	}
+	// A flag-on call that found the scheduler state broken (ckVtime lost
+	// without its hash: deleted by hand, evicted) dropped it and served
+	// nothing; its first value is then -1 - the acks. The state starts
+	// again at the next call, made here at once (its acks are done).
+	reset := false
+	if n, ok := res[0].(int64); ok && n < 0 {
+		reset, res[0] = true, -1-n
+	}
 	runs, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
 	if err == nil && q.observe {
 		// Every dequeue path (shard, blocking, fused with acks) ends here,
@@ -103,6 +114,9 @@ func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run
 		if len(runs) > 0 {
 			q.cfg.Observer.Dequeued(runs, time.UnixMilli(now))
 		}
+	}
+	if reset && err == nil {
+		runs, _, err = q.settleAndDequeue(ctx, qk, nil, maxCount, now)
 	}
 	return runs, ackErrs, err
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,6 +29,10 @@ type Queue struct {
 	rr       uint64        // rotates the env order of shard dequeues
 	shardOff map[int]int64 // rotating read offset in each shard's master
 	rrMu     sync.Mutex
+
+	// keyLimited: the instance has given some queue a per-key limit, so
+	// a freed slot looks for a gated variant (see vtimeArgs).
+	keyLimited atomic.Bool
 }
 
 // New returns a Queue on client. It assembles and loads every script of the
@@ -157,14 +162,20 @@ func (q *Queue) vtimeKeys(qk keys.Queue) []string {
 	return []string{qk.CkVtime(), qk.CkVtimeState(), qk.Weights()}
 }
 
-// vtimeArgs: the state TTL, the idle cap, and whether qk has a per-key
-// limit (then a freed slot may return a gated variant).
+// vtimeArgs: the state TTL, the idle cap, and whether a freed slot looks
+// for a gated variant: when qk has a per-key limit now, or the instance
+// gave a queue one before (qk's limit may have gone and come back since a
+// variant was gated; the release must not wait for the gated probe). An
+// instance that never meets a key limit spares every ack that read.
 func (q *Queue) vtimeArgs(qk keys.Queue) []any {
-	keyLimited := 0
 	if q.cfg.LimitsFor(qk.Env.Name(), qk.Name()).Key > 0 {
-		keyLimited = 1
+		q.keyLimited.Store(true)
 	}
-	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, keyLimited}
+	look := 0
+	if q.keyLimited.Load() {
+		look = 1
+	}
+	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, look}
 }
 
 // withHooks appends the scheduler's keys and arguments when sc has hooks

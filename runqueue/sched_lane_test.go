@@ -223,6 +223,7 @@ func (h *r2) checkLane(step string) {
 		case s < -(1 << 51):
 		case s < 0:
 			lane = append(lane, m)
+		case m == "" && s == 0: // the sentinel
 		default:
 			require.Greater(t, len(m), 15, "%s: member %q", step, m)
 			vm := m[15:]

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,8 +47,9 @@ func reviewQK(t testing.TB, b *testBundle) keys.Queue {
 // operator deleted one to reset fairness, a volatile-* eviction under
 // Config.AllowEviction took one), every registered variant had a hash
 // field and no tag, and the dequeue died with a Lua error on every call.
-// Now a writer that finds the hash without ckVtime's sentinel starts the
-// state again, as if it had expired.
+// Now the dequeue that finds ckVtime without its sentinel drops the state
+// whole and the call is made again at once, on a state started again (as
+// if it had expired): both runs are served by the one Dequeue.
 func TestStateHashWithoutCkVtime(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
@@ -252,4 +254,36 @@ func TestStateTTLRefreshSurvivesSkewedClocks(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, runs, 1)
 	}
+}
+
+// TestReleaseAfterLimitFlap: x, y and z are gated at key limit 1; the
+// limit goes away, x's run is acked, and the limit is back before the next
+// dequeue, so no call sees a rise. The ack looks for the gated variant
+// whatever the limit is then (the instance has given a queue a key limit),
+// and x is served by the next call. It used to wait for the gated probe
+// (y first: that call served nothing), which broke batch invariance.
+func TestReleaseAfterLimitFlap(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		var key atomic.Int64
+		key.Store(1)
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling = true
+			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(key.Load())} }
+		})
+		for _, k := range []string{"y", "z", "x"} {
+			for i := 0; i < 3; i++ {
+				reviewEnqueue(t, b, k, k+strconv.Itoa(i))
+			}
+		}
+		runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 3)
+		require.NoError(t, err)
+		require.Equal(t, []string{"y", "z", "x"}, []string{runs[0].Key, runs[1].Key, runs[2].Key})
+		key.Store(0)
+		require.NoError(t, b.q.Ack(b.ctx, runs[2]))
+		key.Store(1)
+		next, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
+		require.NoError(t, err)
+		require.Len(t, next, 1, "x's slot freed: it competes again at once")
+		require.Equal(t, "x", next[0].Key)
+	})
 }

@@ -15,11 +15,12 @@ import (
 )
 
 // The scheduler's state as the flag-on scripts store it (lua/lib/sched.lua):
-// ckVtime holds a sentinel at -2^53, parked tags (score = tag - 2^52), the
-// newcomer lane (score = registration number - 2^51), competing
-// registrations (member = seq code + variant member, score = tag) and gated ones (score = tag + 2^52); the state hash holds the
-// scalars and one field per registered variant. This file is its one Go
-// reader.
+// ckVtime holds parked tags (score = tag - 2^52), the newcomer lane (score =
+// registration number - 2^51), a sentinel ("" at 0), competing
+// registrations (member = seq code + variant member, score = tag) and gated
+// ones (score = 2^52 + gating number; the tag is in the hash); the state
+// hash holds the scalars and one field per registered variant. This file
+// is its one Go reader.
 const (
 	gatedOffset   = 1 << 52
 	waitingOffset = 1 << 51
@@ -163,7 +164,13 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	// ckVtime without the hash, is no state (the next dequeue starts it
 	// again: lua/lib/sched.lua, sched_state).
 	z := tags.Val()
-	sentinel := len(z) > 0 && z[0].Member == "" && z[0].Score < -gatedOffset
+	sentinel := false
+	for _, e := range z {
+		if e.Member == "" && e.Score == 0 {
+			sentinel = true
+			break
+		}
+	}
 	if st.exists = h["v"] != "" && sentinel; !st.exists {
 		st.snap.NextSeq = 1
 		return st, nil
@@ -189,8 +196,6 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	for _, z := range tags.Val() {
 		member := z.Member.(string)
 		switch s := z.Score; {
-		case s < -gatedOffset:
-			// the sentinel
 		case s < -waitingOffset:
 			st.snap.Idle[member] = int64(s) + gatedOffset
 		case s < 0:

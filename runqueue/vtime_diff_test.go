@@ -105,7 +105,7 @@ func (d *diff) now() int64 { return d.clock.Now().UnixMilli() }
 func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClient, qk keys.Queue, v, now int64) {
 	day := 24 * time.Hour
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: -(1 << 53), Member: ""})
+		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: 0, Member: ""})
 		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gp", 0, "ng", 0, "nw", -1)
 		p.PExpire(ctx, qk.CkVtime(), day)
 		p.PExpire(ctx, qk.CkVtimeState(), day)

@@ -490,13 +490,11 @@ func (m *Model) drained(vm string) {
 }
 
 // released handles a freed in-flight slot of vm (ack, nack, recovery, dead
-// letter): a gated variant competes again, at max(S, V). Without a key
-// limit there is nothing to look at (gated variants of an earlier limit
-// return through the sweep), which spares every ack a read.
+// letter): a gated variant competes again, at max(S, V), whatever the key
+// limit is now. (Skipping the look when the queue has no key limit lost
+// the release when the limit went away and came back between two calls:
+// the variant stayed gated below its limit until the probe came to it.)
 func (m *Model) released(vm string) {
-	if m.cfg.Limits.Key <= 0 {
-		return
-	}
 	if r, ok := m.reg[vm]; ok && r.Gated {
 		m.ungate(r)
 	}

@@ -13,7 +13,8 @@
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
 -- ARGV[16+3a] -> window multiplier
--- Returns: see dq_finish.
+-- Returns: see dq_finish (its first value -1 - the acks when the call found
+-- the state broken and served nothing: see w_extend).
 --@include record
 --@include held
 --@include hooks
@@ -25,6 +26,8 @@ local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
 local wm = tonumber(ARGV[dq.own_args + 3])
 local G = SCHED.G
+-- Without a key limit the acks need not look for gated variants: the
+-- un-gating below returns every one of them in this call, at the same V.
 local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0))
 if dq_capacity(dq) <= 0 then
   sched_save(S)
@@ -187,12 +190,22 @@ end
 
 -- Read the next chunk (first cap + 1 entries, then as many as were read,
 -- within the budget; one more is peeked to know whether any are left).
+-- The region's rank 0 is the sentinel: the first read takes it too and
+-- returns nil when it is missing (a ckVtime lost without its hash).
 local function w_extend()
   if not W.more or W.read >= W.budget then return false end
   local n = W.first
   if W.read > 0 then n = W.read end
   n = math.min(n, W.budget - W.read)
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read, n + 1)
+  local raw
+  if W.read == 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', 0, n + 2)
+    if raw[1] ~= '' then return nil end
+    table.remove(raw, 1)
+    table.remove(raw, 1)
+  else
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
+  end
   local got = #raw / 2
   W.more = got > n
   local take = math.min(got, n)
@@ -367,7 +380,15 @@ local function serve_one(e)
   end
 end
 
-w_extend()
+if w_extend() == nil then
+  -- No sentinel: the state is broken. It goes whole, nothing is served,
+  -- and the reply says so (its first value -1 - the acks) so that the
+  -- caller calls again at once, on a state started again.
+  sched_broken(S)
+  local out = dq_finish(dq, acked)
+  out[1] = -1 - out[1]
+  return out
+end
 local age_done = index_empty -- nothing for the age head to read
 while #dq.served < dq.cap do
   local e = pick()
@@ -432,6 +453,8 @@ if st.v >= SCHED.REBASE_AT then
   local lo = st.v - SCHED.REBASE_FLOOR
   local zargs, hargs = {}, {}
   local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES')
+  table.remove(raw, 1) -- the sentinel (rank 0) stays at 0
+  table.remove(raw, 1)
   for i = 1, #raw, 2 do
     local u = num(raw[i + 1])
     if u < lo then

@@ -58,7 +58,7 @@ redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released(vm)
+hooks.released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1

@@ -128,7 +128,7 @@ end
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   if c.list == nil then
-    local want = math.min(dq.cap + 1, 8)
+    local want = math.min(dq.cap + 1, 2)
     c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
@@ -182,7 +182,7 @@ local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
-    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head) end
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
   end
   -- The in-flight counts of the touched variants not read yet, in one read.
@@ -242,6 +242,6 @@ local function dq_finish(dq, acked)
     if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
-  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head)
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
   return out
 end

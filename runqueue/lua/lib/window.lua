@@ -66,3 +66,15 @@ local function window_move(w, vm, s)
   end
   table.insert(list, lo, e)
 end
+
+-- The lowest score of the set the window was read from, after the moves
+-- and removals the window saw (the set changed through it alone): its
+-- first entry, or the bound (no unread entry scores below it); false when
+-- the set was read whole and is now empty.
+local function window_low(w)
+  local first = w.list[1]
+  local s = first and first.s
+  if w.bound ~= nil and (s == nil or w.bound.s < s) then s = w.bound.s end
+  if s == nil then return false end
+  return s
+end

@@ -155,7 +155,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    for _, vm in ipairs(vms) do hooks.released(vm) end
+    hooks.released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -168,16 +168,18 @@ local function hooks_open(keys, args, own_keys, own_args, now)
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
--- dhead is delayIndex's lowest score when the caller knows it (false: the
--- index is empty), nil to read it.
-local function master_refresh(ck_index, delay_index, master, qm, dhead)
-  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
+  end
   if dhead == nil then
     local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
     dhead = d[2] and num(d[2]) or false
   end
-  local best = nil
-  if r[2] then best = num(r[2]) end
+  local best = chead or nil
   if dhead and (best == nil or dhead < best) then best = dhead end
   if best == nil then
     redis.call('ZREM', master, qm)
@@ -390,7 +392,7 @@ end
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   if c.list == nil then
-    local want = math.min(dq.cap + 1, 8)
+    local want = math.min(dq.cap + 1, 2)
     c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
@@ -444,7 +446,7 @@ local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
-    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head) end
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
   end
   -- The in-flight counts of the touched variants not read yet, in one read.
@@ -504,7 +506,7 @@ local function dq_finish(dq, acked)
     if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
-  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head)
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
   return out
 end
 -- A window is the part of a sorted set a dequeue read: its first n entries
@@ -575,6 +577,18 @@ local function window_move(w, vm, s)
   end
   table.insert(list, lo, e)
 end
+
+-- The lowest score of the set the window was read from, after the moves
+-- and removals the window saw (the set changed through it alone): its
+-- first entry, or the bound (no unread entry scores below it); false when
+-- the set was read whole and is now empty.
+local function window_low(w)
+  local first = w.list[1]
+  local s = first and first.s
+  if w.bound ~= nil and (s == nil or w.bound.s < s) then s = w.bound.s end
+  if s == nil then return false end
+  return s
+end
 local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, dq.own_args, dq.now)
@@ -603,4 +617,5 @@ while #dq.served < dq.cap do
     window_move(age, vm, nxt)
   end
 end
+dq.ck_head = window_low(age) -- ckIndex's new head: no read for the master score
 return dq_finish(dq, acked)

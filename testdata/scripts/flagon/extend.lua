@@ -160,7 +160,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    for _, vm in ipairs(vms) do hooks.released(vm) end
+    hooks.released(vms)
     env_release(k.env_n, #ids)
   end
   return out

@@ -181,7 +181,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    for _, vm in ipairs(vms) do hooks.released(vm) end
+    hooks.released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -196,22 +196,26 @@ end
 --   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
 --   ARGV[own_args+1] -> scheduler state TTL (ms)
 --   ARGV[own_args+2] -> idle set cap
---   ARGV[own_args+3] -> 1 when the queue has a per-key limit (a freed slot
---                       may return a gated variant), else 0
+--   ARGV[own_args+3] -> 1 when a freed slot looks for a gated variant: the
+--                       queue has a per-key limit now, or the instance
+--                       gave one to a queue before (the limit may have
+--                       gone and come back since the variant was gated)
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
 -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
 -- exact integer of a double):
---   -2^53               the sentinel member "": the key lives exactly as
---                       long as the state hash (created, refreshed and
---                       expiring together)
 --   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
 --   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
 --                       its registration number - 2^51 (a variant is never
 --                       both parked and registered: the member cannot
 --                       collide); its lowest is the head
---   [0, 2^50)           competing: member = seq code .. variant member,
+--   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+--                       the region: the key lives exactly as long as the
+--                       state hash (created, refreshed and expiring
+--                       together), and the dequeue's first read of the
+--                       region finds a ckVtime lost without its hash;
+--                       competing: member = seq code .. variant member,
 --                       score = t (the lane's head included); the seq code
 --                       is the registration number as 15 decimal digits,
 --                       so equal tags order by registration in the ZSET
@@ -231,7 +235,7 @@ local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = 
                 W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                 IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
                 WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
-                SENTINEL = '-9007199254740992',
+                SENTINEL = '0',
                 REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
                 REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
                 CODE_LEN = 15, VM_AT = 16 }
@@ -276,14 +280,13 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'l
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it; a hash without its ckVtime (the sentinel
--- gone: deleted by hand, evicted) is a broken state and starts again the
--- same way, as if it had expired.
+-- under tags that outlived it. (A hash without its ckVtime, deleted by hand
+-- or evicted, is found by the dequeue: sched_broken.)
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[1] or not redis.call('ZSCORE', S.z, '') then
+  if not r[1] then
     redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
@@ -406,11 +409,20 @@ local function sched_lane_at(S, after)
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
--- idle_max (rank 0 is the sentinel).
+-- idle_max (the idle region holds the lowest scores: ranks from 0).
 local function sched_reap(S, v)
   redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
   local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
-  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
+end
+
+-- A state whose ckVtime went without its hash (deleted by hand, evicted):
+-- the dequeue found no sentinel in its first read of the competing region.
+-- Both keys go: the next call starts the state again, as if it had
+-- expired, and finds every variant with ready work by discovery.
+local function sched_broken(S)
+  redis.call('DEL', S.h, S.z)
+  S.st = nil
 end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
@@ -420,8 +432,9 @@ local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
-  -- A broken state started again (sched_state): nothing is registered. (No
-  -- script registers a variant before it drains or releases one.)
+  -- A state started again (sched_state found no clock): nothing is
+  -- registered. (No script registers a variant before it drains or
+  -- releases one.)
   if S.fresh then return end
   local rg = sched_parse(hv)
   local member = rg.code .. vm
@@ -449,23 +462,6 @@ local function sched_drained(S, vm)
   end
 end
 
--- A slot of vm freed (ack, nack, lease recovery, dead letter): a gated
--- variant competes again, at max(S, V).
-local function sched_released(S, vm)
-  local hv = redis.call('HGET', S.h, vm)
-  if not hv then return end
-  local rg = sched_parse(hv)
-  if not rg.gated then return end
-  local st = sched_state(S)
-  if S.fresh then return end -- a broken state started again: see sched_drained
-  local member = rg.code .. vm
-  local u, r = rg.tag, rg.r
-  if not u or u < st.v then u, r = st.v, 0 end
-  redis.call('ZADD', S.z, sched_fmt(u), member)
-  redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
-  st.ng = st.ng - 1
-end
-
 -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
 -- unpack much more than 8,000 values), step values at a time.
 local function sched_chunked(cmd, key, args, step)
@@ -485,13 +481,31 @@ local function sched_hmget(h, fields)
   return out
 end
 
--- The hooks of the scripts that move runs (see hooks_vtime). Without a
--- per-key limit a freed slot returns nothing (gated variants of an earlier
--- limit come back through the dequeue's sweep), which spares a read.
-local function sched_hooks(S, key_limited)
-  local nop = function() end
-  local released = nop
-  if key_limited then released = function(vm) sched_released(S, vm) end end
+-- Slots of the variants vms freed (ack, nack, lease recovery, dead
+-- letter): a gated one competes again, at max(S, V), whatever the key
+-- limit is now (one read for all of them).
+local function sched_released(S, vms)
+  local hvs = sched_hmget(S.h, vms)
+  for i, vm in ipairs(vms) do
+    local rg = hvs[i] and sched_parse(hvs[i])
+    if rg and rg.gated then
+      local st = sched_state(S)
+      if S.fresh then return end -- a state started again: see sched_drained
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
+      redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime). look: a
+-- freed slot looks for a gated variant (see hooks_vtime); when it does
+-- not, there is none to find, or the dequeue's un-gating comes first.
+local function sched_hooks(S, look)
+  local released = function() end
+  if look then released = function(vms) sched_released(S, vms) end end
   return {
     ready_start = function(vm) sched_register(S, vm, false) end,
     ready_empty = function(vm) sched_drained(S, vm) end,
@@ -505,16 +519,18 @@ local function hooks_open(keys, args, own_keys, own_args, now)
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
--- dhead is delayIndex's lowest score when the caller knows it (false: the
--- index is empty), nil to read it.
-local function master_refresh(ck_index, delay_index, master, qm, dhead)
-  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
+  end
   if dhead == nil then
     local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
     dhead = d[2] and num(d[2]) or false
   end
-  local best = nil
-  if r[2] then best = num(r[2]) end
+  local best = chead or nil
   if dhead and (best == nil or dhead < best) then best = dhead end
   if best == nil then
     redis.call('ZREM', master, qm)
@@ -620,7 +636,7 @@ redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released(vm)
+hooks.released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1

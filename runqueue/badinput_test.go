@@ -15,7 +15,7 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
-// badNames are values every name rule must reject (DESIGN section 4).
+// badNames are values every name rule must reject (docs/design.md section 4).
 var badNames = []struct{ name, val string }{
 	{"Empty", ""},
 	{"Oversize", strings.Repeat("a", runqueue.MaxNameBytes+1)},

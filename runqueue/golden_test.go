@@ -35,7 +35,7 @@ const regenerate = "If the change is intended, run `make generate/lua-sha` and c
 
 // TestFlagOffScriptsPinned pins the bytes of every script that can run with
 // the scheduler flag off: with the flag off, a deployment must run exactly
-// the reviewed scripts (DESIGN section 1, rollout safety), so any change to
+// the reviewed scripts (docs/design.md section 1, rollout safety), so any change to
 // them, or to a fragment they include, must be deliberate.
 func TestFlagOffScriptsPinned(t *testing.T) {
 	t.Parallel()

@@ -23,7 +23,7 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
-// The guarantees of DESIGN section 7 as properties of the Lua, on miniredis
+// The guarantees of docs/design.md section 7 as properties of the Lua, on miniredis
 // and on a real Redis; vtime/props_test.go checks the same ones on the
 // model.
 

@@ -15,8 +15,9 @@
 -- Flag on: KEYS[7..9] and ARGV[7..9] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: 1 expired, 0 nothing to expire (gone, in flight, dead, or not
--- yet due). The ttl entry of a run that was dequeued goes here too: the
--- dequeue leaves it to the sweep.
+-- yet due). The dequeue drops the ttl entry of each run it serves and a
+-- delivered run's record has no deadline, so an entry left behind (a run
+-- acked or deleted meanwhile) finds no deadline here and just goes.
 -- A run's record is one field of the queue's runs HASH, built by Go
 -- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
 --   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells

@@ -476,7 +476,7 @@ func TestTargets(t *testing.T) {
 	}
 	require.Equal(t, map[string]bool{
 		"enqueue redis_us_per_run":         true,  // 1.05x <= 1.10x
-		"dequeue_batch10 redis_us_per_run": false, // 1.25x > 1.15x
+		"dequeue_batch10 redis_us_per_run": false, // 1.25x > 1.10x
 		"dequeue_batch10 calls_per_run":    true,  // +1.5 <= +1.5
 		"dequeue_gated redis_us_per_op":    false, // 1.6x > 1.5x
 	}, got)
@@ -497,6 +497,21 @@ func TestTargets(t *testing.T) {
 	require.False(t, got["lifecycle redis_cpu_us_per_run"]) // 31 > 30
 	require.True(t, got["lifecycle redis_us_per_run"])      // 14 <= 30
 	require.Len(t, got, 6)
+
+	// Every op is held to 1.10x (1.12x fails), and a batch-1 dequeue to
+	// twice its flag's per-run cost at batch 10.
+	rows = append(rows,
+		CostRow{Op: "ack", Flag: "off", RedisUsPerRun: f(10)},
+		CostRow{Op: "ack", Flag: "on", RedisUsPerRun: f(11.2)},
+		CostRow{Op: "dequeue_batch1", Flag: "off", RedisUsPerRun: f(8)},   // 2.0x batch 10 (4)
+		CostRow{Op: "dequeue_batch1", Flag: "on", RedisUsPerRun: f(10.5)}) // 2.1x batch 10 (5)
+	got = map[string]bool{}
+	for _, tr := range targets(rows) {
+		got[tr.Op+" "+tr.Metric] = tr.Met
+	}
+	require.False(t, got["ack redis_us_per_run"])
+	require.True(t, got["dequeue_batch1/off redis_us_per_run"])
+	require.False(t, got["dequeue_batch1/on redis_us_per_run"])
 }
 
 // TestLifecycleRow: the lifecycle row is enqueue + dequeue batch 10 + ack

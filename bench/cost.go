@@ -636,9 +636,28 @@ func targets(rows []CostRow) []TargetRow {
 	ratio("enqueue Redis CPU", "enqueue", "redis_us_per_run", perRun, 1.10)
 	for _, b := range []int{1, 10, 100} {
 		op := fmt.Sprintf("dequeue_batch%d", b)
-		ratio(fmt.Sprintf("servable dequeue (batch %d) Redis CPU per run", b), op, "redis_us_per_run", perRun, 1.15)
+		ratio(fmt.Sprintf("servable dequeue (batch %d) Redis CPU per run", b), op, "redis_us_per_run", perRun, 1.10)
 	}
+	ratio("ack Redis CPU", "ack", "redis_us_per_run", perRun, 1.10)
+	ratio("nack Redis CPU", "nack", "redis_us_per_run", perRun, 1.10)
 	ratio("fully gated dequeue Redis CPU per call", "dequeue_gated", "redis_us_per_op", perOp, 1.5)
+	// Batch 1 stays cheap: a batch-1 dequeue costs at most twice the
+	// per-run cost at batch 10 (each flag on its own).
+	for _, flag := range []string{"off", "on"} {
+		b1, b10 := find("dequeue_batch1", flag), find("dequeue_batch10", flag)
+		if b1 == nil || b10 == nil || b1.RedisUsPerRun == nil || b10.RedisUsPerRun == nil || *b10.RedisUsPerRun <= 0 {
+			continue
+		}
+		r := *b1.RedisUsPerRun / *b10.RedisUsPerRun
+		tr := TargetRow{Target: "batch-1 dequeue per run vs batch 10 (flag " + flag + ")", Op: "dequeue_batch1/" + flag,
+			Metric: "redis_us_per_run", Ratio: &r, Limit: "<= 2.00x batch 10", Met: r <= 2}
+		if flag == "on" {
+			tr.On, tr.Off = *b1.RedisUsPerRun, *b10.RedisUsPerRun
+		} else {
+			tr.Off, tr.On = *b1.RedisUsPerRun, *b10.RedisUsPerRun
+		}
+		out = append(out, tr)
+	}
 	for _, b := range []int{1, 10, 100} {
 		op := fmt.Sprintf("dequeue_batch%d", b)
 		diff(fmt.Sprintf("Redis commands per dequeued run (batch %d)", b), op, "calls_per_run", callsPerRun, 1.5)

@@ -233,7 +233,7 @@ func TestRealRedis(t *testing.T) {
 		}
 	}
 	targets := objects(t, doc, "targets")
-	require.Len(t, targets, 10)
+	require.Len(t, targets, 14) // lifecycle 2, on/off ratios 7, batch-1 rules 2, command differences 3
 	lifecycle := map[string]bool{}
 	for _, tr := range targets {
 		requireFields(t, "target", tr, "target", "op", "metric", "off", "on", "limit", "met")

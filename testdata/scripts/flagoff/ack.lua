@@ -36,27 +36,8 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r after a delivery (nack, lease recovery, redrive): new att,
--- at and lt, no TTL, and the same pr, vm and payload.
-local function rec_with(s, r, att, at, lt)
-  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
-end
 
--- Whether record s has a TTL (its first field is not "0").
-local function rec_has_ttl(s)
-  return string.byte(s, 1) ~= 48
-end
 
--- A number Redis returned as a string (a score). Real Redis prints scores
--- so that tonumber reads them; miniredis prints some as "1e+8", which
--- gopher-lua's tonumber refuses.
-local function num(s)
-  local n = tonumber(s)
-  if n == nil and s then
-    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
-  end
-  return n
-end
 -- In-flight runs. The queue's held HASH maps "<variant member>:<encoded
 -- id>" to the delivery token of its holder (the queue's in-flight count is
 -- its length); the queue's key-inflight HASH counts in-flight runs per
@@ -77,17 +58,6 @@ local function held_missing(runs, vm, id)
   return 'not_found'
 end
 
-local function held_check(runs, held, leases, vm, id, member, token, now)
-  local t = redis.call('HGET', held, vm .. ':' .. id)
-  if not t then return nil, held_missing(runs, vm, id) end
-  if token ~= '0' then
-    if t ~= token then return nil, 'lease_lost' end
-  else
-    local deadline = num(redis.call('ZSCORE', leases, member))
-    if deadline and deadline > now then return nil, 'lease_active' end
-  end
-  return t
-end
 
 -- Runs of the variants vms leave flight, per_vm[vm] of each (their held
 -- fields and leases gone by the caller): the counts follow, in one read and

@@ -26,11 +26,6 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r after a delivery (nack, lease recovery, redrive): new att,
--- at and lt, no TTL, and the same pr, vm and payload.
-local function rec_with(s, r, att, at, lt)
-  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
-end
 
 -- Whether record s has a TTL (its first field is not "0").
 local function rec_has_ttl(s)
@@ -67,17 +62,6 @@ local function held_missing(runs, vm, id)
   return 'not_found'
 end
 
-local function held_check(runs, held, leases, vm, id, member, token, now)
-  local t = redis.call('HGET', held, vm .. ':' .. id)
-  if not t then return nil, held_missing(runs, vm, id) end
-  if token ~= '0' then
-    if t ~= token then return nil, 'lease_lost' end
-  else
-    local deadline = num(redis.call('ZSCORE', leases, member))
-    if deadline and deadline > now then return nil, 'lease_active' end
-  end
-  return t
-end
 
 -- Runs of the variants vms leave flight, per_vm[vm] of each (their held
 -- fields and leases gone by the caller): the counts follow, in one read and
@@ -206,33 +190,6 @@ local function variant_keys(vbase, vm)
   return { ready = b .. ':ready', delayed = b .. ':delayed' }
 end
 
--- Put a queued run into its variant: ready (scored by ready score rs) when
--- available_at <= now, else delayed (scored by available_at). at and rs
--- are numbers or decimal strings. Maintains the depth counters, ckIndex /
--- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
--- the variant's ready head is new or earlier (the scheduler registers a
--- variant that has no tag).
--- Returns: whether the run is ready or now the queue's earliest work (a
--- blocked consumer should look again).
-local function place(q, v, hooks, id, vm, at, rs, now)
-  if tonumber(at) <= now then
-    redis.call('ZADD', v.ready, rs, id)
-    redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
-      redis.call('ZADD', q.master, 'LT', rs, q.qm)
-      return true
-    end
-    return false
-  end
-  redis.call('ZADD', v.delayed, at, id)
-  redis.call('HINCRBY', q.depth, 'd', 1)
-  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
-  end
-  return false
-end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
 -- its set, or remove the entry when the set is empty. Returns false then.
@@ -246,22 +203,6 @@ local function index_head(set, index, vm)
   return false
 end
 
--- Remove queued run id from its variant (ready or delayed) and fix the
--- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves. Returns false when the run was not queued.
-local function unplace(q, v, hooks, id, vm)
-  if redis.call('ZREM', v.ready, id) == 1 then
-    depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  elseif redis.call('ZREM', v.delayed, id) == 1 then
-    depth_sub(q.depth, 'd', 1)
-    index_head(v.delayed, q.delay_index, vm)
-  else
-    return false
-  end
-  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
-  return true
-end
 -- The machinery both dequeue scripts share, as functions over one call's
 -- state dq: binding its keys and arguments, the acks a call may carry (the
 -- fused ack-and-dequeue), the capacity the env and queue limits leave,

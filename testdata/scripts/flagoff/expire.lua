@@ -39,16 +39,7 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r after a delivery (nack, lease recovery, redrive): new att,
--- at and lt, no TTL, and the same pr, vm and payload.
-local function rec_with(s, r, att, at, lt)
-  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
-end
 
--- Whether record s has a TTL (its first field is not "0").
-local function rec_has_ttl(s)
-  return string.byte(s, 1) ~= 48
-end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
 -- so that tonumber reads them; miniredis prints some as "1e+8", which
@@ -106,33 +97,6 @@ local function variant_keys(vbase, vm)
   return { ready = b .. ':ready', delayed = b .. ':delayed' }
 end
 
--- Put a queued run into its variant: ready (scored by ready score rs) when
--- available_at <= now, else delayed (scored by available_at). at and rs
--- are numbers or decimal strings. Maintains the depth counters, ckIndex /
--- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
--- the variant's ready head is new or earlier (the scheduler registers a
--- variant that has no tag).
--- Returns: whether the run is ready or now the queue's earliest work (a
--- blocked consumer should look again).
-local function place(q, v, hooks, id, vm, at, rs, now)
-  if tonumber(at) <= now then
-    redis.call('ZADD', v.ready, rs, id)
-    redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
-      redis.call('ZADD', q.master, 'LT', rs, q.qm)
-      return true
-    end
-    return false
-  end
-  redis.call('ZADD', v.delayed, at, id)
-  redis.call('HINCRBY', q.depth, 'd', 1)
-  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
-  end
-  return false
-end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
 -- its set, or remove the entry when the set is empty. Returns false then.

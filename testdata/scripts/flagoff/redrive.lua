@@ -48,58 +48,14 @@ local function rec_with(s, r, att, at, lt)
   return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
--- Whether record s has a TTL (its first field is not "0").
-local function rec_has_ttl(s)
-  return string.byte(s, 1) ~= 48
-end
 
--- A number Redis returned as a string (a score). Real Redis prints scores
--- so that tonumber reads them; miniredis prints some as "1e+8", which
--- gopher-lua's tonumber refuses.
-local function num(s)
-  local n = tonumber(s)
-  if n == nil and s then
-    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
-  end
-  return n
-end
 -- Scheduler flag off: no scheduler state; the hooks do nothing. (The
 -- flag-on build includes hooks_vtime instead, with the same function.)
 local function hooks_open(keys, args, own_keys, own_args, now)
   local nop = function() end
   return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
 end
--- Recompute the queue's score in the shard master ZSET: the earliest time it
--- has work (lowest ready head score, or earliest delayed available_at).
--- dhead and chead are delayIndex's and ckIndex's lowest scores when the
--- caller knows them (false: the index is empty), nil to read them.
-local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
-  if chead == nil then
-    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
-    chead = r[2] and num(r[2]) or false
-  end
-  if dhead == nil then
-    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
-    dhead = d[2] and num(d[2]) or false
-  end
-  local best = chead or nil
-  if dhead and (best == nil or dhead < best) then best = dhead end
-  if best == nil then
-    redis.call('ZREM', master, qm)
-  else
-    redis.call('ZADD', master, best, qm)
-  end
-end
 
--- Take n queued runs off the depth counter field ('r' or 'd'). When the
--- queue then holds no queued run, the counters are deleted, so a queue whose
--- last run is acked, dead-lettered or expired leaves no key behind.
-local function depth_sub(depth, field, n)
-  if redis.call('HINCRBY', depth, field, -n) > 0 then return end
-  local other = 'd'
-  if field == 'd' then other = 'r' end
-  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
-end
 
 -- The keys of variant vm of the queue whose variant keys start with vbase
 -- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
@@ -137,34 +93,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
   return false
 end
 
--- Point vm's entry in index (ckIndex or delayIndex) at the head score of
--- its set, or remove the entry when the set is empty. Returns false then.
-local function index_head(set, index, vm)
-  local head = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
-  if head[2] then
-    redis.call('ZADD', index, head[2], vm)
-    return true
-  end
-  redis.call('ZREM', index, vm)
-  return false
-end
 
--- Remove queued run id from its variant (ready or delayed) and fix the
--- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves. Returns false when the run was not queued.
-local function unplace(q, v, hooks, id, vm)
-  if redis.call('ZREM', v.ready, id) == 1 then
-    depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  elseif redis.call('ZREM', v.delayed, id) == 1 then
-    depth_sub(q.depth, 'd', 1)
-    index_head(v.delayed, q.delay_index, vm)
-  else
-    return false
-  end
-  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
-  return true
-end
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[6] }
 local dead, env_dead = KEYS[6], KEYS[7]

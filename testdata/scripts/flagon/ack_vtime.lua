@@ -36,16 +36,7 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r after a delivery (nack, lease recovery, redrive): new att,
--- at and lt, no TTL, and the same pr, vm and payload.
-local function rec_with(s, r, att, at, lt)
-  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
-end
 
--- Whether record s has a TTL (its first field is not "0").
-local function rec_has_ttl(s)
-  return string.byte(s, 1) ~= 48
-end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
 -- so that tonumber reads them; miniredis prints some as "1e+8", which
@@ -77,17 +68,6 @@ local function held_missing(runs, vm, id)
   return 'not_found'
 end
 
-local function held_check(runs, held, leases, vm, id, member, token, now)
-  local t = redis.call('HGET', held, vm .. ':' .. id)
-  if not t then return nil, held_missing(runs, vm, id) end
-  if token ~= '0' then
-    if t ~= token then return nil, 'lease_lost' end
-  else
-    local deadline = num(redis.call('ZSCORE', leases, member))
-    if deadline and deadline > now then return nil, 'lease_active' end
-  end
-  return t
-end
 
 -- Runs of the variants vms leave flight, per_vm[vm] of each (their held
 -- fields and leases gone by the caller): the counts follow, in one read and
@@ -235,10 +215,6 @@ local function sched_code(n)
   return string.rep('0', SCHED.CODE_LEN - #s) .. s
 end
 
--- The variant member and the code of a competing or gated member.
-local function sched_split(member)
-  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
-end
 
 -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
@@ -400,14 +376,6 @@ local function sched_reap(S, v)
   if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
 end
 
--- A state whose ckVtime went without its hash (deleted by hand, evicted):
--- the dequeue found no sentinel in its first read of the competing region.
--- Both keys go: the next call starts the state again, as if it had
--- expired, and finds every variant with ready work by discovery.
-local function sched_broken(S)
-  redis.call('DEL', S.h, S.z)
-  S.st = nil
-end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
 -- competition (and the lane: a head that leaves unserved hands its tag to
@@ -446,14 +414,6 @@ local function sched_drained(S, vm)
   end
 end
 
--- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
--- unpack much more than 8,000 values), step values at a time.
-local function sched_chunked(cmd, key, args, step)
-  local n = step * math.floor(1000 / step)
-  for i = 1, #args, n do
-    redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
-  end
-end
 
 -- HMGET of any number of fields (in chunks of 1000).
 local function sched_hmget(h, fields)

@@ -39,16 +39,7 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r after a delivery (nack, lease recovery, redrive): new att,
--- at and lt, no TTL, and the same pr, vm and payload.
-local function rec_with(s, r, att, at, lt)
-  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
-end
 
--- Whether record s has a TTL (its first field is not "0").
-local function rec_has_ttl(s)
-  return string.byte(s, 1) ~= 48
-end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
 -- so that tonumber reads them; miniredis prints some as "1e+8", which
@@ -125,10 +116,6 @@ local function sched_code(n)
   return string.rep('0', SCHED.CODE_LEN - #s) .. s
 end
 
--- The variant member and the code of a competing or gated member.
-local function sched_split(member)
-  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
-end
 
 -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
@@ -290,14 +277,6 @@ local function sched_reap(S, v)
   if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
 end
 
--- A state whose ckVtime went without its hash (deleted by hand, evicted):
--- the dequeue found no sentinel in its first read of the competing region.
--- Both keys go: the next call starts the state again, as if it had
--- expired, and finds every variant with ready work by discovery.
-local function sched_broken(S)
-  redis.call('DEL', S.h, S.z)
-  S.st = nil
-end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
 -- competition (and the lane: a head that leaves unserved hands its tag to
@@ -336,14 +315,6 @@ local function sched_drained(S, vm)
   end
 end
 
--- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
--- unpack much more than 8,000 values), step values at a time.
-local function sched_chunked(cmd, key, args, step)
-  local n = step * math.floor(1000 / step)
-  for i = 1, #args, n do
-    redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
-  end
-end
 
 -- HMGET of any number of fields (in chunks of 1000).
 local function sched_hmget(h, fields)
@@ -431,33 +402,6 @@ local function variant_keys(vbase, vm)
   return { ready = b .. ':ready', delayed = b .. ':delayed' }
 end
 
--- Put a queued run into its variant: ready (scored by ready score rs) when
--- available_at <= now, else delayed (scored by available_at). at and rs
--- are numbers or decimal strings. Maintains the depth counters, ckIndex /
--- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
--- the variant's ready head is new or earlier (the scheduler registers a
--- variant that has no tag).
--- Returns: whether the run is ready or now the queue's earliest work (a
--- blocked consumer should look again).
-local function place(q, v, hooks, id, vm, at, rs, now)
-  if tonumber(at) <= now then
-    redis.call('ZADD', v.ready, rs, id)
-    redis.call('HINCRBY', q.depth, 'r', 1)
-    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
-      redis.call('ZADD', q.master, 'LT', rs, q.qm)
-      return true
-    end
-    return false
-  end
-  redis.call('ZADD', v.delayed, at, id)
-  redis.call('HINCRBY', q.depth, 'd', 1)
-  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
-  end
-  return false
-end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
 -- its set, or remove the entry when the set is empty. Returns false then.

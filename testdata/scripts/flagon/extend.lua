@@ -31,16 +31,7 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
--- The record r after a delivery (nack, lease recovery, redrive): new att,
--- at and lt, no TTL, and the same pr, vm and payload.
-local function rec_with(s, r, att, at, lt)
-  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
-end
 
--- Whether record s has a TTL (its first field is not "0").
-local function rec_has_ttl(s)
-  return string.byte(s, 1) ~= 48
-end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
 -- so that tonumber reads them; miniredis prints some as "1e+8", which
@@ -84,29 +75,7 @@ local function held_check(runs, held, leases, vm, id, member, token, now)
   return t
 end
 
--- Runs of the variants vms leave flight, per_vm[vm] of each (their held
--- fields and leases gone by the caller): the counts follow, in one read and
--- at most two writes.
-local function kin_release(kin, vms, per_vm)
-  local ns = redis.call('HMGET', kin, unpack(vms))
-  local set, del = {}, {}
-  for i, vm in ipairs(vms) do
-    local left = (tonumber(ns[i]) or 0) - per_vm[vm]
-    if left > 0 then
-      set[#set + 1] = vm
-      set[#set + 1] = left
-    else
-      del[#del + 1] = vm
-    end
-  end
-  if #set > 0 then redis.call('HSET', kin, unpack(set)) end
-  if #del > 0 then redis.call('HDEL', kin, unpack(del)) end
-end
 
--- n runs of the env leave flight.
-local function env_release(env_n, n)
-  if redis.call('DECRBY', env_n, n) <= 0 then redis.call('DEL', env_n) end
-end
 
 local HELD_ERRORS = {
   gone = 'RQ_NOT_FOUND no such run',
@@ -116,55 +85,6 @@ local HELD_ERRORS = {
   lease_active = 'RQ_LEASE_ACTIVE lease has not expired',
 }
 
--- Ack n runs of one queue, given from args[first] on (variant member,
--- encoded id, delivery token: three values a run): each is removed
--- everywhere and its concurrency released. Returns one value per run: 1
--- acked, 0 gone already (an ack sent again after its first call went
--- through, or the same run twice in one call), or an error code
--- (not_found, not_in_flight, lease_lost).
-local function held_ack(k, prefix, args, first, n, now, hooks)
-  local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
-  local asked = {}
-  for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
-  local holders = redis.call('HMGET', k.held, unpack(asked))
-  for i = 0, n - 1 do
-    local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
-    local member = prefix .. asked[i + 1]
-    local err
-    if seen[member] then
-      err = 'gone' -- the same run twice in one call
-    elseif not holders[i + 1] then
-      err = held_missing(k.runs, vm, id)
-    elseif holders[i + 1] ~= token then
-      err = 'lease_lost'
-    end
-    seen[member] = true
-    if err == 'gone' then
-      out[i + 1] = 0
-    elseif err then
-      out[i + 1] = err
-    else
-      out[i + 1] = 1
-      fields[#fields + 1] = asked[i + 1]
-      ids[#ids + 1] = id
-      members[#members + 1] = member
-      if not per_vm[vm] then
-        per_vm[vm] = 0
-        vms[#vms + 1] = vm
-      end
-      per_vm[vm] = per_vm[vm] + 1
-    end
-  end
-  if #ids > 0 then
-    redis.call('HDEL', k.held, unpack(fields))
-    redis.call('HDEL', k.runs, unpack(ids))
-    redis.call('ZREM', k.leases, unpack(members))
-    kin_release(k.kin, vms, per_vm)
-    hooks.released(vms)
-    env_release(k.env_n, #ids)
-  end
-  return out
-end
 local runs, held, leases = KEYS[1], KEYS[2], KEYS[3]
 local id, vm, member, token, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 

@@ -48,10 +48,6 @@ local function rec_with(s, r, att, at, lt)
   return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
 end
 
--- Whether record s has a TTL (its first field is not "0").
-local function rec_has_ttl(s)
-  return string.byte(s, 1) ~= 48
-end
 
 -- A number Redis returned as a string (a score). Real Redis prints scores
 -- so that tonumber reads them; miniredis prints some as "1e+8", which
@@ -128,10 +124,6 @@ local function sched_code(n)
   return string.rep('0', SCHED.CODE_LEN - #s) .. s
 end
 
--- The variant member and the code of a competing or gated member.
-local function sched_split(member)
-  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
-end
 
 -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
@@ -293,14 +285,6 @@ local function sched_reap(S, v)
   if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
 end
 
--- A state whose ckVtime went without its hash (deleted by hand, evicted):
--- the dequeue found no sentinel in its first read of the competing region.
--- Both keys go: the next call starts the state again, as if it had
--- expired, and finds every variant with ready work by discovery.
-local function sched_broken(S)
-  redis.call('DEL', S.h, S.z)
-  S.st = nil
-end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
 -- competition (and the lane: a head that leaves unserved hands its tag to
@@ -339,14 +323,6 @@ local function sched_drained(S, vm)
   end
 end
 
--- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
--- unpack much more than 8,000 values), step values at a time.
-local function sched_chunked(cmd, key, args, step)
-  local n = step * math.floor(1000 / step)
-  for i = 1, #args, n do
-    redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
-  end
-end
 
 -- HMGET of any number of fields (in chunks of 1000).
 local function sched_hmget(h, fields)
@@ -394,37 +370,7 @@ local function hooks_open(keys, args, own_keys, own_args, now)
   return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
                                 args[own_args + 1], args[own_args + 2], now), args[own_args + 3] == '1')
 end
--- Recompute the queue's score in the shard master ZSET: the earliest time it
--- has work (lowest ready head score, or earliest delayed available_at).
--- dhead and chead are delayIndex's and ckIndex's lowest scores when the
--- caller knows them (false: the index is empty), nil to read them.
-local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
-  if chead == nil then
-    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
-    chead = r[2] and num(r[2]) or false
-  end
-  if dhead == nil then
-    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
-    dhead = d[2] and num(d[2]) or false
-  end
-  local best = chead or nil
-  if dhead and (best == nil or dhead < best) then best = dhead end
-  if best == nil then
-    redis.call('ZREM', master, qm)
-  else
-    redis.call('ZADD', master, best, qm)
-  end
-end
 
--- Take n queued runs off the depth counter field ('r' or 'd'). When the
--- queue then holds no queued run, the counters are deleted, so a queue whose
--- last run is acked, dead-lettered or expired leaves no key behind.
-local function depth_sub(depth, field, n)
-  if redis.call('HINCRBY', depth, field, -n) > 0 then return end
-  local other = 'd'
-  if field == 'd' then other = 'r' end
-  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
-end
 
 -- The keys of variant vm of the queue whose variant keys start with vbase
 -- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
@@ -462,34 +408,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
   return false
 end
 
--- Point vm's entry in index (ckIndex or delayIndex) at the head score of
--- its set, or remove the entry when the set is empty. Returns false then.
-local function index_head(set, index, vm)
-  local head = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
-  if head[2] then
-    redis.call('ZADD', index, head[2], vm)
-    return true
-  end
-  redis.call('ZREM', index, vm)
-  return false
-end
 
--- Remove queued run id from its variant (ready or delayed) and fix the
--- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
--- leaves. Returns false when the run was not queued.
-local function unplace(q, v, hooks, id, vm)
-  if redis.call('ZREM', v.ready, id) == 1 then
-    depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
-  elseif redis.call('ZREM', v.delayed, id) == 1 then
-    depth_sub(q.depth, 'd', 1)
-    index_head(v.delayed, q.delay_index, vm)
-  else
-    return false
-  end
-  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
-  return true
-end
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[6] }
 local dead, env_dead = KEYS[6], KEYS[7]

@@ -95,12 +95,14 @@ func (e *evalCounter) snapshot() (evalsha, noscript, eval map[string]int) {
 //
 // Not parallel: SCRIPT FLUSH empties the cache of the redis-server every
 // test of this binary shares, and sequential top-level tests run alone, so
-// no other test reloads a script between the flush and the pipeline.
+// no other test reloads a script between the flush and the pipeline. The
+// real server is the binary's own (redistest.Private), never a shared
+// REDIS_URL.
 func TestRunPipelinedRecoversNoScript(t *testing.T) {
 	backends := []struct {
 		name   string
 		client func(testing.TB) redis.UniversalClient
-	}{{"Mini", redistest.Mini}, {"Real", redistest.Real}, {"Cluster", redistest.Cluster}}
+	}{{"Mini", redistest.Mini}, {"Real", redistest.Private}, {"Cluster", redistest.Cluster}}
 	for _, bk := range backends {
 		t.Run(bk.name, func(t *testing.T) {
 			t.Parallel()

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -48,9 +49,12 @@ func requireNoScriptRecovered(t *testing.T, step string, calls []scriptCall) {
 // Not parallel: SCRIPT FLUSH empties the cache of the redis-server every
 // test of the binary shares, and sequential top-level tests run alone, so
 // no other test reloads a script between the flush and the call under
-// test (which would make the NOSCRIPT assertions flaky).
+// test (which would make the NOSCRIPT assertions flaky). The real server is
+// the binary's own (redistest.Private), never a REDIS_URL that other test
+// binaries share: they would reload scripts under this test, and this
+// test's flush would take theirs away.
 func TestNoScriptRecovery(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+	forEachPrivateBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		rec := recordEvals(c)
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Minute })
 		ctx := b.ctx
@@ -168,4 +172,19 @@ func TestNoScriptRecovery(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, runqueue.Stats{}, st, "every run was acked or expired")
 	})
+}
+
+// forEachPrivateBackend is forEachBackend with the binary's own real
+// Redis (redistest.Private) in place of Real.
+func forEachPrivateBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
+	for _, b := range backends {
+		client := b.client
+		if b.name == "Real" {
+			client = redistest.Private
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, client(t))
+		})
+	}
 }

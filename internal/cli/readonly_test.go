@@ -3,7 +3,6 @@ package cli_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -47,41 +46,35 @@ func readCommands() [][]string {
 
 // TestReadCommandsWriteNothing runs every read command against a real
 // Redis and compares every key of the database (DUMP and expiry time)
-// before and after each one; on a Redis spawned for this test binary it
-// also checks the commands the server ran (none with the write flag, no
+// before and after each one, and the commands the server ran (none with the write flag, no
 // SCRIPT LOAD) and the script cache. Then it does the same on a prefix
 // that holds nothing: no layout version may appear.
 //
-// It runs in database 15 of the shared server, which no other test uses,
-// and not in parallel, so that nothing else writes while it compares.
+// It runs in database 15 of the binary's own server, which no other test
+// uses, and not in parallel, so that nothing else writes while it compares.
 func TestReadCommandsWriteNothing(t *testing.T) {
 	ctx := context.Background()
-	shared := redistest.Real(t)
+	shared := redistest.Private(t)
 	opt, err := redis.ParseURL(urlOf(t, shared))
 	require.NoError(t, err)
 	opt.DB = 15
 	c := redis.NewClient(opt)
 	t.Cleanup(func() { _ = c.Close() })
-	// Spawned for this binary: no other process sends commands to it.
-	alone := os.Getenv("REDIS_URL") == ""
+	// The binary's own server (redistest.Private): no other process sends
+	// commands to it, so its command statistics are this test's.
 
 	check := func(t *testing.T, b *bundle, args []string) {
 		t.Helper()
 		before := snapshot(t, c)
-		var stats redistest.Stats
-		if alone {
-			stats, err = redistest.CommandStats(ctx, c)
-			require.NoError(t, err)
-		}
+		stats, err := redistest.CommandStats(ctx, c)
+		require.NoError(t, err)
 		scripts := cachedScripts(t, c)
 		r := b.run(t, args...)
 		require.Contains(t, []int{cli.ExitOK, cli.ExitFailure, cli.ExitUsage}, r.code)
-		if alone {
-			after, err := redistest.CommandStats(ctx, c)
-			require.NoError(t, err)
-			requireNoWrites(t, c, after.Sub(stats))
-			require.Equal(t, scripts, cachedScripts(t, c), "no script loaded")
-		}
+		after, err := redistest.CommandStats(ctx, c)
+		require.NoError(t, err)
+		requireNoWrites(t, c, after.Sub(stats))
+		require.Equal(t, scripts, cachedScripts(t, c), "no script loaded")
 		require.Equal(t, before, snapshot(t, c), "%q changed Redis", args)
 	}
 

@@ -65,7 +65,7 @@ func enqueue(t *testing.T, b *bundle, key string, n int, at time.Time) {
 // dequeued run than flag off (commands include the redis.calls inside Lua
 // and the candidate reads Go makes before the script).
 func TestServableBudget(t *testing.T) {
-	c := redistest.Real(t)
+	c := redistest.Private(t)
 	perRun := map[bool]float64{}
 	for _, on := range []bool{false, true} {
 		b := newBundle(t, c, on, nil)
@@ -104,7 +104,7 @@ func TestServableBudget(t *testing.T) {
 // nothing: the calls of a dequeue that serves the one ready key are the same
 // with 200 and with 2,000 such keys, and bounded by the window.
 func TestUnservableBudget(t *testing.T) {
-	c := redistest.Real(t)
+	c := redistest.Private(t)
 	count := func(blockers int) int64 {
 		b := newBundle(t, c, true, nil)
 		now := time.UnixMilli(1_900_000_000_000)
@@ -135,7 +135,7 @@ func TestUnservableBudget(t *testing.T) {
 // looks at (one SCARD), and its only write is the scheduler's state hash
 // (the discovery cursor and the probe's rank move on every call).
 func TestGatedBudget(t *testing.T) {
-	c := redistest.Real(t)
+	c := redistest.Private(t)
 	for _, on := range []bool{false, true} {
 		b := newBundle(t, c, on, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 })
 		past := time.UnixMilli(1_899_999_000_000)
@@ -181,7 +181,7 @@ func writes(st redistest.Stats) int64 {
 // TestLifecycleCost reports (does not assert) the Redis CPU and commands of
 // a run's lifecycle: enqueue, dequeue in batches of 10, ack, flag off and on.
 func TestLifecycleCost(t *testing.T) {
-	c := redistest.Real(t)
+	c := redistest.Private(t)
 	const n = 2000
 	for _, on := range []bool{false, true} {
 		b := newBundle(t, c, on, nil)
@@ -234,7 +234,7 @@ func TestLifecycleCost(t *testing.T) {
 // servable. Both cost the same number of commands at every size with the
 // flag on (flag off reads its age window, which the gated keys fill).
 func TestGatedCostFlat(t *testing.T) {
-	c := redistest.Real(t)
+	c := redistest.Private(t)
 	type cost struct{ serve, empty int64 }
 	run := func(on bool, gated int) cost {
 		b := newBundle(t, c, on, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 })

@@ -33,6 +33,11 @@
 //	redistest: Real: REDIS_URL: redis 7.2.4 at 10.0.0.7:6379
 //	redistest: Real: testcontainers: redis:7.0, redis 7.0.15 at localhost:32771
 //
+// [Private] is a real Redis of the binary's own even when REDIS_URL is set
+// (a redis-server from PATH, or a container), for the tests that flush the
+// script cache or count the server's commands: a server shared with other
+// test binaries would make them, or the others, fail.
+//
 // # Environment
 //
 //   - REDIS_URL: Real connects to this server (redis.ParseURL syntax) instead
@@ -89,6 +94,24 @@ func Real(t testing.TB) redis.UniversalClient {
 	opt := &redis.Options{Addr: d.addrs[0]}
 	if d.opt != nil {
 		opt = new(*d.opt) // each client its own copy: go-redis keeps state in it
+	}
+	opt.ReadTimeout = ReadTimeout
+	return connect(t, redis.NewClient(opt))
+}
+
+// Private returns a client for a real Redis that this test binary keeps to
+// itself: a redis-server from PATH, or else a testcontainers Redis, never
+// the server at REDIS_URL. Tests that change or read server-wide state
+// (SCRIPT FLUSH, CONFIG RESETSTAT, INFO commandstats) use it, so that they
+// pass while other test binaries share REDIS_URL's server, and those
+// binaries pass beside them. Like [Real], it is started once per binary
+// and shared by the binary's tests; it skips or fails like [Real].
+func Private(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	d := need(t, private)
+	opt := &redis.Options{Addr: d.addrs[0]}
+	if d.opt != nil {
+		opt = new(*d.opt)
 	}
 	opt.ReadTimeout = ReadTimeout
 	return connect(t, redis.NewClient(opt))
@@ -155,6 +178,7 @@ type stopping struct{ m *testing.M }
 func (s stopping) Run() int {
 	defer standalone.stop()
 	defer clustered.stop()
+	defer private.stop()
 	code := s.m.Run()
 	if line := sourcesLine(); line != "" {
 		fmt.Fprintln(os.Stderr, line)
@@ -171,6 +195,9 @@ func sourcesLine() string {
 	}
 	if src := ClusterSource(); src != "" {
 		used = append(used, "Cluster: "+src)
+	}
+	if src := private.source(); src != "" {
+		used = append(used, "Private: "+src)
 	}
 	if len(used) == 0 {
 		return ""
@@ -222,6 +249,7 @@ var errMissing = errors.New("redis-server is not on PATH")
 var (
 	standalone = &shared{start: startReal}
 	clustered  = &shared{start: startClustered}
+	private    = &shared{start: startPrivate}
 )
 
 // shared is a Redis deployment started, or found, at most once per test

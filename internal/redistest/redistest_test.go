@@ -61,10 +61,29 @@ func TestReal(t *testing.T) {
 	require.Equal(t, "v", c2.Get(ctx, key).Val(), "both clients reach the one shared server")
 }
 
-// Not parallel: command statistics are server-wide.
+// TestPrivate: Private is a server of the binary's own, not Real's when
+// Real is a REDIS_URL, and one per binary.
+func TestPrivate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p1, p2 := Private(t), Private(t)
+	key := Prefix(t) + ":k"
+	require.NoError(t, p1.Set(ctx, key, "v", time.Minute).Err())
+	require.Equal(t, "v", p2.Get(ctx, key).Val(), "one private server per binary")
+	require.NotEmpty(t, private.source())
+	require.False(t, strings.HasPrefix(private.source(), originURL.String()), private.source())
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		opt, err := redis.ParseURL(url)
+		require.NoError(t, err)
+		require.NotEqual(t, opt.Addr, p1.(*redis.Client).Options().Addr, "Private never uses REDIS_URL")
+	}
+}
+
+// Not parallel: command statistics are server-wide (and the server is the
+// binary's own: Private).
 func TestRealCommandStats(t *testing.T) {
 	ctx := context.Background()
-	c := Real(t)
+	c := Private(t)
 	testCommandStats(ctx, t, c, Prefix(t))
 }
 

@@ -84,6 +84,18 @@ func startReal() (*deployment, error) {
 	return nil, err
 }
 
+// startPrivate starts the Redis that Private shares: never REDIS_URL's.
+func startPrivate() (*deployment, error) {
+	o, bin, err := chooseReal("", exec.LookPath, dockerEngine)
+	switch o {
+	case originSpawned:
+		return startSpawned(bin)
+	case originContainer:
+		return startContainer()
+	}
+	return nil, err
+}
+
 // startClustered starts, or finds, the Redis Cluster that Cluster shares.
 func startClustered() (*deployment, error) {
 	addrs := os.Getenv("REDIS_CLUSTER_ADDRS")

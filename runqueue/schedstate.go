@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/vtime"
 )
@@ -20,58 +20,7 @@ import (
 // registrations (member = seq code + variant member, score = tag) and gated
 // ones (score = 2^52 + gating number; the tag is in the hash); the state
 // hash holds the scalars and one field per registered variant. This file
-// is its one Go reader.
-const (
-	gatedOffset   = 1 << 52
-	waitingOffset = 1 << 51
-	seqCodeLen    = 15
-)
-
-// parseSeqCode reads a seq code: a registration number (below 10^15) in
-// decimal, zero-padded to seqCodeLen, so that its byte order is its order.
-func parseSeqCode(code string) (int64, bool) {
-	if len(code) != seqCodeLen {
-		return 0, false
-	}
-	for i := 0; i < len(code); i++ {
-		if code[i] < '0' || code[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(code, 10, 64)
-	return n, err == nil
-}
-
-// regValue parses a registered variant's state-hash value: code, then "g"
-// and its tag when gated or "w" when in the newcomer lane, then "|r" when
-// the remainder is not 0.
-func regValue(v string) (code string, gated, waiting bool, tag, r int64, ok bool) {
-	if len(v) < seqCodeLen {
-		return "", false, false, 0, 0, false
-	}
-	code, rest := v[:seqCodeLen], v[seqCodeLen:]
-	rest, rs, hasR := strings.Cut(rest, "|")
-	switch {
-	case strings.HasPrefix(rest, "g"):
-		n, err := strconv.ParseInt(rest[1:], 10, 64)
-		if err != nil {
-			return "", false, false, 0, 0, false
-		}
-		gated, tag = true, n
-	case rest == "w":
-		waiting = true
-	case rest != "":
-		return "", false, false, 0, 0, false
-	}
-	if hasR {
-		n, err := strconv.ParseInt(rs, 10, 64)
-		if err != nil {
-			return "", false, false, 0, 0, false
-		}
-		r = n
-	}
-	return code, gated, waiting, tag, r, true
-}
+// is its one Go reader; internal/schedfmt parses its values.
 
 // schedState is a queue's scheduler state and indexes read from Redis.
 type schedState struct {
@@ -154,7 +103,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		st.index = append(st.index, zentry{e.Member.(string), e.Score})
 	}
 	for m, w := range weights.Val() {
-		if f, err := strconv.ParseFloat(w, 64); err == nil {
+		if f, err := schedfmt.Weight(w); err == nil {
 			st.weightsF[m] = f
 			st.snap.Weights[m] = vtime.MilliWeightOf(f)
 		}
@@ -175,39 +124,37 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		st.snap.NextSeq = 1
 		return st, nil
 	}
-	num := func(field string) int64 {
-		n, _ := strconv.ParseFloat(h[field], 64)
-		return int64(n)
-	}
-	st.snap.V, st.snap.Epoch, st.snap.Cursor = num("v"), num("e"), int(num("c"))
-	st.snap.NextSeq, st.snap.GK, st.snap.GN, st.snap.GP = max(1, num("s")), int(num("gk")), max(1, num("gn")), num("gp")
+	num := func(field string) int64 { return schedfmt.Num(h[field]) }
+	st.snap.V, st.snap.Epoch, st.snap.Cursor = num(schedfmt.FieldClock), num(schedfmt.FieldEpoch), int(num(schedfmt.FieldCursor))
+	st.snap.NextSeq, st.snap.GK = max(1, num(schedfmt.FieldNextSeq)), int(num(schedfmt.FieldGateKey))
+	st.snap.GN, st.snap.GP = max(1, num(schedfmt.FieldGateNext)), num(schedfmt.FieldGateProb)
 	for field, v := range h {
-		if !strings.HasPrefix(field, "=") {
+		if !strings.HasPrefix(field, schedfmt.RegPrefix) {
 			continue
 		}
-		code, gated, waiting, tag, r, ok := regValue(v)
-		seq, ok2 := parseSeqCode(code)
+		reg, ok := schedfmt.ParseReg(v)
+		seq, ok2 := schedfmt.ParseSeqCode(reg.Code)
 		if !ok || !ok2 {
 			return nil, fmt.Errorf("runqueue: malformed %s field %q: %q", qk.CkVtimeState(), field, v)
 		}
-		st.snap.Reg[field] = vtime.Reg{U: tag, R: r, Seq: seq, Gated: gated, Waiting: waiting}
+		st.snap.Reg[field] = vtime.Reg{U: reg.Tag, R: reg.R, Seq: seq, Gated: reg.Gated, Waiting: reg.Waiting}
 	}
 	active := 0
 	for _, z := range tags.Val() {
 		member := z.Member.(string)
 		switch s := z.Score; {
-		case s < -waitingOffset:
-			st.snap.Idle[member] = int64(s) + gatedOffset
+		case s < -schedfmt.WaitingOffset:
+			st.snap.Idle[member] = int64(s) + schedfmt.GatedOffset
 		case s < 0:
 			// the newcomer lane: its members carry the "w" flag
-		case len(member) > seqCodeLen:
-			vm := member[seqCodeLen:]
+		case len(member) > schedfmt.SeqCodeLen:
+			_, vm, _ := schedfmt.SplitMember(member)
 			rg, ok := st.snap.Reg[vm]
 			if !ok {
 				continue // a tag without its registration: not ours to show
 			}
-			if s >= gatedOffset {
-				rg.Gate = int64(s) - gatedOffset // its tag is in the hash
+			if s >= schedfmt.GatedOffset {
+				rg.Gate = int64(s) - schedfmt.GatedOffset // its tag is in the hash
 			} else {
 				rg.U = int64(s)
 				st.activeIdx[vm] = active

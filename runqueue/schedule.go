@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/vtime"
 )
@@ -306,13 +307,8 @@ func (q *Queue) addSnapshotRuns(ctx context.Context, qk keys.Queue, snap *vtime.
 	return nil
 }
 
-// Score bounds of the competing region of ckVtime (see the constants of
-// schedstate.go and lib/sched.lua): tags are below 2^50.
-const (
-	activeMin  = "0"
-	activeMax  = "(1125899906842624" // 2^50
-	maxTopLags = MaxInspectVariants
-)
+// maxTopLags bounds the k of TopLags.
+const maxTopLags = MaxInspectVariants
 
 // KeyLag is one concurrency key's lag as the fair scheduler sees it.
 type KeyLag struct {
@@ -342,8 +338,9 @@ func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag
 	var clock *redis.SliceCmd
 	var active *redis.ZSliceCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		clock = p.HMGet(ctx, qk.CkVtimeState(), "v", "e")
-		active = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: activeMin, Max: activeMax, Count: int64(k)})
+		clock = p.HMGet(ctx, qk.CkVtimeState(), schedfmt.FieldClock, schedfmt.FieldEpoch)
+		active = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: schedfmt.ActiveMin,
+			Max: schedfmt.ActiveEnd, Count: int64(k)})
 		return nil
 	})
 	if err != nil {
@@ -351,8 +348,7 @@ func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag
 	}
 	num := func(v any) int64 {
 		s, _ := v.(string)
-		n, _ := strconv.ParseFloat(s, 64)
-		return int64(n)
+		return schedfmt.Num(s)
 	}
 	cv := clock.Val()
 	if cv[0] == nil {
@@ -363,10 +359,11 @@ func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag
 	out := make([]KeyLag, 0, k)
 	for _, z := range active.Val() {
 		m, _ := z.Member.(string)
-		if len(m) <= seqCodeLen {
+		_, vm, ok := schedfmt.SplitMember(m)
+		if !ok {
 			continue
 		}
-		key, err := keys.DecodeVariantMember(m[seqCodeLen:])
+		key, err := keys.DecodeVariantMember(vm)
 		if err != nil {
 			continue // not a member the scripts wrote: not ours to show
 		}

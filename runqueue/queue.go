@@ -22,7 +22,6 @@ type Queue struct {
 	scripts *scriptSet
 	observe bool // cfg.Observer is not a NopObserver
 
-	wakeOnce sync.Once
 	waker    *waker
 	closed   chan struct{}
 	closeMu  sync.Mutex

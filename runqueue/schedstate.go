@@ -37,14 +37,6 @@ type zentry struct {
 	score  float64
 }
 
-func rank(z []zentry) map[string]int {
-	out := make(map[string]int, len(z))
-	for i, e := range z {
-		out[e.member] = i
-	}
-	return out
-}
-
 // members returns every variant member the state or the indexes mention.
 func (s *schedState) members() []string {
 	seen := map[string]bool{}

@@ -55,10 +55,21 @@ verify/vet: ## Run go vet
 generate/lua-sha: ## Rewrite the pinned Lua SHA-1s and script snapshots (on purpose only)
 	RUNQUEUE_UPDATE_GOLDEN=1 $(GO) test ./runqueue -run 'TestFlagOffScriptsPinned|TestScriptSnapshots' -count=1
 
+# golangci-lint is pinned; `make lint` installs this version into
+# $(go env GOPATH)/bin when that binary is missing or another version.
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
+
 .PHONY: lint
-lint: verify/fmt verify/vet ## gofmt and go vet, plus staticcheck when installed
-	@if command -v staticcheck >/dev/null 2>&1; then echo staticcheck ./...; staticcheck ./...; \
-	else echo "staticcheck not installed; skipped"; fi
+lint: verify/fmt verify/vet lint/install ## gofmt, go vet and golangci-lint (.golangci.yml)
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: lint/install
+lint/install: ## Install the pinned golangci-lint into $(go env GOPATH)/bin if missing
+	@if ! "$(GOLANGCI_LINT)" version 2>/dev/null | grep -q "version $(patsubst v%,%,$(GOLANGCI_LINT_VERSION)) "; then \
+		echo "$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)"; \
+		$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); \
+	fi
 
 .PHONY: bench
 bench: ## Run the benchmark program (go run ./bench)

@@ -213,6 +213,9 @@ func (q Queue) Name() string { return q.queue }
 // Member is the queue's member in the shard master ZSET.
 func (q Queue) Member() string { return QueueMember(q.env, q.queue) }
 
+// RunPrefix is what every run member of the queue starts with (RunPrefix).
+func (q Queue) RunPrefix() string { return RunPrefix(q.env, q.queue) }
+
 // CkIndex is the ZSET variant -> head ready score (ms, timestamp domain) of
 // the variants that have ready runs.
 func (q Queue) CkIndex() string { return q.base + ":ckIndex" }

@@ -325,6 +325,7 @@ func TestKeyNames(t *testing.T) {
 	require.Len(t, want, 21, "two accessors returned the same key")
 	require.Equal(t, "=user%3A1", v.Member())
 	require.Equal(t, "prod:emails", q.Member())
+	require.Equal(t, "prod:emails:", q.RunPrefix())
 	require.Equal(t, "prod", e.Name())
 	require.Equal(t, "emails", q.Name())
 }

@@ -25,27 +25,6 @@ const (
 // on its first look); it can never make it fail.
 const settle = 100 * time.Millisecond
 
-// wallClock switches a bundle to the real clock: blocking calls sleep in
-// real time.
-func wallClock(c *runqueue.Config) { c.Clock = nil }
-
-// otherClient opens a second client to the same server, so that work can
-// come from another process's connection.
-func otherClient(t testing.TB, c redis.UniversalClient) redis.UniversalClient {
-	t.Helper()
-	var o redis.UniversalClient
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		o = redis.NewClusterClient(c.Options())
-	case *redis.Client:
-		o = redis.NewClient(c.Options())
-	default:
-		t.Fatalf("unsupported client %T", c)
-	}
-	t.Cleanup(func() { _ = o.Close() })
-	return o
-}
-
 // otherQueue is a second Queue instance on its own client and the bundle's
 // prefix.
 func otherQueue(t testing.TB, b *testBundle) *runqueue.Queue {

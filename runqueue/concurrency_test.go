@@ -137,11 +137,11 @@ func (tr *ccTracker) delivered(r *runqueue.Run) {
 		count["key|"+h.env+"|"+h.queue+"|"+h.key]++
 	}
 	for scope, n := range count {
-		limit := map[string]int{"env": ccEnvLimit, "queue": ccQueueLimit, "key": ccKeyLimit}[scope[:strings.Index(scope, "|")]]
+		kind, _, _ := strings.Cut(scope, "|")
+		limit := map[string]int{"env": ccEnvLimit, "queue": ccQueueLimit, "key": ccKeyLimit}[kind]
 		if n > limit {
 			tr.failLocked("workers hold %d runs of %s, limit %d", n, scope, limit)
 		}
-		kind := scope[:strings.Index(scope, "|")]
 		tr.maxInUse[kind] = max(tr.maxInUse[kind], n)
 	}
 }

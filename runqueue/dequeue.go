@@ -35,13 +35,6 @@ type Run struct {
 
 func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: r.Key, ID: r.ID} }
 
-func (q *Queue) checkMaxCount(maxCount int) error {
-	if maxCount <= 0 || maxCount > q.cfg.MaxDequeueCount {
-		return invalid("maxCount", "%d is outside 1..%d", maxCount, q.cfg.MaxDequeueCount)
-	}
-	return nil
-}
-
 // Dequeue moves up to maxCount ready runs of one base queue in flight, each
 // with a lease of Config.LeaseDuration, atomically and within the env, queue
 // and key concurrency limits. With the scheduler flag off the runs come in
@@ -83,7 +76,7 @@ func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run
 	lease := now + ms(q.cfg.LeaseDuration)
 	args := make([]any, 0, 16+3*len(acks))
 	args = append(args, now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
-		keys.RunPrefix(qk.Env.Name(), qk.Name()), ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
+		qk.RunPrefix(), ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
 		qk.VariantBase(), len(acks))
 	for _, r := range acks {
 		args = append(args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
@@ -229,8 +222,8 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) ([]*Run, []e
 // the shard gets a share of each call, whatever another env's backlog, so an
 // env with one ready run is served within two calls.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
-	if shard < 0 || shard >= q.space.Shards() {
-		return nil, invalid("shard", "%d is outside 0..%d", shard, q.space.Shards()-1)
+	if err := q.checkShard(shard); err != nil {
+		return nil, err
 	}
 	if err := q.checkMaxCount(maxCount); err != nil {
 		return nil, err

@@ -93,7 +93,7 @@ func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]Enqueu
 		b := open[qk]
 		if b == nil || len(b.idx) == maxBatch || b.bytes+len(p.Payload) > batchBytes && len(b.idx) > 0 {
 			b = &batch{qk: qk, args: []any{now, qk.VariantBase(), qk.Member(), qk.Wake(), q.cfg.MaxQueueDepth,
-				q.cfg.MaxKeyDepth, keys.RunPrefix(p.Env, p.Queue), 0}}
+				q.cfg.MaxKeyDepth, qk.RunPrefix(), 0}}
 			open[qk] = b
 			order = append(order, b)
 		}
@@ -104,7 +104,7 @@ func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]Enqueu
 	calls := make([]call, len(order))
 	for i, b := range order {
 		b.args[7] = len(b.idx)
-		ks := []string{b.qk.Runs(), b.qk.CkIndex(), b.qk.DelayIndex(), b.qk.Depth(), b.qk.Master(), b.qk.TTL()}
+		ks := placeKeys(b.qk, b.qk.TTL())
 		ks, args := q.withHooks(q.scripts.enqueue, b.qk, ks, b.args)
 		calls[i] = call{sc: q.scripts.enqueue, keys: ks, args: args}
 	}

@@ -33,6 +33,8 @@ var (
 	// ErrEvictionPolicy is wrapped by every *EvictionPolicyError: New found a
 	// Redis that may evict keys.
 	ErrEvictionPolicy = errors.New("runqueue: redis maxmemory-policy may evict keys")
+	// ErrTooLarge: the queue has more variants than an operator call reads.
+	ErrTooLarge = errors.New("runqueue: queue has too many variants to inspect")
 )
 
 // InvalidError reports which argument was rejected and why.

@@ -1,3 +1,5 @@
+// Test-only access to the package's internals: compiled into the tests of
+// ./runqueue alone, so none of this is public API.
 package runqueue
 
 import (
@@ -6,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/vtime"
 )
@@ -43,4 +46,24 @@ func (q *Queue) KeyInflight(ctx context.Context, env, queue, key string) (int, e
 		return 0, nil
 	}
 	return n, err
+}
+
+// FlagOffScripts returns the assembled source of every script that can run
+// with the scheduler flag off, by name. Used by the golden SHA-1 pin.
+func FlagOffScripts() (map[string]string, error) { return scriptSources(false) }
+
+// FlagOnScripts returns the assembled source of every script that runs with
+// the scheduler flag on, by name.
+func FlagOnScripts() (map[string]string, error) { return scriptSources(true) }
+
+func scriptSources(vtime bool) (map[string]string, error) {
+	s, err := buildScripts(vtime)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, sc := range s.all() {
+		out[sc.name] = sc.src
+	}
+	return out, nil
 }

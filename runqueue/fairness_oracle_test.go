@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -51,12 +50,6 @@ var foBackends = []foBackend{
 	}},
 	{"Real", func(t testing.TB) (redis.UniversalClient, *miniredis.Miniredis) { return redistest.Real(t), nil }},
 }
-
-// foCounts sums what the oracle checked per backend, for the log.
-var foCounts = struct {
-	sync.Mutex
-	m map[string]*fairness.Coverage
-}{m: map[string]*fairness.Coverage{}}
 
 func foPool(t *testing.T, b foBackend, wm int) (*fairness.LuaPool, bool) {
 	c, mini := b.open(t)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -44,7 +43,7 @@ func TestFlagOffScriptsPinned(t *testing.T) {
 	require.NotEmpty(t, srcs)
 
 	var b strings.Builder
-	for _, name := range goldenSorted(srcs) {
+	for _, name := range sortedKeys(srcs) {
 		sum := sha1.Sum([]byte(srcs[name]))
 		fmt.Fprintf(&b, "%s %s\n", name, hex.EncodeToString(sum[:]))
 	}
@@ -64,7 +63,7 @@ func TestFlagOffScriptsPinned(t *testing.T) {
 	want := parseSHAFile(t, string(raw))
 	have := parseSHAFile(t, got)
 	var diffs []string
-	for _, name := range goldenSorted(mergeSHAs(want, have)) {
+	for _, name := range sortedKeys(mergeSHAs(want, have)) {
 		switch w, h := want[name], have[name]; {
 		case w == "":
 			diffs = append(diffs, fmt.Sprintf("  %s: new script (sha1 %s)", name, h))
@@ -134,7 +133,7 @@ func TestScriptSnapshots(t *testing.T) {
 					t.Errorf("%s is a snapshot of no script. %s", path, regenerate)
 				}
 			}
-			for _, name := range goldenSorted(srcs) {
+			for _, name := range sortedKeys(srcs) {
 				path := filepath.Join(dir, name+".lua")
 				raw, err := os.ReadFile(path)
 				if errors.Is(err, fs.ErrNotExist) {
@@ -303,15 +302,6 @@ func withoutComments(src string) string {
 		b.WriteString(line)
 	}
 	return b.String()
-}
-
-func goldenSorted[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func mergeSHAs(a, b map[string]string) map[string]string {

@@ -22,7 +22,6 @@ type Queue struct {
 	scripts *scriptSet
 	observe bool // cfg.Observer is not a NopObserver
 
-	wakeOnce sync.Once
 	waker    *waker
 	closed   chan struct{}
 	closeMu  sync.Mutex
@@ -186,4 +185,18 @@ func (q *Queue) withHooks(sc *script, qk keys.Queue, ks []string, args []any) ([
 		args = append(args, q.vtimeArgs(qk)...)
 	}
 	return ks, args
+}
+
+// placeKeys are the keys of a run's place in its queue (its record, the
+// variant indexes, the depth counters, the shard master): the first five
+// KEYS of every script that puts a run into its queue or takes it out
+// (enqueue, requeue, expire, redrive), more following them.
+func placeKeys(qk keys.Queue, more ...string) []string {
+	return append([]string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master()}, more...)
+}
+
+// heldKeys are the keys of a queue's in-flight bookkeeping, in the order the
+// ack script and the dequeue's acks take them.
+func (q *Queue) heldKeys(qk keys.Queue) []string {
+	return []string{qk.Runs(), qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases()}
 }

@@ -262,26 +262,6 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	return &s, err
 }
 
-// FlagOffScripts returns the assembled source of every script that can run
-// with the scheduler flag off, by name. Used by the golden SHA-1 pin.
-func FlagOffScripts() (map[string]string, error) { return scriptSources(false) }
-
-// FlagOnScripts returns the assembled source of every script that runs with
-// the scheduler flag on, by name.
-func FlagOnScripts() (map[string]string, error) { return scriptSources(true) }
-
-func scriptSources(vtime bool) (map[string]string, error) {
-	s, err := buildScripts(vtime)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, sc := range s.all() {
-		out[sc.name] = sc.src
-	}
-	return out, nil
-}
-
 // load registers every script with Redis (on every master of a cluster), so
 // a script that does not compile is a start-up error.
 func (s *scriptSet) load(ctx context.Context, c redis.UniversalClient) error {

@@ -2,7 +2,6 @@ package runqueue_test
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,34 +11,6 @@ import (
 	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
-
-// enqueueMany enqueues n runs built by param from 8 goroutines, to fill
-// large backlogs quickly.
-func enqueueMany(t testing.TB, b *testBundle, n int, param func(i int) runqueue.EnqueueParams) {
-	t.Helper()
-	const workers = 8
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := w; i < n; i += workers {
-				ok, err := b.q.Enqueue(b.ctx, param(i))
-				if err == nil && !ok {
-					err = fmt.Errorf("run %d was not queued", i)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-}
 
 // sameShardEnvs returns two env names that hash to the same shard.
 func sameShardEnvs(t testing.TB, q *runqueue.Queue) (string, string) {

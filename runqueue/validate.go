@@ -36,6 +36,14 @@ func checkName(field, s string) error {
 	return nil
 }
 
+// checkShard checks a shard number against the key space: 0..Shards()-1.
+func (q *Queue) checkShard(shard int) error {
+	if shard < 0 || shard >= q.space.Shards() {
+		return invalid("shard", "%d is outside 0..%d", shard, q.space.Shards()-1)
+	}
+	return nil
+}
+
 // checkKey is checkName for an optional concurrency key ("" means none).
 func checkKey(key string) error {
 	if key == "" {
@@ -106,6 +114,26 @@ func checkDuration(field string, d, least time.Duration) error {
 func checkDeadline(field string, now int64, d time.Duration) error {
 	if at := now + ms(d); at < 0 || at > MaxTimeUnixMilli {
 		return invalid(field, "now + %v is outside 1970-01-01T00:00:00Z..9999-12-31T23:59:59.999Z", d)
+	}
+	return nil
+}
+
+func checkRun(r *Run) error {
+	if r == nil {
+		return invalid("run", "must not be nil")
+	}
+	if err := checkRef(r.Env, r.Queue, r.Key, r.ID); err != nil {
+		return err
+	}
+	if r.Token <= 0 {
+		return invalid("token", "must come from a dequeued run")
+	}
+	return nil
+}
+
+func (q *Queue) checkMaxCount(maxCount int) error {
+	if maxCount <= 0 || maxCount > q.cfg.MaxDequeueCount {
+		return invalid("maxCount", "%d is outside 1..%d", maxCount, q.cfg.MaxDequeueCount)
 	}
 	return nil
 }

@@ -372,15 +372,6 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 	require.Equal(t, pick(want), pick(got), "scheduler state after %s", step)
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
 // TestVtimeDifferential runs random operation sequences through the model
 // and the flag-on Lua and requires identical serves, tags, V, cursor, last
 // newcomer tag, idle entries and ckIndex after every step.

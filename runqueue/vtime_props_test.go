@@ -1376,16 +1376,6 @@ func TestVtimePropMemory(t *testing.T) {
 	}
 }
 
-func (d *diff) zsetEntries(t require.TestingT, key string) []vtime.Entry {
-	z, err := d.c.ZRangeWithScores(d.ctx, key, 0, -1).Result()
-	require.NoError(t, err)
-	var out []vtime.Entry
-	for _, e := range z {
-		out = append(out, vtime.Entry{Member: e.Member.(string), Score: e.Score})
-	}
-	return out
-}
-
 func (d *diff) idle(t require.TestingT) []vtime.Entry {
 	s, _, err := d.q.SchedulerSnapshot(d.ctx, d.env, d.queue)
 	require.NoError(t, err)

@@ -122,8 +122,8 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 
 // DequeueShardWait is DequeueShard that waits up to timeout, like DequeueWait.
 func (q *Queue) DequeueShardWait(ctx context.Context, shard, maxCount int, timeout time.Duration) ([]*Run, error) {
-	if shard < 0 || shard >= q.space.Shards() {
-		return nil, invalid("shard", "%d is outside 0..%d", shard, q.space.Shards()-1)
+	if err := q.checkShard(shard); err != nil {
+		return nil, err
 	}
 	if err := q.checkMaxCount(maxCount); err != nil {
 		return nil, err

@@ -2,8 +2,8 @@ package runqueue
 
 import (
 	"context"
-	"strconv"
 
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 )
 
@@ -23,7 +23,7 @@ func (q *Queue) SetWeight(ctx context.Context, env, queue, key string, w float64
 	if !(w >= MinWeight && w <= MaxWeight) {
 		return invalid("weight", "%v is outside %v..%v", w, MinWeight, MaxWeight)
 	}
-	return q.setWeight(ctx, env, queue, key, strconv.FormatFloat(w, 'g', -1, 64))
+	return q.setWeight(ctx, env, queue, key, schedfmt.FormatWeight(w))
 }
 
 // ClearWeight returns a key to the default weight 1.
@@ -57,7 +57,7 @@ func (q *Queue) Weights(ctx context.Context, env, queue string) (map[string]floa
 		if err != nil {
 			continue
 		}
-		if out[key], err = strconv.ParseFloat(v, 64); err != nil {
+		if out[key], err = schedfmt.Weight(v); err != nil {
 			delete(out, key)
 		}
 	}

@@ -1034,14 +1034,6 @@ func gatedBelowLimit(m *Model) []string {
 	return out
 }
 
-func sumInflight(m *Model) int {
-	n := 0
-	for _, k := range m.inflight {
-		n += k
-	}
-	return n
-}
-
 func TestProbe(t *testing.T) {
 	t.Parallel()
 

@@ -277,14 +277,11 @@ func CheckNewcomerOrder(h *History) []Violation {
 			queue, freshOp, pending = nil, map[string]int{}, map[string]int{}
 		case EvServe:
 			if op, ok := freshOp[e.Key]; ok {
-				for _, w := range queue {
-					if w.op >= op {
-						break
-					}
+				if len(queue) > 0 && queue[0].op < op {
+					w := queue[0]
 					out = append(out, Violation{Check: "newcomer-order", Op: e.Op, Serve: e.Serve,
 						Msg: fmt.Sprintf("newcomer %q (registered at op #%d) served before newcomer %q (registered at op #%d, still waiting)",
 							e.Key, op, w.key, w.op)})
-					break
 				}
 			}
 			drop(e.Key)

@@ -55,20 +55,19 @@ type orun struct {
 }
 
 type okey struct {
-	name                   string
-	ready, held            int
-	delayed                map[string]*orun
-	servable               bool
-	room                   int // servable runs: ready, up to the key limit
-	weight                 float64
-	suspect                bool
-	stale                  bool
-	everReady              bool
-	resetSinceReady        bool
-	drainServe             int // serve index of the serve that drained it; -1: not by a serve at weight 1, flag on
-	pending                bool
-	debt                   float64
-	registeredUnderFlagOff bool
+	name            string
+	ready, held     int
+	delayed         map[string]*orun
+	servable        bool
+	room            int // servable runs: ready, up to the key limit
+	weight          float64
+	suspect         bool
+	stale           bool
+	everReady       bool
+	resetSinceReady bool
+	drainServe      int // serve index of the serve that drained it; -1: not by a serve at weight 1, flag on
+	pending         bool
+	debt            float64
 }
 
 // Oracle drives a Driver and records what it observes in a History: every

@@ -134,7 +134,7 @@ func nodeAgrees(ctx context.Context, c *redis.Client, n int, want map[slotRange]
 		if len(s.Nodes) == 0 {
 			return fmt.Errorf("slots %d-%d have no node", s.Start, s.End)
 		}
-		got[slotRange{int(s.Start), int(s.End)}] = s.Nodes[0].Addr
+		got[slotRange{s.Start, s.End}] = s.Nodes[0].Addr
 	}
 	if !mapsEqual(got, want) {
 		return fmt.Errorf("slot map %v, want %v", got, want)

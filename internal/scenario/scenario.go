@@ -15,11 +15,11 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 	"github.com/runqueue/runqueue/vtime"
@@ -438,44 +438,38 @@ func (h *H) SetTags(tags map[string]float64) error {
 		if err != nil {
 			return err
 		}
-		n := strings.IndexFunc(reg, func(r rune) bool { return r < '0' || r > '9' })
-		if n < 0 {
-			n = len(reg)
-		}
-		if n == 0 {
+		r, ok := schedfmt.ParseReg(reg)
+		if !ok {
 			return fmt.Errorf("scenario: malformed registration %q of %s", reg, k)
 		}
-		code, flags := reg[:n], reg[n:]
 		score := s * vtime.Unit
-		if strings.HasPrefix(flags, "g") {
+		if r.Gated {
 			// A gated tag lives in the state hash (its score is its gating
 			// number): rewrite it there, remainder kept.
-			rest := ""
-			if i := strings.IndexByte(flags, '|'); i >= 0 {
-				rest = flags[i:]
-			}
-			if err := h.Raw.HSet(h.Ctx, state, vm, fmt.Sprintf("%sg%d%s", code, int64(score), rest)).Err(); err != nil {
+			r.Tag = int64(score)
+			if err := h.Raw.HSet(h.Ctx, state, vm, r.String()).Err(); err != nil {
 				return err
 			}
 			continue
 		}
-		if strings.Contains(flags, "w") {
+		if r.Waiting {
 			if err := h.Raw.ZRem(h.Ctx, h.Keys.CkVtime(), vm).Err(); err != nil {
 				return err
 			}
-			if err := h.Raw.HSet(h.Ctx, state, vm, code+strings.Replace(flags, "w", "", 1), "lh", "").Err(); err != nil {
+			r.Waiting = false
+			if err := h.Raw.HSet(h.Ctx, state, vm, r.String(), schedfmt.FieldLaneHead, "").Err(); err != nil {
 				return err
 			}
 		}
-		if err := h.Raw.ZAdd(h.Ctx, h.Keys.CkVtime(), redis.Z{Score: score, Member: code + vm}).Err(); err != nil {
+		if err := h.Raw.ZAdd(h.Ctx, h.Keys.CkVtime(), redis.Z{Score: score, Member: r.Code + vm}).Err(); err != nil {
 			return err
 		}
 	}
-	lane, err := h.Raw.ZCount(h.Ctx, h.Keys.CkVtime(), "-2251799813685248", "(-1125899906842624").Result()
+	lane, err := h.Raw.ZCount(h.Ctx, h.Keys.CkVtime(), schedfmt.LaneMin, schedfmt.LaneEnd).Result()
 	if err != nil {
 		return err
 	}
-	if lh, _ := h.Raw.HGet(h.Ctx, state, "lh").Result(); lane > 0 && lh == "" {
+	if lh, _ := h.Raw.HGet(h.Ctx, state, schedfmt.FieldLaneHead).Result(); lane > 0 && lh == "" {
 		return fmt.Errorf("scenario: SetTags took the lane's head out but %d newcomers still wait", lane)
 	}
 	return nil

@@ -170,7 +170,7 @@ func Suite() []Case {
 		{
 			Spec: Spec{Name: "heavy-idle", EnvLimit: 25, Hold: 3,
 				Setup: func(h *H) error {
-					return h.Add("heavy", 60, func(k int) time.Duration { return ms(k) })
+					return h.Add("heavy", 60, ms)
 				}},
 			Check: func(off, on *Result) []Verdict {
 				return []Verdict{equal("drain steps", float64(on.DrainSteps), float64(off.DrainSteps)), conserved(off), conserved(on)}
@@ -184,7 +184,7 @@ func Suite() []Case {
 						return err
 					}
 					for i := 0; i < 3; i++ {
-						if err := h.Add(keyN("inc", i), 40, func(k int) time.Duration { return ms(k) }); err != nil {
+						if err := h.Add(keyN("inc", i), 40, ms); err != nil {
 							return err
 						}
 					}
@@ -207,7 +207,7 @@ func Suite() []Case {
 		{
 			Spec: Spec{Name: "drain-and-return", EnvLimit: 20, MaxCount: 5, Hold: 0, Steps: 120,
 				Setup: func(h *H) error {
-					return h.Add("backlog", 400, func(k int) time.Duration { return ms(k) })
+					return h.Add("backlog", 400, ms)
 				},
 				BeforeStep: func(h *H, step int) error {
 					for i := 0; i < 5; i++ {
@@ -229,7 +229,7 @@ func Suite() []Case {
 		{
 			Spec: Spec{Name: "fresh-key-flood", EnvLimit: 20, MaxCount: 5, Hold: 0, Steps: 120,
 				Setup: func(h *H) error {
-					return h.Add("backlog", 400, func(k int) time.Duration { return ms(k) })
+					return h.Add("backlog", 400, ms)
 				},
 				BeforeStep: func(h *H, step int) error {
 					for i := 0; i < 8; i++ {
@@ -249,10 +249,10 @@ func Suite() []Case {
 			Spec: Spec{Name: "low-weight-anchor", MaxCount: 1, Hold: 0, Steps: 60,
 				Weights: map[string]float64{"x": 0.01},
 				Setup: func(h *H) error {
-					if err := h.Add("x", 50, func(k int) time.Duration { return ms(k) }); err != nil {
+					if err := h.Add("x", 50, ms); err != nil {
 						return err
 					}
-					return h.Add("y", 50, func(k int) time.Duration { return ms(k) })
+					return h.Add("y", 50, ms)
 				},
 				BeforeStep: func(h *H, step int) error {
 					if step != 20 {

@@ -102,7 +102,7 @@ func manyGated(name string, maxCount int) Case {
 						return err
 					}
 				}
-				if err := h.Add("heavy", heavy, func(k int) time.Duration { return ms(k) }); err != nil {
+				if err := h.Add("heavy", heavy, ms); err != nil {
 					return err
 				}
 				return h.Add("light", light, func(k int) time.Duration { return ms(100000 + k) })

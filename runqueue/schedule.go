@@ -3,19 +3,18 @@ package runqueue
 import (
 	"context"
 	"errors"
+	"sort"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/vtime"
 )
 
 // MaxInspectVariants bounds how many variants Schedule and Preview read.
 const MaxInspectVariants = 10000
-
-// ErrTooLarge: the queue has more variants than an operator call reads.
-var ErrTooLarge = errors.New("runqueue: queue has too many variants to inspect")
 
 // KeySchedule is one concurrency key as the fair scheduler sees it.
 type KeySchedule struct {
@@ -306,4 +305,76 @@ func (q *Queue) addSnapshotRuns(ctx context.Context, qk keys.Queue, snap *vtime.
 			Attempt: r.att, Delayed: delayed})
 	}
 	return nil
+}
+
+// maxTopLags bounds the k of TopLags.
+const maxTopLags = MaxInspectVariants
+
+// KeyLag is one concurrency key's lag as the fair scheduler sees it.
+type KeyLag struct {
+	Key string
+	// Lag is the key's tag minus the queue's clock V, in quanta, as
+	// Schedule reports it: positive when the key was served ahead of the
+	// others and waits.
+	Lag float64
+}
+
+// TopLags returns the k competing concurrency keys of a base queue with
+// the largest lag, largest first, for metrics that must not grow with the
+// number of keys. It reads the clock and the k highest tags of the
+// competing keys: one round trip of two commands, O(log n + k) on Redis
+// whatever the queue's size. Gated keys (at their per-key limit, out of
+// the competition) and keys queued in the newcomer lane (no tag yet) are
+// not among them. Empty with the flag off or when the queue has no
+// scheduler state.
+func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, err
+	}
+	if k < 1 || k > maxTopLags {
+		return nil, invalid("k", "%d is outside 1..%d", k, maxTopLags)
+	}
+	qk := q.space.Env(env).Queue(queue)
+	var clock *redis.SliceCmd
+	var active *redis.ZSliceCmd
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.HMGet(ctx, qk.CkVtimeState(), schedfmt.FieldClock, schedfmt.FieldEpoch)
+		active = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: schedfmt.ActiveMin,
+			Max: schedfmt.ActiveEnd, Count: int64(k)})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	num := func(v any) int64 {
+		s, _ := v.(string)
+		return schedfmt.Num(s)
+	}
+	cv := clock.Val()
+	if cv[0] == nil {
+		return nil, nil // no state: nothing registered
+	}
+	epoch := num(cv[1])
+	v := q.clockQuanta(epoch, num(cv[0]))
+	out := make([]KeyLag, 0, k)
+	for _, z := range active.Val() {
+		m, _ := z.Member.(string)
+		_, vm, ok := schedfmt.SplitMember(m)
+		if !ok {
+			continue
+		}
+		key, err := keys.DecodeVariantMember(vm)
+		if err != nil {
+			continue // not a member the scripts wrote: not ours to show
+		}
+		tag := q.clockQuanta(epoch, int64(z.Score))
+		out = append(out, KeyLag{Key: key, Lag: tag - v})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Lag != out[j].Lag {
+			return out[i].Lag > out[j].Lag
+		}
+		return out[i].Key < out[j].Key
+	})
+	return out[:min(len(out), k)], nil
 }

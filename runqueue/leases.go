@@ -5,27 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/runqueue/runqueue/keys"
 )
-
-func checkRun(r *Run) error {
-	if r == nil {
-		return invalid("run", "must not be nil")
-	}
-	if err := checkRef(r.Env, r.Queue, r.Key, r.ID); err != nil {
-		return err
-	}
-	if r.Token <= 0 {
-		return invalid("token", "must come from a dequeued run")
-	}
-	return nil
-}
 
 // Ack completes a run: it is removed everywhere and its concurrency released.
 // Ack is idempotent: acking a run that no longer exists (acked before, for
@@ -63,7 +47,7 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 		qk := q.space.Env(r.Env).Queue(r.Queue)
 		b := open[qk]
 		if b == nil || len(b.idx) == maxBatch {
-			b = &batch{qk: qk, args: []any{now, keys.RunPrefix(r.Env, r.Queue), 0}}
+			b = &batch{qk: qk, args: []any{now, qk.RunPrefix(), 0}}
 			open[qk] = b
 			order = append(order, b)
 		}
@@ -116,12 +100,6 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 		}
 	}
 	return errs, first
-}
-
-// heldKeys are the keys of a queue's in-flight bookkeeping, in the order the
-// ack script and the dequeue's acks take them.
-func (q *Queue) heldKeys(qk keys.Queue) []string {
-	return []string{qk.Runs(), qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases()}
 }
 
 // heldError maps an error code of lib/held.lua to its error.
@@ -221,8 +199,7 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) call {
 	qk := q.space.Env(ref.Env).Queue(ref.Queue)
 	v := qk.Variant(ref.Key)
-	ks := []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(),
-		qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases(), qk.Dead(), qk.Env.Dead()}
+	ks := placeKeys(qk, qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases(), qk.Dead(), qk.Env.Dead())
 	killArg := 0
 	if kill {
 		killArg = 1
@@ -248,141 +225,4 @@ func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int
 		out.RetryAt = time.UnixMilli(retry)
 	}
 	return out, nil
-}
-
-// RecoverLeases requeues (attempt + 1, ready now) up to limit runs of shard
-// whose lease deadline passed, or dead-letters those without attempts left.
-// Any number of instances may run it concurrently: each run is recovered
-// once. It returns how many runs it recovered or dead-lettered.
-func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error) {
-	now := q.now()
-	var tally queueTally
-	n, err := q.sweep(ctx, shard, limit, keys.Shard.Leases, now,
-		func(ref keys.Ref, _ string) call { return q.requeueCall(ref, 0, now, now, false) },
-		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
-			res, err := cmd.Int64Slice()
-			switch err := scriptError(err, nil); err {
-			case nil:
-				if q.observe {
-					dead := 0
-					if len(res) > 0 && res[0] == 0 {
-						dead = 1
-					}
-					tally.add(ref.Env, ref.Queue, 1, dead)
-				}
-				return 1, nil
-			case ErrNotFound, ErrNotInFlight, ErrLeaseActive:
-				// Another instance got there first, or the holder acked or
-				// extended meanwhile.
-				return 0, nil
-			default:
-				return 0, err
-			}
-		})
-	// Runs recovered before an error stay recovered: report them too.
-	for _, c := range tally.rows {
-		q.cfg.Observer.Recovered(c.env, c.queue, c.n, c.dead)
-	}
-	return n, err
-}
-
-func (q *Queue) checkSweep(shard, limit int) error {
-	if shard < 0 || shard >= q.space.Shards() {
-		return invalid("shard", "%d is outside 0..%d", shard, q.space.Shards()-1)
-	}
-	if limit <= 0 || limit > 100000 {
-		return invalid("limit", "%d is outside 1..100000", limit)
-	}
-	return nil
-}
-
-// ExpireTTL removes up to limit queued runs of shard whose TTL passed before
-// they were dequeued, and returns how many it expired.
-func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
-	now := q.now()
-	sh := q.space.Shard(max(0, shard))
-	var tally queueTally
-	n, err := q.sweep(ctx, shard, limit, keys.Shard.TTL, now,
-		func(ref keys.Ref, member string) call {
-			qk := q.space.Env(ref.Env).Queue(ref.Queue)
-			v := qk.Variant(ref.Key)
-			ks := []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), sh.TTL()}
-			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qk.Member(), qk.VariantBase()}
-			ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
-			return call{sc: q.scripts.expire, keys: ks, args: args}
-		},
-		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
-			n, err := cmd.Int()
-			if err == nil && n > 0 && q.observe {
-				tally.add(ref.Env, ref.Queue, n, 0)
-			}
-			return n, scriptError(err, nil)
-		})
-	// Runs expired before an error stay expired: report them too.
-	for _, c := range tally.rows {
-		q.cfg.Observer.Expired(c.env, c.queue, c.n)
-	}
-	return n, err
-}
-
-// sweep reads up to limit members of a shard set (leases, ttl) whose score
-// is due by now, sends one script call per run in one pipeline, in score
-// order, and adds up what each call reports. count sees each call's run,
-// so the caller knows the env and queue of what it counts.
-func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
-	build func(ref keys.Ref, member string) call, count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
-	if err := q.checkSweep(shard, limit); err != nil {
-		return 0, err
-	}
-	members, err := q.rdb.ZRangeByScore(ctx, set(q.space.Shard(shard)), &redis.ZRangeBy{
-		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(limit)}).Result()
-	if err != nil {
-		return 0, err
-	}
-	var calls []call
-	var refs []keys.Ref
-	for _, m := range members {
-		ref, err := keys.DecodeRunMember(m)
-		if err != nil {
-			continue // not a member runqueue wrote; never crash a sweeper on it
-		}
-		calls = append(calls, build(ref, m))
-		refs = append(refs, ref)
-	}
-	n := 0
-	for len(calls) > 0 {
-		chunk := calls[:min(len(calls), 500)]
-		chunkRefs := refs[:len(chunk)]
-		calls, refs = calls[len(chunk):], refs[len(chunk):]
-		cmds, err := runPipelined(ctx, q.rdb, chunk)
-		if err != nil {
-			return n, err
-		}
-		for i, cmd := range cmds {
-			got, err := count(chunkRefs[i], cmd)
-			if err != nil {
-				return n, err
-			}
-			n += got
-		}
-	}
-	return n, nil
-}
-
-// Redrive puts a dead-lettered run back in its queue, ready now, with its
-// attempts reset. A run that is already live (queued or in flight, for
-// instance after a first attempt whose reply was lost and that go-redis
-// retried) is left as it is and Redrive succeeds.
-func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
-	if err := checkRef(env, queue, key, id); err != nil {
-		return err
-	}
-	qk := q.space.Env(env).Queue(queue)
-	v := qk.Variant(key)
-	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
-	ks := []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Dead(), qk.Env.Dead()}
-	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qk.Member(), qk.Wake(),
-		qk.VariantBase()}
-	ks, args = q.withHooks(q.scripts.redrive, qk, ks, args)
-	return scriptError(run(ctx, q.rdb, q.scripts.redrive, ks, args...).Err(), nil)
 }

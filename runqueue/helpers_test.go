@@ -1,0 +1,265 @@
+// Helpers shared by the test files of this package: backends, the test
+// bundle a test gets from setup, a settable clock, and small enqueue,
+// dequeue and inspection shortcuts.
+package runqueue_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// backend is one kind of Redis a conformance test runs on.
+type backend struct {
+	name   string
+	client func(t testing.TB) redis.UniversalClient
+}
+
+// backends are miniredis (always), a real redis-server and a three-node
+// Redis Cluster (skipped without one, failed under RUNQUEUE_REQUIRE_REDIS=1).
+var backends = []backend{
+	{"Mini", redistest.Mini},
+	{"Real", redistest.Real},
+	{"Cluster", redistest.Cluster},
+}
+
+// forEachBackend runs fn as a subtest on every backend.
+func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, b.client(t))
+		})
+	}
+}
+
+// fakeClock is a settable clock for tests.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.UnixMilli(1_800_000_000_000)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// testBundle is what setup gives a test.
+type testBundle struct {
+	ctx    context.Context
+	client redis.UniversalClient
+	clock  *fakeClock
+	cfg    *runqueue.Config
+	q      *runqueue.Queue
+	prefix string
+}
+
+// setup returns a Queue on c under a fresh key prefix and a fake clock.
+// mutate, when non-nil, edits the config before New.
+func setup(t testing.TB, c redis.UniversalClient, mutate func(*runqueue.Config)) *testBundle {
+	t.Helper()
+	b := &testBundle{ctx: context.Background(), client: c, clock: newFakeClock(), prefix: redistest.Prefix(t)}
+	b.cfg = &runqueue.Config{Prefix: b.prefix, Clock: b.clock}
+	if mutate != nil {
+		mutate(b.cfg)
+	}
+	q, err := runqueue.New(b.ctx, c, b.cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	b.q = q
+	return b
+}
+
+// keysUnder lists every key of the bundle's prefix, so tests can check what
+// a call wrote; the shards' delivery token counters, which live for ever by
+// design (a token never repeats), and the layout version are left out.
+func (b *testBundle) keysUnder(t testing.TB) []string {
+	t.Helper()
+	var out []string
+	pattern := "{" + b.prefix + ":*"
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			if k := iter.Val(); !strings.HasSuffix(k, ":tokens") && !strings.HasSuffix(k, ":layout") {
+				out = append(out, iter.Val())
+			}
+		}
+		return iter.Err()
+	}
+	switch c := b.client.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		require.NoError(t, c.ForEachMaster(b.ctx, func(ctx context.Context, n *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return scan(ctx, n)
+		}))
+	case *redis.Client:
+		require.NoError(t, scan(b.ctx, c))
+	default:
+		t.Fatalf("unsupported client %T", c)
+	}
+	return out
+}
+
+// dump returns every key of the bundle's prefix with a string rendering of
+// its value, to compare states before and after a call.
+func (b *testBundle) dump(t testing.TB) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, k := range b.keysUnder(t) {
+		typ, err := b.client.Type(b.ctx, k).Result()
+		require.NoError(t, err)
+		var v any
+		switch typ {
+		case "string":
+			v, err = b.client.Get(b.ctx, k).Result()
+		case "hash":
+			v, err = b.client.HGetAll(b.ctx, k).Result()
+		case "set":
+			var m []string
+			m, err = b.client.SMembers(b.ctx, k).Result()
+			v = sortedCopy(m)
+		case "zset":
+			v, err = b.client.ZRangeWithScores(b.ctx, k, 0, -1).Result()
+		default:
+			v = typ
+		}
+		require.NoError(t, err)
+		out[k] = typeAndValue(typ, v)
+	}
+	return out
+}
+
+const env, queueName = "env", "q"
+
+// enqueue queues p, which must be new; an empty Env or Queue means env or
+// queueName.
+func enqueue(t testing.TB, b *testBundle, p runqueue.EnqueueParams) {
+	t.Helper()
+	if p.Env == "" {
+		p.Env = env
+	}
+	if p.Queue == "" {
+		p.Queue = queueName
+	}
+	ok, err := b.q.Enqueue(b.ctx, p)
+	require.NoError(t, err)
+	require.True(t, ok, "enqueue of %s must queue a new run", p.ID)
+}
+
+func dequeue(t testing.TB, b *testBundle, queue string, n int) []*runqueue.Run {
+	t.Helper()
+	runs, err := b.q.Dequeue(b.ctx, env, queue, n)
+	require.NoError(t, err)
+	return runs
+}
+
+func runIDs(runs []*runqueue.Run) []string {
+	out := make([]string, len(runs))
+	for i, r := range runs {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func queueStats(t testing.TB, b *testBundle, queue string) runqueue.Stats {
+	t.Helper()
+	s, err := b.q.QueueStats(b.ctx, env, queue)
+	require.NoError(t, err)
+	return s
+}
+
+func ackAll(t testing.TB, b *testBundle, runs []*runqueue.Run) {
+	t.Helper()
+	for _, r := range runs {
+		require.NoError(t, b.q.Ack(b.ctx, r))
+	}
+}
+
+func sortedCopy(s []string) []string {
+	out := append([]string(nil), s...)
+	sort.Strings(out)
+	return out
+}
+
+func typeAndValue(typ string, v any) string { return fmt.Sprintf("%s:%v", typ, v) }
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// wallClock switches a bundle to the real clock: blocking calls sleep in
+// real time.
+func wallClock(c *runqueue.Config) { c.Clock = nil }
+
+// otherClient opens a second client to the same server, so that work can
+// come from another process's connection.
+func otherClient(t testing.TB, c redis.UniversalClient) redis.UniversalClient {
+	t.Helper()
+	var o redis.UniversalClient
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		o = redis.NewClusterClient(c.Options())
+	case *redis.Client:
+		o = redis.NewClient(c.Options())
+	default:
+		t.Fatalf("unsupported client %T", c)
+	}
+	t.Cleanup(func() { _ = o.Close() })
+	return o
+}
+
+// enqueueMany enqueues n runs built by param from 8 goroutines, to fill
+// large backlogs quickly.
+func enqueueMany(t testing.TB, b *testBundle, n int, param func(i int) runqueue.EnqueueParams) {
+	t.Helper()
+	const workers = 8
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				ok, err := b.q.Enqueue(b.ctx, param(i))
+				if err == nil && !ok {
+					err = fmt.Errorf("run %d was not queued", i)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}

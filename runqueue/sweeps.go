@@ -1,0 +1,129 @@
+package runqueue
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// RecoverLeases requeues (attempt + 1, ready now) up to limit runs of shard
+// whose lease deadline passed, or dead-letters those without attempts left.
+// Any number of instances may run it concurrently: each run is recovered
+// once. It returns how many runs it recovered or dead-lettered.
+func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error) {
+	now := q.now()
+	var tally queueTally
+	n, err := q.sweep(ctx, shard, limit, keys.Shard.Leases, now,
+		func(ref keys.Ref, _ string) call { return q.requeueCall(ref, 0, now, now, false) },
+		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
+			res, err := cmd.Int64Slice()
+			switch err := scriptError(err, nil); err {
+			case nil:
+				if q.observe {
+					dead := 0
+					if len(res) > 0 && res[0] == 0 {
+						dead = 1
+					}
+					tally.add(ref.Env, ref.Queue, 1, dead)
+				}
+				return 1, nil
+			case ErrNotFound, ErrNotInFlight, ErrLeaseActive:
+				// Another instance got there first, or the holder acked or
+				// extended meanwhile.
+				return 0, nil
+			default:
+				return 0, err
+			}
+		})
+	// Runs recovered before an error stay recovered: report them too.
+	for _, c := range tally.rows {
+		q.cfg.Observer.Recovered(c.env, c.queue, c.n, c.dead)
+	}
+	return n, err
+}
+
+func (q *Queue) checkSweep(shard, limit int) error {
+	if err := q.checkShard(shard); err != nil {
+		return err
+	}
+	if limit <= 0 || limit > 100000 {
+		return invalid("limit", "%d is outside 1..100000", limit)
+	}
+	return nil
+}
+
+// ExpireTTL removes up to limit queued runs of shard whose TTL passed before
+// they were dequeued, and returns how many it expired.
+func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
+	now := q.now()
+	sh := q.space.Shard(max(0, shard))
+	var tally queueTally
+	n, err := q.sweep(ctx, shard, limit, keys.Shard.TTL, now,
+		func(ref keys.Ref, member string) call {
+			qk := q.space.Env(ref.Env).Queue(ref.Queue)
+			v := qk.Variant(ref.Key)
+			ks := placeKeys(qk, sh.TTL())
+			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qk.Member(), qk.VariantBase()}
+			ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
+			return call{sc: q.scripts.expire, keys: ks, args: args}
+		},
+		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
+			n, err := cmd.Int()
+			if err == nil && n > 0 && q.observe {
+				tally.add(ref.Env, ref.Queue, n, 0)
+			}
+			return n, scriptError(err, nil)
+		})
+	// Runs expired before an error stay expired: report them too.
+	for _, c := range tally.rows {
+		q.cfg.Observer.Expired(c.env, c.queue, c.n)
+	}
+	return n, err
+}
+
+// sweep reads up to limit members of a shard set (leases, ttl) whose score
+// is due by now, sends one script call per run in one pipeline, in score
+// order, and adds up what each call reports. count sees each call's run,
+// so the caller knows the env and queue of what it counts.
+func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
+	build func(ref keys.Ref, member string) call, count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
+	if err := q.checkSweep(shard, limit); err != nil {
+		return 0, err
+	}
+	members, err := q.rdb.ZRangeByScore(ctx, set(q.space.Shard(shard)), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(limit)}).Result()
+	if err != nil {
+		return 0, err
+	}
+	var calls []call
+	var refs []keys.Ref
+	for _, m := range members {
+		ref, err := keys.DecodeRunMember(m)
+		if err != nil {
+			continue // not a member runqueue wrote; never crash a sweeper on it
+		}
+		calls = append(calls, build(ref, m))
+		refs = append(refs, ref)
+	}
+	n := 0
+	for len(calls) > 0 {
+		chunk := calls[:min(len(calls), 500)]
+		chunkRefs := refs[:len(chunk)]
+		calls, refs = calls[len(chunk):], refs[len(chunk):]
+		cmds, err := runPipelined(ctx, q.rdb, chunk)
+		if err != nil {
+			return n, err
+		}
+		for i, cmd := range cmds {
+			got, err := count(chunkRefs[i], cmd)
+			if err != nil {
+				return n, err
+			}
+			n += got
+		}
+	}
+	return n, nil
+}

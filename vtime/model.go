@@ -525,9 +525,10 @@ type call struct {
 }
 
 // Dequeue serves up to maxCount runs at time now, in phases that the Lua
-// (dequeue_vtime.lua) follows with the same names: capacity, promote,
-// ungate, discover, serve (pass 1 with the age head as fallback), collect
-// and persist (here the model writes as it goes), rebase.
+// (dequeue_vtime.lua) follows with the same names, each marked there by a
+// comment "-- NAME:": capacity, promote, ungate (with the gated probe),
+// discover, serve (pass 1 with the age head as fallback), collect and
+// persist (here the model writes as it goes), rebase.
 func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	c := &call{m: m, keyLimit: m.cfg.Limits.Key}
 	if c.cap = m.capacity(maxCount); c.cap <= 0 {

@@ -787,8 +787,10 @@ local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
 local wm = tonumber(ARGV[dq.own_args + 3])
 local G = SCHED.G
--- Without a key limit the acks need not look for gated variants: the
--- un-gating below returns every one of them in this call, at the same V.
+-- capacity: the acks the call carries first (their slots count), then
+-- what the env and queue limits leave of maxCount. Without a key limit the
+-- acks need not look for gated variants: the un-gating below returns every
+-- one of them in this call, at the same V.
 local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0))
 if dq_capacity(dq) <= 0 then
   sched_save(S)
@@ -1162,7 +1164,8 @@ while #dq.served < dq.cap do
   serve_one(e)
 end
 
--- persist: the tags and registrations this call changed, then parked tags.
+-- collect and persist: the tags and registrations this call changed
+-- (gathered from the entries it touched), then parked tags.
 -- A variant that left the lane leaves its region (unless parking replaces
 -- the entry: the member is the same).
 do

@@ -17,7 +17,7 @@
 -- the state broken and served nothing: see w_extend).
 --@include record
 --@include held
---@include hooks
+--@include sched
 --@include place
 --@include dequeue
 local OWN_KEYS = 11

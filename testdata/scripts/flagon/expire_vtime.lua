@@ -65,6 +65,18 @@ end
 --                       queue has a per-key limit now, or the instance
 --                       gave one to a queue before (the limit may have
 --                       gone and come back since the variant was gated)
+--
+-- The scheduler's code is defined inside lib(), at the first hook that
+-- does something: Redis runs a script's whole body at every call, and most
+-- calls of these scripts (an enqueue behind a variant's head, an ack
+-- without a key limit) need none of it, so they do not pay for making its
+-- closures and tables.
+local function hooks_open(keys, args, own_keys, own_args, now)
+  local look = args[own_args + 3] == '1'
+  local h -- the scheduler's hooks, once lib() has run
+  local function lib()
+    if h == nil then
+      h = (function()
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
@@ -358,9 +370,18 @@ local function sched_hooks(S, look)
     finish = function() sched_save(S) end,
   }
 end
-local function hooks_open(keys, args, own_keys, own_args, now)
-  return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                                args[own_args + 1], args[own_args + 2], now), args[own_args + 3] == '1')
+        return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
+                                      args[own_args + 1], args[own_args + 2], now), look)
+      end)()
+    end
+    return h
+  end
+  return {
+    ready_start = function(vm) lib().ready_start(vm) end,
+    ready_empty = function(vm) lib().ready_empty(vm) end,
+    released = function(vms) if look then lib().released(vms) end end,
+    finish = function() if h then h.finish() end end,
+  }
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).

@@ -44,3 +44,7 @@ func (q *Queue) KeyInflight(ctx context.Context, env, queue, key string) (int, e
 	}
 	return n, err
 }
+
+// Heartbeat extends the leases of w's running handlers now, as its
+// heartbeat does every WorkerConfig.HeartbeatInterval. Tests only.
+func (w *Worker) Heartbeat() { w.heartbeat() }

@@ -706,6 +706,21 @@ func (s *source) loop() {
 			timer.Stop()
 		}
 	}()
+	// After a fetch that got all it asked for, the loop gathers: it waits
+	// (up to the last call's duration) until most of its share of slots
+	// are free, rather than fetching the few that are. With fast handlers
+	// a fetch then carries about Concurrency runs, not half as many, which
+	// matters for the fair scheduler, whose work per run drops when one
+	// call serves a key more than once.
+	gatherUntil := time.Time{}
+	gatherWant := max(1, 3*w.fetchN/4/len(w.sources))
+	var gatherTimer *time.Timer
+	var gatherC <-chan time.Time
+	defer func() {
+		if gatherTimer != nil {
+			gatherTimer.Stop()
+		}
+	}()
 	var ackBuf []*job
 	var slotBuf []int
 	failures := 0
@@ -715,14 +730,54 @@ func (s *source) loop() {
 			case <-w.stopFetch:
 				fetching = false
 				w.slots.leaveFetch()
+				w.slots.forget(s)
 			default:
+			}
+		}
+		var ks []int
+		if fetching && !idle {
+			least := 1
+			if !gatherUntil.IsZero() {
+				if time.Now().Before(gatherUntil) {
+					least = gatherWant
+				} else {
+					gatherUntil, gatherC = time.Time{}, nil
+				}
+			}
+			ks = w.slots.take(s, w.fetchN, least, slotBuf[:0])
+			slotBuf = ks
+			if len(ks) > 0 && !gatherUntil.IsZero() {
+				gatherUntil = time.Time{}
+				if gatherC != nil {
+					gatherTimer.Stop()
+					gatherC = nil
+				}
+			}
+			if len(ks) == 0 && least > 1 {
+				// The acks ride on the fetch that ends the gathering.
+				if gatherC == nil {
+					if gatherTimer == nil {
+						gatherTimer = time.NewTimer(time.Until(gatherUntil))
+					} else {
+						gatherTimer.Reset(time.Until(gatherUntil))
+					}
+					gatherC = gatherTimer.C
+				}
+				select {
+				case <-s.kick:
+				case <-gatherC:
+					gatherUntil, gatherC = time.Time{}, nil
+				case <-w.stopFetch:
+				case <-w.base.Done():
+					return
+				}
+				continue
 			}
 		}
 		acks := s.takeAcks(ackBuf[:0])
 		ackBuf = acks
-		var ks []int
-		if fetching && (!idle || len(acks) > 0) {
-			ks = w.slots.take(s, w.fetchN, slotBuf[:0])
+		if fetching && idle && len(acks) > 0 {
+			ks = w.slots.take(s, w.fetchN, 1, slotBuf[:0])
 			slotBuf = ks
 		}
 		if len(acks) == 0 && len(ks) == 0 {
@@ -748,7 +803,9 @@ func (s *source) loop() {
 			}
 			continue
 		}
+		began := time.Now()
 		runs, ackErrs, ackErr, err := s.fetch(acks, len(ks))
+		took := time.Since(began)
 		if len(runs) > 0 {
 			s.dispatch(runs, ks)
 		}
@@ -786,6 +843,9 @@ func (s *source) loop() {
 			if timerC != nil {
 				timer.Stop()
 				timerC = nil
+			}
+			if gatherWant > 1 {
+				gatherUntil = time.Now().Add(min(took, maxGather))
 			}
 		case len(runs) > 0:
 			// Limits (or a drained queue) cut the fetch short; the acks of
@@ -932,6 +992,9 @@ func (s *source) sleep(d time.Duration) bool {
 	return true
 }
 
+// maxGather bounds how long a fetch waits for more free slots.
+const maxGather = 5 * time.Millisecond
+
 // retryDelay is the wait after the n-th failure in a row: 100ms doubling
 // to 5s, with jitter.
 func retryDelay(n int) time.Duration {
@@ -945,10 +1008,17 @@ type slots struct {
 	mu       sync.Mutex
 	free     []int
 	size     int
-	fetching int       // fetchers that have not stopped fetching
-	waiters  []*source // waiting for a slot, first come first served
-	waiting  map[*source]bool
-	changed  chan struct{} // a slot was given back or a fetcher stopped fetching
+	fetching int             // fetchers that have not stopped fetching
+	waiters  []slotWaiter    // first come first served
+	waiting  map[*source]int // how many free slots each waiting source wants
+	changed  chan struct{}   // a slot was given back or a fetcher stopped fetching
+}
+
+// slotWaiter is a source waiting until want slots are free; it is stale
+// when waiting no longer says so.
+type slotWaiter struct {
+	src  *source
+	want int
 }
 
 func (s *slots) init(n int) {
@@ -957,23 +1027,34 @@ func (s *slots) init(n int) {
 	for i := range s.free {
 		s.free[i] = n - 1 - i
 	}
-	s.waiting = map[*source]bool{}
+	s.waiting = map[*source]int{}
 	s.changed = make(chan struct{}, 1)
 }
 
-// take moves up to max free slots into buf; with none free, src waits for
-// one (it is poked when one is given back).
-func (s *slots) take(src *source, max int, buf []int) []int {
+// take moves up to most free slots into buf when at least least (1 or
+// more) are free; otherwise src waits until they are: it is poked.
+func (s *slots) take(src *source, most, least int, buf []int) []int {
 	s.mu.Lock()
-	n := min(max, len(s.free))
+	defer s.mu.Unlock()
+	if len(s.free) < least {
+		if s.waiting[src] != least {
+			s.waiting[src] = least
+			s.waiters = append(s.waiters, slotWaiter{src, least})
+		}
+		return buf
+	}
+	delete(s.waiting, src)
+	n := min(most, len(s.free))
 	buf = append(buf, s.free[len(s.free)-n:]...)
 	s.free = s.free[:len(s.free)-n]
-	if n == 0 && !s.waiting[src] {
-		s.waiting[src] = true
-		s.waiters = append(s.waiters, src)
-	}
-	s.mu.Unlock()
 	return buf
+}
+
+// forget drops src's wait, if any.
+func (s *slots) forget(src *source) {
+	s.mu.Lock()
+	delete(s.waiting, src)
+	s.mu.Unlock()
 }
 
 func (s *slots) give(ks ...int) {
@@ -983,15 +1064,19 @@ func (s *slots) give(ks ...int) {
 	s.mu.Lock()
 	s.free = append(s.free, ks...)
 	var wake []*source
-	for range ks {
-		if len(s.waiters) == 0 {
-			break
+	avail := len(s.free)
+	for len(s.waiters) > 0 && avail > 0 {
+		h := s.waiters[0]
+		if want, ok := s.waiting[h.src]; ok && want == h.want {
+			if h.want > avail {
+				break // first come first served; a gathering waiter's timer bounds this
+			}
+			delete(s.waiting, h.src)
+			wake = append(wake, h.src)
+			avail -= h.want
 		}
-		src := s.waiters[0]
-		s.waiters[0] = nil
+		s.waiters[0] = slotWaiter{}
 		s.waiters = s.waiters[1:]
-		delete(s.waiting, src)
-		wake = append(wake, src)
 	}
 	s.mu.Unlock()
 	for _, src := range wake {

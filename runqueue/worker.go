@@ -118,12 +118,14 @@ func (c *WorkerConfig) validate(q *Queue) error {
 }
 
 // Worker runs a Handler over the runs of some base queues or whole
-// shards, up to WorkerConfig.Concurrency at a time. It fetches with the
-// fused AckAndDequeue (one round trip carries the acks of the runs that
-// finished and asks for as many runs as it has free slots), waits for
-// work without polling (pub/sub wake-ups, as DequeueWait), extends the
-// leases of running handlers, and sweeps expired leases and TTLs of the
-// shards it serves in the background.
+// shards, up to WorkerConfig.Concurrency at a time, on a fixed pool of
+// handler goroutines. It fetches with the fused AckAndDequeue: one round
+// trip carries the acks of the runs that finished and asks for as many
+// runs as it has free slots (while a queue has a backlog, two such calls
+// may be in flight, so that Redis and the worker work at the same time).
+// It waits for work without polling (pub/sub wake-ups, as DequeueWait),
+// extends the leases of running handlers, and sweeps expired leases and
+// TTLs of the shards it serves in the background.
 //
 // # Usage
 //
@@ -248,7 +250,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.state != workerNew {
-		return errors.New("runqueue: worker already started")
+		return errors.New("runqueue: a worker starts once")
 	}
 	wk, err := w.q.getWaker(ctx)
 	if err != nil {

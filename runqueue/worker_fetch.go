@@ -305,7 +305,7 @@ func (l *fetchLoop) issue() bool {
 		}
 		var ks []int
 		if l.fetching {
-			ks = w.slots.take(s, w.fetchN, 1, nil) // ask for runs with the acks: it costs nothing more
+			ks = w.slots.take(nil, w.fetchN, 1, nil) // ask for runs with the acks: it costs nothing more
 		}
 		l.start(acks, ks)
 		return true
@@ -420,11 +420,13 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// these runs will look again. The timer bounds the wait should
 		// none come (a nack elsewhere, say).
 		l.idle, l.full = true, false
+		w.slots.forget(s)
 		if l.lookC == nil {
 			l.lookC = arm(&l.look, w.q.cfg.BlockPollInterval)
 		}
 	default:
 		l.idle, l.full = true, false
+		w.slots.forget(s)
 		if !l.looked {
 			l.lookC = arm(&l.look, s.nextLook())
 			l.looked = true
@@ -486,12 +488,15 @@ func (s *slots) init(n int) {
 }
 
 // take moves up to most free slots into buf when at least least (1 or
-// more) are free; otherwise src waits until they are: it is poked.
+// more) are free; otherwise, when src is non-nil, it waits until they are:
+// it is poked. A source takes with a nil src when it only tries (its
+// queue is idle): a waiting source that does not want the slot would
+// swallow the poke meant for another.
 func (s *slots) take(src *source, most, least int, buf []int) []int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.free) < least {
-		if s.waiting[src] != least {
+		if src != nil && s.waiting[src] != least {
 			s.waiting[src] = least
 			s.waiters = append(s.waiters, slotWaiter{src, least})
 		}

@@ -510,6 +510,56 @@ func TestWorker(t *testing.T) {
 				require.Zero(t, s.Ready+s.Delayed+s.InFlight, "queue %s: %+v", qn, s)
 			}
 		})
+		t.Run("AckNotHeldBehindBusySlots", func(t *testing.T) {
+			t.Parallel()
+			b, o := workerSetup(t, c, nil)
+			// One slot, two queues. Queue "other" has a run, "holder",
+			// that keeps the slot once it gets it; queueName has a backlog
+			// of quick runs. When holder takes the slot a quick run freed,
+			// that quick run's ack must go at once, not wait for a slot.
+			const quick = 20
+			holding, release := make(chan struct{}), make(chan struct{})
+			var ran atomic.Int64
+			startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
+				if r.ID != "holder" {
+					ran.Add(1)
+					return nil
+				}
+				close(holding)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}, func(c *runqueue.WorkerConfig) {
+				c.Concurrency = 1
+				c.Queues = []runqueue.WorkerQueue{{Env: env, Queue: queueName}, {Env: env, Queue: "other"}}
+			})
+			for i := range quick {
+				enqueue(t, b, runqueue.EnqueueParams{ID: "q" + strconv.Itoa(i)})
+			}
+			enqueue(t, b, runqueue.EnqueueParams{Queue: "other", ID: "holder"})
+			waitClosed(t, holding)
+			o.until(t, runqueue.OutcomeAck, int(ran.Load())) // every quick run that ran, while holder holds the slot
+			close(release)
+			o.until(t, runqueue.OutcomeAck, quick+1-int(ran.Load()))
+			requireEmpty(t, b)
+			require.Zero(t, queueStats(t, b, "other").InFlight)
+		})
+		t.Run("DelayedRunHandledAtItsTime", func(t *testing.T) {
+			t.Parallel()
+			b, o := workerSetup(t, c, wallClock)
+			got := newSeen()
+			startWorker(t, b.q, func(_ context.Context, r *runqueue.Run) error {
+				got.add(r)
+				return nil
+			}, func(c *runqueue.WorkerConfig) { c.IdlePollInterval = time.Hour })
+			// Nothing wakes the worker when the run becomes due: its look at
+			// the queue after its last empty fetch set a timer for it.
+			enqueue(t, b, runqueue.EnqueueParams{ID: "later", Delay: 300 * time.Millisecond})
+			require.Equal(t, []runqueue.Outcome{runqueue.OutcomeAck}, o.next(t, 1))
+			require.Equal(t, map[string][]int{"later": {1}}, got.get())
+		})
 		t.Run("IdleWorkerSendsNothing", func(t *testing.T) {
 			t.Parallel()
 			b, o := workerSetup(t, c, nil)

@@ -25,9 +25,16 @@ test/race: ## Run all tests with the race detector
 test/redis: ## Run the real-Redis tests; fail if no Redis is available
 	$(REQUIRE_REDIS) $(GO) test ./... -count=1 -timeout $(TIMEOUT)
 
+# The cluster tests are the Cluster subtests of the tests that run on every
+# backend (TestConformance/Cluster/...) and the top-level tests of the
+# cluster itself (TestClusterNodes). A plain -run '/Cluster' would also run
+# every top-level test without subtests, so clustertests names the tests
+# that reach redistest.Cluster and keeps only their Cluster backend.
 .PHONY: test/cluster
-test/cluster: ## Run the Redis Cluster tests; fail if no Redis is available
-	$(REQUIRE_REDIS) $(GO) test ./... -count=1 -timeout $(TIMEOUT) -run Cluster
+test/cluster: ## Run the Redis Cluster tests (the Cluster subtests); fail if no Redis is available
+	@pattern="$$($(GO) run ./internal/redistest/clustertests)" || exit 1; \
+	echo "$(GO) test ./... -run '$$pattern'"; \
+	$(REQUIRE_REDIS) $(GO) test ./... -count=1 -timeout $(TIMEOUT) -run "$$pattern"
 
 .PHONY: verify
 verify: verify/lua verify/fmt verify/vet ## Run every check: pinned Lua SHAs, gofmt, go vet

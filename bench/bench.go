@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -91,13 +92,14 @@ func (o Options) want(section string) bool { return o.Sections == nil || o.Secti
 // Report is everything one run measured; it is also the JSON document.
 // Sections a backend cannot measure stay empty and are omitted.
 type Report struct {
-	Backend      string    `json:"backend"` // "miniredis" or "redis"
-	RedisVersion string    `json:"redis_version,omitempty"`
-	GoVersion    string    `json:"go_version"`
-	CPUs         int       `json:"cpus"`
-	StartedAt    time.Time `json:"started_at"`
-	DurationSec  float64   `json:"duration_s"`
-	Settings     Settings  `json:"settings"`
+	Backend      string        `json:"backend"` // "miniredis", "redis" or "redis-cluster"
+	RedisVersion string        `json:"redis_version,omitempty"`
+	Nodes        []ClusterNode `json:"nodes,omitempty"` // the masters of a Redis Cluster, by address
+	GoVersion    string        `json:"go_version"`
+	CPUs         int           `json:"cpus"`
+	StartedAt    time.Time     `json:"started_at"`
+	DurationSec  float64       `json:"duration_s"`
+	Settings     Settings      `json:"settings"`
 
 	Scenarios  []ScenarioResult `json:"scenarios,omitempty"`
 	Verdicts   []VerdictRow     `json:"verdicts,omitempty"`
@@ -149,7 +151,8 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 	prog := newProgress(stderr, opts.Progress)
 	defer prog.done()
 
-	var client *redis.Client
+	var client redis.UniversalClient
+	var topo *topology // the slot map of a cluster
 	var ks *keyspace
 	if opts.RedisURL == "" {
 		rep.Backend = "miniredis"
@@ -162,12 +165,25 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 		defer func() { _ = client.Close() }()
 		ks = newKeyspace(client)
 	} else {
+		t, err := parseTarget(opts.RedisURL)
+		if err != nil {
+			return nil, err
+		}
 		rep.Backend = "redis"
-		client, err = connect(ctx, opts.RedisURL)
+		if t.cluster != nil {
+			rep.Backend = "redis-cluster"
+		}
+		client, err = connect(ctx, t)
 		if err != nil {
 			return nil, err
 		}
 		defer func() { _ = client.Close() }()
+		if cc, ok := client.(*redis.ClusterClient); ok {
+			if topo, err = readTopology(ctx, cc); err != nil {
+				return nil, err
+			}
+			rep.Nodes = topo.nodes
+		}
 		if err := checkEmpty(ctx, client, opts.Force); err != nil {
 			return nil, err
 		}
@@ -190,34 +206,54 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 		}()
 	}
 
-	real := rep.Backend == "redis"
+	real := rep.Backend != "miniredis"
+	// Cost, memory and the sweep measure one server's work per operation.
+	// Each queue of the bench lives on one master of a cluster, so there
+	// they would only repeat what one server shows: they run on a single
+	// server (single) alone.
+	single, _ := client.(*redis.Client)
+	if !real {
+		single = nil
+	}
+	if topo != nil {
+		var skipped []string
+		for _, sec := range []string{secCost, secMemory, secSweep} {
+			if opts.want(sec) {
+				skipped = append(skipped, sec)
+			}
+		}
+		if len(skipped) > 0 {
+			rep.Notes = append(rep.Notes, "sections "+strings.Join(skipped, ", ")+" not run on a Redis Cluster: they measure one "+
+				"server's cost per operation, which one master shows alone; run them with -redis redis://host:port")
+		}
+	}
 	if opts.want(secScenarios) {
 		if err := runScenarios(ctx, client, ks, opts, rep, prog); err != nil {
 			return rep, err
 		}
 	}
-	if real && opts.want(secCost) {
+	if single != nil && opts.want(secCost) {
 		rep.Settings.CostRuns, rep.Settings.CostRepeats, rep.Settings.CostKeys = opts.CostRuns, opts.CostRepeats, opts.CostKeys
 		rep.Settings.GatedCalls, rep.Settings.GatedKeys = opts.GatedCalls, opts.GatedKeys
-		if err := runCost(ctx, client, ks, opts, rep, prog); err != nil {
+		if err := runCost(ctx, single, ks, opts, rep, prog); err != nil {
 			return rep, err
 		}
 	}
-	if real && (opts.want(secMemory) || opts.want(secSweep)) {
+	if single != nil && (opts.want(secMemory) || opts.want(secSweep)) {
 		if opts.want(secMemory) {
 			rep.Settings.MemoryKeys = opts.MemoryKeys
 		}
 		if opts.want(secSweep) {
 			rep.Settings.SweepKeys, rep.Settings.SweepRuns = opts.SweepKeys, opts.SweepRuns
 		}
-		if err := runSweep(ctx, client, ks, opts, rep, prog); err != nil {
+		if err := runSweep(ctx, single, ks, opts, rep, prog); err != nil {
 			return rep, err
 		}
 	}
 	if real && opts.want(secThroughput) {
 		rep.Settings.Producers, rep.Settings.Workers = opts.Producers, opts.Workers
 		rep.Settings.ThroughputRuns, rep.Settings.ThroughputKeys, rep.Settings.Batch = opts.ThroughputRuns, opts.ThroughputKeys, opts.Batch
-		if err := runThroughput(ctx, client, ks, opts, rep, prog); err != nil {
+		if err := runThroughput(ctx, client, topo, ks, opts, rep, prog); err != nil {
 			return rep, err
 		}
 	}

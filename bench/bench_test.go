@@ -416,6 +416,13 @@ func TestParseFlags(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "redis://x:2/0", o.RedisURL, "the flag wins over the environment")
 	})
+	t.Run("Cluster", func(t *testing.T) {
+		for _, v := range []string{"redis+cluster://a:1,b:2", "a:1,b:2"} {
+			o, err := parseFlags([]string{"-redis", v}, env(""), io.Discard)
+			require.NoError(t, err, v)
+			require.Equal(t, v, o.RedisURL)
+		}
+	})
 	t.Run("Lists", func(t *testing.T) {
 		o, err := parseFlags([]string{"-sweep-keys", "5, 50", "-sections", "cost,memory", "-scenarios", "skew"}, env(""), io.Discard)
 		require.NoError(t, err)
@@ -433,6 +440,8 @@ func TestParseFlags(t *testing.T) {
 		{"ZeroWorkers", []string{"-workers", "0"}, "-workers must be at least 1"},
 		{"HugeBatch", []string{"-batch", "5000"}, "-batch must be at most 1000"},
 		{"StrayArgument", []string{"now"}, `unexpected argument "now"`},
+		{"BareAddress", []string{"-redis", "h:1"}, "a cluster: redis+cluster://h:1"},
+		{"ClusterDB", []string{"-redis", "redis+cluster://a:1/2"}, "only database 0"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

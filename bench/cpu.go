@@ -54,25 +54,53 @@ func parseCPU(info string) (float64, error) {
 }
 
 // cpuMeter measures the Redis process CPU of a phase: start before it,
-// stop after it.
+// stop after it. On a cluster it reads every master.
 type cpuMeter struct {
 	c      redis.UniversalClient
-	before float64
+	before map[string]float64 // node address -> µs
 }
 
 func startCPU(ctx context.Context, c redis.UniversalClient) (*cpuMeter, error) {
-	v, err := redisCPU(ctx, c)
+	v, err := nodesCPU(ctx, c)
 	if err != nil {
 		return nil, err
 	}
 	return &cpuMeter{c: c, before: v}, nil
 }
 
-// stop returns the microseconds of Redis process CPU since start.
+// stop returns the microseconds of Redis process CPU since start, of all
+// nodes together.
 func (m *cpuMeter) stop(ctx context.Context) (float64, error) {
-	v, err := redisCPU(ctx, m.c)
+	total, _, err := m.stopNodes(ctx)
+	return total, err
+}
+
+// stopNodes is stop with the microseconds of each node, by address.
+func (m *cpuMeter) stopNodes(ctx context.Context) (total float64, byNode map[string]float64, err error) {
+	after, err := nodesCPU(ctx, m.c)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return v - m.before, nil
+	byNode = map[string]float64{}
+	for addr, v := range after {
+		b, ok := m.before[addr]
+		if !ok {
+			return 0, nil, fmt.Errorf("INFO cpu: node %s joined during the phase", addr)
+		}
+		byNode[addr] = v - b
+		total += v - b
+	}
+	return total, byNode, nil
+}
+
+// nodesCPU reads redisCPU on each node: the one server of a plain client,
+// every master of a cluster client.
+func nodesCPU(ctx context.Context, c redis.UniversalClient) (map[string]float64, error) {
+	out := map[string]float64{}
+	err := forEachNode(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		v, err := redisCPU(ctx, n)
+		out[n.Options().Addr] = v
+		return err
+	})
+	return out, err
 }

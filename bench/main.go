@@ -5,11 +5,12 @@
 //
 //	go run ./bench                                  # embedded miniredis: fairness only
 //	go run ./bench -redis redis://127.0.0.1:6379/0  # real Redis: fairness, cost, memory, throughput
+//	go run ./bench -redis redis+cluster://127.0.0.1:7000,127.0.0.1:7001  # Redis Cluster: fairness, throughput per node
 //	go run ./bench -json out.json -out report/      # also a JSON document and a report with charts
 //
 // On a real Redis it writes only keys under its own random prefix, removes
-// them when it ends (also on Ctrl-C), and refuses a database that holds any
-// key unless -force is given.
+// them when it ends (also on Ctrl-C), and refuses a database (on a cluster,
+// any master) that holds any key unless -force is given.
 package main
 
 import (
@@ -74,10 +75,13 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 			"results. Without -redis (and REDIS_URL) it uses an embedded miniredis, which\n"+
 			"measures fairness only; with a real Redis it also measures cost per operation\n"+
 			"(commandstats and process CPU), memory per key, cost against key count and\n"+
-			"throughput (concurrent, and a prefilled queue enqueued then processed).\n\nflags:\n")
+			"throughput (concurrent, and a prefilled queue enqueued then processed). On a\n"+
+			"Redis Cluster it runs the scenarios and the throughput phases, with one env\n"+
+			"on each master, and reports the throughput of each node.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.RedisURL, "redis", getenv("REDIS_URL"), "real Redis `URL` (redis://host:port/db); default $REDIS_URL, else embedded miniredis")
+	fs.StringVar(&o.RedisURL, "redis", getenv("REDIS_URL"), "real Redis `URL`: one server, redis://host:port/db; or a Redis Cluster, "+
+		"redis+cluster://host:port,host:port (any of its nodes) or host:port,host:port; default $REDIS_URL, else embedded miniredis")
 	fs.BoolVar(&o.Force, "force", false, "run on a database that already holds keys (the bench still touches only its own prefix)")
 	fs.StringVar(&o.JSONPath, "json", "", "write the results as JSON to `FILE`")
 	fs.StringVar(&o.OutDir, "out", "", "write report.md and SVG charts to `DIR`")
@@ -117,6 +121,11 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 		o.Sections[s] = true
 	}
 	o.Scenarios = splitList(*scen)
+	if o.RedisURL != "" {
+		if _, err := parseTarget(o.RedisURL); err != nil {
+			return o, err
+		}
+	}
 	return o, o.validate()
 }
 

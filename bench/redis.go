@@ -4,60 +4,199 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
 )
 
-// connect opens a client on url and checks that the server answers.
-func connect(ctx context.Context, url string) (*redis.Client, error) {
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("-redis %q: %w", url, err)
+// target is where -redis points: one server, or the nodes of a Redis
+// Cluster (any of them: the client discovers the rest).
+type target struct {
+	single  *redis.Options
+	cluster *redis.ClusterOptions
+}
+
+// Schemes of a Redis Cluster URL. go-redis has no scheme for a cluster (its
+// ParseClusterURL takes redis://first?addr=second&addr=third); these spell
+// the nodes as the host list of one URL.
+const (
+	clusterScheme    = "redis+cluster://"
+	clusterTLSScheme = "rediss+cluster://"
+)
+
+// parseTarget reads the -redis value: a redis:// or rediss:// URL is one
+// server; redis+cluster://[user:password@]host:port,host:port[?options] or
+// a bare host:port,host:port list is a Redis Cluster.
+func parseTarget(s string) (target, error) {
+	if scheme, ok := clusterURLScheme(s); ok {
+		opt, err := parseClusterURL(scheme, strings.TrimPrefix(s, scheme+"+cluster://"))
+		if err != nil {
+			return target{}, fmt.Errorf("-redis %q: %w", s, err)
+		}
+		return target{cluster: opt}, nil
 	}
+	if !strings.Contains(s, "://") && strings.Contains(s, ",") {
+		addrs := splitList(s)
+		for _, a := range addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return target{}, fmt.Errorf("-redis %q: cluster node %q is not host:port", s, a)
+			}
+		}
+		return target{cluster: &redis.ClusterOptions{Addrs: addrs}}, nil
+	}
+	opt, err := redis.ParseURL(s)
+	if err != nil {
+		if !strings.Contains(s, "://") {
+			err = fmt.Errorf("%w (one server: redis://%s; a cluster: %s%s or several host:port separated by commas)", err, s, clusterScheme, s)
+		}
+		return target{}, fmt.Errorf("-redis %q: %w", s, err)
+	}
+	return target{single: opt}, nil
+}
+
+func clusterURLScheme(s string) (string, bool) {
+	switch {
+	case strings.HasPrefix(s, clusterScheme):
+		return "redis", true
+	case strings.HasPrefix(s, clusterTLSScheme):
+		return "rediss", true
+	}
+	return "", false
+}
+
+// parseClusterURL parses rest, "[user:password@]host:port,host:port[/0][?options]",
+// by handing go-redis the URL it reads: scheme://[user:password@]first?options&addr=second&...
+func parseClusterURL(scheme, rest string) (*redis.ClusterOptions, error) {
+	rest, query, _ := strings.Cut(rest, "?")
+	rest, db, _ := strings.Cut(rest, "/")
+	if db != "" && db != "0" {
+		return nil, fmt.Errorf("a Redis Cluster has only database 0, not %q", db)
+	}
+	userinfo := ""
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		userinfo, rest = rest[:at+1], rest[at+1:]
+	}
+	addrs := splitList(rest)
+	if len(addrs) == 0 {
+		return nil, errors.New("no node address")
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range addrs[1:] {
+		q.Add("addr", a)
+	}
+	u := scheme + "://" + userinfo + addrs[0]
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	return redis.ParseClusterURL(u)
+}
+
+// connect opens a client on t, a *redis.Client or a *redis.ClusterClient,
+// and checks that the server (every node it knows of a cluster) answers.
+func connect(ctx context.Context, t target) (redis.UniversalClient, error) {
+	var c redis.UniversalClient
+	var where string
 	// The throughput section runs a dozen goroutines and the sweep fills
-	// with 16; keep a connection for each.
-	opt.PoolSize = max(opt.PoolSize, 64)
-	c := redis.NewClient(opt)
+	// with 16; keep a connection for each (on a cluster, for each node).
+	if t.cluster != nil {
+		opt := *t.cluster
+		opt.PoolSize = max(opt.PoolSize, 64)
+		c, where = redis.NewClusterClient(&opt), "the cluster at "+strings.Join(opt.Addrs, ",")
+	} else {
+		opt := *t.single
+		opt.PoolSize = max(opt.PoolSize, 64)
+		c, where = redis.NewClient(&opt), opt.Addr
+	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
+	err := c.Ping(pctx).Err()
+	if cc, ok := c.(*redis.ClusterClient); ok && err == nil {
+		err = cc.ForEachShard(pctx, func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() })
+	}
+	if err != nil {
 		_ = c.Close()
-		return nil, fmt.Errorf("connecting to %s: %w", opt.Addr, err)
+		return nil, fmt.Errorf("connecting to %s: %w", where, err)
 	}
 	return c, nil
 }
 
-// checkEmpty refuses a database that holds keys unless force: the bench
-// writes and deletes many keys and reads server-wide statistics, which is
-// no business of a database in use.
-func checkEmpty(ctx context.Context, c *redis.Client, force bool) error {
-	n, err := c.DBSize(ctx).Result()
+// forEachNode calls fn on every master of a cluster client, in turn, or on
+// c itself.
+func forEachNode(ctx context.Context, c redis.UniversalClient, fn func(ctx context.Context, n *redis.Client) error) error {
+	switch c := c.(type) {
+	case *redis.Client:
+		return fn(ctx, c)
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return fn(ctx, n)
+		})
+	}
+	return fmt.Errorf("unsupported Redis client %T", c)
+}
+
+// checkEmpty refuses a database (every master of a cluster) that holds
+// keys unless force: the bench writes and deletes many keys and reads
+// server-wide statistics, which is no business of a database in use.
+func checkEmpty(ctx context.Context, c redis.UniversalClient, force bool) error {
+	var n int64
+	var where []string
+	err := forEachNode(ctx, c, func(ctx context.Context, node *redis.Client) error {
+		k, err := node.DBSize(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("DBSIZE on %s: %w", node.Options().Addr, err)
+		}
+		n += k
+		where = append(where, node.Options().Addr)
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("DBSIZE: %w", err)
+		return err
 	}
 	if n > 0 && !force {
-		o := c.Options()
-		return fmt.Errorf("database %d at %s holds %d keys; the bench writes only under its own prefix and removes "+
-			"its keys afterwards, but it refuses a non-empty database unless -force is given", o.DB, o.Addr, n)
+		slices.Sort(where)
+		what := "the cluster at " + strings.Join(where, ",")
+		if one, ok := c.(*redis.Client); ok {
+			what = fmt.Sprintf("database %d at %s", one.Options().DB, one.Options().Addr)
+		}
+		return fmt.Errorf("%s holds %d keys; the bench writes only under its own prefix and removes "+
+			"its keys afterwards, but it refuses a non-empty database unless -force is given", what, n)
 	}
 	return nil
 }
 
-func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
-	info, err := c.Info(ctx, "server").Result()
-	if err != nil {
-		return "", fmt.Errorf("INFO server: %w", err)
-	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v, nil
+// redisVersion returns the server's redis_version; on a cluster, the
+// masters' (all of them, if they differ).
+func redisVersion(ctx context.Context, c redis.UniversalClient) (string, error) {
+	var versions []string
+	err := forEachNode(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		info, err := n.Info(ctx, "server").Result()
+		if err != nil {
+			return fmt.Errorf("INFO server: %w", err)
 		}
-	}
-	return "", nil
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok && !slices.Contains(versions, v) {
+				versions = append(versions, v)
+			}
+		}
+		return nil
+	})
+	slices.Sort(versions)
+	return strings.Join(versions, ", "), err
 }
 
 // keyspace hands out the key prefixes of one bench run: base + "." + n,
@@ -65,14 +204,14 @@ func redisVersion(ctx context.Context, c *redis.Client) (string, error) {
 // under prefix p starts with the hash tag "{p:", so the run's keys are
 // exactly those matching "{base.*" and no other client's key can match.
 type keyspace struct {
-	c    *redis.Client
+	c    redis.UniversalClient
 	base string
 
 	mu   sync.Mutex
 	next int
 }
 
-func newKeyspace(c *redis.Client) *keyspace {
+func newKeyspace(c redis.UniversalClient) *keyspace {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err) // crypto/rand does not fail on supported platforms
@@ -99,21 +238,46 @@ func (k *keyspace) cleanupAll(ctx context.Context) error {
 }
 
 // deleteMatching UNLINKs the keys matching pattern, found with SCAN so that
-// the server never blocks on a KEYS.
-func deleteMatching(ctx context.Context, c *redis.Client, pattern string) error {
-	var cursor uint64
-	for {
-		batch, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
-		if err != nil {
-			return err
-		}
-		if len(batch) > 0 {
-			if err := c.Unlink(ctx, batch...).Err(); err != nil {
+// the server never blocks on a KEYS; on a cluster, on every master, one
+// UNLINK per hash slot (a command's keys must share one).
+func deleteMatching(ctx context.Context, c redis.UniversalClient, pattern string) error {
+	_, cluster := c.(*redis.ClusterClient)
+	return forEachNode(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		var cursor uint64
+		for {
+			batch, next, err := n.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
 				return err
 			}
+			groups := [][]string{batch}
+			if cluster {
+				groups = bySlot(batch)
+			}
+			for _, g := range groups {
+				if len(g) == 0 {
+					continue
+				}
+				if err := n.Unlink(ctx, g...).Err(); err != nil {
+					return err
+				}
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
 		}
-		if cursor = next; cursor == 0 {
-			return nil
-		}
+	})
+}
+
+// bySlot groups ks by their Redis Cluster hash slot.
+func bySlot(ks []string) [][]string {
+	m := map[int][]string{}
+	for _, k := range ks {
+		s := keys.Slot(k)
+		m[s] = append(m[s], k)
 	}
+	out := make([][]string, 0, len(m))
+	for _, g := range m {
+		out = append(out, g)
+	}
+	return out
 }

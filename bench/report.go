@@ -22,8 +22,11 @@ type section struct {
 
 func backendLine(rep *Report) string {
 	b := "miniredis (embedded; fairness only: no cost, memory or throughput figures)"
-	if rep.Backend == "redis" {
+	switch rep.Backend {
+	case "redis":
 		b = "Redis " + rep.RedisVersion
+	case "redis-cluster":
+		b = fmt.Sprintf("Redis Cluster %s, %d masters", rep.RedisVersion, len(rep.Nodes))
 	}
 	return fmt.Sprintf("backend %s · %s · %d CPUs · %.1f s", b, rep.GoVersion, rep.CPUs, rep.DurationSec)
 }
@@ -50,6 +53,9 @@ func sections(rep *Report) []section {
 	}
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseProcess }) {
 		out = append(out, prefilledSection(rep))
+	}
+	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return len(r.Nodes) > 0 }) {
+		out = append(out, nodeSection(rep))
 	}
 	return out
 }
@@ -286,6 +292,35 @@ func prefilledSection(rep *Report) section {
 			"the method other queues (BullMQ, asynq) publish: jobs added first, then processed; their per-job Redis CPU is process CPU too",
 			"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs: commands plus the network work a user pays for",
 			"no worker is subscribed while the queue fills, so the enqueues' wake-up PUBLISH reaches nobody (in the concurrent run it reaches the workers)",
+		}}
+}
+
+// nodeSection breaks each throughput phase down by cluster master, under a
+// line for the phase as a whole.
+func nodeSection(rep *Report) section {
+	t := &table{header: []string{"PHASE", "FLAG", "NODE", "ENV", "WORKERS", "RUNS", "SHARE", "RUNS/S", "CPU µs/RUN"},
+		right: []bool{false, false, false, false, true, true, true, true, true}}
+	for _, r := range rep.Throughput {
+		if len(r.Nodes) == 0 {
+			continue
+		}
+		t.add(r.Phase, r.Flag, "all", "", fmt.Sprint(r.Workers), fmt.Sprint(r.Runs), "100%", fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2))
+		for _, n := range r.Nodes {
+			t.add("", "", n.Addr, n.Env, fmt.Sprint(n.Workers), fmt.Sprint(n.Runs), fixed(100*float64(n.Runs)/float64(r.Runs), 1)+"%",
+				fixed(n.RunsPerSec, 0), fixed(n.RedisCPUUsPerRun, 2))
+		}
+	}
+	var masters []string
+	for _, n := range rep.Nodes {
+		masters = append(masters, fmt.Sprintf("%s (%d slots)", n.Addr, n.Slots))
+	}
+	return section{title: "Throughput per cluster node: each master holds one env of the bench (its keys share one hash slot), " +
+		"and the runs and the workers are dealt to the envs in turn", t: t,
+		notes: []string{
+			"masters: " + strings.Join(masters, ", "),
+			"RUNS = runs the node took: enqueued (enqueue phase) or acked (concurrent and process phases); the nodes' runs add up to the phase's",
+			"RUNS/S = the node's runs over the time from the start of the phase to its last run: each node drains at its own pace, " +
+				"and the phase's RUNS/S is set by the last; CPU µs/RUN = the node's Redis process CPU (INFO cpu) over the phase / its runs",
 		}}
 }
 

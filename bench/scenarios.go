@@ -66,7 +66,7 @@ func runnable(cases []scenario.Case, b scenario.Backend, rep *Report) []scenario
 // runOne runs one arm of a scenario under prefix p. On miniredis a scenario
 // that lets server time pass (Spec.StateTTL) gets a miniredis of its own to
 // fast-forward, so that the scenarios running beside it keep their clock.
-func runOne(ctx context.Context, c *redis.Client, ks *keyspace, mini bool, spec scenario.Spec, on bool) (*scenario.Result, error) {
+func runOne(ctx context.Context, c redis.UniversalClient, ks *keyspace, mini bool, spec scenario.Spec, on bool) (*scenario.Result, error) {
 	if mini && spec.StateTTL > 0 {
 		m, err := miniredis.Run()
 		if err != nil {
@@ -109,7 +109,7 @@ func selectCases(names []string) ([]scenario.Case, error) {
 // runScenarios runs each selected scenario with the flag off and on. The
 // harness has no clock and no randomness, so the arms run in parallel (one
 // prefix each) and give the same numbers as when run alone.
-func runScenarios(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, rep *Report, prog *progress) error {
+func runScenarios(ctx context.Context, c redis.UniversalClient, ks *keyspace, opts Options, rep *Report, prog *progress) error {
 	cases, err := selectCases(opts.Scenarios)
 	if err != nil {
 		return err

@@ -94,6 +94,7 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 		if err == nil && len(vals) != len(order[ci].idx) {
 			err = fmt.Errorf("runqueue: ack returned %d results for %d runs", len(vals), len(order[ci].idx))
 		}
+		acked := 0
 		for k, i := range order[ci].idx {
 			switch {
 			case err != nil:
@@ -101,10 +102,17 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 				if first == nil {
 					first = errs[i]
 				}
-			case vals[k] == int64(1), vals[k] == int64(0):
+			case vals[k] == int64(1):
+				acked++
+			case vals[k] == int64(0):
+				// Gone already: acked by an earlier call, which counted it.
 			default:
 				errs[i] = heldError(vals[k])
 			}
+		}
+		if q.observe && acked > 0 {
+			qk := order[ci].qk
+			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), acked)
 		}
 	}
 	return errs, first
@@ -209,7 +217,11 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 	if opts.RetryAt.IsZero() {
 		retry = now + ms(q.Backoff(r.Attempt))
 	}
-	return q.requeue(ctx, r.ref(), r.Token, now, retry, opts.DeadLetter)
+	res, err := q.requeue(ctx, r.ref(), r.Token, now, retry, opts.DeadLetter)
+	if err == nil && q.observe {
+		q.cfg.Observer.Nacked(r.Env, r.Queue, res.Requeued)
+	}
+	return res, err
 }
 
 // requeueCall builds the requeue script call of a held run.
@@ -255,11 +267,20 @@ func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int
 // once. It returns how many runs it recovered or dead-lettered.
 func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error) {
 	now := q.now()
-	return q.sweep(ctx, shard, limit, keys.Shard.Leases, now,
+	var tally queueTally
+	n, err := q.sweep(ctx, shard, limit, keys.Shard.Leases, now,
 		func(ref keys.Ref, _ string) call { return q.requeueCall(ref, 0, now, now, false) },
-		func(cmd *redis.Cmd) (int, error) {
-			switch err := scriptError(cmd.Err(), nil); err {
+		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
+			res, err := cmd.Int64Slice()
+			switch err := scriptError(err, nil); err {
 			case nil:
+				if q.observe {
+					dead := 0
+					if len(res) > 0 && res[0] == 0 {
+						dead = 1
+					}
+					tally.add(ref.Env, ref.Queue, 1, dead)
+				}
 				return 1, nil
 			case ErrNotFound, ErrNotInFlight, ErrLeaseActive:
 				// Another instance got there first, or the holder acked or
@@ -269,6 +290,11 @@ func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error
 				return 0, err
 			}
 		})
+	// Runs recovered before an error stay recovered: report them too.
+	for _, c := range tally.rows {
+		q.cfg.Observer.Recovered(c.env, c.queue, c.n, c.dead)
+	}
+	return n, err
 }
 
 func (q *Queue) checkSweep(shard, limit int) error {
@@ -286,7 +312,8 @@ func (q *Queue) checkSweep(shard, limit int) error {
 func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 	now := q.now()
 	sh := q.space.Shard(max(0, shard))
-	return q.sweep(ctx, shard, limit, keys.Shard.TTL, now,
+	var tally queueTally
+	n, err := q.sweep(ctx, shard, limit, keys.Shard.TTL, now,
 		func(ref keys.Ref, member string) call {
 			qk := q.space.Env(ref.Env).Queue(ref.Queue)
 			v := qk.Variant(ref.Key)
@@ -295,17 +322,26 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 			ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
 			return call{sc: q.scripts.expire, keys: ks, args: args}
 		},
-		func(cmd *redis.Cmd) (int, error) {
+		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
 			n, err := cmd.Int()
+			if err == nil && n > 0 && q.observe {
+				tally.add(ref.Env, ref.Queue, n, 0)
+			}
 			return n, scriptError(err, nil)
 		})
+	// Runs expired before an error stay expired: report them too.
+	for _, c := range tally.rows {
+		q.cfg.Observer.Expired(c.env, c.queue, c.n)
+	}
+	return n, err
 }
 
 // sweep reads up to limit members of a shard set (leases, ttl) whose score
 // is due by now, sends one script call per run in one pipeline, in score
-// order, and adds up what each call reports.
+// order, and adds up what each call reports. count sees each call's run,
+// so the caller knows the env and queue of what it counts.
 func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
-	build func(ref keys.Ref, member string) call, count func(*redis.Cmd) (int, error)) (int, error) {
+	build func(ref keys.Ref, member string) call, count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
 	if err := q.checkSweep(shard, limit); err != nil {
 		return 0, err
 	}
@@ -315,23 +351,26 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 		return 0, err
 	}
 	var calls []call
+	var refs []keys.Ref
 	for _, m := range members {
 		ref, err := keys.DecodeRunMember(m)
 		if err != nil {
 			continue // not a member runqueue wrote; never crash a sweeper on it
 		}
 		calls = append(calls, build(ref, m))
+		refs = append(refs, ref)
 	}
 	n := 0
 	for len(calls) > 0 {
 		chunk := calls[:min(len(calls), 500)]
-		calls = calls[len(chunk):]
+		chunkRefs := refs[:len(chunk)]
+		calls, refs = calls[len(chunk):], refs[len(chunk):]
 		cmds, err := runPipelined(ctx, q.rdb, chunk)
 		if err != nil {
 			return n, err
 		}
-		for _, cmd := range cmds {
-			got, err := count(cmd)
+		for i, cmd := range cmds {
+			got, err := count(chunkRefs[i], cmd)
 			if err != nil {
 				return n, err
 			}

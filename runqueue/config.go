@@ -87,10 +87,9 @@ type Config struct {
 	// call moves to ready. 1..500. Defaults to 100.
 	PromoteLimit int
 
-	// WindowMultiplier sets the scheduler's window per serve: pass 1 reads
-	// 2*WindowMultiplier tags and considers the first WindowMultiplier
-	// servable ones; pass 2 reads WindowMultiplier heads in age order.
-	// Defaults to 3.
+	// WindowMultiplier sizes the scheduler's read budget per call: pass 1
+	// reads tags lazily, at most 1000 + 4*maxCount*WindowMultiplier of
+	// them, before falling back to the age head. Defaults to 3.
 	WindowMultiplier int
 	// Quantum is the virtual time one serve costs a key of weight 1. Defaults to 1.
 	Quantum float64
@@ -120,6 +119,13 @@ type Config struct {
 	// NOPERM or unknown-command reply, as on some managed services) or the
 	// reply is empty, the check is skipped silently.
 	AllowEviction bool
+
+	// ReadOnly opens the Queue for inspection only: New neither records the
+	// layout version (it still refuses a prefix that holds another one) nor
+	// loads the scripts, and every method that would write returns
+	// ErrReadOnly. For operator tools that must leave Redis as they found it.
+	// Defaults to false.
+	ReadOnly bool
 
 	// Clock tells the time. Defaults to the wall clock.
 	Clock Clock

@@ -21,7 +21,7 @@ type conformanceCase struct {
 }
 
 // TestConformance runs the whole life of a run, flag off, on miniredis, a
-// real redis-server and a single-node Redis Cluster. The cases assert what a
+// real redis-server and a three-node Redis Cluster. The cases assert what a
 // caller can observe: returned runs, Stats, dead letters and, where a call
 // must not write, the full key dump of the prefix.
 func TestConformance(t *testing.T) {

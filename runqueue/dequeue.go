@@ -75,6 +75,9 @@ func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, n
 // qk in one script call; ackErrs[i] says what became of acks[i].
 func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
+	if lim.Key > 0 {
+		q.keyLimited.Store(true)
+	}
 	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
 		qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens(), qk.TTL()}
 	lease := now + ms(q.cfg.LeaseDuration)
@@ -93,7 +96,41 @@ func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run
 	if err != nil {
 		return nil, nil, scriptError(err, nil)
 	}
-	return decodeDequeue(qk, res, lease, len(acks))
+	// A flag-on call that found the scheduler state broken (ckVtime lost
+	// without its hash: deleted by hand, evicted) dropped it and served
+	// nothing; its first value is then -1 - the acks. The state starts
+	// again at the next call, made here at once (its acks are done).
+	reset := false
+	if n, ok := res[0].(int64); ok && n < 0 {
+		reset, res[0] = true, -1-n
+	}
+	runs, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	if err == nil && q.observe {
+		// Every dequeue path (shard, blocking, fused with acks) ends here,
+		// once per script call, so each run is reported exactly once.
+		if n := ackedCount(res, len(acks)); n > 0 {
+			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), n)
+		}
+		if len(runs) > 0 {
+			q.cfg.Observer.Dequeued(runs, time.UnixMilli(now))
+		}
+	}
+	if reset && err == nil {
+		runs, _, err = q.settleAndDequeue(ctx, qk, nil, maxCount, now)
+	}
+	return runs, ackErrs, err
+}
+
+// ackedCount is how many of the acks of a dequeue script's reply were
+// acked by this call (1), leaving out those gone already (0) and errors.
+func ackedCount(res []any, acks int) int {
+	n := 0
+	for _, v := range res[1 : 1+acks] {
+		if v == int64(1) {
+			n++
+		}
+	}
+	return n
 }
 
 // AckAndDequeue acks acks and then dequeues up to maxCount runs of one base

@@ -127,6 +127,7 @@ func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]Enqueu
 		if err == nil && len(vals) != len(order[ci].idx) {
 			err = fmt.Errorf("runqueue: enqueue returned %d results for %d runs", len(vals), len(order[ci].idx))
 		}
+		queued := 0
 		for k, i := range order[ci].idx {
 			switch {
 			case err != nil:
@@ -136,11 +137,18 @@ func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]Enqueu
 				}
 			case vals[k] == int64(1):
 				res[i].Queued = true
+				queued++
 			case vals[k] == int64(0):
 			default:
 				code, _ := vals[k].(string)
 				res[i].Err = scriptError(errors.New("RQ_"+strings.ToUpper(code)), limits)
 			}
+		}
+		// Only runs this call queued: an idempotent retry found its run
+		// there already and was counted by the call that queued it.
+		if q.observe && queued > 0 {
+			qk := order[ci].qk
+			q.cfg.Observer.Enqueued(qk.Env.Name(), qk.Name(), queued)
 		}
 	}
 	return res, first

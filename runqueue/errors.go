@@ -26,6 +26,9 @@ var (
 	ErrLeaseActive = errors.New("runqueue: lease has not expired")
 	// ErrTooManyWeights: a queue already has MaxWeightOverrides weights.
 	ErrTooManyWeights = errors.New("runqueue: too many weight overrides for this queue")
+	// ErrReadOnly: the Queue was opened with Config.ReadOnly and the call
+	// would write; nothing was written.
+	ErrReadOnly = errors.New("runqueue: queue opened read-only")
 	// ErrClosed: the Queue was closed.
 	ErrClosed = errors.New("runqueue: queue closed")
 	// ErrEvictionPolicy is wrapped by every *EvictionPolicyError: New found a

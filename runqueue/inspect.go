@@ -243,3 +243,57 @@ func toInt(v any) int64 {
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
 }
+
+// QueueRef names a base queue.
+type QueueRef struct {
+	Env, Queue string
+}
+
+// ActiveQueues lists up to limit base queues that hold queued runs (ready
+// or delayed), and how many such queues there are in all. It reads each
+// shard's master (a ZCARD and a ZRANGE of at most limit members per shard,
+// in one pipeline) and takes the shards' queues in turn, each shard's
+// oldest work first, so that no shard's queues crowd out another's. A queue
+// whose runs are all in flight or dead holds no queued run and is not
+// listed.
+func (q *Queue) ActiveQueues(ctx context.Context, limit int) ([]QueueRef, int64, error) {
+	if limit <= 0 || limit > MaxInspectVariants {
+		return nil, 0, invalid("limit", "%d is outside 1..%d", limit, MaxInspectVariants)
+	}
+	n := q.space.Shards()
+	cards := make([]*redis.IntCmd, n)
+	heads := make([]*redis.StringSliceCmd, n)
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range n {
+			m := q.space.Shard(i).Master()
+			cards[i] = p.ZCard(ctx, m)
+			heads[i] = p.ZRange(ctx, m, 0, int64(limit-1))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	var total int64
+	for _, c := range cards {
+		total += c.Val()
+	}
+	var out []QueueRef
+	for rank := 0; len(out) < limit; rank++ {
+		more := false
+		for _, h := range heads {
+			ms := h.Val()
+			if rank >= len(ms) || len(out) == limit {
+				continue
+			}
+			more = true
+			if env, queue, err := keys.DecodeQueueMember(ms[rank]); err == nil {
+				out = append(out, QueueRef{Env: env, Queue: queue})
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	return out, total, nil
+}

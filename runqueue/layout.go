@@ -45,14 +45,20 @@ func (e *LayoutError) Error() string {
 func (e *LayoutError) Unwrap() error { return ErrLayout }
 
 // checkLayout records LayoutVersion under the prefix, or checks the one
-// recorded there.
-func checkLayout(ctx context.Context, c redis.UniversalClient, space keys.Space) error {
+// recorded there. With readOnly it records nothing: a prefix with no
+// version passes, since there is nothing of another layout to misread.
+func checkLayout(ctx context.Context, c redis.UniversalClient, space keys.Space, readOnly bool) error {
 	key := space.Layout()
 	want := fmt.Sprint(LayoutVersion)
-	if err := c.SetNX(ctx, key, want, 0).Err(); err != nil {
-		return err
+	if !readOnly {
+		if err := c.SetNX(ctx, key, want, 0).Err(); err != nil {
+			return err
+		}
 	}
 	got, err := c.Get(ctx, key).Result()
+	if readOnly && errors.Is(err, redis.Nil) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

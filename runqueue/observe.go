@@ -21,8 +21,8 @@ type Observer interface {
 	Nacked(env, queue string, requeued bool)
 	// Expired: n queued runs of env/queue passed their TTL.
 	Expired(env, queue string, n int)
-	// Recovered: n runs of env/queue whose lease passed were requeued, and
-	// dead of them dead-lettered (no attempts left).
+	// Recovered: n runs of env/queue whose lease passed were taken back:
+	// dead of them dead-lettered (no attempts left), the others requeued.
 	Recovered(env, queue string, n, dead int)
 	// Handled: a Worker's handler returned (or panicked) after d, with
 	// outcome one of OutcomeAck, OutcomeRetry, OutcomeDead, OutcomePanic,
@@ -52,3 +52,43 @@ func (NopObserver) Nacked(string, string, bool)                    {}
 func (NopObserver) Expired(string, string, int)                    {}
 func (NopObserver) Recovered(string, string, int, int)             {}
 func (NopObserver) Handled(string, string, time.Duration, Outcome) {}
+
+// observing reports whether o can see anything. The operations skip their
+// per-queue bookkeeping for an Observer that would throw it away, so the
+// default costs no allocation on the hot path.
+func observing(o Observer) bool {
+	switch o.(type) {
+	case nil, NopObserver, *NopObserver:
+		return false
+	}
+	return true
+}
+
+// queueCount is one base queue's line of a queueTally.
+type queueCount struct {
+	env, queue string
+	n, dead    int
+}
+
+// queueTally adds up what a sweep did per base queue, in the order the
+// queues were first met, so that it reports once per queue rather than once
+// per run.
+type queueTally struct {
+	rows []queueCount
+	idx  map[[2]string]int
+}
+
+func (t *queueTally) add(env, queue string, n, dead int) {
+	if t.idx == nil {
+		t.idx = map[[2]string]int{}
+	}
+	k := [2]string{env, queue}
+	i, ok := t.idx[k]
+	if !ok {
+		i = len(t.rows)
+		t.idx[k] = i
+		t.rows = append(t.rows, queueCount{env: env, queue: queue})
+	}
+	t.rows[i].n += n
+	t.rows[i].dead += dead
+}

@@ -20,7 +20,8 @@ var ErrTooLarge = errors.New("runqueue: queue has too many variants to inspect")
 // KeySchedule is one concurrency key as the fair scheduler sees it.
 type KeySchedule struct {
 	Key string
-	// Registered is true when the key has a tag; Tag is its next virtual
+	// Registered is true when the key takes part in the scheduler (it has
+	// a tag, or waits in the newcomer lane for one); Tag is its next virtual
 	// start and Lag = Tag - V, in quanta (Config.Quantum; positive: the key
 	// has been served ahead of the clock and waits; zero or negative: it is
 	// owed service). Seq is its registration order, which breaks ties.
@@ -30,8 +31,13 @@ type KeySchedule struct {
 	Seq        int64
 	// Gated: the key is at its per-key limit and out of the competition
 	// until a slot frees.
-	Gated  bool
-	Weight float64
+	Gated bool
+	// Waiting: the key is a newcomer in the scheduler's lane. The lane's
+	// head competes with its tag; the others queue behind it in
+	// registration order with no tag (Tag and Lag are 0) until they head
+	// it (Reason "waiting in the newcomer lane").
+	Waiting bool
+	Weight  float64
 	// Parked is the tag kept while the key has no ready run (HasParked).
 	HasParked bool
 	Parked    float64
@@ -43,7 +49,7 @@ type KeySchedule struct {
 	// limit" (KeyConcurrency reached), "queue or env at its limit",
 	// "awaiting discovery" (ready runs written without the flag, not yet
 	// registered: a dequeue's discovery reaches it within
-	// ceil(variants/ScanLimit) calls).
+	// ceil(variants/ScanLimit) calls), "waiting in the newcomer lane".
 	Reason string
 }
 
@@ -75,6 +81,12 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 	}
 	sn := st.snap
 	out := &Schedule{V: q.clockQuanta(sn.Epoch, sn.V)}
+	head, headSeq := "", int64(0)
+	for vm, r := range sn.Reg {
+		if r.Waiting && (head == "" || r.Seq < headSeq) {
+			head, headSeq = vm, r.Seq
+		}
+	}
 	for _, vm := range st.members() {
 		key, err := keys.DecodeVariantMember(vm)
 		if err != nil {
@@ -85,10 +97,13 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 		if w, ok := st.weightsF[vm]; ok {
 			ks.Weight = w
 		}
+		queued := false // in the lane behind its head: no tag yet
 		if r, ok := sn.Reg[vm]; ok {
-			ks.Registered, ks.Gated, ks.Seq = true, r.Gated, r.Seq
-			ks.Tag = q.clockQuanta(sn.Epoch, r.U)
-			ks.Lag = ks.Tag - out.V
+			ks.Registered, ks.Gated, ks.Seq, ks.Waiting = true, r.Gated, r.Seq, r.Waiting
+			if queued = r.Waiting && vm != head; !queued {
+				ks.Tag = q.clockQuanta(sn.Epoch, r.U)
+				ks.Lag = ks.Tag - out.V
+			}
 		}
 		if p, ok := sn.Idle[vm]; ok {
 			ks.HasParked, ks.Parked = true, q.clockQuanta(sn.Epoch, p)
@@ -115,6 +130,8 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 			ks.Reason = "queue or env at its limit"
 		case !ks.Registered:
 			ks.Reason = "awaiting discovery"
+		case queued:
+			ks.Reason = "waiting in the newcomer lane"
 		}
 		out.Keys = append(out.Keys, ks)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,6 +20,7 @@ type Queue struct {
 	cfg     *Config
 	space   keys.Space
 	scripts *scriptSet
+	observe bool // cfg.Observer is not a NopObserver
 
 	wakeOnce sync.Once
 	waker    *waker
@@ -27,11 +29,16 @@ type Queue struct {
 	rr       uint64        // rotates the env order of shard dequeues
 	shardOff map[int]int64 // rotating read offset in each shard's master
 	rrMu     sync.Mutex
+
+	// keyLimited: the instance has given some queue a per-key limit, so
+	// a freed slot looks for a gated variant (see vtimeArgs).
+	keyLimited atomic.Bool
 }
 
 // New returns a Queue on client. It assembles and loads every script of the
 // configured flag state, so a broken script (or an unreachable Redis) is an
 // error here rather than at the first call. cfg may be nil for defaults.
+// With Config.ReadOnly it writes nothing and loads no script.
 func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue, error) {
 	if client == nil {
 		return nil, invalid("client", "must not be nil")
@@ -53,14 +60,20 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	if err != nil {
 		return nil, err
 	}
-	if err := checkLayout(ctx, client, space); err != nil {
+	if err := checkLayout(ctx, client, space, c.ReadOnly); err != nil {
 		return nil, err
 	}
-	if err := scripts.load(ctx, client); err != nil {
+	if c.ReadOnly {
+		// Every write goes through a script, so refusing the scripts refuses
+		// every write.
+		for _, sc := range scripts.all() {
+			sc.refused = true
+		}
+	} else if err := scripts.load(ctx, client); err != nil {
 		return nil, err
 	}
-	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, closed: make(chan struct{}),
-		shardOff: map[int]int64{}}, nil
+	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
+		closed: make(chan struct{}), shardOff: map[int]int64{}}, nil
 }
 
 // checkEviction refuses a Redis whose maxmemory-policy is not noeviction:
@@ -149,14 +162,20 @@ func (q *Queue) vtimeKeys(qk keys.Queue) []string {
 	return []string{qk.CkVtime(), qk.CkVtimeState(), qk.Weights()}
 }
 
-// vtimeArgs: the state TTL, the idle cap, and whether qk has a per-key
-// limit (then a freed slot may return a gated variant).
+// vtimeArgs: the state TTL, the idle cap, and whether a freed slot looks
+// for a gated variant: when qk has a per-key limit now, or the instance
+// gave a queue one before (qk's limit may have gone and come back since a
+// variant was gated; the release must not wait for the gated probe). An
+// instance that never meets a key limit spares every ack that read.
 func (q *Queue) vtimeArgs(qk keys.Queue) []any {
-	keyLimited := 0
 	if q.cfg.LimitsFor(qk.Env.Name(), qk.Name()).Key > 0 {
-		keyLimited = 1
+		q.keyLimited.Store(true)
 	}
-	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, keyLimited}
+	look := 0
+	if q.keyLimited.Load() {
+		look = 1
+	}
+	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, look}
 }
 
 // withHooks appends the scheduler's keys and arguments when sc has hooks

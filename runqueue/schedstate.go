@@ -15,70 +15,62 @@ import (
 )
 
 // The scheduler's state as the flag-on scripts store it (lua/lib/sched.lua):
-// ckVtime holds a sentinel at -2^53, parked tags (score = tag - 2^52), the
-// newcomer lane (score = registration number - 2^51), competing
-// registrations (member = 8-character seq code + variant member, score =
-// tag) and gated ones (score = tag + 2^52); the state hash holds the
-// scalars and one field per registered variant. This file is its one Go
-// reader.
+// ckVtime holds parked tags (score = tag - 2^52), the newcomer lane (score =
+// registration number - 2^51), a sentinel ("" at 0), competing
+// registrations (member = seq code + variant member, score = tag) and gated
+// ones (score = 2^52 + gating number; the tag is in the hash); the state
+// hash holds the scalars and one field per registered variant. This file
+// is its one Go reader.
 const (
 	gatedOffset   = 1 << 52
 	waitingOffset = 1 << 51
-	seqDigits     = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-	seqCodeLen    = 8
+	seqCodeLen    = 15
 )
 
-// seqCode is the fixed-width code of registration number n (its order is
-// n's order).
-func seqCode(n int64) string {
-	var b [seqCodeLen]byte
-	for i := seqCodeLen - 1; i >= 0; i-- {
-		b[i] = seqDigits[n%62]
-		n /= 62
-	}
-	return string(b[:])
-}
-
+// parseSeqCode reads a seq code: a registration number (below 10^15) in
+// decimal, zero-padded to seqCodeLen, so that its byte order is its order.
 func parseSeqCode(code string) (int64, bool) {
 	if len(code) != seqCodeLen {
 		return 0, false
 	}
-	var n int64
 	for i := 0; i < len(code); i++ {
-		d := strings.IndexByte(seqDigits, code[i])
-		if d < 0 {
+		if code[i] < '0' || code[i] > '9' {
 			return 0, false
 		}
-		n = n*62 + int64(d)
 	}
-	return n, true
+	n, err := strconv.ParseInt(code, 10, 64)
+	return n, err == nil
 }
 
 // regValue parses a registered variant's state-hash value: code, then "g"
-// when gated, "w" when in the newcomer lane, then "|r" when the remainder
-// is not 0.
-func regValue(v string) (code string, gated, waiting bool, r int64, ok bool) {
+// and its tag when gated or "w" when in the newcomer lane, then "|r" when
+// the remainder is not 0.
+func regValue(v string) (code string, gated, waiting bool, tag, r int64, ok bool) {
 	if len(v) < seqCodeLen {
-		return "", false, false, 0, false
+		return "", false, false, 0, 0, false
 	}
 	code, rest := v[:seqCodeLen], v[seqCodeLen:]
-	if strings.HasPrefix(rest, "g") {
-		gated, rest = true, rest[1:]
-	}
-	if strings.HasPrefix(rest, "w") {
-		waiting, rest = true, rest[1:]
-	}
-	if rest != "" {
-		if !strings.HasPrefix(rest, "|") {
-			return "", false, false, 0, false
-		}
+	rest, rs, hasR := strings.Cut(rest, "|")
+	switch {
+	case strings.HasPrefix(rest, "g"):
 		n, err := strconv.ParseInt(rest[1:], 10, 64)
 		if err != nil {
-			return "", false, false, 0, false
+			return "", false, false, 0, 0, false
+		}
+		gated, tag = true, n
+	case rest == "w":
+		waiting = true
+	case rest != "":
+		return "", false, false, 0, 0, false
+	}
+	if hasR {
+		n, err := strconv.ParseInt(rs, 10, 64)
+		if err != nil {
+			return "", false, false, 0, 0, false
 		}
 		r = n
 	}
-	return code, gated, waiting, r, true
+	return code, gated, waiting, tag, r, true
 }
 
 // schedState is a queue's scheduler state and indexes read from Redis.
@@ -168,30 +160,42 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 		}
 	}
 	h := state.Val()
-	st.exists = h["v"] != ""
+	// The state is both keys: a hash without ckVtime's sentinel, or a
+	// ckVtime without the hash, is no state (the next dequeue starts it
+	// again: lua/lib/sched.lua, sched_state).
+	z := tags.Val()
+	sentinel := false
+	for _, e := range z {
+		if e.Member == "" && e.Score == 0 {
+			sentinel = true
+			break
+		}
+	}
+	if st.exists = h["v"] != "" && sentinel; !st.exists {
+		st.snap.NextSeq = 1
+		return st, nil
+	}
 	num := func(field string) int64 {
 		n, _ := strconv.ParseFloat(h[field], 64)
 		return int64(n)
 	}
 	st.snap.V, st.snap.Epoch, st.snap.Cursor = num("v"), num("e"), int(num("c"))
-	st.snap.NextSeq, st.snap.GK, st.snap.GP = max(1, num("s")), int(num("gk")), int(num("gp"))
+	st.snap.NextSeq, st.snap.GK, st.snap.GN, st.snap.GP = max(1, num("s")), int(num("gk")), max(1, num("gn")), num("gp")
 	for field, v := range h {
 		if !strings.HasPrefix(field, "=") {
 			continue
 		}
-		code, gated, waiting, r, ok := regValue(v)
+		code, gated, waiting, tag, r, ok := regValue(v)
 		seq, ok2 := parseSeqCode(code)
 		if !ok || !ok2 {
 			return nil, fmt.Errorf("runqueue: malformed %s field %q: %q", qk.CkVtimeState(), field, v)
 		}
-		st.snap.Reg[field] = vtime.Reg{R: r, Seq: seq, Gated: gated, Waiting: waiting}
+		st.snap.Reg[field] = vtime.Reg{U: tag, R: r, Seq: seq, Gated: gated, Waiting: waiting}
 	}
 	active := 0
 	for _, z := range tags.Val() {
 		member := z.Member.(string)
 		switch s := z.Score; {
-		case s < -gatedOffset:
-			// the sentinel
 		case s < -waitingOffset:
 			st.snap.Idle[member] = int64(s) + gatedOffset
 		case s < 0:
@@ -202,10 +206,10 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 			if !ok {
 				continue // a tag without its registration: not ours to show
 			}
-			rg.U = int64(s)
 			if s >= gatedOffset {
-				rg.U -= gatedOffset
+				rg.Gate = int64(s) - gatedOffset // its tag is in the hash
 			} else {
+				rg.U = int64(s)
 				st.activeIdx[vm] = active
 				active++
 			}
@@ -219,4 +223,80 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 // quanta of Config.Quantum.
 func (q *Queue) clockQuanta(epoch, units int64) float64 {
 	return (float64(epoch)*vtime.RebaseBy + float64(units)) / vtime.Unit * q.cfg.Quantum
+}
+
+// Score bounds of the competing region of ckVtime (see the constants above
+// and lib/sched.lua): tags are below 2^50.
+const (
+	activeMin  = "0"
+	activeMax  = "(1125899906842624" // 2^50
+	maxTopLags = MaxInspectVariants
+)
+
+// KeyLag is one concurrency key's lag as the fair scheduler sees it.
+type KeyLag struct {
+	Key string
+	// Lag is the key's tag minus the queue's clock V, in quanta, as
+	// Schedule reports it: positive when the key was served ahead of the
+	// others and waits.
+	Lag float64
+}
+
+// TopLags returns the k competing concurrency keys of a base queue with
+// the largest lag, largest first, for metrics that must not grow with the
+// number of keys. It reads the clock and the k highest tags of the
+// competing keys: one round trip of two commands, O(log n + k) on Redis
+// whatever the queue's size. Gated keys (at their per-key limit, out of
+// the competition) and keys queued in the newcomer lane (no tag yet) are
+// not among them. Empty with the flag off or when the queue has no
+// scheduler state.
+func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag, error) {
+	if err := checkQueue(env, queue); err != nil {
+		return nil, err
+	}
+	if k < 1 || k > maxTopLags {
+		return nil, invalid("k", "%d is outside 1..%d", k, maxTopLags)
+	}
+	qk := q.space.Env(env).Queue(queue)
+	var clock *redis.SliceCmd
+	var active *redis.ZSliceCmd
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.HMGet(ctx, qk.CkVtimeState(), "v", "e")
+		active = p.ZRevRangeByScoreWithScores(ctx, qk.CkVtime(), &redis.ZRangeBy{Min: activeMin, Max: activeMax, Count: int64(k)})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	num := func(v any) int64 {
+		s, _ := v.(string)
+		n, _ := strconv.ParseFloat(s, 64)
+		return int64(n)
+	}
+	cv := clock.Val()
+	if cv[0] == nil {
+		return nil, nil // no state: nothing registered
+	}
+	epoch := num(cv[1])
+	v := q.clockQuanta(epoch, num(cv[0]))
+	out := make([]KeyLag, 0, k)
+	for _, z := range active.Val() {
+		m, _ := z.Member.(string)
+		if len(m) <= seqCodeLen {
+			continue
+		}
+		key, err := keys.DecodeVariantMember(m[seqCodeLen:])
+		if err != nil {
+			continue // not a member the scripts wrote: not ours to show
+		}
+		tag := q.clockQuanta(epoch, int64(z.Score))
+		out = append(out, KeyLag{Key: key, Lag: tag - v})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Lag != out[j].Lag {
+			return out[i].Lag > out[j].Lag
+		}
+		return out[i].Key < out[j].Key
+	})
+	return out[:min(len(out), k)], nil
 }

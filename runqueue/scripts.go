@@ -23,6 +23,9 @@ type script struct {
 	src   string
 	sha   string
 	hooks bool // takes the scheduler's extra KEYS and ARGV when the flag is on
+	// refused: the script belongs to a Queue opened with Config.ReadOnly;
+	// running it is ErrReadOnly.
+	refused bool
 }
 
 // scriptSet is the scripts of one flag state.
@@ -174,6 +177,11 @@ func isNoScript(err error) bool {
 // run executes sc by SHA, sending the source when Redis lost its script
 // cache (restart, failover, SCRIPT FLUSH).
 func run(ctx context.Context, c redis.Scripter, sc *script, keys []string, args ...any) *redis.Cmd {
+	if sc.refused {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(ErrReadOnly)
+		return cmd
+	}
 	cmd := c.EvalSha(ctx, sc.sha, keys, args...)
 	if isNoScript(cmd.Err()) {
 		cmd = c.Eval(ctx, sc.src, keys, args...)
@@ -192,6 +200,11 @@ type call struct {
 // EVAL inside a pipeline, so calls that failed with NOSCRIPT are reloaded
 // and resent once.
 func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([]*redis.Cmd, error) {
+	for _, cl := range calls {
+		if cl.sc.refused {
+			return nil, ErrReadOnly
+		}
+	}
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, cl := range calls {

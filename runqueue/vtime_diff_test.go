@@ -105,7 +105,7 @@ func (d *diff) now() int64 { return d.clock.Now().UnixMilli() }
 func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClient, qk keys.Queue, v, now int64) {
 	day := 24 * time.Hour
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: -(1 << 53), Member: ""})
+		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: 0, Member: ""})
 		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gp", 0, "ng", 0, "nw", -1)
 		p.PExpire(ctx, qk.CkVtime(), day)
 		p.PExpire(ctx, qk.CkVtimeState(), day)
@@ -352,12 +352,13 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 		V, Epoch      int64
 		Cursor        int
 		NextSeq       int64
-		GK, GP        int
+		GK            int
+		GN, GP        int64
 		Reg           map[string]vtime.Reg
 		Idle, Weights map[string]int64
 	}
 	pick := func(s vtime.Snapshot) sched {
-		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, s.GP, s.Reg, s.Idle, s.Weights}
+		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Reg, s.Idle, s.Weights}
 		for _, m := range []*map[string]int64{&out.Idle, &out.Weights} {
 			if *m == nil {
 				*m = map[string]int64{}

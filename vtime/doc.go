@@ -23,18 +23,25 @@
 // # State
 //
 //   - registrations: variant -> tag S (units), stride remainder, registration
-//     number (seq), gated flag and waiting flag (in the newcomer lane).
+//     number (seq), gated flag and gating number (the probe's order), and
+//     waiting flag (in the newcomer lane).
 //     Redis: ckVtime members "<seq code><member>" in its active or gated
 //     region, the lane in its waiting region, and the state hash's
 //     per-variant fields.
 //   - V, the epoch, the discovery cursor, the next registration number,
-//     gk (the key limit gated variants were gated under) and gp (the gated
-//     probe's rank): the state hash.
+//     gk (the key limit gated variants were gated under), the next gating
+//     number and gp (the gating number the probe looked at last): the state
+//     hash.
 //   - idle: variant -> tag parked when it drained (ckVtime's idle region).
 //   - weights: variant -> milli-weight; configuration, not state.
 //
 // All of it but the weights lives and expires as one (ExpireState): every
-// writer refreshes it together, and when it expires, it expires whole.
+// writer refreshes it together, and when it expires, it expires whole (the
+// clock, the tags, the parked tags, the lane, the discovery cursor and the
+// probe all start again; variants with ready work are rediscovered at V).
+// In Redis the state is two keys; a writer that finds one without the
+// other (an operator deleted one, an eviction took one) starts the state
+// again as if it had expired.
 //
 // A variant is registered exactly while it has ready runs, when every
 // writer runs with the flag on; it is gated while its in-flight runs reach
@@ -57,30 +64,41 @@
 //     become ready (up to PromoteLimit each), registering their variants.
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
-//     at the new limit are gated again when met); and one gated variant, at
-//     a rotating rank, returns if it is below its limit (an instance with
-//     the flag off freed its slot without saying).
+//     at the new limit are gated again when met): that call costs in
+//     proportion to the gated variants, once per rise. And one gated
+//     variant, the next in gating order after the one looked at last (back
+//     to the first past the end, in the same call), returns if it is below
+//     its limit (an instance with the flag off freed its slot without
+//     saying).
 //   - discover: ScanLimit variants of ckIndex at a rotating cursor; those
 //     without a tag register (at their parked tag or V). The cursor then
-//     moves ScanLimit - cap: a serve moves at most one variant past an
-//     unread one, so none whose head stays put slips past the cursor.
-//   - serve, pass 1: the registered, non-gated tags in order, read lazily
+//     moves max(1, ScanLimit - cap): a serve moves at most one variant past
+//     an unread one, so none whose head stays put slips past the cursor.
+//     With ScanLimit at or below maxCount the cursor moves one variant a
+//     call.
+//   - serve, pass 1: the competing tags (registered, not gated, not queued
+//     behind the lane's head) in order, read lazily
 //     (first cap+1, then doubling, at most ReadBudget + 4*maxCount*
 //     WindowMultiplier per call). An entry met with no ready run (stale: a
 //     flag-off drain leaves one) is collected as a drained variant is; one
 //     met at its key limit is gated. Both leave for good, so gated and stale
 //     keys cost nothing on later calls. A serve that brings a variant to its
-//     key limit gates it at once.
+//     key limit gates it at once. An entry whose tag moves past the last
+//     entry read waits until a read passes it; once the read budget is
+//     spent, it takes its rank among what was read.
 //   - serve, age head: when pass 1 finds nothing servable, the first
 //     ScanLimit variants of ckIndex in age order as it stood when serving
 //     began (what a flag-off call would serve) that the call has not seen
 //     and that have a ready run join, once per call: untagged ones register
-//     (at their parked tag or V), registered non-gated ones that pass 1 did
-//     not reach (its budget ran out) come as they are, both at their rank
-//     whatever the window's bound; then pass 1 goes on.
+//     (at their parked tag or V), competing ones that pass 1 did not reach
+//     (its budget ran out) come as they are, and for one queued in the lane
+//     the lane's head comes (the lane keeps its order; its head is
+//     servable or hands on); all at their rank whatever the window's
+//     bound; then pass 1 goes on. Gated ones are left to the probe.
 //   - collect and persist: drained variants park their tag when it is above
-//     V; a call that parks reaps the parked tags at or below V and caps the
-//     idle set to the highest IdleMaxEntries (ties: member order).
+//     V; any operation that parks (a dequeue, a TTL sweep or another drain)
+//     reaps the parked tags at or below V and caps the idle set to the
+//     highest IdleMaxEntries (ties: member order).
 //   - rebase, when V reaches 2^49.
 //
 // # Registration
@@ -91,37 +109,43 @@
 //   - Discovery (untagged work in ckIndex): at V.
 //   - Newcomer (any other first ready run: enqueue, nack, lease recovery,
 //     redrive, promotion): newcomers go through a lane, one at a time.
-//     When the lane is empty, let top be the highest tag among the
-//     competing variants and A = min(top, V+Unit): the newcomer registers
-//     at V when A <= V (nothing is ahead of the clock: cold start, every
-//     key at V), else it becomes the lane's head at A+Unit: one quantum
-//     behind the pack, and a low-weight key's huge tag cannot push it back
-//     (the cap at V+Unit). When the lane is not empty, the newcomer queues
+//     A newcomer's quantum q is one serve of its own, at most Unit:
+//     min(Unit, 10^9/m). When the lane is empty, let top be the highest tag
+//     among the competing variants and A = min(top, V+q): the newcomer
+//     registers at V when A <= V (nothing is ahead of the clock: cold
+//     start, every key at V), else it becomes the lane's head at A+q: one
+//     serve behind the pack, and a low-weight key's huge tag cannot push it
+//     back (the cap at V+q). When the lane is not empty, the newcomer queues
 //     behind it (in registration order) without a tag and takes no part in
-//     the competition. When the head leaves the lane (its first serve, or
-//     gated, drained or collected unserved), the next newcomer becomes the
-//     head at max(V, t): t is one quantum past the head's serve, or the
-//     tag of a head that left unserved. So newcomers together get the
-//     share of one key (minting keys buys nothing), and newcomers that
-//     expire, drain or are minted and gone never push later ones back.
+//     the competition. When the head leaves the lane
+//     (its first serve, or gated, drained or collected unserved), the next
+//     newcomer becomes the head at max(V, t): t is the next head's quantum
+//     past the old head's serve, or the tag of a head that left unserved.
+//     So newcomers together get the share of one key (minting keys buys
+//     nothing), and newcomers that expire, drain or are minted and gone
+//     never push later ones back.
 //
 // Variants that register in the same call (promotion of runs due at the
 // same time, discovery) register in their index order, whose exact ties
-// are broken by name: the one place a name orders anything, and only among
-// variants that registered at the same instant.
+// are broken by name; so do variants the age head or discovery meet in
+// later calls, when their oldest runs are equally old. That is the one
+// place a name orders anything, and only among variants whose oldest work
+// is equally old. Equal tags are ordered by registration number, never by
+// name, whatever the server's locale.
 //
 // # Gating
 //
 // A variant at its per-key limit is out of the competition: it keeps its
 // tag, and it competes again, at max(S, V) (gated time earns no credit),
-// when a slot frees while the queue has a per-key limit (ack, nack, lease
-// recovery, dead letter: at once), at the first call after its limit rose
-// or went away, and, when a flag-off instance freed the slot, when the
-// gated probe comes to it (one rank per call; a lap takes as many calls as
-// there are gated variants, and a variant is passed over only when one
-// before it left the gated set during the lap). A call's cost does not
-// depend on the number of gated variants: pass 1 never sees them and the
-// probe looks at one.
+// when a slot frees on a flag-on instance (ack, nack, lease recovery, dead
+// letter: at once, whatever the key limit is then), at the first call
+// after its limit rose or went away, and otherwise (a flag-off instance
+// freed the slot) when the gated probe comes to it: one variant per call in gating order,
+// and a variant gated later always comes after every one gated before it,
+// so each is looked at within a lap of as many calls as there are gated
+// variants, whatever joins or leaves the gated set meanwhile. A call's
+// cost does not depend on the number of gated variants: pass 1 never sees
+// them and the probe looks at one.
 //
 // # Guarantees (checked by the oracle on observed schedules, on this model
 // and on the Lua)
@@ -139,9 +163,9 @@
 //     within the budget and the due delayed runs fit in one call's
 //     promotion (ScanLimit variants for maxCount 1).
 //  5. Reachability: every untagged variant with ready work whose head
-//     stays put is registered within ceil(variants/(ScanLimit-maxCount))+1
-//     calls (a lap more for each variant before it that a TTL sweep or a
-//     flag-off writer removed meanwhile), and every registered variant with
+//     stays put is registered within ceil(variants/max(1, ScanLimit-
+//     maxCount))+1 calls (a lap more for each variant before it that a TTL
+//     sweep or a flag-off writer removed meanwhile), and every registered variant with
 //     a ready head below its limit is served within the bounds of 1, 2 and
 //     7.
 //  6. Work conservation: a call stops early only when nothing it can reach
@@ -152,8 +176,8 @@
 //     the longest key later and it becomes the critical path (A with 3
 //     runs, B, C, D with 1, key limit 1, runs held one call: age order
 //     drains in 6 calls, the fair order in 7).
-//  7. Newcomer bound: with equal weights, a key that registers when the
-//     lane is empty is served within 3 serves per other active key,
+//  7. Newcomer bound: with equal weights (any equal weights), a key that
+//     registers when the lane is empty is served within 3 serves per other active key,
 //     whatever expired, drained, returned or was minted before it; the k-th
 //     newcomer waiting in the lane, after about k rounds.
 package vtime

@@ -28,9 +28,6 @@ const (
 	// rebaseFloor: a tag this far below V is worth no more than V itself
 	// (E = max(S, V)); a rebase lifts such tags to it so none goes negative.
 	rebaseFloor = 1 << 47
-	// UngateChunk is how many gated variants one dequeue call returns to the
-	// competition after the key limit rose.
-	UngateChunk = 1000
 	// ReadBudget is the least number of tags one call may read in pass 1
 	// (plus 4 x window): entries that turn out stale or at their limit are
 	// taken out for good as they are met, and reading stops at the budget.
@@ -93,14 +90,17 @@ type run struct {
 
 // Reg is a registered variant: its tag, the remainder of its last stride
 // (numerator over its milli-weight), its registration order, whether it is
-// gated (at its key limit, out of the competition) and whether it waits in
-// the newcomer lane (see the package comment: the lane's head, its lowest
-// Seq, competes with its tag; the others wait behind it without one, U 0).
+// gated (at its key limit, out of the competition) and, while it is, its
+// gating number (the order in which the gated probe visits), and whether
+// it waits in the newcomer lane (see the package comment: the lane's head,
+// its lowest Seq, competes with its tag; the others wait behind it without
+// one, U 0).
 type Reg struct {
 	U       int64
 	R       int64
 	Seq     int64
 	Gated   bool
+	Gate    int64
 	Waiting bool
 }
 
@@ -114,7 +114,8 @@ type Model struct {
 	cursor  int   // discovery cursor: a rank in ckIndex
 	nextSeq int64 // registration order of the next registration, from 1
 	gk      int   // key limit the gated variants were gated under (0: none)
-	gp      int   // probe cursor: a rank among the gated variants
+	gn      int64 // gating number of the next variant gated, from 1
+	gp      int64 // probe cursor: the gating number the probe last looked at
 	reg     map[string]*Reg
 	idle    map[string]int64 // variant member -> parked tag
 
@@ -149,7 +150,7 @@ func New(cfg Config) *Model {
 // anchor, cursor, registration order), as the state TTL does after a
 // StateTTL with no scheduler write. Weights are configuration and stay.
 func (m *Model) ExpireState() {
-	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gp = 0, 0, 0, 1, 0, 0
+	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gn, m.gp = 0, 0, 0, 1, 0, 1, 0
 	m.reg = map[string]*Reg{}
 	m.idle = map[string]int64{}
 }
@@ -159,7 +160,7 @@ func (m *Model) SetLimits(l Limits) { m.cfg.Limits = l }
 
 // V returns the logical virtual clock in serves at weight 1 (computed from
 // the exact integer, so it never decreases).
-func (m *Model) V() float64 { return float64(m.epoch*RebaseBy+m.v) / Unit }
+func (m *Model) V() float64 { return (float64(m.epoch)*RebaseBy + float64(m.v)) / Unit }
 
 // Errors of the model's operations (the Lua reports the same conditions).
 var (
@@ -226,8 +227,8 @@ func (m *Model) Idle() []Entry {
 // Clock returns the stored clock V (units), the epoch, the discovery
 // cursor, the next registration number and the gating state (gk, gp): what
 // Redis stores.
-func (m *Model) Clock() (v, epoch int64, cursor int, nextSeq int64, gk, gp int) {
-	return m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gp
+func (m *Model) Clock() (v, epoch int64, cursor int, nextSeq int64, gk int, gn, gp int64) {
+	return m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gn, m.gp
 }
 
 // MilliWeight returns the milli-weight of a variant member (1000: weight 1).
@@ -384,16 +385,28 @@ func (m *Model) topActive() (int64, bool) {
 }
 
 // laneNext gives the lane its next head when the head left it (served,
-// gated, drained or collected): at max(V, t), where t is one quantum past
-// the head's serve, or the tag of a head that left unserved, so newcomers
-// that leave without service never push later ones back. It returns the
-// new head, if any.
-func (m *Model) laneNext(t int64) regRef {
+// gated, drained or collected): at max(V, t), where t is one quantum of the
+// new head past the old head's serve at start (served), or the tag of a
+// head that left unserved (start), so newcomers that leave without service
+// never push later ones back. It returns the new head, if any.
+func (m *Model) laneNext(start int64, served bool) regRef {
 	vm, r := m.laneHead()
 	if r != nil {
+		t := start
+		if served {
+			t += m.quantum(vm)
+		}
 		r.U, r.R = max(m.v, t), 0
 	}
 	return regRef{vm, r}
+}
+
+// quantum is a newcomer's offset: one serve of vm, at most Unit (a serve
+// at weight 1). With equal weights every key's serve costs the same, so a
+// newcomer queues one serve of its own behind the pack; a low-weight
+// newcomer (a serve above Unit) queues no further back than a weight-1 one.
+func (m *Model) quantum(vm string) int64 {
+	return min(Unit, strideNum/m.MilliWeight(vm))
 }
 
 // register gives a variant that gained its first ready run a tag (see the
@@ -410,8 +423,9 @@ func (m *Model) register(vm string) {
 // returning variant (parked tag above V) at its parked tag; a discovered
 // one (found untagged in ckIndex: written with the flag off, or state
 // expired) at V; any other by the newcomer rule: behind the lane's head
-// when the lane is not empty; else, with A = min(top, V+Unit), at V when
-// A <= V (nothing is ahead: cold start), or as the lane's head at A+Unit.
+// when the lane is not empty; else, with q its quantum and A = min(top,
+// V+q), at V when A <= V (nothing is ahead: cold start), or as the lane's
+// head at A+q.
 // A parked tag at or below V is worth nothing: it goes, whenever a call
 // reaps or not.
 func (m *Model) registerAt(vm string, top int64, hasTop, discovered bool) *Reg {
@@ -429,8 +443,9 @@ func (m *Model) registerAt(vm string, top int64, hasTop, discovered bool) *Reg {
 			break
 		}
 		r.U = m.v
-		if a := min(top, m.v+Unit); hasTop && a > m.v {
-			r.U, r.Waiting = a+Unit, true
+		q := m.quantum(vm)
+		if a := min(top, m.v+q); hasTop && a > m.v {
+			r.U, r.Waiting = a+q, true
 		}
 	}
 	m.nextSeq++
@@ -459,7 +474,7 @@ func (m *Model) leaveLane(r *Reg) regRef {
 	if r != head {
 		return regRef{}
 	}
-	return m.laneNext(r.U)
+	return m.laneNext(r.U, false)
 }
 
 // drained handles a variant whose last ready run left outside a dequeue.
@@ -475,20 +490,18 @@ func (m *Model) drained(vm string) {
 }
 
 // released handles a freed in-flight slot of vm (ack, nack, recovery, dead
-// letter): a gated variant competes again, at max(S, V). Without a key
-// limit there is nothing to look at (gated variants of an earlier limit
-// return through the sweep), which spares every ack a read.
+// letter): a gated variant competes again, at max(S, V), whatever the key
+// limit is now. (Skipping the look when the queue has no key limit lost
+// the release when the limit went away and came back between two calls:
+// the variant stayed gated below its limit until the probe came to it.)
 func (m *Model) released(vm string) {
-	if m.cfg.Limits.Key <= 0 {
-		return
-	}
 	if r, ok := m.reg[vm]; ok && r.Gated {
 		m.ungate(r)
 	}
 }
 
 func (m *Model) ungate(r *Reg) {
-	r.Gated = false
+	r.Gated, r.Gate = false, 0
 	if r.U < m.v {
 		r.U, r.R = m.v, 0
 	}
@@ -602,7 +615,7 @@ type regRef struct {
 	r  *Reg
 }
 
-// gatedSorted returns the gated registrations in (tag, registration) order.
+// gatedSorted returns the gated registrations in gating order.
 func (m *Model) gatedSorted() []regRef {
 	var out []regRef
 	for vm, r := range m.reg {
@@ -610,27 +623,34 @@ func (m *Model) gatedSorted() []regRef {
 			out = append(out, regRef{vm, r})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return regBefore(*out[i].r, *out[j].r) })
+	sort.Slice(out, func(i, j int) bool { return out[i].r.Gate < out[j].r.Gate })
 	return out
 }
 
-// probeGated looks at one gated variant per call, at a rotating rank: one
-// below its limit (its slot was freed by an instance that does not
-// un-gate: flag off) competes again. One look per call keeps the cost of a
-// call the same whatever the number of gated variants.
+// probeGated looks at one gated variant per call: the first gated after
+// the one it looked at last, in gating order (back to the first past the
+// end). One below its limit (its slot was freed by an instance that does
+// not un-gate: flag off) competes again. Variants gated since come after
+// every older one, so each gated variant is looked at within a lap of as
+// many calls as there are gated variants, whatever joins or leaves. One
+// look per call keeps the cost of a call the same whatever the number of
+// gated variants.
 func (c *call) probeGated() {
 	m := c.m
 	all := m.gatedSorted()
-	if m.gp >= len(all) {
+	if len(all) == 0 {
 		m.gp = 0
 		return
 	}
-	g := all[m.gp]
-	if c.atLimit(g.vm) {
-		m.gp++
-		return
+	i := sort.Search(len(all), func(i int) bool { return all[i].r.Gate > m.gp })
+	if i == len(all) {
+		i = 0
 	}
-	m.ungate(g.r)
+	g := all[i]
+	m.gp = g.r.Gate
+	if !c.atLimit(g.vm) {
+		m.ungate(g.r)
+	}
 }
 
 // atLimit reports whether vm's in-flight runs (this call's serves
@@ -685,8 +705,11 @@ type wentry struct {
 
 func (w *window) more() bool { return w.read < len(w.snap) }
 
+// insert puts e in the list when it sorts before the bound (the last
+// entry read), else in overflow until a read passes it; once the read
+// budget is spent, no read will, and e goes to the list at its rank.
 func (w *window) insert(e *wentry) {
-	if w.more() && w.read > 0 && regBefore(w.last, e.Reg) {
+	if w.more() && w.read > 0 && w.read < w.budget && regBefore(w.last, e.Reg) {
 		w.overflow = append(w.overflow, e)
 		return
 	}
@@ -803,7 +826,8 @@ func (c *call) pick(w *window) *wentry {
 // (out of the lane too).
 func (c *call) gate(w *window, vm string) {
 	r := c.m.reg[vm]
-	r.Gated = true
+	r.Gated, r.Gate = true, c.m.gn
+	c.m.gn++
 	c.m.gk = c.keyLimit
 	c.newHead(w, c.m.leaveLane(r))
 }
@@ -819,11 +843,12 @@ func (c *call) newHead(w *window, h regRef) {
 // ageHead, when pass 1 finds nothing servable, looks at the first scan
 // variants of ckIndex in age order as it stood when serving began (what a
 // flag-off call would serve): untagged ones register (at V or their parked
-// tag), and registered, non-gated ones that pass 1 did not reach (it
-// stopped at its read budget) join too. Both take their place in the
-// window whatever its bound. Variants this call drained and gated ones
-// (the probe looks after those) are passed over, so a call whose keys are
-// all gated costs the same whatever their number.
+// tag), competing ones that pass 1 did not reach (it stopped at its read
+// budget) join as they are, and for one queued in the newcomer lane the
+// lane's head joins. All take their place in the window whatever its
+// bound. Variants this call drained and gated ones (the probe
+// looks after those) are passed over, so a call whose keys are all gated
+// costs the same whatever their number.
 func (c *call) ageHead(w *window, index []Entry) {
 	m := c.m
 	for i := 0; i < c.scan && i < len(index); i++ {
@@ -831,13 +856,22 @@ func (c *call) ageHead(w *window, index []Entry) {
 		if len(m.ready[vm]) == 0 || w.seen[vm] {
 			continue
 		}
-		_, head := m.laneHead()
+		hv, head := m.laneHead()
 		r, ok := m.reg[vm]
 		switch {
 		case !ok:
 			r = m.registerAt(vm, 0, false, true)
+		case r.Gated:
+			continue // the probe looks after those
 		case !m.competing(r, head):
-			continue // gated (the probe looks after those) or queued in the lane
+			// Queued in the lane, and the oldest work: the lane's head
+			// joins as it is, so the lane keeps its order and the call
+			// serves whenever a flag-off call would.
+			if !w.seen[hv] {
+				w.seen[hv] = true
+				w.place(&wentry{hv, *head})
+			}
+			continue
 		}
 		w.seen[vm] = true
 		w.place(&wentry{vm, *r})
@@ -865,7 +899,7 @@ func (c *call) serveOne(w *window, e *wentry) {
 		// The lane's head is served: it leaves the lane, and the next
 		// newcomer competes one quantum behind this serve.
 		r.Waiting = false
-		c.newHead(w, m.laneNext(eu+Unit))
+		c.newHead(w, m.laneNext(eu, true))
 	}
 
 	h, _ := head(m.ready[e.vm])

@@ -155,10 +155,10 @@ func gatedCount(m *Model) int {
 }
 
 // clock is m.Clock() as one slice: V, epoch, cursor, next registration
-// number, gk, gp.
+// number, gk, next gating number, gp.
 func clock(m *Model) []int64 {
-	v, epoch, cursor, nextSeq, gk, gp := m.Clock()
-	return []int64{v, epoch, int64(cursor), nextSeq, int64(gk), int64(gp)}
+	v, epoch, cursor, nextSeq, gk, gn, gp := m.Clock()
+	return []int64{v, epoch, int64(cursor), nextSeq, int64(gk), gn, gp}
 }
 
 // lane lists the newcomer lane in registration order: its head first,
@@ -205,7 +205,7 @@ func TestNewcomerRule(t *testing.T) {
 		require.Equal(t, Reg{U: 0, Seq: 1}, mustReg(t, m, "c"))
 		require.Equal(t, Reg{U: 0, Seq: 2}, mustReg(t, m, "a"))
 		require.Equal(t, Reg{U: 0, Seq: 3}, mustReg(t, m, "b"))
-		require.Equal(t, []int64{0, 0, 0, 4, 0, 0}, clock(m))
+		require.Equal(t, []int64{0, 0, 0, 4, 0, 1, 0}, clock(m))
 		require.Equal(t, []string{vm("c"), vm("a"), vm("b")}, regMembers(m))
 		require.Empty(t, lane(m))
 	})
@@ -336,8 +336,8 @@ func TestNewcomerRule(t *testing.T) {
 		// and is served in the same call.
 		flagOffServe(t, m, "n0")
 		require.Equal(t, []string{"n1"}, servedKeys(m.Dequeue(1, 0)))
-		require.Equal(t, Reg{U: 2 * U, Seq: 2, Gated: true}, mustReg(t, m, "n0"))
-		require.Equal(t, Reg{U: 3 * U, Seq: 3, Gated: true}, mustReg(t, m, "n1"))
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Gated: true, Gate: 3}, mustReg(t, m, "n0"))
+		require.Equal(t, Reg{U: 3 * U, Seq: 3, Gated: true, Gate: 4}, mustReg(t, m, "n1"))
 		require.Equal(t, 2*U, m.v)
 		require.Empty(t, lane(m))
 	})
@@ -471,7 +471,7 @@ func TestNewcomerRule(t *testing.T) {
 		m.SetWeight("x", 0.01)
 		add(t, m, "x", 3, 0, 0)
 		require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)))
-		require.Equal(t, Reg{U: 100 * U, Seq: 1, Gated: true}, mustReg(t, m, "x"))
+		require.Equal(t, Reg{U: 100 * U, Seq: 1, Gated: true, Gate: 1}, mustReg(t, m, "x"))
 		// The only tag is gated: nothing competes, n starts at V.
 		add(t, m, "n", 1, 0, 0)
 		require.Equal(t, Reg{U: 0, Seq: 2}, mustReg(t, m, "n"))
@@ -738,13 +738,13 @@ func TestGating(t *testing.T) {
 		add(t, m, "a", 3, 0, 0)
 		add(t, m, "b", 3, 0, 0)
 		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)))
-		require.Equal(t, Reg{U: U, Seq: 1, Gated: true}, mustReg(t, m, "a"))
+		require.Equal(t, Reg{U: U, Seq: 1, Gated: true, Gate: 1}, mustReg(t, m, "a"))
 		require.Equal(t, 1, m.gk)
 		require.Equal(t, []string{vm("b"), vm("a")}, regMembers(m), "gated after the others")
 		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(5, 0)))
 		require.True(t, mustReg(t, m, "b").Gated)
 		require.Empty(t, m.Dequeue(5, 0), "every variant at its limit")
-		require.Equal(t, Reg{U: U, Seq: 1, Gated: true}, mustReg(t, m, "a"), "the tag is kept")
+		require.Equal(t, Reg{U: U, Seq: 1, Gated: true, Gate: 1}, mustReg(t, m, "a"), "the tag is kept")
 	})
 
 	t.Run("GatedTagsAreNotRead", func(t *testing.T) {
@@ -754,7 +754,7 @@ func TestGating(t *testing.T) {
 		m := New(Config{Limits: Limits{Key: 2}})
 		add(t, m, "a", 5, 0, 0)
 		require.Equal(t, []string{"a", "a"}, servedKeys(m.Dequeue(5, 0)))
-		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true}, mustReg(t, m, "a"))
+		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true, Gate: 1}, mustReg(t, m, "a"))
 		require.Equal(t, U, m.v)
 	})
 
@@ -848,7 +848,7 @@ func TestRelease(t *testing.T) {
 			before := mustReg(t, m, "a")
 			require.Greater(t, before.U, m.v)
 			rel(t, m, id)
-			before.Gated = false
+			before.Gated, before.Gate = false, 0
 			require.Equal(t, before, mustReg(t, m, "a"), "max(S, V) = S: tag and remainder kept")
 		})
 	}
@@ -895,15 +895,15 @@ func TestLimitRise(t *testing.T) {
 		// The probe walks the gated variants meanwhile (all at the limit).
 		require.Empty(t, m.Dequeue(1, 5000))
 		require.Empty(t, m.Dequeue(1, 5000))
-		require.Equal(t, 2, m.gp)
+		require.Equal(t, int64(2), m.gp, "the probe looked at gating numbers 1 and 2")
 		m.SetLimits(Limits{Key: 2})
 		out := m.Dequeue(1, 5000)
 		// The rise is seen: every gated variant returns at max(S, V) = U,
 		// gk = 2, gp = 0; the lowest is served and reaches the new limit.
 		require.Equal(t, []string{"k0000"}, servedKeys(out))
 		require.Equal(t, 2, m.gk)
-		require.Equal(t, 0, m.gp)
-		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true}, mustReg(t, m, "k0000"))
+		require.Equal(t, int64(0), m.gp)
+		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true, Gate: 1201}, mustReg(t, m, "k0000"))
 		for i := 1; i < n; i++ {
 			require.Equal(t, Reg{U: U, Seq: int64(i + 1)}, mustReg(t, m, fmt.Sprintf("k%04d", i)), i)
 		}
@@ -920,7 +920,7 @@ func TestLimitRise(t *testing.T) {
 		require.Len(t, m.Dequeue(1, 5000), 1)
 		require.Equal(t, 0, gatedCount(m))
 		require.Equal(t, 0, m.gk)
-		require.Equal(t, 0, m.gp)
+		require.Equal(t, int64(0), m.gp)
 		require.Len(t, m.Dequeue(9, 5000), 9, "no limit: every variant serves")
 	})
 
@@ -956,8 +956,8 @@ func TestLimitRise(t *testing.T) {
 		// 2 > gk 1: both return; x, two in flight, is met at the limit and
 		// gated again; y is served and reaches it.
 		require.Equal(t, []string{"y"}, servedKeys(m.Dequeue(5, 0)))
-		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true}, mustReg(t, m, "x"))
-		require.Equal(t, Reg{U: 3 * U, Seq: 2, Gated: true}, mustReg(t, m, "y"))
+		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true, Gate: 3}, mustReg(t, m, "x"))
+		require.Equal(t, Reg{U: 3 * U, Seq: 2, Gated: true, Gate: 4}, mustReg(t, m, "y"))
 		require.Equal(t, 2, m.gk)
 	})
 
@@ -974,7 +974,7 @@ func TestLimitRise(t *testing.T) {
 		// Returned at max(S, V) = V; k0000 then served at V and gated at 2.
 		require.Equal(t, Reg{U: v, Seq: 2}, mustReg(t, m, "k0001"))
 		require.Equal(t, Reg{U: v, Seq: 3}, mustReg(t, m, "k0002"))
-		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true}, mustReg(t, m, "k0000"))
+		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true, Gate: 8}, mustReg(t, m, "k0000"))
 	})
 }
 
@@ -1013,8 +1013,8 @@ func TestLimitRiseReturnsEveryGated(t *testing.T) {
 	for _, k := range old {
 		require.Equal(t, Reg{U: 100 * U, Seq: mustReg(t, m, k).Seq}, mustReg(t, m, k), k)
 	}
-	v, epoch, _, nextSeq, gk, gp := m.Clock()
-	require.Equal(t, []int64{U, 0, n + 6, 2, 0}, []int64{v, epoch, nextSeq, int64(gk), int64(gp)})
+	v, epoch, _, nextSeq, gk, _, gp := m.Clock()
+	require.Equal(t, []int64{U, 0, n + 6, 2, 0}, []int64{v, epoch, nextSeq, int64(gk), gp})
 	// The other a's, then the z's, are served next.
 	out = m.Dequeue(505, 0)
 	require.Len(t, out, 505)
@@ -1058,13 +1058,13 @@ func TestProbe(t *testing.T) {
 		flagOffAck(t, m, decode(t, out[0].ID))
 		require.True(t, mustReg(t, m, "a").Gated, "a flag-off ack does not un-gate")
 		v := m.v
-		// The probe (rank 0) finds a below its limit: a competes at V and,
-		// with the lowest tag, is served.
+		// The probe finds a below its limit: a competes at V and, with the
+		// lowest tag, is served.
 		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)))
-		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true}, mustReg(t, m, "a"))
+		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true, Gate: 6}, mustReg(t, m, "a"))
 	})
 
-	t.Run("RotatesOverGatedWithinGatedPlusOneCalls", func(t *testing.T) {
+	t.Run("RotatesOverGatedWithinALap", func(t *testing.T) {
 		t.Parallel()
 		// g0..g3 gated at limit 1, all held; g3 (highest tag, last in age
 		// order, out of the one-variant age head) is freed by a flag-off ack.
@@ -1085,40 +1085,40 @@ func TestProbe(t *testing.T) {
 		flagOffAck(t, m, held[3])
 		gp := m.gp
 		for calls := 1; ; calls++ {
-			require.LessOrEqual(t, calls, 4+1, "not returned within gated+1 calls (probe started at %d)", gp)
+			require.LessOrEqual(t, calls, 4, "not returned within a lap of 4 calls (probe started after %d)", gp)
 			out := m.Dequeue(1, 10)
 			if len(out) > 0 {
 				// Returned at max(S, V) = U and served at once.
 				require.Equal(t, []string{"g3"}, servedKeys(out))
-				require.Equal(t, Reg{U: 2 * U, Seq: 4, Gated: true}, mustReg(t, m, "g3"))
+				require.Equal(t, Reg{U: 2 * U, Seq: 4, Gated: true, Gate: 5}, mustReg(t, m, "g3"))
 				break
 			}
 		}
 	})
 
-	t.Run("PassedOverWhenOneBeforeLeaves", func(t *testing.T) {
+	t.Run("NotPassedOverWhenOneBeforeLeaves", func(t *testing.T) {
 		t.Parallel()
-		// Finding 9's sequence, now documented: the probe's position is a
-		// rank among the gated variants, so a variant is passed over when
-		// one before it leaves the gated set during the lap. At most 3
-		// variants are gated at any time; k2, freed before call 5, is passed
-		// over in the lap of calls 6 to 8 (k1, before it, was acked) and
-		// returns at the next look at its rank.
+		// The probe once kept a rank among the gated variants (in tag
+		// order), so a variant was passed over when one before it left the
+		// gated set during the lap, and starved while lower-tagged keys kept
+		// joining it. It now keeps the gating number it looked at last:
+		// k1, freed by a flag-off ack just as k0 (gated before it) is acked,
+		// is the next the probe looks at.
 		m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 1})
 		for _, k := range []string{"k0", "k1", "k2"} {
 			add(t, m, k, 6, 0, 0)
 		}
-		ack := func(key string) {
+		inflight := func(key string) string {
 			t.Helper()
 			for id, r := range m.runs {
 				if r.key == key && r.state == InFlight {
-					require.NoError(t, m.Ack(decode(t, id)))
-					return
+					return decode(t, id)
 				}
 			}
 			t.Fatalf("%s has no run in flight", key)
+			return ""
 		}
-		call := func(gp int, want ...string) {
+		call := func(gp int64, want ...string) {
 			t.Helper()
 			if want == nil {
 				want = []string{}
@@ -1127,26 +1127,14 @@ func TestProbe(t *testing.T) {
 			require.LessOrEqual(t, gatedCount(m), 3)
 			require.Equal(t, gp, m.gp)
 		}
-		call(0, "k0", "k1") // 1
-		call(1, "k2")       // 2: the probe looks at rank 0 (k0)
-		call(2)             // 3: rank 1 (k1)
-		call(3)             // 4: rank 2 (k2, at its limit)
-		for id, r := range m.runs {
-			if r.key == "k2" && r.state == InFlight {
-				flagOffAck(t, m, decode(t, id)) // k2's slot freed, k2 still gated
-			}
-		}
-		call(0) // 5: rank 3 past the end: back to rank 0
-		ack("k0")
-		call(1, "k0") // 6: gated k1, k2: rank 0 (k1); k0 served and gated (after k2)
-		ack("k1")
-		call(2, "k1") // 7: gated k2, k0: rank 1 (k0): k2 moved under the probe
-		call(3)       // 8: gated k2, k0, k1: rank 2 (k1)
-		require.True(t, mustReg(t, m, "k2").Gated, "passed over in the lap of calls 6 to 8")
-		// The next lap comes to rank 0 (after the call that goes back to
-		// it: see TestBugProbeLapTakesGatedPlusOneCalls).
-		call(0)       // 9
-		call(0, "k2") // 10
+		call(0, "k0", "k1") // 1: k0 and k1 gated (gating numbers 1, 2)
+		call(1, "k2")       // 2: the probe looks at k0; k2 gated (3)
+		call(2)             // 3: k1
+		call(3)             // 4: k2
+		call(1)             // 5: past the end: back to k0 in the same call
+		flagOffAck(t, m, inflight("k1"))
+		require.NoError(t, m.Ack(inflight("k0")))
+		call(2, "k0", "k1") // 6: next after k0: k1, below its limit
 	})
 }
 
@@ -1403,8 +1391,8 @@ func TestAgeHead(t *testing.T) {
 		// g1 is in the age head but registered: the age head leaves it.
 		require.Empty(t, m.Dequeue(1, 0))
 		require.True(t, mustReg(t, m, "g1").Gated)
-		require.Equal(t, 1, m.gp)
-		// The probe, at rank 1, returns it.
+		require.Equal(t, mustReg(t, m, "g0").Gate, m.gp)
+		// The probe, on to the next gated (g1), returns it.
 		require.Equal(t, []string{"g1"}, servedKeys(m.Dequeue(1, 0)))
 	})
 
@@ -1716,7 +1704,7 @@ func TestRebase(t *testing.T) {
 		lo := int64(RebaseAt - rebaseFloor)
 		require.Equal(t, int64(1), m.epoch)
 		require.Equal(t, int64(RebaseAt-RebaseBy), m.v)
-		require.Equal(t, Reg{U: RebaseAt + U - RebaseBy, Seq: 1, Gated: true}, mustReg(t, m, "x"))
+		require.Equal(t, Reg{U: RebaseAt + U - RebaseBy, Seq: 1, Gated: true, Gate: 1}, mustReg(t, m, "x"))
 		require.Equal(t, Reg{U: lo - RebaseBy, Seq: 2, Gated: true}, mustReg(t, m, "g"), "lifted to V - 2^47, remainder dropped")
 		require.Equal(t, Reg{U: RebaseAt + 2*U - RebaseBy, Seq: 3, Waiting: true}, mustReg(t, m, "w"), "shifted, still waiting")
 		require.Equal(t, []Entry{{vm("p"), float64(RebaseAt + 3*U - RebaseBy)}}, m.Idle(), "q (<= V) reaped, p shifted")
@@ -1769,7 +1757,7 @@ func TestExpireState(t *testing.T) {
 	m.ExpireState()
 	require.Empty(t, m.reg)
 	require.Empty(t, m.idle)
-	require.Equal(t, []int64{0, 0, 0, 1, 0, 0}, clock(m))
+	require.Equal(t, []int64{0, 0, 0, 1, 0, 1, 0}, clock(m))
 	require.Equal(t, 0.0, m.V())
 	require.Equal(t, 2.0, m.Weight("a"), "weights are configuration")
 	require.ElementsMatch(t, runs, m.Snapshot().Runs, "runs stay")
@@ -1937,12 +1925,13 @@ func TestErrors(t *testing.T) {
 	require.Equal(t, byte(0), st)
 }
 
-// TestReleaseWithoutKeyLimitWaitsForTheProbe is finding 4's sequence,
-// now documented: a freed slot returns a gated variant at once only while
-// the queue has a per-key limit. x's slot frees while the limit is off and
-// the limit is back (not above gk) before the next call: no rise, so x
-// returns when the gated probe comes to its rank (y, z, x: the third call).
-func TestReleaseWithoutKeyLimitWaitsForTheProbe(t *testing.T) {
+// TestReleaseWithoutKeyLimitReturnsAtOnce is finding 4's sequence: x's
+// slot frees while the limit is off, and the limit is back (not above gk)
+// before the next call, so no call sees a rise. The release looks whatever
+// the limit: x competes again at once. (It used to wait for the gated
+// probe, the third call here, which broke batch invariance: dequeue(3)
+// probed y only and served nothing where 3 x dequeue(1) served x.)
+func TestReleaseWithoutKeyLimitReturnsAtOnce(t *testing.T) {
 	t.Parallel()
 	m := New(Config{Limits: Limits{Key: 1}})
 	for _, k := range []string{"y", "z", "x"} {
@@ -1953,12 +1942,10 @@ func TestReleaseWithoutKeyLimitWaitsForTheProbe(t *testing.T) {
 	require.Equal(t, 3, gatedCount(m))
 	m.SetLimits(Limits{})
 	require.NoError(t, m.Ack(decode(t, out[2].ID)))
-	require.True(t, mustReg(t, m, "x").Gated, "no key limit: the release does not look")
+	require.False(t, mustReg(t, m, "x").Gated, "the release looks without a key limit too")
 	m.SetLimits(Limits{Key: 1})
-	require.Empty(t, m.Dequeue(1, 0)) // probe: rank 0 (y, at its limit)
-	require.Empty(t, m.Dequeue(1, 0)) // rank 1 (z, at its limit)
-	require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)), "rank 2: x below its limit")
-	require.Equal(t, Reg{U: 2 * U, Seq: 3, Gated: true}, mustReg(t, m, "x"))
+	require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)), "x, below its limit, at the first call")
+	require.Equal(t, Reg{U: 2 * U, Seq: 3, Gated: true, Gate: 4}, mustReg(t, m, "x"))
 
 	// Had a call run while the limit was off, every gated variant would
 	// have returned at it.

@@ -336,8 +336,9 @@ func registration(m *Model, v string) Reg {
 		}
 	}
 	r.U = m.v
-	if a := min(top, m.v+Unit); has && a > m.v {
-		r.U, r.Waiting = a+Unit, true
+	q := min(Unit, strideNum/m.MilliWeight(v))
+	if a := min(top, m.v+q); has && a > m.v {
+		r.U, r.Waiting = a+q, true
 	}
 	return r
 }

@@ -16,7 +16,9 @@ type Snapshot struct {
 	V, Epoch int64 // stored clock (units) and rebases done
 	Cursor   int
 	NextSeq  int64 // 0 means 1
-	GK, GP   int
+	GK       int
+	GN       int64 // 0 means 1
+	GP       int64
 	Reg      map[string]Reg   // variant member -> registration
 	Idle     map[string]int64 // variant member -> parked tag
 	Weights  map[string]int64 // variant member -> milli-weight
@@ -30,7 +32,7 @@ type Snapshot struct {
 func Restore(cfg Config, s Snapshot) *Model {
 	m := New(cfg)
 	m.v, m.epoch, m.cursor, m.gk, m.gp = s.V, s.Epoch, s.Cursor, s.GK, s.GP
-	m.nextSeq = max(1, s.NextSeq)
+	m.nextSeq, m.gn = max(1, s.NextSeq), max(1, s.GN)
 	m.EnvOther = s.EnvOther
 	for k, r := range s.Reg {
 		cp := r
@@ -64,7 +66,7 @@ func Restore(cfg Config, s Snapshot) *Model {
 // Snapshot returns the model's state as a Snapshot (the runs' ids encoded).
 func (m *Model) Snapshot() Snapshot {
 	s := Snapshot{V: m.v, Epoch: m.epoch, Cursor: m.cursor, NextSeq: m.nextSeq,
-		GK: m.gk, GP: m.gp, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
+		GK: m.gk, GN: m.gn, GP: m.gp, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
 		InFlight: map[string]int{}, EnvOther: m.EnvOther}
 	for k, r := range m.reg {
 		s.Reg[k] = *r

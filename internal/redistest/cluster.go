@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,12 +17,9 @@ import (
 const clusterNodes = 3
 
 // startCluster starts the Redis Cluster that Cluster shares: three
-// redis-servers, each the master of one range of slots, and no replicas.
-func startCluster() (*deployment, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, errMissing
-	}
+// redis-servers from bin, each the master of one range of slots, and no
+// replicas.
+func startCluster(bin string) (*deployment, error) {
 	procs := make([]*proc, clusterNodes)
 	errs := make([]error, clusterNodes)
 	var wg sync.WaitGroup
@@ -55,7 +51,7 @@ func startCluster() (*deployment, error) {
 	}
 	return &deployment{
 		addrs:  addrs,
-		source: fmt.Sprintf("%d-node cluster of redis-server %s (spawned)", len(procs), procs[0].version),
+		source: fmt.Sprintf("%s %d-node cluster of redis-server %s (%s)", originSpawned, len(procs), procs[0].version, bin),
 		stop:   stop,
 	}, nil
 }

@@ -33,12 +33,9 @@ func dockerEngine() error {
 	return cli.Close()
 }
 
-// startContainer starts a Redis container with testcontainers, or returns an
-// error wrapping errMissing when no Docker engine answers.
+// startContainer starts a Redis container with testcontainers-go's Redis
+// module. chooseReal has checked that a Docker engine answers.
 func startContainer() (*deployment, error) {
-	if err := dockerEngine(); err != nil {
-		return nil, fmt.Errorf("%w, and no Docker engine for testcontainers: %v", errMissing, err)
-	}
 	// The first run on a machine pulls the image.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -67,7 +64,8 @@ func startContainer() (*deployment, error) {
 	}
 	return &deployment{
 		addrs:  []string{opt.Addr},
-		source: fmt.Sprintf("testcontainers %s (redis %s)", containerImage, infoField(info, "redis_version")),
+		opt:    opt,
+		source: fmt.Sprintf("%s: %s, redis %s at %s", originContainer, containerImage, infoField(info, "redis_version"), opt.Addr),
 		stop:   stop,
 	}, nil
 }

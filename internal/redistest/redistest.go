@@ -5,11 +5,12 @@
 // # Where the real Redis comes from
 //
 // Real takes the first of: the server at REDIS_URL; a redis-server on PATH,
-// started by the test binary; a Redis container started with testcontainers
-// (image redis:7.0) when a Docker engine answers. Cluster takes the nodes in
-// REDIS_CLUSTER_ADDRS, or else starts three redis-servers from PATH; it has
-// no container fallback. Without any of them, the test skips (or fails, see
-// RUNQUEUE_REQUIRE_REDIS).
+// started by the test binary; a Redis container started with
+// testcontainers-go's Redis module (image redis:7.0) when a Docker engine
+// answers. Cluster takes the nodes in REDIS_CLUSTER_ADDRS, or else starts
+// three redis-servers from PATH; it has no container fallback. Without any
+// of them, the test skips (or fails, see RUNQUEUE_REQUIRE_REDIS). The choice
+// is made once per test binary, at the first use.
 //
 // # Sharing
 //
@@ -26,7 +27,11 @@
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(redistest.Wrap(m)) }
 //
 // Main and Wrap also print, once the tests have run, where the real Redis
-// came from ([Source], [ClusterSource]); go test shows it with -v.
+// came from ([Source], [ClusterSource]); go test shows it with -v:
+//
+//	redistest: Real: spawned redis-server 7.0.15 (/usr/bin/redis-server); Cluster: spawned 3-node cluster of redis-server 7.0.15 (/usr/bin/redis-server)
+//	redistest: Real: REDIS_URL: redis 7.2.4 at 10.0.0.7:6379
+//	redistest: Real: testcontainers: redis:7.0, redis 7.0.15 at localhost:32771
 //
 // # Environment
 //
@@ -46,7 +51,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,29 +73,34 @@ func Mini(t testing.TB) redis.UniversalClient {
 func MiniServer(t testing.TB) (*miniredis.Miniredis, redis.UniversalClient) {
 	t.Helper()
 	m := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), ReadTimeout: ReadTimeout})
 	// Cleanups run last-in first-out: the client closes before the server.
 	t.Cleanup(func() { _ = c.Close() })
 	return m, c
 }
 
-// Real returns a client for a real Redis: the server at REDIS_URL if set,
-// otherwise the Redis shared by this test binary, started on first use: a
-// redis-server from PATH or, without one, a testcontainers container. Without
-// any, it skips t, or fails it under RUNQUEUE_REQUIRE_REDIS=1.
+// Real returns a client for a real Redis, the one shared by this test
+// binary: the server at REDIS_URL if set, otherwise one started on first
+// use, a redis-server from PATH or, without one, a testcontainers container.
+// Without any, it skips t, or fails it under RUNQUEUE_REQUIRE_REDIS=1.
 func Real(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	if url := os.Getenv("REDIS_URL"); url != "" {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			t.Fatalf("redistest: REDIS_URL: %v", err)
-		}
-		standalone.note(sourceURL)
-		return connect(t, redis.NewClient(opt))
+	d := need(t, standalone)
+	opt := &redis.Options{Addr: d.addrs[0]}
+	if d.opt != nil {
+		opt = new(*d.opt) // each client its own copy: go-redis keeps state in it
 	}
-	addrs := need(t, standalone)
-	return connect(t, redis.NewClient(&redis.Options{Addr: addrs[0]}))
+	opt.ReadTimeout = ReadTimeout
+	return connect(t, redis.NewClient(opt))
 }
+
+// ReadTimeout is the read timeout of the clients this package returns.
+// go-redis sends a command again when its reply times out (3s by
+// default), and a dequeue is not idempotent: when the first call went
+// through, its runs stay in flight until lease recovery and the test sees
+// fewer. A dequeue of 1,000 runs on a loaded CI machine can take seconds,
+// so test clients wait longer than a production client would.
+const ReadTimeout = time.Minute
 
 // Cluster returns a client for a real Redis Cluster, a *redis.ClusterClient:
 // the nodes in REDIS_CLUSTER_ADDRS if set, otherwise a cluster of three
@@ -99,22 +108,21 @@ func Real(t testing.TB) redis.UniversalClient {
 // slots (see [NodeOf] for which one serves a key). Skips or fails like [Real].
 func Cluster(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	if addrs := os.Getenv("REDIS_CLUSTER_ADDRS"); addrs != "" {
-		clustered.note(sourceClusterAddrs)
-		return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")}))
-	}
-	addrs := need(t, clustered)
-	return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}))
+	d := need(t, clustered)
+	return connect(t, redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs, ReadTimeout: ReadTimeout}))
 }
 
-// Source says where this test binary's [Real] Redis came from so far:
-// "REDIS_URL", "redis-server 7.0.15 (spawned)", "testcontainers redis:7.0
-// (redis 7.0.15)", or "" when no test has asked for one (or none could be
-// had).
+// Source says where this test binary's [Real] Redis came from. It starts
+// with one of three words: "spawned" (a redis-server from PATH: "spawned
+// redis-server 7.0.15 (/usr/bin/redis-server)"), "REDIS_URL" ("REDIS_URL:
+// redis 7.2.4 at host:port") or "testcontainers" ("testcontainers:
+// redis:7.0, redis 7.0.15 at host:port"). It is "" when no test has asked
+// for one, or none could be had.
 func Source() string { return standalone.source() }
 
-// ClusterSource is [Source] for [Cluster]: "REDIS_CLUSTER_ADDRS",
-// "3-node cluster of redis-server 7.0.15 (spawned)" or "".
+// ClusterSource is [Source] for [Cluster]: "spawned 3-node cluster of
+// redis-server 7.0.15 (/usr/bin/redis-server)", "REDIS_CLUSTER_ADDRS:
+// host:port,..." or "".
 func ClusterSource() string { return clustered.source() }
 
 // Prefix returns a short key prefix unique to the caller, "t" followed by 8
@@ -183,10 +191,10 @@ func connect(t testing.TB, c redis.UniversalClient) redis.UniversalClient {
 	return c
 }
 
-// need returns the node addresses of s, starting it if this is its first use.
-func need(t testing.TB, s *shared) []string {
+// need returns the deployment of s, starting it if this is its first use.
+func need(t testing.TB, s *shared) *deployment {
 	t.Helper()
-	addrs, err := s.get()
+	d, err := s.get()
 	switch {
 	case errors.Is(err, errMissing):
 		t.Logf("redistest: %v", err)
@@ -194,7 +202,7 @@ func need(t testing.TB, s *shared) []string {
 	case err != nil:
 		t.Fatalf("redistest: %v", err)
 	}
-	return addrs
+	return d
 }
 
 // unavailable skips t, or fails it when the environment demands a real Redis.
@@ -210,19 +218,14 @@ func unavailable(t testing.TB) {
 
 var errMissing = errors.New("redis-server is not on PATH")
 
-// Sources that are not a started server.
-const (
-	sourceURL          = "REDIS_URL"
-	sourceClusterAddrs = "REDIS_CLUSTER_ADDRS"
-)
-
 // The Redis deployments shared by the tests of one binary.
 var (
-	standalone = &shared{start: startStandalone}
-	clustered  = &shared{start: startCluster}
+	standalone = &shared{start: startReal}
+	clustered  = &shared{start: startClustered}
 )
 
-// shared is a Redis deployment started at most once per test binary.
+// shared is a Redis deployment started, or found, at most once per test
+// binary.
 type shared struct {
 	start func() (*deployment, error)
 
@@ -230,44 +233,36 @@ type shared struct {
 	dep  *deployment
 	err  error
 
-	mu   sync.Mutex // guards used, which source reads while tests run
-	used []string   // where the tests' Redis came from, in first-use order
+	mu  sync.Mutex // guards src, which source reads while tests run
+	src string
 }
 
-// deployment is a started Redis: its node addresses, where it came from and
-// how to stop it.
+// deployment is a Redis the tests use: its node addresses, the options of a
+// client of a REDIS_URL or container server (nil: only Addr), where it came
+// from and how to stop it.
 type deployment struct {
 	addrs  []string
+	opt    *redis.Options
 	source string
 	stop   func()
 }
 
-func (s *shared) get() ([]string, error) {
+func (s *shared) get() (*deployment, error) {
 	s.once.Do(func() {
 		s.dep, s.err = s.start()
 		if s.err == nil {
-			s.note(s.dep.source)
+			s.mu.Lock()
+			s.src = s.dep.source
+			s.mu.Unlock()
 		}
 	})
-	if s.err != nil {
-		return nil, s.err
-	}
-	return s.dep.addrs, nil
-}
-
-// note records that a test used the Redis from src.
-func (s *shared) note(src string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !slices.Contains(s.used, src) {
-		s.used = append(s.used, src)
-	}
+	return s.dep, s.err
 }
 
 func (s *shared) source() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return strings.Join(s.used, " and ")
+	return s.src
 }
 
 // stop stops the deployment, if it was started. It runs after all tests, so

@@ -2,10 +2,12 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,7 +99,7 @@ func TestClusterNodes(t *testing.T) {
 	masters, err := Masters(ctx, c)
 	require.NoError(t, err)
 	require.Len(t, masters, 3)
-	require.Contains(t, ClusterSource(), "3-node cluster of redis-server")
+	require.Regexp(t, `^spawned 3-node cluster of redis-server \d+\.\d+\.\d+ \(/.*redis-server\)$`, ClusterSource())
 
 	want := map[slotRange]string{}
 	for _, r := range slotRanges(3) {
@@ -184,15 +186,106 @@ func TestNodeOfPlainClient(t *testing.T) {
 	require.Equal(t, c.(*redis.Client).Options().Addr, addr)
 }
 
+// TestSource checks the source line of whatever Real chose on this machine.
 func TestSource(t *testing.T) {
 	t.Parallel()
 	Real(t)
-	if os.Getenv("REDIS_URL") != "" {
-		require.Contains(t, Source(), "REDIS_URL")
-	} else {
-		require.Regexp(t, `^redis-server \d+\.\d+\.\d+ \(spawned\)$`, Source())
+	switch {
+	case os.Getenv("REDIS_URL") != "":
+		require.Regexp(t, `^REDIS_URL: redis \d+\.\d+\.\d+ at \S+:\d+$`, Source())
+	case strings.HasPrefix(Source(), "testcontainers"):
+		require.Regexp(t, `^testcontainers: redis:7\.0, redis 7\.0\.\d+ at \S+:\d+$`, Source())
+	default:
+		require.Regexp(t, `^spawned redis-server \d+\.\d+\.\d+ \(/.*redis-server\)$`, Source())
 	}
+	require.Contains(t, sourcesLine(), "redistest: Real: "+Source())
 	t.Logf("Real: %s", Source())
+}
+
+// TestChooseReal checks the order in which Real looks for a Redis, with
+// stand-ins for PATH and the Docker engine, so that the container branch is
+// decided without Docker. Each source is asked for only when the ones
+// before it are missing.
+func TestChooseReal(t *testing.T) {
+	t.Parallel()
+	notFound := errors.New(`exec: "redis-server": executable file not found in $PATH`)
+	noEngine := errors.New("Cannot connect to the Docker daemon")
+	cases := []struct {
+		name        string
+		url         string
+		bin         error // nil: redis-server is on PATH
+		docker      error // nil: an engine answers
+		want        origin
+		wantBin     string
+		asksPath    bool
+		asksDocker  bool
+		wantMissing bool
+	}{
+		{name: "URLFirst", url: "redis://h:1/0", want: originURL},
+		{name: "URLWithoutBinaryOrDocker", url: "redis://h:1/0", bin: notFound, docker: noEngine, want: originURL},
+		{name: "BinaryBeforeDocker", want: originSpawned, wantBin: "/opt/redis/bin/redis-server", asksPath: true},
+		{name: "DockerWithoutBinary", bin: notFound, want: originContainer, asksPath: true, asksDocker: true},
+		{name: "Nothing", bin: notFound, docker: noEngine, want: originNone, asksPath: true, asksDocker: true, wantMissing: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var askedPath, askedDocker bool
+			lookPath := func(name string) (string, error) {
+				askedPath = true
+				require.Equal(t, "redis-server", name)
+				if tc.bin != nil {
+					return "", tc.bin
+				}
+				return "/opt/redis/bin/redis-server", nil
+			}
+			docker := func() error { askedDocker = true; return tc.docker }
+
+			got, bin, err := chooseReal(tc.url, lookPath, docker)
+			require.Equal(t, tc.want, got)
+			require.Equal(t, tc.wantBin, bin)
+			require.Equal(t, tc.asksPath, askedPath, "asked PATH")
+			require.Equal(t, tc.asksDocker, askedDocker, "asked Docker")
+			if !tc.wantMissing {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, errMissing, "Real skips, rather than fails, when nothing is there")
+			require.ErrorContains(t, err, "no REDIS_URL")
+			require.ErrorContains(t, err, notFound.Error())
+			require.ErrorContains(t, err, noEngine.Error())
+		})
+	}
+}
+
+// TestChooseCluster: REDIS_CLUSTER_ADDRS, else redis-server from PATH, and
+// no container fallback.
+func TestChooseCluster(t *testing.T) {
+	t.Parallel()
+	found := func(string) (string, error) { return "/usr/bin/redis-server", nil }
+	missing := func(string) (string, error) { return "", errors.New("not found") }
+	unasked := func(string) (string, error) {
+		t.Error("PATH asked although REDIS_CLUSTER_ADDRS is set")
+		return "", nil
+	}
+
+	o, _, err := chooseCluster("a:1,b:2", unasked)
+	require.NoError(t, err)
+	require.Equal(t, originAddrs, o)
+	o, bin, err := chooseCluster("", found)
+	require.NoError(t, err)
+	require.Equal(t, []any{originSpawned, "/usr/bin/redis-server"}, []any{o, bin})
+	o, _, err = chooseCluster("", missing)
+	require.Equal(t, originNone, o)
+	require.ErrorIs(t, err, errMissing)
+	require.ErrorContains(t, err, "no REDIS_CLUSTER_ADDRS")
+}
+
+// TestOriginWords: every source line starts with the word of its origin.
+func TestOriginWords(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []string{"REDIS_URL", "REDIS_CLUSTER_ADDRS", "spawned", "testcontainers", "none"},
+		[]string{originURL.String(), originAddrs.String(), originSpawned.String(), originContainer.String(), originNone.String()})
 }
 
 // Not parallel: command statistics are server-wide.
@@ -297,6 +390,23 @@ func TestUnavailable(t *testing.T) {
 	})
 }
 
+// TestURLDeployment takes the REDIS_URL branch against the server of Real:
+// the options come from the URL and the source names the server.
+func TestURLDeployment(t *testing.T) {
+	t.Parallel()
+	addr := Real(t).(*redis.Client).Options().Addr
+	d, err := urlDeployment("redis://" + addr + "/3")
+	require.NoError(t, err)
+	defer d.stop()
+	require.Equal(t, []string{addr}, d.addrs)
+	require.Equal(t, 3, d.opt.DB)
+	require.Regexp(t, `^REDIS_URL: redis \d+\.\d+\.\d+ at `+regexp.QuoteMeta(addr)+`$`, d.source)
+
+	_, err = urlDeployment("http://" + addr)
+	require.ErrorContains(t, err, "REDIS_URL")
+	require.NotErrorIs(t, err, errMissing, "a wrong REDIS_URL fails the test, it does not skip it")
+}
+
 // TestContainer starts a Redis with testcontainers where a Docker engine
 // answers, whatever Real picks on this machine, so that the fallback is
 // exercised wherever it can be. It skips without Docker, even under
@@ -309,7 +419,7 @@ func TestContainer(t *testing.T) {
 	d, err := startContainer()
 	require.NoError(t, err)
 	defer d.stop()
-	require.Regexp(t, `^testcontainers redis:7\.0 \(redis 7\.0\.\d+\)$`, d.source)
+	require.Regexp(t, `^testcontainers: redis:7\.0, redis 7\.0\.\d+ at \S+:\d+$`, d.source)
 
 	ctx := context.Background()
 	c := redis.NewClient(&redis.Options{Addr: d.addrs[0]})

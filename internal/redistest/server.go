@@ -14,22 +14,50 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// startStandalone starts the Redis that Real shares: a redis-server from
-// PATH, or else a container when a Docker engine answers.
-func startStandalone() (*deployment, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return startContainer()
-	}
+// startSpawned starts the redis-server at bin for Real.
+func startSpawned(bin string) (*deployment, error) {
 	p, err := spawn(bin, false)
 	if err != nil {
 		return nil, err
 	}
 	return &deployment{
 		addrs:  []string{p.addr},
-		source: fmt.Sprintf("redis-server %s (spawned)", p.version),
+		source: fmt.Sprintf("%s redis-server %s (%s)", originSpawned, p.version, bin),
 		stop:   p.kill,
 	}, nil
+}
+
+// urlDeployment is the server at a REDIS_URL: it checks that the server
+// answers, so that a wrong URL fails with one clear message, and reads its
+// version for the source line. The server is not ours to stop.
+func urlDeployment(url string) (*deployment, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	version, err := serverVersion(opt)
+	if err != nil {
+		return nil, fmt.Errorf("REDIS_URL %s: %w", opt.Addr, err)
+	}
+	return &deployment{
+		addrs:  []string{opt.Addr},
+		opt:    opt,
+		source: fmt.Sprintf("%s: redis %s at %s", originURL, version, opt.Addr),
+		stop:   func() {},
+	}, nil
+}
+
+// serverVersion returns the redis_version of the server opt points at.
+func serverVersion(opt *redis.Options) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := redis.NewClient(opt)
+	defer func() { _ = c.Close() }()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "", fmt.Errorf("INFO server: %w", err)
+	}
+	return infoField(info, "redis_version"), nil
 }
 
 // proc is a redis-server child process.

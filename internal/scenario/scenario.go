@@ -438,13 +438,26 @@ func (h *H) SetTags(tags map[string]float64) error {
 		if err != nil {
 			return err
 		}
-		if len(reg) < 8 {
+		n := strings.IndexFunc(reg, func(r rune) bool { return r < '0' || r > '9' })
+		if n < 0 {
+			n = len(reg)
+		}
+		if n == 0 {
 			return fmt.Errorf("scenario: malformed registration %q of %s", reg, k)
 		}
-		code, flags := reg[:8], reg[8:]
+		code, flags := reg[:n], reg[n:]
 		score := s * vtime.Unit
 		if strings.HasPrefix(flags, "g") {
-			score += 1 << 52 // the gated region
+			// A gated tag lives in the state hash (its score is its gating
+			// number): rewrite it there, remainder kept.
+			rest := ""
+			if i := strings.IndexByte(flags, '|'); i >= 0 {
+				rest = flags[i:]
+			}
+			if err := h.Raw.HSet(h.Ctx, state, vm, fmt.Sprintf("%sg%d%s", code, int64(score), rest)).Err(); err != nil {
+				return err
+			}
+			continue
 		}
 		if strings.Contains(flags, "w") {
 			if err := h.Raw.ZRem(h.Ctx, h.Keys.CkVtime(), vm).Err(); err != nil {

@@ -39,4 +39,5 @@ while #dq.served < dq.cap do
     window_move(age, vm, nxt)
   end
 end
+dq.ck_head = window_low(age) -- ckIndex's new head: no read for the master score
 return dq_finish(dq, acked)

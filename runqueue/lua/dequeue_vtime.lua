@@ -13,7 +13,8 @@
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
 -- ARGV[16+3a] -> window multiplier
--- Returns: see dq_finish.
+-- Returns: see dq_finish (its first value -1 - the acks when the call found
+-- the state broken and served nothing: see w_extend).
 --@include record
 --@include held
 --@include hooks
@@ -25,6 +26,8 @@ local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
 local wm = tonumber(ARGV[dq.own_args + 3])
 local G = SCHED.G
+-- Without a key limit the acks need not look for gated variants: the
+-- un-gating below returns every one of them in this call, at the same V.
 local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0))
 if dq_capacity(dq) <= 0 then
   sched_save(S)
@@ -34,6 +37,13 @@ end
 -- promote: due delayed runs become ready; their variants register.
 dq_promote(dq, sched_hooks(S, false))
 local st = sched_state(S)
+
+-- Milli-weights, read once per variant (none when the queue has none).
+local milli = {}
+local function weight_of(vm)
+  if milli[vm] == nil then milli[vm] = sched_weight(S, st, vm) end
+  return milli[vm]
+end
 
 -- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
 -- r (stride remainder, nil until needed), gated, gone, new, hv (state-hash
@@ -51,46 +61,50 @@ end
 -- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
-  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
   local vms = {}
-  for i = 1, #raw / 2 do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  for i = 1, #raw do vms[i] = sched_split(raw[i]) end
   local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
   for i = 1, #vms do
-    local r = 0
-    if hvs[i] then r = sched_parse(hvs[i]).r end
-    local u = num(raw[2 * i]) - G
-    if u < st.v then u, r = st.v, 0 end
+    local rg = hvs[i] and sched_parse(hvs[i]) or { code = select(2, sched_split(raw[i])), r = 0 }
+    local u, r = rg.tag, rg.r
+    if not u or u < st.v then u, r = st.v, 0 end
     zargs[#zargs + 1] = sched_fmt(u)
-    zargs[#zargs + 1] = raw[2 * i - 1]
+    zargs[#zargs + 1] = raw[i]
     hargs[#hargs + 1] = vms[i]
-    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, false, r)
+    hargs[#hargs + 1] = sched_value(rg.code, false, false, r)
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
--- ungate, probe: one gated variant at a rotating rank returns if it is
--- below its limit (a flag-off instance freed its slot without saying). One
--- look per call: a call costs the same whatever the number of gated keys.
+-- ungate, probe: the next gated variant in gating order after the one
+-- looked at last (back to the first past the end, in the same call)
+-- returns if it is below its limit (a flag-off instance freed its slot
+-- without saying). One look per call: a call costs the same whatever the
+-- number of gated keys, and one gated later comes after every older one.
 do
   local raw = {}
-  if st.ng > 0 then raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1) end
+  if st.ng > 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if #raw == 0 and st.gp > 0 then
+      raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+  end
   if #raw == 0 then
     st.gp = 0
   else
-    local vm = string.sub(raw[1], 9)
-    if dq_at_limit(dq, vm) then
-      st.gp = st.gp + 1
-    else
+    local vm, code = sched_split(raw[1])
+    st.gp = num(raw[2]) - G
+    if not dq_at_limit(dq, vm) then
       local hv = redis.call('HGET', S.h, vm)
-      local r = 0
-      if hv then r = sched_parse(hv).r end
-      local u = num(raw[2]) - G
-      if u < st.v then u, r = st.v, 0 end
+      local rg = hv and sched_parse(hv) or { r = 0 }
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
-      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, false, r))
+      redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
       st.ng = st.ng - 1
     end
   end
@@ -134,23 +148,31 @@ local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 -- region is written until persist, so reads by rank stay consistent.
 local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
             budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
-local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
+-- (tag, registration) order; registration numbers compare as numbers.
+local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
 
--- Put e in the list at its rank, whatever the bound.
-local function w_place(e)
-  local list = W.list
-  local at = #list + 1
-  for i = 1, #list do
-    if before(e, list[i]) then
-      at = i
-      break
-    end
-  end
-  table.insert(list, at, e)
+-- A window entry for variant vm, seq code code, tag u.
+local function entry(vm, code, u)
+  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
+-- Put e in the list at its rank, whatever the bound (binary search: a call
+-- of n serves over n keys costs n log n comparisons, not n^2).
+local function w_place(e)
+  local list = W.list
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if before(e, list[mid]) then hi = mid else lo = mid + 1 end
+  end
+  table.insert(list, lo, e)
+end
+
+-- Put e in the list when it sorts before the bound (the last entry read),
+-- else in overflow until a read passes it; once the budget is spent no
+-- read will, and e takes its rank in the list.
 local function w_insert(e)
-  if W.more and W.read > 0 and before(W.last, e) then
+  if W.more and W.read > 0 and W.read < W.budget and before(W.last, e) then
     W.over[#W.over + 1] = e
     return
   end
@@ -168,27 +190,37 @@ end
 
 -- Read the next chunk (first cap + 1 entries, then as many as were read,
 -- within the budget; one more is peeked to know whether any are left).
+-- The region's rank 0 is the sentinel: the first read takes it too and
+-- returns nil when it is missing (a ckVtime lost without its hash).
 local function w_extend()
   if not W.more or W.read >= W.budget then return false end
   local n = W.first
   if W.read > 0 then n = W.read end
   n = math.min(n, W.budget - W.read)
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read, n + 1)
+  local raw
+  if W.read == 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', 0, n + 2)
+    if raw[1] ~= '' then return nil end
+    table.remove(raw, 1)
+    table.remove(raw, 1)
+  else
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
+  end
   local got = #raw / 2
   W.more = got > n
   local take = math.min(got, n)
   if take == 0 then return false end
+  local e
   for i = 1, take do
-    local member = raw[2 * i - 1]
-    local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
-                u = num(raw[2 * i]) }
+    e = entry(sched_split(raw[2 * i - 1]))
+    e.u = num(raw[2 * i])
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e
     W.list[#W.list + 1] = e
   end
   W.read = W.read + take
-  W.last = { u = num(raw[2 * take]), member = raw[2 * take - 1] }
+  W.last = { u = e.u, seq = e.seq }
   local over = W.over
   W.over = {}
   for _, e in ipairs(over) do w_insert(e) end
@@ -198,18 +230,20 @@ end
 -- The newcomer lane: its head competes, the others wait in registration
 -- order (the lane region holds them all; nothing writes it before
 -- persist, so ranks stay put). When the head leaves it, the next one
--- competes at max(V, t).
+-- competes at max(V, t): t is its quantum past the old head's serve at
+-- start (served), or the old head's tag (start).
 local lane_left = 0
-local function lane_leave(e, t)
+local function lane_leave(e, start, served)
   if not e.waiting then return end
   e.waiting = false
-  lane_left = lane_left + 1
   st.lh = ''
+  lane_left = lane_left + 1
   local nxt = sched_lane_at(S, lane_left)
   if not nxt then return end
-  local code = sched_parse(redis.call('HGET', S.h, nxt)).code
-  local h = { vm = nxt, member = code .. nxt, code = code, u = math.max(st.v, t), r = 0, r0 = 0,
-              waiting = true, waiting0 = true }
+  local t = start
+  if served then t = t + sched_quantum(weight_of(nxt)) end
+  local h = entry(nxt, sched_parse(redis.call('HGET', S.h, nxt)).code, math.max(st.v, t))
+  h.r, h.r0, h.waiting, h.waiting0 = 0, 0, true, true
   st.lh = nxt
   ent[nxt] = h
   touch(h)
@@ -218,7 +252,8 @@ end
 
 local parked = {}
 local function gate(e)
-  e.gated = true
+  e.gated, e.gate = true, st.gn
+  st.gn = st.gn + 1
   st.gk = kl
   st.ng = st.ng + 1
   touch(e)
@@ -259,10 +294,12 @@ end
 -- serve, age head (once, when pass 1 runs dry): the first scan variants of
 -- ckIndex as it stood when serving began (nothing writes it before
 -- dq_finish) that this call has not seen and that still have a ready run:
--- untagged ones register at V or their parked tag, registered, non-gated
--- ones that pass 1 did not reach (it stopped at its budget) join too, both
--- at their rank whatever the window's bound. Gated ones are left to the
--- probe, so an all-gated queue costs the same whatever the number of keys.
+-- untagged ones register at V or their parked tag, competing ones that
+-- pass 1 did not reach (it stopped at its budget) join as they are, and
+-- for one queued in the lane behind its head, the lane's head joins (the
+-- lane keeps its order); all at their rank whatever the window's bound.
+-- Gated ones are left to the probe, so an all-gated queue costs the same
+-- whatever the number of keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
@@ -272,35 +309,38 @@ local function age_head()
   local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
     local rg = vals[i] and sched_parse(vals[i])
-    -- Gated ones are the probe's; queued ones wait in the lane.
-    local out = rg and (rg.gated or (rg.waiting and vm ~= st.lh))
-    if not out and dq_head(dq, vm) ~= nil then
+    -- (ent: the lane's head may have joined for a member met before it)
+    if ent[vm] == nil and not (rg and rg.gated) and dq_head(dq, vm) ~= nil then
       local e
-      if rg then
-        e = { vm = vm, member = rg.code .. vm, code = rg.code,
-              u = num(redis.call('ZSCORE', S.z, rg.code .. vm)), waiting = rg.waiting, waiting0 = rg.waiting }
-      else
+      if not rg then
         local u, code = sched_admit(S, st, vm, true)
-        e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        e = entry(vm, code, u)
+        e.r, e.new = 0, true
+        touch(e)
+      elseif rg.waiting and vm ~= st.lh then
+        local h = st.lh
+        if h ~= '' and ent[h] == nil then
+          local code = sched_parse(redis.call('HGET', S.h, h)).code
+          e = entry(h, code, num(redis.call('ZSCORE', S.z, code .. h)))
+          e.waiting, e.waiting0 = true, true
+          vm = h
+        end
+      else
+        e = entry(vm, rg.code, num(redis.call('ZSCORE', S.z, rg.code .. vm)))
+        e.waiting, e.waiting0 = rg.waiting, rg.waiting
+      end
+      if e and e.u == nil then -- its tag went missing (a hand edit): at V
+        e.u, e.r, e.r0 = st.v, 0, 0
         touch(e)
       end
-      ent[vm] = e
-      w_place(e)
+      if e then
+        ent[vm] = e
+        w_place(e)
+      end
     end
   end
 end
 
-local nw = st.nw
-if nw < 0 then
-  nw = redis.call('HLEN', S.w)
-  st.nw = nw
-end
-local milli = {}
-local function weight_of(vm)
-  if nw == 0 then return 1000 end
-  if milli[vm] == nil then milli[vm] = sched_milli(redis.call('HGET', S.w, vm)) end
-  return milli[vm]
-end
 
 -- The stride remainder of e: only a weight other than 1 leaves one.
 local function remainder(e, mw)
@@ -328,8 +368,8 @@ local function serve_one(e)
   e.u, e.r = eu + q, r
   touch(e)
   -- The lane's head is served: it leaves the lane, and the next newcomer
-  -- competes one quantum behind this serve.
-  lane_leave(e, eu + SCHED.UNIT)
+  -- competes one quantum of its own behind this serve.
+  lane_leave(e, eu, true)
   local nxt = dq_take(dq, e.vm)
   if nxt == nil then
     leave(e)
@@ -340,7 +380,15 @@ local function serve_one(e)
   end
 end
 
-w_extend()
+if w_extend() == nil then
+  -- No sentinel: the state is broken. It goes whole, nothing is served,
+  -- and the reply says so (its first value -1 - the acks) so that the
+  -- caller calls again at once, on a state started again.
+  sched_broken(S)
+  local out = dq_finish(dq, acked)
+  out[1] = -1 - out[1]
+  return out
+end
 local age_done = index_empty -- nothing for the age head to read
 while #dq.served < dq.cap do
   local e = pick()
@@ -359,7 +407,7 @@ end
 do
   local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
   for _, e in ipairs(changed) do
-    if not e.parked and not e.waiting then zrem[#zrem + 1] = e.vm end
+    if e.waiting0 and not e.waiting and not e.parked then zrem[#zrem + 1] = e.vm end
     if e.gone then
       if not e.new then
         zrem[#zrem + 1] = e.member
@@ -367,7 +415,7 @@ do
       end
     else
       local score = e.u
-      if e.gated then score = score + G end
+      if e.gated then score = G + e.gate end
       zargs[#zargs + 1] = sched_fmt(score)
       zargs[#zargs + 1] = e.member
       if e.r == nil then
@@ -380,7 +428,7 @@ do
       local r = e.r
       if e.new or e.gated or r ~= (e.r0 or 0) or e.waiting ~= e.waiting0 then
         hargs[#hargs + 1] = e.vm
-        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r)
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r, e.u)
       end
     end
   end
@@ -404,21 +452,33 @@ if st.v >= SCHED.REBASE_AT then
   sched_reap(S, st.v)
   local lo = st.v - SCHED.REBASE_FLOOR
   local zargs, hargs = {}, {}
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '+inf', 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES')
+  table.remove(raw, 1) -- the sentinel (rank 0) stays at 0
+  table.remove(raw, 1)
   for i = 1, #raw, 2 do
-    local s = num(raw[i + 1])
-    local gated = s >= G
-    local u = s
-    if gated then u = s - G end
+    local u = num(raw[i + 1])
     if u < lo then
       u = lo
-      hargs[#hargs + 1] = string.sub(raw[i], 9)
-      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, string.sub(raw[i], 9) == st.lh, 0)
+      local vm, code = sched_split(raw[i])
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(code, false, vm == st.lh, 0)
     end
-    u = u - SCHED.REBASE_BY
-    if gated then u = u + G end
-    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = sched_fmt(u - SCHED.REBASE_BY)
     zargs[#zargs + 1] = raw[i]
+  end
+  -- Gated tags live in the state hash (their scores are gating numbers).
+  local gated = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
+  local gvms = {}
+  for i = 1, #gated do gvms[i] = sched_split(gated[i]) end
+  local gvals = sched_hmget(S.h, gvms)
+  for i, vm in ipairs(gvms) do
+    if gvals[i] then
+      local rg = sched_parse(gvals[i])
+      local u, r = rg.tag or lo, rg.r
+      if u < lo then u, r = lo, 0 end
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(rg.code, true, false, r, u - SCHED.REBASE_BY)
+    end
   end
   local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END, 'WITHSCORES')
   for i = 1, #idle, 2 do

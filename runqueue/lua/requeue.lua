@@ -56,9 +56,9 @@ end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
-kin_release(kin, vm, 1)
+kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released(vm)
+hooks.released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1

@@ -103,8 +103,19 @@ local function dq_promote_variant(dq, hooks, vm)
   index_head(c.delayed, dq.delay_index, vm)
 end
 
--- Promote the due delayed runs of the first scan due variants.
+-- Promote the due delayed runs of the first scan due variants. A look at
+-- delayIndex's head comes first: when nothing is due (the common case) it
+-- is all the call reads of delayed runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
+  local head = redis.call('ZRANGE', dq.delay_index, 0, 0, 'WITHSCORES')
+  if not head[2] then
+    dq.delay_head = false
+    return
+  end
+  if num(head[2]) > dq.now then
+    dq.delay_head = num(head[2])
+    return
+  end
   local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now, 'LIMIT', 0, dq.scan)
   for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
 end
@@ -117,7 +128,7 @@ end
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   if c.list == nil then
-    local want = math.min(dq.cap + 1, 8)
+    local want = math.min(dq.cap + 1, 2)
     c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
@@ -171,8 +182,17 @@ local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
-    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
+  end
+  -- The in-flight counts of the touched variants not read yet, in one read.
+  local unread = {}
+  for _, vm in ipairs(dq.touched) do
+    if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
+  end
+  if #unread > 0 then
+    local ns = redis.call('HMGET', dq.kin, unpack(unread))
+    for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
   end
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
@@ -222,6 +242,6 @@ local function dq_finish(dq, acked)
     if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
-  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
   return out
 end

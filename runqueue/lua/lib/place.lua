@@ -1,14 +1,18 @@
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
-local function master_refresh(ck_index, delay_index, master, qm)
-  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
-  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
-  local best = nil
-  if r[2] then best = num(r[2]) end
-  if d[2] then
-    local x = num(d[2])
-    if best == nil or x < best then best = x end
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
   end
+  if dhead == nil then
+    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+    dhead = d[2] and num(d[2]) or false
+  end
+  local best = chead or nil
+  if dhead and (best == nil or dhead < best) then best = dhead end
   if best == nil then
     redis.call('ZREM', master, qm)
   else

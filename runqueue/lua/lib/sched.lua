@@ -3,57 +3,67 @@
 --
 -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
 -- exact integer of a double):
---   -2^53               the sentinel member "": the key lives exactly as
---                       long as the state hash (created, refreshed and
---                       expiring together)
 --   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
 --   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
 --                       its registration number - 2^51 (a variant is never
 --                       both parked and registered: the member cannot
 --                       collide); its lowest is the head
---   [0, 2^50)           competing: member = seq code .. variant member,
---                       score = t (the lane's head included)
---   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
+--   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+--                       the region: the key lives exactly as long as the
+--                       state hash (created, refreshed and expiring
+--                       together), and the dequeue's first read of the
+--                       region finds a ckVtime lost without its hash;
+--                       competing: member = seq code .. variant member,
+--                       score = t (the lane's head included); the seq code
+--                       is the registration number as 15 decimal digits,
+--                       so equal tags order by registration in the ZSET
+--                       (bytes) and in Lua (compared as numbers: Lua's
+--                       string "<" follows the server's locale)
+--   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
+--                       variant's gating number (the probe's order: later
+--                       gated, later looked at); the tag is in the hash
 -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
---   registration number), x (refresh deadline, ms), gk (gating limit), gp
---   (the gated probe's rank), ng (gated variants), nw (weight overrides,
---   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
---   registered variant member: its 8-character seq code, then "g" when
---   gated, "w" when in the lane, then "|r" when its stride remainder r is
---   not 0.
+--   registration number), x (refresh deadline, ms), gk (gating limit), gn
+--   (next gating number), gp (the gating number the probe looked at last),
+--   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
+--   head, "" when the lane is empty); and per registered variant member:
+--   its seq code, then "g" and its tag when gated or "w" when in the lane,
+--   then "|r" when its stride remainder r is not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
                 W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                 IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
                 WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
-                SENTINEL = '-9007199254740992',
+                SENTINEL = '0',
                 REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000 }
-local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
+                CODE_LEN = 15, VM_AT = 16 }
 
 -- Integers below 2^53 print exactly with 17 significant digits, on Redis
 -- and on gopher-lua alike.
 local function sched_fmt(x) return string.format('%.17g', x) end
 
--- The fixed-width code of registration number n: its order is n's order.
+-- The fixed-width code of registration number n (below 10^15): its byte
+-- order is n's order.
 local function sched_code(n)
-  local out = {}
-  for i = 8, 1, -1 do
-    local d = n % 62
-    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
-    n = (n - d) / 62
-  end
-  return table.concat(out)
+  local s = sched_fmt(n)
+  return string.rep('0', SCHED.CODE_LEN - #s) .. s
 end
 
--- A variant's state-hash value: { code, gated, waiting, r }.
+-- The variant member and the code of a competing or gated member.
+local function sched_split(member)
+  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
+end
+
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
-  local code, g, w, r = string.match(v, '^(........)(g?)(w?)|?(%d*)$')
-  return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
 end
 
-local function sched_value(code, gated, waiting, r)
+-- The value of a registration; a gated one carries its tag u.
+local function sched_value(code, gated, waiting, r, u)
   local v = code
-  if gated then v = v .. 'g' end
+  if gated then v = v .. 'g' .. sched_fmt(u) end
   if waiting then v = v .. 'w' end
   if r > 0 then v = v .. '|' .. sched_fmt(r) end
   return v
@@ -64,17 +74,18 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it.
+-- under tags that outlived it. (A hash without its ckVtime, deleted by hand
+-- or evicted, is found by the dequeue: sched_broken.)
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
   if not r[1] then
-    redis.call('DEL', S.z)
+    redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
   else
@@ -89,12 +100,15 @@ local function sched_state(S)
 end
 
 -- Write the scalars that changed, and refresh the lifetime of both keys
--- together when half of it is gone (or the state is new). A call that
--- changed nothing writes nothing.
+-- together when half of it is gone by the writer's clock, when the stored
+-- deadline is further off than a whole lifetime (written by a clock ahead
+-- of this one: Redis expires keys by its own), or when the state is new.
+-- A call that changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
-  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  local left = st.x - S.now
+  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
@@ -110,13 +124,42 @@ local function sched_save(S)
   end
 end
 
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Milli-weight of variant vm: 1000 without a read when the queue has no
+-- weights (st.nw counts them; -1: not known yet).
+local function sched_weight(S, st, vm)
+  if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+  if st.nw == 0 then return 1000 end
+  return sched_milli(redis.call('HGET', S.w, vm))
+end
+
+-- A newcomer's quantum: one serve of its own at milli-weight m, at most
+-- UNIT (a serve at weight 1).
+local function sched_quantum(m)
+  if m <= 1000 then return SCHED.UNIT end
+  return (sched_div(SCHED.STRIDE, m))
+end
+
 -- The registration of a variant with no tag: u (nil when it queues in the
 -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
 -- makes it a return (at the parked tag); a parked tag at or below V is
 -- worth nothing and goes; then a discovered variant starts at V, and a
 -- newcomer queues behind the lane's head when the lane is not empty, else
--- with A = min(top, V + UNIT) registers at V when A <= V, or becomes the
--- lane's head at A + UNIT.
+-- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+-- or becomes the lane's head at A + q.
 local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
   if parked then redis.call('ZREM', S.z, vm) end
@@ -128,8 +171,9 @@ local function sched_admit(S, st, vm, discovered)
       u, waiting = nil, true
     else
       local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-      if t[2] and math.min(num(t[2]), st.v + SCHED.UNIT) > st.v then
-        u, waiting = math.min(num(t[2]), st.v + SCHED.UNIT) + SCHED.UNIT, true
+      if t[2] and num(t[2]) > st.v then
+        local q = sched_quantum(sched_weight(S, st, vm))
+        u, waiting = math.min(num(t[2]), st.v + q) + q, true
         st.lh = vm
       end
     end
@@ -163,11 +207,20 @@ local function sched_lane_at(S, after)
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
--- idle_max (rank 0 is the sentinel).
+-- idle_max (the idle region holds the lowest scores: ranks from 0).
 local function sched_reap(S, v)
   redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
   local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
-  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
+end
+
+-- A state whose ckVtime went without its hash (deleted by hand, evicted):
+-- the dequeue found no sentinel in its first read of the competing region.
+-- Both keys go: the next call starts the state again, as if it had
+-- expired, and finds every variant with ready work by discovery.
+local function sched_broken(S)
+  redis.call('DEL', S.h, S.z)
+  S.st = nil
 end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
@@ -177,12 +230,18 @@ local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
+  -- A state started again (sched_state found no clock): nothing is
+  -- registered. (No script registers a variant before it drains or
+  -- releases one.)
+  if S.fresh then return end
   local rg = sched_parse(hv)
   local member = rg.code .. vm
-  local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
+  local u
   if rg.gated then
-    u = u - SCHED.G
+    u = rg.tag
     st.ng = st.ng - 1
+  else
+    u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   end
   redis.call('HDEL', S.h, vm)
   redis.call('ZREM', S.z, member, vm)
@@ -191,7 +250,7 @@ local function sched_drained(S, vm)
     local nxt = sched_lane_at(S, 0)
     if nxt then
       local nv = sched_parse(redis.call('HGET', S.h, nxt))
-      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u)), nv.code .. nxt)
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
       st.lh = nxt
     end
   end
@@ -199,36 +258,6 @@ local function sched_drained(S, vm)
     redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
     sched_reap(S, st.v)
   end
-end
-
--- A slot of vm freed (ack, nack, lease recovery, dead letter): a gated
--- variant competes again, at max(S, V).
-local function sched_released(S, vm)
-  local hv = redis.call('HGET', S.h, vm)
-  if not hv then return end
-  local rg = sched_parse(hv)
-  if not rg.gated then return end
-  local st = sched_state(S)
-  local member = rg.code .. vm
-  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
-  if u < st.v then u, r = st.v, 0 end
-  redis.call('ZADD', S.z, sched_fmt(u), member)
-  redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
-  st.ng = st.ng - 1
-end
-
--- Milli-weight of a weight string (round half up, clamped to 1..10^6).
-local function sched_milli(w)
-  local x = tonumber(w)
-  if not x then return 1000 end
-  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
-end
-
--- q, r of total / m, exact for integers below 2^53.
-local function sched_div(total, m)
-  local q = math.floor(total / m)
-  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
-  return q, total - q * m
 end
 
 -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
@@ -250,13 +279,31 @@ local function sched_hmget(h, fields)
   return out
 end
 
--- The hooks of the scripts that move runs (see hooks_vtime). Without a
--- per-key limit a freed slot returns nothing (gated variants of an earlier
--- limit come back through the dequeue's sweep), which spares a read.
-local function sched_hooks(S, key_limited)
-  local nop = function() end
-  local released = nop
-  if key_limited then released = function(vm) sched_released(S, vm) end end
+-- Slots of the variants vms freed (ack, nack, lease recovery, dead
+-- letter): a gated one competes again, at max(S, V), whatever the key
+-- limit is now (one read for all of them).
+local function sched_released(S, vms)
+  local hvs = sched_hmget(S.h, vms)
+  for i, vm in ipairs(vms) do
+    local rg = hvs[i] and sched_parse(hvs[i])
+    if rg and rg.gated then
+      local st = sched_state(S)
+      if S.fresh then return end -- a state started again: see sched_drained
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
+      redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime). look: a
+-- freed slot looks for a gated variant (see hooks_vtime); when it does
+-- not, there is none to find, or the dequeue's un-gating comes first.
+local function sched_hooks(S, look)
+  local released = function() end
+  if look then released = function(vms) sched_released(S, vms) end end
   return {
     ready_start = function(vm) sched_register(S, vm, false) end,
     ready_empty = function(vm) sched_drained(S, vm) end,

@@ -4,7 +4,17 @@
 -- leaves the window, because unread entries may sort before it; a set read
 -- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
 -- WITHSCORES reply of up to n + 1 entries.
-local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
+-- a < b comparing bytes, as a ZSET orders members (Lua's "<" on strings
+-- follows the server's locale: LC_COLLATE).
+local function bytes_less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local function entry_before(a, b) return a.s < b.s or (a.s == b.s and bytes_less(a.vm, b.vm)) end
 
 local function window_new(raw, n)
   local list = {}
@@ -46,13 +56,25 @@ local function window_move(w, vm, s)
   if e == nil then return end
   e.s = s
   if w.bound ~= nil and entry_before(w.bound, e) then return end
+  -- Binary search for the first entry e sorts before: a call of n serves
+  -- over n variants costs n log n comparisons, not n^2.
   local list = w.list
-  local at = #list + 1
-  for i = 1, #list do
-    if entry_before(e, list[i]) then
-      at = i
-      break
-    end
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if entry_before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
-  table.insert(list, at, e)
+  table.insert(list, lo, e)
+end
+
+-- The lowest score of the set the window was read from, after the moves
+-- and removals the window saw (the set changed through it alone): its
+-- first entry, or the bound (no unread entry scores below it); false when
+-- the set was read whole and is now empty.
+local function window_low(w)
+  local first = w.list[1]
+  local s = first and first.s
+  if w.bound ~= nil and (s == nil or w.bound.s < s) then s = w.bound.s end
+  if s == nil then return false end
+  return s
 end

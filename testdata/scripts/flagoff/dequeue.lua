@@ -59,14 +59,17 @@ end
 -- now). Returns the holder's token, or nil and an error code: gone (no such
 -- run at all: done already, or never queued), not_found (the run exists
 -- under another key), not_in_flight, lease_lost, lease_active.
+-- Why run id of variant vm is not held: gone, not_in_flight or not_found.
+local function held_missing(runs, vm, id)
+  local rec = redis.call('HGET', runs, id)
+  if not rec then return 'gone' end
+  if rec_parse(rec).vm == vm then return 'not_in_flight' end
+  return 'not_found'
+end
+
 local function held_check(runs, held, leases, vm, id, member, token, now)
   local t = redis.call('HGET', held, vm .. ':' .. id)
-  if not t then
-    local rec = redis.call('HGET', runs, id)
-    if not rec then return nil, 'gone' end
-    if rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
-    return nil, 'not_found'
-  end
+  if not t then return nil, held_missing(runs, vm, id) end
   if token ~= '0' then
     if t ~= token then return nil, 'lease_lost' end
   else
@@ -76,10 +79,23 @@ local function held_check(runs, held, leases, vm, id, member, token, now)
   return t
 end
 
--- n runs of variant vm leave flight (their held fields and leases gone by
--- the caller): its count follows.
-local function kin_release(kin, vm, n)
-  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+-- Runs of the variants vms leave flight, per_vm[vm] of each (their held
+-- fields and leases gone by the caller): the counts follow, in one read and
+-- at most two writes.
+local function kin_release(kin, vms, per_vm)
+  local ns = redis.call('HMGET', kin, unpack(vms))
+  local set, del = {}, {}
+  for i, vm in ipairs(vms) do
+    local left = (tonumber(ns[i]) or 0) - per_vm[vm]
+    if left > 0 then
+      set[#set + 1] = vm
+      set[#set + 1] = left
+    else
+      del[#del + 1] = vm
+    end
+  end
+  if #set > 0 then redis.call('HSET', kin, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', kin, unpack(del)) end
 end
 
 -- n runs of the env leave flight.
@@ -103,15 +119,19 @@ local HELD_ERRORS = {
 -- (not_found, not_in_flight, lease_lost).
 local function held_ack(k, prefix, args, first, n, now, hooks)
   local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  local asked = {}
+  for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
+  local holders = redis.call('HMGET', k.held, unpack(asked))
   for i = 0, n - 1 do
     local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
-    local member = prefix .. vm .. ':' .. id
+    local member = prefix .. asked[i + 1]
     local err
     if seen[member] then
       err = 'gone' -- the same run twice in one call
-    else
-      local _
-      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    elseif not holders[i + 1] then
+      err = held_missing(k.runs, vm, id)
+    elseif holders[i + 1] ~= token then
+      err = 'lease_lost'
     end
     seen[member] = true
     if err == 'gone' then
@@ -120,7 +140,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
       out[i + 1] = err
     else
       out[i + 1] = 1
-      fields[#fields + 1] = vm .. ':' .. id
+      fields[#fields + 1] = asked[i + 1]
       ids[#ids + 1] = id
       members[#members + 1] = member
       if not per_vm[vm] then
@@ -134,10 +154,8 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.held, unpack(fields))
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
-    for _, vm in ipairs(vms) do
-      kin_release(k.kin, vm, per_vm[vm])
-      hooks.released(vm)
-    end
+    kin_release(k.kin, vms, per_vm)
+    hooks.released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -150,15 +168,19 @@ local function hooks_open(keys, args, own_keys, own_args, now)
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
-local function master_refresh(ck_index, delay_index, master, qm)
-  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
-  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
-  local best = nil
-  if r[2] then best = num(r[2]) end
-  if d[2] then
-    local x = num(d[2])
-    if best == nil or x < best then best = x end
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
   end
+  if dhead == nil then
+    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+    dhead = d[2] and num(d[2]) or false
+  end
+  local best = chead or nil
+  if dhead and (best == nil or dhead < best) then best = dhead end
   if best == nil then
     redis.call('ZREM', master, qm)
   else
@@ -345,8 +367,19 @@ local function dq_promote_variant(dq, hooks, vm)
   index_head(c.delayed, dq.delay_index, vm)
 end
 
--- Promote the due delayed runs of the first scan due variants.
+-- Promote the due delayed runs of the first scan due variants. A look at
+-- delayIndex's head comes first: when nothing is due (the common case) it
+-- is all the call reads of delayed runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
+  local head = redis.call('ZRANGE', dq.delay_index, 0, 0, 'WITHSCORES')
+  if not head[2] then
+    dq.delay_head = false
+    return
+  end
+  if num(head[2]) > dq.now then
+    dq.delay_head = num(head[2])
+    return
+  end
   local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now, 'LIMIT', 0, dq.scan)
   for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
 end
@@ -359,7 +392,7 @@ end
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   if c.list == nil then
-    local want = math.min(dq.cap + 1, 8)
+    local want = math.min(dq.cap + 1, 2)
     c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
@@ -413,8 +446,17 @@ local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
-    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
+  end
+  -- The in-flight counts of the touched variants not read yet, in one read.
+  local unread = {}
+  for _, vm in ipairs(dq.touched) do
+    if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
+  end
+  if #unread > 0 then
+    local ns = redis.call('HMGET', dq.kin, unpack(unread))
+    for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
   end
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
@@ -464,7 +506,7 @@ local function dq_finish(dq, acked)
     if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
-  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
   return out
 end
 -- A window is the part of a sorted set a dequeue read: its first n entries
@@ -473,7 +515,17 @@ end
 -- leaves the window, because unread entries may sort before it; a set read
 -- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
 -- WITHSCORES reply of up to n + 1 entries.
-local function entry_before(a, b) return a.s < b.s or (a.s == b.s and a.vm < b.vm) end
+-- a < b comparing bytes, as a ZSET orders members (Lua's "<" on strings
+-- follows the server's locale: LC_COLLATE).
+local function bytes_less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+local function entry_before(a, b) return a.s < b.s or (a.s == b.s and bytes_less(a.vm, b.vm)) end
 
 local function window_new(raw, n)
   local list = {}
@@ -515,15 +567,27 @@ local function window_move(w, vm, s)
   if e == nil then return end
   e.s = s
   if w.bound ~= nil and entry_before(w.bound, e) then return end
+  -- Binary search for the first entry e sorts before: a call of n serves
+  -- over n variants costs n log n comparisons, not n^2.
   local list = w.list
-  local at = #list + 1
-  for i = 1, #list do
-    if entry_before(e, list[i]) then
-      at = i
-      break
-    end
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if entry_before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
-  table.insert(list, at, e)
+  table.insert(list, lo, e)
+end
+
+-- The lowest score of the set the window was read from, after the moves
+-- and removals the window saw (the set changed through it alone): its
+-- first entry, or the bound (no unread entry scores below it); false when
+-- the set was read whole and is now empty.
+local function window_low(w)
+  local first = w.list[1]
+  local s = first and first.s
+  if w.bound ~= nil and (s == nil or w.bound.s < s) then s = w.bound.s end
+  if s == nil then return false end
+  return s
 end
 local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
@@ -553,4 +617,5 @@ while #dq.served < dq.cap do
     window_move(age, vm, nxt)
   end
 end
+dq.ck_head = window_low(age) -- ckIndex's new head: no read for the master score
 return dq_finish(dq, acked)

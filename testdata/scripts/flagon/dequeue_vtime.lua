@@ -13,7 +13,8 @@
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
 -- ARGV[16+3a] -> window multiplier
--- Returns: see dq_finish.
+-- Returns: see dq_finish (its first value -1 - the acks when the call found
+-- the state broken and served nothing: see w_extend).
 -- A run's record is one field of the queue's runs HASH, built by Go
 -- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
 --   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
@@ -68,14 +69,17 @@ end
 -- now). Returns the holder's token, or nil and an error code: gone (no such
 -- run at all: done already, or never queued), not_found (the run exists
 -- under another key), not_in_flight, lease_lost, lease_active.
+-- Why run id of variant vm is not held: gone, not_in_flight or not_found.
+local function held_missing(runs, vm, id)
+  local rec = redis.call('HGET', runs, id)
+  if not rec then return 'gone' end
+  if rec_parse(rec).vm == vm then return 'not_in_flight' end
+  return 'not_found'
+end
+
 local function held_check(runs, held, leases, vm, id, member, token, now)
   local t = redis.call('HGET', held, vm .. ':' .. id)
-  if not t then
-    local rec = redis.call('HGET', runs, id)
-    if not rec then return nil, 'gone' end
-    if rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
-    return nil, 'not_found'
-  end
+  if not t then return nil, held_missing(runs, vm, id) end
   if token ~= '0' then
     if t ~= token then return nil, 'lease_lost' end
   else
@@ -85,10 +89,23 @@ local function held_check(runs, held, leases, vm, id, member, token, now)
   return t
 end
 
--- n runs of variant vm leave flight (their held fields and leases gone by
--- the caller): its count follows.
-local function kin_release(kin, vm, n)
-  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+-- Runs of the variants vms leave flight, per_vm[vm] of each (their held
+-- fields and leases gone by the caller): the counts follow, in one read and
+-- at most two writes.
+local function kin_release(kin, vms, per_vm)
+  local ns = redis.call('HMGET', kin, unpack(vms))
+  local set, del = {}, {}
+  for i, vm in ipairs(vms) do
+    local left = (tonumber(ns[i]) or 0) - per_vm[vm]
+    if left > 0 then
+      set[#set + 1] = vm
+      set[#set + 1] = left
+    else
+      del[#del + 1] = vm
+    end
+  end
+  if #set > 0 then redis.call('HSET', kin, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', kin, unpack(del)) end
 end
 
 -- n runs of the env leave flight.
@@ -112,15 +129,19 @@ local HELD_ERRORS = {
 -- (not_found, not_in_flight, lease_lost).
 local function held_ack(k, prefix, args, first, n, now, hooks)
   local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  local asked = {}
+  for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
+  local holders = redis.call('HMGET', k.held, unpack(asked))
   for i = 0, n - 1 do
     local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
-    local member = prefix .. vm .. ':' .. id
+    local member = prefix .. asked[i + 1]
     local err
     if seen[member] then
       err = 'gone' -- the same run twice in one call
-    else
-      local _
-      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    elseif not holders[i + 1] then
+      err = held_missing(k.runs, vm, id)
+    elseif holders[i + 1] ~= token then
+      err = 'lease_lost'
     end
     seen[member] = true
     if err == 'gone' then
@@ -129,7 +150,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
       out[i + 1] = err
     else
       out[i + 1] = 1
-      fields[#fields + 1] = vm .. ':' .. id
+      fields[#fields + 1] = asked[i + 1]
       ids[#ids + 1] = id
       members[#members + 1] = member
       if not per_vm[vm] then
@@ -143,10 +164,8 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.held, unpack(fields))
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
-    for _, vm in ipairs(vms) do
-      kin_release(k.kin, vm, per_vm[vm])
-      hooks.released(vm)
-    end
+    kin_release(k.kin, vms, per_vm)
+    hooks.released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -161,64 +180,76 @@ end
 --   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
 --   ARGV[own_args+1] -> scheduler state TTL (ms)
 --   ARGV[own_args+2] -> idle set cap
---   ARGV[own_args+3] -> 1 when the queue has a per-key limit (a freed slot
---                       may return a gated variant), else 0
+--   ARGV[own_args+3] -> 1 when a freed slot looks for a gated variant: the
+--                       queue has a per-key limit now, or the instance
+--                       gave one to a queue before (the limit may have
+--                       gone and come back since the variant was gated)
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
 -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
 -- exact integer of a double):
---   -2^53               the sentinel member "": the key lives exactly as
---                       long as the state hash (created, refreshed and
---                       expiring together)
 --   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
 --   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
 --                       its registration number - 2^51 (a variant is never
 --                       both parked and registered: the member cannot
 --                       collide); its lowest is the head
---   [0, 2^50)           competing: member = seq code .. variant member,
---                       score = t (the lane's head included)
---   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
+--   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+--                       the region: the key lives exactly as long as the
+--                       state hash (created, refreshed and expiring
+--                       together), and the dequeue's first read of the
+--                       region finds a ckVtime lost without its hash;
+--                       competing: member = seq code .. variant member,
+--                       score = t (the lane's head included); the seq code
+--                       is the registration number as 15 decimal digits,
+--                       so equal tags order by registration in the ZSET
+--                       (bytes) and in Lua (compared as numbers: Lua's
+--                       string "<" follows the server's locale)
+--   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
+--                       variant's gating number (the probe's order: later
+--                       gated, later looked at); the tag is in the hash
 -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
---   registration number), x (refresh deadline, ms), gk (gating limit), gp
---   (the gated probe's rank), ng (gated variants), nw (weight overrides,
---   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
---   registered variant member: its 8-character seq code, then "g" when
---   gated, "w" when in the lane, then "|r" when its stride remainder r is
---   not 0.
+--   registration number), x (refresh deadline, ms), gk (gating limit), gn
+--   (next gating number), gp (the gating number the probe looked at last),
+--   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
+--   head, "" when the lane is empty); and per registered variant member:
+--   its seq code, then "g" and its tag when gated or "w" when in the lane,
+--   then "|r" when its stride remainder r is not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
                 W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                 IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
                 WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
-                SENTINEL = '-9007199254740992',
+                SENTINEL = '0',
                 REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000 }
-local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
+                CODE_LEN = 15, VM_AT = 16 }
 
 -- Integers below 2^53 print exactly with 17 significant digits, on Redis
 -- and on gopher-lua alike.
 local function sched_fmt(x) return string.format('%.17g', x) end
 
--- The fixed-width code of registration number n: its order is n's order.
+-- The fixed-width code of registration number n (below 10^15): its byte
+-- order is n's order.
 local function sched_code(n)
-  local out = {}
-  for i = 8, 1, -1 do
-    local d = n % 62
-    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
-    n = (n - d) / 62
-  end
-  return table.concat(out)
+  local s = sched_fmt(n)
+  return string.rep('0', SCHED.CODE_LEN - #s) .. s
 end
 
--- A variant's state-hash value: { code, gated, waiting, r }.
+-- The variant member and the code of a competing or gated member.
+local function sched_split(member)
+  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
+end
+
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
-  local code, g, w, r = string.match(v, '^(........)(g?)(w?)|?(%d*)$')
-  return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
 end
 
-local function sched_value(code, gated, waiting, r)
+-- The value of a registration; a gated one carries its tag u.
+local function sched_value(code, gated, waiting, r, u)
   local v = code
-  if gated then v = v .. 'g' end
+  if gated then v = v .. 'g' .. sched_fmt(u) end
   if waiting then v = v .. 'w' end
   if r > 0 then v = v .. '|' .. sched_fmt(r) end
   return v
@@ -229,17 +260,18 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it.
+-- under tags that outlived it. (A hash without its ckVtime, deleted by hand
+-- or evicted, is found by the dequeue: sched_broken.)
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
   if not r[1] then
-    redis.call('DEL', S.z)
+    redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
   else
@@ -254,12 +286,15 @@ local function sched_state(S)
 end
 
 -- Write the scalars that changed, and refresh the lifetime of both keys
--- together when half of it is gone (or the state is new). A call that
--- changed nothing writes nothing.
+-- together when half of it is gone by the writer's clock, when the stored
+-- deadline is further off than a whole lifetime (written by a clock ahead
+-- of this one: Redis expires keys by its own), or when the state is new.
+-- A call that changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
-  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  local left = st.x - S.now
+  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
@@ -275,13 +310,42 @@ local function sched_save(S)
   end
 end
 
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Milli-weight of variant vm: 1000 without a read when the queue has no
+-- weights (st.nw counts them; -1: not known yet).
+local function sched_weight(S, st, vm)
+  if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+  if st.nw == 0 then return 1000 end
+  return sched_milli(redis.call('HGET', S.w, vm))
+end
+
+-- A newcomer's quantum: one serve of its own at milli-weight m, at most
+-- UNIT (a serve at weight 1).
+local function sched_quantum(m)
+  if m <= 1000 then return SCHED.UNIT end
+  return (sched_div(SCHED.STRIDE, m))
+end
+
 -- The registration of a variant with no tag: u (nil when it queues in the
 -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
 -- makes it a return (at the parked tag); a parked tag at or below V is
 -- worth nothing and goes; then a discovered variant starts at V, and a
 -- newcomer queues behind the lane's head when the lane is not empty, else
--- with A = min(top, V + UNIT) registers at V when A <= V, or becomes the
--- lane's head at A + UNIT.
+-- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+-- or becomes the lane's head at A + q.
 local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
   if parked then redis.call('ZREM', S.z, vm) end
@@ -293,8 +357,9 @@ local function sched_admit(S, st, vm, discovered)
       u, waiting = nil, true
     else
       local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-      if t[2] and math.min(num(t[2]), st.v + SCHED.UNIT) > st.v then
-        u, waiting = math.min(num(t[2]), st.v + SCHED.UNIT) + SCHED.UNIT, true
+      if t[2] and num(t[2]) > st.v then
+        local q = sched_quantum(sched_weight(S, st, vm))
+        u, waiting = math.min(num(t[2]), st.v + q) + q, true
         st.lh = vm
       end
     end
@@ -328,11 +393,20 @@ local function sched_lane_at(S, after)
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
--- idle_max (rank 0 is the sentinel).
+-- idle_max (the idle region holds the lowest scores: ranks from 0).
 local function sched_reap(S, v)
   redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
   local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
-  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
+end
+
+-- A state whose ckVtime went without its hash (deleted by hand, evicted):
+-- the dequeue found no sentinel in its first read of the competing region.
+-- Both keys go: the next call starts the state again, as if it had
+-- expired, and finds every variant with ready work by discovery.
+local function sched_broken(S)
+  redis.call('DEL', S.h, S.z)
+  S.st = nil
 end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
@@ -342,12 +416,18 @@ local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
+  -- A state started again (sched_state found no clock): nothing is
+  -- registered. (No script registers a variant before it drains or
+  -- releases one.)
+  if S.fresh then return end
   local rg = sched_parse(hv)
   local member = rg.code .. vm
-  local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
+  local u
   if rg.gated then
-    u = u - SCHED.G
+    u = rg.tag
     st.ng = st.ng - 1
+  else
+    u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   end
   redis.call('HDEL', S.h, vm)
   redis.call('ZREM', S.z, member, vm)
@@ -356,7 +436,7 @@ local function sched_drained(S, vm)
     local nxt = sched_lane_at(S, 0)
     if nxt then
       local nv = sched_parse(redis.call('HGET', S.h, nxt))
-      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u)), nv.code .. nxt)
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
       st.lh = nxt
     end
   end
@@ -364,36 +444,6 @@ local function sched_drained(S, vm)
     redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
     sched_reap(S, st.v)
   end
-end
-
--- A slot of vm freed (ack, nack, lease recovery, dead letter): a gated
--- variant competes again, at max(S, V).
-local function sched_released(S, vm)
-  local hv = redis.call('HGET', S.h, vm)
-  if not hv then return end
-  local rg = sched_parse(hv)
-  if not rg.gated then return end
-  local st = sched_state(S)
-  local member = rg.code .. vm
-  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
-  if u < st.v then u, r = st.v, 0 end
-  redis.call('ZADD', S.z, sched_fmt(u), member)
-  redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
-  st.ng = st.ng - 1
-end
-
--- Milli-weight of a weight string (round half up, clamped to 1..10^6).
-local function sched_milli(w)
-  local x = tonumber(w)
-  if not x then return 1000 end
-  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
-end
-
--- q, r of total / m, exact for integers below 2^53.
-local function sched_div(total, m)
-  local q = math.floor(total / m)
-  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
-  return q, total - q * m
 end
 
 -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
@@ -415,13 +465,31 @@ local function sched_hmget(h, fields)
   return out
 end
 
--- The hooks of the scripts that move runs (see hooks_vtime). Without a
--- per-key limit a freed slot returns nothing (gated variants of an earlier
--- limit come back through the dequeue's sweep), which spares a read.
-local function sched_hooks(S, key_limited)
-  local nop = function() end
-  local released = nop
-  if key_limited then released = function(vm) sched_released(S, vm) end end
+-- Slots of the variants vms freed (ack, nack, lease recovery, dead
+-- letter): a gated one competes again, at max(S, V), whatever the key
+-- limit is now (one read for all of them).
+local function sched_released(S, vms)
+  local hvs = sched_hmget(S.h, vms)
+  for i, vm in ipairs(vms) do
+    local rg = hvs[i] and sched_parse(hvs[i])
+    if rg and rg.gated then
+      local st = sched_state(S)
+      if S.fresh then return end -- a state started again: see sched_drained
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
+      redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime). look: a
+-- freed slot looks for a gated variant (see hooks_vtime); when it does
+-- not, there is none to find, or the dequeue's un-gating comes first.
+local function sched_hooks(S, look)
+  local released = function() end
+  if look then released = function(vms) sched_released(S, vms) end end
   return {
     ready_start = function(vm) sched_register(S, vm, false) end,
     ready_empty = function(vm) sched_drained(S, vm) end,
@@ -435,15 +503,19 @@ local function hooks_open(keys, args, own_keys, own_args, now)
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
-local function master_refresh(ck_index, delay_index, master, qm)
-  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
-  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
-  local best = nil
-  if r[2] then best = num(r[2]) end
-  if d[2] then
-    local x = num(d[2])
-    if best == nil or x < best then best = x end
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
   end
+  if dhead == nil then
+    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+    dhead = d[2] and num(d[2]) or false
+  end
+  local best = chead or nil
+  if dhead and (best == nil or dhead < best) then best = dhead end
   if best == nil then
     redis.call('ZREM', master, qm)
   else
@@ -630,8 +702,19 @@ local function dq_promote_variant(dq, hooks, vm)
   index_head(c.delayed, dq.delay_index, vm)
 end
 
--- Promote the due delayed runs of the first scan due variants.
+-- Promote the due delayed runs of the first scan due variants. A look at
+-- delayIndex's head comes first: when nothing is due (the common case) it
+-- is all the call reads of delayed runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
+  local head = redis.call('ZRANGE', dq.delay_index, 0, 0, 'WITHSCORES')
+  if not head[2] then
+    dq.delay_head = false
+    return
+  end
+  if num(head[2]) > dq.now then
+    dq.delay_head = num(head[2])
+    return
+  end
   local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now, 'LIMIT', 0, dq.scan)
   for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
 end
@@ -644,7 +727,7 @@ end
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   if c.list == nil then
-    local want = math.min(dq.cap + 1, 8)
+    local want = math.min(dq.cap + 1, 2)
     c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
@@ -698,8 +781,17 @@ local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
-    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm) end
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
+  end
+  -- The in-flight counts of the touched variants not read yet, in one read.
+  local unread = {}
+  for _, vm in ipairs(dq.touched) do
+    if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
+  end
+  if #unread > 0 then
+    local ns = redis.call('HMGET', dq.kin, unpack(unread))
+    for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
   end
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
@@ -749,7 +841,7 @@ local function dq_finish(dq, acked)
     if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
-  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm)
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
   return out
 end
 local OWN_KEYS = 11
@@ -758,6 +850,8 @@ local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
 local wm = tonumber(ARGV[dq.own_args + 3])
 local G = SCHED.G
+-- Without a key limit the acks need not look for gated variants: the
+-- un-gating below returns every one of them in this call, at the same V.
 local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0))
 if dq_capacity(dq) <= 0 then
   sched_save(S)
@@ -767,6 +861,13 @@ end
 -- promote: due delayed runs become ready; their variants register.
 dq_promote(dq, sched_hooks(S, false))
 local st = sched_state(S)
+
+-- Milli-weights, read once per variant (none when the queue has none).
+local milli = {}
+local function weight_of(vm)
+  if milli[vm] == nil then milli[vm] = sched_weight(S, st, vm) end
+  return milli[vm]
+end
 
 -- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
 -- r (stride remainder, nil until needed), gated, gone, new, hv (state-hash
@@ -784,46 +885,50 @@ end
 -- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
-  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
   local vms = {}
-  for i = 1, #raw / 2 do vms[i] = string.sub(raw[2 * i - 1], 9) end
+  for i = 1, #raw do vms[i] = sched_split(raw[i]) end
   local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
   for i = 1, #vms do
-    local r = 0
-    if hvs[i] then r = sched_parse(hvs[i]).r end
-    local u = num(raw[2 * i]) - G
-    if u < st.v then u, r = st.v, 0 end
+    local rg = hvs[i] and sched_parse(hvs[i]) or { code = select(2, sched_split(raw[i])), r = 0 }
+    local u, r = rg.tag, rg.r
+    if not u or u < st.v then u, r = st.v, 0 end
     zargs[#zargs + 1] = sched_fmt(u)
-    zargs[#zargs + 1] = raw[2 * i - 1]
+    zargs[#zargs + 1] = raw[i]
     hargs[#hargs + 1] = vms[i]
-    hargs[#hargs + 1] = sched_value(string.sub(raw[2 * i - 1], 1, 8), false, false, r)
+    hargs[#hargs + 1] = sched_value(rg.code, false, false, r)
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
--- ungate, probe: one gated variant at a rotating rank returns if it is
--- below its limit (a flag-off instance freed its slot without saying). One
--- look per call: a call costs the same whatever the number of gated keys.
+-- ungate, probe: the next gated variant in gating order after the one
+-- looked at last (back to the first past the end, in the same call)
+-- returns if it is below its limit (a flag-off instance freed its slot
+-- without saying). One look per call: a call costs the same whatever the
+-- number of gated keys, and one gated later comes after every older one.
 do
   local raw = {}
-  if st.ng > 0 then raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', st.gp, 1) end
+  if st.ng > 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if #raw == 0 and st.gp > 0 then
+      raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+  end
   if #raw == 0 then
     st.gp = 0
   else
-    local vm = string.sub(raw[1], 9)
-    if dq_at_limit(dq, vm) then
-      st.gp = st.gp + 1
-    else
+    local vm, code = sched_split(raw[1])
+    st.gp = num(raw[2]) - G
+    if not dq_at_limit(dq, vm) then
       local hv = redis.call('HGET', S.h, vm)
-      local r = 0
-      if hv then r = sched_parse(hv).r end
-      local u = num(raw[2]) - G
-      if u < st.v then u, r = st.v, 0 end
+      local rg = hv and sched_parse(hv) or { r = 0 }
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
-      redis.call('HSET', S.h, vm, sched_value(string.sub(raw[1], 1, 8), false, false, r))
+      redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
       st.ng = st.ng - 1
     end
   end
@@ -867,23 +972,31 @@ local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 -- region is written until persist, so reads by rank stay consistent.
 local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
             budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
-local function before(a, b) return a.u < b.u or (a.u == b.u and a.member < b.member) end
+-- (tag, registration) order; registration numbers compare as numbers.
+local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
 
--- Put e in the list at its rank, whatever the bound.
-local function w_place(e)
-  local list = W.list
-  local at = #list + 1
-  for i = 1, #list do
-    if before(e, list[i]) then
-      at = i
-      break
-    end
-  end
-  table.insert(list, at, e)
+-- A window entry for variant vm, seq code code, tag u.
+local function entry(vm, code, u)
+  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
+-- Put e in the list at its rank, whatever the bound (binary search: a call
+-- of n serves over n keys costs n log n comparisons, not n^2).
+local function w_place(e)
+  local list = W.list
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if before(e, list[mid]) then hi = mid else lo = mid + 1 end
+  end
+  table.insert(list, lo, e)
+end
+
+-- Put e in the list when it sorts before the bound (the last entry read),
+-- else in overflow until a read passes it; once the budget is spent no
+-- read will, and e takes its rank in the list.
 local function w_insert(e)
-  if W.more and W.read > 0 and before(W.last, e) then
+  if W.more and W.read > 0 and W.read < W.budget and before(W.last, e) then
     W.over[#W.over + 1] = e
     return
   end
@@ -901,27 +1014,37 @@ end
 
 -- Read the next chunk (first cap + 1 entries, then as many as were read,
 -- within the budget; one more is peeked to know whether any are left).
+-- The region's rank 0 is the sentinel: the first read takes it too and
+-- returns nil when it is missing (a ckVtime lost without its hash).
 local function w_extend()
   if not W.more or W.read >= W.budget then return false end
   local n = W.first
   if W.read > 0 then n = W.read end
   n = math.min(n, W.budget - W.read)
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read, n + 1)
+  local raw
+  if W.read == 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', 0, n + 2)
+    if raw[1] ~= '' then return nil end
+    table.remove(raw, 1)
+    table.remove(raw, 1)
+  else
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
+  end
   local got = #raw / 2
   W.more = got > n
   local take = math.min(got, n)
   if take == 0 then return false end
+  local e
   for i = 1, take do
-    local member = raw[2 * i - 1]
-    local e = { vm = string.sub(member, 9), member = member, code = string.sub(member, 1, 8),
-                u = num(raw[2 * i]) }
+    e = entry(sched_split(raw[2 * i - 1]))
+    e.u = num(raw[2 * i])
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e
     W.list[#W.list + 1] = e
   end
   W.read = W.read + take
-  W.last = { u = num(raw[2 * take]), member = raw[2 * take - 1] }
+  W.last = { u = e.u, seq = e.seq }
   local over = W.over
   W.over = {}
   for _, e in ipairs(over) do w_insert(e) end
@@ -931,18 +1054,20 @@ end
 -- The newcomer lane: its head competes, the others wait in registration
 -- order (the lane region holds them all; nothing writes it before
 -- persist, so ranks stay put). When the head leaves it, the next one
--- competes at max(V, t).
+-- competes at max(V, t): t is its quantum past the old head's serve at
+-- start (served), or the old head's tag (start).
 local lane_left = 0
-local function lane_leave(e, t)
+local function lane_leave(e, start, served)
   if not e.waiting then return end
   e.waiting = false
-  lane_left = lane_left + 1
   st.lh = ''
+  lane_left = lane_left + 1
   local nxt = sched_lane_at(S, lane_left)
   if not nxt then return end
-  local code = sched_parse(redis.call('HGET', S.h, nxt)).code
-  local h = { vm = nxt, member = code .. nxt, code = code, u = math.max(st.v, t), r = 0, r0 = 0,
-              waiting = true, waiting0 = true }
+  local t = start
+  if served then t = t + sched_quantum(weight_of(nxt)) end
+  local h = entry(nxt, sched_parse(redis.call('HGET', S.h, nxt)).code, math.max(st.v, t))
+  h.r, h.r0, h.waiting, h.waiting0 = 0, 0, true, true
   st.lh = nxt
   ent[nxt] = h
   touch(h)
@@ -951,7 +1076,8 @@ end
 
 local parked = {}
 local function gate(e)
-  e.gated = true
+  e.gated, e.gate = true, st.gn
+  st.gn = st.gn + 1
   st.gk = kl
   st.ng = st.ng + 1
   touch(e)
@@ -992,10 +1118,12 @@ end
 -- serve, age head (once, when pass 1 runs dry): the first scan variants of
 -- ckIndex as it stood when serving began (nothing writes it before
 -- dq_finish) that this call has not seen and that still have a ready run:
--- untagged ones register at V or their parked tag, registered, non-gated
--- ones that pass 1 did not reach (it stopped at its budget) join too, both
--- at their rank whatever the window's bound. Gated ones are left to the
--- probe, so an all-gated queue costs the same whatever the number of keys.
+-- untagged ones register at V or their parked tag, competing ones that
+-- pass 1 did not reach (it stopped at its budget) join as they are, and
+-- for one queued in the lane behind its head, the lane's head joins (the
+-- lane keeps its order); all at their rank whatever the window's bound.
+-- Gated ones are left to the probe, so an all-gated queue costs the same
+-- whatever the number of keys.
 local function age_head()
   local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
   local need = {}
@@ -1005,35 +1133,38 @@ local function age_head()
   local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
     local rg = vals[i] and sched_parse(vals[i])
-    -- Gated ones are the probe's; queued ones wait in the lane.
-    local out = rg and (rg.gated or (rg.waiting and vm ~= st.lh))
-    if not out and dq_head(dq, vm) ~= nil then
+    -- (ent: the lane's head may have joined for a member met before it)
+    if ent[vm] == nil and not (rg and rg.gated) and dq_head(dq, vm) ~= nil then
       local e
-      if rg then
-        e = { vm = vm, member = rg.code .. vm, code = rg.code,
-              u = num(redis.call('ZSCORE', S.z, rg.code .. vm)), waiting = rg.waiting, waiting0 = rg.waiting }
-      else
+      if not rg then
         local u, code = sched_admit(S, st, vm, true)
-        e = { vm = vm, member = code .. vm, code = code, u = u, r = 0, new = true }
+        e = entry(vm, code, u)
+        e.r, e.new = 0, true
+        touch(e)
+      elseif rg.waiting and vm ~= st.lh then
+        local h = st.lh
+        if h ~= '' and ent[h] == nil then
+          local code = sched_parse(redis.call('HGET', S.h, h)).code
+          e = entry(h, code, num(redis.call('ZSCORE', S.z, code .. h)))
+          e.waiting, e.waiting0 = true, true
+          vm = h
+        end
+      else
+        e = entry(vm, rg.code, num(redis.call('ZSCORE', S.z, rg.code .. vm)))
+        e.waiting, e.waiting0 = rg.waiting, rg.waiting
+      end
+      if e and e.u == nil then -- its tag went missing (a hand edit): at V
+        e.u, e.r, e.r0 = st.v, 0, 0
         touch(e)
       end
-      ent[vm] = e
-      w_place(e)
+      if e then
+        ent[vm] = e
+        w_place(e)
+      end
     end
   end
 end
 
-local nw = st.nw
-if nw < 0 then
-  nw = redis.call('HLEN', S.w)
-  st.nw = nw
-end
-local milli = {}
-local function weight_of(vm)
-  if nw == 0 then return 1000 end
-  if milli[vm] == nil then milli[vm] = sched_milli(redis.call('HGET', S.w, vm)) end
-  return milli[vm]
-end
 
 -- The stride remainder of e: only a weight other than 1 leaves one.
 local function remainder(e, mw)
@@ -1061,8 +1192,8 @@ local function serve_one(e)
   e.u, e.r = eu + q, r
   touch(e)
   -- The lane's head is served: it leaves the lane, and the next newcomer
-  -- competes one quantum behind this serve.
-  lane_leave(e, eu + SCHED.UNIT)
+  -- competes one quantum of its own behind this serve.
+  lane_leave(e, eu, true)
   local nxt = dq_take(dq, e.vm)
   if nxt == nil then
     leave(e)
@@ -1073,7 +1204,15 @@ local function serve_one(e)
   end
 end
 
-w_extend()
+if w_extend() == nil then
+  -- No sentinel: the state is broken. It goes whole, nothing is served,
+  -- and the reply says so (its first value -1 - the acks) so that the
+  -- caller calls again at once, on a state started again.
+  sched_broken(S)
+  local out = dq_finish(dq, acked)
+  out[1] = -1 - out[1]
+  return out
+end
 local age_done = index_empty -- nothing for the age head to read
 while #dq.served < dq.cap do
   local e = pick()
@@ -1092,7 +1231,7 @@ end
 do
   local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
   for _, e in ipairs(changed) do
-    if not e.parked and not e.waiting then zrem[#zrem + 1] = e.vm end
+    if e.waiting0 and not e.waiting and not e.parked then zrem[#zrem + 1] = e.vm end
     if e.gone then
       if not e.new then
         zrem[#zrem + 1] = e.member
@@ -1100,7 +1239,7 @@ do
       end
     else
       local score = e.u
-      if e.gated then score = score + G end
+      if e.gated then score = G + e.gate end
       zargs[#zargs + 1] = sched_fmt(score)
       zargs[#zargs + 1] = e.member
       if e.r == nil then
@@ -1113,7 +1252,7 @@ do
       local r = e.r
       if e.new or e.gated or r ~= (e.r0 or 0) or e.waiting ~= e.waiting0 then
         hargs[#hargs + 1] = e.vm
-        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r)
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r, e.u)
       end
     end
   end
@@ -1137,21 +1276,33 @@ if st.v >= SCHED.REBASE_AT then
   sched_reap(S, st.v)
   local lo = st.v - SCHED.REBASE_FLOOR
   local zargs, hargs = {}, {}
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '+inf', 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES')
+  table.remove(raw, 1) -- the sentinel (rank 0) stays at 0
+  table.remove(raw, 1)
   for i = 1, #raw, 2 do
-    local s = num(raw[i + 1])
-    local gated = s >= G
-    local u = s
-    if gated then u = s - G end
+    local u = num(raw[i + 1])
     if u < lo then
       u = lo
-      hargs[#hargs + 1] = string.sub(raw[i], 9)
-      hargs[#hargs + 1] = sched_value(string.sub(raw[i], 1, 8), gated, string.sub(raw[i], 9) == st.lh, 0)
+      local vm, code = sched_split(raw[i])
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(code, false, vm == st.lh, 0)
     end
-    u = u - SCHED.REBASE_BY
-    if gated then u = u + G end
-    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = sched_fmt(u - SCHED.REBASE_BY)
     zargs[#zargs + 1] = raw[i]
+  end
+  -- Gated tags live in the state hash (their scores are gating numbers).
+  local gated = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
+  local gvms = {}
+  for i = 1, #gated do gvms[i] = sched_split(gated[i]) end
+  local gvals = sched_hmget(S.h, gvms)
+  for i, vm in ipairs(gvms) do
+    if gvals[i] then
+      local rg = sched_parse(gvals[i])
+      local u, r = rg.tag or lo, rg.r
+      if u < lo then u, r = lo, 0 end
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(rg.code, true, false, r, u - SCHED.REBASE_BY)
+    end
   end
   local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END, 'WITHSCORES')
   for i = 1, #idle, 2 do

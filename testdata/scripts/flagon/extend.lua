@@ -64,14 +64,17 @@ end
 -- now). Returns the holder's token, or nil and an error code: gone (no such
 -- run at all: done already, or never queued), not_found (the run exists
 -- under another key), not_in_flight, lease_lost, lease_active.
+-- Why run id of variant vm is not held: gone, not_in_flight or not_found.
+local function held_missing(runs, vm, id)
+  local rec = redis.call('HGET', runs, id)
+  if not rec then return 'gone' end
+  if rec_parse(rec).vm == vm then return 'not_in_flight' end
+  return 'not_found'
+end
+
 local function held_check(runs, held, leases, vm, id, member, token, now)
   local t = redis.call('HGET', held, vm .. ':' .. id)
-  if not t then
-    local rec = redis.call('HGET', runs, id)
-    if not rec then return nil, 'gone' end
-    if rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
-    return nil, 'not_found'
-  end
+  if not t then return nil, held_missing(runs, vm, id) end
   if token ~= '0' then
     if t ~= token then return nil, 'lease_lost' end
   else
@@ -81,10 +84,23 @@ local function held_check(runs, held, leases, vm, id, member, token, now)
   return t
 end
 
--- n runs of variant vm leave flight (their held fields and leases gone by
--- the caller): its count follows.
-local function kin_release(kin, vm, n)
-  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+-- Runs of the variants vms leave flight, per_vm[vm] of each (their held
+-- fields and leases gone by the caller): the counts follow, in one read and
+-- at most two writes.
+local function kin_release(kin, vms, per_vm)
+  local ns = redis.call('HMGET', kin, unpack(vms))
+  local set, del = {}, {}
+  for i, vm in ipairs(vms) do
+    local left = (tonumber(ns[i]) or 0) - per_vm[vm]
+    if left > 0 then
+      set[#set + 1] = vm
+      set[#set + 1] = left
+    else
+      del[#del + 1] = vm
+    end
+  end
+  if #set > 0 then redis.call('HSET', kin, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', kin, unpack(del)) end
 end
 
 -- n runs of the env leave flight.
@@ -108,15 +124,19 @@ local HELD_ERRORS = {
 -- (not_found, not_in_flight, lease_lost).
 local function held_ack(k, prefix, args, first, n, now, hooks)
   local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  local asked = {}
+  for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
+  local holders = redis.call('HMGET', k.held, unpack(asked))
   for i = 0, n - 1 do
     local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
-    local member = prefix .. vm .. ':' .. id
+    local member = prefix .. asked[i + 1]
     local err
     if seen[member] then
       err = 'gone' -- the same run twice in one call
-    else
-      local _
-      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    elseif not holders[i + 1] then
+      err = held_missing(k.runs, vm, id)
+    elseif holders[i + 1] ~= token then
+      err = 'lease_lost'
     end
     seen[member] = true
     if err == 'gone' then
@@ -125,7 +145,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
       out[i + 1] = err
     else
       out[i + 1] = 1
-      fields[#fields + 1] = vm .. ':' .. id
+      fields[#fields + 1] = asked[i + 1]
       ids[#ids + 1] = id
       members[#members + 1] = member
       if not per_vm[vm] then
@@ -139,10 +159,8 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.held, unpack(fields))
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
-    for _, vm in ipairs(vms) do
-      kin_release(k.kin, vm, per_vm[vm])
-      hooks.released(vm)
-    end
+    kin_release(k.kin, vms, per_vm)
+    hooks.released(vms)
     env_release(k.env_n, #ids)
   end
   return out

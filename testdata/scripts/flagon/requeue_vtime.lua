@@ -85,14 +85,17 @@ end
 -- now). Returns the holder's token, or nil and an error code: gone (no such
 -- run at all: done already, or never queued), not_found (the run exists
 -- under another key), not_in_flight, lease_lost, lease_active.
+-- Why run id of variant vm is not held: gone, not_in_flight or not_found.
+local function held_missing(runs, vm, id)
+  local rec = redis.call('HGET', runs, id)
+  if not rec then return 'gone' end
+  if rec_parse(rec).vm == vm then return 'not_in_flight' end
+  return 'not_found'
+end
+
 local function held_check(runs, held, leases, vm, id, member, token, now)
   local t = redis.call('HGET', held, vm .. ':' .. id)
-  if not t then
-    local rec = redis.call('HGET', runs, id)
-    if not rec then return nil, 'gone' end
-    if rec_parse(rec).vm == vm then return nil, 'not_in_flight' end
-    return nil, 'not_found'
-  end
+  if not t then return nil, held_missing(runs, vm, id) end
   if token ~= '0' then
     if t ~= token then return nil, 'lease_lost' end
   else
@@ -102,10 +105,23 @@ local function held_check(runs, held, leases, vm, id, member, token, now)
   return t
 end
 
--- n runs of variant vm leave flight (their held fields and leases gone by
--- the caller): its count follows.
-local function kin_release(kin, vm, n)
-  if redis.call('HINCRBY', kin, vm, -n) <= 0 then redis.call('HDEL', kin, vm) end
+-- Runs of the variants vms leave flight, per_vm[vm] of each (their held
+-- fields and leases gone by the caller): the counts follow, in one read and
+-- at most two writes.
+local function kin_release(kin, vms, per_vm)
+  local ns = redis.call('HMGET', kin, unpack(vms))
+  local set, del = {}, {}
+  for i, vm in ipairs(vms) do
+    local left = (tonumber(ns[i]) or 0) - per_vm[vm]
+    if left > 0 then
+      set[#set + 1] = vm
+      set[#set + 1] = left
+    else
+      del[#del + 1] = vm
+    end
+  end
+  if #set > 0 then redis.call('HSET', kin, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', kin, unpack(del)) end
 end
 
 -- n runs of the env leave flight.
@@ -129,15 +145,19 @@ local HELD_ERRORS = {
 -- (not_found, not_in_flight, lease_lost).
 local function held_ack(k, prefix, args, first, n, now, hooks)
   local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  local asked = {}
+  for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
+  local holders = redis.call('HMGET', k.held, unpack(asked))
   for i = 0, n - 1 do
     local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
-    local member = prefix .. vm .. ':' .. id
+    local member = prefix .. asked[i + 1]
     local err
     if seen[member] then
       err = 'gone' -- the same run twice in one call
-    else
-      local _
-      _, err = held_check(k.runs, k.held, k.leases, vm, id, member, token, now)
+    elseif not holders[i + 1] then
+      err = held_missing(k.runs, vm, id)
+    elseif holders[i + 1] ~= token then
+      err = 'lease_lost'
     end
     seen[member] = true
     if err == 'gone' then
@@ -146,7 +166,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
       out[i + 1] = err
     else
       out[i + 1] = 1
-      fields[#fields + 1] = vm .. ':' .. id
+      fields[#fields + 1] = asked[i + 1]
       ids[#ids + 1] = id
       members[#members + 1] = member
       if not per_vm[vm] then
@@ -160,10 +180,8 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.held, unpack(fields))
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
-    for _, vm in ipairs(vms) do
-      kin_release(k.kin, vm, per_vm[vm])
-      hooks.released(vm)
-    end
+    kin_release(k.kin, vms, per_vm)
+    hooks.released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -178,64 +196,76 @@ end
 --   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
 --   ARGV[own_args+1] -> scheduler state TTL (ms)
 --   ARGV[own_args+2] -> idle set cap
---   ARGV[own_args+3] -> 1 when the queue has a per-key limit (a freed slot
---                       may return a gated variant), else 0
+--   ARGV[own_args+3] -> 1 when a freed slot looks for a gated variant: the
+--                       queue has a per-key limit now, or the instance
+--                       gave one to a queue before (the limit may have
+--                       gone and come back since the variant was gated)
 -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
 --
 -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
 -- exact integer of a double):
---   -2^53               the sentinel member "": the key lives exactly as
---                       long as the state hash (created, refreshed and
---                       expiring together)
 --   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
 --   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
 --                       its registration number - 2^51 (a variant is never
 --                       both parked and registered: the member cannot
 --                       collide); its lowest is the head
---   [0, 2^50)           competing: member = seq code .. variant member,
---                       score = t (the lane's head included)
---   [2^52, 2^52+2^50)   gated: the same members, score = t + 2^52
+--   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+--                       the region: the key lives exactly as long as the
+--                       state hash (created, refreshed and expiring
+--                       together), and the dequeue's first read of the
+--                       region finds a ckVtime lost without its hash;
+--                       competing: member = seq code .. variant member,
+--                       score = t (the lane's head included); the seq code
+--                       is the registration number as 15 decimal digits,
+--                       so equal tags order by registration in the ZSET
+--                       (bytes) and in Lua (compared as numbers: Lua's
+--                       string "<" follows the server's locale)
+--   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
+--                       variant's gating number (the probe's order: later
+--                       gated, later looked at); the tag is in the hash
 -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
---   registration number), x (refresh deadline, ms), gk (gating limit), gp
---   (the gated probe's rank), ng (gated variants), nw (weight overrides,
---   -1 unknown), lh (the lane's head, "" when the lane is empty); and per
---   registered variant member: its 8-character seq code, then "g" when
---   gated, "w" when in the lane, then "|r" when its stride remainder r is
---   not 0.
+--   registration number), x (refresh deadline, ms), gk (gating limit), gn
+--   (next gating number), gp (the gating number the probe looked at last),
+--   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
+--   head, "" when the lane is empty); and per registered variant member:
+--   its seq code, then "g" and its tag when gated or "w" when in the lane,
+--   then "|r" when its stride remainder r is not 0.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
                 W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                 IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
                 WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
-                SENTINEL = '-9007199254740992',
+                SENTINEL = '0',
                 REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000 }
-local SCHED_DIGITS = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
+                CODE_LEN = 15, VM_AT = 16 }
 
 -- Integers below 2^53 print exactly with 17 significant digits, on Redis
 -- and on gopher-lua alike.
 local function sched_fmt(x) return string.format('%.17g', x) end
 
--- The fixed-width code of registration number n: its order is n's order.
+-- The fixed-width code of registration number n (below 10^15): its byte
+-- order is n's order.
 local function sched_code(n)
-  local out = {}
-  for i = 8, 1, -1 do
-    local d = n % 62
-    out[i] = string.sub(SCHED_DIGITS, d + 1, d + 1)
-    n = (n - d) / 62
-  end
-  return table.concat(out)
+  local s = sched_fmt(n)
+  return string.rep('0', SCHED.CODE_LEN - #s) .. s
 end
 
--- A variant's state-hash value: { code, gated, waiting, r }.
+-- The variant member and the code of a competing or gated member.
+local function sched_split(member)
+  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
+end
+
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
-  local code, g, w, r = string.match(v, '^(........)(g?)(w?)|?(%d*)$')
-  return { code = code, gated = g == 'g', waiting = w == 'w', r = tonumber(r) or 0 }
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
 end
 
-local function sched_value(code, gated, waiting, r)
+-- The value of a registration; a gated one carries its tag u.
+local function sched_value(code, gated, waiting, r, u)
   local v = code
-  if gated then v = v .. 'g' end
+  if gated then v = v .. 'g' .. sched_fmt(u) end
   if waiting then v = v .. 'w' end
   if r > 0 then v = v .. '|' .. sched_fmt(r) end
   return v
@@ -246,17 +276,18 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gp', 'ng', 'nw', 'lh' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it.
+-- under tags that outlived it. (A hash without its ckVtime, deleted by hand
+-- or evicted, is found by the dequeue: sched_broken.)
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gp = 0, ng = 0, nw = -1, lh = '' }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
   if not r[1] then
-    redis.call('DEL', S.z)
+    redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
   else
@@ -271,12 +302,15 @@ local function sched_state(S)
 end
 
 -- Write the scalars that changed, and refresh the lifetime of both keys
--- together when half of it is gone (or the state is new). A call that
--- changed nothing writes nothing.
+-- together when half of it is gone by the writer's clock, when the stored
+-- deadline is further off than a whole lifetime (written by a clock ahead
+-- of this one: Redis expires keys by its own), or when the state is new.
+-- A call that changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
-  local refresh = S.fresh or st.x - S.now < S.ttl / 2
+  local left = st.x - S.now
+  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
@@ -292,13 +326,42 @@ local function sched_save(S)
   end
 end
 
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Milli-weight of variant vm: 1000 without a read when the queue has no
+-- weights (st.nw counts them; -1: not known yet).
+local function sched_weight(S, st, vm)
+  if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+  if st.nw == 0 then return 1000 end
+  return sched_milli(redis.call('HGET', S.w, vm))
+end
+
+-- A newcomer's quantum: one serve of its own at milli-weight m, at most
+-- UNIT (a serve at weight 1).
+local function sched_quantum(m)
+  if m <= 1000 then return SCHED.UNIT end
+  return (sched_div(SCHED.STRIDE, m))
+end
+
 -- The registration of a variant with no tag: u (nil when it queues in the
 -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
 -- makes it a return (at the parked tag); a parked tag at or below V is
 -- worth nothing and goes; then a discovered variant starts at V, and a
 -- newcomer queues behind the lane's head when the lane is not empty, else
--- with A = min(top, V + UNIT) registers at V when A <= V, or becomes the
--- lane's head at A + UNIT.
+-- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+-- or becomes the lane's head at A + q.
 local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
   if parked then redis.call('ZREM', S.z, vm) end
@@ -310,8 +373,9 @@ local function sched_admit(S, st, vm, discovered)
       u, waiting = nil, true
     else
       local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-      if t[2] and math.min(num(t[2]), st.v + SCHED.UNIT) > st.v then
-        u, waiting = math.min(num(t[2]), st.v + SCHED.UNIT) + SCHED.UNIT, true
+      if t[2] and num(t[2]) > st.v then
+        local q = sched_quantum(sched_weight(S, st, vm))
+        u, waiting = math.min(num(t[2]), st.v + q) + q, true
         st.lh = vm
       end
     end
@@ -345,11 +409,20 @@ local function sched_lane_at(S, after)
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
--- idle_max (rank 0 is the sentinel).
+-- idle_max (the idle region holds the lowest scores: ranks from 0).
 local function sched_reap(S, v)
   redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
   local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
-  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 1, n - S.idle_max) end
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
+end
+
+-- A state whose ckVtime went without its hash (deleted by hand, evicted):
+-- the dequeue found no sentinel in its first read of the competing region.
+-- Both keys go: the next call starts the state again, as if it had
+-- expired, and finds every variant with ready work by discovery.
+local function sched_broken(S)
+  redis.call('DEL', S.h, S.z)
+  S.st = nil
 end
 
 -- A variant's last ready run left outside a dequeue: it leaves the
@@ -359,12 +432,18 @@ local function sched_drained(S, vm)
   local hv = redis.call('HGET', S.h, vm)
   if not hv then return end
   local st = sched_state(S)
+  -- A state started again (sched_state found no clock): nothing is
+  -- registered. (No script registers a variant before it drains or
+  -- releases one.)
+  if S.fresh then return end
   local rg = sched_parse(hv)
   local member = rg.code .. vm
-  local u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
+  local u
   if rg.gated then
-    u = u - SCHED.G
+    u = rg.tag
     st.ng = st.ng - 1
+  else
+    u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
   end
   redis.call('HDEL', S.h, vm)
   redis.call('ZREM', S.z, member, vm)
@@ -373,7 +452,7 @@ local function sched_drained(S, vm)
     local nxt = sched_lane_at(S, 0)
     if nxt then
       local nv = sched_parse(redis.call('HGET', S.h, nxt))
-      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u)), nv.code .. nxt)
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
       st.lh = nxt
     end
   end
@@ -381,36 +460,6 @@ local function sched_drained(S, vm)
     redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
     sched_reap(S, st.v)
   end
-end
-
--- A slot of vm freed (ack, nack, lease recovery, dead letter): a gated
--- variant competes again, at max(S, V).
-local function sched_released(S, vm)
-  local hv = redis.call('HGET', S.h, vm)
-  if not hv then return end
-  local rg = sched_parse(hv)
-  if not rg.gated then return end
-  local st = sched_state(S)
-  local member = rg.code .. vm
-  local u, r = num(redis.call('ZSCORE', S.z, member)) - SCHED.G, rg.r
-  if u < st.v then u, r = st.v, 0 end
-  redis.call('ZADD', S.z, sched_fmt(u), member)
-  redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
-  st.ng = st.ng - 1
-end
-
--- Milli-weight of a weight string (round half up, clamped to 1..10^6).
-local function sched_milli(w)
-  local x = tonumber(w)
-  if not x then return 1000 end
-  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
-end
-
--- q, r of total / m, exact for integers below 2^53.
-local function sched_div(total, m)
-  local q = math.floor(total / m)
-  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
-  return q, total - q * m
 end
 
 -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
@@ -432,13 +481,31 @@ local function sched_hmget(h, fields)
   return out
 end
 
--- The hooks of the scripts that move runs (see hooks_vtime). Without a
--- per-key limit a freed slot returns nothing (gated variants of an earlier
--- limit come back through the dequeue's sweep), which spares a read.
-local function sched_hooks(S, key_limited)
-  local nop = function() end
-  local released = nop
-  if key_limited then released = function(vm) sched_released(S, vm) end end
+-- Slots of the variants vms freed (ack, nack, lease recovery, dead
+-- letter): a gated one competes again, at max(S, V), whatever the key
+-- limit is now (one read for all of them).
+local function sched_released(S, vms)
+  local hvs = sched_hmget(S.h, vms)
+  for i, vm in ipairs(vms) do
+    local rg = hvs[i] and sched_parse(hvs[i])
+    if rg and rg.gated then
+      local st = sched_state(S)
+      if S.fresh then return end -- a state started again: see sched_drained
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
+      redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime). look: a
+-- freed slot looks for a gated variant (see hooks_vtime); when it does
+-- not, there is none to find, or the dequeue's un-gating comes first.
+local function sched_hooks(S, look)
+  local released = function() end
+  if look then released = function(vms) sched_released(S, vms) end end
   return {
     ready_start = function(vm) sched_register(S, vm, false) end,
     ready_empty = function(vm) sched_drained(S, vm) end,
@@ -452,15 +519,19 @@ local function hooks_open(keys, args, own_keys, own_args, now)
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
-local function master_refresh(ck_index, delay_index, master, qm)
-  local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
-  local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
-  local best = nil
-  if r[2] then best = num(r[2]) end
-  if d[2] then
-    local x = num(d[2])
-    if best == nil or x < best then best = x end
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
   end
+  if dhead == nil then
+    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+    dhead = d[2] and num(d[2]) or false
+  end
+  local best = chead or nil
+  if dhead and (best == nil or dhead < best) then best = dhead end
   if best == nil then
     redis.call('ZREM', master, qm)
   else
@@ -563,9 +634,9 @@ end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
-kin_release(kin, vm, 1)
+kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released(vm)
+hooks.released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1

@@ -26,7 +26,7 @@ if redis.call('HEXISTS', state, 'v') == 1 then
   redis.call('HSET', state, 'nw', n)
   local hv = redis.call('HGET', state, vm)
   if hv then
-    local kept = string.match(hv, '^(........[gw]*)') -- the code and flags: the remainder goes
+    local kept = string.match(hv, '^(%d+[gw]?%d*)') -- the code, flag and gated tag: the remainder goes
     redis.call('HSET', state, vm, kept)
   end
 end

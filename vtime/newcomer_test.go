@@ -9,16 +9,14 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
-// TestReviewNewcomerBoundWithEqualWeights: guarantee 7 (doc.go) says that
-// "with equal weights, a key that registers when the lane is empty is
-// served within 3 serves per other active key". The lane's quantum is a
-// fixed Unit (one serve at weight 1), whatever the weights: the newcomer
-// registers at min(top, V+Unit) + Unit. With every key at weight 10 (a
-// serve costs Unit/10), the pack's top is V + Unit/10 and the newcomer
-// sits a whole Unit past it: each other key is served about 10 more times
-// before it. (The oracle's CheckNewcomer measures work in 1/w and says
-// "with equal weights (all 1)"; doc.go promises it for any equal weights.)
-func TestReviewNewcomerBoundWithEqualWeights(t *testing.T) {
+// TestNewcomerBoundAtEqualWeights: guarantee 7 (doc.go) says that "with
+// equal weights, a key that registers when the lane is empty is served
+// within 3 serves per other active key", for any equal weights. The lane's
+// quantum was once a fixed Unit (one serve at weight 1): with every key at
+// weight 10 (a serve costs Unit/10) the newcomer sat a whole Unit past the
+// pack and each other key was served about 10 times before it. Now the
+// quantum is one serve of the newcomer, at most Unit.
+func TestNewcomerBoundAtEqualWeights(t *testing.T) {
 	const now = int64(1_000_000)
 	m := vtime.New(vtime.Config{})
 	for _, k := range []string{"x", "y", "n"} {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +21,9 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
-// Adversarial review of the fair scheduler (flag on). Each TestReview*
-// test demonstrates one defect with a minimal sequence.
+// Regressions found by an adversarial review of the fair scheduler (flag
+// on). Each test is the minimal sequence that broke an earlier version and
+// checks the behaviour that replaced it.
 
 const reviewEnv, reviewQueue = "env", "q"
 
@@ -40,17 +42,15 @@ func reviewQK(t testing.TB, b *testBundle) keys.Queue {
 	return space.Env(reviewEnv).Queue(reviewQueue)
 }
 
-// TestReviewStateHashWithoutCkVtime: the scheduler state is two keys
-// (ckVtime and ckVtimeState). sched_state only looks at the hash: when the
-// hash exists and ckVtime does not (an operator deleted the "vtime" key to
-// reset fairness, a volatile-* eviction under Config.AllowEviction took one
-// of the two keys, a script error left a partial write), every registered
-// variant has a hash field and no tag. Discovery skips them (they have a
-// field), pass 1 never reads them, and the age head builds an entry with
-// u = nil: the dequeue dies with a Lua error ("attempt to compare nil with
-// number"), on every call, for as long as the hash lives; and enqueues of
-// new keys keep refreshing the hash's TTL.
-func TestReviewStateHashWithoutCkVtime(t *testing.T) {
+// TestStateHashWithoutCkVtime: the scheduler state is two keys (ckVtime
+// and ckVtimeState). When the hash exists and ckVtime does not (an
+// operator deleted one to reset fairness, a volatile-* eviction under
+// Config.AllowEviction took one), every registered variant had a hash
+// field and no tag, and the dequeue died with a Lua error on every call.
+// Now the dequeue that finds ckVtime without its sentinel drops the state
+// whole and the call is made again at once, on a state started again (as
+// if it had expired): both runs are served by the one Dequeue.
+func TestStateHashWithoutCkVtime(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
 		qk := reviewQK(t, b)
@@ -64,12 +64,11 @@ func TestReviewStateHashWithoutCkVtime(t *testing.T) {
 	})
 }
 
-// TestReviewScheduleShowsLaneNewcomerAsOwed: Schedule knows nothing of the
-// newcomer lane. A key queued in the lane behind its head has no tag (U 0
-// in the snapshot) and takes no part in the competition, yet Schedule
-// reports it as competing (Reason "") with Tag 0 and Lag = -V: "owed
-// service", the opposite of its state.
-func TestReviewScheduleShowsLaneNewcomerAsOwed(t *testing.T) {
+// TestScheduleShowsTheNewcomerLane: a key queued in the lane behind its
+// head has no tag and takes no part in the competition. Schedule once
+// reported it as competing (Reason "") with Tag 0 and Lag = -V ("owed
+// service"); it now says it waits in the lane, and the head competes.
+func TestScheduleShowsTheNewcomerLane(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
 		for i := 0; i < 5; i++ {
@@ -90,13 +89,21 @@ func TestReviewScheduleShowsLaneNewcomerAsOwed(t *testing.T) {
 		require.NotEqual(t, keys.VariantMember("c"), "")
 		s, err := b.q.Schedule(b.ctx, reviewEnv, reviewQueue, 1)
 		require.NoError(t, err)
+		byKey := map[string]runqueue.KeySchedule{}
 		for _, k := range s.Keys {
-			if k.Key != "c" {
-				continue
-			}
-			require.False(t, k.Reason == "" && k.Lag < 0,
-				"Schedule reports c, queued in the newcomer lane, as competing and owed service: %+v (V %v)", k, s.V)
+			byKey[k.Key] = k
 		}
+		queued := byKey["c"]
+		require.True(t, queued.Registered && queued.Waiting, "%+v", queued)
+		require.Equal(t, "waiting in the newcomer lane", queued.Reason)
+		require.Zero(t, queued.Tag)
+		require.Zero(t, queued.Lag)
+		head := byKey["b"]
+		require.True(t, head.Waiting, "%+v", head)
+		require.Empty(t, head.Reason, "the lane's head competes")
+		require.Equal(t, 2.0, head.Lag, "b heads the lane one quantum past a's tag (V 2, tag 4)")
+		require.Empty(t, byKey["a"].Reason)
+		require.False(t, byKey["a"].Waiting)
 	})
 }
 
@@ -153,21 +160,18 @@ func startLocaleRedis(t *testing.T) redis.UniversalClient {
 	return c
 }
 
-// TestReviewTieOrderFollowsServerLocale: the fair dequeue breaks ties of
+// TestTieOrderIgnoresServerLocale: the fair dequeue once broke ties of
 // equal tags in memory with Lua's "<" on the members (seq code .. variant
-// member): before(a, b) = a.u < b.u or (a.u == b.u and a.member < b.member).
-// Redis's Lua compares strings with strcoll, and Redis sets LC_COLLATE from
-// its environment at start. Under en_US.UTF-8 the seq code "0000000a"
-// (registration 36) sorts before "0000000Z" (35) and "0000000A" (10), and
-// within a primary-equal code the variant names decide: ties no longer go
-// to the key that registered first, a batch of N no longer serves what N
-// calls of 1 serve (the ZSET reads order by bytes), and the Lua and the
-// model disagree.
+// member). Redis's Lua compares strings with strcoll, and Redis sets
+// LC_COLLATE from its environment at start: under en_US.UTF-8 a base-62
+// seq code "0000000a" (registration 36) sorted before "0000000Z" (35), so
+// ties no longer went to the key that registered first and the Lua and
+// the model disagreed. Seq codes are now decimal and compared as numbers.
 //
 // 37 keys registered at V with 2 runs each, one dequeue of 74: the model
 // serves the second round in registration order; the Lua, in collation
 // order.
-func TestReviewTieOrderFollowsServerLocale(t *testing.T) {
+func TestTieOrderIgnoresServerLocale(t *testing.T) {
 	if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "" {
 		if _, err := exec.LookPath("redis-server"); err != nil {
 			t.Skip("no redis-server")
@@ -203,21 +207,19 @@ func TestReviewTieOrderFollowsServerLocale(t *testing.T) {
 	require.Equal(t, exp, got, "serve order of one dequeue(%d) on a Redis with LC_COLLATE=en_US.UTF-8", 2*nkeys)
 }
 
-// TestReviewStateTTLRefreshFollowsWriterClock: the state's lifetime is
+// TestStateTTLRefreshSurvivesSkewedClocks: the state's lifetime was
 // refreshed (PEXPIRE of both keys) only when the stored deadline x, written
-// from the caller's clock, is less than StateTTL/2 ahead of the caller's
-// now. Redis expires the keys on its own clock. One instance whose clock is
-// ahead by more than StateTTL/2 (or one whose clock stepped back) writes an
-// x that the others never reach: they keep writing the state and never
-// refresh it, and it expires under them while in use. The clock restarts
-// at 0, every tag and parked tag goes (a key that drained owing service
-// comes back as new: credit for idle time), although the doc says the
-// state expires only after StateTTL with no scheduler write.
+// from the caller's clock, was less than StateTTL/2 ahead of the caller's
+// now, while Redis expires keys on its own clock. One instance whose clock
+// is ahead by more than StateTTL/2 wrote an x the others never reached:
+// they kept writing the state and never refreshed it, and it expired under
+// them while in use. A writer now also refreshes when x is further off
+// than a whole StateTTL.
 //
 // Sequence: StateTTL 1 minute; instance A (clock one hour ahead) enqueues
 // and dequeues once; instance B (right clock) dequeues every 10 s; at 60 s
 // the state is gone although B wrote it 10 s before.
-func TestReviewStateTTLRefreshFollowsWriterClock(t *testing.T) {
+func TestStateTTLRefreshSurvivesSkewedClocks(t *testing.T) {
 	srv, c := redistest.MiniServer(t)
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
@@ -252,4 +254,36 @@ func TestReviewStateTTLRefreshFollowsWriterClock(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, runs, 1)
 	}
+}
+
+// TestReleaseAfterLimitFlap: x, y and z are gated at key limit 1; the
+// limit goes away, x's run is acked, and the limit is back before the next
+// dequeue, so no call sees a rise. The ack looks for the gated variant
+// whatever the limit is then (the instance has given a queue a key limit),
+// and x is served by the next call. It used to wait for the gated probe
+// (y first: that call served nothing), which broke batch invariance.
+func TestReleaseAfterLimitFlap(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		var key atomic.Int64
+		key.Store(1)
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling = true
+			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(key.Load())} }
+		})
+		for _, k := range []string{"y", "z", "x"} {
+			for i := 0; i < 3; i++ {
+				reviewEnqueue(t, b, k, k+strconv.Itoa(i))
+			}
+		}
+		runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 3)
+		require.NoError(t, err)
+		require.Equal(t, []string{"y", "z", "x"}, []string{runs[0].Key, runs[1].Key, runs[2].Key})
+		key.Store(0)
+		require.NoError(t, b.q.Ack(b.ctx, runs[2]))
+		key.Store(1)
+		next, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
+		require.NoError(t, err)
+		require.Len(t, next, 1, "x's slot freed: it competes again at once")
+		require.Equal(t, "x", next[0].Key)
+	})
 }

@@ -1,8 +1,7 @@
 package vtime
 
-// Findings: each test states what doc.go promises and a minimal sequence
-// on which the model (of fa9e043) does otherwise. They fail until the
-// model (or the doc) is fixed.
+// Regressions: each test is a minimal sequence on which an earlier model
+// broke a promise of doc.go, and checks the promise.
 
 import (
 	"fmt"
@@ -13,12 +12,11 @@ import (
 
 // Gating: "when a flag-off instance freed the slot, when the gated probe
 // comes to it (one rank per call; a lap takes as many calls as there are
-// gated variants ...)". The probe spends a call of its own going back to
-// rank 0 (gp past the end: reset, no look), so a lap takes gated+1 calls.
-// g0 and g1 are gated and held; g1's slot is freed by a flag-off ack just
-// after the probe looked at it. Nothing leaves the gated set, yet in the
-// next 2 calls (a lap) the probe looks at g0 only: g1 returns at the third.
-func TestBugProbeLapTakesGatedPlusOneCalls(t *testing.T) {
+// gated variants ...)". The probe once spent a call of its own going back
+// to rank 0 (a lap took gated+1 calls). g0 and g1 are gated and held; g1's
+// slot is freed by a flag-off ack just after the probe looked at it:
+// within the next 2 calls (a lap) it returns.
+func TestProbeLapTakesGatedCalls(t *testing.T) {
 	t.Parallel()
 	m := New(Config{Limits: Limits{Key: 1}})
 	add(t, m, "g0", 3, 0, 0)
@@ -37,11 +35,11 @@ func TestBugProbeLapTakesGatedPlusOneCalls(t *testing.T) {
 }
 
 // Virtual time: "The logical clock (V) is epoch*2^48 + stored V; it never
-// decreases while the state exists." V() computes epoch*RebaseBy + v in an
-// int64, which overflows when the logical clock reaches 2^63 units (epoch
-// 2^15; at 10^9 units a serve, the most a serve costs, some 9.2 billion
-// serves of weight-0.001 keys): V() turns negative.
-func TestBugVOverflowsAt2To63Units(t *testing.T) {
+// decreases while the state exists." V() once computed epoch*RebaseBy + v
+// in an int64, which overflows when the logical clock reaches 2^63 units
+// (epoch 2^15; at 10^9 units a serve, the most a serve costs, some 9.2
+// billion serves of weight-0.001 keys).
+func TestVPast2To63Units(t *testing.T) {
 	t.Parallel()
 	m := Restore(Config{}, Snapshot{
 		Epoch: 1<<15 - 2, V: RebaseAt - 1, NextSeq: 2,
@@ -59,10 +57,12 @@ func TestBugVOverflowsAt2To63Units(t *testing.T) {
 // servable; the age-head fallback reads what a flag-off call reads. Flag on
 // therefore serves whenever flag off would (but for a gated variant whose
 // slot a flag-off instance freed, until the probe comes to it)". When pass
-// 1 stops at its read budget, the age head passes over the variants queued
-// in the newcomer lane, and a head handed on during the call goes to the
-// window's overflow, which the spent budget never reads again.
-func TestBugAgeHeadPassesOverTheLane(t *testing.T) {
+// 1 stopped at its read budget, the age head once passed over the
+// variants queued in the newcomer lane, and a head handed on during the
+// call went to the window's overflow, which the spent budget never read
+// again. Now a queued variant among the oldest work brings the lane's head
+// in, and once the budget is spent an entry goes to the list.
+func TestAgeHeadTakesFromTheLane(t *testing.T) {
 	t.Parallel()
 	// build: a served once (at U, V 0); more stale entries (flag-off
 	// drains, tag 0) than the read budget; then h heads the lane (2U) and
@@ -86,9 +86,13 @@ func TestBugAgeHeadPassesOverTheLane(t *testing.T) {
 
 	t.Run("QueuedInTheAgeHead", func(t *testing.T) {
 		t.Parallel()
-		// A flag-off call (ScanLimit 1) serves q; flag on serves nothing.
+		// A flag-off call (ScanLimit 1) serves q; flag on once served
+		// nothing. The age head meets q, queued in the lane: the lane's
+		// head h joins and is served (the lane keeps its order), and q
+		// heads the lane after it.
 		m := build(t, 1)
-		require.Equal(t, []string{"q"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, []string{"h"}, servedKeys(m.Dequeue(1, 0)))
+		require.Equal(t, vms("q"), lane(m))
 	})
 
 	t.Run("HeadHandedOnPastTheBudget", func(t *testing.T) {

@@ -509,11 +509,20 @@ func (s *slots) take(src *source, most, least int, buf []int) []int {
 	return buf
 }
 
-// forget drops src's wait, if any.
+// forget drops src's wait, if any: a waiter that gathered slots ahead of
+// others no longer holds them back.
 func (s *slots) forget(src *source) {
 	s.mu.Lock()
+	if _, ok := s.waiting[src]; !ok {
+		s.mu.Unlock()
+		return
+	}
 	delete(s.waiting, src)
+	wake := s.wakeLocked()
 	s.mu.Unlock()
+	for _, src := range wake {
+		src.poke()
+	}
 }
 
 func (s *slots) give(ks ...int) {
@@ -522,6 +531,17 @@ func (s *slots) give(ks ...int) {
 	}
 	s.mu.Lock()
 	s.free = append(s.free, ks...)
+	wake := s.wakeLocked()
+	s.mu.Unlock()
+	for _, src := range wake {
+		src.poke()
+	}
+	s.signal()
+}
+
+// wakeLocked takes the waiters that the free slots satisfy off the queue,
+// first come first served, and returns them to be poked.
+func (s *slots) wakeLocked() []*source {
 	var wake []*source
 	avail := len(s.free)
 	for len(s.waiters) > 0 && avail > 0 {
@@ -537,11 +557,7 @@ func (s *slots) give(ks ...int) {
 		s.waiters[0] = slotWaiter{}
 		s.waiters = s.waiters[1:]
 	}
-	s.mu.Unlock()
-	for _, src := range wake {
-		src.poke()
-	}
-	s.signal()
+	return wake
 }
 
 func (s *slots) signal() {

@@ -518,11 +518,15 @@ func TestWorker(t *testing.T) {
 			// of quick runs. When holder takes the slot a quick run freed,
 			// that quick run's ack must go at once, not wait for a slot.
 			const quick = 20
+			firstRuns, holderQueued := make(chan struct{}), make(chan struct{})
 			holding, release := make(chan struct{}), make(chan struct{})
 			var ran atomic.Int64
 			startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
 				if r.ID != "holder" {
-					ran.Add(1)
+					if ran.Add(1) == 1 { // holder arrives while a quick run holds the slot
+						close(firstRuns)
+						<-holderQueued
+					}
 					return nil
 				}
 				close(holding)
@@ -538,11 +542,15 @@ func TestWorker(t *testing.T) {
 			for i := range quick {
 				enqueue(t, b, runqueue.EnqueueParams{ID: "q" + strconv.Itoa(i)})
 			}
+			waitClosed(t, firstRuns)
 			enqueue(t, b, runqueue.EnqueueParams{Queue: "other", ID: "holder"})
+			close(holderQueued)
 			waitClosed(t, holding)
-			o.until(t, runqueue.OutcomeAck, int(ran.Load())) // every quick run that ran, while holder holds the slot
+			n := int(ran.Load()) // no quick run starts while holder holds the slot
+			require.Positive(t, n)
+			o.until(t, runqueue.OutcomeAck, n) // every quick run that ran is acked while holder holds the slot
 			close(release)
-			o.until(t, runqueue.OutcomeAck, quick+1-int(ran.Load()))
+			o.until(t, runqueue.OutcomeAck, quick+1-n)
 			requireEmpty(t, b)
 			require.Zero(t, queueStats(t, b, "other").InFlight)
 		})

@@ -3,10 +3,14 @@ package runqueue_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
@@ -747,5 +752,183 @@ func waitClosed(t testing.TB, ch <-chan struct{}) {
 	case <-ch:
 	case <-time.After(workerWait):
 		t.Fatal("timed out")
+	}
+}
+
+// TestWorkerLeavesNoGoroutines runs a worker through each way it stops (a
+// graceful Shutdown, a Shutdown that gives up and releases, a hard stop
+// by the Start context) and checks that none of its goroutines, nor its
+// handlers', outlive it. It is not parallel, so that goleak sees only its
+// own goroutines.
+func TestWorkerLeavesNoGoroutines(t *testing.T) {
+	server := redistest.Mini(t).(*redis.Client)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	// A client of its own, closed before the check, so that the server's
+	// goroutines for its connections are gone too.
+	c := redis.NewClient(server.Options())
+	defer func() { require.NoError(t, c.Close()) }()
+	b := setup(t, c, nil)
+	defer func() { require.NoError(t, b.q.Close()) }()
+	o := newOutcomes()
+	cfg := b.q.Config()
+	cfg.Observer = o
+	q, err := runqueue.New(b.ctx, c, &cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, q.Close()) }()
+
+	block := func(ctx context.Context, r *runqueue.Run) error {
+		if strings.HasPrefix(r.ID, "blocks") {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}
+	run := func(round string, stop func(w *runqueue.Worker, startCancel context.CancelFunc)) {
+		w, err := runqueue.NewWorker(q, block, &runqueue.WorkerConfig{
+			Queues: []runqueue.WorkerQueue{{Env: env, Queue: queueName}}, Concurrency: 4,
+			SweepInterval: 10 * time.Millisecond, Logger: quietLogger})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		require.NoError(t, w.Start(ctx))
+		enqueue(t, b, runqueue.EnqueueParams{ID: "quick" + round})
+		enqueue(t, b, runqueue.EnqueueParams{ID: "blocks" + round})
+		o.until(t, runqueue.OutcomeAck, 1)
+		stop(w, cancel)
+	}
+	// Graceful: the blocked handler is released.
+	run("1", func(w *runqueue.Worker, _ context.CancelFunc) {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, w.Shutdown(ctx), context.DeadlineExceeded)
+	})
+	require.Equal(t, []runqueue.Outcome{runqueue.OutcomeRetry}, o.next(t, 1))
+	// A hard stop leaves its runs in flight (the released run of the
+	// first round is one of them, or still ready).
+	run("2", func(w *runqueue.Worker, startCancel context.CancelFunc) {
+		startCancel()
+		require.NoError(t, w.Shutdown(context.Background()))
+	})
+	o.until(t, runqueue.OutcomeLeaseLost, 1)
+}
+
+// An error storm, every run failing once, costs one Redis call per failure
+// (its nack): the retries are fetched, and their acks sent, with the other
+// runs'. The calls are counted on the worker's own client by script.
+func TestWorkerErrorStormCallsPerFailure(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, o := workerSetup(t, c, func(c *runqueue.Config) {
+			c.Clock = nil // retries come due on the wall clock
+			c.BackoffBase = time.Millisecond
+			c.BackoffJitter = -1
+		})
+		const n = 300
+		ps := make([]runqueue.EnqueueParams, 0, n)
+		for i := range n {
+			ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "k" + strconv.Itoa(i%10), ID: "r" + strconv.Itoa(i)})
+		}
+		_, err := b.q.EnqueueMany(b.ctx, ps)
+		require.NoError(t, err)
+
+		counted := otherClient(t, b.client)
+		calls := &scriptCalls{byName: map[string]int{}, names: scriptNames(t)}
+		counted.AddHook(calls)
+		cfg := b.q.Config()
+		q, err := runqueue.New(b.ctx, counted, &cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		got := newSeen()
+		calls.reset() // opening the queue read and wrote its layout
+		w := startWorker(t, q, func(_ context.Context, r *runqueue.Run) error {
+			got.add(r)
+			if r.Attempt == 1 {
+				return errors.New("fails once")
+			}
+			return nil
+		}, func(c *runqueue.WorkerConfig) { c.Concurrency = 50 })
+		o.until(t, runqueue.OutcomeAck, n)
+		shutdown(t, w)
+		for id, atts := range got.get() {
+			require.Equal(t, []int{1, 2}, atts, "run %s", id)
+		}
+		requireEmpty(t, b)
+		byName := calls.get()
+		require.Equal(t, n, byName["requeue"], "one nack per failure: %v", byName)
+		t.Logf("calls of the worker's client for %d runs failing once: %v", n, byName)
+		for name := range byName {
+			// Everything else is fetching (dequeue, with the acks), a look
+			// at the queue while idle, or the handshake of a new
+			// connection (hello, client setinfo).
+			require.Contains(t, []string{"requeue", "dequeue", "ack", "zscore", "zrange", "hello", "client"}, name, "%v", byName)
+		}
+	})
+}
+
+// scriptNames maps the SHA-1 and the source of every script to its name
+// without the flag suffix ("dequeue_vtime" is "dequeue").
+func scriptNames(t testing.TB) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, get := range []func() (map[string]string, error){runqueue.FlagOffScripts, runqueue.FlagOnScripts} {
+		srcs, err := get()
+		require.NoError(t, err)
+		for name, src := range srcs {
+			sum := sha1.Sum([]byte(src))
+			name = strings.TrimSuffix(name, "_vtime")
+			out[hex.EncodeToString(sum[:])] = name
+			out[src] = name
+		}
+	}
+	return out
+}
+
+// scriptCalls counts a client's commands, scripts by name, others by
+// command name.
+type scriptCalls struct {
+	names  map[string]string
+	mu     sync.Mutex
+	byName map[string]int
+}
+
+func (s *scriptCalls) add(cmd redis.Cmder) {
+	name := strings.ToLower(cmd.Name())
+	if args := cmd.Args(); (name == "evalsha" || name == "eval") && len(args) > 1 {
+		if n, ok := s.names[fmt.Sprint(args[1])]; ok {
+			name = n
+		}
+	}
+	s.mu.Lock()
+	s.byName[name]++
+	s.mu.Unlock()
+}
+
+func (s *scriptCalls) reset() {
+	s.mu.Lock()
+	clear(s.byName)
+	s.mu.Unlock()
+}
+
+func (s *scriptCalls) get() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.byName)
+}
+
+func (s *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		s.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (s *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			s.add(cmd)
+		}
+		return next(ctx, cmds)
 	}
 }

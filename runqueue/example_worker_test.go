@@ -7,6 +7,7 @@ import (
 	"log"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -62,9 +63,14 @@ func ExampleWorker() {
 	if err := w.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	handled.Wait()
-	// Shutdown waits for running handlers and sends the last acks.
-	if err := w.Shutdown(ctx); err != nil {
+	handled.Wait() // in a service: wait for a signal instead
+
+	// Shutdown stops fetching, waits for running handlers (here up to 30s)
+	// and sends the last acks; runs still running then are released to be
+	// redelivered at once.
+	stop, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := w.Shutdown(stop); err != nil {
 		log.Fatal(err)
 	}
 

@@ -379,6 +379,13 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	if len(c.runs) > 0 {
 		s.dispatch(c.runs, c.ks)
 	}
+	if len(c.runs) < len(c.ks) && c.err == nil {
+		// The source is idle now (below): it drops its wait for a slot
+		// before it gives back those it did not fill, or the slot it gives
+		// back would poke itself (it waits when its other call wanted a
+		// slot) rather than a source that wants one.
+		w.slots.forget(s)
+	}
 	w.slots.give(c.ks[len(c.runs):]...)
 	if c.ackErr != nil {
 		s.putBack(c.acks)

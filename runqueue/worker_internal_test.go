@@ -101,3 +101,43 @@ func TestWorkerSourceGoingIdleForgetsItsWait(t *testing.T) {
 	}
 	require.Len(t, w.slots.take(b, 1, 1, nil), 1)
 }
+
+// A source with a backlog has a call in flight and waits for a slot for a
+// second one; another source waits behind it. When the first call comes
+// back empty, the slot it gives back goes to the other source: the idle
+// source must not be poked by its own slot (it would not take it).
+func TestWorkerSlotGivenBackGoesToAnotherSource(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
+		Queues:      []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}},
+		Concurrency: 1,
+	})
+	require.NoError(t, err)
+	w.base = ctx
+	a, b := w.sources[0], w.sources[1]
+	l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, full: true, gatherWant: 1}
+
+	ks := w.slots.take(a, 1, 1, nil) // a's first call
+	require.Len(t, ks, 1)
+	l.inflight = 1
+	require.False(t, l.issue(), "no slot for a second call: a waits")
+	require.Empty(t, w.slots.take(b, 1, 1, nil)) // b waits behind a
+
+	l.finish(&fetchCall{ks: ks}) // the first call found nothing
+	require.True(t, l.idle)
+	select {
+	case <-b.kick:
+	default:
+		t.Fatal("the slot a gave back did not poke b, which waits for one")
+	}
+	select {
+	case <-a.kick:
+		t.Fatal("the slot a gave back poked a, which is idle")
+	default:
+	}
+	require.Len(t, w.slots.take(b, 1, 1, nil), 1)
+}

@@ -56,6 +56,12 @@ type Options struct {
 	SweepRuns  int
 
 	Producers, Workers, ThroughputRuns, ThroughputKeys, Batch int
+	// Concurrency is each throughput Worker's WorkerConfig.Concurrency
+	// (0: its default, 100).
+	Concurrency int
+	// SteadyRate is the steady phase's enqueue rate in runs/s (0: half the
+	// process phase's runs/s on the same flag).
+	SteadyRate float64
 }
 
 // DefaultOptions are the sizes of `go run ./bench`: a few minutes in all
@@ -66,7 +72,7 @@ func DefaultOptions() Options {
 		MemoryKeys: []int{100, 1000, 10000, 100000},
 		SweepKeys:  []int{10, 100, 1000, 10000, 100000},
 		SweepRuns:  5000,
-		Producers:  4, Workers: 8, ThroughputRuns: 20000, ThroughputKeys: 100, Batch: 10,
+		Producers:  4, Workers: 1, ThroughputRuns: 20000, ThroughputKeys: 100, Batch: 10,
 	}
 }
 
@@ -80,6 +86,9 @@ func (o Options) validate() error {
 	}
 	if o.GatedKeys < 1 {
 		return fmt.Errorf("gated keys must be at least 1, got %d", o.GatedKeys)
+	}
+	if o.Concurrency < 0 || o.SteadyRate < 0 {
+		return fmt.Errorf("-concurrency and -steady-rate must not be negative")
 	}
 	if o.Batch > 1000 {
 		return fmt.Errorf("-batch must be at most 1000, got %d", o.Batch)

@@ -29,7 +29,7 @@ func tinyOptions() Options {
 		Scenarios: []string{"retry-storm"},
 		CostRuns:  120, CostRepeats: 1, CostKeys: 10, GatedCalls: 20, GatedKeys: 8,
 		MemoryKeys: []int{10, 50}, SweepKeys: []int{10, 50}, SweepRuns: 40,
-		Producers: 2, Workers: 2, ThroughputRuns: 200, ThroughputKeys: 10, Batch: 10,
+		Producers: 2, Workers: 2, ThroughputRuns: 200, ThroughputKeys: 10, Batch: 10, Concurrency: 10,
 	}
 }
 
@@ -284,9 +284,26 @@ func TestRealRedis(t *testing.T) {
 		case "process":
 			require.NotContains(t, r, "latency_p50_ms")
 			require.Equal(t, []any{0.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "steady":
+			requireFields(t, "steady throughput row", r, "rate_target_per_sec", "latency_p50_ms")
+			require.Equal(t, []any{1.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
+		}
+		if r["phase"] == "enqueue" {
+			require.NotContains(t, r, "wait_light")
+			continue
+		}
+		require.Equal(t, 10.0, r["concurrency"])
+		light, heavy := r["wait_light"].(map[string]any), r["wait_heavy"].(map[string]any)
+		require.Equal(t, 200.0, light["runs"].(float64)+heavy["runs"].(float64), "every run's wait, in one class")
+		require.Equal(t, 100.0, heavy["runs"], "the even runs go to the heavy key")
+		for _, w := range []map[string]any{light, heavy} {
+			requireFields(t, "wait", w, "p50_ms", "p99_ms", "p999_ms")
+			require.GreaterOrEqual(t, w["p999_ms"], w["p99_ms"])
+			require.GreaterOrEqual(t, w["p99_ms"], w["p50_ms"])
 		}
 	}
-	require.Equal(t, []string{"concurrent/off", "concurrent/on", "enqueue/off", "enqueue/on", "process/off", "process/on"}, phases)
+	require.Equal(t, []string{"concurrent/off", "concurrent/on", "enqueue/off", "enqueue/on", "process/off", "process/on",
+		"steady/off", "steady/on"}, phases)
 
 	requireSVG(t, filepath.Join(opts.OutDir, "sweep.svg"))
 	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))

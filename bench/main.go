@@ -96,10 +96,12 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 	sweepKeys := fs.String("sweep-keys", joinInts(o.SweepKeys), "active key counts of the cost sweep")
 	fs.IntVar(&o.SweepRuns, "sweep-runs", o.SweepRuns, "runs dequeued and acked at each sweep point")
 	fs.IntVar(&o.Producers, "producers", o.Producers, "throughput: producer goroutines (concurrent and prefilled phases)")
-	fs.IntVar(&o.Workers, "workers", o.Workers, "throughput: worker goroutines (concurrent and prefilled phases)")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "throughput: runqueue.Worker instances, each serving every env of the bench")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "throughput: each Worker's Concurrency (0: its default, 100)")
+	fs.Float64Var(&o.SteadyRate, "steady-rate", o.SteadyRate, "throughput: enqueue rate (runs/s) of the steady phase (0: half the process phase's runs/s)")
 	fs.IntVar(&o.ThroughputRuns, "runs", o.ThroughputRuns, "throughput: runs per flag state in each phase (concurrent; prefilled: enqueued, then processed)")
 	fs.IntVar(&o.ThroughputKeys, "keys", o.ThroughputKeys, "throughput: concurrency keys the runs are spread over")
-	fs.IntVar(&o.Batch, "batch", o.Batch, "throughput: maxCount of each worker's dequeue")
+	fs.IntVar(&o.Batch, "batch", o.Batch, "throughput: runs per EnqueueMany call of the prefilled phase's producers")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -54,6 +54,9 @@ func sections(rep *Report) []section {
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseProcess }) {
 		out = append(out, prefilledSection(rep))
 	}
+	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.WaitLight != nil || r.WaitHeavy != nil }) {
+		out = append(out, waitSection(rep))
+	}
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return len(r.Nodes) > 0 }) {
 		out = append(out, nodeSection(rep))
 	}
@@ -259,7 +262,7 @@ func throughputSection(rep *Report) section {
 		t.add(r.Flag, fmt.Sprint(r.Producers), fmt.Sprint(r.Workers), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fmt.Sprint(r.Batch),
 			fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2), opt(r.LatencyP50Ms, 2), opt(r.LatencyP99Ms, 2), opt(r.LatencyMaxMs, 1))
 	}
-	return section{title: "End-to-end throughput, producers and workers at once (wall clock; no-op handler: DequeueWait + Ack; enqueue-to-dequeue latency)", t: t,
+	return section{title: "End-to-end throughput, producers and workers at once (wall clock; producers: one Enqueue per run; workers: runqueue.Worker, no-op handler; enqueue-to-dequeue latency)", t: t,
 		notes: []string{"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs: commands, network work and wake-up pub/sub, what a user pays for"}}
 }
 
@@ -267,7 +270,7 @@ func throughputSection(rep *Report) section {
 func prefilledSection(rep *Report) section {
 	t := &table{header: []string{"FLAG", "RUNS", "KEYS", "ENQUEUE RUNS/S", "ENQUEUE CPU µs/RUN", "PROCESS RUNS/S", "PROCESS CPU µs/RUN", "CPU µs/RUN IN ALL"},
 		right: []bool{false, true, true, true, true, true, true, true}}
-	var producers, workers, batch int
+	var producers, workers, conc, batch int
 	for _, flag := range []string{"off", "on"} {
 		var enq, proc *ThroughputRow
 		for i, r := range rep.Throughput {
@@ -282,12 +285,12 @@ func prefilledSection(rep *Report) section {
 		if enq == nil || proc == nil {
 			continue
 		}
-		producers, workers, batch = enq.Producers, proc.Workers, proc.Batch
+		producers, workers, conc, batch = enq.Producers, proc.Workers, proc.Concurrency, proc.Batch
 		t.add(flag, fmt.Sprint(enq.Runs), fmt.Sprint(enq.Keys), fixed(enq.RunsPerSec, 0), fixed(enq.RedisCPUUsPerRun, 2),
 			fixed(proc.RunsPerSec, 0), fixed(proc.RedisCPUUsPerRun, 2), fixed(enq.RedisCPUUsPerRun+proc.RedisCPUUsPerRun, 2))
 	}
-	return section{title: fmt.Sprintf("Prefilled queue (wall clock): %d producers enqueue every run with no worker running (one Enqueue call per run), "+
-		"then %d workers process them (DequeueWait of up to %d runs + one Ack per run, no-op handler)", producers, workers, batch), t: t,
+	return section{title: fmt.Sprintf("Prefilled queue (wall clock): %d producers enqueue every run with no worker running (EnqueueMany calls), "+
+		"then %d runqueue.Worker of Concurrency %d processes them (AckAndDequeue of up to %d runs, no-op handler)", producers, workers, conc, batch), t: t,
 		notes: []string{
 			"the method other queues (BullMQ, asynq) publish: jobs added first, then processed; their per-job Redis CPU is process CPU too",
 			"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs: commands plus the network work a user pays for",
@@ -392,4 +395,32 @@ func writeOut(dir string, rep *Report) error {
 		fmt.Fprintf(&b, "\nNote: %s\n", n)
 	}
 	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(b.String()), 0o644)
+}
+
+// waitSection gives, for each phase with workers, the waits from a run's
+// available time to its dequeue, per key class.
+func waitSection(rep *Report) section {
+	t := &table{header: []string{"PHASE", "FLAG", "RATE runs/s", "KEYS", "RUNS", "p50 ms", "p99 ms", "p99.9 ms"},
+		right: []bool{false, false, true, false, true, true, true, true}}
+	for _, r := range rep.Throughput {
+		rate := "max"
+		if r.RateTarget > 0 {
+			rate = fixed(r.RateTarget, 0)
+		}
+		for _, c := range []struct {
+			name string
+			w    *WaitStats
+		}{{"light", r.WaitLight}, {"heavy", r.WaitHeavy}} {
+			if c.w == nil {
+				continue
+			}
+			t.add(r.Phase, r.Flag, rate, c.name, fmt.Sprint(c.w.Runs), fixed(c.w.P50Ms, 2), fixed(c.w.P99Ms, 2), fixed(c.w.P999Ms, 2))
+		}
+	}
+	return section{title: "Wait from available to dequeued, by key class (runqueue.Worker; Observer.Dequeued: the dequeue's time minus the run's AvailableAt)", t: t,
+		notes: []string{
+			"heavy keys = the first tenth of the keys, with half the runs; light keys = the others, with the other half (about 1/9 of a heavy key's runs each)",
+			"steady: one producer enqueues at the given rate (default half the process phase's runs/s on the same flag) while the workers serve",
+			"process: the whole queue is ready at the start, so waits grow with the backlog; the flag's fair order shows in light against heavy",
+		}}
 }

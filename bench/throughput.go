@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,17 +33,23 @@ const (
 	// queue (phaseProcess).
 	phaseEnqueue = "enqueue"
 	phaseProcess = "process"
+	// phaseSteady: one producer enqueues at a steady rate (-steady-rate,
+	// default half the process phase's runs/s on the same flag) while the
+	// workers serve; it measures the wait of a queue that keeps up.
+	phaseSteady = "steady"
 )
 
-var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess}
+var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseSteady}
 
 // ThroughputRow is one throughput phase on one flag state.
 type ThroughputRow struct {
 	Flag string `json:"flag"`
 	// Phase is "concurrent", "enqueue" or "process" (see phaseConcurrent).
 	Phase string `json:"phase"`
-	// Producers and Workers are the goroutines of the phase (0: none ran);
-	// Batch is the maxCount of each worker's dequeue (0: no worker).
+	// Producers are the producer goroutines of the phase, Workers its
+	// runqueue.Worker instances, each running Concurrency no-op handlers
+	// (0: none ran); Batch is the most runs one fetch of a Worker asks for
+	// (0: no worker).
 	Producers   int     `json:"producers"`
 	Workers     int     `json:"workers"`
 	Runs        int     `json:"runs"`
@@ -57,8 +66,107 @@ type ThroughputRow struct {
 	LatencyP50Ms *float64 `json:"latency_p50_ms,omitempty"`
 	LatencyP99Ms *float64 `json:"latency_p99_ms,omitempty"`
 	LatencyMaxMs *float64 `json:"latency_max_ms,omitempty"`
+	// Concurrency is each Worker's WorkerConfig.Concurrency (0: no
+	// worker).
+	Concurrency int `json:"concurrency,omitempty"`
+	// RateTarget is the steady phase's enqueue rate, runs/s.
+	RateTarget float64 `json:"rate_target_per_sec,omitempty"`
+	// WaitLight and WaitHeavy are the waits from a run's available time
+	// to the dequeue that took it (Observer.Dequeued), over the runs of
+	// the light and of the heavy keys (see keyOf); phases with workers.
+	WaitLight *WaitStats `json:"wait_light,omitempty"`
+	WaitHeavy *WaitStats `json:"wait_heavy,omitempty"`
 	// Nodes breaks the phase down by master, on a Redis Cluster only.
 	Nodes []NodeThroughput `json:"nodes,omitempty"`
+}
+
+// WaitStats are the percentiles of the waits of one key class.
+type WaitStats struct {
+	Runs   int     `json:"runs"`
+	P50Ms  float64 `json:"p50_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+	P999Ms float64 `json:"p999_ms"`
+}
+
+func waitStats(ms []float64) *WaitStats {
+	if len(ms) == 0 {
+		return nil
+	}
+	return &WaitStats{Runs: len(ms), P50Ms: percentile(ms, 50), P99Ms: percentile(ms, 99), P999Ms: percentile(ms, 99.9)}
+}
+
+// keyOf is the key of run i of a throughput phase over keys keys: the even
+// runs go to the heavy keys, the first tenth of the keys (at least one),
+// the odd runs to the light keys, the others; so a heavy key has about
+// nine times the runs of a light one. With one key, every run is heavy.
+func keyOf(i, keys int) string {
+	heavy := max(1, keys/10)
+	if i%2 == 0 || keys == heavy {
+		return keyName((i / 2) % heavy)
+	}
+	return keyName(heavy + (i/2)%(keys-heavy))
+}
+
+// heavyKey says whether key k is one of the heavy keys of keyOf.
+func heavyKey(k string, keys int) bool {
+	n, err := strconv.Atoi(strings.TrimPrefix(k, "k"))
+	return err == nil && n < max(1, keys/10)
+}
+
+// phaseObserver is the Observer of a throughput queue: it counts the acks
+// of the current phase's crew and records the waits of its dequeues.
+type phaseObserver struct {
+	runqueue.NopObserver
+	keys int
+	crew atomic.Pointer[crew]
+
+	mu           sync.Mutex
+	light, heavy []float64 // wait, ms
+	latency      []float64 // enqueue (the time in the payload) to dequeue, ms
+}
+
+func (o *phaseObserver) start(c *crew) {
+	o.mu.Lock()
+	o.light, o.heavy, o.latency = nil, nil, nil
+	o.mu.Unlock()
+	o.crew.Store(c)
+}
+
+func (o *phaseObserver) Dequeued(runs []*runqueue.Run, now time.Time) {
+	got := time.Now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range runs {
+		wait := float64(now.Sub(r.AvailableAt)) / float64(time.Millisecond)
+		if heavyKey(r.Key, o.keys) {
+			o.heavy = append(o.heavy, wait)
+		} else {
+			o.light = append(o.light, wait)
+		}
+		if len(r.Payload) == 8 {
+			if sent := int64(binary.BigEndian.Uint64(r.Payload)); sent > 0 {
+				o.latency = append(o.latency, float64(got.Sub(time.Unix(0, sent)))/float64(time.Millisecond))
+			}
+		}
+	}
+}
+
+func (o *phaseObserver) Handled(env, _ string, _ time.Duration, out runqueue.Outcome) {
+	if c := o.crew.Load(); c != nil && out == runqueue.OutcomeAck {
+		c.countAcks(c.nodeOfEnv[env], 1)
+	}
+}
+
+// waits fills row's wait fields from what the phase observed.
+func (o *phaseObserver) waits(row *ThroughputRow, latency bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	row.WaitLight, row.WaitHeavy = waitStats(o.light), waitStats(o.heavy)
+	if latency && len(o.latency) > 0 {
+		p50, p99 := percentile(o.latency, 50), percentile(o.latency, 99)
+		row.LatencyP50Ms, row.LatencyP99Ms = &p50, &p99
+		row.LatencyMaxMs = &o.latency[len(o.latency)-1] // percentile sorted it
+	}
 }
 
 // NodeThroughput is one cluster master's part of a throughput phase: the
@@ -99,15 +207,19 @@ func (l layout) node(i int) int { return i % len(l.envs) }
 // throughputQueue opens a fresh queue for a phase and lays its envs out:
 // on a cluster (topo not nil), one per master. A prefix whose shards miss a
 // master is given up for a fresh one.
-func throughputQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient, topo *topology, on bool) (*runqueue.Queue, layout, func(*error), error) {
+func throughputQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient, topo *topology, on bool, obs runqueue.Observer) (*runqueue.Queue, layout, func(*error), error) {
+	observe := func(cfg *runqueue.Config) { cfg.Observer = obs }
 	if topo == nil {
-		q, done, err := scratchQueue(ctx, ks, c, on, nil, nil) // the wall clock
+		q, done, err := scratchQueue(ctx, ks, c, on, nil, observe) // the wall clock
 		return q, layout{envs: []string{benchEnv}}, done, err
 	}
 	shards := clusterShards(len(topo.nodes))
 	const attempts = 20
 	for range attempts {
-		q, done, err := scratchQueue(ctx, ks, c, on, nil, func(cfg *runqueue.Config) { cfg.Shards = shards })
+		q, done, err := scratchQueue(ctx, ks, c, on, nil, func(cfg *runqueue.Config) {
+			cfg.Shards = shards
+			observe(cfg)
+		})
 		if err != nil {
 			return nil, layout{}, nil, err
 		}
@@ -127,45 +239,26 @@ func throughputQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient,
 	return nil, layout{}, nil, fmt.Errorf("under %d fresh prefixes, the %d shards of the bench's queue always missed one of the %d masters", attempts, shards, len(topo.nodes))
 }
 
-// enqueueRuns enqueues ps with one Enqueue call per run. Producers hand it
-// their runs in chunks; it is the one function to change to enqueue a
-// chunk in one call once the Queue has a batch enqueue (EnqueueMany).
+// enqueueRuns enqueues ps, a producer's chunk, in one EnqueueMany call (one
+// script call per base queue, in one pipeline).
 func enqueueRuns(ctx context.Context, q *runqueue.Queue, ps []runqueue.EnqueueParams) error {
-	for _, p := range ps {
-		if _, err := q.Enqueue(ctx, p); err != nil {
-			return err
+	res, err := q.EnqueueMany(ctx, ps)
+	if err != nil {
+		return err
+	}
+	for i, r := range res {
+		if r.Err != nil {
+			return fmt.Errorf("run %s: %w", ps[i].ID, r.Err)
 		}
 	}
 	return nil
-}
-
-// ackAndDequeue acks done, the runs of the worker's previous dequeue (none
-// at first), calls acked with their number, then dequeues up to maxCount
-// runs, waiting up to wait for some. It is the one function to change to
-// ack and dequeue in one call once the Queue has a fused AckAndDequeue:
-// acked must still be called as soon as the acks are done, before any
-// wait for new runs, since the phase ends at the last ack.
-func ackAndDequeue(ctx context.Context, q *runqueue.Queue, env string, done []*runqueue.Run, maxCount int, wait time.Duration,
-	acked func(int)) ([]*runqueue.Run, error) {
-	for _, r := range done {
-		if err := q.Ack(ctx, r); err != nil {
-			return nil, fmt.Errorf("ack: %w", err)
-		}
-	}
-	if len(done) > 0 {
-		acked(len(done))
-	}
-	runs, err := q.DequeueWait(ctx, env, benchQueue, maxCount, wait)
-	if err != nil {
-		return nil, fmt.Errorf("dequeue: %w", err)
-	}
-	return runs, nil
 }
 
 // crew runs the producer and worker goroutines of one phase. Its work
 // context ends when the phase is over (every run acked), on the first
 // error, or when the parent context ends.
 type crew struct {
+	parent    context.Context
 	q         *runqueue.Queue
 	lay       layout
 	nodeOfEnv map[string]int
@@ -202,7 +295,7 @@ func (t *tally) add(k int) {
 
 func newCrew(ctx context.Context, q *runqueue.Queue, lay layout, target int) *crew {
 	work, cancel := context.WithCancel(ctx)
-	c := &crew{q: q, lay: lay, nodeOfEnv: map[string]int{}, work: work, cancel: cancel, target: int64(target),
+	c := &crew{parent: ctx, q: q, lay: lay, nodeOfEnv: map[string]int{}, work: work, cancel: cancel, target: int64(target),
 		enqueued: make([]tally, len(lay.envs)), served: make([]tally, len(lay.envs))}
 	for i, e := range lay.envs {
 		c.nodeOfEnv[e] = i
@@ -262,29 +355,54 @@ func (c *crew) produce(producers, n, chunk int, params func(i int) runqueue.Enqu
 	}
 }
 
-// consume starts workers goroutines that dequeue up to batch runs at a
-// time and ack them, until the phase ends; got sees each dequeued batch as
-// it arrives. Worker w serves the env of node lay.node(w).
-func (c *crew) consume(workers, batch int, got func([]*runqueue.Run)) {
-	for w := range workers {
-		node := c.lay.node(w)
-		acked := func(k int) { c.countAcks(node, k) }
-		c.wg.Go(func() {
-			var held []*runqueue.Run
-			for {
-				runs, err := ackAndDequeue(c.work, c.q, c.lay.envs[node], held, batch, time.Second, acked)
-				if err != nil {
-					c.fail(err)
-					return
-				}
-				if got != nil {
-					got(runs)
-				}
-				held = runs
+// serve starts workers runqueue.Workers, each at concurrency (0: the
+// default) with a no-op handler; Worker w serves the bench queue of the
+// env of node lay.node(w). Their acks reach the crew through the queue's
+// phaseObserver. They are shut down when the phase ends.
+func (c *crew) serve(workers, concurrency int) error {
+	var ws []*runqueue.Worker
+	for i := range workers {
+		qs := []runqueue.WorkerQueue{{Env: c.lay.envs[c.lay.node(i)], Queue: benchQueue}}
+		w, err := runqueue.NewWorker(c.q, func(context.Context, *runqueue.Run) error { return nil },
+			&runqueue.WorkerConfig{Queues: qs, Concurrency: concurrency, Logger: slog.New(slog.DiscardHandler)})
+		if err == nil {
+			err = w.Start(c.parent) // the parent's end (Ctrl-C) is a hard stop
+		}
+		if err != nil {
+			for _, w := range ws {
+				_ = w.Shutdown(c.parent)
 			}
-		})
+			return err
+		}
+		ws = append(ws, w)
 	}
+	c.wg.Go(func() {
+		<-c.work.Done()
+		stop, cancel := context.WithTimeout(context.WithoutCancel(c.parent), 30*time.Second)
+		defer cancel()
+		for _, w := range ws {
+			if err := w.Shutdown(stop); err != nil && c.parent.Err() == nil {
+				c.mu.Lock()
+				if c.err == nil && c.end.IsZero() {
+					c.err = fmt.Errorf("worker shutdown: %w", err)
+				}
+				c.mu.Unlock()
+			}
+		}
+	})
+	return nil
 }
+
+// fetchMax is the most runs one fetch of a Worker at concurrency asks for.
+func fetchMax(q *runqueue.Queue, concurrency int) int {
+	if concurrency == 0 {
+		concurrency = defaultConcurrency
+	}
+	return min(concurrency, q.Config().MaxDequeueCount)
+}
+
+// defaultConcurrency is WorkerConfig.Concurrency's default.
+const defaultConcurrency = 100
 
 // wait waits for every goroutine and returns the first error and the time
 // the phase ended: at the target-th ack, or now when the phase has no
@@ -339,7 +457,7 @@ func (c *crew) nodes(start time.Time, workers int, cpu map[string]float64) []Nod
 	return out
 }
 
-// runThroughput runs both phases on both flag states. topo is the slot map
+// runThroughput runs the phases on both flag states. topo is the slot map
 // of a cluster, nil on a single server.
 func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, rep *Report, prog *progress) error {
 	if topo != nil && opts.Workers < len(topo.nodes) {
@@ -353,6 +471,7 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 		}
 		rep.Throughput = append(rep.Throughput, row)
 	}
+	processed := map[bool]float64{}
 	for _, on := range []bool{false, true} {
 		prog.printf("throughput: prefilled queue of %d runs (enqueue, then process), flag %s", opts.ThroughputRuns, flagName(on))
 		rows, err := prefilledThroughput(ctx, c, topo, ks, opts, on)
@@ -360,6 +479,19 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 			return fmt.Errorf("prefilled throughput, flag %s: %w", flagName(on), err)
 		}
 		rep.Throughput = append(rep.Throughput, rows...)
+		processed[on] = rows[len(rows)-1].RunsPerSec
+	}
+	for _, on := range []bool{false, true} {
+		rate := opts.SteadyRate
+		if rate == 0 {
+			rate = processed[on] / 2
+		}
+		prog.printf("throughput: %d runs at a steady %.0f runs/s, flag %s", opts.ThroughputRuns, rate, flagName(on))
+		row, err := steadyThroughput(ctx, c, topo, ks, opts, on, rate)
+		if err != nil {
+			return fmt.Errorf("steady throughput, flag %s: %w", flagName(on), err)
+		}
+		rep.Throughput = append(rep.Throughput, row)
 	}
 	sortThroughput(rep.Throughput)
 	return nil
@@ -379,16 +511,21 @@ func sortThroughput(rows []ThroughputRow) {
 
 func throughputRow(phase string, on bool, opts Options, producers, workers, batch int, d time.Duration, cpuUsec float64) ThroughputRow {
 	n := opts.ThroughputRuns
-	return ThroughputRow{Flag: flagName(on), Phase: phase, Producers: producers, Workers: workers, Runs: n,
+	row := ThroughputRow{Flag: flagName(on), Phase: phase, Producers: producers, Workers: workers, Runs: n,
 		Keys: opts.ThroughputKeys, Batch: batch, DurationSec: d.Seconds(), RunsPerSec: float64(n) / d.Seconds(),
 		RedisCPUUsPerRun: cpuUsec / float64(n)}
+	if workers > 0 {
+		row.Concurrency = cmp.Or(opts.Concurrency, defaultConcurrency)
+	}
+	return row
 }
 
-// concurrentThroughput runs producers and workers at once: ThroughputRuns
+// concurrentThroughput runs producers and Workers at once: ThroughputRuns
 // runs, each enqueued with its enqueue time in the payload, dequeued and
 // acked.
 func concurrentThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool) (row ThroughputRow, err error) {
-	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on)
+	obs := &phaseObserver{keys: opts.ThroughputKeys}
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs)
 	if err != nil {
 		return row, err
 	}
@@ -398,35 +535,21 @@ func concurrentThroughput(ctx context.Context, c redis.UniversalClient, topo *to
 	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelAll()
 
-	var (
-		mu  sync.Mutex
-		lat []float64
-	)
 	cpu, err := startCPU(ctx, c)
 	if err != nil {
 		return row, err
 	}
 	start := time.Now()
 	w := newCrew(ctx, q, lay, n)
-	w.consume(opts.Workers, opts.Batch, func(runs []*runqueue.Run) {
-		if len(runs) == 0 {
-			return
-		}
-		got := time.Now()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, r := range runs {
-			if len(r.Payload) == 8 {
-				sent := time.Unix(0, int64(binary.BigEndian.Uint64(r.Payload)))
-				lat = append(lat, float64(got.Sub(sent))/float64(time.Millisecond))
-			}
-		}
-	})
+	obs.start(w)
+	if err := w.serve(opts.Workers, opts.Concurrency); err != nil {
+		return row, err
+	}
 	// Chunks of one run: the time in the payload is the time of its Enqueue.
 	w.produce(opts.Producers, n, 1, func(i int) runqueue.EnqueueParams {
 		payload := make([]byte, 8)
 		binary.BigEndian.PutUint64(payload, uint64(time.Now().UnixNano()))
-		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyName(i % opts.ThroughputKeys),
+		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
 			ID: "t" + strconv.Itoa(i), Payload: payload}
 	})
 	end, err := w.wait(ctx)
@@ -437,21 +560,18 @@ func concurrentThroughput(ctx context.Context, c redis.UniversalClient, topo *to
 	if err != nil {
 		return row, err
 	}
-	row = throughputRow(phaseConcurrent, on, opts, opts.Producers, opts.Workers, opts.Batch, end.Sub(start), cpuUsec)
+	row = throughputRow(phaseConcurrent, on, opts, opts.Producers, opts.Workers, fetchMax(q, opts.Concurrency), end.Sub(start), cpuUsec)
 	row.Nodes = w.nodes(start, opts.Workers, cpuByNode)
-	p50, p99 := percentile(lat, 50), percentile(lat, 99)
-	row.LatencyP50Ms, row.LatencyP99Ms = &p50, &p99
-	if len(lat) > 0 {
-		row.LatencyMaxMs = &lat[len(lat)-1] // percentile sorted lat
-	}
+	obs.waits(&row, true)
 	return row, nil
 }
 
 // prefilledThroughput enqueues ThroughputRuns runs with the producers and
-// no worker (the enqueue row), then drains the queue with the workers (the
+// no worker (the enqueue row), then drains the queue with the Workers (the
 // process row).
 func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool) (rows []ThroughputRow, err error) {
-	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on)
+	obs := &phaseObserver{keys: opts.ThroughputKeys}
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs)
 	if err != nil {
 		return nil, err
 	}
@@ -459,8 +579,8 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 	n := opts.ThroughputRuns
 	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelAll()
-	// The payload has the size of the concurrent phase's.
-	payload := []byte("01234567")
+	// The payload has the size of the concurrent phase's (no time in it).
+	payload := []byte{0, 0, 0, 0, 0, 0, 0, 0}
 
 	cpu, err := startCPU(ctx, c)
 	if err != nil {
@@ -468,10 +588,9 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 	}
 	start := time.Now()
 	p := newCrew(ctx, q, lay, 0)
-	// Producers take chunks of -batch runs (one EnqueueMany call each, once
-	// enqueueRuns uses it).
+	// Producers take chunks of -batch runs, one EnqueueMany call each.
 	p.produce(opts.Producers, n, opts.Batch, func(i int) runqueue.EnqueueParams {
-		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyName(i % opts.ThroughputKeys),
+		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
 			ID: "p" + strconv.Itoa(i), Payload: payload}
 	})
 	end, err := p.wait(ctx)
@@ -491,15 +610,83 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 	}
 	start = time.Now()
 	w := newCrew(ctx, q, lay, n)
-	w.consume(opts.Workers, opts.Batch, nil)
+	obs.start(w)
+	if err := w.serve(opts.Workers, opts.Concurrency); err != nil {
+		return nil, err
+	}
 	if end, err = w.wait(ctx); err != nil {
 		return nil, err
 	}
 	if cpuUsec, cpuByNode, err = cpu.stopNodes(ctx); err != nil {
 		return nil, err
 	}
-	row = throughputRow(phaseProcess, on, opts, 0, opts.Workers, opts.Batch, end.Sub(start), cpuUsec)
+	row = throughputRow(phaseProcess, on, opts, 0, opts.Workers, fetchMax(q, opts.Concurrency), end.Sub(start), cpuUsec)
 	row.Nodes = w.nodes(start, opts.Workers, cpuByNode)
+	obs.waits(&row, false)
 	rows = append(rows, row)
 	return rows, nil
+}
+
+// steadyThroughput enqueues ThroughputRuns runs at rate runs/s from one
+// paced producer (an EnqueueMany of the runs due every millisecond or so)
+// while the Workers serve them: the waits of a queue that keeps up.
+func steadyThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool, rate float64) (row ThroughputRow, err error) {
+	obs := &phaseObserver{keys: opts.ThroughputKeys}
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs)
+	if err != nil {
+		return row, err
+	}
+	defer done(&err)
+	n := opts.ThroughputRuns
+	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancelAll()
+	cpu, err := startCPU(ctx, c)
+	if err != nil {
+		return row, err
+	}
+	start := time.Now()
+	w := newCrew(ctx, q, lay, n)
+	obs.start(w)
+	if err := w.serve(opts.Workers, opts.Concurrency); err != nil {
+		return row, err
+	}
+	w.wg.Go(func() {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		sent := 0
+		ps := make([]runqueue.EnqueueParams, 0, 1000)
+		for sent < n && w.work.Err() == nil {
+			due := min(n, int(time.Since(start).Seconds()*rate)+1)
+			for sent < due {
+				ps = ps[:0]
+				payload := make([]byte, 8)
+				binary.BigEndian.PutUint64(payload, uint64(time.Now().UnixNano()))
+				for ; sent < due && len(ps) < 1000; sent++ {
+					ps = append(ps, runqueue.EnqueueParams{Env: lay.envs[lay.node(sent)], Queue: benchQueue,
+						Key: keyOf(sent, opts.ThroughputKeys), ID: "s" + strconv.Itoa(sent), Payload: payload})
+				}
+				if err := enqueueRuns(w.work, q, ps); err != nil {
+					w.fail(fmt.Errorf("enqueue: %w", err))
+					return
+				}
+			}
+			select {
+			case <-t.C:
+			case <-w.work.Done():
+			}
+		}
+	})
+	end, err := w.wait(ctx)
+	if err != nil {
+		return row, err
+	}
+	cpuUsec, cpuByNode, err := cpu.stopNodes(ctx)
+	if err != nil {
+		return row, err
+	}
+	row = throughputRow(phaseSteady, on, opts, 1, opts.Workers, fetchMax(q, opts.Concurrency), end.Sub(start), cpuUsec)
+	row.RateTarget = rate
+	row.Nodes = w.nodes(start, opts.Workers, cpuByNode)
+	obs.waits(&row, true)
+	return row, nil
 }

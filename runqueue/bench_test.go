@@ -18,7 +18,9 @@ package runqueue_test
 // timed apart, fully gated dequeues, memory, key sweep, throughput).
 
 import (
+	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,9 +50,14 @@ func benchFlags(b *testing.B, fn func(b *testing.B, on bool)) {
 
 // benchSetup is setup on a real Redis with the flag on or off; the keys it
 // writes are removed when the benchmark round ends.
-func benchSetup(b *testing.B, on bool) *testBundle {
+func benchSetup(b *testing.B, on bool, mutate ...func(*runqueue.Config)) *testBundle {
 	b.Helper()
-	bb := setup(b, redistest.Real(b), func(c *runqueue.Config) { c.VtimeScheduling = on })
+	bb := setup(b, redistest.Real(b), func(c *runqueue.Config) {
+		c.VtimeScheduling = on
+		for _, m := range mutate {
+			m(c)
+		}
+	})
 	b.Cleanup(func() {
 		ks := bb.keysUnder(b)
 		for len(ks) > 0 {
@@ -216,4 +223,88 @@ func BenchmarkAck(b *testing.B) {
 		}
 		st.report(b, b.N)
 	})
+}
+
+// ackCounter is an Observer that counts acked handler runs and closes
+// done at the target-th.
+type ackCounter struct {
+	runqueue.NopObserver
+	n      atomic.Int64
+	target int64
+	done   chan struct{}
+}
+
+func (a *ackCounter) Handled(_, _ string, _ time.Duration, out runqueue.Outcome) {
+	if out == runqueue.OutcomeAck && a.n.Add(1) == a.target {
+		close(a.done)
+	}
+}
+
+// BenchmarkWorker measures a Worker at its defaults (Concurrency 100) with
+// a no-op handler draining a prefilled queue of b.N runs over benchKeys
+// keys, on the wall clock: the timer runs from Start to the b.N-th ack.
+// runs/s is the figure to compare; the project's is taken at
+// -benchtime 20000x with the flag on:
+//
+//	go test ./runqueue -run '^$' -bench 'Worker' -benchtime 20000x -count 5
+func BenchmarkWorker(b *testing.B) {
+	benchFlags(b, func(b *testing.B, on bool) {
+		acks := &ackCounter{target: int64(b.N), done: make(chan struct{})}
+		bb := benchSetup(b, on, func(c *runqueue.Config) {
+			c.Clock = nil
+			c.Observer = acks
+		})
+		ps := make([]runqueue.EnqueueParams, 0, 1000)
+		for from := 0; from < b.N; from += 1000 {
+			ps = ps[:0]
+			for i := from; i < min(from+1000, b.N); i++ {
+				ps = append(ps, runqueue.EnqueueParams{Env: "bench", Queue: "q", Key: "k" + strconv.Itoa(i%benchKeys),
+					ID: "r" + strconv.Itoa(i), Payload: []byte("01234567")})
+			}
+			_, err := bb.q.EnqueueMany(bb.ctx, ps)
+			require.NoError(b, err)
+		}
+		w, err := runqueue.NewWorker(bb.q, func(context.Context, *runqueue.Run) error { return nil },
+			&runqueue.WorkerConfig{Queues: []runqueue.WorkerQueue{{Env: "bench", Queue: "q"}}})
+		require.NoError(b, err)
+		var st benchStats
+		st.start(b, bb)
+		redisBefore := redisCPU(b, bb)
+		goBefore, goOK := processCPU()
+		b.ResetTimer()
+		start := time.Now()
+		require.NoError(b, w.Start(bb.ctx))
+		<-acks.done
+		elapsed := time.Since(start)
+		b.StopTimer()
+		goAfter, _ := processCPU()
+		redisAfter := redisCPU(b, bb)
+		st.stop(b, bb)
+		require.NoError(b, w.Shutdown(bb.ctx))
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "runs/s")
+		st.report(b, b.N)
+		b.ReportMetric(float64(b.N)/float64(st.scripts.Calls), "runs/script")
+		b.ReportMetric((redisAfter-redisBefore).Seconds()*1e6/float64(b.N), "redis-cpu-us/run")
+		if goOK {
+			b.ReportMetric((goAfter-goBefore).Seconds()*1e6/float64(b.N), "go-cpu-us/run")
+		}
+	})
+}
+
+// redisCPU is the Redis process's CPU (INFO cpu: used_cpu_sys +
+// used_cpu_user), which covers the network work commandstats leaves out.
+func redisCPU(b *testing.B, bb *testBundle) time.Duration {
+	b.Helper()
+	info, err := bb.client.Info(bb.ctx, "cpu").Result()
+	require.NoError(b, err)
+	var sum float64
+	for line := range strings.Lines(info) {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			v, err := strconv.ParseFloat(val, 64)
+			require.NoError(b, err)
+			sum += v
+		}
+	}
+	return time.Duration(sum * float64(time.Second))
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Sentinel errors. Use errors.Is; typed errors below carry details.
@@ -113,3 +114,56 @@ func scriptError(err error, limits map[string]int) error {
 	}
 	return err
 }
+
+// ErrNoRetry marks a handler's error as final: a Worker dead-letters the
+// run at once instead of retrying it. Return NoRetry(err), or wrap it
+// yourself: fmt.Errorf("bad payload: %w", runqueue.ErrNoRetry).
+var ErrNoRetry = errors.New("runqueue: do not retry")
+
+// NoRetry returns err marked final (errors.Is(e, ErrNoRetry) holds and
+// errors.Is/As still reach err), with err's message. NoRetry(nil) is
+// ErrNoRetry.
+func NoRetry(err error) error {
+	if err == nil {
+		return ErrNoRetry
+	}
+	return &noRetryError{err: err}
+}
+
+type noRetryError struct{ err error }
+
+func (e *noRetryError) Error() string   { return e.err.Error() }
+func (e *noRetryError) Unwrap() []error { return []error{e.err, ErrNoRetry} }
+
+// RetryError is a handler's error that says when to retry: a Worker nacks
+// the run with this time instead of the backoff (Queue.Backoff). The retry
+// still counts as an attempt: a run past Config.MaxAttempts is
+// dead-lettered as with any failure. Build one with RetryAt or RetryAfter.
+type RetryError struct {
+	Err error
+	// At is when to retry; when zero, After from the time the Worker nacks
+	// the run (by Config.Clock).
+	At    time.Time
+	After time.Duration
+}
+
+func (e *RetryError) Error() string {
+	when := "after " + e.After.String()
+	if !e.At.IsZero() {
+		when = "at " + e.At.Format(time.RFC3339Nano)
+	}
+	if e.Err == nil {
+		return "runqueue: retry " + when
+	}
+	return e.Err.Error() + " (retry " + when + ")"
+}
+
+// Unwrap returns the error that failed the run.
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// RetryAt returns err asking the Worker to retry the run at t.
+func RetryAt(err error, t time.Time) error { return &RetryError{Err: err, At: t} }
+
+// RetryAfter returns err asking the Worker to retry the run d after it
+// nacks it (a negative d means now).
+func RetryAfter(err error, d time.Duration) error { return &RetryError{Err: err, After: max(d, 0)} }

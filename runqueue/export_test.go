@@ -67,3 +67,7 @@ func scriptSources(vtime bool) (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// Heartbeat extends the leases of w's running handlers now, as its
+// heartbeat does every WorkerConfig.HeartbeatInterval. Tests only.
+func (w *Worker) Heartbeat() { w.heartbeat() }

@@ -123,15 +123,22 @@ func (q *Queue) ExtendLease(ctx context.Context, r *Run, d time.Duration) error 
 	if err := checkDeadline("duration", now, d); err != nil {
 		return err
 	}
-	qk := q.space.Env(r.Env).Queue(r.Queue)
-	v := qk.Variant(r.Key)
 	deadline := now + max(ms(d), 1)
-	err := run(ctx, q.rdb, q.scripts.extend, []string{qk.Runs(), qk.Held(), qk.Leases()},
-		keys.Segment(r.ID), v.Member(), keys.RunMember(r.ref()), r.Token, deadline).Err()
+	c := q.extendCall(r, deadline)
+	err := run(ctx, q.rdb, c.sc, c.keys, c.args...).Err()
 	if err == nil {
 		r.LeaseDeadline = time.UnixMilli(deadline)
 	}
 	return scriptError(err, nil)
+}
+
+// extendCall builds the extend script call that moves r's lease deadline
+// to deadline (ms); a Worker sends those of all its running runs in one
+// pipeline.
+func (q *Queue) extendCall(r *Run, deadline int64) call {
+	qk := q.space.Env(r.Env).Queue(r.Queue)
+	return call{sc: q.scripts.extend, keys: []string{qk.Runs(), qk.Held(), qk.Leases()},
+		args: []any{keys.Segment(r.ID), keys.VariantMember(r.Key), keys.RunMember(r.ref()), r.Token, deadline}}
 }
 
 // NackOptions choose what Nack does; nil means retry with backoff.
@@ -197,6 +204,13 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 
 // requeueCall builds the requeue script call of a held run.
 func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) call {
+	return q.requeueCallMax(ref, token, now, retry, kill, q.cfg.MaxAttempts)
+}
+
+// requeueCallMax is requeueCall with the attempt limit given; 0 or
+// negative means none (a Worker releasing runs at shutdown must not
+// dead-letter one that was only interrupted).
+func (q *Queue) requeueCallMax(ref keys.Ref, token, now, retry int64, kill bool, maxAttempts int) call {
 	qk := q.space.Env(ref.Env).Queue(ref.Queue)
 	v := qk.Variant(ref.Key)
 	ks := placeKeys(qk, qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases(), qk.Dead(), qk.Env.Dead())
@@ -204,10 +218,7 @@ func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) ca
 	if kill {
 		killArg = 1
 	}
-	maxAttempts := q.cfg.MaxAttempts
-	if maxAttempts < 0 {
-		maxAttempts = 0
-	}
+	maxAttempts = max(maxAttempts, 0)
 	args := []any{now, keys.Segment(ref.ID), v.Member(), keys.RunMember(ref), token, retry,
 		ms(q.cfg.PriorityStep), maxAttempts, killArg, qk.Member(), qk.Wake(), qk.VariantBase()}
 	ks, args = q.withHooks(q.scripts.requeue, qk, ks, args)

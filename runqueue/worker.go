@@ -1,0 +1,658 @@
+package runqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Handler runs one run. Return nil to ack it; an error to nack it for a
+// retry after Queue.Backoff; NoRetry(err) (or an error wrapping ErrNoRetry)
+// to dead-letter it; RetryAt(err, t) or RetryAfter(err, d) to retry it
+// then. A panic is recovered, logged with its stack and nacked like an
+// error. ctx ends when the run's lease is lost (another delivery may be
+// running it: stop, the result is ignored), when Shutdown gives up waiting,
+// or when the Worker's Start context ends.
+type Handler func(ctx context.Context, r *Run) error
+
+// WorkerQueue names a base queue a Worker serves.
+type WorkerQueue struct {
+	Env, Queue string
+}
+
+// WorkerConfig configures a Worker. The zero value of every field but
+// Queues and Shards means its default.
+type WorkerConfig struct {
+	// Queues are the base queues the worker serves. Each is fetched with
+	// AckAndDequeue, so the acks of finished runs ride on the next fetch.
+	Queues []WorkerQueue
+	// Shards are whole shards the worker serves: every queue of every env
+	// whose ShardOf is one of them, fetched with DequeueShard (acks are
+	// sent with AckMany, batched per queue). Queues and Shards may both
+	// be set; at least one must be.
+	Shards []int
+
+	// Concurrency is how many handlers run at once. The worker never holds
+	// more runs than this: a fetch asks for at most its free slots.
+	// Defaults to 100.
+	Concurrency int
+
+	// HeartbeatInterval is how often the worker extends the leases of its
+	// running handlers, all in one pipeline, to now + Config.LeaseDuration.
+	// Must be less than Config.LeaseDuration. Defaults to
+	// Config.LeaseDuration / 3.
+	HeartbeatInterval time.Duration
+
+	// SweepInterval is the mean time between two sweeps of the shards the
+	// worker serves (those of Shards and of the envs of Queues): each
+	// sweep recovers runs whose lease passed (RecoverLeases) and expires
+	// queued runs whose TTL passed (ExpireTTL). Each wait is drawn at
+	// random from [SweepInterval/2, 3*SweepInterval/2), so many workers do
+	// not sweep in step; any number of them may sweep the same shard.
+	// Negative means no sweeps. Defaults to 30s.
+	SweepInterval time.Duration
+	// SweepLimit is the limit of each RecoverLeases and ExpireTTL call; a
+	// sweep calls again while a call returns its limit. Defaults to 1000.
+	SweepLimit int
+
+	// IdlePollInterval is the longest a worker waits for a wake-up when a
+	// queue (or shard) has nothing at all: a safety net for a wake-up
+	// lost while the pub/sub connection reconnects. An enqueue wakes the
+	// worker at once through pub/sub, a delayed run at its time, and work
+	// held by concurrency limits is looked at every
+	// Config.BlockPollInterval. Defaults to 1m.
+	IdlePollInterval time.Duration
+
+	// Logger receives handler failures, panics (with their stacks), lost
+	// leases and Redis errors. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *WorkerConfig) withDefaults(qc *Config) WorkerConfig {
+	out := WorkerConfig{}
+	if c != nil {
+		out = *c
+	}
+	setDefault(&out.Concurrency, 100)
+	setDefault(&out.HeartbeatInterval, qc.LeaseDuration/3)
+	setDefault(&out.SweepInterval, 30*time.Second)
+	setDefault(&out.SweepLimit, 1000)
+	setDefault(&out.IdlePollInterval, time.Minute)
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out
+}
+
+func (c *WorkerConfig) validate(q *Queue) error {
+	if len(c.Queues) == 0 && len(c.Shards) == 0 {
+		return invalid("WorkerConfig.Queues", "a worker needs Queues or Shards")
+	}
+	for _, wq := range c.Queues {
+		if err := checkQueue(wq.Env, wq.Queue); err != nil {
+			return &InvalidError{Field: "WorkerConfig.Queues", Reason: err.Error()}
+		}
+	}
+	for _, s := range c.Shards {
+		if s < 0 || s >= q.Shards() {
+			return invalid("WorkerConfig.Shards", "%d is outside 0..%d", s, q.Shards()-1)
+		}
+	}
+	switch {
+	case c.Concurrency < 1 || c.Concurrency > 1_000_000:
+		return invalid("WorkerConfig.Concurrency", "%d is outside 1..1000000", c.Concurrency)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= q.cfg.LeaseDuration:
+		return invalid("WorkerConfig.HeartbeatInterval", "%v must be positive and less than Config.LeaseDuration (%v)",
+			c.HeartbeatInterval, q.cfg.LeaseDuration)
+	case c.SweepLimit < 1 || c.SweepLimit > 100000:
+		return invalid("WorkerConfig.SweepLimit", "%d is outside 1..100000", c.SweepLimit)
+	case c.IdlePollInterval < time.Millisecond:
+		return invalid("WorkerConfig.IdlePollInterval", "%v is below 1ms", c.IdlePollInterval)
+	}
+	return nil
+}
+
+// Worker runs a Handler over the runs of some base queues or whole
+// shards, up to WorkerConfig.Concurrency at a time, on a fixed pool of
+// handler goroutines. It fetches with the fused AckAndDequeue: one round
+// trip carries the acks of the runs that finished and asks for as many
+// runs as it has free slots (while a queue has a backlog, two such calls
+// may be in flight, so that Redis and the worker work at the same time).
+// It waits for work without polling (pub/sub wake-ups, as DequeueWait),
+// extends the leases of running handlers, and sweeps expired leases and
+// TTLs of the shards it serves in the background.
+//
+// # Usage
+//
+//	w, err := runqueue.NewWorker(q, func(ctx context.Context, r *runqueue.Run) error {
+//		return send(ctx, r.Payload) // nil acks; an error retries with backoff
+//	}, &runqueue.WorkerConfig{
+//		Queues:      []runqueue.WorkerQueue{{Env: "prod", Queue: "emails"}},
+//		Concurrency: 50,
+//	})
+//	if err != nil { ... }
+//	if err := w.Start(context.WithoutCancel(ctx)); err != nil { ... }
+//	<-ctx.Done() // a signal, say
+//	stop, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+//	defer cancel()
+//	err = w.Shutdown(stop) // waits for handlers, then releases the rest
+//
+// # Delivery
+//
+// Delivery is at least once. Every run a worker takes ends acked, nacked
+// (retried or dead-lettered) or released by Shutdown; a run whose worker
+// died is recovered by any worker's sweep once its lease passes, and runs
+// again. A handler whose lease was lost (a heartbeat failed for longer
+// than the lease, and the run was recovered) has its context cancelled and
+// its result ignored.
+type Worker struct {
+	q       *Queue
+	handler Handler
+	cfg     WorkerConfig
+	log     *slog.Logger
+	obs     Observer
+	sources []*source
+	shards  []int // swept
+	fetchN  int   // the most runs one fetch asks for
+
+	mu    sync.Mutex
+	state int
+	base  context.Context // Start's: every Redis call, and the parent of handler contexts
+	wake  *waker
+
+	stopFetch chan struct{} // closed when Shutdown starts
+	drained   chan struct{} // closed when no more acks can come: fetchers flush and leave
+	quit      chan struct{} // closed last: heartbeat, sweeper and idle handler goroutines leave
+	done      chan struct{} // closed when Shutdown is over
+
+	jobs   chan *job
+	held   []atomic.Pointer[job] // by slot: what the heartbeat extends and Shutdown releases
+	slots  slots
+	settle counter // handler goroutines between a handler's return and the ack or nack of its result
+
+	fetchers sync.WaitGroup
+	bg       sync.WaitGroup
+	handlers sync.WaitGroup
+}
+
+const (
+	workerNew = iota
+	workerStarted
+	workerStopping
+	workerStopped
+)
+
+// NewWorker returns a Worker that runs handler over the runs cfg names. It
+// does not start it (Start).
+func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
+	if q == nil {
+		return nil, invalid("queue", "must not be nil")
+	}
+	if handler == nil {
+		return nil, invalid("handler", "must not be nil")
+	}
+	c := cfg.withDefaults(q.cfg)
+	if err := c.validate(q); err != nil {
+		return nil, err
+	}
+	c.Queues = append([]WorkerQueue(nil), c.Queues...)
+	c.Shards = append([]int(nil), c.Shards...)
+	w := &Worker{q: q, handler: handler, cfg: c, log: c.Logger, obs: q.cfg.Observer,
+		fetchN:    min(c.Concurrency, q.cfg.MaxDequeueCount),
+		stopFetch: make(chan struct{}), drained: make(chan struct{}), quit: make(chan struct{}),
+		done: make(chan struct{}), jobs: make(chan *job, c.Concurrency),
+		held: make([]atomic.Pointer[job], c.Concurrency)}
+	w.slots.init(c.Concurrency)
+	w.settle.init()
+	swept := map[int]bool{}
+	seenQ := map[WorkerQueue]bool{}
+	for _, wq := range c.Queues {
+		if seenQ[wq] {
+			continue
+		}
+		seenQ[wq] = true
+		qk := q.space.Env(wq.Env).Queue(wq.Queue)
+		w.sources = append(w.sources, &source{w: w, env: wq.Env, queue: wq.Queue, shard: -1,
+			topic: qk.Wake() + "|" + qk.Member(), kick: make(chan struct{}, 1)})
+		swept[q.ShardOf(wq.Env)] = true
+	}
+	seenS := map[int]bool{}
+	for _, s := range c.Shards {
+		if seenS[s] {
+			continue
+		}
+		seenS[s], swept[s] = true, true
+		w.sources = append(w.sources, &source{w: w, shard: s, topic: q.space.Shard(s).Wake(),
+			kick: make(chan struct{}, 1)})
+	}
+	for s := range q.Shards() {
+		if swept[s] {
+			w.shards = append(w.shards, s)
+		}
+	}
+	return w, nil
+}
+
+// Start starts the worker's goroutines and returns. ctx is the worker's
+// lifetime: its values reach the handlers, and its end is a hard stop, as
+// if the process died: fetching stops, every handler's context is
+// cancelled, and nothing more is sent to Redis, so runs in flight and acks
+// not yet sent are left to lease recovery (they run again once their lease
+// passes). Stop a worker with Shutdown; pass context.WithoutCancel(ctx)
+// when ctx is one a signal cancels. Start fails when the pub/sub
+// subscription for wake-ups cannot be opened, or when called twice.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != workerNew {
+		return errors.New("runqueue: a worker starts once")
+	}
+	wk, err := w.q.getWaker(ctx)
+	if err != nil {
+		return err
+	}
+	w.base, w.wake, w.state = ctx, wk, workerStarted
+	w.slots.fetching = len(w.sources)
+	for range w.cfg.Concurrency {
+		w.handlers.Add(1)
+		go w.work()
+	}
+	for _, s := range w.sources {
+		w.fetchers.Add(1)
+		go s.loop()
+	}
+	w.bg.Add(1)
+	go w.heartbeatLoop()
+	if w.cfg.SweepInterval > 0 {
+		w.bg.Add(1)
+		go w.sweepLoop()
+	}
+	return nil
+}
+
+// Shutdown stops the worker gracefully: it stops fetching, waits for the
+// running handlers until ctx ends, sends the acks of the runs that finished
+// and returns nil. When ctx ends first, the handlers still running get
+// their context cancelled and their runs are released: nacked with a retry
+// time of now, so that another worker runs them at once rather than after
+// their lease. Shutdown then returns ctx's error.
+//
+// A release counts as a delivery attempt (the requeue that nacks and lease
+// recovery share always adds one), but it never dead-letters a run: a run
+// released at its last attempt gets one more delivery. Shutdown does not
+// wait for released handlers to return: one that ignores its context keeps
+// running, and its run may then run twice. Calling Shutdown again waits
+// for the first call; Shutdown of a worker never started returns nil.
+func (w *Worker) Shutdown(ctx context.Context) error {
+	w.mu.Lock()
+	switch w.state {
+	case workerNew:
+		w.state = workerStopped
+		close(w.done)
+		w.mu.Unlock()
+		return nil
+	case workerStopping, workerStopped:
+		w.mu.Unlock()
+		select {
+		case <-w.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	w.state = workerStopping
+	close(w.stopFetch)
+	w.mu.Unlock()
+
+	var err error
+	graceful := w.waitIdle(ctx)
+	if !graceful && w.base.Err() == nil {
+		err = ctx.Err()
+		w.release()
+	}
+	close(w.drained)
+	w.fetchers.Wait()
+	close(w.quit)
+	w.bg.Wait()
+	if graceful {
+		w.handlers.Wait()
+	}
+	w.mu.Lock()
+	w.state = workerStopped
+	w.mu.Unlock()
+	close(w.done)
+	return err
+}
+
+// waitIdle waits until no fetcher fetches and every slot is free (every
+// handler returned and its result was acked or nacked), and reports
+// whether that happened before ctx or the Start context ended.
+func (w *Worker) waitIdle(ctx context.Context) bool {
+	for {
+		if w.slots.idle() {
+			return true
+		}
+		select {
+		case <-w.slots.changed:
+		case <-ctx.Done():
+			return false
+		case <-w.base.Done():
+			return false
+		}
+	}
+}
+
+// release ends the runs still held when Shutdown stops waiting: each
+// handler's context is cancelled and its run nacked to be ready now,
+// without the attempt limit, in one pipeline.
+func (w *Worker) release() {
+	// No fetch may hand out a run after the scan below.
+	for !w.slots.fetchersGone() {
+		select {
+		case <-w.slots.changed:
+		case <-w.base.Done():
+			return
+		}
+	}
+	now := w.q.now()
+	var released []*job
+	var calls []call
+	for i := range w.held {
+		j := w.held[i].Load()
+		if j == nil {
+			continue
+		}
+		if j.state.CompareAndSwap(jobRunning, jobReleased) {
+			j.cancel()
+		} else if !j.state.CompareAndSwap(jobQueued, jobReleased) {
+			continue
+		}
+		released = append(released, j)
+		calls = append(calls, w.q.requeueCallMax(j.run.ref(), j.run.Token, now, now, false, 0))
+	}
+	for len(calls) > 0 {
+		n := min(len(calls), 500)
+		cmds, err := runPipelined(w.base, w.q.rdb, calls[:n])
+		for i, j := range released[:n] {
+			e := err
+			if e == nil {
+				e = scriptError(cmds[i].Err(), nil)
+			}
+			if e != nil {
+				w.log.Error("runqueue: worker could not release a run at shutdown; it runs again once its lease passes",
+					"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "err", e)
+			}
+		}
+		calls, released = calls[n:], released[n:]
+	}
+	if len(released) > 0 {
+		w.log.Info("runqueue: worker released runs at shutdown", "runs", len(released))
+	}
+	// Handlers that returned before the release claimed their run finish
+	// acking (into their source's buffer, flushed next) or nacking it.
+	w.settle.wait()
+}
+
+// job is one run a worker holds, from its fetch to its ack, nack or
+// release. state decides who settles it: the handler's goroutine when its
+// handler returns (jobFinished), or the heartbeat (jobLost) or Shutdown
+// (jobReleased) before that.
+type job struct {
+	run    *Run
+	src    *source
+	slot   int
+	state  atomic.Int32
+	lease  atomic.Int64 // lease deadline, ms
+	ctx    context.Context
+	cancel context.CancelFunc
+	took   time.Duration
+}
+
+const (
+	jobQueued int32 = iota
+	jobRunning
+	jobFinished
+	jobLost
+	jobReleased
+)
+
+// work is one of the Concurrency handler goroutines.
+func (w *Worker) work() {
+	defer w.handlers.Done()
+	for {
+		select {
+		case j := <-w.jobs:
+			w.runJob(j)
+		case <-w.quit:
+			return
+		case <-w.base.Done():
+			return
+		}
+	}
+}
+
+func (w *Worker) runJob(j *job) {
+	// The context exists before the job counts as running, so that
+	// whoever takes the job from running may cancel it.
+	j.ctx, j.cancel = context.WithCancel(w.base)
+	if !j.state.CompareAndSwap(jobQueued, jobRunning) {
+		j.cancel()
+		w.free(j) // lost or released before it started: never ran
+		return
+	}
+	start := time.Now()
+	err, panicked := w.call(j)
+	took := time.Since(start)
+	j.cancel()
+	r := j.run
+	w.settle.add()
+	defer w.settle.done()
+	if !j.state.CompareAndSwap(jobRunning, jobFinished) {
+		outcome := OutcomeLeaseLost
+		if j.state.Load() == jobReleased {
+			outcome = OutcomeRetry // released by Shutdown, ready again now
+		}
+		w.obs.Handled(r.Env, r.Queue, took, outcome)
+		w.free(j)
+		return
+	}
+	if w.base.Err() != nil { // hard stop: nothing more goes to Redis
+		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
+		w.free(j)
+		return
+	}
+	if err == nil && !panicked {
+		j.took = took
+		j.src.addAck(j) // Handled follows the ack
+		w.free(j)
+		return
+	}
+	w.nack(j, err, panicked, took)
+	w.free(j)
+}
+
+// call runs the handler, turning a panic into an error.
+func (w *Worker) call(j *job) (err error, panicked bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			panicked = true
+			err = fmt.Errorf("runqueue: handler panicked: %v", v)
+			w.log.Error("runqueue: handler panicked", "env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID,
+				"attempt", j.run.Attempt, "panic", v, "stack", string(debug.Stack()))
+		}
+	}()
+	return w.handler(j.ctx, j.run), false
+}
+
+// nack settles a failed run: dead-lettered (NoRetry), retried at the time
+// its error asks for (RetryError), or after the backoff.
+func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
+	r := j.run
+	opts := &NackOptions{}
+	var re *RetryError
+	switch {
+	case errors.Is(herr, ErrNoRetry):
+		opts.DeadLetter = true
+	case errors.As(herr, &re):
+		opts.RetryAt = re.At
+		if re.At.IsZero() {
+			opts.RetryAt = w.q.cfg.Clock.Now().Add(re.After)
+		}
+	}
+	res, err := w.q.Nack(w.base, r, opts)
+	if err != nil && errors.Is(err, ErrInvalid) && !opts.RetryAt.IsZero() {
+		w.log.Warn("runqueue: handler asked for a retry time out of range; using the backoff",
+			"env", r.Env, "queue", r.Queue, "id", r.ID, "retry_at", opts.RetryAt, "err", err)
+		res, err = w.q.Nack(w.base, r, nil)
+	}
+	intended := OutcomeRetry
+	switch {
+	case panicked:
+		intended = OutcomePanic
+	case opts.DeadLetter:
+		intended = OutcomeDead
+	}
+	switch {
+	case err != nil && leaseGone(err):
+		w.log.Warn("runqueue: handler failed after its lease was lost", "env", r.Env, "queue", r.Queue, "id", r.ID,
+			"attempt", r.Attempt, "err", herr, "nack_err", err)
+		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
+	case err != nil:
+		w.log.Error("runqueue: could not nack a failed run; it runs again once its lease passes",
+			"env", r.Env, "queue", r.Queue, "id", r.ID, "attempt", r.Attempt, "err", herr, "nack_err", err)
+		w.obs.Handled(r.Env, r.Queue, took, intended)
+	case !res.Requeued:
+		if !panicked {
+			intended = OutcomeDead
+		}
+		w.log.Warn("runqueue: run failed and was dead-lettered", "env", r.Env, "queue", r.Queue, "id", r.ID,
+			"attempt", r.Attempt, "err", herr)
+		w.obs.Handled(r.Env, r.Queue, took, intended)
+	default:
+		w.log.Warn("runqueue: run failed and will be retried", "env", r.Env, "queue", r.Queue, "id", r.ID,
+			"attempt", r.Attempt, "retry_at", res.RetryAt, "err", herr)
+		w.obs.Handled(r.Env, r.Queue, took, intended)
+	}
+}
+
+// leaseGone says whether err means the caller no longer holds the run.
+func leaseGone(err error) bool {
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotInFlight) || errors.Is(err, ErrNotFound)
+}
+
+// free gives j's slot back.
+func (w *Worker) free(j *job) {
+	w.held[j.slot].Store(nil)
+	w.slots.give(j.slot)
+}
+
+// heartbeatLoop extends the leases of running handlers every
+// HeartbeatInterval.
+func (w *Worker) heartbeatLoop() {
+	defer w.bg.Done()
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			w.heartbeat()
+		case <-w.quit:
+			return
+		case <-w.base.Done():
+			return
+		}
+	}
+}
+
+// heartbeat extends, in one pipeline, every held lease that ends within
+// LeaseDuration - HeartbeatInterval/2 (runs fetched since the last beat
+// are left alone) to now + LeaseDuration. A lease found lost cancels its
+// handler's context.
+func (w *Worker) heartbeat() {
+	now := w.q.now()
+	lease := ms(w.q.cfg.LeaseDuration)
+	due := now + lease - ms(w.cfg.HeartbeatInterval)/2
+	var js []*job
+	var calls []call
+	for i := range w.held {
+		j := w.held[i].Load()
+		if j == nil || j.lease.Load() >= due {
+			continue
+		}
+		if st := j.state.Load(); st != jobQueued && st != jobRunning {
+			continue
+		}
+		js = append(js, j)
+		calls = append(calls, w.q.extendCall(j.run, now+lease))
+	}
+	for len(calls) > 0 {
+		n := min(len(calls), 500)
+		cmds, err := runPipelined(w.base, w.q.rdb, calls[:n])
+		if err != nil {
+			if w.base.Err() == nil {
+				w.log.Warn("runqueue: worker could not extend leases", "runs", len(js), "err", err)
+			}
+			return
+		}
+		for i, j := range js[:n] {
+			switch err := scriptError(cmds[i].Err(), nil); {
+			case err == nil:
+				j.lease.Store(now + lease)
+			case leaseGone(err):
+				w.lose(j, err)
+			default:
+				w.log.Warn("runqueue: worker could not extend a lease", "env", j.run.Env, "queue", j.run.Queue,
+					"id", j.run.ID, "err", err)
+			}
+		}
+		calls, js = calls[n:], js[n:]
+	}
+}
+
+// lose marks j's lease lost and cancels its handler.
+func (w *Worker) lose(j *job, err error) {
+	if j.state.CompareAndSwap(jobRunning, jobLost) {
+		j.cancel()
+	} else if !j.state.CompareAndSwap(jobQueued, jobLost) {
+		return // settled meanwhile
+	}
+	w.log.Warn("runqueue: lease lost; the handler's context is cancelled", "env", j.run.Env, "queue", j.run.Queue,
+		"id", j.run.ID, "attempt", j.run.Attempt, "err", err)
+}
+
+// counter is a WaitGroup whose Add may race with Wait.
+type counter struct {
+	mu   sync.Mutex
+	n    int
+	zero *sync.Cond
+}
+
+func (c *counter) init() { c.zero = sync.NewCond(&c.mu) }
+
+func (c *counter) add() {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+}
+
+func (c *counter) done() {
+	c.mu.Lock()
+	c.n--
+	if c.n == 0 {
+		c.zero.Broadcast()
+	}
+	c.mu.Unlock()
+}
+
+func (c *counter) wait() {
+	c.mu.Lock()
+	for c.n > 0 {
+		c.zero.Wait()
+	}
+	c.mu.Unlock()
+}

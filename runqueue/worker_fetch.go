@@ -1,0 +1,593 @@
+package runqueue
+
+import (
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// fetchDepth is how many calls one source may have in flight. A second
+// call goes out only while the source has a backlog (its last call got
+// all it asked for): Redis then serves one call while the worker decodes
+// and hands out the other, so Redis and Go work at the same time rather
+// than in turn.
+const fetchDepth = 2
+
+// maxGather bounds how long a source waits for more free slots before a
+// fetch (see fetchLoop.startGather).
+const maxGather = 5 * time.Millisecond
+
+// source is one thing a worker fetches from: a base queue or a shard. One
+// goroutine (loop) decides its calls and sends the acks of its runs.
+type source struct {
+	w          *Worker
+	env, queue string // a queue source
+	shard      int    // a shard source; -1 for a queue source
+	topic      string // wake-up topic
+	kick       chan struct{}
+
+	mu   sync.Mutex
+	acks []*job
+}
+
+func (s *source) poke() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (s *source) addAck(j *job) {
+	s.mu.Lock()
+	s.acks = append(s.acks, j)
+	n := len(s.acks)
+	s.mu.Unlock()
+	if n == 1 {
+		s.poke()
+	}
+}
+
+// takeAcks takes up to maxBatch pending acks.
+func (s *source) takeAcks() []*job {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.acks) == 0 {
+		return nil
+	}
+	n := min(len(s.acks), maxBatch)
+	out := append([]*job(nil), s.acks[:n]...)
+	rest := copy(s.acks, s.acks[n:])
+	clear(s.acks[rest:])
+	s.acks = s.acks[:rest]
+	return out
+}
+
+// putBack returns acks whose call failed, ahead of newer ones.
+func (s *source) putBack(acks []*job) {
+	s.mu.Lock()
+	s.acks = append(append(make([]*job, 0, len(acks)+len(s.acks)), acks...), s.acks...)
+	s.mu.Unlock()
+}
+
+func (s *source) pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.acks)
+}
+
+func (s *source) isDrained() bool {
+	select {
+	case <-s.w.drained:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *source) attrs(kv ...any) []any {
+	if s.shard >= 0 {
+		return append([]any{"shard", s.shard}, kv...)
+	}
+	return append([]any{"env", s.env, "queue", s.queue}, kv...)
+}
+
+// fetchCall is one call of a source: the acks it carries, the slots it
+// fills, and what came back. ackErr says whether the acks must be sent
+// again, err whether the call failed. Runs come back even with an error
+// when some were dequeued (DequeueShard stops at the first queue that
+// fails): they are held, so they are handed out.
+type fetchCall struct {
+	acks    []*job
+	ks      []int
+	runs    []*Run
+	ackErrs []error
+	ackErr  error
+	err     error
+	took    time.Duration
+}
+
+func (s *source) fetch(c *fetchCall) {
+	w := s.w
+	began := time.Now()
+	defer func() { c.took = time.Since(began) }()
+	ackRuns := make([]*Run, len(c.acks))
+	for i, j := range c.acks {
+		ackRuns[i] = j.run
+	}
+	n := len(c.ks)
+	if s.shard < 0 {
+		c.runs, c.ackErrs, c.err = w.q.AckAndDequeue(w.base, ackRuns, s.env, s.queue, n)
+		c.ackErr = c.err
+		return
+	}
+	if len(ackRuns) > 0 {
+		if c.ackErrs, c.ackErr = w.q.AckMany(w.base, ackRuns); c.ackErr != nil {
+			c.err = c.ackErr
+			return
+		}
+	}
+	if n > 0 {
+		c.runs, c.err = w.q.DequeueShard(w.base, s.shard, n)
+	}
+}
+
+// dispatch hands runs to the handler goroutines, runs[i] in slot ks[i].
+func (s *source) dispatch(runs []*Run, ks []int) {
+	w := s.w
+	for i, r := range runs {
+		j := &job{run: r, src: s, slot: ks[i]}
+		j.lease.Store(r.LeaseDeadline.UnixMilli())
+		w.held[ks[i]].Store(j)
+		w.jobs <- j // never blocks: the channel has a place per slot
+	}
+}
+
+// settled reports what became of acks that were sent.
+func (s *source) settled(acks []*job, errs []error) {
+	w := s.w
+	for i, j := range acks {
+		var err error
+		if errs != nil {
+			err = errs[i]
+		}
+		r := j.run
+		if err == nil {
+			w.obs.Handled(r.Env, r.Queue, j.took, OutcomeAck)
+			continue
+		}
+		w.log.Warn("runqueue: a finished run could not be acked", "env", r.Env, "queue", r.Queue, "id", r.ID,
+			"attempt", r.Attempt, "err", err)
+		w.obs.Handled(r.Env, r.Queue, j.took, OutcomeLeaseLost)
+	}
+}
+
+// nextLook is how long to wait for a wake-up before looking again, after
+// a call found nothing: until the source's next due run, every
+// BlockPollInterval while limits hold ready work, IdlePollInterval when
+// there is none.
+func (s *source) nextLook() time.Duration {
+	w := s.w
+	var score float64
+	var err error
+	if s.shard < 0 {
+		qk := w.q.space.Env(s.env).Queue(s.queue)
+		score, err = w.q.rdb.ZScore(w.base, qk.Master(), qk.Member()).Result()
+	} else {
+		var z []redis.Z
+		z, err = w.q.rdb.ZRangeWithScores(w.base, w.q.space.Shard(s.shard).Master(), 0, 0).Result()
+		if err == nil && len(z) == 0 {
+			err = redis.Nil
+		} else if err == nil {
+			score = z[0].Score
+		}
+	}
+	switch {
+	case errors.Is(err, redis.Nil):
+		return w.cfg.IdlePollInterval
+	case err != nil:
+		return w.q.cfg.BlockPollInterval
+	}
+	due := time.Duration(int64(score)-w.q.now()) * time.Millisecond
+	if due <= 0 {
+		return w.q.cfg.BlockPollInterval // ready work that limits hold
+	}
+	return min(due, w.cfg.IdlePollInterval)
+}
+
+// retryDelay is the wait after the n-th failure in a row: 100ms doubling
+// to 5s, with jitter.
+func retryDelay(n int) time.Duration {
+	d := min(100*time.Millisecond<<min(n-1, 6), 5*time.Second)
+	return d/2 + rand.N(d)
+}
+
+// fetchLoop is the state of a source's goroutine. It decides every call
+// of the source and processes every reply, so the rules live in one place:
+//
+//   - while the source has a backlog, fetch into free slots, up to
+//     fetchDepth calls at once, the acks riding along;
+//   - when a call got less than it asked for, the source is idle: wait for
+//     a wake-up (pub/sub, as DequeueWait), a finished run (its ack goes at
+//     once, asking for runs too), or a timer (nextLook), with one call in
+//     flight at most;
+//   - when Shutdown starts, fetch no more and send acks as they come until
+//     no more can.
+type fetchLoop struct {
+	s        *source
+	w        *Worker
+	wake     chan struct{}
+	results  chan *fetchCall
+	inflight int
+	fetching bool // Shutdown has not started
+	left     bool // told the slots this loop hands out no more runs
+	idle     bool // the last call that asked for runs got fewer
+	full     bool // the last call that asked for runs got all: a second call may go
+	looked   bool // the look timer was set from a look at the source since anything changed
+	failures int
+	giveUp   bool
+
+	look, gather, pause    *time.Timer
+	lookC, gatherC, pauseC <-chan time.Time
+	gatherWant             int
+}
+
+func (s *source) loop() {
+	w := s.w
+	defer w.fetchers.Done()
+	l := &fetchLoop{s: s, w: w, wake: w.wake.register(s.topic), results: make(chan *fetchCall, fetchDepth),
+		fetching: true,
+		// After a call that got all it asked for, the next waits (see
+		// startGather) until this many slots are free: with fast handlers
+		// a call then carries about Concurrency/fetchDepth runs, not the
+		// few freed meanwhile. That matters for the fair scheduler, whose
+		// work per run drops when one call serves a key more than once.
+		gatherWant: max(1, 3*w.fetchN/(4*fetchDepth*len(w.sources)))}
+	defer l.close()
+	for {
+		l.checkStop()
+		if l.issue() {
+			continue
+		}
+		if l.giveUp || !l.fetching && l.inflight == 0 && s.isDrained() && s.pending() == 0 {
+			return
+		}
+		if !l.wait() {
+			for ; l.inflight > 0; l.inflight-- {
+				<-l.results // the Start context ended: these fail at once
+			}
+			return
+		}
+	}
+}
+
+func (l *fetchLoop) close() {
+	l.w.wake.unregister(l.s.topic, l.wake)
+	for _, t := range []*time.Timer{l.look, l.gather, l.pause} {
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+func (l *fetchLoop) checkStop() {
+	if l.fetching {
+		select {
+		case <-l.w.stopFetch:
+			l.fetching = false
+			l.w.slots.forget(l.s)
+		default:
+		}
+	}
+	// Shutdown may release held runs once no call can hand out more.
+	if !l.fetching && !l.left && l.inflight == 0 {
+		l.left = true
+		l.w.slots.leaveFetch()
+	}
+}
+
+// issue starts a call when the rules allow one, and says whether it did.
+func (l *fetchLoop) issue() bool {
+	w, s := l.w, l.s
+	if l.inflight >= fetchDepth || l.pauseC != nil || l.giveUp {
+		return false
+	}
+	if !l.fetching || l.idle {
+		if l.inflight > 0 {
+			return false
+		}
+		acks := s.takeAcks()
+		if len(acks) == 0 {
+			return false
+		}
+		var ks []int
+		if l.fetching {
+			ks = w.slots.take(nil, w.fetchN, 1, nil) // ask for runs with the acks: it costs nothing more
+		}
+		l.start(acks, ks)
+		return true
+	}
+	if l.inflight > 0 && !l.full {
+		return false
+	}
+	least := 1
+	if l.gatherC != nil {
+		least = l.gatherWant
+	}
+	ks := w.slots.take(s, w.fetchN, least, nil)
+	if len(ks) == 0 {
+		if least == 1 && l.inflight == 0 {
+			// Every slot is busy: the acks of runs that finished (their
+			// slots went to other sources) go alone rather than wait.
+			if acks := s.takeAcks(); len(acks) > 0 {
+				l.start(acks, nil)
+				return true
+			}
+		}
+		return false
+	}
+	l.stopGather()
+	l.start(s.takeAcks(), ks)
+	return true
+}
+
+func (l *fetchLoop) start(acks []*job, ks []int) {
+	l.inflight++
+	c := &fetchCall{acks: acks, ks: ks}
+	go func() {
+		l.s.fetch(c)
+		l.results <- c // never blocks: room for fetchDepth replies
+	}()
+}
+
+// wait waits for something that may allow a call; false: the Start
+// context ended.
+func (l *fetchLoop) wait() bool {
+	var stop, drained <-chan struct{}
+	if l.fetching {
+		stop = l.w.stopFetch
+	} else {
+		drained = l.w.drained
+	}
+	select {
+	case c := <-l.results:
+		l.inflight--
+		l.finish(c)
+	case <-l.s.kick:
+	case <-l.wake:
+		l.idle, l.looked = false, false
+	case <-l.lookC:
+		l.lookC, l.idle, l.looked = nil, false, false
+	case <-l.gatherC:
+		l.gatherC = nil
+	case <-l.pauseC:
+		l.pauseC = nil
+	case <-stop:
+	case <-drained:
+	case <-l.w.base.Done():
+		return false
+	}
+	return true
+}
+
+// finish processes a call's reply.
+func (l *fetchLoop) finish(c *fetchCall) {
+	w, s := l.w, l.s
+	if len(c.runs) > 0 {
+		s.dispatch(c.runs, c.ks)
+	}
+	if len(c.runs) < len(c.ks) && c.err == nil {
+		// The source is idle now (below): it drops its wait for a slot
+		// before it gives back those it did not fill, or the slot it gives
+		// back would poke itself (it waits when its other call wanted a
+		// slot) rather than a source that wants one.
+		w.slots.forget(s)
+	}
+	w.slots.give(c.ks[len(c.runs):]...)
+	if c.ackErr != nil {
+		s.putBack(c.acks)
+	} else {
+		s.settled(c.acks, c.ackErrs)
+	}
+	if c.err != nil {
+		if w.base.Err() != nil {
+			return
+		}
+		l.failures++
+		w.log.Warn("runqueue: worker fetch failed", s.attrs("err", c.err, "failures", l.failures)...)
+		if !l.fetching && l.failures > 3 && s.isDrained() {
+			w.log.Error("runqueue: worker gave up sending acks; their runs run again once their leases pass",
+				s.attrs("runs", s.pending())...)
+			l.giveUp = true
+			return
+		}
+		l.pauseC = arm(&l.pause, retryDelay(l.failures))
+		return
+	}
+	l.failures = 0
+	if len(c.runs) > 0 {
+		l.looked = false
+	}
+	switch n := len(c.ks); {
+	case n == 0:
+	case len(c.runs) == n: // there may be more
+		l.idle, l.full = false, true
+		if l.lookC != nil {
+			l.look.Stop()
+			l.lookC = nil
+		}
+		if l.gatherWant > 1 {
+			l.startGather(min(c.took, maxGather))
+		}
+	case len(c.runs) > 0:
+		// Limits (or a drained queue) cut the call short; the acks of
+		// these runs will look again. The timer bounds the wait should
+		// none come (a nack elsewhere, say).
+		l.idle, l.full = true, false
+		w.slots.forget(s)
+		if l.lookC == nil {
+			l.lookC = arm(&l.look, w.q.cfg.BlockPollInterval)
+		}
+	default:
+		l.idle, l.full = true, false
+		w.slots.forget(s)
+		if !l.looked {
+			l.lookC = arm(&l.look, s.nextLook())
+			l.looked = true
+		}
+	}
+}
+
+// startGather makes the next call wait, for at most d (about a round
+// trip, so a freed slot waits at most one more), until gatherWant slots
+// are free.
+func (l *fetchLoop) startGather(d time.Duration) {
+	l.gatherC = arm(&l.gather, d)
+}
+
+func (l *fetchLoop) stopGather() {
+	if l.gatherC != nil {
+		l.gather.Stop()
+		l.gatherC = nil
+	}
+}
+
+// arm (re)starts *t for d and returns its channel.
+func arm(t **time.Timer, d time.Duration) <-chan time.Time {
+	if *t == nil {
+		*t = time.NewTimer(d)
+	} else {
+		(*t).Reset(d)
+	}
+	return (*t).C
+}
+
+// slots hands out the worker's Concurrency slots; each held run has one
+// from its fetch until its ack is queued or its nack is done.
+type slots struct {
+	mu       sync.Mutex
+	free     []int
+	size     int
+	fetching int             // source loops that may still hand out runs
+	waiters  []slotWaiter    // first come first served
+	waiting  map[*source]int // how many free slots each waiting source wants
+	changed  chan struct{}   // a slot was given back or a loop stopped handing out runs
+}
+
+// slotWaiter is a source waiting until want slots are free; it is stale
+// when waiting no longer says so.
+type slotWaiter struct {
+	src  *source
+	want int
+}
+
+func (s *slots) init(n int) {
+	s.size = n
+	s.free = make([]int, n)
+	for i := range s.free {
+		s.free[i] = n - 1 - i
+	}
+	s.waiting = map[*source]int{}
+	s.changed = make(chan struct{}, 1)
+}
+
+// take moves up to most free slots into buf when at least least (1 or
+// more) are free; otherwise, when src is non-nil, it waits until they are:
+// it is poked. A source takes with a nil src when it only tries (its
+// queue is idle): a waiting source that does not want the slot would
+// swallow the poke meant for another.
+func (s *slots) take(src *source, most, least int, buf []int) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.free) < least {
+		if src != nil && s.waiting[src] != least {
+			s.waiting[src] = least
+			s.waiters = append(s.waiters, slotWaiter{src, least})
+		}
+		return buf
+	}
+	delete(s.waiting, src)
+	n := min(most, len(s.free))
+	buf = append(buf, s.free[len(s.free)-n:]...)
+	s.free = s.free[:len(s.free)-n]
+	return buf
+}
+
+// forget drops src's wait, if any: a waiter that gathered slots ahead of
+// others no longer holds them back.
+func (s *slots) forget(src *source) {
+	s.mu.Lock()
+	if _, ok := s.waiting[src]; !ok {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.waiting, src)
+	wake := s.wakeLocked()
+	s.mu.Unlock()
+	for _, src := range wake {
+		src.poke()
+	}
+}
+
+func (s *slots) give(ks ...int) {
+	if len(ks) == 0 {
+		return
+	}
+	s.mu.Lock()
+	s.free = append(s.free, ks...)
+	wake := s.wakeLocked()
+	s.mu.Unlock()
+	for _, src := range wake {
+		src.poke()
+	}
+	s.signal()
+}
+
+// wakeLocked takes the waiters that the free slots satisfy off the queue,
+// first come first served, and returns them to be poked.
+func (s *slots) wakeLocked() []*source {
+	var wake []*source
+	avail := len(s.free)
+	for len(s.waiters) > 0 && avail > 0 {
+		h := s.waiters[0]
+		if want, ok := s.waiting[h.src]; ok && want == h.want {
+			if h.want > avail {
+				break // first come first served; a gathering waiter's timer bounds this
+			}
+			delete(s.waiting, h.src)
+			wake = append(wake, h.src)
+			avail -= h.want
+		}
+		s.waiters[0] = slotWaiter{}
+		s.waiters = s.waiters[1:]
+	}
+	return wake
+}
+
+func (s *slots) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (s *slots) leaveFetch() {
+	s.mu.Lock()
+	s.fetching--
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *slots) fetchersGone() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fetching == 0
+}
+
+func (s *slots) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fetching == 0 && len(s.free) == s.size
+}

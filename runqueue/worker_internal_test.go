@@ -1,0 +1,143 @@
+package runqueue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+)
+
+// A source whose queue is idle sends the acks of its finished runs and asks
+// for runs with them only if a slot happens to be free: it must not queue up
+// as a slot waiter, or the slot freed next pokes it (it wants nothing) rather
+// than a source with a backlog, which then waits for ever. The loops are
+// driven by hand so that the order is the one that stalled.
+func TestWorkerIdleSourceDoesNotSwallowSlotPokes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
+		Queues:      []WorkerQueue{{Env: "e", Queue: "idle"}, {Env: "e", Queue: "busy"}},
+		Concurrency: 1,
+	})
+	require.NoError(t, err)
+	w.base = ctx
+	idle, busy := w.sources[0], w.sources[1]
+
+	// The only slot is held by a running handler.
+	held := w.slots.take(nil, 1, 1, nil)
+	require.Len(t, held, 1)
+
+	// The idle source has the ack of a run that finished: it sends it alone.
+	l := &fetchLoop{s: idle, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, idle: true, gatherWant: 1}
+	idle.acks = []*job{{run: &Run{Env: "e", Queue: "idle", ID: "done", Token: 1}, src: idle}}
+	require.True(t, l.issue(), "the ack goes at once")
+	c := <-l.results
+	require.Empty(t, c.ks, "no slot was free: the call asks for no runs")
+
+	// The busy source has a backlog and waits for a slot.
+	require.Empty(t, w.slots.take(busy, w.fetchN, 1, nil))
+
+	// The handler returns and frees the slot: the busy source is poked.
+	w.slots.give(held...)
+	select {
+	case <-busy.kick:
+	default:
+		t.Fatal("the freed slot did not poke the source that waits for it")
+	}
+	select {
+	case <-idle.kick:
+		t.Fatal("the freed slot poked the idle source, which did not ask for one")
+	default:
+	}
+	require.Len(t, w.slots.take(busy, w.fetchN, 1, nil), 1)
+}
+
+// A source whose call came back short goes idle and drops its wait for a
+// slot: a stale wait would take the poke of the next freed slot.
+func TestWorkerSourceGoingIdleForgetsItsWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
+		Queues:      []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}},
+		Concurrency: 3,
+	})
+	require.NoError(t, err)
+	w.base = ctx
+	a, b := w.sources[0], w.sources[1]
+	l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 3}
+
+	// Source a's first call took two slots; a gathering second call waits
+	// for three free slots; a handler of b holds the third slot.
+	first := w.slots.take(a, 3, 1, nil)
+	require.Len(t, first, 3)
+	first = first[:2] // first[2]: the slot of b's handler
+	l.gatherC = make(chan time.Time)
+	require.False(t, l.issue())
+	require.Equal(t, 3, w.slots.waiting[a])
+	// Source b waits for one slot, behind a.
+	require.Empty(t, w.slots.take(b, w.fetchN, 1, nil))
+
+	// a's first call got one run of the two it asked for: a is idle now,
+	// wants no slot, and b gets the one a gave back.
+	l.inflight = 1
+	l.finish(&fetchCall{ks: first, runs: []*Run{{Env: "e", Queue: "a", ID: "r", Token: 1, LeaseDeadline: time.Now()}}})
+	<-w.jobs
+	require.True(t, l.idle)
+	_, waits := w.slots.waiting[a]
+	require.False(t, waits, "an idle source waits for no slot")
+	select {
+	case <-b.kick:
+	default:
+		t.Fatal("a free slot is left while a source waits for one")
+	}
+	require.Len(t, w.slots.take(b, 1, 1, nil), 1)
+}
+
+// A source with a backlog has a call in flight and waits for a slot for a
+// second one; another source waits behind it. When the first call comes
+// back empty, the slot it gives back goes to the other source: the idle
+// source must not be poked by its own slot (it would not take it).
+func TestWorkerSlotGivenBackGoesToAnotherSource(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
+		Queues:      []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}},
+		Concurrency: 1,
+	})
+	require.NoError(t, err)
+	w.base = ctx
+	a, b := w.sources[0], w.sources[1]
+	l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, full: true, gatherWant: 1}
+
+	ks := w.slots.take(a, 1, 1, nil) // a's first call
+	require.Len(t, ks, 1)
+	l.inflight = 1
+	require.False(t, l.issue(), "no slot for a second call: a waits")
+	require.Empty(t, w.slots.take(b, 1, 1, nil)) // b waits behind a
+
+	l.finish(&fetchCall{ks: ks}) // the first call found nothing
+	require.True(t, l.idle)
+	select {
+	case <-b.kick:
+	default:
+		t.Fatal("the slot a gave back did not poke b, which waits for one")
+	}
+	select {
+	case <-a.kick:
+		t.Fatal("the slot a gave back poked a, which is idle")
+	default:
+	}
+	require.Len(t, w.slots.take(b, 1, 1, nil), 1)
+}

@@ -2,9 +2,7 @@ package runqueue_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,18 +19,19 @@ import (
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 	"github.com/runqueue/runqueue/vtime"
+	"github.com/runqueue/runqueue/vtime/vtimetest"
 )
 
-// The guarantees of docs/design.md section 7 as properties of the Lua, on miniredis
-// and on a real Redis; vtime/props_test.go checks the same ones on the
-// model.
+// The guarantees of docs/design.md section 7 as properties of the Lua, on
+// miniredis and on a real Redis. Those that hold for the model too are
+// written once in package vtimetest and run here through vpDriver; the
+// ones tied to Redis (two instances racing, flag-off key writes, key
+// TTLs, the drain against the flag-off age order) stay here.
 
 const (
 	vpEnv = "env:vp"
 	vpEps = 1e-9
 )
-
-var vpWeights = []float64{0.5, 1, 2, 3}
 
 // vpConfig is what a property varies between its checks.
 type vpConfig struct {
@@ -40,7 +39,10 @@ type vpConfig struct {
 	Quantum     float64
 	IdleMax     int
 	MaxAttempts int
-	Limits      runqueue.Limits
+	ScanLimit   int
+	// PromoteLimit 0 is runqueue's default.
+	PromoteLimit int
+	Limits       runqueue.Limits
 }
 
 // vpPool shares Queue instances between the checks of one property on one
@@ -96,6 +98,7 @@ func (pl *vpPool) get(cfg vpConfig) *vp {
 	if !ok {
 		base := runqueue.Config{Prefix: pl.prefix, Clock: pl.clock, WindowMultiplier: cfg.WM, Quantum: cfg.Quantum,
 			IdleMaxEntries: cfg.IdleMax, MaxAttempts: cfg.MaxAttempts, LeaseDuration: time.Minute,
+			ScanLimit: cfg.ScanLimit, PromoteLimit: cfg.PromoteLimit,
 			LimitsFor: func(_, queue string) runqueue.Limits {
 				pl.mu.Lock()
 				defer pl.mu.Unlock()
@@ -170,12 +173,6 @@ func (p *vp) ready(t require.TestingT, key string) int {
 	return int(n)
 }
 
-func (p *vp) topUp(t require.TestingT, key string, n int) {
-	if k := p.ready(t, key); k < n {
-		p.enq(t, p.on, key, n-k, 0, 0)
-	}
-}
-
 func (p *vp) zset(t require.TestingT, key string) []vtime.Entry {
 	z, err := p.c.ZRangeWithScores(p.ctx, key, 0, -1).Result()
 	require.NoError(t, err)
@@ -195,56 +192,27 @@ func (p *vp) snap(t require.TestingT) vtime.Snapshot {
 
 // tags lists the registrations in competition order (gated last), score
 // the tag in serves at weight 1.
-func (p *vp) tags(t require.TestingT) []vtime.Entry { return snapTags(p.snap(t)) }
-
-func snapTags(s vtime.Snapshot) []vtime.Entry {
-	m := vtime.Restore(vtime.Config{}, s)
-	var out []vtime.Entry
-	for _, r := range m.Registered() {
-		out = append(out, vtime.Entry{Member: r.Member, Score: float64(r.U) / vtime.Unit})
-	}
-	return out
-}
-
-func (p *vp) tag(t require.TestingT, key string) (float64, bool) {
-	r, ok := p.snap(t).Reg[p.qk.Variant(key).Member()]
-	return float64(r.U) / vtime.Unit, ok
-}
-
-// queuedInLane reports whether key waits in the newcomer lane behind its
-// head (registered without a tag).
-func (p *vp) queuedInLane(t require.TestingT, key string) bool {
-	s := p.snap(t)
-	r, ok := s.Reg[p.qk.Variant(key).Member()]
-	if !ok || !r.Waiting {
-		return false
-	}
-	for _, o := range s.Reg {
-		if o.Waiting && o.Seq < r.Seq {
-			return true
-		}
-	}
-	return false
-}
+func (p *vp) tags(t require.TestingT) []vtime.Entry { return vtimetest.Tags(p.snap(t)) }
 
 // idle lists the parked tags (serves at weight 1) in ZSET order.
-func (p *vp) idle(t require.TestingT) []vtime.Entry { return snapIdle(p.snap(t)) }
+func (p *vp) idle(t require.TestingT) []vtime.Entry { return vtimetest.Idle(p.snap(t)) }
 
-func snapIdle(s vtime.Snapshot) []vtime.Entry {
-	var out []vtime.Entry
-	for _, e := range vtime.Restore(vtime.Config{}, s).Idle() {
-		out = append(out, vtime.Entry{Member: e.Member, Score: e.Score / vtime.Unit})
-	}
-	return out
-}
-
-func (p *vp) v(t require.TestingT) float64 {
-	s := p.snap(t)
-	return (float64(s.Epoch)*vtime.RebaseBy + float64(s.V)) / vtime.Unit
-}
+func (p *vp) v(t require.TestingT) float64 { return vtimetest.V(p.snap(t)) }
 
 func (p *vp) setWeight(t require.TestingT, key string, w float64) {
 	require.NoError(t, p.on.SetWeight(p.ctx, vpEnv, p.queue, key, w))
+}
+
+// vpCheck runs prop as a rapid check on miniredis and on a real Redis,
+// with a pool of queues per backend.
+func vpCheck(t *testing.T, prop func(rt *rapid.T, pl *vpPool)) {
+	for _, b := range backends[:2] {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			pl := newVPPool(t, b.client(t))
+			rapid.Check(t, func(rt *rapid.T) { prop(rt, pl) })
+		})
+	}
 }
 
 func vpKey(i int) string { return fmt.Sprintf("k%02d", i) }
@@ -257,664 +225,60 @@ func byKeys(runs []*runqueue.Run) []string {
 	return out
 }
 
-// vpCheck runs prop as a rapid check on miniredis and on a real Redis.
-func vpCheck(t *testing.T, prop func(rt *rapid.T, pl *vpPool)) {
-	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			pl := newVPPool(t, b.client(t))
-			rapid.Check(t, func(rt *rapid.T) { prop(rt, pl) })
-		})
-	}
-}
+// The properties of package vtimetest, on the Lua (vtime_driver_test.go
+// is the Driver); vtime/shared_props_test.go runs the same functions on
+// the model.
 
-// TestVtimePropNoDebtWait: once a key n is ready with tag S_n, each other
-// key j is served at most floor((T-B_j)*w_j/q)+1 times before n, with
-// T = max(S_n, V) and B_j = max(S_j, V): for a key with no debt
-// (S_n <= V), at most one serve per other active key.
+// TestVtimePropNoDebtWait: vtimetest.NoDebtWaitBound (a tagged key waits
+// at most its bound) and NoDebtWaitDiscovered (a variant discovered at V
+// waits at most one serve of each other key).
 func TestVtimePropNoDebtWait(t *testing.T) {
 	t.Parallel()
-	vpCheck(t, func(rt *rapid.T, pl *vpPool) {
-		wm := rapid.IntRange(1, 3).Draw(rt, "wm")
-		q := rapid.SampledFrom([]float64{1, 0.5}).Draw(rt, "quantum")
-		keyLimit := rapid.SampledFrom([]int{0, 0, 1, 2}).Draw(rt, "keyLimit")
-		// With key limits, gated variants may fill the window and a call
-		// falls back to age order: keep every tag inside the window.
-		maxOthers := 6
-		if keyLimit > 0 {
-			maxOthers = 2*wm - 1
-		}
-		nOthers := rapid.IntRange(1, maxOthers).Draw(rt, "others")
-		queueLimit := rapid.SampledFrom([]int{0, 0, 3}).Draw(rt, "queueLimit")
-		p := pl.get(vpConfig{WM: wm, Quantum: q, Limits: runqueue.Limits{Key: keyLimit, Queue: queueLimit}})
-		var held []*runqueue.Run
-		ackAll := func() { p.ack(rt, held...); held = nil }
-		wOf := map[string]float64{}
-		for i := 0; i < nOthers; i++ {
-			wOf[vpKey(i)] = rapid.SampledFrom([]float64{0.01, 0.5, 1, 2, 3, 10}).Draw(rt, "w")
-			p.setWeight(rt, vpKey(i), wOf[vpKey(i)])
-			p.enq(rt, p.on, vpKey(i), rapid.IntRange(1, 6).Draw(rt, "backlog"), 0, rapid.IntRange(0, 2).Draw(rt, "prio"))
-		}
-		for c := rapid.IntRange(0, 6).Draw(rt, "prefix"); c > 0; c-- {
-			held = append(held, p.deq(rt, p.on, rapid.IntRange(1, 4).Draw(rt, "maxCount"))...)
-			ackAll()
-			if rapid.Bool().Draw(rt, "more") {
-				p.enq(rt, p.on, vpKey(rapid.IntRange(0, nOthers-1).Draw(rt, "k")), 2, 0, 0)
-			}
-		}
-		n := "new"
-		if rapid.Bool().Draw(rt, "returning") {
-			n = vpKey(0)
-		}
-		p.enq(rt, p.on, n, rapid.IntRange(1, 3).Draw(rt, "nRuns"), 0, rapid.IntRange(0, 9).Draw(rt, "nPrio"))
-		v0 := p.v(rt)
-		if p.queuedInLane(rt, n) {
-			// n waits in the newcomer lane behind its head, without a tag:
-			// the bound below needs one. The oracle's newcomer check
-			// (internal/fairness) covers the lane.
-			ackAll()
-			return
-		}
-		sn, ok := p.tag(rt, n)
-		require.True(rt, ok)
-		T := math.Max(sn, v0)
-		base := map[string]float64{}
-		for _, e := range p.tags(rt) {
-			k, err := keys.DecodeVariantMember(e.Member)
-			require.NoError(rt, err)
-			if k != n {
-				base[k] = math.Max(e.Score, v0)
-			}
-		}
-		served := map[string]int{}
-		found := false
-		for call := 0; call < 300 && !found; call++ {
-			runs := p.deq(rt, p.on, rapid.IntRange(1, 5).Draw(rt, "waitMaxCount"))
-			held = append(held, runs...)
-			for _, r := range runs {
-				if r.Key == n {
-					found = true
-					break
-				}
-				served[r.Key]++
-			}
-			ackAll()
-		}
-		require.True(rt, found, "%s never served", n)
-		for k, c := range served {
-			w, ok := wOf[k]
-			require.True(rt, ok, "%s is not a key of this test", k)
-			b, ok := base[k]
-			require.True(rt, ok, "%s served while waiting but was not registered", k)
-			// A stride is carried as a quotient and a remainder, so k
-			// serves move a tag by floor(k*stride) units: up to one unit
-			// less than k*stride, which lets one more serve tie at T.
-			limit := 0
-			if b <= T+vpEps {
-				limit = int(math.Floor((T-b+q/vtime.Unit)*w/q+vpEps)) + 1
-			}
-			require.LessOrEqual(rt, c, limit, "%s (w %v, from %v) served %d times before %s (tag %v, V %v)", k, w, b, c, n, sn, v0)
-			if sn <= v0 {
-				require.LessOrEqual(rt, c, 1, "no-debt key %s waited %d serves of %s", n, c, k)
-			}
-		}
-	})
+	t.Run("Bound", func(t *testing.T) { t.Parallel(); vpProp(t, vtimetest.NoDebtWaitBound) })
+	t.Run("Discovered", func(t *testing.T) { t.Parallel(); vpProp(t, vtimetest.NoDebtWaitDiscovered) })
 }
 
-// vpLag tracks D = served_i/w_i - served_j/w_j over every prefix of a serve
-// sequence.
-type vpLag struct {
-	i, j       string
-	wi, wj     float64
-	ni, nj     int
-	d          float64
-	minD, maxD float64 // over prefixes after both were served once
-	started    bool
-}
-
-func (l *vpLag) serve(k string) {
-	switch k {
-	case l.i:
-		l.ni++
-		l.d += 1 / l.wi
-	case l.j:
-		l.nj++
-		l.d -= 1 / l.wj
-	default:
-		return
-	}
-	if !l.started && l.ni > 0 && l.nj > 0 {
-		l.started, l.minD, l.maxD = true, l.d, l.d
-	}
-	if l.started {
-		l.minD, l.maxD = math.Min(l.minD, l.d), math.Max(l.maxD, l.d)
-	}
-}
-
-// TestVtimePropLagBound: two continuously backlogged keys i, j with weights
-// from {0.5, 1, 2, 3} keep |served_i/w_i - served_j/w_j| within
-// 1/w_i + 1/w_j over every stretch of the serve order that starts once both
-// were served, prefixes inside one batch included (the order of the
-// returned slice), and within 1/w_i + 1/w_j + |S_i - S_j|/q from the moment
-// both are registered with tags S_i, S_j.
+// TestVtimePropLagBound: vtimetest.LagBound.
 func TestVtimePropLagBound(t *testing.T) {
 	t.Parallel()
-	vpCheck(t, func(rt *rapid.T, pl *vpPool) {
-		wm := rapid.IntRange(1, 3).Draw(rt, "wm")
-		q := rapid.SampledFrom([]float64{1, 0.3}).Draw(rt, "quantum")
-		queueLimit := rapid.SampledFrom([]int{0, 0, 2, 5}).Draw(rt, "queueLimit")
-		p := pl.get(vpConfig{WM: wm, Quantum: q, Limits: runqueue.Limits{Queue: queueLimit}})
-		var held []*runqueue.Run
-		ackAll := func() { p.ack(rt, held...); held = nil }
-		names := rapid.Permutation([]string{"a", "m", "z"}).Draw(rt, "names")
-		l := &vpLag{i: names[0], j: names[1],
-			wi: rapid.SampledFrom(vpWeights).Draw(rt, "wi"), wj: rapid.SampledFrom(vpWeights).Draw(rt, "wj")}
-		p.setWeight(rt, l.i, l.wi)
-		p.setWeight(rt, l.j, l.wj)
-		for o := rapid.IntRange(0, 3).Draw(rt, "others"); o > 0; o-- {
-			p.setWeight(rt, vpKey(o), rapid.SampledFrom([]float64{0.01, 0.5, 1, 3, 10}).Draw(rt, "wo"))
-			p.enq(rt, p.on, vpKey(o), rapid.IntRange(1, 5).Draw(rt, "ob"),
-				time.Duration(rapid.SampledFrom([]int{0, 0, 3}).Draw(rt, "od"))*time.Millisecond, 0)
-		}
-		for c := rapid.IntRange(0, 3).Draw(rt, "before"); c > 0; c-- {
-			held = append(held, p.deq(rt, p.on, rapid.IntRange(1, 4).Draw(rt, "m0"))...)
-			ackAll()
-		}
-		p.topUp(rt, l.i, 3)
-		for c := rapid.IntRange(0, 2).Draw(rt, "gap"); c > 0; c-- {
-			runs := p.deq(rt, p.on, rapid.IntRange(1, 4).Draw(rt, "m1"))
-			held = append(held, runs...)
-			for _, r := range runs {
-				l.serve(r.Key)
-			}
-			ackAll()
-			p.topUp(rt, l.i, 3)
-		}
-		p.topUp(rt, l.j, 3)
-		si, _ := p.tag(rt, l.i)
-		sj, _ := p.tag(rt, l.j)
-		fromReg := &vpLag{i: l.i, j: l.j, wi: l.wi, wj: l.wj}
-		bound := 1/l.wi + 1/l.wj
-		regBound := bound + math.Abs(si-sj)/q
-		for c := rapid.IntRange(4, 12).Draw(rt, "calls"); c > 0; c-- {
-			n := rapid.IntRange(1, 6).Draw(rt, "maxCount")
-			p.topUp(rt, l.i, n+1)
-			p.topUp(rt, l.j, n+1)
-			if rapid.IntRange(0, 3).Draw(rt, "churn") == 0 {
-				p.enq(rt, p.on, vpKey(rapid.IntRange(0, 9).Draw(rt, "ok")), rapid.IntRange(1, 3).Draw(rt, "on"),
-					time.Duration(rapid.SampledFrom([]int{0, 0, 2}).Draw(rt, "odl"))*time.Millisecond, 0)
-			}
-			runs := p.deq(rt, p.on, n)
-			held = append(held, runs...)
-			for pos, r := range runs {
-				l.serve(r.Key)
-				fromReg.serve(r.Key)
-				require.LessOrEqual(rt, l.maxD-l.minD, bound+vpEps,
-					"position %d of %v: lag swing %v > %v (i %s w %v: %d, j %s w %v: %d)",
-					pos, byKeys(runs), l.maxD-l.minD, bound, l.i, l.wi, l.ni, l.j, l.wj, l.nj)
-				require.LessOrEqual(rt, math.Abs(fromReg.d), regBound+vpEps,
-					"position %d of %v: lag %v since registration > %v", pos, byKeys(runs), fromReg.d, regBound)
-			}
-			if rapid.Bool().Draw(rt, "ack") {
-				ackAll()
-			}
-		}
-	})
+	vpProp(t, vtimetest.LagBound)
 }
 
-// TestVtimePropNoCredit: a key c that was idle, gated at its key limit, or
-// whose runs were delayed for a long stretch gets no burst when it comes
-// back: from then on, at every prefix and for every other backlogged key o,
-// served_c/w_c - served_o/w_o <= 1/w_c + 1/w_o; with one other key of the
-// same weight, c gets at most ceil(k/2)+1 of the next k serves.
+// TestVtimePropNoCredit: vtimetest.NoCredit, a key back from idle, from
+// its key limit or from a delay gets no burst.
 func TestVtimePropNoCredit(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"Idle", "Gated", "Delayed"} {
+	for _, mode := range vtimetest.NoCreditModes {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			vpCheck(t, func(rt *rapid.T, pl *vpPool) { vpNoCredit(rt, pl, mode) })
+			vpProp(t, vtimetest.NoCredit(mode))
 		})
 	}
 }
 
-func vpNoCredit(rt *rapid.T, pl *vpPool, mode string) {
-	wm := rapid.IntRange(1, 3).Draw(rt, "wm")
-	q := rapid.SampledFrom([]float64{1, 0.3}).Draw(rt, "quantum")
-	maxCount := func() int { return rapid.IntRange(1, 4).Draw(rt, "maxCount") }
-	keyLimit := 0
-	if mode == "Gated" {
-		// One serve per call and acks after each call: only c is gated.
-		keyLimit = 1
-		maxCount = func() int { return 1 }
-	}
-	p := pl.get(vpConfig{WM: wm, Quantum: q, Limits: runqueue.Limits{Key: keyLimit}})
-	sameWeights := rapid.Bool().Draw(rt, "sameWeights")
-	wOf := map[string]float64{}
-	weigh := func(k string) {
-		wOf[k] = 1
-		if !sameWeights {
-			wOf[k] = rapid.SampledFrom(vpWeights).Draw(rt, "w")
-			p.setWeight(rt, k, wOf[k])
-		}
-	}
-	const ck = "c"
-	weigh(ck)
-	var others []string
-	for i := rapid.IntRange(1, 2).Draw(rt, "others"); i > 0; i-- {
-		others = append(others, vpKey(i))
-		weigh(vpKey(i))
-	}
-	all := append([]string{ck}, others...)
-	call := func(n int, topUp []string) []*runqueue.Run {
-		for _, k := range topUp {
-			p.topUp(rt, k, n+1)
-		}
-		return p.deq(rt, p.on, n)
-	}
-	// Phase 1: everyone backlogged until everyone was served.
-	seen := map[string]bool{}
-	for i := 0; i < 100 && len(seen) < len(all); i++ {
-		runs := call(maxCount(), all)
-		for _, r := range runs {
-			seen[r.Key] = true
-		}
-		p.ack(rt, runs...)
-	}
-	require.Len(rt, seen, len(all))
-
-	// Phase 2: c stays away for a stretch while the others are served.
-	stretch := rapid.IntRange(3, 10).Draw(rt, "stretch")
-	var gatedRun *runqueue.Run
-	switch mode {
-	case "Idle", "Delayed":
-		for i := 0; i < 200 && p.ready(rt, ck) > 0; i++ {
-			p.ack(rt, call(maxCount(), others)...)
-		}
-		require.Zero(rt, p.ready(rt, ck))
-		if mode == "Delayed" {
-			p.enq(rt, p.on, ck, 6, time.Duration(stretch)*time.Millisecond, 0)
-		}
-	case "Gated":
-		for i := 0; i < 200 && gatedRun == nil; i++ {
-			p.topUp(rt, ck, 5)
-			for _, r := range call(1, others) {
-				if r.Key == ck {
-					gatedRun = r
-				} else {
-					p.ack(rt, r)
-				}
-			}
-		}
-		require.NotNil(rt, gatedRun)
-	}
-	for i := 0; i < stretch; i++ {
-		for _, r := range call(maxCount(), others) {
-			require.NotEqual(rt, ck, r.Key, "c served while away")
-			p.ack(rt, r)
-		}
-	}
-	// Phase 3: c is back.
-	if gatedRun != nil {
-		p.ack(rt, gatedRun)
-	}
-	count := map[string]int{}
-	total := 0
-	for i := rapid.IntRange(3, 8).Draw(rt, "after"); i > 0; i-- {
-		topUp := all
-		if mode == "Delayed" {
-			topUp = others
-		}
-		runs := call(maxCount(), topUp)
-		for _, r := range runs {
-			count[r.Key]++
-			total++
-			for _, o := range others {
-				lag := float64(count[ck])/wOf[ck] - float64(count[o])/wOf[o]
-				require.LessOrEqual(rt, lag, 1/wOf[ck]+1/wOf[o]+vpEps,
-					"%s, %d serves back: c %d (w %v) vs %s %d (w %v)", mode, total, count[ck], wOf[ck], o, count[o], wOf[o])
-			}
-			if len(others) == 1 && sameWeights {
-				require.LessOrEqual(rt, count[ck], (total+1)/2+1, "%s: c took %d of %d serves", mode, count[ck], total)
-			}
-		}
-		p.ack(rt, runs...)
-		if mode == "Delayed" && p.ready(rt, ck) == 0 {
-			st, err := p.on.KeyStats(p.ctx, vpEnv, p.queue, ck)
-			require.NoError(rt, err)
-			if st.Delayed == 0 {
-				break // c's runs are all served: no longer backlogged
-			}
-		}
-	}
-}
-
-// vpOp is one operation of a random workload on a vp.
-type vpOp struct {
-	kind  int
-	key   string
-	prio  int
-	delay time.Duration
-	n     int
-	pick  int
-	kill  bool
-	w     float64
-}
-
-const (
-	vpEnqueue = iota
-	vpDequeue
-	vpAck
-	vpNack
-	vpWeight
-	vpAdvance
-)
-
-func drawVPOp(rt *rapid.T, nkeys int) vpOp {
-	k := rapid.IntRange(0, 99).Draw(rt, "op")
-	o := vpOp{key: vpKey(rapid.IntRange(0, nkeys-1).Draw(rt, "key")), pick: rapid.IntRange(0, 1000).Draw(rt, "pick")}
-	switch {
-	case k < 40:
-		o.kind = vpEnqueue
-		o.prio = rapid.SampledFrom([]int{0, 0, 0, 1, 9}).Draw(rt, "prio")
-		o.delay = time.Duration(rapid.SampledFrom([]int{0, 0, 0, 5, 40}).Draw(rt, "delay")) * time.Millisecond
-		o.n = rapid.IntRange(1, 3).Draw(rt, "runs")
-	case k < 70:
-		o.kind = vpDequeue
-		o.n = rapid.IntRange(1, 6).Draw(rt, "maxCount")
-	case k < 82:
-		o.kind = vpAck
-	case k < 89:
-		o.kind = vpNack
-		o.delay = time.Duration(rapid.SampledFrom([]int{0, 0, 3, 30}).Draw(rt, "retry")) * time.Millisecond
-		o.kill = rapid.IntRange(0, 9).Draw(rt, "kill") == 0
-	case k < 93:
-		o.kind = vpWeight
-		o.w = rapid.SampledFrom([]float64{0, 0.01, 0.5, 2, 3, 100}).Draw(rt, "weight")
-	default:
-		o.kind = vpAdvance
-		o.delay = time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Millisecond
-	}
-	return o
-}
-
-// vpRunner applies vpOps to one vp through its flag-on instance, keeping
-// the runs it holds.
-type vpRunner struct {
-	p     *vp
-	held  map[string]*runqueue.Run
-	still bool // the caller moves the clock, not the dequeues
-}
-
-func (r *vpRunner) pickHeld(o vpOp) *runqueue.Run {
-	ids := sortedKeys(r.held)
-	if len(ids) == 0 {
-		return nil
-	}
-	return r.held[ids[o.pick%len(ids)]]
-}
-
-// apply runs o and returns what a dequeue served, as key/id/attempt.
-func (r *vpRunner) apply(t require.TestingT, o vpOp) []string {
-	p := r.p
-	switch o.kind {
-	case vpEnqueue:
-		p.enq(t, p.on, o.key, o.n, o.delay, o.prio)
-	case vpDequeue:
-		runs, err := p.on.Dequeue(p.ctx, vpEnv, p.queue, o.n)
-		require.NoError(t, err)
-		if !r.still {
-			p.clock.Advance(time.Millisecond)
-		}
-		var out []string
-		for _, run := range runs {
-			r.held[run.ID] = run
-			out = append(out, run.Key+"/"+run.ID+"/"+strconv.Itoa(run.Attempt))
-		}
-		return out
-	case vpAck:
-		if run := r.pickHeld(o); run != nil {
-			p.ack(t, run)
-			delete(r.held, run.ID)
-		}
-	case vpNack:
-		if run := r.pickHeld(o); run != nil {
-			_, err := p.on.Nack(p.ctx, run, &runqueue.NackOptions{RetryAt: p.clock.Now().Add(o.delay), DeadLetter: o.kill})
-			require.NoError(t, err)
-			delete(r.held, run.ID)
-		}
-	case vpWeight:
-		if o.w == 0 {
-			require.NoError(t, p.on.ClearWeight(p.ctx, vpEnv, p.queue, o.key))
-		} else {
-			p.setWeight(t, o.key, o.w)
-		}
-	case vpAdvance:
-		if !r.still {
-			p.clock.Advance(o.delay)
-		}
-	}
-	return nil
-}
-
-// servable reports whether variant member vm can be served now by the
-// flag-on instance: ready runs, below the key limit.
-func (p *vp) servable(t require.TestingT, vm string, keyLimit int) bool {
-	k, err := keys.DecodeVariantMember(vm)
-	require.NoError(t, err)
-	v := p.qk.Variant(k)
-	n, err := p.c.ZCard(p.ctx, v.Ready()).Result()
-	require.NoError(t, err)
-	if n == 0 {
-		return false
-	}
-	if keyLimit <= 0 {
-		return true
-	}
-	in, err := p.on.KeyInflight(p.ctx, vpEnv, p.queue, k)
-	require.NoError(t, err)
-	return in < keyLimit
-}
-
-// schedulerState is what the flag-on scripts keep, with the parked tags at
-// or below V left out (see TestVtimePropBatchInvariance).
-func (p *vp) schedulerState(t require.TestingT) string {
-	st := p.snap(t)
-	var idle []vtime.Entry
-	for _, e := range snapIdle(st) {
-		if e.Score*vtime.Unit > float64(st.V) {
-			idle = append(idle, e)
-		}
-	}
-	return fmt.Sprintf("V %v cursor %d\ntags %v\nidle %v\nckIndex %v\ndelayIndex %v",
-		st.V, st.Cursor, snapTags(st), idle, p.zset(t, p.qk.CkIndex()), p.zset(t, p.qk.DelayIndex()))
-}
-
-// TestVtimePropBatchInvariance: two queues (two prefixes) get the same
-// random operations; then one serves dequeue(N), the other N x dequeue(1).
-// Under the conditions of vtime/doc.go (at every serve the first
-// 2*WindowMultiplier tags hold a servable variant; no discovery pending)
-// and the one it omits (the first call of 1 promotes every due run, see
-// vtime.TestBatchInvarianceWithDuePromotions), they serve the same runs in
-// the same order and keep the same scheduler state.
+// TestVtimePropBatchInvariance: vtimetest.BatchInvarianceObserved, on two
+// queues of one pool (one clock).
 func TestVtimePropBatchInvariance(t *testing.T) {
 	t.Parallel()
-	vpCheck(t, func(rt *rapid.T, pl *vpPool) {
-		wm := rapid.IntRange(1, 3).Draw(rt, "wm")
-		keyLimit := rapid.SampledFrom([]int{0, 0, 1, 2}).Draw(rt, "keyLimit")
-		queueLimit := rapid.SampledFrom([]int{0, 0, 4}).Draw(rt, "queueLimit")
-		cfg := vpConfig{WM: wm, Quantum: rapid.SampledFrom([]float64{1, 0.3}).Draw(rt, "quantum"),
-			IdleMax: rapid.SampledFrom([]int{10000, 2}).Draw(rt, "idleMax"),
-			Limits:  runqueue.Limits{Key: keyLimit, Queue: queueLimit}}
-		// Both queues share the pool's clock: every operation goes to both
-		// at the same time, then the clock moves.
-		a := &vpRunner{p: pl.get(cfg), held: map[string]*runqueue.Run{}, still: true}
-		b := &vpRunner{p: pl.get(cfg), held: map[string]*runqueue.Run{}, still: true}
-		nkeys := rapid.IntRange(1, 6).Draw(rt, "keys")
-		for i := rapid.IntRange(0, 20).Draw(rt, "prefix"); i > 0; i-- {
-			o := drawVPOp(rt, nkeys)
-			require.Equal(rt, a.apply(rt, o), b.apply(rt, o))
-			if o.kind == vpAdvance {
-				pl.clock.Advance(o.delay)
-			}
-			pl.clock.Advance(time.Millisecond)
-		}
-		n := rapid.IntRange(2, 8).Draw(rt, "N")
-		now := b.p.clock.Now().UnixMilli()
-		due, err := b.p.c.ZRangeByScoreWithScores(b.p.ctx, b.p.qk.DelayIndex(),
-			&redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10)}).Result()
-		require.NoError(rt, err)
-		// The first call of 1 promotes them all, as the call of N does: at
-		// most ScanLimit (default 30) due variants (PromoteLimit, 100 runs
-		// each, is never reached here).
-		ok := len(due) <= 30
-		batch := a.apply(rt, vpOp{kind: vpDequeue, n: n})
-		var singles []string
-		for i := 0; i < n; i++ {
-			inflight, err := b.p.c.HLen(b.p.ctx, b.p.qk.Held()).Result()
-			require.NoError(rt, err)
-			if queueLimit == 0 || int(inflight) < queueLimit {
-				tags := b.p.tags(rt)
-				found := false
-				for k := 0; k < len(tags) && k < 2*wm; k++ {
-					found = found || b.p.servable(rt, tags[k].Member, keyLimit)
-				}
-				nIndex, err := b.p.c.ZCard(b.p.ctx, b.p.qk.CkIndex()).Result()
-				require.NoError(rt, err)
-				ok = ok && found && int(nIndex) == len(tags)
-			}
-			runs, err := b.p.on.Dequeue(b.p.ctx, vpEnv, b.p.queue, 1)
-			require.NoError(rt, err)
-			for _, run := range runs {
-				b.held[run.ID] = run
-				singles = append(singles, run.Key+"/"+run.ID+"/"+strconv.Itoa(run.Attempt))
-			}
-		}
-		pl.clock.Advance(time.Millisecond)
-		if !ok {
-			return
-		}
-		require.Equal(rt, singles, batch, "dequeue(%d) vs %d x dequeue(1)", n, n)
-		require.Equal(rt, b.p.schedulerState(rt), a.p.schedulerState(rt), "state after dequeue(%d) vs %d x dequeue(1)", n, n)
-	})
+	vpProp(t, vtimetest.BatchInvarianceObserved)
 }
 
-// TestVtimePropReachability: variants written by a flag-off instance (work
-// but no tag; more of them than the window), next to keys registered by
-// flag-on enqueues, are each served by the flag-on instance within
-// ceil(variants/maxCount)+2 calls.
+// TestVtimePropReachability: vtimetest.ReachabilityServed (untagged
+// variants served within ceil(variants/maxCount)+2 calls) and
+// ReachabilityDiscovery (registered within the discovery bound).
 func TestVtimePropReachability(t *testing.T) {
 	t.Parallel()
-	vpCheck(t, func(rt *rapid.T, pl *vpPool) {
-		wm := rapid.IntRange(1, 3).Draw(rt, "wm")
-		maxCount := rapid.IntRange(1, 5).Draw(rt, "maxCount")
-		p := pl.get(vpConfig{WM: wm})
-		tagged := rapid.IntRange(0, 2).Draw(rt, "tagged")
-		for i := 0; i < tagged; i++ {
-			p.enq(rt, p.on, fmt.Sprintf("t%d", i), 10, 0, 0)
-		}
-		// More than the window, and often more than the age-order scan (30).
-		untagged := rapid.IntRange(maxCount*wm+1, 45).Draw(rt, "untagged")
-		keyByKey := rapid.Bool().Draw(rt, "keyByKey")
-		t0 := p.clock.Now().Add(-time.Hour)
-		for i := 0; i < untagged; i++ {
-			for j := rapid.IntRange(1, 2).Draw(rt, "runs"); j > 0; j-- {
-				at := t0.Add(time.Duration(rapid.IntRange(0, 1000).Draw(rt, "age")) * time.Millisecond)
-				if keyByKey {
-					at = t0.Add(time.Duration(100*i+j) * time.Millisecond)
-				}
-				p.enqAt(rt, p.off, fmt.Sprintf("u%02d", i), at)
-			}
-		}
-		variants := tagged + untagged
-		bound := (variants+maxCount-1)/maxCount + 2
-		first := map[string]int{}
-		for call := 1; call <= bound; call++ {
-			runs := p.deq(rt, p.on, maxCount)
-			for _, r := range runs {
-				if _, ok := first[r.Key]; !ok {
-					first[r.Key] = call
-				}
-			}
-			p.ack(rt, runs...)
-			for i := 0; i < tagged; i++ {
-				p.topUp(rt, fmt.Sprintf("t%d", i), 5)
-			}
-		}
-		for i := 0; i < untagged; i++ {
-			k := fmt.Sprintf("u%02d", i)
-			_, ok := first[k]
-			require.True(rt, ok, "%s not served within %d calls (%d variants, maxCount %d, window multiplier %d)",
-				k, bound, variants, maxCount, wm)
-		}
+	t.Run("Served", func(t *testing.T) { t.Parallel(); vpProp(t, vtimetest.ReachabilityServed) })
+	t.Run("Discovery", func(t *testing.T) {
+		t.Parallel()
+		vpPropDone(t, vtimetest.ReachabilityDiscovery)
 	})
 }
 
-// vpServable counts what a flag-on call may serve now: per variant, its
-// ready runs plus its due delayed runs, up to its key limit.
-func (p *vp) vpServable(t require.TestingT, keyLimit int) (servable, variants int) {
-	now := strconv.FormatInt(p.clock.Now().UnixMilli(), 10)
-	members := map[string]bool{}
-	for _, e := range p.zset(t, p.qk.CkIndex()) {
-		members[e.Member] = true
-	}
-	due, err := p.c.ZRangeByScore(p.ctx, p.qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: now}).Result()
-	require.NoError(t, err)
-	for _, m := range due {
-		members[m] = true
-	}
-	for m := range members {
-		k, err := keys.DecodeVariantMember(m)
-		require.NoError(t, err)
-		v := p.qk.Variant(k)
-		r, err := p.c.ZCard(p.ctx, v.Ready()).Result()
-		require.NoError(t, err)
-		d, err := p.c.ZCount(p.ctx, v.Delayed(), "-inf", now).Result()
-		require.NoError(t, err)
-		room := int(r + d)
-		if keyLimit > 0 {
-			in, err := p.c.HGet(p.ctx, p.qk.KeyInflight(), v.Member()).Int()
-			if errors.Is(err, redis.Nil) {
-				err = nil
-			}
-			require.NoError(t, err)
-			room = min(room, keyLimit-in)
-		}
-		servable += max(room, 0)
-	}
-	return servable, len(members)
-}
-
-// TestVtimePropWorkConservation: when the age-order scan (ScanLimit,
-// default max(30, 3*maxCount)) covers every variant with work, a flag-on
-// call serves min(capacity, servable) runs.
+// TestVtimePropWorkConservation: vtimetest.WorkConservation.
 func TestVtimePropWorkConservation(t *testing.T) {
 	t.Parallel()
-	vpCheck(t, func(rt *rapid.T, pl *vpPool) {
-		wm := rapid.IntRange(1, 3).Draw(rt, "wm")
-		keyLimit := rapid.SampledFrom([]int{0, 0, 1, 2}).Draw(rt, "keyLimit")
-		queueLimit := rapid.SampledFrom([]int{0, 0, 4, 9}).Draw(rt, "queueLimit")
-		p := pl.get(vpConfig{WM: wm, Limits: runqueue.Limits{Key: keyLimit, Queue: queueLimit}})
-		r := &vpRunner{p: p, held: map[string]*runqueue.Run{}}
-		nkeys := rapid.IntRange(1, 8).Draw(rt, "keys")
-		for i := rapid.IntRange(1, 30).Draw(rt, "ops"); i > 0; i-- {
-			o := drawVPOp(rt, nkeys)
-			if o.kind != vpDequeue {
-				r.apply(rt, o)
-				continue
-			}
-			servable, variants := p.vpServable(rt, keyLimit)
-			inflight, err := p.c.HLen(p.ctx, p.qk.Held()).Result()
-			require.NoError(rt, err)
-			capacity := o.n
-			if queueLimit > 0 {
-				capacity = max(0, min(capacity, queueLimit-int(inflight)))
-			}
-			got := len(r.apply(rt, o))
-			if variants <= max(30, 3*o.n) { // the age-order scan covers every variant
-				require.Equal(rt, min(capacity, servable), got, "maxCount %d, capacity %d, servable %d", o.n, capacity, servable)
-			}
-		}
-	})
+	vpProp(t, vtimetest.WorkConservation)
 }
 
 // TestVtimePropDrainNoSlower: the same backlog (random keys, sizes, ages
@@ -1379,5 +743,5 @@ func TestVtimePropMemory(t *testing.T) {
 func (d *diff) idle(t require.TestingT) []vtime.Entry {
 	s, _, err := d.q.SchedulerSnapshot(d.ctx, d.env, d.queue)
 	require.NoError(t, err)
-	return snapIdle(s)
+	return vtimetest.Idle(s)
 }

@@ -152,6 +152,18 @@ func tag(t T, d Driver, key string) (float64, bool) {
 	return float64(r.U) / vtime.Unit, ok
 }
 
+// exactTag is key's tag with its stride remainder (U + R/milli-weight, in
+// serves at weight 1): U alone is rounded down to a unit, which can
+// understate |S_i - S_j| by up to a unit (1e-6 serves), more than the
+// properties' tolerance.
+func exactTag(t T, d Driver, key string) float64 {
+	s := d.Snapshot(t)
+	vm := keys.VariantMember(key)
+	r := s.Reg[vm]
+	mw := vtime.Restore(vtime.Config{}, s).MilliWeight(vm)
+	return (float64(r.U) + float64(r.R)/float64(mw)) / vtime.Unit
+}
+
 // queuedInLane reports whether key waits in the newcomer lane behind its
 // head (registered without a tag).
 func queuedInLane(t T, d Driver, key string) bool {

@@ -90,16 +90,20 @@
 //
 // # The worker and sweeps
 //
-// The Worker runs a handler over the runs of some base queues or whole
+// The [Worker] runs a [Handler] over the runs of some base queues or whole
 // shards, which is what most users want in place of their own loop.
-// NewWorker(q, handler, *WorkerConfig) builds one, Start starts it, and
-// Shutdown stops fetching, waits for the running handlers and sends their
-// acks. The handler returns nil to ack a run, an error to nack it for a
-// retry after Queue.Backoff, NoRetry(err) to dead-letter it, or
-// RetryAt(err, t) to retry it at t. The worker fetches with
-// AckAndDequeue, waits for work through pub/sub, extends the leases of its
-// running handlers, and sweeps the shards it serves in the background
-// (WorkerConfig.SweepInterval, 30s by default).
+// [NewWorker] builds one from a [WorkerConfig], [Worker.Start] starts it,
+// and [Worker.Shutdown] stops fetching, waits for the running handlers
+// until its context ends, sends their acks and releases what is still
+// running for immediate redelivery. The handler returns nil to ack a run,
+// an error to nack it for a retry after [Queue.Backoff], [NoRetry](err) to
+// dead-letter it, or [RetryAt](err, t) to retry it at t; a panic is
+// recovered, logged with its stack and nacked, and the handler's context
+// is cancelled when the run's lease is lost. The worker fetches with
+// [Queue.AckAndDequeue] (never more runs than its free slots), waits for
+// work through pub/sub, extends the leases of its running handlers
+// (WorkerConfig.HeartbeatInterval), and sweeps the shards it serves in the
+// background (WorkerConfig.SweepInterval, 30s by default, jittered).
 //
 // Without the Worker, somebody must sweep: call [Queue.RecoverLeases] and
 // [Queue.ExpireTTL] for every shard now and then, from any instance. Both

@@ -83,7 +83,11 @@ func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run
 	}
 	if q.cfg.VtimeScheduling {
 		ks = append(ks, q.vtimeKeys(qk)...)
-		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier)
+		look := 0
+		if q.keyLimited.Load() {
+			look = 1
+		}
+		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier, look)
 	}
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
 	if err != nil {

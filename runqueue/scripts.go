@@ -47,7 +47,7 @@ func assemble(file string, vtime bool) (src string, hooks bool, err error) {
 		return "", false, err
 	}
 	var b strings.Builder
-	hooks, err = expand(&b, file, raw, vtime, 0)
+	hooks, err = expand(&b, file, raw, vtime, 0, "")
 	return shake(b.String()), hooks, err
 }
 
@@ -60,9 +60,12 @@ func assemble(file string, vtime bool) (src string, hooks bool, err error) {
 // line "end" at column 0 (the fragments indent everything inside). A
 // function is kept when its name appears as a word in the code of the
 // rest of the script or of a kept function (comments aside; the scripts
-// never build code from strings). A script that calls a dropped function
-// fails at once (Redis refuses an undeclared global), and the tests run
-// every script.
+// never build code from strings). A one-line function is its own line; a
+// source of any other shape (a top-level statement, or another function,
+// before a function's end) is left whole. A call to a dropped function
+// would fail only when it runs (Redis refuses the undeclared global then),
+// so the shape rules err on keeping code, and TestShake and the review
+// tests pin them.
 func shake(src string) string {
 	lines := strings.SplitAfter(src, "\n")
 	type block struct {
@@ -79,12 +82,16 @@ func shake(src string) string {
 		if !ok {
 			continue
 		}
-		j := i + 1
-		for j < len(lines) && strings.TrimRight(lines[j], "\n") != "end" {
-			j++
-		}
-		if j == len(lines) {
-			return src // not the shape this expects: keep everything
+		j := i // a one-line function ends on its own line
+		if !oneLine(lines[i]) {
+			for j = i + 1; j < len(lines) && strings.TrimRight(lines[j], "\n") != "end"; j++ {
+				if strings.HasPrefix(lines[j], "local function ") || (lines[j] != "" && !startsIndented(lines[j])) {
+					return src // another top-level statement before the end: not the shape this expects
+				}
+			}
+			if j == len(lines) {
+				return src
+			}
 		}
 		start := i
 		for start > 0 && strings.HasPrefix(lines[start-1], "--") && !strings.HasPrefix(lines[start-1], "--@") {
@@ -127,6 +134,20 @@ func shake(src string) string {
 		}
 	}
 	return b.String()
+}
+
+// oneLine reports whether a "local function" line is the whole function:
+// its code (comments aside) ends with the keyword end.
+func oneLine(line string) bool {
+	code := strings.TrimSpace(stripComments(line))
+	return strings.HasSuffix(code, " end") || strings.HasSuffix(code, ")end")
+}
+
+// startsIndented reports whether a line inside a top-level function is
+// indented, blank or a comment, as every line of the fragments' functions
+// is; anything else at column 0 is a top-level statement.
+func startsIndented(line string) bool {
+	return line[0] == ' ' || line[0] == '\t' || line[0] == '\n' || strings.HasPrefix(line, "--")
 }
 
 // mentions reports whether name occurs in s as a whole word outside its
@@ -186,7 +207,10 @@ func isIdent(c byte) bool {
 	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
-func expand(b *strings.Builder, file string, raw []byte, vtime bool, depth int) (hooks bool, err error) {
+// An indented include line indents the fragment by the same prefix (a
+// fragment included inside a function stays inside it for the reader, and
+// for shake).
+func expand(b *strings.Builder, file string, raw []byte, vtime bool, depth int, indent string) (hooks bool, err error) {
 	if depth > 4 {
 		return false, fmt.Errorf("runqueue: %s: includes nest too deep", file)
 	}
@@ -194,8 +218,12 @@ func expand(b *strings.Builder, file string, raw []byte, vtime bool, depth int) 
 	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		name, ok := strings.CutPrefix(line, "--@include ")
+		body := strings.TrimLeft(line, " ")
+		name, ok := strings.CutPrefix(body, "--@include ")
 		if !ok {
+			if line != "" {
+				b.WriteString(indent)
+			}
 			b.WriteString(line)
 			b.WriteByte('\n')
 			continue
@@ -215,7 +243,7 @@ func expand(b *strings.Builder, file string, raw []byte, vtime bool, depth int) 
 		if len(frag) > 0 && frag[len(frag)-1] != '\n' {
 			frag = append(frag, '\n')
 		}
-		if _, err := expand(b, name, frag, vtime, depth+1); err != nil {
+		if _, err := expand(b, name, frag, vtime, depth+1, indent+line[:len(line)-len(body)]); err != nil {
 			return false, err
 		}
 	}

@@ -137,10 +137,12 @@
 //
 // A variant at its per-key limit is out of the competition: it keeps its
 // tag, and it competes again, at max(S, V) (gated time earns no credit),
-// when a slot frees on a flag-on instance (ack, nack, lease recovery, dead
-// letter: at once, whatever the key limit is then), at the first call
-// after its limit rose or went away, and otherwise (a flag-off instance
-// freed the slot) when the gated probe comes to it: one variant per call in gating order,
+// when a slot frees on a flag-on instance that has given a queue a
+// per-key limit (ack, nack, lease recovery, dead letter, the acks of a
+// fused ack-and-dequeue: at once, whatever the key limit is then), at the
+// first call after its limit rose or went away, and otherwise (a flag-off
+// instance, or a flag-on one that never had a key limit, freed the slot)
+// when the gated probe comes to it: one variant per call in gating order,
 // and a variant gated later always comes after every one gated before it,
 // so each is looked at within a lap of as many calls as there are gated
 // variants, whatever joins or leaves the gated set meanwhile. A call's

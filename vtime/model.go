@@ -491,7 +491,9 @@ func (m *Model) drained(vm string) {
 
 // released handles a freed in-flight slot of vm (ack, nack, recovery, dead
 // letter): a gated variant competes again, at max(S, V), whatever the key
-// limit is now. (Skipping the look when the queue has no key limit lost
+// limit is now. (The model is one instance, and it gated the variant; the
+// scripts look on an instance that has given a queue a key limit, so an
+// instance that never had one frees slots as a flag-off one does.) (Skipping the look when the queue has no key limit lost
 // the release when the limit went away and came back between two calls:
 // the variant stayed gated below its limit until the probe came to it.)
 func (m *Model) released(vm string) {

@@ -13,6 +13,8 @@
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
 -- ARGV[16+3a] -> window multiplier
+-- ARGV[17+3a] -> 1 when a freed slot looks for a gated variant (see
+--                lib/hooks_vtime), else 0
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 --@include record
@@ -27,10 +29,10 @@ local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
 local wm = tonumber(ARGV[dq.own_args + 3])
 local G = SCHED.G
 -- capacity: the acks the call carries first (their slots count), then
--- what the env and queue limits leave of maxCount. Without a key limit the
--- acks need not look for gated variants: the un-gating below returns every
--- one of them in this call, at the same V.
-local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0))
+-- what the env and queue limits leave of maxCount. The acks look for gated
+-- variants as every flag-on ack does (see hooks_vtime): before the
+-- capacity return and the promotion, which must see them un-gated.
+local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
 if dq_capacity(dq) <= 0 then
   sched_save(S)
   return dq_finish(dq, acked)

@@ -24,9 +24,11 @@ local function hooks_open(keys, args, own_keys, own_args, now)
   local function lib()
     if h == nil then
       h = (function()
---@include sched
-        return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                                      args[own_args + 1], args[own_args + 2], now), look)
+        --@include sched
+        local S = sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
+                             args[own_args + 1], args[own_args + 2], now)
+        S.check = true -- look for the sentinel (see sched_state)
+        return sched_hooks(S, look)
       end)()
     end
     return h

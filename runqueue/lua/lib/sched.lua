@@ -78,13 +78,16 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'l
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it. (A hash without its ckVtime, deleted by hand
--- or evicted, is found by the dequeue: sched_broken.)
+-- under tags that outlived it. A hash without its ckVtime (deleted by hand
+-- or evicted) is broken: with S.check (the hooks of the other scripts) the
+-- sentinel is looked for here and the state starts again whole, so no
+-- write remakes ckVtime without its sentinel and lifetime; the dequeue
+-- finds it in its first read of the tags instead (sched_broken).
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[1] then
+  if not r[1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
     redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true

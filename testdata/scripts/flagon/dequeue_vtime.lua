@@ -13,6 +13,8 @@
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
 -- ARGV[16+3a] -> window multiplier
+-- ARGV[17+3a] -> 1 when a freed slot looks for a gated variant (see
+--                lib/hooks_vtime), else 0
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -234,13 +236,16 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'l
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it. (A hash without its ckVtime, deleted by hand
--- or evicted, is found by the dequeue: sched_broken.)
+-- under tags that outlived it. A hash without its ckVtime (deleted by hand
+-- or evicted) is broken: with S.check (the hooks of the other scripts) the
+-- sentinel is looked for here and the state starts again whole, so no
+-- write remakes ckVtime without its sentinel and lifetime; the dequeue
+-- finds it in its first read of the tags instead (sched_broken).
 local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[1] then
+  if not r[1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
     redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, SCHED.SENTINEL, '')
     S.fresh = true
@@ -774,10 +779,10 @@ local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
 local wm = tonumber(ARGV[dq.own_args + 3])
 local G = SCHED.G
 -- capacity: the acks the call carries first (their slots count), then
--- what the env and queue limits leave of maxCount. Without a key limit the
--- acks need not look for gated variants: the un-gating below returns every
--- one of them in this call, at the same V.
-local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0))
+-- what the env and queue limits leave of maxCount. The acks look for gated
+-- variants as every flag-on ack does (see hooks_vtime): before the
+-- capacity return and the promotion, which must see them un-gated.
+local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
 if dq_capacity(dq) <= 0 then
   sched_save(S)
   return dq_finish(dq, acked)

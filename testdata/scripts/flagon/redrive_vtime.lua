@@ -85,301 +85,326 @@ local function hooks_open(keys, args, own_keys, own_args, now)
   local function lib()
     if h == nil then
       h = (function()
--- The fair scheduler's state in Redis (flag on only). vtime/ is the model
--- these functions implement; see vtime/doc.go for the rules.
---
--- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
--- exact integer of a double):
---   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
---   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
---                       its registration number - 2^51 (a variant is never
---                       both parked and registered: the member cannot
---                       collide); its lowest is the head
---   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
---                       the region: the key lives exactly as long as the
---                       state hash (created, refreshed and expiring
---                       together), and the dequeue's first read of the
---                       region finds a ckVtime lost without its hash;
---                       competing: member = seq code .. variant member,
---                       score = t (the lane's head included); the seq code
---                       is the registration number as 15 decimal digits,
---                       so equal tags order by registration in the ZSET
---                       (bytes) and in Lua (compared as numbers: Lua's
---                       string "<" follows the server's locale)
---   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
---                       variant's gating number (the probe's order: later
---                       gated, later looked at); the tag is in the hash
--- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
---   registration number), x (refresh deadline, ms), gk (gating limit), gn
---   (next gating number), gp (the gating number the probe looked at last),
---   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
---   head, "" when the lane is empty); and per registered variant member:
---   its seq code, then "g" and its tag when gated or "w" when in the lane,
---   then "|r" when its stride remainder r is not 0.
-local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
-                W = 2251799813685248, ACTIVE_END = '(1125899906842624',
-                IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
-                WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
-                SENTINEL = '0',
-                REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
-                CODE_LEN = 15, VM_AT = 16 }
+        -- The fair scheduler's state in Redis (flag on only). vtime/ is the model
+        -- these functions implement; see vtime/doc.go for the rules.
+        --
+        -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
+        -- exact integer of a double):
+        --   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
+        --   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
+        --                       its registration number - 2^51 (a variant is never
+        --                       both parked and registered: the member cannot
+        --                       collide); its lowest is the head
+        --   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+        --                       the region: the key lives exactly as long as the
+        --                       state hash (created, refreshed and expiring
+        --                       together), and the dequeue's first read of the
+        --                       region finds a ckVtime lost without its hash;
+        --                       competing: member = seq code .. variant member,
+        --                       score = t (the lane's head included); the seq code
+        --                       is the registration number as 15 decimal digits,
+        --                       so equal tags order by registration in the ZSET
+        --                       (bytes) and in Lua (compared as numbers: Lua's
+        --                       string "<" follows the server's locale)
+        --   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
+        --                       variant's gating number (the probe's order: later
+        --                       gated, later looked at); the tag is in the hash
+        -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
+        --   registration number), x (refresh deadline, ms), gk (gating limit), gn
+        --   (next gating number), gp (the gating number the probe looked at last),
+        --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
+        --   head, "" when the lane is empty); and per registered variant member:
+        --   its seq code, then "g" and its tag when gated or "w" when in the lane,
+        --   then "|r" when its stride remainder r is not 0.
+        local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
+                        W = 2251799813685248, ACTIVE_END = '(1125899906842624',
+                        IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
+                        WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
+                        SENTINEL = '0',
+                        REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
+                        REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
+                        CODE_LEN = 15, VM_AT = 16 }
 
--- Integers below 2^53 print exactly with 17 significant digits, on Redis
--- and on gopher-lua alike.
-local function sched_fmt(x) return string.format('%.17g', x) end
+        -- Integers below 2^53 print exactly with 17 significant digits, on Redis
+        -- and on gopher-lua alike.
+        local function sched_fmt(x) return string.format('%.17g', x) end
 
--- The fixed-width code of registration number n (below 10^15): its byte
--- order is n's order.
-local function sched_code(n)
-  local s = sched_fmt(n)
-  return string.rep('0', SCHED.CODE_LEN - #s) .. s
-end
+        -- The fixed-width code of registration number n (below 10^15): its byte
+        -- order is n's order.
+        local function sched_code(n)
+          local s = sched_fmt(n)
+          return string.rep('0', SCHED.CODE_LEN - #s) .. s
+        end
 
+        -- The variant member and the code of a competing or gated member.
+        local function sched_split(member)
+          return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
+        end
 
--- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
-local function sched_parse(v)
-  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-  return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
-end
+        -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
+        local function sched_parse(v)
+          local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+          return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
+        end
 
--- The value of a registration; a gated one carries its tag u.
-local function sched_value(code, gated, waiting, r, u)
-  local v = code
-  if gated then v = v .. 'g' .. sched_fmt(u) end
-  if waiting then v = v .. 'w' end
-  if r > 0 then v = v .. '|' .. sched_fmt(r) end
-  return v
-end
+        -- The value of a registration; a gated one carries its tag u.
+        local function sched_value(code, gated, waiting, r, u)
+          local v = code
+          if gated then v = v .. 'g' .. sched_fmt(u) end
+          if waiting then v = v .. 'w' end
+          if r > 0 then v = v .. '|' .. sched_fmt(r) end
+          return v
+        end
 
--- Call sites pass their keys and arguments explicitly.
-local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
-  return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
-end
+        -- Call sites pass their keys and arguments explicitly.
+        local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
+          return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
+        end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
+        local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
 
--- The scalars, read once per script. A missing state is created whole:
--- a stray ckVtime without its hash is dropped first, so V never restarts
--- under tags that outlived it. (A hash without its ckVtime, deleted by hand
--- or evicted, is found by the dequeue: sched_broken.)
-local function sched_state(S)
-  if S.st then return S.st end
-  local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[1] then
-    redis.call('DEL', S.h, S.z)
-    redis.call('ZADD', S.z, SCHED.SENTINEL, '')
-    S.fresh = true
-  else
-    for i, f in ipairs(SCHED_FIELDS) do
-      if r[i] then st[f] = tonumber(r[i]) or r[i] end
-    end
-    if st.lh == nil then st.lh = '' end
-  end
-  S.st, S.was = st, {}
-  for _, f in ipairs(SCHED_FIELDS) do S.was[f] = st[f] end
-  return st
-end
+        -- The scalars, read once per script. A missing state is created whole:
+        -- a stray ckVtime without its hash is dropped first, so V never restarts
+        -- under tags that outlived it. A hash without its ckVtime (deleted by hand
+        -- or evicted) is broken: with S.check (the hooks of the other scripts) the
+        -- sentinel is looked for here and the state starts again whole, so no
+        -- write remakes ckVtime without its sentinel and lifetime; the dequeue
+        -- finds it in its first read of the tags instead (sched_broken).
+        local function sched_state(S)
+          if S.st then return S.st end
+          local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
+          local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
+          if not r[1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
+            redis.call('DEL', S.h, S.z)
+            redis.call('ZADD', S.z, SCHED.SENTINEL, '')
+            S.fresh = true
+          else
+            for i, f in ipairs(SCHED_FIELDS) do
+              if r[i] then st[f] = tonumber(r[i]) or r[i] end
+            end
+            if st.lh == nil then st.lh = '' end
+          end
+          S.st, S.was = st, {}
+          for _, f in ipairs(SCHED_FIELDS) do S.was[f] = st[f] end
+          return st
+        end
 
--- Write the scalars that changed, and refresh the lifetime of both keys
--- together when half of it is gone by the writer's clock, when the stored
--- deadline is further off than a whole lifetime (written by a clock ahead
--- of this one: Redis expires keys by its own), or when the state is new.
--- A call that changed nothing writes nothing.
-local function sched_save(S)
-  local st = S.st
-  if not st then return end
-  local left = st.x - S.now
-  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
-  if refresh then st.x = S.now + S.ttl end
-  local args = {}
-  for _, f in ipairs(SCHED_FIELDS) do
-    if S.fresh or st[f] ~= S.was[f] then
-      args[#args + 1] = f
-      if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
-    end
-  end
-  if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
-  if refresh then
-    redis.call('PEXPIRE', S.z, S.ttl)
-    redis.call('PEXPIRE', S.h, S.ttl)
-  end
-end
+        -- Write the scalars that changed, and refresh the lifetime of both keys
+        -- together when half of it is gone by the writer's clock, when the stored
+        -- deadline is further off than a whole lifetime (written by a clock ahead
+        -- of this one: Redis expires keys by its own), or when the state is new.
+        -- A call that changed nothing writes nothing.
+        local function sched_save(S)
+          local st = S.st
+          if not st then return end
+          local left = st.x - S.now
+          local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
+          if refresh then st.x = S.now + S.ttl end
+          local args = {}
+          for _, f in ipairs(SCHED_FIELDS) do
+            if S.fresh or st[f] ~= S.was[f] then
+              args[#args + 1] = f
+              if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
+            end
+          end
+          if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
+          if refresh then
+            redis.call('PEXPIRE', S.z, S.ttl)
+            redis.call('PEXPIRE', S.h, S.ttl)
+          end
+        end
 
--- Milli-weight of a weight string (round half up, clamped to 1..10^6).
-local function sched_milli(w)
-  local x = tonumber(w)
-  if not x then return 1000 end
-  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
-end
+        -- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+        local function sched_milli(w)
+          local x = tonumber(w)
+          if not x then return 1000 end
+          return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+        end
 
--- q, r of total / m, exact for integers below 2^53.
-local function sched_div(total, m)
-  local q = math.floor(total / m)
-  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
-  return q, total - q * m
-end
+        -- q, r of total / m, exact for integers below 2^53.
+        local function sched_div(total, m)
+          local q = math.floor(total / m)
+          if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+          return q, total - q * m
+        end
 
--- Milli-weight of variant vm: 1000 without a read when the queue has no
--- weights (st.nw counts them; -1: not known yet).
-local function sched_weight(S, st, vm)
-  if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
-  if st.nw == 0 then return 1000 end
-  return sched_milli(redis.call('HGET', S.w, vm))
-end
+        -- Milli-weight of variant vm: 1000 without a read when the queue has no
+        -- weights (st.nw counts them; -1: not known yet).
+        local function sched_weight(S, st, vm)
+          if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+          if st.nw == 0 then return 1000 end
+          return sched_milli(redis.call('HGET', S.w, vm))
+        end
 
--- A newcomer's quantum: one serve of its own at milli-weight m, at most
--- UNIT (a serve at weight 1).
-local function sched_quantum(m)
-  if m <= 1000 then return SCHED.UNIT end
-  return (sched_div(SCHED.STRIDE, m))
-end
+        -- A newcomer's quantum: one serve of its own at milli-weight m, at most
+        -- UNIT (a serve at weight 1).
+        local function sched_quantum(m)
+          if m <= 1000 then return SCHED.UNIT end
+          return (sched_div(SCHED.STRIDE, m))
+        end
 
--- The registration of a variant with no tag: u (nil when it queues in the
--- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
--- makes it a return (at the parked tag); a parked tag at or below V is
--- worth nothing and goes; then a discovered variant starts at V, and a
--- newcomer queues behind the lane's head when the lane is not empty, else
--- with q its quantum and A = min(top, V + q) registers at V when A <= V,
--- or becomes the lane's head at A + q.
-local function sched_admit(S, st, vm, discovered)
-  local parked = redis.call('ZSCORE', S.z, vm)
-  if parked then redis.call('ZREM', S.z, vm) end
-  local u, waiting = st.v, false
-  if parked and num(parked) + SCHED.G > st.v then
-    u = num(parked) + SCHED.G
-  elseif not discovered then
-    if st.lh ~= '' then
-      u, waiting = nil, true
-    else
-      local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
-      if t[2] and num(t[2]) > st.v then
-        local q = sched_quantum(sched_weight(S, st, vm))
-        u, waiting = math.min(num(t[2]), st.v + q) + q, true
-        st.lh = vm
-      end
-    end
-  end
-  local seq = st.s
-  st.s = st.s + 1
-  return u, sched_code(seq), waiting, seq
-end
+        -- The registration of a variant with no tag: u (nil when it queues in the
+        -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
+        -- makes it a return (at the parked tag); a parked tag at or below V is
+        -- worth nothing and goes; then a discovered variant starts at V, and a
+        -- newcomer queues behind the lane's head when the lane is not empty, else
+        -- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+        -- or becomes the lane's head at A + q.
+        local function sched_admit(S, st, vm, discovered)
+          local parked = redis.call('ZSCORE', S.z, vm)
+          if parked then redis.call('ZREM', S.z, vm) end
+          local u, waiting = st.v, false
+          if parked and num(parked) + SCHED.G > st.v then
+            u = num(parked) + SCHED.G
+          elseif not discovered then
+            if st.lh ~= '' then
+              u, waiting = nil, true
+            else
+              local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+              if t[2] and num(t[2]) > st.v then
+                local q = sched_quantum(sched_weight(S, st, vm))
+                u, waiting = math.min(num(t[2]), st.v + q) + q, true
+                st.lh = vm
+              end
+            end
+          end
+          local seq = st.s
+          st.s = st.s + 1
+          return u, sched_code(seq), waiting, seq
+        end
 
--- A variant gained its first ready run: register it unless it has a tag.
-local function sched_register(S, vm, discovered)
-  if redis.call('HEXISTS', S.h, vm) == 1 then return end
-  local st = sched_state(S)
-  local u, code, waiting, seq = sched_admit(S, st, vm, discovered)
-  local zargs = {}
-  if u then
-    zargs[#zargs + 1] = sched_fmt(u)
-    zargs[#zargs + 1] = code .. vm
-  end
-  if waiting then
-    zargs[#zargs + 1] = sched_fmt(seq - SCHED.W)
-    zargs[#zargs + 1] = vm
-  end
-  redis.call('ZADD', S.z, unpack(zargs))
-  redis.call('HSET', S.h, vm, sched_value(code, false, waiting, 0))
-end
+        -- A variant gained its first ready run: register it unless it has a tag.
+        local function sched_register(S, vm, discovered)
+          if redis.call('HEXISTS', S.h, vm) == 1 then return end
+          local st = sched_state(S)
+          local u, code, waiting, seq = sched_admit(S, st, vm, discovered)
+          local zargs = {}
+          if u then
+            zargs[#zargs + 1] = sched_fmt(u)
+            zargs[#zargs + 1] = code .. vm
+          end
+          if waiting then
+            zargs[#zargs + 1] = sched_fmt(seq - SCHED.W)
+            zargs[#zargs + 1] = vm
+          end
+          redis.call('ZADD', S.z, unpack(zargs))
+          redis.call('HSET', S.h, vm, sched_value(code, false, waiting, 0))
+        end
 
--- The lane's member after the first `after` (0-based rank), or nil.
-local function sched_lane_at(S, after)
-  return redis.call('ZRANGEBYSCORE', S.z, SCHED.WAIT_MIN, SCHED.WAIT_END, 'LIMIT', after, 1)[1]
-end
+        -- The lane's member after the first `after` (0-based rank), or nil.
+        local function sched_lane_at(S, after)
+          return redis.call('ZRANGEBYSCORE', S.z, SCHED.WAIT_MIN, SCHED.WAIT_END, 'LIMIT', after, 1)[1]
+        end
 
--- Drop parked tags at or below v (worth nothing), then all but the highest
--- idle_max (the idle region holds the lowest scores: ranks from 0).
-local function sched_reap(S, v)
-  redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
-  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
-  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
-end
+        -- Drop parked tags at or below v (worth nothing), then all but the highest
+        -- idle_max (the idle region holds the lowest scores: ranks from 0).
+        local function sched_reap(S, v)
+          redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
+          local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
+          if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
+        end
 
+        -- A state whose ckVtime went without its hash (deleted by hand, evicted):
+        -- the dequeue found no sentinel in its first read of the competing region.
+        -- Both keys go: the next call starts the state again, as if it had
+        -- expired, and finds every variant with ready work by discovery.
+        local function sched_broken(S)
+          redis.call('DEL', S.h, S.z)
+          S.st = nil
+        end
 
--- A variant's last ready run left outside a dequeue: it leaves the
--- competition (and the lane: a head that leaves unserved hands its tag to
--- the next newcomer), its tag parked when above V.
-local function sched_drained(S, vm)
-  local hv = redis.call('HGET', S.h, vm)
-  if not hv then return end
-  local st = sched_state(S)
-  -- A state started again (sched_state found no clock): nothing is
-  -- registered. (No script registers a variant before it drains or
-  -- releases one.)
-  if S.fresh then return end
-  local rg = sched_parse(hv)
-  local member = rg.code .. vm
-  local u
-  if rg.gated then
-    u = rg.tag
-    st.ng = st.ng - 1
-  else
-    u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
-  end
-  redis.call('HDEL', S.h, vm)
-  redis.call('ZREM', S.z, member, vm)
-  if rg.waiting and st.lh == vm then
-    st.lh = ''
-    local nxt = sched_lane_at(S, 0)
-    if nxt then
-      local nv = sched_parse(redis.call('HGET', S.h, nxt))
-      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
-      st.lh = nxt
-    end
-  end
-  if u and u > st.v then
-    redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
-    sched_reap(S, st.v)
-  end
-end
+        -- A variant's last ready run left outside a dequeue: it leaves the
+        -- competition (and the lane: a head that leaves unserved hands its tag to
+        -- the next newcomer), its tag parked when above V.
+        local function sched_drained(S, vm)
+          local hv = redis.call('HGET', S.h, vm)
+          if not hv then return end
+          local st = sched_state(S)
+          -- A state started again (sched_state found no clock): nothing is
+          -- registered. (No script registers a variant before it drains or
+          -- releases one.)
+          if S.fresh then return end
+          local rg = sched_parse(hv)
+          local member = rg.code .. vm
+          local u
+          if rg.gated then
+            u = rg.tag
+            st.ng = st.ng - 1
+          else
+            u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
+          end
+          redis.call('HDEL', S.h, vm)
+          redis.call('ZREM', S.z, member, vm)
+          if rg.waiting and st.lh == vm then
+            st.lh = ''
+            local nxt = sched_lane_at(S, 0)
+            if nxt then
+              local nv = sched_parse(redis.call('HGET', S.h, nxt))
+              redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
+              st.lh = nxt
+            end
+          end
+          if u and u > st.v then
+            redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
+            sched_reap(S, st.v)
+          end
+        end
 
+        -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
+        -- unpack much more than 8,000 values), step values at a time.
+        local function sched_chunked(cmd, key, args, step)
+          local n = step * math.floor(1000 / step)
+          for i = 1, #args, n do
+            redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
+          end
+        end
 
--- HMGET of any number of fields (in chunks of 1000).
-local function sched_hmget(h, fields)
-  local out = {}
-  for i = 1, #fields, 1000 do
-    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
-    for j = 1, #part do out[i + j - 1] = part[j] end
-  end
-  return out
-end
+        -- HMGET of any number of fields (in chunks of 1000).
+        local function sched_hmget(h, fields)
+          local out = {}
+          for i = 1, #fields, 1000 do
+            local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+            for j = 1, #part do out[i + j - 1] = part[j] end
+          end
+          return out
+        end
 
--- Slots of the variants vms freed (ack, nack, lease recovery, dead
--- letter): a gated one competes again, at max(S, V), whatever the key
--- limit is now (one read for all of them).
-local function sched_released(S, vms)
-  local hvs = sched_hmget(S.h, vms)
-  for i, vm in ipairs(vms) do
-    local rg = hvs[i] and sched_parse(hvs[i])
-    if rg and rg.gated then
-      local st = sched_state(S)
-      if S.fresh then return end -- a state started again: see sched_drained
-      local u, r = rg.tag, rg.r
-      if not u or u < st.v then u, r = st.v, 0 end
-      redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
-      redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
-      st.ng = st.ng - 1
-    end
-  end
-end
+        -- Slots of the variants vms freed (ack, nack, lease recovery, dead
+        -- letter): a gated one competes again, at max(S, V), whatever the key
+        -- limit is now (one read for all of them).
+        local function sched_released(S, vms)
+          local hvs = sched_hmget(S.h, vms)
+          for i, vm in ipairs(vms) do
+            local rg = hvs[i] and sched_parse(hvs[i])
+            if rg and rg.gated then
+              local st = sched_state(S)
+              if S.fresh then return end -- a state started again: see sched_drained
+              local u, r = rg.tag, rg.r
+              if not u or u < st.v then u, r = st.v, 0 end
+              redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
+              redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
+              st.ng = st.ng - 1
+            end
+          end
+        end
 
--- The hooks of the scripts that move runs (see hooks_vtime). look: a
--- freed slot looks for a gated variant (see hooks_vtime); when it does
--- not, there is none to find, or the dequeue's un-gating comes first.
-local function sched_hooks(S, look)
-  local released = function() end
-  if look then released = function(vms) sched_released(S, vms) end end
-  return {
-    ready_start = function(vm) sched_register(S, vm, false) end,
-    ready_empty = function(vm) sched_drained(S, vm) end,
-    released = released,
-    finish = function() sched_save(S) end,
-  }
-end
-        return sched_hooks(sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                                      args[own_args + 1], args[own_args + 2], now), look)
+        -- The hooks of the scripts that move runs (see hooks_vtime). look: a
+        -- freed slot looks for a gated variant (see hooks_vtime); when it does
+        -- not, there is none to find, or the dequeue's un-gating comes first.
+        local function sched_hooks(S, look)
+          local released = function() end
+          if look then released = function(vms) sched_released(S, vms) end end
+          return {
+            ready_start = function(vm) sched_register(S, vm, false) end,
+            ready_empty = function(vm) sched_drained(S, vm) end,
+            released = released,
+            finish = function() sched_save(S) end,
+          }
+        end
+        local S = sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
+                             args[own_args + 1], args[own_args + 2], now)
+        S.check = true -- look for the sentinel (see sched_state)
+        return sched_hooks(S, look)
       end)()
     end
     return h

@@ -102,7 +102,7 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 	backends := []struct {
 		name   string
 		client func(testing.TB) redis.UniversalClient
-	}{{"Mini", redistest.Mini}, {"Real", redistest.Private}, {"Cluster", redistest.Cluster}}
+	}{{"Mini", redistest.Mini}, {"Real", redistest.Private}, {"Cluster", redistest.PrivateCluster}}
 	for _, bk := range backends {
 		t.Run(bk.name, func(t *testing.T) {
 			t.Parallel()

@@ -175,12 +175,16 @@ func TestNoScriptRecovery(t *testing.T) {
 }
 
 // forEachPrivateBackend is forEachBackend with the binary's own real
-// Redis (redistest.Private) in place of Real.
+// Redis and cluster (redistest.Private, redistest.PrivateCluster) in place
+// of Real and Cluster.
 func forEachPrivateBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
 	for _, b := range backends {
 		client := b.client
-		if b.name == "Real" {
+		switch b.name {
+		case "Real":
 			client = redistest.Private
+		case "Cluster":
+			client = redistest.PrivateCluster
 		}
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()

@@ -117,6 +117,18 @@ func Private(t testing.TB) redis.UniversalClient {
 	return connect(t, redis.NewClient(opt))
 }
 
+// PrivateCluster is [Cluster] for the tests that flush the script cache or
+// count the servers' commands: it skips when the cluster is the shared one
+// of REDIS_CLUSTER_ADDRS (those tests would break other users of it, and
+// be broken by them); a cluster spawned for this binary is its own.
+func PrivateCluster(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	if os.Getenv("REDIS_CLUSTER_ADDRS") != "" {
+		t.Skip("redistest: this test flushes scripts or counts commands; the cluster of REDIS_CLUSTER_ADDRS is shared (unset it to spawn one)")
+	}
+	return Cluster(t)
+}
+
 // ReadTimeout is the read timeout of the clients this package returns.
 // go-redis sends a command again when its reply times out (3s by
 // default), and a dequeue is not idempotent: when the first call went

@@ -310,7 +310,7 @@ func TestOriginWords(t *testing.T) {
 // Not parallel: command statistics are server-wide.
 func TestClusterCommandStats(t *testing.T) {
 	ctx := context.Background()
-	c := Cluster(t)
+	c := PrivateCluster(t)
 	testCommandStats(ctx, t, c, "{"+Prefix(t)+"}")
 }
 

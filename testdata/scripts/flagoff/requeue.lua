@@ -105,6 +105,11 @@ end
 -- fields and leases gone by the caller): the counts follow, in one read and
 -- at most two writes.
 local function kin_release(kin, vms, per_vm)
+  if #vms == 1 then
+    -- One variant: subtract (one command while runs are left in flight).
+    if redis.call('HINCRBY', kin, vms[1], -per_vm[vms[1]]) <= 0 then redis.call('HDEL', kin, vms[1]) end
+    return
+  end
   local ns = redis.call('HMGET', kin, unpack(vms))
   local set, del = {}, {}
   for i, vm in ipairs(vms) do

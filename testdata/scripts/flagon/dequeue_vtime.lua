@@ -79,6 +79,11 @@ end
 -- fields and leases gone by the caller): the counts follow, in one read and
 -- at most two writes.
 local function kin_release(kin, vms, per_vm)
+  if #vms == 1 then
+    -- One variant: subtract (one command while runs are left in flight).
+    if redis.call('HINCRBY', kin, vms[1], -per_vm[vms[1]]) <= 0 then redis.call('HDEL', kin, vms[1]) end
+    return
+  end
   local ns = redis.call('HMGET', kin, unpack(vms))
   local set, del = {}, {}
   for i, vm in ipairs(vms) do
@@ -712,12 +717,17 @@ local function dq_finish(dq, acked)
     if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
   end
-  -- The in-flight counts of the touched variants not read yet, in one read.
+  -- The in-flight counts of the touched variants not read yet, in one read;
+  -- a call that touched one variant whose count it has not read adds to it
+  -- instead (one command, not a read and a write).
   local unread = {}
   for _, vm in ipairs(dq.touched) do
     if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
   end
-  if #unread > 0 then
+  local added = #dq.touched == 1 and #unread == 1
+  if added then
+    redis.call('HINCRBY', dq.kin, unread[1], dq.vars[unread[1]].taken)
+  elseif #unread > 0 then
     local ns = redis.call('HMGET', dq.kin, unpack(unread))
     for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
   end
@@ -734,8 +744,10 @@ local function dq_finish(dq, acked)
     else
       emptied[#emptied + 1] = vm
     end
-    counts[#counts + 1] = vm
-    counts[#counts + 1] = dq_inflight(dq, vm) + c.taken
+    if not added then
+      counts[#counts + 1] = vm
+      counts[#counts + 1] = dq_inflight(dq, vm) + c.taken
+    end
   end
   for i = 1, #heads, 1000 do
     redis.call('ZADD', dq.ck_index, unpack(heads, i, math.min(i + 999, #heads)))
@@ -743,7 +755,7 @@ local function dq_finish(dq, acked)
   for i = 1, #emptied, 1000 do
     redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
   end
-  redis.call('HSET', dq.kin, unpack(counts))
+  if not added then redis.call('HSET', dq.kin, unpack(counts)) end
   depth_sub(dq.depth, 'r', #dq.served)
 
   local n = #dq.served

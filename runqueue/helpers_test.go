@@ -33,9 +33,24 @@ var backends = []backend{
 	{"Cluster", redistest.Cluster},
 }
 
+// privateBackends are backends with the binary's own real Redis and
+// cluster (redistest.Private, redistest.PrivateCluster), for the tests
+// that flush scripts or count commands: never a shared REDIS_URL or
+// REDIS_CLUSTER_ADDRS.
+var privateBackends = []backend{
+	{"Mini", redistest.Mini},
+	{"Real", redistest.Private},
+	{"Cluster", redistest.PrivateCluster},
+}
+
 // forEachBackend runs fn as a subtest on every backend.
 func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
-	for _, b := range backends {
+	forEachBackendIn(t, backends, fn)
+}
+
+// forEachBackendIn runs fn as a parallel subtest on each of bs.
+func forEachBackendIn(t *testing.T, bs []backend, fn func(t *testing.T, c redis.UniversalClient)) {
+	for _, b := range bs {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			fn(t, b.client(t))

@@ -8,7 +8,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -54,7 +53,7 @@ func requireNoScriptRecovered(t *testing.T, step string, calls []scriptCall) {
 // binaries share: they would reload scripts under this test, and this
 // test's flush would take theirs away.
 func TestNoScriptRecovery(t *testing.T) {
-	forEachPrivateBackend(t, func(t *testing.T, c redis.UniversalClient) {
+	forEachBackendIn(t, privateBackends, func(t *testing.T, c redis.UniversalClient) {
 		rec := recordEvals(c)
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Minute })
 		ctx := b.ctx
@@ -172,23 +171,4 @@ func TestNoScriptRecovery(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, runqueue.Stats{}, st, "every run was acked or expired")
 	})
-}
-
-// forEachPrivateBackend is forEachBackend with the binary's own real
-// Redis and cluster (redistest.Private, redistest.PrivateCluster) in place
-// of Real and Cluster.
-func forEachPrivateBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
-	for _, b := range backends {
-		client := b.client
-		switch b.name {
-		case "Real":
-			client = redistest.Private
-		case "Cluster":
-			client = redistest.PrivateCluster
-		}
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			fn(t, client(t))
-		})
-	}
 }

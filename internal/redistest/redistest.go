@@ -90,7 +90,13 @@ func MiniServer(t testing.TB) (*miniredis.Miniredis, redis.UniversalClient) {
 // Without any, it skips t, or fails it under RUNQUEUE_REQUIRE_REDIS=1.
 func Real(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	d := need(t, standalone)
+	return standaloneClient(t, standalone)
+}
+
+// standaloneClient is a client of the one-server deployment s.
+func standaloneClient(t testing.TB, s *shared) redis.UniversalClient {
+	t.Helper()
+	d := need(t, s)
 	opt := &redis.Options{Addr: d.addrs[0]}
 	if d.opt != nil {
 		opt = new(*d.opt) // each client its own copy: go-redis keeps state in it
@@ -108,13 +114,7 @@ func Real(t testing.TB) redis.UniversalClient {
 // and shared by the binary's tests; it skips or fails like [Real].
 func Private(t testing.TB) redis.UniversalClient {
 	t.Helper()
-	d := need(t, private)
-	opt := &redis.Options{Addr: d.addrs[0]}
-	if d.opt != nil {
-		opt = new(*d.opt)
-	}
-	opt.ReadTimeout = ReadTimeout
-	return connect(t, redis.NewClient(opt))
+	return standaloneClient(t, private)
 }
 
 // PrivateCluster is [Cluster] for the tests that flush the script cache or

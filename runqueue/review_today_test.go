@@ -2,7 +2,6 @@ package runqueue_test
 
 import (
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,74 +12,21 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
-// Review of d263b2d ("a freed slot un-gates whatever the limit is now").
-// The model's release always looks; the fused ack of dequeue_vtime looks
-// only when the call's key limit is > 0, on the claim that "the un-gating
-// below returns every one of them in this call, at the same V". Two paths
-// of the same call come before that un-gating: the capacity return and the
-// promote phase.
-
-// TestReviewFusedAckZeroCapacityKeepsGate is TestReleaseAfterLimitFlap
-// with the ack carried by AckAndDequeue(maxCount 0) (acks only, as the
-// doc allows) instead of Ack: the call returns at capacity before its
-// un-gating, so x stays gated below its limit and the next call (limit
-// back, no rise) probes y and serves nothing. The model (Ack, then
-// Dequeue(0)) un-gates x at the ack and serves it.
-func TestReviewFusedAckZeroCapacityKeepsGate(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		var key atomic.Int64
-		key.Store(1)
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = true
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(key.Load())} }
-		})
-		m := vtime.New(vtime.Config{Limits: vtime.Limits{Key: 1}})
-		for _, k := range []string{"y", "z", "x"} {
-			for i := 0; i < 3; i++ {
-				id := k + strconv.Itoa(i)
-				reviewEnqueue(t, b, k, id)
-				now := b.clock.Now().UnixMilli()
-				require.NoError(t, m.Enqueue(id, k, 0, now, now))
-			}
-		}
-		runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 3)
-		require.NoError(t, err)
-		require.Len(t, m.Dequeue(3, b.clock.Now().UnixMilli()), 3)
-		require.Equal(t, []string{"y", "z", "x"}, []string{runs[0].Key, runs[1].Key, runs[2].Key})
-
-		key.Store(0)
-		m.SetLimits(vtime.Limits{})
-		_, errs, err := b.q.AckAndDequeue(b.ctx, []*runqueue.Run{runs[2]}, reviewEnv, reviewQueue, 0)
-		require.NoError(t, err)
-		require.NoError(t, errs[0])
-		require.NoError(t, m.Ack(runs[2].ID))
-		require.Empty(t, m.Dequeue(0, b.clock.Now().UnixMilli()))
-
-		key.Store(1)
-		m.SetLimits(vtime.Limits{Key: 1})
-		want := m.Dequeue(1, b.clock.Now().UnixMilli())
-		require.Len(t, want, 1)
-		require.Equal(t, "x", want[0].Key, "the model serves x")
-		next, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
-		require.NoError(t, err)
-		require.Len(t, next, 1, "x's slot freed by a fused ack: it competes again at once")
-		require.Equal(t, "x", next[0].Key)
-	})
-}
+// Regressions from the review of the release rule (a freed slot un-gates
+// whatever the limit is now). The fused acks of dequeue_vtime looked only
+// when the call had a key limit, on the claim that the call's un-gating
+// would return the rest; the capacity return (TestReleaseAfterLimitFlap,
+// AckAndDequeue0) and the promote phase come before that un-gating.
 
 // TestReviewFusedAckPromoteSeesGatedTop: the same call promotes a delayed
-// run of a new key n before its un-gating. x (gated, tag 1) is the top of
-// the competition in the model (its ack un-gated it), so n queues as the
-// lane's head at 2 and x is served; in the Lua x is still gated when n
-// registers, n finds no top and registers at V = 0, and n is served.
+// run of a new key n. x (gated, tag 1) was un-gated by the call's ack, so
+// it is the top of the competition: n queues as the lane's head at 2 and
+// x is served, as in the model (Ack, then Dequeue). The Lua used to
+// promote n while x was still gated: n found no top, registered at V = 0
+// and was served.
 func TestReviewFusedAckPromoteSeesGatedTop(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		var key atomic.Int64
-		key.Store(1)
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = true
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(key.Load())} }
-		})
+		b, key := limitFlipSetup(t, c)
 		m := vtime.New(vtime.Config{Limits: vtime.Limits{Key: 1}})
 		for i := 0; i < 2; i++ {
 			id := "x" + strconv.Itoa(i)

@@ -261,29 +261,52 @@ func TestStateTTLRefreshSurvivesSkewedClocks(t *testing.T) {
 // dequeue, so no call sees a rise. The ack looks for the gated variant
 // whatever the limit is then (the instance has given a queue a key limit),
 // and x is served by the next call. It used to wait for the gated probe
-// (y first: that call served nothing), which broke batch invariance.
+// (y first: that call served nothing), which broke batch invariance. The
+// acks of an AckAndDequeue of 0 (acks only) look too: that call returns at
+// its capacity check, before any un-gating of its own.
 func TestReleaseAfterLimitFlap(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		var key atomic.Int64
-		key.Store(1)
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = true
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(key.Load())} }
-		})
-		for _, k := range []string{"y", "z", "x"} {
-			for i := 0; i < 3; i++ {
-				reviewEnqueue(t, b, k, k+strconv.Itoa(i))
+	acks := map[string]func(b *testBundle, r *runqueue.Run) error{
+		"Ack": func(b *testBundle, r *runqueue.Run) error { return b.q.Ack(b.ctx, r) },
+		"AckAndDequeue0": func(b *testBundle, r *runqueue.Run) error {
+			_, errs, err := b.q.AckAndDequeue(b.ctx, []*runqueue.Run{r}, reviewEnv, reviewQueue, 0)
+			if err != nil {
+				return err
 			}
-		}
-		runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 3)
-		require.NoError(t, err)
-		require.Equal(t, []string{"y", "z", "x"}, []string{runs[0].Key, runs[1].Key, runs[2].Key})
-		key.Store(0)
-		require.NoError(t, b.q.Ack(b.ctx, runs[2]))
-		key.Store(1)
-		next, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
-		require.NoError(t, err)
-		require.Len(t, next, 1, "x's slot freed: it competes again at once")
-		require.Equal(t, "x", next[0].Key)
+			return errs[0]
+		},
+	}
+	for name, ack := range acks {
+		t.Run(name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b, key := limitFlipSetup(t, c)
+				for _, k := range []string{"y", "z", "x"} {
+					for i := 0; i < 3; i++ {
+						reviewEnqueue(t, b, k, k+strconv.Itoa(i))
+					}
+				}
+				runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 3)
+				require.NoError(t, err)
+				require.Equal(t, []string{"y", "z", "x"}, []string{runs[0].Key, runs[1].Key, runs[2].Key})
+				key.Store(0)
+				require.NoError(t, ack(b, runs[2]))
+				key.Store(1)
+				next, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
+				require.NoError(t, err)
+				require.Len(t, next, 1, "x's slot freed: it competes again at once")
+				require.Equal(t, "x", next[0].Key)
+			})
+		})
+	}
+}
+
+// limitFlipSetup is a flag-on bundle whose per-key limit is key (1 to
+// start with), read at every call.
+func limitFlipSetup(t *testing.T, c redis.UniversalClient) (*testBundle, *atomic.Int64) {
+	key := new(atomic.Int64)
+	key.Store(1)
+	b := setup(t, c, func(cfg *runqueue.Config) {
+		cfg.VtimeScheduling = true
+		cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(key.Load())} }
 	})
+	return b, key
 }

@@ -520,6 +520,47 @@ func throughputRow(phase string, on bool, opts Options, producers, workers, batc
 	return row
 }
 
+// phase is one measured stretch of a throughput phase: its crew, the Redis
+// CPU meter started with it, and when it started.
+type phase struct {
+	crew  *crew
+	cpu   *cpuMeter
+	start time.Time
+}
+
+// startPhase starts the Redis CPU meter and a crew of target runs; with
+// workers > 0 its Workers serve at once (obs watches their waits).
+func startPhase(ctx context.Context, c redis.UniversalClient, q *runqueue.Queue, lay layout, target int, obs *phaseObserver, opts Options, workers int) (*phase, error) {
+	cpu, err := startCPU(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	p := &phase{crew: newCrew(ctx, q, lay, target), cpu: cpu, start: time.Now()}
+	if workers > 0 {
+		obs.start(p.crew)
+		if err := p.crew.serve(workers, opts.Concurrency); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// finish waits for the crew and reads the CPU meter: the phase's row
+// (throughputRow's arguments after phase and flag) with its nodes.
+func (p *phase) finish(ctx context.Context, name string, on bool, opts Options, producers, workers, batch int) (ThroughputRow, error) {
+	end, err := p.crew.wait(ctx)
+	if err != nil {
+		return ThroughputRow{}, err
+	}
+	cpuUsec, cpuByNode, err := p.cpu.stopNodes(ctx)
+	if err != nil {
+		return ThroughputRow{}, err
+	}
+	row := throughputRow(name, on, opts, producers, workers, batch, end.Sub(p.start), cpuUsec)
+	row.Nodes = p.crew.nodes(p.start, workers, cpuByNode)
+	return row, nil
+}
+
 // concurrentThroughput runs producers and Workers at once: ThroughputRuns
 // runs, each enqueued with its enqueue time in the payload, dequeued and
 // acked.
@@ -535,33 +576,20 @@ func concurrentThroughput(ctx context.Context, c redis.UniversalClient, topo *to
 	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelAll()
 
-	cpu, err := startCPU(ctx, c)
+	ph, err := startPhase(ctx, c, q, lay, n, obs, opts, opts.Workers)
 	if err != nil {
 		return row, err
 	}
-	start := time.Now()
-	w := newCrew(ctx, q, lay, n)
-	obs.start(w)
-	if err := w.serve(opts.Workers, opts.Concurrency); err != nil {
-		return row, err
-	}
 	// Chunks of one run: the time in the payload is the time of its Enqueue.
-	w.produce(opts.Producers, n, 1, func(i int) runqueue.EnqueueParams {
+	ph.crew.produce(opts.Producers, n, 1, func(i int) runqueue.EnqueueParams {
 		payload := make([]byte, 8)
 		binary.BigEndian.PutUint64(payload, uint64(time.Now().UnixNano()))
 		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
 			ID: "t" + strconv.Itoa(i), Payload: payload}
 	})
-	end, err := w.wait(ctx)
-	if err != nil {
+	if row, err = ph.finish(ctx, phaseConcurrent, on, opts, opts.Producers, opts.Workers, fetchMax(q, opts.Concurrency)); err != nil {
 		return row, err
 	}
-	cpuUsec, cpuByNode, err := cpu.stopNodes(ctx)
-	if err != nil {
-		return row, err
-	}
-	row = throughputRow(phaseConcurrent, on, opts, opts.Producers, opts.Workers, fetchMax(q, opts.Concurrency), end.Sub(start), cpuUsec)
-	row.Nodes = w.nodes(start, opts.Workers, cpuByNode)
 	obs.waits(&row, true)
 	return row, nil
 }
@@ -582,46 +610,27 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 	// The payload has the size of the concurrent phase's (no time in it).
 	payload := []byte{0, 0, 0, 0, 0, 0, 0, 0}
 
-	cpu, err := startCPU(ctx, c)
+	ph, err := startPhase(ctx, c, q, lay, 0, obs, opts, 0)
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	p := newCrew(ctx, q, lay, 0)
 	// Producers take chunks of -batch runs, one EnqueueMany call each.
-	p.produce(opts.Producers, n, opts.Batch, func(i int) runqueue.EnqueueParams {
+	ph.crew.produce(opts.Producers, n, opts.Batch, func(i int) runqueue.EnqueueParams {
 		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
 			ID: "p" + strconv.Itoa(i), Payload: payload}
 	})
-	end, err := p.wait(ctx)
+	row, err := ph.finish(ctx, phaseEnqueue, on, opts, opts.Producers, 0, 0)
 	if err != nil {
 		return nil, err
 	}
-	cpuUsec, cpuByNode, err := cpu.stopNodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	row := throughputRow(phaseEnqueue, on, opts, opts.Producers, 0, 0, end.Sub(start), cpuUsec)
-	row.Nodes = p.nodes(start, 0, cpuByNode)
 	rows = append(rows, row)
 
-	if cpu, err = startCPU(ctx, c); err != nil {
+	if ph, err = startPhase(ctx, c, q, lay, n, obs, opts, opts.Workers); err != nil {
 		return nil, err
 	}
-	start = time.Now()
-	w := newCrew(ctx, q, lay, n)
-	obs.start(w)
-	if err := w.serve(opts.Workers, opts.Concurrency); err != nil {
+	if row, err = ph.finish(ctx, phaseProcess, on, opts, 0, opts.Workers, fetchMax(q, opts.Concurrency)); err != nil {
 		return nil, err
 	}
-	if end, err = w.wait(ctx); err != nil {
-		return nil, err
-	}
-	if cpuUsec, cpuByNode, err = cpu.stopNodes(ctx); err != nil {
-		return nil, err
-	}
-	row = throughputRow(phaseProcess, on, opts, 0, opts.Workers, fetchMax(q, opts.Concurrency), end.Sub(start), cpuUsec)
-	row.Nodes = w.nodes(start, opts.Workers, cpuByNode)
 	obs.waits(&row, false)
 	rows = append(rows, row)
 	return rows, nil
@@ -640,16 +649,11 @@ func steadyThroughput(ctx context.Context, c redis.UniversalClient, topo *topolo
 	n := opts.ThroughputRuns
 	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelAll()
-	cpu, err := startCPU(ctx, c)
+	ph, err := startPhase(ctx, c, q, lay, n, obs, opts, opts.Workers)
 	if err != nil {
 		return row, err
 	}
-	start := time.Now()
-	w := newCrew(ctx, q, lay, n)
-	obs.start(w)
-	if err := w.serve(opts.Workers, opts.Concurrency); err != nil {
-		return row, err
-	}
+	w, start := ph.crew, ph.start
 	w.wg.Go(func() {
 		t := time.NewTicker(time.Millisecond)
 		defer t.Stop()
@@ -676,17 +680,10 @@ func steadyThroughput(ctx context.Context, c redis.UniversalClient, topo *topolo
 			}
 		}
 	})
-	end, err := w.wait(ctx)
-	if err != nil {
+	if row, err = ph.finish(ctx, phaseSteady, on, opts, 1, opts.Workers, fetchMax(q, opts.Concurrency)); err != nil {
 		return row, err
 	}
-	cpuUsec, cpuByNode, err := cpu.stopNodes(ctx)
-	if err != nil {
-		return row, err
-	}
-	row = throughputRow(phaseSteady, on, opts, 1, opts.Workers, fetchMax(q, opts.Concurrency), end.Sub(start), cpuUsec)
 	row.RateTarget = rate
-	row.Nodes = w.nodes(start, opts.Workers, cpuByNode)
 	obs.waits(&row, true)
 	return row, nil
 }

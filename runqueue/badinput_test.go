@@ -110,10 +110,10 @@ func seedBadInput(t *testing.T, b *testBundle) badInputState {
 // error and that Redis is unchanged.
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	for _, bk := range []backend{{"Mini", redistest.Mini}, {"Real", redistest.Real}} {
-		t.Run(bk.name, func(t *testing.T) {
+	for _, bk := range []backend{{Name: "Mini", Client: redistest.Mini}, {Name: "Real", Client: redistest.Real}} {
+		t.Run(bk.Name, func(t *testing.T) {
 			t.Parallel()
-			c := bk.client(t)
+			c := bk.Client(t)
 			b := setup(t, c, func(cfg *runqueue.Config) {
 				cfg.MaxPayloadBytes = 16
 				cfg.MaxDequeueCount = 50

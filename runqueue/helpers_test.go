@@ -20,42 +20,27 @@ import (
 )
 
 // backend is one kind of Redis a conformance test runs on.
-type backend struct {
-	name   string
-	client func(t testing.TB) redis.UniversalClient
-}
+type backend = redistest.Backend
 
 // backends are miniredis (always), a real redis-server and a three-node
 // Redis Cluster (skipped without one, failed under RUNQUEUE_REQUIRE_REDIS=1).
 var backends = []backend{
-	{"Mini", redistest.Mini},
-	{"Real", redistest.Real},
-	{"Cluster", redistest.Cluster},
+	{Name: "Mini", Client: redistest.Mini},
+	{Name: "Real", Client: redistest.Real},
+	{Name: "Cluster", Client: redistest.Cluster},
 }
 
 // privateBackends are backends with the binary's own real Redis and
-// cluster (redistest.Private, redistest.PrivateCluster), for the tests
-// that flush scripts or count commands: never a shared REDIS_URL or
-// REDIS_CLUSTER_ADDRS.
+// cluster, for the tests that flush scripts or count commands.
 var privateBackends = []backend{
-	{"Mini", redistest.Mini},
-	{"Real", redistest.Private},
-	{"Cluster", redistest.PrivateCluster},
+	{Name: "Mini", Client: redistest.Mini},
+	{Name: "Real", Client: redistest.Private},
+	{Name: "Cluster", Client: redistest.PrivateCluster},
 }
 
 // forEachBackend runs fn as a subtest on every backend.
 func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
-	forEachBackendIn(t, backends, fn)
-}
-
-// forEachBackendIn runs fn as a parallel subtest on each of bs.
-func forEachBackendIn(t *testing.T, bs []backend, fn func(t *testing.T, c redis.UniversalClient)) {
-	for _, b := range bs {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			fn(t, b.client(t))
-		})
-	}
+	redistest.ForEachBackend(t, backends, fn)
 }
 
 // fakeClock is a settable clock for tests.

@@ -99,15 +99,16 @@ func (e *evalCounter) snapshot() (evalsha, noscript, eval map[string]int) {
 // real server is the binary's own (redistest.Private), never a shared
 // REDIS_URL.
 func TestRunPipelinedRecoversNoScript(t *testing.T) {
-	backends := []struct {
-		name   string
-		client func(testing.TB) redis.UniversalClient
-	}{{"Mini", redistest.Mini}, {"Real", redistest.Private}, {"Cluster", redistest.PrivateCluster}}
+	backends := []redistest.Backend{
+		{Name: "Mini", Client: redistest.Mini},
+		{Name: "Real", Client: redistest.Private},
+		{Name: "Cluster", Client: redistest.PrivateCluster},
+	}
 	for _, bk := range backends {
-		t.Run(bk.name, func(t *testing.T) {
+		t.Run(bk.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			c := bk.client(t)
+			c := bk.Client(t)
 			counter := newEvalCounter(c)
 			scripts, err := buildScripts(false)
 			require.NoError(t, err)

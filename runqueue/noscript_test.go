@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -53,7 +54,7 @@ func requireNoScriptRecovered(t *testing.T, step string, calls []scriptCall) {
 // binaries share: they would reload scripts under this test, and this
 // test's flush would take theirs away.
 func TestNoScriptRecovery(t *testing.T) {
-	forEachBackendIn(t, privateBackends, func(t *testing.T, c redis.UniversalClient) {
+	redistest.ForEachBackend(t, privateBackends, func(t *testing.T, c redis.UniversalClient) {
 		rec := recordEvals(c)
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Minute })
 		ctx := b.ctx

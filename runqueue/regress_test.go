@@ -107,7 +107,7 @@ func TestEnvStatsCountsQueuesWithOnlyDeadRuns(t *testing.T) {
 // exponential backoff.
 func TestNoJitterWithNegativeBackoffJitter(t *testing.T) {
 	t.Parallel()
-	b := setup(t, backends[0].client(t), func(cfg *runqueue.Config) { cfg.BackoffJitter = -1 })
+	b := setup(t, backends[0].Client(t), func(cfg *runqueue.Config) { cfg.BackoffJitter = -1 })
 	require.Equal(t, 4*time.Second, b.q.Backoff(3))
 	require.Equal(t, 10*time.Minute, b.q.Backoff(40))
 }

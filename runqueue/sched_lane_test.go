@@ -295,9 +295,9 @@ func r2Backends(t *testing.T, mini bool, fn func(t *testing.T, c redis.Universal
 		bs = backends[:2]
 	}
 	for _, b := range bs {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			fn(t, b.client(t))
+			fn(t, b.Client(t))
 		})
 	}
 }

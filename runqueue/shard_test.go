@@ -57,10 +57,10 @@ func TestDequeueShardNoStarvation(t *testing.T) {
 	for _, bk := range []struct {
 		backend
 		backlog int
-	}{{backend{"Mini", redistest.Mini}, 2000}, {backend{"Real", redistest.Real}, 5000}} {
-		t.Run(bk.name, func(t *testing.T) {
+	}{{backend{Name: "Mini", Client: redistest.Mini}, 2000}, {backend{Name: "Real", Client: redistest.Real}, 5000}} {
+		t.Run(bk.Name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, bk.client(t), nil)
+			b := setup(t, bk.Client(t), nil)
 			big, small := sameShardEnvs(t, b.q)
 			shard := b.q.ShardOf(big)
 			enqueueMany(t, b, bk.backlog, func(i int) runqueue.EnqueueParams {

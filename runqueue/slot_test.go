@@ -253,10 +253,10 @@ func driveEverything(t *testing.T, b *testBundle) driveResult {
 // all the keys of one call are in one slot: the slot of the env's shard.
 func TestScriptKeysShareOneSlot(t *testing.T) {
 	t.Parallel()
-	for _, bk := range []backend{{"Real", redistest.Real}, {"Cluster", redistest.Cluster}} {
-		t.Run(bk.name, func(t *testing.T) {
+	for _, bk := range []backend{{Name: "Real", Client: redistest.Real}, {Name: "Cluster", Client: redistest.Cluster}} {
+		t.Run(bk.Name, func(t *testing.T) {
 			t.Parallel()
-			c := bk.client(t)
+			c := bk.Client(t)
 			rec := recordEvals(c)
 			b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Minute })
 			_, _ = rec.take() // New only loads scripts
@@ -269,7 +269,7 @@ func TestScriptKeysShareOneSlot(t *testing.T) {
 			for _, err := range errs {
 				require.NotContains(t, err.Error(), "CROSSSLOT")
 			}
-			if bk.name == "Cluster" {
+			if bk.Name == "Cluster" {
 				require.Empty(t, errs, "a cluster must answer every command")
 			}
 			names := flagOffNames(t)

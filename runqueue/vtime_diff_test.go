@@ -377,9 +377,9 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 // newcomer tag, idle entries and ckIndex after every step.
 func TestVtimeDifferential(t *testing.T) {
 	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			c := b.client(t)
+			c := b.Client(t)
 			var steps int
 			rapid.Check(t, func(rt *rapid.T) {
 				d := newDiff(t, rt, c)
@@ -428,7 +428,7 @@ func TestVtimeDifferential(t *testing.T) {
 				}
 			})
 			diffSteps.n.Add(int64(steps))
-			t.Logf("%s: %d differential steps", b.name, steps)
+			t.Logf("%s: %d differential steps", b.Name, steps)
 		})
 	}
 }
@@ -441,9 +441,9 @@ func TestVtimeDifferential(t *testing.T) {
 // an exact integer below 2^52.
 func TestVtimeRebaseAtTheEdge(t *testing.T) {
 	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			c := b.client(t)
+			c := b.Client(t)
 			ctx := context.Background()
 			clock := newFakeClock()
 			prefix := redistest.Prefix(t)

@@ -139,9 +139,9 @@ func vpProp(t *testing.T, prop func(*rapid.T, vtimetest.Factory)) {
 func vpPropDone(t *testing.T, mk func() (func(*rapid.T, vtimetest.Factory), func(testing.TB))) {
 	t.Helper()
 	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			f := vpFactory{pl: newVPPool(t, b.client(t))}
+			f := vpFactory{pl: newVPPool(t, b.Client(t))}
 			prop, done := mk()
 			rapid.Check(t, func(rt *rapid.T) { prop(rt, f) })
 			if done != nil {

@@ -207,9 +207,9 @@ func (p *vp) setWeight(t require.TestingT, key string, w float64) {
 // with a pool of queues per backend.
 func vpCheck(t *testing.T, prop func(rt *rapid.T, pl *vpPool)) {
 	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			pl := newVPPool(t, b.client(t))
+			pl := newVPPool(t, b.Client(t))
 			rapid.Check(t, func(rt *rapid.T) { prop(rt, pl) })
 		})
 	}
@@ -346,9 +346,9 @@ func TestVtimePropExactlyOneHolder(t *testing.T) {
 		secondOn bool
 	}{{"OnOn", true}, {"OnOff", false}} {
 		for _, b := range backends[:2] {
-			t.Run(pair.name+"/"+b.name, func(t *testing.T) {
+			t.Run(pair.name+"/"+b.Name, func(t *testing.T) {
 				t.Parallel()
-				vpOneHolder(t, b.client(t), pair.secondOn)
+				vpOneHolder(t, b.Client(t), pair.secondOn)
 			})
 		}
 	}
@@ -511,9 +511,9 @@ func vtimeKeysOf(t testing.TB, b *testBundle) []string {
 func TestVtimePropFlagOffNeverWritesVtime(t *testing.T) {
 	t.Parallel()
 	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			c := b.client(t)
+			c := b.Client(t)
 			rapid.Check(t, func(rt *rapid.T) {
 				keyLimit := rapid.SampledFrom([]int{0, 0, 1, 2}).Draw(rt, "keyLimit")
 				// A key space of its own: lease recovery and TTL sweeps work
@@ -622,7 +622,7 @@ func TestVtimePropFlagOffNeverWritesVtime(t *testing.T) {
 					require.NoError(rt, err)
 					require.Zero(rt, n, "a flag-off instance wrote a vtime key")
 				}
-				if b.name == "Mini" {
+				if b.Name == "Mini" {
 					// The whole key space (a private miniredis: a SCAN is cheap).
 					require.Empty(rt, vtimeKeysOf(t, bundle), "a flag-off instance wrote a vtime key")
 				}
@@ -673,9 +673,9 @@ func TestVtimeIdleCapOnExpiry(t *testing.T) {
 func TestVtimePropMemory(t *testing.T) {
 	t.Parallel()
 	for _, b := range backends[:2] {
-		t.Run(b.name, func(t *testing.T) {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			c := b.client(t)
+			c := b.Client(t)
 			rapid.Check(t, func(rt *rapid.T) {
 				d := newDiff(t, rt, c)
 				defer d.q.Close()

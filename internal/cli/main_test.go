@@ -29,24 +29,16 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// backends are the kinds of Redis the command runs against: miniredis,
-// a real redis-server and a three-node Redis Cluster (redis+cluster://).
-var backends = []struct {
-	name   string
-	client func(t testing.TB) redis.UniversalClient
-}{
-	{"Mini", redistest.Mini},
-	{"Real", redistest.Real},
-	{"Cluster", redistest.Cluster},
+// backends are miniredis, a real redis-server and a three-node cluster.
+var backends = []redistest.Backend{
+	{Name: "Mini", Client: redistest.Mini},
+	{Name: "Real", Client: redistest.Real},
+	{Name: "Cluster", Client: redistest.Cluster},
 }
 
+// forEachBackend runs fn as a parallel subtest on each backend.
 func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			fn(t, b.client(t))
-		})
-	}
+	redistest.ForEachBackend(t, backends, fn)
 }
 
 // urlOf is the -redis value that reaches c.

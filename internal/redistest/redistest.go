@@ -129,6 +129,26 @@ func PrivateCluster(t testing.TB) redis.UniversalClient {
 	return Cluster(t)
 }
 
+// Backend is one kind of Redis a test runs on. Each test package lists its
+// backends in a literal of its own (Mini, Real or Private, Cluster or
+// PrivateCluster), so that the cluster test target (clustertests) sees
+// which tests reach a cluster.
+type Backend struct {
+	Name   string
+	Client func(testing.TB) redis.UniversalClient
+}
+
+// ForEachBackend runs fn as a parallel subtest on each of bs.
+func ForEachBackend(t *testing.T, bs []Backend, fn func(t *testing.T, c redis.UniversalClient)) {
+	t.Helper()
+	for _, b := range bs {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, b.Client(t))
+		})
+	}
+}
+
 // ReadTimeout is the read timeout of the clients this package returns.
 // go-redis sends a command again when its reply times out (3s by
 // default), and a dequeue is not idempotent: when the first call went

@@ -28,24 +28,16 @@ func TestMain(m *testing.M) {
 	)
 }
 
-// backends are the Redis kinds the tests that read Redis run on: miniredis
-// always, a real redis-server and a three-node cluster when available.
-var backends = []struct {
-	name   string
-	client func(testing.TB) redis.UniversalClient
-}{
-	{"Mini", redistest.Mini},
-	{"Real", redistest.Real},
-	{"Cluster", redistest.Cluster},
+// backends are miniredis, a real redis-server and a three-node cluster.
+var backends = []redistest.Backend{
+	{Name: "Mini", Client: redistest.Mini},
+	{Name: "Real", Client: redistest.Real},
+	{Name: "Cluster", Client: redistest.Cluster},
 }
 
+// forEachBackend runs fn as a parallel subtest on each backend.
 func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
-	for _, b := range backends {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			fn(t, b.client(t))
-		})
-	}
+	redistest.ForEachBackend(t, backends, fn)
 }
 
 // fakeClock is a settable clock: waits and ages come out exact.

@@ -278,7 +278,7 @@ func (s *scope) scan(u use) refs {
 	visit = func(n ast.Node) bool {
 		switch n := n.(type) {
 		case *ast.SelectorExpr:
-			if x, ok := n.X.(*ast.Ident); ok && u.local != "" && x.Name == u.local && n.Sel.Name == "Cluster" {
+			if x, ok := n.X.(*ast.Ident); ok && u.local != "" && x.Name == u.local && isCluster(n.Sel.Name) {
 				r.cluster = true
 			}
 			// Sel names a field, a method or another package's object,
@@ -296,7 +296,7 @@ func (s *scope) scan(u use) refs {
 				return false
 			}
 		case *ast.Ident:
-			if s.inRedistest && n.Name == "Cluster" {
+			if s.inRedistest && isCluster(n.Name) {
 				r.cluster = true
 			}
 			r.names = append(r.names, n.Name)
@@ -394,3 +394,6 @@ func isTestName(name string) bool {
 	}
 	return false
 }
+
+// isCluster reports whether name is one of redistest's cluster clients.
+func isCluster(name string) bool { return name == "Cluster" || name == "PrivateCluster" }

@@ -17,16 +17,7 @@ import (
 // driven by hand so that the order is the one that stalled.
 func TestWorkerIdleSourceDoesNotSwallowSlotPokes(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
-	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
-		Queues:      []WorkerQueue{{Env: "e", Queue: "idle"}, {Env: "e", Queue: "busy"}},
-		Concurrency: 1,
-	})
-	require.NoError(t, err)
-	w.base = ctx
+	w := handWorker(t, 1, "idle", "busy")
 	idle, busy := w.sources[0], w.sources[1]
 
 	// The only slot is held by a running handler.
@@ -62,16 +53,7 @@ func TestWorkerIdleSourceDoesNotSwallowSlotPokes(t *testing.T) {
 // slot: a stale wait would take the poke of the next freed slot.
 func TestWorkerSourceGoingIdleForgetsItsWait(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
-	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
-		Queues:      []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}},
-		Concurrency: 3,
-	})
-	require.NoError(t, err)
-	w.base = ctx
+	w := handWorker(t, 3, "a", "b")
 	a, b := w.sources[0], w.sources[1]
 	l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 3}
 
@@ -108,16 +90,7 @@ func TestWorkerSourceGoingIdleForgetsItsWait(t *testing.T) {
 // source must not be poked by its own slot (it would not take it).
 func TestWorkerSlotGivenBackGoesToAnotherSource(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
-	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
-		Queues:      []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}},
-		Concurrency: 1,
-	})
-	require.NoError(t, err)
-	w.base = ctx
+	w := handWorker(t, 1, "a", "b")
 	a, b := w.sources[0], w.sources[1]
 	l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, full: true, gatherWant: 1}
 
@@ -140,4 +113,20 @@ func TestWorkerSlotGivenBackGoesToAnotherSource(t *testing.T) {
 	default:
 	}
 	require.Len(t, w.slots.take(b, 1, 1, nil), 1)
+}
+
+// handWorker is a Worker over queues a and b of env "e" on miniredis, not
+// started: a test drives its slots and fetch loops by hand.
+func handWorker(t *testing.T, concurrency int, a, b string) *Worker {
+	ctx := context.Background()
+	q, err := New(ctx, redistest.Mini(t), &Config{Prefix: redistest.Prefix(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
+		Queues:      []WorkerQueue{{Env: "e", Queue: a}, {Env: "e", Queue: b}},
+		Concurrency: concurrency,
+	})
+	require.NoError(t, err)
+	w.base = ctx
+	return w
 }

@@ -24,7 +24,10 @@ import (
 //     variant member, then the payload) built by Go; runs in flight are the
 //     queue's held hash (token by run) with per-key and per-env counters, in
 //     place of three sets.
-const LayoutVersion = 3
+//   - 4: ckVtime's sentinel member is a long string (not ""), and the
+//     scheduler's state hash holds a mark field, so that Redis keeps both
+//     as a skiplist and a hash table at every size (lua/lib/sched.lua).
+const LayoutVersion = 4
 
 // ErrLayout is wrapped by every *LayoutError.
 var ErrLayout = errors.New("runqueue: redis holds another layout version")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/runqueue/runqueue/internal/fairness"
 	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 	"github.com/runqueue/runqueue/vtime"
@@ -223,7 +224,7 @@ func (h *r2) checkLane(step string) {
 		case s < -(1 << 51):
 		case s < 0:
 			lane = append(lane, m)
-		case m == "" && s == 0: // the sentinel
+		case m == schedfmt.SentinelMember && s == 0:
 		default:
 			require.Greater(t, len(m), 15, "%s: member %q", step, m)
 			vm := m[15:]

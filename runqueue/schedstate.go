@@ -107,7 +107,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	z := tags.Val()
 	sentinel := false
 	for _, e := range z {
-		if e.Member == "" && e.Score == 0 {
+		if e.Member == schedfmt.SentinelMember && e.Score == 0 {
 			sentinel = true
 			break
 		}
@@ -139,6 +139,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 			st.snap.Idle[member] = int64(s) + schedfmt.GatedOffset
 		case s < 0:
 			// the newcomer lane: its members carry the "w" flag
+		case member == schedfmt.SentinelMember:
 		case len(member) > schedfmt.SeqCodeLen:
 			_, vm, _ := schedfmt.SplitMember(member)
 			rg, ok := st.snap.Reg[vm]

@@ -16,6 +16,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 	"github.com/runqueue/runqueue/vtime"
@@ -105,8 +106,8 @@ func (d *diff) now() int64 { return d.clock.Now().UnixMilli() }
 func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClient, qk keys.Queue, v, now int64) {
 	day := 24 * time.Hour
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: 0, Member: ""})
-		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gp", 0, "ng", 0, "nw", -1)
+		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: 0, Member: schedfmt.SentinelMember})
+		p.HSet(ctx, qk.CkVtimeState(), schedfmt.HashMarkField, schedfmt.HashMark, "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gp", 0, "ng", 0, "nw", -1)
 		p.PExpire(ctx, qk.CkVtime(), day)
 		p.PExpire(ctx, qk.CkVtimeState(), day)
 		return nil

@@ -29,6 +29,18 @@ const (
 	LaneEnd   = "(-1125899906842624" // -2^51 + 2^50
 )
 
+// SentinelMember is ckVtime's sentinel, at score 0 (rank 0 of the competing
+// region: "!" sorts before the digits of every competing member); the key
+// lives exactly as long as the state hash. It is over 64 bytes, and the
+// state hash's HashMarkField holds a value over 64 bytes, so that Redis keeps
+// both keys as a skiplist and a hash table from their creation instead of
+// a listpack that every lookup walks (lua/lib/sched.lua says why).
+const (
+	SentinelMember = "!runqueue scheduler: this member is longer than 64 bytes, see lib/sched"
+	HashMarkField  = "~"
+	HashMark       = "runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua"
+)
+
 // State-hash fields.
 const (
 	FieldClock    = "v"  // the clock V, in units

@@ -8,8 +8,11 @@
 --                       its registration number - 2^51 (a variant is never
 --                       both parked and registered: the member cannot
 --                       collide); its lowest is the head
---   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
---                       the region: the key lives exactly as long as the
+--   [0, 2^50)           the sentinel member (SCHED.SENTINEL_MEMBER, "!"
+--                       and then text, over 64 bytes) at score 0, always
+--                       rank 0 of the region ("!" sorts before the digits
+--                       of every competing member): the key lives exactly
+--                       as long as the
 --                       state hash (created, refreshed and expiring
 --                       together), and the dequeue's first read of the
 --                       region finds a ckVtime lost without its hash;
@@ -28,12 +31,24 @@
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
 --   head, "" when the lane is empty); and per registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
---   then "|r" when its stride remainder r is not 0.
+--   then "|r" when its stride remainder r is not 0; and the field "~"
+--   (SCHED.HASH_MARK_FIELD), never read: its value is over 64 bytes.
+-- Why over 64 bytes: Redis stores a ZSET or HASH of at most 128 entries
+-- whose members and values are all at most 64 bytes (the defaults of
+-- zset-max-listpack-* and hash-max-listpack-*) as a listpack, which every
+-- lookup, insert and range read walks from its start: at 100 keys that made
+-- a flag-on dequeue cost about 40% more Redis CPU than at 1,000. One long
+-- member (the sentinel) and one long value (the mark), written as each key
+-- is created, make Redis keep both as a skiplist and a hash table from the
+-- start, at every size (for a few hundred bytes per queue).
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
                 W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                 IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
                 WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
                 SENTINEL = '0',
+                SENTINEL_MEMBER = '!runqueue scheduler: this member is longer than 64 bytes, see lib/sched',
+                HASH_MARK_FIELD = '~',
+                HASH_MARK = 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua',
                 REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
                 REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
                 CODE_LEN = 15, VM_AT = 16 }
@@ -87,9 +102,9 @@ local function sched_state(S)
   if S.st then return S.st end
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
+  if not r[1] or (S.check and not redis.call('ZSCORE', S.z, SCHED.SENTINEL_MEMBER)) then
     redis.call('DEL', S.h, S.z)
-    redis.call('ZADD', S.z, SCHED.SENTINEL, '')
+    redis.call('ZADD', S.z, SCHED.SENTINEL, SCHED.SENTINEL_MEMBER)
     S.fresh = true
   else
     for i, f in ipairs(SCHED_FIELDS) do
@@ -119,6 +134,10 @@ local function sched_save(S)
       args[#args + 1] = f
       if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
     end
+  end
+  if S.fresh then
+    args[#args + 1] = SCHED.HASH_MARK_FIELD
+    args[#args + 1] = SCHED.HASH_MARK
   end
   if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
   if refresh then

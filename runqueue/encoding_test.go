@@ -1,6 +1,7 @@
 package runqueue_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -8,57 +9,115 @@ import (
 
 	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/internal/schedfmt"
+	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
-// TestSchedulerStateMarks: the scripts write the sentinel member and the
-// hash mark that Go reads and writes as schedfmt's constants (one format,
-// two languages), on both backends.
-func TestSchedulerStateMarks(t *testing.T) {
+// registerKeys enqueues one run for each of keys k<from>..k<to-1>: each
+// registers with the scheduler (flag on).
+func registerKeys(t *testing.T, b *testBundle, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		reviewEnqueue(t, b, fmt.Sprintf("k%d", i), fmt.Sprintf("r%d", i))
+	}
+}
+
+// wideMarks reports whether ckVtime holds the wide member (at its score)
+// and the state hash the wide field (with its value).
+func wideMarks(t *testing.T, b *testBundle, qk keys.Queue) (inZSet, inHash bool) {
+	t.Helper()
+	score, err := b.client.ZScore(b.ctx, qk.CkVtime(), schedfmt.WideMember).Result()
+	if err != redis.Nil {
+		require.NoError(t, err)
+		require.Equal(t, float64(schedfmt.WideScore), score)
+		inZSet = true
+	}
+	v, err := b.client.HGet(b.ctx, qk.CkVtimeState(), schedfmt.WideField).Result()
+	if err != redis.Nil {
+		require.NoError(t, err)
+		require.Equal(t, schedfmt.WideValue, v)
+		inHash = true
+	}
+	return inZSet, inHash
+}
+
+// TestSchedulerWideMarks: the scripts add the wide marks that schedfmt
+// names (one format, two languages) when the state registers its 64th
+// variant, not before; the readers of the state do not take them for keys.
+func TestSchedulerWideMarks(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
 		qk := reviewQK(t, b)
-		reviewEnqueue(t, b, "a", "a1")
-		_, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1) // creates the state
+		registerKeys(t, b, 0, schedfmt.WideAt-1)
+		z, h := wideMarks(t, b, qk)
+		require.False(t, z || h, "no mark before the %dth registration", schedfmt.WideAt)
+		registerKeys(t, b, schedfmt.WideAt-1, schedfmt.WideAt)
+		z, h = wideMarks(t, b, qk)
+		require.True(t, z && h, "both marks at the %dth registration", schedfmt.WideAt)
+		require.Greater(t, len(schedfmt.WideMember), 64)
+		require.Greater(t, len(schedfmt.WideValue), 64)
+
+		s, err := b.q.Schedule(b.ctx, reviewEnv, reviewQueue, 1000)
 		require.NoError(t, err)
-		// Rank 0 of the competing region (from score 0).
-		first, err := c.ZRangeByScoreWithScores(b.ctx, qk.CkVtime(),
-			&redis.ZRangeBy{Min: schedfmt.ActiveMin, Max: schedfmt.ActiveEnd, Count: 1}).Result()
+		require.Len(t, s.Keys, schedfmt.WideAt)
+		for _, k := range s.Keys {
+			require.True(t, k.Registered, k.Key)
+		}
+		lags, err := b.q.TopLags(b.ctx, reviewEnv, reviewQueue, 100)
 		require.NoError(t, err)
-		require.Equal(t, []redis.Z{{Score: 0, Member: schedfmt.SentinelMember}}, first)
-		mark, err := c.HGet(b.ctx, qk.CkVtimeState(), schedfmt.HashMarkField).Result()
-		require.NoError(t, err)
-		require.Equal(t, schedfmt.HashMark, mark)
-		require.Greater(t, len(schedfmt.SentinelMember), 64)
-		require.Greater(t, len(schedfmt.HashMark), 64)
+		for _, l := range lags {
+			require.Regexp(t, `^k\d+$`, l.Key)
+		}
+		// The queue drains whole, the marks left alone.
+		got := 0
+		for {
+			runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 10)
+			require.NoError(t, err)
+			if len(runs) == 0 {
+				break
+			}
+			got += len(runs)
+		}
+		require.Equal(t, schedfmt.WideAt, got)
+		z, h = wideMarks(t, b, qk)
+		require.True(t, z && h)
 	})
 }
 
-// TestSchedulerStateNeverListpack: on a real Redis at its default
-// *-max-listpack-* settings, the scheduler's two keys are a skiplist and a
-// hash table from their creation, however few keys the queue has (a
-// listpack is walked by every lookup: see lua/lib/sched.lua), and stay so
-// when the state is started again after it is lost.
-func TestSchedulerStateNeverListpack(t *testing.T) {
+// TestSchedulerStateEncoding: on a real Redis at its default
+// *-max-listpack-* settings, a small state stays a listpack (compact), and
+// from the 64th registration on the scheduler's two keys are a skiplist
+// and a hash table (a listpack is walked by every lookup: see
+// lua/lib/sched.lua), also once the state is started again after it is
+// lost and grows again.
+func TestSchedulerStateEncoding(t *testing.T) {
 	c := redistest.Real(t)
 	b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
 	qk := reviewQK(t, b)
-	check := func(step string) {
+	check := func(step, zset, hash string) {
 		t.Helper()
 		z, err := c.ObjectEncoding(b.ctx, qk.CkVtime()).Result()
 		require.NoError(t, err, step)
-		require.Equal(t, "skiplist", z, "%s: ckVtime", step)
+		require.Equal(t, zset, z, "%s: ckVtime", step)
 		h, err := c.ObjectEncoding(b.ctx, qk.CkVtimeState()).Result()
 		require.NoError(t, err, step)
-		require.Equal(t, "hashtable", h, "%s: state hash", step)
+		require.Equal(t, hash, h, "%s: state hash", step)
 	}
-	reviewEnqueue(t, b, "a", "a1")
-	reviewEnqueue(t, b, "b", "b1")
-	check("after the first enqueues")
-	_, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
+	_, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1) // the state, empty
 	require.NoError(t, err)
-	check("after a dequeue")
+	registerKeys(t, b, 0, schedfmt.WideAt-1)
+	check("63 keys", "listpack", "listpack")
+	registerKeys(t, b, schedfmt.WideAt-1, schedfmt.WideAt)
+	check("64 keys", "skiplist", "hashtable")
+	_, err = b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 100)
+	require.NoError(t, err)
+	check("after a dequeue", "skiplist", "hashtable")
+
 	require.NoError(t, c.Del(b.ctx, qk.CkVtime(), qk.CkVtimeState()).Err())
-	reviewEnqueue(t, b, "c", "c1")
-	check("after the state was lost and an enqueue started it again")
+	_, err = b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1) // a fresh state
+	require.NoError(t, err)
+	registerKeys(t, b, 100, 100+schedfmt.WideAt-1)
+	check("a fresh state of 63 keys", "listpack", "listpack")
+	registerKeys(t, b, 200, 201)
+	check("a fresh state of 64 keys", "skiplist", "hashtable")
 }

@@ -225,6 +225,7 @@ func (h *r2) checkLane(step string) {
 		case s < 0:
 			lane = append(lane, m)
 		case m == schedfmt.SentinelMember && s == 0:
+		case m == schedfmt.WideMember && s == schedfmt.WideScore:
 		default:
 			require.Greater(t, len(m), 15, "%s: member %q", step, m)
 			vm := m[15:]

@@ -17,9 +17,10 @@ import (
 // The scheduler's state as the flag-on scripts store it (lua/lib/sched.lua):
 // ckVtime holds parked tags (score = tag - 2^52), the newcomer lane (score =
 // registration number - 2^51), a sentinel ("" at 0), competing
-// registrations (member = seq code + variant member, score = tag) and gated
-// ones (score = 2^52 + gating number; the tag is in the hash); the state
-// hash holds the scalars and one field per registered variant. This file
+// registrations (member = seq code + variant member, score = tag), the wide
+// mark (at 2^51, from the 64th registration) and gated ones (score = 2^52 +
+// gating number; the tag is in the hash); the state hash holds the scalars,
+// one field per registered variant and the wide mark's field. This file
 // is its one Go reader; internal/schedfmt parses its values.
 
 // schedState is a queue's scheduler state and indexes read from Redis.
@@ -139,7 +140,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 			st.snap.Idle[member] = int64(s) + schedfmt.GatedOffset
 		case s < 0:
 			// the newcomer lane: its members carry the "w" flag
-		case member == schedfmt.SentinelMember:
+		case member == schedfmt.SentinelMember, member == schedfmt.WideMember:
 		case len(member) > schedfmt.SeqCodeLen:
 			_, vm, _ := schedfmt.SplitMember(member)
 			rg, ok := st.snap.Reg[vm]

@@ -360,7 +360,7 @@ func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag
 	for _, z := range active.Val() {
 		m, _ := z.Member.(string)
 		_, vm, ok := schedfmt.SplitMember(m)
-		if !ok || m == schedfmt.SentinelMember {
+		if !ok {
 			continue
 		}
 		key, err := keys.DecodeVariantMember(vm)

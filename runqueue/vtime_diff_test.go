@@ -107,7 +107,7 @@ func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClie
 	day := 24 * time.Hour
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, qk.CkVtime(), redis.Z{Score: 0, Member: schedfmt.SentinelMember})
-		p.HSet(ctx, qk.CkVtimeState(), schedfmt.HashMarkField, schedfmt.HashMark, "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gp", 0, "ng", 0, "nw", -1)
+		p.HSet(ctx, qk.CkVtimeState(), "v", v, "e", 0, "c", 0, "s", 1, "x", now+day.Milliseconds(), "gk", 0, "gp", 0, "ng", 0, "nw", -1)
 		p.PExpire(ctx, qk.CkVtime(), day)
 		p.PExpire(ctx, qk.CkVtimeState(), day)
 		return nil

@@ -30,15 +30,22 @@ const (
 )
 
 // SentinelMember is ckVtime's sentinel, at score 0 (rank 0 of the competing
-// region: "!" sorts before the digits of every competing member); the key
-// lives exactly as long as the state hash. It is over 64 bytes, and the
-// state hash's HashMarkField holds a value over 64 bytes, so that Redis keeps
-// both keys as a skiplist and a hash table from their creation instead of
-// a listpack that every lookup walks (lua/lib/sched.lua says why).
+// region); the key lives exactly as long as the state hash.
+const SentinelMember = ""
+
+// The wide marks: when a state registers its WideAt-th variant, the
+// scripts add WideMember to ckVtime at score WideScore (between the
+// competing and the gated regions: no region holds it) and WideField =
+// WideValue to the state hash. Both are over 64 bytes, so that Redis keeps
+// the keys as a skiplist and a hash table from then on instead of a
+// listpack that every lookup walks (lua/lib/sched.lua says why). Nothing
+// reads them.
 const (
-	SentinelMember = "!runqueue scheduler: this member is longer than 64 bytes, see lib/sched"
-	HashMarkField  = "~"
-	HashMark       = "runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua"
+	WideAt     = 64
+	WideScore  = 1 << 51
+	WideMember = "runqueue scheduler: this member is longer than 64 bytes, see lib/sched"
+	WideField  = "~"
+	WideValue  = "runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua"
 )
 
 // State-hash fields.

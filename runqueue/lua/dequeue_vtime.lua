@@ -204,7 +204,7 @@ local function w_extend()
   local raw
   if W.read == 0 then
     raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', 0, n + 2)
-    if raw[1] ~= SCHED.SENTINEL_MEMBER then return nil end
+    if raw[1] ~= '' then return nil end
     table.remove(raw, 1)
     table.remove(raw, 1)
   else

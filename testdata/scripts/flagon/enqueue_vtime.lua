@@ -94,11 +94,8 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         --                       its registration number - 2^51 (a variant is never
         --                       both parked and registered: the member cannot
         --                       collide); its lowest is the head
-        --   [0, 2^50)           the sentinel member (SCHED.SENTINEL_MEMBER, "!"
-        --                       and then text, over 64 bytes) at score 0, always
-        --                       rank 0 of the region ("!" sorts before the digits
-        --                       of every competing member): the key lives exactly
-        --                       as long as the
+        --   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+        --                       the region: the key lives exactly as long as the
         --                       state hash (created, refreshed and expiring
         --                       together), and the dequeue's first read of the
         --                       region finds a ckVtime lost without its hash;
@@ -108,6 +105,8 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         --                       so equal tags order by registration in the ZSET
         --                       (bytes) and in Lua (compared as numbers: Lua's
         --                       string "<" follows the server's locale)
+        --   2^51                the wide mark (SCHED.WIDE_MEMBER), from the 64th
+        --                       registration on (see below); no region reads it
         --   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
         --                       variant's gating number (the probe's order: later
         --                       gated, later looked at); the tag is in the hash
@@ -117,24 +116,27 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
         --   head, "" when the lane is empty); and per registered variant member:
         --   its seq code, then "g" and its tag when gated or "w" when in the lane,
-        --   then "|r" when its stride remainder r is not 0; and the field "~"
-        --   (SCHED.HASH_MARK_FIELD), never read: its value is over 64 bytes.
-        -- Why over 64 bytes: Redis stores a ZSET or HASH of at most 128 entries
-        -- whose members and values are all at most 64 bytes (the defaults of
+        --   then "|r" when its stride remainder r is not 0; and, from the 64th
+        --   registration on, the wide mark's field "~" (never read).
+        -- The wide marks: Redis stores a ZSET or HASH of at most 128 entries whose
+        -- members and values are all at most 64 bytes (the defaults of
         -- zset-max-listpack-* and hash-max-listpack-*) as a listpack, which every
         -- lookup, insert and range read walks from its start: at 100 keys that made
-        -- a flag-on dequeue cost about 40% more Redis CPU than at 1,000. One long
-        -- member (the sentinel) and one long value (the mark), written as each key
-        -- is created, make Redis keep both as a skiplist and a hash table from the
-        -- start, at every size (for a few hundred bytes per queue).
+        -- a flag-on dequeue cost about a third more Redis CPU than at 1,000. When
+        -- the state registers its 64th variant, one member and one value of more
+        -- than 64 bytes make Redis turn both keys into a skiplist and a hash table
+        -- for the rest of their lifetime. A state that never registers 64 variants
+        -- stays compact (a listpack walk of a few dozen entries is cheap, and a
+        -- skiplist and a hash table cost about 1.6 KB more for one key).
         local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
                         W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                         IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
                         WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
                         SENTINEL = '0',
-                        SENTINEL_MEMBER = '!runqueue scheduler: this member is longer than 64 bytes, see lib/sched',
-                        HASH_MARK_FIELD = '~',
-                        HASH_MARK = 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua',
+                        WIDE_AT = 64, WIDE_SCORE = '2251799813685248',
+                        WIDE_MEMBER = 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched',
+                        WIDE_FIELD = '~',
+                        WIDE_VALUE = 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua',
                         REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
                         REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
                         CODE_LEN = 15, VM_AT = 16 }
@@ -184,17 +186,20 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         -- sentinel is looked for here and the state starts again whole, so no
         -- write remakes ckVtime without its sentinel and lifetime; the dequeue
         -- finds it in its first read of the tags instead (sched_broken).
-        local function sched_state(S)
+        -- r, when given, is a reply that holds SCHED_FIELDS' values from r[at + 1]
+        -- (a caller that read them with another field: see sched_register).
+        local function sched_state(S, r, at)
           if S.st then return S.st end
-          local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
+          if not r then r, at = redis.call('HMGET', S.h, unpack(SCHED_FIELDS)), 0 end
           local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-          if not r[1] or (S.check and not redis.call('ZSCORE', S.z, SCHED.SENTINEL_MEMBER)) then
+          if not r[at + 1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
             redis.call('DEL', S.h, S.z)
-            redis.call('ZADD', S.z, SCHED.SENTINEL, SCHED.SENTINEL_MEMBER)
+            redis.call('ZADD', S.z, SCHED.SENTINEL, '')
             S.fresh = true
           else
             for i, f in ipairs(SCHED_FIELDS) do
-              if r[i] then st[f] = tonumber(r[i]) or r[i] end
+              local x = r[at + i]
+              if x then st[f] = tonumber(x) or x end
             end
             if st.lh == nil then st.lh = '' end
           end
@@ -220,10 +225,6 @@ local function hooks_open(keys, args, own_keys, own_args, now)
               args[#args + 1] = f
               if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
             end
-          end
-          if S.fresh then
-            args[#args + 1] = SCHED.HASH_MARK_FIELD
-            args[#args + 1] = SCHED.HASH_MARK
           end
           if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
           if refresh then
@@ -288,13 +289,25 @@ local function hooks_open(keys, args, own_keys, own_args, now)
           end
           local seq = st.s
           st.s = st.s + 1
+          if seq == SCHED.WIDE_AT then
+            redis.call('ZADD', S.z, SCHED.WIDE_SCORE, SCHED.WIDE_MEMBER)
+            redis.call('HSET', S.h, SCHED.WIDE_FIELD, SCHED.WIDE_VALUE)
+          end
           return u, sched_code(seq), waiting, seq
         end
 
         -- A variant gained its first ready run: register it unless it has a tag.
+        -- (Before the state is read, one HMGET reads the variant's registration
+        -- and the scalars together.)
         local function sched_register(S, vm, discovered)
-          if redis.call('HEXISTS', S.h, vm) == 1 then return end
-          local st = sched_state(S)
+          local st = S.st
+          if st then
+            if redis.call('HEXISTS', S.h, vm) == 1 then return end
+          else
+            local r = redis.call('HMGET', S.h, vm, unpack(SCHED_FIELDS))
+            if r[1] then return end
+            st = sched_state(S, r, 1)
+          end
           local u, code, waiting, seq = sched_admit(S, st, vm, discovered)
           local zargs = {}
           if u then

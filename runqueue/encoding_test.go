@@ -43,7 +43,7 @@ func wideMarks(t *testing.T, b *testBundle, qk keys.Queue) (inZSet, inHash bool)
 
 // TestSchedulerWideMarks: the scripts add the wide marks that schedfmt
 // names (one format, two languages) when the state registers its 64th
-// variant, not before; the readers of the state do not take them for keys.
+// variant (ckVtime then holds 64 entries), not before; the readers of the state do not take them for keys.
 func TestSchedulerWideMarks(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
@@ -86,7 +86,7 @@ func TestSchedulerWideMarks(t *testing.T) {
 
 // TestSchedulerStateEncoding: on a real Redis at its default
 // *-max-listpack-* settings, a small state stays a listpack (compact), and
-// from the 64th registration on the scheduler's two keys are a skiplist
+// from the 64th key on the scheduler's two keys are a skiplist
 // and a hash table (a listpack is walked by every lookup: see
 // lua/lib/sched.lua), also once the state is started again after it is
 // lost and grows again.

@@ -24,9 +24,10 @@ import (
 //     variant member, then the payload) built by Go; runs in flight are the
 //     queue's held hash (token by run) with per-key and per-env counters, in
 //     place of three sets.
-//   - 4: ckVtime's sentinel member is a long string (not ""), and the
-//     scheduler's state hash holds a mark field, so that Redis keeps both
-//     as a skiplist and a hash table at every size (lua/lib/sched.lua).
+//   - 4: a scheduler state whose ckVtime holds 64 entries gets the wide
+//     marks (a ckVtime member at 2^51, a state-hash field "~", both over 64
+//     bytes), so that Redis keeps both keys as a skiplist and a hash table
+//     (lua/lib/sched.lua).
 const LayoutVersion = 4
 
 // ErrLayout is wrapped by every *LayoutError.

@@ -18,7 +18,7 @@ import (
 // ckVtime holds parked tags (score = tag - 2^52), the newcomer lane (score =
 // registration number - 2^51), a sentinel ("" at 0), competing
 // registrations (member = seq code + variant member, score = tag), the wide
-// mark (at 2^51, from the 64th registration) and gated ones (score = 2^52 +
+// mark (at 2^51, once ckVtime held 64 entries) and gated ones (score = 2^52 +
 // gating number; the tag is in the hash); the state hash holds the scalars,
 // one field per registered variant and the wide mark's field. This file
 // is its one Go reader; internal/schedfmt parses its values.
@@ -73,8 +73,9 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	var state, weights *redis.MapStringStringCmd
 	limit := int64(MaxInspectVariants)
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		// Sentinel, parked, active and gated entries: up to limit of each.
-		tags = p.ZRangeWithScores(ctx, qk.CkVtime(), 0, 3*limit+1)
+		// Sentinel, wide mark, parked, active and gated entries: up to
+		// limit of each of the last three.
+		tags = p.ZRangeWithScores(ctx, qk.CkVtime(), 0, 3*limit+2)
 		index = p.ZRangeWithScores(ctx, qk.CkIndex(), 0, limit)
 		delay = p.ZRange(ctx, qk.DelayIndex(), 0, limit)
 		state = p.HGetAll(ctx, qk.CkVtimeState())
@@ -84,7 +85,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	if int64(len(tags.Val())) > 3*limit+1 || int64(len(index.Val())) > limit || int64(len(delay.Val())) > limit {
+	if int64(len(tags.Val())) > 3*limit+2 || int64(len(index.Val())) > limit || int64(len(delay.Val())) > limit {
 		return nil, ErrTooLarge
 	}
 	st := &schedState{

@@ -19,8 +19,8 @@
 --                       so equal tags order by registration in the ZSET
 --                       (bytes) and in Lua (compared as numbers: Lua's
 --                       string "<" follows the server's locale)
---   2^51                the wide mark (SCHED.WIDE_MEMBER), from the 64th
---                       registration on (see below); no region reads it
+--   2^51                the wide mark (SCHED.WIDE_MEMBER), once the key
+--                       holds 64 entries (see below); no region reads it
 --   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
 --                       variant's gating number (the probe's order: later
 --                       gated, later looked at); the tag is in the hash
@@ -30,18 +30,22 @@
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
 --   head, "" when the lane is empty); and per registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
---   then "|r" when its stride remainder r is not 0; and, from the 64th
---   registration on, the wide mark's field "~" (never read).
+--   then "|r" when its stride remainder r is not 0; and, once ckVtime held
+--   64 entries, the wide mark's field "~" (never read).
 -- The wide marks: Redis stores a ZSET or HASH of at most 128 entries whose
 -- members and values are all at most 64 bytes (the defaults of
 -- zset-max-listpack-* and hash-max-listpack-*) as a listpack, which every
 -- lookup, insert and range read walks from its start: at 100 keys that made
--- a flag-on dequeue cost about a third more Redis CPU than at 1,000. When
--- the state registers its 64th variant, one member and one value of more
--- than 64 bytes make Redis turn both keys into a skiplist and a hash table
--- for the rest of their lifetime. A state that never registers 64 variants
--- stays compact (a listpack walk of a few dozen entries is cheap, and a
--- skiplist and a hash table cost about 1.6 KB more for one key).
+-- a flag-on dequeue cost about a third more Redis CPU than at 1,000. Every
+-- 64th registration (registration numbers 64, 128, ...) looks at ckVtime's
+-- size; when it holds 64 entries or more (tags, lane, gated, parked), one
+-- member and one value of more than 64 bytes make Redis turn both keys
+-- into a skiplist and a hash table for the rest of their lifetime. A state
+-- that stays small (a key that drains and comes back registers again, but
+-- adds no entry) stays compact: a listpack walk of a few dozen entries is
+-- cheap, and a skiplist and a hash table cost about 1.6 KB more for one
+-- key. A state that grows past 64 entries is widened within 64 further
+-- registrations.
 local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
                 W = 2251799813685248, ACTIVE_END = '(1125899906842624',
                 IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
@@ -203,7 +207,7 @@ local function sched_admit(S, st, vm, discovered)
   end
   local seq = st.s
   st.s = st.s + 1
-  if seq == SCHED.WIDE_AT then
+  if seq % SCHED.WIDE_AT == 0 and redis.call('ZCARD', S.z) >= SCHED.WIDE_AT then
     redis.call('ZADD', S.z, SCHED.WIDE_SCORE, SCHED.WIDE_MEMBER)
     redis.call('HSET', S.h, SCHED.WIDE_FIELD, SCHED.WIDE_VALUE)
   end

@@ -12,6 +12,20 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
+// cycleOneKey enqueues, dequeues and acks one run of the key "only" n
+// times (the key registers again at every cycle), then enqueues one more.
+func cycleOneKey(t *testing.T, b *testBundle, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		reviewEnqueue(t, b, "only", fmt.Sprintf("r%d", i))
+		runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+		require.NoError(t, b.q.Ack(b.ctx, runs[0]))
+	}
+	reviewEnqueue(t, b, "only", "last")
+}
+
 // TestReviewWideMarksOneKeyCycling: a queue with ONE key that keeps up
 // (enqueue, dequeue, ack, again) never registers a 64th key, yet the
 // registration counter counts every re-registration, so after 64 cycles
@@ -21,14 +35,7 @@ func TestReviewWideMarksOneKeyCycling(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
 		qk := reviewQK(t, b)
-		for i := 0; i < 2*schedfmt.WideAt; i++ {
-			reviewEnqueue(t, b, "only", fmt.Sprintf("r%d", i))
-			runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
-			require.NoError(t, err)
-			require.Len(t, runs, 1)
-			require.NoError(t, b.q.Ack(b.ctx, runs[0]))
-		}
-		reviewEnqueue(t, b, "only", "last")
+		cycleOneKey(t, b, 2*schedfmt.WideAt)
 		z, h := wideMarks(t, b, qk)
 		require.False(t, z || h, "a state that only ever registered 1 key got the wide marks (zset %v, hash %v)", z, h)
 	})
@@ -39,13 +46,7 @@ func TestReviewWideEncodingOneKey(t *testing.T) {
 	c := redistest.Real(t)
 	b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
 	qk := reviewQK(t, b)
-	for i := 0; i < 2*schedfmt.WideAt; i++ {
-		reviewEnqueue(t, b, "only", fmt.Sprintf("r%d", i))
-		runs, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1)
-		require.NoError(t, err)
-		require.NoError(t, b.q.Ack(b.ctx, runs[0]))
-	}
-	reviewEnqueue(t, b, "only", "last")
+	cycleOneKey(t, b, 2*schedfmt.WideAt)
 	z, err := c.ObjectEncoding(b.ctx, qk.CkVtime()).Result()
 	require.NoError(t, err)
 	hh, err := c.ObjectEncoding(b.ctx, qk.CkVtimeState()).Result()

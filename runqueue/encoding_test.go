@@ -84,6 +84,21 @@ func TestSchedulerWideMarks(t *testing.T) {
 	})
 }
 
+// requireStateEncoding checks the Redis encodings of the scheduler's two
+// keys (OBJECT ENCODING: a real Redis only), with their memory in the
+// message.
+func requireStateEncoding(t *testing.T, b *testBundle, qk keys.Queue, zset, hash, step string) {
+	t.Helper()
+	z, err := b.client.ObjectEncoding(b.ctx, qk.CkVtime()).Result()
+	require.NoError(t, err, step)
+	h, err := b.client.ObjectEncoding(b.ctx, qk.CkVtimeState()).Result()
+	require.NoError(t, err, step)
+	zm, _ := b.client.MemoryUsage(b.ctx, qk.CkVtime()).Result()
+	hm, _ := b.client.MemoryUsage(b.ctx, qk.CkVtimeState()).Result()
+	require.Equal(t, []string{zset, hash}, []string{z, h},
+		"%s: ckVtime and state hash encodings (memory %d + %d bytes)", step, zm, hm)
+}
+
 // TestSchedulerStateEncoding: on a real Redis at its default
 // *-max-listpack-* settings, a small state stays a listpack (compact), and
 // from the 64th key on the scheduler's two keys are a skiplist
@@ -96,12 +111,7 @@ func TestSchedulerStateEncoding(t *testing.T) {
 	qk := reviewQK(t, b)
 	check := func(step, zset, hash string) {
 		t.Helper()
-		z, err := c.ObjectEncoding(b.ctx, qk.CkVtime()).Result()
-		require.NoError(t, err, step)
-		require.Equal(t, zset, z, "%s: ckVtime", step)
-		h, err := c.ObjectEncoding(b.ctx, qk.CkVtimeState()).Result()
-		require.NoError(t, err, step)
-		require.Equal(t, hash, h, "%s: state hash", step)
+		requireStateEncoding(t, b, qk, zset, hash, step)
 	}
 	_, err := b.q.Dequeue(b.ctx, reviewEnv, reviewQueue, 1) // the state, empty
 	require.NoError(t, err)

@@ -47,14 +47,8 @@ func TestReviewWideEncodingOneKey(t *testing.T) {
 	b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
 	qk := reviewQK(t, b)
 	cycleOneKey(t, b, 2*schedfmt.WideAt)
-	z, err := c.ObjectEncoding(b.ctx, qk.CkVtime()).Result()
-	require.NoError(t, err)
-	hh, err := c.ObjectEncoding(b.ctx, qk.CkVtimeState()).Result()
-	require.NoError(t, err)
-	mem, _ := c.MemoryUsage(b.ctx, qk.CkVtime()).Result()
-	memh, _ := c.MemoryUsage(b.ctx, qk.CkVtimeState()).Result()
-	require.Equal(t, []string{"listpack", "listpack"}, []string{z, hh},
-		"one-key state after %d cycles (memory %d + %d bytes)", 2*schedfmt.WideAt, mem, memh)
+	requireStateEncoding(t, b, qk, "listpack", "listpack",
+		fmt.Sprintf("one-key state after %d cycles", 2*schedfmt.WideAt))
 }
 
 // TestReviewWideMarkTakesInspectSlot: readScheduler reads ckVtime ranks

@@ -37,10 +37,10 @@ const SentinelMember = ""
 // WideAt, 2 WideAt, ...) of a state whose ckVtime holds at least WideAt
 // entries, the scripts add WideMember to ckVtime at score WideScore
 // (between the competing and the gated regions: no region holds it) and
-// WideField = WideValue to the state hash. Both are over 64 bytes, so that Redis keeps
-// the keys as a skiplist and a hash table from then on instead of a
-// listpack that every lookup walks (lua/lib/sched.lua says why). Nothing
-// reads them.
+// WideField = WideValue to the state hash. Both are over 64 bytes, so that
+// Redis keeps the keys as a skiplist and a hash table from then on instead
+// of a listpack that every lookup walks (lua/lib/sched.lua says why).
+// Nothing reads them.
 const (
 	WideAt     = 64
 	WideScore  = 1 << 51

@@ -39,7 +39,17 @@ type EnqueueParams struct {
 // idempotent retry). The same id with another body is ErrConflict; a full
 // queue is a *QueueFullError (errors.Is ErrQueueFull). Nothing is written on
 // error.
+//
+// Concurrent Enqueue calls on one Queue are coalesced: runs that arrive
+// while earlier calls are in flight are sent together, in one EnqueueMany,
+// each with its own result (see Config.SerialEnqueue). A call alone is sent
+// at once. When ctx ends first, Enqueue returns ctx.Err(): a run not yet
+// sent is withdrawn; one already sent may or may not be queued, and a
+// retry is safe.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
+	if !q.cfg.SerialEnqueue {
+		return q.enqueueCoalesced(ctx, p)
+	}
 	res, err := q.EnqueueMany(ctx, []EnqueueParams{p})
 	if err != nil {
 		return false, err

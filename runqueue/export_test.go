@@ -71,3 +71,17 @@ func scriptSources(vtime bool) (map[string]string, error) {
 // Heartbeat extends the leases of w's running handlers now, as its
 // heartbeat does every WorkerConfig.HeartbeatInterval. Tests only.
 func (w *Worker) Heartbeat() { w.heartbeat() }
+
+// PendingEnqueues is how many coalesced Enqueue runs wait for a sender.
+func (q *Queue) PendingEnqueues() int {
+	q.enq.mu.Lock()
+	defer q.enq.mu.Unlock()
+	return len(q.enq.pending)
+}
+
+// EnqueueSenders is how many goroutines send coalesced Enqueue runs.
+func (q *Queue) EnqueueSenders() int {
+	q.enq.mu.Lock()
+	defer q.enq.mu.Unlock()
+	return q.enq.senders
+}

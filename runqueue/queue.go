@@ -23,6 +23,7 @@ type Queue struct {
 	observe bool // cfg.Observer is not a NopObserver
 
 	waker    *waker
+	enq      coalescer // Enqueue's pending runs
 	closed   chan struct{}
 	closeMu  sync.Mutex
 	rr       uint64        // rotates the env order of shard dequeues

@@ -1,0 +1,262 @@
+package runqueue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// gateHook holds every pipeline of script calls at a gate until it opens,
+// and records how many runs each enqueue script call carried.
+type gateHook struct {
+	mu      sync.Mutex
+	gate    chan struct{}
+	blocked int   // pipelines that reached the gate
+	runs    []int // ARGV[8] of each EVALSHA/EVAL sent, in order
+}
+
+func newGateHook() *gateHook { return &gateHook{gate: make(chan struct{})} }
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		scripts := false
+		for _, c := range cmds {
+			args := c.Args()
+			if name := fmt.Sprint(args[0]); name != "evalsha" && name != "eval" {
+				continue
+			}
+			scripts = true
+			numKeys := args[2].(int)
+			h.mu.Lock()
+			h.runs = append(h.runs, args[3+numKeys+7].(int))
+			h.mu.Unlock()
+		}
+		if scripts {
+			h.mu.Lock()
+			h.blocked++
+			gate := h.gate
+			h.mu.Unlock()
+			<-gate
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *gateHook) open() { close(h.gate) }
+
+func (h *gateHook) reached() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.blocked
+}
+
+// await waits until n pipelines have reached the gate.
+func (h *gateHook) await(t *testing.T, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return h.reached() == n }, 5*time.Second, time.Millisecond)
+}
+
+func (h *gateHook) calls() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Sorted(slices.Values(h.runs))
+}
+
+// gated returns a bundle whose Queue talks to c's server through a client
+// of its own that holds script calls at h's gate.
+func gated(t *testing.T, c redis.UniversalClient, h *gateHook, mutate func(*runqueue.Config)) *testBundle {
+	t.Helper()
+	o := otherClient(t, c)
+	b := setup(t, o, mutate)
+	o.AddHook(h)
+	return b
+}
+
+func coalesceRun(id string) runqueue.EnqueueParams {
+	return runqueue.EnqueueParams{Env: env, Queue: "q", Key: "k", ID: id, Payload: []byte("p-" + id)}
+}
+
+// enqueueAsync calls Enqueue in a goroutine; its outcome arrives on the
+// returned channel.
+func enqueueAsync(ctx context.Context, q *runqueue.Queue, p runqueue.EnqueueParams) <-chan error {
+	out := make(chan error, 1)
+	go func() {
+		ok, err := q.Enqueue(ctx, p)
+		if err == nil && !ok {
+			err = errors.New("not queued")
+		}
+		out <- err
+	}()
+	return out
+}
+
+func queuedIDs(t *testing.T, b *testBundle) []string {
+	t.Helper()
+	return sortedCopy(runIDs(dequeue(t, b, "q", 1000)))
+}
+
+// Runs that arrive while both senders are busy go together in one script
+// call, each with its own result, and the senders end when nothing is left.
+func TestEnqueueCoalescesConcurrentCalls(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		h := newGateHook()
+		b := gated(t, c, h, nil)
+		first := []<-chan error{enqueueAsync(b.ctx, b.q, coalesceRun("a"))}
+		h.await(t, 1)
+		first = append(first, enqueueAsync(b.ctx, b.q, coalesceRun("b")))
+		h.await(t, 2)
+		var later []<-chan error
+		for i := range 5 {
+			later = append(later, enqueueAsync(b.ctx, b.q, coalesceRun("c"+strconv.Itoa(i))))
+		}
+		require.Eventually(t, func() bool { return b.q.PendingEnqueues() == 5 }, 5*time.Second, time.Millisecond)
+		require.Equal(t, 2, b.q.EnqueueSenders(), "at most two senders")
+		h.open()
+		for _, ch := range append(first, later...) {
+			require.NoError(t, <-ch)
+		}
+		require.Equal(t, []int{1, 1, 5}, h.calls(), "the five waiting runs went in one call")
+		require.Eventually(t, func() bool { return b.q.EnqueueSenders() == 0 }, 5*time.Second, time.Millisecond)
+		require.Equal(t, []string{"a", "b", "c0", "c1", "c2", "c3", "c4"}, queuedIDs(t, b))
+	})
+}
+
+// A caller that gives up before its run is sent withdraws it: nothing is
+// written. One that gives up after its run was sent gets ctx.Err(), and
+// the call goes on for it and for the runs sent with it.
+func TestEnqueueCoalescedCancel(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		h := newGateHook()
+		b := gated(t, c, h, nil)
+		ctxA, cancelA := context.WithCancel(b.ctx)
+		defer cancelA()
+		a := enqueueAsync(ctxA, b.q, coalesceRun("a"))
+		h.await(t, 1)
+		bb := enqueueAsync(b.ctx, b.q, coalesceRun("b"))
+		h.await(t, 2)
+
+		ctxC, cancelC := context.WithCancel(b.ctx)
+		cc := enqueueAsync(ctxC, b.q, coalesceRun("c"))
+		ctxD, cancelD := context.WithCancel(b.ctx)
+		defer cancelD()
+		d := enqueueAsync(ctxD, b.q, coalesceRun("d"))
+		e := enqueueAsync(b.ctx, b.q, coalesceRun("e"))
+		require.Eventually(t, func() bool { return b.q.PendingEnqueues() == 3 }, 5*time.Second, time.Millisecond)
+		cancelC()
+		require.ErrorIs(t, <-cc, context.Canceled)
+		require.Equal(t, 2, b.q.PendingEnqueues(), "c withdrawn")
+		cancelA()
+		require.ErrorIs(t, <-a, context.Canceled, "a was sent: its caller stops waiting")
+
+		h.open()
+		require.NoError(t, <-bb)
+		require.Eventually(t, func() bool { return b.q.PendingEnqueues() == 0 }, 5*time.Second, time.Millisecond)
+		// d's call is sent on d's context without its cancellation: d
+		// giving up now does not fail e.
+		cancelD()
+		require.NoError(t, <-e)
+		if err := <-d; err != nil {
+			require.ErrorIs(t, err, context.Canceled)
+		}
+		require.Eventually(t, func() bool { return b.q.EnqueueSenders() == 0 }, 5*time.Second, time.Millisecond)
+		require.Equal(t, []int{1, 1, 2}, h.calls())
+		require.Equal(t, []string{"a", "b", "d", "e"}, queuedIDs(t, b), "c was never written")
+	})
+}
+
+// With Config.SerialEnqueue every Enqueue is a script call of its own.
+func TestSerialEnqueue(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		h := newGateHook()
+		b := gated(t, c, h, func(cfg *runqueue.Config) { cfg.SerialEnqueue = true })
+		var chs []<-chan error
+		for i := range 4 {
+			chs = append(chs, enqueueAsync(b.ctx, b.q, coalesceRun("s"+strconv.Itoa(i))))
+		}
+		h.await(t, 4)
+		require.Zero(t, b.q.PendingEnqueues())
+		h.open()
+		for _, ch := range chs {
+			require.NoError(t, <-ch)
+		}
+		require.Equal(t, []int{1, 1, 1, 1}, h.calls())
+		require.Equal(t, []string{"s0", "s1", "s2", "s3"}, queuedIDs(t, b))
+	})
+}
+
+// Many goroutines at once: every result is the run's own (queued, an
+// idempotent retry, a conflict, invalid input, a full queue), and the
+// queue holds exactly the runs reported queued.
+func TestEnqueueCoalescedResults(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		const goroutines, perG, depth = 8, 40, 250
+		b := setup(t, c, func(cfg *runqueue.Config) { cfg.MaxQueueDepth = depth })
+		var mu sync.Mutex
+		var queued []string
+		full := 0
+		var wg sync.WaitGroup
+		errs := make(chan error, goroutines)
+		for g := range goroutines {
+			wg.Go(func() {
+				for i := range perG {
+					id := fmt.Sprintf("g%d-%d", g, i)
+					ok, err := b.q.Enqueue(b.ctx, coalesceRun(id))
+					switch {
+					case errors.Is(err, runqueue.ErrQueueFull):
+						mu.Lock()
+						full++
+						mu.Unlock()
+						continue
+					case err != nil || !ok:
+						errs <- fmt.Errorf("%s: %v %w", id, ok, err)
+						return
+					}
+					mu.Lock()
+					queued = append(queued, id)
+					mu.Unlock()
+					// A retry of the same run is a no-op; the same id with
+					// another payload is a conflict; a bad run is refused.
+					if ok, err := b.q.Enqueue(b.ctx, coalesceRun(id)); ok || err != nil {
+						errs <- fmt.Errorf("retry of %s: %v %v", id, ok, err)
+						return
+					}
+					other := coalesceRun(id)
+					other.Payload = []byte("other")
+					if _, err := b.q.Enqueue(b.ctx, other); !errors.Is(err, runqueue.ErrConflict) {
+						errs <- fmt.Errorf("conflict of %s: %v", id, err)
+						return
+					}
+					bad := coalesceRun("")
+					var inv *runqueue.InvalidError
+					if _, err := b.q.Enqueue(b.ctx, bad); !errors.As(err, &inv) {
+						errs <- fmt.Errorf("invalid: %v", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		require.Len(t, queued, depth)
+		require.Equal(t, goroutines*perG-depth, full)
+		require.Equal(t, sortedCopy(queued), queuedIDs(t, b))
+		require.Eventually(t, func() bool { return b.q.EnqueueSenders() == 0 }, 5*time.Second, time.Millisecond)
+	})
+}

@@ -56,6 +56,8 @@ type Options struct {
 	SweepRuns  int
 
 	Producers, Workers, ThroughputRuns, ThroughputKeys, Batch int
+	// SingleProducers are the goroutines of the single-Enqueue phases.
+	SingleProducers int
 	// Concurrency is each throughput Worker's WorkerConfig.Concurrency
 	// (0: its default, 100).
 	Concurrency int
@@ -73,13 +75,14 @@ func DefaultOptions() Options {
 		SweepKeys:  []int{10, 100, 1000, 10000, 100000},
 		SweepRuns:  5000,
 		Producers:  4, Workers: 1, ThroughputRuns: 20000, ThroughputKeys: 100, Batch: 10,
+		SingleProducers: 8,
 	}
 }
 
 func (o Options) validate() error {
 	for name, v := range map[string]int{"cost-runs": o.CostRuns, "cost-repeats": o.CostRepeats, "cost-keys": o.CostKeys, "gated-calls": o.GatedCalls,
 		"sweep-runs": o.SweepRuns, "producers": o.Producers, "workers": o.Workers, "runs": o.ThroughputRuns,
-		"keys": o.ThroughputKeys, "batch": o.Batch} {
+		"keys": o.ThroughputKeys, "batch": o.Batch, "single-producers": o.SingleProducers} {
 		if v < 1 {
 			return fmt.Errorf("-%s must be at least 1, got %d", name, v)
 		}

@@ -30,6 +30,7 @@ func tinyOptions() Options {
 		CostRuns:  120, CostRepeats: 1, CostKeys: 10, GatedCalls: 20, GatedKeys: 8,
 		MemoryKeys: []int{10, 50}, SweepKeys: []int{10, 50}, SweepRuns: 40,
 		Producers: 2, Workers: 2, ThroughputRuns: 200, ThroughputKeys: 10, Batch: 10, Concurrency: 10,
+		SingleProducers: 3,
 	}
 }
 
@@ -624,4 +625,29 @@ func TestDownsample(t *testing.T) {
 	require.Equal(t, 0.0, xy[0].X)
 	require.Equal(t, 999.0, xy[len(xy)-1].X, "the last point is kept")
 	require.Equal(t, 333.0, xy[len(xy)-1].Y)
+}
+
+func TestThroughputTargets(t *testing.T) {
+	t.Parallel()
+	rows := []ThroughputRow{
+		{Phase: phaseSingle, Flag: "off", RunsPerSec: 60000},
+		{Phase: phaseSingle, Flag: "on", RunsPerSec: 49999},
+		{Phase: phaseSerial, Flag: "on", RunsPerSec: 90000}, // not a target
+		{Phase: phaseEnqueue, Flag: "off", RunsPerSec: 150000},
+		{Phase: phaseEnqueue, Flag: "on", RunsPerSec: 200000},
+	}
+	opts := Options{SingleProducers: 8, Producers: 4, Batch: 10}
+	got := map[string]TargetRow{}
+	for _, tr := range throughputTargets(rows, opts) {
+		got[tr.Op] = tr
+	}
+	require.Len(t, got, 2)
+	// Judged on flag on, against an absolute rate; flag off only shown.
+	require.False(t, got[phaseSingle].Met)
+	require.Equal(t, 60000.0, got[phaseSingle].Off)
+	require.Equal(t, "single Enqueue, 8 producers", got[phaseSingle].Target)
+	require.True(t, got[phaseEnqueue].Met)
+	require.Equal(t, ">= 200000 runs/s (flag on)", got[phaseEnqueue].Limit)
+	// No phase row, no target.
+	require.Empty(t, throughputTargets(rows[:1], opts))
 }

@@ -96,6 +96,7 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 	sweepKeys := fs.String("sweep-keys", joinInts(o.SweepKeys), "active key counts of the cost sweep")
 	fs.IntVar(&o.SweepRuns, "sweep-runs", o.SweepRuns, "runs dequeued and acked at each sweep point")
 	fs.IntVar(&o.Producers, "producers", o.Producers, "throughput: producer goroutines (concurrent and prefilled phases)")
+	fs.IntVar(&o.SingleProducers, "single-producers", o.SingleProducers, "throughput: producer goroutines of the single-Enqueue phases")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "throughput: runqueue.Worker instances, each serving every env of the bench")
 	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "throughput: each Worker's Concurrency (0: its default, 100)")
 	fs.Float64Var(&o.SteadyRate, "steady-rate", o.SteadyRate, "throughput: enqueue rate (runs/s) of the steady phase (0: half the process phase's runs/s)")

@@ -54,6 +54,9 @@ func sections(rep *Report) []section {
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseProcess }) {
 		out = append(out, prefilledSection(rep))
 	}
+	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseSingle || r.Phase == phaseSerial }) {
+		out = append(out, singleSection(rep))
+	}
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.WaitLight != nil || r.WaitHeavy != nil }) {
 		out = append(out, waitSection(rep))
 	}
@@ -295,6 +298,23 @@ func prefilledSection(rep *Report) section {
 			"the method other queues (BullMQ, asynq) publish: jobs added first, then processed; their per-job Redis CPU is process CPU too",
 			"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs: commands plus the network work a user pays for",
 			"no worker is subscribed while the queue fills, so the enqueues' wake-up PUBLISH reaches nobody (in the concurrent run it reaches the workers)",
+		}}
+}
+
+// singleSection shows the single-Enqueue phases, coalesced and serial.
+func singleSection(rep *Report) section {
+	t := &table{header: []string{"FLAG", "ENQUEUE", "PRODUCERS", "RUNS", "KEYS", "RUNS/S", "CPU µs/RUN"},
+		right: []bool{false, false, true, true, true, true, true}}
+	for _, r := range rep.Throughput {
+		mode := map[string]string{phaseSingle: "coalesced (default)", phaseSerial: "serial (Config.SerialEnqueue)"}[r.Phase]
+		if mode != "" {
+			t.add(r.Flag, mode, fmt.Sprint(r.Producers), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2))
+		}
+	}
+	return section{title: "Single Enqueue calls (wall clock): producer goroutines each enqueue one run at a time with Enqueue, no worker running", t: t,
+		notes: []string{
+			"coalesced: concurrent Enqueue calls of one Queue go together in EnqueueMany calls, at most two in flight; serial: one script call per Enqueue",
+			"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs",
 		}}
 }
 

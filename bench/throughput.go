@@ -37,9 +37,15 @@ const (
 	// default half the process phase's runs/s on the same flag) while the
 	// workers serve; it measures the wait of a queue that keeps up.
 	phaseSteady = "steady"
+	// phaseSingle and phaseSerial: -single-producers goroutines each call
+	// Enqueue for one run at a time, with no worker running; phaseSingle
+	// on a default Queue (concurrent calls coalesced), phaseSerial with
+	// Config.SerialEnqueue (a script call per run).
+	phaseSingle = "enqueue-single"
+	phaseSerial = "enqueue-serial"
 )
 
-var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseSteady}
+var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseSteady, phaseSingle, phaseSerial}
 
 // ThroughputRow is one throughput phase on one flag state.
 type ThroughputRow struct {
@@ -207,8 +213,14 @@ func (l layout) node(i int) int { return i % len(l.envs) }
 // throughputQueue opens a fresh queue for a phase and lays its envs out:
 // on a cluster (topo not nil), one per master. A prefix whose shards miss a
 // master is given up for a fresh one.
-func throughputQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient, topo *topology, on bool, obs runqueue.Observer) (*runqueue.Queue, layout, func(*error), error) {
-	observe := func(cfg *runqueue.Config) { cfg.Observer = obs }
+func throughputQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient, topo *topology, on bool, obs runqueue.Observer,
+	mutate ...func(*runqueue.Config)) (*runqueue.Queue, layout, func(*error), error) {
+	observe := func(cfg *runqueue.Config) {
+		cfg.Observer = obs
+		for _, m := range mutate {
+			m(cfg)
+		}
+	}
 	if topo == nil {
 		q, done, err := scratchQueue(ctx, ks, c, on, nil, observe) // the wall clock
 		return q, layout{envs: []string{benchEnv}}, done, err
@@ -239,9 +251,17 @@ func throughputQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient,
 	return nil, layout{}, nil, fmt.Errorf("under %d fresh prefixes, the %d shards of the bench's queue always missed one of the %d masters", attempts, shards, len(topo.nodes))
 }
 
-// enqueueRuns enqueues ps, a producer's chunk, in one EnqueueMany call (one
-// script call per base queue, in one pipeline).
+// enqueueRuns enqueues ps, a producer's chunk: a chunk of one run with
+// Enqueue, a longer one in one EnqueueMany call (one script call per base
+// queue, in one pipeline).
 func enqueueRuns(ctx context.Context, q *runqueue.Queue, ps []runqueue.EnqueueParams) error {
+	if len(ps) == 1 {
+		_, err := q.Enqueue(ctx, ps[0])
+		if err != nil {
+			return fmt.Errorf("run %s: %w", ps[0].ID, err)
+		}
+		return nil
+	}
 	res, err := q.EnqueueMany(ctx, ps)
 	if err != nil {
 		return err
@@ -482,6 +502,17 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 		processed[on] = rows[len(rows)-1].RunsPerSec
 	}
 	for _, on := range []bool{false, true} {
+		for _, serial := range []bool{false, true} {
+			prog.printf("throughput: %d runs, %d producers each calling Enqueue, flag %s%s", opts.ThroughputRuns, opts.SingleProducers,
+				flagName(on), map[bool]string{true: ", serial"}[serial])
+			row, err := singleThroughput(ctx, c, topo, ks, opts, on, serial)
+			if err != nil {
+				return fmt.Errorf("single enqueue throughput, flag %s: %w", flagName(on), err)
+			}
+			rep.Throughput = append(rep.Throughput, row)
+		}
+	}
+	for _, on := range []bool{false, true} {
 		rate := opts.SteadyRate
 		if rate == 0 {
 			rate = processed[on] / 2
@@ -494,7 +525,38 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 		rep.Throughput = append(rep.Throughput, row)
 	}
 	sortThroughput(rep.Throughput)
+	rep.Targets = append(rep.Targets, throughputTargets(rep.Throughput, opts)...)
 	return nil
+}
+
+// throughputTargets judges the enqueue rates of docs/design.md section 9,
+// flag on, flag off beside it: single Enqueue calls (the coalesced phase)
+// and a batch enqueue (the prefilled phase's EnqueueMany calls).
+func throughputTargets(rows []ThroughputRow, opts Options) []TargetRow {
+	var out []TargetRow
+	add := func(target, phase string, limit float64) {
+		var r TargetRow
+		seen := false
+		for _, row := range rows {
+			if row.Phase != phase {
+				continue
+			}
+			if row.Flag == "on" {
+				r.On, seen = row.RunsPerSec, true
+			} else {
+				r.Off = row.RunsPerSec
+			}
+		}
+		if !seen {
+			return
+		}
+		r.Target, r.Op, r.Metric = target, phase, "runs_per_sec"
+		r.Limit, r.Met = fmt.Sprintf(">= %s runs/s (flag on)", num(limit)), r.On >= limit
+		out = append(out, r)
+	}
+	add(fmt.Sprintf("single Enqueue, %d producers", opts.SingleProducers), phaseSingle, 50000)
+	add(fmt.Sprintf("batch enqueue (EnqueueMany of %d runs, %d producers)", opts.Batch, opts.Producers), phaseEnqueue, 200000)
+	return out
 }
 
 // sortThroughput orders the rows by phase, then flag off before on.
@@ -634,6 +696,35 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 	obs.waits(&row, false)
 	rows = append(rows, row)
 	return rows, nil
+}
+
+// singleThroughput enqueues ThroughputRuns runs from SingleProducers
+// goroutines, each calling Enqueue for one run at a time, with no worker:
+// coalesced (a default Queue) or, with serial, a script call per run.
+func singleThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on, serial bool) (row ThroughputRow, err error) {
+	obs := &phaseObserver{keys: opts.ThroughputKeys}
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs, func(cfg *runqueue.Config) { cfg.SerialEnqueue = serial })
+	if err != nil {
+		return row, err
+	}
+	defer done(&err)
+	n := opts.ThroughputRuns
+	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancelAll()
+	payload := []byte{0, 0, 0, 0, 0, 0, 0, 0}
+	ph, err := startPhase(ctx, c, q, lay, 0, obs, opts, 0)
+	if err != nil {
+		return row, err
+	}
+	ph.crew.produce(opts.SingleProducers, n, 1, func(i int) runqueue.EnqueueParams {
+		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
+			ID: "e" + strconv.Itoa(i), Payload: payload}
+	})
+	name := phaseSingle
+	if serial {
+		name = phaseSerial
+	}
+	return ph.finish(ctx, name, on, opts, opts.SingleProducers, 0, 0)
 }
 
 // steadyThroughput enqueues ThroughputRuns runs at rate runs/s from one

@@ -111,3 +111,55 @@ func TestNoJitterWithNegativeBackoffJitter(t *testing.T) {
 	require.Equal(t, 4*time.Second, b.q.Backoff(3))
 	require.Equal(t, 10*time.Minute, b.q.Backoff(40))
 }
+
+// A stale delivery's ack and the current holder's ack of one run in one
+// call (as coalesced Acks of two workers are, when the first's lease passed
+// and the run went to the second): the current one acks the run, whatever
+// the order, and the stale one fails alone or finds the run gone.
+func TestAckManyStaleAndCurrentDelivery(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, tc := range []struct {
+			name      string
+			staleLast bool
+			fused     bool // AckAndDequeue rather than AckMany
+		}{{"StaleFirst", false, false}, {"StaleLast", true, false}, {"FusedStaleFirst", false, true}} {
+			t.Run(tc.name, func(t *testing.T) {
+				b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = 10 * time.Second })
+				enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "r"})
+				old := dequeue(t, b, queueName, 1)[0]
+				b.clock.Advance(10 * time.Second)
+				n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
+				require.NoError(t, err)
+				require.Equal(t, 1, n)
+				cur := dequeue(t, b, queueName, 1)[0]
+				require.Greater(t, cur.Token, old.Token)
+
+				acks := []*runqueue.Run{old, cur}
+				if tc.staleLast {
+					acks = []*runqueue.Run{cur, old}
+				}
+				var errs []error
+				if tc.fused {
+					var runs []*runqueue.Run
+					runs, errs, err = b.q.AckAndDequeue(b.ctx, acks, env, queueName, 10)
+					require.Empty(t, runs)
+				} else {
+					errs, err = b.q.AckMany(b.ctx, acks)
+				}
+				require.NoError(t, err)
+				if tc.staleLast {
+					require.NoError(t, errs[0], "the holder's ack")
+					require.NoError(t, errs[1], "acked in this call: gone already")
+				} else {
+					require.ErrorIs(t, errs[0], runqueue.ErrLeaseLost)
+					require.NoError(t, errs[1], "the holder's ack")
+				}
+				require.Equal(t, runqueue.Stats{}, queueStats(t, b, queueName), "the run is gone")
+				b.clock.Advance(time.Minute)
+				n, err = b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
+				require.NoError(t, err)
+				require.Zero(t, n, "no lease left to recover")
+			})
+		}
+	})
+}

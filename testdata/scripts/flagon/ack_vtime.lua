@@ -110,10 +110,12 @@ local HELD_ERRORS = {
 -- encoded id, delivery token: three values a run): each is removed
 -- everywhere and its concurrency released. Returns one value per run: 1
 -- acked, 0 gone already (an ack sent again after its first call went
--- through, or the same run twice in one call), or an error code
--- (not_found, not_in_flight, lease_lost).
+-- through, or a run acked earlier in this call), or an error code
+-- (not_found, not_in_flight, lease_lost). A run asked twice in one call is
+-- acked by the entry with its holder's token, whichever comes first (a
+-- stale delivery's ack and the holder's, sent together).
 local function held_ack(k, prefix, args, first, n, now, hooks)
-  local out, fields, ids, members, per_vm, vms, seen = {}, {}, {}, {}, {}, {}, {}
+  local out, fields, ids, members, per_vm, vms, acked = {}, {}, {}, {}, {}, {}, {}
   local asked = {}
   for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
   local holders = redis.call('HMGET', k.held, unpack(asked))
@@ -121,14 +123,15 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
     local member = prefix .. asked[i + 1]
     local err
-    if seen[member] then
-      err = 'gone' -- the same run twice in one call
+    if acked[member] then
+      err = 'gone' -- acked earlier in this call
     elseif not holders[i + 1] then
       err = held_missing(k.runs, vm, id)
     elseif holders[i + 1] ~= token then
       err = 'lease_lost'
+    else
+      acked[member] = true
     end
-    seen[member] = true
     if err == 'gone' then
       out[i + 1] = 0
     elseif err then

@@ -234,7 +234,7 @@ func TestRealRedis(t *testing.T) {
 		}
 	}
 	targets := objects(t, doc, "targets")
-	require.Len(t, targets, 14) // lifecycle 2, on/off ratios 7, batch-1 rules 2, command differences 3
+	require.Len(t, targets, 16) // lifecycle 2, on/off ratios 7, batch-1 rules 2, command differences 3, enqueue rates 2
 	lifecycle := map[string]bool{}
 	for _, tr := range targets {
 		requireFields(t, "target", tr, "target", "op", "metric", "off", "on", "limit", "met")
@@ -288,8 +288,10 @@ func TestRealRedis(t *testing.T) {
 		case "steady":
 			requireFields(t, "steady throughput row", r, "rate_target_per_sec", "latency_p50_ms")
 			require.Equal(t, []any{1.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "enqueue-single", "enqueue-serial":
+			require.Equal(t, []any{3.0, 0.0, 0.0}, []any{r["producers"], r["workers"], r["batch"]})
 		}
-		if r["phase"] == "enqueue" {
+		if r["phase"] == "enqueue" || r["phase"] == "enqueue-single" || r["phase"] == "enqueue-serial" {
 			require.NotContains(t, r, "wait_light")
 			continue
 		}
@@ -304,7 +306,7 @@ func TestRealRedis(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"concurrent/off", "concurrent/on", "enqueue/off", "enqueue/on", "process/off", "process/on",
-		"steady/off", "steady/on"}, phases)
+		"steady/off", "steady/on", "enqueue-single/off", "enqueue-single/on", "enqueue-serial/off", "enqueue-serial/on"}, phases)
 
 	requireSVG(t, filepath.Join(opts.OutDir, "sweep.svg"))
 	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))

@@ -306,7 +306,7 @@ func singleSection(rep *Report) section {
 	t := &table{header: []string{"FLAG", "ENQUEUE", "PRODUCERS", "RUNS", "KEYS", "RUNS/S", "CPU µs/RUN"},
 		right: []bool{false, false, true, true, true, true, true}}
 	for _, r := range rep.Throughput {
-		mode := map[string]string{phaseSingle: "coalesced (default)", phaseSerial: "serial (Config.SerialEnqueue)"}[r.Phase]
+		mode := map[string]string{phaseSingle: "coalesced (default)", phaseSerial: "serial (Config.SerialCalls)"}[r.Phase]
 		if mode != "" {
 			t.add(r.Flag, mode, fmt.Sprint(r.Producers), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2))
 		}

@@ -40,7 +40,7 @@ const (
 	// phaseSingle and phaseSerial: -single-producers goroutines each call
 	// Enqueue for one run at a time, with no worker running; phaseSingle
 	// on a default Queue (concurrent calls coalesced), phaseSerial with
-	// Config.SerialEnqueue (a script call per run).
+	// Config.SerialCalls (a script call per run).
 	phaseSingle = "enqueue-single"
 	phaseSerial = "enqueue-serial"
 )
@@ -50,7 +50,7 @@ var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseStea
 // ThroughputRow is one throughput phase on one flag state.
 type ThroughputRow struct {
 	Flag string `json:"flag"`
-	// Phase is "concurrent", "enqueue" or "process" (see phaseConcurrent).
+	// Phase is one of phaseOrder (see phaseConcurrent and the constants after it).
 	Phase string `json:"phase"`
 	// Producers are the producer goroutines of the phase, Workers its
 	// runqueue.Worker instances, each running Concurrency no-op handlers
@@ -703,7 +703,7 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 // coalesced (a default Queue) or, with serial, a script call per run.
 func singleThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on, serial bool) (row ThroughputRow, err error) {
 	obs := &phaseObserver{keys: opts.ThroughputKeys}
-	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs, func(cfg *runqueue.Config) { cfg.SerialEnqueue = serial })
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs, func(cfg *runqueue.Config) { cfg.SerialCalls = serial })
 	if err != nil {
 		return row, err
 	}

@@ -7,85 +7,91 @@ import (
 	"sync"
 )
 
-// Coalescing of concurrent Enqueue calls.
+// Coalescing of concurrent Enqueue and Ack calls.
 //
 // A script call has a fixed cost in Redis (the round trip's reads and
-// writes, the script's set-up) that a single Enqueue pays for one run. When
-// many goroutines call Enqueue at once, Enqueue hands its run to a list of
-// pending runs instead, and at most enqueueSenders goroutines send that list,
-// each taking every run pending at the time into one EnqueueMany (one
-// script call per base queue, in one pipeline). A caller alone is sent at
-// once, in a call of its own; runs that arrive while the senders are busy
-// go together in the next call. Each run stays all or nothing and
-// idempotent, with its own result, as with EnqueueMany.
+// writes, the script's set-up) that a single Enqueue or Ack pays for one
+// run. When many goroutines call them at once, each call hands its run to
+// a list of pending runs instead, and at most coalesceSenders goroutines
+// send that list, each taking every run pending at the time into one
+// EnqueueMany (or AckMany): one script call per base queue, in one
+// pipeline. A caller alone is sent at once, in a call of its own; runs that
+// arrive while the senders are busy go together in the next call. Each run
+// stays all or nothing and idempotent, with its own result, as with
+// EnqueueMany and AckMany.
 
-// enqueueSenders is the most coalesced EnqueueMany calls in flight at once
-// per Queue: one call can be on the wire or in Redis while the next forms.
-const enqueueSenders = 2
+// coalesceSenders is the most coalesced calls in flight at once per
+// coalescer: one call can be on the wire or in Redis while the next forms.
+const coalesceSenders = 2
 
-// pendingRun is a run handed to the senders by Enqueue.
-type pendingRun struct {
+// pending is one run handed to the senders.
+type pending[P, R any] struct {
 	ctx  context.Context // the caller's, for its values (a sender drops its cancellation)
-	p    EnqueueParams
-	res  EnqueueResult
+	p    P
+	res  R
 	done chan struct{} // closed when res is set
 }
 
-// coalescer holds the runs waiting for a sender.
-type coalescer struct {
+// coalescer gathers the runs of concurrent calls of one kind. send does
+// the work of a batch: one result per run, in order; errors are results.
+type coalescer[P, R any] struct {
+	send    func(ctx context.Context, ps []P) []R
 	mu      sync.Mutex
-	pending []*pendingRun
+	pending []*pending[P, R]
 	senders int // running sender goroutines
 }
 
-// enqueueCoalesced is Enqueue through the senders. The caller's context
-// bounds its wait: a run not yet taken by a sender is withdrawn (nothing
-// written); a run already sent may or may not be queued, and a retry is
-// safe.
-func (q *Queue) enqueueCoalesced(ctx context.Context, p EnqueueParams) (bool, error) {
+func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R) *coalescer[P, R] {
+	return &coalescer[P, R]{send: send}
+}
+
+// do hands p to the senders and returns its result. The caller's context
+// bounds its wait (err is then ctx.Err()): a run not yet taken by a sender
+// is withdrawn, nothing written; a run already sent may or may not have
+// been written, and a retry is safe.
+func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return res, err
 	}
-	r := &pendingRun{ctx: ctx, p: p, done: make(chan struct{})}
-	c := &q.enq
+	r := &pending[P, R]{ctx: ctx, p: p, done: make(chan struct{})}
 	c.mu.Lock()
 	c.pending = append(c.pending, r)
-	start := c.senders < enqueueSenders
+	start := c.senders < coalesceSenders
 	if start {
 		c.senders++
 	}
 	c.mu.Unlock()
 	if start {
-		go q.sendEnqueues()
+		go c.run()
 	}
 	select {
 	case <-r.done:
-		return r.res.Queued, r.res.Err
+		return r.res, nil
 	case <-ctx.Done():
 	}
 	c.mu.Lock()
 	if i := slices.Index(c.pending, r); i >= 0 {
 		c.pending = slices.Delete(c.pending, i, i+1)
 		c.mu.Unlock()
-		return false, ctx.Err()
+		return res, ctx.Err()
 	}
 	c.mu.Unlock()
 	// Taken: its call may have completed in the meantime.
 	select {
 	case <-r.done:
-		return r.res.Queued, r.res.Err
+		return r.res, nil
 	default:
-		return false, ctx.Err()
+		return res, ctx.Err()
 	}
 }
 
-// sendEnqueues sends the pending runs until none is left. Before it takes
-// the list it yields the processor once, so that callers woken by its last
-// call, or just arrived, join this one (with 8 producers on 2 cores, a
-// third fewer calls). Each call runs on the first run's context without its
-// cancellation: one caller giving up must not fail the runs of the others.
-func (q *Queue) sendEnqueues() {
-	c := &q.enq
+// run is a sender: it sends the pending runs until none is left. Before it
+// takes the list it yields the processor once, so that callers woken by
+// its last call, or just arrived, join this one (with 8 producers on 2
+// cores, a third fewer calls). Each call runs on the first run's context
+// without its cancellation: one caller giving up must not fail the runs of
+// the others.
+func (c *coalescer[P, R]) run() {
 	for {
 		runtime.Gosched()
 		c.mu.Lock()
@@ -97,14 +103,27 @@ func (q *Queue) sendEnqueues() {
 			return
 		}
 		c.mu.Unlock()
-		ps := make([]EnqueueParams, len(batch))
+		ps := make([]P, len(batch))
 		for i, r := range batch {
 			ps[i] = r.p
 		}
-		res, _ := q.EnqueueMany(context.WithoutCancel(batch[0].ctx), ps)
+		res := c.send(context.WithoutCancel(batch[0].ctx), ps)
 		for i, r := range batch {
 			r.res = res[i]
 			close(r.done)
 		}
 	}
+}
+
+// waiting and running report the pending runs and the running senders.
+func (c *coalescer[P, R]) waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
+func (c *coalescer[P, R]) running() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.senders
 }

@@ -17,15 +17,33 @@ import (
 )
 
 // gateHook holds every pipeline of script calls at a gate until it opens,
-// and records how many runs each enqueue script call carried.
+// and records how many runs each script call carried (ARGV[argv]). It
+// starts armed; disarmed it lets everything through unrecorded.
 type gateHook struct {
 	mu      sync.Mutex
+	argv    int // the run count's ARGV index: 8 for enqueue, 3 for ack
+	armed   bool
 	gate    chan struct{}
 	blocked int   // pipelines that reached the gate
-	runs    []int // ARGV[8] of each EVALSHA/EVAL sent, in order
+	runs    []int // the run count of each script call, in order
 }
 
-func newGateHook() *gateHook { return &gateHook{gate: make(chan struct{})} }
+func newGateHook(argv int) *gateHook {
+	return &gateHook{argv: argv, armed: true, gate: make(chan struct{})}
+}
+
+// reset closes the gate again, armed, counting runs at ARGV[argv].
+func (h *gateHook) reset(argv int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.argv, h.armed, h.gate, h.blocked, h.runs = argv, true, make(chan struct{}), 0, nil
+}
+
+func (h *gateHook) arm(on bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed = on
+}
 
 func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -33,16 +51,19 @@ func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { retur
 
 func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		armed := h.armed
+		h.mu.Unlock()
 		scripts := false
 		for _, c := range cmds {
 			args := c.Args()
-			if name := fmt.Sprint(args[0]); name != "evalsha" && name != "eval" {
+			if name := fmt.Sprint(args[0]); !armed || name != "evalsha" && name != "eval" {
 				continue
 			}
 			scripts = true
 			numKeys := args[2].(int)
 			h.mu.Lock()
-			h.runs = append(h.runs, args[3+numKeys+7].(int))
+			h.runs = append(h.runs, args[2+numKeys+h.argv].(int))
 			h.mu.Unlock()
 		}
 		if scripts {
@@ -113,7 +134,7 @@ func queuedIDs(t *testing.T, b *testBundle) []string {
 // call, each with its own result, and the senders end when nothing is left.
 func TestEnqueueCoalescesConcurrentCalls(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		h := newGateHook()
+		h := newGateHook(8)
 		b := gated(t, c, h, nil)
 		first := []<-chan error{enqueueAsync(b.ctx, b.q, coalesceRun("a"))}
 		h.await(t, 1)
@@ -124,13 +145,14 @@ func TestEnqueueCoalescesConcurrentCalls(t *testing.T) {
 			later = append(later, enqueueAsync(b.ctx, b.q, coalesceRun("c"+strconv.Itoa(i))))
 		}
 		require.Eventually(t, func() bool { return b.q.PendingEnqueues() == 5 }, 5*time.Second, time.Millisecond)
-		require.Equal(t, 2, b.q.EnqueueSenders(), "at most two senders")
+		require.Equal(t, 2, b.q.Senders(), "at most two senders")
 		h.open()
 		for _, ch := range append(first, later...) {
 			require.NoError(t, <-ch)
 		}
 		require.Equal(t, []int{1, 1, 5}, h.calls(), "the five waiting runs went in one call")
-		require.Eventually(t, func() bool { return b.q.EnqueueSenders() == 0 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
+		h.arm(false)
 		require.Equal(t, []string{"a", "b", "c0", "c1", "c2", "c3", "c4"}, queuedIDs(t, b))
 	})
 }
@@ -140,7 +162,7 @@ func TestEnqueueCoalescesConcurrentCalls(t *testing.T) {
 // the call goes on for it and for the runs sent with it.
 func TestEnqueueCoalescedCancel(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		h := newGateHook()
+		h := newGateHook(8)
 		b := gated(t, c, h, nil)
 		ctxA, cancelA := context.WithCancel(b.ctx)
 		defer cancelA()
@@ -172,17 +194,18 @@ func TestEnqueueCoalescedCancel(t *testing.T) {
 		if err := <-d; err != nil {
 			require.ErrorIs(t, err, context.Canceled)
 		}
-		require.Eventually(t, func() bool { return b.q.EnqueueSenders() == 0 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
 		require.Equal(t, []int{1, 1, 2}, h.calls())
+		h.arm(false)
 		require.Equal(t, []string{"a", "b", "d", "e"}, queuedIDs(t, b), "c was never written")
 	})
 }
 
-// With Config.SerialEnqueue every Enqueue is a script call of its own.
-func TestSerialEnqueue(t *testing.T) {
+// With Config.SerialCalls every Enqueue and Ack is a script call of its own.
+func TestSerialCalls(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		h := newGateHook()
-		b := gated(t, c, h, func(cfg *runqueue.Config) { cfg.SerialEnqueue = true })
+		h := newGateHook(8)
+		b := gated(t, c, h, func(cfg *runqueue.Config) { cfg.SerialCalls = true })
 		var chs []<-chan error
 		for i := range 4 {
 			chs = append(chs, enqueueAsync(b.ctx, b.q, coalesceRun("s"+strconv.Itoa(i))))
@@ -194,7 +217,28 @@ func TestSerialEnqueue(t *testing.T) {
 			require.NoError(t, <-ch)
 		}
 		require.Equal(t, []int{1, 1, 1, 1}, h.calls())
-		require.Equal(t, []string{"s0", "s1", "s2", "s3"}, queuedIDs(t, b))
+		h.arm(false)
+		runs := dequeue(t, b, "q", 10)
+		require.Equal(t, []string{"s0", "s1", "s2", "s3"}, sortedCopy(runIDs(runs)))
+
+		// And every Ack.
+		h.reset(3)
+		chs = nil
+		for _, r := range runs {
+			chs = append(chs, func() <-chan error {
+				out := make(chan error, 1)
+				go func() { out <- b.q.Ack(b.ctx, r) }()
+				return out
+			}())
+		}
+		h.await(t, 4)
+		require.Zero(t, b.q.PendingAcks())
+		h.open()
+		for _, ch := range chs {
+			require.NoError(t, <-ch)
+		}
+		require.Equal(t, []int{1, 1, 1, 1}, h.calls())
+		require.Zero(t, queueStats(t, b, "q").InFlight)
 	})
 }
 
@@ -257,6 +301,53 @@ func TestEnqueueCoalescedResults(t *testing.T) {
 		require.Len(t, queued, depth)
 		require.Equal(t, goroutines*perG-depth, full)
 		require.Equal(t, sortedCopy(queued), queuedIDs(t, b))
-		require.Eventually(t, func() bool { return b.q.EnqueueSenders() == 0 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
+	})
+}
+
+// Concurrent Acks coalesce the same way, each with its own result: an ack
+// of a stale delivery fails alone, and the runs acked with it are gone.
+func TestAckCoalescesConcurrentCalls(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		h := newGateHook(3)
+		h.arm(false)
+		b := gated(t, c, h, nil)
+		for i := range 7 {
+			enqueue(t, b, coalesceRun("r"+strconv.Itoa(i)))
+		}
+		runs := dequeue(t, b, "q", 7)
+		require.Len(t, runs, 7)
+		h.arm(true)
+
+		ack := func(r *runqueue.Run) <-chan error {
+			out := make(chan error, 1)
+			go func() { out <- b.q.Ack(b.ctx, r) }()
+			return out
+		}
+		first := []<-chan error{ack(runs[0])}
+		h.await(t, 1)
+		first = append(first, ack(runs[1]))
+		h.await(t, 2)
+		stale := *runs[2]
+		stale.Token++
+		staleErr := ack(&stale)
+		var later []<-chan error
+		for _, r := range runs[3:] {
+			later = append(later, ack(r))
+		}
+		require.Eventually(t, func() bool { return b.q.PendingAcks() == 5 }, 5*time.Second, time.Millisecond)
+		h.open()
+		require.ErrorIs(t, <-staleErr, runqueue.ErrLeaseLost)
+		for _, ch := range append(first, later...) {
+			require.NoError(t, <-ch)
+		}
+		require.Equal(t, []int{1, 1, 5}, h.calls(), "the five waiting acks went in one call")
+		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
+		h.arm(false)
+		st := queueStats(t, b, "q")
+		require.Equal(t, int64(1), st.InFlight, "only the run of the stale ack is still in flight")
+		require.NoError(t, b.q.Ack(b.ctx, runs[2]))
+		require.NoError(t, b.q.Ack(b.ctx, runs[0]), "acking again: gone already")
+		require.Zero(t, queueStats(t, b, "q").InFlight)
 	})
 }

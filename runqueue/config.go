@@ -101,11 +101,12 @@ type Config struct {
 	// MaxWeightOverrides caps the weight overrides per queue. Defaults to 1,000.
 	MaxWeightOverrides int
 
-	// SerialEnqueue sends every Enqueue in a script call of its own, from
-	// the calling goroutine. Defaults to false: concurrent Enqueue calls are
-	// coalesced into EnqueueMany calls, at most two in flight per Queue,
-	// which costs Redis far less per run under concurrency (see Enqueue).
-	SerialEnqueue bool
+	// SerialCalls sends every Enqueue and Ack in a script call of its own,
+	// from the calling goroutine. Defaults to false: concurrent Enqueue
+	// calls are coalesced into EnqueueMany calls, and concurrent Ack calls
+	// into AckMany calls, at most two in flight per Queue for each, which
+	// costs Redis far less per run under concurrency (see Enqueue and Ack).
+	SerialCalls bool
 
 	// Observer receives what the Queue and its Workers do (metrics).
 	// Defaults to NopObserver.

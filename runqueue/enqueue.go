@@ -42,13 +42,17 @@ type EnqueueParams struct {
 //
 // Concurrent Enqueue calls on one Queue are coalesced: runs that arrive
 // while earlier calls are in flight are sent together, in one EnqueueMany,
-// each with its own result (see Config.SerialEnqueue). A call alone is sent
+// each with its own result (see Config.SerialCalls). A call alone is sent
 // at once. When ctx ends first, Enqueue returns ctx.Err(): a run not yet
 // sent is withdrawn; one already sent may or may not be queued, and a
 // retry is safe.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
-	if !q.cfg.SerialEnqueue {
-		return q.enqueueCoalesced(ctx, p)
+	if !q.cfg.SerialCalls {
+		res, err := q.enq.do(ctx, p)
+		if err != nil {
+			return false, err
+		}
+		return res.Queued, res.Err
 	}
 	res, err := q.EnqueueMany(ctx, []EnqueueParams{p})
 	if err != nil {

@@ -72,16 +72,10 @@ func scriptSources(vtime bool) (map[string]string, error) {
 // heartbeat does every WorkerConfig.HeartbeatInterval. Tests only.
 func (w *Worker) Heartbeat() { w.heartbeat() }
 
-// PendingEnqueues is how many coalesced Enqueue runs wait for a sender.
-func (q *Queue) PendingEnqueues() int {
-	q.enq.mu.Lock()
-	defer q.enq.mu.Unlock()
-	return len(q.enq.pending)
-}
+// PendingEnqueues and PendingAcks are how many coalesced Enqueue and Ack
+// runs wait for a sender.
+func (q *Queue) PendingEnqueues() int { return q.enq.waiting() }
+func (q *Queue) PendingAcks() int     { return q.ack.waiting() }
 
-// EnqueueSenders is how many goroutines send coalesced Enqueue runs.
-func (q *Queue) EnqueueSenders() int {
-	q.enq.mu.Lock()
-	defer q.enq.mu.Unlock()
-	return q.enq.senders
-}
+// Senders is how many goroutines send coalesced Enqueue and Ack runs.
+func (q *Queue) Senders() int { return q.enq.running() + q.ack.running() }

@@ -16,7 +16,18 @@ import (
 // instance by a first attempt whose reply was lost and that go-redis
 // retried) succeeds. A holder whose lease was recovered gets ErrNotInFlight
 // while the run waits to be delivered again, ErrLeaseLost once it was.
+//
+// Concurrent Ack calls on one Queue are coalesced into AckMany calls as
+// Enqueue calls are (see Enqueue and Config.SerialCalls); when ctx ends
+// first, Ack returns ctx.Err() and a retry is safe.
 func (q *Queue) Ack(ctx context.Context, r *Run) error {
+	if !q.cfg.SerialCalls {
+		err, cerr := q.ack.do(ctx, r)
+		if cerr != nil {
+			return cerr
+		}
+		return err
+	}
 	errs, err := q.AckMany(ctx, []*Run{r})
 	if err != nil {
 		return err

@@ -23,7 +23,8 @@ type Queue struct {
 	observe bool // cfg.Observer is not a NopObserver
 
 	waker    *waker
-	enq      coalescer // Enqueue's pending runs
+	enq      *coalescer[EnqueueParams, EnqueueResult] // concurrent Enqueue calls
+	ack      *coalescer[*Run, error]                  // concurrent Ack calls
 	closed   chan struct{}
 	closeMu  sync.Mutex
 	rr       uint64        // rotates the env order of shard dequeues
@@ -72,8 +73,17 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	} else if err := scripts.load(ctx, client); err != nil {
 		return nil, err
 	}
-	return &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
-		closed: make(chan struct{}), shardOff: map[int]int64{}}, nil
+	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
+		closed: make(chan struct{}), shardOff: map[int]int64{}}
+	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
+		res, _ := q.EnqueueMany(ctx, ps)
+		return res
+	})
+	q.ack = newCoalescer(func(ctx context.Context, runs []*Run) []error {
+		errs, _ := q.AckMany(ctx, runs)
+		return errs
+	})
+	return q, nil
 }
 
 // checkEviction refuses a Redis whose maxmemory-policy is not noeviction:

@@ -2,9 +2,11 @@ package runqueue
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Coalescing of concurrent Enqueue and Ack calls.
@@ -18,7 +20,9 @@ import (
 // pipeline. A caller alone is sent at once, in a call of its own; runs that
 // arrive while the senders are busy go together in the next call. Each run
 // stays all or nothing and idempotent, with its own result, as with
-// EnqueueMany and AckMany.
+// EnqueueMany and AckMany. One send takes at most maxBatch runs (and, for
+// Enqueue, batchBytes of payload): a burst goes out in pipelines of one
+// script call's size, each well within a read timeout.
 
 // coalesceSenders is the most coalesced calls in flight at once per
 // coalescer: one call can be on the wire or in Redis while the next forms.
@@ -26,23 +30,26 @@ const coalesceSenders = 2
 
 // pending is one run handed to the senders.
 type pending[P, R any] struct {
-	ctx  context.Context // the caller's, for its values (a sender drops its cancellation)
-	p    P
-	res  R
-	done chan struct{} // closed when res is set
+	ctx      context.Context // the caller's, for its values and deadline
+	p        P
+	res      R
+	panicked any           // a panic of the send, raised again in the caller
+	done     chan struct{} // closed when res (or panicked) is set
 }
 
 // coalescer gathers the runs of concurrent calls of one kind. send does
 // the work of a batch: one result per run, in order; errors are results.
+// bytes, when set, weighs a run against batchBytes.
 type coalescer[P, R any] struct {
 	send    func(ctx context.Context, ps []P) []R
+	bytes   func(P) int
 	mu      sync.Mutex
 	pending []*pending[P, R]
 	senders int // running sender goroutines
 }
 
-func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R) *coalescer[P, R] {
-	return &coalescer[P, R]{send: send}
+func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, bytes func(P) int) *coalescer[P, R] {
+	return &coalescer[P, R]{send: send, bytes: bytes}
 }
 
 // do hands p to the senders and returns its result. The caller's context
@@ -66,7 +73,7 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 	}
 	select {
 	case <-r.done:
-		return r.res, nil
+		return r.result()
 	case <-ctx.Done():
 	}
 	c.mu.Lock()
@@ -79,10 +86,19 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 	// Taken: its call may have completed in the meantime.
 	select {
 	case <-r.done:
-		return r.res, nil
+		return r.result()
 	default:
 		return res, ctx.Err()
 	}
+}
+
+// result is the run's result, or the send's panic raised in the caller,
+// as a call of its own would have raised it.
+func (r *pending[P, R]) result() (R, error) {
+	if r.panicked != nil {
+		panic(r.panicked)
+	}
+	return r.res, nil
 }
 
 // run is a sender: it sends the pending runs until none is left. Before it
@@ -95,23 +111,87 @@ func (c *coalescer[P, R]) run() {
 	for {
 		runtime.Gosched()
 		c.mu.Lock()
-		batch := c.pending
-		c.pending = nil
+		batch := c.take()
 		if len(batch) == 0 {
 			c.senders--
 			c.mu.Unlock()
 			return
 		}
 		c.mu.Unlock()
-		ps := make([]P, len(batch))
-		for i, r := range batch {
-			ps[i] = r.p
+		c.sendBatch(batch)
+	}
+}
+
+// take removes the runs of the next send from the pending list: the
+// oldest, at most maxBatch of them and batchBytes of their weight (at
+// least one run). The caller holds c.mu.
+func (c *coalescer[P, R]) take() []*pending[P, R] {
+	n, bytes := 0, 0
+	for n < len(c.pending) && n < maxBatch {
+		if c.bytes != nil {
+			b := c.bytes(c.pending[n].p)
+			if n > 0 && bytes+b > batchBytes {
+				break
+			}
+			bytes += b
 		}
-		res := c.send(context.WithoutCancel(batch[0].ctx), ps)
-		for i, r := range batch {
-			r.res = res[i]
+		n++
+	}
+	batch := slices.Clone(c.pending[:n])
+	c.pending = slices.Delete(c.pending, 0, n)
+	return batch
+}
+
+// sendBatch sends one batch and hands each caller its result. The call
+// keeps the first caller's context values but none of the callers'
+// cancellation; its deadline is the latest of theirs (none when a caller
+// has none): it is bounded as the callers' own calls would have been. A
+// panic of the send reaches every caller of the batch, and the sender goes
+// on with the next.
+func (c *coalescer[P, R]) sendBatch(batch []*pending[P, R]) {
+	ctx := context.WithoutCancel(batch[0].ctx)
+	var latest time.Time
+	for _, r := range batch {
+		d, ok := r.ctx.Deadline()
+		if !ok {
+			latest = time.Time{}
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	if !latest.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, latest)
+		defer cancel()
+	}
+	sent := false
+	defer func() {
+		if sent {
+			return
+		}
+		v := recover()
+		if v == nil {
+			v = fmt.Errorf("runqueue: a coalesced call ended without results")
+		}
+		for _, r := range batch {
+			r.panicked = v
 			close(r.done)
 		}
+	}()
+	ps := make([]P, len(batch))
+	for i, r := range batch {
+		ps[i] = r.p
+	}
+	res := c.send(ctx, ps)
+	if len(res) != len(batch) {
+		panic(fmt.Sprintf("runqueue: a coalesced call returned %d results for %d runs", len(res), len(batch)))
+	}
+	sent = true
+	for i, r := range batch {
+		r.res = res[i]
+		close(r.done)
 	}
 }
 

@@ -43,11 +43,21 @@ type EnqueueParams struct {
 // Concurrent Enqueue calls on one Queue are coalesced: runs that arrive
 // while earlier calls are in flight are sent together, in one EnqueueMany,
 // each with its own result (see Config.SerialCalls). A call alone is sent
-// at once. When ctx ends first, Enqueue returns ctx.Err(): a run not yet
-// sent is withdrawn; one already sent may or may not be queued, and a
-// retry is safe.
+// at once. A coalesced call runs with the context values of the first
+// caller in it, and with the latest of its callers' deadlines. When ctx
+// ends first, Enqueue returns ctx.Err(): a run not yet sent is withdrawn;
+// one already sent may or may not be queued (and may be queued after a run
+// the caller enqueues next), and a retry is safe.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 	if !q.cfg.SerialCalls {
+		// Bad input and a read-only Queue are refused here, as a call of
+		// its own refuses them, whatever the context.
+		if err := q.checkEnqueue(&p, q.now()); err != nil {
+			return false, err
+		}
+		if q.scripts.enqueue.refused {
+			return false, ErrReadOnly
+		}
 		res, err := q.enq.do(ctx, p)
 		if err != nil {
 			return false, err

@@ -22,6 +22,12 @@ import (
 // first, Ack returns ctx.Err() and a retry is safe.
 func (q *Queue) Ack(ctx context.Context, r *Run) error {
 	if !q.cfg.SerialCalls {
+		if err := checkRun(r); err != nil {
+			return err
+		}
+		if q.scripts.ack.refused {
+			return ErrReadOnly
+		}
 		err, cerr := q.ack.do(ctx, r)
 		if cerr != nil {
 			return cerr

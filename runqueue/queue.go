@@ -78,11 +78,11 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
 		res, _ := q.EnqueueMany(ctx, ps)
 		return res
-	})
+	}, func(p EnqueueParams) int { return len(p.Payload) })
 	q.ack = newCoalescer(func(ctx context.Context, runs []*Run) []error {
 		errs, _ := q.AckMany(ctx, runs)
 		return errs
-	})
+	}, nil)
 	return q, nil
 }
 

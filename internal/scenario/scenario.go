@@ -174,10 +174,13 @@ type H struct {
 	enqueued int
 	res      *Result
 
-	// WatchV state: the last sample's V while state existed.
+	// WatchV state: the last sample's V while state existed; on a real
+	// Redis also when it was taken and the state's lifetime left then.
 	vPrev float64
 	vHas  bool
 	vDrop float64
+	vWall time.Time
+	vLeft time.Duration
 }
 
 // ttlRun is a queued run enqueued with a TTL.
@@ -394,10 +397,18 @@ func (h *H) ExpireTTL() (int, error) {
 // through the public Schedule, so it does not depend on how the state is
 // stored, and it changes nothing. State exists when V is not 0 or some key
 // has a tag or a parked tag.
+//
+// On a real Redis the state expires by the server's wall clock, which
+// runs on while the scenario's clock does not: a slow machine can outlive
+// the state (RealStateTTL) between two samples, and the state then starts
+// again, V at 0, unseen. Two samples compare only when the state provably
+// lived from one to the other: less wall time passed between them than
+// the state's lifetime left (PTTL) at the first; writes only lengthen it.
 func (h *H) watchV() error {
 	if !h.spec.WatchV {
 		return nil
 	}
+	wall := time.Now()
 	s, err := h.on.Schedule(h.Ctx, h.Env, h.Queue, 1)
 	if err != nil {
 		return err
@@ -409,6 +420,22 @@ func (h *H) watchV() error {
 	if !exists {
 		h.vHas = false
 		return nil
+	}
+	if h.backend.Elapse == nil {
+		if h.vHas && wall.Sub(h.vWall) >= h.vLeft {
+			h.vHas = false // it may have expired and started again since
+		}
+		left, err := h.Raw.PTTL(h.Ctx, h.Keys.CkVtimeState()).Result()
+		if err != nil {
+			return err
+		}
+		switch {
+		case left == -1: // no lifetime: it cannot expire
+			left = time.Duration(math.MaxInt64)
+		case left < 0: // gone since the read
+			left = 0
+		}
+		h.vWall, h.vLeft = wall, left
 	}
 	if h.vHas && s.V < h.vPrev {
 		h.vDrop = max(h.vDrop, h.vPrev-s.V)

@@ -20,13 +20,20 @@ import (
 // pipeline. A caller alone is sent at once, in a call of its own; runs that
 // arrive while the senders are busy go together in the next call. Each run
 // stays all or nothing and idempotent, with its own result, as with
-// EnqueueMany and AckMany. One send takes at most maxBatch runs (and, for
-// Enqueue, batchBytes of payload): a burst goes out in pipelines of one
-// script call's size, each well within a read timeout.
+// EnqueueMany and AckMany. One send takes at most coalesceRuns runs (and,
+// for Enqueue, batchBytes of payload): a burst goes out in many small
+// calls, each far within a read timeout even on a slow server (go-redis
+// sends a pipeline again when its reply times out, and a run sent again
+// reads as an idempotent retry).
 
 // coalesceSenders is the most coalesced calls in flight at once per
 // coalescer: one call can be on the wire or in Redis while the next forms.
-const coalesceSenders = 2
+// coalesceRuns bounds the runs of one: at 100 runs a call's fixed cost is a
+// few percent of the whole, and the call about 1-2 ms of Redis time.
+const (
+	coalesceSenders = 2
+	coalesceRuns    = 100
+)
 
 // pending is one run handed to the senders.
 type pending[P, R any] struct {
@@ -123,11 +130,11 @@ func (c *coalescer[P, R]) run() {
 }
 
 // take removes the runs of the next send from the pending list: the
-// oldest, at most maxBatch of them and batchBytes of their weight (at
+// oldest, at most coalesceRuns of them and batchBytes of their weight (at
 // least one run). The caller holds c.mu.
 func (c *coalescer[P, R]) take() []*pending[P, R] {
 	n, bytes := 0, 0
-	for n < len(c.pending) && n < maxBatch {
+	for n < len(c.pending) && n < coalesceRuns {
 		if c.bytes != nil {
 			b := c.bytes(c.pending[n].p)
 			if n > 0 && bytes+b > batchBytes {

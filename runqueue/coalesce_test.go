@@ -351,3 +351,32 @@ func TestAckCoalescesConcurrentCalls(t *testing.T) {
 		require.Zero(t, queueStats(t, b, "q").InFlight)
 	})
 }
+
+// A send stops at 4 MiB of payload: twelve runs of almost 1 MiB that wait
+// together go in calls of four.
+func TestEnqueueCoalescedPayloadBound(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		h := newGateHook(8)
+		b := gated(t, c, h, nil)
+		first := []<-chan error{enqueueAsync(b.ctx, b.q, coalesceRun("a"))}
+		h.await(t, 1)
+		first = append(first, enqueueAsync(b.ctx, b.q, coalesceRun("b")))
+		h.await(t, 2)
+		big := make([]byte, 1<<20-2)
+		var later []<-chan error
+		for i := range 12 {
+			p := coalesceRun("big" + strconv.Itoa(i))
+			p.Payload = big
+			later = append(later, enqueueAsync(b.ctx, b.q, p))
+		}
+		require.Eventually(t, func() bool { return b.q.PendingEnqueues() == 12 }, 5*time.Second, time.Millisecond)
+		h.open()
+		for _, ch := range append(first, later...) {
+			require.NoError(t, <-ch)
+		}
+		require.Equal(t, []int{1, 1, 4, 4, 4}, h.calls())
+		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
+		h.arm(false)
+		require.Equal(t, int64(14), queueStats(t, b, "q").Ready)
+	})
+}

@@ -92,7 +92,7 @@ func awaitSendersZero(t *testing.T, q *runqueue.Queue) {
 // DEFECT: the whole pending list goes in ONE pipeline, and go-redis bounds
 // a pipeline's replies by one ReadTimeout and retries a pipeline whose read
 // timed out (MaxRetries). When the pending list is large enough that Redis
-// needs longer than ReadTimeout for all of it (each 1000-run script call
+// needs longer than ReadTimeout for all of it (each 100-run script call
 // well within it), every script call has already run when the read times
 // out; go-redis re-sends the pipeline, which now finds every run already
 // there: the callers of brand-new runs get (false, nil), "an idempotent
@@ -400,7 +400,7 @@ func TestReviewCoalesceClientClosed(t *testing.T) {
 	})
 }
 
-// A held burst well above both batch limits (1000 runs, 4 MiB), with some
+// A held burst well above the run limit of a send (100 runs), with some
 // invalid, duplicate and oversized runs mixed in: each caller gets its own
 // result, Redis holds each valid run once, Observer counts them.
 func TestReviewCoalesceBigBatch(t *testing.T) {
@@ -466,7 +466,7 @@ func TestReviewCoalesceBigBatch(t *testing.T) {
 		require.EqualValues(t, valid+2, obs.n.Load())
 		calls := h.calls()
 		for _, k := range calls {
-			require.LessOrEqual(t, k, 1000)
+			require.LessOrEqual(t, k, 100)
 		}
 		total := 0
 		for q := range 3 {

@@ -280,3 +280,76 @@ func TestGatedCostFlat(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueueManyCommands: an EnqueueMany of many runs writes each variant's
+// index entry only when it can move and the depth counts once per call
+// (per run when MaxQueueDepth makes admission read them).
+func TestEnqueueManyCommands(t *testing.T) {
+	c := redistest.Private(t)
+	now := time.UnixMilli(1_900_000_000_000)
+	for _, on := range []bool{false, true} {
+		for _, tc := range []struct {
+			name             string
+			keys             int
+			delayed, limited bool
+			hincrby          int64
+			indexZadds       int64 // ckIndex or delayIndex ZADDs
+		}{
+			// one key: its first run, then every tenth run (older than
+			// all before it); ten keys: one each, and key 9's ten runs.
+			{name: "one key", keys: 1, hincrby: 1, indexZadds: 11},
+			{name: "ten keys", keys: 10, hincrby: 1, indexZadds: 19},
+			{name: "one key delayed", keys: 1, delayed: true, hincrby: 1, indexZadds: 11},
+			{name: "one key, MaxQueueDepth", keys: 1, limited: true, hincrby: 100, indexZadds: 11},
+		} {
+			t.Run(fmt.Sprintf("on=%v/%s", on, tc.name), func(t *testing.T) {
+				b := newBundle(t, c, on, func(cfg *runqueue.Config) {
+					if tc.limited {
+						cfg.MaxQueueDepth = 1000
+					}
+				})
+				at := now.Add(-time.Second)
+				if tc.delayed {
+					at = now.Add(time.Hour)
+				}
+				// Run i is i ms after at, but every tenth run (i%10 == 9)
+				// i ms before it, older than every run before it: its
+				// variant's index entry moves down then, and only then.
+				var ps []runqueue.EnqueueParams
+				for i := range 100 {
+					d := time.Duration(i) * time.Millisecond
+					if i%10 == 9 {
+						d = -d
+					}
+					ps = append(ps, runqueue.EnqueueParams{Env: "env", Queue: "q", Key: fmt.Sprintf("k%d", i%tc.keys),
+						ID: fmt.Sprint(i), Payload: []byte("p"), AvailableAt: at.Add(d)})
+				}
+				st := measure(t, c, func() {
+					res, err := b.q.EnqueueMany(b.ctx, ps)
+					require.NoError(t, err)
+					for _, r := range res {
+						require.True(t, r.Queued)
+					}
+				})
+				require.Equal(t, int64(100), st["hsetnx"].Calls)
+				require.Equal(t, tc.hincrby, st["hincrby"].Calls)
+				// ZADD: each run into its set, the index entries that
+				// moved, and the master's score each time one did (LT).
+				zadds := 100 + 2*tc.indexZadds
+				if on && !tc.delayed {
+					// The scheduler's state is created (its sentinel), and
+					// each key registers once.
+					zadds += 1 + int64(tc.keys)
+				}
+				require.Equal(t, zadds, st["zadd"].Calls)
+				stats, err := b.q.QueueStats(b.ctx, "env", "q")
+				require.NoError(t, err)
+				want := [2]int64{100, 0}
+				if tc.delayed {
+					want = [2]int64{0, 100}
+				}
+				require.Equal(t, want, [2]int64{stats.Ready, stats.Delayed})
+			})
+		}
+	}
+}

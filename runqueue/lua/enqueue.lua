@@ -36,6 +36,9 @@ local vbase, wake, prefix = ARGV[2], ARGV[4], ARGV[7]
 local max_queue, max_key, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
 local OWN_KEYS, OWN_ARGS = 6, 8 + 7 * n
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
+-- Several runs: index entries that cannot move are not written again, and
+-- the depth counts are written once at the end, unless admission reads them.
+if n > 1 then q.memo = place_memo(max_queue == 0) end
 
 -- Whether a run of variant v may be queued now (admission control).
 local function admitted(v)
@@ -74,6 +77,7 @@ for i = 0, n - 1 do
     end
   end
 end
+place_flush(q)
 if woke and wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks.finish()
 return out

@@ -550,10 +550,22 @@ end
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
 -- blocked consumer should look again).
+-- q.memo, when set (a call that places many runs), saves commands that
+-- cannot change anything: memo.ready[vm] / memo.delayed[vm] is the lowest
+-- score this call gave vm's index entry, at or above its score since (LT),
+-- so a later run of vm at or above it leaves the entry as it is (the ZADD
+-- LT CH would answer 0); with memo.count the depth counts add up in
+-- memo.r and memo.d for the caller to write once (place_flush).
 local function place(q, v, hooks, id, vm, at, rs, now)
+  local memo = q.memo
   if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
-    redis.call('HINCRBY', q.depth, 'r', 1)
+    if memo and memo.count then memo.r = memo.r + 1 else redis.call('HINCRBY', q.depth, 'r', 1) end
+    if memo then
+      local low, s = memo.ready[vm], tonumber(rs)
+      if low and s >= low then return false end
+      memo.ready[vm] = s
+    end
     if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
@@ -562,12 +574,19 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     return false
   end
   redis.call('ZADD', v.delayed, at, id)
-  redis.call('HINCRBY', q.depth, 'd', 1)
+  if memo and memo.count then memo.d = memo.d + 1 else redis.call('HINCRBY', q.depth, 'd', 1) end
+  if memo then
+    local low, s = memo.delayed[vm], tonumber(at)
+    if low and s >= low then return false end
+    memo.delayed[vm] = s
+  end
   if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
     return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
   return false
 end
+
+
 
 
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],

@@ -40,9 +40,11 @@ func Example_dequeueLoop() {
 	}
 	defer q.Close()
 
-	for _, p := range []string{"ok", "flaky"} {
+	// Runs of one key are served oldest first; runs enqueued within the
+	// same millisecond, by id.
+	for i, p := range []string{"ok", "flaky"} {
 		if _, err := q.Enqueue(ctx, runqueue.EnqueueParams{
-			Env: "org-42", Queue: "builds", Key: "repo-7", ID: "build-" + p, Payload: []byte(p),
+			Env: "org-42", Queue: "builds", Key: "repo-7", ID: fmt.Sprintf("build-%d", i+1), Payload: []byte(p),
 		}); err != nil {
 			log.Fatal(err)
 		}
@@ -74,7 +76,7 @@ func Example_dequeueLoop() {
 	}
 	fmt.Println("ready:", stats.Ready, "delayed:", stats.Delayed, "in flight:", stats.InFlight)
 	// Output:
-	// build-ok done
-	// build-flaky failed, requeued: true, next attempt 2
+	// build-1 done
+	// build-2 failed, requeued: true, next attempt 2
 	// ready: 0 delayed: 1 in flight: 0
 }

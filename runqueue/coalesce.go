@@ -3,6 +3,7 @@ package runqueue
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"sync"
@@ -25,6 +26,10 @@ import (
 // calls, each far within a read timeout even on a slow server (go-redis
 // sends a pipeline again when its reply times out, and a run sent again
 // reads as an idempotent retry).
+//
+// The Observer hears of each run in its caller's goroutine, as with a call
+// of its own (a panic there is that caller's); of a run whose caller has
+// stopped waiting, in the sender's.
 
 // coalesceSenders is the most coalesced calls in flight at once per
 // coalescer: one call can be on the wire or in Redis while the next forms.
@@ -35,28 +40,32 @@ const (
 	coalesceRuns    = 100
 )
 
-// pending is one run handed to the senders.
+// pending is one run handed to the senders: a copy the caller no longer
+// touches.
 type pending[P, R any] struct {
-	ctx      context.Context // the caller's, for its values and deadline
-	p        P
-	res      R
-	panicked any           // a panic of the send, raised again in the caller
-	done     chan struct{} // closed when res (or panicked) is set
+	ctx       context.Context // the caller's, for its values and deadline
+	p         P
+	res       R
+	panicked  any           // a panic of the send, raised again in the caller
+	done      chan struct{} // closed when res (or panicked) is set
+	abandoned bool          // the caller stopped waiting after it was taken (c.mu)
 }
 
 // coalescer gathers the runs of concurrent calls of one kind. send does
 // the work of a batch: one result per run, in order; errors are results.
-// bytes, when set, weighs a run against batchBytes.
+// observe tells the Observer of one run's result. bytes, when set, weighs a
+// run against batchBytes.
 type coalescer[P, R any] struct {
 	send    func(ctx context.Context, ps []P) []R
+	observe func(P, R)
 	bytes   func(P) int
 	mu      sync.Mutex
 	pending []*pending[P, R]
 	senders int // running sender goroutines
 }
 
-func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, bytes func(P) int) *coalescer[P, R] {
-	return &coalescer[P, R]{send: send, bytes: bytes}
+func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, observe func(P, R), bytes func(P) int) *coalescer[P, R] {
+	return &coalescer[P, R]{send: send, observe: observe, bytes: bytes}
 }
 
 // do hands p to the senders and returns its result. The caller's context
@@ -80,7 +89,7 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 	}
 	select {
 	case <-r.done:
-		return r.result()
+		return c.result(r)
 	case <-ctx.Done():
 	}
 	c.mu.Lock()
@@ -89,32 +98,52 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 		c.mu.Unlock()
 		return res, ctx.Err()
 	}
-	c.mu.Unlock()
-	// Taken: its call may have completed in the meantime.
+	// Taken: its call may have completed in the meantime (results are set
+	// under c.mu); if not, the sender tells the Observer of it.
 	select {
 	case <-r.done:
-		return r.result()
+		c.mu.Unlock()
+		return c.result(r)
 	default:
+		r.abandoned = true
+		c.mu.Unlock()
 		return res, ctx.Err()
 	}
 }
 
-// result is the run's result, or the send's panic raised in the caller,
-// as a call of its own would have raised it.
-func (r *pending[P, R]) result() (R, error) {
+// result is the run's result, told to the Observer in the caller's
+// goroutine, or the send's panic raised there, as a call of its own would
+// have raised it.
+func (c *coalescer[P, R]) result(r *pending[P, R]) (R, error) {
 	if r.panicked != nil {
 		panic(r.panicked)
 	}
+	c.observe(r.p, r.res)
 	return r.res, nil
 }
 
 // run is a sender: it sends the pending runs until none is left. Before it
 // takes the list it yields the processor once, so that callers woken by
 // its last call, or just arrived, join this one (with 8 producers on 2
-// cores, a third fewer calls). Each call runs on the first run's context
-// without its cancellation: one caller giving up must not fail the runs of
-// the others.
+// cores, a third fewer calls).
 func (c *coalescer[P, R]) run() {
+	ended := false
+	defer func() {
+		if ended {
+			return
+		}
+		// The send ended the goroutine (runtime.Goexit in a hook): another
+		// sender takes over the runs that wait, or the count goes down.
+		c.mu.Lock()
+		again := len(c.pending) > 0
+		if !again {
+			c.senders--
+		}
+		c.mu.Unlock()
+		if again {
+			go c.run()
+		}
+	}()
 	for {
 		runtime.Gosched()
 		c.mu.Lock()
@@ -122,6 +151,7 @@ func (c *coalescer[P, R]) run() {
 		if len(batch) == 0 {
 			c.senders--
 			c.mu.Unlock()
+			ended = true
 			return
 		}
 		c.mu.Unlock()
@@ -182,10 +212,12 @@ func (c *coalescer[P, R]) sendBatch(batch []*pending[P, R]) {
 		if v == nil {
 			v = fmt.Errorf("runqueue: a coalesced call ended without results")
 		}
+		c.mu.Lock()
 		for _, r := range batch {
 			r.panicked = v
 			close(r.done)
 		}
+		c.mu.Unlock()
 	}()
 	ps := make([]P, len(batch))
 	for i, r := range batch {
@@ -196,10 +228,30 @@ func (c *coalescer[P, R]) sendBatch(batch []*pending[P, R]) {
 		panic(fmt.Sprintf("runqueue: a coalesced call returned %d results for %d runs", len(res), len(batch)))
 	}
 	sent = true
+	var orphans []int
+	c.mu.Lock()
 	for i, r := range batch {
 		r.res = res[i]
+		if r.abandoned {
+			orphans = append(orphans, i)
+		}
 		close(r.done)
 	}
+	c.mu.Unlock()
+	for _, i := range orphans {
+		c.observeOrphan(batch[i].p, res[i])
+	}
+}
+
+// observeOrphan tells the Observer of a run whose caller stopped waiting.
+// No caller is left to take a panic of the Observer: it is logged.
+func (c *coalescer[P, R]) observeOrphan(p P, res R) {
+	defer func() {
+		if v := recover(); v != nil {
+			slog.Default().Error("runqueue: Observer panicked for a run whose caller had returned", "panic", v)
+		}
+	}()
+	c.observe(p, res)
 }
 
 // waiting and running report the pending runs and the running senders.

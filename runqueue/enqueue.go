@@ -1,6 +1,7 @@
 package runqueue
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -58,6 +59,9 @@ func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 		if q.scripts.enqueue.refused {
 			return false, ErrReadOnly
 		}
+		// The payload is the caller's again as soon as Enqueue returns,
+		// which can be before its send has read it (ctx ended).
+		p.Payload = bytes.Clone(p.Payload)
 		res, err := q.enq.do(ctx, p)
 		if err != nil {
 			return false, err
@@ -97,6 +101,12 @@ const (
 // unknown (Queued false, Err the same error): a retry of the whole batch
 // is safe.
 func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]EnqueueResult, error) {
+	return q.enqueueMany(ctx, runs, true)
+}
+
+// enqueueMany is EnqueueMany; observe: tell the Observer what was queued
+// (a coalesced send leaves it to each caller, in the caller's goroutine).
+func (q *Queue) enqueueMany(ctx context.Context, runs []EnqueueParams, observe bool) ([]EnqueueResult, error) {
 	res := make([]EnqueueResult, len(runs))
 	now := q.now()
 	type batch struct {
@@ -170,7 +180,7 @@ func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]Enqueu
 		}
 		// Only runs this call queued: an idempotent retry found its run
 		// there already and was counted by the call that queued it.
-		if q.observe && queued > 0 {
+		if observe && q.observe && queued > 0 {
 			qk := order[ci].qk
 			q.cfg.Observer.Enqueued(qk.Env.Name(), qk.Name(), queued)
 		}

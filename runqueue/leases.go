@@ -28,11 +28,14 @@ func (q *Queue) Ack(ctx context.Context, r *Run) error {
 		if q.scripts.ack.refused {
 			return ErrReadOnly
 		}
-		err, cerr := q.ack.do(ctx, r)
-		if cerr != nil {
-			return cerr
+		// What the send reads, copied: the Run is the caller's again as
+		// soon as Ack returns (and ExtendLease may write its deadline).
+		rc := Run{Env: r.Env, Queue: r.Queue, Key: r.Key, ID: r.ID, Token: r.Token}
+		res, err := q.ack.do(ctx, &rc)
+		if err != nil {
+			return err
 		}
-		return err
+		return res.err
 	}
 	errs, err := q.AckMany(ctx, []*Run{r})
 	if err != nil {
@@ -47,7 +50,23 @@ func (q *Queue) Ack(ctx context.Context, r *Run) error {
 // network error is returned as err (every errs[i] of a call that did not
 // complete is that error too); a retry is safe.
 func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
+	errs, _, err := q.ackMany(ctx, runs, true)
+	return errs, err
+}
+
+// ackResult is what became of one coalesced Ack: acked is true when this
+// call acked the run (not when it was gone already).
+type ackResult struct {
+	err   error
+	acked bool
+}
+
+// ackMany is AckMany; acked[i] is true when runs[i] was acked by this
+// call. observe: tell the Observer what was acked (a coalesced send
+// leaves it to each caller, in the caller's goroutine).
+func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error, []bool, error) {
 	errs := make([]error, len(runs))
+	acked := make([]bool, len(runs))
 	now := q.now()
 	type batch struct {
 		qk   keys.Queue
@@ -72,7 +91,7 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 		b.idx = append(b.idx, i)
 	}
 	if len(order) == 0 {
-		return errs, nil
+		return errs, acked, nil
 	}
 	calls := make([]call, len(order))
 	for i, b := range order {
@@ -87,7 +106,7 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 				errs[i] = err
 			}
 		}
-		return errs, err
+		return errs, acked, err
 	}
 	var first error
 	for ci, cmd := range cmds {
@@ -95,7 +114,7 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 		if err == nil && len(vals) != len(order[ci].idx) {
 			err = fmt.Errorf("runqueue: ack returned %d results for %d runs", len(vals), len(order[ci].idx))
 		}
-		acked := 0
+		n := 0
 		for k, i := range order[ci].idx {
 			switch {
 			case err != nil:
@@ -104,19 +123,20 @@ func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
 					first = errs[i]
 				}
 			case vals[k] == int64(1):
-				acked++
+				acked[i] = true
+				n++
 			case vals[k] == int64(0):
 				// Gone already: acked by an earlier call, which counted it.
 			default:
 				errs[i] = heldError(vals[k])
 			}
 		}
-		if q.observe && acked > 0 {
+		if observe && q.observe && n > 0 {
 			qk := order[ci].qk
-			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), acked)
+			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), n)
 		}
 	}
-	return errs, first
+	return errs, acked, first
 }
 
 // heldError maps an error code of lib/held.lua to its error.

@@ -24,7 +24,7 @@ type Queue struct {
 
 	waker    *waker
 	enq      *coalescer[EnqueueParams, EnqueueResult] // concurrent Enqueue calls
-	ack      *coalescer[*Run, error]                  // concurrent Ack calls
+	ack      *coalescer[*Run, ackResult]              // concurrent Ack calls
 	closed   chan struct{}
 	closeMu  sync.Mutex
 	rr       uint64        // rotates the env order of shard dequeues
@@ -76,12 +76,24 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
 		closed: make(chan struct{}), shardOff: map[int]int64{}}
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
-		res, _ := q.EnqueueMany(ctx, ps)
+		res, _ := q.enqueueMany(ctx, ps, false)
 		return res
+	}, func(p EnqueueParams, res EnqueueResult) {
+		if res.Queued && q.observe {
+			q.cfg.Observer.Enqueued(p.Env, p.Queue, 1)
+		}
 	}, func(p EnqueueParams) int { return len(p.Payload) })
-	q.ack = newCoalescer(func(ctx context.Context, runs []*Run) []error {
-		errs, _ := q.AckMany(ctx, runs)
-		return errs
+	q.ack = newCoalescer(func(ctx context.Context, runs []*Run) []ackResult {
+		errs, acked, _ := q.ackMany(ctx, runs, false)
+		out := make([]ackResult, len(runs))
+		for i := range runs {
+			out[i] = ackResult{err: errs[i], acked: acked[i]}
+		}
+		return out
+	}, func(r *Run, res ackResult) {
+		if res.acked && q.observe {
+			q.cfg.Observer.Acked(r.Env, r.Queue, 1)
+		}
 	}, nil)
 	return q, nil
 }

@@ -116,12 +116,14 @@ local HELD_ERRORS = {
 -- encoded id, delivery token: three values a run): each is removed
 -- everywhere and its concurrency released. Returns one value per run: 1
 -- acked, 0 gone already (an ack sent again after its first call went
--- through, or a run acked earlier in this call), or an error code
--- (not_found, not_in_flight, lease_lost). A run asked twice in one call is
--- acked by the entry with its holder's token, whichever comes first (a
--- stale delivery's ack and the holder's, sent together).
+-- through, or a run acked earlier in this call, under any key), or an
+-- error code (not_found, not_in_flight, lease_lost). A run asked twice in
+-- one call is acked by the entry with its holder's token, whichever comes
+-- first (a stale delivery's ack and the holder's, sent together): each
+-- entry answers what it would answer in a call of its own after the ones
+-- before it.
 local function held_ack(k, prefix, args, first, n, now, hooks)
-  local out, fields, ids, members, per_vm, vms, acked = {}, {}, {}, {}, {}, {}, {}
+  local out, fields, ids, members, per_vm, vms, acked, gone = {}, {}, {}, {}, {}, {}, {}, {}
   local asked = {}
   for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
   local holders = redis.call('HMGET', k.held, unpack(asked))
@@ -129,14 +131,14 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
     local member = prefix .. asked[i + 1]
     local err
-    if acked[member] then
-      err = 'gone' -- acked earlier in this call
+    if acked[member] or (gone[id] and not holders[i + 1]) then
+      err = 'gone' -- acked earlier in this call (its record is deleted at the end)
     elseif not holders[i + 1] then
       err = held_missing(k.runs, vm, id)
     elseif holders[i + 1] ~= token then
       err = 'lease_lost'
     else
-      acked[member] = true
+      acked[member], gone[id] = true, true
     end
     if err == 'gone' then
       out[i + 1] = 0

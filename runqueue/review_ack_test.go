@@ -300,7 +300,8 @@ func TestReviewAckCoalescedStaleAndHolder(t *testing.T) {
 					require.NoError(t, <-first)
 					require.NoError(t, <-second)
 					errA, errB := <-chA, <-chB
-					if tc.split {
+					switch {
+					case tc.split:
 						// Two sends race once the gate opens: either order.
 						holder, stale := errB, errA
 						if tc.staleLast {
@@ -310,10 +311,10 @@ func TestReviewAckCoalescedStaleAndHolder(t *testing.T) {
 						if stale != nil {
 							require.ErrorIs(t, stale, runqueue.ErrLeaseLost)
 						}
-					} else if tc.staleLast {
+					case tc.staleLast:
 						require.NoError(t, errA, "holder")
 						require.NoError(t, errB, "stale after the holder: gone already")
-					} else {
+					default:
 						require.ErrorIs(t, errA, runqueue.ErrLeaseLost, "stale first")
 						require.NoError(t, errB, "holder")
 					}
@@ -530,8 +531,17 @@ func TestReviewAckKeyLimitFreedOnce(t *testing.T) {
 					h.open()
 					require.NoError(t, <-f1)
 					require.NoError(t, <-f2)
-					<-chA
-					<-chB
+					// One send: the holder's ack acks, in either order; the
+					// stale one fails or finds the run gone.
+					errA, errB := <-chA, <-chB
+					holder, stale := errB, errA
+					if staleLast {
+						holder, stale = errA, errB
+					}
+					require.NoError(t, holder, "holder")
+					if stale != nil {
+						require.ErrorIs(t, stale, runqueue.ErrLeaseLost)
+					}
 					require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
 					h.arm(false)
 					k, err := b.q.KeyInflight(b.ctx, env, queueName, "k")

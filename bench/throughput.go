@@ -669,25 +669,15 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 	n := opts.ThroughputRuns
 	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelAll()
-	// The payload has the size of the concurrent phase's (no time in it).
-	payload := []byte{0, 0, 0, 0, 0, 0, 0, 0}
-
-	ph, err := startPhase(ctx, c, q, lay, 0, obs, opts, 0)
-	if err != nil {
-		return nil, err
-	}
 	// Producers take chunks of -batch runs, one EnqueueMany call each.
-	ph.crew.produce(opts.Producers, n, opts.Batch, func(i int) runqueue.EnqueueParams {
-		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
-			ID: "p" + strconv.Itoa(i), Payload: payload}
-	})
-	row, err := ph.finish(ctx, phaseEnqueue, on, opts, opts.Producers, 0, 0)
+	row, err := enqueuePhase(ctx, c, q, lay, obs, opts, phaseEnqueue, on, opts.Producers, opts.Batch)
 	if err != nil {
 		return nil, err
 	}
 	rows = append(rows, row)
 
-	if ph, err = startPhase(ctx, c, q, lay, n, obs, opts, opts.Workers); err != nil {
+	ph, err := startPhase(ctx, c, q, lay, n, obs, opts, opts.Workers)
+	if err != nil {
 		return nil, err
 	}
 	if row, err = ph.finish(ctx, phaseProcess, on, opts, 0, opts.Workers, fetchMax(q, opts.Concurrency)); err != nil {
@@ -708,23 +698,31 @@ func singleThroughput(ctx context.Context, c redis.UniversalClient, topo *topolo
 		return row, err
 	}
 	defer done(&err)
-	n := opts.ThroughputRuns
 	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelAll()
-	payload := []byte{0, 0, 0, 0, 0, 0, 0, 0}
-	ph, err := startPhase(ctx, c, q, lay, 0, obs, opts, 0)
-	if err != nil {
-		return row, err
-	}
-	ph.crew.produce(opts.SingleProducers, n, 1, func(i int) runqueue.EnqueueParams {
-		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
-			ID: "e" + strconv.Itoa(i), Payload: payload}
-	})
 	name := phaseSingle
 	if serial {
 		name = phaseSerial
 	}
-	return ph.finish(ctx, name, on, opts, opts.SingleProducers, 0, 0)
+	return enqueuePhase(ctx, c, q, lay, obs, opts, name, on, opts.SingleProducers, 1)
+}
+
+// enqueuePhase enqueues ThroughputRuns runs on q from producers goroutines
+// with no worker, each taking chunks of chunk runs (Enqueue for a chunk of
+// one, else EnqueueMany): the row of phase name.
+func enqueuePhase(ctx context.Context, c redis.UniversalClient, q *runqueue.Queue, lay layout, obs *phaseObserver, opts Options,
+	name string, on bool, producers, chunk int) (ThroughputRow, error) {
+	// The payload has the size of the concurrent phase's (no time in it).
+	payload := []byte{0, 0, 0, 0, 0, 0, 0, 0}
+	ph, err := startPhase(ctx, c, q, lay, 0, obs, opts, 0)
+	if err != nil {
+		return ThroughputRow{}, err
+	}
+	ph.crew.produce(producers, opts.ThroughputRuns, chunk, func(i int) runqueue.EnqueueParams {
+		return runqueue.EnqueueParams{Env: lay.envs[lay.node(i)], Queue: benchQueue, Key: keyOf(i, opts.ThroughputKeys),
+			ID: name + "-" + strconv.Itoa(i), Payload: payload}
+	})
+	return ph.finish(ctx, name, on, opts, producers, 0, 0)
 }
 
 // steadyThroughput enqueues ThroughputRuns runs at rate runs/s from one

@@ -85,6 +85,18 @@ func (h *gateHook) reached() int {
 	return h.blocked
 }
 
+// holdSenders starts call(0), then call(1), each held at h's gate in a
+// send of its own: both senders are busy, and the calls after them wait in
+// the pending list.
+func holdSenders(t *testing.T, h *gateHook, call func(i int) <-chan error) []<-chan error {
+	t.Helper()
+	out := []<-chan error{call(0)}
+	h.await(t, 1)
+	out = append(out, call(1))
+	h.await(t, 2)
+	return out
+}
+
 // await waits until n pipelines have reached the gate.
 func (h *gateHook) await(t *testing.T, n int) {
 	t.Helper()
@@ -136,10 +148,7 @@ func TestEnqueueCoalescesConcurrentCalls(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		h := newGateHook(8)
 		b := gated(t, c, h, nil)
-		first := []<-chan error{enqueueAsync(b.ctx, b.q, coalesceRun("a"))}
-		h.await(t, 1)
-		first = append(first, enqueueAsync(b.ctx, b.q, coalesceRun("b")))
-		h.await(t, 2)
+		first := holdSenders(t, h, func(i int) <-chan error { return enqueueAsync(b.ctx, b.q, coalesceRun(string(rune('a'+i)))) })
 		var later []<-chan error
 		for i := range 5 {
 			later = append(later, enqueueAsync(b.ctx, b.q, coalesceRun("c"+strconv.Itoa(i))))
@@ -166,10 +175,13 @@ func TestEnqueueCoalescedCancel(t *testing.T) {
 		b := gated(t, c, h, nil)
 		ctxA, cancelA := context.WithCancel(b.ctx)
 		defer cancelA()
-		a := enqueueAsync(ctxA, b.q, coalesceRun("a"))
-		h.await(t, 1)
-		bb := enqueueAsync(b.ctx, b.q, coalesceRun("b"))
-		h.await(t, 2)
+		held := holdSenders(t, h, func(i int) <-chan error {
+			if i == 0 {
+				return enqueueAsync(ctxA, b.q, coalesceRun("a"))
+			}
+			return enqueueAsync(b.ctx, b.q, coalesceRun("b"))
+		})
+		a, bb := held[0], held[1]
 
 		ctxC, cancelC := context.WithCancel(b.ctx)
 		cc := enqueueAsync(ctxC, b.q, coalesceRun("c"))
@@ -324,10 +336,7 @@ func TestAckCoalescesConcurrentCalls(t *testing.T) {
 			go func() { out <- b.q.Ack(b.ctx, r) }()
 			return out
 		}
-		first := []<-chan error{ack(runs[0])}
-		h.await(t, 1)
-		first = append(first, ack(runs[1]))
-		h.await(t, 2)
+		first := holdSenders(t, h, func(i int) <-chan error { return ack(runs[i]) })
 		stale := *runs[2]
 		stale.Token++
 		staleErr := ack(&stale)
@@ -358,10 +367,7 @@ func TestEnqueueCoalescedPayloadBound(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		h := newGateHook(8)
 		b := gated(t, c, h, nil)
-		first := []<-chan error{enqueueAsync(b.ctx, b.q, coalesceRun("a"))}
-		h.await(t, 1)
-		first = append(first, enqueueAsync(b.ctx, b.q, coalesceRun("b")))
-		h.await(t, 2)
+		first := holdSenders(t, h, func(i int) <-chan error { return enqueueAsync(b.ctx, b.q, coalesceRun(string(rune('a'+i)))) })
 		big := make([]byte, 1<<20-2)
 		var later []<-chan error
 		for i := range 12 {

@@ -125,20 +125,14 @@ func TestAckManyStaleAndCurrentDelivery(t *testing.T) {
 		}{{"StaleFirst", false, false}, {"StaleLast", true, false}, {"FusedStaleFirst", false, true}} {
 			t.Run(tc.name, func(t *testing.T) {
 				b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = 10 * time.Second })
-				enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "r"})
-				old := dequeue(t, b, queueName, 1)[0]
-				b.clock.Advance(10 * time.Second)
-				n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
-				require.NoError(t, err)
-				require.Equal(t, 1, n)
-				cur := dequeue(t, b, queueName, 1)[0]
-				require.Greater(t, cur.Token, old.Token)
+				old, cur := redelivered(t, b, "k", "r")
 
 				acks := []*runqueue.Run{old, cur}
 				if tc.staleLast {
 					acks = []*runqueue.Run{cur, old}
 				}
 				var errs []error
+				var err error
 				if tc.fused {
 					var runs []*runqueue.Run
 					runs, errs, err = b.q.AckAndDequeue(b.ctx, acks, env, queueName, 10)
@@ -156,10 +150,26 @@ func TestAckManyStaleAndCurrentDelivery(t *testing.T) {
 				}
 				require.Equal(t, runqueue.Stats{}, queueStats(t, b, queueName), "the run is gone")
 				b.clock.Advance(time.Minute)
-				n, err = b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
+				n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
 				require.NoError(t, err)
 				require.Zero(t, n, "no lease left to recover")
 			})
 		}
 	})
+}
+
+// redelivered enqueues run id of key, dequeues it, lets its lease pass
+// (b.cfg.LeaseDuration), recovers it and dequeues it again: old is the
+// first delivery, cur the second.
+func redelivered(t *testing.T, b *testBundle, key, id string) (old, cur *runqueue.Run) {
+	t.Helper()
+	enqueue(t, b, runqueue.EnqueueParams{Key: key, ID: id})
+	old = dequeue(t, b, queueName, 1)[0]
+	b.clock.Advance(b.cfg.LeaseDuration)
+	n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	cur = dequeue(t, b, queueName, 1)[0]
+	require.Greater(t, cur.Token, old.Token)
+	return old, cur
 }

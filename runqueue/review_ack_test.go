@@ -258,13 +258,7 @@ func TestReviewAckCoalescedStaleAndHolder(t *testing.T) {
 						cfg.VtimeScheduling = vtime
 						cfg.Observer = obs
 					})
-					enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "r"})
-					old := dequeue(t, b, queueName, 1)[0]
-					b.clock.Advance(10 * time.Second)
-					n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
-					require.NoError(t, err)
-					require.Equal(t, 1, n)
-					cur := dequeue(t, b, queueName, 1)[0]
+					old, cur := redelivered(t, b, "k", "r")
 					for _, id := range []string{"x", "y", "z"} {
 						enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: id})
 					}
@@ -501,13 +495,7 @@ func TestReviewAckKeyLimitFreedOnce(t *testing.T) {
 						cfg.VtimeScheduling = vtime
 						cfg.KeyConcurrency = 1
 					})
-					enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "r"})
-					old := dequeue(t, b, queueName, 1)[0]
-					b.clock.Advance(10 * time.Second)
-					n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 100)
-					require.NoError(t, err)
-					require.Equal(t, 1, n)
-					cur := dequeue(t, b, queueName, 1)[0]
+					old, cur := redelivered(t, b, "k", "r")
 					for _, id := range []string{"x", "y", "z"} {
 						enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: id})
 					}
@@ -516,10 +504,8 @@ func TestReviewAckKeyLimitFreedOnce(t *testing.T) {
 					got := dequeue(t, b, queueName, 10)
 					require.Equal(t, []string{"m1", "n1"}, sortedCopy(runIDs(got)), "k at its limit")
 					h.arm(true)
-					f1 := ackAsync(b.ctx, b.q, got[0])
-					h.await(t, 1)
-					f2 := ackAsync(b.ctx, b.q, got[1])
-					h.await(t, 2)
+					held := holdSenders(t, h, func(i int) <-chan error { return ackAsync(b.ctx, b.q, got[i]) })
+					f1, f2 := held[0], held[1]
 					a, bb := old, cur
 					if staleLast {
 						a, bb = cur, old

@@ -119,10 +119,8 @@ func TestReviewCoalesceHugeBurstPipelineTimeout(t *testing.T) {
 			o.AddHook(h)
 			if !serial {
 				// Hold both senders, let the burst pile up.
-				first := enqueueAsync(b.ctx, b.q, coalesceRun("a"))
-				h.await(t, 1)
-				second := enqueueAsync(b.ctx, b.q, coalesceRun("b"))
-				h.await(t, 2)
+				held := holdSenders(t, h, func(i int) <-chan error { return enqueueAsync(b.ctx, b.q, coalesceRun(string(rune('a'+i)))) })
+				first, second := held[0], held[1]
 				ps := make([]runqueue.EnqueueParams, n)
 				for i := range ps {
 					ps[i] = coalesceRun("burst-" + strconv.Itoa(i))
@@ -408,10 +406,8 @@ func TestReviewCoalesceBigBatch(t *testing.T) {
 		h := newGateHook(8)
 		obs := &countObserver{}
 		b := gated(t, c, h, func(cfg *runqueue.Config) { cfg.Observer = obs; cfg.MaxPayloadBytes = 64 << 10 })
-		a := enqueueAsync(b.ctx, b.q, coalesceRun("a"))
-		h.await(t, 1)
-		bb := enqueueAsync(b.ctx, b.q, coalesceRun("b"))
-		h.await(t, 2)
+		held := holdSenders(t, h, func(i int) <-chan error { return enqueueAsync(b.ctx, b.q, coalesceRun(string(rune('a'+i)))) })
+		a, bb := held[0], held[1]
 		const n = 2500
 		var ps []runqueue.EnqueueParams
 		want := map[string]string{}

@@ -184,6 +184,7 @@ func TestFairnessScenarioExpiredNewcomers(t *testing.T) { checkLuaScenario(t, "E
 func TestFairnessScenarioAdversarialNames(t *testing.T) { checkLuaScenario(t, "AdversarialNames") }
 func TestFairnessScenarioEqualCountsFlip(t *testing.T)  { checkLuaScenario(t, "EqualCountsFlip") }
 func TestFairnessScenarioGatedWindow(t *testing.T)      { checkLuaScenario(t, "GatedWindow") }
+func TestFairnessScenarioLaneAcrossFlip(t *testing.T)   { checkLuaScenario(t, "LaneAcrossFlip") }
 func TestFairnessScenarioOutagePastTTL(t *testing.T)    { checkLuaScenario(t, "OutagePastTTL") }
 func TestFairnessScenarioStaleCleanup10k(t *testing.T)  { checkLuaScenario(t, "StaleCleanup10k") }
 func TestFairnessScenarioExpiredChainSurvivor(t *testing.T) {

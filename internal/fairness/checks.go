@@ -90,9 +90,11 @@ func (s *servability) w(key string) float64 {
 // followed, A the distinct keys they served), and be servable at once.
 // Let P be the number of other keys that registered before k (or in the
 // same lease recovery or promotion, whose order the oracle does not
-// choose), still hold ready runs and were not served since they
-// registered: the newcomers k may legitimately queue behind (a newcomer
-// queues one quantum behind the previous one). Then, until k is
+// choose), still hold ready runs and were not served by a flag-on call
+// since they registered: the newcomers k may legitimately queue behind (a
+// newcomer queues one quantum behind the previous one; a flag-off serve
+// writes nothing of the scheduler, so a newcomer it serves still waits in
+// the lane when the flag is on again: scenario LaneAcrossFlip). Then, until k is
 // served, every other key j that is served m times while k waits
 // satisfies
 //

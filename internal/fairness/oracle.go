@@ -93,7 +93,7 @@ type Oracle struct {
 	room      int // sum of the keys' room
 	suspects  int
 	stales    int // keys drained by a flag-off operation: their tags may be stale
-	pendingN  int // keys pending: registered, not served since
+	pendingN  int // keys pending: registered, not served by a flag-on call since
 	delayedK  map[string]*okey
 
 	// batchRegs, while above 0, is how many keys register in the current
@@ -554,7 +554,10 @@ func (o *Oracle) serve(s Served) {
 	r.state, r.ttl, r.lease = stHeld, 0, o.now+o.cfg.Lease
 	k.held++
 	o.held++
-	if k.pending {
+	// A flag-off serve writes nothing of the scheduler: a newcomer it
+	// serves still waits in the lane, ahead of later newcomers, when the
+	// flag is on again.
+	if k.pending && o.flagOn {
 		k.pending = false
 		o.pendingN--
 	}

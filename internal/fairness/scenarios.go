@@ -127,6 +127,40 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "LaneAcrossFlip", Flip: true, Run: func(o *Oracle) error {
+		// Flag on: b is served once (its tag moves past V), then c, e and
+		// a arrive and queue in the newcomer lane, c at its head. Flag
+		// off: age order serves c (it drains), e twice and a once; the
+		// lane is the scheduler's and stays as it was. Flag on again: u arrives
+		// and queues behind e and a, which still count as newcomers ahead
+		// of it; calls of 10 serve b, e and a before u (first version of
+		// the oracle: the flag-off serves ended e's and a's wait, so u had
+		// P = 0 and this schedule read as a violation of its bound).
+		s := &script{o: o}
+		tick := func() { s.do(o.Advance(time.Millisecond)) } // runs age in enqueue order
+		s.enq("b", 3, 0)
+		s.deq(1, false)
+		tick()
+		s.enq("c", 1, 0)
+		for i := 0; i < 4; i++ {
+			tick()
+			s.enq("e", 1, 0)
+			if i < 3 {
+				tick()
+				s.enq("a", 1, 0)
+			}
+		}
+		s.do(o.SetFlag(false))
+		tick()
+		s.enq("b", 8, 0)
+		s.deq(6, false) // b, b, c, e, a, e: age order
+		s.do(o.SetFlag(true))
+		s.enq("u", 1, 0)
+		for i := 0; i < 3 && s.err == nil; i++ {
+			s.deq(10, false)
+		}
+		return s.err
+	}},
 	{Name: "GatedWindow", Run: func(o *Oracle) error {
 		// Key limit 1: eight keys hold a run each and wait at their limit
 		// with low tags; "old" has a backlog with the oldest heads; "owed"

@@ -69,6 +69,14 @@ type StateProber interface {
 	StateExists() (bool, error)
 }
 
+// LaneProber tells whether the scheduler holds key in its newcomer lane,
+// waiting for its first tag. The oracle asks when a flag-off call serves a
+// key it counts as a newcomer: flag-off scripts write nothing of the
+// scheduler, so a key in the lane stays there, ahead of later newcomers.
+type LaneProber interface {
+	InLane(key string) (bool, error)
+}
+
 // ClockReader reads the scheduler's virtual clock V, in serves at weight 1.
 type ClockReader interface {
 	V() (float64, error)

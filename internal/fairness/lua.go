@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
@@ -254,6 +255,23 @@ func (d *LuaDriver) V() (float64, error) {
 func (d *LuaDriver) StateExists() (bool, error) {
 	n, err := d.p.cfg.Client.Exists(d.ctx, schedulerKeys(d.qk)...).Result()
 	return n > 0, err
+}
+
+// InLane implements LaneProber: key's registration in the state hash is
+// marked waiting (the newcomer lane).
+func (d *LuaDriver) InLane(key string) (bool, error) {
+	v, err := d.p.cfg.Client.HGet(d.ctx, schedulerKeys(d.qk)[1], keys.VariantMember(key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	reg, ok := schedfmt.ParseReg(v)
+	if !ok {
+		return false, fmt.Errorf("registration %q of %q does not parse", v, key)
+	}
+	return reg.Waiting, nil
 }
 
 // expireSchedulerState deletes the scheduler state of one base queue, as

@@ -555,9 +555,11 @@ func (o *Oracle) serve(s Served) {
 	k.held++
 	o.held++
 	// A flag-off serve writes nothing of the scheduler: a newcomer it
-	// serves still waits in the lane, ahead of later newcomers, when the
-	// flag is on again.
-	if k.pending && o.flagOn {
+	// serves that waits in the scheduler's lane stays there, ahead of
+	// later newcomers, when the flag is on again (scenario LaneAcrossFlip).
+	// One that registered at V, or with the flag off, is in no lane: the
+	// serve ends its wait. Without a LaneProber, every serve does.
+	if k.pending && (o.flagOn || !o.inLane(k.name)) {
 		k.pending = false
 		o.pendingN--
 	}
@@ -567,6 +569,22 @@ func (o *Oracle) serve(s Served) {
 		o.wrote()
 	}
 	o.loseReady(k, true)
+}
+
+// inLane asks the driver whether the scheduler holds key in its newcomer
+// lane; false without a LaneProber or when the probe fails (an error is
+// recorded).
+func (o *Oracle) inLane(key string) bool {
+	lp, ok := o.d.(LaneProber)
+	if !ok {
+		return false
+	}
+	in, err := lp.InLane(key)
+	if err != nil {
+		o.emit(Event{Kind: EvError, Text: fmt.Sprintf("lane probe of %q: %v", key, err)})
+		return false
+	}
+	return in
 }
 
 // Held lists the runs in flight, sorted.

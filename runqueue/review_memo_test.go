@@ -1,0 +1,112 @@
+package runqueue_test
+
+import (
+	"fmt"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+var memoBackends = []backend{
+	{Name: "Mini", Client: redistest.Mini},
+	{Name: "Real", Client: redistest.Real},
+}
+
+// normDump is the bundle's keys and values with its prefix taken out.
+func normDump(t *testing.T, b *testBundle) map[string]string {
+	out := map[string]string{}
+	for k, v := range b.dump(t) {
+		out[strings.ReplaceAll(k, b.prefix, "P")] = strings.ReplaceAll(v, b.prefix, "P")
+	}
+	return out
+}
+
+// memoInputs: runs of few keys, in a mix that exercises the memo: the same
+// variant again (higher, equal, lower scores), priorities that make a later
+// run lower, ready and delayed runs of one variant, TTLs, duplicate ids
+// (idempotent retries and conflicts), runs refused at MaxKeyDepth.
+func memoInputs(r *rand.Rand, now time.Time, n int) []runqueue.EnqueueParams {
+	var ps []runqueue.EnqueueParams
+	for i := 0; i < n; i++ {
+		p := runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", r.Intn(3)),
+			ID: fmt.Sprint(r.Intn(n)), Payload: []byte{byte('a' + r.Intn(2))}, Priority: r.Intn(10)}
+		switch r.Intn(4) {
+		case 0:
+			p.AvailableAt = now.Add(time.Duration(r.Intn(5)) * time.Minute)
+		default:
+			p.AvailableAt = now.Add(-time.Duration(r.Intn(5)) * time.Minute)
+		}
+		if r.Intn(3) == 0 {
+			p.TTL = time.Hour
+		}
+		if r.Intn(4) == 0 {
+			p.Key = ""
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// TestReviewMemoEquivalence: EnqueueMany of N runs against N single-run
+// calls (SerialCalls) on the same inputs and the same prior state: the
+// same results, the same stored data (ckIndex, delayIndex, master, depth,
+// scheduler state...), the same Schedule and the same dequeue order.
+func TestReviewMemoEquivalence(t *testing.T) {
+	redistest.ForEachBackend(t, memoBackends, func(t *testing.T, c redis.UniversalClient) {
+		for _, on := range []bool{false, true} {
+			for _, lim := range []struct{ q, k int }{{0, 0}, {0, 2}, {6, 0}} {
+				for seed := int64(0); seed < 40; seed++ {
+					name := fmt.Sprintf("on=%v/q=%d/k=%d/seed=%d", on, lim.q, lim.k, seed)
+					mk := func(serial bool) *testBundle {
+						return setup(t, c, func(cfg *runqueue.Config) {
+							cfg.VtimeScheduling, cfg.SerialCalls = on, serial
+							cfg.MaxQueueDepth, cfg.MaxKeyDepth = lim.q, lim.k
+						})
+					}
+					bm, bs := mk(false), mk(true)
+					now := bm.clock.Now()
+					r := rand.New(rand.NewSource(seed))
+					pre := memoInputs(r, now, 4)
+					for i := range pre {
+						pre[i].ID = "pre" + pre[i].ID
+					}
+					batch := memoInputs(r, now, 12)
+					for _, b := range []*testBundle{bm, bs} {
+						_, _ = b.q.EnqueueMany(b.ctx, pre) // the same prior state (errors alike)
+					}
+					resM, errM := bm.q.EnqueueMany(bm.ctx, batch)
+					var resS []runqueue.EnqueueResult
+					for _, p := range batch {
+						res, _ := bs.q.EnqueueMany(bs.ctx, []runqueue.EnqueueParams{p})
+						resS = append(resS, res[0])
+					}
+					_ = errM
+					require.Equal(t, fmt.Sprint(resS), fmt.Sprint(resM), name)
+					require.Equal(t, normDump(t, bs), normDump(t, bm), name)
+					stS, stM := queueStats(t, bs, queueName), queueStats(t, bm, queueName)
+					require.Equal(t, stS, stM, name)
+					if on {
+						sS, err := bs.q.Schedule(bs.ctx, env, queueName, 10)
+						require.NoError(t, err)
+						sM, err := bm.q.Schedule(bm.ctx, env, queueName, 10)
+						require.NoError(t, err)
+						require.Equal(t, sS, sM, name)
+					}
+					var oS, oM []string
+					for i := 0; i < 8; i++ {
+						oS = append(oS, runIDs(dequeue(t, bs, queueName, 2))...)
+						oM = append(oM, runIDs(dequeue(t, bm, queueName, 2))...)
+					}
+					require.Equal(t, oS, oM, name)
+				}
+			}
+		}
+	})
+}

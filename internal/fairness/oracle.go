@@ -194,6 +194,12 @@ func (o *Oracle) stateGone() {
 	for _, name := range o.keyOrder {
 		k := o.keys[name]
 		k.debt = 0
+		// No lane survives the state: keys with ready runs are found again
+		// at V, and no newcomer waits ahead of a later one.
+		if k.pending {
+			k.pending = false
+			o.pendingN--
+		}
 		if k.ready > 0 {
 			o.setSuspect(k, true)
 		} else {

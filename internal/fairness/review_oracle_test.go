@@ -226,3 +226,31 @@ func TestReviewLuaNeedsNoExtraP(t *testing.T) {
 		})
 	}
 }
+
+// expiringPlan is a planDriver whose scheduler state can expire.
+type expiringPlan struct{ *planDriver }
+
+func (expiringPlan) ExpireState() error { return nil }
+
+// TestOracleNoLaneAfterExpiry: a and c register (both count as newcomers
+// ahead of later keys), then the whole state expires: no lane survives it,
+// so u, registering after, has P = 0, and 4 serves of a before u are
+// caught (first version: P = 2 and the schedule passed).
+func TestOracleNoLaneAfterExpiry(t *testing.T) {
+	d := newPlanDriver()
+	o := New(expiringPlan{d}, Config{Lease: time.Minute, MaxAttempts: 3})
+	s := &script{o: o}
+	s.enq("a", 8, 0)
+	s.do(o.Advance(time.Millisecond))
+	s.enq("c", 8, 0)
+	s.do(o.ExpireState())
+	s.do(o.Advance(time.Millisecond))
+	s.enq("u", 1, 0)
+	d.plan = []string{"a", "a", "a", "a", "u"}
+	for i := 0; i < 5 && s.err == nil; i++ {
+		s.deq(1, false)
+	}
+	require.NoError(t, s.err)
+	require.Zero(t, registerP(&o.H, "u"))
+	require.Len(t, CheckNewcomer(&o.H), 1)
+}

@@ -53,7 +53,11 @@
 // [Config.MaxKeyDepth] refuse runs past a depth with a [*QueueFullError],
 // writing nothing. [Queue.EnqueueMany] sends many runs, one script call per
 // base queue (up to 1000 runs or 4 MiB of payload each), the calls in one
-// pipeline; each run is all or nothing.
+// pipeline; each run is all or nothing. Concurrent Enqueue calls on one
+// Queue are coalesced into such calls (and concurrent [Queue.Ack] calls into
+// [Queue.AckMany] calls), each run keeping its own result: under load a run
+// costs Redis far less than a script call of its own.
+// [Config.SerialCalls] sends every call on its own.
 //
 // # Dequeue and leases
 //

@@ -180,13 +180,14 @@ func checkLuaScenario(t *testing.T, name string) {
 
 // The audit's states (docs/design.md section 8) as scripted sequences.
 
-func TestFairnessScenarioExpiredNewcomers(t *testing.T) { checkLuaScenario(t, "ExpiredNewcomers") }
-func TestFairnessScenarioAdversarialNames(t *testing.T) { checkLuaScenario(t, "AdversarialNames") }
-func TestFairnessScenarioEqualCountsFlip(t *testing.T)  { checkLuaScenario(t, "EqualCountsFlip") }
-func TestFairnessScenarioGatedWindow(t *testing.T)      { checkLuaScenario(t, "GatedWindow") }
-func TestFairnessScenarioLaneAcrossFlip(t *testing.T)   { checkLuaScenario(t, "LaneAcrossFlip") }
-func TestFairnessScenarioOutagePastTTL(t *testing.T)    { checkLuaScenario(t, "OutagePastTTL") }
-func TestFairnessScenarioStaleCleanup10k(t *testing.T)  { checkLuaScenario(t, "StaleCleanup10k") }
+func TestFairnessScenarioExpiredNewcomers(t *testing.T)  { checkLuaScenario(t, "ExpiredNewcomers") }
+func TestFairnessScenarioAdversarialNames(t *testing.T)  { checkLuaScenario(t, "AdversarialNames") }
+func TestFairnessScenarioEqualCountsFlip(t *testing.T)   { checkLuaScenario(t, "EqualCountsFlip") }
+func TestFairnessScenarioGatedWindow(t *testing.T)       { checkLuaScenario(t, "GatedWindow") }
+func TestFairnessScenarioLaneAcrossFlip(t *testing.T)    { checkLuaScenario(t, "LaneAcrossFlip") }
+func TestFairnessScenarioResetWhileWaiting(t *testing.T) { checkLuaScenario(t, "ResetWhileWaiting") }
+func TestFairnessScenarioOutagePastTTL(t *testing.T)     { checkLuaScenario(t, "OutagePastTTL") }
+func TestFairnessScenarioStaleCleanup10k(t *testing.T)   { checkLuaScenario(t, "StaleCleanup10k") }
 func TestFairnessScenarioExpiredChainSurvivor(t *testing.T) {
 	checkLuaScenario(t, "ExpiredChainSurvivor")
 }

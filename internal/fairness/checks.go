@@ -457,7 +457,9 @@ func sameServes(a, b []Served) bool {
 // Statement. Count, for a key k, the flag-on dequeue calls with capacity
 // (the env and queue limits leave room) at whose start k is servable and
 // which do not serve k; the count restarts when k is served (by any call)
-// or stops being servable. It never exceeds
+// or stops being servable, and when the state expires or may have lapsed
+// (every key is then found again at V, and the derivation below starts
+// again from there). It never exceeds
 //
 //	B = ceil(N/30) + 2 + A * (floor(D*W) + 1)
 //
@@ -497,10 +499,16 @@ func CheckReachability(h *History) []Violation {
 		switch e.Kind {
 		case EvRegister:
 			debt[e.Key] = e.Debt
-		case EvReset:
-			for k := range debt {
-				debt[k] = 0
+		case EvReset, EvLapse:
+			// Every key is found again at V and the tie order starts
+			// afresh: the count restarts with the derivation (scenario
+			// ResetWhileWaiting). A possible lapse may have done the same.
+			if e.Kind == EvReset {
+				for k := range debt {
+					debt[k] = 0
+				}
 			}
+			clear(waits)
 		case EvUnservable:
 			delete(waits, e.Key)
 		case EvCall:

@@ -78,9 +78,10 @@ func checkModelScenario(t *testing.T, name string) {
 // that need flag flips, a natural state TTL or thousands of keys run on
 // the Lua only (runqueue/fairness_oracle_test.go).
 
-func TestModelScenarioExpiredNewcomers(t *testing.T) { checkModelScenario(t, "ExpiredNewcomers") }
-func TestModelScenarioAdversarialNames(t *testing.T) { checkModelScenario(t, "AdversarialNames") }
-func TestModelScenarioGatedWindow(t *testing.T)      { checkModelScenario(t, "GatedWindow") }
+func TestModelScenarioExpiredNewcomers(t *testing.T)  { checkModelScenario(t, "ExpiredNewcomers") }
+func TestModelScenarioAdversarialNames(t *testing.T)  { checkModelScenario(t, "AdversarialNames") }
+func TestModelScenarioGatedWindow(t *testing.T)       { checkModelScenario(t, "GatedWindow") }
+func TestModelScenarioResetWhileWaiting(t *testing.T) { checkModelScenario(t, "ResetWhileWaiting") }
 func TestModelScenarioExpiredChainSurvivor(t *testing.T) {
 	checkModelScenario(t, "ExpiredChainSurvivor")
 }

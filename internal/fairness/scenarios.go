@@ -161,6 +161,45 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "ResetWhileWaiting", Run: func(o *Oracle) error {
+		// From a random sequence (rapid seed 4865173080621460690): u1
+		// registers behind a; the state expires; c, d, e and b register as
+		// newcomers before discovery finds a and u1 (at V, after them);
+		// they are served, then a; the state expires again and every key
+		// is found at V once more, u1 last by name (all runs are equally
+		// old). u1 waits 5 calls before the second reset and 4 after: the
+		// reachability bound (8 here) holds on each side of the reset, and
+		// a count across it would mix two starts (first version of the
+		// check).
+		s := &script{o: o}
+		s.enq("a", 3, 0)
+		s.enq("u1", 1, 0)
+		s.enq("a", 12, 0)
+		s.do(o.ExpireState())
+		s.enq("a", 4, 0)
+		s.enq("c", 2, 0)
+		s.enq("d", 4, 0)
+		s.enq("e", 2, 0)
+		s.enq("b", 1, 0)
+		s.enq("a", 2, 0)
+		for i := 0; i < 4; i++ {
+			s.deq(1, true)
+		}
+		s.enq("a", 4, 0)
+		s.deq(1, true)
+		s.enq("a", 5, 0)
+		s.do(o.ExpireState())
+		s.deq(1, true)
+		s.enq("a", 4, 0)
+		s.enq("u2", 1, 0)
+		s.deq(1, true)
+		s.enq("a", 4, 0)
+		s.enq("b", 1, 0)
+		for i := 0; i < 6 && s.err == nil; i++ {
+			s.deq(1, true)
+		}
+		return s.err
+	}},
 	{Name: "GatedWindow", Run: func(o *Oracle) error {
 		// Key limit 1: eight keys hold a run each and wait at their limit
 		// with low tags; "old" has a backlog with the oldest heads; "owed"

@@ -457,9 +457,12 @@ func sameServes(a, b []Served) bool {
 // Statement. Count, for a key k, the flag-on dequeue calls with capacity
 // (the env and queue limits leave room) at whose start k is servable and
 // which do not serve k; the count restarts when k is served (by any call)
-// or stops being servable, and when the state expires or may have lapsed
-// (every key is then found again at V, and the derivation below starts
-// again from there). It never exceeds
+// or stops being servable, and when the state expires or a probe finds it
+// gone (every key is then found again at V, and the derivation below
+// starts again from there). After a possible lapse (no probe: StateTTL/2
+// without a certain write) the count goes on, and a wait breaks the bound
+// only if it also breaks the bound of a fresh start (D = 0) counted from
+// the lapse. It never exceeds
 //
 //	B = ceil(N/30) + 2 + A * (floor(D*W) + 1)
 //
@@ -484,6 +487,11 @@ func CheckReachability(h *History) []Violation {
 		maxW     float64
 		debt     float64
 		reported bool
+		// After a possible lapse: the calls, keys and weight since it,
+		// judged against the bound of a fresh start (D = 0).
+		lapsed bool
+		since  int
+		nF     int
 	}
 	st := newServability()
 	debt := map[string]float64{}
@@ -500,15 +508,22 @@ func CheckReachability(h *History) []Violation {
 		case EvRegister:
 			debt[e.Key] = e.Debt
 		case EvReset, EvLapse:
-			// Every key is found again at V and the tie order starts
-			// afresh: the count restarts with the derivation (scenario
-			// ResetWhileWaiting). A possible lapse may have done the same.
-			if e.Kind == EvReset {
+			if e.Kind == EvReset || e.On {
+				// The state is gone: every key is found again at V and the
+				// tie order starts afresh, so the count restarts with the
+				// derivation (scenario ResetWhileWaiting).
 				for k := range debt {
 					debt[k] = 0
 				}
+				clear(waits)
+				continue
 			}
-			clear(waits)
+			// It may be gone: a wait breaks the bound only if it breaks
+			// both the one of the state that stayed and the one of a fresh
+			// start counted from here.
+			for _, w := range waits {
+				w.lapsed, w.since, w.nF = true, 0, 0
+			}
 		case EvUnservable:
 			delete(waits, e.Key)
 		case EvCall:
@@ -548,7 +563,13 @@ func CheckReachability(h *History) []Violation {
 				w.maxW = math.Max(w.maxW, callW)
 				a := max(w.n-1, 0)
 				bound := (w.n+29)/30 + 2 + a*(int(math.Floor(w.debt*w.maxW+1e-9))+1)
-				if w.calls > bound && !w.reported {
+				over := w.calls > bound
+				if w.lapsed {
+					w.since++
+					w.nF = max(w.nF, callN)
+					over = over && w.since > (w.nF+29)/30+2+max(w.nF-1, 0)
+				}
+				if over && !w.reported {
 					w.reported = true
 					out = append(out, Violation{Check: "reachability", Op: e.Op, Serve: e.Serve,
 						Msg: fmt.Sprintf("%q servable and unserved for %d calls with capacity (bound %d: %d keys with work, debt %.4g, max weight %g)",

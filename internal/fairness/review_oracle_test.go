@@ -254,3 +254,58 @@ func TestOracleNoLaneAfterExpiry(t *testing.T) {
 	require.Zero(t, registerP(&o.H, "u"))
 	require.Len(t, CheckNewcomer(&o.H), 1)
 }
+
+// ttlPlan: an unfair plan driver without a StateProber; told a StateTTL,
+// the oracle records a possible lapse after StateTTL/2 without a write.
+type ttlPlan struct{ *planDriver }
+
+func (ttlPlan) ExpireState() error { return nil }
+
+// goneProber: the same with a StateProber that finds the state gone after
+// every clock move (a certain lapse, as the Lua's probe sees one).
+type goneProber struct{ *planDriver }
+
+func (goneProber) StateExists() (bool, error) { return false, nil }
+
+// TestReachabilityAcrossLapses (review of 33851ab, which restarted the
+// count at every lapse and kept a stale debt after a certain one): a, b
+// and k backlogged; the driver serves only a and b, 8 calls at a time,
+// then the clock moves by StateTTL/2, or the state is expired. k is never
+// served over 40 calls; each way is caught: a certain lapse or a reset
+// restarts the count with debt 0 (bound 5), a possible lapse keeps it.
+func TestReachabilityAcrossLapses(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		mk    func(*planDriver) Driver
+		reset bool
+	}{
+		{"possibleLapse", func(p *planDriver) Driver { return ttlPlan{p} }, false},
+		{"certainLapse", func(p *planDriver) Driver { return goneProber{p} }, false},
+		{"reset", func(p *planDriver) Driver { return ttlPlan{p} }, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const ttl = 10 * time.Minute
+			pd := newPlanDriver()
+			o := New(c.mk(pd), Config{Lease: time.Minute, MaxAttempts: 3, StateTTL: ttl})
+			s := &script{o: o}
+			for _, k := range []string{"a", "b", "k"} {
+				s.enq(k, 60, 0)
+			}
+			for burst := 0; burst < 5 && s.err == nil; burst++ {
+				for i := 0; i < 8 && s.err == nil; i++ {
+					pd.plan = []string{[]string{"a", "b"}[i%2]}
+					s.deq(1, false)
+				}
+				if c.reset {
+					s.do(o.ExpireState())
+				} else {
+					s.do(o.Advance(ttl / 2))
+				}
+			}
+			require.NoError(t, s.err)
+			vs := CheckReachability(&o.H)
+			require.NotEmpty(t, vs, "k starved for 40 calls")
+			require.Contains(t, vs[0].Msg, `"k"`)
+		})
+	}
+}

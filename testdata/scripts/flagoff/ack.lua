@@ -107,7 +107,7 @@ local HELD_ERRORS = {
 -- entry answers what it would answer in a call of its own after the ones
 -- before it.
 local function held_ack(k, prefix, args, first, n, now, hooks)
-  local out, fields, ids, members, per_vm, vms, acked, gone = {}, {}, {}, {}, {}, {}, {}, {}
+  local out, fields, ids, members, per_vm, vms, gone = {}, {}, {}, {}, {}, {}, {}
   local asked = {}
   for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
   local holders = redis.call('HMGET', k.held, unpack(asked))
@@ -115,14 +115,16 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
     local member = prefix .. asked[i + 1]
     local err
-    if acked[member] or (gone[id] and not holders[i + 1]) then
-      err = 'gone' -- acked earlier in this call (its record is deleted at the end)
+    if gone[id] then
+      -- Acked earlier in this call, under its one key (an id names one
+      -- run of the queue): its record goes at the end of the call.
+      err = 'gone'
     elseif not holders[i + 1] then
       err = held_missing(k.runs, vm, id)
     elseif holders[i + 1] ~= token then
       err = 'lease_lost'
     else
-      acked[member], gone[id] = true, true
+      gone[id] = true
     end
     if err == 'gone' then
       out[i + 1] = 0

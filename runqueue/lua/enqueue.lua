@@ -38,7 +38,7 @@ local OWN_KEYS, OWN_ARGS = 6, 8 + 7 * n
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 -- Several runs: index entries that cannot move are not written again, and
 -- the depth counts are written once at the end, unless admission reads them.
-if n > 1 then q.memo = place_memo(max_queue == 0) end
+if n > 1 then q.memo = place_memo(q, max_queue == 0) end
 
 -- Whether a run of variant v may be queued now (admission control).
 local function admitted(v)

@@ -484,6 +484,15 @@ local function variant_keys(vbase, vm)
   return { ready = b .. ':ready', delayed = b .. ':delayed' }
 end
 
+-- q.memo, when set (a call that places many runs), saves commands that
+-- cannot change anything: memo.low[index][vm] is the lowest score this call
+-- gave vm's entry in index (ckIndex or delayIndex), at or above its score
+-- since (LT), so a later run of vm at or above it leaves the entry as it is
+-- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
+-- in memo.r and memo.d for the caller to write once (place_flush).
+
+
+
 
 
 

@@ -541,6 +541,35 @@ local function variant_keys(vbase, vm)
   return { ready = b .. ':ready', delayed = b .. ':delayed' }
 end
 
+-- q.memo, when set (a call that places many runs), saves commands that
+-- cannot change anything: memo.low[index][vm] is the lowest score this call
+-- gave vm's entry in index (ckIndex or delayIndex), at or above its score
+-- since (LT), so a later run of vm at or above it leaves the entry as it is
+-- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
+-- in memo.r and memo.d for the caller to write once (place_flush).
+
+-- Count a run in the depth field ('r' or 'd').
+local function place_count(q, field)
+  local memo = q.memo
+  if memo and memo.count then
+    memo[field] = memo[field] + 1
+  else
+    redis.call('HINCRBY', q.depth, field, 1)
+  end
+end
+
+-- Whether vm's entry in index may move to score s (not when the memo knows
+-- a score at or below s); notes s.
+local function place_moves(q, index, vm, s)
+  local memo = q.memo
+  if not memo then return true end
+  local low = memo.low[index]
+  local was = low[vm]
+  if was and tonumber(s) >= was then return false end
+  low[vm] = tonumber(s)
+  return true
+end
+
 -- Put a queued run into its variant: ready (scored by ready score rs) when
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
@@ -550,23 +579,11 @@ end
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
 -- blocked consumer should look again).
--- q.memo, when set (a call that places many runs), saves commands that
--- cannot change anything: memo.ready[vm] / memo.delayed[vm] is the lowest
--- score this call gave vm's index entry, at or above its score since (LT),
--- so a later run of vm at or above it leaves the entry as it is (the ZADD
--- LT CH would answer 0); with memo.count the depth counts add up in
--- memo.r and memo.d for the caller to write once (place_flush).
 local function place(q, v, hooks, id, vm, at, rs, now)
-  local memo = q.memo
   if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
-    if memo and memo.count then memo.r = memo.r + 1 else redis.call('HINCRBY', q.depth, 'r', 1) end
-    if memo then
-      local low, s = memo.ready[vm], tonumber(rs)
-      if low and s >= low then return false end
-      memo.ready[vm] = s
-    end
-    if redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
+    place_count(q, 'r')
+    if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks.ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       return true
@@ -574,13 +591,8 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     return false
   end
   redis.call('ZADD', v.delayed, at, id)
-  if memo and memo.count then memo.d = memo.d + 1 else redis.call('HINCRBY', q.depth, 'd', 1) end
-  if memo then
-    local low, s = memo.delayed[vm], tonumber(at)
-    if low and s >= low then return false end
-    memo.delayed[vm] = s
-  end
-  if redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+  place_count(q, 'd')
+  if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
     return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
   return false

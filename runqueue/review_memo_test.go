@@ -31,11 +31,12 @@ func normDump(t *testing.T, b *testBundle) map[string]string {
 // memoInputs: runs of few keys, in a mix that exercises the memo: the same
 // variant again (higher, equal, lower scores), priorities that make a later
 // run lower, ready and delayed runs of one variant, TTLs, duplicate ids
-// (idempotent retries and conflicts), runs refused at MaxKeyDepth.
-func memoInputs(r *rand.Rand, now time.Time, n int) []runqueue.EnqueueParams {
+// (idempotent retries and conflicts), runs refused at MaxKeyDepth; over
+// keys keys (and the default key).
+func memoInputs(r *rand.Rand, now time.Time, n, keys int) []runqueue.EnqueueParams {
 	var ps []runqueue.EnqueueParams
 	for i := 0; i < n; i++ {
-		p := runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", r.Intn(3)),
+		p := runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", r.Intn(keys)),
 			ID: fmt.Sprint(r.Intn(n)), Payload: []byte{byte('a' + r.Intn(2))}, Priority: r.Intn(10)}
 		switch r.Intn(4) {
 		case 0:
@@ -54,16 +55,22 @@ func memoInputs(r *rand.Rand, now time.Time, n int) []runqueue.EnqueueParams {
 	return ps
 }
 
-// TestReviewMemoEquivalence: EnqueueMany of N runs against N single-run
-// calls (SerialCalls) on the same inputs and the same prior state: the
-// same results, the same stored data (ckIndex, delayIndex, master, depth,
-// scheduler state...), the same Schedule and the same dequeue order.
+// TestReviewMemoEquivalence: EnqueueMany of N runs (run by run, or in bulk)
+// against N single-run calls (SerialCalls) on the same inputs and the same
+// prior state: the same results, the same stored data (ckIndex,
+// delayIndex, master, depth, scheduler state...), the same Schedule and
+// the same dequeue order. With
+// 8 keys, runs served before the batch leave tags above V, so the batch's
+// new keys queue in the newcomer lane, in the order they register.
 func TestReviewMemoEquivalence(t *testing.T) {
 	redistest.ForEachBackend(t, memoBackends, func(t *testing.T, c redis.UniversalClient) {
 		for _, on := range []bool{false, true} {
-			for _, lim := range []struct{ q, k int }{{0, 0}, {0, 2}, {6, 0}} {
+			// n: runs in the batch (from 32 on, without admission
+			// limits, the script writes them in bulk).
+			for _, lim := range []struct{ q, k, keys, n int }{{0, 0, 3, 12}, {0, 2, 3, 12}, {6, 0, 3, 12}, {0, 0, 8, 12},
+				{0, 0, 3, 40}, {0, 0, 8, 40}, {0, 2, 8, 40}} {
 				for seed := int64(0); seed < 40; seed++ {
-					name := fmt.Sprintf("on=%v/q=%d/k=%d/seed=%d", on, lim.q, lim.k, seed)
+					name := fmt.Sprintf("on=%v/q=%d/k=%d/keys=%d/n=%d/seed=%d", on, lim.q, lim.k, lim.keys, lim.n, seed)
 					mk := func(serial bool) *testBundle {
 						return setup(t, c, func(cfg *runqueue.Config) {
 							cfg.VtimeScheduling, cfg.SerialCalls = on, serial
@@ -73,13 +80,16 @@ func TestReviewMemoEquivalence(t *testing.T) {
 					bm, bs := mk(false), mk(true)
 					now := bm.clock.Now()
 					r := rand.New(rand.NewSource(seed))
-					pre := memoInputs(r, now, 4)
+					pre := memoInputs(r, now, 4, lim.keys)
 					for i := range pre {
 						pre[i].ID = "pre" + pre[i].ID
 					}
-					batch := memoInputs(r, now, 12)
+					batch := memoInputs(r, now, lim.n, lim.keys)
 					for _, b := range []*testBundle{bm, bs} {
 						_, _ = b.q.EnqueueMany(b.ctx, pre) // the same prior state (errors alike)
+						if lim.keys > 3 {
+							dequeue(t, b, queueName, 2)
+						}
 					}
 					resM, errM := bm.q.EnqueueMany(bm.ctx, batch)
 					var resS []runqueue.EnqueueResult

@@ -281,26 +281,30 @@ func TestGatedCostFlat(t *testing.T) {
 	}
 }
 
-// TestEnqueueManyCommands: an EnqueueMany of many runs writes each variant's
-// index entry only when it can move and the depth counts once per call
-// (per run when MaxQueueDepth makes admission read them).
+// TestEnqueueManyCommands: an EnqueueMany of many runs with no admission
+// limit writes each kind of data in one command (the records, each
+// variant's set, the indexes, the depth counts), after one read of the ids
+// and its index writes only where an earlier run of the variant does not
+// make them no-ops; below 32 runs, or with MaxQueueDepth (whose admission
+// reads the depth before each run), it goes run by run, with the same
+// index writes.
 func TestEnqueueManyCommands(t *testing.T) {
 	c := redistest.Private(t)
 	now := time.UnixMilli(1_900_000_000_000)
 	for _, on := range []bool{false, true} {
 		for _, tc := range []struct {
 			name             string
-			keys             int
+			keys, runs       int
 			delayed, limited bool
-			hincrby          int64
 			indexZadds       int64 // ckIndex or delayIndex ZADDs
 		}{
 			// one key: its first run, then every tenth run (older than
 			// all before it); ten keys: one each, and key 9's ten runs.
-			{name: "one key", keys: 1, hincrby: 1, indexZadds: 11},
-			{name: "ten keys", keys: 10, hincrby: 1, indexZadds: 19},
-			{name: "one key delayed", keys: 1, delayed: true, hincrby: 1, indexZadds: 11},
-			{name: "one key, MaxQueueDepth", keys: 1, limited: true, hincrby: 100, indexZadds: 11},
+			{name: "one key", keys: 1, runs: 100, indexZadds: 11},
+			{name: "ten keys", keys: 10, runs: 100, indexZadds: 19},
+			{name: "one key delayed", keys: 1, runs: 100, delayed: true, indexZadds: 11},
+			{name: "one key, MaxQueueDepth", keys: 1, runs: 100, limited: true, indexZadds: 11},
+			{name: "one key, 20 runs", keys: 1, runs: 20, indexZadds: 3},
 		} {
 			t.Run(fmt.Sprintf("on=%v/%s", on, tc.name), func(t *testing.T) {
 				b := newBundle(t, c, on, func(cfg *runqueue.Config) {
@@ -316,7 +320,7 @@ func TestEnqueueManyCommands(t *testing.T) {
 				// i ms before it, older than every run before it: its
 				// variant's index entry moves down then, and only then.
 				var ps []runqueue.EnqueueParams
-				for i := range 100 {
+				for i := range tc.runs {
 					d := time.Duration(i) * time.Millisecond
 					if i%10 == 9 {
 						d = -d
@@ -331,11 +335,34 @@ func TestEnqueueManyCommands(t *testing.T) {
 						require.True(t, r.Queued)
 					}
 				})
-				require.Equal(t, int64(100), st["hsetnx"].Calls)
-				require.Equal(t, tc.hincrby, st["hincrby"].Calls)
-				// ZADD: each run into its set, the index entries that
-				// moved, and the master's score each time one did (LT).
-				zadds := 100 + 2*tc.indexZadds
+				runs := int64(tc.runs)
+				var zadds int64
+				if tc.limited || tc.runs < 32 {
+					// Run by run: a HSETNX each, and a depth count each
+					// when admission reads it (else one); ZADD: each run
+					// into its set, the index entries that moved, and the
+					// master's score each time one did (LT).
+					hincrby := int64(1)
+					if tc.limited {
+						hincrby = runs
+					}
+					require.Equal(t, runs, st["hsetnx"].Calls)
+					require.Equal(t, hincrby, st["hincrby"].Calls)
+					zadds = runs + 2*tc.indexZadds
+				} else {
+					// In bulk: the records in one HSET, each variant's set
+					// in one ZADD, the same index entries, and the
+					// master's score once.
+					require.Zero(t, st["hsetnx"].Calls)
+					require.Equal(t, int64(1), st["hincrby"].Calls)
+					zadds = int64(tc.keys) + tc.indexZadds + 1
+					if !on {
+						// (Flag on, the registrations read and write the
+						// scheduler's hash too.)
+						require.Equal(t, int64(1), st["hmget"].Calls)
+						require.Equal(t, int64(1), st["hset"].Calls)
+					}
+				}
 				if on && !tc.delayed {
 					// The scheduler's state is created (its sentinel), and
 					// each key registers once.
@@ -344,9 +371,9 @@ func TestEnqueueManyCommands(t *testing.T) {
 				require.Equal(t, zadds, st["zadd"].Calls)
 				stats, err := b.q.QueueStats(b.ctx, "env", "q")
 				require.NoError(t, err)
-				want := [2]int64{100, 0}
+				want := [2]int64{runs, 0}
 				if tc.delayed {
-					want = [2]int64{0, 100}
+					want = [2]int64{0, runs}
 				}
 				require.Equal(t, want, [2]int64{stats.Ready, stats.Delayed})
 			})

@@ -202,26 +202,25 @@ end
 -- at a time would: run k of variant vms[k] scores ss[k] (in run order),
 -- and its ZADD LT CH is sent only when no earlier run of its variant in
 -- this call scored as low (that one would have left the entry at or below
--- it). Returns the variants in the order they first moved and the lowest
--- score moved to (as given), or nil when none moved.
+-- it). Returns the variant of each move in order (a variant again when it
+-- moves again: the scheduler hears of each move, as run by run, since a
+-- hook may start its state again in between) and the lowest score moved
+-- to (as given), or nil when none moved.
 local function index_moves(index, vms, ss)
-  local low, moved, seen, head, head_s = {}, {}, {}, nil, nil
+  local low, moves, head, head_s = {}, {}, nil, nil
   for k, vm in ipairs(vms) do
     local s = tonumber(ss[k])
     local was = low[vm]
     if was == nil or s < was then
       low[vm] = s
       if redis.call('ZADD', index, 'LT', 'CH', ss[k], vm) == 1 then
-        if not seen[vm] then
-          seen[vm] = true
-          moved[#moved + 1] = vm
-        end
+        moves[#moves + 1] = vm
         if head == nil or s < head then head, head_s = s, ss[k] end
       end
     end
   end
-  if #moved == 0 then return nil end
-  return moved, head_s
+  if #moves == 0 then return nil end
+  return moves, head_s
 end
 
 -- Many runs and no admission limit: each kind of write in one command
@@ -284,7 +283,7 @@ local function enqueue_batch()
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
-    for _, vm in ipairs(moved) do hooks.ready_start(vm) end
+    for _, vm in ipairs(moved) do hooks.ready_start(vm) end -- (see index_moves)
     redis.call('ZADD', q.master, 'LT', head, q.qm)
     woke = true
   end

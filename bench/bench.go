@@ -58,6 +58,9 @@ type Options struct {
 	Producers, Workers, ThroughputRuns, ThroughputKeys, Batch int
 	// SingleProducers are the goroutines of the single-Enqueue phases.
 	SingleProducers int
+	// BulkBatch is the runs per EnqueueMany call of the bulk-enqueue phase
+	// (its producers are Producers).
+	BulkBatch int
 	// Concurrency is each throughput Worker's WorkerConfig.Concurrency
 	// (0: its default, 100).
 	Concurrency int
@@ -75,14 +78,14 @@ func DefaultOptions() Options {
 		SweepKeys:  []int{10, 100, 1000, 10000, 100000},
 		SweepRuns:  5000,
 		Producers:  4, Workers: 1, ThroughputRuns: 20000, ThroughputKeys: 100, Batch: 10,
-		SingleProducers: 8,
+		SingleProducers: 8, BulkBatch: 1000,
 	}
 }
 
 func (o Options) validate() error {
 	for name, v := range map[string]int{"cost-runs": o.CostRuns, "cost-repeats": o.CostRepeats, "cost-keys": o.CostKeys, "gated-calls": o.GatedCalls,
 		"sweep-runs": o.SweepRuns, "producers": o.Producers, "workers": o.Workers, "runs": o.ThroughputRuns,
-		"keys": o.ThroughputKeys, "batch": o.Batch, "single-producers": o.SingleProducers} {
+		"keys": o.ThroughputKeys, "batch": o.Batch, "single-producers": o.SingleProducers, "bulk-batch": o.BulkBatch} {
 		if v < 1 {
 			return fmt.Errorf("-%s must be at least 1, got %d", name, v)
 		}
@@ -95,6 +98,9 @@ func (o Options) validate() error {
 	}
 	if o.Batch > 1000 {
 		return fmt.Errorf("-batch must be at most 1000, got %d", o.Batch)
+	}
+	if o.BulkBatch > 1000 {
+		return fmt.Errorf("-bulk-batch must be at most 1000, got %d", o.BulkBatch)
 	}
 	return nil
 }
@@ -143,6 +149,7 @@ type Settings struct {
 	ThroughputRuns int   `json:"throughput_runs,omitempty"`
 	ThroughputKeys int   `json:"throughput_keys,omitempty"`
 	Batch          int   `json:"batch,omitempty"`
+	BulkBatch      int   `json:"bulk_batch,omitempty"`
 }
 
 // allMet reports whether every scenario threshold was met.
@@ -265,6 +272,7 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 	if real && opts.want(secThroughput) {
 		rep.Settings.Producers, rep.Settings.Workers = opts.Producers, opts.Workers
 		rep.Settings.ThroughputRuns, rep.Settings.ThroughputKeys, rep.Settings.Batch = opts.ThroughputRuns, opts.ThroughputKeys, opts.Batch
+		rep.Settings.BulkBatch = opts.BulkBatch
 		if err := runThroughput(ctx, client, topo, ks, opts, rep, prog); err != nil {
 			return rep, err
 		}

@@ -30,7 +30,7 @@ func tinyOptions() Options {
 		CostRuns:  120, CostRepeats: 1, CostKeys: 10, GatedCalls: 20, GatedKeys: 8,
 		MemoryKeys: []int{10, 50}, SweepKeys: []int{10, 50}, SweepRuns: 40,
 		Producers: 2, Workers: 2, ThroughputRuns: 200, ThroughputKeys: 10, Batch: 10, Concurrency: 10,
-		SingleProducers: 3,
+		SingleProducers: 3, BulkBatch: 50,
 	}
 }
 
@@ -290,8 +290,10 @@ func TestRealRedis(t *testing.T) {
 			require.Equal(t, []any{1.0, 2.0, 10.0}, []any{r["producers"], r["workers"], r["batch"]})
 		case "enqueue-single", "enqueue-serial":
 			require.Equal(t, []any{3.0, 0.0, 0.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "enqueue-bulk":
+			require.Equal(t, []any{2.0, 0.0, 0.0}, []any{r["producers"], r["workers"], r["batch"]})
 		}
-		if r["phase"] == "enqueue" || r["phase"] == "enqueue-single" || r["phase"] == "enqueue-serial" {
+		if r["phase"] == "enqueue" || r["phase"] == "enqueue-single" || r["phase"] == "enqueue-serial" || r["phase"] == "enqueue-bulk" {
 			require.NotContains(t, r, "wait_light")
 			continue
 		}
@@ -306,7 +308,8 @@ func TestRealRedis(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"concurrent/off", "concurrent/on", "enqueue/off", "enqueue/on", "process/off", "process/on",
-		"steady/off", "steady/on", "enqueue-single/off", "enqueue-single/on", "enqueue-serial/off", "enqueue-serial/on"}, phases)
+		"steady/off", "steady/on", "enqueue-single/off", "enqueue-single/on", "enqueue-serial/off", "enqueue-serial/on",
+		"enqueue-bulk/off", "enqueue-bulk/on"}, phases)
 
 	requireSVG(t, filepath.Join(opts.OutDir, "sweep.svg"))
 	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))
@@ -635,10 +638,11 @@ func TestThroughputTargets(t *testing.T) {
 		{Phase: phaseSingle, Flag: "off", RunsPerSec: 60000},
 		{Phase: phaseSingle, Flag: "on", RunsPerSec: 49999},
 		{Phase: phaseSerial, Flag: "on", RunsPerSec: 90000}, // not a target
-		{Phase: phaseEnqueue, Flag: "off", RunsPerSec: 150000},
-		{Phase: phaseEnqueue, Flag: "on", RunsPerSec: 200000},
+		{Phase: phaseEnqueue, Flag: "on", RunsPerSec: 10},   // the prefilled phase: not a target
+		{Phase: phaseBulk, Flag: "off", RunsPerSec: 150000},
+		{Phase: phaseBulk, Flag: "on", RunsPerSec: 200000},
 	}
-	opts := Options{SingleProducers: 8, Producers: 4, Batch: 10}
+	opts := Options{SingleProducers: 8, Producers: 4, Batch: 10, BulkBatch: 1000}
 	got := map[string]TargetRow{}
 	for _, tr := range throughputTargets(rows, opts) {
 		got[tr.Op] = tr
@@ -648,8 +652,9 @@ func TestThroughputTargets(t *testing.T) {
 	require.False(t, got[phaseSingle].Met)
 	require.Equal(t, 60000.0, got[phaseSingle].Off)
 	require.Equal(t, "single Enqueue, 8 producers", got[phaseSingle].Target)
-	require.True(t, got[phaseEnqueue].Met)
-	require.Equal(t, ">= 200000 runs/s (flag on)", got[phaseEnqueue].Limit)
+	require.True(t, got[phaseBulk].Met)
+	require.Equal(t, ">= 200000 runs/s (flag on)", got[phaseBulk].Limit)
+	require.Equal(t, "batch enqueue (EnqueueMany of 1000 runs, 4 producers)", got[phaseBulk].Target)
 	// No phase row, no target.
 	require.Empty(t, throughputTargets(rows[:1], opts))
 }

@@ -190,7 +190,7 @@ func TestRedisCluster(t *testing.T) {
 	require.True(t, slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "sections cost not run on a Redis Cluster") }), rep.Notes)
 	require.True(t, rep.allMet(), "the scenario runs on the cluster too")
 
-	require.Len(t, rep.Throughput, 12)
+	require.Len(t, rep.Throughput, 14)
 	for _, r := range rep.Throughput {
 		require.Len(t, r.Nodes, 3, "%s/%s", r.Phase, r.Flag)
 		runs, workers := 0, 0

@@ -54,8 +54,10 @@ func sections(rep *Report) []section {
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseProcess }) {
 		out = append(out, prefilledSection(rep))
 	}
-	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseSingle || r.Phase == phaseSerial }) {
-		out = append(out, singleSection(rep))
+	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool {
+		return r.Phase == phaseSingle || r.Phase == phaseSerial || r.Phase == phaseBulk
+	}) {
+		out = append(out, enqueueSection(rep))
 	}
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.WaitLight != nil || r.WaitHeavy != nil }) {
 		out = append(out, waitSection(rep))
@@ -301,19 +303,22 @@ func prefilledSection(rep *Report) section {
 		}}
 }
 
-// singleSection shows the single-Enqueue phases, coalesced and serial.
-func singleSection(rep *Report) section {
+// enqueueSection shows the enqueue-only phases: single Enqueue calls,
+// coalesced and serial, and EnqueueMany calls of many runs.
+func enqueueSection(rep *Report) section {
 	t := &table{header: []string{"FLAG", "ENQUEUE", "PRODUCERS", "RUNS", "KEYS", "RUNS/S", "CPU µs/RUN"},
 		right: []bool{false, false, true, true, true, true, true}}
 	for _, r := range rep.Throughput {
-		mode := map[string]string{phaseSingle: "coalesced (default)", phaseSerial: "serial (Config.SerialCalls)"}[r.Phase]
+		mode := map[string]string{phaseSingle: "Enqueue, coalesced (default)", phaseSerial: "Enqueue, serial (Config.SerialCalls)",
+			phaseBulk: fmt.Sprintf("EnqueueMany of %d runs", rep.Settings.BulkBatch)}[r.Phase]
 		if mode != "" {
 			t.add(r.Flag, mode, fmt.Sprint(r.Producers), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2))
 		}
 	}
-	return section{title: "Single Enqueue calls (wall clock): producer goroutines each enqueue one run at a time with Enqueue, no worker running", t: t,
+	return section{title: "Enqueue only (wall clock): producer goroutines each enqueue one run at a time with Enqueue, or many with EnqueueMany, no worker running", t: t,
 		notes: []string{
 			"coalesced: concurrent Enqueue calls of one Queue go together in EnqueueMany calls, at most two in flight; serial: one script call per Enqueue",
+			"EnqueueMany of 32 runs or more (with no admission limit) writes them in bulk: one HSET of the records, one ZADD per variant's set",
 			"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs",
 		}}
 }

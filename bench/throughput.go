@@ -43,9 +43,13 @@ const (
 	// Config.SerialCalls (a script call per run).
 	phaseSingle = "enqueue-single"
 	phaseSerial = "enqueue-serial"
+	// phaseBulk: -producers goroutines each call EnqueueMany with
+	// -bulk-batch runs at a time, with no worker running: the rate of a
+	// batch enqueue of many runs.
+	phaseBulk = "enqueue-bulk"
 )
 
-var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseSteady, phaseSingle, phaseSerial}
+var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseSteady, phaseSingle, phaseSerial, phaseBulk}
 
 // ThroughputRow is one throughput phase on one flag state.
 type ThroughputRow struct {
@@ -513,6 +517,15 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 		}
 	}
 	for _, on := range []bool{false, true} {
+		prog.printf("throughput: %d runs, %d producers each calling EnqueueMany with %d runs, flag %s", opts.ThroughputRuns, opts.Producers,
+			opts.BulkBatch, flagName(on))
+		row, err := bulkThroughput(ctx, c, topo, ks, opts, on)
+		if err != nil {
+			return fmt.Errorf("bulk enqueue throughput, flag %s: %w", flagName(on), err)
+		}
+		rep.Throughput = append(rep.Throughput, row)
+	}
+	for _, on := range []bool{false, true} {
 		rate := opts.SteadyRate
 		if rate == 0 {
 			rate = processed[on] / 2
@@ -531,7 +544,7 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 
 // throughputTargets judges the enqueue rates of docs/design.md section 9,
 // flag on, flag off beside it: single Enqueue calls (the coalesced phase)
-// and a batch enqueue (the prefilled phase's EnqueueMany calls).
+// and a batch enqueue of many runs (the bulk phase's EnqueueMany calls).
 func throughputTargets(rows []ThroughputRow, opts Options) []TargetRow {
 	var out []TargetRow
 	add := func(target, phase string, limit float64) {
@@ -555,7 +568,7 @@ func throughputTargets(rows []ThroughputRow, opts Options) []TargetRow {
 		out = append(out, r)
 	}
 	add(fmt.Sprintf("single Enqueue, %d producers", opts.SingleProducers), phaseSingle, 50000)
-	add(fmt.Sprintf("batch enqueue (EnqueueMany of %d runs, %d producers)", opts.Batch, opts.Producers), phaseEnqueue, 200000)
+	add(fmt.Sprintf("batch enqueue (EnqueueMany of %d runs, %d producers)", opts.BulkBatch, opts.Producers), phaseBulk, 200000)
 	return out
 }
 
@@ -705,6 +718,20 @@ func singleThroughput(ctx context.Context, c redis.UniversalClient, topo *topolo
 		name = phaseSerial
 	}
 	return enqueuePhase(ctx, c, q, lay, obs, opts, name, on, opts.SingleProducers, 1)
+}
+
+// bulkThroughput enqueues ThroughputRuns runs from Producers goroutines,
+// each calling EnqueueMany with BulkBatch runs at a time, with no worker.
+func bulkThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool) (row ThroughputRow, err error) {
+	obs := &phaseObserver{keys: opts.ThroughputKeys}
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs)
+	if err != nil {
+		return row, err
+	}
+	defer done(&err)
+	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancelAll()
+	return enqueuePhase(ctx, c, q, lay, obs, opts, phaseBulk, on, opts.Producers, opts.BulkBatch)
 }
 
 // enqueuePhase enqueues ThroughputRuns runs on q from producers goroutines

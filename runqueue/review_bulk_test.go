@@ -11,20 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/internal/redistest"
-	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
 // Review of the bulk enqueue path (enqueue.lua, from 32 runs): it must
 // leave what n single-run calls leave.
-
-// bulkQK is the keys of (env, queueName) in b's key space.
-func bulkQK(t testing.TB, b *testBundle) keys.Queue {
-	t.Helper()
-	space, err := keys.NewSpace(b.prefix, b.q.Shards())
-	require.NoError(t, err)
-	return space.Env(env).Queue(queueName)
-}
 
 // TestReviewBulkReregisterAfterStateReset: flag on, the scheduler's state
 // hash is there without its ckVtime (deleted by hand or evicted; sched_state
@@ -59,7 +50,7 @@ func TestReviewBulkReregisterAfterStateReset(t *testing.T) {
 				}
 				for _, b := range []*testBundle{bm, bs} {
 					enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a0", Payload: []byte("x"), AvailableAt: now})
-					require.NoError(t, c.Del(b.ctx, bulkQK(t, b).CkVtime()).Err())
+					require.NoError(t, c.Del(b.ctx, reviewQK(t, b).CkVtime()).Err())
 				}
 				resM, err := bm.q.EnqueueMany(bm.ctx, batch)
 				require.NoError(t, err)
@@ -79,33 +70,6 @@ func TestReviewBulkReregisterAfterStateReset(t *testing.T) {
 			})
 		}
 	})
-}
-
-// bulkInputs: n runs over keys keys with ids drawn from ids ids (so that
-// they repeat in the batch and meet runs stored before it), payloads of
-// two kinds, priorities, ready, stale and delayed runs, TTLs.
-func bulkInputs(r *rand.Rand, now time.Time, n, keys, ids int) []runqueue.EnqueueParams {
-	var ps []runqueue.EnqueueParams
-	for i := 0; i < n; i++ {
-		p := runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", r.Intn(keys)),
-			ID: fmt.Sprint(r.Intn(ids)), Payload: []byte{byte('a' + r.Intn(2))}, Priority: r.Intn(10)}
-		switch r.Intn(4) {
-		case 0:
-			p.AvailableAt = now.Add(time.Duration(1+r.Intn(5)) * time.Minute)
-		case 1:
-			p.AvailableAt = now
-		default:
-			p.AvailableAt = now.Add(-time.Duration(r.Intn(5)) * time.Minute)
-		}
-		if r.Intn(3) == 0 {
-			p.TTL = time.Duration(1+r.Intn(3)) * time.Hour
-		}
-		if r.Intn(5) == 0 {
-			p.Key = ""
-		}
-		ps = append(ps, p)
-	}
-	return ps
 }
 
 // TestReviewBulkEquivalenceStates: EnqueueMany of n >= 32 runs (the bulk
@@ -143,8 +107,8 @@ func TestReviewBulkEquivalenceStates(t *testing.T) {
 				bm, bs := mk(false), mk(true)
 				now := bm.clock.Now()
 				r := rand.New(rand.NewSource(seed))
-				pre := bulkInputs(r, now, k.n/2, k.keys, k.ids)
-				batch := bulkInputs(r, now.Add(time.Minute), k.n, k.keys, k.ids)
+				pre := memoInputs(r, now, k.n/2, k.keys, k.ids)
+				batch := memoInputs(r, now.Add(time.Minute), k.n, k.keys, k.ids)
 				for _, b := range []*testBundle{bm, bs} {
 					w := b.q
 					if k.offWriter {
@@ -255,7 +219,7 @@ func TestReviewBulkWake(t *testing.T) {
 					for _, p := range sc.prior {
 						enqueue(t, b, p)
 					}
-					wake := bulkQK(t, b).Wake()
+					wake := reviewQK(t, b).Wake()
 					sub := c.Subscribe(b.ctx, wake)
 					_, err := sub.Receive(b.ctx) // the subscription's confirmation
 					require.NoError(t, err)

@@ -28,26 +28,29 @@ func normDump(t *testing.T, b *testBundle) map[string]string {
 	return out
 }
 
-// memoInputs: runs of few keys, in a mix that exercises the memo: the same
-// variant again (higher, equal, lower scores), priorities that make a later
-// run lower, ready and delayed runs of one variant, TTLs, duplicate ids
-// (idempotent retries and conflicts), runs refused at MaxKeyDepth; over
-// keys keys (and the default key).
-func memoInputs(r *rand.Rand, now time.Time, n, keys int) []runqueue.EnqueueParams {
+// memoInputs: n runs over keys keys (and the default key) with ids drawn
+// from ids ids, in a mix that exercises the memo and the bulk path: the
+// same variant again (higher, equal, lower scores), priorities that make a
+// later run lower, ready, stale and delayed runs of one variant, TTLs,
+// ids repeated in the batch or stored before it (idempotent retries and
+// conflicts), runs refused at MaxKeyDepth.
+func memoInputs(r *rand.Rand, now time.Time, n, keys, ids int) []runqueue.EnqueueParams {
 	var ps []runqueue.EnqueueParams
 	for i := 0; i < n; i++ {
 		p := runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", r.Intn(keys)),
-			ID: fmt.Sprint(r.Intn(n)), Payload: []byte{byte('a' + r.Intn(2))}, Priority: r.Intn(10)}
+			ID: fmt.Sprint(r.Intn(ids)), Payload: []byte{byte('a' + r.Intn(2))}, Priority: r.Intn(10)}
 		switch r.Intn(4) {
 		case 0:
-			p.AvailableAt = now.Add(time.Duration(r.Intn(5)) * time.Minute)
+			p.AvailableAt = now.Add(time.Duration(1+r.Intn(5)) * time.Minute)
+		case 1:
+			p.AvailableAt = now
 		default:
 			p.AvailableAt = now.Add(-time.Duration(r.Intn(5)) * time.Minute)
 		}
 		if r.Intn(3) == 0 {
-			p.TTL = time.Hour
+			p.TTL = time.Duration(1+r.Intn(3)) * time.Hour
 		}
-		if r.Intn(4) == 0 {
+		if r.Intn(5) == 0 {
 			p.Key = ""
 		}
 		ps = append(ps, p)
@@ -80,11 +83,11 @@ func TestReviewMemoEquivalence(t *testing.T) {
 					bm, bs := mk(false), mk(true)
 					now := bm.clock.Now()
 					r := rand.New(rand.NewSource(seed))
-					pre := memoInputs(r, now, 4, lim.keys)
+					pre := memoInputs(r, now, 4, lim.keys, 4)
 					for i := range pre {
 						pre[i].ID = "pre" + pre[i].ID
 					}
-					batch := memoInputs(r, now, lim.n, lim.keys)
+					batch := memoInputs(r, now, lim.n, lim.keys, lim.n)
 					for _, b := range []*testBundle{bm, bs} {
 						_, _ = b.q.EnqueueMany(b.ctx, pre) // the same prior state (errors alike)
 						if lim.keys > 3 {

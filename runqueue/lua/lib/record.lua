@@ -30,6 +30,12 @@ local function rec_has_ttl(s)
   return string.byte(s, 1) ~= 48
 end
 
+-- Integer x (below 2^53 in magnitude) as a command argument. Redis turns
+-- a Lua number argument of redis.call into a string with '%.17g' (a slow
+-- path of the C library: about 0.5 us on Redis 7.0); '%d' gives the same
+-- digits for a third of that.
+local function int_arg(x) return string.format('%d', x) end
+
 -- A number Redis returned as a string (a score). Real Redis prints scores
 -- so that tonumber reads them; miniredis prints some as "1e+8", which
 -- gopher-lua's tonumber refuses.

@@ -33,6 +33,7 @@ end
 
 
 
+
 -- A number Redis returned as a string (a score). Real Redis prints scores
 -- so that tonumber reads them; miniredis prints some as "1e+8", which
 -- gopher-lua's tonumber refuses.

@@ -49,6 +49,7 @@ local function rec_with(s, r, att, at, lt)
 end
 
 
+
 -- Scheduler flag off: no scheduler state; the hooks do nothing. (The
 -- flag-on build includes hooks_vtime instead, with the same function.)
 local function hooks_open(keys, args, own_keys, own_args, now)
@@ -78,7 +79,7 @@ local function place_count(q, field)
   if memo and memo.count then
     memo[field] = memo[field] + 1
   else
-    redis.call('HINCRBY', q.depth, field, 1)
+    redis.call('HINCRBY', q.depth, field, '1')
   end
 end
 

@@ -61,12 +61,7 @@ func TestReviewBulkReregisterAfterStateReset(t *testing.T) {
 					resS = append(resS, res[0])
 				}
 				require.Equal(t, fmt.Sprint(resS), fmt.Sprint(resM))
-				require.Equal(t, normDump(t, bs), normDump(t, bm))
-				sS, err := bs.q.Schedule(bs.ctx, env, queueName, 10)
-				require.NoError(t, err)
-				sM, err := bm.q.Schedule(bm.ctx, env, queueName, 10)
-				require.NoError(t, err)
-				require.Equal(t, sS, sM)
+				requireSameOutcome(t, bs, bm, true, 2, fmt.Sprintf("n=%d", n))
 			})
 		}
 	})
@@ -141,21 +136,7 @@ func TestReviewBulkEquivalenceStates(t *testing.T) {
 						seen["conflict"]++
 					}
 				}
-				require.Equal(t, normDump(t, bs), normDump(t, bm), name)
-				require.Equal(t, queueStats(t, bs, queueName), queueStats(t, bm, queueName), name)
-				if k.on {
-					sS, err := bs.q.Schedule(bs.ctx, env, queueName, 10)
-					require.NoError(t, err)
-					sM, err := bm.q.Schedule(bm.ctx, env, queueName, 10)
-					require.NoError(t, err)
-					require.Equal(t, sS, sM, name)
-				}
-				var oS, oM []string
-				for i := 0; i < 8; i++ {
-					oS = append(oS, runIDs(dequeue(t, bs, queueName, 3))...)
-					oM = append(oM, runIDs(dequeue(t, bm, queueName, 3))...)
-				}
-				require.Equal(t, oS, oM, name)
+				requireSameOutcome(t, bs, bm, k.on, 3, name)
 			}
 		}
 		for _, a := range []string{"queued", "retry", "conflict"} {

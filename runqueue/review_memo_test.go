@@ -102,24 +102,31 @@ func TestReviewMemoEquivalence(t *testing.T) {
 					}
 					_ = errM
 					require.Equal(t, fmt.Sprint(resS), fmt.Sprint(resM), name)
-					require.Equal(t, normDump(t, bs), normDump(t, bm), name)
-					stS, stM := queueStats(t, bs, queueName), queueStats(t, bm, queueName)
-					require.Equal(t, stS, stM, name)
-					if on {
-						sS, err := bs.q.Schedule(bs.ctx, env, queueName, 10)
-						require.NoError(t, err)
-						sM, err := bm.q.Schedule(bm.ctx, env, queueName, 10)
-						require.NoError(t, err)
-						require.Equal(t, sS, sM, name)
-					}
-					var oS, oM []string
-					for i := 0; i < 8; i++ {
-						oS = append(oS, runIDs(dequeue(t, bs, queueName, 2))...)
-						oM = append(oM, runIDs(dequeue(t, bm, queueName, 2))...)
-					}
-					require.Equal(t, oS, oM, name)
+					requireSameOutcome(t, bs, bm, on, 2, name)
 				}
 			}
 		}
 	})
+}
+
+// requireSameOutcome: got holds what want holds and answers alike: the
+// stored keys and values (prefix aside), the queue's stats, its schedule
+// (flag on), and the runs of 8 dequeues of take runs each, in order.
+func requireSameOutcome(t *testing.T, want, got *testBundle, on bool, take int, name string) {
+	t.Helper()
+	require.Equal(t, normDump(t, want), normDump(t, got), name)
+	require.Equal(t, queueStats(t, want, queueName), queueStats(t, got, queueName), name)
+	if on {
+		sW, err := want.q.Schedule(want.ctx, env, queueName, 10)
+		require.NoError(t, err)
+		sG, err := got.q.Schedule(got.ctx, env, queueName, 10)
+		require.NoError(t, err)
+		require.Equal(t, sW, sG, name)
+	}
+	var oW, oG []string
+	for i := 0; i < 8; i++ {
+		oW = append(oW, runIDs(dequeue(t, want, queueName, take))...)
+		oG = append(oG, runIDs(dequeue(t, got, queueName, take))...)
+	}
+	require.Equal(t, oW, oG, name)
 }

@@ -52,15 +52,9 @@ func TestReviewBulkReregisterAfterStateReset(t *testing.T) {
 					enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a0", Payload: []byte("x"), AvailableAt: now})
 					require.NoError(t, c.Del(b.ctx, reviewQK(t, b).CkVtime()).Err())
 				}
-				resM, err := bm.q.EnqueueMany(bm.ctx, batch)
-				require.NoError(t, err)
-				var resS []runqueue.EnqueueResult
-				for _, p := range batch {
-					res, err := bs.q.EnqueueMany(bs.ctx, []runqueue.EnqueueParams{p})
-					require.NoError(t, err)
-					resS = append(resS, res[0])
+				for _, res := range enqueueBothWays(t, bm, bs, batch, fmt.Sprintf("n=%d", n)) {
+					require.True(t, res.Queued)
 				}
-				require.Equal(t, fmt.Sprint(resS), fmt.Sprint(resM))
 				requireSameOutcome(t, bs, bm, true, 2, fmt.Sprintf("n=%d", n))
 			})
 		}
@@ -118,15 +112,7 @@ func TestReviewBulkEquivalenceStates(t *testing.T) {
 					dequeue(t, b, queueName, 3) // in flight; with the flag on, tags above V
 					b.clock.Advance(time.Minute)
 				}
-				resM, errM := bm.q.EnqueueMany(bm.ctx, batch)
-				var resS []runqueue.EnqueueResult
-				for _, p := range batch {
-					res, _ := bs.q.EnqueueMany(bs.ctx, []runqueue.EnqueueParams{p})
-					resS = append(resS, res[0])
-				}
-				_ = errM
-				require.Equal(t, fmt.Sprint(resS), fmt.Sprint(resM), name)
-				for _, res := range resM {
+				for _, res := range enqueueBothWays(t, bm, bs, batch, name) {
 					switch {
 					case res.Queued:
 						seen["queued"]++

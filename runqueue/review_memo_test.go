@@ -94,19 +94,27 @@ func TestReviewMemoEquivalence(t *testing.T) {
 							dequeue(t, b, queueName, 2)
 						}
 					}
-					resM, errM := bm.q.EnqueueMany(bm.ctx, batch)
-					var resS []runqueue.EnqueueResult
-					for _, p := range batch {
-						res, _ := bs.q.EnqueueMany(bs.ctx, []runqueue.EnqueueParams{p})
-						resS = append(resS, res[0])
-					}
-					_ = errM
-					require.Equal(t, fmt.Sprint(resS), fmt.Sprint(resM), name)
+					enqueueBothWays(t, bm, bs, batch, name)
 					requireSameOutcome(t, bs, bm, on, 2, name)
 				}
 			}
 		}
 	})
+}
+
+// enqueueBothWays enqueues batch with one EnqueueMany on bulk and with a
+// call per run on single, requires the same answers (errors included) and
+// returns bulk's.
+func enqueueBothWays(t *testing.T, bulk, single *testBundle, batch []runqueue.EnqueueParams, name string) []runqueue.EnqueueResult {
+	t.Helper()
+	resM, _ := bulk.q.EnqueueMany(bulk.ctx, batch) // the runs' errors are compared below
+	var resS []runqueue.EnqueueResult
+	for _, p := range batch {
+		res, _ := single.q.EnqueueMany(single.ctx, []runqueue.EnqueueParams{p})
+		resS = append(resS, res[0])
+	}
+	require.Equal(t, fmt.Sprint(resS), fmt.Sprint(resM), name)
+	return resM
 }
 
 // requireSameOutcome: got holds what want holds and answers alike: the

@@ -170,8 +170,8 @@ local function enqueue_batch()
   redis.call('HSET', q.runs, unpack(recs))
   if #ttls > 0 then redis.call('ZADD', ttl_set, unpack(ttls)) end
   for _, set in ipairs(set_order) do redis.call('ZADD', set, unpack(sets[set])) end
-  if #rvm > 0 then redis.call('HINCRBY', q.depth, 'r', int_arg(#rvm)) end
-  if #dvm > 0 then redis.call('HINCRBY', q.depth, 'd', int_arg(#dvm)) end
+  if #rvm > 0 then redis.call('HINCRBY', q.depth, 'r', num_arg(#rvm)) end
+  if #dvm > 0 then redis.call('HINCRBY', q.depth, 'd', num_arg(#dvm)) end
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then

@@ -194,7 +194,7 @@ local function dq_finish(dq, acked)
   end
   local added = #dq.touched == 1 and #unread == 1
   if added then
-    redis.call('HINCRBY', dq.kin, unread[1], int_arg(dq.vars[unread[1]].taken))
+    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
   elseif #unread > 0 then
     local ns = redis.call('HMGET', dq.kin, unpack(unread))
     for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
@@ -214,7 +214,7 @@ local function dq_finish(dq, acked)
     end
     if not added then
       counts[#counts + 1] = vm
-      counts[#counts + 1] = int_arg(dq_inflight(dq, vm) + c.taken)
+      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken)
     end
   end
   for i = 1, #heads, 1000 do
@@ -227,13 +227,13 @@ local function dq_finish(dq, acked)
   depth_sub(dq.depth, 'r', #dq.served)
 
   local n = #dq.served
-  local token0 = redis.call('INCRBY', dq.tokens, int_arg(n)) - n
-  redis.call('INCRBY', dq.env_n, int_arg(n))
+  local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
+  redis.call('INCRBY', dq.env_n, num_arg(n))
   local ids, fields, leases = {}, {}, {}
   for i, s in ipairs(dq.served) do
     ids[i] = s.id
     fields[2 * i - 1] = s.vm .. ':' .. s.id
-    fields[2 * i] = int_arg(token0 + i)
+    fields[2 * i] = num_arg(token0 + i)
     leases[2 * i - 1] = dq.lease_deadline
     leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
   end

@@ -36,7 +36,7 @@ end
 local function kin_release(kin, vms, per_vm)
   if #vms == 1 then
     -- One variant: subtract (one command while runs are left in flight).
-    if redis.call('HINCRBY', kin, vms[1], int_arg(-per_vm[vms[1]])) <= 0 then redis.call('HDEL', kin, vms[1]) end
+    if redis.call('HINCRBY', kin, vms[1], num_arg(-per_vm[vms[1]])) <= 0 then redis.call('HDEL', kin, vms[1]) end
     return
   end
   local ns = redis.call('HMGET', kin, unpack(vms))
@@ -45,7 +45,7 @@ local function kin_release(kin, vms, per_vm)
     local left = (tonumber(ns[i]) or 0) - per_vm[vm]
     if left > 0 then
       set[#set + 1] = vm
-      set[#set + 1] = int_arg(left)
+      set[#set + 1] = num_arg(left)
     else
       del[#del + 1] = vm
     end
@@ -56,7 +56,7 @@ end
 
 -- n runs of the env leave flight.
 local function env_release(env_n, n)
-  if redis.call('DECRBY', env_n, int_arg(n)) <= 0 then redis.call('DEL', env_n) end
+  if redis.call('DECRBY', env_n, num_arg(n)) <= 0 then redis.call('DEL', env_n) end
 end
 
 local HELD_ERRORS = {

@@ -24,7 +24,7 @@ end
 -- queue then holds no queued run, the counters are deleted, so a queue whose
 -- last run is acked, dead-lettered or expired leaves no key behind.
 local function depth_sub(depth, field, n)
-  if redis.call('HINCRBY', depth, field, int_arg(-n)) > 0 then return end
+  if redis.call('HINCRBY', depth, field, num_arg(-n)) > 0 then return end
   local other = 'd'
   if field == 'd' then other = 'r' end
   if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
@@ -105,8 +105,8 @@ end
 local function place_flush(q)
   local memo = q.memo
   if not (memo and memo.count) then return end
-  if memo.r > 0 then redis.call('HINCRBY', q.depth, 'r', int_arg(memo.r)) end
-  if memo.d > 0 then redis.call('HINCRBY', q.depth, 'd', int_arg(memo.d)) end
+  if memo.r > 0 then redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)) end
+  if memo.d > 0 then redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)) end
 end
 
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of

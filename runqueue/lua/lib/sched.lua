@@ -59,14 +59,10 @@ local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = 
                 REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
                 CODE_LEN = 15, VM_AT = 16 }
 
--- Integers below 2^53 print exactly with 17 significant digits, on Redis
--- and on gopher-lua alike; '%d' prints the same digits for a third of the
--- time ('%.17g' takes a slow path of the C library: about 0.5 us on Redis
--- 7.0), so integers in that range take it.
-local function sched_fmt(x)
-  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then return string.format('%d', x) end
-  return string.format('%.17g', x)
-end
+-- A score or scalar as stored: integers below 2^53 print exactly with 17
+-- significant digits, on Redis and on gopher-lua alike (lib/record's
+-- num_arg, which every script including this file includes first).
+local function sched_fmt(x) return num_arg(x) end
 
 -- The fixed-width code of registration number n (below 10^15): its byte
 -- order is n's order.

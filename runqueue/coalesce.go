@@ -61,11 +61,25 @@ type coalescer[P, R any] struct {
 	bytes   func(P) int
 	mu      sync.Mutex
 	pending []*pending[P, R]
-	senders int // running sender goroutines
+	senders int        // running sender goroutines
+	idle    *sync.Cond // on mu: broadcast when senders goes down
 }
 
 func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, observe func(P, R), bytes func(P) int) *coalescer[P, R] {
-	return &coalescer[P, R]{send: send, observe: observe, bytes: bytes}
+	c := &coalescer[P, R]{send: send, observe: observe, bytes: bytes}
+	c.idle = sync.NewCond(&c.mu)
+	return c
+}
+
+// wait returns once no sender runs: the runs taken or waiting when it is
+// called have been sent (each send is bounded by its callers' deadlines
+// and the client's timeouts).
+func (c *coalescer[P, R]) wait() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.senders > 0 {
+		c.idle.Wait()
+	}
 }
 
 // do hands p to the senders and returns its result. The caller's context
@@ -138,6 +152,7 @@ func (c *coalescer[P, R]) run() {
 		again := len(c.pending) > 0
 		if !again {
 			c.senders--
+			c.idle.Broadcast()
 		}
 		c.mu.Unlock()
 		if again {
@@ -150,6 +165,7 @@ func (c *coalescer[P, R]) run() {
 		batch := c.take()
 		if len(batch) == 0 {
 			c.senders--
+			c.idle.Broadcast()
 			c.mu.Unlock()
 			ended = true
 			return

@@ -386,3 +386,37 @@ func TestEnqueueCoalescedPayloadBound(t *testing.T) {
 		require.Equal(t, int64(14), queueStats(t, b, "q").Ready)
 	})
 }
+
+// Close waits for the coalesced calls in flight: a run handed to a sender
+// before Close is written before Close returns, never after it (a caller
+// that cleans up its keys after Close finds nothing written later).
+func TestCloseWaitsForCoalescedCalls(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		h := newGateHook(8)
+		b := gated(t, c, h, nil)
+		ctx, cancel := context.WithCancel(b.ctx)
+		calls := holdSenders(t, h, func(i int) <-chan error { return enqueueAsync(ctx, b.q, coalesceRun(string(rune('a'+i)))) })
+		cancel() // the callers stop waiting; their runs are at the gate already
+		for _, ch := range calls {
+			require.ErrorIs(t, <-ch, context.Canceled)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- b.q.Close() }()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while two sends were in flight", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.Equal(t, 2, b.q.Senders())
+		h.open()
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not return once the sends went through")
+		}
+		require.Zero(t, b.q.Senders())
+		h.arm(false)
+		require.Equal(t, []string{"a", "b"}, queuedIDs(t, b), "both runs written, before Close returned")
+	})
+}

@@ -148,8 +148,12 @@ func (q *Queue) Shards() int { return q.space.Shards() }
 // ShardOf returns the shard that holds env's queues.
 func (q *Queue) ShardOf(env string) int { return q.space.ShardOf(env) }
 
-// Close stops the wake-up listener of blocking dequeues. It does not close
-// the Redis client, which the caller owns.
+// Close stops the wake-up listener of blocking dequeues, then waits for the
+// coalesced Enqueue and Ack calls in flight (their runs already handed to
+// a sender) to be sent, so that nothing this Queue was asked to write
+// reaches Redis after Close returns (so an Observer callback must not call
+// Close: one may run in a sender). It does not close the Redis client,
+// which the caller owns.
 func (q *Queue) Close() error {
 	q.closeMu.Lock()
 	defer q.closeMu.Unlock()
@@ -159,10 +163,13 @@ func (q *Queue) Close() error {
 	default:
 	}
 	close(q.closed)
+	var err error
 	if q.waker != nil {
-		return q.waker.close()
+		err = q.waker.close()
 	}
-	return nil
+	q.enq.wait()
+	q.ack.wait()
+	return err
 }
 
 func (q *Queue) isClosed() bool {

@@ -420,3 +420,27 @@ func TestCloseWaitsForCoalescedCalls(t *testing.T) {
 		require.Equal(t, []string{"a", "b"}, queuedIDs(t, b), "both runs written, before Close returned")
 	})
 }
+
+// After Close, Enqueue and Ack still work, each as a call of its own (no
+// sender starts, so nothing can keep a Close waiting).
+func TestCallsAfterClose(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		h := newGateHook(8)
+		b := gated(t, c, h, nil)
+		require.NoError(t, b.q.Close())
+		h.open()
+		ok, err := b.q.Enqueue(b.ctx, coalesceRun("a"))
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Zero(t, b.q.Senders(), "no sender after Close")
+		require.Equal(t, []int{1}, h.calls(), "the enqueue: one script call of one run")
+		h.arm(false)
+		runs := dequeue(t, b, queueName, 1)
+		require.Len(t, runs, 1)
+		h.reset(3) // the ack script's n is its ARGV[3]
+		h.open()
+		require.NoError(t, b.q.Ack(b.ctx, runs[0]))
+		require.Zero(t, b.q.Senders())
+		require.Equal(t, []int{1}, h.calls(), "the ack: one script call of one run")
+	})
+}

@@ -50,7 +50,9 @@ type EnqueueParams struct {
 // one already sent may or may not be queued (and may be queued after a run
 // the caller enqueues next), and a retry is safe.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
-	if !q.cfg.SerialCalls {
+	// After Close a call goes on its own: Close waits for the senders, and
+	// no new run may keep them going.
+	if !q.cfg.SerialCalls && !q.isClosed() {
 		// Bad input and a read-only Queue are refused here, as a call of
 		// its own refuses them, whatever the context.
 		if err := q.checkEnqueue(&p, q.now()); err != nil {

@@ -21,7 +21,7 @@ import (
 // Enqueue calls are (see Enqueue and Config.SerialCalls); when ctx ends
 // first, Ack returns ctx.Err() and a retry is safe.
 func (q *Queue) Ack(ctx context.Context, r *Run) error {
-	if !q.cfg.SerialCalls {
+	if !q.cfg.SerialCalls && !q.isClosed() { // (see Enqueue)
 		if err := checkRun(r); err != nil {
 			return err
 		}

@@ -151,9 +151,10 @@ func (q *Queue) ShardOf(env string) int { return q.space.ShardOf(env) }
 // Close stops the wake-up listener of blocking dequeues, then waits for the
 // coalesced Enqueue and Ack calls in flight (their runs already handed to
 // a sender) to be sent, so that nothing this Queue was asked to write
-// reaches Redis after Close returns (so an Observer callback must not call
-// Close: one may run in a sender). It does not close the Redis client,
-// which the caller owns.
+// before Close reaches Redis after Close returns (so an Observer callback
+// must not call Close: one may run in a sender). Enqueue and Ack still
+// work after Close, each as a call of its own. It does not close the Redis
+// client, which the caller owns.
 func (q *Queue) Close() error {
 	q.closeMu.Lock()
 	defer q.closeMu.Unlock()

@@ -2,6 +2,7 @@ package runqueue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -63,7 +64,12 @@ type coalescer[P, R any] struct {
 	pending []*pending[P, R]
 	senders int        // running sender goroutines
 	idle    *sync.Cond // on mu: broadcast when senders goes down
+	closed  bool       // wait was called: do takes no more runs
 }
+
+// errCoalescerClosed is do's answer once wait was called: the caller sends
+// its run in a call of its own.
+var errCoalescerClosed = errors.New("runqueue: coalescer closed")
 
 func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, observe func(P, R), bytes func(P) int) *coalescer[P, R] {
 	c := &coalescer[P, R]{send: send, observe: observe, bytes: bytes}
@@ -71,12 +77,14 @@ func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, observe 
 	return c
 }
 
-// wait returns once no sender runs: the runs taken or waiting when it is
-// called have been sent (each send is bounded by its callers' deadlines
-// and the client's timeouts).
+// wait closes the coalescer (do takes no more runs) and returns once no
+// sender runs: the runs taken or waiting when it is called have been sent
+// (each send is bounded by its callers' latest deadline, or by the
+// client's timeouts and retries when a caller has none).
 func (c *coalescer[P, R]) wait() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.closed = true
 	for c.senders > 0 {
 		c.idle.Wait()
 	}
@@ -92,6 +100,10 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 	}
 	r := &pending[P, R]{ctx: ctx, p: p, done: make(chan struct{})}
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return res, errCoalescerClosed
+	}
 	c.pending = append(c.pending, r)
 	start := c.senders < coalesceSenders
 	if start {

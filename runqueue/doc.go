@@ -24,7 +24,8 @@
 // and loads the scripts of the configured flag state, so a broken script or
 // an unreachable Redis fails there rather than at the first call. One Queue
 // per process is enough; it is safe for concurrent use. Close stops its
-// pub/sub listener but leaves the client open.
+// pub/sub listener and waits for the coalesced Enqueue and Ack calls in
+// flight, but leaves the client open.
 //
 // Every key of one env lives in one Redis Cluster hash slot: keys start with
 // the hash tag "{prefix:shard}", where shard is fnv1a(env) mod

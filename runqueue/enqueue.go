@@ -51,8 +51,8 @@ type EnqueueParams struct {
 // the caller enqueues next), and a retry is safe.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 	// After Close a call goes on its own: Close waits for the senders, and
-	// no new run may keep them going.
-	if !q.cfg.SerialCalls && !q.isClosed() {
+	// no new run may keep them going (do refuses runs once Close began).
+	if !q.cfg.SerialCalls {
 		// Bad input and a read-only Queue are refused here, as a call of
 		// its own refuses them, whatever the context.
 		if err := q.checkEnqueue(&p, q.now()); err != nil {
@@ -65,10 +65,12 @@ func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 		// which can be before its send has read it (ctx ended).
 		p.Payload = bytes.Clone(p.Payload)
 		res, err := q.enq.do(ctx, p)
-		if err != nil {
+		if err == nil {
+			return res.Queued, res.Err
+		}
+		if !errors.Is(err, errCoalescerClosed) {
 			return false, err
 		}
-		return res.Queued, res.Err
 	}
 	res, err := q.EnqueueMany(ctx, []EnqueueParams{p})
 	if err != nil {

@@ -21,7 +21,7 @@ import (
 // Enqueue calls are (see Enqueue and Config.SerialCalls); when ctx ends
 // first, Ack returns ctx.Err() and a retry is safe.
 func (q *Queue) Ack(ctx context.Context, r *Run) error {
-	if !q.cfg.SerialCalls && !q.isClosed() { // (see Enqueue)
+	if !q.cfg.SerialCalls { // (after Close, a call of its own: see Enqueue)
 		if err := checkRun(r); err != nil {
 			return err
 		}
@@ -32,10 +32,12 @@ func (q *Queue) Ack(ctx context.Context, r *Run) error {
 		// soon as Ack returns (and ExtendLease may write its deadline).
 		rc := Run{Env: r.Env, Queue: r.Queue, Key: r.Key, ID: r.ID, Token: r.Token}
 		res, err := q.ack.do(ctx, &rc)
-		if err != nil {
+		if err == nil {
+			return res.err
+		}
+		if !errors.Is(err, errCoalescerClosed) {
 			return err
 		}
-		return res.err
 	}
 	errs, err := q.AckMany(ctx, []*Run{r})
 	if err != nil {

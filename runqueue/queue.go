@@ -152,9 +152,11 @@ func (q *Queue) ShardOf(env string) int { return q.space.ShardOf(env) }
 // coalesced Enqueue and Ack calls in flight (their runs already handed to
 // a sender) to be sent, so that nothing this Queue was asked to write
 // before Close reaches Redis after Close returns (so an Observer callback
-// must not call Close: one may run in a sender). Enqueue and Ack still
-// work after Close, each as a call of its own. It does not close the Redis
-// client, which the caller owns.
+// must not call Close: one may run in a sender). A send is bounded by its
+// callers' latest deadline, or by the client's timeouts and retries when a
+// caller has none: against a Redis that stopped answering, Close can take
+// that long. Enqueue and Ack still work after Close, each as a call of its
+// own. It does not close the Redis client, which the caller owns.
 func (q *Queue) Close() error {
 	q.closeMu.Lock()
 	defer q.closeMu.Unlock()

@@ -609,23 +609,18 @@ end
 
 -- Move the entries of index (ckIndex or delayIndex) as the new runs one
 -- at a time would: run k of variant vms[k] scores ss[k] (in run order),
--- and its ZADD LT CH is sent only when no earlier run of its variant in
--- this call scored as low (that one would have left the entry at or below
--- it). Returns the variant of each move in order (a variant again when it
--- moves again: the scheduler hears of each move, as run by run, since a
--- hook may start its state again in between) and the lowest score moved
--- to (as given), or nil when none moved.
+-- with place's memo (q.memo) sparing the ZADD LT CH an earlier run of the
+-- variant makes a no-op. Returns the variant of each move in order (a
+-- variant again when it moves again: the scheduler hears of each move, as
+-- run by run, since a hook may start its state again in between) and the
+-- lowest score moved to (as given), or nil when none moved.
 local function index_moves(index, vms, ss)
-  local low, moves, head, head_s = {}, {}, nil, nil
+  local moves, head, head_s = {}, nil, nil
   for k, vm in ipairs(vms) do
-    local s = tonumber(ss[k])
-    local was = low[vm]
-    if was == nil or s < was then
-      low[vm] = s
-      if redis.call('ZADD', index, 'LT', 'CH', ss[k], vm) == 1 then
-        moves[#moves + 1] = vm
-        if head == nil or s < head then head, head_s = s, ss[k] end
-      end
+    if place_moves(q, index, vm, ss[k]) and redis.call('ZADD', index, 'LT', 'CH', ss[k], vm) == 1 then
+      moves[#moves + 1] = vm
+      local s = tonumber(ss[k])
+      if head == nil or s < head then head, head_s = s, ss[k] end
     end
   end
   if #moves == 0 then return nil end
@@ -687,8 +682,9 @@ local function enqueue_batch()
   redis.call('HSET', q.runs, unpack(recs))
   if #ttls > 0 then redis.call('ZADD', ttl_set, unpack(ttls)) end
   for _, set in ipairs(set_order) do redis.call('ZADD', set, unpack(sets[set])) end
-  if #rvm > 0 then redis.call('HINCRBY', q.depth, 'r', num_arg(#rvm)) end
-  if #dvm > 0 then redis.call('HINCRBY', q.depth, 'd', num_arg(#dvm)) end
+  q.memo = place_memo(q, true)
+  q.memo.r, q.memo.d = #rvm, #dvm
+  place_flush(q)
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then

@@ -704,34 +704,33 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 // singleThroughput enqueues ThroughputRuns runs from SingleProducers
 // goroutines, each calling Enqueue for one run at a time, with no worker:
 // coalesced (a default Queue) or, with serial, a script call per run.
-func singleThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on, serial bool) (row ThroughputRow, err error) {
-	obs := &phaseObserver{keys: opts.ThroughputKeys}
-	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs, func(cfg *runqueue.Config) { cfg.SerialCalls = serial })
-	if err != nil {
-		return row, err
-	}
-	defer done(&err)
-	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
-	defer cancelAll()
+func singleThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on, serial bool) (ThroughputRow, error) {
 	name := phaseSingle
 	if serial {
 		name = phaseSerial
 	}
-	return enqueuePhase(ctx, c, q, lay, obs, opts, name, on, opts.SingleProducers, 1)
+	return enqueueOnly(ctx, c, topo, ks, opts, on, name, opts.SingleProducers, 1, func(cfg *runqueue.Config) { cfg.SerialCalls = serial })
 }
 
 // bulkThroughput enqueues ThroughputRuns runs from Producers goroutines,
 // each calling EnqueueMany with BulkBatch runs at a time, with no worker.
-func bulkThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool) (row ThroughputRow, err error) {
+func bulkThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool) (ThroughputRow, error) {
+	return enqueueOnly(ctx, c, topo, ks, opts, on, phaseBulk, opts.Producers, opts.BulkBatch)
+}
+
+// enqueueOnly runs enqueuePhase on a fresh queue (mutate changes its
+// Config) and cleans the queue up.
+func enqueueOnly(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool,
+	name string, producers, chunk int, mutate ...func(*runqueue.Config)) (row ThroughputRow, err error) {
 	obs := &phaseObserver{keys: opts.ThroughputKeys}
-	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs)
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, obs, mutate...)
 	if err != nil {
 		return row, err
 	}
 	defer done(&err)
 	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancelAll()
-	return enqueuePhase(ctx, c, q, lay, obs, opts, phaseBulk, on, opts.Producers, opts.BulkBatch)
+	return enqueuePhase(ctx, c, q, lay, obs, opts, name, on, producers, chunk)
 }
 
 // enqueuePhase enqueues ThroughputRuns runs on q from producers goroutines

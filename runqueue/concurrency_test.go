@@ -84,9 +84,14 @@ func (tr *ccTracker) failLocked(format string, args ...any) {
 // delivered records a dequeued run and checks it against the previous
 // delivery of the same run and against the limits.
 func (tr *ccTracker) delivered(r *runqueue.Run) {
-	now := time.Now()
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	// now is read under the lock. Read before it, it could be older than
+	// the clock of a recovery that freed the slot of a delivery recorded
+	// while this goroutine waited for the lock: the recovered run would
+	// still look live and, with the delivery that took its slot, exceed a
+	// limit Redis never exceeded.
+	now := time.Now()
 	tr.deliver++
 	if string(r.Payload) != r.ID {
 		tr.failLocked("run %s delivered with payload %q", r.ID, r.Payload)

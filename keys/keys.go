@@ -12,7 +12,7 @@ package keys
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"strconv"
 	"strings"
 )
 
@@ -127,9 +127,19 @@ func (s Space) Shards() int { return s.shards }
 
 // ShardOf returns the shard of env.
 func (s Space) ShardOf(env string) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(env))
-	return int(h.Sum32() % uint32(s.shards))
+	return int(fnv32a(env) % uint32(s.shards))
+}
+
+// fnv32a is the 32-bit FNV-1a hash of s (hash/fnv's New32a, without its
+// allocations: every call names an env's shard).
+func fnv32a(s string) uint32 {
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= prime
+	}
+	return h
 }
 
 // Layout is the STRING holding the layout version of everything under the
@@ -144,7 +154,7 @@ type Shard struct {
 
 // Shard returns the keys of shard n.
 func (s Space) Shard(n int) Shard {
-	return Shard{tag: fmt.Sprintf("{%s:%d}", s.prefix, n), n: n}
+	return Shard{tag: "{" + s.prefix + ":" + strconv.Itoa(n) + "}", n: n}
 }
 
 // Number is the shard number.

@@ -1,6 +1,7 @@
 package keys_test
 
 import (
+	"hash/fnv"
 	"strings"
 	"testing"
 
@@ -217,6 +218,22 @@ func TestShardOf(t *testing.T) {
 	// fnv1a spreads envs; an empty shard would mean the hash ignores input.
 	for n, c := range counts {
 		require.Positive(t, c, "shard %d got no env", n)
+	}
+}
+
+// TestShardOfIsFNV1a: the shard of an env is hash/fnv's 32-bit FNV-1a of
+// its name modulo the shard count, as it has been since the first layout:
+// an instance that named another shard would not find the env's runs.
+func TestShardOfIsFNV1a(t *testing.T) {
+	t.Parallel()
+	for _, shards := range []int{1, 7, 16, 16384} {
+		s, err := keys.NewSpace("rq", shards)
+		require.NoError(t, err)
+		for _, env := range []string{"", "a", "env-1", "prod", "ÿ\x00\xff", strings.Repeat("long-env-", 40)} {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(env))
+			require.Equal(t, int(h.Sum32()%uint32(shards)), s.ShardOf(env), "env %q, %d shards", env, shards)
+		}
 	}
 }
 

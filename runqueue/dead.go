@@ -94,12 +94,13 @@ func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
 	if err := checkRef(env, queue, key, id); err != nil {
 		return err
 	}
-	qk := q.space.Env(env).Queue(queue)
+	qn := q.names(env, queue)
+	qk := qn.qk
 	v := qk.Variant(key)
 	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
 	ks := placeKeys(qk, qk.Dead(), qk.Env.Dead())
-	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qk.Member(), qk.Wake(),
-		qk.VariantBase()}
-	ks, args = q.withHooks(q.scripts.redrive, qk, ks, args)
+	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qn.member, qn.wake,
+		qn.vbase}
+	ks, args = q.withHooks(q.scripts.redrive, qn, ks, args)
 	return scriptError(run(ctx, q.rdb, q.scripts.redrive, ks, args...).Err(), nil)
 }

@@ -46,7 +46,7 @@ func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([
 	if err := q.checkMaxCount(maxCount); err != nil {
 		return nil, err
 	}
-	return q.dequeueQueue(ctx, q.space.Env(env).Queue(queue), maxCount, q.now())
+	return q.dequeueQueue(ctx, q.names(env, queue), maxCount, q.now())
 }
 
 func (q *Queue) scanLimit(maxCount int) int {
@@ -59,30 +59,30 @@ func (q *Queue) scanLimit(maxCount int) int {
 // dequeueQueue runs the dequeue script of the flag state: one round trip.
 // The script derives the keys of the variants it serves from their
 // members (keys.Queue.VariantBase), in the queue's hash slot.
-func (q *Queue) dequeueQueue(ctx context.Context, qk keys.Queue, maxCount int, now int64) ([]*Run, error) {
-	runs, _, err := q.settleAndDequeue(ctx, qk, nil, maxCount, now)
+func (q *Queue) dequeueQueue(ctx context.Context, n *queueNames, maxCount int, now int64) ([]*Run, error) {
+	runs, _, err := q.settleAndDequeue(ctx, n, nil, maxCount, now)
 	return runs, err
 }
 
 // settleAndDequeue acks acks (runs of qk) and dequeues up to maxCount runs of
 // qk in one script call; ackErrs[i] says what became of acks[i].
-func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
+func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
+	qk := n.qk
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
 	if lim.Key > 0 {
 		q.keyLimited.Store(true)
 	}
-	ks := []string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
-		qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens(), qk.TTL()}
+	ks := n.dequeue
 	lease := now + ms(q.cfg.LeaseDuration)
 	args := make([]any, 0, 16+3*len(acks))
-	args = append(args, now, maxCount, lim.Env, lim.Queue, lim.Key, lease, qk.Member(),
-		qk.RunPrefix(), ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
-		qk.VariantBase(), len(acks))
+	args = append(args, now, maxCount, lim.Env, lim.Queue, lim.Key, lease, n.member,
+		n.runPrefix, ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
+		n.vbase, len(acks))
 	for _, r := range acks {
 		args = append(args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
 	}
 	if q.cfg.VtimeScheduling {
-		ks = append(ks, q.vtimeKeys(qk)...)
+		ks = append(ks, n.vtime...)
 		look := 0
 		if q.keyLimited.Load() {
 			look = 1
@@ -113,7 +113,7 @@ func (q *Queue) settleAndDequeue(ctx context.Context, qk keys.Queue, acks []*Run
 		}
 	}
 	if reset && err == nil {
-		runs, _, err = q.settleAndDequeue(ctx, qk, nil, maxCount, now)
+		runs, _, err = q.settleAndDequeue(ctx, n, nil, maxCount, now)
 	}
 	return runs, ackErrs, err
 }
@@ -155,7 +155,7 @@ func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue strin
 			return nil, nil, invalid("acks", "run %q belongs to %s/%s, not %s/%s", r.ID, r.Env, r.Queue, env, queue)
 		}
 	}
-	return q.settleAndDequeue(ctx, q.space.Env(env).Queue(queue), acks, maxCount, q.now())
+	return q.settleAndDequeue(ctx, q.names(env, queue), acks, maxCount, q.now())
 }
 
 func variantOf(qk keys.Queue, member string) (keys.Variant, error) {
@@ -268,8 +268,8 @@ func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 	q.rrMu.Unlock()
 	plan := q.shardPlan(members)
 	var out []*Run
-	var more []keys.Queue // queues that filled their share and may have more
-	for i, qk := range plan {
+	var more []*queueNames // queues that filled their share and may have more
+	for i, qn := range plan {
 		left := maxCount - len(out)
 		if left <= 0 {
 			break
@@ -277,21 +277,21 @@ func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 		// Share what is left evenly among the queues still to visit in this
 		// round, so one env's backlog cannot take the whole call.
 		share := (left + len(plan) - i - 1) / (len(plan) - i)
-		runs, err := q.dequeueQueue(ctx, qk, share, now)
+		runs, err := q.dequeueQueue(ctx, qn, share, now)
 		if err != nil {
 			return out, err
 		}
 		out = append(out, runs...)
 		if len(runs) == share {
-			more = append(more, qk)
+			more = append(more, qn)
 		}
 	}
 	// Whatever capacity is left goes to those queues in order.
-	for _, qk := range more {
+	for _, qn := range more {
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.dequeueQueue(ctx, qk, maxCount-len(out), now)
+		runs, err := q.dequeueQueue(ctx, qn, maxCount-len(out), now)
 		if err != nil {
 			return out, err
 		}
@@ -303,7 +303,7 @@ func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 // shardPlan orders the queues of a shard for one call: one queue per env in
 // the first round (each env's oldest), envs rotated by a per-instance
 // counter, then the remaining queues in master order.
-func (q *Queue) shardPlan(members []string) []keys.Queue {
+func (q *Queue) shardPlan(members []string) []*queueNames {
 	type entry struct {
 		env, queue string
 		rank       int
@@ -334,9 +334,9 @@ func (q *Queue) shardPlan(members []string) []keys.Queue {
 		rest = append(rest, byEnv[e][1:]...)
 	}
 	sort.SliceStable(rest, func(i, j int) bool { return rest[i].rank < rest[j].rank })
-	var plan []keys.Queue
+	var plan []*queueNames
 	for _, e := range append(first, rest...) {
-		plan = append(plan, q.space.Env(e.env).Queue(e.queue))
+		plan = append(plan, q.names(e.env, e.queue))
 	}
 	return plan
 }

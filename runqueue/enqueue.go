@@ -114,36 +114,41 @@ func (q *Queue) enqueueMany(ctx context.Context, runs []EnqueueParams, observe b
 	res := make([]EnqueueResult, len(runs))
 	now := q.now()
 	type batch struct {
-		qk    keys.Queue
+		qn    *queueNames
 		args  []any
 		idx   []int
 		bytes int
 	}
 	var order []*batch
-	open := map[keys.Queue]*batch{}
+	open := map[*queueNames]*batch{}
 	for i := range runs {
 		p := &runs[i]
 		if err := q.checkEnqueue(p, now); err != nil {
 			res[i].Err = err
 			continue
 		}
-		qk := q.space.Env(p.Env).Queue(p.Queue)
-		b := open[qk]
+		qn := q.names(p.Env, p.Queue)
+		b := open[qn]
 		if b == nil || len(b.idx) == maxBatch || b.bytes+len(p.Payload) > batchBytes && len(b.idx) > 0 {
-			b = &batch{qk: qk, args: []any{now, qk.VariantBase(), qk.Member(), qk.Wake(), q.cfg.MaxQueueDepth,
-				q.cfg.MaxKeyDepth, qk.RunPrefix(), 0}}
-			open[qk] = b
+			// Room for the runs left (a coalesced call's runs are mostly of
+			// one queue), up to a bound: growing the slice run by run
+			// copied it several times over.
+			room := min(len(runs)-i, 64)
+			args := make([]any, 0, enqueueFixedArgs+enqueueRunArgs*room)
+			args = append(args, now, qn.vbase, qn.member, qn.wake, q.cfg.MaxQueueDepth,
+				q.cfg.MaxKeyDepth, qn.runPrefix, 0)
+			b = &batch{qn: qn, args: args, idx: make([]int, 0, room)}
+			open[qn] = b
 			order = append(order, b)
 		}
-		b.args = append(b.args, q.enqueueArgs(p, now)...)
+		b.args = q.appendEnqueueArgs(b.args, p, now)
 		b.idx = append(b.idx, i)
 		b.bytes += len(p.Payload)
 	}
 	calls := make([]call, len(order))
 	for i, b := range order {
-		b.args[7] = len(b.idx)
-		ks := placeKeys(b.qk, b.qk.TTL())
-		ks, args := q.withHooks(q.scripts.enqueue, b.qk, ks, b.args)
+		b.args[enqueueFixedArgs-1] = len(b.idx)
+		ks, args := q.withHooks(q.scripts.enqueue, b.qn, b.qn.place, b.args)
 		calls[i] = call{sc: q.scripts.enqueue, keys: ks, args: args}
 	}
 	if len(calls) == 0 {
@@ -185,7 +190,7 @@ func (q *Queue) enqueueMany(ctx context.Context, runs []EnqueueParams, observe b
 		// Only runs this call queued: an idempotent retry found its run
 		// there already and was counted by the call that queued it.
 		if observe && q.observe && queued > 0 {
-			qk := order[ci].qk
+			qk := order[ci].qn.qk
 			q.cfg.Observer.Enqueued(qk.Env.Name(), qk.Name(), queued)
 		}
 	}
@@ -236,8 +241,15 @@ func (q *Queue) checkEnqueue(p *EnqueueParams, now int64) error {
 	return nil
 }
 
-// enqueueArgs are the seven ARGV values of one run (lua/enqueue.lua).
-func (q *Queue) enqueueArgs(p *EnqueueParams, now int64) []any {
+// The enqueue script's ARGV: enqueueFixedArgs for the call, then
+// enqueueRunArgs for each run (lua/enqueue.lua).
+const (
+	enqueueFixedArgs = 8
+	enqueueRunArgs   = 7
+)
+
+// appendEnqueueArgs appends the enqueueRunArgs ARGV values of run p.
+func (q *Queue) appendEnqueueArgs(args []any, p *EnqueueParams, now int64) []any {
 	at := now + ms(p.Delay)
 	if !p.AvailableAt.IsZero() {
 		at = p.AvailableAt.UnixMilli()
@@ -248,5 +260,5 @@ func (q *Queue) enqueueArgs(p *EnqueueParams, now int64) []any {
 	}
 	vm := keys.VariantMember(p.Key)
 	rec, off := appendRecord(make([]byte, 0, 40+len(vm)+len(p.Payload)), p.Priority, at, expires, vm, p.Payload)
-	return []any{keys.Segment(p.ID), vm, rec, off, at, at - int64(p.Priority)*ms(q.cfg.PriorityStep), expires}
+	return append(args, keys.Segment(p.ID), vm, rec, off, at, at-int64(p.Priority)*ms(q.cfg.PriorityStep), expires)
 }

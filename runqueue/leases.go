@@ -71,22 +71,22 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 	acked := make([]bool, len(runs))
 	now := q.now()
 	type batch struct {
-		qk   keys.Queue
+		qn   *queueNames
 		args []any
 		idx  []int
 	}
 	var order []*batch
-	open := map[keys.Queue]*batch{}
+	open := map[*queueNames]*batch{}
 	for i, r := range runs {
 		if err := checkRun(r); err != nil {
 			errs[i] = err
 			continue
 		}
-		qk := q.space.Env(r.Env).Queue(r.Queue)
-		b := open[qk]
+		qn := q.names(r.Env, r.Queue)
+		b := open[qn]
 		if b == nil || len(b.idx) == maxBatch {
-			b = &batch{qk: qk, args: []any{now, qk.RunPrefix(), 0}}
-			open[qk] = b
+			b = &batch{qn: qn, args: []any{now, qn.runPrefix, 0}}
+			open[qn] = b
 			order = append(order, b)
 		}
 		b.args = append(b.args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
@@ -98,7 +98,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 	calls := make([]call, len(order))
 	for i, b := range order {
 		b.args[2] = len(b.idx)
-		ks, args := q.withHooks(q.scripts.ack, b.qk, q.heldKeys(b.qk), b.args)
+		ks, args := q.withHooks(q.scripts.ack, b.qn, b.qn.held, b.args)
 		calls[i] = call{sc: q.scripts.ack, keys: ks, args: args}
 	}
 	cmds, err := runPipelined(ctx, q.rdb, calls)
@@ -134,7 +134,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 			}
 		}
 		if observe && q.observe && n > 0 {
-			qk := order[ci].qk
+			qk := order[ci].qn.qk
 			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), n)
 		}
 	}
@@ -250,7 +250,8 @@ func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) ca
 // negative means none (a Worker releasing runs at shutdown must not
 // dead-letter one that was only interrupted).
 func (q *Queue) requeueCallMax(ref keys.Ref, token, now, retry int64, kill bool, maxAttempts int) call {
-	qk := q.space.Env(ref.Env).Queue(ref.Queue)
+	qn := q.names(ref.Env, ref.Queue)
+	qk := qn.qk
 	v := qk.Variant(ref.Key)
 	ks := placeKeys(qk, qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases(), qk.Dead(), qk.Env.Dead())
 	killArg := 0
@@ -259,8 +260,8 @@ func (q *Queue) requeueCallMax(ref keys.Ref, token, now, retry int64, kill bool,
 	}
 	maxAttempts = max(maxAttempts, 0)
 	args := []any{now, keys.Segment(ref.ID), v.Member(), keys.RunMember(ref), token, retry,
-		ms(q.cfg.PriorityStep), maxAttempts, killArg, qk.Member(), qk.Wake(), qk.VariantBase()}
-	ks, args = q.withHooks(q.scripts.requeue, qk, ks, args)
+		ms(q.cfg.PriorityStep), maxAttempts, killArg, qn.member, qn.wake, qn.vbase}
+	ks, args = q.withHooks(q.scripts.requeue, qn, ks, args)
 	return call{sc: q.scripts.requeue, keys: ks, args: args}
 }
 

@@ -31,6 +31,8 @@ type Queue struct {
 	shardOff map[int]int64 // rotating read offset in each shard's master
 	rrMu     sync.Mutex
 
+	nameCache nameCache // queueNames by (env, queue)
+
 	// keyLimited: the instance has given some queue a per-key limit, so
 	// a freed slot looks for a gated variant (see vtimeArgs).
 	keyLimited atomic.Bool
@@ -212,10 +214,10 @@ func (q *Queue) vtimeArgs(qk keys.Queue) []any {
 
 // withHooks appends the scheduler's keys and arguments when sc has hooks
 // and the flag is on.
-func (q *Queue) withHooks(sc *script, qk keys.Queue, ks []string, args []any) ([]string, []any) {
+func (q *Queue) withHooks(sc *script, n *queueNames, ks []string, args []any) ([]string, []any) {
 	if sc.hooks && q.cfg.VtimeScheduling {
-		ks = append(ks, q.vtimeKeys(qk)...)
-		args = append(args, q.vtimeArgs(qk)...)
+		ks = append(ks, n.vtime...)
+		args = append(args, q.vtimeArgs(n.qk)...)
 	}
 	return ks, args
 }

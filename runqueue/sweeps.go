@@ -63,11 +63,11 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 	var tally queueTally
 	n, err := q.sweep(ctx, shard, limit, keys.Shard.TTL, now,
 		func(ref keys.Ref, member string) call {
-			qk := q.space.Env(ref.Env).Queue(ref.Queue)
-			v := qk.Variant(ref.Key)
-			ks := placeKeys(qk, sh.TTL())
-			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qk.Member(), qk.VariantBase()}
-			ks, args = q.withHooks(q.scripts.expire, qk, ks, args)
+			qn := q.names(ref.Env, ref.Queue)
+			v := qn.qk.Variant(ref.Key)
+			ks := placeKeys(qn.qk, sh.TTL())
+			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qn.member, qn.vbase}
+			ks, args = q.withHooks(q.scripts.expire, qn, ks, args)
 			return call{sc: q.scripts.expire, keys: ks, args: args}
 		},
 		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {

@@ -108,9 +108,10 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 	if err := q.checkMaxCount(maxCount); err != nil {
 		return nil, err
 	}
-	qk := q.space.Env(env).Queue(queue)
-	return q.block(ctx, qk.Wake()+"|"+qk.Member(), timeout,
-		func() ([]*Run, error) { return q.dequeueQueue(ctx, qk, maxCount, q.now()) },
+	qn := q.names(env, queue)
+	qk := qn.qk
+	return q.block(ctx, qn.wake+"|"+qn.member, timeout,
+		func() ([]*Run, error) { return q.dequeueQueue(ctx, qn, maxCount, q.now()) },
 		func() (*redis.ZSliceCmd, error) {
 			s, err := q.rdb.ZScore(ctx, qk.Master(), qk.Member()).Result()
 			if err == redis.Nil {

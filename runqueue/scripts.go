@@ -31,10 +31,17 @@ type script struct {
 // scriptSet is the scripts of one flag state.
 type scriptSet struct {
 	enqueue, dequeue, ack, extend, requeue, expire, redrive, setweight *script
+	// ackPlain, flag on only: the flag-off ack, for acks whose hooks would
+	// do nothing (see Queue.ackScript).
+	ackPlain *script
 }
 
 func (s *scriptSet) all() []*script {
-	return []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight}
+	all := []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight}
+	if s.ackPlain != nil {
+		all = append(all, s.ackPlain)
+	}
+	return all
 }
 
 // assemble expands "--@include NAME" lines with lua/lib/NAME.lua, in
@@ -282,6 +289,12 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	}
 	mk(&s.dequeue, "dequeue"+suffix, dq)
 	mk(&s.ack, "ack"+suffix, "ack.lua")
+	if vtime && err == nil {
+		s.ackPlain, err = newScript("ack", "ack.lua", false)
+		if err == nil {
+			s.ackPlain.hooks = false // built with the flag-off hooks: no scheduler KEYS or ARGV
+		}
+	}
 	mk(&s.extend, "extend", "extend.lua")
 	mk(&s.requeue, "requeue"+suffix, "requeue.lua")
 	mk(&s.expire, "expire"+suffix, "expire.lua")

@@ -41,6 +41,10 @@ type Options struct {
 	OutDir   string
 	Strict   bool
 	Progress bool // progress line on stderr
+	// Callgrind: start a redis-server under valgrind's callgrind and count
+	// the instructions of each cost phase (the cost section alone; see
+	// callgrind.go).
+	Callgrind bool
 
 	Sections  map[string]bool // nil: all
 	Scenarios []string        // scenario names; empty: all
@@ -101,6 +105,14 @@ func (o Options) validate() error {
 	}
 	if o.BulkBatch > 1000 {
 		return fmt.Errorf("-bulk-batch must be at most 1000, got %d", o.BulkBatch)
+	}
+	if o.Callgrind {
+		if o.RedisURL != "" {
+			return fmt.Errorf("-callgrind starts its own redis-server: leave out -redis (and REDIS_URL)")
+		}
+		if len(o.Sections) != 1 || !o.Sections[secCost] {
+			return fmt.Errorf("-callgrind measures the cost section alone (valgrind runs Redis some 50 times slower): add -sections cost")
+		}
 	}
 	return nil
 }
@@ -173,6 +185,17 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 	var client redis.UniversalClient
 	var topo *topology // the slot map of a cluster
 	var ks *keyspace
+	var cg *callgrind
+	if opts.Callgrind {
+		prog.printf("starting redis-server under callgrind")
+		if cg, err = startCallgrind(ctx); err != nil {
+			return nil, err
+		}
+		defer cg.stop()
+		opts.RedisURL = cg.url()
+		rep.Notes = append(rep.Notes, "run with -callgrind: Redis ran under valgrind's callgrind, so its times are some 50 times "+
+			"longer than natively; INSTR/RUN counts the instructions Redis executed, the same from run to run on any load")
+	}
 	if opts.RedisURL == "" {
 		rep.Backend = "miniredis"
 		m, err := miniredis.Run()
@@ -254,7 +277,7 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 	if single != nil && opts.want(secCost) {
 		rep.Settings.CostRuns, rep.Settings.CostRepeats, rep.Settings.CostKeys = opts.CostRuns, opts.CostRepeats, opts.CostKeys
 		rep.Settings.GatedCalls, rep.Settings.GatedKeys = opts.GatedCalls, opts.GatedKeys
-		if err := runCost(ctx, single, ks, opts, rep, prog); err != nil {
+		if err := runCost(ctx, single, ks, opts, rep, prog, cg); err != nil {
 			return rep, err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -467,6 +468,9 @@ func TestParseFlags(t *testing.T) {
 		{"StrayArgument", []string{"now"}, `unexpected argument "now"`},
 		{"BareAddress", []string{"-redis", "h:1"}, "a cluster: redis+cluster://h:1"},
 		{"ClusterDB", []string{"-redis", "redis+cluster://a:1/2"}, "only database 0"},
+		{"CallgrindAllSections", []string{"-callgrind"}, "-callgrind measures the cost section alone"},
+		{"CallgrindTwoSections", []string{"-callgrind", "-sections", "cost,memory"}, "-callgrind measures the cost section alone"},
+		{"CallgrindWithRedis", []string{"-callgrind", "-sections", "cost", "-redis", "redis://h:1/0"}, "leave out -redis"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -537,6 +541,22 @@ func TestTargets(t *testing.T) {
 	require.False(t, got["ack redis_us_per_run"])
 	require.True(t, got["dequeue_batch1/off redis_us_per_run"])
 	require.False(t, got["dequeue_batch1/on redis_us_per_run"])
+	require.NotContains(t, got, "ack redis_instructions_per_run", "no instruction targets without counts")
+
+	// Counted under callgrind, the same targets are judged by instructions
+	// too, beside the time figures.
+	rows = []CostRow{
+		{Op: "ack", Flag: "off", RedisUsPerRun: f(10), InstrPerRun: f(100_000)},
+		{Op: "ack", Flag: "on", RedisUsPerRun: f(11.2), InstrPerRun: f(109_000)},
+	}
+	got = map[string]bool{}
+	for _, tr := range targets(rows) {
+		got[tr.Op+" "+tr.Metric] = tr.Met
+	}
+	require.Equal(t, map[string]bool{
+		"ack redis_us_per_run":           false, // 1.12x by time
+		"ack redis_instructions_per_run": true,  // 1.09x by instructions
+	}, got)
 }
 
 // TestLifecycleRow: the lifecycle row is enqueue + dequeue batch 10 + ack
@@ -567,6 +587,24 @@ func TestLifecycleRow(t *testing.T) {
 	require.InDelta(t, 115_000.0/2100, r.RedisCPUUsPerOp, 1e-9)
 	require.Equal(t, 3, r.Repeats)
 	require.InDelta(t, 0.4, r.Spread, 1e-9)
+	require.Nil(t, r.InstrPerRun, "no instruction counts")
+
+	// Instruction counts add up as the times do, when every part has one.
+	for i, ir := range []float64{150_000, 0, 900_000, 110_000} {
+		if ir > 0 {
+			rows[i].InstrPerOp = &ir
+		}
+	}
+	_, ok = lifecycleRow(rows, "on")
+	require.True(t, ok)
+	r, _ = lifecycleRow(rows, "on")
+	require.Nil(t, r.InstrPerRun, "the dequeue part has no count")
+	ir := 2_400_000.0 // per call of 10 runs
+	rows[1].InstrPerOp = &ir
+	r, _ = lifecycleRow(rows, "on")
+	require.NotNil(t, r.InstrPerRun)
+	require.InDelta(t, 150_000+240_000+110_000, *r.InstrPerRun, 1e-6)
+
 	_, ok = lifecycleRow(rows[:3], "on")
 	require.False(t, ok, "no ack row")
 	_, ok = lifecycleRow(rows, "off")
@@ -659,4 +697,45 @@ func TestThroughputTargets(t *testing.T) {
 	require.Equal(t, "batch enqueue (EnqueueMany of 1000 runs, 4 producers)", got[phaseBulk].Target)
 	// No phase row, no target.
 	require.Empty(t, throughputTargets(rows[:1], opts))
+}
+
+// TestCallgrindCost: with -callgrind every cost phase gets the instructions
+// Redis executed, and two runs count the same within 3% (the count is
+// what a busy machine cannot move); batching shows in the counts.
+func TestCallgrindCost(t *testing.T) {
+	if _, _, _, err := callgrindTools(); err != nil {
+		if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "1" {
+			t.Fatalf("%v (required with RUNQUEUE_REQUIRE_REDIS=1)", err)
+		}
+		t.Skip(err)
+	}
+	t.Parallel()
+	opts := tinyOptions()
+	opts.Callgrind, opts.Sections = true, map[string]bool{secCost: true}
+	opts.CostRuns, opts.GatedCalls = 200, 80
+	var reps [2]*Report
+	for i := range reps {
+		rep, err := run(context.Background(), opts, io.Discard, io.Discard)
+		require.NoError(t, err)
+		reps[i] = rep
+	}
+	require.Len(t, reps[0].Cost, 16) // 8 rows per flag, lifecycle included
+	byOp := func(rep *Report, op, flag string) CostRow {
+		i := slices.IndexFunc(rep.Cost, func(r CostRow) bool { return r.Op == op && r.Flag == flag })
+		require.GreaterOrEqual(t, i, 0, "%s flag %s", op, flag)
+		return rep.Cost[i]
+	}
+	for _, r := range reps[0].Cost {
+		require.NotNil(t, r.InstrPerOp, "%s flag %s", r.Op, r.Flag)
+		require.Positive(t, *r.InstrPerOp)
+		require.Equal(t, r.Runs > 0, r.InstrPerRun != nil, "%s flag %s", r.Op, r.Flag)
+		again := byOp(reps[1], r.Op, r.Flag)
+		require.InEpsilon(t, *r.InstrPerOp, *again.InstrPerOp, 0.03, "%s flag %s: %.0f then %.0f instructions", r.Op, r.Flag, *r.InstrPerOp, *again.InstrPerOp)
+	}
+	for _, flag := range []string{"off", "on"} {
+		b1, b10 := byOp(reps[0], "dequeue_batch1", flag), byOp(reps[0], "dequeue_batch10", flag)
+		require.Greater(t, *b1.InstrPerRun, *b10.InstrPerRun, "a batch of 10 shares its call's fixed work")
+	}
+	require.True(t, slices.ContainsFunc(reps[0].Targets, func(tr TargetRow) bool { return tr.Metric == "redis_instructions_per_run" }))
+	require.Contains(t, reps[0].Notes[len(reps[0].Notes)-1], "callgrind")
 }

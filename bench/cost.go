@@ -119,6 +119,7 @@ type sample struct {
 	cmds    redistest.CmdStat // every non-script command: inner calls and Go's reads
 	reads   redistest.CmdStat // Go's own non-script commands
 	cpu     float64           // Redis process CPU, µs (INFO cpu: used_cpu_sys + used_cpu_user)
+	instr   float64           // instructions Redis executed (-callgrind), else 0
 }
 
 // usec is the Redis CPU of the phase: scripts and Go's own commands.
@@ -127,14 +128,15 @@ func (s sample) usec() float64 { return float64(s.scripts.Usec + s.reads.Usec) }
 // measured is a client whose non-script commands are metered.
 type measured struct {
 	*redis.Client
-	m *meter
+	m  *meter
+	cg *callgrind // the server runs under callgrind: count its instructions
 }
 
-func newMeasured(c *redis.Client) *measured {
+func newMeasured(c *redis.Client, cg *callgrind) *measured {
 	mc := redis.NewClient(c.Options())
 	m := &meter{stats: c}
 	mc.AddHook(m)
-	return &measured{Client: mc, m: m}
+	return &measured{Client: mc, m: m, cg: cg}
 }
 
 // measure runs fn and returns the command statistics and the Redis process
@@ -151,9 +153,16 @@ func (mc *measured) measure(ctx context.Context, fn func() error) (sample, error
 	mc.m.mu.Lock()
 	mc.m.reads, mc.m.err = redistest.CmdStat{}, nil
 	mc.m.mu.Unlock()
-	mc.m.on.Store(true)
-	err = fn()
-	mc.m.on.Store(false)
+	var instr float64
+	if mc.cg != nil {
+		// The meter's INFO calls would be counted with the phase: it
+		// stays off, and Go's own reads count with the scripts.
+		instr, err = mc.cg.count(ctx, fn)
+	} else {
+		mc.m.on.Store(true)
+		err = fn()
+		mc.m.on.Store(false)
+	}
 	if err != nil {
 		return sample{}, err
 	}
@@ -176,7 +185,7 @@ func (mc *measured) measure(ctx context.Context, fn func() error) (sample, error
 	// closing INFO cpu. Their time inside Redis is on the "info" line of
 	// the delta; take it out, so that only the operations' CPU remains.
 	cpuUsec = max(0, cpuUsec-float64(d["info"].Usec))
-	return sample{scripts: d.Scripts(), cmds: d.Commands(), reads: mc.m.reads, cpu: cpuUsec}, nil
+	return sample{scripts: d.Scripts(), cmds: d.Commands(), reads: mc.m.reads, cpu: cpuUsec, instr: instr}, nil
 }
 
 // CostRow is the cost of one operation on one flag state. Per-run figures
@@ -207,6 +216,10 @@ type CostRow struct {
 	InnerCallsPerRun *float64 `json:"inner_calls_per_run,omitempty"`
 	ReadCallsPerOp   float64  `json:"read_calls_per_op"`
 	ScriptCallsPerOp float64  `json:"script_calls_per_op"`
+	// InstrPerOp and InstrPerRun are the instructions Redis executed per
+	// API call and per run, counted under callgrind (-callgrind only).
+	InstrPerOp  *float64 `json:"redis_instructions_per_op,omitempty"`
+	InstrPerRun *float64 `json:"redis_instructions_per_run,omitempty"`
 	// Repeats is how many times the measurement ran; the row is the one
 	// with the least RedisUsPerOp, and Spread is (max - min) / min of
 	// RedisUsPerOp over the repeats: the noise of the machine.
@@ -220,11 +233,12 @@ type costTotals struct {
 	cmds                    float64 // non-script commands: inner calls and Go's reads
 	reads, readUsec         float64 // Go's own non-script commands
 	cpuUsec                 float64 // Redis process CPU
+	instr                   float64 // instructions Redis executed (-callgrind), else 0
 }
 
 func (s sample) totals() costTotals {
 	return costTotals{scriptCalls: float64(s.scripts.Calls), scriptUsec: float64(s.scripts.Usec), cmds: float64(s.cmds.Calls),
-		reads: float64(s.reads.Calls), readUsec: float64(s.reads.Usec), cpuUsec: s.cpu}
+		reads: float64(s.reads.Calls), readUsec: float64(s.reads.Usec), cpuUsec: s.cpu, instr: s.instr}
 }
 
 func newCostRow(op string, on bool, s sample, calls, runs int) CostRow {
@@ -243,6 +257,10 @@ func costRowOf(op, flag string, t costTotals, calls, runs int) CostRow {
 		r.CallsPerOp = t.cmds / float64(calls)
 		r.ReadCallsPerOp = t.reads / float64(calls)
 		r.ScriptCallsPerOp = t.scriptCalls / float64(calls)
+		if t.instr > 0 {
+			x := t.instr / float64(calls)
+			r.InstrPerOp = &x
+		}
 	}
 	if runs > 0 {
 		perRun := func(v float64) *float64 { x := v / float64(runs); return &x }
@@ -250,6 +268,9 @@ func costRowOf(op, flag string, t costTotals, calls, runs int) CostRow {
 		r.RedisCPUUsPerRun = perRun(t.cpuUsec)
 		r.CallsPerRun = perRun(t.cmds)
 		r.InnerCallsPerRun = perRun(t.cmds - t.reads)
+		if t.instr > 0 {
+			r.InstrPerRun = perRun(t.instr)
+		}
 	}
 	return r
 }
@@ -277,6 +298,7 @@ func lifecycleRow(rows []CostRow, flag string) (row CostRow, ok bool) {
 	n := parts[1].Runs
 	var t costTotals
 	calls, repeats, spread := 0.0, parts[0].Repeats, 0.0
+	counted := true // every part has an instruction count
 	for _, p := range parts {
 		k := float64(p.Calls) * float64(n) / float64(p.Runs) // the part's API calls for n runs
 		calls += k
@@ -287,7 +309,15 @@ func lifecycleRow(rows []CostRow, flag string) (row CostRow, ok bool) {
 		t.reads += p.ReadCallsPerOp * k
 		t.readUsec += max(0, p.RedisUsPerOp*k-scriptUsec)
 		t.cpuUsec += p.RedisCPUUsPerOp * k
+		if p.InstrPerOp != nil {
+			t.instr += *p.InstrPerOp * k
+		} else {
+			counted = false
+		}
 		repeats, spread = min(repeats, p.Repeats), max(spread, p.Spread)
+	}
+	if !counted {
+		t.instr = 0
 	}
 	row = costRowOf("lifecycle", flag, t, int(math.Round(calls)), n)
 	row.Repeats, row.Spread = repeats, spread
@@ -384,8 +414,8 @@ func fill(ctx context.Context, q *runqueue.Queue, workers, from, to int, id stri
 
 // runCost measures enqueue, dequeue (batch 1, 10, 100), ack, nack and a
 // fully gated dequeue, each on both flag states, and derives the targets.
-func runCost(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, rep *Report, prog *progress) error {
-	mc := newMeasured(c)
+func runCost(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, rep *Report, prog *progress, cg *callgrind) error {
+	mc := newMeasured(c, cg)
 	defer func() { _ = mc.Close() }()
 	all := map[string][]CostRow{} // op|flag -> one row per repetition
 	add := func(rows ...CostRow) {
@@ -631,32 +661,41 @@ func targets(rows []CostRow) []TargetRow {
 	perOp := func(r *CostRow) *float64 { return &r.RedisUsPerOp }
 	callsPerRun := func(r *CostRow) *float64 { return r.CallsPerRun }
 	cpuPerRun := func(r *CostRow) *float64 { return r.RedisCPUUsPerRun }
+	// The ratio targets, by a per-run and a per-call metric; "what" names
+	// the metric in the target's words.
+	ratios := func(what, runMetric, opMetric string, runGet, opGet func(*CostRow) *float64) {
+		ratio("enqueue "+what, "enqueue", runMetric, runGet, 1.10)
+		for _, b := range []int{1, 10, 100} {
+			op := fmt.Sprintf("dequeue_batch%d", b)
+			ratio(fmt.Sprintf("servable dequeue (batch %d) %s per run", b, what), op, runMetric, runGet, 1.10)
+		}
+		ratio("ack "+what, "ack", runMetric, runGet, 1.10)
+		ratio("nack "+what, "nack", runMetric, runGet, 1.10)
+		ratio("fully gated dequeue "+what+" per call", "dequeue_gated", opMetric, opGet, 1.5)
+		// Batch 1 stays cheap: a batch-1 dequeue costs at most twice the
+		// per-run cost at batch 10 (each flag on its own).
+		for _, flag := range []string{"off", "on"} {
+			b1, b10 := find("dequeue_batch1", flag), find("dequeue_batch10", flag)
+			if b1 == nil || b10 == nil || runGet(b1) == nil || runGet(b10) == nil || *runGet(b10) <= 0 {
+				continue
+			}
+			r := *runGet(b1) / *runGet(b10)
+			// The OFF and ON columns hold batch 10 and batch 1 here.
+			out = append(out, TargetRow{Target: "flag " + flag + ": batch-1 dequeue " + what + " per run (ON column) vs batch 10 (OFF column)",
+				Op: "dequeue_batch1/" + flag, Metric: runMetric, Off: *runGet(b10), On: *runGet(b1),
+				Ratio: &r, Limit: "<= 2.00x batch 10", Met: r <= 2})
+		}
+	}
 	absolute("run lifecycle (enqueue + dequeue batch 10 + ack) Redis process CPU per run", "lifecycle", "redis_cpu_us_per_run", cpuPerRun, lifecycleLimitUs)
 	absolute("run lifecycle (enqueue + dequeue batch 10 + ack) Redis µs per run in commands", "lifecycle", "redis_us_per_run", perRun, lifecycleLimitUs)
-	ratio("enqueue Redis CPU", "enqueue", "redis_us_per_run", perRun, 1.10)
-	for _, b := range []int{1, 10, 100} {
-		op := fmt.Sprintf("dequeue_batch%d", b)
-		ratio(fmt.Sprintf("servable dequeue (batch %d) Redis CPU per run", b), op, "redis_us_per_run", perRun, 1.10)
-	}
-	ratio("ack Redis CPU", "ack", "redis_us_per_run", perRun, 1.10)
-	ratio("nack Redis CPU", "nack", "redis_us_per_run", perRun, 1.10)
-	ratio("fully gated dequeue Redis CPU per call", "dequeue_gated", "redis_us_per_op", perOp, 1.5)
-	// Batch 1 stays cheap: a batch-1 dequeue costs at most twice the
-	// per-run cost at batch 10 (each flag on its own).
-	for _, flag := range []string{"off", "on"} {
-		b1, b10 := find("dequeue_batch1", flag), find("dequeue_batch10", flag)
-		if b1 == nil || b10 == nil || b1.RedisUsPerRun == nil || b10.RedisUsPerRun == nil || *b10.RedisUsPerRun <= 0 {
-			continue
-		}
-		r := *b1.RedisUsPerRun / *b10.RedisUsPerRun
-		// The OFF and ON columns hold batch 10 and batch 1 here.
-		out = append(out, TargetRow{Target: "flag " + flag + ": batch-1 dequeue per run (ON column) vs batch 10 (OFF column)",
-			Op: "dequeue_batch1/" + flag, Metric: "redis_us_per_run", Off: *b10.RedisUsPerRun, On: *b1.RedisUsPerRun,
-			Ratio: &r, Limit: "<= 2.00x batch 10", Met: r <= 2})
-	}
+	ratios("Redis CPU", "redis_us_per_run", "redis_us_per_op", perRun, perOp)
 	for _, b := range []int{1, 10, 100} {
 		op := fmt.Sprintf("dequeue_batch%d", b)
 		diff(fmt.Sprintf("Redis commands per dequeued run (batch %d)", b), op, "calls_per_run", callsPerRun, 1.5)
 	}
+	// Counted under callgrind: the same ratios by instructions, which the
+	// machine's load does not move.
+	ratios("Redis instructions", "redis_instructions_per_run", "redis_instructions_per_op",
+		func(r *CostRow) *float64 { return r.InstrPerRun }, func(r *CostRow) *float64 { return r.InstrPerOp })
 	return out
 }

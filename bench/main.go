@@ -86,6 +86,8 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 	fs.StringVar(&o.JSONPath, "json", "", "write the results as JSON to `FILE`")
 	fs.StringVar(&o.OutDir, "out", "", "write report.md and SVG charts to `DIR`")
 	fs.BoolVar(&o.Strict, "strict", false, "exit with status 3 when a scenario threshold is not met")
+	fs.BoolVar(&o.Callgrind, "callgrind", false, "start a redis-server under valgrind's callgrind and count the instructions Redis "+
+		"executes in each cost phase, which do not vary with the machine's load (with -sections cost; needs valgrind and redis-server)")
 	sections := fs.String("sections", strings.Join(allSections, ","), "comma-separated sections to run (real Redis only for all but scenarios)")
 	scen := fs.String("scenarios", "", "comma-separated scenario names to run (default: all)")
 	fs.IntVar(&o.CostRuns, "cost-runs", o.CostRuns, "runs per cost measurement")

@@ -170,10 +170,19 @@ func costSection(rep *Report) section {
 		}
 		return fixed(*p, d)
 	}
+	counted := slices.ContainsFunc(rep.Cost, func(r CostRow) bool { return r.InstrPerOp != nil })
+	if counted {
+		t.header = append(t.header, "INSTR/RUN", "INSTR/CALL")
+		t.right = append(t.right, true, true)
+	}
 	var gated []string
 	for _, r := range rep.Cost {
-		t.add(strings.ReplaceAll(r.Op, "_", " "), r.Flag, fmt.Sprint(r.Calls), fmt.Sprint(r.Runs), fixed(r.RedisUsPerCall, 2),
-			opt(r.RedisUsPerRun, 2), opt(r.RedisCPUUsPerRun, 2), opt(r.CallsPerRun, 2), opt(r.InnerCallsPerRun, 2), fixed(r.ReadCallsPerOp, 2), fixed(100*r.Spread, 0)+"%")
+		cells := []string{strings.ReplaceAll(r.Op, "_", " "), r.Flag, fmt.Sprint(r.Calls), fmt.Sprint(r.Runs), fixed(r.RedisUsPerCall, 2),
+			opt(r.RedisUsPerRun, 2), opt(r.RedisCPUUsPerRun, 2), opt(r.CallsPerRun, 2), opt(r.InnerCallsPerRun, 2), fixed(r.ReadCallsPerOp, 2), fixed(100*r.Spread, 0) + "%"}
+		if counted {
+			cells = append(cells, opt(r.InstrPerRun, 0), opt(r.InstrPerOp, 0))
+		}
+		t.add(cells...)
 		if r.Op == "dequeue_gated" {
 			gated = append(gated, fmt.Sprintf("%s µs flag %s", fixed(r.RedisCPUUsPerOp, 2), r.Flag))
 		}
@@ -192,6 +201,10 @@ func costSection(rep *Report) section {
 		notes[len(notes)-1] += "; process CPU per call " + strings.Join(gated, ", ")
 	}
 	notes = append(notes, "lifecycle = enqueue + dequeue batch 10 + ack per run (the sum of those rows; CALLS counts their calls for RUNS runs)")
+	if counted {
+		notes = append(notes, "INSTR/RUN, INSTR/CALL = instructions Redis executed (valgrind's callgrind, Ir) per run and per API call: "+
+			"network work included, the same from run to run whatever the machine's load")
+	}
 	return section{title: fmt.Sprintf("Cost per operation (Redis CPU from INFO commandstats and INFO cpu; %d runs over %d keys per measurement, fastest of %d)", st.CostRuns, st.CostKeys, st.CostRepeats), t: t,
 		notes: notes}
 }

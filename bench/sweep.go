@@ -70,7 +70,7 @@ func runSweep(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, 
 	}
 	slices.Sort(points)
 	points = slices.Compact(points)
-	mc := newMeasured(c)
+	mc := newMeasured(c, nil)
 	defer func() { _ = mc.Close() }()
 	for i, n := range points {
 		for _, on := range []bool{false, true} {

@@ -25,15 +25,21 @@ type queueNames struct {
 	runPrefix string   // qk.RunPrefix()
 }
 
-// nameCacheMax bounds the queues whose names are kept: past it the cache
-// starts again empty (an instance serving more queues than this pays the
-// concatenations again now and then, and never more memory than the cap).
-const nameCacheMax = 4096
+// The cache is bounded by entries and by the bytes of the names it holds
+// (an env and a queue name of 256 bytes that encode to 768 each make an
+// entry of some 30 KB): past either bound it starts again empty. An
+// instance serving more queues than that pays the concatenations again now
+// and then, and never holds more than about nameCacheBytes of names.
+const (
+	nameCacheMax   = 4096
+	nameCacheBytes = 8 << 20
+)
 
 // nameCache maps (env, queue) to its queueNames.
 type nameCache struct {
-	mu sync.RWMutex
-	m  map[[2]string]*queueNames
+	mu    sync.RWMutex
+	m     map[[2]string]*queueNames
+	bytes int // the names' bytes in m (n.size)
 }
 
 // names returns the names of base queue (env, queue).
@@ -47,13 +53,29 @@ func (q *Queue) names(env, queue string) *queueNames {
 		return n
 	}
 	n = q.buildNames(q.space.Env(env).Queue(queue))
+	size := n.size()
 	c.mu.Lock()
-	if c.m == nil || len(c.m) >= nameCacheMax {
-		c.m = make(map[[2]string]*queueNames)
+	if c.m == nil || len(c.m) >= nameCacheMax || c.bytes+size > nameCacheBytes {
+		c.m, c.bytes = make(map[[2]string]*queueNames), 0
+	}
+	if old := c.m[ref]; old != nil { // built twice at once
+		c.bytes -= old.size()
 	}
 	c.m[ref] = n
+	c.bytes += size
 	c.mu.Unlock()
 	return n
+}
+
+// size is the bytes of n's strings.
+func (n *queueNames) size() int {
+	total := len(n.member) + len(n.vbase) + len(n.wake) + len(n.runPrefix)
+	for _, ks := range [][]string{n.place, n.dequeue, n.held, n.vtime} {
+		for _, k := range ks {
+			total += len(k)
+		}
+	}
+	return total
 }
 
 func (q *Queue) buildNames(qk keys.Queue) *queueNames {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -51,6 +52,22 @@ func TestNamesCacheBounded(t *testing.T) {
 		require.LessOrEqual(t, len(q.nameCache.m), nameCacheMax)
 	}
 	require.Equal(t, q.space.Env("env").Queue("q0").Runs(), q.names("env", "q0").qk.Runs())
+
+	// Long names fill the byte bound first; the count of bytes is exact.
+	long := strings.Repeat("%", MaxNameBytes-4)
+	for i := range 2000 {
+		q.names(fmt.Sprintf("%04d", i)+long, long)
+		c := &q.nameCache
+		require.LessOrEqual(t, c.bytes, nameCacheBytes)
+		if i%250 == 0 {
+			sum := 0
+			for _, n := range c.m {
+				sum += n.size()
+			}
+			require.Equal(t, sum, c.bytes)
+		}
+	}
+	require.Less(t, len(q.nameCache.m), 2000, "the byte bound started the cache again")
 }
 
 // TestNamesSharedSlicesStayPut: every call appends its own keys and

@@ -703,12 +703,7 @@ func TestThroughputTargets(t *testing.T) {
 // Redis executed, and two runs count the same within 3% (the count is
 // what a busy machine cannot move); batching shows in the counts.
 func TestCallgrindCost(t *testing.T) {
-	if _, _, _, err := callgrindTools(); err != nil {
-		if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "1" {
-			t.Fatalf("%v (required with RUNQUEUE_REQUIRE_REDIS=1)", err)
-		}
-		t.Skip(err)
-	}
+	requireCallgrind(t)
 	t.Parallel()
 	opts := tinyOptions()
 	opts.Callgrind, opts.Sections = true, map[string]bool{secCost: true}
@@ -738,4 +733,16 @@ func TestCallgrindCost(t *testing.T) {
 	}
 	require.True(t, slices.ContainsFunc(reps[0].Targets, func(tr TargetRow) bool { return tr.Metric == "redis_instructions_per_run" }))
 	require.Contains(t, reps[0].Notes[len(reps[0].Notes)-1], "callgrind")
+}
+
+// requireCallgrind skips t when valgrind or redis-server is missing, and
+// fails it instead under RUNQUEUE_REQUIRE_REDIS=1 (CI installs both).
+func requireCallgrind(t *testing.T) {
+	t.Helper()
+	if _, _, _, err := callgrindTools(); err != nil {
+		if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "1" {
+			t.Fatalf("%v (required with RUNQUEUE_REQUIRE_REDIS=1)", err)
+		}
+		t.Skip(err)
+	}
 }

@@ -140,6 +140,12 @@ func (cg *callgrind) run(ctx context.Context, flag string) error {
 	if err != nil {
 		return fmt.Errorf("callgrind_control %s: %w: %s", flag, err, strings.TrimSpace(string(out)))
 	}
+	// It exits 0 when it finds no callgrind process to talk to ("Error:
+	// Callgrind task with PID/name ... not detected"), for instance when
+	// redis-server on PATH is a script that valgrind does not follow.
+	if strings.Contains(string(out), "Error") {
+		return fmt.Errorf("callgrind_control %s: %s", flag, strings.TrimSpace(string(out)))
+	}
 	return nil
 }
 

@@ -211,7 +211,7 @@ func (e *reviewEnqueueCalls) note(cmd redis.Cmder) {
 	if cmd.Name() != "evalsha" || len(a) < 3 || a[1] != e.sha {
 		return
 	}
-	nk := int(a[2].(int))
+	nk := a[2].(int)
 	e.mu.Lock()
 	e.args = append(e.args, slices.Clone(a[3+nk:]))
 	e.mu.Unlock()
@@ -264,7 +264,7 @@ func TestReviewEnqueueManyLayout(t *testing.T) {
 			var ids []string
 			var sizes []int
 			for _, a := range rec.args {
-				n := int(a[enqueueFixedArgs-1].(int))
+				n := a[enqueueFixedArgs-1].(int)
 				require.Len(t, a, enqueueFixedArgs+enqueueRunArgs*n+extra)
 				sizes = append(sizes, n)
 				for i := range n {

@@ -69,8 +69,9 @@ func (q *Queue) dequeueQueue(ctx context.Context, n *queueNames, maxCount int, n
 func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
 	qk := n.qk
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
-	if lim.Key > 0 {
-		q.keyLimited.Store(true)
+	look := 0
+	if q.looksGivenLimits(lim) {
+		look = 1
 	}
 	ks := n.dequeue
 	lease := now + ms(q.cfg.LeaseDuration)
@@ -83,10 +84,6 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	}
 	if q.cfg.VtimeScheduling {
 		ks = append(ks, n.vtime...)
-		look := 0
-		if q.keyLimited.Load() {
-			look = 1
-		}
 		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier, look)
 	}
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()

@@ -212,7 +212,12 @@ func (q *Queue) vtimeArgs(qk keys.Queue) []any {
 // looksForGated says whether a slot freed in qk looks for a gated variant
 // (see vtimeArgs), noting a per-key limit of qk.
 func (q *Queue) looksForGated(qk keys.Queue) bool {
-	if q.cfg.LimitsFor(qk.Env.Name(), qk.Name()).Key > 0 {
+	return q.looksGivenLimits(q.cfg.LimitsFor(qk.Env.Name(), qk.Name()))
+}
+
+// looksGivenLimits is looksForGated for a queue whose limits are lim.
+func (q *Queue) looksGivenLimits(lim Limits) bool {
+	if lim.Key > 0 {
 		q.keyLimited.Store(true)
 	}
 	return q.keyLimited.Load()
@@ -232,10 +237,10 @@ func (q *Queue) ackScript(qk keys.Queue) *script {
 	return q.scripts.ack
 }
 
-// withHooks appends the scheduler's keys and arguments when sc has hooks
-// and the flag is on.
+// withHooks appends the scheduler's keys and arguments when sc was built
+// with the scheduler's hooks.
 func (q *Queue) withHooks(sc *script, n *queueNames, ks []string, args []any) ([]string, []any) {
-	if sc.hooks && q.cfg.VtimeScheduling {
+	if sc.hooks {
 		ks = append(ks, n.vtime...)
 		args = append(args, q.vtimeArgs(n.qk)...)
 	}

@@ -22,7 +22,7 @@ type script struct {
 	name  string
 	src   string
 	sha   string
-	hooks bool // takes the scheduler's extra KEYS and ARGV when the flag is on
+	hooks bool // built with the scheduler's hooks: takes its extra KEYS and ARGV
 	// refused: the script belongs to a Queue opened with Config.ReadOnly;
 	// running it is ErrReadOnly.
 	refused bool
@@ -263,7 +263,9 @@ func newScript(name, file string, vtime bool) (*script, error) {
 		return nil, err
 	}
 	sum := sha1.Sum([]byte(src))
-	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:]), hooks: hooks}, nil
+	// A flag-off build includes hooks_off, which takes no scheduler KEYS
+	// or ARGV.
+	return &script{name: name, src: src, sha: hex.EncodeToString(sum[:]), hooks: hooks && vtime}, nil
 }
 
 // buildScripts assembles the script set of one flag state. With the flag on,
@@ -291,9 +293,6 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.ack, "ack"+suffix, "ack.lua")
 	if vtime && err == nil {
 		s.ackPlain, err = newScript("ack", "ack.lua", false)
-		if err == nil {
-			s.ackPlain.hooks = false // built with the flag-off hooks: no scheduler KEYS or ARGV
-		}
 	}
 	mk(&s.extend, "extend", "extend.lua")
 	mk(&s.requeue, "requeue"+suffix, "requeue.lua")

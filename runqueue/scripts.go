@@ -45,7 +45,8 @@ func (s *scriptSet) all() []*script {
 }
 
 // assemble expands "--@include NAME" lines with lua/lib/NAME.lua, in
-// fragments too; "hooks" expands to the flag state's hook fragment.
+// fragments too; "hooks" expands to the flag state's hook fragment. Tables
+// of constants marked "--@inline" are written into the code (inline.go).
 // Fragments are never copied into scripts by hand, so shared code cannot
 // drift between them.
 func assemble(file string, vtime bool) (src string, hooks bool, err error) {
@@ -54,8 +55,14 @@ func assemble(file string, vtime bool) (src string, hooks bool, err error) {
 		return "", false, err
 	}
 	var b strings.Builder
-	hooks, err = expand(&b, file, raw, vtime, 0, "")
-	return shake(b.String()), hooks, err
+	if hooks, err = expand(&b, file, raw, vtime, 0, ""); err != nil {
+		return "", false, err
+	}
+	src, err = inlineConsts(b.String())
+	if err != nil {
+		return "", false, fmt.Errorf("runqueue: %s: %w", file, err)
+	}
+	return shake(src), hooks, nil
 }
 
 // shake drops the top-level functions a script never refers to, with the

@@ -26,7 +26,7 @@ local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
-local wm = tonumber(ARGV[dq.own_args + 3])
+local wm = ARGV[dq.own_args + 3] + 0
 local G = SCHED.G
 -- capacity: the acks the call carries first (their slots count), then
 -- what the env and queue limits leave of maxCount. The acks look for gated

@@ -227,18 +227,9 @@ end
 -- cheap, and a skiplist and a hash table cost about 1.6 KB more for one
 -- key. A state that grows past 64 entries is widened within 64 further
 -- registrations.
-local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
-                W = 2251799813685248, ACTIVE_END = '(1125899906842624',
-                IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
-                WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
-                SENTINEL = '0',
-                WIDE_AT = 64, WIDE_SCORE = '2251799813685248',
-                WIDE_MEMBER = 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched',
-                WIDE_FIELD = '~',
-                WIDE_VALUE = 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua',
-                REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
-                CODE_LEN = 15, VM_AT = 16 }
+-- The build writes each SCHED.NAME of a script as its value and drops the
+-- table (runqueue/inline.go): built at every call, it cost more Redis CPU
+-- than the literals.
 
 -- A score or scalar as stored: integers below 2^53 print exactly with 17
 -- significant digits, on Redis and on gopher-lua alike (lib/record's
@@ -249,18 +240,19 @@ local function sched_fmt(x) return num_arg(x) end
 -- order is n's order.
 local function sched_code(n)
   local s = sched_fmt(n)
-  return string.rep('0', SCHED.CODE_LEN - #s) .. s
+  return string.rep('0', 15 - #s) .. s
 end
 
 -- The variant member and the code of a competing or gated member.
 local function sched_split(member)
-  return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
+  return string.sub(member, 16), string.sub(member, 1, 15)
 end
 
 -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
 local function sched_parse(v)
   local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-  return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
+  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+           r = r ~= '' and r + 0 or 0 }
 end
 
 -- The value of a registration; a gated one carries its tag u.
@@ -273,8 +265,14 @@ local function sched_value(code, gated, waiting, r, u)
 end
 
 -- Call sites pass their keys and arguments explicitly.
+-- (ttl_ms and idle_max are decimal strings from the client: x + 0 reads
+-- such a string as a number for a sixth of what tonumber(x) costs on Redis
+-- 7.0, which converts it twice. Only for strings this code or the client
+-- wrote without leading zeros: gopher-lua, miniredis's Lua, reads '010' + 0
+-- as octal. tonumber stays where a value may be missing, not a number, or
+-- zero-padded, as a seq code is.)
 local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
-  return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
+  return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now }
 end
 
 local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
@@ -294,12 +292,15 @@ local function sched_state(S, r, at)
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
   if not r[at + 1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
     redis.call('DEL', S.h, S.z)
-    redis.call('ZADD', S.z, SCHED.SENTINEL, '')
+    redis.call('ZADD', S.z, '0', '')
     S.fresh = true
   else
     for i, f in ipairs(SCHED_FIELDS) do
       local x = r[at + i]
-      if x then st[f] = tonumber(x) or x end
+      if x then
+        -- every scalar but lh is a decimal integer (sched_save writes them)
+        if f == 'lh' then st.lh = x else st[f] = x + 0 end
+      end
     end
     if st.lh == nil then st.lh = '' end
   end
@@ -358,8 +359,8 @@ end
 -- A newcomer's quantum: one serve of its own at milli-weight m, at most
 -- UNIT (a serve at weight 1).
 local function sched_quantum(m)
-  if m <= 1000 then return SCHED.UNIT end
-  return (sched_div(SCHED.STRIDE, m))
+  if m <= 1000 then return 1000000 end
+  return (sched_div(1000000000, m))
 end
 
 -- The registration of a variant with no tag: u (nil when it queues in the
@@ -373,13 +374,13 @@ local function sched_admit(S, st, vm, discovered)
   local parked = redis.call('ZSCORE', S.z, vm)
   if parked then redis.call('ZREM', S.z, vm) end
   local u, waiting = st.v, false
-  if parked and num(parked) + SCHED.G > st.v then
-    u = num(parked) + SCHED.G
+  if parked and num(parked) + 4503599627370496 > st.v then
+    u = num(parked) + 4503599627370496
   elseif not discovered then
     if st.lh ~= '' then
       u, waiting = nil, true
     else
-      local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+      local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', 0, 'WITHSCORES', 'LIMIT', 0, 1)
       if t[2] and num(t[2]) > st.v then
         local q = sched_quantum(sched_weight(S, st, vm))
         u, waiting = math.min(num(t[2]), st.v + q) + q, true
@@ -389,9 +390,9 @@ local function sched_admit(S, st, vm, discovered)
   end
   local seq = st.s
   st.s = st.s + 1
-  if seq % SCHED.WIDE_AT == 0 and redis.call('ZCARD', S.z) >= SCHED.WIDE_AT then
-    redis.call('ZADD', S.z, SCHED.WIDE_SCORE, SCHED.WIDE_MEMBER)
-    redis.call('HSET', S.h, SCHED.WIDE_FIELD, SCHED.WIDE_VALUE)
+  if seq % 64 == 0 and redis.call('ZCARD', S.z) >= 64 then
+    redis.call('ZADD', S.z, '2251799813685248', 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched')
+    redis.call('HSET', S.h, '~', 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua')
   end
   return u, sched_code(seq), waiting, seq
 end
@@ -415,7 +416,7 @@ local function sched_register(S, vm, discovered)
     zargs[#zargs + 1] = code .. vm
   end
   if waiting then
-    zargs[#zargs + 1] = sched_fmt(seq - SCHED.W)
+    zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
     zargs[#zargs + 1] = vm
   end
   redis.call('ZADD', S.z, unpack(zargs))
@@ -424,14 +425,14 @@ end
 
 -- The lane's member after the first `after` (0-based rank), or nil.
 local function sched_lane_at(S, after)
-  return redis.call('ZRANGEBYSCORE', S.z, SCHED.WAIT_MIN, SCHED.WAIT_END, 'LIMIT', after, 1)[1]
+  return redis.call('ZRANGEBYSCORE', S.z, '-2251799813685248', '(-1125899906842624', 'LIMIT', after, 1)[1]
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
 -- idle_max (the idle region holds the lowest scores: ranks from 0).
 local function sched_reap(S, v)
-  redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
-  local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
+  redis.call('ZREMRANGEBYSCORE', S.z, '-4503599627370496', sched_fmt(v - 4503599627370496))
+  local n = redis.call('ZCOUNT', S.z, '-4503599627370496', '(-3377699720527872')
   if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
 end
 
@@ -476,7 +477,7 @@ local function sched_drained(S, vm)
     end
   end
   if u and u > st.v then
-    redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
+    redis.call('ZADD', S.z, sched_fmt(u - 4503599627370496), vm)
     sched_reap(S, st.v)
   end
 end
@@ -854,8 +855,8 @@ local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
                      ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
-local wm = tonumber(ARGV[dq.own_args + 3])
-local G = SCHED.G
+local wm = ARGV[dq.own_args + 3] + 0
+local G = 4503599627370496
 -- capacity: the acks the call carries first (their slots count), then
 -- what the env and queue limits leave of maxCount. The acks look for gated
 -- variants as every flag-on ack does (see hooks_vtime): before the
@@ -893,7 +894,7 @@ end
 -- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
-  local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf')
   local vms = {}
   for i = 1, #raw do vms[i] = sched_split(raw[i]) end
   local hvs = sched_hmget(S.h, vms)
@@ -922,7 +923,7 @@ do
   if st.ng > 0 then
     raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     if #raw == 0 and st.gp > 0 then
-      raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     end
   end
   if #raw == 0 then
@@ -979,7 +980,7 @@ local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 -- into a window (W), as vtime's window does. Nothing of ckVtime's active
 -- region is written until persist, so reads by rank stay consistent.
 local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
-            budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
+            budget = 1000 + 4 * dq.max_count * wm }
 -- (tag, registration) order; registration numbers compare as numbers.
 local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
 
@@ -1031,12 +1032,12 @@ local function w_extend()
   n = math.min(n, W.budget - W.read)
   local raw
   if W.read == 0 then
-    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', 0, n + 2)
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(1125899906842624', 'WITHSCORES', 'LIMIT', 0, n + 2)
     if raw[1] ~= '' then return nil end
     table.remove(raw, 1)
     table.remove(raw, 1)
   else
-    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
+    raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(1125899906842624', 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
   end
   local got = #raw / 2
   W.more = got > n
@@ -1196,7 +1197,7 @@ local function serve_one(e)
   if eu < st.v then eu, er = st.v, 0 end
   if eu > st.v then st.v = eu end
   if er >= mw then er = 0 end
-  local q, r = sched_div(er + SCHED.STRIDE, mw)
+  local q, r = sched_div(er + 1000000000, mw)
   e.u, e.r = eu + q, r
   touch(e)
   -- The lane's head is served: it leaves the lane, and the next newcomer
@@ -1281,11 +1282,11 @@ end
 
 -- rebase: once V reaches 2^49, every stored time moves down 2^48 (tags
 -- more than 2^47 below V first rise to it: they are worth V either way).
-if st.v >= SCHED.REBASE_AT then
+if st.v >= 562949953421312 then
   sched_reap(S, st.v)
-  local lo = st.v - SCHED.REBASE_FLOOR
+  local lo = st.v - 140737488355328
   local zargs, hargs = {}, {}
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(1125899906842624', 'WITHSCORES')
   table.remove(raw, 1) -- the sentinel (rank 0) stays at 0
   table.remove(raw, 1)
   for i = 1, #raw, 2 do
@@ -1296,11 +1297,11 @@ if st.v >= SCHED.REBASE_AT then
       hargs[#hargs + 1] = vm
       hargs[#hargs + 1] = sched_value(code, false, vm == st.lh, 0)
     end
-    zargs[#zargs + 1] = sched_fmt(u - SCHED.REBASE_BY)
+    zargs[#zargs + 1] = sched_fmt(u - 281474976710656)
     zargs[#zargs + 1] = raw[i]
   end
   -- Gated tags live in the state hash (their scores are gating numbers).
-  local gated = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
+  local gated = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf')
   local gvms = {}
   for i = 1, #gated do gvms[i] = sched_split(gated[i]) end
   local gvals = sched_hmget(S.h, gvms)
@@ -1310,17 +1311,17 @@ if st.v >= SCHED.REBASE_AT then
       local u, r = rg.tag or lo, rg.r
       if u < lo then u, r = lo, 0 end
       hargs[#hargs + 1] = vm
-      hargs[#hargs + 1] = sched_value(rg.code, true, false, r, u - SCHED.REBASE_BY)
+      hargs[#hargs + 1] = sched_value(rg.code, true, false, r, u - 281474976710656)
     end
   end
-  local idle = redis.call('ZRANGEBYSCORE', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END, 'WITHSCORES')
+  local idle = redis.call('ZRANGEBYSCORE', S.z, '-4503599627370496', '(-3377699720527872', 'WITHSCORES')
   for i = 1, #idle, 2 do
-    zargs[#zargs + 1] = sched_fmt(num(idle[i + 1]) - SCHED.REBASE_BY)
+    zargs[#zargs + 1] = sched_fmt(num(idle[i + 1]) - 281474976710656)
     zargs[#zargs + 1] = idle[i]
   end
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
-  st.v = st.v - SCHED.REBASE_BY
+  st.v = st.v - 281474976710656
   st.e = st.e + 1
 end
 

@@ -144,18 +144,9 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         -- cheap, and a skiplist and a hash table cost about 1.6 KB more for one
         -- key. A state that grows past 64 entries is widened within 64 further
         -- registrations.
-        local SCHED = { UNIT = 1000000, STRIDE = 1000000000, G = 4503599627370496, GS = '4503599627370496',
-                        W = 2251799813685248, ACTIVE_END = '(1125899906842624',
-                        IDLE_MIN = '-4503599627370496', IDLE_END = '(-3377699720527872',
-                        WAIT_MIN = '-2251799813685248', WAIT_END = '(-1125899906842624',
-                        SENTINEL = '0',
-                        WIDE_AT = 64, WIDE_SCORE = '2251799813685248',
-                        WIDE_MEMBER = 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched',
-                        WIDE_FIELD = '~',
-                        WIDE_VALUE = 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua',
-                        REBASE_AT = 562949953421312, REBASE_BY = 281474976710656,
-                        REBASE_FLOOR = 140737488355328, READ_BUDGET = 1000,
-                        CODE_LEN = 15, VM_AT = 16 }
+        -- The build writes each SCHED.NAME of a script as its value and drops the
+        -- table (runqueue/inline.go): built at every call, it cost more Redis CPU
+        -- than the literals.
 
         -- A score or scalar as stored: integers below 2^53 print exactly with 17
         -- significant digits, on Redis and on gopher-lua alike (lib/record's
@@ -166,18 +157,19 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         -- order is n's order.
         local function sched_code(n)
           local s = sched_fmt(n)
-          return string.rep('0', SCHED.CODE_LEN - #s) .. s
+          return string.rep('0', 15 - #s) .. s
         end
 
         -- The variant member and the code of a competing or gated member.
         local function sched_split(member)
-          return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
+          return string.sub(member, 16), string.sub(member, 1, 15)
         end
 
         -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
         local function sched_parse(v)
           local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-          return { code = code, gated = f == 'g', tag = tonumber(t), waiting = f == 'w', r = tonumber(r) or 0 }
+          return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+                   r = r ~= '' and r + 0 or 0 }
         end
 
         -- The value of a registration; a gated one carries its tag u.
@@ -190,8 +182,14 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         end
 
         -- Call sites pass their keys and arguments explicitly.
+        -- (ttl_ms and idle_max are decimal strings from the client: x + 0 reads
+        -- such a string as a number for a sixth of what tonumber(x) costs on Redis
+        -- 7.0, which converts it twice. Only for strings this code or the client
+        -- wrote without leading zeros: gopher-lua, miniredis's Lua, reads '010' + 0
+        -- as octal. tonumber stays where a value may be missing, not a number, or
+        -- zero-padded, as a seq code is.)
         local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
-          return { z = zkey, h = hkey, w = wkey, ttl = tonumber(ttl_ms), idle_max = tonumber(idle_max), now = now }
+          return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now }
         end
 
         local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
@@ -211,12 +209,15 @@ local function hooks_open(keys, args, own_keys, own_args, now)
           local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
           if not r[at + 1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
             redis.call('DEL', S.h, S.z)
-            redis.call('ZADD', S.z, SCHED.SENTINEL, '')
+            redis.call('ZADD', S.z, '0', '')
             S.fresh = true
           else
             for i, f in ipairs(SCHED_FIELDS) do
               local x = r[at + i]
-              if x then st[f] = tonumber(x) or x end
+              if x then
+                -- every scalar but lh is a decimal integer (sched_save writes them)
+                if f == 'lh' then st.lh = x else st[f] = x + 0 end
+              end
             end
             if st.lh == nil then st.lh = '' end
           end
@@ -275,8 +276,8 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         -- A newcomer's quantum: one serve of its own at milli-weight m, at most
         -- UNIT (a serve at weight 1).
         local function sched_quantum(m)
-          if m <= 1000 then return SCHED.UNIT end
-          return (sched_div(SCHED.STRIDE, m))
+          if m <= 1000 then return 1000000 end
+          return (sched_div(1000000000, m))
         end
 
         -- The registration of a variant with no tag: u (nil when it queues in the
@@ -290,13 +291,13 @@ local function hooks_open(keys, args, own_keys, own_args, now)
           local parked = redis.call('ZSCORE', S.z, vm)
           if parked then redis.call('ZREM', S.z, vm) end
           local u, waiting = st.v, false
-          if parked and num(parked) + SCHED.G > st.v then
-            u = num(parked) + SCHED.G
+          if parked and num(parked) + 4503599627370496 > st.v then
+            u = num(parked) + 4503599627370496
           elseif not discovered then
             if st.lh ~= '' then
               u, waiting = nil, true
             else
-              local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, 0, 'WITHSCORES', 'LIMIT', 0, 1)
+              local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', 0, 'WITHSCORES', 'LIMIT', 0, 1)
               if t[2] and num(t[2]) > st.v then
                 local q = sched_quantum(sched_weight(S, st, vm))
                 u, waiting = math.min(num(t[2]), st.v + q) + q, true
@@ -306,9 +307,9 @@ local function hooks_open(keys, args, own_keys, own_args, now)
           end
           local seq = st.s
           st.s = st.s + 1
-          if seq % SCHED.WIDE_AT == 0 and redis.call('ZCARD', S.z) >= SCHED.WIDE_AT then
-            redis.call('ZADD', S.z, SCHED.WIDE_SCORE, SCHED.WIDE_MEMBER)
-            redis.call('HSET', S.h, SCHED.WIDE_FIELD, SCHED.WIDE_VALUE)
+          if seq % 64 == 0 and redis.call('ZCARD', S.z) >= 64 then
+            redis.call('ZADD', S.z, '2251799813685248', 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched')
+            redis.call('HSET', S.h, '~', 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua')
           end
           return u, sched_code(seq), waiting, seq
         end
@@ -332,7 +333,7 @@ local function hooks_open(keys, args, own_keys, own_args, now)
             zargs[#zargs + 1] = code .. vm
           end
           if waiting then
-            zargs[#zargs + 1] = sched_fmt(seq - SCHED.W)
+            zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
             zargs[#zargs + 1] = vm
           end
           redis.call('ZADD', S.z, unpack(zargs))
@@ -341,14 +342,14 @@ local function hooks_open(keys, args, own_keys, own_args, now)
 
         -- The lane's member after the first `after` (0-based rank), or nil.
         local function sched_lane_at(S, after)
-          return redis.call('ZRANGEBYSCORE', S.z, SCHED.WAIT_MIN, SCHED.WAIT_END, 'LIMIT', after, 1)[1]
+          return redis.call('ZRANGEBYSCORE', S.z, '-2251799813685248', '(-1125899906842624', 'LIMIT', after, 1)[1]
         end
 
         -- Drop parked tags at or below v (worth nothing), then all but the highest
         -- idle_max (the idle region holds the lowest scores: ranks from 0).
         local function sched_reap(S, v)
-          redis.call('ZREMRANGEBYSCORE', S.z, SCHED.IDLE_MIN, sched_fmt(v - SCHED.G))
-          local n = redis.call('ZCOUNT', S.z, SCHED.IDLE_MIN, SCHED.IDLE_END)
+          redis.call('ZREMRANGEBYSCORE', S.z, '-4503599627370496', sched_fmt(v - 4503599627370496))
+          local n = redis.call('ZCOUNT', S.z, '-4503599627370496', '(-3377699720527872')
           if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
         end
 
@@ -393,7 +394,7 @@ local function hooks_open(keys, args, own_keys, own_args, now)
             end
           end
           if u and u > st.v then
-            redis.call('ZADD', S.z, sched_fmt(u - SCHED.G), vm)
+            redis.call('ZADD', S.z, sched_fmt(u - 4503599627370496), vm)
             sched_reap(S, st.v)
           end
         end

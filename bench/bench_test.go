@@ -714,7 +714,7 @@ func TestCallgrindCost(t *testing.T) {
 		require.NoError(t, err)
 		reps[i] = rep
 	}
-	require.Len(t, reps[0].Cost, 16) // 8 rows per flag, lifecycle included
+	require.Len(t, reps[0].Cost, 18) // 9 rows per flag, lifecycle included
 	byOp := func(rep *Report, op, flag string) CostRow {
 		i := slices.IndexFunc(rep.Cost, func(r CostRow) bool { return r.Op == op && r.Flag == flag })
 		require.GreaterOrEqual(t, i, 0, "%s flag %s", op, flag)
@@ -731,6 +731,10 @@ func TestCallgrindCost(t *testing.T) {
 		b1, b10 := byOp(reps[0], "dequeue_batch1", flag), byOp(reps[0], "dequeue_batch10", flag)
 		require.Greater(t, *b1.InstrPerRun, *b10.InstrPerRun, "a batch of 10 shares its call's fixed work")
 	}
+	// Flag on, a key's first run registers it with the scheduler: more work
+	// than an enqueue behind a key's head.
+	newKey, known := byOp(reps[0], "enqueue_new_key", "on"), byOp(reps[0], "enqueue", "on")
+	require.Greater(t, *newKey.InstrPerRun, *known.InstrPerRun)
 	require.True(t, slices.ContainsFunc(reps[0].Targets, func(tr TargetRow) bool { return tr.Metric == "redis_instructions_per_run" }))
 	require.Contains(t, reps[0].Notes[len(reps[0].Notes)-1], "callgrind")
 }

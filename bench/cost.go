@@ -412,8 +412,9 @@ func fill(ctx context.Context, q *runqueue.Queue, workers, from, to int, id stri
 	return <-errs
 }
 
-// runCost measures enqueue, dequeue (batch 1, 10, 100), ack, nack and a
-// fully gated dequeue, each on both flag states, and derives the targets.
+// runCost measures enqueue (of a queue's keys and of new keys), dequeue
+// (batch 1, 10, 100), ack, nack and a fully gated dequeue, each on both
+// flag states, and derives the targets.
 func runCost(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, rep *Report, prog *progress, cg *callgrind) error {
 	mc := newMeasured(c, cg)
 	defer func() { _ = mc.Close() }()
@@ -423,7 +424,7 @@ func runCost(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, r
 			all[r.Op+"|"+r.Flag] = append(all[r.Op+"|"+r.Flag], r)
 		}
 	}
-	step, steps := 0, opts.CostRepeats*2*4
+	step, steps := 0, opts.CostRepeats*2*5
 	for i := range opts.CostRepeats {
 		// Alternate which flag goes first, so that a drift of the machine
 		// does not favour one.
@@ -438,6 +439,15 @@ func runCost(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, r
 				}
 				add(rows...)
 			}
+		}
+		for _, on := range flags {
+			step++
+			prog.printf("cost %d/%d: enqueue of new keys, flag %s", step, steps, flagName(on))
+			row, err := costNewKeys(ctx, mc, ks, opts, on)
+			if err != nil {
+				return fmt.Errorf("cost of enqueues of new keys, flag %s: %w", flagName(on), err)
+			}
+			add(row)
 		}
 		for _, on := range flags {
 			step++
@@ -485,7 +495,7 @@ func fastestRow(rows []CostRow) CostRow {
 	return m
 }
 
-var costOrder = []string{"enqueue", "dequeue_batch1", "dequeue_batch10", "dequeue_batch100", "dequeue_gated", "ack", "nack", "lifecycle"}
+var costOrder = []string{"enqueue", "enqueue_new_key", "dequeue_batch1", "dequeue_batch10", "dequeue_batch100", "dequeue_gated", "ack", "nack", "lifecycle"}
 
 func sortCost(rows []CostRow) {
 	rank := func(r CostRow) int {
@@ -573,6 +583,27 @@ func costBatch(ctx context.Context, mc *measured, ks *keyspace, opts Options, on
 		rows = append(rows, newCostRow("nack", on, s, len(held), len(held)))
 	}
 	return rows, nil
+}
+
+// costNewKeys measures CostRuns enqueues into a fresh queue, each of a key
+// that has no run yet: the first run of a key, which flag on registers
+// with the scheduler. With many active keys most enqueues are such: this
+// row is why the cost per run grows with the key count (sweep).
+func costNewKeys(ctx context.Context, mc *measured, ks *keyspace, opts Options, on bool) (row CostRow, err error) {
+	now := time.Now()
+	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)
+	if err != nil {
+		return row, err
+	}
+	defer done(&err)
+	n := opts.CostRuns
+	s, err := mc.measure(ctx, func() error {
+		return fill(ctx, q, 1, 0, n, "n", keyName, func(i int) time.Time { return now.Add(-time.Duration(n-i) * time.Millisecond) })
+	})
+	if err != nil {
+		return row, err
+	}
+	return newCostRow("enqueue_new_key", on, s, n, n), nil
 }
 
 // costGated holds GatedKeys keys at their KeyConcurrency limit of 1, each

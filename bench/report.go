@@ -195,6 +195,8 @@ func costSection(rep *Report) section {
 			"(reading and parsing requests, writing replies, the event loop), as the figures other queues publish do; the bench's own INFO calls are taken out",
 		"CMDS/RUN = Redis commands per run: redis.calls inside the scripts (INNER/RUN) plus Go's reads",
 		"SPREAD = (max - min) / min of Redis µs per call over the repeats (the fastest is kept, whole: other load only adds time); ack runs the same script on both flags, so its off/on gap is noise",
+		fmt.Sprintf("enqueue new key: %d enqueues into a fresh queue, each the first run of its key (flag on registers the key with the scheduler): "+
+			"with many active keys most enqueues are such, which is what the sweep's growth with the key count comes from", st.CostRuns),
 		fmt.Sprintf("dequeue gated: %d keys each at its KeyConcurrency limit of 1 with a run queued behind; %d calls of maxCount 10 serving nothing (no runs: per-call figures only)", st.GatedKeys, st.GatedCalls),
 	}
 	if len(gated) > 0 {

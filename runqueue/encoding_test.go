@@ -103,7 +103,7 @@ func requireStateEncoding(t *testing.T, b *testBundle, qk keys.Queue, zset, hash
 // *-max-listpack-* settings, a small state stays a listpack (compact), and
 // from the 64th key on the scheduler's two keys are a skiplist
 // and a hash table (a listpack is walked by every lookup: see
-// lua/lib/sched.lua), also once the state is started again after it is
+// lua/lib/sched_reg.lua), also once the state is started again after it is
 // lost and grows again.
 func TestSchedulerStateEncoding(t *testing.T) {
 	c := redistest.Real(t)

@@ -2,6 +2,7 @@ package runqueue
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"strings"
 )
@@ -18,10 +19,17 @@ import (
 // fragment does and costs what its literals cost. The table's values must
 // be non-negative integer literals (a negative one would read as a comment
 // after a minus) or single-quoted strings without escapes, and the
-// code may use NAME only as NAME.KEY of a key it has, read as a value:
-// anything else (NAME alone, an unknown key, an assignment, a method call)
-// fails the build, so no script can run with a name the build left
-// undefined.
+// code may use NAME only as NAME.KEY of a key it has, read as a value,
+// after the table: anything else (NAME alone, an unknown key, an
+// assignment, a method call, a use above the table, a long string or
+// comment anywhere in the script) fails the build, so no script can run
+// with a name the build left undefined. (The first target of a multiple
+// assignment is not parsed: it makes a script Lua does not compile, which
+// Redis refuses when New loads it.) The scanner does not follow scopes: a
+// use after the block that holds the table, a nil global in the fragment,
+// would read the value; the fragments define their tables at the top of a
+// fragment, whose scope is the rest of the function that includes it. A
+// fragment included twice defines its table twice, with the same values.
 
 // inlineDirective marks a table of constants to inline.
 const inlineDirective = "--@inline"
@@ -34,21 +42,39 @@ var (
 
 // inlineConsts drops every table marked with inlineDirective from src and
 // writes each use of its keys as the value (see above).
+// A fragment included twice (in two functions of one script) defines its
+// table twice: the definitions must hold the same values.
 func inlineConsts(src string) (string, error) {
+	tables := map[string]map[string]string{}
+	first := map[string]int{} // where the first definition was, in src as cut
+	var names []string
 	for {
 		at := directiveLine(src)
 		if at < 0 {
-			return src, nil
+			break
 		}
 		name, vals, rest, err := cutConstTable(src[at:])
 		if err != nil {
 			return "", err
 		}
-		src, err = replaceConsts(src[:at]+rest, name, vals)
-		if err != nil {
+		if was, ok := tables[name]; ok {
+			if !maps.Equal(was, vals) {
+				return "", fmt.Errorf("runqueue: inline: table %s defined twice with other values", name)
+			}
+		} else {
+			tables[name] = vals
+			first[name] = at // (later cuts are further on: at stays put)
+			names = append(names, name)
+		}
+		src = src[:at] + rest
+	}
+	for _, name := range names {
+		var err error
+		if src, err = replaceConsts(src, name, tables[name], first[name]); err != nil {
 			return "", err
 		}
 	}
+	return src, nil
 }
 
 // directiveLine is the offset of the first line that is the directive
@@ -144,8 +170,12 @@ func splitFields(body string) []string {
 }
 
 // replaceConsts writes each name.KEY of src's code (outside strings and
-// comments) as vals[KEY], refusing any other use of name.
-func replaceConsts(src, name string, vals map[string]string) (string, error) {
+// comments) as vals[KEY], refusing any other use of name and any use
+// before from, where the table was. A field of another table that has the
+// same name (t.name) is not a use. Long strings and comments ([[...]],
+// --[[...]]) are refused: the fragments have none, and this scanner does
+// not follow them.
+func replaceConsts(src, name string, vals map[string]string, from int) (string, error) {
 	var b strings.Builder
 	var quote byte
 	for i := 0; i < len(src); i++ {
@@ -161,7 +191,12 @@ func replaceConsts(src, name string, vals map[string]string) (string, error) {
 			}
 		case c == '\'' || c == '"':
 			quote = c
+		case c == '[' && i+1 < len(src) && (src[i+1] == '[' || src[i+1] == '='):
+			return "", fmt.Errorf("runqueue: inline: a long string (%q) in a script that inlines %s", src[i:min(i+8, len(src))], name)
 		case c == '-' && i+1 < len(src) && src[i+1] == '-':
+			if strings.HasPrefix(src[i+2:], "[[") || strings.HasPrefix(src[i+2:], "[=") {
+				return "", fmt.Errorf("runqueue: inline: a long comment in a script that inlines %s", name)
+			}
 			end := strings.IndexByte(src[i:], '\n')
 			if end < 0 {
 				end = len(src) - i
@@ -171,6 +206,14 @@ func replaceConsts(src, name string, vals map[string]string) (string, error) {
 			continue
 		case strings.HasPrefix(src[i:], name) && (i == 0 || !isIdent(src[i-1])) &&
 			(i+len(name) == len(src) || !isIdent(src[i+len(name)])):
+			if fieldOf(src, i) {
+				b.WriteString(name) // t.name: another table's field
+				i += len(name) - 1
+				continue
+			}
+			if i < from {
+				return "", fmt.Errorf("runqueue: inline: %s used before its definition", name)
+			}
 			j := i + len(name)
 			if j >= len(src) || src[j] != '.' {
 				return "", fmt.Errorf("runqueue: inline: %s used other than as %s.KEY", name, name)
@@ -184,7 +227,7 @@ func replaceConsts(src, name string, vals map[string]string) (string, error) {
 			if !ok {
 				return "", fmt.Errorf("runqueue: inline: %s.%s: no such key", name, key)
 			}
-			next := strings.TrimLeft(src[k:], " \t")
+			next := strings.TrimLeft(src[k:], " \t\r\n")
 			concat := strings.HasPrefix(next, "..")
 			if next != "" && !concat && (next[0] == ':' || next[0] == '(' || next[0] == '[' || next[0] == '.' ||
 				next[0] == '=' && !strings.HasPrefix(next, "==")) {
@@ -200,4 +243,17 @@ func replaceConsts(src, name string, vals map[string]string) (string, error) {
 		b.WriteByte(c)
 	}
 	return b.String(), nil
+}
+
+// fieldOf reports whether the name at src[i:] follows a "." (not "..") or
+// a ":": a field or method of another value.
+func fieldOf(src string, i int) bool {
+	j := i - 1
+	for j >= 0 && (src[j] == ' ' || src[j] == '\t') {
+		j--
+	}
+	if j < 0 {
+		return false
+	}
+	return src[j] == ':' || src[j] == '.' && (j == 0 || src[j-1] != '.')
 }

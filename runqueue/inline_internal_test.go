@@ -33,14 +33,15 @@ end
 func TestInlineConstsRefusesOtherUses(t *testing.T) {
 	table := "--@inline\nlocal K = { A = 1, S = 'x' }\n"
 	for name, code := range map[string]string{
-		"bare name":         "local t = K\n",
-		"unknown key":       "local y = K.B\n",
-		"assignment":        "K.A = 2\n",
-		"method call":       "local y = K.S:upper()\n",
-		"call":              "local y = K.S()\n",
-		"index":             "local y = K.S[1]\n",
-		"field of field":    "local y = K.A.b\n",
-		"second definition": "--@inline\nlocal K = { A = 1 }\n",
+		"bare name":        "local t = K\n",
+		"unknown key":      "local y = K.B\n",
+		"assignment":       "K.A = 2\n",
+		"method call":      "local y = K.S:upper()\n",
+		"call":             "local y = K.S()\n",
+		"index":            "local y = K.S[1]\n",
+		"field of field":   "local y = K.A.b\n",
+		"other definition": "--@inline\nlocal K = { A = 2, S = 'x' }\n",
+		"unmarked table":   "local K = { A = 1, S = 'x' }\n",
 	} {
 		if out, err := inlineConsts(table + code); err == nil {
 			t.Errorf("%s: built without error:\n%s", name, out)
@@ -64,6 +65,21 @@ func TestInlineConstsRefusesOtherUses(t *testing.T) {
 		if out, err := inlineConsts(src); err == nil {
 			t.Errorf("%s: built without error:\n%s", name, out)
 		}
+	}
+}
+
+// A fragment included in two functions defines its table twice, with the
+// same values: both go, and every use reads the value.
+func TestInlineConstsSameTableTwice(t *testing.T) {
+	table := "  --@inline\n  local K = { A = 1, S = 'x' }\n"
+	src := "local function f()\n" + table + "  return K.A\nend\nlocal function g()\n" + table + "  return K.S\nend\n"
+	want := "local function f()\n  return 1\nend\nlocal function g()\n  return 'x'\nend\n"
+	got, err := inlineConsts(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
 

@@ -27,7 +27,7 @@ import (
 //   - 4: a scheduler state whose ckVtime holds 64 entries gets the wide
 //     marks (a ckVtime member at 2^51, a state-hash field "~", both over 64
 //     bytes), so that Redis keeps both keys as a skiplist and a hash table
-//     (lua/lib/sched.lua).
+//     (lua/lib/sched_reg.lua).
 const LayoutVersion = 4
 
 // ErrLayout is wrapped by every *LayoutError.

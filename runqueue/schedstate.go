@@ -14,7 +14,7 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
-// The scheduler's state as the flag-on scripts store it (lua/lib/sched.lua):
+// The scheduler's state as the flag-on scripts store it (lua/lib/sched_reg.lua):
 // ckVtime holds parked tags (score = tag - 2^52), the newcomer lane (score =
 // registration number - 2^51), a sentinel ("" at 0), competing
 // registrations (member = seq code + variant member, score = tag), the wide
@@ -105,7 +105,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	h := state.Val()
 	// The state is both keys: a hash without ckVtime's sentinel, or a
 	// ckVtime without the hash, is no state (the next dequeue starts it
-	// again: lua/lib/sched.lua, sched_state).
+	// again: lua/lib/sched_reg.lua, sched_state).
 	z := tags.Val()
 	sentinel := false
 	for _, e := range z {

@@ -102,7 +102,7 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 func (d *diff) now() int64 { return d.clock.Now().UnixMilli() }
 
 // seedSchedulerClock creates a queue's scheduler state with clock v, as the
-// scripts create it (lua/lib/sched.lua: the sentinel, the scalars).
+// scripts create it (lua/lib/sched_reg.lua: the sentinel, the scalars).
 func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClient, qk keys.Queue, v, now int64) {
 	day := 24 * time.Hour
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {

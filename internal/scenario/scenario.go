@@ -447,7 +447,7 @@ func (h *H) watchV() error {
 // SetTags overwrites the scheduler tags (in serves at weight 1) of
 // registered variants, in the flag-on arm only, to build a state that is
 // slow to reach through serves. It writes the layout of the flag-on
-// scripts (runqueue/lua/lib/sched.lua): the member is the variant's seq
+// scripts (runqueue/lua/lib/sched_reg.lua): the member is the variant's seq
 // code and member, in the competing or the gated region. A variant waiting
 // in the newcomer lane leaves it to take its tag; the lane must then empty
 // whole (a harness limit: it does not pick a new head).

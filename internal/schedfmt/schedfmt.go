@@ -1,6 +1,6 @@
 // Package schedfmt is the Go side of the stored format of the fair
 // scheduler's state, as the flag-on scripts write it (runqueue's
-// lua/lib/sched.lua, whose header describes the layout): the score regions
+// lua/lib/sched_reg.lua, whose header describes the layout): the score regions
 // of ckVtime, the seq codes of its members and the values of the state
 // hash. runqueue reads the state through it, and test harnesses that
 // rewrite a state (internal/scenario) write it through it, so the format is
@@ -39,7 +39,7 @@ const SentinelMember = ""
 // (between the competing and the gated regions: no region holds it) and
 // WideField = WideValue to the state hash. Both are over 64 bytes, so that
 // Redis keeps the keys as a skiplist and a hash table from then on instead
-// of a listpack that every lookup walks (lua/lib/sched.lua says why).
+// of a listpack that every lookup walks (lua/lib/sched_reg.lua says why).
 // Nothing reads them.
 const (
 	WideAt     = 64

@@ -7,8 +7,8 @@
 -- call of N serves what N calls of 1 would.
 --
 -- KEYS[1..11], ARGV[1..13+3a] -> see lib/dequeue
--- KEYS[12] -> queue ckVtime ZSET (see lib/sched)
--- KEYS[13] -> queue scheduler state HASH (see lib/sched)
+-- KEYS[12] -> queue ckVtime ZSET (see lib/sched_reg)
+-- KEYS[13] -> queue scheduler state HASH (see lib/sched_reg)
 -- KEYS[14] -> queue weights HASH (variant member -> weight)
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
@@ -92,9 +92,9 @@ end
 do
   local raw = {}
   if st.ng > 0 then
-    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     if #raw == 0 and st.gp > 0 then
-      raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     end
   end
   if #raw == 0 then
@@ -203,12 +203,12 @@ local function w_extend()
   n = math.min(n, W.budget - W.read)
   local raw
   if W.read == 0 then
-    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', 0, n + 2)
+    raw = redis.call('ZRANGEBYSCORE', S.z, '0', SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', '0', n + 2)
     if raw[1] ~= '' then return nil end
     table.remove(raw, 1)
     table.remove(raw, 1)
   else
-    raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
+    raw = redis.call('ZRANGEBYSCORE', S.z, '0', SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
   end
   local got = #raw / 2
   W.more = got > n
@@ -305,7 +305,7 @@ end
 -- Gated ones are left to the probe, so an all-gated queue costs the same
 -- whatever the number of keys.
 local function age_head()
-  local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
+  local list = redis.call('ZRANGE', dq.ck_index, '0', dq.scan - 1)
   local need = {}
   for _, vm in ipairs(list) do
     if ent[vm] == nil then need[#need + 1] = vm end
@@ -457,7 +457,7 @@ if st.v >= SCHED.REBASE_AT then
   sched_reap(S, st.v)
   local lo = st.v - SCHED.REBASE_FLOOR
   local zargs, hargs = {}, {}
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, SCHED.ACTIVE_END, 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, '0', SCHED.ACTIVE_END, 'WITHSCORES')
   table.remove(raw, 1) -- the sentinel (rank 0) stays at 0
   table.remove(raw, 1)
   for i = 1, #raw, 2 do

@@ -7,8 +7,8 @@
 -- call of N serves what N calls of 1 would.
 --
 -- KEYS[1..11], ARGV[1..13+3a] -> see lib/dequeue
--- KEYS[12] -> queue ckVtime ZSET (see lib/sched)
--- KEYS[13] -> queue scheduler state HASH (see lib/sched)
+-- KEYS[12] -> queue ckVtime ZSET (see lib/sched_reg)
+-- KEYS[13] -> queue scheduler state HASH (see lib/sched_reg)
 -- KEYS[14] -> queue weights HASH (variant member -> weight)
 -- ARGV[14+3a] -> scheduler state TTL (ms)
 -- ARGV[15+3a] -> idle set cap
@@ -179,8 +179,15 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
   end
   return out
 end
--- The fair scheduler's state in Redis (flag on only). vtime/ is the model
+-- The fair scheduler's state in Redis (flag on only): lib/sched_reg (the
+-- layout, the state's scalars, registration) and the rest of what the
+-- scripts that serve, drain and release variants do. vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
+-- The fair scheduler's state in Redis (flag on only), and what registering
+-- a variant needs: all that a script whose only hook that runs is
+-- ready_start defines (see hooks_vtime); lib/sched includes this file and
+-- adds the rest. vtime/ is the model these functions implement; see
+-- vtime/doc.go for the rules.
 --
 -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
 -- exact integer of a double):
@@ -243,18 +250,6 @@ local function sched_code(n)
   return string.rep('0', 15 - #s) .. s
 end
 
--- The variant member and the code of a competing or gated member.
-local function sched_split(member)
-  return string.sub(member, 16), string.sub(member, 1, 15)
-end
-
--- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
-local function sched_parse(v)
-  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
-           r = r ~= '' and r + 0 or 0 }
-end
-
 -- The value of a registration; a gated one carries its tag u.
 local function sched_value(code, gated, waiting, r, u)
   local v = code
@@ -272,7 +267,9 @@ end
 -- as octal. tonumber stays where a value may be missing, not a number, or
 -- zero-padded, as a seq code is.)
 local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
-  return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now }
+  -- (every field it will hold, st to check: the table is sized once)
+  return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
+           st = false, was = false, fresh = false, check = false }
 end
 
 local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
@@ -285,12 +282,19 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'l
 -- write remakes ckVtime without its sentinel and lifetime; the dequeue
 -- finds it in its first read of the tags instead (sched_broken).
 -- r, when given, is a reply that holds SCHED_FIELDS' values from r[at + 1]
--- (a caller that read them with another field: see sched_register).
-local function sched_state(S, r, at)
+-- (a caller that read them with another field: see sched_register), and
+-- sentinel, when not nil, the sentinel's score as read by the caller
+-- (false: missing).
+local function sched_state(S, r, at, sentinel)
   if S.st then return S.st end
   if not r then r, at = redis.call('HMGET', S.h, unpack(SCHED_FIELDS)), 0 end
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-  if not r[at + 1] or (S.check and not redis.call('ZSCORE', S.z, '')) then
+  local broken = false
+  if r[at + 1] and S.check then
+    if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
+    broken = not sentinel
+  end
+  if not r[at + 1] or broken then
     redis.call('DEL', S.h, S.z)
     redis.call('ZADD', S.z, '0', '')
     S.fresh = true
@@ -304,8 +308,11 @@ local function sched_state(S, r, at)
     end
     if st.lh == nil then st.lh = '' end
   end
-  S.st, S.was = st, {}
-  for _, f in ipairs(SCHED_FIELDS) do S.was[f] = st[f] end
+  -- (the values as read: one field per SCHED_FIELDS entry, in a table
+  -- built whole, not grown key by key)
+  S.st = st
+  S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
+            ng = st.ng, nw = st.nw, lh = st.lh }
   return st
 end
 
@@ -369,9 +376,10 @@ end
 -- worth nothing and goes; then a discovered variant starts at V, and a
 -- newcomer queues behind the lane's head when the lane is not empty, else
 -- with q its quantum and A = min(top, V + q) registers at V when A <= V,
--- or becomes the lane's head at A + q.
-local function sched_admit(S, st, vm, discovered)
-  local parked = redis.call('ZSCORE', S.z, vm)
+-- or becomes the lane's head at A + q. parked, when not nil, is vm's idle
+-- score as the caller read it (false: none).
+local function sched_admit(S, st, vm, discovered, parked)
+  if parked == nil then parked = redis.call('ZSCORE', S.z, vm) end
   if parked then redis.call('ZREM', S.z, vm) end
   local u, waiting = st.v, false
   if parked and num(parked) + 4503599627370496 > st.v then
@@ -380,7 +388,7 @@ local function sched_admit(S, st, vm, discovered)
     if st.lh ~= '' then
       u, waiting = nil, true
     else
-      local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', 0, 'WITHSCORES', 'LIMIT', 0, 1)
+      local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', '0', 'WITHSCORES', 'LIMIT', '0', '1')
       if t[2] and num(t[2]) > st.v then
         local q = sched_quantum(sched_weight(S, st, vm))
         u, waiting = math.min(num(t[2]), st.v + q) + q, true
@@ -399,17 +407,22 @@ end
 
 -- A variant gained its first ready run: register it unless it has a tag.
 -- (Before the state is read, one HMGET reads the variant's registration
--- and the scalars together.)
+-- and the scalars together, and one ZMSCORE the sentinel and the
+-- variant's parked tag; the registration is written with the scalars it
+-- changed, which sched_save then leaves alone.)
 local function sched_register(S, vm, discovered)
-  local st = S.st
+  local st, parked = S.st, nil
   if st then
     if redis.call('HEXISTS', S.h, vm) == 1 then return end
   else
     local r = redis.call('HMGET', S.h, vm, unpack(SCHED_FIELDS))
     if r[1] then return end
-    st = sched_state(S, r, 1)
+    local z = redis.call('ZMSCORE', S.z, '', vm)
+    st = sched_state(S, r, 1, z[1])
+    parked = z[2]
+    if S.fresh then parked = false end -- the state started again without it
   end
-  local u, code, waiting, seq = sched_admit(S, st, vm, discovered)
+  local u, code, waiting, seq = sched_admit(S, st, vm, discovered, parked)
   local zargs = {}
   if u then
     zargs[#zargs + 1] = sched_fmt(u)
@@ -420,12 +433,29 @@ local function sched_register(S, vm, discovered)
     zargs[#zargs + 1] = vm
   end
   redis.call('ZADD', S.z, unpack(zargs))
-  redis.call('HSET', S.h, vm, sched_value(code, false, waiting, 0))
+  local hargs = { vm, sched_value(code, false, waiting, 0), 's', sched_fmt(st.s) }
+  if st.lh ~= S.was.lh then
+    hargs[5], hargs[6] = 'lh', st.lh
+  end
+  redis.call('HSET', S.h, unpack(hargs))
+  S.was.s, S.was.lh = st.s, st.lh
+end
+
+-- The variant member and the code of a competing or gated member.
+local function sched_split(member)
+  return string.sub(member, 16), string.sub(member, 1, 15)
+end
+
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
+local function sched_parse(v)
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+           r = r ~= '' and r + 0 or 0 }
 end
 
 -- The lane's member after the first `after` (0-based rank), or nil.
 local function sched_lane_at(S, after)
-  return redis.call('ZRANGEBYSCORE', S.z, '-2251799813685248', '(-1125899906842624', 'LIMIT', after, 1)[1]
+  return redis.call('ZRANGEBYSCORE', S.z, '-2251799813685248', '(-1125899906842624', 'LIMIT', after, '1')[1]
 end
 
 -- Drop parked tags at or below v (worth nothing), then all but the highest
@@ -433,7 +463,7 @@ end
 local function sched_reap(S, v)
   redis.call('ZREMRANGEBYSCORE', S.z, '-4503599627370496', sched_fmt(v - 4503599627370496))
   local n = redis.call('ZCOUNT', S.z, '-4503599627370496', '(-3377699720527872')
-  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, 0, n - S.idle_max - 1) end
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, '0', n - S.idle_max - 1) end
 end
 
 -- A state whose ckVtime went without its hash (deleted by hand, evicted):
@@ -921,9 +951,9 @@ end
 do
   local raw = {}
   if st.ng > 0 then
-    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     if #raw == 0 and st.gp > 0 then
-      raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     end
   end
   if #raw == 0 then
@@ -1032,12 +1062,12 @@ local function w_extend()
   n = math.min(n, W.budget - W.read)
   local raw
   if W.read == 0 then
-    raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(1125899906842624', 'WITHSCORES', 'LIMIT', 0, n + 2)
+    raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES', 'LIMIT', '0', n + 2)
     if raw[1] ~= '' then return nil end
     table.remove(raw, 1)
     table.remove(raw, 1)
   else
-    raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(1125899906842624', 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
+    raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
   end
   local got = #raw / 2
   W.more = got > n
@@ -1134,7 +1164,7 @@ end
 -- Gated ones are left to the probe, so an all-gated queue costs the same
 -- whatever the number of keys.
 local function age_head()
-  local list = redis.call('ZRANGE', dq.ck_index, 0, dq.scan - 1)
+  local list = redis.call('ZRANGE', dq.ck_index, '0', dq.scan - 1)
   local need = {}
   for _, vm in ipairs(list) do
     if ent[vm] == nil then need[#need + 1] = vm end
@@ -1286,7 +1316,7 @@ if st.v >= 562949953421312 then
   sched_reap(S, st.v)
   local lo = st.v - 140737488355328
   local zargs, hargs = {}, {}
-  local raw = redis.call('ZRANGEBYSCORE', S.z, 0, '(1125899906842624', 'WITHSCORES')
+  local raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES')
   table.remove(raw, 1) -- the sentinel (rank 0) stays at 0
   table.remove(raw, 1)
   for i = 1, #raw, 2 do

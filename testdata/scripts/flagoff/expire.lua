@@ -74,11 +74,11 @@ end
 -- caller knows them (false: the index is empty), nil to read them.
 local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
   if chead == nil then
-    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    local r = redis.call('ZRANGE', ck_index, '0', '0', 'WITHSCORES')
     chead = r[2] and num(r[2]) or false
   end
   if dhead == nil then
-    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+    local d = redis.call('ZRANGE', delay_index, '0', '0', 'WITHSCORES')
     dhead = d[2] and num(d[2]) or false
   end
   local best = chead or nil
@@ -123,7 +123,7 @@ end
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
 -- its set, or remove the entry when the set is empty. Returns false then.
 local function index_head(set, index, vm)
-  local head = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', set, '0', '0', 'WITHSCORES')
   if head[2] then
     redis.call('ZADD', index, head[2], vm)
     return true

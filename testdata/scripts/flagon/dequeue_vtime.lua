@@ -569,11 +569,11 @@ end
 -- caller knows them (false: the index is empty), nil to read them.
 local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
   if chead == nil then
-    local r = redis.call('ZRANGE', ck_index, 0, 0, 'WITHSCORES')
+    local r = redis.call('ZRANGE', ck_index, '0', '0', 'WITHSCORES')
     chead = r[2] and num(r[2]) or false
   end
   if dhead == nil then
-    local d = redis.call('ZRANGE', delay_index, 0, 0, 'WITHSCORES')
+    local d = redis.call('ZRANGE', delay_index, '0', '0', 'WITHSCORES')
     dhead = d[2] and num(d[2]) or false
   end
   local best = chead or nil
@@ -618,7 +618,7 @@ end
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
 -- its set, or remove the entry when the set is empty. Returns false then.
 local function index_head(set, index, vm)
-  local head = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', set, '0', '0', 'WITHSCORES')
   if head[2] then
     redis.call('ZADD', index, head[2], vm)
     return true
@@ -662,11 +662,14 @@ end
 --
 -- Variant keys are derived from the variant member (lib/place's
 -- variant_keys), in the queue's hash slot.
+-- (now_arg is now as the client sent it, for commands: a Lua number
+-- argument costs Redis a %.17g format, some 2,700 instructions on Redis
+-- 7.0, and a constant one is written as a string for the same reason.)
 local function dq_open(keys, args)
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
     env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10], ttl = keys[11],
-    now = tonumber(args[1]), max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
+    now = tonumber(args[1]), now_arg = args[1], max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
     queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = args[6],
     qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
     promote_limit = tonumber(args[11]), vbase = args[12], acks = tonumber(args[13]),
@@ -711,7 +714,7 @@ end
 -- Move up to promote_limit due runs of variant vm from delayed to ready.
 local function dq_promote_variant(dq, hooks, vm)
   local c = dq_var(dq, vm)
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now, 'LIMIT', 0, dq.promote_limit)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', dq.promote_limit)
   if #due > 0 then
     local recs = redis.call('HMGET', dq.runs, unpack(due))
     local zargs, min_rs = {}, nil
@@ -736,7 +739,7 @@ end
 -- delayIndex's head comes first: when nothing is due (the common case) it
 -- is all the call reads of delayed runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
-  local head = redis.call('ZRANGE', dq.delay_index, 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
     dq.delay_head = false
     return
@@ -745,7 +748,7 @@ local function dq_promote(dq, hooks)
     dq.delay_head = num(head[2])
     return
   end
-  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now, 'LIMIT', 0, dq.scan)
+  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', dq.scan)
   for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
 end
 
@@ -758,7 +761,7 @@ local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   if c.list == nil then
     local want = math.min(dq.cap + 1, 2)
-    c.list = redis.call('ZRANGE', c.ready, 0, want - 1, 'WITHSCORES')
+    c.list = redis.call('ZRANGE', c.ready, '0', want - 1, 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
@@ -833,7 +836,7 @@ local function dq_finish(dq, acked)
   local heads, emptied, counts = {}, {}, {}
   for _, vm in ipairs(dq.touched) do
     local c = dq.vars[vm]
-    redis.call('ZREMRANGEBYRANK', c.ready, 0, c.taken - 1)
+    redis.call('ZREMRANGEBYRANK', c.ready, '0', c.taken - 1)
     local p = 2 * c.taken + 1
     if c.list[p] then
       heads[#heads + 1] = c.list[p + 1]

@@ -957,7 +957,7 @@ local att = r.att + 1
 if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
-  redis.call('HINCRBY', env_dead, q.qm, 1)
+  redis.call('HINCRBY', env_dead, q.qm, '1')
   hooks.finish()
   return { 0, att }
 end

@@ -93,9 +93,10 @@ func reviewLex(src string) ([]reviewTok, error) {
 		case c == '\'' || c == '"':
 			j := i + 1
 			for ; j < len(src) && src[j] != c; j++ {
-				if src[j] == '\\' {
+				switch src[j] {
+				case '\\':
 					j++
-				} else if src[j] == '\n' {
+				case '\n':
 					return nil, fmt.Errorf("unfinished string at %d", i)
 				}
 			}

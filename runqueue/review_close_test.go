@@ -142,9 +142,14 @@ func TestReviewCloseFailedAssertionWhileGateHolds(t *testing.T) {
 		"the failed test must end with its failure, not hang in setup's Close cleanup (see the child's output above)")
 }
 
-// gateExitHook holds every pipeline of script calls at a gate, once armed,
-// and then ends the first `left` of them with runtime.Goexit (as t.FailNow
-// in a go-redis hook of a test would).
+// gateExitHook holds every pipeline of script calls at a gate and then
+// ends those among the first `left` to reach it with runtime.Goexit (as
+// t.FailNow in a go-redis hook of a test would). By arrival, not by the
+// order they leave the gate in: once it opens, a send that started after
+// it (a sender taking over pending runs) may pass before a held one, and
+// counting at the exit ended it instead (a CI run: the pending run's
+// caller panicked, "a coalesced call ended without results", and a held
+// run was written).
 type gateExitHook struct {
 	gate    chan struct{}
 	reached atomic.Int64
@@ -162,9 +167,9 @@ func (h *gateExitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 			}
 		}
 		if scripts {
-			h.reached.Add(1)
+			n := h.reached.Add(1)
 			<-h.gate
-			if h.left.Add(-1) >= 0 {
+			if n <= h.left.Load() {
 				runtime.Goexit()
 			}
 		}

@@ -183,11 +183,10 @@ end
 -- layout, the state's scalars, registration) and the rest of what the
 -- scripts that serve, drain and release variants do. vtime/ is the model
 -- these functions implement; see vtime/doc.go for the rules.
--- The fair scheduler's state in Redis (flag on only), and what registering
--- a variant needs: all that a script whose only hook that runs is
--- ready_start defines (see hooks_vtime); lib/sched includes this file and
--- adds the rest. vtime/ is the model these functions implement; see
--- vtime/doc.go for the rules.
+-- The fair scheduler's state in Redis (flag on only): its layout, its
+-- scalars, and registering a variant; lib/sched includes this file and
+-- adds serving, draining and releasing. vtime/ is the model these
+-- functions implement; see vtime/doc.go for the rules.
 --
 -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
 -- exact integer of a double):

@@ -440,23 +440,20 @@ func runCost(ctx context.Context, c *redis.Client, ks *keyspace, opts Options, r
 				add(rows...)
 			}
 		}
-		for _, on := range flags {
-			step++
-			prog.printf("cost %d/%d: enqueue of new keys, flag %s", step, steps, flagName(on))
-			row, err := costNewKeys(ctx, mc, ks, opts, on)
-			if err != nil {
-				return fmt.Errorf("cost of enqueues of new keys, flag %s: %w", flagName(on), err)
+		// The phases of one row each.
+		for _, ph := range []struct {
+			name    string
+			measure func(context.Context, *measured, *keyspace, Options, bool) (CostRow, error)
+		}{{"enqueue of new keys", costNewKeys}, {"fully gated dequeue", costGated}} {
+			for _, on := range flags {
+				step++
+				prog.printf("cost %d/%d: %s, flag %s", step, steps, ph.name, flagName(on))
+				row, err := ph.measure(ctx, mc, ks, opts, on)
+				if err != nil {
+					return fmt.Errorf("cost of %s, flag %s: %w", ph.name, flagName(on), err)
+				}
+				add(row)
 			}
-			add(row)
-		}
-		for _, on := range flags {
-			step++
-			prog.printf("cost %d/%d: fully gated dequeue, flag %s", step, steps, flagName(on))
-			row, err := costGated(ctx, mc, ks, opts, on)
-			if err != nil {
-				return fmt.Errorf("cost of the gated dequeue, flag %s: %w", flagName(on), err)
-			}
-			add(row)
 		}
 	}
 	for _, rows := range all {

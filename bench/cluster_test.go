@@ -137,7 +137,8 @@ func clusterURL(t *testing.T) (string, []string) {
 	return "redis+cluster://" + strings.Join(masters, ","), masters
 }
 
-// evalshaByNode reads how many EVALSHA each master has run.
+// evalshaByNode reads how many scripts each master has run (EVALSHA, and
+// FCALL of the flag-on library).
 func evalshaByNode(t *testing.T, masters []string) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
@@ -146,7 +147,7 @@ func evalshaByNode(t *testing.T, masters []string) map[string]int64 {
 		s, err := redistest.CommandStats(context.Background(), n)
 		require.NoError(t, err)
 		require.NoError(t, n.Close())
-		out[m] = s["evalsha"].Calls
+		out[m] = s["evalsha"].Calls + s["fcall"].Calls
 	}
 	return out
 }

@@ -57,7 +57,7 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		scripts := false
 		for _, c := range cmds {
 			args := c.Args()
-			if name := fmt.Sprint(args[0]); !armed || name != "evalsha" && name != "eval" {
+			if name := fmt.Sprint(args[0]); !armed || name != "evalsha" && name != "eval" && name != "fcall" {
 				continue
 			}
 			scripts = true

@@ -134,6 +134,19 @@ type Config struct {
 	// Defaults to false.
 	ReadOnly bool
 
+	// ScriptsOnly runs every script by EVALSHA. Defaults to false: with
+	// VtimeScheduling on, New loads the scripts that carry the scheduler's
+	// code as one Redis Functions library (FUNCTION LOAD, on every master
+	// of a cluster; its name is "runqueue_" and 16 hex digits of its code's
+	// SHA-1) and runs them by FCALL, which costs Redis less per call (a
+	// library defines its functions once, a script at every call). Where
+	// FUNCTION is missing (Redis before 7.0, miniredis) or refused for the
+	// user (NOPERM), New falls back to EVALSHA silently. The flag-off
+	// scripts always run by EVALSHA. A library of an older version stays
+	// loaded until removed (FUNCTION DELETE name) once no instance of that
+	// version runs.
+	ScriptsOnly bool
+
 	// Clock tells the time. Defaults to the wall clock.
 	Clock Clock
 	// Rand draws backoff jitter. Defaults to a randomly seeded source.

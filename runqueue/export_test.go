@@ -56,6 +56,29 @@ func FlagOffScripts() (map[string]string, error) { return scriptSources(false) }
 // the scheduler flag on, by name.
 func FlagOnScripts() (map[string]string, error) { return scriptSources(true) }
 
+// FlagOnFunctions maps each flag-on script the Functions library holds to
+// its function's name.
+func FlagOnFunctions() (map[string]string, error) {
+	s, err := buildScripts(true)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, e := range libraryScripts(s) {
+		out[e.sc.name] = e.sc.fn
+	}
+	return out, nil
+}
+
+// FlagOnLibrary is the flag-on Functions library's code, as "flagon".
+func FlagOnLibrary() (map[string]string, error) {
+	s, err := buildScripts(true)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"flagon": s.lib.src}, nil
+}
+
 func scriptSources(vtime bool) (map[string]string, error) {
 	s, err := buildScripts(vtime)
 	if err != nil {

@@ -96,8 +96,9 @@ func parseSHAFile(t *testing.T, s string) map[string]string {
 }
 
 // TestScriptSnapshots keeps the assembled source of every script in
-// testdata/scripts/, so that a review shows the bytes Redis will run, with
-// every fragment expanded, next to the change that produced them.
+// testdata/scripts/ (and of the flag-on Functions library, in library/),
+// so that a review shows the bytes Redis will run, with every fragment
+// expanded, next to the change that produced them.
 func TestScriptSnapshots(t *testing.T) {
 	t.Parallel()
 	sets := []struct {
@@ -106,6 +107,7 @@ func TestScriptSnapshots(t *testing.T) {
 	}{
 		{"FlagOff", "flagoff", runqueue.FlagOffScripts},
 		{"FlagOn", "flagon", runqueue.FlagOnScripts},
+		{"Library", "library", runqueue.FlagOnLibrary},
 	}
 	for _, set := range sets {
 		t.Run(set.name, func(t *testing.T) {

@@ -14,7 +14,8 @@ import (
 )
 
 // evalCounter counts, per script SHA-1, the EVALSHA calls sent (inside
-// pipelines or not), those answered NOSCRIPT, and the EVAL calls sent.
+// pipelines or not), those answered NOSCRIPT, and the EVAL calls sent; an
+// FCALL of a flag-on library function counts as an EVALSHA of its script.
 type evalCounter struct {
 	mu                      sync.Mutex
 	evalsha, noscript, eval map[string]int
@@ -65,6 +66,23 @@ func (e *evalCounter) count(cmd redis.Cmder, err error) {
 		sha, _ := args[1].(string)
 		e.evalsha[sha]++
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			e.noscript[sha]++
+		}
+	case "fcall":
+		// A run of a library's function counts as a run of its script
+		// (evalsha is the runs of each script, by SHA-1), and a function
+		// not found as NOSCRIPT.
+		fn, _ := args[1].(string)
+		sha := "unknown function " + fn
+		if s, err := buildScripts(true); err == nil {
+			for _, sc := range s.all() {
+				if sc.fn != "" && sc.fn == fn {
+					sha = sc.sha
+				}
+			}
+		}
+		e.evalsha[sha]++
+		if isNoFunction(err) {
 			e.noscript[sha]++
 		}
 	case "eval":
@@ -199,7 +217,7 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 			})
 
 			t.Run("Cached", func(t *testing.T) {
-				require.NoError(t, scripts.load(ctx, c))
+				require.NoError(t, scripts.load(ctx, c, false))
 				counter.reset()
 				cmds, err := runPipelined(ctx, c, []call{enqueue("6", "f"), enqueue("6", "f")})
 				require.NoError(t, err)

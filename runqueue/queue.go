@@ -72,7 +72,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		for _, sc := range scripts.all() {
 			sc.refused = true
 		}
-	} else if err := scripts.load(ctx, client); err != nil {
+	} else if err := scripts.load(ctx, client, !c.ScriptsOnly); err != nil {
 		return nil, err
 	}
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),

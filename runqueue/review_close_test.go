@@ -162,7 +162,7 @@ func (h *gateExitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		scripts := false
 		for _, c := range cmds {
-			if name := fmt.Sprint(c.Args()[0]); name == "evalsha" || name == "eval" {
+			if name := fmt.Sprint(c.Args()[0]); name == "evalsha" || name == "eval" || name == "fcall" {
 				scripts = true
 			}
 		}

@@ -190,6 +190,7 @@ func TestReviewNamesSplitPairs(t *testing.T) {
 // reviewEnqueueCalls records the ARGV of every enqueue script call.
 type reviewEnqueueCalls struct {
 	sha  string
+	fn   string // the script's library function (flag on, Redis 7)
 	mu   sync.Mutex
 	args [][]any
 }
@@ -208,7 +209,7 @@ func (e *reviewEnqueueCalls) ProcessPipelineHook(next redis.ProcessPipelineHook)
 }
 func (e *reviewEnqueueCalls) note(cmd redis.Cmder) {
 	a := cmd.Args()
-	if cmd.Name() != "evalsha" || len(a) < 3 || a[1] != e.sha {
+	if len(a) < 3 || !(cmd.Name() == "evalsha" && a[1] == e.sha || cmd.Name() == "fcall" && a[1] == e.fn) {
 		return
 	}
 	nk := a[2].(int)
@@ -229,7 +230,7 @@ func TestReviewEnqueueManyLayout(t *testing.T) {
 			ctx := context.Background()
 			c := redistest.Real(t)
 			q := reviewNamesQueue(t, c, on)
-			rec := &reviewEnqueueCalls{sha: q.scripts.enqueue.sha}
+			rec := &reviewEnqueueCalls{sha: q.scripts.enqueue.sha, fn: q.scripts.enqueue.fn}
 			c.AddHook(rec)
 
 			rng := rand.New(rand.NewPCG(1, 2))

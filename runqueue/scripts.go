@@ -23,6 +23,10 @@ type script struct {
 	src   string
 	sha   string
 	hooks bool // built with the scheduler's hooks: takes its extra KEYS and ARGV
+	// fn is the script's function in lib (library.go), run by FCALL when
+	// the Queue loaded the library; empty when it runs by EVALSHA.
+	fn  string
+	lib *library
 	// refused: the script belongs to a Queue opened with Config.ReadOnly;
 	// running it is ErrReadOnly.
 	refused bool
@@ -34,6 +38,9 @@ type scriptSet struct {
 	// ackPlain, flag on only: the flag-off ack, for acks whose hooks would
 	// do nothing (see Queue.ackScript).
 	ackPlain *script
+	// lib, flag on only: the scripts built with the scheduler's code as a
+	// Functions library (library.go).
+	lib *library
 }
 
 func (s *scriptSet) all() []*script {
@@ -306,12 +313,17 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.expire, "expire"+suffix, "expire.lua")
 	mk(&s.redrive, "redrive"+suffix, "redrive.lua")
 	mk(&s.setweight, "setweight", "setweight.lua")
+	if vtime && err == nil {
+		s.lib, err = buildLibrary(&s)
+	}
 	return &s, err
 }
 
 // load registers every script with Redis (on every master of a cluster), so
-// a script that does not compile is a start-up error.
-func (s *scriptSet) load(ctx context.Context, c redis.UniversalClient) error {
+// a script that does not compile is a start-up error; with functions, the
+// flag-on set's library too, and its scripts run by FCALL from then on
+// (where the server has Redis Functions: else by EVALSHA).
+func (s *scriptSet) load(ctx context.Context, c redis.UniversalClient, functions bool) error {
 	names := make([]string, 0)
 	byName := map[string]*script{}
 	for _, sc := range s.all() {
@@ -329,6 +341,18 @@ func (s *scriptSet) load(ctx context.Context, c redis.UniversalClient) error {
 			return fmt.Errorf("runqueue: script %s: Redis reports SHA %s, want %s", sc.name, sha, sc.sha)
 		}
 	}
+	if s.lib == nil || !functions {
+		return nil
+	}
+	switch err := s.lib.load(ctx, c); {
+	case errors.Is(err, errNoFunctions):
+		return nil
+	case err != nil:
+		return err
+	}
+	for _, e := range libraryScripts(s) {
+		e.sc.lib = s.lib
+	}
 	return nil
 }
 
@@ -336,12 +360,21 @@ func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
-// run executes sc by SHA, sending the source when Redis lost its script
+// run executes sc: by FCALL when its library is loaded (loading it again
+// when Redis lost it: a restart without persistence, FUNCTION FLUSH, a new
+// master), else by SHA, sending the source when Redis lost its script
 // cache (restart, failover, SCRIPT FLUSH).
-func run(ctx context.Context, c redis.Scripter, sc *script, keys []string, args ...any) *redis.Cmd {
+func run(ctx context.Context, c redis.UniversalClient, sc *script, keys []string, args ...any) *redis.Cmd {
 	if sc.refused {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(ErrReadOnly)
+		return cmd
+	}
+	if sc.lib != nil {
+		cmd := c.FCall(ctx, sc.fn, keys, args...)
+		if isNoFunction(cmd.Err()) {
+			cmd = reloadAndCall(ctx, c, sc, keys, args...)
+		}
 		return cmd
 	}
 	cmd := c.EvalSha(ctx, sc.sha, keys, args...)
@@ -349,6 +382,17 @@ func run(ctx context.Context, c redis.Scripter, sc *script, keys []string, args 
 		cmd = c.Eval(ctx, sc.src, keys, args...)
 	}
 	return cmd
+}
+
+// reloadAndCall loads sc's library again, on a server that answered that
+// it has no such function, and calls sc once more.
+func reloadAndCall(ctx context.Context, c redis.UniversalClient, sc *script, keys []string, args ...any) *redis.Cmd {
+	if err := sc.lib.load(ctx, c); err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.FCall(ctx, sc.fn, keys, args...)
 }
 
 // call is one script call of a pipelined batch.
@@ -359,8 +403,8 @@ type call struct {
 }
 
 // runPipelined sends calls in one pipeline. go-redis does not fall back to
-// EVAL inside a pipeline, so calls that failed with NOSCRIPT are reloaded
-// and resent once.
+// EVAL inside a pipeline, so calls that failed with NOSCRIPT (or found no
+// function) are reloaded and resent once.
 func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([]*redis.Cmd, error) {
 	for _, cl := range calls {
 		if cl.sc.refused {
@@ -370,18 +414,25 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, cl := range calls {
-			cmds[i] = p.EvalSha(ctx, cl.sc.sha, cl.keys, cl.args...)
+			if cl.sc.lib != nil {
+				cmds[i] = p.FCall(ctx, cl.sc.fn, cl.keys, cl.args...)
+			} else {
+				cmds[i] = p.EvalSha(ctx, cl.sc.sha, cl.keys, cl.args...)
+			}
 		}
 		return nil
 	})
-	if err != nil && !isNoScript(err) && !errors.As(err, new(redis.Error)) {
+	if err != nil && !isNoScript(err) && !isNoFunction(err) && !errors.As(err, new(redis.Error)) {
 		return nil, err
 	}
 	for i, cmd := range cmds {
-		if isNoScript(cmd.Err()) {
+		switch {
+		case isNoScript(cmd.Err()):
 			// The cache is known to be missing it: send the source at once
 			// (EVAL also caches it for the calls after).
 			cmds[i] = c.Eval(ctx, calls[i].sc.src, calls[i].keys, calls[i].args...)
+		case isNoFunction(cmd.Err()):
+			cmds[i] = reloadAndCall(ctx, c, calls[i].sc, calls[i].keys, calls[i].args...)
 		}
 	}
 	return cmds, nil

@@ -19,10 +19,10 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
-// scriptCall is one EVAL or EVALSHA a client sent.
+// scriptCall is one EVAL, EVALSHA or FCALL a client sent.
 type scriptCall struct {
-	cmd  string // "eval" or "evalsha"
-	sha  string // the script's SHA-1 (computed from the source for EVAL)
+	cmd  string // "eval", "evalsha" or "fcall"
+	sha  string // the script's SHA-1 (computed from the source for EVAL), or the function FCALL names
 	keys []string
 	err  error
 }
@@ -73,7 +73,7 @@ func (r *evalRecorder) record(cmd redis.Cmder, err error) {
 	if err != nil && err != redis.Nil && name != "client" && name != "hello" {
 		r.errs = append(r.errs, fmt.Errorf("%s: %w", name, err))
 	}
-	if name != "eval" && name != "evalsha" && name != "eval_ro" && name != "evalsha_ro" {
+	if name != "eval" && name != "evalsha" && name != "eval_ro" && name != "evalsha_ro" && name != "fcall" && name != "fcall_ro" {
 		return
 	}
 	// Args are: name, script or sha, numkeys, keys..., argv...

@@ -865,8 +865,9 @@ func TestWorkerErrorStormCallsPerFailure(t *testing.T) {
 	})
 }
 
-// scriptNames maps the SHA-1 and the source of every script to its name
-// without the flag suffix ("dequeue_vtime" is "dequeue").
+// scriptNames maps the SHA-1 and the source of every script, and the
+// flag-on library's function names, to the script's name without the flag
+// suffix ("dequeue_vtime" is "dequeue").
 func scriptNames(t testing.TB) map[string]string {
 	t.Helper()
 	out := map[string]string{}
@@ -879,6 +880,11 @@ func scriptNames(t testing.TB) map[string]string {
 			out[hex.EncodeToString(sum[:])] = name
 			out[src] = name
 		}
+	}
+	fns, err := runqueue.FlagOnFunctions()
+	require.NoError(t, err)
+	for name, fn := range fns {
+		out[fn] = strings.TrimSuffix(name, "_vtime")
 	}
 	return out
 }
@@ -893,7 +899,7 @@ type scriptCalls struct {
 
 func (s *scriptCalls) add(cmd redis.Cmder) {
 	name := strings.ToLower(cmd.Name())
-	if args := cmd.Args(); (name == "evalsha" || name == "eval") && len(args) > 1 {
+	if args := cmd.Args(); (name == "evalsha" || name == "eval" || name == "fcall") && len(args) > 1 {
 		if n, ok := s.names[fmt.Sprint(args[1])]; ok {
 			name = n
 		}

@@ -1,0 +1,1895 @@
+#!lua name=runqueue_c458e001d2341d05
+-- runqueue's flag-on scripts as one library (see runqueue/library.go).
+local KEYS, ARGV
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
+--   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
+--        whether the run has one (rec_has_ttl). It binds only until the
+--        first delivery: the dequeue removes the run's ttl entry but does
+--        not rewrite the record; every later rewrite (rec_with) clears it.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   lt   delivery token of the last delivery a nack or a lease recovery
+--        settled (0: none): a retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local ttl, att, pr, at, lt, vm, pos = string.match(s, '^(%d+)|(%d+)|(%d)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
+end
+
+-- The record r after a delivery (nack, lease recovery, redrive): new att,
+-- at and lt, no TTL, and the same pr, vm and payload.
+local function rec_with(s, r, att, at, lt)
+  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+end
+
+-- Whether record s has a TTL (its first field is not "0").
+local function rec_has_ttl(s)
+  return string.byte(s, 1) ~= 48
+end
+
+-- Number x as a command argument: the string Redis makes of a Lua number
+-- argument of redis.call ('%.17g'), made faster. '%.17g' takes a slow path
+-- of the C library (about 0.5 us on Redis 7.0); for an integer below 2^53
+-- in magnitude '%d' prints the same digits for a third of that (and -0 as
+-- "0"). Anything else (a fraction, a huge value from a hand-edited key)
+-- keeps '%.17g'.
+local function num_arg(x)
+  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
+
+-- A number Redis returned as a string (a score). Real Redis prints scores
+-- so that tonumber reads them; miniredis prints some as "1e+8", which
+-- gopher-lua's tonumber refuses.
+local function num(s)
+  local n = tonumber(s)
+  if n == nil and s then
+    n = tonumber((string.gsub(string.gsub(s, 'e%+', 'e'), '^(-?%d+)e', '%1.0e')))
+  end
+  return n
+end
+-- The fair scheduler's state in Redis (flag on only): its layout, its
+-- scalars, and registering a variant; lib/sched includes this file and
+-- adds serving, draining and releasing. vtime/ is the model these
+-- functions implement; see vtime/doc.go for the rules.
+--
+-- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
+-- exact integer of a double):
+--   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
+--   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
+--                       its registration number - 2^51 (a variant is never
+--                       both parked and registered: the member cannot
+--                       collide); its lowest is the head
+--   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+--                       the region: the key lives exactly as long as the
+--                       state hash (created, refreshed and expiring
+--                       together), and the dequeue's first read of the
+--                       region finds a ckVtime lost without its hash;
+--                       competing: member = seq code .. variant member,
+--                       score = t (the lane's head included); the seq code
+--                       is the registration number as 15 decimal digits,
+--                       so equal tags order by registration in the ZSET
+--                       (bytes) and in Lua (compared as numbers: Lua's
+--                       string "<" follows the server's locale)
+--   2^51                the wide mark (SCHED.WIDE_MEMBER), once the key
+--                       holds 64 entries (see below); no region reads it
+--   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
+--                       variant's gating number (the probe's order: later
+--                       gated, later looked at); the tag is in the hash
+-- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
+--   registration number), x (refresh deadline, ms), gk (gating limit), gn
+--   (next gating number), gp (the gating number the probe looked at last),
+--   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
+--   head, "" when the lane is empty); and per registered variant member:
+--   its seq code, then "g" and its tag when gated or "w" when in the lane,
+--   then "|r" when its stride remainder r is not 0; and, once ckVtime held
+--   64 entries, the wide mark's field "~" (never read).
+-- The wide marks: Redis stores a ZSET or HASH of at most 128 entries whose
+-- members and values are all at most 64 bytes (the defaults of
+-- zset-max-listpack-* and hash-max-listpack-*) as a listpack, which every
+-- lookup, insert and range read walks from its start: at 100 keys that made
+-- a flag-on dequeue cost about a third more Redis CPU than at 1,000. Every
+-- 64th registration (registration numbers 64, 128, ...) looks at ckVtime's
+-- size; when it holds 64 entries or more (tags, lane, gated, parked), one
+-- member and one value of more than 64 bytes make Redis turn both keys
+-- into a skiplist and a hash table for the rest of their lifetime. A state
+-- that stays small (a key that drains and comes back registers again, but
+-- adds no entry) stays compact: a listpack walk of a few dozen entries is
+-- cheap, and a skiplist and a hash table cost about 1.6 KB more for one
+-- key. A state that grows past 64 entries is widened within 64 further
+-- registrations.
+-- The build writes each SCHED.NAME of a script as its value and drops the
+-- table (runqueue/inline.go): built at every call, it cost more Redis CPU
+-- than the literals.
+
+-- A score or scalar as stored: integers below 2^53 print exactly with 17
+-- significant digits, on Redis and on gopher-lua alike (lib/record's
+-- num_arg, which every script including this file includes first).
+local function sched_fmt(x) return num_arg(x) end
+
+-- The fixed-width code of registration number n (below 10^15): its byte
+-- order is n's order.
+local function sched_code(n)
+  local s = sched_fmt(n)
+  return string.rep('0', 15 - #s) .. s
+end
+
+-- The value of a registration; a gated one carries its tag u.
+local function sched_value(code, gated, waiting, r, u)
+  local v = code
+  if gated then v = v .. 'g' .. sched_fmt(u) end
+  if waiting then v = v .. 'w' end
+  if r > 0 then v = v .. '|' .. sched_fmt(r) end
+  return v
+end
+
+-- Call sites pass their keys and arguments explicitly.
+-- (ttl_ms and idle_max are decimal strings from the client: x + 0 reads
+-- such a string as a number for a sixth of what tonumber(x) costs on Redis
+-- 7.0, which converts it twice. Only for strings this code or the client
+-- wrote without leading zeros: gopher-lua, miniredis's Lua, reads '010' + 0
+-- as octal. tonumber stays where a value may be missing, not a number, or
+-- zero-padded, as a seq code is.)
+local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
+  -- (every field it will hold, st to check: the table is sized once)
+  return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
+           st = false, was = false, fresh = false, check = false }
+end
+
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
+
+-- The scalars, read once per script. A missing state is created whole:
+-- a stray ckVtime without its hash is dropped first, so V never restarts
+-- under tags that outlived it. A hash without its ckVtime (deleted by hand
+-- or evicted) is broken: with S.check (the hooks of the other scripts) the
+-- sentinel is looked for here and the state starts again whole, so no
+-- write remakes ckVtime without its sentinel and lifetime; the dequeue
+-- finds it in its first read of the tags instead (sched_broken).
+-- r, when given, is a reply that holds SCHED_FIELDS' values from r[at + 1]
+-- (a caller that read them with another field: see sched_register), and
+-- sentinel, when not nil, the sentinel's score as read by the caller
+-- (false: missing).
+local function sched_state(S, r, at, sentinel)
+  if S.st then return S.st end
+  if not r then r, at = redis.call('HMGET', S.h, unpack(SCHED_FIELDS)), 0 end
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
+  local broken = false
+  if r[at + 1] and S.check then
+    if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
+    broken = not sentinel
+  end
+  if not r[at + 1] or broken then
+    redis.call('DEL', S.h, S.z)
+    redis.call('ZADD', S.z, '0', '')
+    S.fresh = true
+  else
+    for i, f in ipairs(SCHED_FIELDS) do
+      local x = r[at + i]
+      if x then
+        -- every scalar but lh is a decimal integer (sched_save writes them)
+        if f == 'lh' then st.lh = x else st[f] = x + 0 end
+      end
+    end
+    if st.lh == nil then st.lh = '' end
+  end
+  -- (the values as read: one field per SCHED_FIELDS entry, in a table
+  -- built whole, not grown key by key)
+  S.st = st
+  S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
+            ng = st.ng, nw = st.nw, lh = st.lh }
+  return st
+end
+
+-- Write the scalars that changed, and refresh the lifetime of both keys
+-- together when half of it is gone by the writer's clock, when the stored
+-- deadline is further off than a whole lifetime (written by a clock ahead
+-- of this one: Redis expires keys by its own), or when the state is new.
+-- A call that changed nothing writes nothing.
+local function sched_save(S)
+  local st = S.st
+  if not st then return end
+  local left = st.x - S.now
+  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
+  if refresh then st.x = S.now + S.ttl end
+  local args = {}
+  for _, f in ipairs(SCHED_FIELDS) do
+    if S.fresh or st[f] ~= S.was[f] then
+      args[#args + 1] = f
+      if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
+    end
+  end
+  if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
+  if refresh then
+    redis.call('PEXPIRE', S.z, S.ttl)
+    redis.call('PEXPIRE', S.h, S.ttl)
+  end
+end
+
+-- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+local function sched_milli(w)
+  local x = tonumber(w)
+  if not x then return 1000 end
+  return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+end
+
+-- q, r of total / m, exact for integers below 2^53.
+local function sched_div(total, m)
+  local q = math.floor(total / m)
+  if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+  return q, total - q * m
+end
+
+-- Milli-weight of variant vm: 1000 without a read when the queue has no
+-- weights (st.nw counts them; -1: not known yet).
+local function sched_weight(S, st, vm)
+  if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+  if st.nw == 0 then return 1000 end
+  return sched_milli(redis.call('HGET', S.w, vm))
+end
+
+-- A newcomer's quantum: one serve of its own at milli-weight m, at most
+-- UNIT (a serve at weight 1).
+local function sched_quantum(m)
+  if m <= 1000 then return 1000000 end
+  return (sched_div(1000000000, m))
+end
+
+-- The registration of a variant with no tag: u (nil when it queues in the
+-- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
+-- makes it a return (at the parked tag); a parked tag at or below V is
+-- worth nothing and goes; then a discovered variant starts at V, and a
+-- newcomer queues behind the lane's head when the lane is not empty, else
+-- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+-- or becomes the lane's head at A + q. parked, when not nil, is vm's idle
+-- score as the caller read it (false: none).
+local function sched_admit(S, st, vm, discovered, parked)
+  if parked == nil then parked = redis.call('ZSCORE', S.z, vm) end
+  if parked then redis.call('ZREM', S.z, vm) end
+  local u, waiting = st.v, false
+  if parked and num(parked) + 4503599627370496 > st.v then
+    u = num(parked) + 4503599627370496
+  elseif not discovered then
+    if st.lh ~= '' then
+      u, waiting = nil, true
+    else
+      local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', '0', 'WITHSCORES', 'LIMIT', '0', '1')
+      if t[2] and num(t[2]) > st.v then
+        local q = sched_quantum(sched_weight(S, st, vm))
+        u, waiting = math.min(num(t[2]), st.v + q) + q, true
+        st.lh = vm
+      end
+    end
+  end
+  local seq = st.s
+  st.s = st.s + 1
+  if seq % 64 == 0 and redis.call('ZCARD', S.z) >= 64 then
+    redis.call('ZADD', S.z, '2251799813685248', 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched')
+    redis.call('HSET', S.h, '~', 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua')
+  end
+  return u, sched_code(seq), waiting, seq
+end
+
+-- A variant gained its first ready run: register it unless it has a tag.
+-- (Before the state is read, one HMGET reads the variant's registration
+-- and the scalars together, and one ZMSCORE the sentinel and the
+-- variant's parked tag; the registration is written with the scalars it
+-- changed, which sched_save then leaves alone.)
+local function sched_register(S, vm, discovered)
+  local st, parked = S.st, nil
+  if st then
+    if redis.call('HEXISTS', S.h, vm) == 1 then return end
+  else
+    local r = redis.call('HMGET', S.h, vm, unpack(SCHED_FIELDS))
+    if r[1] then return end
+    local z = redis.call('ZMSCORE', S.z, '', vm)
+    st = sched_state(S, r, 1, z[1])
+    parked = z[2]
+    if S.fresh then parked = false end -- the state started again without it
+  end
+  local u, code, waiting, seq = sched_admit(S, st, vm, discovered, parked)
+  local zargs = {}
+  if u then
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = code .. vm
+  end
+  if waiting then
+    zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
+    zargs[#zargs + 1] = vm
+  end
+  redis.call('ZADD', S.z, unpack(zargs))
+  local hargs = { vm, sched_value(code, false, waiting, 0), 's', sched_fmt(st.s) }
+  if st.lh ~= S.was.lh then
+    hargs[5], hargs[6] = 'lh', st.lh
+  end
+  redis.call('HSET', S.h, unpack(hargs))
+  S.was.s, S.was.lh = st.s, st.lh
+end
+-- The fair scheduler's state in Redis (flag on only): lib/sched_reg (the
+-- layout, the state's scalars, registration) and the rest of what the
+-- scripts that serve, drain and release variants do. vtime/ is the model
+-- these functions implement; see vtime/doc.go for the rules.
+
+-- The variant member and the code of a competing or gated member.
+local function sched_split(member)
+  return string.sub(member, 16), string.sub(member, 1, 15)
+end
+
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
+local function sched_parse(v)
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+           r = r ~= '' and r + 0 or 0 }
+end
+
+-- The lane's member after the first `after` (0-based rank), or nil.
+local function sched_lane_at(S, after)
+  return redis.call('ZRANGEBYSCORE', S.z, '-2251799813685248', '(-1125899906842624', 'LIMIT', after, '1')[1]
+end
+
+-- Drop parked tags at or below v (worth nothing), then all but the highest
+-- idle_max (the idle region holds the lowest scores: ranks from 0).
+local function sched_reap(S, v)
+  redis.call('ZREMRANGEBYSCORE', S.z, '-4503599627370496', sched_fmt(v - 4503599627370496))
+  local n = redis.call('ZCOUNT', S.z, '-4503599627370496', '(-3377699720527872')
+  if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, '0', n - S.idle_max - 1) end
+end
+
+-- A state whose ckVtime went without its hash (deleted by hand, evicted):
+-- the dequeue found no sentinel in its first read of the competing region.
+-- Both keys go: the next call starts the state again, as if it had
+-- expired, and finds every variant with ready work by discovery.
+local function sched_broken(S)
+  redis.call('DEL', S.h, S.z)
+  S.st = nil
+end
+
+-- A variant's last ready run left outside a dequeue: it leaves the
+-- competition (and the lane: a head that leaves unserved hands its tag to
+-- the next newcomer), its tag parked when above V.
+local function sched_drained(S, vm)
+  local hv = redis.call('HGET', S.h, vm)
+  if not hv then return end
+  local st = sched_state(S)
+  -- A state started again (sched_state found no clock): nothing is
+  -- registered. (No script registers a variant before it drains or
+  -- releases one.)
+  if S.fresh then return end
+  local rg = sched_parse(hv)
+  local member = rg.code .. vm
+  local u
+  if rg.gated then
+    u = rg.tag
+    st.ng = st.ng - 1
+  else
+    u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
+  end
+  redis.call('HDEL', S.h, vm)
+  redis.call('ZREM', S.z, member, vm)
+  if rg.waiting and st.lh == vm then
+    st.lh = ''
+    local nxt = sched_lane_at(S, 0)
+    if nxt then
+      local nv = sched_parse(redis.call('HGET', S.h, nxt))
+      redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
+      st.lh = nxt
+    end
+  end
+  if u and u > st.v then
+    redis.call('ZADD', S.z, sched_fmt(u - 4503599627370496), vm)
+    sched_reap(S, st.v)
+  end
+end
+
+-- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
+-- unpack much more than 8,000 values), step values at a time.
+local function sched_chunked(cmd, key, args, step)
+  local n = step * math.floor(1000 / step)
+  for i = 1, #args, n do
+    redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
+  end
+end
+
+-- HMGET of any number of fields (in chunks of 1000).
+local function sched_hmget(h, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
+-- Slots of the variants vms freed (ack, nack, lease recovery, dead
+-- letter): a gated one competes again, at max(S, V), whatever the key
+-- limit is now (one read for all of them).
+local function sched_released(S, vms)
+  local hvs = sched_hmget(S.h, vms)
+  for i, vm in ipairs(vms) do
+    local rg = hvs[i] and sched_parse(hvs[i])
+    if rg and rg.gated then
+      local st = sched_state(S)
+      if S.fresh then return end -- a state started again: see sched_drained
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
+      redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
+-- The hooks of the scripts that move runs (see hooks_vtime). look: a
+-- freed slot looks for a gated variant (see hooks_vtime); when it does
+-- not, there is none to find, or the dequeue's un-gating comes first.
+local function sched_hooks(S, look)
+  local released = function() end
+  if look then released = function(vms) sched_released(S, vms) end end
+  return {
+    ready_start = function(vm) sched_register(S, vm, false) end,
+    ready_empty = function(vm) sched_drained(S, vm) end,
+    released = released,
+    finish = function() sched_save(S) end,
+  }
+end
+-- Scheduler flag on: the hooks keep each variant's registration (see
+-- sched). A script that includes "hooks" calls
+--   hooks_open(KEYS, ARGV, own_keys, own_args, now)
+-- where own_keys and own_args count the script's own KEYS and ARGV; the
+-- flag-on build appends these after them:
+--   KEYS[own_keys+1] -> queue ckVtime ZSET (see sched)
+--   KEYS[own_keys+2] -> queue scheduler state HASH (see sched)
+--   KEYS[own_keys+3] -> queue weights HASH (variant member -> weight)
+--   ARGV[own_args+1] -> scheduler state TTL (ms)
+--   ARGV[own_args+2] -> idle set cap
+--   ARGV[own_args+3] -> 1 when a freed slot looks for a gated variant: the
+--                       queue has a per-key limit now, or the instance
+--                       gave one to a queue before (the limit may have
+--                       gone and come back since the variant was gated)
+--
+-- The scheduler's code is defined inside lib(), at the first hook that
+-- does something: Redis runs a script's whole body at every call, and most
+-- calls of these scripts (an enqueue behind a variant's head, an ack
+-- without a key limit) need none of it, so they do not pay for making its
+-- closures and tables.
+local function hooks_open(keys, args, own_keys, own_args, now)
+  local look = args[own_args + 3] == '1'
+  local h -- the scheduler's hooks, once lib() has run
+  local function lib()
+    if h == nil then
+      h = (function()
+        local S = sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
+                             args[own_args + 1], args[own_args + 2], now)
+        S.check = true -- look for the sentinel (see sched_state)
+        return sched_hooks(S, look)
+      end)()
+    end
+    return h
+  end
+  return {
+    ready_start = function(vm) lib().ready_start(vm) end,
+    ready_empty = function(vm) lib().ready_empty(vm) end,
+    released = function(vms) if look then lib().released(vms) end end,
+    finish = function() if h then h.finish() end end,
+  }
+end
+-- Recompute the queue's score in the shard master ZSET: the earliest time it
+-- has work (lowest ready head score, or earliest delayed available_at).
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, '0', '0', 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
+  end
+  if dhead == nil then
+    local d = redis.call('ZRANGE', delay_index, '0', '0', 'WITHSCORES')
+    dhead = d[2] and num(d[2]) or false
+  end
+  local best = chead or nil
+  if dhead and (best == nil or dhead < best) then best = dhead end
+  if best == nil then
+    redis.call('ZREM', master, qm)
+  else
+    redis.call('ZADD', master, best, qm)
+  end
+end
+
+-- Take n queued runs off the depth counter field ('r' or 'd'). When the
+-- queue then holds no queued run, the counters are deleted, so a queue whose
+-- last run is acked, dead-lettered or expired leaves no key behind.
+local function depth_sub(depth, field, n)
+  if redis.call('HINCRBY', depth, field, num_arg(-n)) > 0 then return end
+  local other = 'd'
+  if field == 'd' then other = 'r' end
+  if (tonumber(redis.call('HGET', depth, other)) or 0) <= 0 then redis.call('DEL', depth) end
+end
+
+-- The keys of variant vm of the queue whose variant keys start with vbase
+-- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
+-- the queue's hash slot.
+local function variant_keys(vbase, vm)
+  local b = vbase .. string.sub(vm, 2)
+  return { ready = b .. ':ready', delayed = b .. ':delayed' }
+end
+
+-- q.memo, when set (a call that places many runs), saves commands that
+-- cannot change anything: memo.low[index][vm] is the lowest score this call
+-- gave vm's entry in index (ckIndex or delayIndex), at or above its score
+-- since (LT), so a later run of vm at or above it leaves the entry as it is
+-- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
+-- in memo.r and memo.d for the caller to write once (place_flush).
+
+-- Count a run in the depth field ('r' or 'd').
+local function place_count(q, field)
+  local memo = q.memo
+  if memo and memo.count then
+    memo[field] = memo[field] + 1
+  else
+    redis.call('HINCRBY', q.depth, field, '1')
+  end
+end
+
+-- Whether vm's entry in index may move to score s (not when the memo knows
+-- a score at or below s); notes s.
+local function place_moves(q, index, vm, s)
+  local memo = q.memo
+  if not memo then return true end
+  local low = memo.low[index]
+  local was = low[vm]
+  if was and tonumber(s) >= was then return false end
+  low[vm] = tonumber(s)
+  return true
+end
+
+-- Put a queued run into its variant: ready (scored by ready score rs) when
+-- available_at <= now, else delayed (scored by available_at). at and rs
+-- are numbers or decimal strings. Maintains the depth counters, ckIndex /
+-- delayIndex (LT keeps the head) and the master score, which can only move
+-- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- the variant's ready head is new or earlier (the scheduler registers a
+-- variant that has no tag).
+-- Returns: whether the run is ready or now the queue's earliest work (a
+-- blocked consumer should look again).
+local function place(q, v, hooks, id, vm, at, rs, now)
+  if tonumber(at) <= now then
+    redis.call('ZADD', v.ready, rs, id)
+    place_count(q, 'r')
+    if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
+      hooks.ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
+      return true
+    end
+    return false
+  end
+  redis.call('ZADD', v.delayed, at, id)
+  place_count(q, 'd')
+  if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  return false
+end
+
+-- A memo for place (see there) of the queue q; count: add up the depth
+-- counts.
+local function place_memo(q, count)
+  return { count = count, r = 0, d = 0, low = { [q.ck_index] = {}, [q.delay_index] = {} } }
+end
+
+-- Write the depth counts a counting memo added up.
+local function place_flush(q)
+  local memo = q.memo
+  if not (memo and memo.count) then return end
+  if memo.r > 0 then redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)) end
+  if memo.d > 0 then redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)) end
+end
+
+-- Point vm's entry in index (ckIndex or delayIndex) at the head score of
+-- its set, or remove the entry when the set is empty. Returns false then.
+local function index_head(set, index, vm)
+  local head = redis.call('ZRANGE', set, '0', '0', 'WITHSCORES')
+  if head[2] then
+    redis.call('ZADD', index, head[2], vm)
+    return true
+  end
+  redis.call('ZREM', index, vm)
+  return false
+end
+
+-- Remove queued run id from its variant (ready or delayed) and fix the
+-- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- leaves. Returns false when the run was not queued.
+local function unplace(q, v, hooks, id, vm)
+  if redis.call('ZREM', v.ready, id) == 1 then
+    depth_sub(q.depth, 'r', 1)
+    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
+  elseif redis.call('ZREM', v.delayed, id) == 1 then
+    depth_sub(q.depth, 'd', 1)
+    index_head(v.delayed, q.delay_index, vm)
+  else
+    return false
+  end
+  master_refresh(q.ck_index, q.delay_index, q.master, q.qm)
+  return true
+end
+-- In-flight runs. The queue's held HASH maps "<variant member>:<encoded
+-- id>" to the delivery token of its holder (the queue's in-flight count is
+-- its length); the queue's key-inflight HASH counts in-flight runs per
+-- variant member (fields go at 0); the env's counter STRING counts them
+-- across the env's queues; the shard's leases ZSET holds each run member
+-- (run prefix .. field) with its lease deadline.
+
+-- Check that run id of variant vm (held field vm:id, run member member)
+-- is in flight under token (token "0": any holder whose lease has passed
+-- now). Returns the holder's token, or nil and an error code: gone (no such
+-- run at all: done already, or never queued), not_found (the run exists
+-- under another key), not_in_flight, lease_lost, lease_active.
+-- Why run id of variant vm is not held: gone, not_in_flight or not_found.
+local function held_missing(runs, vm, id)
+  local rec = redis.call('HGET', runs, id)
+  if not rec then return 'gone' end
+  if rec_parse(rec).vm == vm then return 'not_in_flight' end
+  return 'not_found'
+end
+
+local function held_check(runs, held, leases, vm, id, member, token, now)
+  local t = redis.call('HGET', held, vm .. ':' .. id)
+  if not t then return nil, held_missing(runs, vm, id) end
+  if token ~= '0' then
+    if t ~= token then return nil, 'lease_lost' end
+  else
+    local deadline = num(redis.call('ZSCORE', leases, member))
+    if deadline and deadline > now then return nil, 'lease_active' end
+  end
+  return t
+end
+
+-- Runs of the variants vms leave flight, per_vm[vm] of each (their held
+-- fields and leases gone by the caller): the counts follow, in one read and
+-- at most two writes.
+local function kin_release(kin, vms, per_vm)
+  if #vms == 1 then
+    -- One variant: subtract (one command while runs are left in flight).
+    if redis.call('HINCRBY', kin, vms[1], num_arg(-per_vm[vms[1]])) <= 0 then redis.call('HDEL', kin, vms[1]) end
+    return
+  end
+  local ns = redis.call('HMGET', kin, unpack(vms))
+  local set, del = {}, {}
+  for i, vm in ipairs(vms) do
+    local left = (tonumber(ns[i]) or 0) - per_vm[vm]
+    if left > 0 then
+      set[#set + 1] = vm
+      set[#set + 1] = num_arg(left)
+    else
+      del[#del + 1] = vm
+    end
+  end
+  if #set > 0 then redis.call('HSET', kin, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', kin, unpack(del)) end
+end
+
+-- n runs of the env leave flight.
+local function env_release(env_n, n)
+  if redis.call('DECRBY', env_n, num_arg(n)) <= 0 then redis.call('DEL', env_n) end
+end
+
+local HELD_ERRORS = {
+  gone = 'RQ_NOT_FOUND no such run',
+  not_found = 'RQ_NOT_FOUND no such run',
+  not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
+  lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
+  lease_active = 'RQ_LEASE_ACTIVE lease has not expired',
+}
+
+-- Ack n runs of one queue, given from args[first] on (variant member,
+-- encoded id, delivery token: three values a run): each is removed
+-- everywhere and its concurrency released. Returns one value per run: 1
+-- acked, 0 gone already (an ack sent again after its first call went
+-- through, or a run acked earlier in this call, under any key), or an
+-- error code (not_found, not_in_flight, lease_lost). A run asked twice in
+-- one call is acked by the entry with its holder's token, whichever comes
+-- first (a stale delivery's ack and the holder's, sent together): each
+-- entry answers what it would answer in a call of its own after the ones
+-- before it.
+local function held_ack(k, prefix, args, first, n, now, hooks)
+  local out, fields, ids, members, per_vm, vms, gone = {}, {}, {}, {}, {}, {}, {}
+  local asked = {}
+  for i = 0, n - 1 do asked[i + 1] = args[first + 3 * i] .. ':' .. args[first + 1 + 3 * i] end
+  local holders = redis.call('HMGET', k.held, unpack(asked))
+  for i = 0, n - 1 do
+    local vm, id, token = args[first + 3 * i], args[first + 1 + 3 * i], args[first + 2 + 3 * i]
+    local member = prefix .. asked[i + 1]
+    local err
+    if gone[id] then
+      -- Acked earlier in this call, under its one key (an id names one
+      -- run of the queue): its record goes at the end of the call.
+      err = 'gone'
+    elseif not holders[i + 1] then
+      err = held_missing(k.runs, vm, id)
+    elseif holders[i + 1] ~= token then
+      err = 'lease_lost'
+    else
+      gone[id] = true
+    end
+    if err == 'gone' then
+      out[i + 1] = 0
+    elseif err then
+      out[i + 1] = err
+    else
+      out[i + 1] = 1
+      fields[#fields + 1] = asked[i + 1]
+      ids[#ids + 1] = id
+      members[#members + 1] = member
+      if not per_vm[vm] then
+        per_vm[vm] = 0
+        vms[#vms + 1] = vm
+      end
+      per_vm[vm] = per_vm[vm] + 1
+    end
+  end
+  if #ids > 0 then
+    redis.call('HDEL', k.held, unpack(fields))
+    redis.call('HDEL', k.runs, unpack(ids))
+    redis.call('ZREM', k.leases, unpack(members))
+    kin_release(k.kin, vms, per_vm)
+    hooks.released(vms)
+    env_release(k.env_n, #ids)
+  end
+  return out
+end
+-- The machinery both dequeue scripts share, as functions over one call's
+-- state dq: binding its keys and arguments, the acks a call may carry (the
+-- fused ack-and-dequeue), the capacity the env and queue limits leave,
+-- promotion of due delayed runs, reading variants' heads, taking runs, and
+-- moving the taken runs in flight (dq_finish).
+--
+-- KEYS and ARGV of a dequeue script (both flag states):
+-- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[3] -> queue depth HASH (r, d)
+-- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
+-- KEYS[6] -> env in-flight counter STRING
+-- KEYS[7] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[8] -> queue runs HASH (encoded id -> record)
+-- KEYS[9] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[10] -> shard delivery token counter STRING
+-- KEYS[11] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> maxCount (0..2000; 0: acks only)
+-- ARGV[3] -> env concurrency limit, 0 for none
+-- ARGV[4] -> queue concurrency limit (all keys), 0 for none
+-- ARGV[5] -> per-key concurrency limit, 0 for none
+-- ARGV[6] -> lease deadline (ms)
+-- ARGV[7] -> queue member
+-- ARGV[8] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[9] -> priority step (ms)
+-- ARGV[10] -> scan: age-order entries read, due delayed variants promoted
+-- ARGV[11] -> promote limit: runs promoted per variant per call
+-- ARGV[12] -> variant key base (keys.Queue.VariantBase)
+-- ARGV[13] -> a, the number of runs to ack first (at most 1000)
+-- ARGV[14+3i..16+3i] -> ack i: variant member, encoded id, delivery token
+--
+-- Variant keys are derived from the variant member (lib/place's
+-- variant_keys), in the queue's hash slot.
+-- (now_arg is now as the client sent it, for commands: a Lua number
+-- argument costs Redis a %.17g format, some 2,700 instructions on Redis
+-- 7.0, and a constant one is written as a string for the same reason.)
+local function dq_open(keys, args)
+  local dq = {
+    ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
+    env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10], ttl = keys[11],
+    now = tonumber(args[1]), now_arg = args[1], max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
+    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = args[6],
+    qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
+    promote_limit = tonumber(args[11]), vbase = args[12], acks = tonumber(args[13]),
+    vars = {},     -- variant member -> { ready, delayed keys; head cache; counts }
+    touched = {},  -- variant members in first-serve order
+    served = {},   -- { vm, id } in serve order
+    dirty = false, -- promotion wrote something
+  }
+  dq.own_args = 13 + 3 * dq.acks
+  return dq
+end
+
+-- The acks the call carries, before anything else: their slots count for
+-- this call's capacity.
+local function dq_ack(dq, hooks)
+  if dq.acks == 0 then return {} end
+  return held_ack({ runs = dq.runs, held = dq.held, kin = dq.kin, env_n = dq.env_n, leases = dq.leases },
+    dq.run_prefix, ARGV, 14, dq.acks, dq.now, hooks)
+end
+
+-- What the env and queue limits leave of maxCount.
+local function dq_capacity(dq)
+  local cap = dq.max_count
+  if cap > 0 and dq.env_limit > 0 then
+    cap = math.min(cap, dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0))
+  end
+  if cap > 0 and dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('HLEN', dq.held)) end
+  dq.cap = cap
+  return cap
+end
+
+local function dq_var(dq, vm)
+  local c = dq.vars[vm]
+  if c == nil then
+    c = variant_keys(dq.vbase, vm)
+    c.taken = 0
+    dq.vars[vm] = c
+  end
+  return c
+end
+
+-- Move up to promote_limit due runs of variant vm from delayed to ready.
+local function dq_promote_variant(dq, hooks, vm)
+  local c = dq_var(dq, vm)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', dq.promote_limit)
+  if #due > 0 then
+    local recs = redis.call('HMGET', dq.runs, unpack(due))
+    local zargs, min_rs = {}, nil
+    for i, id in ipairs(due) do
+      local r = rec_parse(recs[i])
+      local rs = tonumber(r.at) - r.pr * dq.priority_step
+      if min_rs == nil or rs < min_rs then min_rs = rs end
+      zargs[#zargs + 1] = rs
+      zargs[#zargs + 1] = id
+    end
+    redis.call('ZADD', c.ready, unpack(zargs))
+    redis.call('ZREM', c.delayed, unpack(due))
+    redis.call('HINCRBY', dq.depth, 'd', -#due)
+    redis.call('HINCRBY', dq.depth, 'r', #due)
+    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
+    dq.dirty = true
+  end
+  index_head(c.delayed, dq.delay_index, vm)
+end
+
+-- Promote the due delayed runs of the first scan due variants. A look at
+-- delayIndex's head comes first: when nothing is due (the common case) it
+-- is all the call reads of delayed runs, and dq_finish reuses it.
+local function dq_promote(dq, hooks)
+  local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
+  if not head[2] then
+    dq.delay_head = false
+    return
+  end
+  if num(head[2]) > dq.now then
+    dq.delay_head = num(head[2])
+    return
+  end
+  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', dq.scan)
+  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
+end
+
+-- Head of variant vm's ready ZSET as seen by this call (after the runs it
+-- took), walked in memory: the first read takes up to 8 entries, each
+-- further read doubles what is held, never past cap + 1 in all (one more
+-- than the call can take, so running out of a short read means the variant
+-- is empty). Returns the head's ready score and id, or nil.
+local function dq_head(dq, vm)
+  local c = dq_var(dq, vm)
+  if c.list == nil then
+    local want = math.min(dq.cap + 1, 2)
+    c.list = redis.call('ZRANGE', c.ready, '0', want - 1, 'WITHSCORES')
+    c.complete = #c.list < 2 * want
+  end
+  local p = 2 * c.taken + 1
+  if c.list[p] == nil and not c.complete then
+    local have = #c.list / 2
+    local want = math.min(have, dq.cap + 1 - have)
+    if want > 0 then
+      local more = redis.call('ZRANGE', c.ready, have, have + want - 1, 'WITHSCORES')
+      for _, x in ipairs(more) do c.list[#c.list + 1] = x end
+      c.complete = #more < 2 * want
+    end
+  end
+  if c.list[p] == nil then return nil end
+  return num(c.list[p + 1]), c.list[p]
+end
+
+-- Runs of vm in flight before this call.
+local function dq_inflight(dq, vm)
+  local c = dq_var(dq, vm)
+  if c.inflight_n == nil then c.inflight_n = tonumber(redis.call('HGET', dq.kin, vm)) or 0 end
+  return c.inflight_n
+end
+
+-- True when vm's own limit blocks another serve.
+local function dq_at_limit(dq, vm)
+  if dq.key_limit <= 0 then return false end
+  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
+end
+
+-- Serve the head of vm (dq_head found one); returns the next head's ready
+-- score, or nil when vm has no ready run left.
+local function dq_take(dq, vm)
+  local c = dq_var(dq, vm)
+  local id = c.list[2 * c.taken + 1]
+  if c.taken == 0 then dq.touched[#dq.touched + 1] = vm end
+  c.taken = c.taken + 1
+  dq.served[#dq.served + 1] = { vm = vm, id = id }
+  return (dq_head(dq, vm))
+end
+
+-- Persist the serves chosen in memory: take the runs out of their ready
+-- sets, move them in flight with a lease and a delivery token (unique in
+-- the shard for ever: a counter), fix the indexes, the counts and the
+-- master score. Records are returned as stored, unparsed (Go reads them);
+-- a served run with a TTL leaves the TTL set (its record keeps the
+-- deadline until the next rewrite clears it: see lib/record).
+-- Returns a flat array: acks' results count, the acks' results, then for
+-- each run: encoded id, variant member, record, delivery token.
+local function dq_finish(dq, acked)
+  local out = { #acked }
+  for _, a in ipairs(acked) do out[#out + 1] = a end
+  if #dq.served == 0 then
+    if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
+    return out
+  end
+  -- The in-flight counts of the touched variants not read yet, in one read;
+  -- a call that touched one variant whose count it has not read adds to it
+  -- instead (one command, not a read and a write).
+  local unread = {}
+  for _, vm in ipairs(dq.touched) do
+    if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
+  end
+  local added = #dq.touched == 1 and #unread == 1
+  if added then
+    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
+  elseif #unread > 0 then
+    local ns = redis.call('HMGET', dq.kin, unpack(unread))
+    for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
+  end
+  -- dq_head read past the last run taken (or found the set ended), so the
+  -- new head of each touched variant is known without reading it again.
+  local heads, emptied, counts = {}, {}, {}
+  for _, vm in ipairs(dq.touched) do
+    local c = dq.vars[vm]
+    redis.call('ZREMRANGEBYRANK', c.ready, '0', c.taken - 1)
+    local p = 2 * c.taken + 1
+    if c.list[p] then
+      heads[#heads + 1] = c.list[p + 1]
+      heads[#heads + 1] = vm
+    else
+      emptied[#emptied + 1] = vm
+    end
+    if not added then
+      counts[#counts + 1] = vm
+      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken)
+    end
+  end
+  for i = 1, #heads, 1000 do
+    redis.call('ZADD', dq.ck_index, unpack(heads, i, math.min(i + 999, #heads)))
+  end
+  for i = 1, #emptied, 1000 do
+    redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
+  end
+  if not added then redis.call('HSET', dq.kin, unpack(counts)) end
+  depth_sub(dq.depth, 'r', #dq.served)
+
+  local n = #dq.served
+  local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
+  redis.call('INCRBY', dq.env_n, num_arg(n))
+  local ids, fields, leases = {}, {}, {}
+  for i, s in ipairs(dq.served) do
+    ids[i] = s.id
+    fields[2 * i - 1] = s.vm .. ':' .. s.id
+    fields[2 * i] = num_arg(token0 + i)
+    leases[2 * i - 1] = dq.lease_deadline
+    leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
+  end
+  redis.call('HSET', dq.held, unpack(fields))
+  redis.call('ZADD', dq.leases, unpack(leases))
+  local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  local expiring = {}
+  for i, s in ipairs(dq.served) do
+    out[#out + 1] = s.id
+    out[#out + 1] = s.vm
+    out[#out + 1] = recs[i]
+    out[#out + 1] = token0 + i
+    if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
+  end
+  if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
+  master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
+  return out
+end
+
+redis.register_function('runqueue_c458e001d2341d05_enqueue_vtime', function(keys, args)
+KEYS, ARGV = keys, args
+-- enqueue: store runs of one base queue and queue each in its variant
+-- (ready or delayed). Each run is all or nothing; a run whose id exists is
+-- a no-op when its variant and payload are the same (an idempotent retry)
+-- and a conflict otherwise.
+--
+-- KEYS[1] -> queue runs HASH (encoded id -> record, see lib/record)
+-- KEYS[2] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[3] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[4] -> queue depth HASH (r: ready count, d: delayed count)
+-- KEYS[5] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[6] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> variant key base (keys.Queue.VariantBase)
+-- ARGV[3] -> queue member (for the master ZSET)
+-- ARGV[4] -> wake channel ("" to not publish)
+-- ARGV[5] -> maximum queued runs in the queue, 0 for no limit
+-- ARGV[6] -> maximum queued runs in a variant, 0 for no limit
+-- ARGV[7] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[8] -> n, the number of runs (at most 1000)
+-- ARGV[9+7i..15+7i] -> run i: encoded id, variant member, record, payload
+--                      offset in the record, available_at (ms), ready score
+--                      (ms), expiry deadline (ms, 0 for none)
+-- Flag on: KEYS[7..9] and ARGV[9+7n..11+7n] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: one value per run: 1 queued, 0 already queued with the same
+-- variant and payload (no-op), "conflict" (same id, other body),
+-- "queue_full" or "key_full" (admission refused; nothing written).
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[3] }
+local ttl_set = KEYS[6]
+local now = tonumber(ARGV[1])
+local vbase, wake, prefix = ARGV[2], ARGV[4], ARGV[7]
+local max_queue, max_key, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
+local OWN_KEYS, OWN_ARGS = 6, 8 + 7 * n
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
+
+-- Whether a run of variant v may be queued now (admission control).
+local function admitted(v)
+  if max_queue > 0 then
+    local d = redis.call('HMGET', q.depth, 'r', 'd')
+    if (tonumber(d[1]) or 0) + (tonumber(d[2]) or 0) >= max_queue then return 'queue_full' end
+  end
+  if max_key > 0 and redis.call('ZCARD', v.ready) + redis.call('ZCARD', v.delayed) >= max_key then
+    return 'key_full'
+  end
+  return nil
+end
+
+-- The answer to run i (argument base b) when its id is stored already,
+-- with record old: 0 when it is the same run (same variant and payload:
+-- an idempotent retry), else 'conflict'.
+local function stored_answer(old, b)
+  local r = rec_parse(old)
+  if r.vm == ARGV[b + 1] and string.sub(old, r.pos) == string.sub(ARGV[b + 2], tonumber(ARGV[b + 3])) then
+    return 0
+  end
+  return 'conflict'
+end
+
+-- One run at a time (few runs, or admission limits that each run reads):
+-- each run's commands in turn.
+local function enqueue_each()
+  local out, woke = {}, false
+  -- Several runs: index entries that cannot move are not written again,
+  -- and the depth counts are written once at the end, unless admission
+  -- reads them.
+  if n > 1 then q.memo = place_memo(q, max_queue == 0) end
+  for i = 0, n - 1 do
+    local b = 9 + 7 * i
+    local id, vm, rec, at, rs, expires = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
+    local v = variant_keys(vbase, vm)
+    if redis.call('HSETNX', q.runs, id, rec) == 0 then
+      out[i + 1] = stored_answer(redis.call('HGET', q.runs, id), b)
+    else
+      local refused = admitted(v)
+      if refused then
+        redis.call('HDEL', q.runs, id)
+        out[i + 1] = refused
+      else
+        if expires ~= '0' then redis.call('ZADD', ttl_set, expires, prefix .. vm .. ':' .. id) end
+        if place(q, v, hooks, id, vm, at, rs, now) then woke = true end
+        out[i + 1] = 1
+      end
+    end
+  end
+  place_flush(q)
+  return out, woke
+end
+
+-- Move the entries of index (ckIndex or delayIndex) as the new runs one
+-- at a time would: run k of variant vms[k] scores ss[k] (in run order),
+-- with place's memo (q.memo) sparing the ZADD LT CH an earlier run of the
+-- variant makes a no-op. Returns the variant of each move in order (a
+-- variant again when it moves again: the scheduler hears of each move, as
+-- run by run, since a hook may start its state again in between) and the
+-- lowest score moved to (as given), or nil when none moved.
+local function index_moves(index, vms, ss)
+  local moves, head, head_s = {}, nil, nil
+  for k, vm in ipairs(vms) do
+    if place_moves(q, index, vm, ss[k]) and redis.call('ZADD', index, 'LT', 'CH', ss[k], vm) == 1 then
+      moves[#moves + 1] = vm
+      local s = tonumber(ss[k])
+      if head == nil or s < head then head, head_s = s, ss[k] end
+    end
+  end
+  if #moves == 0 then return nil end
+  return moves, head_s
+end
+
+-- Many runs and no admission limit: each kind of write in one command
+-- (a read of the ids, the records, each variant's set, the indexes), with
+-- the outcome of the runs queued one at a time: the same data, the same
+-- answers, and the scheduler told of the same variants in the same order.
+local function enqueue_batch()
+  local ids = {}
+  for i = 0, n - 1 do ids[i + 1] = ARGV[9 + 7 * i] end
+  local stored = redis.call('HMGET', q.runs, unpack(ids))
+  local out, first = {}, {} -- first: id -> argument base of the run that queued it
+  local recs, ttls, sets, set_order, vkeys = {}, {}, {}, {}, {}
+  local rvm, rss, dvm, dss = {}, {}, {}, {} -- new ready and delayed runs: variant, score
+  for i = 0, n - 1 do
+    local b = 9 + 7 * i
+    local id = ids[i + 1]
+    if stored[i + 1] then
+      out[i + 1] = stored_answer(stored[i + 1], b)
+    elseif first[id] then
+      out[i + 1] = stored_answer(ARGV[first[id] + 2], b)
+    else
+      first[id] = b
+      out[i + 1] = 1
+      local vm, at, expires = ARGV[b + 1], ARGV[b + 4], ARGV[b + 6]
+      recs[#recs + 1] = id
+      recs[#recs + 1] = ARGV[b + 2]
+      if expires ~= '0' then
+        ttls[#ttls + 1] = expires
+        ttls[#ttls + 1] = prefix .. vm .. ':' .. id
+      end
+      local v = vkeys[vm]
+      if v == nil then
+        v = variant_keys(vbase, vm)
+        vkeys[vm] = v
+      end
+      local set, score
+      if tonumber(at) <= now then
+        set, score = v.ready, ARGV[b + 5]
+        rvm[#rvm + 1], rss[#rss + 1] = vm, score
+      else
+        set, score = v.delayed, at
+        dvm[#dvm + 1], dss[#dss + 1] = vm, score
+      end
+      local z = sets[set]
+      if z == nil then
+        sets[set] = { score, id }
+        set_order[#set_order + 1] = set
+      else
+        z[#z + 1] = score
+        z[#z + 1] = id
+      end
+    end
+  end
+  if #recs == 0 then return out, false end
+  redis.call('HSET', q.runs, unpack(recs))
+  if #ttls > 0 then redis.call('ZADD', ttl_set, unpack(ttls)) end
+  for _, set in ipairs(set_order) do redis.call('ZADD', set, unpack(sets[set])) end
+  q.memo = place_memo(q, true)
+  q.memo.r, q.memo.d = #rvm, #dvm
+  place_flush(q)
+  local woke = false
+  local moved, head = index_moves(q.ck_index, rvm, rss)
+  if moved then
+    for _, vm in ipairs(moved) do hooks.ready_start(vm) end -- (see index_moves)
+    redis.call('ZADD', q.master, 'LT', head, q.qm)
+    woke = true
+  end
+  moved, head = index_moves(q.delay_index, dvm, dss)
+  if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
+  return out, woke
+end
+
+-- In bulk from BULK_AT runs (with no admission limit): below it a command
+-- per run costs Redis less than sorting the runs into their sets (measured
+-- on Redis 7.0 with every run of another key: the bulk path costs 10%
+-- more at 10 runs, the same at 100, 20% less at 1,000; with runs of a few
+-- keys it costs 5% to 40% less from 10 runs on).
+local BULK_AT = 32
+local out, woke
+if n >= BULK_AT and max_queue == 0 and max_key == 0 then
+  out, woke = enqueue_batch()
+else
+  out, woke = enqueue_each()
+end
+if woke and wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
+hooks.finish()
+return out
+end)
+
+redis.register_function('runqueue_c458e001d2341d05_dequeue_vtime', function(keys, args)
+KEYS, ARGV = keys, args
+-- dequeue_vtime (scheduler flag on): ack the runs the call carries, then
+-- serve up to maxCount ready runs of one base queue in fair virtual-time
+-- order across its variants (start-time fair queuing; vtime/ is the model
+-- this follows phase by phase: capacity, promote, ungate, discover, serve,
+-- persist, rebase), each moved in flight with a lease. Every serve
+-- re-decides, so a variant may be served several times in one call and a
+-- call of N serves what N calls of 1 would.
+--
+-- KEYS[1..11], ARGV[1..13+3a] -> see lib/dequeue
+-- KEYS[12] -> queue ckVtime ZSET (see lib/sched_reg)
+-- KEYS[13] -> queue scheduler state HASH (see lib/sched_reg)
+-- KEYS[14] -> queue weights HASH (variant member -> weight)
+-- ARGV[14+3a] -> scheduler state TTL (ms)
+-- ARGV[15+3a] -> idle set cap
+-- ARGV[16+3a] -> window multiplier
+-- ARGV[17+3a] -> 1 when a freed slot looks for a gated variant (see
+--                lib/hooks_vtime), else 0
+-- Returns: see dq_finish (its first value -1 - the acks when the call found
+-- the state broken and served nothing: see w_extend).
+local OWN_KEYS = 11
+local dq = dq_open(KEYS, ARGV)
+local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
+                     ARGV[dq.own_args + 1], ARGV[dq.own_args + 2], dq.now)
+local wm = ARGV[dq.own_args + 3] + 0
+local G = 4503599627370496
+-- capacity: the acks the call carries first (their slots count), then
+-- what the env and queue limits leave of maxCount. The acks look for gated
+-- variants as every flag-on ack does (see hooks_vtime): before the
+-- capacity return and the promotion, which must see them un-gated.
+local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
+if dq_capacity(dq) <= 0 then
+  sched_save(S)
+  return dq_finish(dq, acked)
+end
+
+-- promote: due delayed runs become ready; their variants register.
+dq_promote(dq, sched_hooks(S, false))
+local st = sched_state(S)
+
+-- Milli-weights, read once per variant (none when the queue has none).
+local milli = {}
+local function weight_of(vm)
+  if milli[vm] == nil then milli[vm] = sched_weight(S, st, vm) end
+  return milli[vm]
+end
+
+-- Variants this call reads or changes: vm -> { vm, member, code, u (tag),
+-- r (stride remainder, nil until needed), gated, gone, new, hv (state-hash
+-- value to write) }, and the order they were first changed in.
+local ent, changed = {}, {}
+local function touch(e)
+  if not e.touched then
+    e.touched = true
+    changed[#changed + 1] = e
+  end
+end
+
+-- ungate: when the key limit rose above the one the gated variants were
+-- gated under (or went away), every gated variant returns, at max(S, V);
+-- those still at the new limit are gated again when a call meets them.
+local kl = dq.key_limit
+if st.gk > 0 and (kl == 0 or kl > st.gk) then
+  local raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf')
+  local vms = {}
+  for i = 1, #raw do vms[i] = sched_split(raw[i]) end
+  local hvs = sched_hmget(S.h, vms)
+  local zargs, hargs = {}, {}
+  for i = 1, #vms do
+    local rg = hvs[i] and sched_parse(hvs[i]) or { code = select(2, sched_split(raw[i])), r = 0 }
+    local u, r = rg.tag, rg.r
+    if not u or u < st.v then u, r = st.v, 0 end
+    zargs[#zargs + 1] = sched_fmt(u)
+    zargs[#zargs + 1] = raw[i]
+    hargs[#hargs + 1] = vms[i]
+    hargs[#hargs + 1] = sched_value(rg.code, false, false, r)
+  end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
+end
+
+-- ungate, probe: the next gated variant in gating order after the one
+-- looked at last (back to the first past the end, in the same call)
+-- returns if it is below its limit (a flag-off instance freed its slot
+-- without saying). One look per call: a call costs the same whatever the
+-- number of gated keys, and one gated later comes after every older one.
+do
+  local raw = {}
+  if st.ng > 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+    if #raw == 0 and st.gp > 0 then
+      raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+    end
+  end
+  if #raw == 0 then
+    st.gp = 0
+  else
+    local vm, code = sched_split(raw[1])
+    st.gp = num(raw[2]) - G
+    if not dq_at_limit(dq, vm) then
+      local hv = redis.call('HGET', S.h, vm)
+      local rg = hv and sched_parse(hv) or { r = 0 }
+      local u, r = rg.tag, rg.r
+      if not u or u < st.v then u, r = st.v, 0 end
+      redis.call('ZADD', S.z, sched_fmt(u), raw[1])
+      redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
+      st.ng = st.ng - 1
+    end
+  end
+end
+
+-- discover: scan variants of ckIndex at the rotating cursor; untagged ones
+-- register (at V or their parked tag).
+local index_empty
+do
+  local raw = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
+  index_empty = st.c == 0 and #raw == 0
+  local list = {}
+  for i = 1, math.min(#raw, dq.scan) do list[i] = raw[i] end
+  local hvs = sched_hmget(S.h, list)
+  local zargs, hargs = {}, {}
+  for i, vm in ipairs(list) do
+    if not hvs[i] then
+      local u, code = sched_admit(S, st, vm, true)
+      zargs[#zargs + 1] = sched_fmt(u)
+      zargs[#zargs + 1] = code .. vm
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = code
+    end
+  end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  -- The next call starts cap entries before the end of this chunk: a serve
+  -- moves at most one variant from before an unread one to after it, so
+  -- no variant whose head stays put slips past the cursor.
+  if #raw <= dq.scan then
+    st.c = 0
+  else
+    st.c = st.c + math.max(1, dq.scan - dq.cap)
+  end
+end
+
+local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
+
+-- serve, pass 1: the active tags in (tag, registration) order, read lazily
+-- into a window (W), as vtime's window does. Nothing of ckVtime's active
+-- region is written until persist, so reads by rank stay consistent.
+local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
+            budget = 1000 + 4 * dq.max_count * wm }
+-- (tag, registration) order; registration numbers compare as numbers.
+local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
+
+-- A window entry for variant vm, seq code code, tag u.
+local function entry(vm, code, u)
+  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
+end
+
+-- Put e in the list at its rank, whatever the bound (binary search: a call
+-- of n serves over n keys costs n log n comparisons, not n^2).
+local function w_place(e)
+  local list = W.list
+  local lo, hi = 1, #list + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if before(e, list[mid]) then hi = mid else lo = mid + 1 end
+  end
+  table.insert(list, lo, e)
+end
+
+-- Put e in the list when it sorts before the bound (the last entry read),
+-- else in overflow until a read passes it; once the budget is spent no
+-- read will, and e takes its rank in the list.
+local function w_insert(e)
+  if W.more and W.read > 0 and W.read < W.budget and before(W.last, e) then
+    W.over[#W.over + 1] = e
+    return
+  end
+  w_place(e)
+end
+
+local function w_remove(e)
+  for i = 1, #W.list do
+    if W.list[i] == e then
+      table.remove(W.list, i)
+      return
+    end
+  end
+end
+
+-- Read the next chunk (first cap + 1 entries, then as many as were read,
+-- within the budget; one more is peeked to know whether any are left).
+-- The region's rank 0 is the sentinel: the first read takes it too and
+-- returns nil when it is missing (a ckVtime lost without its hash).
+local function w_extend()
+  if not W.more or W.read >= W.budget then return false end
+  local n = W.first
+  if W.read > 0 then n = W.read end
+  n = math.min(n, W.budget - W.read)
+  local raw
+  if W.read == 0 then
+    raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES', 'LIMIT', '0', n + 2)
+    if raw[1] ~= '' then return nil end
+    table.remove(raw, 1)
+    table.remove(raw, 1)
+  else
+    raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
+  end
+  local got = #raw / 2
+  W.more = got > n
+  local take = math.min(got, n)
+  if take == 0 then return false end
+  local e
+  for i = 1, take do
+    e = entry(sched_split(raw[2 * i - 1]))
+    e.u = num(raw[2 * i])
+    e.waiting = e.vm == lane_head0
+    e.waiting0 = e.waiting
+    ent[e.vm] = e
+    W.list[#W.list + 1] = e
+  end
+  W.read = W.read + take
+  W.last = { u = e.u, seq = e.seq }
+  local over = W.over
+  W.over = {}
+  for _, e in ipairs(over) do w_insert(e) end
+  return true
+end
+
+-- The newcomer lane: its head competes, the others wait in registration
+-- order (the lane region holds them all; nothing writes it before
+-- persist, so ranks stay put). When the head leaves it, the next one
+-- competes at max(V, t): t is its quantum past the old head's serve at
+-- start (served), or the old head's tag (start).
+local lane_left = 0
+local function lane_leave(e, start, served)
+  if not e.waiting then return end
+  e.waiting = false
+  st.lh = ''
+  lane_left = lane_left + 1
+  local nxt = sched_lane_at(S, lane_left)
+  if not nxt then return end
+  local t = start
+  if served then t = t + sched_quantum(weight_of(nxt)) end
+  local h = entry(nxt, sched_parse(redis.call('HGET', S.h, nxt)).code, math.max(st.v, t))
+  h.r, h.r0, h.waiting, h.waiting0 = 0, 0, true, true
+  st.lh = nxt
+  ent[nxt] = h
+  touch(h)
+  w_insert(h)
+end
+
+local parked = {}
+local function gate(e)
+  e.gated, e.gate = true, st.gn
+  st.gn = st.gn + 1
+  st.gk = kl
+  st.ng = st.ng + 1
+  touch(e)
+  lane_leave(e, e.u)
+end
+
+local function leave(e)
+  e.gone = true
+  touch(e)
+  lane_leave(e, e.u)
+  if e.u > st.v then
+    e.parked = true
+    parked[#parked + 1] = e
+  end
+end
+
+-- The first servable entry; stale entries (no ready run: a flag-off drain
+-- left them) are collected and those at their key limit gated, for good.
+local function pick()
+  while true do
+    local i = 1
+    while i <= #W.list do
+      local e = W.list[i]
+      if dq_head(dq, e.vm) == nil then
+        table.remove(W.list, i)
+        leave(e)
+      elseif dq_at_limit(dq, e.vm) then
+        table.remove(W.list, i)
+        gate(e)
+      else
+        return e
+      end
+    end
+    if not w_extend() then return nil end
+  end
+end
+
+-- serve, age head (once, when pass 1 runs dry): the first scan variants of
+-- ckIndex as it stood when serving began (nothing writes it before
+-- dq_finish) that this call has not seen and that still have a ready run:
+-- untagged ones register at V or their parked tag, competing ones that
+-- pass 1 did not reach (it stopped at its budget) join as they are, and
+-- for one queued in the lane behind its head, the lane's head joins (the
+-- lane keeps its order); all at their rank whatever the window's bound.
+-- Gated ones are left to the probe, so an all-gated queue costs the same
+-- whatever the number of keys.
+local function age_head()
+  local list = redis.call('ZRANGE', dq.ck_index, '0', dq.scan - 1)
+  local need = {}
+  for _, vm in ipairs(list) do
+    if ent[vm] == nil then need[#need + 1] = vm end
+  end
+  local vals = sched_hmget(S.h, need)
+  for i, vm in ipairs(need) do
+    local rg = vals[i] and sched_parse(vals[i])
+    -- (ent: the lane's head may have joined for a member met before it)
+    if ent[vm] == nil and not (rg and rg.gated) and dq_head(dq, vm) ~= nil then
+      local e
+      if not rg then
+        local u, code = sched_admit(S, st, vm, true)
+        e = entry(vm, code, u)
+        e.r, e.new = 0, true
+        touch(e)
+      elseif rg.waiting and vm ~= st.lh then
+        local h = st.lh
+        if h ~= '' and ent[h] == nil then
+          local code = sched_parse(redis.call('HGET', S.h, h)).code
+          e = entry(h, code, num(redis.call('ZSCORE', S.z, code .. h)))
+          e.waiting, e.waiting0 = true, true
+          vm = h
+        end
+      else
+        e = entry(vm, rg.code, num(redis.call('ZSCORE', S.z, rg.code .. vm)))
+        e.waiting, e.waiting0 = rg.waiting, rg.waiting
+      end
+      if e and e.u == nil then -- its tag went missing (a hand edit): at V
+        e.u, e.r, e.r0 = st.v, 0, 0
+        touch(e)
+      end
+      if e then
+        ent[vm] = e
+        w_place(e)
+      end
+    end
+  end
+end
+
+
+-- The stride remainder of e: only a weight other than 1 leaves one.
+local function remainder(e, mw)
+  if e.r == nil then
+    e.r = 0
+    if mw ~= 1000 then
+      local hv = redis.call('HGET', S.h, e.vm)
+      if hv then e.r = sched_parse(hv).r end
+    end
+    e.r0 = e.r
+  end
+  return e.r
+end
+
+-- E = max(S, V), V = max(V, E), S = E + stride (exact: quotient and
+-- remainder of 10^9 / milli-weight).
+local function serve_one(e)
+  w_remove(e) -- out of the window while its tag changes
+  local mw = weight_of(e.vm)
+  local eu, er = e.u, remainder(e, mw)
+  if eu < st.v then eu, er = st.v, 0 end
+  if eu > st.v then st.v = eu end
+  if er >= mw then er = 0 end
+  local q, r = sched_div(er + 1000000000, mw)
+  e.u, e.r = eu + q, r
+  touch(e)
+  -- The lane's head is served: it leaves the lane, and the next newcomer
+  -- competes one quantum of its own behind this serve.
+  lane_leave(e, eu, true)
+  local nxt = dq_take(dq, e.vm)
+  if nxt == nil then
+    leave(e)
+  elseif dq_at_limit(dq, e.vm) then
+    gate(e)
+  else
+    w_insert(e)
+  end
+end
+
+if w_extend() == nil then
+  -- No sentinel: the state is broken. It goes whole, nothing is served,
+  -- and the reply says so (its first value -1 - the acks) so that the
+  -- caller calls again at once, on a state started again.
+  sched_broken(S)
+  local out = dq_finish(dq, acked)
+  out[1] = -1 - out[1]
+  return out
+end
+local age_done = index_empty -- nothing for the age head to read
+while #dq.served < dq.cap do
+  local e = pick()
+  if e == nil and not age_done then
+    age_done = true
+    age_head()
+    e = pick()
+  end
+  if e == nil then break end
+  serve_one(e)
+end
+
+-- collect and persist: the tags and registrations this call changed
+-- (gathered from the entries it touched), then parked tags.
+-- A variant that left the lane leaves its region (unless parking replaces
+-- the entry: the member is the same).
+do
+  local zargs, hargs, zrem, hdel, iargs = {}, {}, {}, {}, {}
+  for _, e in ipairs(changed) do
+    if e.waiting0 and not e.waiting and not e.parked then zrem[#zrem + 1] = e.vm end
+    if e.gone then
+      if not e.new then
+        zrem[#zrem + 1] = e.member
+        hdel[#hdel + 1] = e.vm
+      end
+    else
+      local score = e.u
+      if e.gated then score = G + e.gate end
+      zargs[#zargs + 1] = sched_fmt(score)
+      zargs[#zargs + 1] = e.member
+      if e.r == nil then
+        -- Gated without a serve: keep the remainder it has.
+        local hv = redis.call('HGET', S.h, e.vm)
+        e.r = 0
+        if hv then e.r = sched_parse(hv).r end
+        e.r0 = e.r
+      end
+      local r = e.r
+      if e.new or e.gated or r ~= (e.r0 or 0) or e.waiting ~= e.waiting0 then
+        hargs[#hargs + 1] = e.vm
+        hargs[#hargs + 1] = sched_value(e.code, e.gated, e.waiting, r, e.u)
+      end
+    end
+  end
+  for _, e in ipairs(parked) do
+    iargs[#iargs + 1] = sched_fmt(e.u - G)
+    iargs[#iargs + 1] = e.vm
+  end
+  sched_chunked('ZREM', S.z, zrem, 1)
+  sched_chunked('HDEL', S.h, hdel, 1)
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  if #iargs > 0 then
+    sched_chunked('ZADD', S.z, iargs, 2)
+    sched_reap(S, st.v)
+  end
+end
+
+-- rebase: once V reaches 2^49, every stored time moves down 2^48 (tags
+-- more than 2^47 below V first rise to it: they are worth V either way).
+if st.v >= 562949953421312 then
+  sched_reap(S, st.v)
+  local lo = st.v - 140737488355328
+  local zargs, hargs = {}, {}
+  local raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES')
+  table.remove(raw, 1) -- the sentinel (rank 0) stays at 0
+  table.remove(raw, 1)
+  for i = 1, #raw, 2 do
+    local u = num(raw[i + 1])
+    if u < lo then
+      u = lo
+      local vm, code = sched_split(raw[i])
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(code, false, vm == st.lh, 0)
+    end
+    zargs[#zargs + 1] = sched_fmt(u - 281474976710656)
+    zargs[#zargs + 1] = raw[i]
+  end
+  -- Gated tags live in the state hash (their scores are gating numbers).
+  local gated = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf')
+  local gvms = {}
+  for i = 1, #gated do gvms[i] = sched_split(gated[i]) end
+  local gvals = sched_hmget(S.h, gvms)
+  for i, vm in ipairs(gvms) do
+    if gvals[i] then
+      local rg = sched_parse(gvals[i])
+      local u, r = rg.tag or lo, rg.r
+      if u < lo then u, r = lo, 0 end
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(rg.code, true, false, r, u - 281474976710656)
+    end
+  end
+  local idle = redis.call('ZRANGEBYSCORE', S.z, '-4503599627370496', '(-3377699720527872', 'WITHSCORES')
+  for i = 1, #idle, 2 do
+    zargs[#zargs + 1] = sched_fmt(num(idle[i + 1]) - 281474976710656)
+    zargs[#zargs + 1] = idle[i]
+  end
+  sched_chunked('ZADD', S.z, zargs, 2)
+  sched_chunked('HSET', S.h, hargs, 2)
+  st.v = st.v - 281474976710656
+  st.e = st.e + 1
+end
+
+sched_save(S)
+return dq_finish(dq, acked)
+end)
+
+redis.register_function('runqueue_c458e001d2341d05_ack_vtime', function(keys, args)
+KEYS, ARGV = keys, args
+-- ack: runs of one base queue are done; each is removed everywhere and its
+-- concurrency released. A run that no longer exists is done already (an
+-- ack whose first call went through and was sent again finds it so).
+--
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[3] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[4] -> env in-flight counter STRING
+-- KEYS[5] -> shard leases ZSET (run member, score lease deadline ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[3] -> n, the number of runs (at most 1000)
+-- ARGV[4+3i..6+3i] -> run i: variant member, encoded id, delivery token
+-- Flag on: KEYS[6..8] and ARGV[4+3n..6+3n] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: one value per run: 1 acked, 0 gone already, "not_found" (the
+-- run exists under another key), "not_in_flight" or "lease_lost".
+local k = { runs = KEYS[1], held = KEYS[2], kin = KEYS[3], env_n = KEYS[4], leases = KEYS[5] }
+local now, n = tonumber(ARGV[1]), tonumber(ARGV[3])
+local OWN_KEYS, OWN_ARGS = 5, 3 + 3 * n
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
+local out = held_ack(k, ARGV[2], ARGV, 4, n, now, hooks)
+hooks.finish()
+return out
+end)
+
+redis.register_function('runqueue_c458e001d2341d05_requeue_vtime', function(keys, args)
+KEYS, ARGV = keys, args
+-- requeue: a held run goes back to its variant (nack, or lease recovery
+-- when its lease passed), attempt + 1, or to the dead letter when it has no
+-- attempts left or the caller asks for it.
+--
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue held HASH ("<variant member>:<encoded id>" -> delivery token)
+-- KEYS[7] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[8] -> env in-flight counter STRING
+-- KEYS[9] -> shard leases ZSET
+-- KEYS[10] -> queue dead ZSET (run member, score time of death ms)
+-- KEYS[11] -> env dead HASH (queue member -> dead-lettered runs)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> run member
+-- ARGV[5] -> delivery token of the holder; 0 to recover an expired lease
+-- ARGV[6] -> retry at (ms)
+-- ARGV[7] -> priority step (ms)
+-- ARGV[8] -> max attempts, 0 for no limit
+-- ARGV[9] -> 1 to dead-letter now
+-- ARGV[10] -> queue member
+-- ARGV[11] -> wake channel ("" to not publish)
+-- ARGV[12] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[12..14] and ARGV[13..15] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
+-- again after its first call went through (the record's last settled token
+-- is the holder's) returns what the first returned.
+-- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[10] }
+local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local now = tonumber(ARGV[1])
+local id, vm, member, token, retry_at = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local priority_step, max_attempts, kill = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
+local wake = ARGV[11]
+local OWN_KEYS, OWN_ARGS = 11, 12
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
+
+local t, err = held_check(q.runs, held, leases, vm, id, member, token, now)
+if err == 'not_in_flight' and token ~= '0' then
+  local r = rec_parse(redis.call('HGET', q.runs, id))
+  if r.lt == token then
+    if redis.call('ZSCORE', dead, member) then return { 0, r.att } end
+    return { 1, r.att }
+  end
+end
+if err then return redis.error_reply(HELD_ERRORS[err]) end
+redis.call('HDEL', held, vm .. ':' .. id)
+redis.call('ZREM', leases, member)
+kin_release(kin, { vm }, { [vm] = 1 })
+env_release(env_n, 1)
+hooks.released({ vm })
+local rec = redis.call('HGET', q.runs, id)
+local r = rec_parse(rec)
+local att = r.att + 1
+if kill or (max_attempts > 0 and att > max_attempts) then
+  redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
+  redis.call('ZADD', dead, now, member)
+  redis.call('HINCRBY', env_dead, q.qm, '1')
+  hooks.finish()
+  return { 0, att }
+end
+redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
+local v = variant_keys(ARGV[12], vm)
+if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
+  redis.call('PUBLISH', wake, q.qm)
+end
+hooks.finish()
+return { 1, att }
+end)
+
+redis.register_function('runqueue_c458e001d2341d05_expire_vtime', function(keys, args)
+KEYS, ARGV = keys, args
+-- expire: TTL sweep of one queued run whose deadline passed.
+--
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> run member
+-- ARGV[5] -> queue member
+-- ARGV[6] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[7..9] and ARGV[7..9] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: 1 expired, 0 nothing to expire (gone, in flight, dead, or not
+-- yet due). The dequeue drops the ttl entry of each run it serves and a
+-- delivered run's record has no deadline, so an entry left behind (a run
+-- acked or deleted meanwhile) finds no deadline here and just goes.
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[5] }
+local ttl_set = KEYS[6]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local OWN_KEYS, OWN_ARGS = 6, 6
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
+
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if not r or r.vm ~= vm or r.ttl == '0' then
+  redis.call('ZREM', ttl_set, member)
+  return 0
+end
+if tonumber(r.ttl) > now then return 0 end
+redis.call('ZREM', ttl_set, member)
+if not unplace(q, variant_keys(ARGV[6], vm), hooks, id, vm) then return 0 end
+redis.call('HDEL', q.runs, id)
+hooks.finish()
+return 1
+end)
+
+redis.register_function('runqueue_c458e001d2341d05_redrive_vtime', function(keys, args)
+KEYS, ARGV = keys, args
+-- redrive: a dead-lettered run goes back to its variant, ready now, with
+-- its attempts reset.
+--
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue dead ZSET
+-- KEYS[7] -> env dead HASH (queue member -> dead-lettered runs)
+-- ARGV[1] -> now (ms)
+-- ARGV[2] -> encoded message id
+-- ARGV[3] -> variant member
+-- ARGV[4] -> run member
+-- ARGV[5] -> priority step (ms)
+-- ARGV[6] -> queue member
+-- ARGV[7] -> wake channel ("" to not publish)
+-- ARGV[8] -> variant key base (keys.Queue.VariantBase)
+-- Flag on: KEYS[8..10] and ARGV[9..11] follow, the scheduler's (see
+-- lib/hooks_vtime).
+-- Returns: 1 redriven, 2 already live (queued or in flight: a redrive sent
+-- again after its first call went through finds it so).
+-- Errors: RQ_NOT_FOUND.
+local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+            master = KEYS[5], qm = ARGV[6] }
+local dead, env_dead = KEYS[6], KEYS[7]
+local now = tonumber(ARGV[1])
+local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
+local priority_step = tonumber(ARGV[5])
+local wake = ARGV[7]
+local OWN_KEYS, OWN_ARGS = 7, 8
+local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
+
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if not r or r.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run') end
+if redis.call('ZREM', dead, member) == 0 then return 2 end
+if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_dead, q.qm) end
+redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, r.lt))
+place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
+if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
+hooks.finish()
+return 1
+end)

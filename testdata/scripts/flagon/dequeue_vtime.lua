@@ -893,7 +893,10 @@ local G = 4503599627370496
 -- what the env and queue limits leave of maxCount. The acks look for gated
 -- variants as every flag-on ack does (see hooks_vtime): before the
 -- capacity return and the promotion, which must see them un-gated.
-local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
+local acked = {}
+if dq.acks > 0 then -- (the hooks are closures: made only for acks)
+  acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
+end
 if dq_capacity(dq) <= 0 then
   sched_save(S)
   return dq_finish(dq, acked)

@@ -1,4 +1,4 @@
-#!lua name=runqueue_c458e001d2341d05
+#!lua name=runqueue_8edb3a964601345e
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1000,7 +1000,7 @@ local function dq_finish(dq, acked)
   return out
 end
 
-redis.register_function('runqueue_c458e001d2341d05_enqueue_vtime', function(keys, args)
+redis.register_function('runqueue_8edb3a964601345e_enqueue_vtime', function(keys, args)
 KEYS, ARGV = keys, args
 -- enqueue: store runs of one base queue and queue each in its variant
 -- (ready or delayed). Each run is all or nothing; a run whose id exists is
@@ -1198,7 +1198,7 @@ hooks.finish()
 return out
 end)
 
-redis.register_function('runqueue_c458e001d2341d05_dequeue_vtime', function(keys, args)
+redis.register_function('runqueue_8edb3a964601345e_dequeue_vtime', function(keys, args)
 KEYS, ARGV = keys, args
 -- dequeue_vtime (scheduler flag on): ack the runs the call carries, then
 -- serve up to maxCount ready runs of one base queue in fair virtual-time
@@ -1229,7 +1229,10 @@ local G = 4503599627370496
 -- what the env and queue limits leave of maxCount. The acks look for gated
 -- variants as every flag-on ack does (see hooks_vtime): before the
 -- capacity return and the promotion, which must see them un-gated.
-local acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
+local acked = {}
+if dq.acks > 0 then -- (the hooks are closures: made only for acks)
+  acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
+end
 if dq_capacity(dq) <= 0 then
   sched_save(S)
   return dq_finish(dq, acked)
@@ -1697,7 +1700,7 @@ sched_save(S)
 return dq_finish(dq, acked)
 end)
 
-redis.register_function('runqueue_c458e001d2341d05_ack_vtime', function(keys, args)
+redis.register_function('runqueue_8edb3a964601345e_ack_vtime', function(keys, args)
 KEYS, ARGV = keys, args
 -- ack: runs of one base queue are done; each is removed everywhere and its
 -- concurrency released. A run that no longer exists is done already (an
@@ -1725,7 +1728,7 @@ hooks.finish()
 return out
 end)
 
-redis.register_function('runqueue_c458e001d2341d05_requeue_vtime', function(keys, args)
+redis.register_function('runqueue_8edb3a964601345e_requeue_vtime', function(keys, args)
 KEYS, ARGV = keys, args
 -- requeue: a held run goes back to its variant (nack, or lease recovery
 -- when its lease passed), attempt + 1, or to the dead letter when it has no
@@ -1803,7 +1806,7 @@ hooks.finish()
 return { 1, att }
 end)
 
-redis.register_function('runqueue_c458e001d2341d05_expire_vtime', function(keys, args)
+redis.register_function('runqueue_8edb3a964601345e_expire_vtime', function(keys, args)
 KEYS, ARGV = keys, args
 -- expire: TTL sweep of one queued run whose deadline passed.
 --
@@ -1847,7 +1850,7 @@ hooks.finish()
 return 1
 end)
 
-redis.register_function('runqueue_c458e001d2341d05_redrive_vtime', function(keys, args)
+redis.register_function('runqueue_8edb3a964601345e_redrive_vtime', function(keys, args)
 KEYS, ARGV = keys, args
 -- redrive: a dead-lettered run goes back to its variant, ready now, with
 -- its attempts reset.

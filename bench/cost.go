@@ -115,7 +115,7 @@ func scriptCmd(name string) bool {
 
 // sample is what one measured phase cost.
 type sample struct {
-	scripts redistest.CmdStat // EVALSHA calls and their usec (inner calls included)
+	scripts redistest.CmdStat // script calls (EVALSHA, FCALL) and their usec (inner calls included)
 	cmds    redistest.CmdStat // every non-script command: inner calls and Go's reads
 	reads   redistest.CmdStat // Go's own non-script commands
 	cpu     float64           // Redis process CPU, µs (INFO cpu: used_cpu_sys + used_cpu_user)
@@ -196,7 +196,7 @@ type CostRow struct {
 	// Calls is the API calls measured, Runs the runs they moved.
 	Calls int `json:"calls"`
 	Runs  int `json:"runs"`
-	// RedisUsPerCall is Redis CPU per script call: EVALSHA usec / EVALSHA
+	// RedisUsPerCall is Redis CPU per script call: script usec / script
 	// calls (the redis.calls inside included).
 	RedisUsPerCall float64 `json:"redis_us_per_call"`
 	// RedisUsPerOp and RedisUsPerRun are Redis CPU of the scripts and of

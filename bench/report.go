@@ -189,7 +189,7 @@ func costSection(rep *Report) section {
 	}
 	st := rep.Settings
 	notes := []string{
-		"µs/SCRIPT CALL = EVALSHA usec / EVALSHA calls (the redis.calls inside included)",
+		"µs/SCRIPT CALL = script usec / script calls (EVALSHA, or FCALL of the flag-on Functions library; the redis.calls inside included)",
 		"µs/RUN = (script usec + usec of Go's own candidate reads) / runs moved: time inside commands (INFO commandstats)",
 		"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) / runs moved: besides the commands it includes the network work a user pays for " +
 			"(reading and parsing requests, writing replies, the event loop), as the figures other queues publish do; the bench's own INFO calls are taken out",

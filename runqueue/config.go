@@ -140,9 +140,10 @@ type Config struct {
 	// of a cluster; its name is "runqueue_" and 16 hex digits of its code's
 	// SHA-1) and runs them by FCALL, which costs Redis less per call (a
 	// library defines its functions once, a script at every call). Where
-	// FUNCTION is missing (Redis before 7.0, miniredis) or refused for the
-	// user (NOPERM), New falls back to EVALSHA silently. The flag-off
-	// scripts always run by EVALSHA. A library of an older version stays
+	// FUNCTION is missing (Redis before 7.0, miniredis) or refused (NOPERM,
+	// any refusal but a compile error of the library's code), New falls
+	// back to EVALSHA silently, and so does a call whose library a server
+	// will not take again. The flag-off scripts always run by EVALSHA. A library of an older version stays
 	// loaded until removed (FUNCTION DELETE name) once no instance of that
 	// version runs.
 	ScriptsOnly bool

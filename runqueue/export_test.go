@@ -56,8 +56,9 @@ func FlagOffScripts() (map[string]string, error) { return scriptSources(false) }
 // the scheduler flag on, by name.
 func FlagOnScripts() (map[string]string, error) { return scriptSources(true) }
 
-// FlagOnFunctions maps each flag-on script the Functions library holds to
-// its function's name.
+// FlagOnFunctions maps each function of the flag-on Functions library, by
+// its script's name ("dequeue_vtime_settle" for the dequeue that carries
+// acks), to its function's name.
 func FlagOnFunctions() (map[string]string, error) {
 	s, err := buildScripts(true)
 	if err != nil {
@@ -65,7 +66,7 @@ func FlagOnFunctions() (map[string]string, error) {
 	}
 	out := map[string]string{}
 	for _, e := range libraryScripts(s) {
-		out[e.sc.name] = e.sc.fn
+		out[e.fnSuffix()] = e.sc.fn
 	}
 	return out, nil
 }

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -45,23 +45,45 @@ import (
 type library struct {
 	name string
 	src  string
-	mu   sync.Mutex // one load at a time
+	sem  chan struct{} // one load at a time (a channel: waiting honours the caller's ctx)
+	// off: a server refused the library after New loaded it (an ACL
+	// changed, a function name taken): the scripts run by EVALSHA.
+	off atomic.Bool
+}
+
+// libEntry is one function of the library: the script it runs and the
+// file its body comes from, and whether Redis may run it when full.
+type libEntry struct {
+	sc   *script
+	file string
+	// settles: the call starts by removing (acks, nacks, sweeps), so
+	// EVALSHA runs it when Redis is out of memory (maxmemory reached,
+	// noeviction): a script without flags is refused only at its first
+	// write that may add, and these delete first. A function without
+	// flags is refused before it runs, so these are registered with
+	// 'allow-oom', and a full Redis can still settle runs and free memory.
+	// The others (enqueue, a dequeue without acks) are refused either way.
+	settles bool
 }
 
 // libraryScripts are the scripts of a flag-on set that the library holds:
-// every one built with the scheduler's code. (extend and setweight are the
-// flag-off scripts; ackPlain is the flag-off ack.)
-func libraryScripts(s *scriptSet) []struct {
-	sc   *script
-	file string
-} {
-	return []struct {
-		sc   *script
-		file string
-	}{
-		{s.enqueue, "enqueue.lua"}, {s.dequeue, "dequeue_vtime.lua"}, {s.ack, "ack.lua"},
-		{s.requeue, "requeue.lua"}, {s.expire, "expire.lua"}, {s.redrive, "redrive.lua"},
+// every one built with the scheduler's code (extend and setweight are the
+// flag-off scripts; ackPlain is the flag-off ack). The dequeue is there
+// twice, as two functions of one body: by itself, and carrying acks.
+func libraryScripts(s *scriptSet) []libEntry {
+	return []libEntry{
+		{s.enqueue, "enqueue.lua", false}, {s.dequeue, "dequeue_vtime.lua", false},
+		{s.dequeueSettle, "dequeue_vtime.lua", true}, {s.ack, "ack.lua", true},
+		{s.requeue, "requeue.lua", true}, {s.expire, "expire.lua", true}, {s.redrive, "redrive.lua", true},
 	}
+}
+
+// fnSuffix is the part of an entry's function name after the library's.
+func (e libEntry) fnSuffix() string {
+	if e.sc.settleOf != nil {
+		return e.sc.name + "_settle"
+	}
+	return e.sc.name
 }
 
 // buildLibrary assembles the library of a flag-on script set and names
@@ -69,20 +91,33 @@ func libraryScripts(s *scriptSet) []struct {
 func buildLibrary(s *scriptSet) (*library, error) {
 	var frags []string // fragments in definition order
 	done := map[string]bool{}
-	var bodies strings.Builder
+	var bodies, regs strings.Builder
+	body := map[string]string{} // file -> the local function that runs its body
 	for _, e := range libraryScripts(s) {
-		raw, err := luaFS.ReadFile("lua/" + e.file)
-		if err != nil {
-			return nil, err
-		}
-		body, deps := cutIncludes(string(raw))
-		for _, d := range deps {
-			if err := orderFragment(d, done, &frags, 0); err != nil {
-				return nil, fmt.Errorf("runqueue: library: %s: %w", e.file, err)
+		fn, ok := body[e.file]
+		if !ok {
+			raw, err := luaFS.ReadFile("lua/" + e.file)
+			if err != nil {
+				return nil, err
 			}
+			src, deps := cutIncludes(string(raw))
+			for _, d := range deps {
+				if err := orderFragment(d, done, &frags, 0); err != nil {
+					return nil, fmt.Errorf("runqueue: library: %s: %w", e.file, err)
+				}
+			}
+			if !strings.HasSuffix(src, "\n") {
+				src += "\n"
+			}
+			fn = "script_" + e.sc.name
+			body[e.file] = fn
+			fmt.Fprintf(&bodies, "\nlocal function %s(keys, args)\nKEYS, ARGV = keys, args\n%send\n", fn, src)
 		}
-		fmt.Fprintf(&bodies, "\nredis.register_function('@LIB@_%s', function(keys, args)\nKEYS, ARGV = keys, args\n%send)\n",
-			e.sc.name, body)
+		flags := ""
+		if e.settles {
+			flags = ", flags = { 'allow-oom' }"
+		}
+		fmt.Fprintf(&regs, "redis.register_function{ function_name = '@LIB@_%s', callback = %s%s }\n", e.fnSuffix(), fn, flags)
 	}
 	var b strings.Builder
 	b.WriteString("-- runqueue's flag-on scripts as one library (see runqueue/library.go).\nlocal KEYS, ARGV\n")
@@ -90,6 +125,8 @@ func buildLibrary(s *scriptSet) (*library, error) {
 		b.WriteString(f)
 	}
 	b.WriteString(bodies.String())
+	b.WriteString("\n")
+	b.WriteString(regs.String())
 	code, err := inlineConsts(b.String())
 	if err != nil {
 		return nil, fmt.Errorf("runqueue: library: %w", err)
@@ -98,9 +135,9 @@ func buildLibrary(s *scriptSet) (*library, error) {
 	name := "runqueue_" + hex.EncodeToString(sum[:8])
 	code = strings.ReplaceAll(code, "'@LIB@_", "'"+name+"_")
 	for _, e := range libraryScripts(s) {
-		e.sc.fn = name + "_" + e.sc.name
+		e.sc.fn = name + "_" + e.fnSuffix()
 	}
-	return &library{name: name, src: "#!lua name=" + name + "\n" + code}, nil
+	return &library{name: name, src: "#!lua name=" + name + "\n" + code, sem: make(chan struct{}, 1)}, nil
 }
 
 // cutIncludes returns src without its "--@include" lines, and the
@@ -150,18 +187,27 @@ func orderFragment(name string, done map[string]bool, frags *[]string, depth int
 	return nil
 }
 
-// errNoFunctions: the server cannot run the library (no FUNCTION command,
-// or not for this user); the scripts run by EVALSHA.
+// errNoFunctions: the server will not run the library (no FUNCTION
+// command, not for this user, or a function name taken by another
+// library); the scripts run by EVALSHA.
 var errNoFunctions = errors.New("runqueue: Redis Functions unavailable")
 
-// load loads the library on every master (every shard of a ring); a
-// library of that name already there is the same code. It returns
-// errNoFunctions when a server has no FUNCTION command or refuses it, and
-// any other error as it is (a library Redis does not compile is a bug).
+// load loads the library on every master (every shard of a ring). Our
+// library already there is the same code (its name is its code's hash).
+// It returns errNoFunctions, and runs the scripts by EVALSHA from then on
+// (off), when a server refuses the library for good: any error reply but
+// a compile or registration error of the code itself (a bug, returned as
+// it is, like a script Redis does not compile) or an OOM refusal (this
+// call falls back; the next tries again). Other errors (an unreachable
+// server) are returned as they are.
 func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return eachServer(ctx, c, func(ctx context.Context, n redis.Cmdable) error {
+	select {
+	case l.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-l.sem }()
+	err := eachServer(ctx, c, func(ctx context.Context, n redis.Cmdable) error {
 		err := n.FunctionLoad(ctx, l.src).Err()
 		var reply redis.Error
 		if err == nil || !errors.As(err, &reply) {
@@ -169,13 +215,19 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		}
 		msg := reply.Error()
 		switch {
-		case strings.Contains(msg, "already exists"):
+		case strings.Contains(msg, "Library '"+l.name+"' already exists"):
 			return nil
-		case strings.HasPrefix(msg, "NOPERM"), strings.Contains(strings.ToLower(msg), "unknown command"):
-			return errNoFunctions
+		case strings.Contains(msg, "Error compiling") || strings.Contains(msg, "Error registering"):
+			return fmt.Errorf("runqueue: loading function library %s: %w", l.name, err)
+		case strings.HasPrefix(msg, "OOM"):
+			return err
 		}
-		return fmt.Errorf("runqueue: loading function library %s: %w", l.name, err)
+		return fmt.Errorf("%w (%s)", errNoFunctions, msg)
 	})
+	if errors.Is(err, errNoFunctions) {
+		l.off.Store(true)
+	}
+	return err
 }
 
 // isNoFunction: FCALL found no such function (a restart without

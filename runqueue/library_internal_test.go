@@ -23,27 +23,43 @@ func TestLibraryShape(t *testing.T) {
 	require.Regexp(t, `^runqueue_[0-9a-f]{16}$`, lib.name)
 	require.True(t, strings.HasPrefix(lib.src, "#!lua name="+lib.name+"\n"))
 
-	reg := regexp.MustCompile(`(?m)^redis\.register_function\('([a-z0-9_]+)', function\(keys, args\)$`)
+	reg := regexp.MustCompile(`(?m)^redis\.register_function\{ function_name = '([a-z0-9_]+)', callback = (script_[a-z_]+)(, flags = \{ 'allow-oom' \})? \}$`)
 	var got []string
 	for _, m := range reg.FindAllStringSubmatch(lib.src, -1) {
-		got = append(got, m[1])
+		got = append(got, m[1]+" "+m[2]+m[3])
 	}
 	var want []string
 	for _, e := range libraryScripts(s) {
-		require.Equal(t, lib.name+"_"+e.sc.name, e.sc.fn)
-		want = append(want, e.sc.fn)
+		require.Equal(t, lib.name+"_"+e.fnSuffix(), e.sc.fn)
+		flags := ""
+		if e.settles {
+			flags = ", flags = { 'allow-oom' }"
+		}
+		body := "script_" + e.sc.name
+		if e.sc.settleOf != nil {
+			require.Equal(t, e.sc.settleOf.src, e.sc.src, "the settling dequeue is the dequeue")
+			body = "script_" + e.sc.settleOf.name
+		}
+		want = append(want, e.sc.fn+" "+body+flags)
+		if e.sc.settleOf != nil {
+			continue
+		}
 		raw, err := luaFS.ReadFile("lua/" + e.file)
 		require.NoError(t, err)
-		body, _ := cutIncludes(string(raw))
+		src, _ := cutIncludes(string(raw))
 		// The body as written, but for the constants the build writes in.
-		pat := regexp.QuoteMeta("'" + e.sc.fn + "', function(keys, args)\nKEYS, ARGV = keys, args\n" + body + "end)\n")
+		pat := regexp.QuoteMeta("\nlocal function " + body + "(keys, args)\nKEYS, ARGV = keys, args\n" + src + "end\n")
 		pat = regexp.MustCompile(`SCHED\\\.[A-Z_]+`).ReplaceAllString(pat, `(?:[0-9]+|'[^']*')`)
 		require.Regexp(t, "(?s)"+pat, lib.src, e.file)
 	}
 	require.Equal(t, want, got)
+	// Only the calls that start by removing may run when Redis is full.
+	for _, e := range libraryScripts(s) {
+		require.Equal(t, e.sc != s.enqueue && e.sc != s.dequeue, e.settles, e.sc.fn)
+	}
 
 	// Each fragment's functions once.
-	top, _, ok := strings.Cut(lib.src, "\nredis.register_function")
+	top, _, ok := strings.Cut(lib.src, "\nlocal function script_")
 	require.True(t, ok)
 	defs := regexp.MustCompile(`(?m)^\s*local function ([A-Za-z_][A-Za-z0-9_]*)\(`).FindAllStringSubmatch(top, -1)
 	seen := map[string]bool{}

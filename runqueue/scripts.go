@@ -27,6 +27,10 @@ type script struct {
 	// the Queue loaded the library; empty when it runs by EVALSHA.
 	fn  string
 	lib *library
+	// settleOf, flag on only: this is the dequeue for calls that carry
+	// acks, the same script as *settleOf under another function (see
+	// libEntry.settles).
+	settleOf *script
 	// refused: the script belongs to a Queue opened with Config.ReadOnly;
 	// running it is ErrReadOnly.
 	refused bool
@@ -39,14 +43,19 @@ type scriptSet struct {
 	// do nothing (see Queue.ackScript).
 	ackPlain *script
 	// lib, flag on only: the scripts built with the scheduler's code as a
-	// Functions library (library.go).
-	lib *library
+	// Functions library (library.go); dequeueSettle is the dequeue for
+	// calls that carry acks (the same script; its own function).
+	lib           *library
+	dequeueSettle *script
 }
 
 func (s *scriptSet) all() []*script {
 	all := []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight}
 	if s.ackPlain != nil {
 		all = append(all, s.ackPlain)
+	}
+	if s.dequeueSettle != nil {
+		all = append(all, s.dequeueSettle)
 	}
 	return all
 }
@@ -314,6 +323,9 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.redrive, "redrive"+suffix, "redrive.lua")
 	mk(&s.setweight, "setweight", "setweight.lua")
 	if vtime && err == nil {
+		settle := *s.dequeue
+		settle.settleOf = s.dequeue
+		s.dequeueSettle = &settle
 		s.lib, err = buildLibrary(&s)
 	}
 	return &s, err
@@ -327,7 +339,9 @@ func (s *scriptSet) load(ctx context.Context, c redis.UniversalClient, functions
 	names := make([]string, 0)
 	byName := map[string]*script{}
 	for _, sc := range s.all() {
-		names = append(names, sc.name)
+		if byName[sc.name] == nil { // (the settling dequeue is the dequeue)
+			names = append(names, sc.name)
+		}
 		byName[sc.name] = sc
 	}
 	sort.Strings(names)
@@ -363,36 +377,40 @@ func isNoScript(err error) bool {
 // run executes sc: by FCALL when its library is loaded (loading it again
 // when Redis lost it: a restart without persistence, FUNCTION FLUSH, a new
 // master), else by SHA, sending the source when Redis lost its script
-// cache (restart, failover, SCRIPT FLUSH).
+// cache (restart, failover, SCRIPT FLUSH). A library that cannot be
+// loaded again leaves the call to EVALSHA.
 func run(ctx context.Context, c redis.UniversalClient, sc *script, keys []string, args ...any) *redis.Cmd {
 	if sc.refused {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(ErrReadOnly)
 		return cmd
 	}
-	if sc.lib != nil {
+	if sc.byFunction() {
 		cmd := c.FCall(ctx, sc.fn, keys, args...)
-		if isNoFunction(cmd.Err()) {
-			cmd = reloadAndCall(ctx, c, sc, keys, args...)
+		if !isNoFunction(cmd.Err()) {
+			return cmd
 		}
-		return cmd
+		if sc.lib.load(ctx, c) == nil {
+			// (still missing: a master the client's cluster map did not
+			// show yet; this call runs by EVALSHA)
+			if cmd = c.FCall(ctx, sc.fn, keys, args...); !isNoFunction(cmd.Err()) {
+				return cmd
+			}
+		}
 	}
+	return runScript(ctx, c, sc, keys, args...)
+}
+
+// byFunction: sc runs by FCALL.
+func (sc *script) byFunction() bool { return sc.lib != nil && !sc.lib.off.Load() }
+
+// runScript executes sc by SHA, sending the source on NOSCRIPT.
+func runScript(ctx context.Context, c redis.UniversalClient, sc *script, keys []string, args ...any) *redis.Cmd {
 	cmd := c.EvalSha(ctx, sc.sha, keys, args...)
 	if isNoScript(cmd.Err()) {
 		cmd = c.Eval(ctx, sc.src, keys, args...)
 	}
 	return cmd
-}
-
-// reloadAndCall loads sc's library again, on a server that answered that
-// it has no such function, and calls sc once more.
-func reloadAndCall(ctx context.Context, c redis.UniversalClient, sc *script, keys []string, args ...any) *redis.Cmd {
-	if err := sc.lib.load(ctx, c); err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return c.FCall(ctx, sc.fn, keys, args...)
 }
 
 // call is one script call of a pipelined batch.
@@ -414,7 +432,7 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, cl := range calls {
-			if cl.sc.lib != nil {
+			if cl.sc.byFunction() {
 				cmds[i] = p.FCall(ctx, cl.sc.fn, cl.keys, cl.args...)
 			} else {
 				cmds[i] = p.EvalSha(ctx, cl.sc.sha, cl.keys, cl.args...)
@@ -425,14 +443,26 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	if err != nil && !isNoScript(err) && !isNoFunction(err) && !errors.As(err, new(redis.Error)) {
 		return nil, err
 	}
+	loaded := map[*library]error{} // each library loaded again once per batch
 	for i, cmd := range cmds {
+		cl := calls[i]
 		switch {
 		case isNoScript(cmd.Err()):
 			// The cache is known to be missing it: send the source at once
 			// (EVAL also caches it for the calls after).
-			cmds[i] = c.Eval(ctx, calls[i].sc.src, calls[i].keys, calls[i].args...)
+			cmds[i] = c.Eval(ctx, cl.sc.src, cl.keys, cl.args...)
 		case isNoFunction(cmd.Err()):
-			cmds[i] = reloadAndCall(ctx, c, calls[i].sc, calls[i].keys, calls[i].args...)
+			err, ok := loaded[cl.sc.lib]
+			if !ok {
+				err = cl.sc.lib.load(ctx, c)
+				loaded[cl.sc.lib] = err
+			}
+			if err == nil {
+				cmds[i] = c.FCall(ctx, cl.sc.fn, cl.keys, cl.args...)
+			}
+			if err != nil || isNoFunction(cmds[i].Err()) {
+				cmds[i] = runScript(ctx, c, cl.sc, cl.keys, cl.args...)
+			}
 		}
 	}
 	return cmds, nil

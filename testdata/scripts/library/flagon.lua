@@ -1,4 +1,4 @@
-#!lua name=runqueue_8edb3a964601345e
+#!lua name=runqueue_7cc3211081977d3e
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1000,7 +1000,7 @@ local function dq_finish(dq, acked)
   return out
 end
 
-redis.register_function('runqueue_8edb3a964601345e_enqueue_vtime', function(keys, args)
+local function script_enqueue_vtime(keys, args)
 KEYS, ARGV = keys, args
 -- enqueue: store runs of one base queue and queue each in its variant
 -- (ready or delayed). Each run is all or nothing; a run whose id exists is
@@ -1196,9 +1196,9 @@ end
 if woke and wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks.finish()
 return out
-end)
+end
 
-redis.register_function('runqueue_8edb3a964601345e_dequeue_vtime', function(keys, args)
+local function script_dequeue_vtime(keys, args)
 KEYS, ARGV = keys, args
 -- dequeue_vtime (scheduler flag on): ack the runs the call carries, then
 -- serve up to maxCount ready runs of one base queue in fair virtual-time
@@ -1698,9 +1698,9 @@ end
 
 sched_save(S)
 return dq_finish(dq, acked)
-end)
+end
 
-redis.register_function('runqueue_8edb3a964601345e_ack_vtime', function(keys, args)
+local function script_ack_vtime(keys, args)
 KEYS, ARGV = keys, args
 -- ack: runs of one base queue are done; each is removed everywhere and its
 -- concurrency released. A run that no longer exists is done already (an
@@ -1726,9 +1726,9 @@ local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 local out = held_ack(k, ARGV[2], ARGV, 4, n, now, hooks)
 hooks.finish()
 return out
-end)
+end
 
-redis.register_function('runqueue_8edb3a964601345e_requeue_vtime', function(keys, args)
+local function script_requeue_vtime(keys, args)
 KEYS, ARGV = keys, args
 -- requeue: a held run goes back to its variant (nack, or lease recovery
 -- when its lease passed), attempt + 1, or to the dead letter when it has no
@@ -1804,9 +1804,9 @@ if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_ste
 end
 hooks.finish()
 return { 1, att }
-end)
+end
 
-redis.register_function('runqueue_8edb3a964601345e_expire_vtime', function(keys, args)
+local function script_expire_vtime(keys, args)
 KEYS, ARGV = keys, args
 -- expire: TTL sweep of one queued run whose deadline passed.
 --
@@ -1848,9 +1848,9 @@ if not unplace(q, variant_keys(ARGV[6], vm), hooks, id, vm) then return 0 end
 redis.call('HDEL', q.runs, id)
 hooks.finish()
 return 1
-end)
+end
 
-redis.register_function('runqueue_8edb3a964601345e_redrive_vtime', function(keys, args)
+local function script_redrive_vtime(keys, args)
 KEYS, ARGV = keys, args
 -- redrive: a dead-lettered run goes back to its variant, ready now, with
 -- its attempts reset.
@@ -1895,4 +1895,12 @@ place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_st
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks.finish()
 return 1
-end)
+end
+
+redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -312,4 +312,24 @@ func TestLibraryFallsBack(t *testing.T) {
 	require.Equal(t, 1, hits["function"], "New tried the library once")
 	require.Zero(t, sent["fcall"])
 	require.Positive(t, sent["evalsha"])
+
+	// A user that may load the library but not call it: the first FCALL
+	// is refused before it runs, and that call and every later one run
+	// by EVALSHA.
+	user = "nofcall" + fmt.Sprint(time.Now().UnixNano())
+	require.NoError(t, c.Do(ctx, "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-fcall").Err())
+	t.Cleanup(func() { c.Do(context.Background(), "ACL", "DELUSER", user) })
+	opts.Username = user
+	u2 := redis.NewClient(&opts)
+	t.Cleanup(func() { _ = u2.Close() })
+	k = countCommands(u2, "NOPERM")
+	b = setup(t, u2, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
+	require.NotEmpty(t, libraryNames(t, ctx, c), "FUNCTION LOAD is allowed")
+	enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "1"})
+	enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "2"})
+	require.Equal(t, []string{"1", "2"}, runIDs(dequeue(t, b, queueName, 5)))
+	sent, hits = k.snapshot()
+	require.Equal(t, 1, sent["fcall"], "one FCALL, refused; the library is off after it")
+	require.Equal(t, 1, hits["fcall"])
+	require.GreaterOrEqual(t, sent["evalsha"], 3)
 }

@@ -387,6 +387,9 @@ func run(ctx context.Context, c redis.UniversalClient, sc *script, keys []string
 	}
 	if sc.byFunction() {
 		cmd := c.FCall(ctx, sc.fn, keys, args...)
+		if refusedFCall(sc, cmd.Err()) {
+			return runScript(ctx, c, sc, keys, args...)
+		}
 		if !isNoFunction(cmd.Err()) {
 			return cmd
 		}
@@ -399,6 +402,17 @@ func run(ctx context.Context, c redis.UniversalClient, sc *script, keys []string
 		}
 	}
 	return runScript(ctx, c, sc, keys, args...)
+}
+
+// refusedFCall: the server refuses FCALL itself (an ACL that allows
+// FUNCTION LOAD but not FCALL): the library goes off, and the call runs
+// by EVALSHA. (FCALL was refused before the function ran.)
+func refusedFCall(sc *script, err error) bool {
+	if err == nil || !strings.HasPrefix(err.Error(), "NOPERM") || !strings.Contains(strings.ToLower(err.Error()), "fcall") {
+		return false
+	}
+	sc.lib.off.Store(true)
+	return true
 }
 
 // byFunction: sc runs by FCALL.
@@ -447,6 +461,8 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	for i, cmd := range cmds {
 		cl := calls[i]
 		switch {
+		case cl.sc.lib != nil && refusedFCall(cl.sc, cmd.Err()):
+			cmds[i] = runScript(ctx, c, cl.sc, cl.keys, cl.args...)
 		case isNoScript(cmd.Err()):
 			// The cache is known to be missing it: send the source at once
 			// (EVAL also caches it for the calls after).

@@ -143,9 +143,10 @@ type Config struct {
 	// FUNCTION is missing (Redis before 7.0, miniredis) or refused (NOPERM,
 	// any refusal but a compile error of the library's code), New falls
 	// back to EVALSHA silently, and so does a call whose library a server
-	// will not take again. The flag-off scripts always run by EVALSHA. A library of an older version stays
-	// loaded until removed (FUNCTION DELETE name) once no instance of that
-	// version runs.
+	// will not take again. The flag-off scripts always run by EVALSHA. New
+	// deletes the libraries of other runqueue versions (each one loaded
+	// makes every call cost Redis more); an instance of another version
+	// still running loads its own again at its next call.
 	ScriptsOnly bool
 
 	// Clock tells the time. Defaults to the wall clock.

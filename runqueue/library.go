@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync/atomic"
 
@@ -228,6 +229,32 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		l.off.Store(true)
 	}
 	return err
+}
+
+// libraryName is the name of every runqueue library.
+var libraryName = regexp.MustCompile(`^runqueue_[0-9a-f]{16}$`)
+
+// prune deletes, on every master, the libraries of other runqueue
+// versions (their names follow libraryName). Every library loaded makes
+// each FCALL cost Redis more: Lua's garbage collector walks the functions'
+// one Lua heap, which holds every library (a flag-on enqueue: 150,189
+// instructions with one library loaded, 161,560 with four). An instance of
+// another version still running loads its library again at its next call
+// (see run), once per prune. Best effort: a server that refuses FUNCTION
+// LIST or DELETE keeps them.
+func (l *library) prune(ctx context.Context, c redis.UniversalClient) {
+	_ = eachServer(ctx, c, func(ctx context.Context, n redis.Cmdable) error {
+		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "runqueue_*"}).Result()
+		if err != nil {
+			return nil
+		}
+		for _, lib := range libs {
+			if lib.Name != l.name && libraryName.MatchString(lib.Name) {
+				_ = n.FunctionDelete(ctx, lib.Name).Err()
+			}
+		}
+		return nil
+	})
 }
 
 // isNoFunction: FCALL found no such function (a restart without

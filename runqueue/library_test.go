@@ -333,3 +333,39 @@ func TestLibraryFallsBack(t *testing.T) {
 	require.Equal(t, 1, hits["fcall"])
 	require.GreaterOrEqual(t, sent["evalsha"], 3)
 }
+
+// TestLibraryPrunesOtherVersions: New deletes the libraries of other
+// runqueue versions (each loaded library makes every FCALL cost more) and
+// leaves any other library alone; an instance whose library went loads it
+// again at its next call and runs it once.
+func TestLibraryPrunesOtherVersions(t *testing.T) {
+	c := redistest.Private(t)
+	ctx := context.Background()
+	require.NoError(t, c.FunctionFlush(ctx).Err())
+	load := func(name string) {
+		require.NoError(t, c.FunctionLoad(ctx, "#!lua name="+name+"\nredis.register_function('"+name+
+			"_f', function() return 1 end)\n").Err())
+	}
+	load("runqueue_0123456789abcdef")
+	load("runqueue_fedcba9876543210")
+	load("runqueue_mine") // not a runqueue version's name
+	load("app")
+
+	first := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
+	enqueue(t, first, runqueue.EnqueueParams{Key: "a", ID: "1"})
+	mine := libraryNames(t, ctx, c)
+	require.Len(t, mine, 3)
+	require.Subset(t, mine, []string{"runqueue_mine", "app"})
+
+	// Another version's New deletes this one's library; its next calls
+	// load it again.
+	load("runqueue_aaaaaaaaaaaaaaaa")
+	for _, n := range mine {
+		if n != "runqueue_mine" && n != "app" {
+			require.NoError(t, c.FunctionDelete(ctx, n).Err())
+		}
+	}
+	enqueue(t, first, runqueue.EnqueueParams{Key: "a", ID: "2"})
+	require.Equal(t, []string{"1", "2"}, runIDs(dequeue(t, first, queueName, 5)))
+	require.ElementsMatch(t, append(mine, "runqueue_aaaaaaaaaaaaaaaa"), libraryNames(t, ctx, c))
+}

@@ -515,8 +515,9 @@ func TestReviewLibraryConcurrentReload(t *testing.T) {
 
 // TestReviewLibraryRollingUpgrade: an instance of another version (its
 // library of other code, loaded first) and this one keep their own
-// functions side by side; neither replaces the other's, and two instances
-// of this version share one library.
+// functions side by side; neither replaces the other's (New deletes the
+// other's library, which its instance loads again), and two instances of
+// this version share one library.
 func TestReviewLibraryRollingUpgrade(t *testing.T) {
 	_, c := rlibSpawn(t)
 	ctx := context.Background()
@@ -529,7 +530,12 @@ func TestReviewLibraryRollingUpgrade(t *testing.T) {
 	require.NoError(t, c.FunctionLoad(ctx, code.String()).Err())
 
 	b1 := rlibBundle(t, c, "up", false, nil)
-	b2 := rlibBundle(t, c, "up", false, nil)
+	// New deleted the other version's library (library.prune): an
+	// instance of that version loads it again at its next call, as here.
+	require.Equal(t, []string{rlibLibrary(t)}, libraryNames(t, ctx, c))
+	require.NoError(t, c.FunctionLoad(ctx, code.String()).Err())
+	b2 := rlibBundle(t, c, "up", false, nil) // prunes it again; then it is back once more
+	require.NoError(t, c.FunctionLoad(ctx, code.String()).Err())
 	enqueue(t, b1, runqueue.EnqueueParams{Key: "a", ID: "1"})
 	require.Equal(t, []string{"1"}, runIDs(dequeue(t, b2, queueName, 1)))
 	require.ElementsMatch(t, []string{old, rlibLibrary(t)}, libraryNames(t, ctx, c))

@@ -364,6 +364,7 @@ func (s *scriptSet) load(ctx context.Context, c redis.UniversalClient, functions
 	case err != nil:
 		return err
 	}
+	s.lib.prune(ctx, c)
 	for _, e := range libraryScripts(s) {
 		e.sc.lib = s.lib
 	}

@@ -220,7 +220,7 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 			return nil
 		case strings.Contains(msg, "Error compiling") || strings.Contains(msg, "Error registering"):
 			return fmt.Errorf("runqueue: loading function library %s: %w", l.name, err)
-		case strings.HasPrefix(msg, "OOM"):
+		case isOOM(err):
 			return err
 		}
 		return fmt.Errorf("%w (%s)", errNoFunctions, msg)
@@ -229,6 +229,11 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		l.off.Store(true)
 	}
 	return err
+}
+
+// isOOM: Redis refused a command because it is full (maxmemory reached).
+func isOOM(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "OOM")
 }
 
 // libraryName is the name of every runqueue library.

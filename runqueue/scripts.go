@@ -23,8 +23,9 @@ type script struct {
 	src   string
 	sha   string
 	hooks bool // built with the scheduler's hooks: takes its extra KEYS and ARGV
-	// fn is the script's function in lib (library.go), run by FCALL when
-	// the Queue loaded the library; empty when it runs by EVALSHA.
+	// fn is the script's function in the flag-on library (library.go);
+	// lib is set when the Queue loaded that library: the script then runs
+	// by FCALL (unless the library went off), else by EVALSHA.
 	fn  string
 	lib *library
 	// settleOf, flag on only: this is the dequeue for calls that carry

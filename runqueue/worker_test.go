@@ -776,8 +776,10 @@ func TestWorkerLeavesNoGoroutines(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, q.Close()) }()
 
+	blocked := make(chan struct{}, 2) // a blocking handler has started
 	block := func(ctx context.Context, r *runqueue.Run) error {
 		if strings.HasPrefix(r.ID, "blocks") {
+			blocked <- struct{}{}
 			<-ctx.Done()
 			return ctx.Err()
 		}
@@ -794,6 +796,14 @@ func TestWorkerLeavesNoGoroutines(t *testing.T) {
 		enqueue(t, b, runqueue.EnqueueParams{ID: "quick" + round})
 		enqueue(t, b, runqueue.EnqueueParams{ID: "blocks" + round})
 		o.until(t, runqueue.OutcomeAck, 1)
+		// Stop only once the blocking run is held by its handler: the
+		// quick run's ack can come before the worker fetched it, and a
+		// Shutdown with nothing running returns at once.
+		select {
+		case <-blocked:
+		case <-time.After(workerWait):
+			t.Fatal("the blocking run never reached its handler")
+		}
 		stop(w, cancel)
 	}
 	// Graceful: the blocked handler is released.

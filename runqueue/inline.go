@@ -2,7 +2,6 @@ package runqueue
 
 import (
 	"fmt"
-	"maps"
 	"regexp"
 	"strings"
 )
@@ -29,7 +28,8 @@ import (
 // use after the block that holds the table, a nil global in the fragment,
 // would read the value; the fragments define their tables at the top of a
 // fragment, whose scope is the rest of the function that includes it. A
-// fragment included twice defines its table twice, with the same values.
+// table is defined once in a script (a second definition is an assignment
+// to its name, refused).
 
 // inlineDirective marks a table of constants to inline.
 const inlineDirective = "--@inline"
@@ -42,39 +42,20 @@ var (
 
 // inlineConsts drops every table marked with inlineDirective from src and
 // writes each use of its keys as the value (see above).
-// A fragment included twice (in two functions of one script) defines its
-// table twice: the definitions must hold the same values.
 func inlineConsts(src string) (string, error) {
-	tables := map[string]map[string]string{}
-	first := map[string]int{} // where the first definition was, in src as cut
-	var names []string
 	for {
 		at := directiveLine(src)
 		if at < 0 {
-			break
+			return src, nil
 		}
 		name, vals, rest, err := cutConstTable(src[at:])
 		if err != nil {
 			return "", err
 		}
-		if was, ok := tables[name]; ok {
-			if !maps.Equal(was, vals) {
-				return "", fmt.Errorf("runqueue: inline: table %s defined twice with other values", name)
-			}
-		} else {
-			tables[name] = vals
-			first[name] = at // (later cuts are further on: at stays put)
-			names = append(names, name)
-		}
-		src = src[:at] + rest
-	}
-	for _, name := range names {
-		var err error
-		if src, err = replaceConsts(src, name, tables[name], first[name]); err != nil {
+		if src, err = replaceConsts(src[:at]+rest, name, vals, at); err != nil {
 			return "", err
 		}
 	}
-	return src, nil
 }
 
 // directiveLine is the offset of the first line that is the directive

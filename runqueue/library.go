@@ -57,6 +57,9 @@ type library struct {
 type libEntry struct {
 	sc   *script
 	file string
+	// suffix follows the script's name in the function's name: the
+	// settling dequeue is the dequeue's script under a function of its own.
+	suffix string
 	// settles: the call starts by removing (acks, nacks, sweeps), so
 	// EVALSHA runs it when Redis is out of memory (maxmemory reached,
 	// noeviction): a script without flags is refused only at its first
@@ -73,19 +76,14 @@ type libEntry struct {
 // twice, as two functions of one body: by itself, and carrying acks.
 func libraryScripts(s *scriptSet) []libEntry {
 	return []libEntry{
-		{s.enqueue, "enqueue.lua", false}, {s.dequeue, "dequeue_vtime.lua", false},
-		{s.dequeueSettle, "dequeue_vtime.lua", true}, {s.ack, "ack.lua", true},
-		{s.requeue, "requeue.lua", true}, {s.expire, "expire.lua", true}, {s.redrive, "redrive.lua", true},
+		{s.enqueue, "enqueue.lua", "", false}, {s.dequeue, "dequeue_vtime.lua", "", false},
+		{s.dequeueSettle, "dequeue_vtime.lua", "_settle", true}, {s.ack, "ack.lua", "", true},
+		{s.requeue, "requeue.lua", "", true}, {s.expire, "expire.lua", "", true}, {s.redrive, "redrive.lua", "", true},
 	}
 }
 
 // fnSuffix is the part of an entry's function name after the library's.
-func (e libEntry) fnSuffix() string {
-	if e.sc.settleOf != nil {
-		return e.sc.name + "_settle"
-	}
-	return e.sc.name
-}
+func (e libEntry) fnSuffix() string { return e.sc.name + e.suffix }
 
 // buildLibrary assembles the library of a flag-on script set and names
 // each of its scripts' functions (script.fn); it does not load anything.
@@ -208,7 +206,7 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		return ctx.Err()
 	}
 	defer func() { <-l.sem }()
-	err := eachServer(ctx, c, func(ctx context.Context, n redis.Cmdable) error {
+	err := eachServer(ctx, c, func(ctx context.Context, n redis.Cmdable, _ string) error {
 		err := n.FunctionLoad(ctx, l.src).Err()
 		var reply redis.Error
 		if err == nil || !errors.As(err, &reply) {
@@ -248,7 +246,7 @@ var libraryName = regexp.MustCompile(`^runqueue_[0-9a-f]{16}$`)
 // (see run), once per prune. Best effort: a server that refuses FUNCTION
 // LIST or DELETE keeps them.
 func (l *library) prune(ctx context.Context, c redis.UniversalClient) {
-	_ = eachServer(ctx, c, func(ctx context.Context, n redis.Cmdable) error {
+	_ = eachServer(ctx, c, func(ctx context.Context, n redis.Cmdable, _ string) error {
 		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "runqueue_*"}).Result()
 		if err != nil {
 			return nil
@@ -266,17 +264,4 @@ func (l *library) prune(ctx context.Context, c redis.UniversalClient) {
 // persistence, FUNCTION FLUSH, a new master): load the library again.
 func isNoFunction(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "Function not found")
-}
-
-// eachServer runs f on every master of a cluster, every shard of a ring,
-// or the one server of any other client.
-func eachServer(ctx context.Context, client redis.UniversalClient, f func(ctx context.Context, n redis.Cmdable) error) error {
-	switch c := client.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return f(ctx, n) })
-	case *redis.Ring:
-		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return f(ctx, n) })
-	default:
-		return f(ctx, client)
-	}
 }

@@ -36,12 +36,12 @@ func TestLibraryShape(t *testing.T) {
 			flags = ", flags = { 'allow-oom' }"
 		}
 		body := "script_" + e.sc.name
-		if e.sc.settleOf != nil {
-			require.Equal(t, e.sc.settleOf.src, e.sc.src, "the settling dequeue is the dequeue")
-			body = "script_" + e.sc.settleOf.name
+		if e.suffix != "" {
+			require.Equal(t, s.dequeue.src, e.sc.src, "the settling dequeue is the dequeue")
+			body = "script_" + s.dequeue.name
 		}
 		want = append(want, e.sc.fn+" "+body+flags)
-		if e.sc.settleOf != nil {
+		if e.suffix != "" {
 			continue
 		}
 		raw, err := luaFS.ReadFile("lua/" + e.file)

@@ -125,19 +125,26 @@ func checkEviction(ctx context.Context, client redis.UniversalClient) error {
 		}
 		return nil
 	}
+	return eachServer(ctx, client, check)
+}
+
+// eachServer runs f on every master of a cluster, every shard of a ring,
+// or the one server of any other client; addr is the server's address
+// ("" when the client does not say).
+func eachServer(ctx context.Context, client redis.UniversalClient, f func(ctx context.Context, n redis.Cmdable, addr string) error) error {
 	switch c := client.(type) {
 	case *redis.ClusterClient:
 		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			return check(ctx, n, n.Options().Addr)
+			return f(ctx, n, n.Options().Addr)
 		})
 	case *redis.Ring:
 		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			return check(ctx, n, n.Options().Addr)
+			return f(ctx, n, n.Options().Addr)
 		})
 	case *redis.Client:
-		return check(ctx, c, c.Options().Addr)
+		return f(ctx, c, c.Options().Addr)
 	default:
-		return check(ctx, client, "")
+		return f(ctx, client, "")
 	}
 }
 

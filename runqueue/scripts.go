@@ -28,10 +28,6 @@ type script struct {
 	// by FCALL (unless the library went off), else by EVALSHA.
 	fn  string
 	lib *library
-	// settleOf, flag on only: this is the dequeue for calls that carry
-	// acks, the same script as *settleOf under another function (see
-	// libEntry.settles).
-	settleOf *script
 	// refused: the script belongs to a Queue opened with Config.ReadOnly;
 	// running it is ErrReadOnly.
 	refused bool
@@ -324,8 +320,7 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.redrive, "redrive"+suffix, "redrive.lua")
 	mk(&s.setweight, "setweight", "setweight.lua")
 	if vtime && err == nil {
-		settle := *s.dequeue
-		settle.settleOf = s.dequeue
+		settle := *s.dequeue // (its own fn: libraryScripts)
 		s.dequeueSettle = &settle
 		s.lib, err = buildLibrary(&s)
 	}
@@ -459,7 +454,7 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	if err != nil && !isNoScript(err) && !isNoFunction(err) && !errors.As(err, new(redis.Error)) {
 		return nil, err
 	}
-	loaded := map[*library]error{} // each library loaded again once per batch
+	var loaded map[*library]error // each library loaded again once per batch
 	for i, cmd := range cmds {
 		cl := calls[i]
 		switch {
@@ -473,6 +468,9 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 			err, ok := loaded[cl.sc.lib]
 			if !ok {
 				err = cl.sc.lib.load(ctx, c)
+				if loaded == nil {
+					loaded = map[*library]error{}
+				}
 				loaded[cl.sc.lib] = err
 			}
 			if err == nil {

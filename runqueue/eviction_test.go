@@ -23,6 +23,20 @@ import (
 // without redis-server on PATH, or fails under RUNQUEUE_REQUIRE_REDIS=1.
 func ownRedis(t *testing.T, extra ...string) string {
 	t.Helper()
+	return ownServer(t, extra...).addr
+}
+
+// ownProc is a redis-server of ownServer's (no persistence).
+type ownProc struct {
+	bin, dir, addr string
+	args           []string
+	cmd            *exec.Cmd
+	exited         chan struct{}
+}
+
+// ownServer is ownRedis with a handle that can restart the server.
+func ownServer(t *testing.T, extra ...string) *ownProc {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "1" {
@@ -30,7 +44,7 @@ func ownRedis(t *testing.T, extra ...string) string {
 		}
 		t.Skip("redis-server is not on PATH")
 	}
-	dir := t.TempDir()
+	p := &ownProc{bin: bin, dir: t.TempDir()}
 	var lastErr error
 	// Another process may take the free port before redis-server binds it;
 	// the next attempt picks another.
@@ -39,22 +53,48 @@ func ownRedis(t *testing.T, extra ...string) string {
 		require.NoError(t, err)
 		port := l.Addr().(*net.TCPAddr).Port
 		require.NoError(t, l.Close())
-		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
-			"--appendonly", "no", "--daemonize", "no", "--dir", dir}, extra...)
-		cmd := exec.Command(bin, args...)
-		require.NoError(t, cmd.Start())
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		if lastErr = waitPing(addr, exited); lastErr == nil {
-			t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
-			return addr
+		p.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		p.args = append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+			"--appendonly", "no", "--daemonize", "no", "--dir", p.dir}, extra...)
+		if lastErr = p.start(t); lastErr == nil {
+			t.Cleanup(p.stop)
+			return p
 		}
-		_ = cmd.Process.Kill()
-		<-exited
 	}
 	t.Fatalf("redis-server: %v", lastErr)
-	return ""
+	return nil
+}
+
+// start runs the server and waits for its PONG; a server that does not
+// answer is stopped.
+func (p *ownProc) start(t *testing.T) error {
+	t.Helper()
+	p.cmd = exec.Command(p.bin, p.args...)
+	require.NoError(t, p.cmd.Start())
+	p.exited = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(p.cmd, p.exited)
+	err := waitPing(p.addr, p.exited)
+	if err != nil {
+		p.stop()
+	}
+	return err
+}
+
+func (p *ownProc) stop() {
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.exited
+	p.cmd = nil
+}
+
+// restart stops the server (its data, script cache and functions go: no
+// persistence) and starts it again on the same address.
+func (p *ownProc) restart(t *testing.T) {
+	t.Helper()
+	p.stop()
+	require.NoError(t, p.start(t))
 }
 
 func waitPing(addr string, exited <-chan struct{}) error {

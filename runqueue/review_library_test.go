@@ -14,9 +14,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,83 +27,12 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
-// rlibServer is a redis-server this test started for itself.
-type rlibServer struct {
-	bin, dir string
-	port     int
-	args     []string
-	cmd      *exec.Cmd
-	exited   chan struct{}
-}
-
-// rlibSpawn starts a redis-server of the test's own (no persistence) with
-// extra arguments, and returns it with a client. It skips without a
-// redis-server on PATH, or fails under RUNQUEUE_REQUIRE_REDIS=1.
-func rlibSpawn(t *testing.T, args ...string) (*rlibServer, *redis.Client) {
+// rlibSpawn starts a redis-server of the test's own (ownServer: no
+// persistence) with extra arguments, and returns it with a client.
+func rlibSpawn(t *testing.T, args ...string) (*ownProc, *redis.Client) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "1" {
-			t.Fatalf("redis-server not on PATH: %v", err)
-		}
-		t.Skip("redis-server not on PATH")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	s := &rlibServer{bin: bin, dir: t.TempDir(), port: port, args: args}
-	s.start(t)
-	t.Cleanup(func() { s.stop() })
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), ReadTimeout: redistest.ReadTimeout})
-	t.Cleanup(func() { _ = c.Close() })
-	return s, c
-}
-
-func (s *rlibServer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
-
-func (s *rlibServer) start(t *testing.T) {
-	t.Helper()
-	args := append([]string{"--save", "", "--appendonly", "no", "--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1", "--daemonize", "no", "--dir", s.dir}, s.args...)
-	log, err := os.Create(filepath.Join(s.dir, "redis.log"))
-	require.NoError(t, err)
-	s.cmd = exec.Command(s.bin, args...)
-	s.cmd.Stdout, s.cmd.Stderr = log, log
-	require.NoError(t, s.cmd.Start())
-	_ = log.Close()
-	s.exited = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) {
-		_ = cmd.Wait()
-		close(done)
-	}(s.cmd, s.exited)
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), MaxRetries: -1, DialTimeout: time.Second})
-	defer func() { _ = c.Close() }()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			raw, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			t.Fatalf("redis-server did not start: %s", raw)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (s *rlibServer) stop() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd = nil
-}
-
-// restart stops the server (its data, script cache and functions go: no
-// persistence) and starts it again on the same port.
-func (s *rlibServer) restart(t *testing.T) {
-	t.Helper()
-	s.stop()
-	s.start(t)
+	s := ownServer(t, args...)
+	return s, clientFor(t, &redis.Options{Addr: s.addr, ReadTimeout: redistest.ReadTimeout})
 }
 
 // rlibBundle is a flag-on Queue on c under prefix; scriptsOnly runs the
@@ -955,7 +881,7 @@ func TestReviewLibraryProxyRefusesFunction(t *testing.T) {
 		{"UnsupportedCommand", "-ERR unsupported command 'function'\r\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			addr := rlibProxy(t, srv.addr(), func(name string) (string, bool) {
+			addr := rlibProxy(t, srv.addr, func(name string) (string, bool) {
 				return tc.reply, name == "function" || name == "fcall"
 			})
 			c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, ReadTimeout: redistest.ReadTimeout})

@@ -371,45 +371,63 @@ func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
-// run executes sc: by FCALL when its library is loaded (loading it again
-// when Redis lost it: a restart without persistence, FUNCTION FLUSH, a new
-// master), else by SHA, sending the source when Redis lost its script
-// cache (restart, failover, SCRIPT FLUSH). A library that cannot be
-// loaded again leaves the call to EVALSHA.
+// run executes sc: by FCALL when its library is loaded, else by SHA;
+// recover mends the calls that found no script or function.
 func run(ctx context.Context, c redis.UniversalClient, sc *script, keys []string, args ...any) *redis.Cmd {
 	if sc.refused {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(ErrReadOnly)
 		return cmd
 	}
-	if sc.byFunction() {
-		cmd := c.FCall(ctx, sc.fn, keys, args...)
-		if refusedFCall(sc, cmd.Err()) {
-			return runScript(ctx, c, sc, keys, args...)
-		}
-		if !isNoFunction(cmd.Err()) {
-			return cmd
-		}
-		if sc.lib.load(ctx, c) == nil {
-			// (still missing: a master the client's cluster map did not
-			// show yet; this call runs by EVALSHA)
-			if cmd = c.FCall(ctx, sc.fn, keys, args...); !isNoFunction(cmd.Err()) {
+	cl := call{sc, keys, args}
+	return recoverCall(ctx, c, cl, send(ctx, c, cl), func(l *library) error { return l.load(ctx, c) })
+}
+
+// send sends cl by FCALL when its library is loaded, else by EVALSHA, on
+// c or in a pipeline.
+func send(ctx context.Context, c redis.Cmdable, cl call) *redis.Cmd {
+	if cl.sc.byFunction() {
+		return c.FCall(ctx, cl.sc.fn, cl.keys, cl.args...)
+	}
+	return c.EvalSha(ctx, cl.sc.sha, cl.keys, cl.args...)
+}
+
+// recoverCall sends cl again when its first answer, cmd, says the server
+// lacks what it ran, and returns the answer that counts:
+//   - NOSCRIPT (a restart, failover, SCRIPT FLUSH): the source, by EVAL,
+//     which also caches it for the calls after;
+//   - no such function (a restart without persistence, FUNCTION FLUSH, a
+//     new master): the library is loaded again (load) and the call sent by
+//     FCALL; a library that cannot be loaded, or a function still missing
+//     (a master the client's cluster map did not show yet), leaves the call
+//     to EVALSHA;
+//   - FCALL refused itself (an ACL that allows FUNCTION LOAD but not
+//     FCALL; it was refused before the function ran): the library goes
+//     off, and the call runs by EVALSHA.
+func recoverCall(ctx context.Context, c redis.UniversalClient, cl call, cmd *redis.Cmd, load func(*library) error) *redis.Cmd {
+	err := cmd.Err()
+	switch {
+	case err == nil:
+		return cmd
+	case isNoScript(err):
+		return c.Eval(ctx, cl.sc.src, cl.keys, cl.args...)
+	case isNoFunction(err):
+		if load(cl.sc.lib) == nil {
+			if cmd = c.FCall(ctx, cl.sc.fn, cl.keys, cl.args...); !isNoFunction(cmd.Err()) {
 				return cmd
 			}
 		}
+		return runScript(ctx, c, cl.sc, cl.keys, cl.args...)
+	case cl.sc.lib != nil && refusedFCall(err):
+		cl.sc.lib.off.Store(true)
+		return runScript(ctx, c, cl.sc, cl.keys, cl.args...)
 	}
-	return runScript(ctx, c, sc, keys, args...)
+	return cmd
 }
 
-// refusedFCall: the server refuses FCALL itself (an ACL that allows
-// FUNCTION LOAD but not FCALL): the library goes off, and the call runs
-// by EVALSHA. (FCALL was refused before the function ran.)
-func refusedFCall(sc *script, err error) bool {
-	if err == nil || !strings.HasPrefix(err.Error(), "NOPERM") || !strings.Contains(strings.ToLower(err.Error()), "fcall") {
-		return false
-	}
-	sc.lib.off.Store(true)
-	return true
+// refusedFCall: the error is an ACL's refusal of FCALL itself.
+func refusedFCall(err error) bool {
+	return strings.HasPrefix(err.Error(), "NOPERM") && strings.Contains(strings.ToLower(err.Error()), "fcall")
 }
 
 // byFunction: sc runs by FCALL.
@@ -432,8 +450,8 @@ type call struct {
 }
 
 // runPipelined sends calls in one pipeline. go-redis does not fall back to
-// EVAL inside a pipeline, so calls that failed with NOSCRIPT (or found no
-// function) are reloaded and resent once.
+// EVAL inside a pipeline, so the calls that found no script or function
+// are mended after it (recoverCall), each library loaded again once.
 func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([]*redis.Cmd, error) {
 	for _, cl := range calls {
 		if cl.sc.refused {
@@ -443,11 +461,7 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, cl := range calls {
-			if cl.sc.byFunction() {
-				cmds[i] = p.FCall(ctx, cl.sc.fn, cl.keys, cl.args...)
-			} else {
-				cmds[i] = p.EvalSha(ctx, cl.sc.sha, cl.keys, cl.args...)
-			}
+			cmds[i] = send(ctx, p, cl)
 		}
 		return nil
 	})
@@ -455,31 +469,19 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 		return nil, err
 	}
 	var loaded map[*library]error // each library loaded again once per batch
-	for i, cmd := range cmds {
-		cl := calls[i]
-		switch {
-		case cl.sc.lib != nil && refusedFCall(cl.sc, cmd.Err()):
-			cmds[i] = runScript(ctx, c, cl.sc, cl.keys, cl.args...)
-		case isNoScript(cmd.Err()):
-			// The cache is known to be missing it: send the source at once
-			// (EVAL also caches it for the calls after).
-			cmds[i] = c.Eval(ctx, cl.sc.src, cl.keys, cl.args...)
-		case isNoFunction(cmd.Err()):
-			err, ok := loaded[cl.sc.lib]
-			if !ok {
-				err = cl.sc.lib.load(ctx, c)
-				if loaded == nil {
-					loaded = map[*library]error{}
-				}
-				loaded[cl.sc.lib] = err
+	load := func(l *library) error {
+		err, ok := loaded[l]
+		if !ok {
+			err = l.load(ctx, c)
+			if loaded == nil {
+				loaded = map[*library]error{}
 			}
-			if err == nil {
-				cmds[i] = c.FCall(ctx, cl.sc.fn, cl.keys, cl.args...)
-			}
-			if err != nil || isNoFunction(cmds[i].Err()) {
-				cmds[i] = runScript(ctx, c, cl.sc, cl.keys, cl.args...)
-			}
+			loaded[l] = err
 		}
+		return err
+	}
+	for i, cmd := range cmds {
+		cmds[i] = recoverCall(ctx, c, calls[i], cmd, load)
 	}
 	return cmds, nil
 }

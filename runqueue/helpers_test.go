@@ -263,3 +263,29 @@ func enqueueMany(t testing.TB, b *testBundle, n int, param func(i int) runqueue.
 		require.NoError(t, err)
 	}
 }
+
+// afterEach is a go-redis hook that calls the function with each command
+// the client sends and its error, once answered (in pipelines too).
+type afterEach func(cmd redis.Cmder, err error)
+
+func (f afterEach) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f afterEach) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		// Process sets cmd's error from this return value only after the
+		// hooks have returned.
+		f(cmd, err)
+		return err
+	}
+}
+
+func (f afterEach) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			f(cmd, cmd.Err())
+		}
+		return err
+	}
+}

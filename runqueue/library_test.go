@@ -28,28 +28,8 @@ type cmdCounter struct {
 
 func countCommands(c redis.UniversalClient, match string) *cmdCounter {
 	k := &cmdCounter{sent: map[string]int{}, hits: map[string]int{}, match: match}
-	c.AddHook(k)
+	c.AddHook(afterEach(k.count))
 	return k
-}
-
-func (k *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (k *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		k.count(cmd, err)
-		return err
-	}
-}
-
-func (k *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			k.count(cmd, cmd.Err())
-		}
-		return err
-	}
 }
 
 func (k *cmdCounter) count(cmd redis.Cmder, err error) {

@@ -341,32 +341,6 @@ func TestReviewLibraryRestart(t *testing.T) {
 	require.Zero(t, st.InFlight)
 }
 
-// cancelOnNoFunction cancels a context when an FCALL finds no function:
-// the reload that follows runs on a cancelled context.
-type cancelOnNoFunction struct{ cancel context.CancelFunc }
-
-func (h *cancelOnNoFunction) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *cancelOnNoFunction) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if cmd.Name() == "fcall" && err != nil && strings.Contains(err.Error(), "Function not found") {
-			h.cancel()
-		}
-		return err
-	}
-}
-func (h *cancelOnNoFunction) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			if cmd.Name() == "fcall" && cmd.Err() != nil && strings.Contains(cmd.Err().Error(), "Function not found") {
-				h.cancel()
-			}
-		}
-		return err
-	}
-}
-
 // TestReviewLibraryReloadCancelled: a call whose context is cancelled
 // between the FCALL that found no function and the reload fails (or
 // succeeds) without running twice; the next call reloads and runs.
@@ -382,7 +356,13 @@ func TestReviewLibraryReloadCancelled(t *testing.T) {
 	t.Cleanup(func() { _ = q.Close() })
 	ob.q = q
 	ctx, cancel := context.WithCancel(context.Background())
-	o.AddHook(&cancelOnNoFunction{cancel: cancel})
+	// Cancel at the FCALL that finds no function: the reload that follows
+	// runs on a cancelled context.
+	o.AddHook(afterEach(func(cmd redis.Cmder, err error) {
+		if cmd.Name() == "fcall" && err != nil && strings.Contains(err.Error(), "Function not found") {
+			cancel()
+		}
+	}))
 
 	require.NoError(t, c.FunctionFlush(b.ctx).Err())
 	got, err := q.Dequeue(ctx, env, queueName, 1)

@@ -1,7 +1,6 @@
 package runqueue_test
 
 import (
-	"context"
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
@@ -38,30 +37,8 @@ type evalRecorder struct {
 
 func recordEvals(c redis.UniversalClient) *evalRecorder {
 	r := &evalRecorder{}
-	c.AddHook(r)
+	c.AddHook(afterEach(r.record))
 	return r
-}
-
-func (r *evalRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *evalRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		// Process sets cmd's error from this return value only after the
-		// hooks have returned.
-		r.record(cmd, err)
-		return err
-	}
-}
-
-func (r *evalRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			r.record(cmd, cmd.Err())
-		}
-		return err
-	}
 }
 
 func (r *evalRecorder) record(cmd redis.Cmder, err error) {

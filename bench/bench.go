@@ -56,8 +56,12 @@ type Options struct {
 	GatedKeys   int // keys held at their limit in the gated measurement
 
 	MemoryKeys []int
-	SweepKeys  []int
-	SweepRuns  int
+	// RunMemoryKeys are the key counts over which the memory section
+	// queues MemoryRuns runs to measure the bytes of a queued run.
+	RunMemoryKeys []int
+	MemoryRuns    int
+	SweepKeys     []int
+	SweepRuns     int
 
 	Producers, Workers, ThroughputRuns, ThroughputKeys, Batch int
 	// SingleProducers are the goroutines of the single-Enqueue phases.
@@ -78,10 +82,10 @@ type Options struct {
 func DefaultOptions() Options {
 	return Options{
 		CostRuns: 10000, CostRepeats: 3, CostKeys: 100, GatedCalls: 2000, GatedKeys: 80,
-		MemoryKeys: []int{100, 1000, 10000, 100000},
-		SweepKeys:  []int{10, 100, 1000, 10000, 100000},
-		SweepRuns:  5000,
-		Producers:  4, Workers: 1, ThroughputRuns: 20000, ThroughputKeys: 100, Batch: 10,
+		MemoryKeys: []int{100, 1000, 10000, 100000}, RunMemoryKeys: []int{10, 1000}, MemoryRuns: 20000,
+		SweepKeys: []int{10, 100, 1000, 10000, 100000},
+		SweepRuns: 5000,
+		Producers: 4, Workers: 1, ThroughputRuns: 20000, ThroughputKeys: 100, Batch: 10,
 		SingleProducers: 8, BulkBatch: 1000,
 	}
 }
@@ -93,6 +97,9 @@ func (o Options) validate() error {
 		if v < 1 {
 			return fmt.Errorf("-%s must be at least 1, got %d", name, v)
 		}
+	}
+	if o.MemoryRuns < 0 {
+		return fmt.Errorf("-memory-runs must be 0 or more, got %d", o.MemoryRuns)
 	}
 	if o.GatedKeys < 1 {
 		return fmt.Errorf("gated keys must be at least 1, got %d", o.GatedKeys)
@@ -136,6 +143,7 @@ type Report struct {
 	Cost       []CostRow        `json:"cost,omitempty"`
 	Targets    []TargetRow      `json:"targets,omitempty"`
 	Memory     []MemoryRow      `json:"memory,omitempty"`
+	RunMemory  []RunMemoryRow   `json:"run_memory,omitempty"`
 	Sweep      []SweepRow       `json:"sweep,omitempty"`
 	Throughput []ThroughputRow  `json:"throughput,omitempty"`
 
@@ -154,6 +162,8 @@ type Settings struct {
 	GatedCalls     int   `json:"gated_calls,omitempty"`
 	GatedKeys      int   `json:"gated_keys,omitempty"`
 	MemoryKeys     []int `json:"memory_keys,omitempty"`
+	RunMemoryKeys  []int `json:"run_memory_keys,omitempty"`
+	MemoryRuns     int   `json:"memory_runs,omitempty"`
 	SweepKeys      []int `json:"sweep_keys,omitempty"`
 	SweepRuns      int   `json:"sweep_runs,omitempty"`
 	Producers      int   `json:"producers,omitempty"`
@@ -284,6 +294,9 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 	if single != nil && (opts.want(secMemory) || opts.want(secSweep)) {
 		if opts.want(secMemory) {
 			rep.Settings.MemoryKeys = opts.MemoryKeys
+			if opts.MemoryRuns > 0 {
+				rep.Settings.RunMemoryKeys, rep.Settings.MemoryRuns = opts.RunMemoryKeys, opts.MemoryRuns
+			}
 		}
 		if opts.want(secSweep) {
 			rep.Settings.SweepKeys, rep.Settings.SweepRuns = opts.SweepKeys, opts.SweepRuns

@@ -31,7 +31,7 @@ func tinyOptions() Options {
 	return Options{
 		Scenarios: []string{"retry-storm"},
 		CostRuns:  400, CostRepeats: 1, CostKeys: 10, GatedCalls: 300, GatedKeys: 8,
-		MemoryKeys: []int{10, 50}, SweepKeys: []int{10, 50}, SweepRuns: 40,
+		MemoryKeys: []int{10, 50}, RunMemoryKeys: []int{3}, MemoryRuns: 300, SweepKeys: []int{10, 50}, SweepRuns: 40,
 		Producers: 2, Workers: 2, ThroughputRuns: 200, ThroughputKeys: 10, Batch: 10, Concurrency: 10,
 		SingleProducers: 3, BulkBatch: 50,
 	}
@@ -119,7 +119,7 @@ func TestMiniredisReport(t *testing.T) {
 
 	doc := decode(t, opts.JSONPath)
 	require.Equal(t, "miniredis", doc["backend"])
-	for _, absent := range []string{"cost", "targets", "memory", "sweep", "throughput", "redis_version"} {
+	for _, absent := range []string{"cost", "targets", "memory", "run_memory", "sweep", "throughput", "redis_version"} {
 		require.NotContains(t, doc, absent, "miniredis cannot measure %s: it must be left out", absent)
 	}
 	scen := objects(t, doc, "scenarios")
@@ -184,7 +184,7 @@ func TestRealRedis(t *testing.T) {
 	require.Zero(t, c.DBSize(context.Background()).Val(), "the bench must remove its keys")
 
 	out := stdout.String()
-	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Redis CPU per run lifecycle", "End-to-end throughput",
+	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Memory per queued run", "Redis CPU per run lifecycle", "End-to-end throughput",
 		"Prefilled queue"} {
 		require.Contains(t, out, title)
 	}
@@ -261,6 +261,18 @@ func TestRealRedis(t *testing.T) {
 			require.Zero(t, m["vtime_bytes_per_key"], m)
 		}
 	}
+
+	// A queued run costs the same bytes on both flags: the scheduler
+	// stores nothing per run.
+	runMem := objects(t, doc, "run_memory")
+	require.Len(t, runMem, 2)
+	for _, m := range runMem {
+		requireFields(t, "run memory row", m, "keys", "flag", "runs", "bytes_per_run")
+		require.Equal(t, 300.0, m["runs"])
+		require.Greater(t, m["bytes_per_run"], 20.0, "a record and a set member: %v", m)
+		require.Less(t, m["bytes_per_run"], 1000.0, m)
+	}
+	require.InEpsilon(t, runMem[0]["bytes_per_run"], runMem[1]["bytes_per_run"], 0.05, "off %v, on %v", runMem[0], runMem[1])
 
 	sweep := objects(t, doc, "sweep")
 	require.Len(t, sweep, 4)

@@ -386,11 +386,16 @@ func scratchQueue(ctx context.Context, ks *keyspace, c redis.UniversalClient, on
 // fill enqueues runs from..to-1 with workers goroutines: run i gets key
 // keyOf(i), available at at(i) and id id+i.
 func fill(ctx context.Context, q *runqueue.Queue, workers, from, to int, id string, keyOf func(int) string, at func(int) time.Time) error {
+	return fillPayload(ctx, q, workers, from, to, id, keyOf, at, []byte("0123456789abcdef"))
+}
+
+// fillPayload is fill with the runs' payload.
+func fillPayload(ctx context.Context, q *runqueue.Queue, workers, from, to int, id string, keyOf func(int) string, at func(int) time.Time,
+	payload []byte) error {
 	var next atomic.Int64
 	next.Store(int64(from))
 	errs := make(chan error, workers)
 	var wg sync.WaitGroup
-	payload := []byte("0123456789abcdef")
 	for range max(1, min(workers, to-from)) {
 		wg.Go(func() {
 			for {

@@ -95,6 +95,7 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 	fs.IntVar(&o.CostKeys, "cost-keys", o.CostKeys, "concurrency keys the cost measurements spread runs over")
 	fs.IntVar(&o.GatedCalls, "gated-calls", o.GatedCalls, "fully gated dequeue calls measured")
 	memKeys := fs.String("memory-keys", joinInts(o.MemoryKeys), "key counts of the memory measurement")
+	fs.IntVar(&o.MemoryRuns, "memory-runs", o.MemoryRuns, "runs queued over 10 and over 1,000 keys to measure the bytes of a queued run (0: not measured)")
 	sweepKeys := fs.String("sweep-keys", joinInts(o.SweepKeys), "active key counts of the cost sweep")
 	fs.IntVar(&o.SweepRuns, "sweep-runs", o.SweepRuns, "runs dequeued and acked at each sweep point")
 	fs.IntVar(&o.Producers, "producers", o.Producers, "throughput: producer goroutines (concurrent and prefilled phases)")

@@ -45,6 +45,9 @@ func sections(rep *Report) []section {
 	if len(rep.Memory) > 0 {
 		out = append(out, memorySection(rep))
 	}
+	if len(rep.RunMemory) > 0 {
+		out = append(out, runMemorySection(rep))
+	}
 	if len(rep.Sweep) > 0 {
 		out = append(out, sweepSection(rep))
 	}
@@ -244,6 +247,16 @@ func memorySection(rep *Report) section {
 	}
 	return section{title: "Memory per registered key (MEMORY USAGE ... SAMPLES 0; one ready run per key)", t: t,
 		notes: []string{"INDEX = ckIndex + ckVtime + ckVtimeState; ALL KEYS = every key of the queue's prefix, runs included"}}
+}
+
+func runMemorySection(rep *Report) section {
+	t := &table{header: []string{"KEYS", "FLAG", "RUNS", "BYTES/RUN"}, right: []bool{true, false, true, true}}
+	for _, m := range rep.RunMemory {
+		t.add(fmt.Sprint(m.Keys), m.Flag, fmt.Sprint(m.Runs), fixed(m.BytesPerRun, 1))
+	}
+	return section{title: "Memory per queued run, payload aside (MEMORY USAGE ... SAMPLES 0 of the whole prefix, before and after)", t: t,
+		notes: []string{"each run: its record in the queue's runs hash and its member in its variant's ready set; the scheduler " +
+			"stores nothing per run, so the two flag states should agree"}}
 }
 
 func sweepSection(rep *Report) section {

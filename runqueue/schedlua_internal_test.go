@@ -46,3 +46,36 @@ func TestSchedWasListsEveryScalar(t *testing.T) {
 		t.Errorf("SCHED_FIELDS %v, S.was %v", fields, was)
 	}
 }
+
+// A registration reads SCHED_REG_FIELDS and leaves the state partial; the
+// next sched_state(S) reads SCHED_REST_FIELDS. Together they must be
+// SCHED_FIELDS, each field once: a field in neither would never be read
+// after a registration (a later step would see its default and write it
+// back), a field in both read twice.
+func TestSchedPartialFieldsCoverState(t *testing.T) {
+	raw, err := luaFS.ReadFile("lua/lib/sched_reg.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := func(name string) []string {
+		m := regexp.MustCompile(`local ` + name + ` = \{([^}]*)\}`).FindStringSubmatch(string(raw))
+		if m == nil {
+			t.Fatalf("no %s in lib/sched_reg.lua", name)
+		}
+		var out []string
+		for _, f := range strings.Split(m[1], ",") {
+			out = append(out, strings.Trim(strings.TrimSpace(f), "'"))
+		}
+		return out
+	}
+	all, reg, rest := list("SCHED_FIELDS"), list("SCHED_REG_FIELDS"), list("SCHED_REST_FIELDS")
+	if reg[0] != all[0] {
+		t.Errorf("a registration's first field %q must be SCHED_FIELDS' first %q: sched_state tells a missing state by it", reg[0], all[0])
+	}
+	both := append(slices.Clone(reg), rest...)
+	slices.Sort(both)
+	slices.Sort(all)
+	if !slices.Equal(both, all) {
+		t.Errorf("SCHED_REG_FIELDS %v + SCHED_REST_FIELDS %v != SCHED_FIELDS %v", reg, rest, all)
+	}
+}

@@ -121,10 +121,10 @@ end
 -- register (at V or their parked tag).
 local index_empty
 do
-  local raw = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
-  index_empty = st.c == 0 and #raw == 0
-  local list = {}
-  for i = 1, math.min(#raw, dq.scan) do list[i] = raw[i] end
+  local list = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
+  index_empty = st.c == 0 and #list == 0
+  local more = #list > dq.scan -- one more was read to know
+  if more then list[#list] = nil end
   local hvs = sched_hmget(S.h, list)
   local zargs, hargs = {}, {}
   for i, vm in ipairs(list) do
@@ -141,7 +141,7 @@ do
   -- The next call starts cap entries before the end of this chunk: a serve
   -- moves at most one variant from before an unread one to after it, so
   -- no variant whose head stays put slips past the cursor.
-  if #raw <= dq.scan then
+  if not more then
     st.c = 0
   else
     st.c = st.c + math.max(1, dq.scan - dq.cap)
@@ -204,23 +204,22 @@ local function w_extend()
   local n = W.first
   if W.read > 0 then n = W.read end
   n = math.min(n, W.budget - W.read)
-  local raw
+  local raw, skip = nil, 0 -- skip: values before the first entry
   if W.read == 0 then
     raw = redis.call('ZRANGEBYSCORE', S.z, '0', SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', '0', n + 2)
     if raw[1] ~= '' then return nil end
-    table.remove(raw, 1)
-    table.remove(raw, 1)
+    skip = 2 -- the sentinel and its score
   else
     raw = redis.call('ZRANGEBYSCORE', S.z, '0', SCHED.ACTIVE_END, 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
   end
-  local got = #raw / 2
+  local got = (#raw - skip) / 2
   W.more = got > n
   local take = math.min(got, n)
   if take == 0 then return false end
   local e
   for i = 1, take do
-    e = entry(sched_split(raw[2 * i - 1]))
-    e.u = num(raw[2 * i])
+    e = entry(sched_split(raw[skip + 2 * i - 1]))
+    e.u = num(raw[skip + 2 * i])
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e

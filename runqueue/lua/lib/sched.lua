@@ -84,8 +84,11 @@ local function sched_chunked(cmd, key, args, step)
   end
 end
 
--- HMGET of any number of fields (in chunks of 1000).
+-- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
+-- the reply itself (false for a missing field), not a copy.
 local function sched_hmget(h, fields)
+  if #fields == 0 then return {} end
+  if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
   local out = {}
   for i = 1, #fields, 1000 do
     local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))

@@ -288,10 +288,15 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
           -- (every field it will hold, st to check: the table is sized once)
           return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
-                   st = false, was = false, fresh = false, check = false }
+                   st = false, was = false, fresh = false, check = false, partial = false }
         end
 
         local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
+        -- What a registration reads and writes of them (with x, which
+        -- sched_save reads), and the rest, read when a later step of the same
+        -- call asks for the whole state (see sched_state).
+        local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
+        local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng' }
 
         -- The scalars, read once per script. A missing state is created whole:
         -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -300,13 +305,27 @@ local function hooks_open(keys, args, own_keys, own_args, now)
         -- sentinel is looked for here and the state starts again whole, so no
         -- write remakes ckVtime without its sentinel and lifetime; the dequeue
         -- finds it in its first read of the tags instead (sched_broken).
-        -- r, when given, is a reply that holds SCHED_FIELDS' values from r[at + 1]
-        -- (a caller that read them with another field: see sched_register), and
-        -- sentinel, when not nil, the sentinel's score as read by the caller
-        -- (false: missing).
-        local function sched_state(S, r, at, sentinel)
-          if S.st then return S.st end
-          if not r then r, at = redis.call('HMGET', S.h, unpack(SCHED_FIELDS)), 0 end
+        -- r, when given, is a reply that holds the values of fields (default
+        -- SCHED_FIELDS) from r[at + 1] (a caller that read them with another
+        -- field: see sched_register), and sentinel, when not nil, the sentinel's
+        -- score as read by the caller (false: missing). A state read with fewer
+        -- fields than SCHED_FIELDS is partial: the next sched_state(S) reads the
+        -- rest, so no caller of it sees a field that was not read.
+        local function sched_state(S, r, at, sentinel, fields)
+          if S.st then
+            if S.partial then
+              -- A registration read only its fields: read the rest now, before
+              -- any of them is used or changed.
+              S.partial = false
+              local rest = redis.call('HMGET', S.h, unpack(SCHED_REST_FIELDS))
+              for i, f in ipairs(SCHED_REST_FIELDS) do
+                if rest[i] then S.st[f], S.was[f] = rest[i] + 0, rest[i] + 0 end
+              end
+            end
+            return S.st
+          end
+          fields = fields or SCHED_FIELDS
+          if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
           local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
           local broken = false
           if r[at + 1] and S.check then
@@ -318,7 +337,7 @@ local function hooks_open(keys, args, own_keys, own_args, now)
             redis.call('ZADD', S.z, '0', '')
             S.fresh = true
           else
-            for i, f in ipairs(SCHED_FIELDS) do
+            for i, f in ipairs(fields) do
               local x = r[at + i]
               if x then
                 -- every scalar but lh is a decimal integer (sched_save writes them)
@@ -326,6 +345,7 @@ local function hooks_open(keys, args, own_keys, own_args, now)
               end
             end
             if st.lh == nil then st.lh = '' end
+            S.partial = fields ~= SCHED_FIELDS
           end
           -- (the values as read: one field per SCHED_FIELDS entry, in a table
           -- built whole, not grown key by key)
@@ -434,10 +454,10 @@ local function hooks_open(keys, args, own_keys, own_args, now)
           if st then
             if redis.call('HEXISTS', S.h, vm) == 1 then return end
           else
-            local r = redis.call('HMGET', S.h, vm, unpack(SCHED_FIELDS))
+            local r = redis.call('HMGET', S.h, vm, unpack(SCHED_REG_FIELDS))
             if r[1] then return end
             local z = redis.call('ZMSCORE', S.z, '', vm)
-            st = sched_state(S, r, 1, z[1])
+            st = sched_state(S, r, 1, z[1], SCHED_REG_FIELDS)
             parked = z[2]
             if S.fresh then parked = false end -- the state started again without it
           end
@@ -540,8 +560,11 @@ local function hooks_open(keys, args, own_keys, own_args, now)
           end
         end
 
-        -- HMGET of any number of fields (in chunks of 1000).
+        -- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
+        -- the reply itself (false for a missing field), not a copy.
         local function sched_hmget(h, fields)
+          if #fields == 0 then return {} end
+          if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
           local out = {}
           for i = 1, #fields, 1000 do
             local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))

@@ -1,4 +1,4 @@
-#!lua name=runqueue_7cc3211081977d3e
+#!lua name=runqueue_33b6bc665c0659b6
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -139,10 +139,15 @@ end
 local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   -- (every field it will hold, st to check: the table is sized once)
   return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
-           st = false, was = false, fresh = false, check = false }
+           st = false, was = false, fresh = false, check = false, partial = false }
 end
 
 local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
+-- What a registration reads and writes of them (with x, which
+-- sched_save reads), and the rest, read when a later step of the same
+-- call asks for the whole state (see sched_state).
+local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
+local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -151,13 +156,27 @@ local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'l
 -- sentinel is looked for here and the state starts again whole, so no
 -- write remakes ckVtime without its sentinel and lifetime; the dequeue
 -- finds it in its first read of the tags instead (sched_broken).
--- r, when given, is a reply that holds SCHED_FIELDS' values from r[at + 1]
--- (a caller that read them with another field: see sched_register), and
--- sentinel, when not nil, the sentinel's score as read by the caller
--- (false: missing).
-local function sched_state(S, r, at, sentinel)
-  if S.st then return S.st end
-  if not r then r, at = redis.call('HMGET', S.h, unpack(SCHED_FIELDS)), 0 end
+-- r, when given, is a reply that holds the values of fields (default
+-- SCHED_FIELDS) from r[at + 1] (a caller that read them with another
+-- field: see sched_register), and sentinel, when not nil, the sentinel's
+-- score as read by the caller (false: missing). A state read with fewer
+-- fields than SCHED_FIELDS is partial: the next sched_state(S) reads the
+-- rest, so no caller of it sees a field that was not read.
+local function sched_state(S, r, at, sentinel, fields)
+  if S.st then
+    if S.partial then
+      -- A registration read only its fields: read the rest now, before
+      -- any of them is used or changed.
+      S.partial = false
+      local rest = redis.call('HMGET', S.h, unpack(SCHED_REST_FIELDS))
+      for i, f in ipairs(SCHED_REST_FIELDS) do
+        if rest[i] then S.st[f], S.was[f] = rest[i] + 0, rest[i] + 0 end
+      end
+    end
+    return S.st
+  end
+  fields = fields or SCHED_FIELDS
+  if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
   local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
   local broken = false
   if r[at + 1] and S.check then
@@ -169,7 +188,7 @@ local function sched_state(S, r, at, sentinel)
     redis.call('ZADD', S.z, '0', '')
     S.fresh = true
   else
-    for i, f in ipairs(SCHED_FIELDS) do
+    for i, f in ipairs(fields) do
       local x = r[at + i]
       if x then
         -- every scalar but lh is a decimal integer (sched_save writes them)
@@ -177,6 +196,7 @@ local function sched_state(S, r, at, sentinel)
       end
     end
     if st.lh == nil then st.lh = '' end
+    S.partial = fields ~= SCHED_FIELDS
   end
   -- (the values as read: one field per SCHED_FIELDS entry, in a table
   -- built whole, not grown key by key)
@@ -285,10 +305,10 @@ local function sched_register(S, vm, discovered)
   if st then
     if redis.call('HEXISTS', S.h, vm) == 1 then return end
   else
-    local r = redis.call('HMGET', S.h, vm, unpack(SCHED_FIELDS))
+    local r = redis.call('HMGET', S.h, vm, unpack(SCHED_REG_FIELDS))
     if r[1] then return end
     local z = redis.call('ZMSCORE', S.z, '', vm)
-    st = sched_state(S, r, 1, z[1])
+    st = sched_state(S, r, 1, z[1], SCHED_REG_FIELDS)
     parked = z[2]
     if S.fresh then parked = false end -- the state started again without it
   end
@@ -395,8 +415,11 @@ local function sched_chunked(cmd, key, args, step)
   end
 end
 
--- HMGET of any number of fields (in chunks of 1000).
+-- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
+-- the reply itself (false for a missing field), not a copy.
 local function sched_hmget(h, fields)
+  if #fields == 0 then return {} end
+  if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
   local out = {}
   for i = 1, #fields, 1000 do
     local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
@@ -1318,10 +1341,10 @@ end
 -- register (at V or their parked tag).
 local index_empty
 do
-  local raw = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
-  index_empty = st.c == 0 and #raw == 0
-  local list = {}
-  for i = 1, math.min(#raw, dq.scan) do list[i] = raw[i] end
+  local list = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
+  index_empty = st.c == 0 and #list == 0
+  local more = #list > dq.scan -- one more was read to know
+  if more then list[#list] = nil end
   local hvs = sched_hmget(S.h, list)
   local zargs, hargs = {}, {}
   for i, vm in ipairs(list) do
@@ -1338,7 +1361,7 @@ do
   -- The next call starts cap entries before the end of this chunk: a serve
   -- moves at most one variant from before an unread one to after it, so
   -- no variant whose head stays put slips past the cursor.
-  if #raw <= dq.scan then
+  if not more then
     st.c = 0
   else
     st.c = st.c + math.max(1, dq.scan - dq.cap)
@@ -1401,23 +1424,22 @@ local function w_extend()
   local n = W.first
   if W.read > 0 then n = W.read end
   n = math.min(n, W.budget - W.read)
-  local raw
+  local raw, skip = nil, 0 -- skip: values before the first entry
   if W.read == 0 then
     raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES', 'LIMIT', '0', n + 2)
     if raw[1] ~= '' then return nil end
-    table.remove(raw, 1)
-    table.remove(raw, 1)
+    skip = 2 -- the sentinel and its score
   else
     raw = redis.call('ZRANGEBYSCORE', S.z, '0', '(1125899906842624', 'WITHSCORES', 'LIMIT', W.read + 1, n + 1)
   end
-  local got = #raw / 2
+  local got = (#raw - skip) / 2
   W.more = got > n
   local take = math.min(got, n)
   if take == 0 then return false end
   local e
   for i = 1, take do
-    e = entry(sched_split(raw[2 * i - 1]))
-    e.u = num(raw[2 * i])
+    e = entry(sched_split(raw[skip + 2 * i - 1]))
+    e.u = num(raw[skip + 2 * i])
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e
@@ -1897,10 +1919,10 @@ hooks.finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7cc3211081977d3e_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -23,5 +23,5 @@ local now, n = tonumber(ARGV[1]), tonumber(ARGV[3])
 local OWN_KEYS, OWN_ARGS = 5, 3 + 3 * n
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 local out = held_ack(k, ARGV[2], ARGV, 4, n, now, hooks)
-hooks.finish()
+hooks:finish()
 return out

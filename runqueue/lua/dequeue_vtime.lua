@@ -159,8 +159,8 @@ local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.
 local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
 
 -- A window entry for variant vm, seq code code, tag u.
-local function entry(vm, code, u)
-  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
+local function entry(vm, code, u, member)
+  return { vm = vm, member = member or code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
 -- Put e in the list at its rank, whatever the bound (binary search: a call
@@ -218,8 +218,9 @@ local function w_extend()
   if take == 0 then return false end
   local e
   for i = 1, take do
-    e = entry(sched_split(raw[skip + 2 * i - 1]))
-    e.u = num(raw[skip + 2 * i])
+    local member = raw[skip + 2 * i - 1]
+    local vm, code = sched_split(member)
+    e = entry(vm, code, num(raw[skip + 2 * i]), member)
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e

@@ -171,7 +171,7 @@ local function enqueue_batch()
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
-    for _, vm in ipairs(moved) do hooks.ready_start(vm) end -- (see index_moves)
+    for _, vm in ipairs(moved) do hooks:ready_start(vm) end -- (see index_moves)
     redis.call('ZADD', q.master, 'LT', head, q.qm)
     woke = true
   end
@@ -193,5 +193,5 @@ else
   out, woke = enqueue_each()
 end
 if woke and wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
-hooks.finish()
+hooks:finish()
 return out

@@ -39,5 +39,5 @@ if tonumber(r.ttl) > now then return 0 end
 redis.call('ZREM', ttl_set, member)
 if not unplace(q, variant_keys(ARGV[6], vm), hooks, id, vm) then return 0 end
 redis.call('HDEL', q.runs, id)
-hooks.finish()
+hooks:finish()
 return 1

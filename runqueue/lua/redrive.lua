@@ -42,5 +42,5 @@ if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_
 redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, r.lt))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
-hooks.finish()
+hooks:finish()
 return 1

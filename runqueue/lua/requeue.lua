@@ -58,7 +58,7 @@ redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released({ vm })
+hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
@@ -66,7 +66,7 @@ if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, '1')
-  hooks.finish()
+  hooks:finish()
   return { 0, att }
 end
 redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
@@ -74,5 +74,5 @@ local v = variant_keys(ARGV[12], vm)
 if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
   redis.call('PUBLISH', wake, q.qm)
 end
-hooks.finish()
+hooks:finish()
 return { 1, att }

@@ -100,7 +100,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     redis.call('HINCRBY', dq.depth, 'r', #due)
-    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
+    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)

@@ -118,7 +118,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    hooks.released(vms)
+    hooks:released(vms)
     env_release(k.env_n, #ids)
   end
   return out

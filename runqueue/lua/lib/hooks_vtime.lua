@@ -13,30 +13,34 @@
 --                       gave one to a queue before (the limit may have
 --                       gone and come back since the variant was gated)
 --
--- The scheduler's code is defined inside lib(), at the first hook that
+-- The scheduler's code is defined inside hooks_lib(), at the first hook that
 -- does something: Redis runs a script's whole body at every call, and most
 -- calls of these scripts (an enqueue behind a variant's head, an ack
 -- without a key limit) need none of it, so they do not pay for making its
 -- closures and tables.
-local function hooks_open(keys, args, own_keys, own_args, now)
-  local look = args[own_args + 3] == '1'
-  local h -- the scheduler's hooks, once lib() has run
-  local function lib()
-    if h == nil then
-      h = (function()
-        --@include sched
-        local S = sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                             args[own_args + 1], args[own_args + 2], now)
-        S.check = true -- look for the sentinel (see sched_state)
-        return sched_hooks(S, look)
-      end)()
-    end
-    return h
+local function hooks_lib(H)
+  if not H.h then
+    H.h = (function()
+      --@include sched
+      local S = sched_open(H.keys[H.own_keys + 1], H.keys[H.own_keys + 2], H.keys[H.own_keys + 3],
+                           H.args[H.own_args + 1], H.args[H.own_args + 2], H.now)
+      S.check = true -- look for the sentinel (see sched_state)
+      return sched_hooks(S, H.look)
+    end)()
   end
-  return {
-    ready_start = function(vm) lib().ready_start(vm) end,
-    ready_empty = function(vm) lib().ready_empty(vm) end,
-    released = function(vms) if look then lib().released(vms) end end,
-    finish = function() if h then h.finish() end end,
-  }
+  return H.h
+end
+
+-- The hooks are methods over the table hooks_open returns (hooks:name(...)),
+-- so that a call makes that one table and no closures.
+local function hooks_ready_start(H, vm) hooks_lib(H):ready_start(vm) end
+local function hooks_ready_empty(H, vm) hooks_lib(H):ready_empty(vm) end
+local function hooks_released(H, vms) if H.look then hooks_lib(H):released(vms) end end
+local function hooks_finish(H) if H.h then H.h:finish() end end
+
+local function hooks_open(keys, args, own_keys, own_args, now)
+  return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
+           look = args[own_args + 3] == '1', h = false,
+           ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
+           released = hooks_released, finish = hooks_finish }
 end

@@ -71,7 +71,7 @@ end
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
 -- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- when the index entry did (CH says so). hooks:ready_start(vm) runs when
 -- the variant's ready head is new or earlier (the scheduler registers a
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
@@ -81,7 +81,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     redis.call('ZADD', v.ready, rs, id)
     place_count(q, 'r')
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
+      hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       return true
     end
@@ -122,12 +122,12 @@ local function index_head(set, index, vm)
 end
 
 -- Remove queued run id from its variant (ready or delayed) and fix the
--- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- indexes. hooks:ready_empty(vm) runs when the variant's last ready run
 -- leaves. Returns false when the run was not queued.
 local function unplace(q, v, hooks, id, vm)
   if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks:ready_empty(vm) end
   elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)

@@ -119,13 +119,13 @@ end
 -- The hooks of the scripts that move runs (see hooks_vtime). look: a
 -- freed slot looks for a gated variant (see hooks_vtime); when it does
 -- not, there is none to find, or the dequeue's un-gating comes first.
+-- (Methods over the hooks' own table, called hooks:name(...), so that a
+-- call makes one table and no closures.)
+local function sched_hook_ready_start(H, vm) sched_register(H.S, vm, false) end
+local function sched_hook_ready_empty(H, vm) sched_drained(H.S, vm) end
+local function sched_hook_released(H, vms) if H.look then sched_released(H.S, vms) end end
+local function sched_hook_finish(H) sched_save(H.S) end
 local function sched_hooks(S, look)
-  local released = function() end
-  if look then released = function(vms) sched_released(S, vms) end end
-  return {
-    ready_start = function(vm) sched_register(S, vm, false) end,
-    ready_empty = function(vm) sched_drained(S, vm) end,
-    released = released,
-    finish = function() sched_save(S) end,
-  }
+  return { S = S, look = look, ready_start = sched_hook_ready_start, ready_empty = sched_hook_ready_empty,
+           released = sched_hook_released, finish = sched_hook_finish }
 end

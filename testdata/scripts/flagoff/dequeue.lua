@@ -162,7 +162,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    hooks.released(vms)
+    hooks:released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -339,7 +339,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     redis.call('HINCRBY', dq.depth, 'r', #due)
-    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
+    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)

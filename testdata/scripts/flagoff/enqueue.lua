@@ -108,7 +108,7 @@ end
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
 -- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- when the index entry did (CH says so). hooks:ready_start(vm) runs when
 -- the variant's ready head is new or earlier (the scheduler registers a
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
@@ -118,7 +118,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     redis.call('ZADD', v.ready, rs, id)
     place_count(q, 'r')
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
+      hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       return true
     end
@@ -290,7 +290,7 @@ local function enqueue_batch()
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
-    for _, vm in ipairs(moved) do hooks.ready_start(vm) end -- (see index_moves)
+    for _, vm in ipairs(moved) do hooks:ready_start(vm) end -- (see index_moves)
     redis.call('ZADD', q.master, 'LT', head, q.qm)
     woke = true
   end
@@ -312,5 +312,5 @@ else
   out, woke = enqueue_each()
 end
 if woke and wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
-hooks.finish()
+hooks:finish()
 return out

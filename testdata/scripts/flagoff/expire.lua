@@ -133,12 +133,12 @@ local function index_head(set, index, vm)
 end
 
 -- Remove queued run id from its variant (ready or delayed) and fix the
--- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- indexes. hooks:ready_empty(vm) runs when the variant's last ready run
 -- leaves. Returns false when the run was not queued.
 local function unplace(q, v, hooks, id, vm)
   if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks:ready_empty(vm) end
   elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)
@@ -166,5 +166,5 @@ if tonumber(r.ttl) > now then return 0 end
 redis.call('ZREM', ttl_set, member)
 if not unplace(q, variant_keys(ARGV[6], vm), hooks, id, vm) then return 0 end
 redis.call('HDEL', q.runs, id)
-hooks.finish()
+hooks:finish()
 return 1

@@ -99,7 +99,7 @@ end
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
 -- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- when the index entry did (CH says so). hooks:ready_start(vm) runs when
 -- the variant's ready head is new or earlier (the scheduler registers a
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
@@ -109,7 +109,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     redis.call('ZADD', v.ready, rs, id)
     place_count(q, 'r')
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
+      hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       return true
     end
@@ -144,5 +144,5 @@ if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_
 redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, r.lt))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
-hooks.finish()
+hooks:finish()
 return 1

@@ -198,7 +198,7 @@ end
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
 -- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- when the index entry did (CH says so). hooks:ready_start(vm) runs when
 -- the variant's ready head is new or earlier (the scheduler registers a
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
@@ -208,7 +208,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     redis.call('ZADD', v.ready, rs, id)
     place_count(q, 'r')
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
+      hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       return true
     end
@@ -248,7 +248,7 @@ redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released({ vm })
+hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
@@ -256,7 +256,7 @@ if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, '1')
-  hooks.finish()
+  hooks:finish()
   return { 0, att }
 end
 redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
@@ -264,5 +264,5 @@ local v = variant_keys(ARGV[12], vm)
 if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
   redis.call('PUBLISH', wake, q.qm)
 end
-hooks.finish()
+hooks:finish()
 return { 1, att }

@@ -158,7 +158,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    hooks.released(vms)
+    hooks:released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -174,5 +174,5 @@ local now, n = tonumber(ARGV[1]), tonumber(ARGV[3])
 local OWN_KEYS, OWN_ARGS = 5, 3 + 3 * n
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 local out = held_ack(k, ARGV[2], ARGV, 4, n, now, hooks)
-hooks.finish()
+hooks:finish()
 return out

@@ -174,7 +174,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    hooks.released(vms)
+    hooks:released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -575,15 +575,15 @@ end
 -- The hooks of the scripts that move runs (see hooks_vtime). look: a
 -- freed slot looks for a gated variant (see hooks_vtime); when it does
 -- not, there is none to find, or the dequeue's un-gating comes first.
+-- (Methods over the hooks' own table, called hooks:name(...), so that a
+-- call makes one table and no closures.)
+local function sched_hook_ready_start(H, vm) sched_register(H.S, vm, false) end
+local function sched_hook_ready_empty(H, vm) sched_drained(H.S, vm) end
+local function sched_hook_released(H, vms) if H.look then sched_released(H.S, vms) end end
+local function sched_hook_finish(H) sched_save(H.S) end
 local function sched_hooks(S, look)
-  local released = function() end
-  if look then released = function(vms) sched_released(S, vms) end end
-  return {
-    ready_start = function(vm) sched_register(S, vm, false) end,
-    ready_empty = function(vm) sched_drained(S, vm) end,
-    released = released,
-    finish = function() sched_save(S) end,
-  }
+  return { S = S, look = look, ready_start = sched_hook_ready_start, ready_empty = sched_hook_ready_empty,
+           released = sched_hook_released, finish = sched_hook_finish }
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
@@ -751,7 +751,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     redis.call('HINCRBY', dq.depth, 'r', #due)
-    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
+    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -1043,8 +1043,8 @@ local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.
 local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
 
 -- A window entry for variant vm, seq code code, tag u.
-local function entry(vm, code, u)
-  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
+local function entry(vm, code, u, member)
+  return { vm = vm, member = member or code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
 -- Put e in the list at its rank, whatever the bound (binary search: a call
@@ -1102,8 +1102,9 @@ local function w_extend()
   if take == 0 then return false end
   local e
   for i = 1, take do
-    e = entry(sched_split(raw[skip + 2 * i - 1]))
-    e.u = num(raw[skip + 2 * i])
+    local member = raw[skip + 2 * i - 1]
+    local vm, code = sched_split(member)
+    e = entry(vm, code, num(raw[skip + 2 * i]), member)
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e

@@ -164,437 +164,441 @@ local HELD_ERRORS = {
 --                       gave one to a queue before (the limit may have
 --                       gone and come back since the variant was gated)
 --
--- The scheduler's code is defined inside lib(), at the first hook that
+-- The scheduler's code is defined inside hooks_lib(), at the first hook that
 -- does something: Redis runs a script's whole body at every call, and most
 -- calls of these scripts (an enqueue behind a variant's head, an ack
 -- without a key limit) need none of it, so they do not pay for making its
 -- closures and tables.
-local function hooks_open(keys, args, own_keys, own_args, now)
-  local look = args[own_args + 3] == '1'
-  local h -- the scheduler's hooks, once lib() has run
-  local function lib()
-    if h == nil then
-      h = (function()
-        -- The fair scheduler's state in Redis (flag on only): lib/sched_reg (the
-        -- layout, the state's scalars, registration) and the rest of what the
-        -- scripts that serve, drain and release variants do. vtime/ is the model
-        -- these functions implement; see vtime/doc.go for the rules.
-        -- The fair scheduler's state in Redis (flag on only): its layout, its
-        -- scalars, and registering a variant; lib/sched includes this file and
-        -- adds serving, draining and releasing. vtime/ is the model these
-        -- functions implement; see vtime/doc.go for the rules.
-        --
-        -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
-        -- exact integer of a double):
-        --   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
-        --   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
-        --                       its registration number - 2^51 (a variant is never
-        --                       both parked and registered: the member cannot
-        --                       collide); its lowest is the head
-        --   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
-        --                       the region: the key lives exactly as long as the
-        --                       state hash (created, refreshed and expiring
-        --                       together), and the dequeue's first read of the
-        --                       region finds a ckVtime lost without its hash;
-        --                       competing: member = seq code .. variant member,
-        --                       score = t (the lane's head included); the seq code
-        --                       is the registration number as 15 decimal digits,
-        --                       so equal tags order by registration in the ZSET
-        --                       (bytes) and in Lua (compared as numbers: Lua's
-        --                       string "<" follows the server's locale)
-        --   2^51                the wide mark (SCHED.WIDE_MEMBER), once the key
-        --                       holds 64 entries (see below); no region reads it
-        --   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
-        --                       variant's gating number (the probe's order: later
-        --                       gated, later looked at); the tag is in the hash
-        -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
-        --   registration number), x (refresh deadline, ms), gk (gating limit), gn
-        --   (next gating number), gp (the gating number the probe looked at last),
-        --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
-        --   head, "" when the lane is empty); and per registered variant member:
-        --   its seq code, then "g" and its tag when gated or "w" when in the lane,
-        --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
-        --   64 entries, the wide mark's field "~" (never read).
-        -- The wide marks: Redis stores a ZSET or HASH of at most 128 entries whose
-        -- members and values are all at most 64 bytes (the defaults of
-        -- zset-max-listpack-* and hash-max-listpack-*) as a listpack, which every
-        -- lookup, insert and range read walks from its start: at 100 keys that made
-        -- a flag-on dequeue cost about a third more Redis CPU than at 1,000. Every
-        -- 64th registration (registration numbers 64, 128, ...) looks at ckVtime's
-        -- size; when it holds 64 entries or more (tags, lane, gated, parked), one
-        -- member and one value of more than 64 bytes make Redis turn both keys
-        -- into a skiplist and a hash table for the rest of their lifetime. A state
-        -- that stays small (a key that drains and comes back registers again, but
-        -- adds no entry) stays compact: a listpack walk of a few dozen entries is
-        -- cheap, and a skiplist and a hash table cost about 1.6 KB more for one
-        -- key. A state that grows past 64 entries is widened within 64 further
-        -- registrations.
-        -- The build writes each SCHED.NAME of a script as its value and drops the
-        -- table (runqueue/inline.go): built at every call, it cost more Redis CPU
-        -- than the literals.
+local function hooks_lib(H)
+  if not H.h then
+    H.h = (function()
+      -- The fair scheduler's state in Redis (flag on only): lib/sched_reg (the
+      -- layout, the state's scalars, registration) and the rest of what the
+      -- scripts that serve, drain and release variants do. vtime/ is the model
+      -- these functions implement; see vtime/doc.go for the rules.
+      -- The fair scheduler's state in Redis (flag on only): its layout, its
+      -- scalars, and registering a variant; lib/sched includes this file and
+      -- adds serving, draining and releasing. vtime/ is the model these
+      -- functions implement; see vtime/doc.go for the rules.
+      --
+      -- ckVtime ZSET, by score region (tags t are below 2^50; every value is an
+      -- exact integer of a double):
+      --   [-2^52, -2^52+2^50) idle: member = variant member, score = parked t - 2^52
+      --   [-2^51, -2^51+2^50) the newcomer lane: member = variant member, score =
+      --                       its registration number - 2^51 (a variant is never
+      --                       both parked and registered: the member cannot
+      --                       collide); its lowest is the head
+      --   [0, 2^50)           the sentinel member "" at score 0, always rank 0 of
+      --                       the region: the key lives exactly as long as the
+      --                       state hash (created, refreshed and expiring
+      --                       together), and the dequeue's first read of the
+      --                       region finds a ckVtime lost without its hash;
+      --                       competing: member = seq code .. variant member,
+      --                       score = t (the lane's head included); the seq code
+      --                       is the registration number as 15 decimal digits,
+      --                       so equal tags order by registration in the ZSET
+      --                       (bytes) and in Lua (compared as numbers: Lua's
+      --                       string "<" follows the server's locale)
+      --   2^51                the wide mark (SCHED.WIDE_MEMBER), once the key
+      --                       holds 64 entries (see below); no region reads it
+      --   [2^52, 2^52+2^50)   gated: the same members, score = 2^52 + the
+      --                       variant's gating number (the probe's order: later
+      --                       gated, later looked at); the tag is in the hash
+      -- state HASH: v (clock V, units), e (epoch), c (discovery cursor), s (next
+      --   registration number), x (refresh deadline, ms), gk (gating limit), gn
+      --   (next gating number), gp (the gating number the probe looked at last),
+      --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
+      --   head, "" when the lane is empty); and per registered variant member:
+      --   its seq code, then "g" and its tag when gated or "w" when in the lane,
+      --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
+      --   64 entries, the wide mark's field "~" (never read).
+      -- The wide marks: Redis stores a ZSET or HASH of at most 128 entries whose
+      -- members and values are all at most 64 bytes (the defaults of
+      -- zset-max-listpack-* and hash-max-listpack-*) as a listpack, which every
+      -- lookup, insert and range read walks from its start: at 100 keys that made
+      -- a flag-on dequeue cost about a third more Redis CPU than at 1,000. Every
+      -- 64th registration (registration numbers 64, 128, ...) looks at ckVtime's
+      -- size; when it holds 64 entries or more (tags, lane, gated, parked), one
+      -- member and one value of more than 64 bytes make Redis turn both keys
+      -- into a skiplist and a hash table for the rest of their lifetime. A state
+      -- that stays small (a key that drains and comes back registers again, but
+      -- adds no entry) stays compact: a listpack walk of a few dozen entries is
+      -- cheap, and a skiplist and a hash table cost about 1.6 KB more for one
+      -- key. A state that grows past 64 entries is widened within 64 further
+      -- registrations.
+      -- The build writes each SCHED.NAME of a script as its value and drops the
+      -- table (runqueue/inline.go): built at every call, it cost more Redis CPU
+      -- than the literals.
 
-        -- A score or scalar as stored: integers below 2^53 print exactly with 17
-        -- significant digits, on Redis and on gopher-lua alike (lib/record's
-        -- num_arg, which every script including this file includes first).
-        local function sched_fmt(x) return num_arg(x) end
+      -- A score or scalar as stored: integers below 2^53 print exactly with 17
+      -- significant digits, on Redis and on gopher-lua alike (lib/record's
+      -- num_arg, which every script including this file includes first).
+      local function sched_fmt(x) return num_arg(x) end
 
-        -- The fixed-width code of registration number n (below 10^15): its byte
-        -- order is n's order.
-        local function sched_code(n)
-          local s = sched_fmt(n)
-          return string.rep('0', 15 - #s) .. s
-        end
+      -- The fixed-width code of registration number n (below 10^15): its byte
+      -- order is n's order.
+      local function sched_code(n)
+        local s = sched_fmt(n)
+        return string.rep('0', 15 - #s) .. s
+      end
 
-        -- The value of a registration; a gated one carries its tag u.
-        local function sched_value(code, gated, waiting, r, u)
-          local v = code
-          if gated then v = v .. 'g' .. sched_fmt(u) end
-          if waiting then v = v .. 'w' end
-          if r > 0 then v = v .. '|' .. sched_fmt(r) end
-          return v
-        end
+      -- The value of a registration; a gated one carries its tag u.
+      local function sched_value(code, gated, waiting, r, u)
+        local v = code
+        if gated then v = v .. 'g' .. sched_fmt(u) end
+        if waiting then v = v .. 'w' end
+        if r > 0 then v = v .. '|' .. sched_fmt(r) end
+        return v
+      end
 
-        -- Call sites pass their keys and arguments explicitly.
-        -- (ttl_ms and idle_max are decimal strings from the client: x + 0 reads
-        -- such a string as a number for a sixth of what tonumber(x) costs on Redis
-        -- 7.0, which converts it twice. Only for strings this code or the client
-        -- wrote without leading zeros: gopher-lua, miniredis's Lua, reads '010' + 0
-        -- as octal. tonumber stays where a value may be missing, not a number, or
-        -- zero-padded, as a seq code is.)
-        local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
-          -- (every field it will hold, st to check: the table is sized once)
-          return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
-                   st = false, was = false, fresh = false, check = false, partial = false }
-        end
+      -- Call sites pass their keys and arguments explicitly.
+      -- (ttl_ms and idle_max are decimal strings from the client: x + 0 reads
+      -- such a string as a number for a sixth of what tonumber(x) costs on Redis
+      -- 7.0, which converts it twice. Only for strings this code or the client
+      -- wrote without leading zeros: gopher-lua, miniredis's Lua, reads '010' + 0
+      -- as octal. tonumber stays where a value may be missing, not a number, or
+      -- zero-padded, as a seq code is.)
+      local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
+        -- (every field it will hold, st to check: the table is sized once)
+        return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
+                 st = false, was = false, fresh = false, check = false, partial = false }
+      end
 
-        local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
-        -- What a registration reads and writes of them (with x, which
-        -- sched_save reads), and the rest, read when a later step of the same
-        -- call asks for the whole state (see sched_state).
-        local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-        local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng' }
+      local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
+      -- What a registration reads and writes of them (with x, which
+      -- sched_save reads), and the rest, read when a later step of the same
+      -- call asks for the whole state (see sched_state).
+      local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
+      local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng' }
 
-        -- The scalars, read once per script. A missing state is created whole:
-        -- a stray ckVtime without its hash is dropped first, so V never restarts
-        -- under tags that outlived it. A hash without its ckVtime (deleted by hand
-        -- or evicted) is broken: with S.check (the hooks of the other scripts) the
-        -- sentinel is looked for here and the state starts again whole, so no
-        -- write remakes ckVtime without its sentinel and lifetime; the dequeue
-        -- finds it in its first read of the tags instead (sched_broken).
-        -- r, when given, is a reply that holds the values of fields (default
-        -- SCHED_FIELDS) from r[at + 1] (a caller that read them with another
-        -- field: see sched_register), and sentinel, when not nil, the sentinel's
-        -- score as read by the caller (false: missing). A state read with fewer
-        -- fields than SCHED_FIELDS is partial: the next sched_state(S) reads the
-        -- rest, so no caller of it sees a field that was not read.
-        local function sched_state(S, r, at, sentinel, fields)
-          if S.st then
-            if S.partial then
-              -- A registration read only its fields: read the rest now, before
-              -- any of them is used or changed.
-              S.partial = false
-              local rest = redis.call('HMGET', S.h, unpack(SCHED_REST_FIELDS))
-              for i, f in ipairs(SCHED_REST_FIELDS) do
-                if rest[i] then S.st[f], S.was[f] = rest[i] + 0, rest[i] + 0 end
-              end
-            end
-            return S.st
-          end
-          fields = fields or SCHED_FIELDS
-          if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
-          local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
-          local broken = false
-          if r[at + 1] and S.check then
-            if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
-            broken = not sentinel
-          end
-          if not r[at + 1] or broken then
-            redis.call('DEL', S.h, S.z)
-            redis.call('ZADD', S.z, '0', '')
-            S.fresh = true
-          else
-            for i, f in ipairs(fields) do
-              local x = r[at + i]
-              if x then
-                -- every scalar but lh is a decimal integer (sched_save writes them)
-                if f == 'lh' then st.lh = x else st[f] = x + 0 end
-              end
-            end
-            if st.lh == nil then st.lh = '' end
-            S.partial = fields ~= SCHED_FIELDS
-          end
-          -- (the values as read: one field per SCHED_FIELDS entry, in a table
-          -- built whole, not grown key by key)
-          S.st = st
-          S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
-                    ng = st.ng, nw = st.nw, lh = st.lh }
-          return st
-        end
-
-        -- Write the scalars that changed, and refresh the lifetime of both keys
-        -- together when half of it is gone by the writer's clock, when the stored
-        -- deadline is further off than a whole lifetime (written by a clock ahead
-        -- of this one: Redis expires keys by its own), or when the state is new.
-        -- A call that changed nothing writes nothing.
-        local function sched_save(S)
-          local st = S.st
-          if not st then return end
-          local left = st.x - S.now
-          local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
-          if refresh then st.x = S.now + S.ttl end
-          local args = {}
-          for _, f in ipairs(SCHED_FIELDS) do
-            if S.fresh or st[f] ~= S.was[f] then
-              args[#args + 1] = f
-              if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
+      -- The scalars, read once per script. A missing state is created whole:
+      -- a stray ckVtime without its hash is dropped first, so V never restarts
+      -- under tags that outlived it. A hash without its ckVtime (deleted by hand
+      -- or evicted) is broken: with S.check (the hooks of the other scripts) the
+      -- sentinel is looked for here and the state starts again whole, so no
+      -- write remakes ckVtime without its sentinel and lifetime; the dequeue
+      -- finds it in its first read of the tags instead (sched_broken).
+      -- r, when given, is a reply that holds the values of fields (default
+      -- SCHED_FIELDS) from r[at + 1] (a caller that read them with another
+      -- field: see sched_register), and sentinel, when not nil, the sentinel's
+      -- score as read by the caller (false: missing). A state read with fewer
+      -- fields than SCHED_FIELDS is partial: the next sched_state(S) reads the
+      -- rest, so no caller of it sees a field that was not read.
+      local function sched_state(S, r, at, sentinel, fields)
+        if S.st then
+          if S.partial then
+            -- A registration read only its fields: read the rest now, before
+            -- any of them is used or changed.
+            S.partial = false
+            local rest = redis.call('HMGET', S.h, unpack(SCHED_REST_FIELDS))
+            for i, f in ipairs(SCHED_REST_FIELDS) do
+              if rest[i] then S.st[f], S.was[f] = rest[i] + 0, rest[i] + 0 end
             end
           end
-          if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
-          if refresh then
-            redis.call('PEXPIRE', S.z, S.ttl)
-            redis.call('PEXPIRE', S.h, S.ttl)
-          end
+          return S.st
         end
-
-        -- Milli-weight of a weight string (round half up, clamped to 1..10^6).
-        local function sched_milli(w)
-          local x = tonumber(w)
-          if not x then return 1000 end
-          return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+        fields = fields or SCHED_FIELDS
+        if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
+        local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
+        local broken = false
+        if r[at + 1] and S.check then
+          if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
+          broken = not sentinel
         end
-
-        -- q, r of total / m, exact for integers below 2^53.
-        local function sched_div(total, m)
-          local q = math.floor(total / m)
-          if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
-          return q, total - q * m
-        end
-
-        -- Milli-weight of variant vm: 1000 without a read when the queue has no
-        -- weights (st.nw counts them; -1: not known yet).
-        local function sched_weight(S, st, vm)
-          if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
-          if st.nw == 0 then return 1000 end
-          return sched_milli(redis.call('HGET', S.w, vm))
-        end
-
-        -- A newcomer's quantum: one serve of its own at milli-weight m, at most
-        -- UNIT (a serve at weight 1).
-        local function sched_quantum(m)
-          if m <= 1000 then return 1000000 end
-          return (sched_div(1000000000, m))
-        end
-
-        -- The registration of a variant with no tag: u (nil when it queues in the
-        -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
-        -- makes it a return (at the parked tag); a parked tag at or below V is
-        -- worth nothing and goes; then a discovered variant starts at V, and a
-        -- newcomer queues behind the lane's head when the lane is not empty, else
-        -- with q its quantum and A = min(top, V + q) registers at V when A <= V,
-        -- or becomes the lane's head at A + q. parked, when not nil, is vm's idle
-        -- score as the caller read it (false: none).
-        local function sched_admit(S, st, vm, discovered, parked)
-          if parked == nil then parked = redis.call('ZSCORE', S.z, vm) end
-          if parked then redis.call('ZREM', S.z, vm) end
-          local u, waiting = st.v, false
-          if parked and num(parked) + 4503599627370496 > st.v then
-            u = num(parked) + 4503599627370496
-          elseif not discovered then
-            if st.lh ~= '' then
-              u, waiting = nil, true
-            else
-              local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', '0', 'WITHSCORES', 'LIMIT', '0', '1')
-              if t[2] and num(t[2]) > st.v then
-                local q = sched_quantum(sched_weight(S, st, vm))
-                u, waiting = math.min(num(t[2]), st.v + q) + q, true
-                st.lh = vm
-              end
-            end
-          end
-          local seq = st.s
-          st.s = st.s + 1
-          if seq % 64 == 0 and redis.call('ZCARD', S.z) >= 64 then
-            redis.call('ZADD', S.z, '2251799813685248', 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched')
-            redis.call('HSET', S.h, '~', 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua')
-          end
-          return u, sched_code(seq), waiting, seq
-        end
-
-        -- A variant gained its first ready run: register it unless it has a tag.
-        -- (Before the state is read, one HMGET reads the variant's registration
-        -- and the scalars together, and one ZMSCORE the sentinel and the
-        -- variant's parked tag; the registration is written with the scalars it
-        -- changed, which sched_save then leaves alone.)
-        local function sched_register(S, vm, discovered)
-          local st, parked = S.st, nil
-          if st then
-            if redis.call('HEXISTS', S.h, vm) == 1 then return end
-          else
-            local r = redis.call('HMGET', S.h, vm, unpack(SCHED_REG_FIELDS))
-            if r[1] then return end
-            local z = redis.call('ZMSCORE', S.z, '', vm)
-            st = sched_state(S, r, 1, z[1], SCHED_REG_FIELDS)
-            parked = z[2]
-            if S.fresh then parked = false end -- the state started again without it
-          end
-          local u, code, waiting, seq = sched_admit(S, st, vm, discovered, parked)
-          local zargs = {}
-          if u then
-            zargs[#zargs + 1] = sched_fmt(u)
-            zargs[#zargs + 1] = code .. vm
-          end
-          if waiting then
-            zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
-            zargs[#zargs + 1] = vm
-          end
-          redis.call('ZADD', S.z, unpack(zargs))
-          local hargs = { vm, sched_value(code, false, waiting, 0), 's', sched_fmt(st.s) }
-          if st.lh ~= S.was.lh then
-            hargs[5], hargs[6] = 'lh', st.lh
-          end
-          redis.call('HSET', S.h, unpack(hargs))
-          S.was.s, S.was.lh = st.s, st.lh
-        end
-
-        -- The variant member and the code of a competing or gated member.
-        local function sched_split(member)
-          return string.sub(member, 16), string.sub(member, 1, 15)
-        end
-
-        -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
-        local function sched_parse(v)
-          local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-          return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
-                   r = r ~= '' and r + 0 or 0 }
-        end
-
-        -- The lane's member after the first `after` (0-based rank), or nil.
-        local function sched_lane_at(S, after)
-          return redis.call('ZRANGEBYSCORE', S.z, '-2251799813685248', '(-1125899906842624', 'LIMIT', after, '1')[1]
-        end
-
-        -- Drop parked tags at or below v (worth nothing), then all but the highest
-        -- idle_max (the idle region holds the lowest scores: ranks from 0).
-        local function sched_reap(S, v)
-          redis.call('ZREMRANGEBYSCORE', S.z, '-4503599627370496', sched_fmt(v - 4503599627370496))
-          local n = redis.call('ZCOUNT', S.z, '-4503599627370496', '(-3377699720527872')
-          if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, '0', n - S.idle_max - 1) end
-        end
-
-        -- A state whose ckVtime went without its hash (deleted by hand, evicted):
-        -- the dequeue found no sentinel in its first read of the competing region.
-        -- Both keys go: the next call starts the state again, as if it had
-        -- expired, and finds every variant with ready work by discovery.
-        local function sched_broken(S)
+        if not r[at + 1] or broken then
           redis.call('DEL', S.h, S.z)
-          S.st = nil
+          redis.call('ZADD', S.z, '0', '')
+          S.fresh = true
+        else
+          for i, f in ipairs(fields) do
+            local x = r[at + i]
+            if x then
+              -- every scalar but lh is a decimal integer (sched_save writes them)
+              if f == 'lh' then st.lh = x else st[f] = x + 0 end
+            end
+          end
+          if st.lh == nil then st.lh = '' end
+          S.partial = fields ~= SCHED_FIELDS
         end
+        -- (the values as read: one field per SCHED_FIELDS entry, in a table
+        -- built whole, not grown key by key)
+        S.st = st
+        S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
+                  ng = st.ng, nw = st.nw, lh = st.lh }
+        return st
+      end
 
-        -- A variant's last ready run left outside a dequeue: it leaves the
-        -- competition (and the lane: a head that leaves unserved hands its tag to
-        -- the next newcomer), its tag parked when above V.
-        local function sched_drained(S, vm)
-          local hv = redis.call('HGET', S.h, vm)
-          if not hv then return end
-          local st = sched_state(S)
-          -- A state started again (sched_state found no clock): nothing is
-          -- registered. (No script registers a variant before it drains or
-          -- releases one.)
-          if S.fresh then return end
-          local rg = sched_parse(hv)
-          local member = rg.code .. vm
-          local u
-          if rg.gated then
-            u = rg.tag
-            st.ng = st.ng - 1
+      -- Write the scalars that changed, and refresh the lifetime of both keys
+      -- together when half of it is gone by the writer's clock, when the stored
+      -- deadline is further off than a whole lifetime (written by a clock ahead
+      -- of this one: Redis expires keys by its own), or when the state is new.
+      -- A call that changed nothing writes nothing.
+      local function sched_save(S)
+        local st = S.st
+        if not st then return end
+        local left = st.x - S.now
+        local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
+        if refresh then st.x = S.now + S.ttl end
+        local args = {}
+        for _, f in ipairs(SCHED_FIELDS) do
+          if S.fresh or st[f] ~= S.was[f] then
+            args[#args + 1] = f
+            if type(st[f]) == 'number' then args[#args + 1] = sched_fmt(st[f]) else args[#args + 1] = st[f] end
+          end
+        end
+        if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
+        if refresh then
+          redis.call('PEXPIRE', S.z, S.ttl)
+          redis.call('PEXPIRE', S.h, S.ttl)
+        end
+      end
+
+      -- Milli-weight of a weight string (round half up, clamped to 1..10^6).
+      local function sched_milli(w)
+        local x = tonumber(w)
+        if not x then return 1000 end
+        return math.min(1000000, math.max(1, math.floor(x * 1000 + 0.5)))
+      end
+
+      -- q, r of total / m, exact for integers below 2^53.
+      local function sched_div(total, m)
+        local q = math.floor(total / m)
+        if q * m > total then q = q - 1 elseif (q + 1) * m <= total then q = q + 1 end
+        return q, total - q * m
+      end
+
+      -- Milli-weight of variant vm: 1000 without a read when the queue has no
+      -- weights (st.nw counts them; -1: not known yet).
+      local function sched_weight(S, st, vm)
+        if st.nw < 0 then st.nw = redis.call('HLEN', S.w) end
+        if st.nw == 0 then return 1000 end
+        return sched_milli(redis.call('HGET', S.w, vm))
+      end
+
+      -- A newcomer's quantum: one serve of its own at milli-weight m, at most
+      -- UNIT (a serve at weight 1).
+      local function sched_quantum(m)
+        if m <= 1000 then return 1000000 end
+        return (sched_div(1000000000, m))
+      end
+
+      -- The registration of a variant with no tag: u (nil when it queues in the
+      -- newcomer lane), code, waiting (in the lane), seq. A parked tag above V
+      -- makes it a return (at the parked tag); a parked tag at or below V is
+      -- worth nothing and goes; then a discovered variant starts at V, and a
+      -- newcomer queues behind the lane's head when the lane is not empty, else
+      -- with q its quantum and A = min(top, V + q) registers at V when A <= V,
+      -- or becomes the lane's head at A + q. parked, when not nil, is vm's idle
+      -- score as the caller read it (false: none).
+      local function sched_admit(S, st, vm, discovered, parked)
+        if parked == nil then parked = redis.call('ZSCORE', S.z, vm) end
+        if parked then redis.call('ZREM', S.z, vm) end
+        local u, waiting = st.v, false
+        if parked and num(parked) + 4503599627370496 > st.v then
+          u = num(parked) + 4503599627370496
+        elseif not discovered then
+          if st.lh ~= '' then
+            u, waiting = nil, true
           else
-            u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
-          end
-          redis.call('HDEL', S.h, vm)
-          redis.call('ZREM', S.z, member, vm)
-          if rg.waiting and st.lh == vm then
-            st.lh = ''
-            local nxt = sched_lane_at(S, 0)
-            if nxt then
-              local nv = sched_parse(redis.call('HGET', S.h, nxt))
-              redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
-              st.lh = nxt
-            end
-          end
-          if u and u > st.v then
-            redis.call('ZADD', S.z, sched_fmt(u - 4503599627370496), vm)
-            sched_reap(S, st.v)
-          end
-        end
-
-        -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
-        -- unpack much more than 8,000 values), step values at a time.
-        local function sched_chunked(cmd, key, args, step)
-          local n = step * math.floor(1000 / step)
-          for i = 1, #args, n do
-            redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
-          end
-        end
-
-        -- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
-        -- the reply itself (false for a missing field), not a copy.
-        local function sched_hmget(h, fields)
-          if #fields == 0 then return {} end
-          if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
-          local out = {}
-          for i = 1, #fields, 1000 do
-            local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
-            for j = 1, #part do out[i + j - 1] = part[j] end
-          end
-          return out
-        end
-
-        -- Slots of the variants vms freed (ack, nack, lease recovery, dead
-        -- letter): a gated one competes again, at max(S, V), whatever the key
-        -- limit is now (one read for all of them).
-        local function sched_released(S, vms)
-          local hvs = sched_hmget(S.h, vms)
-          for i, vm in ipairs(vms) do
-            local rg = hvs[i] and sched_parse(hvs[i])
-            if rg and rg.gated then
-              local st = sched_state(S)
-              if S.fresh then return end -- a state started again: see sched_drained
-              local u, r = rg.tag, rg.r
-              if not u or u < st.v then u, r = st.v, 0 end
-              redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
-              redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
-              st.ng = st.ng - 1
+            local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', '0', 'WITHSCORES', 'LIMIT', '0', '1')
+            if t[2] and num(t[2]) > st.v then
+              local q = sched_quantum(sched_weight(S, st, vm))
+              u, waiting = math.min(num(t[2]), st.v + q) + q, true
+              st.lh = vm
             end
           end
         end
-
-        -- The hooks of the scripts that move runs (see hooks_vtime). look: a
-        -- freed slot looks for a gated variant (see hooks_vtime); when it does
-        -- not, there is none to find, or the dequeue's un-gating comes first.
-        local function sched_hooks(S, look)
-          local released = function() end
-          if look then released = function(vms) sched_released(S, vms) end end
-          return {
-            ready_start = function(vm) sched_register(S, vm, false) end,
-            ready_empty = function(vm) sched_drained(S, vm) end,
-            released = released,
-            finish = function() sched_save(S) end,
-          }
+        local seq = st.s
+        st.s = st.s + 1
+        if seq % 64 == 0 and redis.call('ZCARD', S.z) >= 64 then
+          redis.call('ZADD', S.z, '2251799813685248', 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched')
+          redis.call('HSET', S.h, '~', 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua')
         end
-        local S = sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                             args[own_args + 1], args[own_args + 2], now)
-        S.check = true -- look for the sentinel (see sched_state)
-        return sched_hooks(S, look)
-      end)()
-    end
-    return h
+        return u, sched_code(seq), waiting, seq
+      end
+
+      -- A variant gained its first ready run: register it unless it has a tag.
+      -- (Before the state is read, one HMGET reads the variant's registration
+      -- and the scalars together, and one ZMSCORE the sentinel and the
+      -- variant's parked tag; the registration is written with the scalars it
+      -- changed, which sched_save then leaves alone.)
+      local function sched_register(S, vm, discovered)
+        local st, parked = S.st, nil
+        if st then
+          if redis.call('HEXISTS', S.h, vm) == 1 then return end
+        else
+          local r = redis.call('HMGET', S.h, vm, unpack(SCHED_REG_FIELDS))
+          if r[1] then return end
+          local z = redis.call('ZMSCORE', S.z, '', vm)
+          st = sched_state(S, r, 1, z[1], SCHED_REG_FIELDS)
+          parked = z[2]
+          if S.fresh then parked = false end -- the state started again without it
+        end
+        local u, code, waiting, seq = sched_admit(S, st, vm, discovered, parked)
+        local zargs = {}
+        if u then
+          zargs[#zargs + 1] = sched_fmt(u)
+          zargs[#zargs + 1] = code .. vm
+        end
+        if waiting then
+          zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
+          zargs[#zargs + 1] = vm
+        end
+        redis.call('ZADD', S.z, unpack(zargs))
+        local hargs = { vm, sched_value(code, false, waiting, 0), 's', sched_fmt(st.s) }
+        if st.lh ~= S.was.lh then
+          hargs[5], hargs[6] = 'lh', st.lh
+        end
+        redis.call('HSET', S.h, unpack(hargs))
+        S.was.s, S.was.lh = st.s, st.lh
+      end
+
+      -- The variant member and the code of a competing or gated member.
+      local function sched_split(member)
+        return string.sub(member, 16), string.sub(member, 1, 15)
+      end
+
+      -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
+      local function sched_parse(v)
+        local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+        return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+                 r = r ~= '' and r + 0 or 0 }
+      end
+
+      -- The lane's member after the first `after` (0-based rank), or nil.
+      local function sched_lane_at(S, after)
+        return redis.call('ZRANGEBYSCORE', S.z, '-2251799813685248', '(-1125899906842624', 'LIMIT', after, '1')[1]
+      end
+
+      -- Drop parked tags at or below v (worth nothing), then all but the highest
+      -- idle_max (the idle region holds the lowest scores: ranks from 0).
+      local function sched_reap(S, v)
+        redis.call('ZREMRANGEBYSCORE', S.z, '-4503599627370496', sched_fmt(v - 4503599627370496))
+        local n = redis.call('ZCOUNT', S.z, '-4503599627370496', '(-3377699720527872')
+        if n > S.idle_max then redis.call('ZREMRANGEBYRANK', S.z, '0', n - S.idle_max - 1) end
+      end
+
+      -- A state whose ckVtime went without its hash (deleted by hand, evicted):
+      -- the dequeue found no sentinel in its first read of the competing region.
+      -- Both keys go: the next call starts the state again, as if it had
+      -- expired, and finds every variant with ready work by discovery.
+      local function sched_broken(S)
+        redis.call('DEL', S.h, S.z)
+        S.st = nil
+      end
+
+      -- A variant's last ready run left outside a dequeue: it leaves the
+      -- competition (and the lane: a head that leaves unserved hands its tag to
+      -- the next newcomer), its tag parked when above V.
+      local function sched_drained(S, vm)
+        local hv = redis.call('HGET', S.h, vm)
+        if not hv then return end
+        local st = sched_state(S)
+        -- A state started again (sched_state found no clock): nothing is
+        -- registered. (No script registers a variant before it drains or
+        -- releases one.)
+        if S.fresh then return end
+        local rg = sched_parse(hv)
+        local member = rg.code .. vm
+        local u
+        if rg.gated then
+          u = rg.tag
+          st.ng = st.ng - 1
+        else
+          u = num(redis.call('ZSCORE', S.z, member)) -- nil when queued in the lane
+        end
+        redis.call('HDEL', S.h, vm)
+        redis.call('ZREM', S.z, member, vm)
+        if rg.waiting and st.lh == vm then
+          st.lh = ''
+          local nxt = sched_lane_at(S, 0)
+          if nxt then
+            local nv = sched_parse(redis.call('HGET', S.h, nxt))
+            redis.call('ZADD', S.z, sched_fmt(math.max(st.v, u or st.v)), nv.code .. nxt)
+            st.lh = nxt
+          end
+        end
+        if u and u > st.v then
+          redis.call('ZADD', S.z, sched_fmt(u - 4503599627370496), vm)
+          sched_reap(S, st.v)
+        end
+      end
+
+      -- Run cmd key with args in chunks of at most 1000 (Redis Lua refuses to
+      -- unpack much more than 8,000 values), step values at a time.
+      local function sched_chunked(cmd, key, args, step)
+        local n = step * math.floor(1000 / step)
+        for i = 1, #args, n do
+          redis.call(cmd, key, unpack(args, i, math.min(i + n - 1, #args)))
+        end
+      end
+
+      -- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
+      -- the reply itself (false for a missing field), not a copy.
+      local function sched_hmget(h, fields)
+        if #fields == 0 then return {} end
+        if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
+        local out = {}
+        for i = 1, #fields, 1000 do
+          local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+          for j = 1, #part do out[i + j - 1] = part[j] end
+        end
+        return out
+      end
+
+      -- Slots of the variants vms freed (ack, nack, lease recovery, dead
+      -- letter): a gated one competes again, at max(S, V), whatever the key
+      -- limit is now (one read for all of them).
+      local function sched_released(S, vms)
+        local hvs = sched_hmget(S.h, vms)
+        for i, vm in ipairs(vms) do
+          local rg = hvs[i] and sched_parse(hvs[i])
+          if rg and rg.gated then
+            local st = sched_state(S)
+            if S.fresh then return end -- a state started again: see sched_drained
+            local u, r = rg.tag, rg.r
+            if not u or u < st.v then u, r = st.v, 0 end
+            redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
+            redis.call('HSET', S.h, vm, sched_value(rg.code, false, false, r))
+            st.ng = st.ng - 1
+          end
+        end
+      end
+
+      -- The hooks of the scripts that move runs (see hooks_vtime). look: a
+      -- freed slot looks for a gated variant (see hooks_vtime); when it does
+      -- not, there is none to find, or the dequeue's un-gating comes first.
+      -- (Methods over the hooks' own table, called hooks:name(...), so that a
+      -- call makes one table and no closures.)
+      local function sched_hook_ready_start(H, vm) sched_register(H.S, vm, false) end
+      local function sched_hook_ready_empty(H, vm) sched_drained(H.S, vm) end
+      local function sched_hook_released(H, vms) if H.look then sched_released(H.S, vms) end end
+      local function sched_hook_finish(H) sched_save(H.S) end
+      local function sched_hooks(S, look)
+        return { S = S, look = look, ready_start = sched_hook_ready_start, ready_empty = sched_hook_ready_empty,
+                 released = sched_hook_released, finish = sched_hook_finish }
+      end
+      local S = sched_open(H.keys[H.own_keys + 1], H.keys[H.own_keys + 2], H.keys[H.own_keys + 3],
+                           H.args[H.own_args + 1], H.args[H.own_args + 2], H.now)
+      S.check = true -- look for the sentinel (see sched_state)
+      return sched_hooks(S, H.look)
+    end)()
   end
-  return {
-    ready_start = function(vm) lib().ready_start(vm) end,
-    ready_empty = function(vm) lib().ready_empty(vm) end,
-    released = function(vms) if look then lib().released(vms) end end,
-    finish = function() if h then h.finish() end end,
-  }
+  return H.h
+end
+
+-- The hooks are methods over the table hooks_open returns (hooks:name(...)),
+-- so that a call makes that one table and no closures.
+local function hooks_ready_start(H, vm) hooks_lib(H):ready_start(vm) end
+local function hooks_ready_empty(H, vm) hooks_lib(H):ready_empty(vm) end
+local function hooks_released(H, vms) if H.look then hooks_lib(H):released(vms) end end
+local function hooks_finish(H) if H.h then H.h:finish() end end
+
+local function hooks_open(keys, args, own_keys, own_args, now)
+  return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
+           look = args[own_args + 3] == '1', h = false,
+           ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
+           released = hooks_released, finish = hooks_finish }
 end
 
 
@@ -639,7 +643,7 @@ end
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
 -- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- when the index entry did (CH says so). hooks:ready_start(vm) runs when
 -- the variant's ready head is new or earlier (the scheduler registers a
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
@@ -649,7 +653,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     redis.call('ZADD', v.ready, rs, id)
     place_count(q, 'r')
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
+      hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       return true
     end
@@ -689,7 +693,7 @@ redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released({ vm })
+hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
@@ -697,7 +701,7 @@ if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, '1')
-  hooks.finish()
+  hooks:finish()
   return { 0, att }
 end
 redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
@@ -705,5 +709,5 @@ local v = variant_keys(ARGV[12], vm)
 if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
   redis.call('PUBLISH', wake, q.qm)
 end
-hooks.finish()
+hooks:finish()
 return { 1, att }

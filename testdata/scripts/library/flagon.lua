@@ -1,4 +1,4 @@
-#!lua name=runqueue_33b6bc665c0659b6
+#!lua name=runqueue_1c8412ef589290b4
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -450,15 +450,15 @@ end
 -- The hooks of the scripts that move runs (see hooks_vtime). look: a
 -- freed slot looks for a gated variant (see hooks_vtime); when it does
 -- not, there is none to find, or the dequeue's un-gating comes first.
+-- (Methods over the hooks' own table, called hooks:name(...), so that a
+-- call makes one table and no closures.)
+local function sched_hook_ready_start(H, vm) sched_register(H.S, vm, false) end
+local function sched_hook_ready_empty(H, vm) sched_drained(H.S, vm) end
+local function sched_hook_released(H, vms) if H.look then sched_released(H.S, vms) end end
+local function sched_hook_finish(H) sched_save(H.S) end
 local function sched_hooks(S, look)
-  local released = function() end
-  if look then released = function(vms) sched_released(S, vms) end end
-  return {
-    ready_start = function(vm) sched_register(S, vm, false) end,
-    ready_empty = function(vm) sched_drained(S, vm) end,
-    released = released,
-    finish = function() sched_save(S) end,
-  }
+  return { S = S, look = look, ready_start = sched_hook_ready_start, ready_empty = sched_hook_ready_empty,
+           released = sched_hook_released, finish = sched_hook_finish }
 end
 -- Scheduler flag on: the hooks keep each variant's registration (see
 -- sched). A script that includes "hooks" calls
@@ -475,31 +475,35 @@ end
 --                       gave one to a queue before (the limit may have
 --                       gone and come back since the variant was gated)
 --
--- The scheduler's code is defined inside lib(), at the first hook that
+-- The scheduler's code is defined inside hooks_lib(), at the first hook that
 -- does something: Redis runs a script's whole body at every call, and most
 -- calls of these scripts (an enqueue behind a variant's head, an ack
 -- without a key limit) need none of it, so they do not pay for making its
 -- closures and tables.
-local function hooks_open(keys, args, own_keys, own_args, now)
-  local look = args[own_args + 3] == '1'
-  local h -- the scheduler's hooks, once lib() has run
-  local function lib()
-    if h == nil then
-      h = (function()
-        local S = sched_open(keys[own_keys + 1], keys[own_keys + 2], keys[own_keys + 3],
-                             args[own_args + 1], args[own_args + 2], now)
-        S.check = true -- look for the sentinel (see sched_state)
-        return sched_hooks(S, look)
-      end)()
-    end
-    return h
+local function hooks_lib(H)
+  if not H.h then
+    H.h = (function()
+      local S = sched_open(H.keys[H.own_keys + 1], H.keys[H.own_keys + 2], H.keys[H.own_keys + 3],
+                           H.args[H.own_args + 1], H.args[H.own_args + 2], H.now)
+      S.check = true -- look for the sentinel (see sched_state)
+      return sched_hooks(S, H.look)
+    end)()
   end
-  return {
-    ready_start = function(vm) lib().ready_start(vm) end,
-    ready_empty = function(vm) lib().ready_empty(vm) end,
-    released = function(vms) if look then lib().released(vms) end end,
-    finish = function() if h then h.finish() end end,
-  }
+  return H.h
+end
+
+-- The hooks are methods over the table hooks_open returns (hooks:name(...)),
+-- so that a call makes that one table and no closures.
+local function hooks_ready_start(H, vm) hooks_lib(H):ready_start(vm) end
+local function hooks_ready_empty(H, vm) hooks_lib(H):ready_empty(vm) end
+local function hooks_released(H, vms) if H.look then hooks_lib(H):released(vms) end end
+local function hooks_finish(H) if H.h then H.h:finish() end end
+
+local function hooks_open(keys, args, own_keys, own_args, now)
+  return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
+           look = args[own_args + 3] == '1', h = false,
+           ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
+           released = hooks_released, finish = hooks_finish }
 end
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
@@ -574,7 +578,7 @@ end
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
 -- delayIndex (LT keeps the head) and the master score, which can only move
--- when the index entry did (CH says so). hooks.ready_start(vm) runs when
+-- when the index entry did (CH says so). hooks:ready_start(vm) runs when
 -- the variant's ready head is new or earlier (the scheduler registers a
 -- variant that has no tag).
 -- Returns: whether the run is ready or now the queue's earliest work (a
@@ -584,7 +588,7 @@ local function place(q, v, hooks, id, vm, at, rs, now)
     redis.call('ZADD', v.ready, rs, id)
     place_count(q, 'r')
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
-      hooks.ready_start(vm)
+      hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       return true
     end
@@ -625,12 +629,12 @@ local function index_head(set, index, vm)
 end
 
 -- Remove queued run id from its variant (ready or delayed) and fix the
--- indexes. hooks.ready_empty(vm) runs when the variant's last ready run
+-- indexes. hooks:ready_empty(vm) runs when the variant's last ready run
 -- leaves. Returns false when the run was not queued.
 local function unplace(q, v, hooks, id, vm)
   if redis.call('ZREM', v.ready, id) == 1 then
     depth_sub(q.depth, 'r', 1)
-    if not index_head(v.ready, q.ck_index, vm) then hooks.ready_empty(vm) end
+    if not index_head(v.ready, q.ck_index, vm) then hooks:ready_empty(vm) end
   elseif redis.call('ZREM', v.delayed, id) == 1 then
     depth_sub(q.depth, 'd', 1)
     index_head(v.delayed, q.delay_index, vm)
@@ -760,7 +764,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
-    hooks.released(vms)
+    hooks:released(vms)
     env_release(k.env_n, #ids)
   end
   return out
@@ -867,7 +871,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     redis.call('HINCRBY', dq.depth, 'r', #due)
-    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks.ready_start(vm) end
+    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -1195,7 +1199,7 @@ local function enqueue_batch()
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
-    for _, vm in ipairs(moved) do hooks.ready_start(vm) end -- (see index_moves)
+    for _, vm in ipairs(moved) do hooks:ready_start(vm) end -- (see index_moves)
     redis.call('ZADD', q.master, 'LT', head, q.qm)
     woke = true
   end
@@ -1217,7 +1221,7 @@ else
   out, woke = enqueue_each()
 end
 if woke and wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
-hooks.finish()
+hooks:finish()
 return out
 end
 
@@ -1379,8 +1383,8 @@ local W = { list = {}, over = {}, read = 0, more = true, last = nil, first = dq.
 local function before(a, b) return a.u < b.u or (a.u == b.u and a.seq < b.seq) end
 
 -- A window entry for variant vm, seq code code, tag u.
-local function entry(vm, code, u)
-  return { vm = vm, member = code .. vm, code = code, seq = tonumber(code), u = u }
+local function entry(vm, code, u, member)
+  return { vm = vm, member = member or code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
 -- Put e in the list at its rank, whatever the bound (binary search: a call
@@ -1438,8 +1442,9 @@ local function w_extend()
   if take == 0 then return false end
   local e
   for i = 1, take do
-    e = entry(sched_split(raw[skip + 2 * i - 1]))
-    e.u = num(raw[skip + 2 * i])
+    local member = raw[skip + 2 * i - 1]
+    local vm, code = sched_split(member)
+    e = entry(vm, code, num(raw[skip + 2 * i]), member)
     e.waiting = e.vm == lane_head0
     e.waiting0 = e.waiting
     ent[e.vm] = e
@@ -1746,7 +1751,7 @@ local now, n = tonumber(ARGV[1]), tonumber(ARGV[3])
 local OWN_KEYS, OWN_ARGS = 5, 3 + 3 * n
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 local out = held_ack(k, ARGV[2], ARGV, 4, n, now, hooks)
-hooks.finish()
+hooks:finish()
 return out
 end
 
@@ -1808,7 +1813,7 @@ redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 kin_release(kin, { vm }, { [vm] = 1 })
 env_release(env_n, 1)
-hooks.released({ vm })
+hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
@@ -1816,7 +1821,7 @@ if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, '1')
-  hooks.finish()
+  hooks:finish()
   return { 0, att }
 end
 redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
@@ -1824,7 +1829,7 @@ local v = variant_keys(ARGV[12], vm)
 if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
   redis.call('PUBLISH', wake, q.qm)
 end
-hooks.finish()
+hooks:finish()
 return { 1, att }
 end
 
@@ -1868,7 +1873,7 @@ if tonumber(r.ttl) > now then return 0 end
 redis.call('ZREM', ttl_set, member)
 if not unplace(q, variant_keys(ARGV[6], vm), hooks, id, vm) then return 0 end
 redis.call('HDEL', q.runs, id)
-hooks.finish()
+hooks:finish()
 return 1
 end
 
@@ -1915,14 +1920,14 @@ if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_
 redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, r.lt))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
-hooks.finish()
+hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_33b6bc665c0659b6_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c8412ef589290b4_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_1c8412ef589290b4_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_1c8412ef589290b4_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c8412ef589290b4_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c8412ef589290b4_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c8412ef589290b4_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c8412ef589290b4_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -22,6 +22,7 @@
 --@include sched
 --@include place
 --@include dequeue
+--@include span
 local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
@@ -153,10 +154,7 @@ local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 -- serve, pass 1: the active tags in (tag, registration) order, read lazily
 -- into a window (W), as vtime's window does. Nothing of ckVtime's active
 -- region is written until persist, so reads by rank stay consistent.
--- The list's entries are list[head..tail]: a serve takes the entry at the
--- head and puts it back further on, so the head is dropped by moving head
--- on rather than by shifting the whole list (table.remove shifts entry by
--- entry through Lua's C API, some 100 instructions each).
+-- W is a span (lib/span): the list's entries are list[head..tail].
 local W = { list = {}, head = 1, tail = 0, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
             budget = SCHED.READ_BUDGET + 4 * dq.max_count * wm }
 -- (tag, registration) order; registration numbers compare as numbers.
@@ -176,17 +174,7 @@ local function w_place(e)
     local mid = math.floor((lo + hi) / 2)
     if before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
-  -- Insert at lo, moving the shorter side: the entries before it one place
-  -- back (when the head has room), or those from it one place on.
-  if W.head > 1 and lo - W.head < W.tail + 1 - lo then
-    for j = W.head, lo - 1 do list[j - 1] = list[j] end
-    W.head = W.head - 1
-    list[lo - 1] = e
-  else
-    for j = W.tail, lo, -1 do list[j + 1] = list[j] end
-    W.tail = W.tail + 1
-    list[lo] = e
-  end
+  span_insert(W, lo, e)
 end
 
 -- Put e in the list when it sorts before the bound (the last entry read),
@@ -200,15 +188,10 @@ local function w_insert(e)
   w_place(e)
 end
 
--- Remove e; the entries before it move one place on (none when e is the
--- head, as a served entry is).
 local function w_remove(e)
-  local list = W.list
   for i = W.head, W.tail do
-    if list[i] == e then
-      for j = i, W.head + 1, -1 do list[j] = list[j - 1] end
-      list[W.head] = nil
-      W.head = W.head + 1
+    if W.list[i] == e then
+      span_remove(W, i)
       return
     end
   end
@@ -304,12 +287,10 @@ local function pick()
     while W.head <= W.tail do
       local e = W.list[W.head]
       if dq_head(dq, e.vm) == nil then
-        W.list[W.head] = nil
-        W.head = W.head + 1
+        span_remove(W, W.head)
         leave(e)
       elseif dq_at_limit(dq, e.vm) then
-        W.list[W.head] = nil
-        W.head = W.head + 1
+        span_remove(W, W.head)
         gate(e)
       else
         return e

@@ -499,7 +499,42 @@ end
 -- scores change. An entry whose new score sorts after the n-th entry read
 -- leaves the window, because unread entries may sort before it; a set read
 -- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
--- WITHSCORES reply of up to n + 1 entries.
+-- WITHSCORES reply of up to n + 1 entries. Its entries are a span
+-- (lib/span).
+-- A span: a sorted list kept as s.list[s.head..s.tail], for the windows
+-- both dequeues keep of the variants they read. A serve takes an entry
+-- near the front and puts it back further on: dropping the front by
+-- moving head on, and inserting by shifting the shorter side, costs a few
+-- moves where table.remove and table.insert shift every later entry
+-- through Lua's C API (some 100 instructions each).
+
+-- Insert e at position lo (head <= lo <= tail + 1): the entries before lo
+-- move one place back when the head has room and they are fewer, else
+-- those from lo one place on.
+local function span_insert(s, lo, e)
+  local list = s.list
+  if s.head > 1 and lo - s.head < s.tail + 1 - lo then
+    for j = s.head, lo - 1 do list[j - 1] = list[j] end
+    s.head = s.head - 1
+    list[lo - 1] = e
+  else
+    for j = s.tail, lo, -1 do list[j + 1] = list[j] end
+    s.tail = s.tail + 1
+    list[lo] = e
+  end
+end
+
+-- Remove the entry at position i (head <= i <= tail) and return it: the
+-- entries before it move one place on (none when i is the head).
+local function span_remove(s, i)
+  local list = s.list
+  local e = list[i]
+  for j = i, s.head + 1, -1 do list[j] = list[j - 1] end
+  list[s.head] = nil
+  s.head = s.head + 1
+  return e
+end
+
 -- a < b comparing bytes, as a ZSET orders members (Lua's "<" on strings
 -- follows the server's locale: LC_COLLATE).
 local function bytes_less(a, b)
@@ -512,18 +547,13 @@ end
 
 local function entry_before(a, b) return a.s < b.s or (a.s == b.s and bytes_less(a.vm, b.vm)) end
 
--- The window's entries are list[first..last]: serving takes an entry near
--- the front and moves it back, so the front is dropped by moving first on
--- rather than by shifting the whole list (table.remove shifts entry by
--- entry through Lua's C API, some 100 instructions each: at 100 variants a
--- tenth of a batch-100 dequeue's cost).
 local function window_new(raw, n)
   local list = {}
   for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = num(raw[i + 1]) } end
-  local w = { list = list, first = 1, last = #list, bound = nil }
+  local w = { list = list, head = 1, tail = #list, bound = nil }
   if #list > n then
     for i = #list, n + 1, -1 do list[i] = nil end
-    w.last = n
+    w.tail = n
     w.bound = { vm = list[n].vm, s = list[n].s }
   end
   return w
@@ -532,26 +562,18 @@ end
 -- First member of the window for which ok(vm) holds, or nil.
 local function window_first(w, ok)
   local list = w.list
-  for i = w.first, w.last do
+  for i = w.head, w.tail do
     local vm = list[i].vm
     if ok(vm) then return vm end
   end
   return nil
 end
 
--- Remove vm; returns its entry, or nil when it was not in the window. The
--- entries before it move one place on (few: a served entry is near the
--- front).
+-- Remove vm; returns its entry, or nil when it was not in the window.
 local function window_remove(w, vm)
   local list = w.list
-  for i = w.first, w.last do
-    local e = list[i]
-    if e.vm == vm then
-      for j = i, w.first + 1, -1 do list[j] = list[j - 1] end
-      list[w.first] = nil
-      w.first = w.first + 1
-      return e
-    end
+  for i = w.head, w.tail do
+    if list[i].vm == vm then return span_remove(w, i) end
   end
   return nil
 end
@@ -565,22 +587,12 @@ local function window_move(w, vm, s)
   -- Binary search for the first entry e sorts before: a call of n serves
   -- over n variants costs n log n comparisons, not n^2.
   local list = w.list
-  local lo, hi = w.first, w.last + 1
+  local lo, hi = w.head, w.tail + 1
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     if entry_before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
-  -- Insert at lo, moving the shorter side: the entries before it one place
-  -- back, or those from it one place on.
-  if lo - w.first < w.last + 1 - lo then
-    for j = w.first, lo - 1 do list[j - 1] = list[j] end
-    w.first = w.first - 1
-    list[lo - 1] = e
-  else
-    for j = w.last, lo, -1 do list[j + 1] = list[j] end
-    w.last = w.last + 1
-    list[lo] = e
-  end
+  span_insert(w, lo, e)
 end
 
 -- The lowest score of the set the window was read from, after the moves
@@ -588,7 +600,7 @@ end
 -- first entry, or the bound (no unread entry scores below it); false when
 -- the set was read whole and is now empty.
 local function window_low(w)
-  local first = w.list[w.first]
+  local first = w.list[w.head]
   local s = first and first.s
   if w.bound ~= nil and (s == nil or w.bound.s < s) then s = w.bound.s end
   if s == nil then return false end

@@ -1,4 +1,4 @@
-#!lua name=runqueue_fd0c293bad333bab
+#!lua name=runqueue_240833f7abe16743
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1026,6 +1026,39 @@ local function dq_finish(dq, acked)
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
   return out
 end
+-- A span: a sorted list kept as s.list[s.head..s.tail], for the windows
+-- both dequeues keep of the variants they read. A serve takes an entry
+-- near the front and puts it back further on: dropping the front by
+-- moving head on, and inserting by shifting the shorter side, costs a few
+-- moves where table.remove and table.insert shift every later entry
+-- through Lua's C API (some 100 instructions each).
+
+-- Insert e at position lo (head <= lo <= tail + 1): the entries before lo
+-- move one place back when the head has room and they are fewer, else
+-- those from lo one place on.
+local function span_insert(s, lo, e)
+  local list = s.list
+  if s.head > 1 and lo - s.head < s.tail + 1 - lo then
+    for j = s.head, lo - 1 do list[j - 1] = list[j] end
+    s.head = s.head - 1
+    list[lo - 1] = e
+  else
+    for j = s.tail, lo, -1 do list[j + 1] = list[j] end
+    s.tail = s.tail + 1
+    list[lo] = e
+  end
+end
+
+-- Remove the entry at position i (head <= i <= tail) and return it: the
+-- entries before it move one place on (none when i is the head).
+local function span_remove(s, i)
+  local list = s.list
+  local e = list[i]
+  for j = i, s.head + 1, -1 do list[j] = list[j - 1] end
+  list[s.head] = nil
+  s.head = s.head + 1
+  return e
+end
 
 local function script_enqueue_vtime(keys, args)
 KEYS, ARGV = keys, args
@@ -1377,10 +1410,7 @@ local lane_head0 = st.lh -- the lane's head as the call begins (it competes)
 -- serve, pass 1: the active tags in (tag, registration) order, read lazily
 -- into a window (W), as vtime's window does. Nothing of ckVtime's active
 -- region is written until persist, so reads by rank stay consistent.
--- The list's entries are list[head..tail]: a serve takes the entry at the
--- head and puts it back further on, so the head is dropped by moving head
--- on rather than by shifting the whole list (table.remove shifts entry by
--- entry through Lua's C API, some 100 instructions each).
+-- W is a span (lib/span): the list's entries are list[head..tail].
 local W = { list = {}, head = 1, tail = 0, over = {}, read = 0, more = true, last = nil, first = dq.cap + 1,
             budget = 1000 + 4 * dq.max_count * wm }
 -- (tag, registration) order; registration numbers compare as numbers.
@@ -1400,17 +1430,7 @@ local function w_place(e)
     local mid = math.floor((lo + hi) / 2)
     if before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
-  -- Insert at lo, moving the shorter side: the entries before it one place
-  -- back (when the head has room), or those from it one place on.
-  if W.head > 1 and lo - W.head < W.tail + 1 - lo then
-    for j = W.head, lo - 1 do list[j - 1] = list[j] end
-    W.head = W.head - 1
-    list[lo - 1] = e
-  else
-    for j = W.tail, lo, -1 do list[j + 1] = list[j] end
-    W.tail = W.tail + 1
-    list[lo] = e
-  end
+  span_insert(W, lo, e)
 end
 
 -- Put e in the list when it sorts before the bound (the last entry read),
@@ -1424,15 +1444,10 @@ local function w_insert(e)
   w_place(e)
 end
 
--- Remove e; the entries before it move one place on (none when e is the
--- head, as a served entry is).
 local function w_remove(e)
-  local list = W.list
   for i = W.head, W.tail do
-    if list[i] == e then
-      for j = i, W.head + 1, -1 do list[j] = list[j - 1] end
-      list[W.head] = nil
-      W.head = W.head + 1
+    if W.list[i] == e then
+      span_remove(W, i)
       return
     end
   end
@@ -1528,12 +1543,10 @@ local function pick()
     while W.head <= W.tail do
       local e = W.list[W.head]
       if dq_head(dq, e.vm) == nil then
-        W.list[W.head] = nil
-        W.head = W.head + 1
+        span_remove(W, W.head)
         leave(e)
       elseif dq_at_limit(dq, e.vm) then
-        W.list[W.head] = nil
-        W.head = W.head + 1
+        span_remove(W, W.head)
         gate(e)
       else
         return e
@@ -1945,10 +1958,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_fd0c293bad333bab_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_fd0c293bad333bab_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_fd0c293bad333bab_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_fd0c293bad333bab_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_fd0c293bad333bab_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_fd0c293bad333bab_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_fd0c293bad333bab_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_240833f7abe16743_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_240833f7abe16743_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_240833f7abe16743_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_240833f7abe16743_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_240833f7abe16743_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_240833f7abe16743_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_240833f7abe16743_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -299,7 +299,11 @@ local function sched_state(S, r, at, sentinel, fields)
       S.partial = false
       local rest = redis.call('HMGET', S.h, unpack(SCHED_REST_FIELDS))
       for i, f in ipairs(SCHED_REST_FIELDS) do
-        if rest[i] then S.st[f], S.was[f] = rest[i] + 0, rest[i] + 0 end
+        local x = rest[i]
+        if x then
+          x = x + 0 -- (a decimal integer, as in the loop below)
+          S.st[f], S.was[f] = x, x
+        end
       end
     end
     return S.st

@@ -1,4 +1,4 @@
-#!lua name=runqueue_240833f7abe16743
+#!lua name=runqueue_b5d6657dc0883869
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -170,7 +170,11 @@ local function sched_state(S, r, at, sentinel, fields)
       S.partial = false
       local rest = redis.call('HMGET', S.h, unpack(SCHED_REST_FIELDS))
       for i, f in ipairs(SCHED_REST_FIELDS) do
-        if rest[i] then S.st[f], S.was[f] = rest[i] + 0, rest[i] + 0 end
+        local x = rest[i]
+        if x then
+          x = x + 0 -- (a decimal integer, as in the loop below)
+          S.st[f], S.was[f] = x, x
+        end
       end
     end
     return S.st
@@ -1958,10 +1962,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_240833f7abe16743_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_240833f7abe16743_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_240833f7abe16743_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_240833f7abe16743_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_240833f7abe16743_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_240833f7abe16743_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_240833f7abe16743_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_b5d6657dc0883869_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_b5d6657dc0883869_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_b5d6657dc0883869_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_b5d6657dc0883869_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_b5d6657dc0883869_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_b5d6657dc0883869_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_b5d6657dc0883869_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

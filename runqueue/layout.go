@@ -28,7 +28,12 @@ import (
 //     marks (a ckVtime member at 2^51, a state-hash field "~", both over 64
 //     bytes), so that Redis keeps both keys as a skiplist and a hash table
 //     (lua/lib/sched_reg.lua).
-const LayoutVersion = 4
+//   - 5: a queue's held hash that holds 64 runs in flight or more gets the
+//     wide mark (the field "~", its value over 64 bytes), and its
+//     key-inflight hash too when it holds 64 variants or more, so that
+//     Redis keeps them as hash tables (lua/lib/held.lua); the queue's
+//     in-flight count is the held hash's length less the mark.
+const LayoutVersion = 5
 
 // ErrLayout is wrapped by every *LayoutError.
 var ErrLayout = errors.New("runqueue: redis holds another layout version")

@@ -165,6 +165,9 @@ func (h *r2) model() *vtime.Model {
 	require.NoError(t, err)
 	snap.InFlight = map[string]int{}
 	for vm, n := range kin {
+		if vm == "~" { // the wide mark (lua/lib/held.lua), no variant
+			continue
+		}
 		snap.InFlight[vm], _ = strconv.Atoi(n)
 	}
 	cfg := h.mcfg

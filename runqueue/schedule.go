@@ -145,7 +145,7 @@ func (q *Queue) capacityGone(ctx context.Context, qk keys.Queue, lim Limits) (bo
 		}
 	}
 	if lim.Queue > 0 {
-		n, err := q.rdb.HLen(ctx, qk.Held()).Result()
+		n, err := q.queueInflight(ctx, qk)
 		return err == nil && n >= int64(lim.Queue), err
 	}
 	return false, nil
@@ -238,7 +238,7 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 			return nil, err
 		}
 	}
-	qn, err := q.rdb.HLen(ctx, qk.Held()).Result()
+	qn, err := q.queueInflight(ctx, qk)
 	if err != nil {
 		return nil, err
 	}

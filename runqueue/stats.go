@@ -30,11 +30,13 @@ func (q *Queue) QueueStats(ctx context.Context, env, queue string) (Stats, error
 	}
 	qk := q.space.Env(env).Queue(queue)
 	var depth *redis.SliceCmd
-	var inflight, dead *redis.IntCmd
+	var dead *redis.IntCmd
+	var inflight heldLen
 	var head *redis.StringSliceCmd
-	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	// (one MULTI/EXEC for readHeld; the queue's keys share its hash slot)
+	_, err := q.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		depth = p.HMGet(ctx, qk.Depth(), "r", "d")
-		inflight = p.HLen(ctx, qk.Held())
+		inflight = readHeld(ctx, p, qk)
 		dead = p.ZCard(ctx, qk.Dead())
 		head = p.ZRange(ctx, qk.CkIndex(), 0, 0)
 		return nil
@@ -42,7 +44,7 @@ func (q *Queue) QueueStats(ctx context.Context, env, queue string) (Stats, error
 	if err != nil {
 		return Stats{}, err
 	}
-	s := Stats{Ready: toInt(depth.Val()[0]), Delayed: toInt(depth.Val()[1]), InFlight: inflight.Val(), Dead: dead.Val()}
+	s := Stats{Ready: toInt(depth.Val()[0]), Delayed: toInt(depth.Val()[1]), InFlight: inflight.val(), Dead: dead.Val()}
 	if h := head.Val(); len(h) == 1 {
 		ck, err := keys.DecodeVariantMember(h[0])
 		if err == nil {
@@ -134,6 +136,44 @@ func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
 	}
 	total.InFlight, err = q.envInflight(ctx, e)
 	return total, err
+}
+
+// heldWideField is the held hash's wide mark (lua/lib/held.lua): a field
+// that is no run, written once the hash held 64 fields so that Redis keeps
+// it a hash table.
+const heldWideField = "~"
+
+// heldLen is a read of a queue's in-flight count: the held hash's length
+// less its wide mark. Its two commands go in one MULTI/EXEC (TxPipelined):
+// in a plain pipeline a script could run between them (an ack that removes
+// the last run and the mark, a dequeue that adds runs and the mark) and
+// the count would be one the queue never had.
+type heldLen struct {
+	n    *redis.IntCmd
+	mark *redis.BoolCmd
+}
+
+func readHeld(ctx context.Context, p redis.Pipeliner, qk keys.Queue) heldLen {
+	return heldLen{n: p.HLen(ctx, qk.Held()), mark: p.HExists(ctx, qk.Held(), heldWideField)}
+}
+
+func (h heldLen) val() int64 {
+	if h.mark.Val() {
+		return h.n.Val() - 1
+	}
+	return h.n.Val()
+}
+
+// queueInflight is the number of runs of queue qk in flight.
+func (q *Queue) queueInflight(ctx context.Context, qk keys.Queue) (int64, error) {
+	var h heldLen
+	if _, err := q.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		h = readHeld(ctx, p, qk)
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	return h.val(), nil
 }
 
 // envInflight is the env's in-flight count.

@@ -89,17 +89,18 @@
 //   - discovery, only without Options.Queues: one pipeline of a ZCARD and
 //     a ZRANGE (at most MaxScrapeQueues members) per shard's master ZSET
 //     (Queue.ActiveQueues).
-//   - per queue: a pipeline of HMGET (depth), HLEN (held), ZCARD (dead) and
-//     ZRANGE 0 0 (ckIndex head); with a ready run, a ZRANGE 0 0 of that
-//     key's ready set and an HGET of its record: at most 3 round trips and
-//     6 commands, each O(1) or O(log n).
+//   - per queue: one MULTI/EXEC of HMGET (depth), HLEN and HEXISTS (held
+//     and its wide mark), ZCARD (dead) and ZRANGE 0 0 (ckIndex head); with
+//     a ready run, a ZRANGE 0 0 of that key's ready set and an HGET of its
+//     record: at most 3 round trips and 7 commands (MULTI and EXEC aside),
+//     each O(1) or O(log n).
 //   - per queue, with the fair scheduler on and K > 0: one pipeline of an
 //     HMGET of the clock and two ZREVRANGEBYSCORE ... LIMIT 0 K over the
 //     competing and gated tags (Queue.TopLags): O(log n + K), whatever the
 //     number of keys.
 //
 // So a scrape of N queues costs at most 1 + 4N round trips and
-// 2*Shards + 9N commands. A discovered queue stays in the list while it
+// 2*Shards + 10N commands (MULTI and EXEC aside). A discovered queue stays in the list while it
 // holds runs in flight or dead, after its last queued run was served (so
 // its in-flight gauge goes back to 0 rather than vanishing); queues that
 // hold queued runs take the room first.

@@ -67,7 +67,7 @@ local function dq_capacity(dq)
   if cap > 0 and dq.env_limit > 0 then
     cap = math.min(cap, dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0))
   end
-  if cap > 0 and dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - redis.call('HLEN', dq.held)) end
+  if cap > 0 and dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - held_count(dq.held)) end
   dq.cap = cap
   return cap
 end
@@ -231,7 +231,7 @@ local function dq_finish(dq, acked)
 
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
-  redis.call('INCRBY', dq.env_n, num_arg(n))
+  local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))
   local ids, fields, leases = {}, {}, {}
   for i, s in ipairs(dq.served) do
     ids[i] = s.id
@@ -241,6 +241,7 @@ local function dq_finish(dq, acked)
     leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
   end
   redis.call('HSET', dq.held, unpack(fields))
+  held_widen(dq.held, dq.kin, env_in, token0, n)
   redis.call('ZADD', dq.leases, unpack(leases))
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}

@@ -4,6 +4,55 @@
 -- variant member (fields go at 0); the env's counter STRING counts them
 -- across the env's queues; the shard's leases ZSET holds each run member
 -- (run prefix .. field) with its lease deadline.
+--
+-- The wide marks (layout 5): Redis keeps a HASH of at most 512 fields
+-- (hash-max-listpack-entries) whose values are all at most 64 bytes as a
+-- listpack, which every lookup, insert and delete walks from its start; at
+-- a few hundred runs in flight the held and key-inflight hashes cost a
+-- dequeue and an ack more than the hash table would (callgrind on Redis
+-- 7.0.15: a worker loop at 100 runs in flight over 100 keys spent about a
+-- tenth of its instructions walking them). A dequeue that takes the
+-- shard's token counter past a multiple of 64 while its env has 64 runs or
+-- more in flight looks at the queue's held hash, and when it holds 64
+-- fields or more gives it the field "~" with a value of more than 64 bytes
+-- (and the key-inflight hash too, when it holds 64 or more), which turns it
+-- into a hash table for the rest of its lifetime. No held field ("<variant
+-- member>:<id>") and no variant member ("=" ...) is "~". The queue's
+-- in-flight count is the held hash's length less its mark (held_count);
+-- when the last run in flight leaves a marked held hash, both hashes go
+-- (held_left), so an empty queue leaves no key behind.
+--@inline
+local HELD = { WIDE_AT = 64, WIDE_FIELD = '~',
+               WIDE_VALUE = 'runqueue: a value longer than 64 bytes keeps this hash a hash table, see lib/held.lua' }
+
+-- Runs of the queue in flight: the held hash's fields but its mark.
+local function held_count(held)
+  local n = redis.call('HLEN', held)
+  if n > 0 and redis.call('HEXISTS', held, HELD.WIDE_FIELD) == 1 then n = n - 1 end
+  return n
+end
+
+-- A dequeue gave n runs tokens token0 + 1 .. token0 + n, and its env now
+-- has env_in runs in flight: mark the held hash (and kin) when due (see
+-- above). Looking once per 64 tokens of the shard costs next to nothing.
+local function held_widen(held, kin, env_in, token0, n)
+  if env_in < HELD.WIDE_AT or math.floor((token0 + n) / HELD.WIDE_AT) == math.floor(token0 / HELD.WIDE_AT) then
+    return
+  end
+  if redis.call('HLEN', held) < HELD.WIDE_AT then return end
+  redis.call('HSET', held, HELD.WIDE_FIELD, HELD.WIDE_VALUE)
+  if redis.call('HLEN', kin) >= HELD.WIDE_AT then redis.call('HSET', kin, HELD.WIDE_FIELD, HELD.WIDE_VALUE) end
+end
+
+-- Runs left flight (their held fields are gone): when a marked held hash
+-- holds only its mark, both hashes go (every count of kin is 0 then: only
+-- its mark, if any, is left). (An HLEN costs an ack less than reading the
+-- mark with the holders: its value is long.)
+local function held_left(held, kin)
+  if redis.call('HLEN', held) == 1 and redis.call('HEXISTS', held, HELD.WIDE_FIELD) == 1 then
+    redis.call('DEL', held, kin)
+  end
+end
 
 -- Check that run id of variant vm (held field vm:id, run member member)
 -- is in flight under token (token "0": any holder whose lease has passed
@@ -118,6 +167,7 @@ local function held_ack(k, prefix, args, first, n, now, hooks)
     redis.call('HDEL', k.runs, unpack(ids))
     redis.call('ZREM', k.leases, unpack(members))
     kin_release(k.kin, vms, per_vm)
+    held_left(k.held, k.kin)
     hooks:released(vms)
     env_release(k.env_n, #ids)
   end

@@ -50,6 +50,26 @@ end
 -- variant member (fields go at 0); the env's counter STRING counts them
 -- across the env's queues; the shard's leases ZSET holds each run member
 -- (run prefix .. field) with its lease deadline.
+--
+-- The wide marks (layout 5): Redis keeps a HASH of at most 512 fields
+-- (hash-max-listpack-entries) whose values are all at most 64 bytes as a
+-- listpack, which every lookup, insert and delete walks from its start; at
+-- a few hundred runs in flight the held and key-inflight hashes cost a
+-- dequeue and an ack more than the hash table would (callgrind on Redis
+-- 7.0.15: a worker loop at 100 runs in flight over 100 keys spent about a
+-- tenth of its instructions walking them). A dequeue that takes the
+-- shard's token counter past a multiple of 64 while its env has 64 runs or
+-- more in flight looks at the queue's held hash, and when it holds 64
+-- fields or more gives it the field "~" with a value of more than 64 bytes
+-- (and the key-inflight hash too, when it holds 64 or more), which turns it
+-- into a hash table for the rest of its lifetime. No held field ("<variant
+-- member>:<id>") and no variant member ("=" ...) is "~". The queue's
+-- in-flight count is the held hash's length less its mark (held_count);
+-- when the last run in flight leaves a marked held hash, both hashes go
+-- (held_left), so an empty queue leaves no key behind.
+
+
+
 
 -- Check that run id of variant vm (held field vm:id, run member member)
 -- is in flight under token (token "0": any holder whose lease has passed

@@ -100,8 +100,8 @@
 //     number of keys.
 //
 // So a scrape of N queues costs at most 1 + 4N round trips and
-// 2*Shards + 10N commands (MULTI and EXEC aside). A discovered queue stays in the list while it
-// holds runs in flight or dead, after its last queued run was served (so
-// its in-flight gauge goes back to 0 rather than vanishing); queues that
-// hold queued runs take the room first.
+// 2*Shards + 10N commands (MULTI and EXEC aside). A discovered queue stays
+// in the list while it holds runs in flight or dead, after its last queued
+// run was served (so its in-flight gauge goes back to 0 rather than
+// vanishing); queues that hold queued runs take the room first.
 package metrics

@@ -56,8 +56,7 @@ end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
-kin_release(kin, { vm }, { [vm] = 1 })
-held_left(held, kin)
+held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
 env_release(env_n, 1)
 hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)

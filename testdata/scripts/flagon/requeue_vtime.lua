@@ -106,11 +106,15 @@ end
 
 
 
--- Runs left flight (their held fields are gone): when a marked held hash
--- holds only its mark, both hashes go (every count of kin is 0 then: only
--- its mark, if any, is left). (An HLEN costs an ack less than reading the
--- mark with the holders: its value is long.)
-local function held_left(held, kin)
+-- Runs left flight (their held fields are gone) and zeroed, the count of
+-- some variant reached 0 (kin_release says): when a marked held hash holds
+-- only its mark, both hashes go (every count of kin is 0 then: only its
+-- mark, if any, is left). The last run of the queue to leave flight is the
+-- last of its variant too, so a call in which no count reached 0 cannot
+-- have emptied the queue and reads nothing. (An HLEN costs an ack less than
+-- reading the mark with the holders: its value is long.)
+local function held_left(held, kin, zeroed)
+  if not zeroed then return end
   if redis.call('HLEN', held) == 1 and redis.call('HEXISTS', held, '~') == 1 then
     redis.call('DEL', held, kin)
   end
@@ -143,12 +147,13 @@ end
 
 -- Runs of the variants vms leave flight, per_vm[vm] of each (their held
 -- fields and leases gone by the caller): the counts follow, in one read and
--- at most two writes.
+-- at most two writes. Returns whether the count of some variant reached 0.
 local function kin_release(kin, vms, per_vm)
   if #vms == 1 then
     -- One variant: subtract (one command while runs are left in flight).
-    if redis.call('HINCRBY', kin, vms[1], num_arg(-per_vm[vms[1]])) <= 0 then redis.call('HDEL', kin, vms[1]) end
-    return
+    if redis.call('HINCRBY', kin, vms[1], num_arg(-per_vm[vms[1]])) > 0 then return false end
+    redis.call('HDEL', kin, vms[1])
+    return true
   end
   local ns = redis.call('HMGET', kin, unpack(vms))
   local set, del = {}, {}
@@ -163,6 +168,7 @@ local function kin_release(kin, vms, per_vm)
   end
   if #set > 0 then redis.call('HSET', kin, unpack(set)) end
   if #del > 0 then redis.call('HDEL', kin, unpack(del)) end
+  return #del > 0
 end
 
 -- n runs of the env leave flight.
@@ -724,8 +730,7 @@ end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
-kin_release(kin, { vm }, { [vm] = 1 })
-held_left(held, kin)
+held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
 env_release(env_n, 1)
 hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)

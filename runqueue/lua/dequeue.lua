@@ -25,7 +25,7 @@ dq_promote(dq, hooks)
 -- cap: reading further (a costly WITHSCORES reply) would change nothing.
 local reach = dq.scan
 if dq.key_limit <= 0 then reach = math.min(dq.scan, dq.cap) end
-local age = window_new(redis.call('ZRANGE', dq.ck_index, '0', dq_rank(reach), 'WITHSCORES'), reach)
+local age = window_new(redis.call('ZRANGE', dq.ck_index, '0', num_arg(reach), 'WITHSCORES'), reach)
 local function servable(vm)
   return not dq_at_limit(dq, vm) and dq_head(dq, vm) ~= nil
 end

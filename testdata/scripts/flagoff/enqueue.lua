@@ -53,8 +53,10 @@ end
 -- of the C library (about 0.5 us on Redis 7.0); for an integer below 2^53
 -- in magnitude '%d' prints the same digits for a third of that (and -0 as
 -- "0"). Anything else (a fraction, a huge value from a hand-edited key)
--- keeps '%.17g'.
+-- keeps '%.17g'. 0 and 1, the counts and ranks a call passes most, are
+-- not formatted at all.
 local function num_arg(x)
+  if x == 0 then return '0' elseif x == 1 then return '1' end
   if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then return string.format('%d', x) end
   return string.format('%.17g', x)
 end

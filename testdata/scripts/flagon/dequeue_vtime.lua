@@ -49,8 +49,10 @@ end
 -- of the C library (about 0.5 us on Redis 7.0); for an integer below 2^53
 -- in magnitude '%d' prints the same digits for a third of that (and -0 as
 -- "0"). Anything else (a fraction, a huge value from a hand-edited key)
--- keeps '%.17g'.
+-- keeps '%.17g'. 0 and 1, the counts and ranks a call passes most, are
+-- not formatted at all.
 local function num_arg(x)
+  if x == 0 then return '0' elseif x == 1 then return '1' end
   if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then return string.format('%d', x) end
   return string.format('%.17g', x)
 end
@@ -743,13 +745,6 @@ end
 -- (now_arg is now as the client sent it, for commands: a Lua number
 -- argument costs Redis a %.17g format, some 2,700 instructions on Redis
 -- 7.0, and a constant one is written as a string for the same reason.)
--- A rank or count n (a non-negative integer) as a command argument: the
--- small ones a call passes most (0 and 1) without formatting at all.
-local function dq_rank(n)
-  if n == 0 then return '0' elseif n == 1 then return '1' end
-  return num_arg(n)
-end
-
 local function dq_open(keys, args)
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
@@ -846,7 +841,7 @@ local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   if c.list == nil then
     local want = math.min(dq.cap + 1, 2)
-    c.list = redis.call('ZRANGE', c.ready, '0', dq_rank(want - 1), 'WITHSCORES')
+    c.list = redis.call('ZRANGE', c.ready, '0', num_arg(want - 1), 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
@@ -854,7 +849,7 @@ local function dq_head(dq, vm)
     local have = #c.list / 2
     local want = math.min(have, dq.cap + 1 - have)
     if want > 0 then
-      local more = redis.call('ZRANGE', c.ready, dq_rank(have), dq_rank(have + want - 1), 'WITHSCORES')
+      local more = redis.call('ZRANGE', c.ready, num_arg(have), num_arg(have + want - 1), 'WITHSCORES')
       for _, x in ipairs(more) do c.list[#c.list + 1] = x end
       c.complete = #more < 2 * want
     end
@@ -921,7 +916,7 @@ local function dq_finish(dq, acked)
   local heads, emptied, counts = {}, {}, {}
   for _, vm in ipairs(dq.touched) do
     local c = dq.vars[vm]
-    redis.call('ZREMRANGEBYRANK', c.ready, '0', dq_rank(c.taken - 1))
+    redis.call('ZREMRANGEBYRANK', c.ready, '0', num_arg(c.taken - 1))
     local p = 2 * c.taken + 1
     if c.list[p] then
       heads[#heads + 1] = c.list[p + 1]

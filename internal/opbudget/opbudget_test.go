@@ -297,13 +297,19 @@ func TestEnqueueManyCommands(t *testing.T) {
 			keys, runs       int
 			delayed, limited bool
 			indexZadds       int64 // ckIndex or delayIndex ZADDs
+			// The wide sets (lua/lib/place.lua): the call that takes the
+			// queue's count past 64 looks at the sets it placed runs in and
+			// the index (a ZCARD each), and a set of 64 to 128 members gets
+			// the mark (a ZADD and a ZREM): the one key's set of 100 runs
+			// (at the 64th run, run by run), not ten keys' sets of 10.
+			zcards, widened int64
 		}{
 			// one key: its first run, then every tenth run (older than
 			// all before it); ten keys: one each, and key 9's ten runs.
-			{name: "one key", keys: 1, runs: 100, indexZadds: 11},
-			{name: "ten keys", keys: 10, runs: 100, indexZadds: 19},
-			{name: "one key delayed", keys: 1, runs: 100, delayed: true, indexZadds: 11},
-			{name: "one key, MaxQueueDepth", keys: 1, runs: 100, limited: true, indexZadds: 11},
+			{name: "one key", keys: 1, runs: 100, indexZadds: 11, zcards: 2, widened: 1},
+			{name: "ten keys", keys: 10, runs: 100, indexZadds: 19, zcards: 11},
+			{name: "one key delayed", keys: 1, runs: 100, delayed: true, indexZadds: 11, zcards: 2, widened: 1},
+			{name: "one key, MaxQueueDepth", keys: 1, runs: 100, limited: true, indexZadds: 11, zcards: 2, widened: 1},
 			{name: "one key, 20 runs", keys: 1, runs: 20, indexZadds: 3},
 		} {
 			t.Run(fmt.Sprintf("on=%v/%s", on, tc.name), func(t *testing.T) {
@@ -367,6 +373,11 @@ func TestEnqueueManyCommands(t *testing.T) {
 					// The scheduler's state is created (its sentinel), and
 					// each key registers once.
 					zadds += 1 + int64(tc.keys)
+				}
+				require.Equal(t, tc.zcards, st["zcard"].Calls)
+				zadds += tc.widened
+				if !on {
+					require.Equal(t, tc.widened, st["zrem"].Calls)
 				}
 				require.Equal(t, zadds, st["zadd"].Calls)
 				stats, err := b.q.QueueStats(b.ctx, "env", "q")

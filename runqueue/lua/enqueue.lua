@@ -167,7 +167,8 @@ local function enqueue_batch()
   for _, set in ipairs(set_order) do redis.call('ZADD', set, unpack(sets[set])) end
   q.memo = place_memo(q, true)
   q.memo.r, q.memo.d = #rvm, #dvm
-  place_flush(q)
+  for _, vm in ipairs(rvm) do memo_set(q.memo, 'r', vkeys[vm].ready) end
+  for _, vm in ipairs(dvm) do memo_set(q.memo, 'd', vkeys[vm].delayed) end
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
@@ -177,6 +178,7 @@ local function enqueue_batch()
   end
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
+  place_flush(q) -- (after the indexes' moves: it may widen them)
   return out, woke
 end
 

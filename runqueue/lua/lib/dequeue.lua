@@ -243,6 +243,10 @@ local function dq_finish(dq, acked)
   redis.call('HSET', dq.held, unpack(fields))
   held_widen(dq.held, dq.kin, env_in, token0, n)
   redis.call('ZADD', dq.leases, unpack(leases))
+  if math.floor((token0 + n) / WIDE.AT) ~= math.floor(token0 / WIDE.AT) then
+    zset_widen(dq.ck_index) -- (see WIDE, lib/place)
+    zset_widen(dq.leases)
+  end
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   for i, s in ipairs(dq.served) do

@@ -70,6 +70,29 @@ local function hooks_open(keys, args, own_keys, own_args, now)
   local nop = function() end
   return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
 end
+-- Wide sets. Redis keeps a sorted set of at most 128 members
+-- (zset-max-listpack-entries) of at most 64 bytes each as a listpack, which
+-- a ZADD walks from its start to find the member and again to find its
+-- place; a queue's ckIndex of 64 to 128 keys and a variant's ready set of
+-- 64 to 128 runs cost every write there more than a skiplist would
+-- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
+-- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
+-- about a third in the ready sets', a worker's fused ack-and-dequeue with
+-- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a member
+-- of more than 64 bytes and removes it again in the same script: Redis turns
+-- the set into a skiplist at the ZADD and keeps it one after the ZREM (it
+-- turns a skiplist back into a listpack only when it writes a new set:
+-- ZRANGESTORE, ZUNIONSTORE, loading a dump), so no reader sees the member
+-- and the stored data is what it was. (ZADD NX: a member of that name,
+-- which no index or set holds, would be left alone.) The sets looked at: a
+-- variant's ready or delayed set and the index of its kind (ckIndex,
+-- delayIndex) when a call places runs there and takes the queue's depth
+-- count of that kind past a multiple of 64 (place_count, place_flush);
+-- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
+-- the shard's token counter past one.
+
+
+
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
 -- dhead and chead are delayIndex's and ckIndex's lowest scores when the
@@ -115,7 +138,10 @@ end
 -- gave vm's entry in index (ckIndex or delayIndex), at or above its score
 -- since (LT), so a later run of vm at or above it leaves the entry as it is
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
--- in memo.r and memo.d for the caller to write once (place_flush).
+-- in memo.r and memo.d for the caller to write once (place_flush), and
+-- memo.sets.r and memo.sets.d list the ready and delayed sets the call
+-- placed runs in (once each).
+
 
 
 

@@ -56,6 +56,45 @@ local function hooks_open(keys, args, own_keys, own_args, now)
   local nop = function() end
   return { ready_start = nop, ready_empty = nop, released = nop, finish = nop }
 end
+-- Wide sets. Redis keeps a sorted set of at most 128 members
+-- (zset-max-listpack-entries) of at most 64 bytes each as a listpack, which
+-- a ZADD walks from its start to find the member and again to find its
+-- place; a queue's ckIndex of 64 to 128 keys and a variant's ready set of
+-- 64 to 128 runs cost every write there more than a skiplist would
+-- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
+-- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
+-- about a third in the ready sets', a worker's fused ack-and-dequeue with
+-- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a member
+-- of more than 64 bytes and removes it again in the same script: Redis turns
+-- the set into a skiplist at the ZADD and keeps it one after the ZREM (it
+-- turns a skiplist back into a listpack only when it writes a new set:
+-- ZRANGESTORE, ZUNIONSTORE, loading a dump), so no reader sees the member
+-- and the stored data is what it was. (ZADD NX: a member of that name,
+-- which no index or set holds, would be left alone.) The sets looked at: a
+-- variant's ready or delayed set and the index of its kind (ckIndex,
+-- delayIndex) when a call places runs there and takes the queue's depth
+-- count of that kind past a multiple of 64 (place_count, place_flush);
+-- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
+-- the shard's token counter past one.
+
+-- Make sorted set z a skiplist when it holds WIDE.AT to WIDE.TO members
+-- (above that Redis has made it one, at its default configuration).
+local function zset_widen(z)
+  local n = redis.call('ZCARD', z)
+  if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a member of more than 64 bytes turns a sorted set into a skiplist') == 1 then
+    redis.call('ZREM', z, '~runqueue: a member of more than 64 bytes turns a sorted set into a skiplist')
+  end
+end
+
+-- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
+-- to n: when it passed a multiple of WIDE.AT, widen sets (the sets of that
+-- kind the call placed runs in) and the index of that kind.
+local function place_widen(q, field, n, k, sets)
+  if math.floor(n / 64) == math.floor((n - k) / 64) then return end
+  for _, z in ipairs(sets) do zset_widen(z) end
+  if field == 'r' then zset_widen(q.ck_index) else zset_widen(q.delay_index) end
+end
+
 
 
 -- The keys of variant vm of the queue whose variant keys start with vbase
@@ -71,15 +110,26 @@ end
 -- gave vm's entry in index (ckIndex or delayIndex), at or above its score
 -- since (LT), so a later run of vm at or above it leaves the entry as it is
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
--- in memo.r and memo.d for the caller to write once (place_flush).
+-- in memo.r and memo.d for the caller to write once (place_flush), and
+-- memo.sets.r and memo.sets.d list the ready and delayed sets the call
+-- placed runs in (once each).
 
--- Count a run in the depth field ('r' or 'd').
-local function place_count(q, field)
+-- Note a set the memo's call placed runs of kind field in.
+local function memo_set(memo, field, set)
+  if memo.seen[set] then return end
+  memo.seen[set] = true
+  local sets = memo.sets[field]
+  sets[#sets + 1] = set
+end
+
+-- Count a run placed in set in the depth field ('r' or 'd').
+local function place_count(q, field, set)
   local memo = q.memo
   if memo and memo.count then
     memo[field] = memo[field] + 1
+    memo_set(memo, field, set)
   else
-    redis.call('HINCRBY', q.depth, field, '1')
+    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, { set })
   end
 end
 
@@ -105,22 +155,23 @@ end
 -- Returns: whether the run is ready or now the queue's earliest work (a
 -- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
+  local woke = false
   if tonumber(at) <= now then
     redis.call('ZADD', v.ready, rs, id)
-    place_count(q, 'r')
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
-      return true
+      woke = true
     end
-    return false
+    place_count(q, 'r', v.ready)
+    return woke
   end
   redis.call('ZADD', v.delayed, at, id)
-  place_count(q, 'd')
   if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    return redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+    woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
   end
-  return false
+  place_count(q, 'd', v.delayed)
+  return woke
 end
 
 

@@ -14,8 +14,9 @@ import (
 )
 
 // Wide sets (lua/lib/place.lua, WIDE): a variant's ready or delayed set,
-// and the queue's ckIndex and delayIndex, are made skiplists at 64 members
-// by a member of more than 64 bytes added and removed in one script. The
+// the queue's ckIndex and delayIndex and the shard's leases are made
+// skiplists at 64 members, and the queue's runs hash a hash table, by a
+// member (a field) of more than 64 bytes added and removed in one script. The
 // data is what it was (no reader ever sees the member); only Redis's
 // encoding changes, which real Redis shows (OBJECT ENCODING).
 
@@ -31,6 +32,19 @@ func requireSet(t *testing.T, b *testBundle, key string, want []string, enc stri
 	require.ElementsMatch(t, want, got, "members of %s", key)
 	for _, m := range got {
 		require.False(t, strings.HasPrefix(m, wideSetMark), "the mark is left in %s", key)
+	}
+	requireEncoding(t, b, key, enc)
+}
+
+// requireRuns checks that hash key holds n fields, none of them the mark,
+// and, on real Redis, its encoding.
+func requireRuns(t *testing.T, b *testBundle, key string, n int, enc string) {
+	t.Helper()
+	fields, err := b.client.HKeys(b.ctx, key).Result()
+	require.NoError(t, err)
+	require.Len(t, fields, n, "fields of %s", key)
+	for _, f := range fields {
+		require.False(t, strings.HasPrefix(f, wideSetMark), "the mark is left in %s", key)
 	}
 	requireEncoding(t, b, key, enc)
 }
@@ -64,8 +78,11 @@ func TestWideSetsEnqueue(t *testing.T) {
 					enqueue(t, b, run("single", "a", fmt.Sprintf("s%03d", i), 0))
 				}
 				requireSet(t, b, single.Ready(), idsOf("s", 63), "listpack")
+				requireRuns(t, b, space.Env(env).Queue("single").Runs(), 63, "listpack")
 				enqueue(t, b, run("single", "a", "s063", 0))
 				requireSet(t, b, single.Ready(), idsOf("s", 64), "skiplist")
+				// The runs hash (small records) too.
+				requireRuns(t, b, space.Env(env).Queue("single").Runs(), 64, "hashtable")
 				// Its index holds one variant: a listpack still.
 				requireSet(t, b, space.Env(env).Queue("single").CkIndex(), []string{single.Member()}, "listpack")
 
@@ -77,6 +94,18 @@ func TestWideSetsEnqueue(t *testing.T) {
 				requireSet(t, b, delayed.Delayed(), idsOf("d", 63), "listpack")
 				enqueue(t, b, run("delayed", "a", "d063", time.Hour))
 				requireSet(t, b, delayed.Delayed(), idsOf("d", 64), "skiplist")
+
+				// Delayed runs that fall due: the dequeue that promotes
+				// them (up to PromoteLimit, 100, per variant) into a ready
+				// set of 64 or more makes it a skiplist.
+				promoted := space.Env(env).Queue("promote").Variant("a")
+				for i := range 80 {
+					enqueue(t, b, run("promote", "a", fmt.Sprintf("p%03d", i), time.Minute))
+				}
+				b.clock.Advance(2 * time.Minute)
+				got := dequeue(t, b, "promote", 1)
+				require.Len(t, got, 1)
+				requireSet(t, b, promoted.Ready(), idsOf("p", 80)[1:], "skiplist")
 
 				// Calls of several runs (memo: counts written once) and of
 				// many (bulk): the call that takes the count past 64.
@@ -134,7 +163,7 @@ func TestWideSetsEnqueue(t *testing.T) {
 // that is a listpack again (as after Redis loads a dump, here rebuilt by
 // ZRANGESTORE, which writes a new set) is made a skiplist by the dequeue
 // that takes the token counter past 64, and so is the shard's leases set
-// once it holds 64 runs in flight.
+// once it holds 64 runs in flight; the runs hash is made a hash table.
 func TestWideSetsDequeue(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
@@ -166,6 +195,12 @@ func TestWideSetsDequeue(t *testing.T) {
 return redis.call('RENAME', KEYS[2], KEYS[1])`)
 				require.NoError(t, rebuild.Run(b.ctx, b.client, []string{qk.CkIndex(), qk.CkIndex() + ":copy"}).Err())
 				requireSet(t, b, qk.CkIndex(), members, "listpack")
+				requireRuns(t, b, qk.Runs(), runs, "hashtable")
+				rehash := redis.NewScript(`local all = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return redis.call('HSET', KEYS[1], unpack(all))`)
+				require.NoError(t, rehash.Run(b.ctx, b.client, []string{qk.Runs()}).Err())
+				requireRuns(t, b, qk.Runs(), runs, "listpack")
 
 				var held []*runqueue.Run
 				for range 6 {
@@ -184,10 +219,12 @@ return redis.call('RENAME', KEYS[2], KEYS[1])`)
 				require.NoError(t, err)
 				leaseSet := space.Shard(space.ShardOf(env)).Leases()
 				requireSet(t, b, leaseSet, leases(), "listpack")
+				requireRuns(t, b, qk.Runs(), runs, "listpack")
 				held = append(held, dequeue(t, b, queueName, 10)...)
 				require.Len(t, held, 70)
 				requireSet(t, b, qk.CkIndex(), members, "skiplist")
 				requireSet(t, b, leaseSet, leases(), "skiplist")
+				requireRuns(t, b, qk.Runs(), runs, "hashtable")
 			})
 		})
 	}

@@ -298,10 +298,13 @@ func TestEnqueueManyCommands(t *testing.T) {
 			delayed, limited bool
 			indexZadds       int64 // ckIndex or delayIndex ZADDs
 			// The wide sets (lua/lib/place.lua): the call that takes the
-			// queue's count past 64 looks at the sets it placed runs in and
-			// the index (a ZCARD each), and a set of 64 to 128 members gets
-			// the mark (a ZADD and a ZREM): the one key's set of 100 runs
-			// (at the 64th run, run by run), not ten keys' sets of 10.
+			// queue's count past 64 (in bulk, the call; run by run under
+			// MaxQueueDepth, the 64th run) looks at the sets it placed 4
+			// runs or more in and at the index (a ZCARD each), and a set
+			// of 64 to 128 members gets the mark (a ZADD and a ZREM): the
+			// one key's set, not ten keys' sets of 10. It looks at the
+			// runs hash too (an HLEN), which gets its mark (an HSETNX and
+			// an HDEL): 64 to 512 runs of small records.
 			zcards, widened int64
 		}{
 			// one key: its first run, then every tenth run (older than
@@ -342,7 +345,14 @@ func TestEnqueueManyCommands(t *testing.T) {
 					}
 				})
 				runs := int64(tc.runs)
-				var zadds int64
+				var zadds, wideRuns int64
+				if tc.runs >= 64 {
+					wideRuns = 1
+				}
+				require.Equal(t, wideRuns, st["hlen"].Calls)
+				if !on {
+					require.Equal(t, wideRuns, st["hdel"].Calls)
+				}
 				if tc.limited || tc.runs < 32 {
 					// Run by run: a HSETNX each, and a depth count each
 					// when admission reads it (else one); ZADD: each run
@@ -352,14 +362,14 @@ func TestEnqueueManyCommands(t *testing.T) {
 					if tc.limited {
 						hincrby = runs
 					}
-					require.Equal(t, runs, st["hsetnx"].Calls)
+					require.Equal(t, runs+wideRuns, st["hsetnx"].Calls)
 					require.Equal(t, hincrby, st["hincrby"].Calls)
 					zadds = runs + 2*tc.indexZadds
 				} else {
 					// In bulk: the records in one HSET, each variant's set
 					// in one ZADD, the same index entries, and the
 					// master's score once.
-					require.Zero(t, st["hsetnx"].Calls)
+					require.Equal(t, wideRuns, st["hsetnx"].Calls)
 					require.Equal(t, int64(1), st["hincrby"].Calls)
 					zadds = int64(tc.keys) + tc.indexZadds + 1
 					if !on {

@@ -110,6 +110,18 @@ local function index_moves(index, vms, ss)
   return moves, head_s
 end
 
+-- The sets of one kind a bulk call looks at (as memo_sets picks them):
+-- those of order (set -> its ZADD arguments in sets) it placed WIDE.EACH
+-- runs or more in, else the set of its last run (last, false for none).
+local function widen_pick(order, sets, last)
+  local out = {}
+  for _, set in ipairs(order) do
+    if #sets[set] >= 2 * WIDE.EACH then out[#out + 1] = set end
+  end
+  if #out == 0 and last then out[1] = last end
+  return out
+end
+
 -- Many runs and no admission limit: each kind of write in one command
 -- (a read of the ids, the records, each variant's set, the indexes), with
 -- the outcome of the runs queued one at a time: the same data, the same
@@ -119,7 +131,8 @@ local function enqueue_batch()
   for i = 0, n - 1 do ids[i + 1] = ARGV[9 + 7 * i] end
   local stored = redis.call('HMGET', q.runs, unpack(ids))
   local out, first = {}, {} -- first: id -> argument base of the run that queued it
-  local recs, ttls, sets, set_order, vkeys = {}, {}, {}, {}, {}
+  local recs, ttls, sets, vkeys = {}, {}, {}, {}
+  local order = { r = {}, d = {} } -- the ready and the delayed sets, as first written
   local rvm, rss, dvm, dss = {}, {}, {}, {} -- new ready and delayed runs: variant, score
   for i = 0, n - 1 do
     local b = 9 + 7 * i
@@ -143,18 +156,19 @@ local function enqueue_batch()
         v = variant_keys(vbase, vm)
         vkeys[vm] = v
       end
-      local set, score
+      local set, score, kind
       if tonumber(at) <= now then
-        set, score = v.ready, ARGV[b + 5]
+        set, score, kind = v.ready, ARGV[b + 5], 'r'
         rvm[#rvm + 1], rss[#rss + 1] = vm, score
       else
-        set, score = v.delayed, at
+        set, score, kind = v.delayed, at, 'd'
         dvm[#dvm + 1], dss[#dss + 1] = vm, score
       end
       local z = sets[set]
       if z == nil then
         sets[set] = { score, id }
-        set_order[#set_order + 1] = set
+        local o = order[kind]
+        o[#o + 1] = set
       else
         z[#z + 1] = score
         z[#z + 1] = id
@@ -164,11 +178,11 @@ local function enqueue_batch()
   if #recs == 0 then return out, false end
   redis.call('HSET', q.runs, unpack(recs))
   if #ttls > 0 then redis.call('ZADD', ttl_set, unpack(ttls)) end
-  for _, set in ipairs(set_order) do redis.call('ZADD', set, unpack(sets[set])) end
+  for _, o in ipairs({ order.r, order.d }) do
+    for _, set in ipairs(o) do redis.call('ZADD', set, unpack(sets[set])) end
+  end
   q.memo = place_memo(q, true)
   q.memo.r, q.memo.d = #rvm, #dvm
-  for _, vm in ipairs(rvm) do memo_set(q.memo, 'r', vkeys[vm].ready) end
-  for _, vm in ipairs(dvm) do memo_set(q.memo, 'd', vkeys[vm].delayed) end
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
@@ -178,7 +192,9 @@ local function enqueue_batch()
   end
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
-  place_flush(q) -- (after the indexes' moves: it may widen them)
+  -- (after the indexes' moves: it may widen them)
+  local last = { r = #rvm > 0 and vkeys[rvm[#rvm]].ready, d = #dvm > 0 and vkeys[dvm[#dvm]].delayed }
+  place_flush(q, { r = widen_pick(order.r, sets, last.r), d = widen_pick(order.d, sets, last.d) })
   return out, woke
 end
 

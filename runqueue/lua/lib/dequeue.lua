@@ -99,8 +99,9 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('ZADD', c.ready, unpack(zargs))
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
-    redis.call('HINCRBY', dq.depth, 'r', #due)
+    local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
+    place_widen(dq, 'r', ready_n, #due, { c.ready })
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -246,6 +247,7 @@ local function dq_finish(dq, acked)
   if math.floor((token0 + n) / WIDE.AT) ~= math.floor(token0 / WIDE.AT) then
     zset_widen(dq.ck_index) -- (see WIDE, lib/place)
     zset_widen(dq.leases)
+    hash_widen(dq.runs)
   end
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}

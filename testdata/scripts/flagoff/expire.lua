@@ -78,18 +78,20 @@ end
 -- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
 -- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
 -- about a third in the ready sets', a worker's fused ack-and-dequeue with
--- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a member
--- of more than 64 bytes and removes it again in the same script: Redis turns
--- the set into a skiplist at the ZADD and keeps it one after the ZREM (it
--- turns a skiplist back into a listpack only when it writes a new set:
--- ZRANGESTORE, ZUNIONSTORE, loading a dump), so no reader sees the member
--- and the stored data is what it was. (ZADD NX: a member of that name,
--- which no index or set holds, would be left alone.) The sets looked at: a
--- variant's ready or delayed set and the index of its kind (ckIndex,
+-- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a
+-- member of more than 64 bytes and removes it again in the same script:
+-- Redis turns the set into a skiplist at the ZADD and keeps it one after
+-- the ZREM (it turns a skiplist back into a listpack only when it writes a
+-- new set: ZRANGESTORE, ZUNIONSTORE, loading a dump), so no reader sees the
+-- member and the stored data is what it was. (ZADD NX: a member of that
+-- name, which no index or set holds, would be left alone.) The sets looked
+-- at: a variant's ready or delayed set and the index of its kind (ckIndex,
 -- delayIndex) when a call places runs there and takes the queue's depth
 -- count of that kind past a multiple of 64 (place_count, place_flush);
 -- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
--- the shard's token counter past one.
+-- the shard's token counter past one. The queue's runs hash too, at both
+-- (hash_widen: the same for a hash).
+
 
 
 
@@ -140,7 +142,9 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in (once each).
+-- placed runs in (once each, memo.seen[set] runs), memo.last.r and
+-- memo.last.d the last of each.
+
 
 
 

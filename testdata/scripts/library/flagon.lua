@@ -1,4 +1,4 @@
-#!lua name=runqueue_adab673c48021690
+#!lua name=runqueue_38b95ce3e2481857
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -519,35 +519,50 @@ end
 -- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
 -- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
 -- about a third in the ready sets', a worker's fused ack-and-dequeue with
--- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a member
--- of more than 64 bytes and removes it again in the same script: Redis turns
--- the set into a skiplist at the ZADD and keeps it one after the ZREM (it
--- turns a skiplist back into a listpack only when it writes a new set:
--- ZRANGESTORE, ZUNIONSTORE, loading a dump), so no reader sees the member
--- and the stored data is what it was. (ZADD NX: a member of that name,
--- which no index or set holds, would be left alone.) The sets looked at: a
--- variant's ready or delayed set and the index of its kind (ckIndex,
+-- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a
+-- member of more than 64 bytes and removes it again in the same script:
+-- Redis turns the set into a skiplist at the ZADD and keeps it one after
+-- the ZREM (it turns a skiplist back into a listpack only when it writes a
+-- new set: ZRANGESTORE, ZUNIONSTORE, loading a dump), so no reader sees the
+-- member and the stored data is what it was. (ZADD NX: a member of that
+-- name, which no index or set holds, would be left alone.) The sets looked
+-- at: a variant's ready or delayed set and the index of its kind (ckIndex,
 -- delayIndex) when a call places runs there and takes the queue's depth
 -- count of that kind past a multiple of 64 (place_count, place_flush);
 -- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
--- the shard's token counter past one.
+-- the shard's token counter past one. The queue's runs hash too, at both
+-- (hash_widen: the same for a hash).
 
 -- Make sorted set z a skiplist when it holds WIDE.AT to WIDE.TO members
 -- (above that Redis has made it one, at its default configuration).
 local function zset_widen(z)
   local n = redis.call('ZCARD', z)
-  if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a member of more than 64 bytes turns a sorted set into a skiplist') == 1 then
-    redis.call('ZREM', z, '~runqueue: a member of more than 64 bytes turns a sorted set into a skiplist')
+  if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table') == 1 then
+    redis.call('ZREM', z, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+  end
+end
+
+-- The same for hash h (a queue's runs): Redis keeps a hash of at most 512
+-- fields (hash-max-listpack-entries) whose fields and values are at most
+-- 64 bytes each (records of payloads under about 25 bytes) as a listpack,
+-- which every HSET, HMGET and HDEL walks; a field of more than 64 bytes,
+-- set and deleted again, makes it a hash table for good.
+local function hash_widen(h)
+  local n = redis.call('HLEN', h)
+  if n >= 64 and n <= 512 and redis.call('HSETNX', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table', '1') == 1 then
+    redis.call('HDEL', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
   end
 end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
 -- to n: when it passed a multiple of WIDE.AT, widen sets (the sets of that
--- kind the call placed runs in) and the index of that kind.
+-- kind the call placed runs in, see memo_sets), the index of that kind and
+-- the runs hash.
 local function place_widen(q, field, n, k, sets)
   if math.floor(n / 64) == math.floor((n - k) / 64) then return end
   for _, z in ipairs(sets) do zset_widen(z) end
   if field == 'r' then zset_widen(q.ck_index) else zset_widen(q.delay_index) end
+  hash_widen(q.runs)
 end
 
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
@@ -597,14 +612,33 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in (once each).
+-- placed runs in (once each, memo.seen[set] runs), memo.last.r and
+-- memo.last.d the last of each.
 
--- Note a set the memo's call placed runs of kind field in.
+-- Note a run the memo's call placed in set, of kind field.
 local function memo_set(memo, field, set)
-  if memo.seen[set] then return end
-  memo.seen[set] = true
+  memo.last[field] = set
+  local k = memo.seen[set]
+  if k then
+    memo.seen[set] = k + 1
+    return
+  end
+  memo.seen[set] = 1
   local sets = memo.sets[field]
   sets[#sets + 1] = set
+end
+
+-- The sets of kind field a counting memo's call looks at (place_widen):
+-- each set it placed WIDE.EACH runs or more in (a ZCARD is a small part of
+-- those runs' cost), else the set of its last run, so that a call of many
+-- runs of many keys looks at a few sets, not one per run.
+local function memo_sets(memo, field)
+  local out = {}
+  for _, set in ipairs(memo.sets[field]) do
+    if memo.seen[set] >= 4 then out[#out + 1] = set end
+  end
+  if #out == 0 and memo.last[field] then out[1] = memo.last[field] end
+  return out
 end
 
 -- Count a run placed in set in the depth field ('r' or 'd').
@@ -663,17 +697,19 @@ end
 -- counts.
 local function place_memo(q, count)
   return { count = count, r = 0, d = 0, low = { [q.ck_index] = {}, [q.delay_index] = {} },
-           sets = { r = {}, d = {} }, seen = {} }
+           sets = { r = {}, d = {} }, seen = {}, last = {} }
 end
 
--- Write the depth counts a counting memo added up (and widen, see WIDE).
-local function place_flush(q)
+-- Write the depth counts a counting memo added up (and widen, see WIDE:
+-- the sets of wide.r and wide.d when the caller gives them, else those
+-- memo_sets picks).
+local function place_flush(q, wide)
   local memo = q.memo
   if not (memo and memo.count) then return end
   for _, field in ipairs({ 'r', 'd' }) do
     local k = memo[field]
     if k > 0 then
-      place_widen(q, field, redis.call('HINCRBY', q.depth, field, num_arg(k)), k, memo.sets[field])
+      place_widen(q, field, redis.call('HINCRBY', q.depth, field, num_arg(k)), k, wide and wide[field] or memo_sets(memo, field))
     end
   end
 end
@@ -984,8 +1020,9 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('ZADD', c.ready, unpack(zargs))
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
-    redis.call('HINCRBY', dq.depth, 'r', #due)
+    local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
+    place_widen(dq, 'r', ready_n, #due, { c.ready })
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -1131,6 +1168,7 @@ local function dq_finish(dq, acked)
   if math.floor((token0 + n) / 64) ~= math.floor(token0 / 64) then
     zset_widen(dq.ck_index) -- (see WIDE, lib/place)
     zset_widen(dq.leases)
+    hash_widen(dq.runs)
   end
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
@@ -1290,6 +1328,18 @@ local function index_moves(index, vms, ss)
   return moves, head_s
 end
 
+-- The sets of one kind a bulk call looks at (as memo_sets picks them):
+-- those of order (set -> its ZADD arguments in sets) it placed WIDE.EACH
+-- runs or more in, else the set of its last run (last, false for none).
+local function widen_pick(order, sets, last)
+  local out = {}
+  for _, set in ipairs(order) do
+    if #sets[set] >= 2 * 4 then out[#out + 1] = set end
+  end
+  if #out == 0 and last then out[1] = last end
+  return out
+end
+
 -- Many runs and no admission limit: each kind of write in one command
 -- (a read of the ids, the records, each variant's set, the indexes), with
 -- the outcome of the runs queued one at a time: the same data, the same
@@ -1299,7 +1349,8 @@ local function enqueue_batch()
   for i = 0, n - 1 do ids[i + 1] = ARGV[9 + 7 * i] end
   local stored = redis.call('HMGET', q.runs, unpack(ids))
   local out, first = {}, {} -- first: id -> argument base of the run that queued it
-  local recs, ttls, sets, set_order, vkeys = {}, {}, {}, {}, {}
+  local recs, ttls, sets, vkeys = {}, {}, {}, {}
+  local order = { r = {}, d = {} } -- the ready and the delayed sets, as first written
   local rvm, rss, dvm, dss = {}, {}, {}, {} -- new ready and delayed runs: variant, score
   for i = 0, n - 1 do
     local b = 9 + 7 * i
@@ -1323,18 +1374,19 @@ local function enqueue_batch()
         v = variant_keys(vbase, vm)
         vkeys[vm] = v
       end
-      local set, score
+      local set, score, kind
       if tonumber(at) <= now then
-        set, score = v.ready, ARGV[b + 5]
+        set, score, kind = v.ready, ARGV[b + 5], 'r'
         rvm[#rvm + 1], rss[#rss + 1] = vm, score
       else
-        set, score = v.delayed, at
+        set, score, kind = v.delayed, at, 'd'
         dvm[#dvm + 1], dss[#dss + 1] = vm, score
       end
       local z = sets[set]
       if z == nil then
         sets[set] = { score, id }
-        set_order[#set_order + 1] = set
+        local o = order[kind]
+        o[#o + 1] = set
       else
         z[#z + 1] = score
         z[#z + 1] = id
@@ -1344,11 +1396,11 @@ local function enqueue_batch()
   if #recs == 0 then return out, false end
   redis.call('HSET', q.runs, unpack(recs))
   if #ttls > 0 then redis.call('ZADD', ttl_set, unpack(ttls)) end
-  for _, set in ipairs(set_order) do redis.call('ZADD', set, unpack(sets[set])) end
+  for _, o in ipairs({ order.r, order.d }) do
+    for _, set in ipairs(o) do redis.call('ZADD', set, unpack(sets[set])) end
+  end
   q.memo = place_memo(q, true)
   q.memo.r, q.memo.d = #rvm, #dvm
-  for _, vm in ipairs(rvm) do memo_set(q.memo, 'r', vkeys[vm].ready) end
-  for _, vm in ipairs(dvm) do memo_set(q.memo, 'd', vkeys[vm].delayed) end
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
@@ -1358,7 +1410,9 @@ local function enqueue_batch()
   end
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
-  place_flush(q) -- (after the indexes' moves: it may widen them)
+  -- (after the indexes' moves: it may widen them)
+  local last = { r = #rvm > 0 and vkeys[rvm[#rvm]].ready, d = #dvm > 0 and vkeys[dvm[#dvm]].delayed }
+  place_flush(q, { r = widen_pick(order.r, sets, last.r), d = widen_pick(order.d, sets, last.d) })
   return out, woke
 end
 
@@ -2079,10 +2133,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_adab673c48021690_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_adab673c48021690_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_adab673c48021690_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_adab673c48021690_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_adab673c48021690_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_adab673c48021690_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_adab673c48021690_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_38b95ce3e2481857_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_38b95ce3e2481857_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_38b95ce3e2481857_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_38b95ce3e2481857_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_38b95ce3e2481857_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_38b95ce3e2481857_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_38b95ce3e2481857_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

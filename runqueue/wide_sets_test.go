@@ -115,7 +115,7 @@ func TestWideSetsEnqueue(t *testing.T) {
 				}{{"memo", 10}, {"bulk", 40}} {
 					v := space.Env(env).Queue(tc.queue).Variant("a")
 					n := 0
-					for n+tc.per < 64 {
+					send := func() { // one call of tc.per new runs
 						var ps []runqueue.EnqueueParams
 						for range tc.per {
 							ps = append(ps, run(tc.queue, "a", fmt.Sprintf("m%03d", n), 0))
@@ -126,15 +126,12 @@ func TestWideSetsEnqueue(t *testing.T) {
 						for _, r := range res {
 							require.True(t, r.Queued)
 						}
+					}
+					for n+tc.per < 64 {
+						send()
 						requireSet(t, b, v.Ready(), idsOf("m", n), "listpack")
 					}
-					var ps []runqueue.EnqueueParams
-					for range tc.per {
-						ps = append(ps, run(tc.queue, "a", fmt.Sprintf("m%03d", n), 0))
-						n++
-					}
-					_, err := b.q.EnqueueMany(b.ctx, ps)
-					require.NoError(t, err)
+					send()
 					requireSet(t, b, v.Ready(), idsOf("m", n), "skiplist")
 				}
 

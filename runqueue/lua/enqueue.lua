@@ -110,18 +110,6 @@ local function index_moves(index, vms, ss)
   return moves, head_s
 end
 
--- The sets of one kind a bulk call looks at (as memo_sets picks them):
--- those of order (set -> its ZADD arguments in sets) it placed WIDE.EACH
--- runs or more in, else the set of its last run (last, false for none).
-local function widen_pick(order, sets, last)
-  local out = {}
-  for _, set in ipairs(order) do
-    if #sets[set] >= 2 * WIDE.EACH then out[#out + 1] = set end
-  end
-  if #out == 0 and last then out[1] = last end
-  return out
-end
-
 -- Many runs and no admission limit: each kind of write in one command
 -- (a read of the ids, the records, each variant's set, the indexes), with
 -- the outcome of the runs queued one at a time: the same data, the same
@@ -192,9 +180,20 @@ local function enqueue_batch()
   end
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
-  -- (after the indexes' moves: it may widen them)
-  local last = { r = #rvm > 0 and vkeys[rvm[#rvm]].ready, d = #dvm > 0 and vkeys[dvm[#dvm]].delayed }
-  place_flush(q, { r = widen_pick(order.r, sets, last.r), d = widen_pick(order.d, sets, last.d) })
+  -- The counts, after the indexes' moves (place_flush may widen them), and
+  -- the sets to look at: those this call placed WIDE.EACH runs or more in
+  -- (a ZCARD is a small part of their cost), else its last run's, so that
+  -- a call of runs of many keys reads a few sets, not one per key.
+  local wide = { r = {}, d = {} }
+  for kind, o in pairs(order) do
+    local w = wide[kind]
+    for _, set in ipairs(o) do
+      if #sets[set] >= 2 * WIDE.EACH then w[#w + 1] = set end
+    end
+  end
+  if #wide.r == 0 and #rvm > 0 then wide.r[1] = vkeys[rvm[#rvm]].ready end
+  if #wide.d == 0 and #dvm > 0 then wide.d[1] = vkeys[dvm[#dvm]].delayed end
+  place_flush(q, wide)
   return out, woke
 end
 

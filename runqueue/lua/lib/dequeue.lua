@@ -101,7 +101,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
-    place_widen(dq, 'r', ready_n, #due, { c.ready })
+    place_widen(dq, 'r', ready_n, #due, nil, c.ready)
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -244,11 +244,7 @@ local function dq_finish(dq, acked)
   redis.call('HSET', dq.held, unpack(fields))
   held_widen(dq.held, dq.kin, env_in, token0, n)
   redis.call('ZADD', dq.leases, unpack(leases))
-  if math.floor((token0 + n) / WIDE.AT) ~= math.floor(token0 / WIDE.AT) then
-    zset_widen(dq.ck_index) -- (see WIDE, lib/place)
-    zset_widen(dq.leases)
-    hash_widen(dq.runs)
-  end
+  if n >= WIDE.AT or (token0 + n) % WIDE.AT < n then widen({ dq.ck_index, dq.leases }, dq.runs) end -- (see WIDE, lib/place)
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   for i, s in ipairs(dq.served) do

@@ -6,7 +6,7 @@
 -- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
 -- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
 -- about a third in the ready sets', a worker's fused ack-and-dequeue with
--- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a
+-- 100 runs in flight 13-17% in the leases'). widen gives such a set a
 -- member of more than 64 bytes and removes it again in the same script:
 -- Redis turns the set into a skiplist at the ZADD and keeps it one after
 -- the ZREM (it turns a skiplist back into a listpack only when it writes a
@@ -18,41 +18,44 @@
 -- count of that kind past a multiple of 64 (place_count, place_flush);
 -- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
 -- the shard's token counter past one. The queue's runs hash too, at both
--- (hash_widen: the same for a hash).
+-- (widen: the same for a hash).
 --@inline
 local WIDE = { AT = 64, TO = 128, HASH_TO = 512, EACH = 4,
                MEMBER = '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table' }
 
--- Make sorted set z a skiplist when it holds WIDE.AT to WIDE.TO members
--- (above that Redis has made it one, at its default configuration).
-local function zset_widen(z)
-  local n = redis.call('ZCARD', z)
-  if n >= WIDE.AT and n <= WIDE.TO and redis.call('ZADD', z, 'NX', '0', WIDE.MEMBER) == 1 then
-    redis.call('ZREM', z, WIDE.MEMBER)
+-- Look at sorted sets zs (a list) and hash h (nil: none): make each set
+-- of WIDE.AT to WIDE.TO members a skiplist (above that Redis has made it
+-- one, at its default configuration), and h a hash table when it holds
+-- WIDE.AT to WIDE.HASH_TO fields. (Redis keeps a hash of at most 512
+-- fields, hash-max-listpack-entries, of at most 64 bytes each as a
+-- listpack, as a queue's runs hash is with payloads under about 25 bytes;
+-- a field of more than 64 bytes, set and deleted again, turns it into a
+-- hash table for good.) One function for both: a script makes a closure
+-- of each function it defines at every call.
+local function widen(zs, h)
+  for _, z in ipairs(zs) do
+    local n = redis.call('ZCARD', z)
+    if n >= WIDE.AT and n <= WIDE.TO and redis.call('ZADD', z, 'NX', '0', WIDE.MEMBER) == 1 then
+      redis.call('ZREM', z, WIDE.MEMBER)
+    end
   end
-end
-
--- The same for hash h (a queue's runs): Redis keeps a hash of at most 512
--- fields (hash-max-listpack-entries) whose fields and values are at most
--- 64 bytes each (records of payloads under about 25 bytes) as a listpack,
--- which every HSET, HMGET and HDEL walks; a field of more than 64 bytes,
--- set and deleted again, makes it a hash table for good.
-local function hash_widen(h)
-  local n = redis.call('HLEN', h)
-  if n >= WIDE.AT and n <= WIDE.HASH_TO and redis.call('HSETNX', h, WIDE.MEMBER, '1') == 1 then
-    redis.call('HDEL', h, WIDE.MEMBER)
+  if h then
+    local n = redis.call('HLEN', h)
+    if n >= WIDE.AT and n <= WIDE.HASH_TO and redis.call('HSETNX', h, WIDE.MEMBER, '1') == 1 then
+      redis.call('HDEL', h, WIDE.MEMBER)
+    end
   end
 end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
--- to n: when it passed a multiple of WIDE.AT, widen sets (the sets of that
--- kind the call placed runs in, see memo_sets), the index of that kind and
--- the runs hash.
-local function place_widen(q, field, n, k, sets)
-  if math.floor(n / WIDE.AT) == math.floor((n - k) / WIDE.AT) then return end
-  for _, z in ipairs(sets) do zset_widen(z) end
-  if field == 'r' then zset_widen(q.ck_index) else zset_widen(q.delay_index) end
-  hash_widen(q.runs)
+-- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
+-- the call placed runs in (the list sets, which this appends to, else the
+-- one set), the index of that kind and the runs hash.
+local function place_widen(q, field, n, k, sets, set)
+  if k < WIDE.AT and n % WIDE.AT >= k then return end
+  sets = sets or { set }
+  if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
+  widen(sets, q.runs)
 end
 
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
@@ -102,43 +105,20 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in (once each, memo.seen[set] runs), memo.last.r and
--- memo.last.d the last of each.
-
--- Note a run the memo's call placed in set, of kind field.
-local function memo_set(memo, field, set)
-  memo.last[field] = set
-  local k = memo.seen[set]
-  if k then
-    memo.seen[set] = k + 1
-    return
-  end
-  memo.seen[set] = 1
-  local sets = memo.sets[field]
-  sets[#sets + 1] = set
-end
-
--- The sets of kind field a counting memo's call looks at (place_widen):
--- each set it placed WIDE.EACH runs or more in (a ZCARD is a small part of
--- those runs' cost), else the set of its last run, so that a call of many
--- runs of many keys looks at a few sets, not one per run.
-local function memo_sets(memo, field)
-  local out = {}
-  for _, set in ipairs(memo.sets[field]) do
-    if memo.seen[set] >= WIDE.EACH then out[#out + 1] = set end
-  end
-  if #out == 0 and memo.last[field] then out[1] = memo.last[field] end
-  return out
-end
+-- placed runs in, each once (memo.seen), for place_flush to widen.
 
 -- Count a run placed in set in the depth field ('r' or 'd').
 local function place_count(q, field, set)
   local memo = q.memo
   if memo and memo.count then
     memo[field] = memo[field] + 1
-    memo_set(memo, field, set)
+    if not memo.seen[set] then
+      memo.seen[set] = true
+      local sets = memo.sets[field]
+      sets[#sets + 1] = set
+    end
   else
-    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, { set })
+    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, nil, set)
   end
 end
 
@@ -187,20 +167,21 @@ end
 -- counts.
 local function place_memo(q, count)
   return { count = count, r = 0, d = 0, low = { [q.ck_index] = {}, [q.delay_index] = {} },
-           sets = { r = {}, d = {} }, seen = {}, last = {} }
+           sets = { r = {}, d = {} }, seen = {} }
 end
 
 -- Write the depth counts a counting memo added up (and widen, see WIDE:
--- the sets of wide.r and wide.d when the caller gives them, else those
--- memo_sets picks).
-local function place_flush(q, wide)
+-- the sets the call placed runs in, or those of sets.r and sets.d when the
+-- caller gives them).
+local function place_flush(q, sets)
   local memo = q.memo
   if not (memo and memo.count) then return end
-  for _, field in ipairs({ 'r', 'd' }) do
-    local k = memo[field]
-    if k > 0 then
-      place_widen(q, field, redis.call('HINCRBY', q.depth, field, num_arg(k)), k, wide and wide[field] or memo_sets(memo, field))
-    end
+  sets = sets or memo.sets
+  if memo.r > 0 then
+    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, sets.r)
+  end
+  if memo.d > 0 then
+    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, sets.d)
   end
 end
 

@@ -235,7 +235,7 @@ end
 -- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
 -- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
 -- about a third in the ready sets', a worker's fused ack-and-dequeue with
--- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a
+-- 100 runs in flight 13-17% in the leases'). widen gives such a set a
 -- member of more than 64 bytes and removes it again in the same script:
 -- Redis turns the set into a skiplist at the ZADD and keeps it one after
 -- the ZREM (it turns a skiplist back into a listpack only when it writes a
@@ -247,38 +247,41 @@ end
 -- count of that kind past a multiple of 64 (place_count, place_flush);
 -- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
 -- the shard's token counter past one. The queue's runs hash too, at both
--- (hash_widen: the same for a hash).
+-- (widen: the same for a hash).
 
--- Make sorted set z a skiplist when it holds WIDE.AT to WIDE.TO members
--- (above that Redis has made it one, at its default configuration).
-local function zset_widen(z)
-  local n = redis.call('ZCARD', z)
-  if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table') == 1 then
-    redis.call('ZREM', z, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+-- Look at sorted sets zs (a list) and hash h (nil: none): make each set
+-- of WIDE.AT to WIDE.TO members a skiplist (above that Redis has made it
+-- one, at its default configuration), and h a hash table when it holds
+-- WIDE.AT to WIDE.HASH_TO fields. (Redis keeps a hash of at most 512
+-- fields, hash-max-listpack-entries, of at most 64 bytes each as a
+-- listpack, as a queue's runs hash is with payloads under about 25 bytes;
+-- a field of more than 64 bytes, set and deleted again, turns it into a
+-- hash table for good.) One function for both: a script makes a closure
+-- of each function it defines at every call.
+local function widen(zs, h)
+  for _, z in ipairs(zs) do
+    local n = redis.call('ZCARD', z)
+    if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table') == 1 then
+      redis.call('ZREM', z, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+    end
   end
-end
-
--- The same for hash h (a queue's runs): Redis keeps a hash of at most 512
--- fields (hash-max-listpack-entries) whose fields and values are at most
--- 64 bytes each (records of payloads under about 25 bytes) as a listpack,
--- which every HSET, HMGET and HDEL walks; a field of more than 64 bytes,
--- set and deleted again, makes it a hash table for good.
-local function hash_widen(h)
-  local n = redis.call('HLEN', h)
-  if n >= 64 and n <= 512 and redis.call('HSETNX', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table', '1') == 1 then
-    redis.call('HDEL', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+  if h then
+    local n = redis.call('HLEN', h)
+    if n >= 64 and n <= 512 and redis.call('HSETNX', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table', '1') == 1 then
+      redis.call('HDEL', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+    end
   end
 end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
--- to n: when it passed a multiple of WIDE.AT, widen sets (the sets of that
--- kind the call placed runs in, see memo_sets), the index of that kind and
--- the runs hash.
-local function place_widen(q, field, n, k, sets)
-  if math.floor(n / 64) == math.floor((n - k) / 64) then return end
-  for _, z in ipairs(sets) do zset_widen(z) end
-  if field == 'r' then zset_widen(q.ck_index) else zset_widen(q.delay_index) end
-  hash_widen(q.runs)
+-- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
+-- the call placed runs in (the list sets, which this appends to, else the
+-- one set), the index of that kind and the runs hash.
+local function place_widen(q, field, n, k, sets, set)
+  if k < 64 and n % 64 >= k then return end
+  sets = sets or { set }
+  if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
+  widen(sets, q.runs)
 end
 
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
@@ -328,10 +331,7 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in (once each, memo.seen[set] runs), memo.last.r and
--- memo.last.d the last of each.
-
-
+-- placed runs in, each once (memo.seen), for place_flush to widen.
 
 
 
@@ -453,7 +453,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
-    place_widen(dq, 'r', ready_n, #due, { c.ready })
+    place_widen(dq, 'r', ready_n, #due, nil, c.ready)
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -596,11 +596,7 @@ local function dq_finish(dq, acked)
   redis.call('HSET', dq.held, unpack(fields))
   held_widen(dq.held, dq.kin, env_in, token0, n)
   redis.call('ZADD', dq.leases, unpack(leases))
-  if math.floor((token0 + n) / 64) ~= math.floor(token0 / 64) then
-    zset_widen(dq.ck_index) -- (see WIDE, lib/place)
-    zset_widen(dq.leases)
-    hash_widen(dq.runs)
-  end
+  if n >= 64 or (token0 + n) % 64 < n then widen({ dq.ck_index, dq.leases }, dq.runs) end -- (see WIDE, lib/place)
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   for i, s in ipairs(dq.served) do

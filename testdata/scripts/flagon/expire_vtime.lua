@@ -527,7 +527,7 @@ end
 -- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
 -- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
 -- about a third in the ready sets', a worker's fused ack-and-dequeue with
--- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a
+-- 100 runs in flight 13-17% in the leases'). widen gives such a set a
 -- member of more than 64 bytes and removes it again in the same script:
 -- Redis turns the set into a skiplist at the ZADD and keeps it one after
 -- the ZREM (it turns a skiplist back into a listpack only when it writes a
@@ -539,8 +539,7 @@ end
 -- count of that kind past a multiple of 64 (place_count, place_flush);
 -- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
 -- the shard's token counter past one. The queue's runs hash too, at both
--- (hash_widen: the same for a hash).
-
+-- (widen: the same for a hash).
 
 
 
@@ -591,10 +590,7 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in (once each, memo.seen[set] runs), memo.last.r and
--- memo.last.d the last of each.
-
-
+-- placed runs in, each once (memo.seen), for place_flush to widen.
 
 
 

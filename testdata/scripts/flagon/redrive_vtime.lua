@@ -535,7 +535,7 @@ end
 -- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
 -- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
 -- about a third in the ready sets', a worker's fused ack-and-dequeue with
--- 100 runs in flight 13-17% in the leases'). zset_widen gives such a set a
+-- 100 runs in flight 13-17% in the leases'). widen gives such a set a
 -- member of more than 64 bytes and removes it again in the same script:
 -- Redis turns the set into a skiplist at the ZADD and keeps it one after
 -- the ZREM (it turns a skiplist back into a listpack only when it writes a
@@ -547,38 +547,41 @@ end
 -- count of that kind past a multiple of 64 (place_count, place_flush);
 -- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
 -- the shard's token counter past one. The queue's runs hash too, at both
--- (hash_widen: the same for a hash).
+-- (widen: the same for a hash).
 
--- Make sorted set z a skiplist when it holds WIDE.AT to WIDE.TO members
--- (above that Redis has made it one, at its default configuration).
-local function zset_widen(z)
-  local n = redis.call('ZCARD', z)
-  if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table') == 1 then
-    redis.call('ZREM', z, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+-- Look at sorted sets zs (a list) and hash h (nil: none): make each set
+-- of WIDE.AT to WIDE.TO members a skiplist (above that Redis has made it
+-- one, at its default configuration), and h a hash table when it holds
+-- WIDE.AT to WIDE.HASH_TO fields. (Redis keeps a hash of at most 512
+-- fields, hash-max-listpack-entries, of at most 64 bytes each as a
+-- listpack, as a queue's runs hash is with payloads under about 25 bytes;
+-- a field of more than 64 bytes, set and deleted again, turns it into a
+-- hash table for good.) One function for both: a script makes a closure
+-- of each function it defines at every call.
+local function widen(zs, h)
+  for _, z in ipairs(zs) do
+    local n = redis.call('ZCARD', z)
+    if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table') == 1 then
+      redis.call('ZREM', z, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+    end
   end
-end
-
--- The same for hash h (a queue's runs): Redis keeps a hash of at most 512
--- fields (hash-max-listpack-entries) whose fields and values are at most
--- 64 bytes each (records of payloads under about 25 bytes) as a listpack,
--- which every HSET, HMGET and HDEL walks; a field of more than 64 bytes,
--- set and deleted again, makes it a hash table for good.
-local function hash_widen(h)
-  local n = redis.call('HLEN', h)
-  if n >= 64 and n <= 512 and redis.call('HSETNX', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table', '1') == 1 then
-    redis.call('HDEL', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+  if h then
+    local n = redis.call('HLEN', h)
+    if n >= 64 and n <= 512 and redis.call('HSETNX', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table', '1') == 1 then
+      redis.call('HDEL', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+    end
   end
 end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
--- to n: when it passed a multiple of WIDE.AT, widen sets (the sets of that
--- kind the call placed runs in, see memo_sets), the index of that kind and
--- the runs hash.
-local function place_widen(q, field, n, k, sets)
-  if math.floor(n / 64) == math.floor((n - k) / 64) then return end
-  for _, z in ipairs(sets) do zset_widen(z) end
-  if field == 'r' then zset_widen(q.ck_index) else zset_widen(q.delay_index) end
-  hash_widen(q.runs)
+-- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
+-- the call placed runs in (the list sets, which this appends to, else the
+-- one set), the index of that kind and the runs hash.
+local function place_widen(q, field, n, k, sets, set)
+  if k < 64 and n % 64 >= k then return end
+  sets = sets or { set }
+  if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
+  widen(sets, q.runs)
 end
 
 
@@ -598,31 +601,20 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in (once each, memo.seen[set] runs), memo.last.r and
--- memo.last.d the last of each.
-
--- Note a run the memo's call placed in set, of kind field.
-local function memo_set(memo, field, set)
-  memo.last[field] = set
-  local k = memo.seen[set]
-  if k then
-    memo.seen[set] = k + 1
-    return
-  end
-  memo.seen[set] = 1
-  local sets = memo.sets[field]
-  sets[#sets + 1] = set
-end
-
+-- placed runs in, each once (memo.seen), for place_flush to widen.
 
 -- Count a run placed in set in the depth field ('r' or 'd').
 local function place_count(q, field, set)
   local memo = q.memo
   if memo and memo.count then
     memo[field] = memo[field] + 1
-    memo_set(memo, field, set)
+    if not memo.seen[set] then
+      memo.seen[set] = true
+      local sets = memo.sets[field]
+      sets[#sets + 1] = set
+    end
   else
-    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, { set })
+    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, nil, set)
   end
 end
 

@@ -181,9 +181,7 @@ local function enqueue_batch()
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
   -- The counts, after the indexes' moves (place_flush may widen them), and
-  -- the sets to look at: those this call placed WIDE.EACH runs or more in
-  -- (a ZCARD is a small part of their cost), else its last run's, so that
-  -- a call of runs of many keys reads a few sets, not one per key.
+  -- the sets to look at, picked as place_widen picks a memo's.
   local wide = { r = {}, d = {} }
   for kind, o in pairs(order) do
     local w = wide[kind]

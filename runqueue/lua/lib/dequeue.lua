@@ -101,7 +101,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
-    place_widen(dq, 'r', ready_n, #due, nil, c.ready)
+    place_widen(dq, 'r', ready_n, #due, c.ready)
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)

@@ -49,11 +49,23 @@ end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
 -- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
--- the call placed runs in (the list sets, which this appends to, else the
--- one set), the index of that kind and the runs hash.
-local function place_widen(q, field, n, k, sets, set)
+-- the call placed runs in, the index of that kind and the runs hash. sets
+-- is one set, a list (which this appends to), or a counting memo (see
+-- place_memo): then the sets it placed WIDE.EACH runs or more in, else its
+-- last run's, so that a call of runs of many keys reads a few sets, not one
+-- per key (a ZCARD is a small part of WIDE.EACH runs' cost).
+local function place_widen(q, field, n, k, sets)
   if k < WIDE.AT and n % WIDE.AT >= k then return end
-  sets = sets or { set }
+  if type(sets) == 'string' then
+    sets = { sets }
+  elseif sets.seen then
+    local memo, picked = sets, {}
+    for _, z in ipairs(memo.sets[field]) do
+      if memo.seen[z] >= WIDE.EACH then picked[#picked + 1] = z end
+    end
+    if #picked == 0 then picked[1] = memo.last[field] end
+    sets = picked
+  end
   if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
   widen(sets, q.runs)
 end
@@ -105,20 +117,25 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in, each once (memo.seen), for place_flush to widen.
+-- placed runs in, each once (memo.seen[set]: its runs), and memo.last.r
+-- and memo.last.d are the last of each, for place_flush to widen.
 
 -- Count a run placed in set in the depth field ('r' or 'd').
 local function place_count(q, field, set)
   local memo = q.memo
   if memo and memo.count then
     memo[field] = memo[field] + 1
-    if not memo.seen[set] then
-      memo.seen[set] = true
+    memo.last[field] = set
+    local c = memo.seen[set]
+    if c then
+      memo.seen[set] = c + 1
+    else
+      memo.seen[set] = 1
       local sets = memo.sets[field]
       sets[#sets + 1] = set
     end
   else
-    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, nil, set)
+    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, set)
   end
 end
 
@@ -167,21 +184,20 @@ end
 -- counts.
 local function place_memo(q, count)
   return { count = count, r = 0, d = 0, low = { [q.ck_index] = {}, [q.delay_index] = {} },
-           sets = { r = {}, d = {} }, seen = {} }
+           sets = { r = {}, d = {} }, seen = {}, last = {} }
 end
 
 -- Write the depth counts a counting memo added up (and widen, see WIDE:
--- the sets the call placed runs in, or those of sets.r and sets.d when the
--- caller gives them).
+-- the sets place_widen picks of those the call placed runs in, or those of
+-- sets.r and sets.d when the caller gives them).
 local function place_flush(q, sets)
   local memo = q.memo
   if not (memo and memo.count) then return end
-  sets = sets or memo.sets
   if memo.r > 0 then
-    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, sets.r)
+    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, sets and sets.r or memo)
   end
   if memo.d > 0 then
-    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, sets.d)
+    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, sets and sets.d or memo)
   end
 end
 

@@ -691,11 +691,23 @@ end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
 -- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
--- the call placed runs in (the list sets, which this appends to, else the
--- one set), the index of that kind and the runs hash.
-local function place_widen(q, field, n, k, sets, set)
+-- the call placed runs in, the index of that kind and the runs hash. sets
+-- is one set, a list (which this appends to), or a counting memo (see
+-- place_memo): then the sets it placed WIDE.EACH runs or more in, else its
+-- last run's, so that a call of runs of many keys reads a few sets, not one
+-- per key (a ZCARD is a small part of WIDE.EACH runs' cost).
+local function place_widen(q, field, n, k, sets)
   if k < 64 and n % 64 >= k then return end
-  sets = sets or { set }
+  if type(sets) == 'string' then
+    sets = { sets }
+  elseif sets.seen then
+    local memo, picked = sets, {}
+    for _, z in ipairs(memo.sets[field]) do
+      if memo.seen[z] >= 4 then picked[#picked + 1] = z end
+    end
+    if #picked == 0 then picked[1] = memo.last[field] end
+    sets = picked
+  end
   if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
   widen(sets, q.runs)
 end
@@ -747,7 +759,8 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in, each once (memo.seen), for place_flush to widen.
+-- placed runs in, each once (memo.seen[set]: its runs), and memo.last.r
+-- and memo.last.d are the last of each, for place_flush to widen.
 
 
 
@@ -869,7 +882,7 @@ local function dq_promote_variant(dq, hooks, vm)
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
     if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
-    place_widen(dq, 'r', ready_n, #due, nil, c.ready)
+    place_widen(dq, 'r', ready_n, #due, c.ready)
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)

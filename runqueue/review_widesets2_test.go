@@ -2,6 +2,7 @@ package runqueue_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -89,7 +90,7 @@ func TestReviewWideSets2PromoteBoundary(t *testing.T) {
 					got := dequeue(t, b, tc.queue, 1)
 					require.Len(t, got, 1)
 					require.Equal(t, "r000", got[0].ID, tc.queue) // the oldest
-					want := append(idsOf("r", tc.ready)[1:], idsOf("d", 4)...)
+					want := slices.Concat(idsOf("r", tc.ready)[1:], idsOf("d", 4))
 					requireSet(t, b, qk.Variant("a").Ready(), want, tc.enc)
 					nd, err := b.client.Exists(b.ctx, qk.Variant("a").Delayed()).Result()
 					require.NoError(t, err)

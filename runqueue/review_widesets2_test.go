@@ -18,33 +18,6 @@ import (
 // the promotion check, the bulk path's choice of sets and the crossing
 // arithmetic at its exact edges.
 
-// rws2Rehash rewrites hash key as a new hash (HGETALL, DEL, HSET), which
-// Redis makes a listpack again when it is small: the state after a
-// restart. A no-op on miniredis (no encodings).
-func rws2Rehash(t *testing.T, b *testBundle, key string) {
-	t.Helper()
-	if strings.Contains(t.Name(), "/Mini") {
-		return
-	}
-	rehash := redis.NewScript(`local all = redis.call('HGETALL', KEYS[1])
-redis.call('DEL', KEYS[1])
-return redis.call('HSET', KEYS[1], unpack(all))`)
-	require.NoError(t, rehash.Run(b.ctx, b.client, []string{key}).Err())
-	requireEncoding(t, b, key, "listpack")
-}
-
-// rws2Many enqueues ps in one EnqueueMany call and requires each queued.
-func rws2Many(t *testing.T, b *testBundle, ps []runqueue.EnqueueParams) {
-	t.Helper()
-	res, err := b.q.EnqueueMany(b.ctx, ps)
-	require.NoError(t, err)
-	require.Len(t, res, len(ps))
-	for i, r := range res {
-		require.NoError(t, r.Err, "run %d", i)
-		require.True(t, r.Queued, "run %d", i)
-	}
-}
-
 // TestReviewWideSets2PromoteBoundary: a dequeue that promotes due delayed
 // runs checks by the ready count the promotion took it to (k = the runs
 // promoted): 60 ready + 4 promoted = 64 crosses (the key's ready set of 64
@@ -69,13 +42,13 @@ func TestReviewWideSets2PromoteBoundary(t *testing.T) {
 						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: tc.queue, Key: "a", ID: fmt.Sprintf("r%03d", i),
 							AvailableAt: b.clock.Now().Add(-time.Duration(1000-i) * time.Millisecond)})
 					}
-					rws2Many(t, b, ps) // bulk: 0 -> ready, no multiple of 64 passed
+					enqueueAll(t, b, ps) // bulk: 0 -> ready, no multiple of 64 passed
 					ps = nil
 					for i := range 4 {
 						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: tc.queue, Key: "a", ID: fmt.Sprintf("d%03d", i),
 							Delay: time.Minute})
 					}
-					rws2Many(t, b, ps)
+					enqueueAll(t, b, ps)
 					requireSet(t, b, v.Ready(), idsOf("r", tc.ready), "listpack")
 					requireRuns(t, b, qk.Runs(), tc.ready+4, "listpack")
 				}
@@ -122,16 +95,16 @@ func TestReviewWideSets2TokenBoundary(t *testing.T) {
 					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%02d", i%100),
 						ID: fmt.Sprintf("r%03d", i), AvailableAt: b.clock.Now().Add(-time.Duration(200-i) * time.Millisecond)})
 				}
-				rws2Many(t, b, ps)
+				enqueueAll(t, b, ps)
 				held := dequeue(t, b, queueName, 63) // tokens 0 -> 63
 				require.Len(t, held, 63)
 				ck, err := b.client.ZCard(b.ctx, qk.CkIndex()).Result()
 				require.NoError(t, err)
 				require.True(t, ck >= 64 && ck <= 128, "ckIndex holds %d", ck)
 				rebuildAll := func() {
-					rwsRebuild(t, b, qk.CkIndex())
-					rwsRebuild(t, b, leases)
-					rws2Rehash(t, b, qk.Runs())
+					rebuildListpack(t, b, qk.CkIndex())
+					rebuildListpack(t, b, leases)
+					rehashListpack(t, b, qk.Runs())
 				}
 				rebuildAll()
 				held = append(held, dequeue(t, b, queueName, 1)...) // 63 -> 64: a multiple passed
@@ -185,7 +158,7 @@ func TestReviewWideSets2BulkMixedKinds(t *testing.T) {
 				for i := range 61 {
 					ps = append(ps, ready("A", fmt.Sprintf("a%03d", i), i), delayed("D", fmt.Sprintf("d%03d", i), i))
 				}
-				rws2Many(t, b, ps) // ready 0 -> 61, delayed 0 -> 61: no multiple passed
+				enqueueAll(t, b, ps) // ready 0 -> 61, delayed 0 -> 61: no multiple passed
 				requireSet(t, b, qk.Variant("A").Ready(), idsOf("a", 61), "listpack")
 				requireSet(t, b, qk.Variant("D").Delayed(), idsOf("d", 61), "listpack")
 				requireRuns(t, b, qk.Runs(), 122, "listpack")
@@ -208,7 +181,7 @@ func TestReviewWideSets2BulkMixedKinds(t *testing.T) {
 					}
 				}
 				require.Len(t, ps, 38)
-				rws2Many(t, b, ps) // ready 61 -> 80, delayed 61 -> 80
+				enqueueAll(t, b, ps) // ready 61 -> 80, delayed 61 -> 80
 				requireSet(t, b, qk.Variant("A").Ready(), idsOf("a", 65), "skiplist")
 				requireSet(t, b, qk.Variant("D").Delayed(), idsOf("d", 65), "skiplist")
 				requireRuns(t, b, qk.Runs(), 160, "hashtable")
@@ -248,10 +221,10 @@ func TestReviewWideSets2RunsHash(t *testing.T) {
 					return ps
 				}
 				big := space.Env(env).Queue("big")
-				rws2Many(t, b, batch("big", 0, 448))
-				rws2Rehash(t, b, big.Runs())
+				enqueueAll(t, b, batch("big", 0, 448))
+				rehashListpack(t, b, big.Runs())
 				requireRuns(t, b, big.Runs(), 448, "listpack")
-				rws2Many(t, b, batch("big", 448, 64))
+				enqueueAll(t, b, batch("big", 448, 64))
 				requireRuns(t, b, big.Runs(), 512, "hashtable")
 				require.Equal(t, int64(512), queueStats(t, b, "big").Ready)
 

@@ -57,20 +57,6 @@ func rwsNoMarks(t *testing.T, b *testBundle, keep string) {
 	}
 }
 
-// rwsRebuild rewrites sorted set key as a new set (ZRANGESTORE), which
-// Redis makes a listpack again when it is small: the state after a
-// restart. A no-op on miniredis (no encodings).
-func rwsRebuild(t *testing.T, b *testBundle, key string) {
-	t.Helper()
-	if strings.Contains(t.Name(), "/Mini") {
-		return
-	}
-	rebuild := redis.NewScript(`redis.call('ZRANGESTORE', KEYS[2], KEYS[1], 0, -1)
-return redis.call('RENAME', KEYS[2], KEYS[1])`)
-	require.NoError(t, rebuild.Run(b.ctx, b.client, []string{key, key + ":copy"}).Err())
-	requireEncoding(t, b, key, "listpack")
-}
-
 func rwsSpace(t *testing.T, b *testBundle) keys.Space {
 	t.Helper()
 	space, err := keys.NewSpace(b.prefix, b.q.Shards())
@@ -252,7 +238,7 @@ func TestReviewWideSetsRequeueRedrive(t *testing.T) {
 					if tc.kind == "later" {
 						members = nil
 					} else {
-						rwsRebuild(t, b, set)
+						rebuildListpack(t, b, set)
 					}
 					// runs back when the count is 63: the next one takes it to 64
 					before := 63 - len(members)

@@ -49,6 +49,47 @@ func requireRuns(t *testing.T, b *testBundle, key string, n int, enc string) {
 	requireEncoding(t, b, key, enc)
 }
 
+// rebuildListpack rewrites sorted set key as a new set (ZRANGESTORE), which
+// Redis makes a listpack again when it is small: the state after a
+// restart. A no-op on miniredis (no encodings).
+func rebuildListpack(t *testing.T, b *testBundle, key string) {
+	t.Helper()
+	if strings.Contains(t.Name(), "/Mini") {
+		return
+	}
+	rebuild := redis.NewScript(`redis.call('ZRANGESTORE', KEYS[2], KEYS[1], 0, -1)
+return redis.call('RENAME', KEYS[2], KEYS[1])`)
+	require.NoError(t, rebuild.Run(b.ctx, b.client, []string{key, key + ":copy"}).Err())
+	requireEncoding(t, b, key, "listpack")
+}
+
+// rehashListpack rewrites hash key as a new hash (HGETALL, DEL, HSET), which
+// Redis makes a listpack again when it is small: the state after a
+// restart. A no-op on miniredis (no encodings).
+func rehashListpack(t *testing.T, b *testBundle, key string) {
+	t.Helper()
+	if strings.Contains(t.Name(), "/Mini") {
+		return
+	}
+	rehash := redis.NewScript(`local all = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return redis.call('HSET', KEYS[1], unpack(all))`)
+	require.NoError(t, rehash.Run(b.ctx, b.client, []string{key}).Err())
+	requireEncoding(t, b, key, "listpack")
+}
+
+// enqueueAll enqueues ps in one EnqueueMany call and requires each queued.
+func enqueueAll(t *testing.T, b *testBundle, ps []runqueue.EnqueueParams) {
+	t.Helper()
+	res, err := b.q.EnqueueMany(b.ctx, ps)
+	require.NoError(t, err)
+	require.Len(t, res, len(ps))
+	for i, r := range res {
+		require.NoError(t, r.Err, "run %d", i)
+		require.True(t, r.Queued, "run %d", i)
+	}
+}
+
 // idsOf returns the encoded ids prefix0 .. prefix(n-1), as a ready or
 // delayed set holds them.
 func idsOf(prefix string, n int) []string {
@@ -121,11 +162,7 @@ func TestWideSetsEnqueue(t *testing.T) {
 							ps = append(ps, run(tc.queue, "a", fmt.Sprintf("m%03d", n), 0))
 							n++
 						}
-						res, err := b.q.EnqueueMany(b.ctx, ps)
-						require.NoError(t, err)
-						for _, r := range res {
-							require.True(t, r.Queued)
-						}
+						enqueueAll(t, b, ps)
 					}
 					for n+tc.per < 64 {
 						send()
@@ -179,24 +216,15 @@ func TestWideSetsDequeue(t *testing.T) {
 						members = append(members, qk.Variant(k).Member())
 					}
 				}
-				res, err := b.q.EnqueueMany(b.ctx, ps)
-				require.NoError(t, err)
-				for _, r := range res {
-					require.True(t, r.Queued)
-				}
+				enqueueAll(t, b, ps)
 				requireSet(t, b, qk.CkIndex(), members, "skiplist")
 				if strings.Contains(t.Name(), "/Mini") {
 					return // no encodings to see
 				}
-				rebuild := redis.NewScript(`redis.call('ZRANGESTORE', KEYS[2], KEYS[1], 0, -1)
-return redis.call('RENAME', KEYS[2], KEYS[1])`)
-				require.NoError(t, rebuild.Run(b.ctx, b.client, []string{qk.CkIndex(), qk.CkIndex() + ":copy"}).Err())
+				rebuildListpack(t, b, qk.CkIndex())
 				requireSet(t, b, qk.CkIndex(), members, "listpack")
 				requireRuns(t, b, qk.Runs(), runs, "hashtable")
-				rehash := redis.NewScript(`local all = redis.call('HGETALL', KEYS[1])
-redis.call('DEL', KEYS[1])
-return redis.call('HSET', KEYS[1], unpack(all))`)
-				require.NoError(t, rehash.Run(b.ctx, b.client, []string{qk.Runs()}).Err())
+				rehashListpack(t, b, qk.Runs())
 				requireRuns(t, b, qk.Runs(), runs, "listpack")
 
 				var held []*runqueue.Run

@@ -169,8 +169,14 @@ local function enqueue_batch()
   for _, o in ipairs({ order.r, order.d }) do
     for _, set in ipairs(o) do redis.call('ZADD', set, unpack(sets[set])) end
   end
-  q.memo = place_memo(q, true)
-  q.memo.r, q.memo.d = #rvm, #dvm
+  -- A counting memo of what was placed, for place_flush: the counts, the
+  -- sets of each kind in order, their ZADD arguments (two a run: see
+  -- place_memo), the last run's sets.
+  local memo = place_memo(q, true)
+  memo.r, memo.d, memo.sets, memo.args = #rvm, #dvm, order, sets
+  if #rvm > 0 then memo.last.r = vkeys[rvm[#rvm]].ready end
+  if #dvm > 0 then memo.last.d = vkeys[dvm[#dvm]].delayed end
+  q.memo = memo
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
@@ -180,18 +186,7 @@ local function enqueue_batch()
   end
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
-  -- The counts, after the indexes' moves (place_flush may widen them), and
-  -- the sets to look at, picked as place_widen picks a memo's.
-  local wide = { r = {}, d = {} }
-  for kind, o in pairs(order) do
-    local w = wide[kind]
-    for _, set in ipairs(o) do
-      if #sets[set] >= 2 * WIDE.EACH then w[#w + 1] = set end
-    end
-  end
-  if #wide.r == 0 and #rvm > 0 then wide.r[1] = vkeys[rvm[#rvm]].ready end
-  if #wide.d == 0 and #dvm > 0 then wide.d[1] = vkeys[dvm[#dvm]].delayed end
-  place_flush(q, wide)
+  place_flush(q) -- (after the indexes' moves: it may widen them)
   return out, woke
 end
 

@@ -242,9 +242,13 @@ local function dq_finish(dq, acked)
     leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
   end
   redis.call('HSET', dq.held, unpack(fields))
-  held_widen(dq.held, dq.kin, env_in, token0, n)
   redis.call('ZADD', dq.leases, unpack(leases))
-  if n >= WIDE.AT or (token0 + n) % WIDE.AT < n then widen({ dq.ck_index, dq.leases }, dq.runs) end -- (see WIDE, lib/place)
+  -- Once per 64 tokens of the shard (past a multiple of 64): the wide
+  -- marks of the in-flight hashes (lib/held) and the wide sets (lib/place).
+  if n >= WIDE.AT or (token0 + n) % WIDE.AT < n then
+    held_widen(dq.held, dq.kin, env_in)
+    widen({ dq.ck_index, dq.leases }, dq.runs)
+  end
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   for i, s in ipairs(dq.served) do

@@ -32,14 +32,12 @@ local function held_count(held)
   return n
 end
 
--- A dequeue gave n runs tokens token0 + 1 .. token0 + n, and its env now
--- has env_in runs in flight: mark the held hash (and kin) when due (see
--- above). Looking once per 64 tokens of the shard costs next to nothing.
-local function held_widen(held, kin, env_in, token0, n)
-  if env_in < HELD.WIDE_AT or math.floor((token0 + n) / HELD.WIDE_AT) == math.floor(token0 / HELD.WIDE_AT) then
-    return
-  end
-  if redis.call('HLEN', held) < HELD.WIDE_AT then return end
+-- A dequeue that took the shard's token counter past a multiple of 64
+-- (dq_finish tests it, for the wide sets too), with env_in runs of its env
+-- in flight: mark the held hash (and kin) when due (see above). Looking
+-- once per 64 tokens of the shard costs next to nothing.
+local function held_widen(held, kin, env_in)
+  if env_in < HELD.WIDE_AT or redis.call('HLEN', held) < HELD.WIDE_AT then return end
   redis.call('HSET', held, HELD.WIDE_FIELD, HELD.WIDE_VALUE)
   if redis.call('HLEN', kin) >= HELD.WIDE_AT then redis.call('HSET', kin, HELD.WIDE_FIELD, HELD.WIDE_VALUE) end
 end

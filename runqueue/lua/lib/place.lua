@@ -61,7 +61,8 @@ local function place_widen(q, field, n, k, sets)
   elseif sets.seen then
     local memo, picked = sets, {}
     for _, z in ipairs(memo.sets[field]) do
-      if memo.seen[z] >= WIDE.EACH then picked[#picked + 1] = z end
+      local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
+      if runs >= WIDE.EACH then picked[#picked + 1] = z end
     end
     if #picked == 0 then picked[1] = memo.last[field] end
     sets = picked
@@ -117,8 +118,10 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in, each once (memo.seen[set]: its runs), and memo.last.r
--- and memo.last.d are the last of each, for place_flush to widen.
+-- placed runs in, each once (memo.seen[set]: its runs; a bulk call gives
+-- memo.args[set], the set's ZADD arguments, two a run, instead), and
+-- memo.last.r and memo.last.d are the last of each, for place_flush to
+-- widen.
 
 -- Count a run placed in set in the depth field ('r' or 'd').
 local function place_count(q, field, set)
@@ -188,16 +191,15 @@ local function place_memo(q, count)
 end
 
 -- Write the depth counts a counting memo added up (and widen, see WIDE:
--- the sets place_widen picks of those the call placed runs in, or those of
--- sets.r and sets.d when the caller gives them).
-local function place_flush(q, sets)
+-- the sets place_widen picks of those the call placed runs in).
+local function place_flush(q)
   local memo = q.memo
   if not (memo and memo.count) then return end
   if memo.r > 0 then
-    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, sets and sets.r or memo)
+    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, memo)
   end
   if memo.d > 0 then
-    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, sets and sets.d or memo)
+    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, memo)
   end
 end
 

@@ -86,14 +86,12 @@ local function held_count(held)
   return n
 end
 
--- A dequeue gave n runs tokens token0 + 1 .. token0 + n, and its env now
--- has env_in runs in flight: mark the held hash (and kin) when due (see
--- above). Looking once per 64 tokens of the shard costs next to nothing.
-local function held_widen(held, kin, env_in, token0, n)
-  if env_in < 64 or math.floor((token0 + n) / 64) == math.floor(token0 / 64) then
-    return
-  end
-  if redis.call('HLEN', held) < 64 then return end
+-- A dequeue that took the shard's token counter past a multiple of 64
+-- (dq_finish tests it, for the wide sets too), with env_in runs of its env
+-- in flight: mark the held hash (and kin) when due (see above). Looking
+-- once per 64 tokens of the shard costs next to nothing.
+local function held_widen(held, kin, env_in)
+  if env_in < 64 or redis.call('HLEN', held) < 64 then return end
   redis.call('HSET', held, '~', 'runqueue: a value longer than 64 bytes keeps this hash a hash table, see lib/held.lua')
   if redis.call('HLEN', kin) >= 64 then redis.call('HSET', kin, '~', 'runqueue: a value longer than 64 bytes keeps this hash a hash table, see lib/held.lua') end
 end
@@ -287,7 +285,8 @@ local function place_widen(q, field, n, k, sets)
   elseif sets.seen then
     local memo, picked = sets, {}
     for _, z in ipairs(memo.sets[field]) do
-      if memo.seen[z] >= 4 then picked[#picked + 1] = z end
+      local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
+      if runs >= 4 then picked[#picked + 1] = z end
     end
     if #picked == 0 then picked[1] = memo.last[field] end
     sets = picked
@@ -343,8 +342,10 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in, each once (memo.seen[set]: its runs), and memo.last.r
--- and memo.last.d are the last of each, for place_flush to widen.
+-- placed runs in, each once (memo.seen[set]: its runs; a bulk call gives
+-- memo.args[set], the set's ZADD arguments, two a run, instead), and
+-- memo.last.r and memo.last.d are the last of each, for place_flush to
+-- widen.
 
 
 
@@ -607,9 +608,13 @@ local function dq_finish(dq, acked)
     leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
   end
   redis.call('HSET', dq.held, unpack(fields))
-  held_widen(dq.held, dq.kin, env_in, token0, n)
   redis.call('ZADD', dq.leases, unpack(leases))
-  if n >= 64 or (token0 + n) % 64 < n then widen({ dq.ck_index, dq.leases }, dq.runs) end -- (see WIDE, lib/place)
+  -- Once per 64 tokens of the shard (past a multiple of 64): the wide
+  -- marks of the in-flight hashes (lib/held) and the wide sets (lib/place).
+  if n >= 64 or (token0 + n) % 64 < n then
+    held_widen(dq.held, dq.kin, env_in)
+    widen({ dq.ck_index, dq.leases }, dq.runs)
+  end
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   for i, s in ipairs(dq.served) do

@@ -127,7 +127,8 @@ local function place_widen(q, field, n, k, sets)
   elseif sets.seen then
     local memo, picked = sets, {}
     for _, z in ipairs(memo.sets[field]) do
-      if memo.seen[z] >= 4 then picked[#picked + 1] = z end
+      local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
+      if runs >= 4 then picked[#picked + 1] = z end
     end
     if #picked == 0 then picked[1] = memo.last[field] end
     sets = picked
@@ -153,8 +154,10 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in, each once (memo.seen[set]: its runs), and memo.last.r
--- and memo.last.d are the last of each, for place_flush to widen.
+-- placed runs in, each once (memo.seen[set]: its runs; a bulk call gives
+-- memo.args[set], the set's ZADD arguments, two a run, instead), and
+-- memo.last.r and memo.last.d are the last of each, for place_flush to
+-- widen.
 
 -- Count a run placed in set in the depth field ('r' or 'd').
 local function place_count(q, field, set)
@@ -224,16 +227,15 @@ local function place_memo(q, count)
 end
 
 -- Write the depth counts a counting memo added up (and widen, see WIDE:
--- the sets place_widen picks of those the call placed runs in, or those of
--- sets.r and sets.d when the caller gives them).
-local function place_flush(q, sets)
+-- the sets place_widen picks of those the call placed runs in).
+local function place_flush(q)
   local memo = q.memo
   if not (memo and memo.count) then return end
   if memo.r > 0 then
-    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, sets and sets.r or memo)
+    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, memo)
   end
   if memo.d > 0 then
-    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, sets and sets.d or memo)
+    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, memo)
   end
 end
 
@@ -379,8 +381,14 @@ local function enqueue_batch()
   for _, o in ipairs({ order.r, order.d }) do
     for _, set in ipairs(o) do redis.call('ZADD', set, unpack(sets[set])) end
   end
-  q.memo = place_memo(q, true)
-  q.memo.r, q.memo.d = #rvm, #dvm
+  -- A counting memo of what was placed, for place_flush: the counts, the
+  -- sets of each kind in order, their ZADD arguments (two a run: see
+  -- place_memo), the last run's sets.
+  local memo = place_memo(q, true)
+  memo.r, memo.d, memo.sets, memo.args = #rvm, #dvm, order, sets
+  if #rvm > 0 then memo.last.r = vkeys[rvm[#rvm]].ready end
+  if #dvm > 0 then memo.last.d = vkeys[dvm[#dvm]].delayed end
+  q.memo = memo
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
@@ -390,18 +398,7 @@ local function enqueue_batch()
   end
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
-  -- The counts, after the indexes' moves (place_flush may widen them), and
-  -- the sets to look at, picked as place_widen picks a memo's.
-  local wide = { r = {}, d = {} }
-  for kind, o in pairs(order) do
-    local w = wide[kind]
-    for _, set in ipairs(o) do
-      if #sets[set] >= 2 * 4 then w[#w + 1] = set end
-    end
-  end
-  if #wide.r == 0 and #rvm > 0 then wide.r[1] = vkeys[rvm[#rvm]].ready end
-  if #wide.d == 0 and #dvm > 0 then wide.d[1] = vkeys[dvm[#dvm]].delayed end
-  place_flush(q, wide)
+  place_flush(q) -- (after the indexes' moves: it may widen them)
   return out, woke
 end
 

@@ -116,7 +116,8 @@ local function place_widen(q, field, n, k, sets)
   elseif sets.seen then
     local memo, picked = sets, {}
     for _, z in ipairs(memo.sets[field]) do
-      if memo.seen[z] >= 4 then picked[#picked + 1] = z end
+      local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
+      if runs >= 4 then picked[#picked + 1] = z end
     end
     if #picked == 0 then picked[1] = memo.last[field] end
     sets = picked
@@ -142,8 +143,10 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in, each once (memo.seen[set]: its runs), and memo.last.r
--- and memo.last.d are the last of each, for place_flush to widen.
+-- placed runs in, each once (memo.seen[set]: its runs; a bulk call gives
+-- memo.args[set], the set's ZADD arguments, two a run, instead), and
+-- memo.last.r and memo.last.d are the last of each, for place_flush to
+-- widen.
 
 -- Count a run placed in set in the depth field ('r' or 'd').
 local function place_count(q, field, set)

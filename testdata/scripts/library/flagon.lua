@@ -1,4 +1,4 @@
-#!lua name=runqueue_4a4208a95316f719
+#!lua name=runqueue_a88519097deb7d6f
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -571,7 +571,8 @@ local function place_widen(q, field, n, k, sets)
   elseif sets.seen then
     local memo, picked = sets, {}
     for _, z in ipairs(memo.sets[field]) do
-      if memo.seen[z] >= 4 then picked[#picked + 1] = z end
+      local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
+      if runs >= 4 then picked[#picked + 1] = z end
     end
     if #picked == 0 then picked[1] = memo.last[field] end
     sets = picked
@@ -627,8 +628,10 @@ end
 -- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
 -- in memo.r and memo.d for the caller to write once (place_flush), and
 -- memo.sets.r and memo.sets.d list the ready and delayed sets the call
--- placed runs in, each once (memo.seen[set]: its runs), and memo.last.r
--- and memo.last.d are the last of each, for place_flush to widen.
+-- placed runs in, each once (memo.seen[set]: its runs; a bulk call gives
+-- memo.args[set], the set's ZADD arguments, two a run, instead), and
+-- memo.last.r and memo.last.d are the last of each, for place_flush to
+-- widen.
 
 -- Count a run placed in set in the depth field ('r' or 'd').
 local function place_count(q, field, set)
@@ -698,16 +701,15 @@ local function place_memo(q, count)
 end
 
 -- Write the depth counts a counting memo added up (and widen, see WIDE:
--- the sets place_widen picks of those the call placed runs in, or those of
--- sets.r and sets.d when the caller gives them).
-local function place_flush(q, sets)
+-- the sets place_widen picks of those the call placed runs in).
+local function place_flush(q)
   local memo = q.memo
   if not (memo and memo.count) then return end
   if memo.r > 0 then
-    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, sets and sets.r or memo)
+    place_widen(q, 'r', redis.call('HINCRBY', q.depth, 'r', num_arg(memo.r)), memo.r, memo)
   end
   if memo.d > 0 then
-    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, sets and sets.d or memo)
+    place_widen(q, 'd', redis.call('HINCRBY', q.depth, 'd', num_arg(memo.d)), memo.d, memo)
   end
 end
 
@@ -770,14 +772,12 @@ local function held_count(held)
   return n
 end
 
--- A dequeue gave n runs tokens token0 + 1 .. token0 + n, and its env now
--- has env_in runs in flight: mark the held hash (and kin) when due (see
--- above). Looking once per 64 tokens of the shard costs next to nothing.
-local function held_widen(held, kin, env_in, token0, n)
-  if env_in < 64 or math.floor((token0 + n) / 64) == math.floor(token0 / 64) then
-    return
-  end
-  if redis.call('HLEN', held) < 64 then return end
+-- A dequeue that took the shard's token counter past a multiple of 64
+-- (dq_finish tests it, for the wide sets too), with env_in runs of its env
+-- in flight: mark the held hash (and kin) when due (see above). Looking
+-- once per 64 tokens of the shard costs next to nothing.
+local function held_widen(held, kin, env_in)
+  if env_in < 64 or redis.call('HLEN', held) < 64 then return end
   redis.call('HSET', held, '~', 'runqueue: a value longer than 64 bytes keeps this hash a hash table, see lib/held.lua')
   if redis.call('HLEN', kin) >= 64 then redis.call('HSET', kin, '~', 'runqueue: a value longer than 64 bytes keeps this hash a hash table, see lib/held.lua') end
 end
@@ -1160,9 +1160,13 @@ local function dq_finish(dq, acked)
     leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
   end
   redis.call('HSET', dq.held, unpack(fields))
-  held_widen(dq.held, dq.kin, env_in, token0, n)
   redis.call('ZADD', dq.leases, unpack(leases))
-  if n >= 64 or (token0 + n) % 64 < n then widen({ dq.ck_index, dq.leases }, dq.runs) end -- (see WIDE, lib/place)
+  -- Once per 64 tokens of the shard (past a multiple of 64): the wide
+  -- marks of the in-flight hashes (lib/held) and the wide sets (lib/place).
+  if n >= 64 or (token0 + n) % 64 < n then
+    held_widen(dq.held, dq.kin, env_in)
+    widen({ dq.ck_index, dq.leases }, dq.runs)
+  end
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   for i, s in ipairs(dq.served) do
@@ -1380,8 +1384,14 @@ local function enqueue_batch()
   for _, o in ipairs({ order.r, order.d }) do
     for _, set in ipairs(o) do redis.call('ZADD', set, unpack(sets[set])) end
   end
-  q.memo = place_memo(q, true)
-  q.memo.r, q.memo.d = #rvm, #dvm
+  -- A counting memo of what was placed, for place_flush: the counts, the
+  -- sets of each kind in order, their ZADD arguments (two a run: see
+  -- place_memo), the last run's sets.
+  local memo = place_memo(q, true)
+  memo.r, memo.d, memo.sets, memo.args = #rvm, #dvm, order, sets
+  if #rvm > 0 then memo.last.r = vkeys[rvm[#rvm]].ready end
+  if #dvm > 0 then memo.last.d = vkeys[dvm[#dvm]].delayed end
+  q.memo = memo
   local woke = false
   local moved, head = index_moves(q.ck_index, rvm, rss)
   if moved then
@@ -1391,18 +1401,7 @@ local function enqueue_batch()
   end
   moved, head = index_moves(q.delay_index, dvm, dss)
   if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
-  -- The counts, after the indexes' moves (place_flush may widen them), and
-  -- the sets to look at, picked as place_widen picks a memo's.
-  local wide = { r = {}, d = {} }
-  for kind, o in pairs(order) do
-    local w = wide[kind]
-    for _, set in ipairs(o) do
-      if #sets[set] >= 2 * 4 then w[#w + 1] = set end
-    end
-  end
-  if #wide.r == 0 and #rvm > 0 then wide.r[1] = vkeys[rvm[#rvm]].ready end
-  if #wide.d == 0 and #dvm > 0 then wide.d[1] = vkeys[dvm[#dvm]].delayed end
-  place_flush(q, wide)
+  place_flush(q) -- (after the indexes' moves: it may widen them)
   return out, woke
 end
 
@@ -2123,10 +2122,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_4a4208a95316f719_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_4a4208a95316f719_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_4a4208a95316f719_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4a4208a95316f719_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4a4208a95316f719_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4a4208a95316f719_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4a4208a95316f719_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a88519097deb7d6f_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_a88519097deb7d6f_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_a88519097deb7d6f_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a88519097deb7d6f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a88519097deb7d6f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a88519097deb7d6f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a88519097deb7d6f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

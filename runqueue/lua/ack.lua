@@ -19,7 +19,7 @@
 --@include held
 --@include hooks
 local k = { runs = KEYS[1], held = KEYS[2], kin = KEYS[3], env_n = KEYS[4], leases = KEYS[5] }
-local now, n = tonumber(ARGV[1]), tonumber(ARGV[3])
+local now, n = ARGV[1] + 0, ARGV[3] + 0 -- (see num in lib/record)
 local OWN_KEYS, OWN_ARGS = 5, 3 + 3 * n
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 local out = held_ack(k, ARGV[2], ARGV, 4, n, now, hooks)

@@ -31,9 +31,9 @@
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[3] }
 local ttl_set = KEYS[6]
-local now = tonumber(ARGV[1])
+local now = ARGV[1] + 0 -- (client-written integers: see num in lib/record)
 local vbase, wake, prefix = ARGV[2], ARGV[4], ARGV[7]
-local max_queue, max_key, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
+local max_queue, max_key, n = ARGV[5] + 0, ARGV[6] + 0, ARGV[8] + 0
 local OWN_KEYS, OWN_ARGS = 6, 8 + 7 * n
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
@@ -102,7 +102,7 @@ local function index_moves(index, vms, ss)
   for k, vm in ipairs(vms) do
     if place_moves(q, index, vm, ss[k]) and redis.call('ZADD', index, 'LT', 'CH', ss[k], vm) == 1 then
       moves[#moves + 1] = vm
-      local s = tonumber(ss[k])
+      local s = ss[k] + 0
       if head == nil or s < head then head, head_s = s, ss[k] end
     end
   end
@@ -145,7 +145,7 @@ local function enqueue_batch()
         vkeys[vm] = v
       end
       local set, score, kind
-      if tonumber(at) <= now then
+      if at + 0 <= now then
         set, score, kind = v.ready, ARGV[b + 5], 'r'
         rvm[#rvm + 1], rss[#rss + 1] = vm, score
       else

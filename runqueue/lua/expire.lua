@@ -24,7 +24,7 @@
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[5] }
 local ttl_set = KEYS[6]
-local now = tonumber(ARGV[1])
+local now = ARGV[1] + 0 -- (client-written integers: see num in lib/record)
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
 local OWN_KEYS, OWN_ARGS = 6, 6
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)

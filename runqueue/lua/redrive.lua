@@ -27,9 +27,9 @@
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[6] }
 local dead, env_dead = KEYS[6], KEYS[7]
-local now = tonumber(ARGV[1])
+local now = ARGV[1] + 0 -- (client-written integers: see num in lib/record)
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
-local priority_step = tonumber(ARGV[5])
+local priority_step = ARGV[5] + 0
 local wake = ARGV[7]
 local OWN_KEYS, OWN_ARGS = 7, 8
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)

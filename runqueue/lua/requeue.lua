@@ -38,9 +38,9 @@
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[10] }
 local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
-local now = tonumber(ARGV[1])
+local now = ARGV[1] + 0 -- (client-written integers: see num in lib/record)
 local id, vm, member, token, retry_at = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local priority_step, max_attempts, kill = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9] == '1'
+local priority_step, max_attempts, kill = ARGV[7] + 0, ARGV[8] + 0, ARGV[9] == '1'
 local wake = ARGV[11]
 local OWN_KEYS, OWN_ARGS = 11, 12
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
@@ -71,7 +71,7 @@ if kill or (max_attempts > 0 and att > max_attempts) then
 end
 redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
 local v = variant_keys(ARGV[12], vm)
-if place(q, v, hooks, id, vm, retry_at, tonumber(retry_at) - r.pr * priority_step, now) and wake ~= '' then
+if place(q, v, hooks, id, vm, retry_at, retry_at - r.pr * priority_step, now) and wake ~= '' then
   redis.call('PUBLISH', wake, q.qm)
 end
 hooks:finish()

@@ -40,10 +40,10 @@ local function dq_open(keys, args)
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
     env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10], ttl = keys[11],
-    now = tonumber(args[1]), now_arg = args[1], max_count = tonumber(args[2]), env_limit = tonumber(args[3]),
-    queue_limit = tonumber(args[4]), key_limit = tonumber(args[5]), lease_deadline = args[6],
-    qm = args[7], run_prefix = args[8], priority_step = tonumber(args[9]), scan = tonumber(args[10]),
-    promote_limit = tonumber(args[11]), vbase = args[12], acks = tonumber(args[13]),
+    now = args[1] + 0, now_arg = args[1], max_count = args[2] + 0, env_limit = args[3] + 0,
+    queue_limit = args[4] + 0, key_limit = args[5] + 0, lease_deadline = args[6],
+    qm = args[7], run_prefix = args[8], priority_step = args[9] + 0, scan = args[10] + 0,
+    promote_limit = args[11] + 0, vbase = args[12], acks = args[13] + 0,
     vars = {},     -- variant member -> { ready, delayed keys; head cache; counts }
     touched = {},  -- variant members in first-serve order
     served = {},   -- { vm, id } in serve order

@@ -149,8 +149,9 @@ local function place_moves(q, index, vm, s)
   if not memo then return true end
   local low = memo.low[index]
   local was = low[vm]
-  if was and tonumber(s) >= was then return false end
-  low[vm] = tonumber(s)
+  local x = s + 0
+  if was and x >= was then return false end
+  low[vm] = x
   return true
 end
 
@@ -165,7 +166,7 @@ end
 -- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
   local woke = false
-  if tonumber(at) <= now then
+  if at + 0 <= now then
     redis.call('ZADD', v.ready, rs, id)
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks:ready_start(vm)

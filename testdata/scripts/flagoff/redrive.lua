@@ -174,8 +174,9 @@ local function place_moves(q, index, vm, s)
   if not memo then return true end
   local low = memo.low[index]
   local was = low[vm]
-  if was and tonumber(s) >= was then return false end
-  low[vm] = tonumber(s)
+  local x = s + 0
+  if was and x >= was then return false end
+  low[vm] = x
   return true
 end
 
@@ -190,7 +191,7 @@ end
 -- blocked consumer should look again).
 local function place(q, v, hooks, id, vm, at, rs, now)
   local woke = false
-  if tonumber(at) <= now then
+  if at + 0 <= now then
     redis.call('ZADD', v.ready, rs, id)
     if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
       hooks:ready_start(vm)
@@ -214,9 +215,9 @@ end
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[6] }
 local dead, env_dead = KEYS[6], KEYS[7]
-local now = tonumber(ARGV[1])
+local now = ARGV[1] + 0 -- (client-written integers: see num in lib/record)
 local id, vm, member = ARGV[2], ARGV[3], ARGV[4]
-local priority_step = tonumber(ARGV[5])
+local priority_step = ARGV[5] + 0
 local wake = ARGV[7]
 local OWN_KEYS, OWN_ARGS = 7, 8
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)

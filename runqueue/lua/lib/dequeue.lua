@@ -46,8 +46,12 @@ local function dq_open(keys, args)
     promote_limit = args[11] + 0, vbase = args[12], acks = args[13] + 0,
     vars = {},     -- variant member -> { ready, delayed keys; head cache; counts }
     touched = {},  -- variant members in first-serve order
-    served = {},   -- { vm, id } in serve order
+    served = {},   -- ids served, in serve order
+    served_vm = {}, -- their variant members
     dirty = false, -- promotion wrote something
+    -- (set later; named here so that the table is made at its full size
+    -- once, not grown past 32 fields by a rehash)
+    own_args = 0, cap = 0, delay_head = nil, ck_head = nil,
   }
   dq.own_args = 13 + 3 * dq.acks
   return dq
@@ -170,7 +174,8 @@ local function dq_take(dq, vm)
   local id = c.list[2 * c.taken + 1]
   if c.taken == 0 then dq.touched[#dq.touched + 1] = vm end
   c.taken = c.taken + 1
-  dq.served[#dq.served + 1] = { vm = vm, id = id }
+  local k = #dq.served + 1
+  dq.served[k], dq.served_vm[k] = id, vm
   return (dq_head(dq, vm))
 end
 
@@ -233,13 +238,13 @@ local function dq_finish(dq, acked)
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
   local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))
-  local ids, fields, leases = {}, {}, {}
-  for i, s in ipairs(dq.served) do
-    ids[i] = s.id
-    fields[2 * i - 1] = s.vm .. ':' .. s.id
+  local ids, vms, fields, leases = dq.served, dq.served_vm, {}, {}
+  for i, id in ipairs(ids) do
+    local vm = vms[i]
+    fields[2 * i - 1] = vm .. ':' .. id
     fields[2 * i] = num_arg(token0 + i)
     leases[2 * i - 1] = dq.lease_deadline
-    leases[2 * i] = dq.run_prefix .. s.vm .. ':' .. s.id
+    leases[2 * i] = dq.run_prefix .. vm .. ':' .. id
   end
   redis.call('HSET', dq.held, unpack(fields))
   redis.call('ZADD', dq.leases, unpack(leases))
@@ -251,11 +256,10 @@ local function dq_finish(dq, acked)
   end
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
-  for i, s in ipairs(dq.served) do
-    out[#out + 1] = s.id
-    out[#out + 1] = s.vm
-    out[#out + 1] = recs[i]
-    out[#out + 1] = token0 + i
+  local o = #out
+  for i, id in ipairs(ids) do
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, vms[i], recs[i], token0 + i
+    o = o + 4
     if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end

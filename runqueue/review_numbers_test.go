@@ -79,6 +79,8 @@ return out
 		math.MaxFloat64, -math.MaxFloat64, 1e8, -1e8, 1e21, 1e22, 1e-7, 0.1, 1.0 / 3,
 		1<<53 - 1, 1 << 53, 1<<53 + 2, -(1 << 53), 1 << 62, 1 << 63, -(1 << 63), 1e19,
 		253402300799999, -253402300799999 - 9*30000, 1764700000000, 8, 10, 64,
+		// ckVtime's regions (lib/sched_reg): idle, the lane, the wide mark, gated
+		-(1 << 52), -(1 << 52) + 12345, -(1 << 51), -(1 << 51) + 7, 1 << 51, 1 << 52, 1<<52 + 3,
 		math.Inf(1), math.Inf(-1)}
 	for range 300 {
 		var x float64

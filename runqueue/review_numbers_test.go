@@ -237,7 +237,7 @@ func TestReviewNumbersInfiniteDelayHead(t *testing.T) {
 			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on })
 			enqueue(t, b, runqueue.EnqueueParams{ID: "d", Key: "k", Delay: time.Minute})
 			enqueue(t, b, runqueue.EnqueueParams{ID: "r", Key: "j"})
-			di := numbersKey(t, b, ":delayIndex")
+			di := intArgKey(t, b, ":delayIndex")
 			vms, err := c.ZRange(b.ctx, di, 0, -1).Result()
 			require.NoError(t, err)
 			require.Len(t, vms, 1)
@@ -249,13 +249,4 @@ func TestReviewNumbersInfiniteDelayHead(t *testing.T) {
 			require.Equal(t, int64(1), queueStats(t, b, queueName).Delayed, "flag on=%v", on)
 		}
 	})
-}
-
-// numbersKey is the one key of the bundle's prefix ending with suffix.
-func numbersKey(t *testing.T, b *testBundle, suffix string) string {
-	t.Helper()
-	ks, err := b.client.Keys(b.ctx, "*"+b.prefix+"*"+suffix).Result()
-	require.NoError(t, err)
-	require.Len(t, ks, 1, "keys ending %q: %v", suffix, ks)
-	return ks[0]
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -41,6 +42,26 @@ var privateBackends = []backend{
 // forEachBackend runs fn as a subtest on every backend.
 func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
 	redistest.ForEachBackend(t, backends, fn)
+}
+
+// forEachFlag runs fn with the scheduler flag off and on (subtests
+// vtime=false and vtime=true), on every backend, each on a fresh bundle.
+func forEachFlag(t *testing.T, fn func(t *testing.T, b *testBundle, on bool)) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				fn(t, setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on }), on)
+			})
+		})
+	}
+}
+
+// keySpace is the key space of the bundle's prefix and shards.
+func keySpace(t testing.TB, b *testBundle) keys.Space {
+	t.Helper()
+	space, err := keys.NewSpace(b.prefix, b.q.Shards())
+	require.NoError(t, err)
+	return space
 }
 
 // fakeClock is a settable clock for tests.

@@ -55,9 +55,7 @@ func tablesSetup(t *testing.T, c redis.UniversalClient, on, scripts bool, mutate
 			mutate(cfg)
 		}
 	})
-	space, err := keys.NewSpace(b.prefix, b.q.Shards())
-	require.NoError(t, err)
-	return b, space.Env(env).Queue(queueName)
+	return b, keySpace(t, b).Env(env).Queue(queueName)
 }
 
 // TestReviewTablesDequeueReply: a call that acks and serves, then one that

@@ -57,13 +57,6 @@ func rwsNoMarks(t *testing.T, b *testBundle, keep string) {
 	}
 }
 
-func rwsSpace(t *testing.T, b *testBundle) keys.Space {
-	t.Helper()
-	space, err := keys.NewSpace(b.prefix, b.q.Shards())
-	require.NoError(t, err)
-	return space
-}
-
 // TestReviewWideSetsBulkIndexMoves: a bulk EnqueueMany whose index moves
 // take ckIndex and delayIndex into 64..128 members in the same call that
 // takes the ready and delayed counts past 64 (40 -> 80 each). The indexes
@@ -72,71 +65,66 @@ func rwsSpace(t *testing.T, b *testBundle) keys.Space {
 // listpacks. Nothing else changes: the answers, the counts, no mark, and
 // every ready run is served.
 func TestReviewWideSetsBulkIndexMoves(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on })
-				qk := queueKeys(t, b)
-				now := b.clock.Now()
-				batch := func(prefix string) []runqueue.EnqueueParams {
-					var ps []runqueue.EnqueueParams
-					for i := range 40 {
-						ps = append(ps,
-							runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("%sr%02d", prefix, i),
-								ID: fmt.Sprintf("%sr%02d", prefix, i), AvailableAt: now.Add(-time.Duration(100-i) * time.Millisecond)},
-							runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("%sd%02d", prefix, i),
-								ID: fmt.Sprintf("%sd%02d", prefix, i), Delay: time.Hour + time.Duration(i)*time.Millisecond})
-					}
-					return ps
-				}
-				var ready, delayed []string
-				for _, prefix := range []string{"p", "n"} {
-					res, err := b.q.EnqueueMany(b.ctx, batch(prefix))
-					require.NoError(t, err)
-					require.Len(t, res, 80)
-					for _, r := range res {
-						require.True(t, r.Queued)
-						require.NoError(t, r.Err)
-					}
-					for i := range 40 {
-						ready = append(ready, keys.VariantMember(fmt.Sprintf("%sr%02d", prefix, i)))
-						delayed = append(delayed, keys.VariantMember(fmt.Sprintf("%sd%02d", prefix, i)))
-					}
-					enc := "listpack"
-					if prefix == "n" {
-						enc = "skiplist"
-					}
-					requireSet(t, b, qk.CkIndex(), ready, enc)
-					requireSet(t, b, qk.DelayIndex(), delayed, enc)
-				}
-				// Each key's own set (one run) stays a listpack.
-				requireSet(t, b, qk.Variant("nr07").Ready(), []string{keys.Segment("nr07")}, "listpack")
-				requireSet(t, b, qk.Variant("nd07").Delayed(), []string{keys.Segment("nd07")}, "listpack")
-				st := queueStats(t, b, queueName)
-				require.Equal(t, int64(80), st.Ready)
-				require.Equal(t, int64(80), st.Delayed)
-				rwsNoMarks(t, b, "")
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		qk := queueKeys(t, b)
+		now := b.clock.Now()
+		batch := func(prefix string) []runqueue.EnqueueParams {
+			var ps []runqueue.EnqueueParams
+			for i := range 40 {
+				ps = append(ps,
+					runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("%sr%02d", prefix, i),
+						ID: fmt.Sprintf("%sr%02d", prefix, i), AvailableAt: now.Add(-time.Duration(100-i) * time.Millisecond)},
+					runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("%sd%02d", prefix, i),
+						ID: fmt.Sprintf("%sd%02d", prefix, i), Delay: time.Hour + time.Duration(i)*time.Millisecond})
+			}
+			return ps
+		}
+		var ready, delayed []string
+		for _, prefix := range []string{"p", "n"} {
+			res, err := b.q.EnqueueMany(b.ctx, batch(prefix))
+			require.NoError(t, err)
+			require.Len(t, res, 80)
+			for _, r := range res {
+				require.True(t, r.Queued)
+				require.NoError(t, r.Err)
+			}
+			for i := range 40 {
+				ready = append(ready, keys.VariantMember(fmt.Sprintf("%sr%02d", prefix, i)))
+				delayed = append(delayed, keys.VariantMember(fmt.Sprintf("%sd%02d", prefix, i)))
+			}
+			enc := "listpack"
+			if prefix == "n" {
+				enc = "skiplist"
+			}
+			requireSet(t, b, qk.CkIndex(), ready, enc)
+			requireSet(t, b, qk.DelayIndex(), delayed, enc)
+		}
+		// Each key's own set (one run) stays a listpack.
+		requireSet(t, b, qk.Variant("nr07").Ready(), []string{keys.Segment("nr07")}, "listpack")
+		requireSet(t, b, qk.Variant("nd07").Delayed(), []string{keys.Segment("nd07")}, "listpack")
+		st := queueStats(t, b, queueName)
+		require.Equal(t, int64(80), st.Ready)
+		require.Equal(t, int64(80), st.Delayed)
+		rwsNoMarks(t, b, "")
 
-				var got []string
-				for {
-					runs := dequeue(t, b, queueName, 7)
-					if len(runs) == 0 {
-						break
-					}
-					got = append(got, runIDs(runs)...)
-				}
-				require.Len(t, got, 80)
-				var want []string
-				for _, prefix := range []string{"p", "n"} {
-					for i := range 40 {
-						want = append(want, fmt.Sprintf("%sr%02d", prefix, i))
-					}
-				}
-				require.ElementsMatch(t, want, got)
-				rwsNoMarks(t, b, "")
-			})
-		})
-	}
+		var got []string
+		for {
+			runs := dequeue(t, b, queueName, 7)
+			if len(runs) == 0 {
+				break
+			}
+			got = append(got, runIDs(runs)...)
+		}
+		require.Len(t, got, 80)
+		var want []string
+		for _, prefix := range []string{"p", "n"} {
+			for i := range 40 {
+				want = append(want, fmt.Sprintf("%sr%02d", prefix, i))
+			}
+		}
+		require.ElementsMatch(t, want, got)
+		rwsNoMarks(t, b, "")
+	})
 }
 
 // TestReviewWideSetsMarkNamedMember: a set that already holds a member of
@@ -153,7 +141,7 @@ func TestReviewWideSetsMarkNamedMember(t *testing.T) {
 				require.True(t, strings.HasPrefix(rwsMark, wideSetMark))
 				require.Greater(t, len(rwsMark), 64)
 				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on })
-				space := rwsSpace(t, b)
+				space := keySpace(t, b)
 				qk := queueKeys(t, b)
 				leases := space.Shard(space.ShardOf(env)).Leases()
 				const far = float64(runqueue.MaxTimeUnixMilli)
@@ -200,84 +188,79 @@ func TestReviewWideSetsMarkNamedMember(t *testing.T) {
 // is first rebuilt as a listpack (the state after a restart), so the
 // encodings show which call widened it.
 func TestReviewWideSetsRequeueRedrive(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on })
-				space := rwsSpace(t, b)
-				for _, tc := range []struct {
-					queue string
-					kind  string // "nack" (ready again), "later" (nack to delayed), "redrive"
-				}{{"qn", "nack"}, {"ql", "later"}, {"qr", "redrive"}} {
-					qk := space.Env(env).Queue(tc.queue)
-					v := qk.Variant("a")
-					var ps []runqueue.EnqueueParams
-					for i := range 100 {
-						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: tc.queue, Key: "a", ID: fmt.Sprintf("r%03d", i),
-							AvailableAt: b.clock.Now().Add(-time.Duration(100-i) * time.Millisecond)})
-					}
-					_, err := b.q.EnqueueMany(b.ctx, ps)
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		space := keySpace(t, b)
+		for _, tc := range []struct {
+			queue string
+			kind  string // "nack" (ready again), "later" (nack to delayed), "redrive"
+		}{{"qn", "nack"}, {"ql", "later"}, {"qr", "redrive"}} {
+			qk := space.Env(env).Queue(tc.queue)
+			v := qk.Variant("a")
+			var ps []runqueue.EnqueueParams
+			for i := range 100 {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: tc.queue, Key: "a", ID: fmt.Sprintf("r%03d", i),
+					AvailableAt: b.clock.Now().Add(-time.Duration(100-i) * time.Millisecond)})
+			}
+			_, err := b.q.EnqueueMany(b.ctx, ps)
+			require.NoError(t, err)
+			held := dequeue(t, b, tc.queue, 64)
+			require.Len(t, held, 64)
+			set := v.Ready()
+			if tc.kind == "later" {
+				set = v.Delayed()
+			}
+			if tc.kind == "redrive" {
+				for _, r := range held {
+					res, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{DeadLetter: true})
 					require.NoError(t, err)
-					held := dequeue(t, b, tc.queue, 64)
-					require.Len(t, held, 64)
-					set := v.Ready()
-					if tc.kind == "later" {
-						set = v.Delayed()
-					}
-					if tc.kind == "redrive" {
-						for _, r := range held {
-							res, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{DeadLetter: true})
-							require.NoError(t, err)
-							require.False(t, res.Requeued)
-						}
-					}
-					// ready: 36 left; the set of the kind the runs go back to,
-					// as after a restart
-					ids := idsOf("r", 100)
-					members := append([]string(nil), ids[64:]...)
-					if tc.kind == "later" {
-						members = nil
-					} else {
-						rebuildListpack(t, b, set)
-					}
-					// runs back when the count is 63: the next one takes it to 64
-					before := 63 - len(members)
-					if tc.kind == "later" {
-						before = 63
-					}
-					for i, r := range held {
-						switch tc.kind {
-						case "nack":
-							res, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: b.clock.Now()})
-							require.NoError(t, err)
-							require.True(t, res.Requeued)
-						case "later":
-							res, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: b.clock.Now().Add(time.Hour)})
-							require.NoError(t, err)
-							require.True(t, res.Requeued)
-						case "redrive":
-							require.NoError(t, b.q.Redrive(b.ctx, env, tc.queue, r.Key, r.ID))
-						}
-						members = append(members, keys.Segment(r.ID))
-						switch i + 1 {
-						case before:
-							requireSet(t, b, set, members, "listpack")
-						case before + 1:
-							requireSet(t, b, set, members, "skiplist")
-						}
-					}
-					st := queueStats(t, b, tc.queue)
-					if tc.kind == "later" {
-						require.Equal(t, [2]int64{36, 64}, [2]int64{st.Ready, st.Delayed}, tc.kind)
-					} else {
-						require.Equal(t, [2]int64{100, 0}, [2]int64{st.Ready, st.Delayed}, tc.kind)
-					}
-					require.Equal(t, int64(0), st.InFlight, tc.kind)
+					require.False(t, res.Requeued)
 				}
-				rwsNoMarks(t, b, "")
-			})
-		})
-	}
+			}
+			// ready: 36 left; the set of the kind the runs go back to,
+			// as after a restart
+			ids := idsOf("r", 100)
+			members := append([]string(nil), ids[64:]...)
+			if tc.kind == "later" {
+				members = nil
+			} else {
+				rebuildListpack(t, b, set)
+			}
+			// runs back when the count is 63: the next one takes it to 64
+			before := 63 - len(members)
+			if tc.kind == "later" {
+				before = 63
+			}
+			for i, r := range held {
+				switch tc.kind {
+				case "nack":
+					res, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: b.clock.Now()})
+					require.NoError(t, err)
+					require.True(t, res.Requeued)
+				case "later":
+					res, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: b.clock.Now().Add(time.Hour)})
+					require.NoError(t, err)
+					require.True(t, res.Requeued)
+				case "redrive":
+					require.NoError(t, b.q.Redrive(b.ctx, env, tc.queue, r.Key, r.ID))
+				}
+				members = append(members, keys.Segment(r.ID))
+				switch i + 1 {
+				case before:
+					requireSet(t, b, set, members, "listpack")
+				case before + 1:
+					requireSet(t, b, set, members, "skiplist")
+				}
+			}
+			st := queueStats(t, b, tc.queue)
+			if tc.kind == "later" {
+				require.Equal(t, [2]int64{36, 64}, [2]int64{st.Ready, st.Delayed}, tc.kind)
+			} else {
+				require.Equal(t, [2]int64{100, 0}, [2]int64{st.Ready, st.Delayed}, tc.kind)
+			}
+			require.Equal(t, int64(0), st.InFlight, tc.kind)
+		}
+		rwsNoMarks(t, b, "")
+	})
 }
 
 // TestReviewWideSetsLeaseRecovery: a shard's leases widened at 64 to 128
@@ -285,38 +268,33 @@ func TestReviewWideSetsRequeueRedrive(t *testing.T) {
 // exactly the runs: lease recovery finds the 70 and nothing else, and
 // leaves no leases key behind.
 func TestReviewWideSetsLeaseRecovery(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on })
-				space := rwsSpace(t, b)
-				shard := space.ShardOf(env)
-				leases := space.Shard(shard).Leases()
-				rwhFill(t, b, 100, 1)
-				var held []*runqueue.Run
-				for range 7 {
-					held = append(held, dequeue(t, b, queueName, 10)...)
-				}
-				require.Len(t, held, 70)
-				var members []string
-				for _, r := range held {
-					members = append(members, keys.RunMember(keys.Ref{Env: r.Env, Queue: r.Queue, Key: r.Key, ID: r.ID}))
-				}
-				requireSet(t, b, leases, members, "skiplist")
-				b.clock.Advance(b.q.Config().LeaseDuration + time.Second)
-				n, err := b.q.RecoverLeases(b.ctx, shard, 1000)
-				require.NoError(t, err)
-				require.Equal(t, 70, n)
-				ex, err := b.client.Exists(b.ctx, leases).Result()
-				require.NoError(t, err)
-				require.Zero(t, ex, "the leases key is left")
-				st := queueStats(t, b, queueName)
-				require.Equal(t, int64(100), st.Ready)
-				require.Equal(t, int64(0), st.InFlight)
-				rwsNoMarks(t, b, "")
-			})
-		})
-	}
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		space := keySpace(t, b)
+		shard := space.ShardOf(env)
+		leases := space.Shard(shard).Leases()
+		rwhFill(t, b, 100, 1)
+		var held []*runqueue.Run
+		for range 7 {
+			held = append(held, dequeue(t, b, queueName, 10)...)
+		}
+		require.Len(t, held, 70)
+		var members []string
+		for _, r := range held {
+			members = append(members, keys.RunMember(keys.Ref{Env: r.Env, Queue: r.Queue, Key: r.Key, ID: r.ID}))
+		}
+		requireSet(t, b, leases, members, "skiplist")
+		b.clock.Advance(b.q.Config().LeaseDuration + time.Second)
+		n, err := b.q.RecoverLeases(b.ctx, shard, 1000)
+		require.NoError(t, err)
+		require.Equal(t, 70, n)
+		ex, err := b.client.Exists(b.ctx, leases).Result()
+		require.NoError(t, err)
+		require.Zero(t, ex, "the leases key is left")
+		st := queueStats(t, b, queueName)
+		require.Equal(t, int64(100), st.Ready)
+		require.Equal(t, int64(0), st.InFlight)
+		rwsNoMarks(t, b, "")
+	})
 }
 
 // TestReviewWideSetsAdmission: with admission limits an EnqueueMany goes
@@ -376,36 +354,31 @@ func TestReviewWideSetsAdmission(t *testing.T) {
 // shrinks through 64..128 and goes) and acked leaves none of its keys nor
 // the shard's leases: widening never writes a set back.
 func TestReviewWideSetsDrainLeavesNoKeys(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on })
-				var ps []runqueue.EnqueueParams
-				for i := range 100 {
-					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%02d", i%70),
-						ID: fmt.Sprintf("r%03d", i), AvailableAt: b.clock.Now().Add(-time.Duration(100-i) * time.Millisecond)})
-				}
-				_, err := b.q.EnqueueMany(b.ctx, ps)
-				require.NoError(t, err)
-				served := 0
-				for {
-					runs := dequeue(t, b, queueName, 7)
-					if len(runs) == 0 {
-						break
-					}
-					served += len(runs)
-					rwsNoMarks(t, b, "")
-					rwhAckOK(t, b, runs)
-				}
-				require.Equal(t, 100, served)
-				qk := queueKeys(t, b)
-				for _, k := range b.keysUnder(t) {
-					if k == qk.CkVtime() || k == qk.CkVtimeState() {
-						continue // (flag on: lives out its StateTTL)
-					}
-					t.Errorf("key left behind: %s", k)
-				}
-			})
-		})
-	}
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		var ps []runqueue.EnqueueParams
+		for i := range 100 {
+			ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%02d", i%70),
+				ID: fmt.Sprintf("r%03d", i), AvailableAt: b.clock.Now().Add(-time.Duration(100-i) * time.Millisecond)})
+		}
+		_, err := b.q.EnqueueMany(b.ctx, ps)
+		require.NoError(t, err)
+		served := 0
+		for {
+			runs := dequeue(t, b, queueName, 7)
+			if len(runs) == 0 {
+				break
+			}
+			served += len(runs)
+			rwsNoMarks(t, b, "")
+			rwhAckOK(t, b, runs)
+		}
+		require.Equal(t, 100, served)
+		qk := queueKeys(t, b)
+		for _, k := range b.keysUnder(t) {
+			if k == qk.CkVtime() || k == qk.CkVtimeState() {
+				continue // (flag on: lives out its StateTTL)
+			}
+			t.Errorf("key left behind: %s", k)
+		}
+	})
 }

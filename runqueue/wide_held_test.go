@@ -41,9 +41,7 @@ func wideState(t *testing.T, b *testBundle) (heldMark, kinMark, heldExists, kinE
 
 func queueKeys(t *testing.T, b *testBundle) keys.Queue {
 	t.Helper()
-	space, err := keys.NewSpace(b.prefix, b.q.Shards())
-	require.NoError(t, err)
-	return space.Env(env).Queue(queueName)
+	return keySpace(t, b).Env(env).Queue(queueName)
 }
 
 // requireEncoding checks Redis's encoding of key (real Redis only:

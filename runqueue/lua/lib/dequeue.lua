@@ -37,13 +37,14 @@
 -- argument costs Redis a %.17g format, some 2,700 instructions on Redis
 -- 7.0, and a constant one is written as a string for the same reason.)
 local function dq_open(keys, args)
+  local acks = args[13] + 0
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
     env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10], ttl = keys[11],
     now = args[1] + 0, now_arg = args[1], max_count = args[2] + 0, env_limit = args[3] + 0,
     queue_limit = args[4] + 0, key_limit = args[5] + 0, lease_deadline = args[6],
     qm = args[7], run_prefix = args[8], priority_step = args[9] + 0, scan = args[10] + 0,
-    promote_limit = args[11] + 0, vbase = args[12], acks = args[13] + 0,
+    promote_limit = args[11] + 0, vbase = args[12], acks = acks, own_args = 13 + 3 * acks,
     vars = {},     -- variant member -> { ready, delayed keys; head cache; counts }
     touched = {},  -- variant members in first-serve order
     served = {},   -- ids served, in serve order
@@ -51,9 +52,8 @@ local function dq_open(keys, args)
     dirty = false, -- promotion wrote something
     -- (set later; named here so that the table is made at its full size
     -- once, not grown past 32 fields by a rehash)
-    own_args = 0, cap = 0, delay_head = nil, ck_head = nil,
+    cap = 0, delay_head = nil, ck_head = nil,
   }
-  dq.own_args = 13 + 3 * dq.acks
   return dq
 end
 

@@ -115,23 +115,23 @@ end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
 -- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
--- the call placed runs in, the index of that kind and the runs hash. sets
--- is one set, a list (which this appends to), or a counting memo (see
+-- the call placed runs in, the index of that kind and the runs hash. set
+-- is the one set the call placed runs in, or a counting memo (see
 -- place_memo): then the sets it placed WIDE.EACH runs or more in, else its
 -- last run's, so that a call of runs of many keys reads a few sets, not one
 -- per key (a ZCARD is a small part of WIDE.EACH runs' cost).
-local function place_widen(q, field, n, k, sets)
+local function place_widen(q, field, n, k, set)
   if k < 64 and n % 64 >= k then return end
-  if type(sets) == 'string' then
-    sets = { sets }
-  elseif sets.seen then
-    local memo, picked = sets, {}
+  local sets = {}
+  if type(set) == 'string' then
+    sets[1] = set
+  else
+    local memo = set
     for _, z in ipairs(memo.sets[field]) do
       local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
-      if runs >= 4 then picked[#picked + 1] = z end
+      if runs >= 4 then sets[#sets + 1] = z end
     end
-    if #picked == 0 then picked[1] = memo.last[field] end
-    sets = picked
+    if #sets == 0 then sets[1] = memo.last[field] end
   end
   if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
   widen(sets, q.runs)

@@ -1,4 +1,4 @@
-#!lua name=runqueue_63f2acbb8bb9e7af
+#!lua name=runqueue_c5234242a0d2092c
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -562,23 +562,23 @@ end
 
 -- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
 -- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
--- the call placed runs in, the index of that kind and the runs hash. sets
--- is one set, a list (which this appends to), or a counting memo (see
+-- the call placed runs in, the index of that kind and the runs hash. set
+-- is the one set the call placed runs in, or a counting memo (see
 -- place_memo): then the sets it placed WIDE.EACH runs or more in, else its
 -- last run's, so that a call of runs of many keys reads a few sets, not one
 -- per key (a ZCARD is a small part of WIDE.EACH runs' cost).
-local function place_widen(q, field, n, k, sets)
+local function place_widen(q, field, n, k, set)
   if k < 64 and n % 64 >= k then return end
-  if type(sets) == 'string' then
-    sets = { sets }
-  elseif sets.seen then
-    local memo, picked = sets, {}
+  local sets = {}
+  if type(set) == 'string' then
+    sets[1] = set
+  else
+    local memo = set
     for _, z in ipairs(memo.sets[field]) do
       local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
-      if runs >= 4 then picked[#picked + 1] = z end
+      if runs >= 4 then sets[#sets + 1] = z end
     end
-    if #picked == 0 then picked[1] = memo.last[field] end
-    sets = picked
+    if #sets == 0 then sets[1] = memo.last[field] end
   end
   if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
   widen(sets, q.runs)
@@ -959,13 +959,14 @@ end
 -- argument costs Redis a %.17g format, some 2,700 instructions on Redis
 -- 7.0, and a constant one is written as a string for the same reason.)
 local function dq_open(keys, args)
+  local acks = args[13] + 0
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
     env_n = keys[6], held = keys[7], runs = keys[8], kin = keys[9], tokens = keys[10], ttl = keys[11],
     now = args[1] + 0, now_arg = args[1], max_count = args[2] + 0, env_limit = args[3] + 0,
     queue_limit = args[4] + 0, key_limit = args[5] + 0, lease_deadline = args[6],
     qm = args[7], run_prefix = args[8], priority_step = args[9] + 0, scan = args[10] + 0,
-    promote_limit = args[11] + 0, vbase = args[12], acks = args[13] + 0,
+    promote_limit = args[11] + 0, vbase = args[12], acks = acks, own_args = 13 + 3 * acks,
     vars = {},     -- variant member -> { ready, delayed keys; head cache; counts }
     touched = {},  -- variant members in first-serve order
     served = {},   -- ids served, in serve order
@@ -973,9 +974,8 @@ local function dq_open(keys, args)
     dirty = false, -- promotion wrote something
     -- (set later; named here so that the table is made at its full size
     -- once, not grown past 32 fields by a rehash)
-    own_args = 0, cap = 0, delay_head = nil, ck_head = nil,
+    cap = 0, delay_head = nil, ck_head = nil,
   }
-  dq.own_args = 13 + 3 * dq.acks
   return dq
 end
 
@@ -2136,10 +2136,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_63f2acbb8bb9e7af_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_63f2acbb8bb9e7af_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_63f2acbb8bb9e7af_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_63f2acbb8bb9e7af_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_63f2acbb8bb9e7af_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_63f2acbb8bb9e7af_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_63f2acbb8bb9e7af_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c5234242a0d2092c_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_c5234242a0d2092c_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_c5234242a0d2092c_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c5234242a0d2092c_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c5234242a0d2092c_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c5234242a0d2092c_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c5234242a0d2092c_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

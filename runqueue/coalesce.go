@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Coalescing of concurrent Enqueue and Ack calls.
+// Coalescing of concurrent Enqueue, Ack and Dequeue calls.
 //
 // A script call has a fixed cost in Redis (the round trip's reads and
 // writes, the script's set-up) that a single Enqueue or Ack pays for one
@@ -27,6 +27,13 @@ import (
 // calls, each far within a read timeout even on a slow server (go-redis
 // sends a pipeline again when its reply times out, and a run sent again
 // reads as an idempotent retry).
+//
+// Concurrent Dequeue calls go the same way (see dequeueCoalesced): the
+// calls pending at once become one dequeue of their maxCounts summed
+// (within Config.MaxDequeueCount), whose runs are handed out in serve
+// order. A dequeue's caller, once its call is sent, waits for the reply
+// whatever its context (keepTaken): the runs served for it are of use to
+// no one else.
 //
 // The Observer hears of each run in its caller's goroutine, as with a call
 // of its own (a panic there is that caller's); of a run whose caller has
@@ -54,25 +61,31 @@ type pending[P, R any] struct {
 
 // coalescer gathers the runs of concurrent calls of one kind. send does
 // the work of a batch: one result per run, in order; errors are results.
-// observe tells the Observer of one run's result. bytes, when set, weighs a
-// run against batchBytes.
+// observe tells the Observer of one run's result. weigh, when set, weighs a
+// run against limit, which bounds the weight of one send (a run heavier
+// than limit goes alone).
 type coalescer[P, R any] struct {
 	send    func(ctx context.Context, ps []P) []R
 	observe func(P, R)
-	bytes   func(P) int
-	mu      sync.Mutex
-	pending []*pending[P, R]
-	senders int        // running sender goroutines
-	idle    *sync.Cond // on mu: broadcast when senders goes down
-	closed  bool       // wait was called: do takes no more runs
+	weigh   func(P) int
+	limit   int
+	// keepTaken: a caller whose run a sender has taken waits for its
+	// result even when its context ends (what it gets is of no use to
+	// anyone else: a dequeue's runs); else it returns ctx.Err() at once.
+	keepTaken bool
+	mu        sync.Mutex
+	pending   []*pending[P, R]
+	senders   int        // running sender goroutines
+	idle      *sync.Cond // on mu: broadcast when senders goes down
+	closed    bool       // wait was called: do takes no more runs
 }
 
 // errCoalescerClosed is do's answer once wait was called: the caller sends
 // its run in a call of its own.
 var errCoalescerClosed = errors.New("runqueue: coalescer closed")
 
-func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, observe func(P, R), bytes func(P) int) *coalescer[P, R] {
-	c := &coalescer[P, R]{send: send, observe: observe, bytes: bytes}
+func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, observe func(P, R), weigh func(P) int, limit int) *coalescer[P, R] {
+	c := &coalescer[P, R]{send: send, observe: observe, weigh: weigh, limit: limit}
 	c.idle = sync.NewCond(&c.mu)
 	return c
 }
@@ -93,7 +106,8 @@ func (c *coalescer[P, R]) wait() {
 // do hands p to the senders and returns its result. The caller's context
 // bounds its wait (err is then ctx.Err()): a run not yet taken by a sender
 // is withdrawn, nothing written; a run already sent may or may not have
-// been written, and a retry is safe.
+// been written, and a retry is safe (with keepTaken, its result is waited
+// for).
 func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 	if err := ctx.Err(); err != nil {
 		return res, err
@@ -123,6 +137,13 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 		c.pending = slices.Delete(c.pending, i, i+1)
 		c.mu.Unlock()
 		return res, ctx.Err()
+	}
+	if c.keepTaken {
+		// Taken: its result is waited for, as a call of its own waits for
+		// its reply once sent.
+		c.mu.Unlock()
+		<-r.done
+		return c.result(r)
 	}
 	// Taken: its call may have completed in the meantime (results are set
 	// under c.mu); if not, the sender tells the Observer of it.
@@ -188,17 +209,17 @@ func (c *coalescer[P, R]) run() {
 }
 
 // take removes the runs of the next send from the pending list: the
-// oldest, at most coalesceRuns of them and batchBytes of their weight (at
+// oldest, at most coalesceRuns of them and limit of their weight (at
 // least one run). The caller holds c.mu.
 func (c *coalescer[P, R]) take() []*pending[P, R] {
-	n, bytes := 0, 0
+	n, weight := 0, 0
 	for n < len(c.pending) && n < coalesceRuns {
-		if c.bytes != nil {
-			b := c.bytes(c.pending[n].p)
-			if n > 0 && bytes+b > batchBytes {
+		if c.weigh != nil {
+			w := c.weigh(c.pending[n].p)
+			if n > 0 && weight+w > c.limit {
 				break
 			}
-			bytes += b
+			weight += w
 		}
 		n++
 	}

@@ -101,11 +101,13 @@ type Config struct {
 	// MaxWeightOverrides caps the weight overrides per queue. Defaults to 1,000.
 	MaxWeightOverrides int
 
-	// SerialCalls sends every Enqueue and Ack in a script call of its own,
-	// from the calling goroutine. Defaults to false: concurrent Enqueue
-	// calls are coalesced into EnqueueMany calls, and concurrent Ack calls
-	// into AckMany calls, at most two in flight per Queue for each, which
-	// costs Redis far less per run under concurrency (see Enqueue and Ack).
+	// SerialCalls sends every Enqueue, Ack and Dequeue in a script call of
+	// its own, from the calling goroutine. Defaults to false: concurrent
+	// Enqueue calls are coalesced into EnqueueMany calls, concurrent Ack
+	// calls into AckMany calls and concurrent Dequeue calls into dequeues
+	// of their maxCounts summed, at most two in flight per Queue for each,
+	// which costs Redis far less per run under concurrency (see Enqueue,
+	// Ack and Dequeue).
 	SerialCalls bool
 
 	// Observer receives what the Queue and its Workers do (metrics).

@@ -2,6 +2,7 @@ package runqueue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -39,6 +40,17 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // with a lease of Config.LeaseDuration, atomically and within the env, queue
 // and key concurrency limits. With the scheduler flag off the runs come in
 // age order; with it on, in fair virtual-time order across keys.
+//
+// Concurrent Dequeue calls on one Queue are coalesced as Enqueue calls are
+// (see Enqueue and Config.SerialCalls): the calls waiting at once go
+// together in one script call per base queue, of their maxCounts summed
+// (at most Config.MaxDequeueCount), and its runs are handed out in the
+// order it served them, each call taking up to its own maxCount, the
+// earliest calls first. A call of N serves what N calls of one would, on
+// both flags, so a hundred goroutines each taking one run cost Redis what
+// a few calls of many cost. When ctx ends before the call is sent, Dequeue
+// returns ctx.Err() and nothing is served for it; once sent, it returns
+// what the script call served for it, as a call of its own does.
 func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -46,7 +58,75 @@ func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([
 	if err := q.checkMaxCount(maxCount); err != nil {
 		return nil, err
 	}
-	return q.dequeueQueue(ctx, q.names(env, queue), maxCount, q.now())
+	return q.dequeueOne(ctx, q.names(env, queue), maxCount)
+}
+
+// dequeueOne is one Dequeue of up to maxCount runs of n: coalesced with
+// the concurrent ones (a call of its own with Config.SerialCalls or after
+// Close).
+func (q *Queue) dequeueOne(ctx context.Context, n *queueNames, maxCount int) ([]*Run, error) {
+	if !q.cfg.SerialCalls {
+		res, err := q.deq.do(ctx, dequeueReq{qn: n, max: maxCount})
+		if err == nil {
+			return res.runs, res.err
+		}
+		if !errors.Is(err, errCoalescerClosed) {
+			return nil, err
+		}
+	}
+	return q.dequeueQueue(ctx, n, maxCount, q.now())
+}
+
+// dequeueReq is one coalesced Dequeue: its base queue and maxCount.
+type dequeueReq struct {
+	qn  *queueNames
+	max int
+}
+
+// dequeueResult is what one coalesced Dequeue got: its runs and the time
+// of the script call that served them (for the Observer), or the call's
+// error.
+type dequeueResult struct {
+	runs []*Run
+	now  int64
+	err  error
+}
+
+// dequeueCoalesced sends the coalesced Dequeue calls reqs: one script call
+// per base queue, in the order of each queue's first call, of the queue's
+// maxCounts summed (the coalescer keeps a send's sum within
+// Config.MaxDequeueCount), its runs handed out in serve order. The
+// Observer hears of each call's runs in its caller's goroutine.
+func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []dequeueResult {
+	out := make([]dequeueResult, len(reqs))
+	done := make([]bool, len(reqs))
+	for i := range reqs {
+		if done[i] {
+			continue
+		}
+		qn, total := reqs[i].qn, 0
+		for j := i; j < len(reqs); j++ {
+			if reqs[j].qn == qn {
+				total += reqs[j].max
+			}
+		}
+		now := q.now()
+		runs, _, err := q.settleAndDequeue(ctx, qn, nil, total, now, false)
+		for j := i; j < len(reqs); j++ {
+			if reqs[j].qn != qn {
+				continue
+			}
+			done[j] = true
+			if err != nil {
+				out[j] = dequeueResult{err: err}
+				continue
+			}
+			k := min(reqs[j].max, len(runs))
+			out[j] = dequeueResult{runs: runs[:k:k], now: now}
+			runs = runs[k:]
+		}
+	}
+	return out
 }
 
 func (q *Queue) scanLimit(maxCount int) int {
@@ -60,13 +140,14 @@ func (q *Queue) scanLimit(maxCount int) int {
 // The script derives the keys of the variants it serves from their
 // members (keys.Queue.VariantBase), in the queue's hash slot.
 func (q *Queue) dequeueQueue(ctx context.Context, n *queueNames, maxCount int, now int64) ([]*Run, error) {
-	runs, _, err := q.settleAndDequeue(ctx, n, nil, maxCount, now)
+	runs, _, err := q.settleAndDequeue(ctx, n, nil, maxCount, now, true)
 	return runs, err
 }
 
 // settleAndDequeue acks acks (runs of qk) and dequeues up to maxCount runs of
-// qk in one script call; ackErrs[i] says what became of acks[i].
-func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, maxCount int, now int64) ([]*Run, []error, error) {
+// qk in one script call; ackErrs[i] says what became of acks[i]. observe:
+// tell the Observer (a coalesced send leaves it to each caller).
+func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, maxCount int, now int64, observe bool) ([]*Run, []error, error) {
 	qk := n.qk
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
 	look := 0
@@ -103,9 +184,10 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		reset, res[0] = true, -1-n
 	}
 	runs, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
-	if err == nil && q.observe {
+	if err == nil && q.observe && observe {
 		// Every dequeue path (shard, blocking, fused with acks) ends here,
-		// once per script call, so each run is reported exactly once.
+		// once per script call, so each run is reported exactly once (the
+		// coalesced ones in their callers: see dequeueCoalesced).
 		if n := ackedCount(res, len(acks)); n > 0 {
 			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), n)
 		}
@@ -114,7 +196,7 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		}
 	}
 	if reset && err == nil {
-		runs, _, err = q.settleAndDequeue(ctx, n, nil, maxCount, now)
+		runs, _, err = q.settleAndDequeue(ctx, n, nil, maxCount, now, observe)
 	}
 	return runs, ackErrs, err
 }
@@ -156,7 +238,7 @@ func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue strin
 			return nil, nil, invalid("acks", "run %q belongs to %s/%s, not %s/%s", r.ID, r.Env, r.Queue, env, queue)
 		}
 	}
-	return q.settleAndDequeue(ctx, q.names(env, queue), acks, maxCount, q.now())
+	return q.settleAndDequeue(ctx, q.names(env, queue), acks, maxCount, q.now(), true)
 }
 
 func variantOf(qk keys.Queue, member string) (keys.Variant, error) {

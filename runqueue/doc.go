@@ -24,8 +24,8 @@
 // and loads the scripts of the configured flag state, so a broken script or
 // an unreachable Redis fails there rather than at the first call. One Queue
 // per process is enough; it is safe for concurrent use. Close stops its
-// pub/sub listener and waits for the coalesced Enqueue and Ack calls in
-// flight, but leaves the client open.
+// pub/sub listener and waits for the coalesced Enqueue, Ack and Dequeue
+// calls in flight, but leaves the client open.
 //
 // Every key of one env lives in one Redis Cluster hash slot: keys start with
 // the hash tag "{prefix:shard}", where shard is fnv1a(env) mod
@@ -69,7 +69,10 @@
 // carries a lease until [Run.LeaseDeadline] ([Config.LeaseDuration], 5m
 // by default) and a delivery token. Two consumers never receive the same
 // run. [Queue.DequeueShard] serves the queues of a whole shard, envs in
-// turn, so one env's backlog cannot take a whole call.
+// turn, so one env's backlog cannot take a whole call. Concurrent Dequeue
+// calls on one Queue are coalesced into one dequeue of their maxCounts
+// summed, its runs handed out in the order it served them (a dequeue of N
+// serves what N dequeues of one would).
 // [Queue.DequeueWait] and [Queue.DequeueShardWait] wait for work without
 // polling: an enqueue anywhere wakes them through Redis pub/sub, a delayed
 // run at its time, and work held by limits is looked at every

@@ -96,10 +96,12 @@ func scriptSources(vtime bool) (map[string]string, error) {
 // heartbeat does every WorkerConfig.HeartbeatInterval. Tests only.
 func (w *Worker) Heartbeat() { w.heartbeat() }
 
-// PendingEnqueues and PendingAcks are how many coalesced Enqueue and Ack
-// runs wait for a sender.
+// PendingEnqueues, PendingAcks and PendingDequeues are how many coalesced
+// Enqueue, Ack and Dequeue calls wait for a sender.
 func (q *Queue) PendingEnqueues() int { return q.enq.waiting() }
 func (q *Queue) PendingAcks() int     { return q.ack.waiting() }
+func (q *Queue) PendingDequeues() int { return q.deq.waiting() }
 
-// Senders is how many goroutines send coalesced Enqueue and Ack runs.
-func (q *Queue) Senders() int { return q.enq.running() + q.ack.running() }
+// Senders is how many goroutines send coalesced Enqueue, Ack and Dequeue
+// calls.
+func (q *Queue) Senders() int { return q.enq.running() + q.ack.running() + q.deq.running() }

@@ -25,6 +25,7 @@ type Queue struct {
 	waker    *waker
 	enq      *coalescer[EnqueueParams, EnqueueResult] // concurrent Enqueue calls
 	ack      *coalescer[*Run, ackResult]              // concurrent Ack calls
+	deq      *coalescer[dequeueReq, dequeueResult]    // concurrent Dequeue calls
 	closed   chan struct{}
 	closeMu  sync.Mutex
 	rr       uint64        // rotates the env order of shard dequeues
@@ -84,7 +85,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		if res.Queued && q.observe {
 			q.cfg.Observer.Enqueued(p.Env, p.Queue, 1)
 		}
-	}, func(p EnqueueParams) int { return len(p.Payload) })
+	}, func(p EnqueueParams) int { return len(p.Payload) }, batchBytes)
 	q.ack = newCoalescer(func(ctx context.Context, runs []*Run) []ackResult {
 		errs, acked, _ := q.ackMany(ctx, runs, false)
 		out := make([]ackResult, len(runs))
@@ -96,7 +97,13 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		if res.acked && q.observe {
 			q.cfg.Observer.Acked(r.Env, r.Queue, 1)
 		}
-	}, nil)
+	}, nil, 0)
+	q.deq = newCoalescer(q.dequeueCoalesced, func(r dequeueReq, res dequeueResult) {
+		if len(res.runs) > 0 && q.observe {
+			q.cfg.Observer.Dequeued(res.runs, time.UnixMilli(res.now))
+		}
+	}, func(r dequeueReq) int { return r.max }, c.MaxDequeueCount)
+	q.deq.keepTaken = true
 	return q, nil
 }
 
@@ -158,14 +165,15 @@ func (q *Queue) Shards() int { return q.space.Shards() }
 func (q *Queue) ShardOf(env string) int { return q.space.ShardOf(env) }
 
 // Close stops the wake-up listener of blocking dequeues, then waits for the
-// coalesced Enqueue and Ack calls in flight (their runs already handed to
-// a sender) to be sent, so that nothing this Queue was asked to write
-// before Close reaches Redis after Close returns (so an Observer callback
-// must not call Close: one may run in a sender). A send is bounded by its
+// coalesced Enqueue, Ack and Dequeue calls in flight (already handed to a
+// sender) to be sent, so that nothing this Queue was asked to write before
+// Close reaches Redis after Close returns (so an Observer callback must
+// not call Close: one may run in a sender). A send is bounded by its
 // callers' latest deadline, or by the client's timeouts and retries when a
 // caller has none: against a Redis that stopped answering, Close can take
-// that long. Enqueue and Ack still work after Close, each as a call of its
-// own. It does not close the Redis client, which the caller owns.
+// that long. Enqueue, Ack and Dequeue still work after Close, each as a
+// call of its own. It does not close the Redis client, which the caller
+// owns.
 func (q *Queue) Close() error {
 	q.closeMu.Lock()
 	defer q.closeMu.Unlock()
@@ -181,6 +189,7 @@ func (q *Queue) Close() error {
 	}
 	q.enq.wait()
 	q.ack.wait()
+	q.deq.wait()
 	return err
 }
 

@@ -111,7 +111,7 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 	qn := q.names(env, queue)
 	qk := qn.qk
 	return q.block(ctx, qn.wake+"|"+qn.member, timeout,
-		func() ([]*Run, error) { return q.dequeueQueue(ctx, qn, maxCount, q.now()) },
+		func() ([]*Run, error) { return q.dequeueOne(ctx, qn, maxCount) },
 		func() (*redis.ZSliceCmd, error) {
 			s, err := q.rdb.ZScore(ctx, qk.Master(), qk.Member()).Result()
 			if err == redis.Nil {

@@ -190,9 +190,13 @@ func TestRealRedis(t *testing.T) {
 
 	out := stdout.String()
 	for _, title := range []string{"Cost per operation", "Cost targets", "Memory per registered key", "Memory per queued run", "Redis CPU per run lifecycle", "End-to-end throughput",
-		"Prefilled queue"} {
+		"Prefilled queue", "Prefilled queue, fetched with Dequeue + Ack"} {
 		require.Contains(t, out, title)
 	}
+	// The fetch table: by shape, flag off before on.
+	require.Regexp(t, `(?m)^FLAG +FETCHERS +BATCH +RUNS +KEYS +RUNS/S +CPU µs/RUN\n`+
+		`off +10 +10 +200 +10 +\d+ +[\d.]+\non +10 +10 +200 +10 +\d+ +[\d.]+\n`+
+		`off +100 +1 +200 +10 +\d+ +[\d.]+\non +100 +1 +200 +10 +\d+ +[\d.]+\n`, out)
 	require.Regexp(t, `(?m)^lifecycle +on +`, out)
 	require.Contains(t, out, "<= 30 µs (flag on)")
 	require.Contains(t, out, "network work")
@@ -288,6 +292,7 @@ func TestRealRedis(t *testing.T) {
 
 	tp := objects(t, doc, "throughput")
 	var phases []string
+	var fetches [][]any // flag, fetchers, batch of the fetch rows
 	for _, r := range tp {
 		requireFields(t, "throughput row", r, "flag", "phase", "producers", "workers", "runs", "keys", "batch", "duration_s", "runs_per_sec", "redis_cpu_us_per_run")
 		phases = append(phases, r["phase"].(string)+"/"+r["flag"].(string))
@@ -312,8 +317,16 @@ func TestRealRedis(t *testing.T) {
 			require.Equal(t, []any{3.0, 0.0, 0.0}, []any{r["producers"], r["workers"], r["batch"]})
 		case "enqueue-bulk":
 			require.Equal(t, []any{2.0, 0.0, 0.0}, []any{r["producers"], r["workers"], r["batch"]})
+		case "fetch":
+			require.Equal(t, []any{0.0, 0.0}, []any{r["producers"], r["workers"]})
+			fetches = append(fetches, []any{r["flag"], r["fetchers"], r["batch"]})
+			require.NotContains(t, r, "concurrency")
+			require.NotContains(t, r, "latency_p50_ms")
 		}
-		if r["phase"] == "enqueue" || r["phase"] == "enqueue-single" || r["phase"] == "enqueue-serial" || r["phase"] == "enqueue-bulk" {
+		if r["phase"] != "fetch" {
+			require.NotContains(t, r, "fetchers")
+		}
+		if r["phase"] == "enqueue" || r["phase"] == "enqueue-single" || r["phase"] == "enqueue-serial" || r["phase"] == "enqueue-bulk" || r["phase"] == "fetch" {
 			require.NotContains(t, r, "wait_light")
 			continue
 		}
@@ -329,7 +342,8 @@ func TestRealRedis(t *testing.T) {
 	}
 	require.Equal(t, []string{"concurrent/off", "concurrent/on", "enqueue/off", "enqueue/on", "process/off", "process/on",
 		"steady/off", "steady/on", "enqueue-single/off", "enqueue-single/on", "enqueue-serial/off", "enqueue-serial/on",
-		"enqueue-bulk/off", "enqueue-bulk/on"}, phases)
+		"enqueue-bulk/off", "enqueue-bulk/on", "fetch/off", "fetch/off", "fetch/on", "fetch/on"}, phases)
+	require.Equal(t, [][]any{{"off", 10.0, 10.0}, {"off", 100.0, 1.0}, {"on", 10.0, 10.0}, {"on", 100.0, 1.0}}, fetches)
 
 	requireSVG(t, filepath.Join(opts.OutDir, "sweep.svg"))
 	md, err := os.ReadFile(filepath.Join(opts.OutDir, "report.md"))

@@ -191,10 +191,10 @@ func TestRedisCluster(t *testing.T) {
 	require.True(t, slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "sections cost not run on a Redis Cluster") }), rep.Notes)
 	require.True(t, rep.allMet(), "the scenario runs on the cluster too")
 
-	require.Len(t, rep.Throughput, 14)
+	require.Len(t, rep.Throughput, 18)
 	for _, r := range rep.Throughput {
 		require.Len(t, r.Nodes, 3, "%s/%s", r.Phase, r.Flag)
-		runs, workers := 0, 0
+		runs, workers, fetchers := 0, 0, 0
 		var envs []string
 		for i, n := range r.Nodes {
 			require.Equal(t, masters[i], n.Addr)
@@ -205,9 +205,17 @@ func TestRedisCluster(t *testing.T) {
 			envs = append(envs, n.Env)
 			runs += n.Runs
 			workers += n.Workers
+			fetchers += n.Fetchers
 		}
 		require.Equal(t, r.Runs, runs, "%s/%s: the nodes' runs add up to the phase's", r.Phase, r.Flag)
 		require.Equal(t, r.Workers, workers)
+		require.Equal(t, r.Fetchers, fetchers)
+		if r.Phase == phaseFetch {
+			// Fetchers are dealt to the envs in turn: every env has some.
+			want := map[int][]int{10: {4, 3, 3}, 100: {34, 33, 33}}[r.Fetchers]
+			require.NotNil(t, want, "fetch row of %d fetchers", r.Fetchers)
+			require.Equal(t, want, []int{r.Nodes[0].Fetchers, r.Nodes[1].Fetchers, r.Nodes[2].Fetchers})
+		}
 		if r.Workers > 0 {
 			require.Equal(t, []int{2, 1, 1}, []int{r.Nodes[0].Workers, r.Nodes[1].Workers, r.Nodes[2].Workers})
 		}

@@ -105,7 +105,7 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 	fs.Float64Var(&o.SteadyRate, "steady-rate", o.SteadyRate, "throughput: enqueue rate (runs/s) of the steady phase (0: half the process phase's runs/s)")
 	fs.IntVar(&o.ThroughputRuns, "runs", o.ThroughputRuns, "throughput: runs per flag state in each phase (concurrent; prefilled: enqueued, then processed)")
 	fs.IntVar(&o.ThroughputKeys, "keys", o.ThroughputKeys, "throughput: concurrency keys the runs are spread over")
-	fs.IntVar(&o.Batch, "batch", o.Batch, "throughput: runs per EnqueueMany call of the prefilled phase's producers")
+	fs.IntVar(&o.Batch, "batch", o.Batch, "throughput: runs per EnqueueMany call of the prefilled (enqueue) and fetch phases' producers")
 	fs.IntVar(&o.BulkBatch, "bulk-batch", o.BulkBatch, "throughput: runs per EnqueueMany call of the bulk-enqueue phase's producers (at most 1000)")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"os"
@@ -56,6 +57,9 @@ func sections(rep *Report) []section {
 	}
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseProcess }) {
 		out = append(out, prefilledSection(rep))
+	}
+	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool { return r.Phase == phaseFetch }) {
+		out = append(out, fetchSection(rep))
 	}
 	if slices.ContainsFunc(rep.Throughput, func(r ThroughputRow) bool {
 		return r.Phase == phaseSingle || r.Phase == phaseSerial || r.Phase == phaseBulk
@@ -331,6 +335,27 @@ func prefilledSection(rep *Report) section {
 		}}
 }
 
+// fetchSection shows the fetch phase's rows, by shape, flag off before on.
+func fetchSection(rep *Report) section {
+	t := &table{header: []string{"FLAG", "FETCHERS", "BATCH", "RUNS", "KEYS", "RUNS/S", "CPU µs/RUN"},
+		right: []bool{false, true, true, true, true, true, true}}
+	var rows []ThroughputRow
+	for _, r := range rep.Throughput {
+		if r.Phase == phaseFetch {
+			rows = append(rows, r)
+		}
+	}
+	slices.SortStableFunc(rows, func(a, b ThroughputRow) int { return cmp.Compare(a.Fetchers, b.Fetchers) })
+	for _, r := range rows {
+		t.add(r.Flag, fmt.Sprint(r.Fetchers), fmt.Sprint(r.Batch), fmt.Sprint(r.Runs), fmt.Sprint(r.Keys), fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2))
+	}
+	return section{title: "Prefilled queue, fetched with Dequeue + Ack (the method of the comparison table in docs/performance.md): " +
+		"fetcher goroutines drain a full queue without runqueue.Worker (wall clock)", t: t,
+		notes: []string{"runs queued first with EnqueueMany (not measured); then FETCHERS goroutines each call Dequeue(BATCH), then Ack per run " +
+			"(sleeping 1 ms when none came back) until every run is acked; concurrent Dequeue and Ack calls of one Queue are coalesced; " +
+			"CPU µs/RUN = Redis process CPU (INFO cpu) over the phase / runs"}}
+}
+
 // enqueueSection shows the enqueue-only phases: single Enqueue calls,
 // coalesced and serial, and EnqueueMany calls of many runs.
 func enqueueSection(rep *Report) section {
@@ -360,9 +385,18 @@ func nodeSection(rep *Report) section {
 		if len(r.Nodes) == 0 {
 			continue
 		}
-		t.add(r.Phase, r.Flag, "all", "", fmt.Sprint(r.Workers), fmt.Sprint(r.Runs), "100%", fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2))
+		// The fetch phase has fetchers where the others have workers.
+		phase, workers := r.Phase, r.Workers
+		if r.Phase == phaseFetch {
+			phase, workers = fmt.Sprintf("%s %dx%d", r.Phase, r.Fetchers, r.Batch), r.Fetchers
+		}
+		t.add(phase, r.Flag, "all", "", fmt.Sprint(workers), fmt.Sprint(r.Runs), "100%", fixed(r.RunsPerSec, 0), fixed(r.RedisCPUUsPerRun, 2))
 		for _, n := range r.Nodes {
-			t.add("", "", n.Addr, n.Env, fmt.Sprint(n.Workers), fmt.Sprint(n.Runs), fixed(100*float64(n.Runs)/float64(r.Runs), 1)+"%",
+			workers := n.Workers
+			if r.Phase == phaseFetch {
+				workers = n.Fetchers
+			}
+			t.add("", "", n.Addr, n.Env, fmt.Sprint(workers), fmt.Sprint(n.Runs), fixed(100*float64(n.Runs)/float64(r.Runs), 1)+"%",
 				fixed(n.RunsPerSec, 0), fixed(n.RedisCPUUsPerRun, 2))
 		}
 	}
@@ -371,10 +405,11 @@ func nodeSection(rep *Report) section {
 		masters = append(masters, fmt.Sprintf("%s (%d slots)", n.Addr, n.Slots))
 	}
 	return section{title: "Throughput per cluster node: each master holds one env of the bench (its keys share one hash slot), " +
-		"and the runs and the workers are dealt to the envs in turn", t: t,
+		"and the runs, the workers and the fetchers are dealt to the envs in turn", t: t,
 		notes: []string{
 			"masters: " + strings.Join(masters, ", "),
-			"RUNS = runs the node took: enqueued (enqueue phase) or acked (concurrent and process phases); the nodes' runs add up to the phase's",
+			"WORKERS = the node's runqueue.Workers; in the fetch phase (FETCHERS x BATCH), its fetcher goroutines",
+			"RUNS = runs the node took: enqueued (enqueue-only phases) or acked (the others); the nodes' runs add up to the phase's",
 			"RUNS/S = the node's runs over the time from the start of the phase to its last run: each node drains at its own pace, " +
 				"and the phase's RUNS/S is set by the last; CPU µs/RUN = the node's Redis process CPU (INFO cpu) over the phase / its runs",
 		}}

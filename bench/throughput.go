@@ -47,9 +47,19 @@ const (
 	// -bulk-batch runs at a time, with no worker running: the rate of a
 	// batch enqueue of many runs.
 	phaseBulk = "enqueue-bulk"
+	// phaseFetch: the producers queue every run first (EnqueueMany calls,
+	// not measured), then F goroutines drain the queue with no
+	// runqueue.Worker, each calling Dequeue(batch) and one Ack per run it
+	// got: the method of the comparison with other queues in
+	// docs/performance.md. One row per shape of fetchShapes.
+	phaseFetch = "fetch"
 )
 
-var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseSteady, phaseSingle, phaseSerial, phaseBulk}
+var phaseOrder = []string{phaseConcurrent, phaseEnqueue, phaseProcess, phaseSteady, phaseSingle, phaseSerial, phaseBulk, phaseFetch}
+
+// fetchShapes are the fetch phase's shapes: fetcher goroutines x the
+// maxCount of each one's Dequeue calls.
+var fetchShapes = []struct{ fetchers, batch int }{{10, 10}, {100, 1}}
 
 // ThroughputRow is one throughput phase on one flag state.
 type ThroughputRow struct {
@@ -58,8 +68,8 @@ type ThroughputRow struct {
 	Phase string `json:"phase"`
 	// Producers are the producer goroutines of the phase, Workers its
 	// runqueue.Worker instances, each running Concurrency no-op handlers
-	// (0: none ran); Batch is the most runs one fetch of a Worker asks for
-	// (0: no worker).
+	// (0: none ran); Batch is the most runs one fetch of a Worker asks for,
+	// or the fetch phase's Dequeue maxCount (0: no worker or fetcher).
 	Producers   int     `json:"producers"`
 	Workers     int     `json:"workers"`
 	Runs        int     `json:"runs"`
@@ -79,6 +89,9 @@ type ThroughputRow struct {
 	// Concurrency is each Worker's WorkerConfig.Concurrency (0: no
 	// worker).
 	Concurrency int `json:"concurrency,omitempty"`
+	// Fetchers are the fetch phase's goroutines, each calling Dequeue of
+	// up to Batch runs and Ack per run (0: another phase).
+	Fetchers int `json:"fetchers,omitempty"`
 	// RateTarget is the steady phase's enqueue rate, runs/s.
 	RateTarget float64 `json:"rate_target_per_sec,omitempty"`
 	// WaitLight and WaitHeavy are the waits from a run's available time
@@ -185,11 +198,14 @@ type NodeThroughput struct {
 	Addr string `json:"addr"`
 	Env  string `json:"env"`
 	// Workers is how many of the phase's workers dequeue this node's env
-	// (0 in the enqueue phase).
+	// (0 in the enqueue and fetch phases).
 	Workers int `json:"workers"`
-	// Runs is how many runs the node took: enqueued (enqueue phase) or
-	// acked (concurrent and process phases). The nodes' runs add up to
-	// the phase's.
+	// Fetchers is how many of the fetch phase's fetchers dequeue this
+	// node's env (0: another phase).
+	Fetchers int `json:"fetchers,omitempty"`
+	// Runs is how many runs the node took: enqueued (the enqueue-only
+	// phases) or acked (the others). The nodes' runs add up to the
+	// phase's.
 	Runs int `json:"runs"`
 	// DurationSec runs from the start of the phase to the node's last run;
 	// RunsPerSec is Runs over it.
@@ -210,8 +226,8 @@ type layout struct {
 // clustered reports whether the phase runs on a Redis Cluster.
 func (l layout) clustered() bool { return l.addrs != nil }
 
-// node is the index of the node, and of its env, that takes run i and
-// worker i: both are dealt to the nodes in turn.
+// node is the index of the node, and of its env, that takes run i, worker
+// i and fetcher i: each is dealt to the nodes in turn.
 func (l layout) node(i int) int { return i % len(l.envs) }
 
 // throughputQueue opens a fresh queue for a phase and lays its envs out:
@@ -278,8 +294,8 @@ func enqueueRuns(ctx context.Context, q *runqueue.Queue, ps []runqueue.EnqueuePa
 	return nil
 }
 
-// crew runs the producer and worker goroutines of one phase. Its work
-// context ends when the phase is over (every run acked), on the first
+// crew runs the producer, worker and fetcher goroutines of one phase. Its
+// work context ends when the phase is over (every run acked), on the first
 // error, or when the parent context ends.
 type crew struct {
 	parent    context.Context
@@ -417,6 +433,36 @@ func (c *crew) serve(workers, concurrency int) error {
 	return nil
 }
 
+// fetch starts a fetcher of the bench queue of node's env: it calls
+// Dequeue of up to batch runs and Ack for each run it got, one call per
+// run, and sleeps 1 ms when Dequeue returns none, until the phase ends.
+func (c *crew) fetch(node, batch int) {
+	env := c.lay.envs[node]
+	c.wg.Go(func() {
+		for c.work.Err() == nil {
+			runs, err := c.q.Dequeue(c.work, env, benchQueue, batch)
+			if err != nil {
+				c.fail(fmt.Errorf("dequeue: %w", err))
+				return
+			}
+			if len(runs) == 0 {
+				select {
+				case <-time.After(time.Millisecond):
+				case <-c.work.Done():
+				}
+				continue
+			}
+			for _, r := range runs {
+				if err := c.q.Ack(c.work, r); err != nil {
+					c.fail(fmt.Errorf("ack run %s: %w", r.ID, err))
+					return
+				}
+				c.countAcks(node, 1)
+			}
+		}
+	})
+}
+
 // fetchMax is the most runs one fetch of a Worker at concurrency asks for.
 func fetchMax(q *runqueue.Queue, concurrency int) int {
 	if concurrency == 0 {
@@ -453,15 +499,15 @@ func (c *crew) wait(ctx context.Context) (time.Time, error) {
 }
 
 // nodes returns the per-node part of a phase that started at start, with
-// workers workers (0: a phase of producers alone) and cpu µs of process CPU
-// per node address; nil off a cluster. A node's runs are those acked on it,
-// or enqueued when no worker ran.
+// workers workers and cpu µs of process CPU per node address; nil off a
+// cluster. A node's runs are those acked on it, or enqueued when the phase
+// ends with its producers (no target of acks).
 func (c *crew) nodes(start time.Time, workers int, cpu map[string]float64) []NodeThroughput {
 	if !c.lay.clustered() {
 		return nil
 	}
 	took := c.served
-	if workers == 0 {
+	if c.target == 0 {
 		took = c.enqueued
 	}
 	out := make([]NodeThroughput, len(c.lay.envs))
@@ -487,6 +533,11 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 	if topo != nil && opts.Workers < len(topo.nodes) {
 		return fmt.Errorf("-workers %d: the cluster has %d masters, and each master's env needs a worker", opts.Workers, len(topo.nodes))
 	}
+	for _, s := range fetchShapes {
+		if topo != nil && s.fetchers < len(topo.nodes) {
+			return fmt.Errorf("the fetch phase's %d fetchers cannot serve the envs of the cluster's %d masters (one fetcher each at least)", s.fetchers, len(topo.nodes))
+		}
+	}
 	for _, on := range []bool{false, true} {
 		prog.printf("throughput: %d runs, %d producers and %d workers at once, flag %s", opts.ThroughputRuns, opts.Producers, opts.Workers, flagName(on))
 		row, err := concurrentThroughput(ctx, c, topo, ks, opts, on)
@@ -504,6 +555,17 @@ func runThroughput(ctx context.Context, c redis.UniversalClient, topo *topology,
 		}
 		rep.Throughput = append(rep.Throughput, rows...)
 		processed[on] = rows[len(rows)-1].RunsPerSec
+	}
+	for _, on := range []bool{false, true} {
+		for _, s := range fetchShapes {
+			prog.printf("throughput: prefilled queue of %d runs, %d fetchers each calling Dequeue(%d) and Ack per run, flag %s",
+				opts.ThroughputRuns, s.fetchers, s.batch, flagName(on))
+			row, err := fetchThroughput(ctx, c, topo, ks, opts, on, s.fetchers, s.batch)
+			if err != nil {
+				return fmt.Errorf("fetch throughput, %d fetchers x %d, flag %s: %w", s.fetchers, s.batch, flagName(on), err)
+			}
+			rep.Throughput = append(rep.Throughput, row)
+		}
 	}
 	for _, on := range []bool{false, true} {
 		for _, serial := range []bool{false, true} {
@@ -699,6 +761,43 @@ func prefilledThroughput(ctx context.Context, c redis.UniversalClient, topo *top
 	obs.waits(&row, false)
 	rows = append(rows, row)
 	return rows, nil
+}
+
+// fetchThroughput queues ThroughputRuns runs as the enqueue phase does
+// (the producers' EnqueueMany calls of -batch runs, no worker; not
+// measured), then measures fetchers goroutines draining the queue, each
+// calling Dequeue of up to batch runs and Ack for each run it got, as a
+// user's loop without runqueue.Worker would: the fetch row. The queue has
+// no Observer, like a user's.
+func fetchThroughput(ctx context.Context, c redis.UniversalClient, topo *topology, ks *keyspace, opts Options, on bool,
+	fetchers, batch int) (row ThroughputRow, err error) {
+	q, lay, done, err := throughputQueue(ctx, ks, c, topo, on, nil)
+	if err != nil {
+		return row, err
+	}
+	defer done(&err)
+	ctx, cancelAll := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancelAll()
+	if _, err := enqueuePhase(ctx, c, q, lay, nil, opts, phaseFetch, on, opts.Producers, opts.Batch); err != nil {
+		return row, err
+	}
+	ph, err := startPhase(ctx, c, q, lay, opts.ThroughputRuns, nil, opts, 0)
+	if err != nil {
+		return row, err
+	}
+	for f := range fetchers {
+		ph.crew.fetch(lay.node(f), batch)
+	}
+	if row, err = ph.finish(ctx, phaseFetch, on, opts, 0, 0, batch); err != nil {
+		return row, err
+	}
+	row.Fetchers = fetchers
+	if row.Nodes != nil {
+		for f := range fetchers {
+			row.Nodes[lay.node(f)].Fetchers++
+		}
+	}
+	return row, nil
 }
 
 // singleThroughput enqueues ThroughputRuns runs from SingleProducers

@@ -28,12 +28,12 @@ import (
 // sends a pipeline again when its reply times out, and a run sent again
 // reads as an idempotent retry).
 //
-// Concurrent Dequeue calls go the same way (see dequeueCoalesced): the
-// calls pending at once become one dequeue of their maxCounts summed
-// (within Config.MaxDequeueCount), whose runs are handed out in serve
-// order. A dequeue's caller, once its call is sent, waits for the reply
-// whatever its context (keepTaken): the runs served for it are of use to
-// no one else.
+// Concurrent Dequeue calls go the same way (see dequeueCoalesced), each
+// base queue a group of its own (group): the calls of a queue pending at
+// once become one dequeue that stands for them, whose runs are handed out
+// in serve order. A dequeue's caller, once its call is sent, waits for the
+// reply whatever its context (keepTaken): the runs served for it are of
+// use to no one else.
 //
 // The Observer hears of each run in its caller's goroutine, as with a call
 // of its own (a panic there is that caller's); of a run whose caller has
@@ -53,6 +53,7 @@ const (
 type pending[P, R any] struct {
 	ctx       context.Context // the caller's, for its values and deadline
 	p         P
+	group     string // its send group (see coalescer.group)
 	res       R
 	panicked  any           // a panic of the send, raised again in the caller
 	done      chan struct{} // closed when res (or panicked) is set
@@ -73,11 +74,17 @@ type coalescer[P, R any] struct {
 	// result even when its context ends (what it gets is of no use to
 	// anyone else: a dequeue's runs); else it returns ctx.Err() at once.
 	keepTaken bool
-	mu        sync.Mutex
-	pending   []*pending[P, R]
-	senders   int        // running sender goroutines
-	idle      *sync.Cond // on mu: broadcast when senders goes down
-	closed    bool       // wait was called: do takes no more runs
+	// group, when set, splits the runs into groups sent apart: a send
+	// takes runs of one group only, and each group has senders of its own
+	// (at most coalesceSenders), so that no group waits for another's
+	// calls. Without it all runs are one group.
+	group   func(P) string
+	mu      sync.Mutex
+	pending []*pending[P, R]
+	senders int            // running sender goroutines, all groups
+	sending map[string]int // running sender goroutines by group
+	idle    *sync.Cond     // on mu: broadcast when senders goes down
+	closed  bool           // wait was called: do takes no more runs
 }
 
 // errCoalescerClosed is do's answer once wait was called: the caller sends
@@ -85,7 +92,7 @@ type coalescer[P, R any] struct {
 var errCoalescerClosed = errors.New("runqueue: coalescer closed")
 
 func newCoalescer[P, R any](send func(ctx context.Context, ps []P) []R, observe func(P, R), weigh func(P) int, limit int) *coalescer[P, R] {
-	c := &coalescer[P, R]{send: send, observe: observe, weigh: weigh, limit: limit}
+	c := &coalescer[P, R]{send: send, observe: observe, weigh: weigh, limit: limit, sending: map[string]int{}}
 	c.idle = sync.NewCond(&c.mu)
 	return c
 }
@@ -113,19 +120,23 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 		return res, err
 	}
 	r := &pending[P, R]{ctx: ctx, p: p, done: make(chan struct{})}
+	if c.group != nil {
+		r.group = c.group(p)
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return res, errCoalescerClosed
 	}
 	c.pending = append(c.pending, r)
-	start := c.senders < coalesceSenders
+	start := c.sending[r.group] < coalesceSenders
 	if start {
+		c.sending[r.group]++
 		c.senders++
 	}
 	c.mu.Unlock()
 	if start {
-		go c.run()
+		go c.run(r.group)
 	}
 	select {
 	case <-r.done:
@@ -169,11 +180,11 @@ func (c *coalescer[P, R]) result(r *pending[P, R]) (R, error) {
 	return r.res, nil
 }
 
-// run is a sender: it sends the pending runs until none is left. Before it
-// takes the list it yields the processor once, so that callers woken by
-// its last call, or just arrived, join this one (with 8 producers on 2
-// cores, a third fewer calls).
-func (c *coalescer[P, R]) run() {
+// run is a sender of group g: it sends the group's pending runs until
+// none is left. Before it takes the list it yields the processor once, so
+// that callers woken by its last call, or just arrived, join this one
+// (with 8 producers on 2 cores, a third fewer calls).
+func (c *coalescer[P, R]) run(g string) {
 	ended := false
 	defer func() {
 		if ended {
@@ -182,23 +193,21 @@ func (c *coalescer[P, R]) run() {
 		// The send ended the goroutine (runtime.Goexit in a hook): another
 		// sender takes over the runs that wait, or the count goes down.
 		c.mu.Lock()
-		again := len(c.pending) > 0
+		again := slices.ContainsFunc(c.pending, func(r *pending[P, R]) bool { return r.group == g })
 		if !again {
-			c.senders--
-			c.idle.Broadcast()
+			c.stopped(g)
 		}
 		c.mu.Unlock()
 		if again {
-			go c.run()
+			go c.run(g)
 		}
 	}()
 	for {
 		runtime.Gosched()
 		c.mu.Lock()
-		batch := c.take()
+		batch := c.take(g)
 		if len(batch) == 0 {
-			c.senders--
-			c.idle.Broadcast()
+			c.stopped(g)
 			c.mu.Unlock()
 			ended = true
 			return
@@ -208,23 +217,41 @@ func (c *coalescer[P, R]) run() {
 	}
 }
 
-// take removes the runs of the next send from the pending list: the
-// oldest, at most coalesceRuns of them and limit of their weight (at
-// least one run). The caller holds c.mu.
-func (c *coalescer[P, R]) take() []*pending[P, R] {
-	n, weight := 0, 0
-	for n < len(c.pending) && n < coalesceRuns {
+// stopped counts a sender of group g out. The caller holds c.mu.
+func (c *coalescer[P, R]) stopped(g string) {
+	if c.sending[g]--; c.sending[g] == 0 {
+		delete(c.sending, g)
+	}
+	c.senders--
+	c.idle.Broadcast()
+}
+
+// take removes the runs of group g's next send from the pending list: the
+// oldest of the group, at most coalesceRuns of them and limit of their
+// weight (at least one run). The caller holds c.mu.
+func (c *coalescer[P, R]) take(g string) []*pending[P, R] {
+	var batch []*pending[P, R]
+	weight, full := 0, false
+	rest := c.pending[:0]
+	for _, r := range c.pending {
+		if full || r.group != g {
+			rest = append(rest, r)
+			continue
+		}
 		if c.weigh != nil {
-			w := c.weigh(c.pending[n].p)
-			if n > 0 && weight+w > c.limit {
-				break
+			w := c.weigh(r.p)
+			if len(batch) > 0 && weight+w > c.limit {
+				full = true
+				rest = append(rest, r)
+				continue
 			}
 			weight += w
 		}
-		n++
+		batch = append(batch, r)
+		full = len(batch) == coalesceRuns
 	}
-	batch := slices.Clone(c.pending[:n])
-	c.pending = slices.Delete(c.pending, 0, n)
+	clear(c.pending[len(rest):])
+	c.pending = rest
 	return batch
 }
 

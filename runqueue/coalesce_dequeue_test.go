@@ -17,8 +17,9 @@ import (
 
 // scriptGate holds every script call sent on its own (not in a pipeline:
 // a dequeue's) at a gate of its own until the test releases it, and
-// records each call's maxCount (ARGV[2] of a dequeue script). Disarmed it
-// lets everything through unrecorded; opened, every call.
+// records each call's size (maxCount, scan and promote limit: ARGV[2],
+// ARGV[10] and ARGV[11] of a dequeue script). Disarmed it lets everything
+// through unrecorded; opened, every call.
 type scriptGate struct {
 	mu     sync.Mutex
 	armed  bool
@@ -26,10 +27,10 @@ type scriptGate struct {
 	held   []*heldCall
 }
 
-// heldCall is one script call at the gate: its maxCount, closed release
-// lets it through, and done is closed once its reply is in.
+// heldCall is one script call at the gate: its size, closed release lets
+// it through, and done is closed once its reply is in.
 type heldCall struct {
-	count    int
+	size     [3]int
 	release  chan struct{}
 	released bool // (h.mu)
 	done     chan struct{}
@@ -60,7 +61,8 @@ func (h *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			h.mu.Unlock()
 			return next(ctx, cmd)
 		}
-		c := &heldCall{count: args[2+args[2].(int)+2].(int), release: make(chan struct{}), done: make(chan struct{})}
+		argv := args[3+args[2].(int):]
+		c := &heldCall{size: [3]int{argv[1].(int), argv[9].(int), argv[10].(int)}, release: make(chan struct{}), done: make(chan struct{})}
 		if h.opened {
 			c.let()
 		}
@@ -125,9 +127,16 @@ func (h *scriptGate) calls() []int {
 	defer h.mu.Unlock()
 	out := make([]int, len(h.held))
 	for i, c := range h.held {
-		out[i] = c.count
+		out[i] = c.size[0]
 	}
 	return out
+}
+
+// size is the i-th call's maxCount, scan and promote limit.
+func (h *scriptGate) size(i int) [3]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held[i].size
 }
 
 // releaseInOrder lets the first n calls to reach the gate through one at
@@ -231,6 +240,8 @@ func TestDequeueCoalescesConcurrentCalls(t *testing.T) {
 		h.releaseInOrder(t, 3)
 		require.Equal(t, [][]string{{"r0"}, {"r1"}, {"r2"}, {"r3", "r4"}, {"r5"}, {"r6", "r7", "r8"}, {}, {}}, dqOutcomes(t, chs))
 		require.Equal(t, []int{1, 1, 10}, h.calls(), "the six waiting calls went in one call of 10")
+		require.Equal(t, [3]int{1, 30, 100}, h.size(0), "a call of its own: ScanLimit max(30, 3*1), PromoteLimit")
+		require.Equal(t, [3]int{10, 6 * 30, 500}, h.size(2), "six calls' scans summed, their promotions summed up to 500")
 		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
 		h.arm(false)
 		st := queueStats(t, b, "q")
@@ -252,22 +263,25 @@ func TestDequeueCoalescedCountBound(t *testing.T) {
 	})
 }
 
-// Calls of several base queues in one send: one script call per queue, in
-// the order of each queue's first call, and each caller gets runs of its
-// own queue.
+// Calls of different base queues never wait for each other: each queue
+// has senders of its own, and a call on qb while qa's two are held is sent
+// at once, in a call of its own queue.
 func TestDequeueCoalescedQueues(t *testing.T) {
 	gatedDequeues(t, nil, func(t *testing.T, b *testBundle, h *scriptGate) {
 		enqueueIDs(t, b, "qa", "a0", "a1", "a2", "a3")
 		enqueueIDs(t, b, "qb", "b0", "b1", "b2")
 		h.arm(true)
-		chs := holdDequeues(t, b, h, "qa")
-		for i, qn := range []string{"qb", "qa", "qb", "qa"} {
-			chs = append(chs, dequeueAsync(b.ctx, b, qn, 1))
-			require.Eventually(t, func() bool { return b.q.PendingDequeues() == i+1 }, 5*time.Second, time.Millisecond)
-		}
+		chs := holdDequeues(t, b, h, "qa", 1, 1)
+		chs = append(chs, dequeueAsync(b.ctx, b, "qb", 2))
+		h.await(t, 3)
+		require.Equal(t, 2, b.q.PendingDequeues(), "qa's two wait; qb's went")
+		require.Equal(t, 3, b.q.Senders())
+		h.release(t, 2)
+		require.Equal(t, [][]string{{"b0", "b1"}}, dqOutcomes(t, chs[4:]), "qb served while qa's calls are held")
 		h.releaseInOrder(t, 4)
-		require.Equal(t, [][]string{{"a0"}, {"a1"}, {"b0"}, {"a2"}, {"b1"}, {"a3"}}, dqOutcomes(t, chs))
-		require.Equal(t, []int{1, 1, 2, 2}, h.calls(), "qb's two calls in one, then qa's")
+		require.Equal(t, [][]string{{"a0"}, {"a1"}, {"a2"}, {"a3"}}, dqOutcomes(t, chs[:4]))
+		require.Equal(t, []int{1, 1, 2, 2}, h.calls())
+		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
 	})
 }
 
@@ -368,5 +382,82 @@ func TestDequeueSerialCalls(t *testing.T) {
 		require.Equal(t, []string{"r0"}, runIDs(dequeue(t, b, "q", 3)))
 		require.Zero(t, b.q.Senders(), "no sender after Close")
 		require.Equal(t, []int{3}, h.calls())
+	})
+}
+
+// A coalesced send stands for the calls it carries: it promotes what they
+// would (their PromoteLimits summed, up to 500). With PromoteLimit 1 and
+// the flag off, three calls of one each promote one due run of every due
+// variant and serve the oldest ready run, a0, a1, a2; so does the
+// coalesced send (one call of three that promoted one run a variant would
+// serve a0, b0, b1, passing over a's older due runs). With the flag on,
+// where a registration is pending the scheduler's batch invariance does
+// not hold (docs/design.md, guarantee 4): the send serves what one call
+// of three with PromoteLimit 3 serves, both keys within the lag bound.
+func TestDequeueCoalescedPromotes(t *testing.T) {
+	mutate := func(cfg *runqueue.Config) { cfg.PromoteLimit = 1 }
+	gatedDequeues(t, mutate, func(t *testing.T, b *testBundle, h *scriptGate) {
+		on := b.cfg.VtimeScheduling
+		twin := setup(t, b.client, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling = on
+			cfg.PromoteLimit = 1
+			if on {
+				cfg.PromoteLimit = 3
+			}
+		})
+		for _, x := range []*testBundle{b, twin} {
+			for i, id := range []string{"a0", "a1", "a2", "b0", "b1", "b2"} {
+				enqueue(t, x, runqueue.EnqueueParams{Key: id[:1], ID: id, AvailableAt: x.clock.Now().Add(time.Second + time.Duration(i)*time.Millisecond)})
+			}
+			x.clock.Advance(2 * time.Second)
+		}
+		got, err := b.q.DequeueCoalesced(b.ctx, env, queueName, 1, 1, 1)
+		require.NoError(t, err)
+		var coalesced []string
+		for _, runs := range got {
+			require.Len(t, runs, 1)
+			coalesced = append(coalesced, runs[0].ID)
+		}
+		if !on {
+			var serial []string
+			for range 3 {
+				serial = append(serial, runIDs(dequeue(t, twin, queueName, 1))...)
+			}
+			require.Equal(t, []string{"a0", "a1", "a2"}, serial)
+			require.Equal(t, serial, coalesced, "age order, as three calls of one")
+			return
+		}
+		require.Equal(t, runIDs(dequeue(t, twin, queueName, 3)), coalesced)
+		a := 0
+		for _, id := range coalesced {
+			if id[0] == 'a' {
+				a++
+			}
+		}
+		require.Contains(t, []int{1, 2}, a, "both keys served: %v", coalesced)
+	})
+	// With the default PromoteLimit (100), thirty calls of ten over one
+	// key with 300 due runs: the call of 300 promotes up to 500 a variant
+	// and serves all 300, as the thirty calls would.
+	gatedDequeues(t, nil, func(t *testing.T, b *testBundle, h *scriptGate) {
+		var ps []runqueue.EnqueueParams
+		for i := range 300 {
+			ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "k", ID: "r" + strconv.Itoa(i),
+				AvailableAt: b.clock.Now().Add(time.Second + time.Duration(i)*time.Millisecond)})
+		}
+		_, err := b.q.EnqueueMany(b.ctx, ps)
+		require.NoError(t, err)
+		b.clock.Advance(2 * time.Second)
+		counts := make([]int, 30)
+		for i := range counts {
+			counts[i] = 10
+		}
+		got, err := b.q.DequeueCoalesced(b.ctx, env, queueName, counts...)
+		require.NoError(t, err)
+		for i, runs := range got {
+			require.Len(t, runs, 10, "call %d", i)
+			require.Equal(t, "r"+strconv.Itoa(10*i), runs[0].ID)
+		}
+		require.Zero(t, queueStats(t, b, queueName).Delayed)
 	})
 }

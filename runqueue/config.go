@@ -81,10 +81,12 @@ type Config struct {
 	MaxDequeueCount int
 	// ScanLimit is how many variants of a queue a flag-off dequeue call looks
 	// at (in age order) and how many due delayed variants it promotes.
-	// Defaults to 3*maxCount, at least 30.
+	// At most 10,000. Defaults to 3*maxCount, at least 30. (A coalesced
+	// Dequeue stands for the calls it carries: it scans the sum of theirs.)
 	ScanLimit int
 	// PromoteLimit is how many due delayed runs of one variant one dequeue
-	// call moves to ready. 1..500. Defaults to 100.
+	// call moves to ready. 1..500. Defaults to 100. (A coalesced Dequeue of
+	// k calls promotes k*PromoteLimit, at most 500.)
 	PromoteLimit int
 
 	// WindowMultiplier sizes the scheduler's read budget per call: pass 1
@@ -203,6 +205,14 @@ func setDefault[T comparable](p *T, v T) {
 	}
 }
 
+// maxScanLimit and maxPromoteLimit bound ScanLimit and PromoteLimit, and
+// the scan and promotion of a coalesced dequeue: every script's reads and
+// unpacks stay bounded by them (docs/design.md, "Bounded scripts").
+const (
+	maxScanLimit    = 10000
+	maxPromoteLimit = 500
+)
+
 func (c *Config) validate() error {
 	bad := func(field string, v any) error {
 		return &InvalidError{Field: "Config." + field, Reason: fmt.Sprintf("value %v out of range", v)}
@@ -239,9 +249,9 @@ func (c *Config) validate() error {
 		return bad("BackoffJitter", c.BackoffJitter)
 	case c.MaxDequeueCount < 1 || c.MaxDequeueCount > 2000:
 		return bad("MaxDequeueCount", c.MaxDequeueCount)
-	case c.ScanLimit < 0 || c.ScanLimit > 10000:
+	case c.ScanLimit < 0 || c.ScanLimit > maxScanLimit:
 		return bad("ScanLimit", c.ScanLimit)
-	case c.PromoteLimit < 1 || c.PromoteLimit > 500:
+	case c.PromoteLimit < 1 || c.PromoteLimit > maxPromoteLimit:
 		return bad("PromoteLimit", c.PromoteLimit)
 	case c.WindowMultiplier < 1 || c.WindowMultiplier > 100:
 		return bad("WindowMultiplier", c.WindowMultiplier)

@@ -41,16 +41,24 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // and key concurrency limits. With the scheduler flag off the runs come in
 // age order; with it on, in fair virtual-time order across keys.
 //
-// Concurrent Dequeue calls on one Queue are coalesced as Enqueue calls are
-// (see Enqueue and Config.SerialCalls): the calls waiting at once go
-// together in one script call per base queue, of their maxCounts summed
-// (at most Config.MaxDequeueCount), and its runs are handed out in the
-// order it served them, each call taking up to its own maxCount, the
-// earliest calls first. A call of N serves what N calls of one would, on
-// both flags, so a hundred goroutines each taking one run cost Redis what
-// a few calls of many cost. When ctx ends before the call is sent, Dequeue
-// returns ctx.Err() and nothing is served for it; once sent, it returns
-// what the script call served for it, as a call of its own does.
+// Concurrent Dequeue calls of one base queue on one Queue are coalesced as
+// Enqueue calls are (see Enqueue and Config.SerialCalls), each base queue
+// apart (calls of one queue never wait for another's): the calls that
+// wait while two of the queue's are in flight go together in one script
+// call that stands for them, of their maxCounts summed (at most
+// Config.MaxDequeueCount), their ScanLimits summed (at most 10,000) and
+// their PromoteLimits summed (at most 500), and its runs are handed out in
+// the order it served them, each call taking up to its own maxCount, the
+// earliest calls first. A dequeue of N serves what N dequeues of one would
+// where the scheduler's batch invariance holds (docs/design.md, guarantee
+// 4: with the flag off, age order; with it on, no registration or
+// un-gating pending); elsewhere it serves within the same guarantees, in
+// an order N calls might not have taken. A hundred goroutines each taking
+// one run cost Redis what a few calls of many cost. When ctx ends before
+// the call is sent, Dequeue returns ctx.Err() and nothing is served for it;
+// once sent, it waits for the script call's reply (which the latest
+// deadline of the calls it carries bounds) and returns what it served for
+// it.
 func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -92,39 +100,43 @@ type dequeueResult struct {
 	err  error
 }
 
-// dequeueCoalesced sends the coalesced Dequeue calls reqs: one script call
-// per base queue, in the order of each queue's first call, of the queue's
-// maxCounts summed (the coalescer keeps a send's sum within
-// Config.MaxDequeueCount), its runs handed out in serve order. The
-// Observer hears of each call's runs in its caller's goroutine.
+// dqSize is how much one dequeue script call may do: serve maxCount runs,
+// look at scan variants, promote promote due runs of a variant.
+type dqSize struct{ maxCount, scan, promote int }
+
+// sizeOf is the size of a dequeue call of maxCount.
+func (q *Queue) sizeOf(maxCount int) dqSize {
+	return dqSize{maxCount: maxCount, scan: q.scanLimit(maxCount), promote: q.cfg.PromoteLimit}
+}
+
+// dequeueCoalesced sends the coalesced Dequeue calls reqs, all of one base
+// queue (the coalescer groups them by queue member: each queue has
+// senders of its own), in one script call that stands for them: their
+// maxCounts summed (the coalescer keeps the sum within
+// Config.MaxDequeueCount), their scans summed and their promotions summed
+// (within the bounds every call keeps), so that it reaches and promotes
+// what they would. Its runs are handed out in serve order, each call
+// taking up to its own maxCount, the earliest calls first. The Observer
+// hears of each call's runs in its caller's goroutine.
 func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []dequeueResult {
+	var size dqSize
+	for _, r := range reqs {
+		size.maxCount += r.max
+		size.scan += q.scanLimit(r.max)
+	}
+	size.scan = min(size.scan, maxScanLimit)
+	size.promote = min(len(reqs)*q.cfg.PromoteLimit, maxPromoteLimit) // (PromoteLimit <= maxPromoteLimit)
+	now := q.now()
+	runs, _, err := q.settleAndDequeue(ctx, reqs[0].qn, nil, size, now, false)
 	out := make([]dequeueResult, len(reqs))
-	done := make([]bool, len(reqs))
-	for i := range reqs {
-		if done[i] {
+	for i, r := range reqs {
+		if err != nil {
+			out[i] = dequeueResult{err: err}
 			continue
 		}
-		qn, total := reqs[i].qn, 0
-		for j := i; j < len(reqs); j++ {
-			if reqs[j].qn == qn {
-				total += reqs[j].max
-			}
-		}
-		now := q.now()
-		runs, _, err := q.settleAndDequeue(ctx, qn, nil, total, now, false)
-		for j := i; j < len(reqs); j++ {
-			if reqs[j].qn != qn {
-				continue
-			}
-			done[j] = true
-			if err != nil {
-				out[j] = dequeueResult{err: err}
-				continue
-			}
-			k := min(reqs[j].max, len(runs))
-			out[j] = dequeueResult{runs: runs[:k:k], now: now}
-			runs = runs[k:]
-		}
+		k := min(r.max, len(runs))
+		out[i] = dequeueResult{runs: runs[:k:k], now: now}
+		runs = runs[k:]
 	}
 	return out
 }
@@ -140,14 +152,14 @@ func (q *Queue) scanLimit(maxCount int) int {
 // The script derives the keys of the variants it serves from their
 // members (keys.Queue.VariantBase), in the queue's hash slot.
 func (q *Queue) dequeueQueue(ctx context.Context, n *queueNames, maxCount int, now int64) ([]*Run, error) {
-	runs, _, err := q.settleAndDequeue(ctx, n, nil, maxCount, now, true)
+	runs, _, err := q.settleAndDequeue(ctx, n, nil, q.sizeOf(maxCount), now, true)
 	return runs, err
 }
 
-// settleAndDequeue acks acks (runs of qk) and dequeues up to maxCount runs of
-// qk in one script call; ackErrs[i] says what became of acks[i]. observe:
-// tell the Observer (a coalesced send leaves it to each caller).
-func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, maxCount int, now int64, observe bool) ([]*Run, []error, error) {
+// settleAndDequeue acks acks (runs of qk) and dequeues up to size.maxCount
+// runs of qk in one script call; ackErrs[i] says what became of acks[i].
+// observe: tell the Observer (a coalesced send leaves it to each caller).
+func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, size dqSize, now int64, observe bool) ([]*Run, []error, error) {
 	qk := n.qk
 	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
 	look := 0
@@ -157,8 +169,8 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	ks := n.dequeue
 	lease := now + ms(q.cfg.LeaseDuration)
 	args := make([]any, 0, 16+3*len(acks))
-	args = append(args, now, maxCount, lim.Env, lim.Queue, lim.Key, lease, n.member,
-		n.runPrefix, ms(q.cfg.PriorityStep), q.scanLimit(maxCount), q.cfg.PromoteLimit,
+	args = append(args, now, size.maxCount, lim.Env, lim.Queue, lim.Key, lease, n.member,
+		n.runPrefix, ms(q.cfg.PriorityStep), size.scan, size.promote,
 		n.vbase, len(acks))
 	for _, r := range acks {
 		args = append(args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
@@ -196,7 +208,7 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		}
 	}
 	if reset && err == nil {
-		runs, _, err = q.settleAndDequeue(ctx, n, nil, maxCount, now, observe)
+		runs, _, err = q.settleAndDequeue(ctx, n, nil, size, now, observe)
 	}
 	return runs, ackErrs, err
 }
@@ -238,7 +250,7 @@ func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue strin
 			return nil, nil, invalid("acks", "run %q belongs to %s/%s, not %s/%s", r.ID, r.Env, r.Queue, env, queue)
 		}
 	}
-	return q.settleAndDequeue(ctx, q.names(env, queue), acks, maxCount, q.now(), true)
+	return q.settleAndDequeue(ctx, q.names(env, queue), acks, q.sizeOf(maxCount), q.now(), true)
 }
 
 func variantOf(qk keys.Queue, member string) (keys.Variant, error) {

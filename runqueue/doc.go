@@ -70,9 +70,9 @@
 // by default) and a delivery token. Two consumers never receive the same
 // run. [Queue.DequeueShard] serves the queues of a whole shard, envs in
 // turn, so one env's backlog cannot take a whole call. Concurrent Dequeue
-// calls on one Queue are coalesced into one dequeue of their maxCounts
-// summed, its runs handed out in the order it served them (a dequeue of N
-// serves what N dequeues of one would).
+// calls of one base queue on one Queue are coalesced into one dequeue that
+// stands for them (their maxCounts, scans and promotions summed), its runs
+// handed out in the order it served them (see [Queue.Dequeue]).
 // [Queue.DequeueWait] and [Queue.DequeueShardWait] wait for work without
 // polling: an enqueue anywhere wakes them through Redis pub/sub, a delayed
 // run at its time, and work held by limits is looked at every

@@ -105,3 +105,22 @@ func (q *Queue) PendingDequeues() int { return q.deq.waiting() }
 // Senders is how many goroutines send coalesced Enqueue, Ack and Dequeue
 // calls.
 func (q *Queue) Senders() int { return q.enq.running() + q.ack.running() + q.deq.running() }
+
+// DequeueCoalesced sends Dequeue calls of env/queue of maxCounts as one
+// coalesced send, as a sender does with calls that waited together, and
+// returns what each call got.
+func (q *Queue) DequeueCoalesced(ctx context.Context, env, queue string, maxCounts ...int) ([][]*Run, error) {
+	n := q.names(env, queue)
+	reqs := make([]dequeueReq, len(maxCounts))
+	for i, m := range maxCounts {
+		reqs[i] = dequeueReq{qn: n, max: m}
+	}
+	out := make([][]*Run, len(reqs))
+	for i, r := range q.dequeueCoalesced(ctx, reqs) {
+		if r.err != nil {
+			return nil, r.err
+		}
+		out[i] = r.runs
+	}
+	return out, nil
+}

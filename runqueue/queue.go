@@ -104,6 +104,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		}
 	}, func(r dequeueReq) int { return r.max }, c.MaxDequeueCount)
 	q.deq.keepTaken = true
+	q.deq.group = func(r dequeueReq) string { return r.qn.member }
 	return q, nil
 }
 

@@ -17,7 +17,7 @@ import (
 // writes, the script's set-up) that a single Enqueue or Ack pays for one
 // run. When many goroutines call them at once, each call hands its run to
 // a list of pending runs instead, and at most coalesceSenders goroutines
-// send that list, each taking every run pending at the time into one
+// (per group) send that list, each taking every run pending at the time into one
 // EnqueueMany (or AckMany): one script call per base queue, in one
 // pipeline. A caller alone is sent at once, in a call of its own; runs that
 // arrive while the senders are busy go together in the next call. Each run
@@ -29,18 +29,19 @@ import (
 // reads as an idempotent retry).
 //
 // Concurrent Dequeue calls go the same way (see dequeueCoalesced), each
-// base queue a group of its own (group): the calls of a queue pending at
-// once become one dequeue that stands for them, whose runs are handed out
-// in serve order. A dequeue's caller, once its call is sent, waits for the
-// reply whatever its context (keepTaken): the runs served for it are of
-// use to no one else.
+// base queue a group of its own (group) with coalesceSenders senders of its
+// own: the calls of a queue pending at once become one dequeue that stands
+// for them, whose runs are handed out in serve order. A dequeue's caller,
+// once its call is sent, waits for the reply whatever its context
+// (keepTaken): the runs served for it are of use to no one else.
 //
 // The Observer hears of each run in its caller's goroutine, as with a call
 // of its own (a panic there is that caller's); of a run whose caller has
 // stopped waiting, in the sender's.
 
 // coalesceSenders is the most coalesced calls in flight at once per
-// coalescer: one call can be on the wire or in Redis while the next forms.
+// coalescer group (see coalescer.group; Enqueue and Ack have one): one
+// call can be on the wire or in Redis while the next forms.
 // coalesceRuns bounds the runs of one: at 100 runs a call's fixed cost is a
 // few percent of the whole, and the call about 1-2 ms of Redis time.
 const (

@@ -241,7 +241,7 @@ func TestDequeueCoalescesConcurrentCalls(t *testing.T) {
 		require.Equal(t, [][]string{{"r0"}, {"r1"}, {"r2"}, {"r3", "r4"}, {"r5"}, {"r6", "r7", "r8"}, {}, {}}, dqOutcomes(t, chs))
 		require.Equal(t, []int{1, 1, 10}, h.calls(), "the six waiting calls went in one call of 10")
 		require.Equal(t, [3]int{1, 30, 100}, h.size(0), "a call of its own: ScanLimit max(30, 3*1), PromoteLimit")
-		require.Equal(t, [3]int{10, 6 * 30, 500}, h.size(2), "six calls' scans summed, their promotions summed up to 500")
+		require.Equal(t, [3]int{10, 6 * 30, 100}, h.size(2), "six calls' scans summed; their promotions summed, up to the larger of PromoteLimit and the maxCounts summed")
 		require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond)
 		h.arm(false)
 		st := queueStats(t, b, "q")
@@ -459,5 +459,52 @@ func TestDequeueCoalescedPromotes(t *testing.T) {
 			require.Equal(t, "r"+strconv.Itoa(10*i), runs[0].ID)
 		}
 		require.Zero(t, queueStats(t, b, queueName).Delayed)
+	})
+}
+
+// A send promotes up to its maxCount a variant when its calls' own
+// promotions add up to more (a variant gives no more runs than that):
+// sixty calls of ten over one key with 600 due runs serve all 600, as the
+// sixty calls would, though one call promotes at most PromoteLimit. On a
+// real Redis, a send of 2,000 promotes 2,000 runs of a variant in one
+// call (its unpacks stay within Lua's limits).
+func TestDequeueCoalescedPromotesToCount(t *testing.T) {
+	gatedDequeues(t, nil, func(t *testing.T, b *testBundle, h *scriptGate) {
+		for _, c := range []struct{ runs, calls, each int }{{600, 60, 10}, {2000, 100, 20}} {
+			queue := "q" + strconv.Itoa(c.runs)
+			var ps []runqueue.EnqueueParams
+			for i := range c.runs {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queue, Key: "k", ID: "r" + strconv.Itoa(i),
+					AvailableAt: b.clock.Now().Add(time.Second + time.Duration(i)*time.Millisecond)})
+			}
+			for i := 0; i < len(ps); i += 1000 {
+				_, err := b.q.EnqueueMany(b.ctx, ps[i:min(i+1000, len(ps))])
+				require.NoError(t, err)
+			}
+			b.clock.Advance(time.Hour)
+			counts := make([]int, c.calls)
+			for i := range counts {
+				counts[i] = c.each
+			}
+			var got [][]*runqueue.Run
+			var err error
+			if c.runs > 1000 { // past the default MaxDequeueCount: a Queue that allows 2,000
+				big := setup(t, b.client, func(cfg *runqueue.Config) {
+					cfg.Prefix, cfg.VtimeScheduling, cfg.MaxDequeueCount = b.prefix, b.cfg.VtimeScheduling, 2000
+					cfg.Clock = b.clock
+				})
+				got, err = big.q.DequeueCoalesced(b.ctx, env, queue, counts...)
+			} else {
+				got, err = b.q.DequeueCoalesced(b.ctx, env, queue, counts...)
+			}
+			require.NoError(t, err)
+			for i, runs := range got {
+				require.Len(t, runs, c.each, "%d runs, call %d", c.runs, i)
+				require.Equal(t, "r"+strconv.Itoa(c.each*i), runs[0].ID)
+			}
+			st := queueStats(t, b, queue)
+			require.Zero(t, st.Delayed)
+			require.Equal(t, int64(c.runs), st.InFlight)
+		}
 	})
 }

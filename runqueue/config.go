@@ -82,11 +82,13 @@ type Config struct {
 	// ScanLimit is how many variants of a queue a flag-off dequeue call looks
 	// at (in age order) and how many due delayed variants it promotes.
 	// At most 10,000. Defaults to 3*maxCount, at least 30. (A coalesced
-	// Dequeue stands for the calls it carries: it scans the sum of theirs.)
+	// Dequeue stands for the calls it carries: it scans the sum of theirs,
+	// at most 10,000.)
 	ScanLimit int
 	// PromoteLimit is how many due delayed runs of one variant one dequeue
 	// call moves to ready. 1..500. Defaults to 100. (A coalesced Dequeue of
-	// k calls promotes k*PromoteLimit, at most 500.)
+	// k calls promotes k*PromoteLimit, at most its maxCount or
+	// PromoteLimit, the larger.)
 	PromoteLimit int
 
 	// WindowMultiplier sizes the scheduler's read budget per call: pass 1
@@ -105,11 +107,11 @@ type Config struct {
 
 	// SerialCalls sends every Enqueue, Ack and Dequeue in a script call of
 	// its own, from the calling goroutine. Defaults to false: concurrent
-	// Enqueue calls are coalesced into EnqueueMany calls, concurrent Ack
-	// calls into AckMany calls and concurrent Dequeue calls into dequeues
-	// of their maxCounts summed, at most two in flight per Queue for each,
-	// which costs Redis far less per run under concurrency (see Enqueue,
-	// Ack and Dequeue).
+	// Enqueue calls are coalesced into EnqueueMany calls and concurrent Ack
+	// calls into AckMany calls, at most two in flight per Queue for each,
+	// and concurrent Dequeue calls of a base queue into dequeues that stand
+	// for them, at most two in flight per base queue, which costs Redis far
+	// less per run under concurrency (see Enqueue, Ack and Dequeue).
 	SerialCalls bool
 
 	// Observer receives what the Queue and its Workers do (metrics).
@@ -205,9 +207,10 @@ func setDefault[T comparable](p *T, v T) {
 	}
 }
 
-// maxScanLimit and maxPromoteLimit bound ScanLimit and PromoteLimit, and
-// the scan and promotion of a coalesced dequeue: every script's reads and
-// unpacks stay bounded by them (docs/design.md, "Bounded scripts").
+// maxScanLimit and maxPromoteLimit bound ScanLimit and PromoteLimit; a
+// coalesced dequeue scans at most maxScanLimit and promotes at most
+// PromoteLimit or its maxCount (at most 2,000): every script's reads and
+// unpacks stay bounded (docs/design.md, "Bounded scripts").
 const (
 	maxScanLimit    = 10000
 	maxPromoteLimit = 500

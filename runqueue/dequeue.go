@@ -44,21 +44,25 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // Concurrent Dequeue calls of one base queue on one Queue are coalesced as
 // Enqueue calls are (see Enqueue and Config.SerialCalls), each base queue
 // apart (calls of one queue never wait for another's): the calls that
-// wait while two of the queue's are in flight go together in one script
-// call that stands for them, of their maxCounts summed (at most
-// Config.MaxDequeueCount), their ScanLimits summed (at most 10,000) and
-// their PromoteLimits summed (at most 500), and its runs are handed out in
-// the order it served them, each call taking up to its own maxCount, the
-// earliest calls first. A dequeue of N serves what N dequeues of one would
-// where the scheduler's batch invariance holds (docs/design.md, guarantee
-// 4: with the flag off, age order; with it on, no registration or
-// un-gating pending); elsewhere it serves within the same guarantees, in
-// an order N calls might not have taken. A hundred goroutines each taking
-// one run cost Redis what a few calls of many cost. When ctx ends before
-// the call is sent, Dequeue returns ctx.Err() and nothing is served for it;
-// once sent, it waits for the script call's reply (which the latest
-// deadline of the calls it carries bounds) and returns what it served for
-// it.
+// wait while two of the queue's are in flight go together, up to 100
+// calls and Config.MaxDequeueCount runs a script call, in script calls
+// that stand for them: their maxCounts summed, their ScanLimits summed (at
+// most 10,000) and their PromoteLimits summed (at most the maxCounts
+// summed, or PromoteLimit when more), so a script call reaches and
+// promotes at least what its calls would. Its runs are handed out in the
+// order it served them, each call taking up to its own maxCount, the
+// earliest calls first. With the flag off that order is age order over
+// the runs ready once it promoted: where the calls' own PromoteLimits
+// would have held due runs back, it may serve those first, as a larger
+// PromoteLimit would. With the flag on, where the scheduler's batch
+// invariance holds (docs/design.md, guarantee 4) a dequeue of N serves
+// what N dequeues of one would; elsewhere it serves within the same
+// guarantees, in an order N calls might not have taken. A hundred
+// goroutines each taking one run cost Redis what a few calls of many
+// cost. When ctx ends before the call is sent, Dequeue returns ctx.Err()
+// and nothing is served for it; once sent, it waits for the script call's
+// reply (which the latest deadline of the calls it carries bounds) and
+// returns what it served for it.
 func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -113,11 +117,13 @@ func (q *Queue) sizeOf(maxCount int) dqSize {
 // queue (the coalescer groups them by queue member: each queue has
 // senders of its own), in one script call that stands for them: their
 // maxCounts summed (the coalescer keeps the sum within
-// Config.MaxDequeueCount), their scans summed and their promotions summed
-// (within the bounds every call keeps), so that it reaches and promotes
-// what they would. Its runs are handed out in serve order, each call
-// taking up to its own maxCount, the earliest calls first. The Observer
-// hears of each call's runs in its caller's goroutine.
+// Config.MaxDequeueCount), their scans summed (within the 10,000 a call
+// may scan) and their promotions summed (within the sum of their
+// maxCounts, or PromoteLimit when more: a variant gives no more runs than
+// that), so that it reaches and promotes at least what they would. Its
+// runs are handed out in serve order, each call taking up to its own
+// maxCount, the earliest calls first. The Observer hears of each call's
+// runs in its caller's goroutine.
 func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []dequeueResult {
 	var size dqSize
 	for _, r := range reqs {
@@ -125,7 +131,9 @@ func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []deque
 		size.scan += q.scanLimit(r.max)
 	}
 	size.scan = min(size.scan, maxScanLimit)
-	size.promote = min(len(reqs)*q.cfg.PromoteLimit, maxPromoteLimit) // (PromoteLimit <= maxPromoteLimit)
+	// A variant gives at most maxCount runs: promoting more of it than
+	// that (or than PromoteLimit) serves nothing more.
+	size.promote = min(len(reqs)*q.cfg.PromoteLimit, max(q.cfg.PromoteLimit, size.maxCount))
 	now := q.now()
 	runs, _, err := q.settleAndDequeue(ctx, reqs[0].qn, nil, size, now, false)
 	out := make([]dequeueResult, len(reqs))

@@ -17,7 +17,74 @@ type waker struct {
 	mu      sync.Mutex
 	waiters map[string]map[chan struct{}]struct{}
 	done    chan struct{}
+
+	readMu sync.Mutex
+	reads  map[string]*nextRead // the read of each topic's next work time in flight
 }
+
+// nextRead is one read of a topic's next work time (see waker.next).
+type nextRead struct {
+	start  time.Time
+	joined int           // callers that joined it (waker.readMu)
+	done   chan struct{} // closed when z and err are set
+	z      []redis.Z
+	err    error
+}
+
+// next reads when topic's next work is due (read), sharing the read with
+// the other waiters of the topic: a wake-up wakes every waiter of a
+// topic, and those its run did not go to all look again at once. A
+// caller that registered for wake-ups and began its look at the queue at
+// since joins a read in flight that started at since or later (a
+// wake-up after since wakes it again, whatever the read missed); else it
+// starts one. A read that failed is no answer for the callers that
+// joined it (its error may be its starter's context): they read
+// themselves.
+func (w *waker) next(ctx context.Context, topic string, since time.Time, read func() (*redis.ZSliceCmd, error)) ([]redis.Z, error) {
+	w.readMu.Lock()
+	if r := w.reads[topic]; r != nil && !r.start.Before(since) {
+		r.joined++
+		w.readMu.Unlock()
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if r.err == nil {
+			return r.z, nil
+		}
+		cmd, err := read()
+		if err != nil {
+			return nil, err
+		}
+		return cmd.Val(), nil
+	}
+	r := &nextRead{start: time.Now(), done: make(chan struct{})}
+	if w.reads == nil {
+		w.reads = map[string]*nextRead{}
+	}
+	w.reads[topic] = r
+	w.readMu.Unlock()
+	r.err = errNoRead // until read returns (it may panic)
+	defer func() {
+		w.readMu.Lock()
+		if w.reads[topic] == r {
+			delete(w.reads, topic)
+		}
+		w.readMu.Unlock()
+		close(r.done)
+	}()
+	cmd, err := read()
+	if err != nil {
+		r.err = err
+		return nil, err
+	}
+	r.z, r.err = cmd.Val(), nil
+	return r.z, nil
+}
+
+// errNoRead is a shared read's error while it has no answer.
+var errNoRead = fmt.Errorf("runqueue: no read of the next work time")
 
 func (q *Queue) getWaker(ctx context.Context) (*waker, error) {
 	q.closeMu.Lock()
@@ -100,7 +167,9 @@ func (w *waker) close() error {
 // ready. It does not poll: an enqueue (from any process) wakes it through
 // Redis pub/sub, a delayed run wakes it at its time, and when runs exist but
 // limits hold them it looks again every Config.BlockPollInterval. It returns
-// an empty slice on timeout, and ctx's error when ctx ends first.
+// an empty slice on timeout, and ctx's error when ctx ends first. Waiters
+// woken together look again in one coalesced call, and share the read of
+// when the queue's next work is due.
 func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int, timeout time.Duration) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -152,6 +221,7 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		// Register before looking, so a publish between the look and the
 		// wait is not lost.
 		ch := w.register(topic)
+		looked := time.Now()
 		runs, err := try()
 		if err != nil || len(runs) > 0 {
 			w.unregister(topic, ch)
@@ -163,10 +233,10 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 			return runs, nil
 		}
 		sleep := left
-		if cmd, err := next(); err != nil {
+		if z, err := w.next(ctx, topic, looked, next); err != nil {
 			w.unregister(topic, ch)
 			return nil, err
-		} else if z := cmd.Val(); len(z) > 0 {
+		} else if len(z) > 0 {
 			due := time.Duration(int64(z[0].Score)-q.now()) * time.Millisecond
 			if due <= 0 {
 				due = q.cfg.BlockPollInterval // work exists but limits hold it

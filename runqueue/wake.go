@@ -35,14 +35,24 @@ type nextRead struct {
 // the other waiters of the topic: a wake-up wakes every waiter of a
 // topic, and those its run did not go to all look again at once. A
 // caller that registered for wake-ups and began its look at the queue at
-// since joins a read in flight that started at since or later (a
-// wake-up after since wakes it again, whatever the read missed); else it
-// starts one. A read that failed is no answer for the callers that
-// joined it (its error may be its starter's context): they read
-// themselves.
-func (w *waker) next(ctx context.Context, topic string, since time.Time, read func() (*redis.ZSliceCmd, error)) ([]redis.Z, error) {
+// since (its look ended at looked) joins a read in flight that started
+// after since: new work after
+// that (an enqueue, a nack, a redrive that brings the queue's next work
+// time forward publishes) wakes it again, whatever the read missed. What
+// the read saw may since have been taken, which publishes nothing: a
+// joiner uses the shared answer only when future says it is no work or
+// work still to come (a time after now). When it says work is due (the
+// caller would sleep the poll interval, while a later delayed run may be
+// due sooner), the joiner takes the answer of a read that started after
+// its look ended instead (future nil: any answer), as it would have read
+// itself then, shared with the joiners in the same case.
+// The caller that starts a read began it after its look ended: its
+// answer is its own. A read that failed is no answer for the callers
+// that joined it either (its error may be its starter's context): they
+// read themselves.
+func (w *waker) next(ctx context.Context, topic string, since, looked time.Time, read func() (*redis.ZSliceCmd, error), future func([]redis.Z) bool) ([]redis.Z, error) {
 	w.readMu.Lock()
-	if r := w.reads[topic]; r != nil && !r.start.Before(since) {
+	if r := w.reads[topic]; r != nil && r.start.After(since) {
 		r.joined++
 		w.readMu.Unlock()
 		select {
@@ -50,8 +60,11 @@ func (w *waker) next(ctx context.Context, topic string, since time.Time, read fu
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if r.err == nil {
+		if r.err == nil && (future == nil || future(r.z)) {
 			return r.z, nil
+		}
+		if r.err == nil {
+			return w.next(ctx, topic, looked, looked, read, nil)
 		}
 		cmd, err := read()
 		if err != nil {
@@ -221,8 +234,9 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		// Register before looking, so a publish between the look and the
 		// wait is not lost.
 		ch := w.register(topic)
-		looked := time.Now()
+		began := time.Now()
 		runs, err := try()
+		looked := time.Now()
 		if err != nil || len(runs) > 0 {
 			w.unregister(topic, ch)
 			return runs, err
@@ -233,7 +247,9 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 			return runs, nil
 		}
 		sleep := left
-		if z, err := w.next(ctx, topic, looked, next); err != nil {
+		if z, err := w.next(ctx, topic, began, looked, next, func(z []redis.Z) bool {
+			return len(z) == 0 || int64(z[0].Score) > q.now()
+		}); err != nil {
 			w.unregister(topic, ch)
 			return nil, err
 		} else if len(z) > 0 {

@@ -38,10 +38,14 @@ type nextOutcome struct {
 	err error
 }
 
+// future takes every shared answer whose score is above 10 (a time to
+// come in these tests) or that is empty.
+func future(z []redis.Z) bool { return len(z) == 0 || z[0].Score > 10 }
+
 func nextAsync(ctx context.Context, w *waker, topic string, since time.Time, read func() (*redis.ZSliceCmd, error)) <-chan nextOutcome {
 	out := make(chan nextOutcome, 1)
 	go func() {
-		z, err := w.next(ctx, topic, since, read)
+		z, err := w.next(ctx, topic, since, since, read, future)
 		out <- nextOutcome{z, err}
 	}()
 	return out
@@ -130,10 +134,10 @@ func TestWakerNextFailedRead(t *testing.T) {
 	panicking := make(chan struct{})
 	go func() {
 		defer func() { _ = recover() }()
-		_, _ = w.next(ctx, "p", since, func() (*redis.ZSliceCmd, error) {
+		_, _ = w.next(ctx, "p", since, since, func() (*redis.ZSliceCmd, error) {
 			<-panicking
 			panic("read boom")
-		})
+		}, future)
 	}()
 	rp := inFlight(t, w, "p")
 	own2 := newBlockingRead(6)
@@ -158,4 +162,42 @@ func TestWakerNextFailedRead(t *testing.T) {
 	require.True(t, errors.Is((<-e).err, context.Canceled))
 	close(held.release)
 	require.NoError(t, (<-d).err)
+}
+
+// A shared answer that says work is due now may be stale (the work taken
+// since, which publishes nothing): the joiners take the answer of a read
+// that started after their looks ended instead, one read for them all,
+// rather than sleep the poll interval on it. A caller whose look began
+// when a read started (not before it) does not join it.
+func TestWakerNextDueIsReadAgain(t *testing.T) {
+	w := &waker{}
+	ctx := context.Background()
+	since := time.Now()
+	due := newBlockingRead(3) // a score of now or before (see future)
+	a := nextAsync(ctx, w, "t", since, due.read)
+	r := inFlight(t, w, "t")
+	again := newBlockingRead(50)
+	b1 := nextAsync(ctx, w, "t", since, again.read)
+	b2 := nextAsync(ctx, w, "t", since, again.read)
+	require.Eventually(t, func() bool {
+		w.readMu.Lock()
+		defer w.readMu.Unlock()
+		return r.joined == 2
+	}, 5*time.Second, time.Millisecond)
+	same := newBlockingRead(60)
+	close(same.release)
+	c := nextAsync(ctx, w, "t", r.start, same.read)
+	require.Equal(t, 60.0, (<-c).z[0].Score, "its look began when the read started: it reads itself")
+	close(due.release)
+	require.Equal(t, 3.0, (<-a).z[0].Score, "the starter's own read is its answer")
+	r2 := inFlight(t, w, "t")
+	require.Eventually(t, func() bool {
+		w.readMu.Lock()
+		defer w.readMu.Unlock()
+		return r2.joined == 1
+	}, 5*time.Second, time.Millisecond)
+	close(again.release)
+	require.Equal(t, 50.0, (<-b1).z[0].Score, "work due in the shared answer: a read after its look")
+	require.Equal(t, 50.0, (<-b2).z[0].Score)
+	require.Equal(t, int32(1), again.calls.Load(), "one read for both joiners")
 }

@@ -64,6 +64,16 @@ func inFlight(t *testing.T, w *waker, topic string) *nextRead {
 	return r
 }
 
+// awaitJoined waits until n callers have joined r.
+func awaitJoined(t *testing.T, w *waker, r *nextRead, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		w.readMu.Lock()
+		defer w.readMu.Unlock()
+		return r.joined == n
+	}, 5*time.Second, time.Millisecond)
+}
+
 // Waiters that began their look before a read of their topic started
 // share it; one that began after it reads itself; other topics read
 // apart; nothing is left in flight.
@@ -76,11 +86,7 @@ func TestWakerNextShared(t *testing.T) {
 	r := inFlight(t, w, "t")
 	joiner := newBlockingRead(0)
 	b := nextAsync(ctx, w, "t", since, joiner.read)
-	require.Eventually(t, func() bool {
-		w.readMu.Lock()
-		defer w.readMu.Unlock()
-		return r.joined == 1
-	}, 5*time.Second, time.Millisecond)
+	awaitJoined(t, w, r, 1)
 	late := newBlockingRead(7)
 	c := nextAsync(ctx, w, "t", r.start.Add(time.Nanosecond), late.read)
 	other := newBlockingRead(9)
@@ -119,11 +125,7 @@ func TestWakerNextFailedRead(t *testing.T) {
 	own := newBlockingRead(5)
 	close(own.release)
 	b := nextAsync(ctx, w, "t", since, own.read)
-	require.Eventually(t, func() bool {
-		w.readMu.Lock()
-		defer w.readMu.Unlock()
-		return rf.joined == 1
-	}, 5*time.Second, time.Millisecond)
+	awaitJoined(t, w, rf, 1)
 	close(failing.release)
 	require.ErrorIs(t, (<-a).err, context.Canceled)
 	o := <-b
@@ -143,11 +145,7 @@ func TestWakerNextFailedRead(t *testing.T) {
 	own2 := newBlockingRead(6)
 	close(own2.release)
 	c := nextAsync(ctx, w, "p", since, own2.read)
-	require.Eventually(t, func() bool {
-		w.readMu.Lock()
-		defer w.readMu.Unlock()
-		return rp.joined == 1
-	}, 5*time.Second, time.Millisecond)
+	awaitJoined(t, w, rp, 1)
 	close(panicking)
 	o = <-c
 	require.NoError(t, o.err)
@@ -179,11 +177,7 @@ func TestWakerNextDueIsReadAgain(t *testing.T) {
 	again := newBlockingRead(50)
 	b1 := nextAsync(ctx, w, "t", since, again.read)
 	b2 := nextAsync(ctx, w, "t", since, again.read)
-	require.Eventually(t, func() bool {
-		w.readMu.Lock()
-		defer w.readMu.Unlock()
-		return r.joined == 2
-	}, 5*time.Second, time.Millisecond)
+	awaitJoined(t, w, r, 2)
 	same := newBlockingRead(60)
 	close(same.release)
 	c := nextAsync(ctx, w, "t", r.start, same.read)
@@ -191,11 +185,7 @@ func TestWakerNextDueIsReadAgain(t *testing.T) {
 	close(due.release)
 	require.Equal(t, 3.0, (<-a).z[0].Score, "the starter's own read is its answer")
 	r2 := inFlight(t, w, "t")
-	require.Eventually(t, func() bool {
-		w.readMu.Lock()
-		defer w.readMu.Unlock()
-		return r2.joined == 1
-	}, 5*time.Second, time.Millisecond)
+	awaitJoined(t, w, r2, 1)
 	close(again.release)
 	require.Equal(t, 50.0, (<-b1).z[0].Score, "work due in the shared answer: a read after its look")
 	require.Equal(t, 50.0, (<-b2).z[0].Score)

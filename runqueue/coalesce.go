@@ -82,9 +82,8 @@ type coalescer[P, R any] struct {
 	group   func(P) string
 	mu      sync.Mutex
 	pending []*pending[P, R]
-	senders int            // running sender goroutines, all groups
-	sending map[string]int // running sender goroutines by group
-	idle    *sync.Cond     // on mu: broadcast when senders goes down
+	sending map[string]int // running sender goroutines by group (none: no entry)
+	idle    *sync.Cond     // on mu: broadcast when a sender ends
 	closed  bool           // wait was called: do takes no more runs
 }
 
@@ -106,7 +105,7 @@ func (c *coalescer[P, R]) wait() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
-	for c.senders > 0 {
+	for len(c.sending) > 0 {
 		c.idle.Wait()
 	}
 }
@@ -133,7 +132,6 @@ func (c *coalescer[P, R]) do(ctx context.Context, p P) (res R, err error) {
 	start := c.sending[r.group] < coalesceSenders
 	if start {
 		c.sending[r.group]++
-		c.senders++
 	}
 	c.mu.Unlock()
 	if start {
@@ -223,7 +221,6 @@ func (c *coalescer[P, R]) stopped(g string) {
 	if c.sending[g]--; c.sending[g] == 0 {
 		delete(c.sending, g)
 	}
-	c.senders--
 	c.idle.Broadcast()
 }
 
@@ -341,5 +338,9 @@ func (c *coalescer[P, R]) waiting() int {
 func (c *coalescer[P, R]) running() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.senders
+	n := 0
+	for _, k := range c.sending {
+		n += k
+	}
+	return n
 }

@@ -2,6 +2,7 @@ package runqueue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -33,24 +34,22 @@ type nextRead struct {
 
 // next reads when topic's next work is due (read), sharing the read with
 // the other waiters of the topic: a wake-up wakes every waiter of a
-// topic, and those its run did not go to all look again at once. A
-// caller that registered for wake-ups and began its look at the queue at
-// since (its look ended at looked) joins a read in flight that started
-// after since: new work after
-// that (an enqueue, a nack, a redrive that brings the queue's next work
-// time forward publishes) wakes it again, whatever the read missed. What
-// the read saw may since have been taken, which publishes nothing: a
-// joiner uses the shared answer only when future says it is no work or
-// work still to come (a time after now). When it says work is due (the
-// caller would sleep the poll interval, while a later delayed run may be
-// due sooner), the joiner takes the answer of a read that started after
-// its look ended instead (future nil: any answer), as it would have read
-// itself then, shared with the joiners in the same case.
-// The caller that starts a read began it after its look ended: its
-// answer is its own. A read that failed is no answer for the callers
-// that joined it either (its error may be its starter's context): they
-// read themselves.
-func (w *waker) next(ctx context.Context, topic string, since, looked time.Time, read func() (*redis.ZSliceCmd, error), future func([]redis.Z) bool) ([]redis.Z, error) {
+// topic, and those its run did not go to all look again at once. A caller
+// registered for wake-ups, then looked at the queue from since to ended.
+//
+// It joins a read in flight that started after since: new work after that
+// (an enqueue, nack or redrive that brings the queue's next work time
+// forward publishes) wakes it again, whatever the read missed. But what
+// the read saw may have been taken since, which publishes nothing, so a
+// joiner keeps the answer only when future says it is no work or work to
+// come (a time after now). When it says work is due (the caller would
+// sleep the poll interval, while a later delayed run may be due sooner),
+// or the read failed (its error may be its starter's context), the joiner
+// takes a read that started after its look ended instead (future nil: any
+// answer), as it would have read itself then, shared with the joiners in
+// the same case. A caller that starts a read starts it after its look
+// ended: the answer is its own.
+func (w *waker) next(ctx context.Context, topic string, since, ended time.Time, read func() (*redis.ZSliceCmd, error), future func([]redis.Z) bool) ([]redis.Z, error) {
 	w.readMu.Lock()
 	if r := w.reads[topic]; r != nil && r.start.After(since) {
 		r.joined++
@@ -63,14 +62,7 @@ func (w *waker) next(ctx context.Context, topic string, since, looked time.Time,
 		if r.err == nil && (future == nil || future(r.z)) {
 			return r.z, nil
 		}
-		if r.err == nil {
-			return w.next(ctx, topic, looked, looked, read, nil)
-		}
-		cmd, err := read()
-		if err != nil {
-			return nil, err
-		}
-		return cmd.Val(), nil
+		return w.next(ctx, topic, ended, ended, read, nil)
 	}
 	r := &nextRead{start: time.Now(), done: make(chan struct{})}
 	if w.reads == nil {
@@ -97,7 +89,7 @@ func (w *waker) next(ctx context.Context, topic string, since, looked time.Time,
 }
 
 // errNoRead is a shared read's error while it has no answer.
-var errNoRead = fmt.Errorf("runqueue: no read of the next work time")
+var errNoRead = errors.New("runqueue: no read of the next work time")
 
 func (q *Queue) getWaker(ctx context.Context) (*waker, error) {
 	q.closeMu.Lock()
@@ -236,7 +228,7 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		ch := w.register(topic)
 		began := time.Now()
 		runs, err := try()
-		looked := time.Now()
+		ended := time.Now()
 		if err != nil || len(runs) > 0 {
 			w.unregister(topic, ch)
 			return runs, err
@@ -247,7 +239,7 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 			return runs, nil
 		}
 		sleep := left
-		if z, err := w.next(ctx, topic, began, looked, next, func(z []redis.Z) bool {
+		if z, err := w.next(ctx, topic, began, ended, next, func(z []redis.Z) bool {
 			return len(z) == 0 || int64(z[0].Score) > q.now()
 		}); err != nil {
 			w.unregister(topic, ch)

@@ -78,6 +78,11 @@ func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([
 // Close).
 func (q *Queue) dequeueOne(ctx context.Context, n *queueNames, maxCount int) ([]*Run, error) {
 	if !q.cfg.SerialCalls {
+		// A read-only Queue refuses here, as Enqueue and Ack do, whatever
+		// the context.
+		if q.scripts.dequeue.refused {
+			return nil, ErrReadOnly
+		}
 		res, err := q.deq.do(ctx, dequeueReq{qn: n, max: maxCount})
 		if err == nil {
 			return res.runs, res.err

@@ -134,6 +134,7 @@ type Report struct {
 	Nodes        []ClusterNode `json:"nodes,omitempty"` // the masters of a Redis Cluster, by address
 	GoVersion    string        `json:"go_version"`
 	CPUs         int           `json:"cpus"`
+	GoMaxProcs   int           `json:"gomaxprocs"` // the bench process's, which its clients run on
 	StartedAt    time.Time     `json:"started_at"`
 	DurationSec  float64       `json:"duration_s"`
 	Settings     Settings      `json:"settings"`
@@ -188,7 +189,7 @@ func (r *Report) allMet() bool {
 // to stderr when opts.Progress, and the -json and -out files.
 func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Report, err error) {
 	start := time.Now()
-	rep = &Report{GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), StartedAt: start.UTC().Truncate(time.Second)}
+	rep = &Report{GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), GoMaxProcs: runtime.GOMAXPROCS(0), StartedAt: start.UTC().Truncate(time.Second)}
 	prog := newProgress(stderr, opts.Progress)
 	defer prog.done()
 

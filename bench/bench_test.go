@@ -684,6 +684,12 @@ func TestHelpers(t *testing.T) {
 		require.Equal(t, "== 636 (flag off)", prettyThreshold("== 636 (flag off)"))
 		require.Equal(t, "within 5% of flag off", prettyThreshold("within 5% of flag off"))
 	})
+	t.Run("BackendLine", func(t *testing.T) {
+		rep := &Report{Backend: "redis", RedisVersion: "7.0.15", GoVersion: "go1.26.8", CPUs: 2, GoMaxProcs: 2, DurationSec: 3}
+		require.Equal(t, "backend Redis 7.0.15 · go1.26.8 · 2 CPUs · 3.0 s", backendLine(rep))
+		rep.GoMaxProcs = 1
+		require.Equal(t, "backend Redis 7.0.15 · go1.26.8 · 2 CPUs (GOMAXPROCS 1) · 3.0 s", backendLine(rep))
+	})
 	t.Run("Num", func(t *testing.T) {
 		require.Equal(t, []string{"480", "0.326", "4.50", "61.2", "558", "-"},
 			[]string{num(480), num(0.32631), num(4.5), num(61.23), num(557.6), num(math.NaN())})

@@ -29,7 +29,11 @@ func backendLine(rep *Report) string {
 	case "redis-cluster":
 		b = fmt.Sprintf("Redis Cluster %s, %d masters", rep.RedisVersion, len(rep.Nodes))
 	}
-	return fmt.Sprintf("backend %s · %s · %d CPUs · %.1f s", b, rep.GoVersion, rep.CPUs, rep.DurationSec)
+	procs := ""
+	if rep.GoMaxProcs != 0 && rep.GoMaxProcs != rep.CPUs {
+		procs = fmt.Sprintf(" (GOMAXPROCS %d)", rep.GoMaxProcs)
+	}
+	return fmt.Sprintf("backend %s · %s · %d CPUs%s · %.1f s", b, rep.GoVersion, rep.CPUs, procs, rep.DurationSec)
 }
 
 func sections(rep *Report) []section {
@@ -373,6 +377,7 @@ func enqueueSection(rep *Report) section {
 			"coalesced: concurrent Enqueue calls of one Queue go together in EnqueueMany calls, at most two in flight; serial: one script call per Enqueue",
 			"EnqueueMany of 32 runs or more (with no admission limit) writes them in bulk: one HSET of the records, one ZADD per variant's set",
 			"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) over the phase / runs",
+			"with Redis on the same machine, the bench's GOMAXPROCS decides how much CPU its clients take from Redis (see \"The client's GOMAXPROCS\" in docs/performance.md; the first line says when it is not the CPU count)",
 		}}
 }
 

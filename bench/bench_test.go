@@ -286,8 +286,10 @@ func TestRealRedis(t *testing.T) {
 	sweep := objects(t, doc, "sweep")
 	require.Len(t, sweep, 4)
 	for _, s := range sweep {
-		requireFields(t, "sweep row", s, "keys", "flag", "redis_us_per_run", "dequeue_us_per_run")
+		requireFields(t, "sweep row", s, "keys", "flag", "redis_us_per_run", "dequeue_us_per_run", "enqueue_new_key_us_per_run")
 		require.Equal(t, 40.0, s["runs"])
+		require.GreaterOrEqual(t, s["runs_per_key"], 2.0, "every key keeps a run: %v", s)
+		require.Greater(t, s["enqueue_new_key_us_per_run"], 0.0, s)
 	}
 
 	tp := objects(t, doc, "throughput")
@@ -677,7 +679,7 @@ func TestHelpers(t *testing.T) {
 	t.Run("SweepRunsPerKey", func(t *testing.T) {
 		require.Equal(t, 501, sweepRunsPerKey(10, 5000))
 		require.Equal(t, 2, sweepRunsPerKey(10_000, 5000))
-		require.Equal(t, 1, sweepRunsPerKey(100_000, 5000))
+		require.Equal(t, 2, sweepRunsPerKey(100_000, 5000), "a served key keeps a run")
 	})
 	t.Run("Threshold", func(t *testing.T) {
 		require.Equal(t, "<= 112", prettyThreshold("<= 111.60000000000001"))

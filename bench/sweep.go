@@ -51,11 +51,14 @@ type SweepRow struct {
 	Runs       int    `json:"runs"`  // runs dequeued and acked (measured)
 	Batch      int    `json:"batch"` // maxCount of each dequeue
 	// Redis CPU per run (scripts plus Go's own reads) of each step and of
-	// the three together.
+	// the three together; the enqueue is of runs behind their keys' heads.
 	EnqueueUsPerRun float64 `json:"enqueue_us_per_run"`
-	DequeueUsPerRun float64 `json:"dequeue_us_per_run"`
-	AckUsPerRun     float64 `json:"ack_us_per_run"`
-	RedisUsPerRun   float64 `json:"redis_us_per_run"`
+	// EnqueueNewKeyUsPerRun is the enqueue of each key's first run (flag
+	// on, its registration with the scheduler): not in RedisUsPerRun.
+	EnqueueNewKeyUsPerRun float64 `json:"enqueue_new_key_us_per_run"`
+	DequeueUsPerRun       float64 `json:"dequeue_us_per_run"`
+	AckUsPerRun           float64 `json:"ack_us_per_run"`
+	RedisUsPerRun         float64 `json:"redis_us_per_run"`
 	// Commands per run of the dequeue step (redis.calls and Go's reads).
 	DequeueCallsPerRun float64 `json:"dequeue_calls_per_run"`
 }
@@ -129,13 +132,11 @@ func boolInt(b bool) int {
 }
 
 // sweepRunsPerKey is how many runs each key gets at a sweep point: enough
-// that the measured runs leave every key active, except where the keys
-// alone outnumber the measured runs tenfold (one run each, so that 100,000
-// keys stay affordable; at most a tenth of them drain).
+// that the measured runs leave every key active (at least two: a served key
+// keeps a run), so that every point measures the same work, runs of keys
+// that stay active, and only the number of keys varies. A key's first run
+// (its registration) is measured apart (SweepRow.EnqueueNewKeyUsPerRun).
 func sweepRunsPerKey(keys, runs int) int {
-	if keys >= 10*runs {
-		return 1
-	}
 	return (runs+keys-1)/keys + 1
 }
 
@@ -158,18 +159,19 @@ func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n
 	const workers = 16
 	// Each step is measured in segments and the cheapest segment per run is
 	// kept: other load on the machine only adds time.
-	enqUs := math.Inf(1)
-	enqueue := func(from, to int) error {
+	enqueue := func(from, to int) (float64, error) {
+		us := math.Inf(1)
 		for _, seg := range segments(from, to) {
 			s, err := mc.measure(ctx, func() error { return fill(ctx, q, workers, seg[0], seg[1], "r", keyOf, at) })
 			if err != nil {
-				return err
+				return 0, err
 			}
-			enqUs = math.Min(enqUs, s.usec()/float64(seg[1]-seg[0]))
+			us = math.Min(us, s.usec()/float64(seg[1]-seg[0]))
 		}
-		return nil
+		return us, nil
 	}
-	if err := enqueue(0, n); err != nil { // one run per key
+	newKeyUs, err := enqueue(0, n) // one run per key: each registers its key
+	if err != nil {
 		return nil, nil, err
 	}
 	if wantMem {
@@ -180,7 +182,8 @@ func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n
 	if !wantSweep {
 		return mem, nil, nil
 	}
-	if err := enqueue(n, rpk*n); err != nil {
+	enqUs, err := enqueue(n, rpk*n) // runs behind their keys' heads
+	if err != nil {
 		return nil, nil, err
 	}
 	m := opts.SweepRuns
@@ -224,7 +227,8 @@ func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n
 		ackUs = math.Min(ackUs, s.usec()/float64(seg[1]-seg[0]))
 	}
 	row = &SweepRow{Keys: n, Flag: flagName(on), RunsPerKey: rpk, Runs: len(held), Batch: sweepBatch,
-		EnqueueUsPerRun: enqUs, DequeueUsPerRun: deqUs, AckUsPerRun: ackUs, DequeueCallsPerRun: deqCmds}
+		EnqueueUsPerRun: enqUs, EnqueueNewKeyUsPerRun: newKeyUs, DequeueUsPerRun: deqUs, AckUsPerRun: ackUs,
+		DequeueCallsPerRun: deqCmds}
 	row.RedisUsPerRun = row.EnqueueUsPerRun + row.DequeueUsPerRun + row.AckUsPerRun
 	return mem, row, nil
 }

@@ -589,8 +589,8 @@ func costBatch(ctx context.Context, mc *measured, ks *keyspace, opts Options, on
 
 // costNewKeys measures CostRuns enqueues into a fresh queue, each of a key
 // that has no run yet: the first run of a key, which flag on registers
-// with the scheduler. With many active keys most enqueues are such: this
-// row is why the cost per run grows with the key count (sweep).
+// with the scheduler. A key that drains and comes back pays it again (the
+// key sweep reports it apart: SweepRow.EnqueueNewKeyUsPerRun).
 func costNewKeys(ctx context.Context, mc *measured, ks *keyspace, opts Options, on bool) (row CostRow, err error) {
 	now := time.Now()
 	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)

@@ -207,7 +207,7 @@ func costSection(rep *Report) section {
 		"CMDS/RUN = Redis commands per run: redis.calls inside the scripts (INNER/RUN) plus Go's reads",
 		"SPREAD = (max - min) / min of Redis µs per call over the repeats (the fastest is kept, whole: other load only adds time); ack runs the same script on both flags, so its off/on gap is noise",
 		fmt.Sprintf("enqueue new key: %d enqueues into a fresh queue, each the first run of its key (flag on registers the key with the scheduler): "+
-			"with many active keys most enqueues are such, which is what the sweep's growth with the key count comes from", st.CostRuns),
+			"a key that drains and comes back pays it again (the key sweep reports it apart, as NEW KEY µs)", st.CostRuns),
 		fmt.Sprintf("dequeue gated: %d keys each at its KeyConcurrency limit of 1 with a run queued behind; %d calls of maxCount 10 serving nothing (no runs: per-call figures only)", st.GatedKeys, st.GatedCalls),
 	}
 	if len(gated) > 0 {
@@ -287,8 +287,8 @@ func sweepSection(rep *Report) section {
 	return section{title: fmt.Sprintf("Redis CPU per run lifecycle (enqueue + dequeue + ack) against active keys; %d runs dequeued (maxCount %d) and acked per point, cheapest of 3 segments per step; columns off → on", runs, batch),
 		t: t, chart: "sweep.svg",
 		notes: []string{
-			"every key holds at least two runs, so the measured runs are of keys that stay active (enqueued behind their key's head, served without draining it): only the number of keys varies",
-			"NEW KEY µs: the enqueue of each key's first run (flag on, it registers the key with the scheduler), not in the lifecycle; a key that drains and comes back pays it again (see the cost section's \"enqueue new key\" row); at 10 keys it is ten runs, mostly a script call's fixed cost",
+			"every key holds at least two runs, so no key registers or drains during the measure (runs are enqueued behind their key's head and served without draining it); the runs per key still differ from point to point, and with them the encoding of each key's ready set (a skiplist from 64 runs, see \"Wide sets\" in docs/performance.md; a listpack below)",
+			"NEW KEY µs: the enqueue of each key's first run (flag on, it registers the key with the scheduler), not in the lifecycle; a key that drains and comes back pays it again (see the cost section's \"enqueue new key\" row); below 300 keys it is one sample, not the cheapest of 3 (at 10 keys ten runs, mostly a script call's fixed cost); the serve that drains a key is not measured here",
 		}}
 }
 

@@ -54,7 +54,8 @@ type SweepRow struct {
 	// the three together; the enqueue is of runs behind their keys' heads.
 	EnqueueUsPerRun float64 `json:"enqueue_us_per_run"`
 	// EnqueueNewKeyUsPerRun is the enqueue of each key's first run (flag
-	// on, its registration with the scheduler): not in RedisUsPerRun.
+	// on, its registration with the scheduler): not in RedisUsPerRun; one
+	// sample below 300 keys (see segments).
 	EnqueueNewKeyUsPerRun float64 `json:"enqueue_new_key_us_per_run"`
 	DequeueUsPerRun       float64 `json:"dequeue_us_per_run"`
 	AckUsPerRun           float64 `json:"ack_us_per_run"`
@@ -133,9 +134,9 @@ func boolInt(b bool) int {
 
 // sweepRunsPerKey is how many runs each key gets at a sweep point: enough
 // that the measured runs leave every key active (at least two: a served key
-// keeps a run), so that every point measures the same work, runs of keys
-// that stay active, and only the number of keys varies. A key's first run
-// (its registration) is measured apart (SweepRow.EnqueueNewKeyUsPerRun).
+// keeps a run), so that no key registers or drains during the measure at
+// any point. A key's first run (its registration) is measured apart
+// (SweepRow.EnqueueNewKeyUsPerRun); a key's drain is not measured.
 func sweepRunsPerKey(keys, runs int) int {
 	return (runs+keys-1)/keys + 1
 }

@@ -286,10 +286,11 @@ func TestRealRedis(t *testing.T) {
 	sweep := objects(t, doc, "sweep")
 	require.Len(t, sweep, 4)
 	for _, s := range sweep {
-		requireFields(t, "sweep row", s, "keys", "flag", "redis_us_per_run", "dequeue_us_per_run", "enqueue_new_key_us_per_run")
+		requireFields(t, "sweep row", s, "keys", "flag", "redis_us_per_run", "dequeue_us_per_run", "enqueue_new_key_us_per_run", "drain_us_per_run")
 		require.Equal(t, 40.0, s["runs"])
 		require.GreaterOrEqual(t, s["runs_per_key"], 2.0, "every key keeps a run: %v", s)
 		require.Greater(t, s["enqueue_new_key_us_per_run"], 0.0, s)
+		require.Greater(t, s["drain_us_per_run"], 0.0, s)
 	}
 
 	tp := objects(t, doc, "throughput")

@@ -268,8 +268,8 @@ func runMemorySection(rep *Report) section {
 }
 
 func sweepSection(rep *Report) section {
-	t := &table{header: []string{"ACTIVE KEYS", "RUNS/KEY", "µs/RUN OFF", "µs/RUN ON", "ON/OFF", "ENQUEUE µs", "DEQUEUE µs", "ACK µs", "DEQUEUE CMDS/RUN", "NEW KEY µs"},
-		right: []bool{true, true, true, true, true, true, true, true, true, true}}
+	t := &table{header: []string{"ACTIVE KEYS", "RUNS/KEY", "µs/RUN OFF", "µs/RUN ON", "ON/OFF", "ENQUEUE µs", "DEQUEUE µs", "ACK µs", "DEQUEUE CMDS/RUN", "NEW KEY µs", "DRAIN µs"},
+		right: []bool{true, true, true, true, true, true, true, true, true, true, true}}
 	for i := 0; i+1 < len(rep.Sweep); i += 2 {
 		off, on := rep.Sweep[i], rep.Sweep[i+1]
 		t.add(fmt.Sprint(off.Keys), fmt.Sprint(off.RunsPerKey), fixed(off.RedisUsPerRun, 2), fixed(on.RedisUsPerRun, 2),
@@ -278,7 +278,8 @@ func sweepSection(rep *Report) section {
 			arrow(fixed(off.DequeueUsPerRun, 2), fixed(on.DequeueUsPerRun, 2)),
 			arrow(fixed(off.AckUsPerRun, 2), fixed(on.AckUsPerRun, 2)),
 			arrow(fixed(off.DequeueCallsPerRun, 2), fixed(on.DequeueCallsPerRun, 2)),
-			arrow(fixed(off.EnqueueNewKeyUsPerRun, 2), fixed(on.EnqueueNewKeyUsPerRun, 2)))
+			arrow(fixed(off.EnqueueNewKeyUsPerRun, 2), fixed(on.EnqueueNewKeyUsPerRun, 2)),
+			arrow(fixed(off.DrainUsPerRun, 2), fixed(on.DrainUsPerRun, 2)))
 	}
 	runs, batch := 0, 0
 	if len(rep.Sweep) > 0 {
@@ -288,7 +289,8 @@ func sweepSection(rep *Report) section {
 		t: t, chart: "sweep.svg",
 		notes: []string{
 			"every key holds at least two runs, so no key registers or drains during the measure (runs are enqueued behind their key's head and served without draining it); the runs per key still differ from point to point, and with them the encoding of each key's ready set (a skiplist from 64 runs, see \"Wide sets\" in docs/performance.md; a listpack below)",
-			"NEW KEY µs: the enqueue of each key's first run (flag on, it registers the key with the scheduler), not in the lifecycle; a key that drains and comes back pays it again (see the cost section's \"enqueue new key\" row); below 300 keys it is one sample, not the cheapest of 3 (at 10 keys ten runs, mostly a script call's fixed cost); the serve that drains a key is not measured here",
+			"NEW KEY µs: the enqueue of each key's first run (flag on, it registers the key with the scheduler), not in the lifecycle; a key that drains and comes back pays it again (see the cost section's \"enqueue new key\" row); below 300 keys it is one sample, not the cheapest of 3 (at 10 keys ten runs, mostly a script call's fixed cost)",
+			"DRAIN µs: the dequeue of runs that are each their key's last (every serve drains its key; flag on, the scheduler lets the key go), on a queue of its own with one run per key, up to the measured runs; not in the lifecycle either",
 		}}
 }
 

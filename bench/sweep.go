@@ -62,6 +62,10 @@ type SweepRow struct {
 	RedisUsPerRun         float64 `json:"redis_us_per_run"`
 	// Commands per run of the dequeue step (redis.calls and Go's reads).
 	DequeueCallsPerRun float64 `json:"dequeue_calls_per_run"`
+	// DrainUsPerRun is the dequeue of runs that are each their key's last
+	// (every serve drains its key), on a queue of the point's key count
+	// with one run per key: not in RedisUsPerRun (see sweepDrain).
+	DrainUsPerRun float64 `json:"drain_us_per_run"`
 }
 
 const sweepBatch = 10
@@ -136,7 +140,8 @@ func boolInt(b bool) int {
 // that the measured runs leave every key active (at least two: a served key
 // keeps a run), so that no key registers or drains during the measure at
 // any point. A key's first run (its registration) is measured apart
-// (SweepRow.EnqueueNewKeyUsPerRun); a key's drain is not measured.
+// (SweepRow.EnqueueNewKeyUsPerRun), and so is a key's drain
+// (SweepRow.DrainUsPerRun).
 func sweepRunsPerKey(keys, runs int) int {
 	return (runs+keys-1)/keys + 1
 }
@@ -187,30 +192,9 @@ func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n
 	if err != nil {
 		return nil, nil, err
 	}
-	m := opts.SweepRuns
-	var held []*runqueue.Run
-	deqUs, deqCmds := math.Inf(1), 0.0
-	for _, seg := range segments(0, m) {
-		from := len(held)
-		s, err := mc.measure(ctx, func() error {
-			for len(held) < seg[1] {
-				runs, err := q.Dequeue(ctx, benchEnv, benchQueue, min(sweepBatch, seg[1]-len(held)))
-				if err != nil {
-					return err
-				}
-				if len(runs) == 0 {
-					return errors.New("dequeue served nothing")
-				}
-				held = append(held, runs...)
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, nil, err
-		}
-		if us := s.usec() / float64(len(held)-from); us < deqUs {
-			deqUs, deqCmds = us, float64(s.cmds.Calls)/float64(len(held)-from)
-		}
+	held, deqUs, deqCmds, err := measureDequeues(ctx, mc, q, opts.SweepRuns)
+	if err != nil {
+		return nil, nil, err
 	}
 	ackUs := math.Inf(1)
 	for _, seg := range segments(0, len(held)) {
@@ -227,11 +211,65 @@ func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n
 		}
 		ackUs = math.Min(ackUs, s.usec()/float64(seg[1]-seg[0]))
 	}
+	drainUs, err := sweepDrain(ctx, mc, ks, opts, n, on)
+	if err != nil {
+		return nil, nil, err
+	}
 	row = &SweepRow{Keys: n, Flag: flagName(on), RunsPerKey: rpk, Runs: len(held), Batch: sweepBatch,
 		EnqueueUsPerRun: enqUs, EnqueueNewKeyUsPerRun: newKeyUs, DequeueUsPerRun: deqUs, AckUsPerRun: ackUs,
-		DequeueCallsPerRun: deqCmds}
+		DequeueCallsPerRun: deqCmds, DrainUsPerRun: drainUs}
 	row.RedisUsPerRun = row.EnqueueUsPerRun + row.DequeueUsPerRun + row.AckUsPerRun
 	return mem, row, nil
+}
+
+// measureDequeues dequeues m runs of q in calls of up to sweepBatch,
+// measured in segments, and returns the runs and the cheapest segment's
+// Redis µs and commands per run.
+func measureDequeues(ctx context.Context, mc *measured, q *runqueue.Queue, m int) (held []*runqueue.Run, us, cmds float64, err error) {
+	us = math.Inf(1)
+	for _, seg := range segments(0, m) {
+		from := len(held)
+		s, err := mc.measure(ctx, func() error {
+			for len(held) < seg[1] {
+				runs, err := q.Dequeue(ctx, benchEnv, benchQueue, min(sweepBatch, seg[1]-len(held)))
+				if err != nil {
+					return err
+				}
+				if len(runs) == 0 {
+					return errors.New("dequeue served nothing")
+				}
+				held = append(held, runs...)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, 0, 0, err
+		}
+		if x := s.usec() / float64(len(held)-from); x < us {
+			us, cmds = x, float64(s.cmds.Calls)/float64(len(held)-from)
+		}
+	}
+	return held, us, cmds, nil
+}
+
+// sweepDrain measures, on a queue of its own, the dequeue of runs that are
+// each their key's only one: every serve drains its key (flag on, the
+// scheduler lets the key go). n keys hold a run each, and min(n,
+// SweepRuns) of them are served, so the key count is the point's.
+func sweepDrain(ctx context.Context, mc *measured, ks *keyspace, opts Options, n int, on bool) (us float64, err error) {
+	now := time.Now()
+	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer done(&err)
+	base := now.Add(-time.Duration(n) * time.Millisecond)
+	if err := fill(ctx, q, 16, 0, n, "d", func(i int) string { return keyName(i) },
+		func(i int) time.Time { return base.Add(time.Duration(i) * time.Millisecond) }); err != nil {
+		return 0, err
+	}
+	_, us, _, err = measureDequeues(ctx, mc, q, min(n, opts.SweepRuns))
+	return us, err
 }
 
 // segments splits [from, to) into sweepParts equal segments when each

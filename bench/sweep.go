@@ -264,7 +264,7 @@ func sweepDrain(ctx context.Context, mc *measured, ks *keyspace, opts Options, n
 	}
 	defer done(&err)
 	base := now.Add(-time.Duration(n) * time.Millisecond)
-	if err := fill(ctx, q, 16, 0, n, "d", func(i int) string { return keyName(i) },
+	if err := fill(ctx, q, 16, 0, n, "d", keyName,
 		func(i int) time.Time { return base.Add(time.Duration(i) * time.Millisecond) }); err != nil {
 		return 0, err
 	}

@@ -33,14 +33,40 @@ end
 
 -- The hooks are methods over the table hooks_open returns (hooks:name(...)),
 -- so that a call makes that one table and no closures.
-local function hooks_ready_start(H, vm) hooks_lib(H):ready_start(vm) end
-local function hooks_ready_empty(H, vm) hooks_lib(H):ready_empty(vm) end
-local function hooks_released(H, vms) if H.look then hooks_lib(H):released(vms) end end
-local function hooks_finish(H) if H.h then H.h:finish() end end
+-- A variant that gains its first ready run is registered later, with the
+-- others of the call (sched_register_many: one read and one write for
+-- all of them): before any other hook, and at finish. Nothing the script
+-- does in between reads the scheduler's keys. Every script that calls a
+-- hook calls finish after it.
+local function hooks_flush(H)
+  local p = H.pend
+  if p then
+    H.pend = false
+    hooks_lib(H):ready_start_many(p)
+  end
+end
+local function hooks_ready_start(H, vm)
+  local p = H.pend
+  if p then p[#p + 1] = vm else H.pend = { vm } end
+end
+local function hooks_ready_empty(H, vm)
+  hooks_flush(H)
+  hooks_lib(H):ready_empty(vm)
+end
+local function hooks_released(H, vms)
+  if H.look then
+    hooks_flush(H)
+    hooks_lib(H):released(vms)
+  end
+end
+local function hooks_finish(H)
+  hooks_flush(H)
+  if H.h then H.h:finish() end
+end
 
 local function hooks_open(keys, args, own_keys, own_args, now)
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
-           look = args[own_args + 3] == '1', h = false,
+           look = args[own_args + 3] == '1', h = false, pend = false,
            ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
            released = hooks_released, finish = hooks_finish }
 end

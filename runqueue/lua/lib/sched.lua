@@ -97,6 +97,88 @@ local function sched_hmget(h, fields)
   return out
 end
 
+-- Variants that gained their first ready run, in order (a script's hooks
+-- gather them: see hooks_vtime): what sched_register(S, vm, false) does
+-- for each in turn, with one HMGET and one ZMSCORE for all of them before
+-- and their writes in one ZREM, ZADD and HSET after. In between, nothing
+-- reads what they write but the registrations themselves, and those see
+-- it: the lane's head (st.lh), the top tag a newcomer compares with V (the
+-- tags registered before it count: B.pmax) and ckVtime's size (B.delta);
+-- a variant named twice registers once, as its second call would find it
+-- registered. A state started again (sched_state found none, or found it
+-- broken) drops what was read of it before: every variant after that is
+-- unregistered and has no parked tag.
+local function sched_register_many(S, vms)
+  local k = #vms
+  if k == 1 or k > 1000 then
+    -- (more than the reads' arguments may be: one at a time; no script
+    -- gathers that many)
+    for i = 1, k do sched_register(S, vms[i], false) end
+    return
+  end
+  local st, regs, parked, off = S.st, nil, nil, 0
+  if st then
+    regs = redis.call('HMGET', S.h, unpack(vms))
+    parked = redis.call('ZMSCORE', S.z, unpack(vms))
+  else
+    local args = {}
+    for i = 1, k do args[i] = vms[i] end
+    for i, f in ipairs(SCHED_REG_FIELDS) do args[k + i] = f end
+    regs = redis.call('HMGET', S.h, unpack(args))
+    parked = redis.call('ZMSCORE', S.z, '', unpack(vms))
+    off = 1
+  end
+  local B = { zrem = {}, zadd = {}, hset = {}, delta = 0, top = nil, pmax = false }
+  local seen, void, n = {}, false, 0
+  for i = 1, k do
+    local vm = vms[i]
+    if not seen[vm] then
+      seen[vm] = true
+      if void or not regs[i] then
+        if not st then
+          st = sched_state(S, regs, k, parked[1], SCHED_REG_FIELDS)
+          if S.fresh then
+            -- (the state started again: the variants seen before this
+            -- one were found registered in the state that is gone)
+            void, seen = true, { [vm] = true }
+          end
+        end
+        local p = false
+        if not void then p = parked[i + off] end
+        local u, code, waiting, seq = sched_admit(S, st, vm, false, p, B)
+        local z = B.zadd
+        if u then
+          z[#z + 1] = sched_fmt(u)
+          z[#z + 1] = code .. vm
+          B.delta = B.delta + 1
+          if not B.pmax or u > B.pmax then B.pmax = u end
+        end
+        if waiting then
+          z[#z + 1] = sched_fmt(seq - SCHED.W)
+          z[#z + 1] = vm
+          B.delta = B.delta + 1
+        end
+        local h = B.hset
+        h[#h + 1] = vm
+        h[#h + 1] = sched_value(code, false, waiting, 0)
+        n = n + 1
+      end
+    end
+  end
+  if n == 0 then return end
+  sched_chunked('ZREM', S.z, B.zrem, 1)
+  sched_chunked('ZADD', S.z, B.zadd, 2)
+  local h = B.hset
+  h[#h + 1] = 's'
+  h[#h + 1] = sched_fmt(st.s)
+  if st.lh ~= S.was.lh then
+    h[#h + 1] = 'lh'
+    h[#h + 1] = st.lh
+  end
+  sched_chunked('HSET', S.h, h, 2)
+  S.was.s, S.was.lh = st.s, st.lh
+end
+
 -- Slots of the variants vms freed (ack, nack, lease recovery, dead
 -- letter): a gated one competes again, at max(S, V), whatever the key
 -- limit is now (one read for all of them).
@@ -122,10 +204,11 @@ end
 -- (Methods over the hooks' own table, called hooks:name(...), so that a
 -- call makes one table and no closures.)
 local function sched_hook_ready_start(H, vm) sched_register(H.S, vm, false) end
+local function sched_hook_ready_start_many(H, vms) sched_register_many(H.S, vms) end
 local function sched_hook_ready_empty(H, vm) sched_drained(H.S, vm) end
 local function sched_hook_released(H, vms) if H.look then sched_released(H.S, vms) end end
 local function sched_hook_finish(H) sched_save(H.S) end
 local function sched_hooks(S, look)
-  return { S = S, look = look, ready_start = sched_hook_ready_start, ready_empty = sched_hook_ready_empty,
-           released = sched_hook_released, finish = sched_hook_finish }
+  return { S = S, look = look, ready_start = sched_hook_ready_start, ready_start_many = sched_hook_ready_start_many,
+           ready_empty = sched_hook_ready_empty, released = sched_hook_released, finish = sched_hook_finish }
 end

@@ -228,10 +228,20 @@ end
 -- newcomer queues behind the lane's head when the lane is not empty, else
 -- with q its quantum and A = min(top, V + q) registers at V when A <= V,
 -- or becomes the lane's head at A + q. parked, when not nil, is vm's idle
--- score as the caller read it (false: none).
-local function sched_admit(S, st, vm, discovered, parked)
+-- score as the caller read it (false: none). B, when given, holds the
+-- writes of registrations not made yet (see sched_register_many in lib/sched): the
+-- parked entry's removal goes there, and the top tag and ckVtime's size
+-- count them.
+local function sched_admit(S, st, vm, discovered, parked, B)
   if parked == nil then parked = redis.call('ZSCORE', S.z, vm) end
-  if parked then redis.call('ZREM', S.z, vm) end
+  if parked then
+    if B then
+      B.zrem[#B.zrem + 1] = vm
+      B.delta = B.delta - 1
+    else
+      redis.call('ZREM', S.z, vm)
+    end
+  end
   local u, waiting = st.v, false
   if parked and num(parked) + SCHED.G > st.v then
     u = num(parked) + SCHED.G
@@ -239,17 +249,25 @@ local function sched_admit(S, st, vm, discovered, parked)
     if st.lh ~= '' then
       u, waiting = nil, true
     else
-      local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, '0', 'WITHSCORES', 'LIMIT', '0', '1')
-      if t[2] and num(t[2]) > st.v then
+      local top
+      if B and B.top ~= nil then
+        top = B.top
+      else
+        local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, '0', 'WITHSCORES', 'LIMIT', '0', '1')
+        top = t[2] and num(t[2]) or false
+        if B then B.top = top end
+      end
+      if B and B.pmax and (not top or B.pmax > top) then top = B.pmax end
+      if top and top > st.v then
         local q = sched_quantum(sched_weight(S, st, vm))
-        u, waiting = math.min(num(t[2]), st.v + q) + q, true
+        u, waiting = math.min(top, st.v + q) + q, true
         st.lh = vm
       end
     end
   end
   local seq = st.s
   st.s = st.s + 1
-  if seq % SCHED.WIDE_AT == 0 and redis.call('ZCARD', S.z) >= SCHED.WIDE_AT then
+  if seq % SCHED.WIDE_AT == 0 and redis.call('ZCARD', S.z) + (B and B.delta or 0) >= SCHED.WIDE_AT then
     redis.call('ZADD', S.z, SCHED.WIDE_SCORE, SCHED.WIDE_MEMBER)
     redis.call('HSET', S.h, SCHED.WIDE_FIELD, SCHED.WIDE_VALUE)
   end

@@ -457,10 +457,20 @@ local function hooks_lib(H)
       -- newcomer queues behind the lane's head when the lane is not empty, else
       -- with q its quantum and A = min(top, V + q) registers at V when A <= V,
       -- or becomes the lane's head at A + q. parked, when not nil, is vm's idle
-      -- score as the caller read it (false: none).
-      local function sched_admit(S, st, vm, discovered, parked)
+      -- score as the caller read it (false: none). B, when given, holds the
+      -- writes of registrations not made yet (see sched_register_many in lib/sched): the
+      -- parked entry's removal goes there, and the top tag and ckVtime's size
+      -- count them.
+      local function sched_admit(S, st, vm, discovered, parked, B)
         if parked == nil then parked = redis.call('ZSCORE', S.z, vm) end
-        if parked then redis.call('ZREM', S.z, vm) end
+        if parked then
+          if B then
+            B.zrem[#B.zrem + 1] = vm
+            B.delta = B.delta - 1
+          else
+            redis.call('ZREM', S.z, vm)
+          end
+        end
         local u, waiting = st.v, false
         if parked and num(parked) + 4503599627370496 > st.v then
           u = num(parked) + 4503599627370496
@@ -468,17 +478,25 @@ local function hooks_lib(H)
           if st.lh ~= '' then
             u, waiting = nil, true
           else
-            local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', '0', 'WITHSCORES', 'LIMIT', '0', '1')
-            if t[2] and num(t[2]) > st.v then
+            local top
+            if B and B.top ~= nil then
+              top = B.top
+            else
+              local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', '0', 'WITHSCORES', 'LIMIT', '0', '1')
+              top = t[2] and num(t[2]) or false
+              if B then B.top = top end
+            end
+            if B and B.pmax and (not top or B.pmax > top) then top = B.pmax end
+            if top and top > st.v then
               local q = sched_quantum(sched_weight(S, st, vm))
-              u, waiting = math.min(num(t[2]), st.v + q) + q, true
+              u, waiting = math.min(top, st.v + q) + q, true
               st.lh = vm
             end
           end
         end
         local seq = st.s
         st.s = st.s + 1
-        if seq % 64 == 0 and redis.call('ZCARD', S.z) >= 64 then
+        if seq % 64 == 0 and redis.call('ZCARD', S.z) + (B and B.delta or 0) >= 64 then
           redis.call('ZADD', S.z, '2251799813685248', 'runqueue scheduler: this member is longer than 64 bytes, see lib/sched')
           redis.call('HSET', S.h, '~', 'runqueue scheduler: this value is longer than 64 bytes, see lib/sched.lua')
         end
@@ -614,6 +632,88 @@ local function hooks_lib(H)
         return out
       end
 
+      -- Variants that gained their first ready run, in order (a script's hooks
+      -- gather them: see hooks_vtime): what sched_register(S, vm, false) does
+      -- for each in turn, with one HMGET and one ZMSCORE for all of them before
+      -- and their writes in one ZREM, ZADD and HSET after. In between, nothing
+      -- reads what they write but the registrations themselves, and those see
+      -- it: the lane's head (st.lh), the top tag a newcomer compares with V (the
+      -- tags registered before it count: B.pmax) and ckVtime's size (B.delta);
+      -- a variant named twice registers once, as its second call would find it
+      -- registered. A state started again (sched_state found none, or found it
+      -- broken) drops what was read of it before: every variant after that is
+      -- unregistered and has no parked tag.
+      local function sched_register_many(S, vms)
+        local k = #vms
+        if k == 1 or k > 1000 then
+          -- (more than the reads' arguments may be: one at a time; no script
+          -- gathers that many)
+          for i = 1, k do sched_register(S, vms[i], false) end
+          return
+        end
+        local st, regs, parked, off = S.st, nil, nil, 0
+        if st then
+          regs = redis.call('HMGET', S.h, unpack(vms))
+          parked = redis.call('ZMSCORE', S.z, unpack(vms))
+        else
+          local args = {}
+          for i = 1, k do args[i] = vms[i] end
+          for i, f in ipairs(SCHED_REG_FIELDS) do args[k + i] = f end
+          regs = redis.call('HMGET', S.h, unpack(args))
+          parked = redis.call('ZMSCORE', S.z, '', unpack(vms))
+          off = 1
+        end
+        local B = { zrem = {}, zadd = {}, hset = {}, delta = 0, top = nil, pmax = false }
+        local seen, void, n = {}, false, 0
+        for i = 1, k do
+          local vm = vms[i]
+          if not seen[vm] then
+            seen[vm] = true
+            if void or not regs[i] then
+              if not st then
+                st = sched_state(S, regs, k, parked[1], SCHED_REG_FIELDS)
+                if S.fresh then
+                  -- (the state started again: the variants seen before this
+                  -- one were found registered in the state that is gone)
+                  void, seen = true, { [vm] = true }
+                end
+              end
+              local p = false
+              if not void then p = parked[i + off] end
+              local u, code, waiting, seq = sched_admit(S, st, vm, false, p, B)
+              local z = B.zadd
+              if u then
+                z[#z + 1] = sched_fmt(u)
+                z[#z + 1] = code .. vm
+                B.delta = B.delta + 1
+                if not B.pmax or u > B.pmax then B.pmax = u end
+              end
+              if waiting then
+                z[#z + 1] = sched_fmt(seq - 2251799813685248)
+                z[#z + 1] = vm
+                B.delta = B.delta + 1
+              end
+              local h = B.hset
+              h[#h + 1] = vm
+              h[#h + 1] = sched_value(code, false, waiting, 0)
+              n = n + 1
+            end
+          end
+        end
+        if n == 0 then return end
+        sched_chunked('ZREM', S.z, B.zrem, 1)
+        sched_chunked('ZADD', S.z, B.zadd, 2)
+        local h = B.hset
+        h[#h + 1] = 's'
+        h[#h + 1] = sched_fmt(st.s)
+        if st.lh ~= S.was.lh then
+          h[#h + 1] = 'lh'
+          h[#h + 1] = st.lh
+        end
+        sched_chunked('HSET', S.h, h, 2)
+        S.was.s, S.was.lh = st.s, st.lh
+      end
+
       -- Slots of the variants vms freed (ack, nack, lease recovery, dead
       -- letter): a gated one competes again, at max(S, V), whatever the key
       -- limit is now (one read for all of them).
@@ -639,12 +739,13 @@ local function hooks_lib(H)
       -- (Methods over the hooks' own table, called hooks:name(...), so that a
       -- call makes one table and no closures.)
       local function sched_hook_ready_start(H, vm) sched_register(H.S, vm, false) end
+      local function sched_hook_ready_start_many(H, vms) sched_register_many(H.S, vms) end
       local function sched_hook_ready_empty(H, vm) sched_drained(H.S, vm) end
       local function sched_hook_released(H, vms) if H.look then sched_released(H.S, vms) end end
       local function sched_hook_finish(H) sched_save(H.S) end
       local function sched_hooks(S, look)
-        return { S = S, look = look, ready_start = sched_hook_ready_start, ready_empty = sched_hook_ready_empty,
-                 released = sched_hook_released, finish = sched_hook_finish }
+        return { S = S, look = look, ready_start = sched_hook_ready_start, ready_start_many = sched_hook_ready_start_many,
+                 ready_empty = sched_hook_ready_empty, released = sched_hook_released, finish = sched_hook_finish }
       end
       local S = sched_open(H.keys[H.own_keys + 1], H.keys[H.own_keys + 2], H.keys[H.own_keys + 3],
                            H.args[H.own_args + 1], H.args[H.own_args + 2], H.now)
@@ -657,14 +758,40 @@ end
 
 -- The hooks are methods over the table hooks_open returns (hooks:name(...)),
 -- so that a call makes that one table and no closures.
-local function hooks_ready_start(H, vm) hooks_lib(H):ready_start(vm) end
-local function hooks_ready_empty(H, vm) hooks_lib(H):ready_empty(vm) end
-local function hooks_released(H, vms) if H.look then hooks_lib(H):released(vms) end end
-local function hooks_finish(H) if H.h then H.h:finish() end end
+-- A variant that gains its first ready run is registered later, with the
+-- others of the call (sched_register_many: one read and one write for
+-- all of them): before any other hook, and at finish. Nothing the script
+-- does in between reads the scheduler's keys. Every script that calls a
+-- hook calls finish after it.
+local function hooks_flush(H)
+  local p = H.pend
+  if p then
+    H.pend = false
+    hooks_lib(H):ready_start_many(p)
+  end
+end
+local function hooks_ready_start(H, vm)
+  local p = H.pend
+  if p then p[#p + 1] = vm else H.pend = { vm } end
+end
+local function hooks_ready_empty(H, vm)
+  hooks_flush(H)
+  hooks_lib(H):ready_empty(vm)
+end
+local function hooks_released(H, vms)
+  if H.look then
+    hooks_flush(H)
+    hooks_lib(H):released(vms)
+  end
+end
+local function hooks_finish(H)
+  hooks_flush(H)
+  if H.h then H.h:finish() end
+end
 
 local function hooks_open(keys, args, own_keys, own_args, now)
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
-           look = args[own_args + 3] == '1', h = false,
+           look = args[own_args + 3] == '1', h = false, pend = false,
            ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
            released = hooks_released, finish = hooks_finish }
 end

@@ -127,7 +127,7 @@ func TestLibraryKeepsNoCallState(t *testing.T) {
 	for name, reads := range map[string]*regexp.Regexp{
 		"HELD_ERRORS":       regexp.MustCompile(`redis\.error_reply\(HELD_ERRORS\[err\]\)`),
 		"SCHED_FIELDS":      regexp.MustCompile(`(unpack|ipairs)\(SCHED_FIELDS\)|fields or SCHED_FIELDS|fields ~= SCHED_FIELDS`),
-		"SCHED_REG_FIELDS":  regexp.MustCompile(`unpack\(SCHED_REG_FIELDS\)|sched_state\(S, r, 1, z\[1\], SCHED_REG_FIELDS\)`),
+		"SCHED_REG_FIELDS":  regexp.MustCompile(`(unpack|ipairs)\(SCHED_REG_FIELDS\)|sched_state\(S, (r, 1, z\[1\]|regs, k, parked\[1\]), SCHED_REG_FIELDS\)`),
 		"SCHED_REST_FIELDS": regexp.MustCompile(`(unpack|ipairs)\(SCHED_REST_FIELDS\)`),
 	} {
 		code := stripComments(s.lib.src)

@@ -38,29 +38,35 @@ end
 -- all of them): before any other hook, and at finish. Nothing the script
 -- does in between reads the scheduler's keys. Every script that calls a
 -- hook calls finish after it.
+-- (H.pend: false, one variant member, or a list of them: most calls make
+-- one variant ready at most, and pay for no list.)
 local function hooks_flush(H)
   local p = H.pend
-  if p then
-    H.pend = false
-    hooks_lib(H):ready_start_many(p)
-  end
+  H.pend = false
+  if type(p) == 'string' then hooks_lib(H):ready_start(p) else hooks_lib(H):ready_start_many(p) end
 end
 local function hooks_ready_start(H, vm)
   local p = H.pend
-  if p then p[#p + 1] = vm else H.pend = { vm } end
+  if not p then
+    H.pend = vm
+  elseif type(p) == 'string' then
+    H.pend = { p, vm }
+  else
+    p[#p + 1] = vm
+  end
 end
 local function hooks_ready_empty(H, vm)
-  hooks_flush(H)
+  if H.pend then hooks_flush(H) end
   hooks_lib(H):ready_empty(vm)
 end
 local function hooks_released(H, vms)
   if H.look then
-    hooks_flush(H)
+    if H.pend then hooks_flush(H) end
     hooks_lib(H):released(vms)
   end
 end
 local function hooks_finish(H)
-  hooks_flush(H)
+  if H.pend then hooks_flush(H) end
   if H.h then H.h:finish() end
 end
 

@@ -1,4 +1,4 @@
-#!lua name=runqueue_81f1aa840dbb6876
+#!lua name=runqueue_456ea91c882d2030
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -609,29 +609,35 @@ end
 -- all of them): before any other hook, and at finish. Nothing the script
 -- does in between reads the scheduler's keys. Every script that calls a
 -- hook calls finish after it.
+-- (H.pend: false, one variant member, or a list of them: most calls make
+-- one variant ready at most, and pay for no list.)
 local function hooks_flush(H)
   local p = H.pend
-  if p then
-    H.pend = false
-    hooks_lib(H):ready_start_many(p)
-  end
+  H.pend = false
+  if type(p) == 'string' then hooks_lib(H):ready_start(p) else hooks_lib(H):ready_start_many(p) end
 end
 local function hooks_ready_start(H, vm)
   local p = H.pend
-  if p then p[#p + 1] = vm else H.pend = { vm } end
+  if not p then
+    H.pend = vm
+  elseif type(p) == 'string' then
+    H.pend = { p, vm }
+  else
+    p[#p + 1] = vm
+  end
 end
 local function hooks_ready_empty(H, vm)
-  hooks_flush(H)
+  if H.pend then hooks_flush(H) end
   hooks_lib(H):ready_empty(vm)
 end
 local function hooks_released(H, vms)
   if H.look then
-    hooks_flush(H)
+    if H.pend then hooks_flush(H) end
     hooks_lib(H):released(vms)
   end
 end
 local function hooks_finish(H)
-  hooks_flush(H)
+  if H.pend then hooks_flush(H) end
   if H.h then H.h:finish() end
 end
 
@@ -2263,10 +2269,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_81f1aa840dbb6876_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_81f1aa840dbb6876_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_81f1aa840dbb6876_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_81f1aa840dbb6876_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_81f1aa840dbb6876_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_81f1aa840dbb6876_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_81f1aa840dbb6876_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_456ea91c882d2030_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_456ea91c882d2030_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_456ea91c882d2030_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_456ea91c882d2030_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_456ea91c882d2030_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_456ea91c882d2030_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_456ea91c882d2030_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -42,8 +42,11 @@ if dq_capacity(dq) <= 0 then
   return dq_finish(dq, acked)
 end
 
--- promote: due delayed runs become ready; their variants register.
-dq_promote(dq, sched_hooks(S, false))
+-- promote: due delayed runs become ready; their variants register, all
+-- together after it (nothing in the promotion reads the registrations).
+local promoted = sched_gather()
+dq_promote(dq, promoted)
+if promoted[1] then sched_register_many(S, promoted) end
 local st = sched_state(S)
 
 -- Milli-weights, read once per variant (none when the queue has none).

@@ -714,6 +714,12 @@ local function hooks_lib(H)
         S.was.s, S.was.lh = st.s, st.lh
       end
 
+      -- A hooks table for a step that only makes variants ready (the dequeue's
+      -- promotion): it gathers them in order, in its own list part, for
+      -- sched_register_many.
+      local function sched_gather_ready_start(G, vm) G[#G + 1] = vm end
+      local function sched_gather() return { ready_start = sched_gather_ready_start } end
+
       -- Slots of the variants vms freed (ack, nack, lease recovery, dead
       -- letter): a gated one competes again, at max(S, V), whatever the key
       -- limit is now (one read for all of them).

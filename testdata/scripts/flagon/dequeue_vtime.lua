@@ -712,6 +712,12 @@ local function sched_register_many(S, vms)
   S.was.s, S.was.lh = st.s, st.lh
 end
 
+-- A hooks table for a step that only makes variants ready (the dequeue's
+-- promotion): it gathers them in order, in its own list part, for
+-- sched_register_many.
+local function sched_gather_ready_start(G, vm) G[#G + 1] = vm end
+local function sched_gather() return { ready_start = sched_gather_ready_start } end
+
 -- Slots of the variants vms freed (ack, nack, lease recovery, dead
 -- letter): a gated one competes again, at max(S, V), whatever the key
 -- limit is now (one read for all of them).
@@ -1204,8 +1210,11 @@ if dq_capacity(dq) <= 0 then
   return dq_finish(dq, acked)
 end
 
--- promote: due delayed runs become ready; their variants register.
-dq_promote(dq, sched_hooks(S, false))
+-- promote: due delayed runs become ready; their variants register, all
+-- together after it (nothing in the promotion reads the registrations).
+local promoted = sched_gather()
+dq_promote(dq, promoted)
+if promoted[1] then sched_register_many(S, promoted) end
 local st = sched_state(S)
 
 -- Milli-weights, read once per variant (none when the queue has none).

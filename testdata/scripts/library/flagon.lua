@@ -1,4 +1,4 @@
-#!lua name=runqueue_456ea91c882d2030
+#!lua name=runqueue_0e66c4be56b47152
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -536,6 +536,12 @@ local function sched_register_many(S, vms)
   sched_chunked('HSET', S.h, h, 2)
   S.was.s, S.was.lh = st.s, st.lh
 end
+
+-- A hooks table for a step that only makes variants ready (the dequeue's
+-- promotion): it gathers them in order, in its own list part, for
+-- sched_register_many.
+local function sched_gather_ready_start(G, vm) G[#G + 1] = vm end
+local function sched_gather() return { ready_start = sched_gather_ready_start } end
 
 -- Slots of the variants vms freed (ack, nack, lease recovery, dead
 -- letter): a gated one competes again, at max(S, V), whatever the key
@@ -1609,8 +1615,11 @@ if dq_capacity(dq) <= 0 then
   return dq_finish(dq, acked)
 end
 
--- promote: due delayed runs become ready; their variants register.
-dq_promote(dq, sched_hooks(S, false))
+-- promote: due delayed runs become ready; their variants register, all
+-- together after it (nothing in the promotion reads the registrations).
+local promoted = sched_gather()
+dq_promote(dq, promoted)
+if promoted[1] then sched_register_many(S, promoted) end
 local st = sched_state(S)
 
 -- Milli-weights, read once per variant (none when the queue has none).
@@ -2269,10 +2278,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_456ea91c882d2030_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_456ea91c882d2030_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_456ea91c882d2030_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_456ea91c882d2030_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_456ea91c882d2030_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_456ea91c882d2030_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_456ea91c882d2030_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

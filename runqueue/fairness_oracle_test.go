@@ -191,3 +191,4 @@ func TestFairnessScenarioStaleCleanup10k(t *testing.T)   { checkLuaScenario(t, "
 func TestFairnessScenarioExpiredChainSurvivor(t *testing.T) {
 	checkLuaScenario(t, "ExpiredChainSurvivor")
 }
+func TestFairnessScenarioUnsaidRelease(t *testing.T) { checkLuaScenario(t, "UnsaidRelease") }

@@ -68,6 +68,10 @@ type okey struct {
 	drainServe      int // serve index of the serve that drained it; -1: not by a serve at weight 1, flag on
 	pending         bool
 	debt            float64
+	// unsaid: a flag-off operation freed a slot of the key while it was
+	// at its key limit, so the scheduler may hold it gated below its
+	// limit until the gated probe reaches it (see Oracle.unsaid).
+	unsaid bool
 }
 
 // Oracle drives a Driver and records what it observes in a History: every
@@ -93,8 +97,15 @@ type Oracle struct {
 	room      int // sum of the keys' room
 	suspects  int
 	stales    int // keys drained by a flag-off operation: their tags may be stale
-	pendingN  int // keys pending: registered, not served by a flag-on call since
-	delayedK  map[string]*okey
+	// unsaid counts the keys marked unsaid; probes, the flag-on calls with
+	// capacity since the last such release. The gated probe looks at one
+	// gated key per such call, each within a lap of as many calls as there
+	// are gated keys (docs/design.md, guarantee 6): after len(keys) of
+	// them every such key has been looked at.
+	unsaid   int
+	probes   int
+	pendingN int // keys pending: registered, not served by a flag-on call since
+	delayedK map[string]*okey
 
 	// batchRegs, while above 0, is how many keys register in the current
 	// batch (a lease recovery sweep, a call's promotion), in an order the
@@ -191,6 +202,7 @@ func (o *Oracle) checkLapse(moved bool) {
 func (o *Oracle) stateGone() {
 	o.lapsed = false
 	o.lastWrite = o.now
+	o.clearUnsaid()
 	for _, name := range o.keyOrder {
 		k := o.keys[name]
 		k.debt = 0
@@ -512,7 +524,15 @@ func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 	// number per call: a call may read only such tags and serve nothing
 	// (docs/design.md section 8, stale-cleanup-10k: a fresh key is served
 	// within 3 calls, not at once). Work conservation is exact without.
-	exact := clean && o.stales == 0
+	if o.unsaid > 0 && o.probes >= len(o.keys) {
+		o.clearUnsaid()
+	}
+	// A gated key whose slot a flag-off operation freed waits for the
+	// gated probe (guarantee 6's exception): not exact either.
+	exact := clean && o.stales == 0 && o.unsaid == 0
+	if o.flagOn && capacity > 0 {
+		o.probes++
+	}
 	if bp, ok := o.d.(BatchProber); ok && !o.finishing && maxCount >= 2 && capacity > 0 && exact && certain1 {
 		singles, err := bp.ProbeSingles(maxCount)
 		if err != nil {
@@ -608,9 +628,36 @@ func (o *Oracle) Held() []string {
 func idLess(a, b string) bool { return len(a) < len(b) || (len(a) == len(b) && a < b) }
 
 func (o *Oracle) release(r *orun) {
+	k := o.keys[r.key]
+	atLimit := o.limits.Key > 0 && k.held >= o.limits.Key
 	r.lease = 0
 	o.held--
-	o.keys[r.key].held--
+	k.held--
+	switch {
+	case o.flagOn:
+		// A flag-on release un-gates the key at once (its hooks look
+		// for a gated key whenever the queue has a key limit; without
+		// one, the next call un-gates every key).
+		if k.unsaid {
+			k.unsaid = false
+			o.unsaid--
+		}
+	case atLimit:
+		if !k.unsaid {
+			k.unsaid = true
+			o.unsaid++
+		}
+		o.probes = 0
+	}
+}
+
+// clearUnsaid: every key a flag-off release left gated has been looked
+// at by the probe, or the state that gated it is gone.
+func (o *Oracle) clearUnsaid() {
+	for _, name := range o.keyOrder {
+		o.keys[name].unsaid = false
+	}
+	o.unsaid = 0
 }
 
 // Ack completes a held run.

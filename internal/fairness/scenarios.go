@@ -307,4 +307,36 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "UnsaidRelease", Flip: true, Run: func(o *Oracle) error {
+		// From a random sequence (rapid seed 2626902137343668273): key
+		// limit 1; flag on, a call serves one run of each of four keys,
+		// which are gated at their limit; flag off, the four runs are
+		// acked, which frees their slots without telling the scheduler;
+		// flag on again. The gated probe un-gates one key per call, so
+		// the first calls serve fewer than they could (guarantee 6's
+		// exception), and within a lap of four calls every key competes
+		// again: from then on each call serves all four (work check),
+		// and no key waits past its bounds (reachability check).
+		s := &script{o: o}
+		s.do(o.SetLimits(Limits{Key: 1}))
+		keys := []string{"g0", "g1", "g2", "g3"}
+		for _, k := range keys {
+			s.enq(k, 4, 0)
+		}
+		held := s.deq(4, true)
+		s.do(o.SetFlag(false))
+		for _, x := range held {
+			if s.err == nil {
+				s.err = o.Ack(x.ID)
+			}
+		}
+		s.do(o.SetFlag(true))
+		for i := 0; i < 10 && s.err == nil; i++ {
+			for _, k := range keys {
+				s.topUp(k, 2)
+			}
+			s.deq(4, false)
+		}
+		return s.err
+	}},
 }

@@ -132,16 +132,17 @@ return out
 					require.NoError(t, err, "score %q read as %q", printed, got)
 					require.Equal(t, want, v, "score %q", printed)
 				}
-				if want == 0 {
+				switch {
+				case want == 0:
 					// Redis 8.0.2 prints the -0 score of a skiplist (this
 					// set has some 340 members) as "-0", 7.0.15 as "0";
 					// tonumber reads "-0" as -0 and x + 0 as 0: the same
 					// number to every comparison and to num_arg, which
 					// prints both as "0".
 					require.Contains(t, []string{"0", "-0"}, old, "score %q: old num read %s", printed, old)
-				} else if math.Abs(want) < 1<<63 || !mini {
+				case math.Abs(want) < 1<<63 || !mini:
 					require.Equal(t, old, got, "score %q: old num read %s, new num %s", printed, old, got)
-				} else if old != got {
+				case old != got:
 					// miniredis prints these as digits, past ParseInt's range:
 					// old num read them as nil.
 					diffs++

@@ -646,8 +646,9 @@ local function hooks_lib(H)
       local function sched_register_many(S, vms)
         local k = #vms
         if k == 1 or k > 1000 then
-          -- (more than the reads' arguments may be: one at a time; no script
-          -- gathers that many)
+          -- (more than the reads' arguments may be: one at a time; only a
+          -- dequeue's promotion gathers that many, when more than 1,000 keys'
+          -- delayed runs fall due at once and ScanLimit lets it promote them)
           for i = 1, k do sched_register(S, vms[i], false) end
           return
         end

@@ -1,4 +1,4 @@
-#!lua name=runqueue_0e66c4be56b47152
+#!lua name=runqueue_1d8d62706e552fc2
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -469,8 +469,9 @@ end
 local function sched_register_many(S, vms)
   local k = #vms
   if k == 1 or k > 1000 then
-    -- (more than the reads' arguments may be: one at a time; no script
-    -- gathers that many)
+    -- (more than the reads' arguments may be: one at a time; only a
+    -- dequeue's promotion gathers that many, when more than 1,000 keys'
+    -- delayed runs fall due at once and ScanLimit lets it promote them)
     for i = 1, k do sched_register(S, vms[i], false) end
     return
   end
@@ -2278,10 +2279,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_0e66c4be56b47152_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1d8d62706e552fc2_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_1d8d62706e552fc2_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_1d8d62706e552fc2_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1d8d62706e552fc2_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1d8d62706e552fc2_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1d8d62706e552fc2_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1d8d62706e552fc2_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -39,11 +39,12 @@ end
 -- does in between reads the scheduler's keys. Every script that calls a
 -- hook calls finish after it.
 -- (H.pend: false, one variant member, or a list of them: most calls make
--- one variant ready at most, and pay for no list.)
+-- one variant ready at most, and pay for no list; sched_register_many
+-- takes either.)
 local function hooks_flush(H)
   local p = H.pend
   H.pend = false
-  if type(p) == 'string' then hooks_lib(H):ready_start(p) else hooks_lib(H):ready_start_many(p) end
+  hooks_lib(H):ready_start_many(p)
 end
 local function hooks_ready_start(H, vm)
   local p = H.pend

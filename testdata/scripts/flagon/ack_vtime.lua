@@ -642,8 +642,13 @@ local function hooks_lib(H)
       -- a variant named twice registers once, as its second call would find it
       -- registered. A state started again (sched_state found none, or found it
       -- broken) drops what was read of it before: every variant after that is
-      -- unregistered and has no parked tag.
+      -- unregistered and has no parked tag. vms may also be one variant member,
+      -- a string (most calls make one variant ready, and pay for no list).
       local function sched_register_many(S, vms)
+        if type(vms) == 'string' then
+          sched_register(S, vms, false)
+          return
+        end
         local k = #vms
         if k == 1 or k > 1000 then
           -- (more than the reads' arguments may be: one at a time; only a
@@ -745,13 +750,12 @@ local function hooks_lib(H)
       -- not, there is none to find, or the dequeue's un-gating comes first.
       -- (Methods over the hooks' own table, called hooks:name(...), so that a
       -- call makes one table and no closures.)
-      local function sched_hook_ready_start(H, vm) sched_register(H.S, vm, false) end
       local function sched_hook_ready_start_many(H, vms) sched_register_many(H.S, vms) end
       local function sched_hook_ready_empty(H, vm) sched_drained(H.S, vm) end
       local function sched_hook_released(H, vms) if H.look then sched_released(H.S, vms) end end
       local function sched_hook_finish(H) sched_save(H.S) end
       local function sched_hooks(S, look)
-        return { S = S, look = look, ready_start = sched_hook_ready_start, ready_start_many = sched_hook_ready_start_many,
+        return { S = S, look = look, ready_start_many = sched_hook_ready_start_many,
                  ready_empty = sched_hook_ready_empty, released = sched_hook_released, finish = sched_hook_finish }
       end
       local S = sched_open(H.keys[H.own_keys + 1], H.keys[H.own_keys + 2], H.keys[H.own_keys + 3],
@@ -771,11 +775,12 @@ end
 -- does in between reads the scheduler's keys. Every script that calls a
 -- hook calls finish after it.
 -- (H.pend: false, one variant member, or a list of them: most calls make
--- one variant ready at most, and pay for no list.)
+-- one variant ready at most, and pay for no list; sched_register_many
+-- takes either.)
 local function hooks_flush(H)
   local p = H.pend
   H.pend = false
-  if type(p) == 'string' then hooks_lib(H):ready_start(p) else hooks_lib(H):ready_start_many(p) end
+  hooks_lib(H):ready_start_many(p)
 end
 local function hooks_ready_start(H, vm)
   local p = H.pend

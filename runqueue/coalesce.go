@@ -33,7 +33,10 @@ import (
 // own: the calls of a queue pending at once become one dequeue that stands
 // for them, whose runs are handed out in serve order. A dequeue's caller,
 // once its call is sent, waits for the reply whatever its context
-// (keepTaken): the runs served for it are of use to no one else.
+// (keepTaken): the runs served for it are of use to no one else. An
+// enqueue's caller does too: had it returned, its retry could be served
+// and acked before the first send landed, and that send would queue the
+// run again.
 //
 // The Observer hears of each run in its caller's goroutine, as with a call
 // of its own (a panic there is that caller's); of a run whose caller has

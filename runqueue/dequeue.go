@@ -333,7 +333,25 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) ([]*Run, []e
 // (see ShardOf). Envs are served round-robin: every env with ready work on
 // the shard gets a share of each call, whatever another env's backlog, so an
 // env with one ready run is served within two calls.
+//
+// The queues are served one script call each. When a call fails after
+// others served runs (ctx ended between them, or a queue's call failed),
+// DequeueShard stops there and returns the runs served with a nil error:
+// they are in flight for the caller, and a caller that dropped them on an
+// error would leave them held for a whole lease. The queue that failed is
+// looked at again by the next call, whose error it is when nothing else is
+// served.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
+	runs, err := q.dequeueShard(ctx, shard, maxCount)
+	if len(runs) > 0 {
+		return runs, nil
+	}
+	return nil, err
+}
+
+// dequeueShard is DequeueShard, but a call that fails after others served
+// runs returns both (the Worker hands the runs out and logs the error).
+func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
 	if err := q.checkShard(shard); err != nil {
 		return nil, err
 	}

@@ -46,9 +46,12 @@ type EnqueueParams struct {
 // each with its own result (see Config.SerialCalls). A call alone is sent
 // at once. A coalesced call runs with the context values of the first
 // caller in it, and with the latest of its callers' deadlines. When ctx
-// ends first, Enqueue returns ctx.Err(): a run not yet sent is withdrawn;
-// one already sent may or may not be queued (and may be queued after a run
-// the caller enqueues next), and a retry is safe.
+// ends before the run is sent, Enqueue withdraws it and returns ctx.Err(),
+// nothing written. Once it is sent, Enqueue waits for its result whatever
+// ctx (as a call of its own waits for its reply; the call is bounded by
+// the latest deadline and the client's timeouts), so that a retry after
+// an error can never be overtaken by the first send: a run queued by the
+// retry, served and acked is not queued again by a send that was late.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {
 	// After Close a call goes on its own: Close waits for the senders, and
 	// no new run may keep them going (do refuses runs once Close began).

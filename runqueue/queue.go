@@ -103,6 +103,10 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 			q.cfg.Observer.Dequeued(res.runs, time.UnixMilli(res.now))
 		}
 	}, func(r dequeueReq) int { return r.max }, c.MaxDequeueCount)
+	// A taken run's caller waits for its send: a caller that returned
+	// early could retry, have the run served and acked, and then see its
+	// first send land and queue the run again.
+	q.enq.keepTaken = true
 	q.deq.keepTaken = true
 	q.deq.group = func(r dequeueReq) string { return r.qn.member }
 	return q, nil

@@ -197,20 +197,33 @@ func TestReviewCloseAfterSenderGoexit(t *testing.T) {
 
 				ctx, cancel := context.WithCancel(b.ctx)
 				defer cancel()
-				held := []<-chan error{enqueueAsync(ctx, b.q, coalesceRun("a"))}
+				// A caller whose run was sent waits for its send (even once
+				// its context ends); a send that ends its goroutine reaches
+				// it as a panic, recovered here as an error.
+				enqueueRecover := func(ctx context.Context, p runqueue.EnqueueParams) <-chan error {
+					out := make(chan error, 1)
+					go func() {
+						defer func() {
+							if v := recover(); v != nil {
+								out <- fmt.Errorf("panic: %v", v)
+							}
+						}()
+						_, err := b.q.Enqueue(ctx, p)
+						out <- err
+					}()
+					return out
+				}
+				held := []<-chan error{enqueueRecover(ctx, coalesceRun("a"))}
 				require.Eventually(t, func() bool { return h.reached.Load() == 1 }, 5*time.Second, time.Millisecond)
 				var cc <-chan error
 				if pending {
-					held = append(held, enqueueAsync(ctx, b.q, coalesceRun("b")))
+					held = append(held, enqueueRecover(ctx, coalesceRun("b")))
 					require.Eventually(t, func() bool { return h.reached.Load() == 2 }, 5*time.Second, time.Millisecond)
 					cc = enqueueAsync(b.ctx, b.q, coalesceRun("c")) // waits in the pending list
 					require.Eventually(t, func() bool { return b.q.PendingEnqueues() == 1 }, 5*time.Second, time.Millisecond)
 				}
 				h.left.Store(int64(len(held)))
 				cancel()
-				for _, ch := range held {
-					require.ErrorIs(t, <-ch, context.Canceled)
-				}
 
 				closed := make(chan error, 1)
 				go func() { closed <- b.q.Close() }()
@@ -228,6 +241,9 @@ func TestReviewCloseAfterSenderGoexit(t *testing.T) {
 						b.q.Senders(), b.q.PendingEnqueues())
 				}
 				require.Zero(t, b.q.Senders())
+				for _, ch := range held {
+					require.ErrorContains(t, <-ch, "ended without results", "the held callers learn that their sends ended")
+				}
 				var want []string
 				if pending {
 					require.NoError(t, <-cc, "c, pending when its senders ended, went with the sender that took over")

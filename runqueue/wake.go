@@ -196,6 +196,8 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 }
 
 // DequeueShardWait is DequeueShard that waits up to timeout, like DequeueWait.
+// As DequeueShard, it never returns runs with an error: runs served before
+// ctx ended or a queue's call failed are returned with a nil error.
 func (q *Queue) DequeueShardWait(ctx context.Context, shard, maxCount int, timeout time.Duration) ([]*Run, error) {
 	if err := q.checkShard(shard); err != nil {
 		return nil, err

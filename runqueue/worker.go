@@ -15,9 +15,11 @@ import (
 // retry after Queue.Backoff; NoRetry(err) (or an error wrapping ErrNoRetry)
 // to dead-letter it; RetryAt(err, t) or RetryAfter(err, d) to retry it
 // then. A panic is recovered, logged with its stack and nacked like an
-// error. ctx ends when the run's lease is lost (another delivery may be
-// running it: stop, the result is ignored), when Shutdown gives up waiting,
-// or when the Worker's Start context ends.
+// error; so is a call of runtime.Goexit (t.FailNow, say), which ends that
+// handler goroutine: another takes its place. ctx ends when the run's
+// lease is lost (another delivery may be running it: stop, the result is
+// ignored), when Shutdown gives up waiting, or when the Worker's Start
+// context ends.
 type Handler func(ctx context.Context, r *Run) error
 
 // WorkerQueue names a base queue a Worker serves.
@@ -160,20 +162,33 @@ type Worker struct {
 	shards  []int // swept
 	fetchN  int   // the most runs one fetch asks for
 
-	mu    sync.Mutex
-	state int
-	base  context.Context // Start's: every Redis call, and the parent of handler contexts
-	wake  *waker
+	mu       sync.Mutex
+	state    int
+	base     context.Context // Start's: the parent of handler contexts; its end is a hard stop
+	wake     *waker
+	forceErr error // the error of the ctx that forced the stop; set before force is closed
+	result   error // what Shutdown returns; set before done is closed
+	endForce func()
+
+	// Every Redis call of the worker uses calls' context: rctx (base's
+	// child) until the stop is forced, then one that ends shutdownGrace
+	// later, when rctx is cancelled too (for the calls already in flight).
+	rctx    context.Context
+	rcancel context.CancelFunc
+	calls   atomic.Pointer[context.Context]
 
 	stopFetch chan struct{} // closed when Shutdown starts
+	force     chan struct{} // closed when a Shutdown's ctx ends before the stop is over
 	drained   chan struct{} // closed when no more acks can come: fetchers flush and leave
 	quit      chan struct{} // closed last: heartbeat, sweeper and idle handler goroutines leave
-	done      chan struct{} // closed when Shutdown is over
+	done      chan struct{} // closed when the stop is over
 
 	jobs   chan *job
 	held   []atomic.Pointer[job] // by slot: what the heartbeat extends and Shutdown releases
 	slots  slots
 	settle counter // handler goroutines between a handler's return and the ack or nack of its result
+
+	unsettled atomic.Int64 // runs that Shutdown's stop left to lease recovery (an ack, nack or release not sent)
 
 	fetchers sync.WaitGroup
 	bg       sync.WaitGroup
@@ -204,7 +219,7 @@ func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
 	c.Shards = append([]int(nil), c.Shards...)
 	w := &Worker{q: q, handler: handler, cfg: c, log: c.Logger, obs: q.cfg.Observer,
 		fetchN:    min(c.Concurrency, q.cfg.MaxDequeueCount),
-		stopFetch: make(chan struct{}), drained: make(chan struct{}), quit: make(chan struct{}),
+		stopFetch: make(chan struct{}), force: make(chan struct{}), drained: make(chan struct{}), quit: make(chan struct{}),
 		done: make(chan struct{}), jobs: make(chan *job, c.Concurrency),
 		held: make([]atomic.Pointer[job], c.Concurrency)}
 	w.slots.init(c.Concurrency)
@@ -256,7 +271,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.base, w.wake, w.state = ctx, wk, workerStarted
+	w.setBase(ctx)
+	w.wake, w.state = wk, workerStarted
 	w.slots.fetching = len(w.sources)
 	for range w.cfg.Concurrency {
 		w.handlers.Add(1)
@@ -275,19 +291,74 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
+// shutdownGrace is how long Shutdown goes on once its ctx ended: the
+// release of the runs still running and the acks not yet sent get one
+// attempt each, and every Redis call of the worker ends by then.
+const shutdownGrace = time.Second
+
+// ErrUnsettled is wrapped by every *UnsettledError.
+var ErrUnsettled = errors.New("runqueue: worker shutdown left runs unsettled")
+
+// UnsettledError is returned by Worker.Shutdown when the stop left runs
+// unsettled: the ack of a finished run, the nack of a failed one or the
+// release of one still running could not be sent (Redis was unreachable,
+// or Shutdown's ctx ended first). Those runs stay in flight and run again
+// once their lease passes, as after a crash. Runs is how many (at least:
+// a fetch cut short may have taken runs it never saw). Err is the error of
+// the ctx that ended before the stop was over, if one did.
+type UnsettledError struct {
+	Runs int
+	Err  error
+}
+
+func (e *UnsettledError) Error() string {
+	runs := "runs"
+	if e.Runs == 1 {
+		runs = "run"
+	}
+	s := fmt.Sprintf("runqueue: worker shutdown left %d %s unsettled; they run again once their lease passes", e.Runs, runs)
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap makes errors.Is(err, ErrUnsettled) true, and errors.Is(err, Err)
+// (context.DeadlineExceeded, say) when Err is set.
+func (e *UnsettledError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrUnsettled}
+	}
+	return []error{ErrUnsettled, e.Err}
+}
+
 // Shutdown stops the worker gracefully: it stops fetching, waits for the
 // running handlers until ctx ends, sends the acks of the runs that finished
-// and returns nil. When ctx ends first, the handlers still running get
-// their context cancelled and their runs are released: nacked with a retry
-// time of now, so that another worker runs them at once rather than after
-// their lease. Shutdown then returns ctx's error.
+// and returns nil. When ctx ends first, the stop is forced: the handlers
+// still running get their context cancelled and their runs are released
+// (nacked with a retry time of now, so that another worker runs them at
+// once rather than after their lease), and Shutdown returns ctx's error.
+// Once ctx has ended, Shutdown returns within about a second
+// (shutdownGrace), even when Redis is unreachable: the release and the
+// acks not yet sent get one attempt each, with no retries, and a Redis
+// call still in flight is cancelled (one blocked reading a reply ends at
+// the client's read timeout). Runs whose ack, nack or release could not be
+// sent are left to lease recovery: Shutdown then returns an
+// *UnsettledError (errors.Is(err, ErrUnsettled)), which also matches ctx's
+// error when ctx ended.
 //
 // A release counts as a delivery attempt (the requeue that nacks and lease
 // recovery share always adds one), but it never dead-letters a run: a run
 // released at its last attempt gets one more delivery. Shutdown does not
 // wait for released handlers to return: one that ignores its context keeps
-// running, and its run may then run twice. Calling Shutdown again waits
-// for the first call; Shutdown of a worker never started returns nil.
+// running, and its run may then run twice.
+//
+// Shutdown may be called again, before or after the stop is over: every
+// call waits for the same stop and returns the same result. A call whose
+// ctx ends before the stop is over forces it as the first call's would: so
+// Shutdown(context.Background()) followed by Shutdown with a deadline
+// waits for the handlers until that deadline. Shutdown of a worker never
+// started returns nil.
 func (w *Worker) Shutdown(ctx context.Context) error {
 	w.mu.Lock()
 	switch w.state {
@@ -296,23 +367,43 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		close(w.done)
 		w.mu.Unlock()
 		return nil
-	case workerStopping, workerStopped:
-		w.mu.Unlock()
-		select {
-		case <-w.done:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	case workerStarted:
+		w.state = workerStopping
+		close(w.stopFetch)
+		go w.stop()
 	}
-	w.state = workerStopping
-	close(w.stopFetch)
 	w.mu.Unlock()
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		w.forceStop(ctx.Err())
+		<-w.done
+	}
+	return w.result
+}
 
-	var err error
-	graceful := w.waitIdle(ctx)
+// forceStop makes the stop in progress give up waiting for handlers (err
+// is the ctx error it returns): the running handlers are cancelled and
+// their runs released, the remaining acks are sent once without retries,
+// and every Redis call ends within shutdownGrace.
+func (w *Worker) forceStop(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != workerStopping || w.forceErr != nil {
+		return
+	}
+	fctx, fcancel := context.WithTimeout(w.rctx, shutdownGrace)
+	stopAfter := context.AfterFunc(fctx, w.rcancel) // the calls in flight end then too
+	w.calls.Store(&fctx)
+	w.endForce = func() { stopAfter(); fcancel() }
+	w.forceErr = err
+	close(w.force)
+}
+
+// stop is the stop that Shutdown starts and its calls wait for.
+func (w *Worker) stop() {
+	graceful := w.waitIdle()
 	if !graceful && w.base.Err() == nil {
-		err = ctx.Err()
 		w.release()
 	}
 	close(w.drained)
@@ -324,22 +415,61 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	w.state = workerStopped
+	err := w.forceErr
+	if n := w.unsettled.Load(); n > 0 {
+		err = &UnsettledError{Runs: int(n), Err: err}
+	}
+	w.result = err
+	if w.endForce != nil {
+		w.endForce()
+	}
+	w.rcancel()
 	w.mu.Unlock()
 	close(w.done)
-	return err
+}
+
+// setBase sets the Start context and the context of Redis calls.
+func (w *Worker) setBase(ctx context.Context) {
+	w.base = ctx
+	w.rctx, w.rcancel = context.WithCancel(ctx)
+	w.calls.Store(&w.rctx)
+}
+
+// ctx is the context of a Redis call.
+func (w *Worker) ctx() context.Context { return *w.calls.Load() }
+
+// forced says whether the stop was forced.
+func (w *Worker) forced() bool {
+	select {
+	case <-w.force:
+		return true
+	default:
+		return false
+	}
+}
+
+// stopping says whether Shutdown has started.
+func (w *Worker) stopping() bool {
+	select {
+	case <-w.stopFetch:
+		return true
+	default:
+		return false
+	}
 }
 
 // waitIdle waits until no fetcher fetches and every slot is free (every
 // handler returned and its result was acked or nacked), and reports
-// whether that happened before ctx or the Start context ended.
-func (w *Worker) waitIdle(ctx context.Context) bool {
+// whether that happened before the stop was forced or the Start context
+// ended.
+func (w *Worker) waitIdle() bool {
 	for {
 		if w.slots.idle() {
 			return true
 		}
 		select {
 		case <-w.slots.changed:
-		case <-ctx.Done():
+		case <-w.force:
 			return false
 		case <-w.base.Done():
 			return false
@@ -347,11 +477,13 @@ func (w *Worker) waitIdle(ctx context.Context) bool {
 	}
 }
 
-// release ends the runs still held when Shutdown stops waiting: each
+// release ends the runs still held when the stop is forced: each
 // handler's context is cancelled and its run nacked to be ready now,
-// without the attempt limit, in one pipeline.
+// without the attempt limit, in one pipeline (one attempt, bounded by
+// shutdownGrace).
 func (w *Worker) release() {
-	// No fetch may hand out a run after the scan below.
+	// No fetch may hand out a run after the scan below. The calls in
+	// flight end within shutdownGrace.
 	for !w.slots.fetchersGone() {
 		select {
 		case <-w.slots.changed:
@@ -377,13 +509,19 @@ func (w *Worker) release() {
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
-		cmds, err := runPipelined(w.base, w.q.rdb, calls[:n])
+		cmds, err := runPipelined(w.ctx(), w.q.rdb, calls[:n])
 		for i, j := range released[:n] {
 			e := err
 			if e == nil {
 				e = scriptError(cmds[i].Err(), nil)
 			}
-			if e != nil {
+			switch {
+			case e == nil:
+			case leaseGone(e): // recovered meanwhile: it runs again anyway
+				w.log.Warn("runqueue: worker could not release a run at shutdown: its lease was lost",
+					"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "err", e)
+			default:
+				w.unsettled.Add(1)
 				w.log.Error("runqueue: worker could not release a run at shutdown; it runs again once its lease passes",
 					"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "err", e)
 			}
@@ -423,14 +561,25 @@ const (
 
 // work is one of the Concurrency handler goroutines.
 func (w *Worker) work() {
-	defer w.handlers.Done()
+	left := false
+	defer func() {
+		if !left {
+			// A handler called runtime.Goexit: this goroutine is ending
+			// (runJob settled its run); another takes its place.
+			w.handlers.Add(1)
+			go w.work()
+		}
+		w.handlers.Done()
+	}()
 	for {
 		select {
 		case j := <-w.jobs:
 			w.runJob(j)
 		case <-w.quit:
+			left = true
 			return
 		case <-w.base.Done():
+			left = true
 			return
 		}
 	}
@@ -446,8 +595,26 @@ func (w *Worker) runJob(j *job) {
 		return
 	}
 	start := time.Now()
-	err, panicked := w.call(j)
-	took := time.Since(start)
+	var err error
+	panicked, returned := false, false
+	defer func() {
+		if !returned {
+			// The handler neither returned nor panicked: it called
+			// runtime.Goexit (t.FailNow, say). Its run is settled as a
+			// panic's, here, as the goroutine ends.
+			err, panicked = errors.New("runqueue: handler called runtime.Goexit"), true
+			w.log.Error("runqueue: handler called runtime.Goexit", "env", j.run.Env, "queue", j.run.Queue,
+				"id", j.run.ID, "attempt", j.run.Attempt, "stack", string(debug.Stack()))
+		}
+		w.finishJob(j, err, panicked, time.Since(start))
+	}()
+	err, panicked = w.call(j)
+	returned = true
+}
+
+// finishJob settles j once its handler is over: the ack is queued, the
+// nack sent, or nothing when the job was lost or released meanwhile.
+func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration) {
 	j.cancel()
 	r := j.run
 	w.settle.add()
@@ -476,7 +643,8 @@ func (w *Worker) runJob(j *job) {
 	w.free(j)
 }
 
-// call runs the handler, turning a panic into an error.
+// call runs the handler, turning a panic into an error. A handler that
+// calls runtime.Goexit does not return from call (runJob sees to it).
 func (w *Worker) call(j *job) (err error, panicked bool) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -504,11 +672,11 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 			opts.RetryAt = w.q.cfg.Clock.Now().Add(re.After)
 		}
 	}
-	res, err := w.q.Nack(w.base, r, opts)
+	res, err := w.q.Nack(w.ctx(), r, opts)
 	if err != nil && errors.Is(err, ErrInvalid) && !opts.RetryAt.IsZero() {
 		w.log.Warn("runqueue: handler asked for a retry time out of range; using the backoff",
 			"env", r.Env, "queue", r.Queue, "id", r.ID, "retry_at", opts.RetryAt, "err", err)
-		res, err = w.q.Nack(w.base, r, nil)
+		res, err = w.q.Nack(w.ctx(), r, nil)
 	}
 	intended := OutcomeRetry
 	switch {
@@ -523,6 +691,9 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 			"attempt", r.Attempt, "err", herr, "nack_err", err)
 		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
 	case err != nil:
+		if w.stopping() {
+			w.unsettled.Add(1) // Shutdown reports it
+		}
 		w.log.Error("runqueue: could not nack a failed run; it runs again once its lease passes",
 			"env", r.Env, "queue", r.Queue, "id", r.ID, "attempt", r.Attempt, "err", herr, "nack_err", err)
 		w.obs.Handled(r.Env, r.Queue, took, intended)
@@ -592,7 +763,7 @@ func (w *Worker) heartbeat() {
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
-		cmds, err := runPipelined(w.base, w.q.rdb, calls[:n])
+		cmds, err := runPipelined(w.ctx(), w.q.rdb, calls[:n])
 		if err != nil {
 			if w.base.Err() == nil {
 				w.log.Warn("runqueue: worker could not extend leases", "runs", len(js), "err", err)

@@ -102,6 +102,7 @@ func (s *source) attrs(kv ...any) []any {
 type fetchCall struct {
 	acks    []*job
 	ks      []int
+	final   bool // started once the stop was forced
 	runs    []*Run
 	ackErrs []error
 	ackErr  error
@@ -111,6 +112,7 @@ type fetchCall struct {
 
 func (s *source) fetch(c *fetchCall) {
 	w := s.w
+	ctx := w.ctx()
 	began := time.Now()
 	defer func() { c.took = time.Since(began) }()
 	ackRuns := make([]*Run, len(c.acks))
@@ -119,18 +121,18 @@ func (s *source) fetch(c *fetchCall) {
 	}
 	n := len(c.ks)
 	if s.shard < 0 {
-		c.runs, c.ackErrs, c.err = w.q.AckAndDequeue(w.base, ackRuns, s.env, s.queue, n)
+		c.runs, c.ackErrs, c.err = w.q.AckAndDequeue(ctx, ackRuns, s.env, s.queue, n)
 		c.ackErr = c.err
 		return
 	}
 	if len(ackRuns) > 0 {
-		if c.ackErrs, c.ackErr = w.q.AckMany(w.base, ackRuns); c.ackErr != nil {
+		if c.ackErrs, c.ackErr = w.q.AckMany(ctx, ackRuns); c.ackErr != nil {
 			c.err = c.ackErr
 			return
 		}
 	}
 	if n > 0 {
-		c.runs, c.err = w.q.DequeueShard(w.base, s.shard, n)
+		c.runs, c.err = w.q.dequeueShard(ctx, s.shard, n)
 	}
 }
 
@@ -174,10 +176,10 @@ func (s *source) nextLook() time.Duration {
 	var err error
 	if s.shard < 0 {
 		qk := w.q.space.Env(s.env).Queue(s.queue)
-		score, err = w.q.rdb.ZScore(w.base, qk.Master(), qk.Member()).Result()
+		score, err = w.q.rdb.ZScore(w.ctx(), qk.Master(), qk.Member()).Result()
 	} else {
 		var z []redis.Z
-		z, err = w.q.rdb.ZRangeWithScores(w.base, w.q.space.Shard(s.shard).Master(), 0, 0).Result()
+		z, err = w.q.rdb.ZRangeWithScores(w.ctx(), w.q.space.Shard(s.shard).Master(), 0, 0).Result()
 		if err == nil && len(z) == 0 {
 			err = redis.Nil
 		} else if err == nil {
@@ -214,7 +216,10 @@ func retryDelay(n int) time.Duration {
 //     once, asking for runs too), or a timer (nextLook), with one call in
 //     flight at most;
 //   - when Shutdown starts, fetch no more and send acks as they come until
-//     no more can.
+//     no more can;
+//   - when the stop is forced (Shutdown's ctx ended), no pause between
+//     attempts: the first call that fails with acks, or that was started
+//     since, is the last.
 type fetchLoop struct {
 	s        *source
 	w        *Worker
@@ -227,7 +232,8 @@ type fetchLoop struct {
 	full     bool // the last call that asked for runs got all: a second call may go
 	looked   bool // the look timer was set from a look at the source since anything changed
 	failures int
-	giveUp   bool
+	forced   bool // the stop was forced
+	giveUp   bool // makes no more calls; leaves once no more acks can come
 
 	look, gather, pause    *time.Timer
 	lookC, gatherC, pauseC <-chan time.Time
@@ -251,7 +257,12 @@ func (s *source) loop() {
 		if l.issue() {
 			continue
 		}
-		if l.giveUp || !l.fetching && l.inflight == 0 && s.isDrained() && s.pending() == 0 {
+		if !l.fetching && l.inflight == 0 && s.isDrained() && (l.giveUp || s.pending() == 0) {
+			if n := s.pending(); n > 0 {
+				w.unsettled.Add(int64(n))
+				w.log.Error("runqueue: worker gave up sending acks; their runs run again once their leases pass",
+					s.attrs("runs", n)...)
+			}
 			return
 		}
 		if !l.wait() {
@@ -280,6 +291,9 @@ func (l *fetchLoop) checkStop() {
 			l.w.slots.forget(l.s)
 		default:
 		}
+	}
+	if !l.forced && l.w.forced() {
+		l.setForced()
 	}
 	// Shutdown may release held runs once no call can hand out more.
 	if !l.fetching && !l.left && l.inflight == 0 {
@@ -333,23 +347,36 @@ func (l *fetchLoop) issue() bool {
 	return true
 }
 
+// setForced notes that the stop was forced: a retry pause ends.
+func (l *fetchLoop) setForced() {
+	l.forced = true
+	if l.pauseC != nil {
+		l.pause.Stop()
+		l.pauseC = nil
+	}
+}
+
 func (l *fetchLoop) start(acks []*job, ks []int) {
 	l.inflight++
-	c := &fetchCall{acks: acks, ks: ks}
+	c := &fetchCall{acks: acks, ks: ks, final: l.forced}
 	go func() {
 		l.s.fetch(c)
 		l.results <- c // never blocks: room for fetchDepth replies
 	}()
 }
 
-// wait waits for something that may allow a call; false: the Start
-// context ended.
+// wait waits for something that may allow a call, or let the loop leave;
+// false: the Start context ended. It waits only on what has not happened
+// yet: a closed channel would make it spin.
 func (l *fetchLoop) wait() bool {
-	var stop, drained <-chan struct{}
+	var stop, drained, force <-chan struct{}
 	if l.fetching {
 		stop = l.w.stopFetch
-	} else {
+	} else if !l.s.isDrained() {
 		drained = l.w.drained
+	}
+	if !l.forced {
+		force = l.w.force
 	}
 	select {
 	case c := <-l.results:
@@ -366,6 +393,8 @@ func (l *fetchLoop) wait() bool {
 		l.pauseC = nil
 	case <-stop:
 	case <-drained:
+	case <-force:
+		l.setForced()
 	case <-l.w.base.Done():
 		return false
 	}
@@ -397,13 +426,19 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		}
 		l.failures++
 		w.log.Warn("runqueue: worker fetch failed", s.attrs("err", c.err, "failures", l.failures)...)
-		if !l.fetching && l.failures > 3 && s.isDrained() {
-			w.log.Error("runqueue: worker gave up sending acks; their runs run again once their leases pass",
-				s.attrs("runs", s.pending())...)
-			l.giveUp = true
-			return
+		if !l.forced && w.forced() {
+			l.setForced()
 		}
-		l.pauseC = arm(&l.pause, retryDelay(l.failures))
+		switch {
+		case l.forced && (c.final || len(c.acks) > 0):
+			l.giveUp = true // that was the acks' one attempt since the stop was forced
+		case l.forced:
+			// A fetch started before: the acks pending go at once, once.
+		case !l.fetching && l.failures > 3 && s.isDrained():
+			l.giveUp = true
+		default:
+			l.pauseC = arm(&l.pause, retryDelay(l.failures))
+		}
 		return
 	}
 	l.failures = 0

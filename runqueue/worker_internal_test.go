@@ -127,6 +127,6 @@ func handWorker(t *testing.T, concurrency int, a, b string) *Worker {
 		Concurrency: concurrency,
 	})
 	require.NoError(t, err)
-	w.base = ctx
+	w.setBase(ctx)
 	return w
 }

@@ -52,7 +52,7 @@ func (w *Worker) sweep(shard int) bool {
 				return false
 			default:
 			}
-			n, err := op.fn(w.base, shard, w.cfg.SweepLimit)
+			n, err := op.fn(w.ctx(), shard, w.cfg.SweepLimit)
 			if err != nil {
 				if w.base.Err() != nil {
 					return false

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -947,4 +948,89 @@ func (s *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// A handler that calls runtime.Goexit has its run settled as a panic's
+// (nacked with backoff, OutcomePanic), and the pool keeps its size: with
+// one handler goroutine, every run after the exits is still handled.
+func TestWorkerHandlerGoexitKeepsThePool(t *testing.T) {
+	t.Parallel()
+	b, o := workerSetup(t, redistest.Mini(t), nil)
+	w := startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
+		if strings.HasPrefix(r.ID, "exit") {
+			runtime.Goexit()
+		}
+		return nil
+	}, func(c *runqueue.WorkerConfig) { c.Concurrency = 1 })
+	for _, id := range []string{"exit1", "exit2", "exit3", "ok"} {
+		enqueue(t, b, runqueue.EnqueueParams{ID: id})
+	}
+	require.ElementsMatch(t, []runqueue.Outcome{runqueue.OutcomePanic, runqueue.OutcomePanic,
+		runqueue.OutcomePanic, runqueue.OutcomeAck}, o.next(t, 4))
+	shutdown(t, w) // graceful: every slot was freed
+	s := queueStats(t, b, queueName)
+	require.Equal(t, int64(3), s.Delayed, "nacked with backoff: %+v", s)
+	require.Zero(t, s.InFlight+s.Ready, "%+v", s)
+}
+
+// A release that cannot be sent (Redis is down when the stop is forced) is
+// reported: an *UnsettledError that also matches ctx's error, within the
+// grace after the deadline. A later Shutdown returns the same result. The
+// run stays in flight, for lease recovery.
+func TestWorkerShutdownReportsFailedRelease(t *testing.T) {
+	t.Parallel()
+	m, _ := redistest.MiniServer(t)
+	b := setup(t, s16Client(t, m, 1), nil)
+	started := make(chan struct{})
+	w := startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	}, nil)
+	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+	waitClosed(t, started)
+	m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err := w.Shutdown(ctx)
+	took := time.Since(began)
+	t.Logf("Shutdown returned %v after %v", err, took)
+	require.Less(t, took, 100*time.Millisecond+2*time.Second, "Shutdown keeps to its deadline and grace")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, runqueue.ErrUnsettled)
+	var ue *runqueue.UnsettledError
+	require.ErrorAs(t, err, &ue)
+	require.Equal(t, 1, ue.Runs)
+	require.Equal(t, err, w.Shutdown(context.Background()), "a later call returns the same result")
+	require.NoError(t, m.Restart())
+	require.Equal(t, int64(1), queueStats(t, b, queueName).InFlight, "left to lease recovery")
+}
+
+// A failed run whose nack cannot be sent while Shutdown waits is reported
+// too; ctx did not end, so the error does not match a ctx error.
+func TestWorkerShutdownReportsFailedNack(t *testing.T) {
+	t.Parallel()
+	m, _ := redistest.MiniServer(t)
+	b := setup(t, s16Client(t, m, 1), nil)
+	started, finish := make(chan struct{}), make(chan struct{})
+	w := startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
+		close(started)
+		<-finish
+		return errors.New("failed")
+	}, nil)
+	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+	waitClosed(t, started)
+	m.Close()
+	done := make(chan error, 1)
+	go func() { done <- w.Shutdown(context.Background()) }()
+	close(finish)
+	err := <-done
+	require.ErrorIs(t, err, runqueue.ErrUnsettled)
+	require.NotErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+	var ue *runqueue.UnsettledError
+	require.ErrorAs(t, err, &ue)
+	require.Equal(t, 1, ue.Runs)
+	require.NoError(t, ue.Err)
 }

@@ -29,7 +29,9 @@
 -- lib/hooks_vtime).
 -- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
 -- again after its first call went through (the record's last settled token
--- is the holder's) returns what the first returned.
+-- is the holder's) returns what the first returned; a nack of a delivery
+-- whose lease was recovered is RQ_NOT_IN_FLIGHT (or RQ_LEASE_LOST once the
+-- run is delivered again).
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
 --@include record
 --@include held
@@ -62,6 +64,10 @@ hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
+-- The last settled token (lt in lib/record): the holder's when it nacks;
+-- a lease recovery keeps the one before, so that the holder's nack, sent
+-- late, is not taken for a retry of a nack that settled the run.
+if token == '0' then t = r.lt end
 if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)

@@ -1,4 +1,4 @@
-#!lua name=runqueue_af4e1e144ffb7e4b
+#!lua name=runqueue_f606115809740e38
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2148,7 +2148,9 @@ KEYS, ARGV = keys, args
 -- lib/hooks_vtime).
 -- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
 -- again after its first call went through (the record's last settled token
--- is the holder's) returns what the first returned.
+-- is the holder's) returns what the first returned; a nack of a delivery
+-- whose lease was recovered is RQ_NOT_IN_FLIGHT (or RQ_LEASE_LOST once the
+-- run is delivered again).
 -- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[10] }
@@ -2177,6 +2179,10 @@ hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
+-- The last settled token (lt in lib/record): the holder's when it nacks;
+-- a lease recovery keeps the one before, so that the holder's nack, sent
+-- late, is not taken for a retry of a nack that settled the run.
+if token == '0' then t = r.lt end
 if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
@@ -2284,10 +2290,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_af4e1e144ffb7e4b_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_af4e1e144ffb7e4b_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_af4e1e144ffb7e4b_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_af4e1e144ffb7e4b_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_af4e1e144ffb7e4b_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_af4e1e144ffb7e4b_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_af4e1e144ffb7e4b_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f606115809740e38_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_f606115809740e38_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_f606115809740e38_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f606115809740e38_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f606115809740e38_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f606115809740e38_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f606115809740e38_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

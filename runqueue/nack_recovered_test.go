@@ -18,8 +18,9 @@ import (
 // the holder's token as the run's last settled token, so the late nack was
 // taken for such a retry and reported success (a Worker then reported
 // OutcomeRetry or OutcomeDead, and counted a nack, for a run it no longer
-// held). A nack that did go through still answers its retry the same,
-// also after the run was recovered from a later holder.
+// held). A nack that did go through still answers its retry the same
+// while the run waits for its next delivery; once a later stay ended (a
+// recovery), the retry is ErrNotInFlight, not an answer from that stay.
 func TestNackAfterLeaseRecovery(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		for _, on := range []bool{false, true} {
@@ -68,9 +69,10 @@ func TestNackAfterLeaseRecovery(t *testing.T) {
 					n, err = b.q.RecoverLeases(b.ctx, shard, 100)
 					require.NoError(t, err)
 					require.Equal(t, 1, n)
-					again, err = b.q.Nack(b.ctx, cur, &runqueue.NackOptions{RetryAt: b.clock.Now()})
-					require.NoError(t, err, "the nack that went through still finds its answer")
-					require.True(t, again.Requeued)
+					// A stay later: the old nack's retry is not answered from
+					// it (it would say what the recovery did, not the nack).
+					_, err = b.q.Nack(b.ctx, cur, &runqueue.NackOptions{RetryAt: b.clock.Now()})
+					require.ErrorIs(t, err, runqueue.ErrNotInFlight, "a retry of a nack that settled an earlier stay")
 					_, err = b.q.Nack(b.ctx, next, nil)
 					require.ErrorIs(t, err, runqueue.ErrNotInFlight, "the recovered holder's late nack")
 				})

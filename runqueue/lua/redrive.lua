@@ -39,7 +39,9 @@ local r = rec and rec_parse(rec)
 if not r or r.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run') end
 if redis.call('ZREM', dead, member) == 0 then return 2 end
 if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_dead, q.qm) end
-redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, r.lt))
+-- (no last settled token: a retry of the nack that dead-lettered it is
+-- not answered from the redriven run)
+redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, '0'))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks:finish()

@@ -64,10 +64,11 @@ hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
--- The last settled token (lt in lib/record): the holder's when it nacks;
--- a lease recovery keeps the one before, so that the holder's nack, sent
--- late, is not taken for a retry of a nack that settled the run.
-if token == '0' then t = r.lt end
+-- The last settled token (lt in lib/record): the holder's when it nacks,
+-- none (0) after a lease recovery, so that neither the holder's nack, sent
+-- late, nor a retry of a nack that settled an earlier stay is taken for a
+-- retry of a nack that settled this one.
+if token == '0' then t = '0' end
 if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)

@@ -30,8 +30,9 @@
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   lt   delivery token of the last delivery a nack or a lease recovery
---        settled (0: none): a retried nack finds its answer there
+--   lt   delivery token of the delivery whose nack settled the run's
+--        current stay (0: none; a lease recovery and a redrive write 0): a
+--        retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
 -- A run's state is where it is: a variant's ready or delayed set, the
 -- queue's held hash (in flight), or the queue's dead set. The fields stay
@@ -227,7 +228,9 @@ local r = rec and rec_parse(rec)
 if not r or r.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run') end
 if redis.call('ZREM', dead, member) == 0 then return 2 end
 if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_dead, q.qm) end
-redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, r.lt))
+-- (no last settled token: a retry of the nack that dead-lettered it is
+-- not answered from the redriven run)
+redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, '0'))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks:finish()

@@ -24,8 +24,9 @@
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   lt   delivery token of the last delivery a nack or a lease recovery
---        settled (0: none): a retried nack finds its answer there
+--   lt   delivery token of the delivery whose nack settled the run's
+--        current stay (0: none; a lease recovery and a redrive write 0): a
+--        retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
 -- A run's state is where it is: a variant's ready or delayed set, the
 -- queue's held hash (in flight), or the queue's dead set. The fields stay

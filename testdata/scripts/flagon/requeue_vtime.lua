@@ -42,8 +42,9 @@
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   lt   delivery token of the last delivery a nack or a lease recovery
---        settled (0: none): a retried nack finds its answer there
+--   lt   delivery token of the delivery whose nack settled the run's
+--        current stay (0: none; a lease recovery and a redrive write 0): a
+--        retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
 -- A run's state is where it is: a variant's ready or delayed set, the
 -- queue's held hash (in flight), or the queue's dead set. The fields stay
@@ -974,10 +975,11 @@ hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
--- The last settled token (lt in lib/record): the holder's when it nacks;
--- a lease recovery keeps the one before, so that the holder's nack, sent
--- late, is not taken for a retry of a nack that settled the run.
-if token == '0' then t = r.lt end
+-- The last settled token (lt in lib/record): the holder's when it nacks,
+-- none (0) after a lease recovery, so that neither the holder's nack, sent
+-- late, nor a retry of a nack that settled an earlier stay is taken for a
+-- retry of a nack that settled this one.
+if token == '0' then t = '0' end
 if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)

@@ -1,4 +1,4 @@
-#!lua name=runqueue_f606115809740e38
+#!lua name=runqueue_ee0e7c67a84a2b2a
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -10,8 +10,9 @@ local KEYS, ARGV
 --   att  attempt number of the next (or current) delivery, from 1
 --   pr   priority 0..9
 --   at   available_at (ms)
---   lt   delivery token of the last delivery a nack or a lease recovery
---        settled (0: none): a retried nack finds its answer there
+--   lt   delivery token of the delivery whose nack settled the run's
+--        current stay (0: none; a lease recovery and a redrive write 0): a
+--        retried nack finds its answer there
 --   vm   variant member ("=" + encoded concurrency key)
 -- A run's state is where it is: a variant's ready or delayed set, the
 -- queue's held hash (in flight), or the queue's dead set. The fields stay
@@ -2179,10 +2180,11 @@ hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
--- The last settled token (lt in lib/record): the holder's when it nacks;
--- a lease recovery keeps the one before, so that the holder's nack, sent
--- late, is not taken for a retry of a nack that settled the run.
-if token == '0' then t = r.lt end
+-- The last settled token (lt in lib/record): the holder's when it nacks,
+-- none (0) after a lease recovery, so that neither the holder's nack, sent
+-- late, nor a retry of a nack that settled an earlier stay is taken for a
+-- retry of a nack that settled this one.
+if token == '0' then t = '0' end
 if kill or (max_attempts > 0 and att > max_attempts) then
   redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
   redis.call('ZADD', dead, now, member)
@@ -2283,17 +2285,19 @@ local r = rec and rec_parse(rec)
 if not r or r.vm ~= vm then return redis.error_reply('RQ_NOT_FOUND no such run') end
 if redis.call('ZREM', dead, member) == 0 then return 2 end
 if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_dead, q.qm) end
-redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, r.lt))
+-- (no last settled token: a retry of the nack that dead-lettered it is
+-- not answered from the redriven run)
+redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, '0'))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_f606115809740e38_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_f606115809740e38_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_f606115809740e38_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f606115809740e38_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f606115809740e38_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f606115809740e38_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f606115809740e38_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ee0e7c67a84a2b2a_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_ee0e7c67a84a2b2a_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_ee0e7c67a84a2b2a_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ee0e7c67a84a2b2a_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ee0e7c67a84a2b2a_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ee0e7c67a84a2b2a_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ee0e7c67a84a2b2a_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

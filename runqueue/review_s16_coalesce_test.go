@@ -3,8 +3,8 @@ package runqueue_test
 // Review s16: adversarial probes of the coalesced Enqueue, Ack and Dequeue
 // paths (coalesce.go) and their cancellation, and of Close racing with
 // them. Every test is named TestS16Coalesce*. See the comment of each test
-// for what it probes; a test that shows a defect says DEFECT and is left
-// failing:
+// for what it probes; a test that showed a defect says DEFECT (fixed since;
+// it passes):
 //   - TestS16CoalesceEnqueueRetryOvertakenByAbandonedSend (serial=false):
 //     a coalesced Enqueue that returned ctx.Err() kept its send going; the
 //     retry the doc calls safe could be queued, dequeued and acked before

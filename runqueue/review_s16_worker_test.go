@@ -2,7 +2,7 @@ package runqueue_test
 
 // Review s16: an adversarial user's probes of the Worker (Shutdown, lease
 // loss, handler misbehaviour, Redis outages, the Start context). Tests that
-// show a defect are marked DEFECT and left failing on purpose.
+// showed a defect are marked DEFECT; each was fixed and passes.
 
 import (
 	"context"
@@ -95,7 +95,7 @@ func TestS16WorkerStaleResultAfterRecovery(t *testing.T) {
 			_, _, att, err := b.q.RecordOf(b.ctx, env, queueName, "r")
 			require.NoError(t, err)
 			require.Equal(t, 2, att)
-			// DEFECT (NoRetry, Error): requeue.lua answers a nack whose
+			// DEFECT (NoRetry, Error), fixed since: requeue.lua answers a nack whose
 			// token is the record's "last settled token" with the answer of
 			// "the first nack" (idempotence for a retried nack), but lease
 			// recovery sets that token too: a stale holder's nack after
@@ -163,7 +163,7 @@ func TestS16WorkerStaleResultAfterRedelivery(t *testing.T) {
 // A handler that ends its goroutine with runtime.Goexit (t.FailNow, or
 // any library that calls it) neither returns nor panics.
 //
-// DEFECT: Worker.call recovers panics only; Goexit runs the deferred
+// DEFECT, fixed since: Worker.call recovers panics only; Goexit runs the deferred
 // recover (which sees nil), then kills the pool goroutine in the middle of
 // runJob: the job stays jobRunning, its slot is never given back, the
 // heartbeat extends its lease for ever (the run is never redelivered while
@@ -274,7 +274,7 @@ func TestS16WorkerShutdownIgnoringHandler(t *testing.T) {
 // then, when that takes too long, Shutdown again with a short deadline to
 // force it (a second signal, say).
 //
-// DEFECT: the second call only waits for the first; when its ctx ends it
+// DEFECT, fixed since: the second call only waits for the first; when its ctx ends it
 // returns ctx's error, yet nothing is released and the handler's context
 // is not cancelled. Worker.Shutdown's doc says that when ctx ends first
 // "the handlers still running get their context cancelled and their runs
@@ -506,7 +506,7 @@ func s16AckStuck(t *testing.T) (*runqueue.Worker, *countingHandler) {
 	return w, logs
 }
 
-// DEFECT: while Shutdown waits for the source loops to flush their acks
+// DEFECT, fixed since: while Shutdown waits for the source loops to flush their acks
 // (after close(w.drained)), a loop that cannot leave yet (a call in flight,
 // or a retry pause after a failed call) busy-loops: fetchLoop.wait selects
 // on w.drained, which is closed, so it returns at once, issue() declines
@@ -535,7 +535,7 @@ func TestS16WorkerShutdownSpinsWhileAcksFail(t *testing.T) {
 	require.Less(t, cpu, wall/4, "Shutdown busy-waits while the last acks fail")
 }
 
-// DEFECT (same cause, reported for the return value): Shutdown with a
+// DEFECT (same cause, reported for the return value), fixed since: Shutdown with a
 // generous deadline gives up on the unsendable ack of a finished run and
 // returns nil, the "graceful" answer, so the caller cannot tell a clean
 // stop from one that leaves a finished run to run again after its lease.
@@ -554,7 +554,7 @@ func TestS16WorkerShutdownNilWhenAckLost(t *testing.T) {
 	require.NoError(t, ue.Err, "ctx did not end")
 }
 
-// DEFECT: Shutdown does not keep to its ctx when Redis is unreachable.
+// DEFECT, fixed since: Shutdown does not keep to its ctx when Redis is unreachable.
 // waitIdle gives up at the deadline, but release() then waits, without
 // looking at ctx, for every source loop to leave (a call in flight ends
 // only when its Redis call fails), and Shutdown then waits (fetchers.Wait)

@@ -345,7 +345,11 @@ func (e *UnsettledError) Unwrap() []error {
 // the client's read timeout). Runs whose ack, nack or release could not be
 // sent are left to lease recovery: Shutdown then returns an
 // *UnsettledError (errors.Is(err, ErrUnsettled)), which also matches ctx's
-// error when ctx ended.
+// error when ctx ended. When the Start context ends before the stop is
+// over (a hard stop: see Start), Shutdown returns that context's error,
+// in an *UnsettledError that counts the runs left in flight (the held
+// runs whose handler had not returned, the acks not sent) when there are
+// any.
 //
 // A release counts as a delivery attempt (the requeue that nacks and lease
 // recovery share always adds one), but it never dead-letters a run: a run
@@ -416,7 +420,17 @@ func (w *Worker) stop() {
 	w.mu.Lock()
 	w.state = workerStopped
 	err := w.forceErr
-	if n := w.unsettled.Load(); n > 0 {
+	n := w.unsettled.Load()
+	if w.base.Err() != nil {
+		// A hard stop (the Start context ended first): the runs still
+		// queued for or running in a handler are left in flight too
+		// (those whose handler returned were counted as it did).
+		if err == nil {
+			err = w.base.Err()
+		}
+		n += w.heldUnfinished()
+	}
+	if n > 0 {
 		err = &UnsettledError{Runs: int(n), Err: err}
 	}
 	w.result = err
@@ -426,6 +440,19 @@ func (w *Worker) stop() {
 	w.rcancel()
 	w.mu.Unlock()
 	close(w.done)
+}
+
+// heldUnfinished counts the held runs whose handler has not returned.
+func (w *Worker) heldUnfinished() int64 {
+	var n int64
+	for i := range w.held {
+		if j := w.held[i].Load(); j != nil {
+			if st := j.state.Load(); st == jobQueued || st == jobRunning {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // setBase sets the Start context and the context of Redis calls.
@@ -629,6 +656,7 @@ func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration)
 		return
 	}
 	if w.base.Err() != nil { // hard stop: nothing more goes to Redis
+		w.unsettled.Add(1) // Shutdown reports it
 		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
 		w.free(j)
 		return

@@ -103,6 +103,7 @@ type fetchCall struct {
 	acks    []*job
 	ks      []int
 	final   bool // started once the stop was forced
+	wakes   int  // the loop's wake-ups when it started
 	runs    []*Run
 	ackErrs []error
 	ackErr  error
@@ -232,6 +233,7 @@ type fetchLoop struct {
 	full     bool // the last call that asked for runs got all: a second call may go
 	looked   bool // the look timer was set from a look at the source since anything changed
 	failures int
+	wakes    int  // wake-ups received: a call notes the count it started at
 	forced   bool // the stop was forced
 	giveUp   bool // makes no more calls; leaves once no more acks can come
 
@@ -269,6 +271,8 @@ func (s *source) loop() {
 			for ; l.inflight > 0; l.inflight-- {
 				<-l.results // the Start context ended: these fail at once
 			}
+			// A hard stop sends nothing more: Shutdown reports these acks.
+			w.unsettled.Add(int64(s.pending()))
 			return
 		}
 	}
@@ -358,7 +362,7 @@ func (l *fetchLoop) setForced() {
 
 func (l *fetchLoop) start(acks []*job, ks []int) {
 	l.inflight++
-	c := &fetchCall{acks: acks, ks: ks, final: l.forced}
+	c := &fetchCall{acks: acks, ks: ks, final: l.forced, wakes: l.wakes}
 	go func() {
 		l.s.fetch(c)
 		l.results <- c // never blocks: room for fetchDepth replies
@@ -385,6 +389,7 @@ func (l *fetchLoop) wait() bool {
 	case <-l.s.kick:
 	case <-l.wake:
 		l.idle, l.looked = false, false
+		l.wakes++
 	case <-l.lookC:
 		l.lookC, l.idle, l.looked = nil, false, false
 	case <-l.gatherC:
@@ -465,6 +470,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		if l.lookC == nil {
 			l.lookC = arm(&l.look, w.q.cfg.BlockPollInterval)
 		}
+		l.idle = l.wakes == c.wakes
 	default:
 		l.idle, l.full = true, false
 		w.slots.forget(s)
@@ -472,7 +478,11 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			l.lookC = arm(&l.look, s.nextLook())
 			l.looked = true
 		}
+		l.idle = l.wakes == c.wakes
 	}
+	// (idle false: a wake-up came while the call was on its way, maybe for
+	// work the call did not see; the loop looks again at once rather than
+	// wait for its timer, which may be IdlePollInterval away.)
 }
 
 // startGather makes the next call wait, for at most d (about a round

@@ -440,7 +440,11 @@ func TestWorker(t *testing.T) {
 			}
 			started.Wait()
 			die() // the process dies: nothing is released or acked
-			shutdown(t, a)
+			err := a.Shutdown(context.Background())
+			require.ErrorIs(t, err, context.Canceled, "a hard stop is not a clean one")
+			var ue *runqueue.UnsettledError
+			require.ErrorAs(t, err, &ue)
+			require.Positive(t, ue.Runs, "its runs are left in flight")
 			o.until(t, runqueue.OutcomeLeaseLost, n)
 			require.Equal(t, int64(n), queueStats(t, b, queueName).InFlight, "a dead worker's runs stay in flight")
 
@@ -818,7 +822,9 @@ func TestWorkerLeavesNoGoroutines(t *testing.T) {
 	// first round is one of them, or still ready).
 	run("2", func(w *runqueue.Worker, startCancel context.CancelFunc) {
 		startCancel()
-		require.NoError(t, w.Shutdown(context.Background()))
+		err := w.Shutdown(context.Background())
+		require.ErrorIs(t, err, context.Canceled, "a hard stop is not a clean one")
+		require.ErrorIs(t, err, runqueue.ErrUnsettled, "its run is left in flight")
 	})
 	o.until(t, runqueue.OutcomeLeaseLost, 1)
 }

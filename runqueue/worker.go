@@ -306,12 +306,26 @@ var ErrUnsettled = errors.New("runqueue: worker shutdown left runs unsettled")
 // once their lease passes, as after a crash. Runs is how many (at least:
 // a fetch cut short may have taken runs it never saw). Err is the error of
 // the ctx that ended before the stop was over, if one did.
+//
+// After a hard stop (the Start context ended before the stop was over)
+// Shutdown always returns one, with the Start context's error (or the
+// forcing Shutdown's): a hard stop sends nothing more to Redis, so it
+// cannot know all it leaves. Runs then counts the runs it knows of (held
+// runs whose handler had not returned, results not sent, runs of a fetch
+// whose reply came after the end) and may be below the truth, or 0.
 type UnsettledError struct {
 	Runs int
 	Err  error
 }
 
 func (e *UnsettledError) Error() string {
+	if e.Runs == 0 {
+		s := "runqueue: worker stopped hard; runs it had in flight, if any, run again once their lease passes"
+		if e.Err != nil {
+			s += ": " + e.Err.Error()
+		}
+		return s
+	}
 	runs := "runs"
 	if e.Runs == 1 {
 		runs = "run"
@@ -346,10 +360,8 @@ func (e *UnsettledError) Unwrap() []error {
 // sent are left to lease recovery: Shutdown then returns an
 // *UnsettledError (errors.Is(err, ErrUnsettled)), which also matches ctx's
 // error when ctx ended. When the Start context ends before the stop is
-// over (a hard stop: see Start), Shutdown returns that context's error,
-// in an *UnsettledError that counts the runs left in flight (the held
-// runs whose handler had not returned, the acks not sent) when there are
-// any.
+// over (a hard stop: see Start), Shutdown returns an *UnsettledError with
+// that context's error: see UnsettledError for what it counts.
 //
 // A release counts as a delivery attempt (the requeue that nacks and lease
 // recovery share always adds one), but it never dead-letters a run: a run
@@ -430,7 +442,9 @@ func (w *Worker) stop() {
 		}
 		n += w.heldUnfinished()
 	}
-	if n > 0 {
+	if n > 0 || w.base.Err() != nil {
+		// (after a hard stop always: what calls in flight leased is
+		// unknown, so Runs is a lower bound there, maybe 0)
 		err = &UnsettledError{Runs: int(n), Err: err}
 	}
 	w.result = err
@@ -719,7 +733,7 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 			"attempt", r.Attempt, "err", herr, "nack_err", err)
 		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
 	case err != nil:
-		if w.stopping() {
+		if w.stopping() || w.base.Err() != nil {
 			w.unsettled.Add(1) // Shutdown reports it
 		}
 		w.log.Error("runqueue: could not nack a failed run; it runs again once its lease passes",

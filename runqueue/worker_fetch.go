@@ -269,7 +269,15 @@ func (s *source) loop() {
 		}
 		if !l.wait() {
 			for ; l.inflight > 0; l.inflight-- {
-				<-l.results // the Start context ended: these fail at once
+				// The Start context ended: these fail at once, or their
+				// runs and unsent acks are left in flight (Shutdown counts
+				// them; nothing is dispatched after a hard stop).
+				c := <-l.results
+				n := len(c.runs)
+				if c.ackErr != nil {
+					n += len(c.acks)
+				}
+				w.unsettled.Add(int64(n))
 			}
 			// A hard stop sends nothing more: Shutdown reports these acks.
 			w.unsettled.Add(int64(s.pending()))

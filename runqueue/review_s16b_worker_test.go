@@ -218,50 +218,60 @@ func TestS16BGoexitDuringGracefulShutdown(t *testing.T) {
 
 // Redis is down when the stop is forced: a failed run's nack, a finished
 // run's ack and a running run's release all fail. UnsettledError.Runs is
-// 3: each counted once.
+// 3: each counted once. For a queue source and for a shard source (acks go
+// by AckMany, fetches by dequeueShard).
 func TestS16BUnsettledCountsEachPathOnce(t *testing.T) {
 	t.Parallel()
-	m, _ := redistest.MiniServer(t)
-	b := setup(t, s16Client(t, m, 1), nil)
-	var started sync.WaitGroup
-	started.Add(3)
-	finishAck, finishNack := make(chan struct{}), make(chan struct{})
-	w := startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
-		started.Done()
-		switch r.ID {
-		case "ack":
-			<-finishAck
-			return nil
-		case "nack":
-			<-finishNack
-			return errors.New("failed")
-		}
-		<-ctx.Done()
-		return ctx.Err()
-	}, func(c *runqueue.WorkerConfig) {
-		c.Concurrency = 3
-		c.IdlePollInterval = 20 * time.Millisecond // see TestS16BWakeDuringFetchIsLost
-	})
-	for _, id := range []string{"ack", "nack", "rel"} {
-		enqueue(t, b, runqueue.EnqueueParams{ID: id})
+	for _, shard := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shard=%v", shard), func(t *testing.T) {
+			t.Parallel()
+			m, _ := redistest.MiniServer(t)
+			b := setup(t, s16Client(t, m, 1), nil)
+			var started sync.WaitGroup
+			started.Add(3)
+			finishAck, finishNack := make(chan struct{}), make(chan struct{})
+			w := startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
+				started.Done()
+				switch r.ID {
+				case "ack":
+					<-finishAck
+					return nil
+				case "nack":
+					<-finishNack
+					return errors.New("failed")
+				}
+				<-ctx.Done()
+				return ctx.Err()
+			}, func(c *runqueue.WorkerConfig) {
+				if shard {
+					c.Queues = nil
+					c.Shards = []int{b.q.ShardOf(env)}
+				}
+				c.Concurrency = 3
+				c.IdlePollInterval = 20 * time.Millisecond // see TestS16BWakeDuringFetchIsLost
+			})
+			for _, id := range []string{"ack", "nack", "rel"} {
+				enqueue(t, b, runqueue.EnqueueParams{ID: id})
+			}
+			started.Wait()
+			m.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- w.Shutdown(ctx) }()
+			time.Sleep(50 * time.Millisecond) // Shutdown has started (ordering only)
+			close(finishAck)
+			close(finishNack)
+			err := <-done
+			t.Logf("Shutdown: %v", err)
+			var ue *runqueue.UnsettledError
+			require.ErrorAs(t, err, &ue)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Equal(t, 3, ue.Runs)
+			require.NoError(t, m.Restart())
+			require.Equal(t, int64(3), queueStats(t, b, queueName).InFlight)
+		})
 	}
-	started.Wait()
-	m.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- w.Shutdown(ctx) }()
-	time.Sleep(50 * time.Millisecond) // Shutdown has started (ordering only)
-	close(finishAck)
-	close(finishNack)
-	err := <-done
-	t.Logf("Shutdown: %v", err)
-	var ue *runqueue.UnsettledError
-	require.ErrorAs(t, err, &ue)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.Equal(t, 3, ue.Runs)
-	require.NoError(t, m.Restart())
-	require.Equal(t, int64(3), queueStats(t, b, queueName).InFlight)
 }
 
 // The Start context ends (a hard stop) while a graceful Shutdown waits for
@@ -359,52 +369,6 @@ func TestS16BForceRacesHandlerReturn(t *testing.T) {
 		require.Zero(t, s.InFlight, "iter %d: %+v (Shutdown %v)", iter, s, err)
 		require.Equal(t, int64(n), calls.Load())
 	}
-}
-
-// The same three paths for a shard source (acks go by AckMany, fetches by
-// dequeueShard).
-func TestS16BUnsettledCountsShardSource(t *testing.T) {
-	t.Parallel()
-	m, _ := redistest.MiniServer(t)
-	b := setup(t, s16Client(t, m, 1), nil)
-	var started sync.WaitGroup
-	started.Add(3)
-	finishAck, finishNack := make(chan struct{}), make(chan struct{})
-	w := startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
-		started.Done()
-		switch r.ID {
-		case "ack":
-			<-finishAck
-			return nil
-		case "nack":
-			<-finishNack
-			return errors.New("failed")
-		}
-		<-ctx.Done()
-		return ctx.Err()
-	}, func(c *runqueue.WorkerConfig) {
-		c.Queues = nil
-		c.Shards = []int{b.q.ShardOf(env)}
-		c.Concurrency = 3
-		c.IdlePollInterval = 20 * time.Millisecond
-	})
-	for _, id := range []string{"ack", "nack", "rel"} {
-		enqueue(t, b, runqueue.EnqueueParams{ID: id})
-	}
-	started.Wait()
-	m.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- w.Shutdown(ctx) }()
-	time.Sleep(50 * time.Millisecond) // ordering only
-	close(finishAck)
-	close(finishNack)
-	err := <-done
-	t.Logf("Shutdown: %v", err)
-	var ue *runqueue.UnsettledError
-	require.ErrorAs(t, err, &ue)
-	require.Equal(t, 3, ue.Runs)
 }
 
 // A handler that calls runtime.Goexit after a hard stop (the Start context

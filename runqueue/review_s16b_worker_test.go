@@ -226,7 +226,8 @@ func TestS16BUnsettledCountsEachPathOnce(t *testing.T) {
 		t.Run(fmt.Sprintf("shard=%v", shard), func(t *testing.T) {
 			t.Parallel()
 			m, _ := redistest.MiniServer(t)
-			b := setup(t, s16Client(t, m, 1), nil)
+			o := newS16Observer()
+			b := setup(t, s16Client(t, m, 1), func(c *runqueue.Config) { c.Observer = o })
 			var started sync.WaitGroup
 			started.Add(3)
 			finishAck, finishNack := make(chan struct{}), make(chan struct{})
@@ -268,6 +269,13 @@ func TestS16BUnsettledCountsEachPathOnce(t *testing.T) {
 			require.ErrorAs(t, err, &ue)
 			require.ErrorIs(t, err, context.DeadlineExceeded)
 			require.Equal(t, 3, ue.Runs)
+			// Each handled run is reported once; the finished run whose ack
+			// was given up as lease_lost (its result is lost: it runs again).
+			var outs []runqueue.Outcome
+			for range 3 {
+				outs = append(outs, o.next(t))
+			}
+			require.Contains(t, outs, runqueue.OutcomeLeaseLost, "the ack given up is reported: %v", outs)
 			require.NoError(t, m.Restart())
 			require.Equal(t, int64(3), queueStats(t, b, queueName).InFlight)
 		})

@@ -72,6 +72,20 @@ func (s *source) putBack(acks []*job) {
 	s.mu.Unlock()
 }
 
+// dropAcks takes every pending ack, when the loop gives up sending them or
+// a hard stop ends it, reports each as OutcomeLeaseLost (its run runs again
+// once its lease passes: its result is lost) and returns how many.
+func (s *source) dropAcks() int {
+	s.mu.Lock()
+	acks := s.acks
+	s.acks = nil
+	s.mu.Unlock()
+	for _, j := range acks {
+		s.w.obs.Handled(j.run.Env, j.run.Queue, j.took, OutcomeLeaseLost)
+	}
+	return len(acks)
+}
+
 func (s *source) pending() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -260,7 +274,7 @@ func (s *source) loop() {
 			continue
 		}
 		if !l.fetching && l.inflight == 0 && s.isDrained() && (l.giveUp || s.pending() == 0) {
-			if n := s.pending(); n > 0 {
+			if n := s.dropAcks(); n > 0 {
 				w.unsettled.Add(int64(n))
 				w.log.Error("runqueue: worker gave up sending acks; their runs run again once their leases pass",
 					s.attrs("runs", n)...)
@@ -273,14 +287,15 @@ func (s *source) loop() {
 				// runs and unsent acks are left in flight (Shutdown counts
 				// them; nothing is dispatched after a hard stop).
 				c := <-l.results
-				n := len(c.runs)
+				w.unsettled.Add(int64(len(c.runs)))
 				if c.ackErr != nil {
-					n += len(c.acks)
+					s.putBack(c.acks)
+				} else {
+					s.settled(c.acks, c.ackErrs)
 				}
-				w.unsettled.Add(int64(n))
 			}
 			// A hard stop sends nothing more: Shutdown reports these acks.
-			w.unsettled.Add(int64(s.pending()))
+			w.unsettled.Add(int64(s.dropAcks()))
 			return
 		}
 	}

@@ -958,7 +958,7 @@ local wake = ARGV[11]
 local OWN_KEYS, OWN_ARGS = 11, 12
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, OWN_ARGS, now)
 
-local t, err = held_check(q.runs, held, leases, vm, id, member, token, now)
+local _, err = held_check(q.runs, held, leases, vm, id, member, token, now)
 if err == 'not_in_flight' and token ~= '0' then
   local r = rec_parse(redis.call('HGET', q.runs, id))
   if r.lt == token then
@@ -975,19 +975,19 @@ hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
 local r = rec_parse(rec)
 local att = r.att + 1
--- The last settled token (lt in lib/record): the holder's when it nacks,
--- none (0) after a lease recovery, so that neither the holder's nack, sent
--- late, nor a retry of a nack that settled an earlier stay is taken for a
--- retry of a nack that settled this one.
-if token == '0' then t = '0' end
+-- The last settled token (lt in lib/record) is the caller's: the holder's
+-- when it nacks (held_check found it held), 0 for a lease recovery, so
+-- that neither the holder's nack, sent late, nor a retry of a nack that
+-- settled an earlier stay is taken for a retry of a nack that settled this
+-- one.
 if kill or (max_attempts > 0 and att > max_attempts) then
-  redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, t))
+  redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, token))
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, '1')
   hooks:finish()
   return { 0, att }
 end
-redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, t))
+redis.call('HSET', q.runs, id, rec_with(rec, r, att, retry_at, token))
 local v = variant_keys(ARGV[12], vm)
 if place(q, v, hooks, id, vm, retry_at, retry_at - r.pr * priority_step, now) and wake ~= '' then
   redis.call('PUBLISH', wake, q.qm)

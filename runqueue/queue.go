@@ -198,9 +198,12 @@ func (q *Queue) Close() error {
 	return err
 }
 
-func (q *Queue) isClosed() bool {
+func (q *Queue) isClosed() bool { return isDone(q.closed) }
+
+// isDone says whether ch, a channel that is only ever closed, is closed.
+func isDone(ch <-chan struct{}) bool {
 	select {
-	case <-q.closed:
+	case <-ch:
 		return true
 	default:
 		return false

@@ -319,18 +319,15 @@ type UnsettledError struct {
 }
 
 func (e *UnsettledError) Error() string {
-	if e.Runs == 0 {
-		s := "runqueue: worker stopped hard; runs it had in flight, if any, run again once their lease passes"
-		if e.Err != nil {
-			s += ": " + e.Err.Error()
-		}
-		return s
+	var s string
+	switch e.Runs {
+	case 0:
+		s = "runqueue: worker stopped hard; runs it had in flight, if any, run again once their lease passes"
+	case 1:
+		s = "runqueue: worker shutdown left 1 run unsettled; it runs again once its lease passes"
+	default:
+		s = fmt.Sprintf("runqueue: worker shutdown left %d runs unsettled; they run again once their lease passes", e.Runs)
 	}
-	runs := "runs"
-	if e.Runs == 1 {
-		runs = "run"
-	}
-	s := fmt.Sprintf("runqueue: worker shutdown left %d %s unsettled; they run again once their lease passes", e.Runs, runs)
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}
@@ -431,20 +428,18 @@ func (w *Worker) stop() {
 	}
 	w.mu.Lock()
 	w.state = workerStopped
-	err := w.forceErr
-	n := w.unsettled.Load()
-	if w.base.Err() != nil {
+	err, n := w.forceErr, w.unsettled.Load()
+	if hard := w.base.Err(); hard != nil {
 		// A hard stop (the Start context ended first): the runs still
 		// queued for or running in a handler are left in flight too
-		// (those whose handler returned were counted as it did).
+		// (those whose handler returned were counted as it did), and the
+		// error is an UnsettledError whatever the count: what calls in
+		// flight leased is unknown, so Runs is a lower bound, maybe 0.
 		if err == nil {
-			err = w.base.Err()
+			err = hard
 		}
-		n += w.heldUnfinished()
-	}
-	if n > 0 || w.base.Err() != nil {
-		// (after a hard stop always: what calls in flight leased is
-		// unknown, so Runs is a lower bound there, maybe 0)
+		err = &UnsettledError{Runs: int(n + w.heldUnfinished()), Err: err}
+	} else if n > 0 {
 		err = &UnsettledError{Runs: int(n), Err: err}
 	}
 	w.result = err
@@ -480,24 +475,10 @@ func (w *Worker) setBase(ctx context.Context) {
 func (w *Worker) ctx() context.Context { return *w.calls.Load() }
 
 // forced says whether the stop was forced.
-func (w *Worker) forced() bool {
-	select {
-	case <-w.force:
-		return true
-	default:
-		return false
-	}
-}
+func (w *Worker) forced() bool { return isDone(w.force) }
 
 // stopping says whether Shutdown has started.
-func (w *Worker) stopping() bool {
-	select {
-	case <-w.stopFetch:
-		return true
-	default:
-		return false
-	}
-}
+func (w *Worker) stopping() bool { return isDone(w.stopFetch) }
 
 // waitIdle waits until no fetcher fetches and every slot is free (every
 // handler returned and its result was acked or nacked), and reports

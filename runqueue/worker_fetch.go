@@ -92,14 +92,7 @@ func (s *source) pending() int {
 	return len(s.acks)
 }
 
-func (s *source) isDrained() bool {
-	select {
-	case <-s.w.drained:
-		return true
-	default:
-		return false
-	}
-}
+func (s *source) isDrained() bool { return isDone(s.w.drained) }
 
 func (s *source) attrs(kv ...any) []any {
 	if s.shard >= 0 {
@@ -487,25 +480,23 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	case len(c.runs) > 0:
 		// Limits (or a drained queue) cut the call short; the acks of
 		// these runs will look again. The timer bounds the wait should
-		// none come (a nack elsewhere, say).
-		l.idle, l.full = true, false
+		// none come (a nack elsewhere, say). (Below, idle stays false when
+		// a wake-up came while the call was on its way, maybe for work the
+		// call did not see: the loop looks again at once rather than wait
+		// for its timer, which may be IdlePollInterval away.)
+		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
 		if l.lookC == nil {
 			l.lookC = arm(&l.look, w.q.cfg.BlockPollInterval)
 		}
-		l.idle = l.wakes == c.wakes
 	default:
-		l.idle, l.full = true, false
+		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
 		if !l.looked {
 			l.lookC = arm(&l.look, s.nextLook())
 			l.looked = true
 		}
-		l.idle = l.wakes == c.wakes
 	}
-	// (idle false: a wake-up came while the call was on its way, maybe for
-	// work the call did not see; the loop looks again at once rather than
-	// wait for its timer, which may be IdlePollInterval away.)
 }
 
 // startGather makes the next call wait, for at most d (about a round

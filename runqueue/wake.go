@@ -12,12 +12,13 @@ import (
 
 // waker fans out the wake-ups that scripts PUBLISH when a run becomes ready
 // (on the shard's wake channel, message = queue member) to blocked callers.
-// One subscription per Queue, opened at the first blocking call.
+// One subscription per Queue (per server on a Ring), opened at the first
+// blocking call.
 type waker struct {
-	ps      *redis.PubSub
+	pss     []*redis.PubSub
+	loops   sync.WaitGroup // a loop per PubSub
 	mu      sync.Mutex
 	waiters map[string]map[chan struct{}]struct{}
-	done    chan struct{}
 
 	readMu sync.Mutex
 	reads  map[string]*nextRead // the read of each topic's next work time in flight
@@ -100,41 +101,121 @@ func (q *Queue) getWaker(ctx context.Context) (*waker, error) {
 	if q.waker != nil {
 		return q.waker, nil
 	}
-	chans := make([]string, q.space.Shards())
-	for i := range chans {
-		chans[i] = q.space.Shard(i).Wake()
+	groups, err := q.wakeGroups()
+	if err != nil {
+		return nil, err
 	}
-	ps := q.rdb.Subscribe(ctx, chans...)
-	// Wait for every confirmation so that no publish after this point is missed.
-	for range chans {
-		msg, err := ps.Receive(ctx)
-		if err != nil {
-			_ = ps.Close()
-			return nil, err
-		}
-		if _, ok := msg.(*redis.Subscription); !ok {
-			_ = ps.Close()
-			return nil, fmt.Errorf("runqueue: unexpected %T while subscribing", msg)
+	w := &waker{waiters: map[string]map[chan struct{}]struct{}{}}
+	for _, g := range groups {
+		ps := g.c.Subscribe(ctx, g.chans...)
+		w.pss = append(w.pss, ps)
+		// Wait for every confirmation so that no publish after this point is missed.
+		for range g.chans {
+			msg, err := ps.Receive(ctx)
+			if err == nil {
+				if _, ok := msg.(*redis.Subscription); !ok {
+					err = fmt.Errorf("runqueue: unexpected %T while subscribing", msg)
+				}
+			}
+			if err != nil {
+				_ = w.close()
+				return nil, err
+			}
 		}
 	}
-	w := &waker{ps: ps, waiters: map[string]map[chan struct{}]struct{}{}, done: make(chan struct{})}
-	go w.loop()
+	for _, ps := range w.pss {
+		w.loops.Add(1)
+		go w.loop(ps)
+	}
 	q.waker = w
 	return w, nil
 }
 
-func (w *waker) loop() {
-	defer close(w.done)
-	for msg := range w.ps.Channel() {
-		w.notify(msg.Channel)
-		w.notify(msg.Channel + "|" + msg.Payload)
+// wakeGroup is wake channels to subscribe through one client.
+type wakeGroup struct {
+	c     subscriber
+	chans []string
+}
+
+// subscriber is a client of any kind (or a Ring's shard client).
+type subscriber interface {
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+// wakeGroups groups the shards' wake channels by the client to subscribe
+// them through. A script PUBLISHes on the server of its shard's keys. A
+// single server or a cluster (which forwards a PUBLISH to every node)
+// needs one subscription. A Ring does not forward, and its Subscribe puts
+// every channel on the ring server of the first; so on a Ring each channel
+// is subscribed on the server the ring maps it to, the server of its
+// shard's keys (the channel carries the shard's hash tag). The servers are
+// those of the first blocking call: a Ring whose shard set changes later
+// (SetAddrs, or a server that was down then and comes back) is not
+// followed; the waits of the envs that moved fall back to their timers.
+func (q *Queue) wakeGroups() ([]wakeGroup, error) {
+	chans := make([]string, q.space.Shards())
+	for i := range chans {
+		chans[i] = q.space.Shard(i).Wake()
+	}
+	ring, ok := q.rdb.(*redis.Ring)
+	if !ok {
+		return []wakeGroup{{c: q.rdb, chans: chans}}, nil
+	}
+	var groups []wakeGroup
+	at := map[*redis.Client]int{}
+	for _, ch := range chans {
+		c, err := ring.GetShardClientForKey(ch)
+		if err != nil {
+			return nil, err
+		}
+		i, ok := at[c]
+		if !ok {
+			i = len(groups)
+			at[c] = i
+			groups = append(groups, wakeGroup{c: c})
+		}
+		groups[i].chans = append(groups[i].chans, ch)
+	}
+	return groups, nil
+}
+
+// loop feeds ps's wake-ups to the waiters. ps's subscriptions were
+// confirmed before loop started, so a confirmation here is a resubscription
+// after go-redis reconnected: what was published while the connection was
+// down is lost, so every waiter looks again (a spurious wake-up costs a
+// look). go-redis drops the pongs of its health check; anything else is
+// ignored.
+func (w *waker) loop(ps *redis.PubSub) {
+	defer w.loops.Done()
+	for msg := range ps.ChannelWithSubscriptions() {
+		switch msg := msg.(type) {
+		case *redis.Message:
+			w.notify(msg.Channel)
+			w.notify(msg.Channel + "|" + msg.Payload)
+		case *redis.Subscription:
+			w.notifyAll()
+		}
 	}
 }
 
 func (w *waker) notify(topic string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for ch := range w.waiters[topic] {
+	wakeAll(w.waiters[topic])
+}
+
+func (w *waker) notifyAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, chs := range w.waiters {
+		wakeAll(chs)
+	}
+}
+
+// wakeAll wakes the waiters of chs without blocking: a waiter's channel
+// holds one wake-up, and one is as good as more.
+func wakeAll(chs map[chan struct{}]struct{}) {
+	for ch := range chs {
 		select {
 		case ch <- struct{}{}:
 		default:
@@ -163,9 +244,12 @@ func (w *waker) unregister(topic string, ch chan struct{}) {
 }
 
 func (w *waker) close() error {
-	err := w.ps.Close()
-	<-w.done
-	return err
+	var errs []error
+	for _, ps := range w.pss {
+		errs = append(errs, ps.Close())
+	}
+	w.loops.Wait()
+	return errors.Join(errs...)
 }
 
 // DequeueWait is Dequeue that waits up to timeout for work when none is

@@ -26,6 +26,16 @@ type Limits struct {
 	Key   int // runs in flight per concurrency key of the queue
 }
 
+// limitsFor is Config.LimitsFor(env, queue), refused when a limit is
+// negative (the scripts would read it as none).
+func (c *Config) limitsFor(env, queue string) (Limits, error) {
+	l := c.LimitsFor(env, queue)
+	if l.Env < 0 || l.Queue < 0 || l.Key < 0 {
+		return l, invalid("Config.LimitsFor", "returned %+v for env %q, queue %q: a limit is 0 (none) or more", l, env, queue)
+	}
+	return l, nil
+}
+
 // Config configures a Queue. The zero value of every field means its default.
 type Config struct {
 	// Prefix starts every key (inside the hash tag). [A-Za-z0-9._-], 1-64
@@ -58,7 +68,9 @@ type Config struct {
 	QueueConcurrency int
 	KeyConcurrency   int
 	// LimitsFor returns the limits of a base queue at each dequeue. Defaults
-	// to the three fields above for every queue.
+	// to the three fields above for every queue. A negative limit is an
+	// error (*InvalidError, Field "Config.LimitsFor") of the call that asked
+	// for it; nothing is written.
 	LimitsFor func(env, queue string) Limits
 
 	// LeaseDuration is how long a dequeued run is held before lease recovery
@@ -125,7 +137,10 @@ type Config struct {
 
 	// AllowEviction lets New accept a Redis whose maxmemory-policy is not
 	// noeviction. Such a server may evict keys under memory pressure, and
-	// with them runs, leases and scheduler state. Defaults to false: New
+	// with them runs, leases and scheduler state (a run whose record was
+	// evicted is dropped when a script meets it), and the layout version:
+	// New then records it again, as it cannot tell that loss from data of
+	// the first release, which recorded none (see LayoutVersion). Defaults to false: New
 	// reads CONFIG GET maxmemory-policy (on every master of a cluster) and
 	// refuses anything but noeviction with an *EvictionPolicyError
 	// (errors.Is ErrEvictionPolicy). Where CONFIG is not allowed (an ERR,
@@ -246,6 +261,14 @@ func (c *Config) validate() error {
 		return bad("MaxQueueDepth", c.MaxQueueDepth)
 	case c.MaxKeyDepth < 0:
 		return bad("MaxKeyDepth", c.MaxKeyDepth)
+	// A negative limit would read as none in the scripts: a slip such as
+	// n - 1 must not remove a limit silently.
+	case c.EnvConcurrency < 0:
+		return bad("EnvConcurrency", c.EnvConcurrency)
+	case c.QueueConcurrency < 0:
+		return bad("QueueConcurrency", c.QueueConcurrency)
+	case c.KeyConcurrency < 0:
+		return bad("KeyConcurrency", c.KeyConcurrency)
 	// Written as !(in range) so that NaN, which fails every comparison, is
 	// rejected too.
 	case !(c.BackoffJitter < 1): // negative: no jitter

@@ -99,7 +99,11 @@ func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
 	v := qk.Variant(key)
 	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
 	ks := placeKeys(qk, qk.Dead(), qk.Env.Dead())
-	args := []any{q.now(), keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qn.member, qn.wake,
+	now := q.now()
+	if err := checkNow(now); err != nil {
+		return err
+	}
+	args := []any{now, keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qn.member, qn.wake,
 		qn.vbase}
 	ks, args = q.withHooks(q.scripts.redrive, qn, ks, args)
 	return scriptError(run(ctx, q.rdb, q.scripts.redrive, ks, args...).Err(), nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -173,8 +174,14 @@ func (q *Queue) dequeueQueue(ctx context.Context, n *queueNames, maxCount int, n
 // runs of qk in one script call; ackErrs[i] says what became of acks[i].
 // observe: tell the Observer (a coalesced send leaves it to each caller).
 func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, size dqSize, now int64, observe bool) ([]*Run, []error, error) {
+	if err := checkNow(now); err != nil {
+		return nil, nil, err
+	}
 	qk := n.qk
-	lim := q.cfg.LimitsFor(qk.Env.Name(), qk.Name())
+	lim, err := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
+	if err != nil {
+		return nil, nil, err
+	}
 	look := 0
 	if q.looksGivenLimits(lim) {
 		look = 1
@@ -208,7 +215,13 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	if n, ok := res[0].(int64); ok && n < 0 {
 		reset, res[0] = true, -1-n
 	}
-	runs, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	runs, gone, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	if len(gone) > 0 {
+		// Served without a record (evicted): nothing to deliver, so their
+		// slots are freed at once; should this fail, lease recovery frees
+		// them.
+		_, _, _ = q.ackMany(ctx, gone, false)
+	}
 	if err == nil && q.observe && observe {
 		// Every dequeue path (shard, blocking, fused with acks) ends here,
 		// once per script call, so each run is reported exactly once (the
@@ -289,12 +302,13 @@ func union(lists ...[]string) []string {
 }
 
 // decodeDequeue reads a dequeue script's reply (lua/lib/dequeue.lua,
-// dq_finish): the acks' results, then four values per run.
-func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) ([]*Run, []error, error) {
+// dq_finish): the acks' results, then four values per run. A run served
+// without a record (its queue's runs hash was evicted, Config.AllowEviction)
+// is in gone, not in runs.
+func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone []*Run, ackErrs []error, err error) {
 	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
-		return nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+		return nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
 	}
-	var ackErrs []error
 	if acks > 0 {
 		ackErrs = make([]error, acks)
 		for i := range ackErrs {
@@ -304,35 +318,48 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) ([]*Run, []e
 		}
 	}
 	res = res[1+acks:]
-	runs := make([]*Run, 0, len(res)/4)
+	runs = make([]*Run, 0, len(res)/4)
 	for i := 0; i < len(res); i += 4 {
 		encID, _ := res[i].(string)
 		member, _ := res[i+1].(string)
-		raw, _ := res[i+2].(string)
+		raw, hasRec := res[i+2].(string)
 		tok, _ := res[i+3].(int64)
 		id, err := keys.DecodeSegment(encID)
 		if err != nil {
-			return nil, nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
+			return nil, nil, nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
 		}
 		ck, err := keys.DecodeVariantMember(member)
 		if err != nil {
-			return nil, nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
+			return nil, nil, nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
+		}
+		if !hasRec && res[i+2] == nil {
+			gone = append(gone, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Token: tok})
+			continue
 		}
 		rec, ok := parseRecord(raw)
 		if !ok {
-			return nil, nil, fmt.Errorf("runqueue: corrupt record of %q in %s", id, qk.Runs())
+			return nil, nil, nil, fmt.Errorf("runqueue: corrupt record of %q in %s", id, qk.Runs())
 		}
 		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(rec.payload),
 			Attempt: rec.att, Priority: rec.pr, AvailableAt: time.UnixMilli(rec.at), Token: tok,
 			LeaseDeadline: time.UnixMilli(lease)})
 	}
-	return runs, ackErrs, nil
+	return runs, gone, ackErrs, nil
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard
-// (see ShardOf). Envs are served round-robin: every env with ready work on
-// the shard gets a share of each call, whatever another env's backlog, so an
-// env with one ready run is served within two calls.
+// (see ShardOf). Envs are served round-robin, whatever another env's
+// backlog: a call visits the envs with due work on the shard in the cyclic
+// order of their names, starting after the last env the previous call on
+// this Queue and shard visited, and gives each a share of what is left of
+// maxCount (then any capacity left to the queues that filled their share).
+// So a call of maxCount at least the number of envs serves every env that
+// has a run it may serve, and an env with a ready run within its limits is
+// served within ceil(envs / maxCount) calls. (Each call reads the
+// max(64, 4 x maxCount) queues of the shard whose work is oldest, and as
+// many more at an offset that moves on by as many each call: an env whose
+// queues are all behind those of other envs is first seen within
+// queues / max(64, 4 x maxCount) calls.)
 //
 // The queues are served one script call each. When a call fails after
 // others served runs (ctx ended between them, or a queue's call failed),
@@ -392,13 +419,20 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 	q.rrMu.Lock()
 	q.shardOff[shard] = next
 	q.rrMu.Unlock()
-	plan := q.shardPlan(members)
+	plan, envs := q.shardPlan(shard, members)
 	var out []*Run
 	var more []*queueNames // queues that filled their share and may have more
 	for i, qn := range plan {
 		left := maxCount - len(out)
 		if left <= 0 {
 			break
+		}
+		if i < len(envs) {
+			// The plan's first round is one queue per env: the next call
+			// starts after the last env this one visits.
+			q.rrMu.Lock()
+			q.shardEnv[shard] = envs[i]
+			q.rrMu.Unlock()
 		}
 		// Share what is left evenly among the queues still to visit in this
 		// round, so one env's backlog cannot take the whole call.
@@ -427,15 +461,15 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 }
 
 // shardPlan orders the queues of a shard for one call: one queue per env in
-// the first round (each env's oldest), envs rotated by a per-instance
-// counter, then the remaining queues in master order.
-func (q *Queue) shardPlan(members []string) []*queueNames {
+// the first round (each env's oldest), envs in the cyclic order of their
+// names from the first after the shard's env cursor, then the remaining
+// queues in master order. envs is the first round's env order.
+func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs []string) {
 	type entry struct {
 		env, queue string
 		rank       int
 	}
 	byEnv := map[string][]entry{}
-	var envs []string
 	for i, m := range members {
 		env, queue, err := keys.DecodeQueueMember(m)
 		if err != nil {
@@ -447,22 +481,28 @@ func (q *Queue) shardPlan(members []string) []*queueNames {
 		byEnv[env] = append(byEnv[env], entry{env, queue, i})
 	}
 	if len(envs) == 0 {
-		return nil
+		return nil, nil
 	}
+	slices.Sort(envs)
 	q.rrMu.Lock()
-	off := int(q.rr % uint64(len(envs)))
-	q.rr++
+	cursor, ok := q.shardEnv[shard]
 	q.rrMu.Unlock()
-	envs = append(envs[off:], envs[:off]...)
+	if ok {
+		// The first env after the cursor; past the last, the first.
+		off, _ := slices.BinarySearch(envs, cursor)
+		if off < len(envs) && envs[off] == cursor {
+			off++
+		}
+		envs = append(envs[off:], envs[:off]...)
+	}
 	var first, rest []entry
 	for _, e := range envs {
 		first = append(first, byEnv[e][0])
 		rest = append(rest, byEnv[e][1:]...)
 	}
 	sort.SliceStable(rest, func(i, j int) bool { return rest[i].rank < rest[j].rank })
-	var plan []*queueNames
 	for _, e := range append(first, rest...) {
 		plan = append(plan, q.names(e.env, e.queue))
 	}
-	return plan
+	return plan, envs
 }

@@ -142,10 +142,13 @@
 //
 // The flag is safe to roll out one instance at a time. With it off, the
 // scripts are byte-identical to the pinned flag-off scripts
-// (testdata/flagoff-scripts.sha1) and write no scheduler key. Flag-off and
-// flag-on instances may share a Redis: the per-queue index of variants
-// stays in the timestamp domain in both states, and a flag-on dequeue
-// discovers work a flag-off instance wrote. To roll back, turn the flag
+// (testdata/flagoff-scripts.sha1) and write no scheduler key (but for
+// Queue.SetWeight, which keeps an existing scheduler state's count of
+// weights and the key's stride remainder in step with the weights hash, so
+// that a weight set on a flag-off instance applies on the flag-on ones).
+// Flag-off and flag-on instances may share a Redis: the per-queue index of
+// variants stays in the timestamp domain in both states, and a flag-on
+// dequeue discovers work a flag-off instance wrote. To roll back, turn the flag
 // off: the scheduler's two keys per queue are no longer read and expire
 // after [Config.StateTTL] (24h by default); weights stay.
 //

@@ -205,6 +205,9 @@ func (q *Queue) checkEnqueue(p *EnqueueParams, now int64) error {
 	if err := checkRef(p.Env, p.Queue, p.Key, p.ID); err != nil {
 		return err
 	}
+	if err := checkNow(now); err != nil {
+		return err
+	}
 	if len(p.Payload) > q.cfg.MaxPayloadBytes {
 		return invalid("payload", "is %d bytes, at most %d allowed", len(p.Payload), q.cfg.MaxPayloadBytes)
 	}

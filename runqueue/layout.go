@@ -13,7 +13,9 @@ import (
 // LayoutVersion is the version of what runqueue stores in Redis (key names,
 // value formats, the scheduler's state). New records it under the prefix
 // the first time and refuses a Redis that holds another, so a rolling
-// upgrade can never mix layouts silently.
+// upgrade can never mix layouts silently. A prefix that holds queued runs
+// or runs in flight but no version is taken for the first release's and
+// refused too (unless Config.AllowEviction: see there).
 //
 //   - 1: the first release (no version recorded).
 //   - 2: the scheduler keeps its state in ckVtime (registrations in
@@ -41,11 +43,17 @@ var ErrLayout = errors.New("runqueue: redis holds another layout version")
 // LayoutError reports a Redis prefix written by another layout version.
 type LayoutError struct {
 	Key   string // where the version is recorded
-	Found string // the version recorded there
+	Found string // the version recorded there; "" when none is but data is
 	Want  int    // LayoutVersion
 }
 
 func (e *LayoutError) Error() string {
+	if e.Found == "" {
+		return fmt.Sprintf("runqueue: the prefix holds runqueue data but %s holds no layout version (the first "+
+			"release, layout 1, recorded none; or the key was deleted): drain the queues under this prefix with "+
+			"the version that wrote them (or use a new Config.Prefix) before starting this one; if this build "+
+			"wrote them, SET %s %d", e.Key, e.Key, e.Want)
+	}
 	return fmt.Sprintf("runqueue: %s holds layout version %s, this build writes %d: drain the queues under this "+
 		"prefix with the old version (or use a new Config.Prefix) before starting this one, and never run both "+
 		"on one prefix", e.Key, e.Found, e.Want)
@@ -54,19 +62,36 @@ func (e *LayoutError) Error() string {
 func (e *LayoutError) Unwrap() error { return ErrLayout }
 
 // checkLayout records LayoutVersion under the prefix, or checks the one
-// recorded there. With readOnly it records nothing: a prefix with no
-// version passes, since there is nothing of another layout to misread.
-func checkLayout(ctx context.Context, c redis.UniversalClient, space keys.Space, readOnly bool) error {
+// recorded there. A prefix with no version is new only when it holds no
+// data: the first release (layout 1) recorded none, so a prefix with
+// queued runs or runs in flight and no version is refused. But with
+// evicting (Config.AllowEviction) the version key, read only here, is
+// among the first an allkeys-* policy evicts, and its loss cannot be told
+// from layout 1's data: the version is recorded again, as before layout
+// 1's data was looked for. With readOnly it records nothing: a prefix with
+// no version passes when it holds no data (or evicting is allowed).
+func checkLayout(ctx context.Context, c redis.UniversalClient, space keys.Space, readOnly, evicting bool) error {
 	key := space.Layout()
 	want := fmt.Sprint(LayoutVersion)
-	if !readOnly {
+	got, err := c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		if !evicting {
+			old, derr := unversionedData(ctx, c, space)
+			if derr != nil {
+				return derr
+			}
+			if old {
+				return &LayoutError{Key: key, Want: LayoutVersion}
+			}
+		}
+		if readOnly {
+			return nil
+		}
+		// Another New may record it at the same time: read what won.
 		if err := c.SetNX(ctx, key, want, 0).Err(); err != nil {
 			return err
 		}
-	}
-	got, err := c.Get(ctx, key).Result()
-	if readOnly && errors.Is(err, redis.Nil) {
-		return nil
+		got, err = c.Get(ctx, key).Result()
 	}
 	if err != nil {
 		return err
@@ -75,4 +100,28 @@ func checkLayout(ctx context.Context, c redis.UniversalClient, space keys.Space,
 		return &LayoutError{Key: key, Found: got, Want: LayoutVersion}
 	}
 	return nil
+}
+
+// unversionedData says whether any shard of space holds queued runs, runs
+// in flight or runs with a TTL (its master, leases or ttl key, which every
+// layout wrote): one EXISTS per shard (its keys share one slot), in one
+// pipeline. Dead-lettered runs alone are not looked for (they live in per
+// env keys that only a SCAN would find).
+func unversionedData(ctx context.Context, c redis.UniversalClient, space keys.Space) (bool, error) {
+	cmds := make([]*redis.IntCmd, space.Shards())
+	if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range cmds {
+			sh := space.Shard(i)
+			cmds[i] = p.Exists(ctx, sh.Master(), sh.Leases(), sh.TTL())
+		}
+		return nil
+	}); err != nil {
+		return false, err
+	}
+	for _, cmd := range cmds {
+		if cmd.Val() > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

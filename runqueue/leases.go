@@ -70,6 +70,12 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 	errs := make([]error, len(runs))
 	acked := make([]bool, len(runs))
 	now := q.now()
+	if err := checkNow(now); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs, acked, err
+	}
 	type batch struct {
 		qn   *queueNames
 		args []any
@@ -160,6 +166,9 @@ func (q *Queue) ExtendLease(ctx context.Context, r *Run, d time.Duration) error 
 		return err
 	}
 	now := q.now()
+	if err := checkNow(now); err != nil {
+		return err
+	}
 	if err := checkDeadline("duration", now, d); err != nil {
 		return err
 	}
@@ -231,9 +240,16 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 		}
 	}
 	now := q.now()
+	if err := checkNow(now); err != nil {
+		return NackResult{}, err
+	}
 	retry := opts.RetryAt.UnixMilli()
 	if opts.RetryAt.IsZero() {
-		retry = now + ms(q.Backoff(r.Attempt))
+		backoff := q.Backoff(r.Attempt)
+		if err := checkDeadline("retryAt", now, backoff); err != nil {
+			return NackResult{}, err
+		}
+		retry = now + ms(backoff)
 	}
 	res, err := q.requeue(ctx, r.ref(), r.Token, now, retry, opts.DeadLetter)
 	if err == nil && q.observe {

@@ -28,8 +28,8 @@ type Queue struct {
 	deq      *coalescer[dequeueReq, dequeueResult]    // concurrent Dequeue calls
 	closed   chan struct{}
 	closeMu  sync.Mutex
-	rr       uint64        // rotates the env order of shard dequeues
-	shardOff map[int]int64 // rotating read offset in each shard's master
+	shardEnv map[int]string // each shard's env cursor: the last env a shard dequeue visited
+	shardOff map[int]int64  // rotating read offset in each shard's master
 	rrMu     sync.Mutex
 
 	nameCache nameCache // queueNames by (env, queue)
@@ -64,7 +64,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	if err != nil {
 		return nil, err
 	}
-	if err := checkLayout(ctx, client, space, c.ReadOnly); err != nil {
+	if err := checkLayout(ctx, client, space, c.ReadOnly, c.AllowEviction); err != nil {
 		return nil, err
 	}
 	if c.ReadOnly {
@@ -77,7 +77,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		return nil, err
 	}
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
-		closed: make(chan struct{}), shardOff: map[int]int64{}}
+		closed: make(chan struct{}), shardEnv: map[int]string{}, shardOff: map[int]int64{}}
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
 		res, _ := q.enqueueMany(ctx, ps, false)
 		return res

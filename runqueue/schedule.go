@@ -73,7 +73,10 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 	if err != nil {
 		return nil, err
 	}
-	lim := q.cfg.LimitsFor(env, queue)
+	lim, err := q.cfg.limitsFor(env, queue)
+	if err != nil {
+		return nil, err
+	}
 	full, err := q.capacityGone(ctx, qk, lim)
 	if err != nil {
 		return nil, err
@@ -250,7 +253,10 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 		return nil, err
 	}
 	snap.EnvOther = int(en - qn)
-	lim := q.cfg.LimitsFor(env, queue)
+	lim, err := q.cfg.limitsFor(env, queue)
+	if err != nil {
+		return nil, err
+	}
 	m := vtime.Restore(vtime.Config{
 		WindowMultiplier: q.cfg.WindowMultiplier, IdleMaxEntries: q.cfg.IdleMaxEntries,
 		PriorityStep: ms(q.cfg.PriorityStep), PromoteLimit: q.cfg.PromoteLimit, ScanLimit: q.cfg.ScanLimit,
@@ -333,6 +339,11 @@ func (q *Queue) TopLags(ctx context.Context, env, queue string, k int) ([]KeyLag
 	}
 	if k < 1 || k > maxTopLags {
 		return nil, invalid("k", "%d is outside 1..%d", k, maxTopLags)
+	}
+	if !q.cfg.VtimeScheduling {
+		// A state left by a flag-on instance (a rollback, or one beside
+		// this one) is not this instance's scheduler: its tags are no lags.
+		return nil, nil
 	}
 	qk := q.space.Env(env).Queue(queue)
 	var clock *redis.SliceCmd

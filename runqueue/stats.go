@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,7 +20,9 @@ type Stats struct {
 	Dead     int64 // dead-lettered (queue and env only)
 	// OldestReadyAge is now minus the available_at of the oldest ready run
 	// (zero when none is ready). For a queue it is measured on the variant
-	// first in age order.
+	// first in age order, and on the earliest delayed run when that is due:
+	// a due run no dequeue has promoted yet (no consumer ran since its
+	// delay or retry backoff passed) counts in Delayed but is waiting.
 	OldestReadyAge time.Duration
 }
 
@@ -33,25 +36,31 @@ func (q *Queue) QueueStats(ctx context.Context, env, queue string) (Stats, error
 	var dead *redis.IntCmd
 	var inflight heldLen
 	var head *redis.StringSliceCmd
+	var delayHead *redis.ZSliceCmd
 	// (one MULTI/EXEC for readHeld; the queue's keys share its hash slot)
-	_, err := q.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	err := q.readTx(ctx, func(p redis.Pipeliner) error {
 		depth = p.HMGet(ctx, qk.Depth(), "r", "d")
 		inflight = readHeld(ctx, p, qk)
 		dead = p.ZCard(ctx, qk.Dead())
 		head = p.ZRange(ctx, qk.CkIndex(), 0, 0)
+		delayHead = p.ZRangeWithScores(ctx, qk.DelayIndex(), 0, 0)
 		return nil
 	})
 	if err != nil {
 		return Stats{}, err
 	}
 	s := Stats{Ready: toInt(depth.Val()[0]), Delayed: toInt(depth.Val()[1]), InFlight: inflight.val(), Dead: dead.Val()}
+	// delayIndex scores each variant by its earliest delayed run's
+	// available_at.
+	s.OldestReadyAge = q.dueAge(delayHead.Val())
 	if h := head.Val(); len(h) == 1 {
 		ck, err := keys.DecodeVariantMember(h[0])
 		if err == nil {
-			s.OldestReadyAge, err = q.oldestAge(ctx, qk, qk.Variant(ck))
+			age, err := q.oldestAge(ctx, qk, qk.Variant(ck))
 			if err != nil {
 				return Stats{}, err
 			}
+			s.OldestReadyAge = max(s.OldestReadyAge, age)
 		}
 	}
 	return s, nil
@@ -66,22 +75,39 @@ func (q *Queue) KeyStats(ctx context.Context, env, queue, key string) (Stats, er
 	v := qk.Variant(key)
 	var ready, delayed *redis.IntCmd
 	var inflight *redis.StringCmd
+	var delayHead *redis.ZSliceCmd
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		ready = p.ZCard(ctx, v.Ready())
 		delayed = p.ZCard(ctx, v.Delayed())
 		inflight = p.HGet(ctx, qk.KeyInflight(), v.Member())
+		delayHead = p.ZRangeWithScores(ctx, v.Delayed(), 0, 0) // scored by available_at
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Stats{}, err
 	}
 	s := Stats{Ready: ready.Val(), Delayed: delayed.Val(), InFlight: toInt(inflight.Val())}
+	s.OldestReadyAge = q.dueAge(delayHead.Val())
 	if s.Ready > 0 {
-		if s.OldestReadyAge, err = q.oldestAge(ctx, qk, v); err != nil {
+		age, err := q.oldestAge(ctx, qk, v)
+		if err != nil {
 			return Stats{}, err
 		}
+		s.OldestReadyAge = max(s.OldestReadyAge, age)
 	}
 	return s, nil
+}
+
+// dueAge is how long the delayed run (or variant) head, scored by its
+// available_at, has been due: a due run that no dequeue has promoted yet
+// (no consumer ran since) waits as a ready one does. 0 when not due.
+func (q *Queue) dueAge(head []redis.Z) time.Duration {
+	if len(head) == 1 {
+		if wait := q.now() - int64(head[0].Score); wait > 0 {
+			return time.Duration(wait) * time.Millisecond
+		}
+	}
+	return 0
 }
 
 // oldestAge is now minus the available_at of the head of v's ready set.
@@ -159,15 +185,30 @@ func readHeld(ctx context.Context, p redis.Pipeliner, qk keys.Queue) heldLen {
 
 func (h heldLen) val() int64 {
 	if h.mark.Val() {
-		return h.n.Val() - 1
+		return max(0, h.n.Val()-1) // (read apart: see readTx)
 	}
 	return h.n.Val()
+}
+
+// readTx sends the reads of fn in one MULTI/EXEC (their keys share one
+// slot), so that no script runs between them. Redis refuses every command
+// queued in a MULTI while its memory is over maxmemory, reads too (the
+// EXEC fails with EXECABORT): then the reads go again in a plain pipeline,
+// where a script may run between two of them, so that the stats stay
+// readable on a full Redis, when they matter most.
+func (q *Queue) readTx(ctx context.Context, fn func(redis.Pipeliner) error) error {
+	_, err := q.rdb.TxPipelined(ctx, fn)
+	var re redis.Error
+	if errors.As(err, &re) && (strings.HasPrefix(re.Error(), "EXECABORT") || strings.HasPrefix(re.Error(), "OOM")) {
+		_, err = q.rdb.Pipelined(ctx, fn)
+	}
+	return err
 }
 
 // queueInflight is the number of runs of queue qk in flight.
 func (q *Queue) queueInflight(ctx context.Context, qk keys.Queue) (int64, error) {
 	var h heldLen
-	if _, err := q.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	if err := q.readTx(ctx, func(p redis.Pipeliner) error {
 		h = readHeld(ctx, p, qk)
 		return nil
 	}); err != nil {
@@ -212,6 +253,10 @@ func toInt(v any) int64 {
 type QueueRef struct {
 	Env, Queue string
 }
+
+// Validate says whether r names a base queue every call accepts: nil, or
+// the *InvalidError (errors.Is ErrInvalid) a call given r would return.
+func (r QueueRef) Validate() error { return checkQueue(r.Env, r.Queue) }
 
 // ActiveQueues lists up to limit base queues that hold queued runs (ready
 // or delayed), and how many such queues there are in all. It reads each

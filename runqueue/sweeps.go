@@ -93,6 +93,9 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 	if err := q.checkSweep(shard, limit); err != nil {
 		return 0, err
 	}
+	if err := checkNow(now); err != nil {
+		return 0, err
+	}
 	members, err := q.rdb.ZRangeByScore(ctx, set(q.space.Shard(shard)), &redis.ZRangeBy{
 		Min: "-inf", Max: strconv.FormatInt(now, 10), Count: int64(limit)}).Result()
 	if err != nil {

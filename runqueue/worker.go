@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Handler runs one run. Return nil to ack it; an error to nack it for a
@@ -529,9 +531,15 @@ func (w *Worker) release() {
 		released = append(released, j)
 		calls = append(calls, w.q.requeueCallMax(j.run.ref(), j.run.Token, now, now, false, 0))
 	}
+	// A clock out of range writes nothing: the runs wait for their leases.
+	bad := checkNow(now)
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
-		cmds, err := runPipelined(w.ctx(), w.q.rdb, calls[:n])
+		var cmds []*redis.Cmd
+		err := bad
+		if err == nil {
+			cmds, err = runPipelined(w.ctx(), w.q.rdb, calls[:n])
+		}
 		for i, j := range released[:n] {
 			e := err
 			if e == nil {
@@ -769,6 +777,10 @@ func (w *Worker) heartbeatLoop() {
 // handler's context.
 func (w *Worker) heartbeat() {
 	now := w.q.now()
+	if err := checkNow(now); err != nil {
+		w.log.Warn("runqueue: worker did not extend leases", "err", err)
+		return
+	}
 	lease := ms(w.q.cfg.LeaseDuration)
 	due := now + lease - ms(w.cfg.HeartbeatInterval)/2
 	var js []*job

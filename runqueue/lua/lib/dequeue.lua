@@ -94,18 +94,26 @@ local function dq_promote_variant(dq, hooks, vm)
     local recs = redis.call('HMGET', dq.runs, unpack(due))
     local zargs, min_rs = {}, nil
     for i, id in ipairs(due) do
-      local r = rec_parse(recs[i])
-      local rs = tonumber(r.at) - r.pr * dq.priority_step
-      if min_rs == nil or rs < min_rs then min_rs = rs end
-      zargs[#zargs + 1] = rs
-      zargs[#zargs + 1] = id
+      -- (a run without its record, evicted under Config.AllowEviction, is
+      -- dropped: it leaves the delayed set and is not made ready)
+      if recs[i] then
+        local r = rec_parse(recs[i])
+        local rs = tonumber(r.at) - r.pr * dq.priority_step
+        if min_rs == nil or rs < min_rs then min_rs = rs end
+        zargs[#zargs + 1] = rs
+        zargs[#zargs + 1] = id
+      end
     end
-    redis.call('ZADD', c.ready, unpack(zargs))
+    -- (the ZADD first: under maxmemory a script's first write decides
+    -- whether Redis lets it grow memory, and a promotion adds)
+    if #zargs > 0 then redis.call('ZADD', c.ready, unpack(zargs)) end
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
-    local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
-    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
-    place_widen(dq, 'r', ready_n, #due, c.ready)
+    if #zargs > 0 then
+      local ready_n = redis.call('HINCRBY', dq.depth, 'r', #zargs / 2)
+      if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
+      place_widen(dq, 'r', ready_n, #zargs / 2, c.ready)
+    end
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -260,7 +268,9 @@ local function dq_finish(dq, acked)
   for i, id in ipairs(ids) do
     out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, vms[i], recs[i], token0 + i
     o = o + 4
-    if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
+    -- (no record: the runs hash was evicted, Config.AllowEviction; the run
+    -- goes out without one and the client acks it at once)
+    if recs[i] and rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)

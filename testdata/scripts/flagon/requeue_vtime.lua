@@ -32,7 +32,9 @@
 -- is the holder's) returns what the first returned; a nack of a delivery
 -- whose lease was recovered is RQ_NOT_IN_FLIGHT (or RQ_LEASE_LOST once the
 -- run is delivered again).
--- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
+-- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
+-- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
+-- RQ_LEASE_ACTIVE.
 -- A run's record is one field of the queue's runs HASH, built by Go
 -- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
 --   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
@@ -973,6 +975,12 @@ held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
 env_release(env_n, 1)
 hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
+if not rec then
+  -- Held without a record: the runs hash was evicted (Config.AllowEviction).
+  -- The run is gone; its lease and slot are released above.
+  hooks:finish()
+  return redis.error_reply(HELD_ERRORS.gone)
+end
 local r = rec_parse(rec)
 local att = r.att + 1
 -- The last settled token (lt in lib/record) is the caller's: the holder's

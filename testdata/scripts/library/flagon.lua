@@ -1,4 +1,4 @@
-#!lua name=runqueue_681fb6ce5f7d3638
+#!lua name=runqueue_cf5c7d461df78ac8
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1162,18 +1162,26 @@ local function dq_promote_variant(dq, hooks, vm)
     local recs = redis.call('HMGET', dq.runs, unpack(due))
     local zargs, min_rs = {}, nil
     for i, id in ipairs(due) do
-      local r = rec_parse(recs[i])
-      local rs = tonumber(r.at) - r.pr * dq.priority_step
-      if min_rs == nil or rs < min_rs then min_rs = rs end
-      zargs[#zargs + 1] = rs
-      zargs[#zargs + 1] = id
+      -- (a run without its record, evicted under Config.AllowEviction, is
+      -- dropped: it leaves the delayed set and is not made ready)
+      if recs[i] then
+        local r = rec_parse(recs[i])
+        local rs = tonumber(r.at) - r.pr * dq.priority_step
+        if min_rs == nil or rs < min_rs then min_rs = rs end
+        zargs[#zargs + 1] = rs
+        zargs[#zargs + 1] = id
+      end
     end
-    redis.call('ZADD', c.ready, unpack(zargs))
+    -- (the ZADD first: under maxmemory a script's first write decides
+    -- whether Redis lets it grow memory, and a promotion adds)
+    if #zargs > 0 then redis.call('ZADD', c.ready, unpack(zargs)) end
     redis.call('ZREM', c.delayed, unpack(due))
     redis.call('HINCRBY', dq.depth, 'd', -#due)
-    local ready_n = redis.call('HINCRBY', dq.depth, 'r', #due)
-    if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
-    place_widen(dq, 'r', ready_n, #due, c.ready)
+    if #zargs > 0 then
+      local ready_n = redis.call('HINCRBY', dq.depth, 'r', #zargs / 2)
+      if redis.call('ZADD', dq.ck_index, 'LT', 'CH', min_rs, vm) == 1 then hooks:ready_start(vm) end
+      place_widen(dq, 'r', ready_n, #zargs / 2, c.ready)
+    end
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
@@ -1328,7 +1336,9 @@ local function dq_finish(dq, acked)
   for i, id in ipairs(ids) do
     out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, vms[i], recs[i], token0 + i
     o = o + 4
-    if rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
+    -- (no record: the runs hash was evicted, Config.AllowEviction; the run
+    -- goes out without one and the client acks it at once)
+    if recs[i] and rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
@@ -2152,7 +2162,9 @@ KEYS, ARGV = keys, args
 -- is the holder's) returns what the first returned; a nack of a delivery
 -- whose lease was recovered is RQ_NOT_IN_FLIGHT (or RQ_LEASE_LOST once the
 -- run is delivered again).
--- Errors: RQ_NOT_FOUND, RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST, RQ_LEASE_ACTIVE.
+-- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
+-- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
+-- RQ_LEASE_ACTIVE.
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[10] }
 local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
@@ -2178,6 +2190,12 @@ held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
 env_release(env_n, 1)
 hooks:released({ vm })
 local rec = redis.call('HGET', q.runs, id)
+if not rec then
+  -- Held without a record: the runs hash was evicted (Config.AllowEviction).
+  -- The run is gone; its lease and slot are released above.
+  hooks:finish()
+  return redis.error_reply(HELD_ERRORS.gone)
+end
 local r = rec_parse(rec)
 local att = r.att + 1
 -- The last settled token (lt in lib/record) is the caller's: the holder's
@@ -2294,10 +2312,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_681fb6ce5f7d3638_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_681fb6ce5f7d3638_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_681fb6ce5f7d3638_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_681fb6ce5f7d3638_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_681fb6ce5f7d3638_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_681fb6ce5f7d3638_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_681fb6ce5f7d3638_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cf5c7d461df78ac8_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_cf5c7d461df78ac8_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_cf5c7d461df78ac8_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cf5c7d461df78ac8_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cf5c7d461df78ac8_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cf5c7d461df78ac8_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cf5c7d461df78ac8_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

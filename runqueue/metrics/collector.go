@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,7 +34,8 @@ type Options struct {
 	// Namespace starts every metric name. Defaults to "runqueue".
 	Namespace string
 	// ConstLabels are added to every metric (for example the instance's
-	// role). Defaults to none.
+	// role). Defaults to none. The label names of the metrics (env, queue,
+	// outcome, rank, key, and the histograms' le) are refused.
 	ConstLabels prometheus.Labels
 
 	// MaxQueues bounds the env/queue pairs of the counters and histograms:
@@ -40,23 +43,26 @@ type Options struct {
 	// Collector's life (counters never go back); every later pair is
 	// counted under env="other", queue="other". Defaults to 100.
 	MaxQueues int
-	// WaitBuckets are the buckets of runqueue_run_wait_seconds. Defaults
-	// to DefaultWaitBuckets.
+	// WaitBuckets are the buckets of runqueue_run_wait_seconds: strictly
+	// increasing upper bounds, no NaN (a last +Inf is implicit anyway).
+	// Defaults (nil) to DefaultWaitBuckets; empty is refused.
 	WaitBuckets []float64
-	// HandlerBuckets are the buckets of runqueue_handler_duration_seconds.
-	// Defaults to DefaultHandlerBuckets.
+	// HandlerBuckets are the buckets of runqueue_handler_duration_seconds,
+	// as WaitBuckets. Defaults (nil) to DefaultHandlerBuckets.
 	HandlerBuckets []float64
 
 	// Queues are the env/queue pairs whose gauges each scrape reads from
-	// Redis. Defaults to none: each scrape discovers the queues that hold
+	// Redis, each valid (QueueRef.Validate); a queue listed twice is read
+	// once. Defaults to none: each scrape discovers the queues that hold
 	// queued runs (Queue.ActiveQueues), up to MaxScrapeQueues.
 	Queues []runqueue.QueueRef
 	// MaxScrapeQueues bounds the queues a discovering scrape reads; the
 	// queues past it are counted in runqueue_scrape_queues_skipped. Not
 	// used with Queues. 1..10000. Defaults to 50.
 	MaxScrapeQueues int
-	// ScrapeTimeout bounds the Redis reads of one scrape; what was not read
-	// by then is left out of that scrape, which counts as failed. go-redis
+	// ScrapeTimeout bounds the scrape of one collection, its wait for a
+	// concurrent collection's scrape to end included; what was not read by
+	// then is left out of that scrape, which counts as failed. go-redis
 	// interrupts a command already sent only when the client has
 	// ContextTimeoutEnabled; otherwise that command ends at the client's
 	// ReadTimeout (3s by default) and no command starts after the timeout.
@@ -93,6 +99,12 @@ func (o *Options) withDefaults() Options {
 	if out.HandlerBuckets == nil {
 		out.HandlerBuckets = DefaultHandlerBuckets
 	}
+	// Copies: prometheus keeps the buckets it is given and reads them at
+	// each new series, so a caller's later edit (or one of the exported
+	// defaults) must not reach them.
+	out.WaitBuckets = slices.Clone(out.WaitBuckets)
+	out.HandlerBuckets = slices.Clone(out.HandlerBuckets)
+	out.Queues = slices.Clone(out.Queues)
 	if out.MaxScrapeQueues == 0 {
 		out.MaxScrapeQueues = 50
 	}
@@ -119,9 +131,39 @@ func (o *Options) validate() error {
 	case o.TopLagKeys > 1000:
 		return fmt.Errorf("metrics: Options.TopLagKeys %d is above 1000", o.TopLagKeys)
 	}
-	for _, r := range o.Queues {
-		if r.Env == "" || r.Queue == "" {
-			return fmt.Errorf("metrics: Options.Queues has an empty env or queue: %+v", r)
+	// prometheus checks buckets and an le label only when a histogram
+	// gets its first series: at an observation, on the Queue's caller.
+	if err := checkBuckets("WaitBuckets", o.WaitBuckets); err != nil {
+		return err
+	}
+	if err := checkBuckets("HandlerBuckets", o.HandlerBuckets); err != nil {
+		return err
+	}
+	for name := range o.ConstLabels {
+		if slices.Contains(ownLabels, name) {
+			return fmt.Errorf("metrics: Options.ConstLabels uses %q, a label of the metrics", name)
+		}
+	}
+	// A name runqueue refuses would fail every scrape at that queue.
+	for i, r := range o.Queues {
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("metrics: Options.Queues[%d] %q/%q: %w", i, r.Env, r.Queue, err)
+		}
+	}
+	return nil
+}
+
+// ownLabels are the label names of the metrics (le: the histograms').
+var ownLabels = []string{"env", "queue", "outcome", "rank", "key", "le"}
+
+// checkBuckets refuses what prometheus would panic on, or mis-bin (NaN).
+func checkBuckets(field string, b []float64) error {
+	if len(b) == 0 { // (nil was made the default)
+		return fmt.Errorf("metrics: Options.%s is empty (nil means the default)", field)
+	}
+	for i, v := range b {
+		if math.IsNaN(v) || i > 0 && !(v > b[i-1]) {
+			return fmt.Errorf("metrics: Options.%s %v are not strictly increasing", field, b)
 		}
 	}
 	return nil
@@ -163,6 +205,14 @@ func New(opts *Options) (*Collector, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	// A queue listed twice is read once: its gauges sent twice would fail
+	// the whole Gather. (o.Queues is New's copy.)
+	seen := map[runqueue.QueueRef]bool{}
+	o.Queues = slices.DeleteFunc(o.Queues, func(r runqueue.QueueRef) bool {
+		dup := seen[r]
+		seen[r] = true
+		return dup
+	})
 	c := &Collector{opts: o, byPair: map[pair]*series{}}
 	counter := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: o.Namespace, Name: name, Help: help,
@@ -182,6 +232,11 @@ func New(opts *Options) (*Collector, error) {
 		Help:        "Time a worker's handler ran, by outcome (ack, retry, dead, panic, lease_lost).",
 		ConstLabels: o.ConstLabels, Buckets: o.HandlerBuckets}, []string{"env", "queue", "outcome"})
 	c.scr = newScraper(&c.opts)
+	// Refuse here what Register would (an invalid namespace or label
+	// name), not once the Queue already reports to c.
+	if err := prometheus.NewRegistry().Register(c); err != nil {
+		return nil, fmt.Errorf("metrics: Options refused by prometheus: %w", err)
+	}
 	return c, nil
 }
 

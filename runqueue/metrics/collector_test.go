@@ -153,7 +153,7 @@ func TestGaugesAfterKnownState(t *testing.T) {
 # TYPE runqueue_queue_ready_runs gauge
 runqueue_queue_ready_runs{env="env",queue="a"} 2
 runqueue_queue_ready_runs{env="env",queue="empty"} 0
-# HELP runqueue_queue_delayed_runs Runs queued with a future available time (read from Redis at scrape).
+# HELP runqueue_queue_delayed_runs Runs queued with a future available time, or due and not yet promoted by a dequeue (read from Redis at scrape).
 # TYPE runqueue_queue_delayed_runs gauge
 runqueue_queue_delayed_runs{env="env",queue="a"} 1
 runqueue_queue_delayed_runs{env="env",queue="empty"} 0
@@ -165,7 +165,7 @@ runqueue_queue_in_flight_runs{env="env",queue="empty"} 0
 # TYPE runqueue_queue_dead_runs gauge
 runqueue_queue_dead_runs{env="env",queue="a"} 1
 runqueue_queue_dead_runs{env="env",queue="empty"} 0
-# HELP runqueue_queue_oldest_ready_age_seconds Now minus the available time of the ready run first in age order; 0 when none is ready.
+# HELP runqueue_queue_oldest_ready_age_seconds Now minus the available time of the ready run first in age order, or of the earliest delayed run when it is due; 0 when none is ready or due.
 # TYPE runqueue_queue_oldest_ready_age_seconds gauge
 runqueue_queue_oldest_ready_age_seconds{env="env",queue="a"} 7
 runqueue_queue_oldest_ready_age_seconds{env="env",queue="empty"} 0

@@ -10,6 +10,17 @@
 //	prometheus.MustRegister(c)
 //	http.Handle("/metrics", promhttp.Handler())
 //
+// New checks its Options, so that what would fail later fails there:
+// histogram buckets not strictly increasing (prometheus would panic at the
+// first observation, on the Queue's caller), a queue of Options.Queues
+// that runqueue refuses (QueueRef.Validate; the error wraps its
+// *InvalidError), ConstLabels using a label of the metrics (env, queue,
+// outcome, rank, key, le), and anything else Register refuses of this
+// Collector on its own (New registers it once on a registry of its own; a
+// clash with another collector's metrics shows only at Register). A queue
+// listed twice in Options.Queues is read once. New keeps its own copies of
+// the bucket and queue lists.
+//
 // The Queue reports each operation after its Redis call succeeded, on the
 // caller's goroutine; the Collector only updates in-memory counters there
 // (no I/O). Without Watch a scrape reports the counters and histograms
@@ -32,12 +43,12 @@
 //	runqueue_handler_duration_seconds       histogram  env, queue, outcome     handler time (Observer.Handled); outcome ack, retry, dead, panic, lease_lost
 //	runqueue_observed_queues                gauge      -                       env/queue pairs with counters of their own (at most MaxQueues)
 //	runqueue_queue_ready_runs               gauge      env, queue              ready runs                         (scrape)
-//	runqueue_queue_delayed_runs             gauge      env, queue              delayed runs                       (scrape)
+//	runqueue_queue_delayed_runs             gauge      env, queue              delayed runs, due ones not yet promoted included (scrape)
 //	runqueue_queue_in_flight_runs           gauge      env, queue              runs in flight                     (scrape)
 //	runqueue_queue_dead_runs                gauge      env, queue              dead-lettered runs                 (scrape)
-//	runqueue_queue_oldest_ready_age_seconds gauge      env, queue              age of the oldest ready run        (scrape)
+//	runqueue_queue_oldest_ready_age_seconds gauge      env, queue              age of the oldest ready or due run (scrape)
 //	runqueue_scheduler_top_lag_quanta       gauge      env, queue, rank [,key] the K largest per-key lags         (scrape, flag on)
-//	runqueue_scrape_duration_seconds        gauge      -                       time the last scrape spent on Redis
+//	runqueue_scrape_duration_seconds        gauge      -                       time the last scrape took (shared, or the wait given up)
 //	runqueue_scrape_success                 gauge      -                       1 when the last scrape read everything, else 0
 //	runqueue_scrape_queues                  gauge      -                       queues the last scrape read
 //	runqueue_scrape_queues_skipped          gauge      -                       queues with queued runs past MaxScrapeQueues
@@ -79,29 +90,39 @@
 //
 // # Redis cost of a scrape
 //
-// A scrape reads Redis once per collection, from one goroutine, with
-// Options.ScrapeTimeout (default 5s) for the whole; collections are
-// serialised, so concurrent scrapers do not multiply the reads. It stops at
-// the first error (the queues read so far are reported), logs it, and
-// reports runqueue_scrape_success 0. It never fails the collection, so the
-// counters stay visible while Redis is down.
+// A collection scrapes Redis once, from one goroutine, within
+// Options.ScrapeTimeout (default 5s). One scrape runs at a time, and
+// concurrent collections share it: a collection that finds a scrape in
+// progress reads nothing itself and reports that scrape's gauges once it
+// ends, so concurrent scrapers do not multiply the reads. It waits for
+// that at most ScrapeTimeout from its own start, so K concurrent
+// collections each end within about ScrapeTimeout even with Redis hung;
+// one that gives up waiting reports a failed scrape with no queue gauges. A scrape stops at the first error (the queues read so far are
+// reported), logs it, counts it in runqueue_scrape_errors_total and
+// reports runqueue_scrape_success 0. It never fails the collection, so
+// the counters and histograms stay visible while Redis is down.
 //
 //   - discovery, only without Options.Queues: one pipeline of a ZCARD and
 //     a ZRANGE (at most MaxScrapeQueues members) per shard's master ZSET
 //     (Queue.ActiveQueues).
-//   - per queue: one MULTI/EXEC of HMGET (depth), HLEN and HEXISTS (held
-//     and its wide mark), ZCARD (dead) and ZRANGE 0 0 (ckIndex head); with
-//     a ready run, a ZRANGE 0 0 of that key's ready set and an HGET of its
-//     record: at most 3 round trips and 7 commands (MULTI and EXEC aside),
-//     each O(1) or O(log n).
+//   - per queue (Queue.QueueStats): one MULTI/EXEC of HMGET (depth), HLEN
+//     and HEXISTS (held and its wide mark), ZCARD (dead), ZRANGE 0 0
+//     (ckIndex head) and ZRANGE 0 0 WITHSCORES (delayIndex head); with a
+//     ready run, a ZRANGE 0 0 of that key's ready set and an HGET of its
+//     record: at most 3 round trips and 8 commands (MULTI and EXEC aside),
+//     each O(1) or O(log n). When Redis, over maxmemory, refuses the
+//     MULTI, the 6 reads go again in a plain pipeline: one round trip
+//     more.
 //   - per queue, with the fair scheduler on and K > 0: one pipeline of an
-//     HMGET of the clock and two ZREVRANGEBYSCORE ... LIMIT 0 K over the
-//     competing and gated tags (Queue.TopLags): O(log n + K), whatever the
-//     number of keys.
+//     HMGET of the clock and its epoch and one ZREVRANGEBYSCORE ...
+//     WITHSCORES LIMIT 0 K over the competing keys' tags (Queue.TopLags;
+//     gated keys and the newcomer lane are not read): O(log n + K),
+//     whatever the number of keys.
 //
 // So a scrape of N queues costs at most 1 + 4N round trips and
-// 2*Shards + 10N commands (MULTI and EXEC aside). A discovered queue stays
-// in the list while it holds runs in flight or dead, after its last queued
-// run was served (so its in-flight gauge goes back to 0 rather than
-// vanishing); queues that hold queued runs take the room first.
+// 2*Shards + 10N commands (MULTI and EXEC aside; N round trips and 6N
+// commands more over maxmemory). A discovered queue stays in the list
+// while it holds runs in flight or dead, after its last queued run was
+// served (so its in-flight gauge goes back to 0 rather than vanishing);
+// queues that hold queued runs take the room first.
 package metrics

@@ -133,6 +133,7 @@ type blackHole struct {
 	swallow atomic.Bool
 	wg      sync.WaitGroup
 	mu      sync.Mutex
+	closed  bool // close began: a connection accepted now is closed at once
 	conns   []net.Conn
 }
 
@@ -162,9 +163,15 @@ func (h *blackHole) accept() {
 			continue
 		}
 		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			_ = in.Close()
+			_ = out.Close()
+			continue
+		}
 		h.conns = append(h.conns, in, out)
-		h.mu.Unlock()
 		h.wg.Add(2)
+		h.mu.Unlock()
 		go func() {
 			defer h.wg.Done()
 			buf := make([]byte, 32<<10)
@@ -191,6 +198,7 @@ func (h *blackHole) accept() {
 func (h *blackHole) close() {
 	_ = h.ln.Close()
 	h.mu.Lock()
+	h.closed = true
 	for _, c := range h.conns {
 		_ = c.Close()
 	}

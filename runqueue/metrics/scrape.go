@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -22,12 +23,16 @@ type scraper struct {
 	tracked                                  *prometheus.Desc // the Collector's, declared here with the others
 	errors                                   prometheus.Counter
 
-	// One scrape at a time: concurrent collections (two Prometheus
-	// servers, say) would otherwise multiply the Redis reads.
-	mu sync.Mutex
-	// known are the queues the last discovering scrape read: a queue stays
-	// in the list while it holds runs in flight or dead, after its last
-	// queued run left the shard master.
+	// cur is the scrape in progress (mu), which concurrent collections
+	// (two Prometheus servers, say) share rather than each reading Redis:
+	// one scrape at a time, and a collection that finds one running waits
+	// for its result only until its own deadline.
+	mu  sync.Mutex
+	cur *flight
+	// known are the queues the last discovering scrape read (only the
+	// scrape in progress touches it): a queue stays in the list while it
+	// holds runs in flight or dead, after its last queued run left the
+	// shard master.
 	known []runqueue.QueueRef
 }
 
@@ -41,20 +46,22 @@ func newScraper(o *Options) *scraper {
 		lagLabels = append(lagLabels, "key")
 	}
 	return &scraper{
-		opts:     o,
-		ranks:    rankLabels(o.TopLagKeys),
-		ready:    desc("queue_ready_runs", "Runs queued and ready (read from Redis at scrape).", "env", "queue"),
-		delayed:  desc("queue_delayed_runs", "Runs queued with a future available time (read from Redis at scrape).", "env", "queue"),
+		opts:  o,
+		ranks: rankLabels(o.TopLagKeys),
+		ready: desc("queue_ready_runs", "Runs queued and ready (read from Redis at scrape).", "env", "queue"),
+		delayed: desc("queue_delayed_runs",
+			"Runs queued with a future available time, or due and not yet promoted by a dequeue (read from Redis at scrape).", "env", "queue"),
 		inflight: desc("queue_in_flight_runs", "Runs dequeued and not yet acked, nacked or recovered (read from Redis at scrape).", "env", "queue"),
 		dead:     desc("queue_dead_runs", "Runs in the dead letter (read from Redis at scrape).", "env", "queue"),
 		age: desc("queue_oldest_ready_age_seconds",
-			"Now minus the available time of the ready run first in age order; 0 when none is ready.", "env", "queue"),
+			"Now minus the available time of the ready run first in age order, or of the earliest delayed run when it is due; 0 when none is ready or due.", "env", "queue"),
 		lag: desc("scheduler_top_lag_quanta",
 			"The largest per-key lags (tag minus the queue's virtual clock, in quanta) of the fair scheduler, rank 1 largest.",
 			lagLabels...),
-		duration: desc("scrape_duration_seconds", "Time the last scrape spent reading Redis."),
-		success:  desc("scrape_success", "1 when the last scrape read every queue it meant to, 0 when it failed."),
-		read:     desc("scrape_queues", "Queues whose gauges the last scrape read."),
+		duration: desc("scrape_duration_seconds",
+			"Time the last scrape took reading Redis (a collection that shared a scrape in progress reports that scrape's; one that gave up waiting for it, its wait)."),
+		success: desc("scrape_success", "1 when the last scrape read every queue it meant to, 0 when it failed."),
+		read:    desc("scrape_queues", "Queues whose gauges the last scrape read."),
 		skipped: desc("scrape_queues_skipped",
 			"Queues holding queued runs that the last scrape did not read (past MaxScrapeQueues)."),
 		tracked: desc("observed_queues",
@@ -72,16 +79,75 @@ func (s *scraper) describe(ch chan<- *prometheus.Desc) {
 	s.errors.Describe(ch)
 }
 
+// flight is one scrape and the metrics it produced, for every collection
+// that shares it.
+type flight struct {
+	done    chan struct{} // closed when metrics is set (nil: the scrape panicked)
+	metrics []prometheus.Metric
+}
+
 func (s *scraper) collect(q *runqueue.Queue, ch chan<- prometheus.Metric) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	start := time.Now()
+	s.mu.Lock()
+	f := s.cur
+	if f == nil {
+		f = &flight{done: make(chan struct{})}
+		s.cur = f
+		s.mu.Unlock()
+		s.run(f, q, start)
+	} else {
+		s.mu.Unlock()
+		// The deadline starts now: with Redis hung, K collections end
+		// within about one ScrapeTimeout, not K of them.
+		t := time.NewTimer(s.opts.ScrapeTimeout)
+		select {
+		case <-f.done:
+			t.Stop()
+		case <-t.C:
+			err := fmt.Errorf("%w after %s: waiting for the scrape in progress", errScrapeTimeout, s.opts.ScrapeTimeout)
+			s.opts.Logger.Warn("runqueue metrics: scrape of Redis failed", "err", err)
+			for _, m := range s.status(start, err, 0, 0) {
+				ch <- m
+			}
+			s.errors.Collect(ch)
+			return
+		}
+	}
+	ms := f.metrics
+	if ms == nil {
+		ms = s.status(start, errors.New("the scrape in progress panicked"), 0, 0)
+	}
+	for _, m := range ms {
+		ch <- m
+	}
+	s.errors.Collect(ch)
+}
+
+// run makes the scrape of flight f and ends it, whatever happens.
+func (s *scraper) run(f *flight, q *runqueue.Queue, start time.Time) {
+	defer func() {
+		s.mu.Lock()
+		s.cur = nil
+		s.mu.Unlock()
+		close(f.done)
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ScrapeTimeout)
 	defer cancel()
-	read, skipped, err := s.scrape(ctx, q, ch)
-	ok := 1.0
+	sink := make(chan prometheus.Metric)
+	got := make(chan []prometheus.Metric, 1) // (a panic of scrape leaves it unread)
+	go func() {
+		var ms []prometheus.Metric
+		for m := range sink {
+			ms = append(ms, m)
+		}
+		got <- ms
+	}()
+	read, skipped, err := func() (int, int, error) {
+		defer close(sink)
+		return s.scrape(ctx, q, sink)
+	}()
+	ms := <-got
 	if err != nil {
-		ok = 0
 		// go-redis reports a deadline as a context error or, with
 		// ContextTimeoutEnabled, as an i/o timeout of the connection, which
 		// may fire a moment before the context's own timer.
@@ -91,12 +157,20 @@ func (s *scraper) collect(q *runqueue.Queue, ch chan<- prometheus.Metric) {
 		s.errors.Inc()
 		s.opts.Logger.Warn("runqueue metrics: scrape of Redis failed", "err", err, "queues_read", read)
 	}
-	gauge := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
-	gauge(s.duration, time.Since(start).Seconds())
-	gauge(s.success, ok)
-	gauge(s.read, float64(read))
-	gauge(s.skipped, float64(skipped))
-	s.errors.Collect(ch)
+	f.metrics = append(ms, s.status(start, err, read, skipped)...)
+}
+
+// status is the scrape's own gauges.
+func (s *scraper) status(start time.Time, err error, read, skipped int) []prometheus.Metric {
+	ok := 1.0
+	if err != nil {
+		ok = 0
+	}
+	gauge := func(d *prometheus.Desc, v float64) prometheus.Metric {
+		return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	return []prometheus.Metric{gauge(s.duration, time.Since(start).Seconds()), gauge(s.success, ok),
+		gauge(s.read, float64(read)), gauge(s.skipped, float64(skipped))}
 }
 
 // scrape sends the gauges of every queue of this scrape's list, and

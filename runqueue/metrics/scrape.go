@@ -157,7 +157,8 @@ func (s *scraper) run(f *flight, q *runqueue.Queue, start time.Time) {
 		s.errors.Inc()
 		s.opts.Logger.Warn("runqueue metrics: scrape of Redis failed", "err", err, "queues_read", read)
 	}
-	f.metrics = append(ms, s.status(start, err, read, skipped)...)
+	ms = append(ms, s.status(start, err, read, skipped)...)
+	f.metrics = ms
 }
 
 // status is the scrape's own gauges.

@@ -366,8 +366,9 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // DequeueShard stops there and returns the runs served with a nil error:
 // they are in flight for the caller, and a caller that dropped them on an
 // error would leave them held for a whole lease. The queue that failed is
-// looked at again by the next call, whose error it is when nothing else is
-// served.
+// looked at again in its env's next turn, and the next call goes on with
+// the env after it (one queue whose calls fail cannot stop the others); a
+// call's error is returned when nothing else is served.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
 	runs, err := q.dequeueShard(ctx, shard, maxCount)
 	if len(runs) > 0 {
@@ -429,7 +430,9 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 		}
 		if i < len(envs) {
 			// The plan's first round is one queue per env: the next call
-			// starts after the last env this one visits.
+			// starts after the last env this one visits, whether its call
+			// fails or not (a queue whose calls keep failing must not stop
+			// the shard's other envs).
 			q.rrMu.Lock()
 			q.shardEnv[shard] = envs[i]
 			q.rrMu.Unlock()

@@ -270,3 +270,40 @@ func TestS17RTopLagsFlagOffValidates(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, lags)
 }
+
+// TestS17RShardFailingQueueDoesNotBlock: one env's queue whose dequeue
+// keeps failing (here LimitsFor refuses it) must not stop DequeueShard from
+// serving the shard's other envs: the env cursor moves past it, so the
+// failing queue's error comes back only in its turn, when nothing else was
+// served, and every other env keeps its share.
+func TestS17RShardFailingQueueDoesNotBlock(t *testing.T) {
+	b := setup(t, redistest.Mini(t), func(cfg *runqueue.Config) {
+		cfg.Shards = 1
+		cfg.LimitsFor = func(env, _ string) runqueue.Limits {
+			if env == "bad" {
+				return runqueue.Limits{Key: -1}
+			}
+			return runqueue.Limits{}
+		}
+	})
+	for _, e := range []string{"a", "bad", "c"} {
+		for i := range 4 {
+			enqueue(t, b, runqueue.EnqueueParams{Env: e, Queue: "q", ID: fmt.Sprint(e, i), Payload: []byte("x")})
+		}
+	}
+	served := map[string]int{}
+	failed := 0
+	for range 9 {
+		runs, err := b.q.DequeueShard(b.ctx, 0, 1)
+		if err != nil {
+			require.ErrorIs(t, err, runqueue.ErrInvalid)
+			require.Empty(t, runs)
+			failed++
+			continue
+		}
+		require.Len(t, runs, 1)
+		served[runs[0].Env]++
+	}
+	require.Equal(t, map[string]int{"a": 3, "c": 3}, served, "the other envs keep their turns")
+	require.Equal(t, 3, failed, "the failing queue's error comes in its turn only")
+}

@@ -95,9 +95,11 @@
 // concurrent collections share it: a collection that finds a scrape in
 // progress reads nothing itself and reports that scrape's gauges once it
 // ends, so concurrent scrapers do not multiply the reads. It waits for
-// that at most ScrapeTimeout from its own start, so K concurrent
-// collections each end within about ScrapeTimeout even with Redis hung;
-// one that gives up waiting reports a failed scrape with no queue gauges. A scrape stops at the first error (the queues read so far are
+// that until ScrapeTimeout from its own start or, when later, a quarter
+// second past the scrape's own deadline (a scrape that times out still
+// reports the queues it read), so K concurrent collections each end
+// within about ScrapeTimeout even with Redis hung; one that gives up
+// waiting reports a failed scrape with no queue gauges. A scrape stops at the first error (the queues read so far are
 // reported), logs it, counts it in runqueue_scrape_errors_total and
 // reports runqueue_scrape_success 0. It never fails the collection, so
 // the counters and histograms stay visible while Redis is down.

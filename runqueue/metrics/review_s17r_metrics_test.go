@@ -314,36 +314,15 @@ func TestS17RMetricsWaiterTimesOut(t *testing.T) {
 	d, _ := s17rGauge(mfs, "runqueue_scrape_duration_seconds")
 	require.GreaterOrEqual(t, d, timeout.Seconds())
 	require.Less(t, d, 3*timeout.Seconds())
-	require.Contains(t, b.log.String(), "waiting for the scrape in progress")
+	// (A give-up is logged at Debug since review s17s: the scrape in
+	// progress logs its own failure, once.)
 }
 
-// TestS17RMetricsTurnReleasedOnPanic: holds. A collection that panics
-// while it holds the turn (here: its channel closed under it, mid-scrape)
-// gives the turn back; the next collection scrapes normally at once.
-func TestS17RMetricsTurnReleasedOnPanic(t *testing.T) {
-	t.Parallel()
-	b := setup(t, redistest.Mini(t), metrics.Options{Queues: []runqueue.QueueRef{{Env: "env", Queue: "a"}},
-		ScrapeTimeout: 2 * time.Second}, nil)
-	b.enqueue(t, runqueue.EnqueueParams{Queue: "a", ID: "1"})
-	ch := make(chan prometheus.Metric)
-	done := make(chan any, 1)
-	go func() {
-		defer func() { done <- recover() }()
-		b.c.Collect(ch)
-	}()
-	for mt := range ch {
-		if strings.Contains(mt.Desc().String(), "queue_ready_runs") {
-			close(ch) // the scrape holds the turn; its next send panics
-			break
-		}
-	}
-	require.NotNil(t, <-done, "the collection panicked mid-scrape")
-	start := time.Now()
-	mfs := s17rGather(t, b.c)
-	require.Less(t, time.Since(start), time.Second)
-	ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
-	require.Equal(t, 1.0, ok, "the turn was given back")
-}
+// (TestS17RMetricsTurnReleasedOnPanic, which closed the collection's
+// channel under it, was dropped: the scrape now writes into a sink of its
+// own, so it no longer panicked mid-scrape, and closing a channel that
+// Collect sends on is a data race. TestS17SMetricsLeaderPanicsFollower-
+// ReportsFailure tests a panic of the scrape in progress.)
 
 // TestS17RMetricsOptionsEdges: holds. ScrapeTimeout 0 is the default;
 // every reserved ConstLabels name and empty or unordered buckets are

@@ -82,30 +82,39 @@ func (s *scraper) describe(ch chan<- *prometheus.Desc) {
 // flight is one scrape and the metrics it produced, for every collection
 // that shares it.
 type flight struct {
-	done    chan struct{} // closed when metrics is set (nil: the scrape panicked)
-	metrics []prometheus.Metric
+	done     chan struct{} // closed when metrics is set (nil: the scrape panicked)
+	deadline time.Time     // the scrape's ScrapeTimeout
+	metrics  []prometheus.Metric
 }
+
+// shareGrace is how long past the scrape's own deadline a collection that
+// shares it waits for it: a scrape that times out still needs a moment to
+// see the timeout and report what it read (else collections that started
+// with it would give up first and report nothing).
+const shareGrace = 250 * time.Millisecond
 
 func (s *scraper) collect(q *runqueue.Queue, ch chan<- prometheus.Metric) {
 	start := time.Now()
 	s.mu.Lock()
 	f := s.cur
 	if f == nil {
-		f = &flight{done: make(chan struct{})}
+		f = &flight{done: make(chan struct{}), deadline: start.Add(s.opts.ScrapeTimeout)}
 		s.cur = f
 		s.mu.Unlock()
 		s.run(f, q, start)
 	} else {
 		s.mu.Unlock()
-		// The deadline starts now: with Redis hung, K collections end
-		// within about one ScrapeTimeout, not K of them.
-		t := time.NewTimer(s.opts.ScrapeTimeout)
+		// At most ScrapeTimeout from now, or the scrape's deadline and a
+		// grace when later: with Redis hung, K collections end within
+		// about one ScrapeTimeout, not K of them. (A give-up is logged at
+		// Debug: the scrape logs its own failure.)
+		t := time.NewTimer(max(s.opts.ScrapeTimeout, time.Until(f.deadline.Add(shareGrace))))
 		select {
 		case <-f.done:
 			t.Stop()
 		case <-t.C:
 			err := fmt.Errorf("%w after %s: waiting for the scrape in progress", errScrapeTimeout, s.opts.ScrapeTimeout)
-			s.opts.Logger.Warn("runqueue metrics: scrape of Redis failed", "err", err)
+			s.opts.Logger.Debug("runqueue metrics: gave up waiting for the scrape in progress", "err", err)
 			for _, m := range s.status(start, err, 0, 0) {
 				ch <- m
 			}

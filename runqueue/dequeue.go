@@ -180,7 +180,17 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	qk := n.qk
 	lim, err := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
 	if err != nil {
-		return nil, nil, err
+		if len(acks) == 0 {
+			return nil, nil, err
+		}
+		// The acks do not depend on the limits: they go alone, so that
+		// finished runs are not delivered again while the configuration
+		// is wrong, and their results come with the dequeue's error.
+		ackErrs, _, aerr := q.ackMany(ctx, acks, observe)
+		if aerr != nil {
+			return nil, nil, aerr // (as a failed call: the acks may be sent again)
+		}
+		return nil, ackErrs, err
 	}
 	look := 0
 	if q.looksGivenLimits(lim) {
@@ -255,7 +265,9 @@ func ackedCount(res []any, acks int) int {
 // queue, in one script call: a worker's loop costs one round trip per
 // batch. Every run of acks must belong to env and queue. ackErrs[i] says
 // what became of acks[i], as AckMany does; maxCount may be 0 (acks only).
-// The runs acked free their slots for the dequeue of the same call.
+// The runs acked free their slots for the dequeue of the same call. When
+// Config.LimitsFor refuses the queue's limits (a negative one), the acks
+// are still made, alone, and their results come with that *InvalidError.
 func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, nil, err

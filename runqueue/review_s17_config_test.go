@@ -153,14 +153,21 @@ func TestS17ConfigNegativeLimitsFor(t *testing.T) {
 			st := s17AllKeys(t, c, b.prefix)
 			_, err := b.q.Dequeue(b.ctx, env, queueName, 1)
 			s17Invalid(t, err, "Config.LimitsFor")
-			_, _, err = b.q.AckAndDequeue(b.ctx, []*runqueue.Run{held}, env, queueName, 1)
+			_, _, err = b.q.AckAndDequeue(b.ctx, nil, env, queueName, 1)
 			s17Invalid(t, err, "Config.LimitsFor")
 			_, err = b.q.DequeueShard(b.ctx, b.q.ShardOf(env), 1)
 			s17Invalid(t, err, "Config.LimitsFor")
 			require.Equal(t, st, s17AllKeys(t, c, b.prefix), "nothing written")
 		}
+		// The acks of an AckAndDequeue do not wait for the configuration:
+		// they are made, alone, and answered with the dequeue's error.
+		lim.Store(&runqueue.Limits{Key: -1})
+		_, ackErrs, err := b.q.AckAndDequeue(b.ctx, []*runqueue.Run{held}, env, queueName, 1)
+		s17Invalid(t, err, "Config.LimitsFor")
+		require.Equal(t, []error{nil}, ackErrs)
+		require.Equal(t, runqueue.Stats{Ready: 1}, queueStats(t, b, queueName), "the ack was made, nothing dequeued")
 		lim.Store(&runqueue.Limits{})
-		require.NoError(t, b.q.Ack(b.ctx, held))
+		require.NoError(t, b.q.Ack(b.ctx, held), "acked already: gone, no error")
 		require.Equal(t, []string{"b"}, runIDs(dequeue(t, b, queueName, 5)))
 	})
 }

@@ -3,6 +3,7 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -306,4 +307,35 @@ func TestS17RShardFailingQueueDoesNotBlock(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"a": 3, "c": 3}, served, "the other envs keep their turns")
 	require.Equal(t, 3, failed, "the failing queue's error comes in its turn only")
+}
+
+// TestS17RWorkerAcksWhileLimitsRefused: Config.LimitsFor starts refusing a
+// queue (a negative limit) while a Worker's handler runs. The Worker's
+// fetches fail from then on, but the finished run's ack is made (alone) and
+// settled once, as an ack: it is not delivered again when its lease passes,
+// and Shutdown leaves nothing unsettled.
+func TestS17RWorkerAcksWhileLimitsRefused(t *testing.T) {
+	t.Parallel()
+	var lim atomic.Pointer[runqueue.Limits]
+	lim.Store(&runqueue.Limits{})
+	o := newS16Observer()
+	b := setup(t, redistest.Mini(t), func(c *runqueue.Config) {
+		c.Observer = o
+		c.LimitsFor = func(string, string) runqueue.Limits { return *lim.Load() }
+	})
+	started, finish := make(chan struct{}), make(chan struct{})
+	w := startWorker(t, b.q, func(ctx context.Context, r *runqueue.Run) error {
+		close(started)
+		<-finish
+		return nil
+	}, func(c *runqueue.WorkerConfig) { c.Concurrency = 1 })
+	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+	waitClosed(t, started)
+	lim.Store(&runqueue.Limits{Queue: -1})
+	close(finish)
+	require.Equal(t, runqueue.OutcomeAck, o.next(t), "the finished run is settled as an ack")
+	require.Equal(t, runqueue.Stats{}, queueStats(t, b, queueName), "acked: nothing held or queued")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, w.Shutdown(ctx), "nothing left unsettled")
 }

@@ -130,7 +130,9 @@ func (s *source) fetch(c *fetchCall) {
 	n := len(c.ks)
 	if s.shard < 0 {
 		c.runs, c.ackErrs, c.err = w.q.AckAndDequeue(ctx, ackRuns, s.env, s.queue, n)
-		c.ackErr = c.err
+		if c.ackErrs == nil || len(ackRuns) == 0 {
+			c.ackErr = c.err // (with results, the acks were made: see AckAndDequeue)
+		}
 		return
 	}
 	if len(ackRuns) > 0 {

@@ -1143,6 +1143,20 @@ local function dq_finish(dq, acked)
 
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
+  if token0 == 0 then
+    -- A new counter: a new shard, or its key lost with the data (a restart
+    -- without persistence, a failover to a replica behind). It starts at
+    -- the call's time in microseconds (below 2^53 until the year 2255),
+    -- above every token the lost counter dealt (it started at a time too
+    -- and moves by one a delivery, far slower than a microsecond clock),
+    -- so that a holder of a delivery from before the loss cannot act on
+    -- one made after it. A multiple of 64, as 0 is: the wide checks below
+    -- fall on the same deliveries whatever the time (the cost stays the
+    -- same from one counter to the next).
+    token0 = math.min(dq.now * 1000, 4503599627370496)
+    token0 = token0 - token0 % 64
+    redis.call('SET', dq.tokens, num_arg(token0 + n))
+  end
   local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))
   local ids, vms, fields, leases = dq.served, dq.served_vm, {}, {}
   for i, id in ipairs(ids) do

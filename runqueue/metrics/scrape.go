@@ -142,20 +142,8 @@ func (s *scraper) run(f *flight, q *runqueue.Queue, start time.Time) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.ScrapeTimeout)
 	defer cancel()
-	sink := make(chan prometheus.Metric)
-	got := make(chan []prometheus.Metric, 1) // (a panic of scrape leaves it unread)
-	go func() {
-		var ms []prometheus.Metric
-		for m := range sink {
-			ms = append(ms, m)
-		}
-		got <- ms
-	}()
-	read, skipped, err := func() (int, int, error) {
-		defer close(sink)
-		return s.scrape(ctx, q, sink)
-	}()
-	ms := <-got
+	var ms []prometheus.Metric
+	read, skipped, err := s.scrape(ctx, q, &ms)
 	if err != nil {
 		// go-redis reports a deadline as a context error or, with
 		// ContextTimeoutEnabled, as an i/o timeout of the connection, which
@@ -188,7 +176,7 @@ func (s *scraper) status(start time.Time, err error, read, skipped int) []promet
 // left out. It stops at the first error: what follows would most likely
 // fail the same way (Redis down) and each failure could take the whole
 // timeout.
-func (s *scraper) scrape(ctx context.Context, q *runqueue.Queue, ch chan<- prometheus.Metric) (read, skipped int, err error) {
+func (s *scraper) scrape(ctx context.Context, q *runqueue.Queue, ms *[]prometheus.Metric) (read, skipped int, err error) {
 	list, total, discovering, err := s.list(ctx, q)
 	if err != nil {
 		return 0, 0, err
@@ -202,7 +190,7 @@ func (s *scraper) scrape(ctx context.Context, q *runqueue.Queue, ch chan<- prome
 			return read, 0, fmt.Errorf("queue %s/%s: %w", ref.Env, ref.Queue, err)
 		}
 		gauge := func(d *prometheus.Desc, v float64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ref.Env, ref.Queue)
+			*ms = append(*ms, prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ref.Env, ref.Queue))
 		}
 		gauge(s.ready, float64(st.Ready))
 		gauge(s.delayed, float64(st.Delayed))
@@ -217,7 +205,7 @@ func (s *scraper) scrape(ctx context.Context, q *runqueue.Queue, ch chan<- prome
 			keep = append(keep, ref)
 		}
 		if lags {
-			if err := s.lags(ctx, q, ref, ch); err != nil {
+			if err := s.lags(ctx, q, ref, ms); err != nil {
 				return read, 0, err
 			}
 		}
@@ -258,7 +246,7 @@ func (s *scraper) list(ctx context.Context, q *runqueue.Queue) (refs []runqueue.
 	return found, total, true, nil
 }
 
-func (s *scraper) lags(ctx context.Context, q *runqueue.Queue, ref runqueue.QueueRef, ch chan<- prometheus.Metric) error {
+func (s *scraper) lags(ctx context.Context, q *runqueue.Queue, ref runqueue.QueueRef, ms *[]prometheus.Metric) error {
 	top, err := q.TopLags(ctx, ref.Env, ref.Queue, len(s.ranks))
 	if err != nil {
 		return fmt.Errorf("lags of %s/%s: %w", ref.Env, ref.Queue, err)
@@ -268,7 +256,7 @@ func (s *scraper) lags(ctx context.Context, q *runqueue.Queue, ref runqueue.Queu
 		if s.opts.LagKeyLabel {
 			labels = append(labels, kl.Key)
 		}
-		ch <- prometheus.MustNewConstMetric(s.lag, prometheus.GaugeValue, kl.Lag, labels...)
+		*ms = append(*ms, prometheus.MustNewConstMetric(s.lag, prometheus.GaugeValue, kl.Lag, labels...))
 	}
 	return nil
 }

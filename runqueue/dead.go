@@ -99,8 +99,8 @@ func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
 	v := qk.Variant(key)
 	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
 	ks := placeKeys(qk, qk.Dead(), qk.Env.Dead())
-	now := q.now()
-	if err := checkNow(now); err != nil {
+	now, err := q.clockNow()
+	if err != nil {
 		return err
 	}
 	args := []any{now, keys.Segment(id), v.Member(), keys.RunMember(ref), ms(q.cfg.PriorityStep), qn.member, qn.wake,

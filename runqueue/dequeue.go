@@ -178,19 +178,16 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		return nil, nil, err
 	}
 	qk := n.qk
-	lim, err := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
-	if err != nil {
+	lim, limErr := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
+	if limErr != nil {
 		if len(acks) == 0 {
-			return nil, nil, err
+			return nil, nil, limErr
 		}
-		// The acks do not depend on the limits: they go alone, so that
-		// finished runs are not delivered again while the configuration
-		// is wrong, and their results come with the dequeue's error.
-		ackErrs, _, aerr := q.ackMany(ctx, acks, observe)
-		if aerr != nil {
-			return nil, nil, aerr // (as a failed call: the acks may be sent again)
-		}
-		return nil, ackErrs, err
+		// The acks do not depend on the limits: the call makes them and
+		// serves nothing (an ack-only call, as AckAndDequeue's maxCount
+		// 0), so that finished runs are not delivered again while the
+		// configuration is wrong; their results come with the error.
+		lim, size = Limits{}, q.sizeOf(0)
 	}
 	look := 0
 	if q.looksGivenLimits(lim) {
@@ -245,6 +242,9 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	}
 	if reset && err == nil {
 		runs, _, err = q.settleAndDequeue(ctx, n, nil, size, now, observe)
+	}
+	if err == nil {
+		err = limErr
 	}
 	return runs, ackErrs, err
 }

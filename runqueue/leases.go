@@ -69,8 +69,8 @@ type ackResult struct {
 func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error, []bool, error) {
 	errs := make([]error, len(runs))
 	acked := make([]bool, len(runs))
-	now := q.now()
-	if err := checkNow(now); err != nil {
+	now, err := q.clockNow()
+	if err != nil {
 		for i := range errs {
 			errs[i] = err
 		}
@@ -165,8 +165,8 @@ func (q *Queue) ExtendLease(ctx context.Context, r *Run, d time.Duration) error 
 	if err := checkDuration("duration", d, time.Nanosecond); err != nil {
 		return err
 	}
-	now := q.now()
-	if err := checkNow(now); err != nil {
+	now, err := q.clockNow()
+	if err != nil {
 		return err
 	}
 	if err := checkDeadline("duration", now, d); err != nil {
@@ -174,7 +174,7 @@ func (q *Queue) ExtendLease(ctx context.Context, r *Run, d time.Duration) error 
 	}
 	deadline := now + max(ms(d), 1)
 	c := q.extendCall(r, deadline)
-	err := run(ctx, q.rdb, c.sc, c.keys, c.args...).Err()
+	err = run(ctx, q.rdb, c.sc, c.keys, c.args...).Err()
 	if err == nil {
 		r.LeaseDeadline = time.UnixMilli(deadline)
 	}
@@ -239,8 +239,8 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 			return NackResult{}, err
 		}
 	}
-	now := q.now()
-	if err := checkNow(now); err != nil {
+	now, err := q.clockNow()
+	if err != nil {
 		return NackResult{}, err
 	}
 	retry := opts.RetryAt.UnixMilli()

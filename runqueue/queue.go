@@ -212,6 +212,13 @@ func isDone(ch <-chan struct{}) bool {
 
 func (q *Queue) now() int64 { return q.cfg.Clock.Now().UnixMilli() }
 
+// clockNow is now for a call that writes: refused (checkNow) outside the
+// range of the times the scripts store.
+func (q *Queue) clockNow() (int64, error) {
+	now := q.now()
+	return now, checkNow(now)
+}
+
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
 // vtimeKeys and vtimeArgs are what the flag-on scripts with hooks take

@@ -515,7 +515,8 @@ func (w *Worker) release() {
 			return
 		}
 	}
-	now := w.q.now()
+	// A clock out of range writes nothing: the runs wait for their leases.
+	now, bad := w.q.clockNow()
 	var released []*job
 	var calls []call
 	for i := range w.held {
@@ -531,8 +532,6 @@ func (w *Worker) release() {
 		released = append(released, j)
 		calls = append(calls, w.q.requeueCallMax(j.run.ref(), j.run.Token, now, now, false, 0))
 	}
-	// A clock out of range writes nothing: the runs wait for their leases.
-	bad := checkNow(now)
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
 		var cmds []*redis.Cmd
@@ -776,8 +775,8 @@ func (w *Worker) heartbeatLoop() {
 // are left alone) to now + LeaseDuration. A lease found lost cancels its
 // handler's context.
 func (w *Worker) heartbeat() {
-	now := w.q.now()
-	if err := checkNow(now); err != nil {
+	now, err := w.q.clockNow()
+	if err != nil {
 		w.log.Warn("runqueue: worker did not extend leases", "err", err)
 		return
 	}

@@ -29,7 +29,7 @@ import (
 // *InvalidError naming it, and New writes nothing at all (not even the
 // layout version).
 func TestS17ConfigBadFields(t *testing.T) {
-	s17EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+	s16EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		ctx := context.Background()
 		for _, tc := range []struct {
 			field string
@@ -139,7 +139,7 @@ func TestS17ConfigNegativeLimits(t *testing.T) {
 // Config.LimitsFor, with nothing written, on every dequeue path; the
 // queue's other calls go on.
 func TestS17ConfigNegativeLimitsFor(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		var lim atomic.Pointer[runqueue.Limits]
 		lim.Store(&runqueue.Limits{})
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) {
@@ -274,7 +274,7 @@ func TestS17ConfigEviction(t *testing.T) {
 // an empty prefix writes nothing; a prefix whose layout key holds
 // something that is no version is refused and left alone.
 func TestS17ConfigLayout(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		ctx := context.Background()
 		prefix := redistest.Prefix(t)
 		space, err := keys.NewSpace(prefix, 16)
@@ -331,7 +331,7 @@ func TestS17ConfigLayout(t *testing.T) {
 // shard's master, leases and ttl keys: Shards commands, once) and refuse
 // with a *LayoutError{Found: "1"} (or "none") when there is any.
 func TestS17ConfigLayoutUnversionedData(t *testing.T) {
-	s17EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+	s16EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		ctx := context.Background()
 		prefix := redistest.Prefix(t)
 		space, err := keys.NewSpace(prefix, 16)
@@ -433,7 +433,7 @@ func TestS17ConfigFromEnv(t *testing.T) {
 // queue at each dequeue (over the Config fields), and a key limit that
 // rises lets a waiting key through at the next dequeue.
 func TestS17ConfigLimitsFor(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		var keyLimit atomic.Int64
 		keyLimit.Store(1)
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) {
@@ -462,7 +462,7 @@ func TestS17ConfigLimitsFor(t *testing.T) {
 // inclusive and nothing else (NaN, infinities, zero, negatives, a hair
 // outside), with nothing written; Weights reports what was set exactly.
 func TestS17ConfigWeightBounds(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
 		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "x"})
 		dequeue(t, b, queueName, 1) // a scheduler state exists (flag on)
@@ -506,7 +506,7 @@ func TestS17ConfigWeightBounds(t *testing.T) {
 // weight per queue: one more is ErrTooManyWeights with nothing written, a
 // key that has one may change it, and clearing one makes room.
 func TestS17ConfigWeightOverrides(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.MaxWeightOverrides = 2 })
 		require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "a", 2))
 		require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "b", 3))
@@ -527,7 +527,7 @@ func TestS17ConfigWeightOverrides(t *testing.T) {
 // Queue (sharing Redis with a flag-on one whose scheduler state already
 // runs with no weights) applies at the flag-on instance's next serves.
 func TestS17ConfigWeightFromFlagOffInstance(t *testing.T) {
-	s17EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+	s16EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		on := s17Setup(t, c, true, nil)
 		off, err := runqueue.New(on.ctx, c, &runqueue.Config{Prefix: on.prefix, Clock: on.clock, SerialCalls: true})
 		require.NoError(t, err)
@@ -562,7 +562,7 @@ func TestS17ConfigWeightFromFlagOffInstance(t *testing.T) {
 // by side the heavy key gets (almost) every serve and the light one still
 // gets its share; nothing is served twice.
 func TestS17ConfigWeightExtremes(t *testing.T) {
-	s17EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+	s16EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b := s17Setup(t, c, true, nil)
 		require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "light", runqueue.MinWeight))
 		require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "heavy", runqueue.MaxWeight))

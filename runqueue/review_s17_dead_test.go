@@ -16,28 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
-
-// s17Backends are miniredis and the binary's shared real Redis.
-var s17Backends = []backend{
-	{Name: "Mini", Client: redistest.Mini},
-	{Name: "Real", Client: redistest.Real},
-}
-
-func s17EachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)) {
-	redistest.ForEachBackend(t, s17Backends, fn)
-}
-
-// s17EachFlag runs fn with the scheduler flag off and on, on each backend.
-func s17EachFlag(t *testing.T, fn func(t *testing.T, c redis.UniversalClient, on bool)) {
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
-			s17EachBackend(t, func(t *testing.T, c redis.UniversalClient) { fn(t, c, on) })
-		})
-	}
-}
 
 // s17Setup is setup with the flag set and mutate applied.
 func s17Setup(t *testing.T, c redis.UniversalClient, on bool, mutate func(*runqueue.Config)) *testBundle {
@@ -133,7 +113,7 @@ func s17Kill(t *testing.T, b *testBundle, key, id string, payload string) {
 // first, pages without gaps or repeats, and reports each run's payload,
 // attempt, priority, key and time of death.
 func TestS17DeadLettersPaging(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
 		var want []string
 		died := map[string]time.Time{}
@@ -180,7 +160,7 @@ func TestS17DeadLettersPaging(t *testing.T) {
 // Redrive are typed errors and write nothing; a lookup under the wrong key
 // or of a live run is ErrNotFound and writes nothing.
 func TestS17DeadBadInput(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
 		s17Kill(t, b, "k", "dead", "x")
 		enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "live"})
@@ -218,7 +198,7 @@ func TestS17DeadBadInput(t *testing.T) {
 // leaves the state the first left; the run is ready now with attempt 1,
 // its priority kept, and the dead counters are decremented once.
 func TestS17DeadRedriveTwice(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.MaxAttempts = 2 })
 		enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "r", Priority: 7, Payload: []byte("pl"), TTL: time.Minute})
 		r := dequeue(t, b, queueName, 1)[0]
@@ -275,7 +255,7 @@ func TestS17DeadRedriveTwice(t *testing.T) {
 // the redriven run is acked the id is free again, and a resent redrive
 // of the old run then leaves the new run alone.
 func TestS17DeadIDReuse(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
 		s17Kill(t, b, "k", "x", "body")
 		before := s17AllKeys(t, c, b.prefix)
@@ -308,7 +288,7 @@ func TestS17DeadIDReuse(t *testing.T) {
 // limit frees the key's slot at once: the key's next run is served by the
 // next dequeue, and redriving the dead run makes it wait for the slot.
 func TestS17DeadAtKeyLimit(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 })
 		enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "a"})
 		b.clock.Advance(time.Millisecond)
@@ -343,7 +323,7 @@ func TestS17DeadAtKeyLimit(t *testing.T) {
 // TestS17DeadMaxAttempts: MaxAttempts 1 dead-letters at the first nack
 // and at the first lease recovery; a negative MaxAttempts never does.
 func TestS17DeadMaxAttempts(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) {
 			cfg.MaxAttempts = 1
 			cfg.LeaseDuration = time.Second
@@ -390,7 +370,7 @@ func TestS17DeadMaxAttempts(t *testing.T) {
 // every run is served to completion exactly once and nothing of the runs
 // is left behind.
 func TestS17DeadFlagFlip(t *testing.T) {
-	s17EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+	s16EachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		on := s17Setup(t, c, true, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 2 })
 		offQ, err := runqueue.New(on.ctx, c, &runqueue.Config{Prefix: on.prefix, Clock: on.clock, SerialCalls: true,
 			KeyConcurrency: 2})
@@ -433,7 +413,7 @@ func TestS17DeadFlagFlip(t *testing.T) {
 // cannot ack, nack or extend it (ErrNotInFlight), and sweeps leave it
 // alone: it stays listed until redriven.
 func TestS17DeadStaleHolder(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Second })
 		enqueue(t, b, runqueue.EnqueueParams{ID: "r", TTL: time.Second})
 		r := dequeue(t, b, queueName, 1)[0]

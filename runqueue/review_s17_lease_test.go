@@ -25,7 +25,7 @@ import (
 // holder's extension keeps recovery away, and a recovery into the dead
 // letter also answers ErrNotInFlight.
 func TestS17LeaseExtendAfterRecovery(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) {
 			cfg.LeaseDuration = 10 * time.Second
 			cfg.MaxAttempts = 2
@@ -88,7 +88,7 @@ func s17SetClock(c *fakeClock, at time.Time) {
 // TestS17LeaseExtendBadInput: bad extensions are *InvalidErrors that write
 // nothing, whatever the run's state.
 func TestS17LeaseExtendBadInput(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
 		enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "r"})
 		r := dequeue(t, b, queueName, 1)[0]
@@ -123,7 +123,7 @@ func TestS17LeaseExtendBadInput(t *testing.T) {
 // TestS17LeaseRecoverTwice: a recovery sent twice recovers once (attempt +
 // 1 once); recovery never touches a lease that is still running.
 func TestS17LeaseRecoverTwice(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Second })
 		shard := b.q.ShardOf(env)
 		enqueue(t, b, runqueue.EnqueueParams{ID: "a"})
@@ -319,7 +319,7 @@ func TestS17LeaseExpireRacingDequeue(t *testing.T) {
 // a run expires at its deadline whether ready or delayed; a nacked or
 // recovered run has no TTL any more.
 func TestS17LeaseTTLEdges(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Second })
 		shard := b.q.ShardOf(env)
 		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "tiny", TTL: time.Nanosecond})
@@ -361,7 +361,7 @@ func TestS17LeaseTTLEdges(t *testing.T) {
 // Enqueue and Nack: out of range is an *InvalidError naming the field,
 // with nothing written; the extremes in range are accepted.
 func TestS17LeaseTimeBounds(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
 		enqueue(t, b, runqueue.EnqueueParams{ID: "held"})
 		held := dequeue(t, b, queueName, 1)[0]
@@ -424,7 +424,7 @@ func TestS17LeaseTimeBounds(t *testing.T) {
 // work of its key once it is available, never before; a nack keeps the
 // priority.
 func TestS17LeasePriorityNeverEarly(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.PriorityStep = time.Minute })
 		enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "old"})
 		enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: "hi", Priority: runqueue.MaxPriority, Delay: 10 * time.Second})
@@ -469,7 +469,7 @@ func TestS17LeasePriorityNeverEarly(t *testing.T) {
 // 0..MaxTimeUnixMilli once per call (an *InvalidError naming
 // "Config.Clock"), and check Nack's computed retry time like RetryAt.
 func TestS17LeaseClockBefore1970(t *testing.T) {
-	s17EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.LeaseDuration = time.Second })
 		good := b.clock.Now()
 		enqueue(t, b, runqueue.EnqueueParams{ID: "held"})

@@ -126,10 +126,13 @@ func (b *testBundle) dequeue(t testing.TB, queue string, n int) []*runqueue.Run 
 
 // blackHole is a TCP proxy to a Redis that can stop answering: once
 // swallow is set, what clients send is read and dropped, so every command
-// waits for a reply that never comes, as with a hung server.
+// waits for a reply that never comes, as with a hung server. With a delay
+// (newSlowHole) each chunk of a reply waits that long: a Redis far away,
+// or busy, but answering.
 type blackHole struct {
 	ln      net.Listener
 	target  string
+	delay   time.Duration
 	swallow atomic.Bool
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -139,9 +142,14 @@ type blackHole struct {
 
 func newBlackHole(t testing.TB, target string) *blackHole {
 	t.Helper()
+	return newSlowHole(t, target, 0)
+}
+
+func newSlowHole(t testing.TB, target string, delay time.Duration) *blackHole {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	h := &blackHole{ln: ln, target: target}
+	h := &blackHole{ln: ln, target: target, delay: delay}
 	h.wg.Add(1)
 	go h.accept()
 	t.Cleanup(h.close)
@@ -190,7 +198,21 @@ func (h *blackHole) accept() {
 		}()
 		go func() {
 			defer h.wg.Done()
-			_, _ = io.Copy(in, out)
+			if h.delay == 0 {
+				_, _ = io.Copy(in, out)
+				return
+			}
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := out.Read(buf)
+				if err != nil {
+					return
+				}
+				time.Sleep(h.delay)
+				if _, err := in.Write(buf[:n]); err != nil {
+					return
+				}
+			}
 		}()
 	}
 }

@@ -28,12 +28,18 @@ import (
 
 // s17Gather collects c through a pedantic registry (which checks what it
 // collects against what it describes) and returns the families by name.
+// It fails t with Errorf, so it may run on any goroutine.
 func s17Gather(t testing.TB, c prometheus.Collector) map[string]*dto.MetricFamily {
 	t.Helper()
 	reg := prometheus.NewPedanticRegistry()
-	require.NoError(t, reg.Register(c))
+	if err := reg.Register(c); err != nil {
+		t.Errorf("register: %v", err)
+		return nil
+	}
 	mfs, err := reg.Gather()
-	require.NoError(t, err)
+	if err != nil {
+		t.Errorf("gather: %v", err)
+	}
 	out := map[string]*dto.MetricFamily{}
 	for _, mf := range mfs {
 		out[mf.GetName()] = mf

@@ -7,8 +7,6 @@ package metrics_test
 // the defect is fixed; the others check what holds.
 
 import (
-	"io"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -24,111 +21,6 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 	"github.com/runqueue/runqueue/runqueue/metrics"
 )
-
-// s17rGather gathers c on a fresh pedantic registry (Describe and Collect
-// must agree) and returns the families by name.
-func s17rGather(t testing.TB, c prometheus.Collector) map[string]*dto.MetricFamily {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Errorf("register: %v", err)
-		return nil
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Errorf("gather: %v", err)
-	}
-	out := map[string]*dto.MetricFamily{}
-	for _, mf := range mfs {
-		out[mf.GetName()] = mf
-	}
-	return out
-}
-
-func s17rGauge(mfs map[string]*dto.MetricFamily, name string) (float64, bool) {
-	mf := mfs[name]
-	if mf == nil || len(mf.GetMetric()) == 0 {
-		return 0, false
-	}
-	return mf.GetMetric()[0].GetGauge().GetValue(), true
-}
-
-// s17rSlowProxy is a TCP proxy to a healthy Redis that delays each reply
-// chunk by delay: a Redis far away, or busy, but answering.
-type s17rSlowProxy struct {
-	ln     net.Listener
-	target string
-	delay  time.Duration
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	closed bool
-	conns  []net.Conn
-}
-
-func newS17rSlowProxy(t testing.TB, target string, delay time.Duration) *s17rSlowProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &s17rSlowProxy{ln: ln, target: target, delay: delay}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *s17rSlowProxy) accept() {
-	defer p.wg.Done()
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = in.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			_ = in.Close()
-			_ = out.Close()
-			continue
-		}
-		p.conns = append(p.conns, in, out)
-		p.wg.Add(2)
-		p.mu.Unlock()
-		go func() {
-			defer p.wg.Done()
-			_, _ = io.Copy(out, in)
-		}()
-		go func() {
-			defer p.wg.Done()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := out.Read(buf)
-				if err != nil {
-					return
-				}
-				time.Sleep(p.delay)
-				if _, err := in.Write(buf[:n]); err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
-
-func (p *s17rSlowProxy) close() {
-	_ = p.ln.Close()
-	p.mu.Lock()
-	p.closed = true
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-}
 
 // TestS17RMetricsConcurrentScrapesHealthySlowRedis: Redis answers every
 // command (40 ms a round trip); one scrape takes about 40% of
@@ -154,7 +46,7 @@ func (p *s17rSlowProxy) close() {
 func TestS17RMetricsConcurrentScrapesHealthySlowRedis(t *testing.T) {
 	t.Parallel()
 	m, _ := redistest.MiniServer(t)
-	proxy := newS17rSlowProxy(t, m.Addr(), 40*time.Millisecond)
+	proxy := newSlowHole(t, m.Addr(), 40*time.Millisecond)
 	client := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
 	const timeout = 800 * time.Millisecond
@@ -164,9 +56,9 @@ func TestS17RMetricsConcurrentScrapesHealthySlowRedis(t *testing.T) {
 	b.enqueue(t, runqueue.EnqueueParams{Queue: "b", ID: "1"})
 
 	start := time.Now()
-	mfs := s17rGather(t, b.c)
+	mfs := s17Gather(t, b.c)
 	solo := time.Since(start)
-	ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
+	ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 	require.Equal(t, 1.0, ok, "a lone scrape reads everything")
 	require.Less(t, solo, timeout/2, "a lone scrape takes well under ScrapeTimeout (%s)", solo)
 
@@ -175,8 +67,8 @@ func TestS17RMetricsConcurrentScrapesHealthySlowRedis(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range scrapers {
 		wg.Go(func() {
-			mfs := s17rGather(t, b.c)
-			success[i], _ = s17rGauge(mfs, "runqueue_scrape_success")
+			mfs := s17Gather(t, b.c)
+			success[i], _ = s17Value(mfs, "runqueue_scrape_success", nil)
 		})
 	}
 	wg.Wait()
@@ -246,8 +138,8 @@ func TestS17RMetricsTinyTimeoutMessage(t *testing.T) {
 	b := setup(t, redistest.Mini(t), metrics.Options{ScrapeTimeout: time.Nanosecond,
 		Queues: []runqueue.QueueRef{{Env: "env", Queue: "a"}}}, nil)
 	for range 30 {
-		mfs := s17rGather(t, b.c)
-		ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
+		mfs := s17Gather(t, b.c)
+		ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 		require.Equal(t, 0.0, ok)
 	}
 	require.Zero(t, strings.Count(b.log.String(), "waiting for the scrape in progress"),
@@ -265,11 +157,11 @@ func TestS17RMetricsDeduplicatedQueues(t *testing.T) {
 	b := setup(t, redistest.Mini(t), metrics.Options{Queues: refs}, nil)
 	require.Equal(t, orig, refs, "the caller's Queues are left alone")
 	b.enqueue(t, runqueue.EnqueueParams{Queue: "a", ID: "1"})
-	mfs := s17rGather(t, b.c)
+	mfs := s17Gather(t, b.c)
 	require.Len(t, mfs["runqueue_queue_ready_runs"].GetMetric(), 3)
-	n, _ := s17rGauge(mfs, "runqueue_scrape_queues")
+	n, _ := s17Value(mfs, "runqueue_scrape_queues", nil)
 	require.Equal(t, 3.0, n)
-	ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
+	ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 	require.Equal(t, 1.0, ok)
 }
 
@@ -290,28 +182,28 @@ func TestS17RMetricsWaiterTimesOut(t *testing.T) {
 	b := setup(t, client, metrics.Options{Queues: []runqueue.QueueRef{{Env: "env", Queue: "a"}},
 		ScrapeTimeout: timeout}, nil)
 	b.enqueue(t, runqueue.EnqueueParams{Queue: "a", ID: "1"})
-	mfs := s17rGather(t, b.c)
+	mfs := s17Gather(t, b.c)
 	require.Len(t, mfs["runqueue_queue_ready_runs"].GetMetric(), 1, "a first, healthy scrape")
 	hole.swallow.Store(true)
 
 	first := make(chan struct{})
 	go func() {
 		defer close(first)
-		s17rGather(t, b.c) // stuck in a command until ReadTimeout
+		s17Gather(t, b.c) // stuck in a command until ReadTimeout
 	}()
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	mfs = s17rGather(t, b.c)
+	mfs = s17Gather(t, b.c)
 	took := time.Since(start)
 	<-first
 	require.Less(t, took, 3*timeout, "the waiter ends at its own deadline")
 	require.Nil(t, mfs["runqueue_queue_ready_runs"], "no queue gauge, stale or new")
-	ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
+	ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 	require.Equal(t, 0.0, ok)
-	n, has := s17rGauge(mfs, "runqueue_scrape_queues")
+	n, has := s17Value(mfs, "runqueue_scrape_queues", nil)
 	require.True(t, has)
 	require.Equal(t, 0.0, n)
-	d, _ := s17rGauge(mfs, "runqueue_scrape_duration_seconds")
+	d, _ := s17Value(mfs, "runqueue_scrape_duration_seconds", nil)
 	require.GreaterOrEqual(t, d, timeout.Seconds())
 	require.Less(t, d, 3*timeout.Seconds())
 	// (A give-up is logged at Debug since review s17s: the scrape in

@@ -94,7 +94,7 @@ func s17sLabel(m *dto.Metric, name string) string {
 func TestS17SMetricsSharedScrapeManyRegistries(t *testing.T) {
 	t.Parallel()
 	m, _ := redistest.MiniServer(t)
-	proxy := newS17rSlowProxy(t, m.Addr(), 25*time.Millisecond)
+	proxy := newSlowHole(t, m.Addr(), 25*time.Millisecond)
 	client := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
 	b := setup(t, client, metrics.Options{ScrapeTimeout: 3 * time.Second, TopLagKeys: 3, LagKeyLabel: true,
@@ -111,7 +111,7 @@ func TestS17SMetricsSharedScrapeManyRegistries(t *testing.T) {
 	before := m.CommandCount()
 	solo := s17sGatherOn(t, b.c, prometheus.Labels{"reg": "solo"})
 	perScrape := m.CommandCount() - before
-	ok, _ := s17rGauge(solo, "runqueue_scrape_success")
+	ok, _ := s17Value(solo, "runqueue_scrape_success", nil)
 	require.Equal(t, 1.0, ok)
 	wantLag := s17sSeries(solo["runqueue_scheduler_top_lag_quanta"], "reg")
 	require.NotEmpty(t, wantLag)
@@ -127,7 +127,7 @@ func TestS17SMetricsSharedScrapeManyRegistries(t *testing.T) {
 	wg.Wait()
 	cost := m.CommandCount() - before
 	for i, mfs := range got {
-		ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
+		ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 		require.Equal(t, 1.0, ok, "collection %d", i)
 		require.Equal(t, wantLag, s17sSeries(mfs["runqueue_scheduler_top_lag_quanta"], "reg"), "collection %d", i)
 		require.Equal(t, wantReady, s17sSeries(mfs["runqueue_queue_ready_runs"], "reg"), "collection %d", i)
@@ -186,27 +186,19 @@ func TestS17SMetricsLeaderPanicsFollowerReportsFailure(t *testing.T) {
 	}()
 	time.Sleep(100 * time.Millisecond) // the leader is in its Logger
 	start := time.Now()
-	mfs := s17rGather(t, c)
+	mfs := s17Gather(t, c)
 	require.Less(t, time.Since(start), time.Second)
 	require.NotNil(t, <-leader, "the leader panicked")
-	ok, has := s17rGauge(mfs, "runqueue_scrape_success")
+	ok, has := s17Value(mfs, "runqueue_scrape_success", nil)
 	require.True(t, has)
 	require.Equal(t, 0.0, ok)
 	require.Nil(t, mfs["runqueue_queue_ready_runs"])
 
-	mfs = s17rGather(t, c)
-	ok, _ = s17rGauge(mfs, "runqueue_scrape_success")
+	mfs = s17Gather(t, c)
+	ok, _ = s17Value(mfs, "runqueue_scrape_success", nil)
 	require.Equal(t, 0.0, ok)
-	e, _ := s17sCounter(mfs, "runqueue_scrape_errors_total")
+	e, _ := s17Value(mfs, "runqueue_scrape_errors_total", nil)
 	require.Equal(t, 2.0, e, "the panicked scrape counted (Inc precedes the Logger), then this one")
-}
-
-func s17sCounter(mfs map[string]*dto.MetricFamily, name string) (float64, bool) {
-	mf := mfs[name]
-	if mf == nil || len(mf.GetMetric()) == 0 {
-		return 0, false
-	}
-	return mf.GetMetric()[0].GetCounter().GetValue(), true
 }
 
 // TestS17SMetricsLeaderSlowToDrain: holds. A leader whose own channel is
@@ -232,11 +224,11 @@ func TestS17SMetricsLeaderSlowToDrain(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
-	mfs := s17rGather(t, b.c)
+	mfs := s17Gather(t, b.c)
 	require.Less(t, time.Since(start), time.Second)
-	ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
+	ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 	require.Equal(t, 1.0, ok)
-	r, _ := s17rGauge(mfs, "runqueue_queue_ready_runs")
+	r, _ := s17Value(mfs, "runqueue_queue_ready_runs", nil)
 	require.Equal(t, 1.0, r)
 
 	var names []string
@@ -302,7 +294,7 @@ func (l *s17sSlowLog) WithGroup(g string) slog.Handler { return &s17sSlowLog{l.h
 func TestS17SMetricsSlowRedisFollowersLoseTheSharedResult(t *testing.T) {
 	t.Parallel()
 	m, _ := redistest.MiniServer(t)
-	proxy := newS17rSlowProxy(t, m.Addr(), 60*time.Millisecond)
+	proxy := newSlowHole(t, m.Addr(), 60*time.Millisecond)
 	client := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
 	const timeout = 400 * time.Millisecond
@@ -332,7 +324,7 @@ func TestS17SMetricsSlowRedisFollowersLoseTheSharedResult(t *testing.T) {
 		wg.Go(func() {
 			<-gate
 			start := time.Now()
-			got[i] = s17rGather(t, c)
+			got[i] = s17Gather(t, c)
 			took[i] = time.Since(start)
 		})
 	}
@@ -342,12 +334,12 @@ func TestS17SMetricsSlowRedisFollowersLoseTheSharedResult(t *testing.T) {
 	maxRead, maxErr := 0.0, 0.0
 	for i, mfs := range got {
 		require.Less(t, took[i], 3*timeout)
-		ok, _ := s17rGauge(mfs, "runqueue_scrape_success")
+		ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 		require.Equal(t, 0.0, ok, "the scrape outlasts ScrapeTimeout")
-		r, _ := s17rGauge(mfs, "runqueue_scrape_queues")
+		r, _ := s17Value(mfs, "runqueue_scrape_queues", nil)
 		read = append(read, r)
 		maxRead = max(maxRead, r)
-		e, _ := s17sCounter(mfs, "runqueue_scrape_errors_total")
+		e, _ := s17Value(mfs, "runqueue_scrape_errors_total", nil)
 		maxErr = max(maxErr, e)
 	}
 	require.Equal(t, 1.0, maxErr, "one scrape failed")
@@ -372,8 +364,8 @@ func TestS17SMetricsTinyTimeoutManyCollections(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 32 {
 		wg.Go(func() {
-			mfs := s17rGather(t, b.c)
-			ok, has := s17rGauge(mfs, "runqueue_scrape_success")
+			mfs := s17Gather(t, b.c)
+			ok, has := s17Value(mfs, "runqueue_scrape_success", nil)
 			if !has || ok != 0 {
 				t.Errorf("scrape_success %v (present %t)", ok, has)
 			}
@@ -381,7 +373,7 @@ func TestS17SMetricsTinyTimeoutManyCollections(t *testing.T) {
 	}
 	wg.Wait()
 	require.Less(t, time.Since(start), 2*time.Second)
-	ok, _ := s17rGauge(s17rGather(t, b.c), "runqueue_scrape_success")
+	ok, _ := s17Value(s17Gather(t, b.c), "runqueue_scrape_success", nil)
 	require.Equal(t, 0.0, ok)
 }
 
@@ -392,7 +384,7 @@ func TestS17SMetricsTinyTimeoutManyCollections(t *testing.T) {
 func TestS17SMetricsWatchSwitchMidFlight(t *testing.T) {
 	t.Parallel()
 	m, _ := redistest.MiniServer(t)
-	proxy := newS17rSlowProxy(t, m.Addr(), 60*time.Millisecond)
+	proxy := newSlowHole(t, m.Addr(), 60*time.Millisecond)
 	slow := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), MaxRetries: -1})
 	t.Cleanup(func() { _ = slow.Close() })
 	b := setup(t, slow, metrics.Options{ScrapeTimeout: 3 * time.Second}, nil)
@@ -404,10 +396,10 @@ func TestS17SMetricsWatchSwitchMidFlight(t *testing.T) {
 	require.NoError(t, err)
 
 	first := make(chan map[string]*dto.MetricFamily, 1)
-	go func() { first <- s17rGather(t, b.c) }()
+	go func() { first <- s17Gather(t, b.c) }()
 	time.Sleep(30 * time.Millisecond) // q1's scrape is in progress
 	b.c.Watch(q2)
-	follower := s17rGather(t, b.c)
+	follower := s17Gather(t, b.c)
 	queues := func(mfs map[string]*dto.MetricFamily) []string {
 		var out []string
 		for _, mt := range mfs["runqueue_queue_ready_runs"].GetMetric() {
@@ -417,8 +409,8 @@ func TestS17SMetricsWatchSwitchMidFlight(t *testing.T) {
 	}
 	require.Equal(t, []string{"one"}, queues(<-first))
 	require.Equal(t, []string{"one"}, queues(follower), "the follower shared q1's scrape in progress")
-	next := s17rGather(t, b.c)
+	next := s17Gather(t, b.c)
 	require.Contains(t, queues(next), "two")
-	ok, _ := s17rGauge(next, "runqueue_scrape_success")
+	ok, _ := s17Value(next, "runqueue_scrape_success", nil)
 	require.Equal(t, 1.0, ok)
 }

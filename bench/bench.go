@@ -218,8 +218,8 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 		defer func() { _ = client.Close() }()
 		ks = newKeyspace(client)
 	} else {
-		t, err := parseTarget(opts.RedisURL)
-		if err != nil {
+		var t target // err is run's: the deferred cleanup below reports into it
+		if t, err = parseTarget(opts.RedisURL); err != nil {
 			return nil, err
 		}
 		rep.Backend = "redis"
@@ -240,6 +240,17 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 		if err := checkEmpty(ctx, client, opts.Force); err != nil {
 			return nil, err
 		}
+		var libs map[string][]string // the runqueue Functions libraries before the run
+		if libs, err = runqueueLibraries(ctx, client); err != nil {
+			return nil, err
+		}
+		if err := checkLibraries(libs, opts.Force); err != nil {
+			return nil, err
+		}
+		if len(libs) > 0 {
+			rep.Notes = append(rep.Notes, "run with -force on a server that held runqueue Functions libraries: the bench's "+
+				"flag-on queues delete those of other runqueue versions than the bench's (their programs load them again at their next call)")
+		}
 		if rep.RedisVersion, err = redisVersion(ctx, client); err != nil {
 			return nil, err
 		}
@@ -255,6 +266,9 @@ func run(ctx context.Context, opts Options, stdout, stderr io.Writer) (rep *Repo
 			defer cancel()
 			if cerr := ks.cleanupAll(cctx); cerr != nil {
 				err = errors.Join(err, fmt.Errorf("removing the bench keys (prefix %s): %w", ks.base, cerr))
+			}
+			if cerr := dropLibraries(cctx, client, libs); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("removing the Functions library the bench loaded: %w", cerr))
 			}
 		}()
 	}

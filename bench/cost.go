@@ -23,7 +23,8 @@ import (
 // counted on their own commands' lines, so:
 //
 //   - Redis CPU of a phase = script usec + usec of the commands Go sent
-//     itself (the candidate reads a dequeue pipelines before its script);
+//     itself (none for the operations measured now: each is one script
+//     call; a dequeue once pipelined candidate reads before its script);
 //   - commands of a phase = every non-script command line, which counts the
 //     redis.calls inside the scripts and Go's own reads.
 //

@@ -82,7 +82,8 @@ func parseFlags(args []string, getenv func(string) string, errOut io.Writer) (Op
 	}
 	fs.StringVar(&o.RedisURL, "redis", getenv("REDIS_URL"), "real Redis `URL`: one server, redis://host:port/db; or a Redis Cluster, "+
 		"redis+cluster://host:port,host:port (any of its nodes) or host:port,host:port; default $REDIS_URL, else embedded miniredis")
-	fs.BoolVar(&o.Force, "force", false, "run on a database that already holds keys (the bench still touches only its own prefix)")
+	fs.BoolVar(&o.Force, "force", false, "run on a database that already holds keys (the bench still touches only its own prefix), "+
+		"or on a server that holds runqueue Functions libraries (the bench's flag-on queues delete those of other runqueue versions)")
 	fs.StringVar(&o.JSONPath, "json", "", "write the results as JSON to `FILE`")
 	fs.StringVar(&o.OutDir, "out", "", "write report.md and SVG charts to `DIR`")
 	fs.BoolVar(&o.Strict, "strict", false, "exit with status 3 when a scenario threshold is not met")

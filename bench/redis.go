@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -280,4 +281,76 @@ func bySlot(ks []string) [][]string {
 		out = append(out, g)
 	}
 	return out
+}
+
+// runqueueLibrary is the name of a runqueue Functions library (runqueue_
+// and 16 hex digits of its code's SHA-1). A flag-on Queue loads its own,
+// server-wide, and deletes the others when it opens.
+var runqueueLibrary = regexp.MustCompile(`^runqueue_[0-9a-f]{16}$`)
+
+// runqueueLibraries lists the runqueue Functions libraries of each node
+// (every master of a cluster), by address. A node that refuses FUNCTION
+// LIST (Redis before 7.0, an ACL) lists none: runqueue cannot prune there.
+func runqueueLibraries(ctx context.Context, c redis.UniversalClient) (map[string][]string, error) {
+	out := map[string][]string{}
+	err := forEachNode(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "runqueue_*"}).Result()
+		var reply redis.Error
+		if errors.As(err, &reply) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("FUNCTION LIST on %s: %w", n.Options().Addr, err)
+		}
+		for _, l := range libs {
+			if runqueueLibrary.MatchString(l.Name) {
+				out[n.Options().Addr] = append(out[n.Options().Addr], l.Name)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// checkLibraries refuses a server that holds runqueue Functions libraries
+// unless force: the bench's flag-on queues would delete those of other
+// runqueue versions, from under the programs that use them.
+func checkLibraries(libs map[string][]string, force bool) error {
+	var names []string
+	for _, ls := range libs {
+		for _, l := range ls {
+			if !slices.Contains(names, l) {
+				names = append(names, l)
+			}
+		}
+	}
+	if len(names) == 0 || force {
+		return nil
+	}
+	slices.Sort(names)
+	return fmt.Errorf("the server holds the runqueue Functions libraries %s: a flag-on Queue deletes the libraries of other "+
+		"runqueue versions when it opens, so the bench would delete them from under the programs that use them; "+
+		"it refuses such a server unless -force is given", strings.Join(names, ", "))
+}
+
+// dropLibraries deletes the runqueue Functions libraries that a node holds
+// now and did not hold before (before: runqueueLibraries at the start):
+// those the bench's queues loaded.
+func dropLibraries(ctx context.Context, c redis.UniversalClient, before map[string][]string) error {
+	now, err := runqueueLibraries(ctx, c)
+	if err != nil {
+		return err
+	}
+	return forEachNode(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		addr := n.Options().Addr
+		for _, l := range now[addr] {
+			if slices.Contains(before[addr], l) {
+				continue
+			}
+			if err := n.FunctionDelete(ctx, l).Err(); err != nil {
+				return fmt.Errorf("FUNCTION DELETE %s on %s: %w", l, addr, err)
+			}
+		}
+		return nil
+	})
 }

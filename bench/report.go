@@ -201,10 +201,10 @@ func costSection(rep *Report) section {
 	st := rep.Settings
 	notes := []string{
 		"µs/SCRIPT CALL = script usec / script calls (EVALSHA, or FCALL of the flag-on Functions library; the redis.calls inside included)",
-		"µs/RUN = (script usec + usec of Go's own candidate reads) / runs moved: time inside commands (INFO commandstats)",
+		"µs/RUN = (script usec + usec of any command Go sent itself, none here) / runs moved: time inside commands (INFO commandstats)",
 		"CPU µs/RUN = Redis process CPU (INFO cpu: used_cpu_sys + used_cpu_user) / runs moved: besides the commands it includes the network work a user pays for " +
 			"(reading and parsing requests, writing replies, the event loop), as the figures other queues publish do; the bench's own INFO calls are taken out",
-		"CMDS/RUN = Redis commands per run: redis.calls inside the scripts (INNER/RUN) plus Go's reads",
+		"CMDS/RUN = Redis commands per run: redis.calls inside the scripts (INNER/RUN) plus Go's own commands (READS/CALL per call; none here: each operation is one script call)",
 		"SPREAD = (max - min) / min of Redis µs per call over the repeats (the fastest is kept, whole: other load only adds time); ack runs the same script on both flags, so its off/on gap is noise",
 		fmt.Sprintf("enqueue new key: %d enqueues into a fresh queue, each the first run of its key (flag on registers the key with the scheduler): "+
 			"a key that drains and comes back pays it again (the key sweep reports it apart, as NEW KEY µs)", st.CostRuns),

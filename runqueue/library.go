@@ -71,9 +71,9 @@ type libEntry struct {
 }
 
 // libraryScripts are the scripts of a flag-on set that the library holds:
-// every one built with the scheduler's code (extend and setweight are the
-// flag-off scripts; ackPlain is the flag-off ack). The dequeue is there
-// twice, as two functions of one body: by itself, and carrying acks.
+// every one built with the scheduler's code (extend, setweight and purge
+// are the flag-off scripts; ackPlain is the flag-off ack). The dequeue is
+// there twice, as two functions of one body: by itself, and carrying acks.
 func libraryScripts(s *scriptSet) []libEntry {
 	return []libEntry{
 		{s.enqueue, "enqueue.lua", "", false}, {s.dequeue, "dequeue_vtime.lua", "", false},

@@ -149,6 +149,11 @@ func TestNoScriptRecovery(t *testing.T) {
 				shardRun = runs[0]
 			}},
 			{"AckRedriven", func(t *testing.T) { require.NoError(t, b.q.Ack(ctx, shardRun)) }},
+			{"PurgeDeadLetters", func(t *testing.T) {
+				n, err := b.q.PurgeDeadLetters(ctx, env, queue, b.clock.Now(), 10)
+				require.NoError(t, err)
+				require.Zero(t, n)
+			}},
 			{"SetWeight", func(t *testing.T) { require.NoError(t, b.q.SetWeight(ctx, env, queue, "k", 2)) }},
 			{"ClearWeight", func(t *testing.T) { require.NoError(t, b.q.ClearWeight(ctx, env, queue, "k")) }},
 		}

@@ -35,7 +35,7 @@ type script struct {
 
 // scriptSet is the scripts of one flag state.
 type scriptSet struct {
-	enqueue, dequeue, ack, extend, requeue, expire, redrive, setweight *script
+	enqueue, dequeue, ack, extend, requeue, expire, redrive, setweight, purge *script
 	// ackPlain, flag on only: the flag-off ack, for acks whose hooks would
 	// do nothing (see Queue.ackScript).
 	ackPlain *script
@@ -47,7 +47,7 @@ type scriptSet struct {
 }
 
 func (s *scriptSet) all() []*script {
-	all := []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight}
+	all := []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight, s.purge}
 	if s.ackPlain != nil {
 		all = append(all, s.ackPlain)
 	}
@@ -290,7 +290,8 @@ func newScript(name, file string, vtime bool) (*script, error) {
 
 // buildScripts assembles the script set of one flag state. With the flag on,
 // scripts with hooks get the scheduler's fragment and dequeue is replaced by
-// the fair dequeue; extend and setweight are the same in both states.
+// the fair dequeue; extend, setweight and purge are the same in both
+// states.
 func buildScripts(vtime bool) (*scriptSet, error) {
 	var s scriptSet
 	var err error
@@ -319,6 +320,7 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.expire, "expire"+suffix, "expire.lua")
 	mk(&s.redrive, "redrive"+suffix, "redrive.lua")
 	mk(&s.setweight, "setweight", "setweight.lua")
+	mk(&s.purge, "purge", "purge.lua")
 	if vtime && err == nil {
 		settle := *s.dequeue // (its own fn: libraryScripts)
 		s.dequeueSettle = &settle

@@ -17,6 +17,8 @@
 //	runqueue preview ENV QUEUE                the runs a fair dequeue would serve next, in order
 //	runqueue dead list ENV QUEUE              list dead-lettered runs, oldest death first
 //	runqueue dead show ENV QUEUE ID           show one dead-lettered run and its payload
+//	runqueue dead delete ENV QUEUE ID         delete one dead-lettered run for good (writes)
+//	runqueue dead purge ENV QUEUE             delete the dead-lettered runs that died by -before (writes)
 //	runqueue redrive ENV QUEUE ID             put a dead-lettered run back in its queue (writes)
 //	runqueue weight list ENV QUEUE            list the weight overrides of a queue
 //	runqueue weight set ENV QUEUE KEY WEIGHT  give a concurrency key a scheduler weight (writes)
@@ -53,9 +55,9 @@
 //
 // # Reading writes nothing
 //
-// Only redrive, weight set and weight clear write, and only under a prefix
-// that holds a deployment (a layout version), so a mistyped -prefix cannot
-// create one. Every other command opens the queues with Config.ReadOnly:
+// Only dead delete, dead purge, redrive, weight set and weight clear
+// write, and only under a prefix that holds a deployment (a layout
+// version), so a mistyped -prefix cannot create one. Every other command opens the queues with Config.ReadOnly:
 // it writes no key, records no layout version and loads no script.
 //
 // # Exit status

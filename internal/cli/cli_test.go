@@ -37,6 +37,8 @@ func TestHelp(t *testing.T) {
 		"preview":      "Usage: runqueue preview [flags] ENV QUEUE",
 		"dead list":    "Usage: runqueue dead list [flags] ENV QUEUE",
 		"dead show":    "Usage: runqueue dead show [flags] ENV QUEUE ID",
+		"dead delete":  "Usage: runqueue dead delete [flags] ENV QUEUE ID",
+		"dead purge":   "Usage: runqueue dead purge [flags] ENV QUEUE",
 		"redrive":      "Usage: runqueue redrive [flags] ENV QUEUE ID",
 		"weight list":  "Usage: runqueue weight list [flags] ENV QUEUE",
 		"weight set":   "Usage: runqueue weight set [flags] ENV QUEUE KEY WEIGHT",
@@ -52,6 +54,8 @@ func TestHelp(t *testing.T) {
 	}
 	require.Contains(t, runCLI(t, "help", "schedule").ok(t), "-key-limit limit")
 	require.Contains(t, runCLI(t, "help", "dead", "show").ok(t), "-payload")
+	require.Contains(t, runCLI(t, "help", "dead", "delete").ok(t), "-key key")
+	require.Contains(t, runCLI(t, "help", "dead", "purge").ok(t), "-before DURATION|TIME")
 }
 
 // TestBadInput: every kind of bad input exits 2 with a message on stderr
@@ -70,7 +74,7 @@ func TestBadInput(t *testing.T) {
 		{"NoCommand", nil, "runqueue: no command\nRun 'runqueue help' for usage."},
 		{"UnknownCommand", []string{"frob"}, `runqueue: unknown command "frob"`},
 		{"UnknownHelp", []string{"help", "frob"}, `runqueue help: unknown command "frob"`},
-		{"GroupAlone", []string{"dead"}, "runqueue: dead needs a subcommand: list, show"},
+		{"GroupAlone", []string{"dead"}, "runqueue: dead needs a subcommand: list, show, delete, purge"},
 		{"UnknownSub", []string{"weight", "get"}, `runqueue: unknown subcommand "get" of weight (want list, set, clear)`},
 		{"UnknownFlag", []string{"stats", "-bogus", "e"}, "runqueue stats: flag provided but not defined: -bogus\n" +
 			"Run 'runqueue help stats' for usage."},

@@ -106,6 +106,39 @@ payload's bytes alone, for a pipe.`,
 		},
 	},
 	{
+		name: "dead delete", args: "ENV QUEUE ID", minArgs: 3, maxArgs: 3, write: true,
+		summary: "delete one dead-lettered run for good (writes)",
+		help: `Deletes a dead-lettered run for good: its record and payload go, and its id
+is free for a new run. A run that is not dead-lettered (live again, or no
+such run) is an error and is left as it is; so is a second delete of the
+same run. Dead letters are kept until they are redriven or deleted.`,
+		setup: func(fs *flag.FlagSet, _ *runqueue.Config) runFunc {
+			key := fs.String("key", "", "the run's concurrency `key` (none by default)")
+			return func(ctx context.Context, q *runqueue.Queue, out *output, args []string) error {
+				return runDeadDelete(ctx, q, out, args, *key)
+			}
+		},
+	},
+	{
+		name: "dead purge", args: "ENV QUEUE", minArgs: 2, maxArgs: 2, write: true,
+		summary: "delete the dead-lettered runs that died by -before (writes)",
+		help: `Deletes for good the dead-lettered runs of QUEUE that died at or before
+-before, oldest death first, at most -limit of them, in one atomic call;
+their ids are free for new runs. -before is a duration back from now (720h:
+dead for 30 days or more) or an RFC 3339 time (2024-05-01T00:00:00Z). When
+it deletes -limit runs, more may be left: run it again. Dead letters are
+kept until they are redriven or deleted: nothing expires them.`,
+		setup: func(fs *flag.FlagSet, _ *runqueue.Config) runFunc {
+			var before beforeFlag
+			fs.Var(&before, "before", "delete the runs that died at or before `DURATION|TIME`: a duration back\n"+
+				"from now (720h) or an RFC 3339 time (required)")
+			limit := fs.Int("limit", 1000, "delete at most this many runs (1..10000)")
+			return func(ctx context.Context, q *runqueue.Queue, out *output, args []string) error {
+				return runDeadPurge(ctx, q, out, args, &before, *limit)
+			}
+		},
+	},
+	{
 		name: "redrive", args: "ENV QUEUE ID", minArgs: 3, maxArgs: 3, write: true,
 		summary: "put a dead-lettered run back in its queue (writes)",
 		help: `Puts a dead-lettered run back in its queue, ready now, with its attempts
@@ -497,6 +530,93 @@ func runRedrive(ctx context.Context, q *runqueue.Queue, out *output, args []stri
 		_, err = fmt.Fprintf(out.w, "redriven %s: back in its queue, ready now\n", run)
 	} else {
 		_, err = fmt.Fprintf(out.w, "%s is already live (queued or in flight): nothing to redrive\n", run)
+	}
+	return err
+}
+
+func runDeadDelete(ctx context.Context, q *runqueue.Queue, out *output, args []string, key string) error {
+	err := q.DeleteDeadLetter(ctx, args[0], args[1], key, args[2])
+	if errors.Is(err, runqueue.ErrNotFound) {
+		return notFound(args, key)
+	}
+	if err != nil {
+		return err
+	}
+	if out.json {
+		return out.writeJSON(struct {
+			Env     string `json:"env"`
+			Queue   string `json:"queue"`
+			Key     string `json:"key"`
+			ID      string `json:"id"`
+			Deleted bool   `json:"deleted"`
+		}{args[0], args[1], key, args[2], true})
+	}
+	_, err = fmt.Fprintf(out.w, "deleted dead-lettered run %s (key %s) of queue %s in env %s\n", name(args[2]), name(key),
+		name(args[1]), name(args[0]))
+	return err
+}
+
+// beforeFlag is dead purge's -before: a duration back from now or a time.
+type beforeFlag struct {
+	text   string
+	d      time.Duration
+	at     time.Time
+	isTime bool // at counts, else d
+}
+
+func (f *beforeFlag) String() string { return f.text }
+
+func (f *beforeFlag) Set(s string) error {
+	if d, err := time.ParseDuration(s); err == nil {
+		if d < 0 {
+			return errors.New("a negative duration is in the future")
+		}
+		*f = beforeFlag{text: s, d: d}
+		return nil
+	}
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return errors.New("want a duration back from now (720h) or an RFC 3339 time (2024-05-01T00:00:00Z)")
+	}
+	*f = beforeFlag{text: s, at: at, isTime: true}
+	return nil
+}
+
+// resolve is the time -before names: now minus its duration, or its time.
+func (f *beforeFlag) resolve(now time.Time) time.Time {
+	if f.isTime {
+		return f.at
+	}
+	return now.Add(-f.d)
+}
+
+func runDeadPurge(ctx context.Context, q *runqueue.Queue, out *output, args []string, before *beforeFlag, limit int) error {
+	if before.text == "" {
+		return usagef("-before is required: a duration back from now (720h) or an RFC 3339 time")
+	}
+	at := before.resolve(time.Now())
+	n, err := q.PurgeDeadLetters(ctx, args[0], args[1], at, limit)
+	if err != nil {
+		return err
+	}
+	st, err := q.QueueStats(ctx, args[0], args[1])
+	if err != nil {
+		return err
+	}
+	if out.json {
+		return out.writeJSON(struct {
+			Env        string    `json:"env"`
+			Queue      string    `json:"queue"`
+			DiedBefore time.Time `json:"died_before"`
+			Limit      int       `json:"limit"`
+			Deleted    int       `json:"deleted"`
+			Left       int64     `json:"left"` // dead-lettered runs of the queue left, of any age
+		}{args[0], args[1], at.UTC(), limit, n, st.Dead})
+	}
+	_, err = fmt.Fprintf(out.w, "deleted %d dead-lettered run(s) of queue %s in env %s that died at or before %s; %d left\n",
+		n, name(args[1]), name(args[0]), stamp(at), st.Dead)
+	if err == nil && n == limit {
+		_, err = fmt.Fprintln(out.w, "-limit reached: more runs that died by then may be left; run it again")
 	}
 	return err
 }

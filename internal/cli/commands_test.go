@@ -455,6 +455,8 @@ func TestWriteNeedsDeployment(t *testing.T) {
 		{"weight", "set", "e", "q", "k", "2"},
 		{"weight", "clear", "e", "q", "k"},
 		{"redrive", "e", "q", "id"},
+		{"dead", "delete", "e", "q", "id"},
+		{"dead", "purge", "-before", "1h", "e", "q"},
 	} {
 		r := b.run(t, args...)
 		require.Equal(t, cli.ExitFailure, r.code, args)

@@ -22,9 +22,10 @@ Commands:
 `
 
 const footer = `
-Only redrive, weight set and weight clear write to Redis, and only under a
-prefix that holds a deployment. Every other command opens the queues
-read-only: it writes no key, records no layout version and loads no script.
+Only dead delete, dead purge, redrive, weight set and weight clear write to
+Redis, and only under a prefix that holds a deployment. Every other command
+opens the queues read-only: it writes no key, records no layout version and
+loads no script.
 
 Flags may come before or after the command and its arguments; after "--"
 everything is an argument (for a name that starts with "-"). Flags default

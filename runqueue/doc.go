@@ -150,7 +150,10 @@
 // variants stays in the timestamp domain in both states, and a flag-on
 // dequeue discovers work a flag-off instance wrote. To roll back, turn the flag
 // off: the scheduler's two keys per queue are no longer read and expire
-// after [Config.StateTTL] (24h by default); weights stay.
+// after [Config.StateTTL] (24h by default); weights stay. Only a flag-on
+// dequeue renews the state, so flag-on producers feeding flag-off consumers
+// do not keep their registrations for good: the state expires StateTTL
+// after it was made or last renewed.
 //
 // # Errors
 //

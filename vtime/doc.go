@@ -35,8 +35,10 @@
 //   - idle: variant -> tag parked when it drained (ckVtime's idle region).
 //   - weights: variant -> milli-weight; configuration, not state.
 //
-// All of it but the weights lives and expires as one (ExpireState): every
-// writer refreshes it together, and when it expires, it expires whole (the
+// All of it but the weights lives and expires as one (ExpireState): the
+// first writer makes it, the dequeues renew it (the other writers do not:
+// with flag-off consumers nothing would collect what they register), and
+// when it expires, it expires whole (the
 // clock, the tags, the parked tags, the lane, the discovery cursor and the
 // probe all start again; variants with ready work are rediscovered at V).
 // In Redis the state is two keys; a writer that finds one without the

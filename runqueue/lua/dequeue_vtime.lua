@@ -38,7 +38,7 @@ if dq.acks > 0 then -- (the hooks are closures: made only for acks)
   acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
 end
 if dq_capacity(dq) <= 0 then
-  sched_save(S)
+  if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
 

@@ -25,6 +25,7 @@ local function hooks_lib(H)
       local S = sched_open(H.keys[H.own_keys + 1], H.keys[H.own_keys + 2], H.keys[H.own_keys + 3],
                            H.args[H.own_args + 1], H.args[H.own_args + 2], H.now)
       S.check = true -- look for the sentinel (see sched_state)
+      S.renew = false -- only a dequeue keeps the state alive (see sched_save)
       return sched_hooks(S, H.look)
     end)()
   end

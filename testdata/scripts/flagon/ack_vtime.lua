@@ -326,7 +326,8 @@ local function hooks_lib(H)
       local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
         -- (every field it will hold, st to check: the table is sized once)
         return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
-                 st = false, was = false, fresh = false, check = false, partial = false }
+                 st = false, was = false, fresh = false, check = false, partial = false,
+                 renew = true }
       end
 
       local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
@@ -398,15 +399,20 @@ local function hooks_lib(H)
       end
 
       -- Write the scalars that changed, and refresh the lifetime of both keys
-      -- together when half of it is gone by the writer's clock, when the stored
-      -- deadline is further off than a whole lifetime (written by a clock ahead
-      -- of this one: Redis expires keys by its own), or when the state is new.
+      -- together when the state is new, or, in a dequeue (S.renew), when half
+      -- of it is gone by the writer's clock or the stored deadline is further
+      -- off than a whole lifetime (written by a clock ahead of this one: Redis
+      -- expires keys by its own). The hooks of the other scripts never extend
+      -- it: with flag-on writers and no flag-on dequeue (flag-off consumers,
+      -- or none), registrations that no dequeue collects would otherwise keep
+      -- the state, one entry per key ever made ready, for good; so the state
+      -- lives StateTTL past the last flag-on dequeue or its creation.
       -- A call that changed nothing writes nothing.
       local function sched_save(S)
         local st = S.st
         if not st then return end
         local left = st.x - S.now
-        local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
+        local refresh = S.fresh or (S.renew and (left < S.ttl / 2 or left > S.ttl))
         if refresh then st.x = S.now + S.ttl end
         local args = {}
         for _, f in ipairs(SCHED_FIELDS) do
@@ -417,6 +423,22 @@ local function hooks_lib(H)
         end
         if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
         if refresh then
+          redis.call('PEXPIRE', S.z, S.ttl)
+          redis.call('PEXPIRE', S.h, S.ttl)
+        end
+      end
+
+      -- A dequeue that stops at its capacity (the env or queue limit full)
+      -- reads no state, yet the queue is in use: it renews the state's life as
+      -- sched_save would (a read of x, and the writes only when they are due),
+      -- or a queue whose limits stay full for StateTTL would lose its state
+      -- while flag-on instances dequeue it.
+      local function sched_keep(S)
+        local x = tonumber(redis.call('HGET', S.h, 'x'))
+        if not x then return end -- no state: nothing to keep
+        local left = x - S.now
+        if left < S.ttl / 2 or left > S.ttl then
+          redis.call('HSET', S.h, 'x', sched_fmt(S.now + S.ttl))
           redis.call('PEXPIRE', S.z, S.ttl)
           redis.call('PEXPIRE', S.h, S.ttl)
         end
@@ -762,6 +784,7 @@ local function hooks_lib(H)
       local S = sched_open(H.keys[H.own_keys + 1], H.keys[H.own_keys + 2], H.keys[H.own_keys + 3],
                            H.args[H.own_args + 1], H.args[H.own_args + 2], H.now)
       S.check = true -- look for the sentinel (see sched_state)
+      S.renew = false -- only a dequeue keeps the state alive (see sched_save)
       return sched_hooks(S, H.look)
     end)()
   end

@@ -324,7 +324,8 @@ end
 local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
   -- (every field it will hold, st to check: the table is sized once)
   return { z = zkey, h = hkey, w = wkey, ttl = ttl_ms + 0, idle_max = idle_max + 0, now = now,
-           st = false, was = false, fresh = false, check = false, partial = false }
+           st = false, was = false, fresh = false, check = false, partial = false,
+           renew = true }
 end
 
 local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
@@ -396,15 +397,20 @@ local function sched_state(S, r, at, sentinel, fields)
 end
 
 -- Write the scalars that changed, and refresh the lifetime of both keys
--- together when half of it is gone by the writer's clock, when the stored
--- deadline is further off than a whole lifetime (written by a clock ahead
--- of this one: Redis expires keys by its own), or when the state is new.
+-- together when the state is new, or, in a dequeue (S.renew), when half
+-- of it is gone by the writer's clock or the stored deadline is further
+-- off than a whole lifetime (written by a clock ahead of this one: Redis
+-- expires keys by its own). The hooks of the other scripts never extend
+-- it: with flag-on writers and no flag-on dequeue (flag-off consumers,
+-- or none), registrations that no dequeue collects would otherwise keep
+-- the state, one entry per key ever made ready, for good; so the state
+-- lives StateTTL past the last flag-on dequeue or its creation.
 -- A call that changed nothing writes nothing.
 local function sched_save(S)
   local st = S.st
   if not st then return end
   local left = st.x - S.now
-  local refresh = S.fresh or left < S.ttl / 2 or left > S.ttl
+  local refresh = S.fresh or (S.renew and (left < S.ttl / 2 or left > S.ttl))
   if refresh then st.x = S.now + S.ttl end
   local args = {}
   for _, f in ipairs(SCHED_FIELDS) do
@@ -415,6 +421,22 @@ local function sched_save(S)
   end
   if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
   if refresh then
+    redis.call('PEXPIRE', S.z, S.ttl)
+    redis.call('PEXPIRE', S.h, S.ttl)
+  end
+end
+
+-- A dequeue that stops at its capacity (the env or queue limit full)
+-- reads no state, yet the queue is in use: it renews the state's life as
+-- sched_save would (a read of x, and the writes only when they are due),
+-- or a queue whose limits stay full for StateTTL would lose its state
+-- while flag-on instances dequeue it.
+local function sched_keep(S)
+  local x = tonumber(redis.call('HGET', S.h, 'x'))
+  if not x then return end -- no state: nothing to keep
+  local left = x - S.now
+  if left < S.ttl / 2 or left > S.ttl then
+    redis.call('HSET', S.h, 'x', sched_fmt(S.now + S.ttl))
     redis.call('PEXPIRE', S.z, S.ttl)
     redis.call('PEXPIRE', S.h, S.ttl)
   end
@@ -1236,7 +1258,7 @@ if dq.acks > 0 then -- (the hooks are closures: made only for acks)
   acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
 end
 if dq_capacity(dq) <= 0 then
-  sched_save(S)
+  if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
 

@@ -109,7 +109,11 @@ type Config struct {
 	WindowMultiplier int
 	// Quantum is the virtual time one serve costs a key of weight 1. Defaults to 1.
 	Quantum float64
-	// StateTTL is the lifetime of the scheduler's state, refreshed by writes.
+	// StateTTL is the lifetime of the scheduler's state: the first flag-on
+	// write makes it, and flag-on dequeues renew it (when half of it is
+	// gone); enqueues, acks, nacks and sweeps do not, so a queue that no
+	// flag-on instance dequeues for StateTTL loses its scheduler state,
+	// and its ready work is discovered again at V.
 	// 1s to MaxDuration. Defaults to 24h.
 	StateTTL time.Duration
 	// IdleMaxEntries caps the parked tags kept per queue. Defaults to 10,000.
@@ -134,6 +138,30 @@ type Config struct {
 	// wake-up when work exists but limits hold it (an ack elsewhere frees it
 	// silently). 1ms to MaxDuration. Defaults to 1s.
 	BlockPollInterval time.Duration
+
+	// ShardLookAhead is how far past its own clock a shard consumer
+	// (DequeueShard, DequeueShardWait, a Worker given Shards) looks for
+	// queues that hold ready runs. A queue's score in its shard's master is
+	// the earliest time it has work by the clocks that wrote it (for ready
+	// runs their ready score: the writer's now, less priority), so a writer
+	// whose clock is ahead of the consumer's scores ready runs in the
+	// consumer's future (as does the consumer's own clock stepping back).
+	// A shard call that serves fewer runs than asked also reads the queues
+	// scored in (now, now + ShardLookAhead], at most max(64, 4 x maxCount)
+	// of them, earliest first, looks (one more round trip, only when there
+	// are any) which of them hold ready runs, and serves those, as Dequeue
+	// of the queue would; a queue whose only work is delayed is neither
+	// served nor waited on before its time. A writer whose clock is ahead
+	// of a shard consumer's by more than ShardLookAhead hides its ready
+	// runs from shard consumers for the excess (Dequeue of their queue
+	// serves them at once). 0 to MaxDuration; negative means no look ahead
+	// (a shard consumer reads the master only up to its now). Defaults to
+	// 1m: well above the skew of hosts whose clocks are kept in step. A
+	// queue in that window found without ready runs (delayed work only) is
+	// not looked at again while its master score stays and is in the
+	// future, so the extra round trip is paid once per such queue and
+	// score, not at every short call.
+	ShardLookAhead time.Duration
 
 	// AllowEviction lets New accept a Redis whose maxmemory-policy is not
 	// noeviction. Such a server may evict keys under memory pressure, and
@@ -199,6 +227,7 @@ func (c *Config) WithDefaults() *Config {
 	setDefault(&out.IdleMaxEntries, 10000)
 	setDefault(&out.MaxWeightOverrides, 1000)
 	setDefault(&out.BlockPollInterval, time.Second)
+	setDefault(&out.ShardLookAhead, time.Minute)
 	if out.Clock == nil {
 		out.Clock = wallClock{}
 	}
@@ -249,6 +278,11 @@ func (c *Config) validate() error {
 		{"BlockPollInterval", c.BlockPollInterval, time.Millisecond},
 	} {
 		if err := checkDuration("Config."+d.field, d.d, d.least); err != nil {
+			return err
+		}
+	}
+	if c.ShardLookAhead >= 0 { // negative: no look ahead
+		if err := checkDuration("Config.ShardLookAhead", c.ShardLookAhead, 0); err != nil {
 			return err
 		}
 	}

@@ -373,6 +373,20 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // queues are all behind those of other envs is first seen within
 // queues / max(64, 4 x maxCount) calls.)
 //
+// A queue's score in the shard's master is the earliest time it has work
+// by the clocks of the instances that wrote it, so ready runs written by an
+// instance whose clock is ahead of this Queue's (or before this Queue's
+// clock stepped back) are scored in its future. A call that has served
+// fewer than maxCount runs from the queues due by its clock therefore also
+// reads the first max(64, 4 x maxCount) queues scored in (now, now +
+// Config.ShardLookAhead], looks (one more round trip, only for those not
+// already found without ready runs at the same score) which of them hold
+// ready runs, and serves those in the same way
+// (envs in turn, shares of what is left); queues whose only work is
+// delayed are not served before their time. A writer whose clock is ahead
+// of this Queue's by more than Config.ShardLookAhead (1m by default)
+// hides its ready runs from DequeueShard for the excess.
+//
 // The queues are served one script call each. When a call fails after
 // others served runs (ctx ended between them, or a queue's call failed),
 // DequeueShard stops there and returns the runs served with a nil error:
@@ -407,13 +421,21 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 	q.rrMu.Lock()
 	off := q.shardOff[shard]
 	q.rrMu.Unlock()
-	due := &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Count: n}
-	rot := &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10), Offset: off, Count: n}
+	nowS := strconv.FormatInt(now, 10)
+	due := &redis.ZRangeBy{Min: "-inf", Max: nowS, Count: n}
+	rot := &redis.ZRangeBy{Min: "-inf", Max: nowS, Offset: off, Count: n}
 	var oldest, rotating *redis.StringSliceCmd
+	var ahead *redis.ZSliceCmd
 	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		oldest = p.ZRangeByScore(ctx, sh.Master(), due)
 		if off > 0 {
 			rotating = p.ZRangeByScore(ctx, sh.Master(), rot)
+		}
+		if look := q.shardLookAhead(); look > 0 {
+			// Queues scored after now: those with ready runs are served
+			// if the due ones leave room (see DequeueShard).
+			ahead = p.ZRangeByScoreWithScores(ctx, sh.Master(),
+				&redis.ZRangeBy{Min: "(" + nowS, Max: strconv.FormatInt(now+look, 10), Count: n})
 		}
 		return nil
 	}); err != nil {
@@ -432,8 +454,106 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 	q.rrMu.Lock()
 	q.shardOff[shard] = next
 	q.rrMu.Unlock()
+	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now)
+	if err != nil || len(out) >= maxCount || ahead == nil || len(ahead.Val()) == 0 {
+		return out, err
+	}
+	ready, err := q.readyMembers(ctx, ahead.Val(), members, now)
+	if err != nil {
+		return out, err
+	}
+	return q.serveShard(ctx, shard, ready, out, maxCount, now)
+}
+
+// readyMembers returns the members of z (master entries of a shard scored
+// after now, in order) that hold ready runs, leaving out those of seen (see
+// aheadReady).
+func (q *Queue) readyMembers(ctx context.Context, z []redis.Z, seen []string, now int64) ([]string, error) {
+	done := make(map[string]bool, len(seen))
+	for _, m := range seen {
+		done[m] = true
+	}
+	cand := make([]redis.Z, 0, len(z))
+	for _, e := range z {
+		if m, _ := e.Member.(string); !done[m] {
+			cand = append(cand, e)
+		}
+	}
+	ready, err := q.aheadReady(ctx, cand, now)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for i, e := range cand {
+		if ready[i] {
+			out = append(out, e.Member.(string))
+		}
+	}
+	return out, nil
+}
+
+// aheadReady says which of the master entries z (scored after now, read by
+// a shard look-ahead) hold ready runs, reading (one pipeline, see readyOf)
+// only those not known to hold none. An entry found without a ready run
+// is remembered with its score and not read again while it keeps that
+// score (a ready run scored before it would lower it: the master's ZADD
+// LT) and until now reaches the score, when the queue is due anyway; so a
+// shard whose look-ahead window holds delayed work only (a retry backing
+// off) pays the read once per queue and score, not at every call that
+// serves fewer runs than asked. A ready run scored after such an entry's
+// score waits at most until that score. Entries that do not decode are not
+// ready (not ours to serve: shardPlan skips them too).
+func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool, error) {
+	out := make([]bool, len(z))
+	var look []int
+	q.rrMu.Lock()
+	for m, s := range q.aheadIdle {
+		if s <= now {
+			delete(q.aheadIdle, m)
+		}
+	}
+	for i, e := range z {
+		m, _ := e.Member.(string)
+		if s, ok := q.aheadIdle[m]; !ok || s != int64(e.Score) {
+			look = append(look, i)
+		}
+	}
+	q.rrMu.Unlock()
+	var idx []int
+	var qks []keys.Queue
+	for _, i := range look {
+		m, _ := z[i].Member.(string)
+		env, queue, err := keys.DecodeQueueMember(m)
+		if err != nil {
+			continue
+		}
+		idx = append(idx, i)
+		qks = append(qks, q.names(env, queue).qk)
+	}
+	ready, err := q.readyOf(ctx, qks)
+	if err != nil {
+		return nil, err
+	}
+	q.rrMu.Lock()
+	defer q.rrMu.Unlock()
+	for j, i := range idx {
+		m, _ := z[i].Member.(string)
+		if ready[j] {
+			out[i] = true
+			delete(q.aheadIdle, m)
+		} else {
+			q.aheadIdle[m] = int64(z[i].Score)
+		}
+	}
+	return out, nil
+}
+
+// serveShard serves the queues of members (master members of shard, in
+// master order) for one DequeueShard call, after the runs out it served
+// already: envs in turn (shardPlan), each queue a share of what is left of
+// maxCount, then what is left to the queues that filled their share.
+func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64) ([]*Run, error) {
 	plan, envs := q.shardPlan(shard, members)
-	var out []*Run
 	var more []*queueNames // queues that filled their share and may have more
 	for i, qn := range plan {
 		left := maxCount - len(out)

@@ -30,7 +30,11 @@ type Queue struct {
 	closeMu  sync.Mutex
 	shardEnv map[int]string // each shard's env cursor: the last env a shard dequeue visited
 	shardOff map[int]int64  // rotating read offset in each shard's master
-	rrMu     sync.Mutex
+	// aheadIdle: master members scored after now that a shard look-ahead
+	// found holding no ready run, with the score they had (see
+	// Queue.aheadReady); guarded by rrMu.
+	aheadIdle map[string]int64
+	rrMu      sync.Mutex
 
 	nameCache nameCache // queueNames by (env, queue)
 
@@ -77,7 +81,8 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		return nil, err
 	}
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
-		closed: make(chan struct{}), shardEnv: map[int]string{}, shardOff: map[int]int64{}}
+		closed: make(chan struct{}), shardEnv: map[int]string{}, shardOff: map[int]int64{},
+		aheadIdle: map[string]int64{}}
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
 		res, _ := q.enqueueMany(ctx, ps, false)
 		return res

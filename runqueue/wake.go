@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
 )
 
 // waker fans out the wake-ups that scripts PUBLISH when a run becomes ready
@@ -254,9 +256,11 @@ func (w *waker) close() error {
 
 // DequeueWait is Dequeue that waits up to timeout for work when none is
 // ready. It does not poll: an enqueue (from any process) wakes it through
-// Redis pub/sub, a delayed run wakes it at its time, and when runs exist but
-// limits hold them it looks again every Config.BlockPollInterval. It returns
-// an empty slice on timeout, and ctx's error when ctx ends first. Waiters
+// Redis pub/sub, a delayed run wakes it at its time, and while the queue
+// holds ready runs that limits hold back it looks again every
+// Config.BlockPollInterval, whatever their scores say (a run's score is
+// its writer's clock, which may be ahead of this Queue's). It returns an
+// empty slice on timeout, and ctx's error when ctx ends first. Waiters
 // woken together look again in one coalesced call, and share the read of
 // when the queue's next work is due.
 func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int, timeout time.Duration) ([]*Run, error) {
@@ -267,21 +271,18 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 		return nil, err
 	}
 	qn := q.names(env, queue)
-	qk := qn.qk
 	return q.block(ctx, qn.wake+"|"+qn.member, timeout,
 		func() ([]*Run, error) { return q.dequeueOne(ctx, qn, maxCount) },
-		func() (*redis.ZSliceCmd, error) {
-			s, err := q.rdb.ZScore(ctx, qk.Master(), qk.Member()).Result()
-			if err == redis.Nil {
-				return redis.NewZSliceCmdResult(nil, nil), nil
-			}
-			return redis.NewZSliceCmdResult([]redis.Z{{Score: s}}, err), err
-		})
+		func() (*redis.ZSliceCmd, error) { return nextZ(q.queueNext(ctx, qn.qk)) })
 }
 
 // DequeueShardWait is DequeueShard that waits up to timeout, like DequeueWait.
-// As DequeueShard, it never returns runs with an error: runs served before
-// ctx ended or a queue's call failed are returned with a nil error.
+// It looks again every Config.BlockPollInterval while a queue DequeueShard
+// reads (one scored up to now + Config.ShardLookAhead and holding ready
+// runs, or one scored up to now) has work that limits hold back; a queue
+// whose only work is delayed wakes it at its time. As DequeueShard, it
+// never returns runs with an error: runs served before ctx ended or a
+// queue's call failed are returned with a nil error.
 func (q *Queue) DequeueShardWait(ctx context.Context, shard, maxCount int, timeout time.Duration) ([]*Run, error) {
 	if err := q.checkShard(shard); err != nil {
 		return nil, err
@@ -289,13 +290,127 @@ func (q *Queue) DequeueShardWait(ctx context.Context, shard, maxCount int, timeo
 	if err := q.checkMaxCount(maxCount); err != nil {
 		return nil, err
 	}
-	sh := q.space.Shard(shard)
-	return q.block(ctx, sh.Wake(), timeout,
+	return q.block(ctx, q.space.Shard(shard).Wake(), timeout,
 		func() ([]*Run, error) { return q.DequeueShard(ctx, shard, maxCount) },
-		func() (*redis.ZSliceCmd, error) {
-			cmd := q.rdb.ZRangeWithScores(ctx, sh.Master(), 0, 0)
-			return cmd, cmd.Err()
-		})
+		func() (*redis.ZSliceCmd, error) { return nextZ(q.shardNext(ctx, shard)) })
+}
+
+// nextZ is a read of the next work time as waker.next and block take it:
+// one entry scored at, or none when ok is false.
+func nextZ(at int64, ok bool, err error) (*redis.ZSliceCmd, error) {
+	if err != nil {
+		return nil, err
+	}
+	var z []redis.Z
+	if ok {
+		z = []redis.Z{{Score: float64(at)}}
+	}
+	return redis.NewZSliceCmdResult(z, nil), nil
+}
+
+// hasReady queues on p a look at whether the queue of qk holds ready runs
+// (its ckIndex has an entry: a variant with ready runs, held back by limits
+// or not).
+func hasReady(ctx context.Context, p redis.Pipeliner, qk keys.Queue) *redis.StringSliceCmd {
+	return p.ZRange(ctx, qk.CkIndex(), 0, 0)
+}
+
+// queueNext reads when the next work of the queue of qk is due, by this
+// Queue's clock (ms): at or before now when the queue holds ready runs
+// (Dequeue serves them, or limits hold them back: look again after
+// Config.BlockPollInterval), else its earliest delayed run's time; ok is
+// false when the queue has no queued run. The queue's master score alone
+// does not tell: it is the earliest of its ready head's score and its
+// delayed head's time, both from its writers' clocks, and a ready head
+// scored by a writer ahead of this clock would read as work to come.
+// One round trip.
+func (q *Queue) queueNext(ctx context.Context, qk keys.Queue) (at int64, ok bool, err error) {
+	var score *redis.FloatCmd
+	var ready *redis.StringSliceCmd
+	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		score = p.ZScore(ctx, qk.Master(), qk.Member())
+		ready = hasReady(ctx, p, qk)
+		return nil
+	})
+	switch {
+	case errors.Is(score.Err(), redis.Nil):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	at = int64(score.Val())
+	if len(ready.Val()) > 0 {
+		at = min(at, q.now())
+	}
+	return at, true, nil
+}
+
+// shardNextPeek is how many of a shard's earliest queues shardNext looks
+// at.
+const shardNextPeek = 64
+
+// shardNext reads when the next work of shard is due for DequeueShard, by
+// this Queue's clock (ms): at or before now when a queue it reads has work
+// (limits hold it back, as the caller's call just served nothing: look
+// again after Config.BlockPollInterval); ok is false when the shard has no
+// queued run. When the master's head is scored after now, the earliest
+// shardNextPeek queues are looked at (one more round trip, for those not
+// already found without ready runs at their score: see aheadReady): a queue that
+// holds ready runs is due when its score comes within
+// Config.ShardLookAhead of now (at once when it is within it already), a
+// queue whose only work is delayed at its score (its time), so such a
+// queue is waited on until its time, not polled.
+func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, err error) {
+	z, err := q.rdb.ZRangeWithScores(ctx, q.space.Shard(shard).Master(), 0, shardNextPeek-1).Result()
+	if err != nil || len(z) == 0 {
+		return 0, false, err
+	}
+	at = int64(z[0].Score)
+	look := q.shardLookAhead()
+	if look == 0 || at <= q.now() {
+		return at, true, nil
+	}
+	// Only a queue scored before the head's score + look can be due
+	// before the head.
+	end := 0
+	for end < len(z) && int64(z[end].Score)-look < at {
+		end++
+	}
+	ready, err := q.aheadReady(ctx, z[:end], q.now())
+	if err != nil {
+		return 0, false, err
+	}
+	for i, e := range z[:end] {
+		if ready[i] {
+			at = min(at, int64(e.Score)-look)
+		}
+	}
+	return at, true, nil
+}
+
+// shardLookAhead is Config.ShardLookAhead in ms; 0: no look ahead.
+func (q *Queue) shardLookAhead() int64 { return max(0, ms(q.cfg.ShardLookAhead)) }
+
+// readyOf says, in one pipeline, which of the queues of qks hold ready
+// runs (see hasReady).
+func (q *Queue) readyOf(ctx context.Context, qks []keys.Queue) ([]bool, error) {
+	if len(qks) == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.StringSliceCmd, len(qks))
+	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, qk := range qks {
+			cmds[i] = hasReady(ctx, p, qk)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(qks))
+	for i, c := range cmds {
+		out[i] = len(c.Val()) > 0
+	}
+	return out, nil
 }
 
 func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
@@ -333,7 +448,9 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		} else if len(z) > 0 {
 			due := time.Duration(int64(z[0].Score)-q.now()) * time.Millisecond
 			if due <= 0 {
-				due = q.cfg.BlockPollInterval // work exists but limits hold it
+				// Work exists but limits hold it (queueNext, shardNext:
+				// ready runs count as due whatever their scores).
+				due = q.cfg.BlockPollInterval
 			}
 			sleep = min(sleep, due)
 		}

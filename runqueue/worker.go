@@ -48,8 +48,12 @@ type WorkerConfig struct {
 
 	// HeartbeatInterval is how often the worker extends the leases of its
 	// running handlers, all in one pipeline, to now + Config.LeaseDuration.
-	// Must be less than Config.LeaseDuration. Defaults to
-	// Config.LeaseDuration / 3.
+	// A beat extends every lease that is more than half an interval old,
+	// by Config.Clock (against the lease's deadline) or by the monotonic
+	// time since its fetch or last extension: a step of the clock,
+	// backwards or forwards, never stops the beats, and a lost lease shows
+	// at the next one. Must be less than
+	// Config.LeaseDuration. Defaults to Config.LeaseDuration / 3.
 	HeartbeatInterval time.Duration
 
 	// SweepInterval is the mean time between two sweeps of the shards the
@@ -161,8 +165,9 @@ type Worker struct {
 	log     *slog.Logger
 	obs     Observer
 	sources []*source
-	shards  []int // swept
-	fetchN  int   // the most runs one fetch asks for
+	shards  []int     // swept
+	fetchN  int       // the most runs one fetch asks for
+	epoch   time.Time // monotonic origin of job.beat
 
 	mu       sync.Mutex
 	state    int
@@ -220,7 +225,7 @@ func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
 	c.Queues = append([]WorkerQueue(nil), c.Queues...)
 	c.Shards = append([]int(nil), c.Shards...)
 	w := &Worker{q: q, handler: handler, cfg: c, log: c.Logger, obs: q.cfg.Observer,
-		fetchN:    min(c.Concurrency, q.cfg.MaxDequeueCount),
+		fetchN: min(c.Concurrency, q.cfg.MaxDequeueCount), epoch: time.Now(),
 		stopFetch: make(chan struct{}), force: make(chan struct{}), drained: make(chan struct{}), quit: make(chan struct{}),
 		done: make(chan struct{}), jobs: make(chan *job, c.Concurrency),
 		held: make([]atomic.Pointer[job], c.Concurrency)}
@@ -575,6 +580,7 @@ type job struct {
 	slot   int
 	state  atomic.Int32
 	lease  atomic.Int64 // lease deadline, ms
+	beat   atomic.Int64 // Worker.mono when the lease was set (its fetch or last extension began)
 	ctx    context.Context
 	cancel context.CancelFunc
 	took   time.Duration
@@ -770,9 +776,21 @@ func (w *Worker) heartbeatLoop() {
 	}
 }
 
-// heartbeat extends, in one pipeline, every held lease that ends within
-// LeaseDuration - HeartbeatInterval/2 (runs fetched since the last beat
-// are left alone) to now + LeaseDuration. A lease found lost cancels its
+// mono is the monotonic time since the worker was made: it never steps
+// with Config.Clock.
+func (w *Worker) mono() int64 { return int64(time.Since(w.epoch)) }
+
+// heartbeat extends, in one pipeline, every held lease that is due to
+// now + LeaseDuration. A lease is due when it ends within LeaseDuration -
+// HeartbeatInterval/2 by Config.Clock, or when more than
+// HeartbeatInterval/2 of monotonic time passed since it was set (its
+// fetch, or the beat that last extended it). The monotonic rule keeps
+// the beats going whatever Config.Clock does: by the clock alone, a step
+// back of s stopped them for about s, so the lease lapsed for the other
+// instances, was recovered and redelivered, and the handler was never
+// told. With a clock that moves with real time the two rules agree, so
+// a run fetched since the last beat is left alone and each lease is
+// extended once a beat, as before. A lease found lost cancels its
 // handler's context.
 func (w *Worker) heartbeat() {
 	now, err := w.q.clockNow()
@@ -780,13 +798,15 @@ func (w *Worker) heartbeat() {
 		w.log.Warn("runqueue: worker did not extend leases", "err", err)
 		return
 	}
+	mono := w.mono()
 	lease := ms(w.q.cfg.LeaseDuration)
-	due := now + lease - ms(w.cfg.HeartbeatInterval)/2
+	half := w.cfg.HeartbeatInterval / 2
+	due := now + lease - ms(half)
 	var js []*job
 	var calls []call
 	for i := range w.held {
 		j := w.held[i].Load()
-		if j == nil || j.lease.Load() >= due {
+		if j == nil || (j.lease.Load() >= due && mono-j.beat.Load() <= int64(half)) {
 			continue
 		}
 		if st := j.state.Load(); st != jobQueued && st != jobRunning {
@@ -808,6 +828,7 @@ func (w *Worker) heartbeat() {
 			switch err := scriptError(cmds[i].Err(), nil); {
 			case err == nil:
 				j.lease.Store(now + lease)
+				j.beat.Store(mono)
 			case leaseGone(err):
 				w.lose(j, err)
 			default:

@@ -1,12 +1,9 @@
 package runqueue
 
 import (
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // fetchDepth is how many calls one source may have in flight. A second
@@ -147,11 +144,16 @@ func (s *source) fetch(c *fetchCall) {
 }
 
 // dispatch hands runs to the handler goroutines, runs[i] in slot ks[i].
+// A job's heartbeat clock (job.beat) starts now, after the lease began
+// (at the fetch's call): the heartbeat's monotonic rule never finds a
+// lease due before its Config.Clock rule would, with a clock in step.
 func (s *source) dispatch(runs []*Run, ks []int) {
 	w := s.w
+	mono := w.mono()
 	for i, r := range runs {
 		j := &job{run: r, src: s, slot: ks[i]}
 		j.lease.Store(r.LeaseDeadline.UnixMilli())
+		j.beat.Store(mono)
 		w.held[ks[i]].Store(j)
 		w.jobs <- j // never blocks: the channel has a place per slot
 	}
@@ -177,32 +179,29 @@ func (s *source) settled(acks []*job, errs []error) {
 }
 
 // nextLook is how long to wait for a wake-up before looking again, after
-// a call found nothing: until the source's next due run, every
-// BlockPollInterval while limits hold ready work, IdlePollInterval when
-// there is none.
+// a call found nothing: until the source's next due run (a delayed run's
+// time), every BlockPollInterval while it holds ready work that limits
+// hold back (whatever the ready runs' scores, which are their writers'
+// clocks: see Queue.queueNext and Queue.shardNext, which also say how
+// Config.ShardLookAhead counts for a shard), IdlePollInterval when there
+// is none.
 func (s *source) nextLook() time.Duration {
 	w := s.w
-	var score float64
+	var at int64
+	var ok bool
 	var err error
 	if s.shard < 0 {
-		qk := w.q.space.Env(s.env).Queue(s.queue)
-		score, err = w.q.rdb.ZScore(w.ctx(), qk.Master(), qk.Member()).Result()
+		at, ok, err = w.q.queueNext(w.ctx(), w.q.space.Env(s.env).Queue(s.queue))
 	} else {
-		var z []redis.Z
-		z, err = w.q.rdb.ZRangeWithScores(w.ctx(), w.q.space.Shard(s.shard).Master(), 0, 0).Result()
-		if err == nil && len(z) == 0 {
-			err = redis.Nil
-		} else if err == nil {
-			score = z[0].Score
-		}
+		at, ok, err = w.q.shardNext(w.ctx(), s.shard)
 	}
 	switch {
-	case errors.Is(err, redis.Nil):
-		return w.cfg.IdlePollInterval
 	case err != nil:
 		return w.q.cfg.BlockPollInterval
+	case !ok:
+		return w.cfg.IdlePollInterval
 	}
-	due := time.Duration(int64(score)-w.q.now()) * time.Millisecond
+	due := time.Duration(at-w.q.now()) * time.Millisecond
 	if due <= 0 {
 		return w.q.cfg.BlockPollInterval // ready work that limits hold
 	}

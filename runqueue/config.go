@@ -111,7 +111,8 @@ type Config struct {
 	Quantum float64
 	// StateTTL is the lifetime of the scheduler's state: the first flag-on
 	// write makes it, and flag-on dequeues renew it (when half of it is
-	// gone); enqueues, acks, nacks and sweeps do not, so a queue that no
+	// gone; an AckAndDequeue too, at maxCount 0 as well); enqueues, plain
+	// acks, nacks and sweeps do not, so a queue that no
 	// flag-on instance dequeues for StateTTL loses its scheduler state,
 	// and its ready work is discovered again at V.
 	// 1s to MaxDuration. Defaults to 24h.

@@ -293,13 +293,15 @@ local function hooks_lib(H)
       -- reads no state, yet the queue is in use: it renews the state's life as
       -- sched_save would (a read of x, and the writes only when they are due),
       -- or a queue whose limits stay full for StateTTL would lose its state
-      -- while flag-on instances dequeue it.
+      -- while flag-on instances dequeue it. (The HSET may be the call's first
+      -- write, which a script run by EVALSHA on a full Redis is refused: the
+      -- call still answers, and the PEXPIREs, which add nothing, still renew.)
       local function sched_keep(S)
         local x = tonumber(redis.call('HGET', S.h, 'x'))
         if not x then return end -- no state: nothing to keep
         local left = x - S.now
         if left < S.ttl / 2 or left > S.ttl then
-          redis.call('HSET', S.h, 'x', sched_fmt(S.now + S.ttl))
+          redis.pcall('HSET', S.h, 'x', sched_fmt(S.now + S.ttl))
           redis.call('PEXPIRE', S.z, S.ttl)
           redis.call('PEXPIRE', S.h, S.ttl)
         end

@@ -1,4 +1,4 @@
-#!lua name=runqueue_a12f1eef5ee934c4
+#!lua name=runqueue_7b4be6c63e1e3c76
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -251,13 +251,15 @@ end
 -- reads no state, yet the queue is in use: it renews the state's life as
 -- sched_save would (a read of x, and the writes only when they are due),
 -- or a queue whose limits stay full for StateTTL would lose its state
--- while flag-on instances dequeue it.
+-- while flag-on instances dequeue it. (The HSET may be the call's first
+-- write, which a script run by EVALSHA on a full Redis is refused: the
+-- call still answers, and the PEXPIREs, which add nothing, still renew.)
 local function sched_keep(S)
   local x = tonumber(redis.call('HGET', S.h, 'x'))
   if not x then return end -- no state: nothing to keep
   local left = x - S.now
   if left < S.ttl / 2 or left > S.ttl then
-    redis.call('HSET', S.h, 'x', sched_fmt(S.now + S.ttl))
+    redis.pcall('HSET', S.h, 'x', sched_fmt(S.now + S.ttl))
     redis.call('PEXPIRE', S.z, S.ttl)
     redis.call('PEXPIRE', S.h, S.ttl)
   end
@@ -2349,10 +2351,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_a12f1eef5ee934c4_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_a12f1eef5ee934c4_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_a12f1eef5ee934c4_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a12f1eef5ee934c4_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a12f1eef5ee934c4_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a12f1eef5ee934c4_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a12f1eef5ee934c4_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7b4be6c63e1e3c76_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_7b4be6c63e1e3c76_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_7b4be6c63e1e3c76_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7b4be6c63e1e3c76_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7b4be6c63e1e3c76_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7b4be6c63e1e3c76_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7b4be6c63e1e3c76_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -91,7 +91,11 @@ func (s *servability) w(key string) float64 {
 // Let P be the number of other keys that registered before k (or in the
 // same lease recovery or promotion, whose order the oracle does not
 // choose), still hold ready runs and were not served by a flag-on call
-// since they registered: the newcomers k may legitimately queue behind (a
+// since they registered; an undiscovered key (ready runs from a flag-off
+// instance) registers when a flag-on write moves its head, which the
+// oracle, not knowing ready scores, counts at every flag-on write that
+// makes one of its runs ready (an upper bound). These are the newcomers k
+// may legitimately queue behind (a
 // newcomer queues one quantum behind the previous one; a flag-off serve
 // writes nothing of the scheduler, so a newcomer it serves still waits in
 // the lane when the flag is on again: scenario LaneAcrossFlip). Then, until k is

@@ -342,6 +342,16 @@ func (o *Oracle) gainReady(r *orun) {
 		} else {
 			o.setSuspect(k, true)
 		}
+	} else if o.flagOn && k.suspect && !k.pending {
+		// A flag-on write that moves an undiscovered key's head (a run
+		// ready earlier than its ready runs: a priority, a promotion, a
+		// recovery) registers it in the scheduler, by the newcomer rule:
+		// later newcomers may queue behind it in the lane. The oracle does
+		// not know ready scores, so it counts the key of every such run as
+		// one (P may then count keys whose head did not move: an upper
+		// bound, as for the keys of one promotion or recovery).
+		k.pending = true
+		o.pendingN++
 	}
 	o.refresh(k)
 }
@@ -375,7 +385,8 @@ func (o *Oracle) loseReady(k *okey, byServe bool) {
 func (o *Oracle) beginBatch(rs []*orun) {
 	fresh := map[string]bool{}
 	for _, r := range rs {
-		if k := o.keys[r.key]; k == nil || k.ready == 0 {
+		// (an undiscovered key may register in the batch too: see gainReady)
+		if k := o.keys[r.key]; k == nil || k.ready == 0 || (o.flagOn && k.suspect && !k.pending) {
 			fresh[r.key] = true
 		}
 	}

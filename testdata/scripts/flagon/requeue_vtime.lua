@@ -378,11 +378,24 @@ local function hooks_lib(H)
         return st
       end
 
+      -- Whether a dequeue renews a state whose deadline is x: half of its life
+      -- is gone by this writer's clock, or the deadline is further off than a
+      -- whole lifetime (written by a clock ahead of this one, or under a longer
+      -- StateTTL: Redis expires keys by its own clock).
+      local function sched_due(S, x)
+        local left = x - S.now
+        return left < S.ttl / 2 or left > S.ttl
+      end
+
+      -- Both keys live StateTTL from now.
+      local function sched_expire(S)
+        redis.call('PEXPIRE', S.z, S.ttl)
+        redis.call('PEXPIRE', S.h, S.ttl)
+      end
+
       -- Write the scalars that changed, and refresh the lifetime of both keys
-      -- together when the state is new, or, in a dequeue (S.renew), when half
-      -- of it is gone by the writer's clock or the stored deadline is further
-      -- off than a whole lifetime (written by a clock ahead of this one: Redis
-      -- expires keys by its own). The hooks of the other scripts never extend
+      -- together when the state is new, or, in a dequeue (S.renew), when it is due
+      -- (sched_due). The hooks of the other scripts never extend
       -- it: with flag-on writers and no flag-on dequeue (flag-off consumers,
       -- or none), registrations that no dequeue collects would otherwise keep
       -- the state, one entry per key ever made ready, for good; so the state
@@ -391,8 +404,7 @@ local function hooks_lib(H)
       local function sched_save(S)
         local st = S.st
         if not st then return end
-        local left = st.x - S.now
-        local refresh = S.fresh or (S.renew and (left < S.ttl / 2 or left > S.ttl))
+        local refresh = S.fresh or (S.renew and sched_due(S, st.x))
         if refresh then st.x = S.now + S.ttl end
         local args = {}
         for _, f in ipairs(SCHED_FIELDS) do
@@ -402,10 +414,7 @@ local function hooks_lib(H)
           end
         end
         if #args > 0 then redis.call('HSET', S.h, unpack(args)) end
-        if refresh then
-          redis.call('PEXPIRE', S.z, S.ttl)
-          redis.call('PEXPIRE', S.h, S.ttl)
-        end
+        if refresh then sched_expire(S) end
       end
 
       -- A dequeue that stops at its capacity (the env or queue limit full)
@@ -418,11 +427,9 @@ local function hooks_lib(H)
       local function sched_keep(S)
         local x = tonumber(redis.call('HGET', S.h, 'x'))
         if not x then return end -- no state: nothing to keep
-        local left = x - S.now
-        if left < S.ttl / 2 or left > S.ttl then
+        if sched_due(S, x) then
           redis.pcall('HSET', S.h, 'x', sched_fmt(S.now + S.ttl))
-          redis.call('PEXPIRE', S.z, S.ttl)
-          redis.call('PEXPIRE', S.h, S.ttl)
+          sched_expire(S)
         end
       end
 

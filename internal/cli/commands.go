@@ -518,14 +518,11 @@ func runRedrive(ctx context.Context, q *runqueue.Queue, out *output, args []stri
 	}
 	if out.json {
 		return out.writeJSON(struct {
-			Env      string `json:"env"`
-			Queue    string `json:"queue"`
-			Key      string `json:"key"`
-			ID       string `json:"id"`
-			Redriven bool   `json:"redriven"` // false: the run was already live
-		}{args[0], args[1], key, args[2], wasDead})
+			runRefJSON
+			Redriven bool `json:"redriven"` // false: the run was already live
+		}{runRef(args, key), wasDead})
 	}
-	run := fmt.Sprintf("run %s (key %s) of queue %s in env %s", name(args[2]), name(key), name(args[1]), name(args[0]))
+	run := runText(args, key)
 	if wasDead {
 		_, err = fmt.Fprintf(out.w, "redriven %s: back in its queue, ready now\n", run)
 	} else {
@@ -544,16 +541,30 @@ func runDeadDelete(ctx context.Context, q *runqueue.Queue, out *output, args []s
 	}
 	if out.json {
 		return out.writeJSON(struct {
-			Env     string `json:"env"`
-			Queue   string `json:"queue"`
-			Key     string `json:"key"`
-			ID      string `json:"id"`
-			Deleted bool   `json:"deleted"`
-		}{args[0], args[1], key, args[2], true})
+			runRefJSON
+			Deleted bool `json:"deleted"`
+		}{runRef(args, key), true})
 	}
-	_, err = fmt.Fprintf(out.w, "deleted dead-lettered run %s (key %s) of queue %s in env %s\n", name(args[2]), name(key),
-		name(args[1]), name(args[0]))
+	_, err = fmt.Fprintf(out.w, "deleted dead-lettered %s\n", runText(args, key))
 	return err
+}
+
+// runRefJSON names the run of a command's ENV QUEUE ID arguments and -key,
+// in the JSON of redrive and dead delete.
+type runRefJSON struct {
+	Env   string `json:"env"`
+	Queue string `json:"queue"`
+	Key   string `json:"key"`
+	ID    string `json:"id"`
+}
+
+func runRef(args []string, key string) runRefJSON {
+	return runRefJSON{Env: args[0], Queue: args[1], Key: key, ID: args[2]}
+}
+
+// runText names the same run in a sentence.
+func runText(args []string, key string) string {
+	return fmt.Sprintf("run %s (key %s) of queue %s in env %s", name(args[2]), name(key), name(args[1]), name(args[0]))
 }
 
 // beforeFlag is dead purge's -before: a duration back from now or a time.

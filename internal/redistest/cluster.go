@@ -194,3 +194,111 @@ func Masters(ctx context.Context, c redis.UniversalClient) ([]string, error) {
 		return nil, fmt.Errorf("unsupported client %T", c)
 	}
 }
+
+// Migration is the move of one hash slot from one master of a cluster to
+// another, in the steps redis-cli --cluster reshard takes: the slot is
+// IMPORTING on the target and MIGRATING on the source, its keys move a few
+// at a time by MIGRATE, then every master learns the slot's new owner. A
+// test runs its calls between the steps. Use it on [OwnCluster] only.
+type Migration struct {
+	Slot     int
+	From, To *redis.Client
+	fromID   string
+	toID     string
+	c        *redis.ClusterClient
+}
+
+// StartMigration opens the move of slot from the master serving it to
+// another master.
+func StartMigration(ctx context.Context, c *redis.ClusterClient, slot int) (*Migration, error) {
+	m := &Migration{Slot: slot, c: c}
+	var mu sync.Mutex
+	var masters []*redis.Client
+	if err := c.ForEachMaster(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		masters = append(masters, n)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(masters))
+	for i, n := range masters {
+		id, err := n.Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			return nil, err
+		}
+		ids[i] = id
+		slots, err := n.ClusterSlots(ctx).Result()
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range slots {
+			if s.Start <= slot && slot <= s.End && len(s.Nodes) > 0 && s.Nodes[0].ID == id {
+				m.From, m.fromID = n, id
+			}
+		}
+	}
+	for i, n := range masters {
+		if n != m.From && m.To == nil {
+			m.To, m.toID = n, ids[i]
+		}
+	}
+	if m.From == nil || m.To == nil || m.From == m.To {
+		return nil, fmt.Errorf("slot %d: no source and target among %d masters", slot, len(masters))
+	}
+	if err := m.To.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", m.fromID).Err(); err != nil {
+		return nil, fmt.Errorf("slot %d IMPORTING: %w", slot, err)
+	}
+	if err := m.From.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", m.toID).Err(); err != nil {
+		return nil, fmt.Errorf("slot %d MIGRATING: %w", slot, err)
+	}
+	return m, nil
+}
+
+// MoveKeys moves up to n of the slot's keys still on the source and
+// returns how many moved.
+func (m *Migration) MoveKeys(ctx context.Context, n int) (int, error) {
+	ks, err := m.From.ClusterGetKeysInSlot(ctx, m.Slot, n).Result()
+	if err != nil || len(ks) == 0 {
+		return 0, err
+	}
+	host, port, ok := strings.Cut(m.To.Options().Addr, ":")
+	if !ok {
+		return 0, fmt.Errorf("target address %q", m.To.Options().Addr)
+	}
+	args := []any{"MIGRATE", host, port, "", 0, 10000, "KEYS"}
+	for _, k := range ks {
+		args = append(args, k)
+	}
+	if err := m.From.Do(ctx, args...).Err(); err != nil {
+		return 0, fmt.Errorf("MIGRATE %d keys: %w", len(ks), err)
+	}
+	return len(ks), nil
+}
+
+// Finish moves the keys left and gives the slot to the target on every
+// master (the target first, as redis-cli does).
+func (m *Migration) Finish(ctx context.Context) error {
+	for {
+		n, err := m.MoveKeys(ctx, 100)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if err := m.To.Do(ctx, "CLUSTER", "SETSLOT", m.Slot, "NODE", m.toID).Err(); err != nil {
+		return err
+	}
+	if err := m.From.Do(ctx, "CLUSTER", "SETSLOT", m.Slot, "NODE", m.toID).Err(); err != nil {
+		return err
+	}
+	return m.c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		if n == m.To || n == m.From {
+			return nil
+		}
+		return n.Do(ctx, "CLUSTER", "SETSLOT", m.Slot, "NODE", m.toID).Err()
+	})
+}

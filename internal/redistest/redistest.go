@@ -56,6 +56,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -503,4 +504,27 @@ func scriptCall(name string) bool {
 // scripting reports whether the command invokes or manages scripts.
 func scripting(name string) bool {
 	return scriptCall(name) || strings.HasPrefix(name, "script|") || strings.HasPrefix(name, "function|")
+}
+
+// OwnCluster returns a client for a Redis Cluster of three redis-servers
+// started for t alone and stopped when t ends: for the tests that move hash
+// slots between nodes (a resharding), which would break any other test whose
+// keys hash to a moving slot. It needs redis-server on PATH, whatever
+// REDIS_CLUSTER_ADDRS says; without it, it skips or fails like [Real].
+func OwnCluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Logf("redistest: %v (%v)", errMissing, err)
+		unavailable(t)
+		return nil
+	}
+	d, err := startCluster(bin)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(d.stop)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs, ReadTimeout: ReadTimeout})
+	connect(t, c)
+	return c
 }

@@ -38,6 +38,7 @@ func names(sp keys.Space, env, queue, ck, id string) []name {
 		key("TTL", sh.TTL(), shard),
 		key("Tokens", sh.Tokens(), shard),
 		key("Wake", sh.Wake(), shard),
+		key("Fence", sh.Fence(), shard),
 		key("EnvInflightCount", e.InflightCount(), env),
 		key("EnvDead", e.Dead(), env),
 		key("CkIndex", q.CkIndex(), env, queue),
@@ -178,6 +179,10 @@ func checkRun(t *testing.T, sp keys.Space, r [4]string, ns []name) {
 		if keys.Slot(n.text) != keys.Slot(master) {
 			t.Fatalf("key %q is in slot %d, the shard master %q in %d", n.text, keys.Slot(n.text), master, keys.Slot(master))
 		}
+		// Every script call declares its slot's fence beside its keys.
+		if f := keys.FenceOf(n.text); f != tag+":fence" {
+			t.Fatalf("FenceOf(%q) = %q, want %q", n.text, f, tag+":fence")
+		}
 	}
 	if e.Tag() != tag {
 		t.Fatalf("Env(%q).Tag() = %q, want %q", env, e.Tag(), tag)
@@ -205,7 +210,7 @@ func checkRun(t *testing.T, sp keys.Space, r [4]string, ns []name) {
 func separators(identity string) int {
 	b, _, _ := strings.Cut(identity, "[")
 	switch b {
-	case "Master", "Leases", "TTL", "Wake", "Tokens":
+	case "Master", "Leases", "TTL", "Wake", "Tokens", "Fence":
 		return 1
 	case "EnvInflightCount", "EnvDead":
 		return 3

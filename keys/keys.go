@@ -179,6 +179,28 @@ func (sh Shard) TTL() string { return sh.tag + ":ttl" }
 // takes the next value, so a lease token never repeats in the shard.
 func (sh Shard) Tokens() string { return sh.tag + ":tokens" }
 
+// Fence is a key of the shard's slot that no one ever writes. Every script
+// call declares it beside its own keys: while the slot moves between the
+// masters of a Redis Cluster (MIGRATING on one, IMPORTING on the other),
+// a call that declares a key the node does not hold is refused whole, with
+// TRYAGAIN or an ASK redirection that ends in TRYAGAIN, before the script
+// runs. Without it a script could run on the source, all of its declared
+// keys there, and fail halfway on a key it builds itself that has already
+// moved or does not exist yet ("Script attempted to access a non local
+// key"), after its first writes.
+func (sh Shard) Fence() string { return sh.tag + ":fence" }
+
+// FenceOf is the [Shard.Fence] of the shard key belongs to, or "" when key
+// does not start with a hash tag (every name this package builds does).
+func FenceOf(key string) string {
+	if strings.HasPrefix(key, "{") {
+		if i := strings.IndexByte(key, '}'); i > 1 {
+			return key[:i+1] + ":fence"
+		}
+	}
+	return ""
+}
+
 // Wake is the pub/sub channel an enqueue publishes to (a channel, not a key).
 func (sh Shard) Wake() string { return sh.tag + ":wake" }
 

@@ -318,6 +318,7 @@ func TestKeyNames(t *testing.T) {
 		e.Leases():                   tag + ":leases",
 		e.TTL():                      tag + ":ttl",
 		e.Wake():                     tag + ":wake",
+		e.Fence():                    tag + ":fence",
 		e.InflightCount():            tag + ":e:prod:inflightN",
 		e.Dead():                     tag + ":e:prod:dead",
 		q.CkIndex():                  tag + ":e:prod:q:emails:ckIndex",
@@ -339,10 +340,13 @@ func TestKeyNames(t *testing.T) {
 	for got, w := range want {
 		require.Equal(t, w, got)
 	}
-	require.Len(t, want, 21, "two accessors returned the same key")
+	require.Len(t, want, 22, "two accessors returned the same key")
 	require.Equal(t, "=user%3A1", v.Member())
 	require.Equal(t, "prod:emails", q.Member())
 	require.Equal(t, "prod:emails:", q.RunPrefix())
+	require.Equal(t, e.Fence(), keys.FenceOf(q.Runs()))
+	require.Empty(t, keys.FenceOf("no-tag"), "a name without a hash tag has no fence")
+	require.Empty(t, keys.FenceOf("{}:x"), "nor one with an empty tag")
 	require.Equal(t, "prod", e.Name())
 	require.Equal(t, "emails", q.Name())
 }

@@ -84,8 +84,8 @@ func TestS16CHardStopDuringNackIsUnreported(t *testing.T) {
 			defer cancelStart()
 			var armed, fired atomic.Bool
 			c.AddHook(s16cHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-				if armed.Load() && s16cScriptKeys(cmd) == 11 && fired.CompareAndSwap(false, true) {
-					cancelStart() // the requeue script (11 keys): the process "dies" now
+				if armed.Load() && s16cScriptKeys(cmd) == 12 && fired.CompareAndSwap(false, true) {
+					cancelStart() // the requeue script (11 keys and the fence): the process "dies" now
 				}
 				return next(ctx, cmd)
 			}))

@@ -8,10 +8,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/runqueue/runqueue/keys"
 )
 
 //go:embed lua/*.lua lua/lib/*.lua
@@ -381,7 +384,7 @@ func run(ctx context.Context, c redis.UniversalClient, sc *script, keys []string
 		cmd.SetErr(ErrReadOnly)
 		return cmd
 	}
-	cl := call{sc, keys, args}
+	cl := call{sc, fenced(keys), args}
 	return recoverCall(ctx, c, cl, send(ctx, c, cl), func(l *library) error { return l.load(ctx, c) })
 }
 
@@ -444,6 +447,24 @@ func runScript(ctx context.Context, c redis.UniversalClient, sc *script, keys []
 	return cmd
 }
 
+// fenced returns ks with the fence of their slot after them (see
+// keys.FenceOf): on a Redis Cluster a call is then refused whole while its
+// slot moves, instead of failing halfway. The scripts never read it. ks
+// itself is left alone: callers keep key lists for many calls.
+func fenced(ks []string) []string {
+	if len(ks) == 0 {
+		return ks
+	}
+	f := keys.FenceOf(ks[0])
+	if f == "" {
+		return ks
+	}
+	out := make([]string, len(ks)+1)
+	copy(out, ks)
+	out[len(ks)] = f
+	return out
+}
+
 // call is one script call of a pipelined batch.
 type call struct {
 	sc   *script
@@ -461,6 +482,10 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 		}
 	}
 	cmds := make([]*redis.Cmd, len(calls))
+	calls = slices.Clone(calls) // the caller's calls keep their keys
+	for i := range calls {
+		calls[i].keys = fenced(calls[i].keys)
+	}
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, cl := range calls {
 			cmds[i] = send(ctx, p, cl)

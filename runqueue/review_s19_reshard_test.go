@@ -1,0 +1,208 @@
+package runqueue_test
+
+// Review s19: a Redis Cluster resharding. While a slot moves between
+// masters (CLUSTER SETSLOT ... MIGRATING / IMPORTING, then MIGRATE of its
+// keys), Redis runs a script on the source only when every key it declares
+// exists there, and a command inside the script that touches a missing key
+// (one the script builds itself, or one it emptied and writes again) fails
+// the script after the writes before it. A call must fail whole, with
+// nothing written, and succeed once the slot has moved.
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// s19Dump returns every key of the bundle's prefix on every master (the
+// token counters and the layout version included) with its DUMP, so that a
+// test can tell whether a call wrote anything.
+func s19Dump(t *testing.T, b *testBundle, c *redis.ClusterClient) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var mu sync.Mutex
+	require.NoError(t, c.ForEachMaster(b.ctx, func(ctx context.Context, n *redis.Client) error {
+		ks, err := n.Keys(ctx, "{"+b.prefix+":*").Result()
+		if err != nil {
+			return err
+		}
+		for _, k := range ks {
+			// ASKING: a key the target imports is served there.
+			var dump *redis.StringCmd
+			_, err := n.Pipelined(ctx, func(p redis.Pipeliner) error {
+				p.Do(ctx, "ASKING")
+				dump = p.Dump(ctx, k)
+				return nil
+			})
+			v := dump.Val()
+			if err != nil {
+				return fmt.Errorf("DUMP %s: %w", k, err)
+			}
+			mu.Lock()
+			out[n.Options().Addr+" "+k] = v
+			mu.Unlock()
+		}
+		return nil
+	}))
+	return out
+}
+
+// s19ReshardState queues, on one env of q's cluster, what makes every
+// queue-level key of the env's queue exist: ready runs of k1, a delayed run
+// with a TTL on k9, and three runs in flight (a and b of k1, x of k3). It
+// returns the in-flight runs.
+func s19ReshardState(t *testing.T, b *testBundle, env, queue string) []*runqueue.Run {
+	t.Helper()
+	for _, p := range []runqueue.EnqueueParams{
+		{Key: "k1", ID: "a"}, {Key: "k1", ID: "b"},
+		{Key: "k9", ID: "z", Delay: time.Hour, TTL: 2 * time.Hour},
+		{Key: "k3", ID: "x"},
+	} {
+		p.Env, p.Queue, p.Payload = env, queue, []byte(p.ID)
+		_, err := b.q.Enqueue(b.ctx, p)
+		require.NoError(t, err)
+	}
+	held, err := b.q.Dequeue(b.ctx, env, queue, 10)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"a", "b", "x"}, runIDs(held))
+	_, err = b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: queue, Key: "k1", ID: "b2", Payload: []byte("b2")})
+	require.NoError(t, err)
+	return held
+}
+
+// TestS19ReshardNothingHalfWritten: with the env's slot MIGRATING (and
+// later half moved), every call either succeeds or fails with nothing
+// written; once the slot has moved, the calls that failed succeed when
+// made again, and every run is served exactly once.
+//
+// Before the fix, a flag-off Enqueue of a new key, on a queue whose
+// declared keys all existed, wrote the run's record and then failed on its
+// key's ready set ("Script attempted to access a non local key"): the run
+// was never served, and the retried Enqueue, idempotent on the ID, queued
+// nothing.
+func TestS19ReshardNothingHalfWritten(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+			t.Parallel()
+			c := redistest.OwnCluster(t)
+			b := setup(t, c, func(cfg *runqueue.Config) {
+				cfg.VtimeScheduling = on
+				cfg.LeaseDuration = time.Hour
+			})
+			ctx := b.ctx
+			const env, queue = "env1", "q"
+			held := s19ReshardState(t, b, env, queue)
+			slot := keys.Slot(fmt.Sprintf("{%s:%d}", b.prefix, b.q.ShardOf(env)))
+			m, err := redistest.StartMigration(ctx, c, slot)
+			require.NoError(t, err)
+
+			var failed []string // the calls that failed, to make again after the move
+			try := func(what string, call func() error) {
+				before := s19Dump(t, b, c)
+				err := call()
+				if err == nil {
+					return
+				}
+				failed = append(failed, what)
+				require.Equal(t, before, s19Dump(t, b, c), "%s failed (%v) and wrote", what, err)
+			}
+			enqueue := func(key, id string) func() error {
+				return func() error {
+					_, err := b.q.Enqueue(ctx, runqueue.EnqueueParams{Env: env, Queue: queue, Key: key, ID: id, Payload: []byte(id)})
+					return err
+				}
+			}
+			var served []string
+			var mu sync.Mutex
+			dequeue := func() error {
+				runs, err := b.q.Dequeue(ctx, env, queue, 1)
+				for _, r := range runs {
+					mu.Lock()
+					served = append(served, r.ID)
+					mu.Unlock()
+					require.NoError(t, b.q.Ack(ctx, r))
+				}
+				return err
+			}
+			x := held[slicesIndex(runIDs(held), "x")]
+			nackX := func() error {
+				_, err := b.q.Nack(ctx, x, &runqueue.NackOptions{RetryAt: b.clock.Now()})
+				return err
+			}
+
+			// The slot MIGRATING, no key moved yet.
+			try("enqueue c (a new key)", enqueue("k2", "c"))
+			try("enqueue d (k1)", enqueue("k1", "d"))
+			try("nack x", nackX)
+			try("dequeue", dequeue)
+			// Half moved: a few keys at a time, a call between each move.
+			for i := 0; ; i++ {
+				n, err := m.MoveKeys(ctx, 2)
+				require.NoError(t, err)
+				if n == 0 {
+					break
+				}
+				try(fmt.Sprintf("enqueue e%d", i), enqueue(fmt.Sprintf("kk%d", i), fmt.Sprintf("e%d", i)))
+				try(fmt.Sprintf("dequeue %d", i), dequeue)
+			}
+			t.Logf("failed during the move: %d calls: %s", len(failed), strings.Join(failed, ", "))
+			require.NoError(t, m.Finish(ctx))
+
+			// The slot moved: every call that failed succeeds now.
+			require.NoError(t, enqueue("k2", "c")())
+			require.NoError(t, enqueue("k1", "d")())
+			for i := range 100 {
+				require.NoError(t, enqueue(fmt.Sprintf("kk%d", i), fmt.Sprintf("e%d", i))())
+			}
+			if err := nackX(); err != nil {
+				require.ErrorIs(t, err, runqueue.ErrNotInFlight, "x was nacked during the move")
+			}
+			for _, r := range held {
+				if r.ID != "x" {
+					require.NoError(t, b.q.Ack(ctx, r))
+				}
+			}
+			b.clock.Advance(90 * time.Minute) // z is due (its TTL is 2h)
+			for {
+				n := len(served)
+				require.NoError(t, dequeue())
+				if len(served) == n {
+					break
+				}
+			}
+			sort.Strings(served)
+			want := []string{"b2", "c", "d", "x", "z"}
+			for i := range 100 {
+				want = append(want, fmt.Sprintf("e%d", i))
+			}
+			sort.Strings(want)
+			require.Equal(t, want, served, "every run served exactly once")
+			// Nothing is left of the queue but, flag on, the scheduler's
+			// state, which lives StateTTL past the last flag-on dequeue.
+			for _, k := range b.keysUnder(t) {
+				require.True(t, on && (strings.HasSuffix(k, ":ckVtime") || strings.HasSuffix(k, ":ckVtimeState")), "left: %s", k)
+				require.Positive(t, c.PTTL(ctx, k).Val(), "%s has a TTL", k)
+			}
+		})
+	}
+}
+
+func slicesIndex(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}

@@ -105,8 +105,12 @@ const (
 // of one base queue go in one script call (up to 1000 runs or 4 MiB of
 // payload each), the calls in one pipeline. A Redis or network error
 // returns err with results of the runs whose call did not complete left
-// unknown (Queued false, Err the same error): a retry of the whole batch
-// is safe.
+// unknown (Queued false, Err the same error). Resend the runs whose result
+// has an Err: a run is idempotent on its id while it exists, so a resend of
+// the whole batch would queue again a run that was queued, served and acked
+// in between. On Redis Cluster, a run whose slot is moving fails with
+// TRYAGAIN (or an ASK or MOVED redirection) and nothing written (README,
+// "Redis Cluster resharding").
 func (q *Queue) EnqueueMany(ctx context.Context, runs []EnqueueParams) ([]EnqueueResult, error) {
 	return q.enqueueMany(ctx, runs, true)
 }

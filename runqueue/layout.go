@@ -104,22 +104,26 @@ func checkLayout(ctx context.Context, c redis.UniversalClient, space keys.Space,
 
 // unversionedData says whether any shard of space holds queued runs, runs
 // in flight or runs with a TTL (its master, leases or ttl key, which every
-// layout wrote): one EXISTS per shard (its keys share one slot), in one
+// layout wrote): a TYPE of each (one shard's keys share one slot), in one
 // pipeline. Dead-lettered runs alone are not looked for (they live in per
 // env keys that only a SCAN would find).
 func unversionedData(ctx context.Context, c redis.UniversalClient, space keys.Space) (bool, error) {
-	cmds := make([]*redis.IntCmd, space.Shards())
+	// TYPE of each key, not EXISTS: Redis 7 marks EXISTS multi-shard, and
+	// go-redis's dynamic routing resolver refuses a pipeline holding it.
+	cmds := make([]*redis.StatusCmd, 0, 3*space.Shards())
 	if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range cmds {
+		for i := range space.Shards() {
 			sh := space.Shard(i)
-			cmds[i] = p.Exists(ctx, sh.Master(), sh.Leases(), sh.TTL())
+			for _, k := range []string{sh.Master(), sh.Leases(), sh.TTL()} {
+				cmds = append(cmds, p.Type(ctx, k))
+			}
 		}
 		return nil
 	}); err != nil {
 		return false, err
 	}
 	for _, cmd := range cmds {
-		if cmd.Val() > 0 {
+		if cmd.Val() != "none" {
 			return true, nil
 		}
 	}

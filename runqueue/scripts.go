@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -430,6 +431,100 @@ func recoverCall(ctx context.Context, c redis.UniversalClient, cl call, cmd *red
 	return cmd
 }
 
+// pipelineCluster sends calls in one pipeline of a cluster client, the
+// answers in cmds, and sends again, up to MaxRedirects times with go-redis's
+// backoff, the calls that Redis refused before they ran (refusedUnrun: a
+// slot moving, a node loading or the cluster down).
+//
+// go-redis's cluster pipeline, when the first command of a node's batch
+// fails with an error it retries (TRYAGAIN, CLUSTERDOWN, LOADING), sends
+// the node's whole batch again, the calls that ran included: an enqueue
+// would then say its run was a duplicate, an ack that it was not in flight,
+// and a run served and acked in between would be queued again. So each
+// node's batch starts with one TYPE of the fence of each slot it holds
+// calls of: a command of one key never gets TRYAGAIN (a moving slot
+// redirects it with ASK or MOVED, which go-redis follows for that command
+// alone), so no batch is sent again whole. TYPE, not EXISTS: Redis 7 marks
+// EXISTS multi-shard, and go-redis's dynamic routing resolver refuses a
+// pipeline holding it. One command per slot per pipeline, on a cluster only.
+func pipelineCluster(ctx context.Context, c *redis.ClusterClient, calls []call, cmds []*redis.Cmd) error {
+	opt := c.Options()
+	todo := make([]int, len(calls))
+	for i := range todo {
+		todo[i] = i
+	}
+	for attempt := 0; ; attempt++ {
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			seen := make(map[string]bool)
+			for _, i := range todo {
+				if f := calls[i].keys[len(calls[i].keys)-1]; !seen[f] {
+					seen[f] = true
+					p.Type(ctx, f)
+				}
+			}
+			for _, i := range todo {
+				cmds[i] = send(ctx, p, calls[i])
+			}
+			return nil
+		})
+		var again []int
+		for _, i := range todo {
+			if refusedUnrun(cmds[i].Err()) {
+				again = append(again, i)
+			}
+		}
+		if len(again) == 0 || attempt >= opt.MaxRedirects {
+			return err
+		}
+		t := time.NewTimer(clusterBackoff(opt, attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		todo = again
+	}
+}
+
+// refusedUnrun: a cluster node refused the call before running it, so it
+// may be sent again: its slot is moving (TRYAGAIN, or a redirection
+// go-redis gave up following), the node is loading its data, or the
+// cluster is down.
+func refusedUnrun(err error) bool {
+	if err == nil {
+		return false
+	}
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	if _, ok := redis.IsAskError(err); ok {
+		return true
+	}
+	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err)
+}
+
+// clusterBackoff is go-redis's wait before a command's attempt+1-th retry:
+// MinRetryBackoff doubled per attempt, at most MaxRetryBackoff (8 ms and
+// 512 ms by default; -1 turns the wait off).
+func clusterBackoff(opt *redis.ClusterOptions, attempt int) time.Duration {
+	lo, hi := opt.MinRetryBackoff, opt.MaxRetryBackoff
+	if lo < 0 || hi < 0 {
+		return 0
+	}
+	if lo == 0 {
+		lo = 8 * time.Millisecond
+	}
+	if hi == 0 {
+		hi = 512 * time.Millisecond
+	}
+	d := lo << min(attempt, 16)
+	if d > hi || d <= 0 {
+		d = hi
+	}
+	return d
+}
+
 // refusedFCall: the error is an ACL's refusal of FCALL itself.
 func refusedFCall(err error) bool {
 	return strings.HasPrefix(err.Error(), "NOPERM") && strings.Contains(strings.ToLower(err.Error()), "fcall")
@@ -486,12 +581,17 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	for i := range calls {
 		calls[i].keys = fenced(calls[i].keys)
 	}
-	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, cl := range calls {
-			cmds[i] = send(ctx, p, cl)
-		}
-		return nil
-	})
+	var err error
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		err = pipelineCluster(ctx, cc, calls, cmds)
+	} else {
+		_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, cl := range calls {
+				cmds[i] = send(ctx, p, cl)
+			}
+			return nil
+		})
+	}
 	if err != nil && !isNoScript(err) && !isNoFunction(err) && !errors.As(err, new(redis.Error)) {
 		return nil, err
 	}

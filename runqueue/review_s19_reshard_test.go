@@ -206,3 +206,82 @@ func slicesIndex(s []string, v string) int {
 	}
 	return -1
 }
+
+// TestS19ReshardWorkerSettles: a Worker whose runs finish while their slot
+// moves settles them once it has moved, without waiting for their leases
+// (a minute here, on a clock that does not move). A failed run's nack is
+// sent again (a queue source): before, it was logged as failed and the run
+// stayed in flight until its lease passed. An ack whose call fails goes
+// back to its source and rides with the next call (a shard source, whose
+// acks go by AckMany; this held before).
+func TestS19ReshardWorkerSettles(t *testing.T) {
+	for _, shard := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shard=%v", shard), func(t *testing.T) {
+			t.Parallel()
+			c := redistest.OwnCluster(t)
+			b := setup(t, c, func(cfg *runqueue.Config) {
+				cfg.LeaseDuration = time.Minute
+				cfg.BlockPollInterval = 20 * time.Millisecond
+			})
+			ctx := b.ctx
+			const env, queue = "env1", "q"
+			_, err := b.q.Enqueue(ctx, runqueue.EnqueueParams{Env: env, Queue: queue, Key: "k", ID: "r", Payload: []byte("r")})
+			require.NoError(t, err)
+			release := make(chan struct{})
+			started := make(chan struct{}, 4)
+			var mu sync.Mutex
+			attempts := 0
+			handler := func(ctx context.Context, r *runqueue.Run) error {
+				mu.Lock()
+				attempts++
+				n := attempts
+				mu.Unlock()
+				started <- struct{}{}
+				if n > 1 {
+					return nil
+				}
+				<-release
+				if shard {
+					return nil // its ack meets the move
+				}
+				return runqueue.RetryAfter(fmt.Errorf("fails once"), 0) // its nack meets the move
+			}
+			wc := &runqueue.WorkerConfig{SweepInterval: -1, Logger: quietLogger, Concurrency: 1}
+			if shard {
+				wc.Shards = []int{b.q.ShardOf(env)}
+			} else {
+				wc.Queues = []runqueue.WorkerQueue{{Env: env, Queue: queue}}
+			}
+			w, err := runqueue.NewWorker(b.q, handler, wc)
+			require.NoError(t, err)
+			require.NoError(t, w.Start(ctx))
+			t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
+			<-started
+
+			slot := keys.Slot(fmt.Sprintf("{%s:%d}", b.prefix, b.q.ShardOf(env)))
+			m, err := redistest.StartMigration(ctx, c, slot)
+			require.NoError(t, err)
+			close(release)
+			time.Sleep(300 * time.Millisecond) // the settle meets the move
+			require.NoError(t, m.Finish(ctx))
+
+			want := 1
+			if !shard {
+				want = 2 // the nacked run comes back and is acked
+				select {
+				case <-started:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the nacked run did not come back: its nack was not sent again after the move")
+				}
+			}
+			require.Eventually(t, func() bool {
+				st, err := b.q.QueueStats(ctx, env, queue)
+				return err == nil && st.InFlight == 0 && st.Ready == 0 && st.Delayed == 0
+			}, 10*time.Second, 20*time.Millisecond, "the run is settled without waiting for its lease")
+			require.NoError(t, w.Shutdown(ctx))
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, want, attempts)
+		})
+	}
+}

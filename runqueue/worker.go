@@ -708,12 +708,15 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 			opts.RetryAt = w.q.cfg.Clock.Now().Add(re.After)
 		}
 	}
-	res, err := w.q.Nack(w.ctx(), r, opts)
+	sent := opts
+	res, err := w.q.Nack(w.ctx(), r, sent)
 	if err != nil && errors.Is(err, ErrInvalid) && !opts.RetryAt.IsZero() {
 		w.log.Warn("runqueue: handler asked for a retry time out of range; using the backoff",
 			"env", r.Env, "queue", r.Queue, "id", r.ID, "retry_at", opts.RetryAt, "err", err)
-		res, err = w.q.Nack(w.ctx(), r, nil)
+		sent = nil
+		res, err = w.q.Nack(w.ctx(), r, sent)
 	}
+	res, err = w.nackAgain(j, sent, res, err)
 	intended := OutcomeRetry
 	switch {
 	case panicked:
@@ -745,6 +748,32 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 			"attempt", r.Attempt, "retry_at", res.RetryAt, "err", herr)
 		w.obs.Handled(r.Env, r.Queue, took, intended)
 	}
+}
+
+// nackAgain sends j's nack again while Redis refuses it before running it
+// (refusedUnrun: a Redis Cluster slot moving, a node loading its data),
+// waiting 50 ms, then twice as long each time up to 1 s, until it goes
+// through, the next wait would reach j's lease deadline, or the Worker's
+// calls end (a forced stop, the Start context's end). Without it, a run
+// that failed while its slot moved waited for its lease to pass. Acks need
+// no such loop: an ack whose call failed goes back to its source and rides
+// with its next fetch (AckAndDequeue fails whole; AckMany reports an error
+// when any of its calls failed).
+func (w *Worker) nackAgain(j *job, opts *NackOptions, res NackResult, err error) (NackResult, error) {
+	for wait := 50 * time.Millisecond; err != nil && refusedUnrun(err); wait = min(2*wait, time.Second) {
+		if w.q.cfg.Clock.Now().Add(wait).UnixMilli() >= j.lease.Load() {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-w.ctx().Done():
+			t.Stop()
+			return res, err
+		case <-t.C:
+		}
+		res, err = w.q.Nack(w.ctx(), j.run, opts)
+	}
+	return res, err
 }
 
 // leaseGone says whether err means the caller no longer holds the run.

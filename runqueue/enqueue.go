@@ -162,7 +162,7 @@ func (q *Queue) enqueueMany(ctx context.Context, runs []EnqueueParams, observe b
 		return res, nil
 	}
 	cmds, err := runPipelined(ctx, q.rdb, calls)
-	if err != nil {
+	if err != nil && cmds == nil {
 		for _, b := range order {
 			for _, i := range b.idx {
 				res[i].Err = err
@@ -201,7 +201,7 @@ func (q *Queue) enqueueMany(ctx context.Context, runs []EnqueueParams, observe b
 			q.cfg.Observer.Enqueued(qk.Env.Name(), qk.Name(), queued)
 		}
 	}
-	return res, first
+	return res, first // (a lost connection: first is the error of a call it cut)
 }
 
 // checkEnqueue validates one run.

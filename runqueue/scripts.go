@@ -569,7 +569,11 @@ type call struct {
 
 // runPipelined sends calls in one pipeline. go-redis does not fall back to
 // EVAL inside a pipeline, so the calls that found no script or function
-// are mended after it (recoverCall), each library loaded again once.
+// are mended after it (recoverCall), each library loaded again once. An
+// error that is not Redis's (a connection lost or refused, a timeout) is
+// returned with the cmds, each holding its own answer: on a cluster one
+// node may fail while the calls of the others ran, so a caller that reports
+// per call reads each cmd (a cmd without an error ran).
 func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([]*redis.Cmd, error) {
 	for _, cl := range calls {
 		if cl.sc.refused {
@@ -592,8 +596,9 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 			return nil
 		})
 	}
+	var lost error // not Redis's: returned with the cmds
 	if err != nil && !isNoScript(err) && !isNoFunction(err) && !errors.As(err, new(redis.Error)) {
-		return nil, err
+		lost = err
 	}
 	var loaded map[*library]error // each library loaded again once per batch
 	load := func(l *library) error {
@@ -610,5 +615,5 @@ func runPipelined(ctx context.Context, c redis.UniversalClient, calls []call) ([
 	for i, cmd := range cmds {
 		cmds[i] = recoverCall(ctx, c, calls[i], cmd, load)
 	}
-	return cmds, nil
+	return cmds, lost
 }

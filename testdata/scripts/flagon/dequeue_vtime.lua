@@ -1174,18 +1174,22 @@ local function dq_finish(dq, acked)
 
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
-  if token0 == 0 then
-    -- A new counter: a new shard, or its key lost with the data (a restart
-    -- without persistence, a failover to a replica behind). It starts at
-    -- the call's time in microseconds (below 2^53 until the year 2255),
-    -- above every token the lost counter dealt (it started at a time too
-    -- and moves by one a delivery, far slower than a microsecond clock),
-    -- so that a holder of a delivery from before the loss cannot act on
-    -- one made after it. A multiple of 64, as 0 is: the wide checks below
-    -- fall on the same deliveries whatever the time (the cost stays the
-    -- same from one counter to the next).
-    token0 = math.min(dq.now * 1000, 4503599627370496)
-    token0 = token0 - token0 % 64
+  -- The counter never runs behind the clock: a call that finds it below
+  -- the call's time in microseconds (below 2^53 until the year 2255),
+  -- rounded down to a multiple of 10,240, moves it there. A new counter (a
+  -- new shard, or its key lost with the data: a restart without
+  -- persistence) and one behind (a failover to a replica that had not
+  -- received the last deliveries) so start above every token dealt before,
+  -- at an earlier time, so that a holder of a delivery from before the
+  -- loss cannot act on one made after it. While the shard deals fewer
+  -- than 10,240 tokens per 10.24 ms, that is one SET per 10.24 ms at most.
+  -- A multiple of 64, as 0 is: the wide checks below fall on the same
+  -- deliveries whatever the time (the cost stays the same from one
+  -- counter to the next).
+  local floor = math.min(dq.now * 1000, 4503599627370496)
+  floor = floor - floor % 10240
+  if token0 < floor then
+    token0 = floor
     redis.call('SET', dq.tokens, num_arg(token0 + n))
   end
   local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))

@@ -1,4 +1,4 @@
-#!lua name=runqueue_54cb39725e878a59
+#!lua name=runqueue_638387885881474f
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1345,18 +1345,22 @@ local function dq_finish(dq, acked)
 
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
-  if token0 == 0 then
-    -- A new counter: a new shard, or its key lost with the data (a restart
-    -- without persistence, a failover to a replica behind). It starts at
-    -- the call's time in microseconds (below 2^53 until the year 2255),
-    -- above every token the lost counter dealt (it started at a time too
-    -- and moves by one a delivery, far slower than a microsecond clock),
-    -- so that a holder of a delivery from before the loss cannot act on
-    -- one made after it. A multiple of 64, as 0 is: the wide checks below
-    -- fall on the same deliveries whatever the time (the cost stays the
-    -- same from one counter to the next).
-    token0 = math.min(dq.now * 1000, 4503599627370496)
-    token0 = token0 - token0 % 64
+  -- The counter never runs behind the clock: a call that finds it below
+  -- the call's time in microseconds (below 2^53 until the year 2255),
+  -- rounded down to a multiple of 10,240, moves it there. A new counter (a
+  -- new shard, or its key lost with the data: a restart without
+  -- persistence) and one behind (a failover to a replica that had not
+  -- received the last deliveries) so start above every token dealt before,
+  -- at an earlier time, so that a holder of a delivery from before the
+  -- loss cannot act on one made after it. While the shard deals fewer
+  -- than 10,240 tokens per 10.24 ms, that is one SET per 10.24 ms at most.
+  -- A multiple of 64, as 0 is: the wide checks below fall on the same
+  -- deliveries whatever the time (the cost stays the same from one
+  -- counter to the next).
+  local floor = math.min(dq.now * 1000, 4503599627370496)
+  floor = floor - floor % 10240
+  if token0 < floor then
+    token0 = floor
     redis.call('SET', dq.tokens, num_arg(token0 + n))
   end
   local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))
@@ -2358,10 +2362,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_54cb39725e878a59_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_54cb39725e878a59_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_54cb39725e878a59_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_54cb39725e878a59_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_54cb39725e878a59_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_54cb39725e878a59_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_54cb39725e878a59_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_638387885881474f_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_638387885881474f_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_638387885881474f_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_638387885881474f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_638387885881474f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_638387885881474f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_638387885881474f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -473,15 +473,8 @@ func pipelineCluster(ctx context.Context, c *redis.ClusterClient, calls []call, 
 				again = append(again, i)
 			}
 		}
-		if len(again) == 0 || attempt >= opt.MaxRedirects {
+		if len(again) == 0 || attempt >= opt.MaxRedirects || !sleepCtx(ctx, clusterBackoff(opt, attempt)) {
 			return err
-		}
-		t := time.NewTimer(clusterBackoff(opt, attempt))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
 		}
 		todo = again
 	}
@@ -504,25 +497,33 @@ func refusedUnrun(err error) bool {
 	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err)
 }
 
-// clusterBackoff is go-redis's wait before a command's attempt+1-th retry:
-// MinRetryBackoff doubled per attempt, at most MaxRetryBackoff (8 ms and
-// 512 ms by default; -1 turns the wait off).
+// clusterBackoff is go-redis's wait before a command's attempt+1-th retry,
+// without its jitter: MinRetryBackoff doubled per attempt, at most
+// MaxRetryBackoff (opt as the client holds it, its defaults filled in by
+// go-redis: 10 ms and 1 s; 0 when turned off with -1).
 func clusterBackoff(opt *redis.ClusterOptions, attempt int) time.Duration {
 	lo, hi := opt.MinRetryBackoff, opt.MaxRetryBackoff
-	if lo < 0 || hi < 0 {
+	if lo <= 0 {
 		return 0
-	}
-	if lo == 0 {
-		lo = 8 * time.Millisecond
-	}
-	if hi == 0 {
-		hi = 512 * time.Millisecond
 	}
 	d := lo << min(attempt, 16)
 	if d > hi || d <= 0 {
 		d = hi
 	}
 	return d
+}
+
+// sleepCtx waits d, or less when ctx ends first; it reports whether it
+// waited the whole d.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // refusedFCall: the error is an ACL's refusal of FCALL itself.

@@ -761,15 +761,8 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 // when any of its calls failed).
 func (w *Worker) nackAgain(j *job, opts *NackOptions, res NackResult, err error) (NackResult, error) {
 	for wait := 50 * time.Millisecond; err != nil && refusedUnrun(err); wait = min(2*wait, time.Second) {
-		if w.q.cfg.Clock.Now().Add(wait).UnixMilli() >= j.lease.Load() {
+		if w.q.cfg.Clock.Now().Add(wait).UnixMilli() >= j.lease.Load() || !sleepCtx(w.ctx(), wait) {
 			break
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-w.ctx().Done():
-			t.Stop()
-			return res, err
-		case <-t.C:
 		}
 		res, err = w.q.Nack(w.ctx(), j.run, opts)
 	}

@@ -11,52 +11,19 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
-
-// s19Dump returns every key of the bundle's prefix on every master (the
-// token counters and the layout version included) with its DUMP, so that a
-// test can tell whether a call wrote anything.
-func s19Dump(t *testing.T, b *testBundle, c *redis.ClusterClient) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	var mu sync.Mutex
-	require.NoError(t, c.ForEachMaster(b.ctx, func(ctx context.Context, n *redis.Client) error {
-		ks, err := n.Keys(ctx, "{"+b.prefix+":*").Result()
-		if err != nil {
-			return err
-		}
-		for _, k := range ks {
-			// ASKING: a key the target imports is served there.
-			var dump *redis.StringCmd
-			_, err := n.Pipelined(ctx, func(p redis.Pipeliner) error {
-				p.Do(ctx, "ASKING")
-				dump = p.Dump(ctx, k)
-				return nil
-			})
-			v := dump.Val()
-			if err != nil {
-				return fmt.Errorf("DUMP %s: %w", k, err)
-			}
-			mu.Lock()
-			out[n.Options().Addr+" "+k] = v
-			mu.Unlock()
-		}
-		return nil
-	}))
-	return out
-}
 
 // s19ReshardState queues, on one env of q's cluster, what makes every
 // queue-level key of the env's queue exist: ready runs of k1, a delayed run
@@ -109,13 +76,13 @@ func TestS19ReshardNothingHalfWritten(t *testing.T) {
 
 			var failed []string // the calls that failed, to make again after the move
 			try := func(what string, call func() error) {
-				before := s19Dump(t, b, c)
+				before := s19rSnap(t, c, b.prefix, slot)
 				err := call()
 				if err == nil {
 					return
 				}
 				failed = append(failed, what)
-				require.Equal(t, before, s19Dump(t, b, c), "%s failed (%v) and wrote", what, err)
+				require.Equal(t, before, s19rSnap(t, c, b.prefix, slot), "%s failed (%v) and wrote", what, err)
 			}
 			enqueue := func(key, id string) func() error {
 				return func() error {
@@ -135,7 +102,7 @@ func TestS19ReshardNothingHalfWritten(t *testing.T) {
 				}
 				return err
 			}
-			x := held[slicesIndex(runIDs(held), "x")]
+			x := held[slices.Index(runIDs(held), "x")]
 			nackX := func() error {
 				_, err := b.q.Nack(ctx, x, &runqueue.NackOptions{RetryAt: b.clock.Now()})
 				return err
@@ -196,15 +163,6 @@ func TestS19ReshardNothingHalfWritten(t *testing.T) {
 			}
 		})
 	}
-}
-
-func slicesIndex(s []string, v string) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
 }
 
 // TestS19ReshardWorkerSettles: a Worker whose runs finish while their slot

@@ -124,3 +124,17 @@ func (q *Queue) DequeueCoalesced(ctx context.Context, env, queue string, maxCoun
 	}
 	return out, nil
 }
+
+// HoldFetchWaitUntilDrained makes w's fetch loops, each time they are about
+// to wait once they hand out no more runs and have no call in flight (so
+// the stop can go on without them), first wait until the stop has closed
+// Worker.drained (or until give ends): a stop step taken between the loop's
+// last look and its wait. Call before Start. Tests only.
+func (w *Worker) HoldFetchWaitUntilDrained(give <-chan struct{}) {
+	w.fetchWaitHook = func() {
+		select {
+		case <-w.drained:
+		case <-give:
+		}
+	}
+}

@@ -200,6 +200,12 @@ type Worker struct {
 	fetchers sync.WaitGroup
 	bg       sync.WaitGroup
 	handlers sync.WaitGroup
+
+	// fetchWaitHook, when set (tests only, before Start), runs in a
+	// source's fetch loop each time it is about to wait, having decided
+	// not to leave, once it hands out no more runs and has no call in
+	// flight.
+	fetchWaitHook func()
 }
 
 const (

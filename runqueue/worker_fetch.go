@@ -243,6 +243,7 @@ type fetchLoop struct {
 	failures int
 	wakes    int  // wake-ups received: a call notes the count it started at
 	forced   bool // the stop was forced
+	drained  bool // no more acks can come (Worker.drained was closed when checkStop last looked)
 	giveUp   bool // makes no more calls; leaves once no more acks can come
 
 	look, gather, pause    *time.Timer
@@ -267,13 +268,16 @@ func (s *source) loop() {
 		if l.issue() {
 			continue
 		}
-		if !l.fetching && l.inflight == 0 && s.isDrained() && (l.giveUp || s.pending() == 0) {
+		if !l.fetching && l.inflight == 0 && l.drained && (l.giveUp || s.pending() == 0) {
 			if n := s.dropAcks(); n > 0 {
 				w.unsettled.Add(int64(n))
 				w.log.Error("runqueue: worker gave up sending acks; their runs run again once their leases pass",
 					s.attrs("runs", n)...)
 			}
 			return
+		}
+		if w.fetchWaitHook != nil && l.left && l.inflight == 0 {
+			w.fetchWaitHook()
 		}
 		if !l.wait() {
 			for ; l.inflight > 0; l.inflight-- {
@@ -315,6 +319,9 @@ func (l *fetchLoop) checkStop() {
 	}
 	if !l.forced && l.w.forced() {
 		l.setForced()
+	}
+	if !l.drained {
+		l.drained = l.s.isDrained()
 	}
 	// Shutdown may release held runs once no call can hand out more.
 	if !l.fetching && !l.left && l.inflight == 0 {
@@ -387,13 +394,16 @@ func (l *fetchLoop) start(acks []*job, ks []int) {
 }
 
 // wait waits for something that may allow a call, or let the loop leave;
-// false: the Start context ended. It waits only on what has not happened
-// yet: a closed channel would make it spin.
+// false: the Start context ended. It waits only on what the loop has not
+// seen yet: a closed channel would make it spin. What it has not seen is
+// what its own flags say, never a fresh look: a stop step taken since
+// checkStop looked (drained closed just now, say) must wake it, or the
+// loop sleeps on with nothing left to wake it and Shutdown never returns.
 func (l *fetchLoop) wait() bool {
 	var stop, drained, force <-chan struct{}
 	if l.fetching {
 		stop = l.w.stopFetch
-	} else if !l.s.isDrained() {
+	} else if !l.drained {
 		drained = l.w.drained
 	}
 	if !l.forced {

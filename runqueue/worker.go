@@ -324,8 +324,9 @@ var ErrUnsettled = errors.New("runqueue: worker shutdown left runs unsettled")
 // Shutdown always returns one, with the Start context's error (or the
 // forcing Shutdown's): a hard stop sends nothing more to Redis, so it
 // cannot know all it leaves. Runs then counts the runs it knows of (held
-// runs whose handler had not returned, results not sent, runs of a fetch
-// whose reply came after the end) and may be below the truth, or 0.
+// runs whose handler had not returned, results not sent, a nack that was
+// on its way, runs of a fetch whose reply came after the end) and may be
+// below the truth, or 0.
 type UnsettledError struct {
 	Runs int
 	Err  error
@@ -438,6 +439,11 @@ func (w *Worker) stop() {
 	w.bg.Wait()
 	if graceful {
 		w.handlers.Wait()
+	} else {
+		// The handlers that returned finish settling their runs first (a
+		// hard stop skips release, which waits for them): a nack on its
+		// way when the Start context ended fails at once, and is counted.
+		w.settle.wait()
 	}
 	w.mu.Lock()
 	w.state = workerStopped

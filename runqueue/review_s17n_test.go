@@ -60,6 +60,17 @@ func s17nCluster(t *testing.T) []*s17Server {
 
 // s17nClusterOK waits until s reports cluster_state:ok, knows n nodes and
 // every slot.
+// s17nClient is a cluster client of srvs, closed when t ends.
+func s17nClient(t *testing.T, srvs []*s17Server) *redis.ClusterClient {
+	addrs := make([]string, len(srvs))
+	for i, s := range srvs {
+		addrs[i] = s.addr
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
 func s17nClusterOK(t *testing.T, s *s17Server, n int) {
 	t.Helper()
 	a := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
@@ -149,12 +160,7 @@ func TestS17NClusterNodeRestart(t *testing.T) {
 	s17Flags(t, func(t *testing.T, on bool) {
 		srvs := s17nCluster(t)
 		ctx := context.Background()
-		addrs := make([]string, len(srvs))
-		for i, s := range srvs {
-			addrs[i] = s.addr
-		}
-		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-		t.Cleanup(func() { _ = cc.Close() })
+		cc := s17nClient(t, srvs)
 		b := setup(t, cc, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on; cfg.Clock = nil })
 		q := b.q
 		space := keySpace(t, b)

@@ -83,23 +83,19 @@ func (o *s19sObserver) Nacked(_, _ string, requeued bool) {
 // a slot was moving when they came.
 type s19sErrors struct {
 	migrating atomic.Bool
+	tally     s19Tally
 	mu        sync.Mutex
 	during    int
 	outside   int
-	byKind    map[string]int
-	sample    map[string]string
 	// strange are errors a caller cannot tell for a slot on the move
 	// (redis.IsTryAgainError, IsAskError, IsMovedError, IsClusterDownError).
 	strange []string
 }
 
 func (e *s19sErrors) note(op string, err error) {
-	kind := s19sKind(err)
+	e.tally.note(op, err)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.byKind == nil {
-		e.byKind, e.sample = map[string]int{}, map[string]string{}
-	}
 	_, ask := redis.IsAskError(err)
 	_, moved := redis.IsMovedError(err)
 	if !ask && !moved && !redis.IsTryAgainError(err) && !redis.IsClusterDownError(err) && len(e.strange) < 20 {
@@ -110,18 +106,45 @@ func (e *s19sErrors) note(op string, err error) {
 	} else {
 		e.outside++
 	}
-	k := op + ": " + kind
-	e.byKind[k]++
-	if _, ok := e.sample[kind]; !ok {
-		e.sample[kind] = err.Error()
-	}
 }
 
 func (e *s19sErrors) report() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	return fmt.Sprintf("%d calls failed while a slot moved, %d outside a move; ", e.during, e.outside) + e.tally.report()
+}
+
+// s19Tally counts the errors callers saw, by call and kind (s19sKind),
+// with a message of each kind, how many and when the last came. Its zero
+// value is ready.
+type s19Tally struct {
+	mu     sync.Mutex
+	n      int
+	last   time.Time
+	byKind map[string]int
+	sample map[string]string
+}
+
+func (e *s19Tally) note(op string, err error) {
+	kind := s19sKind(err)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.byKind == nil {
+		e.byKind, e.sample = map[string]int{}, map[string]string{}
+	}
+	e.n++
+	e.last = time.Now()
+	e.byKind[op+": "+kind]++
+	if _, ok := e.sample[kind]; !ok {
+		e.sample[kind] = err.Error()
+	}
+}
+
+func (e *s19Tally) report() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d calls failed while a slot moved, %d outside a move\n", e.during, e.outside)
+	fmt.Fprintf(&sb, "%d errors\n", e.n)
 	for _, k := range sortedKeys(e.byKind) {
 		fmt.Fprintf(&sb, "  %5d  %s\n", e.byKind[k], k)
 	}
@@ -129,6 +152,18 @@ func (e *s19sErrors) report() string {
 		fmt.Fprintf(&sb, "  e.g. %s: %q\n", k, e.sample[k])
 	}
 	return sb.String()
+}
+
+// kinds counts the errors by kind, whatever the call.
+func (e *s19Tally) kinds() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := map[string]int{}
+	for k, n := range e.byKind {
+		_, kind, _ := strings.Cut(k, ": ")
+		out[kind] += n
+	}
+	return out
 }
 
 // s19sKind names the kind of a call's error: the Redis error code, or

@@ -391,52 +391,6 @@ func (b *s19fBook) tokenRepeats() (sameRun, otherRun []string) {
 	return sameRun, otherRun
 }
 
-// s19fErrs counts the errors callers saw, by call and kind.
-type s19fErrs struct {
-	mu     sync.Mutex
-	n      int
-	last   time.Time
-	byKind map[string]int
-	sample map[string]string
-}
-
-func (e *s19fErrs) note(op string, err error) {
-	kind := s19sKind(err)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.n++
-	e.last = time.Now()
-	e.byKind[op+": "+kind]++
-	if _, ok := e.sample[kind]; !ok {
-		e.sample[kind] = err.Error()
-	}
-}
-
-func (e *s19fErrs) report() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "%d errors\n", e.n)
-	for _, k := range sortedKeys(e.byKind) {
-		fmt.Fprintf(&sb, "  %5d  %s\n", e.byKind[k], k)
-	}
-	for _, k := range sortedKeys(e.sample) {
-		fmt.Fprintf(&sb, "  e.g. %s: %q\n", k, e.sample[k])
-	}
-	return sb.String()
-}
-
-func (e *s19fErrs) kinds() map[string]int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	out := map[string]int{}
-	for k, n := range e.byKind {
-		_, kind, _ := strings.Cut(k, ": ")
-		out[kind] += n
-	}
-	return out
-}
-
 // TestS19FFailover runs the failover scenarios for both flags, each on a
 // cluster of its own.
 func TestS19FFailover(t *testing.T) {
@@ -511,31 +465,44 @@ func s19fFailover(t *testing.T, on, forced bool) {
 	}
 
 	book := &s19fBook{enqAt: map[string]time.Time{}, class: map[string]int{}, handled: map[string]int{}, byToken: map[string][]string{}}
-	errs := &s19fErrs{byKind: map[string]int{}, sample: map[string]string{}}
+	errs := &s19Tally{}
 	logs := &s19sLog{}
 
-	// enqueue sends one run until a call succeeds (the same id again).
-	enqueue := func(p runqueue.EnqueueParams, class int) {
+	// retry makes a call (f, with a 3 s timeout) until f says it is done,
+	// noting each error left to retry; after 15 s it gives up with a
+	// problem for the book.
+	retry := func(op, name string, f func(context.Context) (done bool, err error)) {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
 			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			_, err := q.Enqueue(cctx, p)
+			done, err := f(cctx)
 			cancel()
-			if err == nil {
-				book.enqueued(p, class)
+			if done {
 				return
 			}
-			if errors.Is(err, runqueue.ErrInvalid) || errors.Is(err, runqueue.ErrConflict) || errors.Is(err, runqueue.ErrQueueFull) {
-				book.problem("Enqueue %s: %v", s19sName(p.Env, p.Queue, p.ID), err)
-				return
-			}
-			errs.note("Enqueue", err)
+			errs.note(op, err)
 			if time.Now().After(deadline) {
-				book.problem("Enqueue %s: gave up: %v", s19sName(p.Env, p.Queue, p.ID), err)
+				book.problem("%s %s: gave up: %v", op, name, err)
 				return
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+	// enqueue sends one run until a call succeeds (the same id again).
+	enqueue := func(p runqueue.EnqueueParams, class int) {
+		name := s19sName(p.Env, p.Queue, p.ID)
+		retry("Enqueue", name, func(cctx context.Context) (bool, error) {
+			_, err := q.Enqueue(cctx, p)
+			switch {
+			case err == nil:
+				book.enqueued(p, class)
+				return true, nil
+			case errors.Is(err, runqueue.ErrInvalid) || errors.Is(err, runqueue.ErrConflict) || errors.Is(err, runqueue.ErrQueueFull):
+				book.problem("Enqueue %s: %v", name, err)
+				return true, nil
+			}
+			return false, err
+		})
 	}
 	// enqueueMany sends a batch, then the runs whose result is an error
 	// no retry mends not, until none is left.
@@ -616,45 +583,26 @@ func s19fFailover(t *testing.T, on, forced bool) {
 		return false
 	}
 	ack := func(r *runqueue.Run) {
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		retry("Ack", s19sName(r.Env, r.Queue, r.ID), func(cctx context.Context) (bool, error) {
 			err := q.Ack(cctx, r)
-			cancel()
-			if settled(r, err) {
-				return
-			}
-			errs.note("Ack", err)
-			if time.Now().After(deadline) {
-				book.problem("Ack %s: gave up: %v", s19sName(r.Env, r.Queue, r.ID), err)
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return settled(r, err), err
+		})
 	}
 	var nackNotFound atomic.Int64
 	nack := func(r *runqueue.Run) {
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		retry("Nack", s19sName(r.Env, r.Queue, r.ID), func(cctx context.Context) (bool, error) {
 			_, err := q.Nack(cctx, r, &runqueue.NackOptions{RetryAt: time.Now().Add(200 * time.Millisecond)})
-			cancel()
-			if err == nil || errors.Is(err, runqueue.ErrLeaseLost) || errors.Is(err, runqueue.ErrNotInFlight) {
-				return
-			}
-			if errors.Is(err, runqueue.ErrNotFound) {
+			switch {
+			case err == nil || errors.Is(err, runqueue.ErrLeaseLost) || errors.Is(err, runqueue.ErrNotInFlight):
+				return true, nil
+			case errors.Is(err, runqueue.ErrNotFound):
 				// The run is gone: a forced failover lost its enqueue (an
 				// Ack of it answers nil, "gone already").
 				nackNotFound.Add(1)
-				return
+				return true, nil
 			}
-			errs.note("Nack", err)
-			if time.Now().After(deadline) {
-				book.problem("Nack %s: gave up: %v", s19sName(r.Env, r.Queue, r.ID), err)
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return false, err
+		})
 	}
 	consumeCtx, cancelConsumers := context.WithCancel(ctx)
 	var consumers sync.WaitGroup
@@ -1177,12 +1125,7 @@ func TestS19FTokenRepeatAfterForcedFailover(t *testing.T) {
 func TestS19FEnqueueManyOtherNodeDown(t *testing.T) {
 	srvs := s17nCluster(t)
 	ctx := context.Background()
-	addrs := make([]string, len(srvs))
-	for i, s := range srvs {
-		addrs[i] = s.addr
-	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { _ = cc.Close() })
+	cc := s17nClient(t, srvs)
 	b := setup(t, cc, nil)
 	q := b.q
 	space := keySpace(t, b)

@@ -110,7 +110,8 @@ type Config struct {
 	// Quantum is the virtual time one serve costs a key of weight 1. Defaults to 1.
 	Quantum float64
 	// StateTTL is the lifetime of the scheduler's state: the first flag-on
-	// write makes it, and flag-on dequeues renew it (when half of it is
+	// write makes it (a dequeue of a queue with no state and no ready run
+	// makes none), and flag-on dequeues renew it (when half of it is
 	// gone; an AckAndDequeue too, at maxCount 0 as well); enqueues, plain
 	// acks, nacks and sweeps do not, so a queue that no
 	// flag-on instance dequeues for StateTTL loses its scheduler state,

@@ -669,10 +669,10 @@ func TestS18ChurnWeightsStay(t *testing.T) {
 // 150 queues, each used for one run and never again (served by
 // DequeueShard), and 150 queue names polled by Dequeue that never had
 // work. With the flag off nothing is left at all: no shard master entry,
-// no env counter, no dead or depth hash. With it on, each queue used or
-// polled leaves its scheduler state (two keys, at most one parked tag)
-// under a TTL of at most StateTTL that nothing refreshes, since the queue
-// is not used again.
+// no env counter, no dead or depth hash. With it on, each queue used
+// leaves its scheduler state (two keys, at most one parked tag) under a
+// TTL of at most StateTTL that nothing refreshes, since the queue is not
+// used again; a queue only polled leaves nothing.
 func TestS18ChurnEnvsAndQueues(t *testing.T) {
 	const n = 150
 	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
@@ -710,17 +710,17 @@ func TestS18ChurnEnvsAndQueues(t *testing.T) {
 			require.Zero(t, sched)
 			return
 		}
-		// Flag on, a dequeue starts a queue's state even when the queue has
-		// no work at all (flag off writes nothing): two keys (some 270
-		// bytes) a queue name polled, bounded by StateTTL after the last
-		// poll.
-		require.Equal(t, 3*2*n, sched, "two scheduler keys per queue used or polled")
+		// Flag on, a queue used keeps its state (two keys), bounded by
+		// StateTTL; a dequeue of a queue with no state and no work starts
+		// none (as flag off, it writes nothing).
+		require.Equal(t, 2*2*n, sched, "two scheduler keys per queue used, none per queue only polled")
 		for i := range n {
 			s := s18RequireIdleState(t, b, fmt.Sprintf("env-%d", i), queueName, 1)
 			require.LessOrEqual(t, s.parked, 1)
+			require.True(t, s.exists)
 			s18RequireIdleState(t, b, env, fmt.Sprintf("queue-%d", i), 1)
 			s = s18RequireIdleState(t, b, env, fmt.Sprintf("never-%d", i), 0)
-			require.True(t, s.exists)
+			require.False(t, s.exists, "never-%d: scheduler state of a queue only polled", i)
 		}
 	})
 }

@@ -1280,6 +1280,18 @@ end
 local promoted = sched_gather()
 dq_promote(dq, promoted)
 if promoted[1] then sched_register_many(S, promoted) end
+-- A queue without scheduler state (never used, or idle past StateTTL) and
+-- with no ready run makes none: nothing can be served, and the first work
+-- that becomes ready starts the state. So a poll of an empty queue writes
+-- nothing, as with the flag off. (The read is the one sched_state makes;
+-- the EXISTS only runs when the state is missing.)
+if not S.st then
+  local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
+  if not r[1] and redis.call('EXISTS', dq.ck_index) == 0 then
+    return dq_finish(dq, acked)
+  end
+  sched_state(S, r, 0)
+end
 local st = sched_state(S)
 
 -- Milli-weights, read once per variant (none when the queue has none).

@@ -1,4 +1,4 @@
-#!lua name=runqueue_638387885881474f
+#!lua name=runqueue_cb031a6f98c5c41b
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1687,6 +1687,18 @@ end
 local promoted = sched_gather()
 dq_promote(dq, promoted)
 if promoted[1] then sched_register_many(S, promoted) end
+-- A queue without scheduler state (never used, or idle past StateTTL) and
+-- with no ready run makes none: nothing can be served, and the first work
+-- that becomes ready starts the state. So a poll of an empty queue writes
+-- nothing, as with the flag off. (The read is the one sched_state makes;
+-- the EXISTS only runs when the state is missing.)
+if not S.st then
+  local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
+  if not r[1] and redis.call('EXISTS', dq.ck_index) == 0 then
+    return dq_finish(dq, acked)
+  end
+  sched_state(S, r, 0)
+end
 local st = sched_state(S)
 
 -- Milli-weights, read once per variant (none when the queue has none).
@@ -2362,10 +2374,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_638387885881474f_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_638387885881474f_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_638387885881474f_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_638387885881474f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_638387885881474f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_638387885881474f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_638387885881474f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cb031a6f98c5c41b_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_cb031a6f98c5c41b_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_cb031a6f98c5c41b_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cb031a6f98c5c41b_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cb031a6f98c5c41b_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cb031a6f98c5c41b_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cb031a6f98c5c41b_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

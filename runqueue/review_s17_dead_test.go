@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,37 +32,60 @@ func s17Setup(t *testing.T, c redis.UniversalClient, on bool, mutate func(*runqu
 	})
 }
 
-// s17AllKeys lists every key under prefix, the layout version and token
-// counters included, with its type, value and whether it has a TTL, so
-// that "nothing written" is checked on everything.
-func s17AllKeys(t *testing.T, c redis.UniversalClient, prefix string) map[string]string {
+// s17AllKeys is every key under prefix (layout and token counters
+// included), with its type, value and whether it has a TTL, on a single
+// node or on every master of a cluster: "nothing written" is checked on
+// everything.
+func s17AllKeys(t testing.TB, client redis.UniversalClient, prefix string) map[string]string {
 	t.Helper()
-	ctx := context.Background()
 	out := map[string]string{}
-	var names []string
-	iter := c.Scan(ctx, 0, "{"+prefix+":*", 1000).Iterator()
-	for iter.Next(ctx) {
-		names = append(names, iter.Val())
-	}
-	require.NoError(t, iter.Err())
-	for _, k := range names {
-		typ, err := c.Type(ctx, k).Result()
-		require.NoError(t, err)
-		var v any
-		switch typ {
-		case "string":
-			v, err = c.Get(ctx, k).Result()
-		case "hash":
-			v, err = c.HGetAll(ctx, k).Result()
-		case "zset":
-			v, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
-		default:
-			v = typ
+	var mu sync.Mutex
+	pattern := "{" + prefix + ":*"
+	scan := func(ctx context.Context, c *redis.Client) error {
+		var names []string
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			names = append(names, iter.Val())
 		}
-		require.NoError(t, err)
-		ttl, err := c.PTTL(ctx, k).Result()
-		require.NoError(t, err)
-		out[k] = fmt.Sprintf("%s:%v ttl=%v", typ, v, ttl > 0)
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		for _, k := range names {
+			typ, err := c.Type(ctx, k).Result()
+			if err != nil {
+				return err
+			}
+			var v any
+			switch typ {
+			case "string":
+				v, err = c.Get(ctx, k).Result()
+			case "hash":
+				v, err = c.HGetAll(ctx, k).Result()
+			case "zset":
+				v, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
+			default:
+				v = typ
+			}
+			if err != nil {
+				return err
+			}
+			ttl, err := c.PTTL(ctx, k).Result()
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			out[k] = fmt.Sprintf("%s:%v ttl=%v", typ, v, ttl > 0)
+			mu.Unlock()
+		}
+		return nil
+	}
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		require.NoError(t, c.ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error { return scan(ctx, n) }))
+	case *redis.Client:
+		require.NoError(t, scan(context.Background(), c))
+	default:
+		t.Fatalf("unsupported client %T", c)
 	}
 	return out
 }

@@ -377,6 +377,11 @@ func TestS18ClockWorkerStepBack(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				cancelled.Store(true)
+				// Keep the worker's one slot until the test ends: were the
+				// handler to return now, the worker could fetch the run the
+				// sweeper requeued (ready runs are served whatever their
+				// score) before the sweeper's own dequeue looks for it.
+				<-stop
 				return ctx.Err()
 			case <-stop:
 				return nil

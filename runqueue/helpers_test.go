@@ -112,36 +112,74 @@ func setup(t testing.TB, c redis.UniversalClient, mutate func(*runqueue.Config))
 	return b
 }
 
+// prefixKeys lists every key under prefix, on a single node or on every
+// master of a cluster.
+func prefixKeys(t testing.TB, client redis.UniversalClient, prefix string) []string {
+	t.Helper()
+	var out []string
+	pattern := "{" + prefix + ":*"
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			out = append(out, iter.Val())
+		}
+		return iter.Err()
+	}
+	ctx := context.Background()
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		require.NoError(t, c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return scan(ctx, n)
+		}))
+	case *redis.Client:
+		require.NoError(t, scan(ctx, c))
+	default:
+		t.Fatalf("unsupported client %T", c)
+	}
+	return out
+}
+
 // keysUnder lists every key of the bundle's prefix, so tests can check what
 // a call wrote; the shards' delivery token counters, which live for ever by
 // design (a token never repeats), and the layout version are left out.
 func (b *testBundle) keysUnder(t testing.TB) []string {
 	t.Helper()
 	var out []string
-	pattern := "{" + b.prefix + ":*"
-	scan := func(ctx context.Context, c *redis.Client) error {
-		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
-		for iter.Next(ctx) {
-			if k := iter.Val(); !strings.HasSuffix(k, ":tokens") && !strings.HasSuffix(k, ":layout") {
-				out = append(out, iter.Val())
-			}
+	for _, k := range prefixKeys(t, b.client, b.prefix) {
+		if !strings.HasSuffix(k, ":tokens") && !strings.HasSuffix(k, ":layout") {
+			out = append(out, k)
 		}
-		return iter.Err()
-	}
-	switch c := b.client.(type) {
-	case *redis.ClusterClient:
-		var mu sync.Mutex
-		require.NoError(t, c.ForEachMaster(b.ctx, func(ctx context.Context, n *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			return scan(ctx, n)
-		}))
-	case *redis.Client:
-		require.NoError(t, scan(b.ctx, c))
-	default:
-		t.Fatalf("unsupported client %T", c)
 	}
 	return out
+}
+
+// keyValue renders key k's type and value, to compare states before and
+// after a call.
+func keyValue(t testing.TB, c redis.UniversalClient, k string) string {
+	t.Helper()
+	ctx := context.Background()
+	typ, err := c.Type(ctx, k).Result()
+	require.NoError(t, err)
+	var v any
+	switch typ {
+	case "string":
+		v, err = c.Get(ctx, k).Result()
+	case "hash":
+		v, err = c.HGetAll(ctx, k).Result()
+	case "set":
+		var m []string
+		m, err = c.SMembers(ctx, k).Result()
+		v = sortedCopy(m)
+	case "zset":
+		v, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
+	default:
+		v = typ
+	}
+	require.NoError(t, err)
+	return typeAndValue(typ, v)
 }
 
 // dump returns every key of the bundle's prefix with a string rendering of
@@ -150,25 +188,7 @@ func (b *testBundle) dump(t testing.TB) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for _, k := range b.keysUnder(t) {
-		typ, err := b.client.Type(b.ctx, k).Result()
-		require.NoError(t, err)
-		var v any
-		switch typ {
-		case "string":
-			v, err = b.client.Get(b.ctx, k).Result()
-		case "hash":
-			v, err = b.client.HGetAll(b.ctx, k).Result()
-		case "set":
-			var m []string
-			m, err = b.client.SMembers(b.ctx, k).Result()
-			v = sortedCopy(m)
-		case "zset":
-			v, err = b.client.ZRangeWithScores(b.ctx, k, 0, -1).Result()
-		default:
-			v = typ
-		}
-		require.NoError(t, err)
-		out[k] = typeAndValue(typ, v)
+		out[k] = keyValue(t, b.client, k)
 	}
 	return out
 }

@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,59 +38,16 @@ func s17Setup(t *testing.T, c redis.UniversalClient, on bool, mutate func(*runqu
 func s17AllKeys(t testing.TB, client redis.UniversalClient, prefix string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	var mu sync.Mutex
-	pattern := "{" + prefix + ":*"
-	scan := func(ctx context.Context, c *redis.Client) error {
-		var names []string
-		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
-		for iter.Next(ctx) {
-			names = append(names, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		for _, k := range names {
-			typ, err := c.Type(ctx, k).Result()
-			if err != nil {
-				return err
-			}
-			var v any
-			switch typ {
-			case "string":
-				v, err = c.Get(ctx, k).Result()
-			case "hash":
-				v, err = c.HGetAll(ctx, k).Result()
-			case "zset":
-				v, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
-			default:
-				v = typ
-			}
-			if err != nil {
-				return err
-			}
-			ttl, err := c.PTTL(ctx, k).Result()
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			out[k] = fmt.Sprintf("%s:%v ttl=%v", typ, v, ttl > 0)
-			mu.Unlock()
-		}
-		return nil
-	}
-	switch c := client.(type) {
-	case *redis.ClusterClient:
-		require.NoError(t, c.ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error { return scan(ctx, n) }))
-	case *redis.Client:
-		require.NoError(t, scan(context.Background(), c))
-	default:
-		t.Fatalf("unsupported client %T", c)
+	for _, k := range prefixKeys(t, client, prefix) {
+		ttl, err := client.PTTL(context.Background(), k).Result()
+		require.NoError(t, err)
+		out[k] = fmt.Sprintf("%s ttl=%v", keyValue(t, client, k), ttl > 0)
 	}
 	return out
 }
 
 // s17RunKeys is keysUnder less the scheduler's state (which expires).
-func s17RunKeys(t *testing.T, b *testBundle) []string {
+func s17RunKeys(t testing.TB, b *testBundle) []string {
 	t.Helper()
 	var out []string
 	for _, k := range b.keysUnder(t) {

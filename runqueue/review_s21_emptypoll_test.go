@@ -45,9 +45,7 @@ func TestS21EmptyPollStartsNoState(t *testing.T) {
 
 		// The state lost (as after StateTTL) on an empty queue: a poll does
 		// not start it again; new work is served as from a fresh state.
-		qk := keySpace(t, b).Env(env).Queue(queueName)
-		require.NoError(t, c.Del(b.ctx, qk.CkVtime()).Err())
-		require.NoError(t, c.Del(b.ctx, qk.CkVtimeState()).Err())
+		s21rDropState(t, b, queueName)
 		before = s17AllKeys(t, c, b.prefix)
 		require.Empty(t, dequeue(t, b, queueName, 10))
 		requireUnwritten("a poll of an empty queue whose state expired")

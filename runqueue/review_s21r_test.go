@@ -3,8 +3,6 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,12 +28,11 @@ import (
 func s21rSchedKeys(t testing.TB, b *testBundle) []string {
 	t.Helper()
 	var out []string
-	for k := range s17AllKeys(t, b.client, b.prefix) {
+	for _, k := range b.keysUnder(t) {
 		if s18IsSched(k) {
 			out = append(out, k)
 		}
 	}
-	sort.Strings(out)
 	return out
 }
 
@@ -45,21 +42,6 @@ func s21rDropState(t testing.TB, b *testBundle, queue string) {
 	qk := keySpace(t, b).Env(env).Queue(queue)
 	require.NoError(t, b.client.Del(b.ctx, qk.CkVtime()).Err())
 	require.NoError(t, b.client.Del(b.ctx, qk.CkVtimeState()).Err())
-}
-
-// s21rRunKeys is every key under the prefix but the layout version, the
-// token counters and the scheduler keys.
-func s21rRunKeys(t testing.TB, b *testBundle) []string {
-	t.Helper()
-	var out []string
-	for k := range s17AllKeys(t, b.client, b.prefix) {
-		if s18IsSched(k) || strings.HasSuffix(k, ":tokens") || strings.HasSuffix(k, ":layout") {
-			continue
-		}
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // TestS21RAckAndDequeueNoState: AckAndDequeue carrying acks on a queue
@@ -95,7 +77,7 @@ func TestS21RAckAndDequeueNoState(t *testing.T) {
 			require.Empty(t, got)
 			require.Equal(t, []error{nil}, errs)
 			require.Empty(t, s21rSchedKeys(t, b), "maxCount %d: the acks started a scheduler state", maxCount)
-			require.Empty(t, s21rRunKeys(t, b), "maxCount %d: keys left by a queue with no run", maxCount)
+			require.Empty(t, s17RunKeys(t, b), "maxCount %d: keys left by a queue with no run", maxCount)
 			require.Equal(t, runqueue.Stats{}, queueStats(t, b, queueName))
 
 			// The same ack again: gone, nothing written.
@@ -144,7 +126,7 @@ func TestS21RBrokenStateEmptyQueue(t *testing.T) {
 			require.NoError(t, c.Del(b.ctx, qk.CkVtime()).Err())
 			require.Empty(t, dequeue(t, b, queueName, n))
 			require.Empty(t, s21rSchedKeys(t, b), "batch %d: a broken state on an empty queue", n)
-			require.Empty(t, s21rRunKeys(t, b))
+			require.Empty(t, s17RunKeys(t, b))
 		}
 
 		// The same, the poll carrying the ack of the queue's last run.
@@ -157,7 +139,7 @@ func TestS21RBrokenStateEmptyQueue(t *testing.T) {
 		require.Empty(t, got)
 		require.Equal(t, []error{nil}, errs)
 		require.Empty(t, s21rSchedKeys(t, b))
-		require.Empty(t, s21rRunKeys(t, b))
+		require.Empty(t, s17RunKeys(t, b))
 
 		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "z1"})
 		enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: "z2"})
@@ -294,7 +276,7 @@ func TestS21RPromotionUnderScanLimit(t *testing.T) {
 				before := s17AllKeys(t, b.client, b.prefix)
 				require.Empty(t, dequeue(t, b, queueName, batch))
 				require.Equal(t, before, s17AllKeys(t, b.client, b.prefix))
-				require.Empty(t, s21rRunKeys(t, b))
+				require.Empty(t, s17RunKeys(t, b))
 			})
 		})
 	}
@@ -370,7 +352,7 @@ func TestS21RGatedAfterStateLoss(t *testing.T) {
 					require.ElementsMatch(t, []string{"a2", "b1"}, runIDs(runs))
 					ackAll(t, b, runs)
 					s18RequireIdleState(t, b, env, queueName, 2)
-					require.Empty(t, s21rRunKeys(t, b))
+					require.Empty(t, s17RunKeys(t, b))
 				})
 			})
 		}
@@ -454,7 +436,7 @@ func TestS21RWorkerPollsEmptyQueue(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		require.Empty(t, s21rSchedKeys(t, b), "a worker polling an emptied queue started a state")
 		shutdown(t, w)
-		require.Empty(t, s21rRunKeys(t, b))
+		require.Empty(t, s17RunKeys(t, b))
 	})
 }
 
@@ -490,7 +472,7 @@ func TestS21RShardDelayedOnly(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, []string{"later"}, runIDs(runs))
 		ackAll(t, b, runs)
-		require.Empty(t, s21rRunKeys(t, b))
+		require.Empty(t, s17RunKeys(t, b))
 	})
 }
 
@@ -660,9 +642,9 @@ func s21rCommands(t *testing.T, c redis.UniversalClient, fn func()) map[string]i
 	after, err := redistest.CommandStats(context.Background(), c)
 	require.NoError(t, err)
 	out := map[string]int64{}
-	for name, st := range after {
-		if d := st.Calls - before[name].Calls; d > 0 && name != "info" {
-			out[name] = d
+	for name, st := range after.Sub(before) {
+		if name != "info" {
+			out[name] = st.Calls
 		}
 	}
 	return out

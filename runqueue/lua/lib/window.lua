@@ -60,8 +60,11 @@ local function window_move(w, vm, s)
   -- over n variants costs n log n comparisons, not n^2.
   local list = w.list
   local lo, hi = w.head, w.tail + 1
+  -- (a served variant's next head most often sorts last: one comparison)
+  if lo < hi and not entry_before(e, list[hi - 1]) then lo = hi end
   while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
+    local mid = lo + hi
+    mid = (mid - mid % 2) / 2 -- (floor without a call)
     if entry_before(e, list[mid]) then hi = mid else lo = mid + 1 end
   end
   span_insert(w, lo, e)

@@ -83,7 +83,8 @@ type Config struct {
 	// time: BackoffBase*2^(attempt-1), at most BackoffMax, then multiplied by
 	// a random factor in [1-BackoffJitter, 1+BackoffJitter]. Default to 1s,
 	// 10m and 0.2; a negative BackoffJitter means no jitter. BackoffBase is
-	// 0 to MaxDuration, BackoffMax BackoffBase to MaxDuration.
+	// at most MaxDuration (0 means the default), BackoffMax BackoffBase to
+	// MaxDuration.
 	BackoffBase   time.Duration
 	BackoffMax    time.Duration
 	BackoffJitter float64
@@ -92,7 +93,9 @@ type Config struct {
 	// Defaults to 1000.
 	MaxDequeueCount int
 	// ScanLimit is how many variants of a queue a flag-off dequeue call looks
-	// at (in age order) and how many due delayed variants it promotes.
+	// at (in age order) and how many due delayed variants it promotes; with
+	// the flag on it also bounds the scheduler's discovery step and its
+	// age-head read.
 	// At most 10,000. Defaults to 3*maxCount, at least 30. (A coalesced
 	// Dequeue stands for the calls it carries: it scans the sum of theirs,
 	// at most 10,000.)
@@ -107,7 +110,9 @@ type Config struct {
 	// reads tags lazily, at most 1000 + 4*maxCount*WindowMultiplier of
 	// them, before falling back to the age head. Defaults to 3.
 	WindowMultiplier int
-	// Quantum is the virtual time one serve costs a key of weight 1. Defaults to 1.
+	// Quantum is the unit in which Schedule and TopLags report virtual time
+	// (one serve of a key of weight 1 is Quantum); the scheduling itself
+	// does not depend on it. Defaults to 1.
 	Quantum float64
 	// StateTTL is the lifetime of the scheduler's state: the first flag-on
 	// write makes it (a dequeue of a queue with no state and no ready run
@@ -156,7 +161,8 @@ type Config struct {
 	// served nor waited on before its time. A writer whose clock is ahead
 	// of a shard consumer's by more than ShardLookAhead hides its ready
 	// runs from shard consumers for the excess (Dequeue of their queue
-	// serves them at once). 0 to MaxDuration; negative means no look ahead
+	// serves them at once). At most MaxDuration (0 means the default);
+	// negative means no look ahead
 	// (a shard consumer reads the master only up to its now). Defaults to
 	// 1m: well above the skew of hosts whose clocks are kept in step. A
 	// queue in that window found without ready runs (delayed work only) is

@@ -94,7 +94,8 @@
 // Dead-lettered runs stay for inspection: [Queue.DeadLetters] lists them,
 // [Queue.DeadLetter] reads one, and [Queue.Redrive] puts one back, ready
 // now, with its attempts reset. [Queue.QueueStats], [Queue.KeyStats] and
-// [Queue.EnvStats] count ready, delayed, in-flight and dead runs.
+// [Queue.EnvStats] count ready, delayed and in-flight runs, and
+// QueueStats and EnvStats dead ones too.
 //
 // # The worker and sweeps
 //
@@ -108,7 +109,9 @@
 // dead-letter it, or [RetryAt](err, t) to retry it at t; a panic is
 // recovered, logged with its stack and nacked, and the handler's context
 // is cancelled when the run's lease is lost. The worker fetches with
-// [Queue.AckAndDequeue] (never more runs than its free slots), waits for
+// [Queue.AckAndDequeue] for its queues and [Queue.DequeueShard] (its acks
+// sent by [Queue.AckMany]) for its shards, never more runs than its free
+// slots, waits for
 // work through pub/sub, extends the leases of its running handlers
 // (WorkerConfig.HeartbeatInterval), and sweeps the shards it serves in the
 // background (WorkerConfig.SweepInterval, 30s by default, jittered).

@@ -142,11 +142,17 @@ func (h *scriptGate) size(i int) [3]int {
 // releaseInOrder lets the first n calls to reach the gate through one at
 // a time, each after the one before has its reply: a sender that ends
 // its call takes the calls waiting then, and its call reaches the gate
-// next.
+// next. While more of the n are to come, it waits for that call (the
+// (i+3)-th: the other sender's is held as the (i+2)-th) before it lets
+// the other sender go, or a sender slow to send what it took (a loaded
+// machine) would be overtaken by the other's next call.
 func (h *scriptGate) releaseInOrder(t *testing.T, n int) {
 	t.Helper()
 	for i := range n {
 		h.release(t, i)
+		if i+3 <= n {
+			h.await(t, i+3)
+		}
 	}
 }
 

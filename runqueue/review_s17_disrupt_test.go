@@ -46,36 +46,89 @@ func s17Spawn(t *testing.T, extra ...string) *s17Server {
 		}
 		t.Skip("redis-server is not on PATH")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	s := &s17Server{t: t, port: port, addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir()}
-	s.start(extra...)
-	t.Cleanup(s.kill)
-	return s
+	// The port is free when it is picked, but another process may take it,
+	// or the cluster bus port 10,000 above it, before redis-server binds
+	// them: a server that exits at start is tried again on another port.
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		port := s17FreePort(t)
+		s := &s17Server{t: t, port: port, addr: "127.0.0.1:" + strconv.Itoa(port), dir: t.TempDir()}
+		if err = s.launch(extra...); err == nil {
+			t.Cleanup(s.kill)
+			return s
+		}
+		s.kill()
+	}
+	t.Fatalf("redis-server did not start on three ports: %v", err)
+	return nil
 }
 
+// s17FreePort picks a free port of at most 55535: a cluster node's bus
+// port is 10,000 above its port, and redis-server refuses to start in
+// cluster mode when that is above 65535.
+func s17FreePort(t *testing.T) int {
+	t.Helper()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := l.Addr().(*net.TCPAddr).Port
+		require.NoError(t, l.Close())
+		if port <= 55535 {
+			return port
+		}
+	}
+}
+
+// start starts the server (again) on its port and directory.
 func (s *s17Server) start(extra ...string) {
 	s.t.Helper()
+	require.NoError(s.t, s.launch(extra...))
+}
+
+// launch starts redis-server and waits until it answers PING; an error
+// when it exits first or does not answer within 10 s (the tail of its
+// log says why).
+func (s *s17Server) launch(extra ...string) error {
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
 		"--appendonly", "no", "--dir", s.dir, "--enable-debug-command", "yes"}, extra...)
 	cmd := exec.Command("redis-server", args...)
-	log, err := os.Create(filepath.Join(s.dir, "log"))
-	require.NoError(s.t, err)
+	logPath := filepath.Join(s.dir, "log")
+	log, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
 	cmd.Stdout, cmd.Stderr = log, log
-	require.NoError(s.t, cmd.Start())
+	err = cmd.Start()
 	_ = log.Close()
+	if err != nil {
+		return err
+	}
 	s.cmd, s.done = cmd, make(chan struct{})
 	done := s.done
 	go func() { _ = cmd.Wait(); close(done) }()
 	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
 	defer func() { _ = c.Close() }()
+	failed := func(why string) error {
+		out, _ := os.ReadFile(logPath)
+		if len(out) > 600 {
+			out = out[len(out)-600:]
+		}
+		return fmt.Errorf("redis-server on %s %s: %s", s.addr, why, out)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for c.Ping(context.Background()).Err() != nil {
-		require.True(s.t, time.Now().Before(deadline), "redis-server did not start")
+		select {
+		case <-done:
+			s.cmd = nil
+			return failed("exited")
+		default:
+		}
+		if time.Now().After(deadline) {
+			return failed("did not answer within 10s")
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return nil
 }
 
 func (s *s17Server) kill() {

@@ -180,20 +180,8 @@ local function entry(vm, code, u, member)
   return { vm = vm, member = member or code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
--- Put e in the list at its rank, whatever the bound (binary search: a call
--- of n serves over n keys costs n log n comparisons, not n^2).
-local function w_place(e)
-  local list = W.list
-  local lo, hi = W.head, W.tail + 1
-  -- (a served variant's new tag most often sorts last: one comparison)
-  if lo < hi and not before(e, list[hi - 1]) then lo = hi end
-  while lo < hi do
-    local mid = lo + hi
-    mid = (mid - mid % 2) / 2 -- (floor without a call)
-    if before(e, list[mid]) then hi = mid else lo = mid + 1 end
-  end
-  span_insert(W, lo, e)
-end
+-- Put e in the list at its rank, whatever the bound.
+local function w_place(e) span_place(W, e, before) end
 
 -- Put e in the list when it sorts before the bound (the last entry read),
 -- else in overflow until a read passes it; once the budget is spent no

@@ -21,6 +21,22 @@ local function span_insert(s, lo, e)
   end
 end
 
+-- Insert e at its rank in the sorted span: before the first entry it sorts
+-- before by less (a binary search: a call of n serves over n entries costs
+-- n log n comparisons, not n^2). A served entry most often sorts last, so
+-- the last entry is compared first.
+local function span_place(s, e, less)
+  local list = s.list
+  local lo, hi = s.head, s.tail + 1
+  if lo < hi and not less(e, list[hi - 1]) then lo = hi end
+  while lo < hi do
+    local mid = lo + hi
+    mid = (mid - mid % 2) / 2 -- (floor without a call)
+    if less(e, list[mid]) then hi = mid else lo = mid + 1 end
+  end
+  span_insert(s, lo, e)
+end
+
 -- Remove the entry at position i (head <= i <= tail) and return it: the
 -- entries before it move one place on (none when i is the head).
 local function span_remove(s, i)

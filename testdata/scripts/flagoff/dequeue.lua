@@ -694,6 +694,22 @@ local function span_insert(s, lo, e)
   end
 end
 
+-- Insert e at its rank in the sorted span: before the first entry it sorts
+-- before by less (a binary search: a call of n serves over n entries costs
+-- n log n comparisons, not n^2). A served entry most often sorts last, so
+-- the last entry is compared first.
+local function span_place(s, e, less)
+  local list = s.list
+  local lo, hi = s.head, s.tail + 1
+  if lo < hi and not less(e, list[hi - 1]) then lo = hi end
+  while lo < hi do
+    local mid = lo + hi
+    mid = (mid - mid % 2) / 2 -- (floor without a call)
+    if less(e, list[mid]) then hi = mid else lo = mid + 1 end
+  end
+  span_insert(s, lo, e)
+end
+
 -- Remove the entry at position i (head <= i <= tail) and return it: the
 -- entries before it move one place on (none when i is the head).
 local function span_remove(s, i)
@@ -754,18 +770,7 @@ local function window_move(w, vm, s)
   if e == nil then return end
   e.s = s
   if w.bound ~= nil and entry_before(w.bound, e) then return end
-  -- Binary search for the first entry e sorts before: a call of n serves
-  -- over n variants costs n log n comparisons, not n^2.
-  local list = w.list
-  local lo, hi = w.head, w.tail + 1
-  -- (a served variant's next head most often sorts last: one comparison)
-  if lo < hi and not entry_before(e, list[hi - 1]) then lo = hi end
-  while lo < hi do
-    local mid = lo + hi
-    mid = (mid - mid % 2) / 2 -- (floor without a call)
-    if entry_before(e, list[mid]) then hi = mid else lo = mid + 1 end
-  end
-  span_insert(w, lo, e)
+  span_place(w, e, entry_before)
 end
 
 -- The lowest score of the set the window was read from, after the moves

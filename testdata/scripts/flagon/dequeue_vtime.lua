@@ -1246,6 +1246,22 @@ local function span_insert(s, lo, e)
   end
 end
 
+-- Insert e at its rank in the sorted span: before the first entry it sorts
+-- before by less (a binary search: a call of n serves over n entries costs
+-- n log n comparisons, not n^2). A served entry most often sorts last, so
+-- the last entry is compared first.
+local function span_place(s, e, less)
+  local list = s.list
+  local lo, hi = s.head, s.tail + 1
+  if lo < hi and not less(e, list[hi - 1]) then lo = hi end
+  while lo < hi do
+    local mid = lo + hi
+    mid = (mid - mid % 2) / 2 -- (floor without a call)
+    if less(e, list[mid]) then hi = mid else lo = mid + 1 end
+  end
+  span_insert(s, lo, e)
+end
+
 -- Remove the entry at position i (head <= i <= tail) and return it: the
 -- entries before it move one place on (none when i is the head).
 local function span_remove(s, i)
@@ -1413,20 +1429,8 @@ local function entry(vm, code, u, member)
   return { vm = vm, member = member or code .. vm, code = code, seq = tonumber(code), u = u }
 end
 
--- Put e in the list at its rank, whatever the bound (binary search: a call
--- of n serves over n keys costs n log n comparisons, not n^2).
-local function w_place(e)
-  local list = W.list
-  local lo, hi = W.head, W.tail + 1
-  -- (a served variant's new tag most often sorts last: one comparison)
-  if lo < hi and not before(e, list[hi - 1]) then lo = hi end
-  while lo < hi do
-    local mid = lo + hi
-    mid = (mid - mid % 2) / 2 -- (floor without a call)
-    if before(e, list[mid]) then hi = mid else lo = mid + 1 end
-  end
-  span_insert(W, lo, e)
-end
+-- Put e in the list at its rank, whatever the bound.
+local function w_place(e) span_place(W, e, before) end
 
 -- Put e in the list when it sorts before the bound (the last entry read),
 -- else in overflow until a read passes it; once the budget is spent no

@@ -147,7 +147,8 @@
 // scripts are byte-identical to the pinned flag-off scripts
 // (testdata/flagoff-scripts.sha1) and write no scheduler key (but for
 // Queue.SetWeight, which keeps an existing scheduler state's count of
-// weights and the key's stride remainder in step with the weights hash, so
+// weights, the key's stride remainder and the cap on its tag in step with
+// the weights hash, so
 // that a weight set on a flag-off instance applies on the flag-on ones).
 // Flag-off and flag-on instances may share a Redis: the per-queue index of
 // variants stays in the timestamp domain in both states, and a flag-on

@@ -461,6 +461,46 @@ func TestVtimeDifferential(t *testing.T) {
 	}
 }
 
+// TestVtimeDifferentialWeights runs the differential with weight changes
+// a fifth of the steps: keys served at one weight and then given another
+// while they compete, are gated or are parked (a weight change caps the
+// tag: vtime's SetWeight), which the general mix reaches seldom.
+func TestVtimeDifferentialWeights(t *testing.T) {
+	for _, b := range backends[:2] {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			c := b.Client(t)
+			rapid.Check(t, func(rt *rapid.T) {
+				d := newDiff(t, rt, c)
+				defer d.q.Close()
+				n := rapid.IntRange(5, 60).Draw(rt, "steps")
+				for i := 0; i < n; i++ {
+					op := rapid.IntRange(0, 99).Draw(rt, "op")
+					name := ""
+					switch {
+					case op < 30:
+						name = "enqueue"
+						d.enqueue(rt)
+					case op < 60:
+						name = "dequeue"
+						d.dequeue(rt, rapid.IntRange(1, 3).Draw(rt, "maxCount"))
+					case op < 75:
+						name = "ack"
+						d.ack(rt)
+					case op < 95:
+						name = "weight"
+						d.setWeight(rt)
+					default:
+						name = "advance"
+						d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
+					}
+					d.compare(rt, fmt.Sprintf("step %d (%s)", i, name))
+				}
+			})
+		})
+	}
+}
+
 // TestVtimeRebaseAtTheEdge starts a queue's clock a few serves before the
 // rebase point, with keys of weight 1000, 1 and 0.001 backlogged: the
 // weight-1000 key's tag keeps moving across the rebase (no precision

@@ -16,7 +16,10 @@ const (
 // SetWeight gives a concurrency key of a base queue a scheduler weight: with
 // the fair scheduler on, a key of weight w gets w times the share of a key
 // of weight 1 while both have work. It applies at the next serve, on every
-// instance. Weights are configuration: they do not expire with the
+// instance: a key that was served at a lower weight owes at most one serve
+// at the new weight (its tag is capped at the scheduler's clock plus one
+// serve), so a mistaken low weight, once corrected, does not hold the key
+// back for the cost of its serves at the old one. Weights are configuration: they do not expire with the
 // scheduler's state. At most Config.MaxWeightOverrides keys per queue may
 // have one (ErrTooManyWeights beyond).
 func (q *Queue) SetWeight(ctx context.Context, env, queue, key string, w float64) error {
@@ -36,7 +39,7 @@ func (q *Queue) setWeight(ctx context.Context, env, queue, key, w string) error 
 		return err
 	}
 	qk := q.space.Env(env).Queue(queue)
-	err := run(ctx, q.rdb, q.scripts.setweight, []string{qk.Weights(), qk.CkVtimeState()},
+	err := run(ctx, q.rdb, q.scripts.setweight, []string{qk.Weights(), qk.CkVtimeState(), qk.CkVtime()},
 		qk.Variant(key).Member(), w, q.cfg.MaxWeightOverrides).Err()
 	return scriptError(err, nil)
 }

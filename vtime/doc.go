@@ -13,7 +13,11 @@
 // costs Unit (10^6) units. A weight w is applied as the milli-weight
 // m = round(w*1000) (1..10^6), and a serve costs 10^9/m units, carried
 // exactly: a key keeps the remainder of its last stride (below m), so its
-// long-run share is exactly w/sum(w) whatever the history. Tags are
+// long-run share is exactly w/sum(w) whatever the history. A weight change
+// (SetWeight) drops the remainder and caps the key's tag (competing, gated
+// or parked; not a lane newcomer's) at V plus one serve at the new weight:
+// what the key owes for serves at the old weight is at most one serve at
+// the new one, and a tag below the cap stays (no credit). Tags are
 // compared by their integer units. When the stored clock reaches 2^49, a
 // rebase moves every stored time down by 2^48 and counts an epoch, so every
 // value stays an exact integer of a double (the Lua's numbers) for ever:

@@ -253,20 +253,32 @@ func MilliWeightOf(w float64) int64 {
 	return min(MaxMilliWeight, max(MinMilliWeight, int64(math.Floor(w*1000+0.5))))
 }
 
-// SetWeight sets (w > 0) or clears (w == 0) the weight of key. A key's
-// stored tag stays as it is: debt or credit earned at the old weight is
-// kept, and the new weight prices the serves from now on (the sub-unit
-// remainder of the old stride is dropped).
+// SetWeight sets (w > 0) or clears (w == 0) the weight of key. The new
+// weight prices the serves from now on (the sub-unit remainder of the old
+// stride is dropped), and it caps what the key still owes for its serves at
+// the old weight: a tag above V plus one serve at the new weight (competing,
+// gated or parked; not a newcomer's in the lane, which no serve set) comes
+// down to it. A tag below stays: credit is never given. Without the cap, a
+// key served once at weight 0.001 owes 1000 serves at weight 1, and raised
+// to 1 it would wait for 1000 serves of every other key before its next
+// (guarantees 2 and 12).
 func (m *Model) SetWeight(key string, w float64) {
 	vm := keys.VariantMember(key)
-	if r, ok := m.reg[vm]; ok {
-		r.R = 0 // the remainder was of the old weight's stride
-	}
 	if w == 0 {
 		delete(m.weights, vm)
-		return
+	} else {
+		m.weights[vm] = MilliWeightOf(w)
 	}
-	m.weights[vm] = MilliWeightOf(w)
+	limit := m.v + strideNum/m.MilliWeight(vm)
+	if r, ok := m.reg[vm]; ok {
+		r.R = 0 // the remainder was of the old weight's stride
+		if !r.Waiting && r.U > limit {
+			r.U = limit
+		}
+	}
+	if p, ok := m.idle[vm]; ok && p > limit {
+		m.idle[vm] = limit
+	}
 }
 
 // head returns the lowest (score, member) of a set.

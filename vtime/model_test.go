@@ -1536,22 +1536,63 @@ func TestWeights(t *testing.T) {
 		}
 	})
 
-	t.Run("ChangeKeepsTagDropsRemainder", func(t *testing.T) {
+	t.Run("ChangeCapsTagDropsRemainder", func(t *testing.T) {
 		t.Parallel()
 		m := New(Config{})
 		m.SetWeight("a", 0.3)
 		add(t, m, "a", 4, 0, 0)
 		m.Dequeue(1, 0)
 		require.Equal(t, Reg{U: 3333333, R: 100, Seq: 1}, mustReg(t, m, "a"))
+		// Raised to 2: the serve at 0.3 is owed as one serve at 2 at most,
+		// V (0) + 10^9/2000.
 		m.SetWeight("a", 2)
-		require.Equal(t, Reg{U: 3333333, R: 0, Seq: 1}, mustReg(t, m, "a"))
+		require.Equal(t, Reg{U: U / 2, R: 0, Seq: 1}, mustReg(t, m, "a"))
 		require.Equal(t, 2.0, m.Weight("a"))
-		m.Dequeue(1, 0)
-		require.Equal(t, Reg{U: 3333333 + U/2, R: 0, Seq: 1}, mustReg(t, m, "a"))
-		m.SetWeight("a", 0) // cleared: weight 1
+		m.Dequeue(1, 0) // E = U/2 = V
+		require.Equal(t, Reg{U: U, R: 0, Seq: 1}, mustReg(t, m, "a"))
+		// Lowered (cleared: weight 1): a tag below V + one serve stays, no
+		// credit, no new debt.
+		m.SetWeight("a", 0)
 		require.Equal(t, int64(1000), m.MilliWeight(vm("a")))
+		require.Equal(t, Reg{U: U, R: 0, Seq: 1}, mustReg(t, m, "a"))
 		m.Dequeue(1, 0)
-		require.Equal(t, 3333333+U/2+U, mustReg(t, m, "a").U)
+		require.Equal(t, 2*U, mustReg(t, m, "a").U)
+	})
+
+	t.Run("ChangeCapsParkedAndGatedTags", func(t *testing.T) {
+		t.Parallel()
+		// x is served once at weight 0.001 (a tag 1000 serves ahead) and
+		// drains: its tag is parked. Raised to 1, it comes back one serve
+		// ahead of V, not 1000.
+		m := New(Config{})
+		m.SetWeight("x", 0.001)
+		add(t, m, "x", 1, 0, 0)
+		add(t, m, "y", 5, 0, 0)
+		for range 2 {
+			for _, s := range m.Dequeue(1, 0) {
+				require.NoError(t, m.Ack(decode(t, s.ID)))
+			}
+		}
+		require.Equal(t, []Entry{{vm("x"), float64(1000 * U)}}, m.Idle())
+		m.SetWeight("x", 1)
+		limit := float64(int64(m.V()*float64(U)) + U) // V + one serve at weight 1
+		require.Equal(t, []Entry{{vm("x"), limit}}, m.Idle())
+		m.SetWeight("x", 0.5) // a lower weight does not raise it
+		require.Equal(t, []Entry{{vm("x"), limit}}, m.Idle())
+
+		// z, at its key limit, is gated with the tag of its serve at 0.001.
+		g := New(Config{Limits: Limits{Key: 1}})
+		g.SetWeight("z", 0.001)
+		add(t, g, "z", 2, 0, 0)
+		add(t, g, "y", 5, 0, 0)
+		served := g.Dequeue(1, 0)
+		require.Equal(t, "z", served[0].Key)
+		g.Dequeue(1, 0) // y; z, at its limit, is gated
+		require.True(t, mustReg(t, g, "z").Gated)
+		require.Equal(t, 1000*U, mustReg(t, g, "z").U)
+		g.SetWeight("z", 1)
+		require.Equal(t, int64(g.V()*float64(U))+U, mustReg(t, g, "z").U, "V + one serve at weight 1")
+		require.True(t, mustReg(t, g, "z").Gated)
 	})
 
 	t.Run("MilliWeightOf", func(t *testing.T) {

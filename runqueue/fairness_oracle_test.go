@@ -192,3 +192,4 @@ func TestFairnessScenarioExpiredChainSurvivor(t *testing.T) {
 	checkLuaScenario(t, "ExpiredChainSurvivor")
 }
 func TestFairnessScenarioUnsaidRelease(t *testing.T) { checkLuaScenario(t, "UnsaidRelease") }
+func TestFairnessScenarioWeightRaised(t *testing.T)  { checkLuaScenario(t, "WeightRaised") }

@@ -315,6 +315,21 @@ func CheckNewcomerOrder(h *History) []Violation {
 // past V; after its first serve its tag is at most V + 1/w, the premise
 // of start-time fair queuing's lag bound.) Keys followed: the first 64
 // that become servable.
+//
+// A weight change restarts the stretch, and the changed key may then owe
+// more than one serve at its new weight for its serves at the old one,
+// which the stretch's start leaves unseen (it waits for both keys to be
+// served). So a weight change is followed on its own: let key k's weight
+// become w_k, with the flag on, k servable, not awaiting discovery, and
+// served with the flag on since it last became servable (so it competes
+// with a tag, not in the newcomer lane); then for every other followed
+// key j servable at that point, over j's serves before k's next serve
+// while both stay servable and neither weight changes again,
+//
+//	n_j/w_j <= 1/w_k + 1/w_j + Tol*(2 + n_j)
+//
+// (k's tag is at most V + 1/w_k after the change, and j is served only
+// while its effective start is at most k's).
 func CheckLag(h *History) []Violation {
 	const maxKeys = 64
 	type pair struct {
@@ -344,8 +359,59 @@ func CheckLag(h *History) []Violation {
 		*p = pair{i: p.i, j: p.j, active: false}
 		update(p, e)
 	}
+	// The weight-change watches: changed key -> other key -> its serves
+	// since the change; served: keys served with the flag on since they
+	// last became servable.
+	watch := map[string]map[string]int{}
+	served := map[string]bool{}
+	unwatch := func(k string) {
+		delete(watch, k)
+		for _, w := range watch {
+			delete(w, k)
+		}
+	}
 	for _, e := range h.Events {
+		wasServable := st.servable[e.Key]
 		st.apply(e)
+		switch e.Kind {
+		case EvServable:
+			if !wasServable {
+				served[e.Key] = false
+			}
+		case EvUnservable, EvSuspect, EvWeight:
+			unwatch(e.Key)
+			if e.Kind == EvWeight && ok(e.Key) && served[e.Key] && isFollowed[e.Key] {
+				w := map[string]int{}
+				for _, j := range followed {
+					if j != e.Key && ok(j) {
+						w[j] = 0
+					}
+				}
+				watch[e.Key] = w
+			}
+		case EvFlag, EvReset, EvLapse:
+			clear(watch)
+		case EvServe:
+			if e.On {
+				served[e.Key] = true
+			}
+			delete(watch, e.Key)
+			for k, w := range watch {
+				n, in := w[e.Key]
+				if !in {
+					continue
+				}
+				w[e.Key] = n + 1
+				lhs := float64(n+1) / st.w(e.Key)
+				bound := 1/st.w(k) + 1/st.w(e.Key) + Tol*float64(2+n+1)
+				if lhs > bound {
+					out = append(out, Violation{Check: "lag", Op: e.Op, Serve: e.Serve,
+						Msg: fmt.Sprintf("%q (w %g) served %d times since %q's weight became %g, and %q not once: %.6g > bound %.6g",
+							e.Key, st.w(e.Key), n+1, k, st.w(k), k, lhs, bound)})
+					delete(watch, k)
+				}
+			}
+		}
 		switch e.Kind {
 		case EvServable:
 			if !isFollowed[e.Key] && len(followed) < maxKeys {

@@ -85,3 +85,4 @@ func TestModelScenarioResetWhileWaiting(t *testing.T) { checkModelScenario(t, "R
 func TestModelScenarioExpiredChainSurvivor(t *testing.T) {
 	checkModelScenario(t, "ExpiredChainSurvivor")
 }
+func TestModelScenarioWeightRaised(t *testing.T) { checkModelScenario(t, "WeightRaised") }

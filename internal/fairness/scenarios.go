@@ -307,6 +307,31 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "WeightRaised", Run: func(o *Oracle) error {
+		// x is served once at weight 0.001 (a tag 1,000 serves ahead),
+		// then its weight is corrected to 1 while x, y and z stay
+		// backlogged: x owes at most one serve at its new weight, so y and
+		// z are served at most twice each before x (CheckLag's
+		// weight-change watch); before the fix x waited for 1,000.
+		s := &script{o: o}
+		s.do(o.SetWeight("x", 0.001))
+		for _, k := range []string{"x", "y", "z"} {
+			s.enq(k, 3, 0)
+		}
+		for i := 0; i < 4 && s.err == nil; i++ {
+			if served := s.deq(1, false); len(served) == 1 && served[0].Key == "x" {
+				break
+			}
+		}
+		s.do(o.SetWeight("x", 1))
+		for i := 0; i < 30 && s.err == nil; i++ {
+			for _, k := range []string{"x", "y", "z"} {
+				s.topUp(k, 2)
+			}
+			s.deq(1, false)
+		}
+		return s.err
+	}},
 	{Name: "UnsaidRelease", Flip: true, Run: func(o *Oracle) error {
 		// From a random sequence (rapid seed 2626902137343668273): key
 		// limit 1; flag on, a call serves one run of each of four keys,

@@ -165,7 +165,9 @@
 //     1/w_i + 1/w_j (plus 2 units of rounding in the tie order), inside
 //     batches too.
 //  3. No credit for idle, gated or delayed time: E = max(S, V), parked tags
-//     at most as good as when they left.
+//     at most as good as when they left (but for a weight change, which
+//     caps them at V plus one serve at the new weight, ceil(10^9/m): the
+//     largest a serve at that weight leaves, the remainder carried).
 //  4. Batch invariance: dequeue(N) == N x dequeue(1) when no discovery,
 //     un-gating or age-head registration is pending, the pass-1 reads stay
 //     within the budget and the due delayed runs fit in one call's

@@ -269,7 +269,11 @@ func (m *Model) SetWeight(key string, w float64) {
 	} else {
 		m.weights[vm] = MilliWeightOf(w)
 	}
-	limit := m.v + strideNum/m.MilliWeight(vm)
+	// One serve at milli-weight mw leaves a tag at most ceil(strideNum/mw)
+	// above its start (the carried remainder adds up to one unit), so the
+	// cap never lowers a tag a serve at the new weight could have left.
+	mw := m.MilliWeight(vm)
+	limit := m.v + (strideNum+mw-1)/mw
 	if r, ok := m.reg[vm]; ok {
 		r.R = 0 // the remainder was of the old weight's stride
 		if !r.Waiting && r.U > limit {

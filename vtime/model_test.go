@@ -1559,6 +1559,25 @@ func TestWeights(t *testing.T) {
 		require.Equal(t, 2*U, mustReg(t, m, "a").U)
 	})
 
+	t.Run("ChangeCapsNoLowerThanAServe", func(t *testing.T) {
+		t.Parallel()
+		// At weight 0.003 a serve costs 333,333,333 units and carries a
+		// remainder of 1 (of 3): the third serve costs one unit more. The
+		// cap is ceil(10^9/3) above V, what such a serve leaves, so setting
+		// the same weight again gives no credit.
+		m := New(Config{})
+		m.SetWeight("a", 0.003)
+		add(t, m, "a", 5, 0, 0)
+		for range 3 {
+			m.Dequeue(1, 0)
+		}
+		r := mustReg(t, m, "a")
+		v := int64(m.V() * float64(U))
+		require.Equal(t, int64(333333334), r.U-v, "the serve that carried")
+		m.SetWeight("a", 0.003)
+		require.Equal(t, r.U, mustReg(t, m, "a").U)
+	})
+
 	t.Run("ChangeCapsParkedAndGatedTags", func(t *testing.T) {
 		t.Parallel()
 		// x is served once at weight 0.001 (a tag 1000 serves ahead) and

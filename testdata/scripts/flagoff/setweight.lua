@@ -37,11 +37,14 @@ if st[1] then
   -- comes down to it, whether it competes (its ckVtime score), is gated
   -- (in its value) or is parked (its idle score, tag - 2^52); a newcomer's
   -- in the lane ("w") was set by no serve and stays. The weight is rounded
-  -- to milli-weights as lib/sched_reg's sched_milli does; 10^9 / m is
-  -- exact once floored (the fraction is at least 1/m).
+  -- to milli-weights as lib/sched_reg's sched_milli does. One serve at m
+  -- leaves a tag at most ceil(10^9 / m) above its start (the carried
+  -- remainder adds up to a unit), so the cap takes no more than a serve at
+  -- m could have left; (10^9 + m - 1) / m is exact once floored (its
+  -- fraction is 0 or at least 1/m).
   local m = 1000
   if weight ~= '' then m = math.min(1000000, math.max(1, math.floor(tonumber(weight) * 1000 + 0.5))) end
-  local limit = tonumber(st[1]) + math.floor(1000000000 / m)
+  local limit = tonumber(st[1]) + math.floor((1000000000 + m - 1) / m)
   local hv = st[2]
   if hv then
     -- code, flag, gated tag; the remainder goes

@@ -77,19 +77,7 @@ func TestS24WeightRaisedWhileGated(t *testing.T) {
 	require.NotNil(t, heldX)
 	require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "x", 1)) // corrected while x is gated
 	require.NoError(t, b.q.Ack(b.ctx, heldX))                        // x competes again
-	nx, ny, worst := 0, 0, 0
-	for i := 0; i < 300; i++ {
-		runs := dequeue(t, b, queueName, 1)
-		require.Len(t, runs, 1)
-		switch runs[0].Key {
-		case "x":
-			nx++
-		case "y":
-			ny++
-		}
-		worst = max(worst, ny-nx, nx-ny)
-		ackAll(t, b, runs)
-	}
+	nx, ny, worst := s24Lag(t, b, 300)
 	t.Logf("after the correction and release: x %d, y %d serves; worst |n_x - n_y| = %d", nx, ny, worst)
 	require.LessOrEqual(t, worst, 2)
 }
@@ -121,8 +109,16 @@ func TestS24WeightRaisedWhileParked(t *testing.T) {
 	require.Zero(t, ks.Ready, "x has drained")
 	require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "x", 1)) // corrected while parked
 	s24Enq(t, b, "x", 300, "b")
-	nx, ny, worst := 0, 0, 0
-	for i := 0; i < 300; i++ {
+	nx, ny, worst := s24Lag(t, b, 300)
+	t.Logf("after the correction and return: x %d, y %d serves; worst |n_x - n_y| = %d", nx, ny, worst)
+	require.LessOrEqual(t, worst, 2)
+}
+
+// s24Lag serves n runs one call each, acking each, and returns the serves
+// of x and y and the largest |n_x - n_y| at any prefix.
+func s24Lag(t *testing.T, b *testBundle, n int) (nx, ny, worst int) {
+	t.Helper()
+	for range n {
 		runs := dequeue(t, b, queueName, 1)
 		require.Len(t, runs, 1)
 		switch runs[0].Key {
@@ -134,6 +130,5 @@ func TestS24WeightRaisedWhileParked(t *testing.T) {
 		worst = max(worst, ny-nx, nx-ny)
 		ackAll(t, b, runs)
 	}
-	t.Logf("after the correction and return: x %d, y %d serves; worst |n_x - n_y| = %d", nx, ny, worst)
-	require.LessOrEqual(t, worst, 2)
+	return nx, ny, worst
 }

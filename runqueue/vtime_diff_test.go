@@ -401,6 +401,78 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 // and the flag-on Lua and requires identical serves, tags, V, cursor, last
 // newcomer tag, idle entries and ckIndex after every step.
 func TestVtimeDifferential(t *testing.T) {
+	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
+		switch {
+		case op < 28:
+			d.enqueue(rt)
+			return "enqueue"
+		case op < 35:
+			d.enqueueMany(rt)
+			return "enqueue many"
+		case op < 60:
+			d.dequeue(rt, rapid.IntRange(1, 6).Draw(rt, "maxCount"))
+			return "dequeue"
+		case op < 70:
+			d.ack(rt)
+			return "ack"
+		case op < 78:
+			d.nack(rt)
+			return "nack"
+		case op < 86:
+			d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
+			return "advance"
+		case op < 89:
+			d.recoverLeases(rt)
+			return "recover"
+		case op < 93:
+			d.expire(rt)
+			return "expire"
+		case op < 95:
+			d.redrive(rt)
+			return "redrive"
+		case op < 97:
+			d.setWeight(rt)
+			return "weight"
+		case op < 99:
+			d.setLimits(rt)
+			return "limits"
+		default:
+			d.expireState(rt)
+			return "expire state"
+		}
+	})
+}
+
+// TestVtimeDifferentialWeights runs the differential with weight changes
+// a fifth of the steps: keys served at one weight and then given another
+// while they compete, are gated or are parked (a weight change caps the
+// tag: vtime's SetWeight), which the general mix reaches seldom.
+func TestVtimeDifferentialWeights(t *testing.T) {
+	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
+		switch {
+		case op < 30:
+			d.enqueue(rt)
+			return "enqueue"
+		case op < 60:
+			d.dequeue(rt, rapid.IntRange(1, 3).Draw(rt, "maxCount"))
+			return "dequeue"
+		case op < 75:
+			d.ack(rt)
+			return "ack"
+		case op < 95:
+			d.setWeight(rt)
+			return "weight"
+		default:
+			d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
+			return "advance"
+		}
+	})
+}
+
+// runDifferential runs rapid sequences of 5 to 60 steps on miniredis and
+// a real Redis: step does operation op (0..99) on both sides and names
+// it, and the two states are compared after every step.
+func runDifferential(t *testing.T, step func(d *diff, rt *rapid.T, op int) string) {
 	for _, b := range backends[:2] {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
@@ -411,92 +483,13 @@ func TestVtimeDifferential(t *testing.T) {
 				defer d.q.Close()
 				n := rapid.IntRange(5, 60).Draw(rt, "steps")
 				for i := 0; i < n; i++ {
-					op := rapid.IntRange(0, 99).Draw(rt, "op")
-					name := ""
-					switch {
-					case op < 28:
-						name = "enqueue"
-						d.enqueue(rt)
-					case op < 35:
-						name = "enqueue many"
-						d.enqueueMany(rt)
-					case op < 60:
-						name = "dequeue"
-						d.dequeue(rt, rapid.IntRange(1, 6).Draw(rt, "maxCount"))
-					case op < 70:
-						name = "ack"
-						d.ack(rt)
-					case op < 78:
-						name = "nack"
-						d.nack(rt)
-					case op < 86:
-						name = "advance"
-						d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
-					case op < 89:
-						name = "recover"
-						d.recoverLeases(rt)
-					case op < 93:
-						name = "expire"
-						d.expire(rt)
-					case op < 95:
-						name = "redrive"
-						d.redrive(rt)
-					case op < 97:
-						name = "weight"
-						d.setWeight(rt)
-					case op < 99:
-						name = "limits"
-						d.setLimits(rt)
-					default:
-						name = "expire state"
-						d.expireState(rt)
-					}
+					name := step(d, rt, rapid.IntRange(0, 99).Draw(rt, "op"))
 					d.compare(rt, fmt.Sprintf("step %d (%s)", i, name))
 					steps++
 				}
 			})
 			diffSteps.n.Add(int64(steps))
 			t.Logf("%s: %d differential steps", b.Name, steps)
-		})
-	}
-}
-
-// TestVtimeDifferentialWeights runs the differential with weight changes
-// a fifth of the steps: keys served at one weight and then given another
-// while they compete, are gated or are parked (a weight change caps the
-// tag: vtime's SetWeight), which the general mix reaches seldom.
-func TestVtimeDifferentialWeights(t *testing.T) {
-	for _, b := range backends[:2] {
-		t.Run(b.Name, func(t *testing.T) {
-			t.Parallel()
-			c := b.Client(t)
-			rapid.Check(t, func(rt *rapid.T) {
-				d := newDiff(t, rt, c)
-				defer d.q.Close()
-				n := rapid.IntRange(5, 60).Draw(rt, "steps")
-				for i := 0; i < n; i++ {
-					op := rapid.IntRange(0, 99).Draw(rt, "op")
-					name := ""
-					switch {
-					case op < 30:
-						name = "enqueue"
-						d.enqueue(rt)
-					case op < 60:
-						name = "dequeue"
-						d.dequeue(rt, rapid.IntRange(1, 3).Draw(rt, "maxCount"))
-					case op < 75:
-						name = "ack"
-						d.ack(rt)
-					case op < 95:
-						name = "weight"
-						d.setWeight(rt)
-					default:
-						name = "advance"
-						d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
-					}
-					d.compare(rt, fmt.Sprintf("step %d (%s)", i, name))
-				}
-			})
 		})
 	}
 }

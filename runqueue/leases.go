@@ -291,6 +291,9 @@ func (q *Queue) requeue(ctx context.Context, ref keys.Ref, token, now, retry int
 	out := NackResult{Requeued: res[0] == 1, Attempt: int(res[1])}
 	if out.Requeued {
 		out.RetryAt = time.UnixMilli(retry)
+		if len(res) > 2 { // a retried nack: the time its first call set
+			out.RetryAt = time.UnixMilli(res[2])
+		}
 	}
 	return out, nil
 }

@@ -29,7 +29,9 @@
 -- lib/hooks_vtime).
 -- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
 -- again after its first call went through (the record's last settled token
--- is the holder's) returns what the first returned; a nack of a delivery
+-- is the holder's) returns what the first returned, and when requeued the
+-- time the first set (the record's available_at) as a third value: the
+-- retry's own retry time was computed later; a nack of a delivery
 -- whose lease was recovered is RQ_NOT_IN_FLIGHT (or RQ_LEASE_LOST once the
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
@@ -997,7 +999,7 @@ if err == 'not_in_flight' and token ~= '0' then
   local r = rec_parse(redis.call('HGET', q.runs, id))
   if r.lt == token then
     if redis.call('ZSCORE', dead, member) then return { 0, r.att } end
-    return { 1, r.att }
+    return { 1, r.att, r.at + 0 }
   end
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end

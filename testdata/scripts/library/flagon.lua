@@ -1,4 +1,4 @@
-#!lua name=runqueue_a6efdf78620abf2d
+#!lua name=runqueue_76a358099d8c12b1
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2228,7 +2228,9 @@ KEYS, ARGV = keys, args
 -- lib/hooks_vtime).
 -- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
 -- again after its first call went through (the record's last settled token
--- is the holder's) returns what the first returned; a nack of a delivery
+-- is the holder's) returns what the first returned, and when requeued the
+-- time the first set (the record's available_at) as a third value: the
+-- retry's own retry time was computed later; a nack of a delivery
 -- whose lease was recovered is RQ_NOT_IN_FLIGHT (or RQ_LEASE_LOST once the
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
@@ -2249,7 +2251,7 @@ if err == 'not_in_flight' and token ~= '0' then
   local r = rec_parse(redis.call('HGET', q.runs, id))
   if r.lt == token then
     if redis.call('ZSCORE', dead, member) then return { 0, r.att } end
-    return { 1, r.att }
+    return { 1, r.att, r.at + 0 }
   end
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
@@ -2381,10 +2383,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_a6efdf78620abf2d_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_a6efdf78620abf2d_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_a6efdf78620abf2d_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a6efdf78620abf2d_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a6efdf78620abf2d_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a6efdf78620abf2d_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a6efdf78620abf2d_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -182,7 +182,9 @@ func (q *Queue) ShardOf(env string) int { return q.space.ShardOf(env) }
 // callers' latest deadline, or by the client's timeouts and retries when a
 // caller has none: against a Redis that stopped answering, Close can take
 // that long. Enqueue, Ack and Dequeue still work after Close, each as a
-// call of its own. It does not close the Redis client, which the caller
+// call of its own. A Worker still running goes on, but no enqueue wakes
+// it any more: it looks for work every Config.BlockPollInterval (shut
+// Workers down before closing their Queue). It does not close the Redis client, which the caller
 // owns.
 func (q *Queue) Close() error {
 	q.closeMu.Lock()

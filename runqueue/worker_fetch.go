@@ -184,8 +184,17 @@ func (s *source) settled(acks []*job, errs []error) {
 // hold back (whatever the ready runs' scores, which are their writers'
 // clocks: see Queue.queueNext and Queue.shardNext, which also say how
 // Config.ShardLookAhead counts for a shard), IdlePollInterval when there
-// is none.
+// is none. Once the Queue is closed, no enqueue wakes the worker (Close
+// stops the wake-up listener), so it waits at most BlockPollInterval.
 func (s *source) nextLook() time.Duration {
+	d := s.nextLookOpen()
+	if s.w.q.isClosed() {
+		d = min(d, s.w.q.cfg.BlockPollInterval)
+	}
+	return d
+}
+
+func (s *source) nextLookOpen() time.Duration {
 	w := s.w
 	var at int64
 	var ok bool
@@ -244,6 +253,7 @@ type fetchLoop struct {
 	wakes    int  // wake-ups received: a call notes the count it started at
 	forced   bool // the stop was forced
 	drained  bool // no more acks can come (Worker.drained was closed when checkStop last looked)
+	qclosed  bool // the Queue was closed: no wake-ups come any more (see nextLook)
 	giveUp   bool // makes no more calls; leaves once no more acks can come
 
 	look, gather, pause    *time.Timer
@@ -400,7 +410,10 @@ func (l *fetchLoop) start(acks []*job, ks []int) {
 // checkStop looked (drained closed just now, say) must wake it, or the
 // loop sleeps on with nothing left to wake it and Shutdown never returns.
 func (l *fetchLoop) wait() bool {
-	var stop, drained, force <-chan struct{}
+	var stop, drained, force, qclosed <-chan struct{}
+	if !l.qclosed {
+		qclosed = l.w.q.closed
+	}
 	if l.fetching {
 		stop = l.w.stopFetch
 	} else if !l.drained {
@@ -417,6 +430,15 @@ func (l *fetchLoop) wait() bool {
 	case <-l.wake:
 		l.idle, l.looked = false, false
 		l.wakes++
+	case <-qclosed:
+		// Queue.Close stopped the wake-ups: look again now, and from now on
+		// at most every BlockPollInterval (nextLook).
+		l.qclosed = true
+		l.idle, l.looked = false, false
+		if l.lookC != nil {
+			l.look.Stop()
+			l.lookC = nil
+		}
 	case <-l.lookC:
 		l.lookC, l.idle, l.looked = nil, false, false
 	case <-l.gatherC:

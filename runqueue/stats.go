@@ -18,11 +18,17 @@ type Stats struct {
 	Delayed  int64 // queued with a future available_at (or a due one not yet promoted)
 	InFlight int64 // dequeued and not yet acked, nacked or recovered
 	Dead     int64 // dead-lettered (queue and env only)
-	// OldestReadyAge is now minus the available_at of the oldest ready run
-	// (zero when none is ready). For a queue it is measured on the variant
-	// first in age order, and on the earliest delayed run when that is due:
-	// a due run no dequeue has promoted yet (no consumer ran since its
-	// delay or retry backoff passed) counts in Delayed but is waiting.
+	// OldestReadyAge is now minus the available_at of the ready run first
+	// in line (zero when none is ready): the head of a key's ready order, in
+	// which priority p counts as p x Config.PriorityStep of age. Without
+	// priorities that is the oldest ready run; with them a run that became
+	// ready earlier may wait behind it, so the longest wait can exceed this
+	// by up to MaxPriority x PriorityStep (finding the oldest would mean
+	// reading every run's record, payload included). For a queue it is
+	// measured on the variant first in age order, and on the earliest
+	// delayed run when that is due: a due run no dequeue has promoted yet
+	// (no consumer ran since its delay or retry backoff passed) counts in
+	// Delayed but is waiting.
 	OldestReadyAge time.Duration
 }
 
@@ -110,7 +116,8 @@ func (q *Queue) dueAge(head []redis.Z) time.Duration {
 	return 0
 }
 
-// oldestAge is now minus the available_at of the head of v's ready set.
+// oldestAge is now minus the available_at of the head of v's ready set
+// (see Stats.OldestReadyAge for what priorities do to it).
 func (q *Queue) oldestAge(ctx context.Context, qk keys.Queue, v keys.Variant) (time.Duration, error) {
 	ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, 0).Result()
 	if err != nil || len(ids) == 0 {

@@ -46,7 +46,7 @@
 //	runqueue_queue_delayed_runs             gauge      env, queue              delayed runs, due ones not yet promoted included (scrape)
 //	runqueue_queue_in_flight_runs           gauge      env, queue              runs in flight                     (scrape)
 //	runqueue_queue_dead_runs                gauge      env, queue              dead-lettered runs                 (scrape)
-//	runqueue_queue_oldest_ready_age_seconds gauge      env, queue              age of the oldest ready or due run (scrape)
+//	runqueue_queue_oldest_ready_age_seconds gauge      env, queue              age of the ready run first in line, or of a due one (scrape; Stats.OldestReadyAge)
 //	runqueue_scheduler_top_lag_quanta       gauge      env, queue, rank [,key] the K largest per-key lags         (scrape, flag on)
 //	runqueue_scrape_duration_seconds        gauge      -                       time the last scrape took (shared, or the wait given up)
 //	runqueue_scrape_success                 gauge      -                       1 when the last scrape read everything, else 0

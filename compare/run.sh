@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measures runqueue (flag off and on), asynq and BullMQ on one Redis, in one
 # run, by one method (see README.md), ROUNDS rounds with the systems in
-# turn, and prints the table. Every phase flushes the Redis: give it one of
+# turn, and prints the table. Every system's round flushes the Redis: give it one of
 # its own, e.g. redis-server --port 6400 --save '' --appendonly no.
 # Usage: compare/run.sh [host:port] [rounds] [jobs]
 set -euo pipefail

@@ -76,7 +76,10 @@ func foOracleOn(t require.TestingT, p *fairness.LuaPool, mini bool, vEvery int) 
 
 // checkLua runs foSequences random sequences per backend and holds each
 // to the named check.
-func checkLua(t *testing.T, name string) {
+func checkLua(t *testing.T, name string) { checkLuaGen(t, name, fairness.DefaultGen) }
+
+// checkLuaGen is checkLua with sequences drawn by g.
+func checkLuaGen(t *testing.T, name string, g fairness.GenConfig) {
 	c, ok := fairness.CheckByName(name)
 	require.True(t, ok, name)
 	for _, b := range foBackends {
@@ -90,7 +93,7 @@ func checkLua(t *testing.T, name string) {
 					return // rapid has no per-test count; the rest pass trivially
 				}
 				o := foOracleOn(rt, p, mini, 1)
-				require.NoError(rt, fairness.Drive(rt, o, fairness.DefaultGen))
+				require.NoError(rt, fairness.Drive(rt, o, g))
 				cov.Add(&o.H)
 				if vs := c.Fn(&o.H); len(vs) > 0 {
 					rt.Fatalf("%s", fairness.Report(&o.H, vs))
@@ -104,7 +107,15 @@ func checkLua(t *testing.T, name string) {
 func TestFairnessOracleNewcomer(t *testing.T)      { checkLua(t, "newcomer") }
 func TestFairnessOracleNewcomerOrder(t *testing.T) { checkLua(t, "newcomer-order") }
 func TestFairnessOracleLag(t *testing.T)           { checkLua(t, "lag") }
-func TestFairnessOracleReachability(t *testing.T)  { checkLua(t, "reachability") }
+
+// TestFairnessOracleLagWeights: the lag check over sequences that change a
+// weight before a quarter of their steps (fairness.GenConfig.WeightBias).
+func TestFairnessOracleLagWeights(t *testing.T) {
+	g := fairness.DefaultGen
+	g.WeightBias = 25
+	checkLuaGen(t, "lag", g)
+}
+func TestFairnessOracleReachability(t *testing.T) { checkLua(t, "reachability") }
 func TestFairnessOracleWorkConservation(t *testing.T) {
 	checkLua(t, "work")
 }

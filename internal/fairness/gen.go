@@ -23,6 +23,11 @@ type GenConfig struct {
 	// Waves, when above 0, adds an operation that mints up to Waves one-run
 	// keys at once (some with a TTL that lets them expire unserved).
 	Waves int
+	// WeightBias, when above 0, sets a long-lived key's weight before a
+	// step in WeightBias percent of the steps, on top of the mix: keys
+	// served at one weight then compete at another (CheckLag's
+	// weight-change watch), which the default mix reaches seldom.
+	WeightBias int
 }
 
 // DefaultGen is the generator of the oracle tests.
@@ -75,6 +80,11 @@ func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
 		return err
 	}
 	for i := 0; i < steps; i++ {
+		if g.WeightBias > 0 && rapid.IntRange(0, 99).Draw(t, "weightBias") < g.WeightBias {
+			if err := o.SetWeight(rapid.SampledFrom(names).Draw(t, "biasKey"), rapid.SampledFrom(g.Weights).Draw(t, "biasWeight")); err != nil {
+				return err
+			}
+		}
 		var err error
 		switch op := rapid.IntRange(0, 99).Draw(t, "op"); {
 		case op < 14: // backlog on a long-lived key

@@ -19,7 +19,10 @@ func modelOracle(t *rapid.T) *Oracle {
 }
 
 // checkModel runs the named check over random sequences on the model.
-func checkModel(t *testing.T, name string) {
+func checkModel(t *testing.T, name string) { checkModelGen(t, name, DefaultGen) }
+
+// checkModelGen is checkModel with sequences drawn by g.
+func checkModelGen(t *testing.T, name string, g GenConfig) {
 	c, ok := CheckByName(name)
 	if !ok {
 		t.Fatalf("no check %q", name)
@@ -27,7 +30,7 @@ func checkModel(t *testing.T, name string) {
 	var cov Coverage
 	rapid.Check(t, func(rt *rapid.T) {
 		o := modelOracle(rt)
-		if err := Drive(rt, o, DefaultGen); err != nil {
+		if err := Drive(rt, o, g); err != nil {
 			rt.Fatalf("driving the model: %v", err)
 		}
 		cov.Add(&o.H)
@@ -40,8 +43,17 @@ func checkModel(t *testing.T, name string) {
 
 // One test per guarantee, so that each can be run (and fail) on its own.
 
-func TestModelNewcomer(t *testing.T)         { t.Parallel(); checkModel(t, "newcomer") }
-func TestModelLag(t *testing.T)              { t.Parallel(); checkModel(t, "lag") }
+func TestModelNewcomer(t *testing.T) { t.Parallel(); checkModel(t, "newcomer") }
+func TestModelLag(t *testing.T)      { t.Parallel(); checkModel(t, "lag") }
+
+// TestModelLagWeights: the lag check over sequences that change a weight
+// before a quarter of their steps (GenConfig.WeightBias).
+func TestModelLagWeights(t *testing.T) {
+	t.Parallel()
+	g := DefaultGen
+	g.WeightBias = 25
+	checkModelGen(t, "lag", g)
+}
 func TestModelBatchInvariance(t *testing.T)  { t.Parallel(); checkModel(t, "batch") }
 func TestModelReachability(t *testing.T)     { t.Parallel(); checkModel(t, "reachability") }
 func TestModelWorkConservation(t *testing.T) { t.Parallel(); checkModel(t, "work") }

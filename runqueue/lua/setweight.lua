@@ -11,6 +11,7 @@
 -- Returns: the number of weights of the queue.
 -- Errors: RQ_TOO_MANY_WEIGHTS.
 --@include record
+--@include sched_reg
 local weights, state, vtime = KEYS[1], KEYS[2], KEYS[3]
 local vm, weight, max_weights = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
@@ -32,30 +33,27 @@ if st[1] then
   -- The new weight caps what the key owes for its serves at the old one
   -- (vtime's SetWeight): a tag above V plus one serve at the new weight
   -- comes down to it, whether it competes (its ckVtime score), is gated
-  -- (in its value) or is parked (its idle score, tag - 2^52); a newcomer's
-  -- in the lane ("w") was set by no serve and stays. The weight is rounded
-  -- to milli-weights as lib/sched_reg's sched_milli does. One serve at m
-  -- leaves a tag at most ceil(10^9 / m) above its start (the carried
+  -- (in its value) or is parked (its idle score, tag - G); a newcomer's in
+  -- the lane was set by no serve and stays. One serve at milli-weight m
+  -- leaves a tag at most ceil(STRIDE / m) above its start (the carried
   -- remainder adds up to a unit), so the cap takes no more than a serve at
-  -- m could have left; (10^9 + m - 1) / m is exact once floored (its
-  -- fraction is 0 or at least 1/m).
-  local m = 1000
-  if weight ~= '' then m = math.min(1000000, math.max(1, math.floor(tonumber(weight) * 1000 + 0.5))) end
-  local limit = tonumber(st[1]) + math.floor((1000000000 + m - 1) / m)
-  local hv = st[2]
-  if hv then
-    -- code, flag, gated tag; the remainder goes
-    local code, flag, tag = string.match(hv, '^(%d+)([gw]?)(%d*)')
-    if flag == 'g' and tag ~= '' and tonumber(tag) > limit then tag = num_arg(limit) end
-    redis.call('HSET', state, vm, code .. flag .. tag)
-    if flag == '' then
-      local u = redis.call('ZSCORE', vtime, code .. vm)
-      if u and u + 0 > limit then redis.call('ZADD', vtime, num_arg(limit), code .. vm) end
+  -- m could have left.
+  local q, r = sched_div(SCHED.STRIDE, sched_milli(weight))
+  if r > 0 then q = q + 1 end
+  local limit = tonumber(st[1]) + q
+  if st[2] then
+    local rg = sched_parse(st[2]) -- (the remainder, of the old weight, goes)
+    local tag = rg.tag
+    if rg.gated and tag > limit then tag = limit end
+    redis.call('HSET', state, vm, sched_value(rg.code, rg.gated, rg.waiting, 0, tag))
+    if not rg.gated and not rg.waiting then
+      local u = redis.call('ZSCORE', vtime, rg.code .. vm)
+      if u and u + 0 > limit then redis.call('ZADD', vtime, sched_fmt(limit), rg.code .. vm) end
     end
   else
-    local p = redis.call('ZSCORE', vtime, vm) -- (vm's member in the idle region only)
-    if p and p + 0 < -3377699720527872 and p + 4503599627370496 > limit then
-      redis.call('ZADD', vtime, num_arg(limit - 4503599627370496), vm)
+    local p = redis.call('ZSCORE', vtime, vm) -- (below the lane region: parked)
+    if p and p + 0 < -SCHED.W and p + SCHED.G > limit then
+      redis.call('ZADD', vtime, sched_fmt(limit - SCHED.G), vm)
     end
   end
 end

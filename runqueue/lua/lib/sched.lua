@@ -9,13 +9,6 @@ local function sched_split(member)
   return string.sub(member, SCHED.VM_AT), string.sub(member, 1, SCHED.CODE_LEN)
 end
 
--- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
-local function sched_parse(v)
-  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
-           r = r ~= '' and r + 0 or 0 }
-end
-
 -- The lane's member after the first `after` (0-based rank), or nil.
 local function sched_lane_at(S, after)
   return redis.call('ZRANGEBYSCORE', S.z, SCHED.WAIT_MIN, SCHED.WAIT_END, 'LIMIT', after, '1')[1]

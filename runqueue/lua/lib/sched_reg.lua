@@ -77,6 +77,13 @@ local function sched_code(n)
   return string.rep('0', SCHED.CODE_LEN - #s) .. s
 end
 
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
+local function sched_parse(v)
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+           r = r ~= '' and r + 0 or 0 }
+end
+
 -- The value of a registration; a gated one carries its tag u.
 local function sched_value(code, gated, waiting, r, u)
   local v = code

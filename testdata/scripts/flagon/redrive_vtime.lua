@@ -169,6 +169,13 @@ local function hooks_lib(H)
         return string.rep('0', 15 - #s) .. s
       end
 
+      -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
+      local function sched_parse(v)
+        local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+        return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+                 r = r ~= '' and r + 0 or 0 }
+      end
+
       -- The value of a registration; a gated one carries its tag u.
       local function sched_value(code, gated, waiting, r, u)
         local v = code
@@ -436,13 +443,6 @@ local function hooks_lib(H)
       -- The variant member and the code of a competing or gated member.
       local function sched_split(member)
         return string.sub(member, 16), string.sub(member, 1, 15)
-      end
-
-      -- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
-      local function sched_parse(v)
-        local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-        return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
-                 r = r ~= '' and r + 0 or 0 }
       end
 
       -- The lane's member after the first `after` (0-based rank), or nil.

@@ -1,4 +1,4 @@
-#!lua name=runqueue_76a358099d8c12b1
+#!lua name=runqueue_d13aab8cd2a8e34b
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -124,6 +124,13 @@ local function sched_fmt(x) return num_arg(x) end
 local function sched_code(n)
   local s = sched_fmt(n)
   return string.rep('0', 15 - #s) .. s
+end
+
+-- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
+local function sched_parse(v)
+  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
+  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
+           r = r ~= '' and r + 0 or 0 }
 end
 
 -- The value of a registration; a gated one carries its tag u.
@@ -397,13 +404,6 @@ end
 -- The variant member and the code of a competing or gated member.
 local function sched_split(member)
   return string.sub(member, 16), string.sub(member, 1, 15)
-end
-
--- A variant's state-hash value: { code, gated, tag (when gated), waiting, r }.
-local function sched_parse(v)
-  local code, f, t, r = string.match(v, '^(%d+)([gw]?)(%d*)|?(%d*)$')
-  return { code = code, gated = f == 'g', tag = t ~= '' and t + 0 or nil, waiting = f == 'w',
-           r = r ~= '' and r + 0 or 0 }
 end
 
 -- The lane's member after the first `after` (0-based rank), or nil.
@@ -2383,10 +2383,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_76a358099d8c12b1_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

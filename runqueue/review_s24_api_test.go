@@ -86,13 +86,7 @@ func TestS24RedriveIntoFlood(t *testing.T) {
 	s24Enq(t, b, "a", 300, "x")
 	s24Enq(t, b, "b", 300, "x")
 	var log []string
-	serve := func(n int) {
-		runs := dequeue(t, b, queueName, n)
-		for _, r := range runs {
-			log = append(log, r.Key)
-		}
-		ackAll(t, b, runs)
-	}
+	serve := func(n int) { log = s24Serve(t, b, log, n) }
 	for i := 0; i < 20; i++ {
 		serve(1)
 	}
@@ -151,13 +145,7 @@ func TestS24EnqueueManyNewcomers(t *testing.T) {
 	s24Enq(t, b, "a", 1000, "x")
 	s24Enq(t, b, "b", 1000, "x")
 	var log []string
-	serve := func(n int) {
-		runs := dequeue(t, b, queueName, n)
-		for _, r := range runs {
-			log = append(log, r.Key)
-		}
-		ackAll(t, b, runs)
-	}
+	serve := func(n int) { log = s24Serve(t, b, log, n) }
 	for i := 0; i < 10; i++ {
 		serve(1)
 	}
@@ -339,4 +327,16 @@ func TestS24WorkerCaps(t *testing.T) {
 	require.Len(t, seen, total)
 	s := queueStats(t, b, queueName)
 	require.Zero(t, s.Ready+s.Delayed+s.InFlight+s.Dead, "%+v", s)
+}
+
+// s24Serve makes one dequeue call of n, acks what it served and returns
+// log with the served runs' keys appended.
+func s24Serve(t *testing.T, b *testBundle, log []string, n int) []string {
+	t.Helper()
+	runs := dequeue(t, b, queueName, n)
+	for _, r := range runs {
+		log = append(log, r.Key)
+	}
+	ackAll(t, b, runs)
+	return log
 }

@@ -40,9 +40,16 @@ import (
 // fresh state) are served before "old", which is only rediscovered later.
 // With StateTTL at its default (24h), a queue at its env or queue limit
 // for a day (long jobs, a stuck env) loses its fairness history while busy.
+//
+// StateTTL is 3s: a dequeue renews the state once half of its life is gone,
+// so the polls below (every 100ms) keep it as long as no two of them are
+// more than 1.4s apart. At 1s, a stall of 400ms on a loaded machine let the
+// state expire between two polls as documented, and the test failed (CI,
+// 2026-12-04); the defect it guards against expires the state 3s after its
+// making whatever the polls do.
 func TestS18RStateLostWhileLimitsFull(t *testing.T) {
 	c := redistest.Real(t)
-	const ttl = time.Second
+	const ttl = 3 * time.Second
 	b := s17Setup(t, c, true, func(cfg *runqueue.Config) {
 		cfg.Clock = nil // Redis expires the state by real time
 		cfg.StateTTL = ttl

@@ -157,7 +157,10 @@ func TestS16CHardStopDropsRunsOfCallInFlight(t *testing.T) {
 		if armed.Load() && err == nil && s16cScriptKeys(cmd) > 0 {
 			if v, ok := cmd.(*redis.Cmd).Val().([]any); ok && len(v) > 0 && fired.CompareAndSwap(false, true) {
 				cancelStart()
-				time.Sleep(200 * time.Millisecond) // the loop sees base.Done before this reply
+				// The loop sees base.Done before this reply (1s: with 200ms, a
+				// stall of the loop as long found both ready, and a select
+				// may take the reply).
+				time.Sleep(time.Second)
 			}
 		}
 		return err
@@ -176,7 +179,7 @@ func TestS16CHardStopDropsRunsOfCallInFlight(t *testing.T) {
 	armed.Store(true)
 	require.NoError(t, w.Start(startCtx))
 	require.Eventually(t, fired.Load, 5*time.Second, 5*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond)
 	got := w.Shutdown(context.Background())
 	s := queueStats(t, b, queueName)
 	t.Logf("Shutdown: %v; stats %+v; handled %d", got, s, handled.Load())

@@ -376,10 +376,24 @@ func TestS17DisruptListenerGap(t *testing.T) {
 		errc <- err
 		got <- runs
 	}()
-	time.Sleep(200 * time.Millisecond)
-
-	list, err := admin.ClientList(ctx).Result()
-	require.NoError(t, err)
+	// The waiter subscribes on its first call: wait for its connection
+	// (a fixed 200ms sleep failed the count below when the goroutine was
+	// slower than that on a loaded machine), then let it reach its wait.
+	var list string
+	require.Eventually(t, func() bool {
+		l, err := admin.ClientList(ctx).Result()
+		if err != nil {
+			return false
+		}
+		for _, line := range splitLines(l) {
+			if fieldOf(line, "name") == name && strings.Contains(fieldOf(line, "cmd"), "subscribe") {
+				list = l
+				return true
+			}
+		}
+		return false
+	}, 3*time.Second, 10*time.Millisecond, "the waiter's listener never subscribed")
+	time.Sleep(100 * time.Millisecond)
 	old := admin.ConfigGet(ctx, "maxclients").Val()["maxclients"]
 	require.NotEmpty(t, old)
 	require.NoError(t, admin.ConfigSet(ctx, "maxclients", "1").Err())

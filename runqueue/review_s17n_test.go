@@ -409,7 +409,7 @@ func TestS17NTokenAfterDataLoss(t *testing.T) {
 	})
 }
 
-// TestS17NClientPause: CLIENT PAUSE (WRITE, then ALL, 300ms each) on a
+// TestS17NClientPause: CLIENT PAUSE (WRITE, then ALL, 1.5s each) on a
 // single server while producers Enqueue and a consumer Dequeues and Acks
 // with 80ms deadlines (client with ContextTimeoutEnabled, so a deadline
 // bounds a call once sent), and a Worker serves another queue. Every call
@@ -433,7 +433,12 @@ func TestS17NClientPause(t *testing.T) {
 		ctx := b.ctx
 		q := b.q
 		const deadline = 80 * time.Millisecond
-		const slack = 250 * time.Millisecond
+		// A call that outlives its deadline by waiting out a pause takes up
+		// to the pause (1.5s): the slack stays well below it, and leaves
+		// 1.1s for the stalls of a loaded machine (the pauses were 300ms
+		// and the slack 250ms, which a stall of the calling goroutine
+		// could exceed).
+		const pause, slack = 1500, 1100 * time.Millisecond
 
 		var tally s17nTally
 		w, err := runqueue.NewWorker(q, func(ctx context.Context, r *runqueue.Run) error {
@@ -529,10 +534,10 @@ func TestS17NClientPause(t *testing.T) {
 		wg.Go(func() { consume(false) })
 
 		time.Sleep(300 * time.Millisecond)
-		require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", 300, "WRITE").Err())
-		time.Sleep(600 * time.Millisecond)
-		require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", 300, "ALL").Err())
-		time.Sleep(600 * time.Millisecond)
+		require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", pause, "WRITE").Err())
+		time.Sleep((pause + 300) * time.Millisecond)
+		require.NoError(t, admin.Do(ctx, "CLIENT", "PAUSE", pause, "ALL").Err())
+		time.Sleep((pause + 300) * time.Millisecond)
 		close(stop)
 		wg.Wait()
 		consume(true)
@@ -556,7 +561,7 @@ func TestS17NClientPause(t *testing.T) {
 				}
 			}
 			return true
-		}, 5*time.Second, 10*time.Millisecond, "runs enqueued never delivered: %s", s17nMissingIn(&tally, okIDs, b))
+		}, 15*time.Second, 10*time.Millisecond, "runs enqueued never delivered: %s", s17nMissingIn(&tally, okIDs, b))
 		require.Empty(t, tally.dups(), "runs delivered twice")
 		st := queueStats(t, b, "pq")
 		require.Zero(t, st.InFlight, "runs in flight that no caller holds (served after their Dequeue timed out)")
@@ -566,8 +571,10 @@ func TestS17NClientPause(t *testing.T) {
 		ok, err := q.Enqueue(ctx, runqueue.EnqueueParams{Env: env, Queue: "wq", ID: "after", Payload: []byte("x")})
 		require.NoError(t, err)
 		require.True(t, ok)
-		require.Eventually(t, func() bool { return tally.count("after") == 1 }, 3*time.Second, 10*time.Millisecond)
-		require.Eventually(t, func() bool { return queueStats(t, b, "wq").InFlight == 0 }, 3*time.Second, 10*time.Millisecond)
+		// (The Worker's fetch backoff after the pauses' failures can reach
+		// 4.8s; its idle poll is a minute away.)
+		require.Eventually(t, func() bool { return tally.count("after") == 1 }, 15*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return queueStats(t, b, "wq").InFlight == 0 }, 15*time.Second, 10*time.Millisecond)
 	})
 }
 

@@ -324,7 +324,7 @@ func TestS18ClockWaitPastPollInterval(t *testing.T) {
 		done := make(chan result, 1)
 		go func() {
 			start := time.Now()
-			runs, err := b.q.DequeueWait(b.ctx, env, queueName, 1, 2*time.Second)
+			runs, err := b.q.DequeueWait(b.ctx, env, queueName, 1, 10*time.Second)
 			done <- result{runs, err, time.Since(start)}
 		}()
 		time.Sleep(200 * time.Millisecond) // the waiter is asleep
@@ -332,7 +332,10 @@ func TestS18ClockWaitPastPollInterval(t *testing.T) {
 		r := <-done
 		require.NoError(t, r.err)
 		require.Equal(t, []string{"r2"}, runIDs(r.runs))
-		require.Less(t, r.took, time.Second,
+		// The defect sleeps to the timeout (10s); a waiter that looks every
+		// 50ms returns about 250ms after its start. The bound leaves 4.5s
+		// for stalls of a loaded machine (at 1s, 750ms were enough).
+		require.Less(t, r.took, 5*time.Second,
 			"the waiter slept %v with a servable run (BlockPollInterval 50ms)", r.took)
 	})
 }
@@ -422,7 +425,7 @@ func TestS18ClockWorkerStepBack(t *testing.T) {
 		require.Len(t, second, 1)
 		require.NotEqual(t, first.Token, second[0].Token)
 
-		require.Eventually(t, cancelled.Load, 2*time.Second, 10*time.Millisecond,
+		require.Eventually(t, cancelled.Load, 10*time.Second, 10*time.Millisecond,
 			"the worker's handler was not cancelled though its run was delivered to another consumer")
 	})
 }
@@ -664,27 +667,41 @@ func TestS18ClockStatsReaderBehind(t *testing.T) {
 // "keep it above twice the clock skew between instances: a writer whose
 // clock is behind the one that last refreshed the state by StateTTL/2 or
 // more does not refresh it, and the state can expire while in use."
+//
+// The clocks of W and V are fake (V's 1.4s is b.clock's); only Redis's
+// expiry is real time. Whether V's write refreshed the state is read from
+// the key's absolute expiry (PEXPIRETIME) before and after it, 400ms of
+// real time apart, so the only real-time condition is that V writes
+// before the state's first expiry (2s after its making; a stall of 1.5s
+// is needed to break it). (It used to sleep 1.4s and judge by EXISTS at
+// 2.5s: a stall of 500ms on a loaded machine failed it.)
 func TestS18ClockStateTTLSkew(t *testing.T) {
 	c := redistest.Real(t)
 	for _, skew := range []time.Duration{0, 1200 * time.Millisecond} {
 		b := s17Setup(t, c, true, func(cfg *runqueue.Config) { cfg.StateTTL = 2 * time.Second })
 		state := keySpace(t, b).Env(env).Queue(queueName).CkVtimeState()
 		w, _ := s18cPeer(t, b, skew, nil) // writer W
+		start := time.Now()               // the state expires 2s after its making, no sooner than start + 2s
 		s18cEnq(t, b, w, runqueue.EnqueueParams{Key: "k", ID: "r1", Payload: []byte("1")})
 		s18cEnq(t, b, w, runqueue.EnqueueParams{Key: "k", ID: "r2", Payload: []byte("2")})
 		require.EqualValues(t, 1, b.client.Exists(b.ctx, state).Val())
-		start := time.Now()
-		time.Sleep(1400 * time.Millisecond)
+		made, err := b.client.PExpireTime(b.ctx, state).Result()
+		require.NoError(t, err)
+		require.Positive(t, made, "the state has a lifetime")
+		time.Sleep(400 * time.Millisecond) // a refresh by V moves the expiry by as much
 		b.clock.Advance(1400 * time.Millisecond)
 		require.Len(t, dequeue(t, b, queueName, 1), 1) // writer V uses the state
-		require.Less(t, time.Since(start), 1900*time.Millisecond, "too slow to judge")
-		time.Sleep(2500*time.Millisecond - time.Since(start))
-		alive := b.client.Exists(b.ctx, state).Val() == 1
+		require.Less(t, time.Since(start), 2*time.Second, "too slow to judge: the state may have expired before V's write")
+		after, err := b.client.PExpireTime(b.ctx, state).Result()
+		require.NoError(t, err)
 		if skew == 0 {
-			require.True(t, alive, "V's write refreshed the state")
-		} else {
-			require.False(t, alive, "skew %v: V's write did not refresh the state", skew)
+			require.Greater(t, after, made, "V's write refreshed the state")
+			continue
 		}
+		require.Equal(t, made, after, "skew %v: V's write did not refresh the state", skew)
+		// So the state expires 2s after its making, V's write with it.
+		time.Sleep(time.Until(time.UnixMilli(made.Milliseconds())) + 100*time.Millisecond)
+		require.Zero(t, b.client.Exists(b.ctx, state).Val(), "skew %v: the state outlived its making by StateTTL", skew)
 	}
 }
 

@@ -595,10 +595,12 @@ func TestWorker(t *testing.T) {
 			o.until(t, runqueue.OutcomeAck, 1)
 			// Let the worker reach its wait (it looks once more after the
 			// ack), then count over an idle period longer than
-			// BlockPollInterval (1s).
+			// BlockPollInterval (1s). The wait ends after 400ms without a
+			// command (at 100ms, a stall of the worker between its ack and
+			// its last look let that look fall in the count).
 			for prev := int64(-1); prev != cmds.Load(); {
 				prev = cmds.Load()
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(400 * time.Millisecond)
 			}
 			before := cmds.Load()
 			time.Sleep(1500 * time.Millisecond)

@@ -26,6 +26,7 @@ type gateHook struct {
 	gate    chan struct{}
 	blocked int   // pipelines that reached the gate
 	runs    []int // the run count of each script call, in order
+	piped   []int // the run count of each pipeline of script calls, in order
 }
 
 func newGateHook(argv int) *gateHook {
@@ -36,7 +37,7 @@ func newGateHook(argv int) *gateHook {
 func (h *gateHook) reset(argv int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.argv, h.armed, h.gate, h.blocked, h.runs = argv, true, make(chan struct{}), 0, nil
+	h.argv, h.armed, h.gate, h.blocked, h.runs, h.piped = argv, true, make(chan struct{}), 0, nil, nil
 }
 
 func (h *gateHook) arm(on bool) {
@@ -54,7 +55,7 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		h.mu.Lock()
 		armed := h.armed
 		h.mu.Unlock()
-		scripts := false
+		scripts, piped := false, 0
 		for _, c := range cmds {
 			args := c.Args()
 			if name := fmt.Sprint(args[0]); !armed || name != "evalsha" && name != "eval" && name != "fcall" {
@@ -65,9 +66,11 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			h.mu.Lock()
 			h.runs = append(h.runs, args[2+numKeys+h.argv].(int))
 			h.mu.Unlock()
+			piped += args[2+numKeys+h.argv].(int)
 		}
 		if scripts {
 			h.mu.Lock()
+			h.piped = append(h.piped, piped)
 			h.blocked++
 			gate := h.gate
 			h.mu.Unlock()
@@ -110,6 +113,13 @@ func holdSenders(t *testing.T, h *gateHook, call func(i int) <-chan error) []<-c
 func (h *gateHook) await(t *testing.T, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return h.reached() == n }, 5*time.Second, time.Millisecond)
+}
+
+// largestPipeline is the most runs sent in one pipeline.
+func (h *gateHook) largestPipeline() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Max(append([]int{0}, h.piped...))
 }
 
 func (h *gateHook) calls() []int {

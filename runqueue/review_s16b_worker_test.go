@@ -256,7 +256,12 @@ func TestS16BUnsettledCountsEachPathOnce(t *testing.T) {
 			}
 			started.Wait()
 			m.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			// The ack and the nack are tried (and fail) during the graceful
+			// stop, so the handlers must return before ctx ends: 2s leaves
+			// a stall of 1.9s between the Shutdown call and their return
+			// (with 300ms, a stall of 250ms found them still running at the
+			// forced stop: three releases, no ack given up).
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- w.Shutdown(ctx) }()

@@ -144,13 +144,15 @@ func TestS17SMetricsSharedScrapeManyRegistries(t *testing.T) {
 // the leader's run dies after its scrape and before the flight's metrics
 // are set, while another collection waits for them.
 type s17sPanicky struct {
-	fired atomic.Bool
-	delay time.Duration
+	fired   atomic.Bool
+	delay   time.Duration
+	entered chan struct{} // closed when the first record arrives
 }
 
 func (h *s17sPanicky) Enabled(context.Context, slog.Level) bool { return true }
 func (h *s17sPanicky) Handle(context.Context, slog.Record) error {
 	if h.fired.CompareAndSwap(false, true) {
+		close(h.entered)
 		time.Sleep(h.delay)
 		panic("s17s: logger panicked")
 	}
@@ -168,8 +170,13 @@ func (h *s17sPanicky) WithGroup(string) slog.Handler      { return h }
 func TestS17SMetricsLeaderPanicsFollowerReportsFailure(t *testing.T) {
 	t.Parallel()
 	m, client := redistest.MiniServer(t)
-	h := &s17sPanicky{delay: 300 * time.Millisecond}
-	c, err := metrics.New(&metrics.Options{ScrapeTimeout: 2 * time.Second, Logger: slog.New(h),
+	// The follower must join the flight while the leader is in its Logger
+	// (1s: the stall it survives); a follower not woken by the panic waits
+	// ScrapeTimeout (10s), far above the bound of 5s below. (The Logger
+	// took 300ms after a fixed sleep of 100ms, and the bound was 1s for a
+	// ScrapeTimeout of 2s: stalls of 200ms and 800ms failed it.)
+	h := &s17sPanicky{delay: time.Second, entered: make(chan struct{})}
+	c, err := metrics.New(&metrics.Options{ScrapeTimeout: 10 * time.Second, Logger: slog.New(h),
 		Queues: []runqueue.QueueRef{{Env: "env", Queue: "a"}}})
 	require.NoError(t, err)
 	q, err := runqueue.New(context.Background(), client, &runqueue.Config{Prefix: redistest.Prefix(t), Observer: c})
@@ -184,10 +191,10 @@ func TestS17SMetricsLeaderPanicsFollowerReportsFailure(t *testing.T) {
 		ch := make(chan prometheus.Metric, 1000)
 		c.Collect(ch)
 	}()
-	time.Sleep(100 * time.Millisecond) // the leader is in its Logger
+	<-h.entered // the leader is in its Logger
 	start := time.Now()
 	mfs := s17Gather(t, c)
-	require.Less(t, time.Since(start), time.Second)
+	require.Less(t, time.Since(start), 5*time.Second, "the follower waited for its ScrapeTimeout")
 	require.NotNil(t, <-leader, "the leader panicked")
 	ok, has := s17Value(mfs, "runqueue_scrape_success", nil)
 	require.True(t, has)
@@ -208,7 +215,7 @@ func TestS17SMetricsLeaderPanicsFollowerReportsFailure(t *testing.T) {
 // both report every gauge.
 func TestS17SMetricsLeaderSlowToDrain(t *testing.T) {
 	t.Parallel()
-	b := setup(t, redistest.Mini(t), metrics.Options{ScrapeTimeout: 2 * time.Second,
+	b := setup(t, redistest.Mini(t), metrics.Options{ScrapeTimeout: 10 * time.Second,
 		Queues: []runqueue.QueueRef{{Env: "env", Queue: "a"}}}, nil)
 	b.enqueue(t, runqueue.EnqueueParams{Queue: "a", ID: "1"})
 	ch := make(chan prometheus.Metric)
@@ -225,7 +232,9 @@ func TestS17SMetricsLeaderSlowToDrain(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	mfs := s17Gather(t, b.c)
-	require.Less(t, time.Since(start), time.Second)
+	// A follower held up by the leader's drain would wait ScrapeTimeout
+	// (10s); the bound leaves 5s for stalls (it was 1s of a 2s timeout).
+	require.Less(t, time.Since(start), 5*time.Second)
 	ok, _ := s17Value(mfs, "runqueue_scrape_success", nil)
 	require.Equal(t, 1.0, ok)
 	r, _ := s17Value(mfs, "runqueue_queue_ready_runs", nil)
@@ -377,6 +386,37 @@ func TestS17SMetricsTinyTimeoutManyCollections(t *testing.T) {
 	require.Equal(t, 0.0, ok)
 }
 
+// s17sFirstCmd closes seen at the first command sent once armed, and holds
+// that command for hold.
+type s17sFirstCmd struct {
+	armed *atomic.Bool
+	seen  chan struct{}
+	hold  time.Duration // how long that command waits before it is sent
+}
+
+func (h s17sFirstCmd) fire() {
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.seen)
+		time.Sleep(h.hold)
+	}
+}
+
+func (h s17sFirstCmd) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h s17sFirstCmd) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.fire()
+		return next(ctx, cmd)
+	}
+}
+
+func (h s17sFirstCmd) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.fire()
+		return next(ctx, cmds)
+	}
+}
+
 // TestS17SMetricsWatchSwitchMidFlight: holds, with a caveat of the design.
 // A collection that starts after Watch(q2), while a scrape of q1 is in
 // progress, shares that scrape and reports q1's gauges (the flight keeps
@@ -387,7 +427,7 @@ func TestS17SMetricsWatchSwitchMidFlight(t *testing.T) {
 	proxy := newSlowHole(t, m.Addr(), 60*time.Millisecond)
 	slow := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), MaxRetries: -1})
 	t.Cleanup(func() { _ = slow.Close() })
-	b := setup(t, slow, metrics.Options{ScrapeTimeout: 3 * time.Second}, nil)
+	b := setup(t, slow, metrics.Options{ScrapeTimeout: 10 * time.Second}, nil)
 	b.enqueue(t, runqueue.EnqueueParams{Queue: "one", ID: "1"})
 	q2, err := runqueue.New(b.ctx, redistest.Mini(t), &runqueue.Config{Prefix: redistest.Prefix(t), Observer: b.c})
 	require.NoError(t, err)
@@ -395,9 +435,17 @@ func TestS17SMetricsWatchSwitchMidFlight(t *testing.T) {
 	_, err = q2.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "env", Queue: "two", ID: "1"})
 	require.NoError(t, err)
 
+	// q1's scrape is in progress once it sends its first command (the
+	// scrape takes its Queue before): Watch waits for that, not for a fixed
+	// 30ms, which a stall of the scraping goroutine outlasted. That command
+	// is held 1s, so the follower has over 1s to join the scrape (the
+	// scrape itself takes about 500ms).
+	sent := s17sFirstCmd{armed: new(atomic.Bool), seen: make(chan struct{}), hold: time.Second}
+	slow.AddHook(sent)
+	sent.armed.Store(true)
 	first := make(chan map[string]*dto.MetricFamily, 1)
 	go func() { first <- s17Gather(t, b.c) }()
-	time.Sleep(30 * time.Millisecond) // q1's scrape is in progress
+	<-sent.seen
 	b.c.Watch(q2)
 	follower := s17Gather(t, b.c)
 	queues := func(mfs map[string]*dto.MetricFamily) []string {

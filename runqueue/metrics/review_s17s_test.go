@@ -255,7 +255,7 @@ func TestS17SMetricsLeaderSlowToDrain(t *testing.T) {
 }
 
 // TestS17SMetricsSlowRedisFollowersLoseTheSharedResult: Redis slow
-// (60 ms a reply chunk, ContextTimeoutEnabled), six queues listed, a
+// (300 ms a reply chunk, ContextTimeoutEnabled), six queues listed, a
 // scrape needs longer than ScrapeTimeout: the leader reads the first
 // queues, stops at its deadline and reports them ("the queues read so far
 // are reported"), with one error counted and logged. Six collections start
@@ -303,10 +303,13 @@ func (l *s17sSlowLog) WithGroup(g string) slog.Handler { return &s17sSlowLog{l.h
 func TestS17SMetricsSlowRedisFollowersLoseTheSharedResult(t *testing.T) {
 	t.Parallel()
 	m, _ := redistest.MiniServer(t)
-	proxy := newSlowHole(t, m.Addr(), 60*time.Millisecond)
+	// (Scaled up 5x from 60ms and 400ms: the six collections must all
+	// start within the one scrape, and a goroutine of a loaded machine
+	// stalled 400ms started a second one.)
+	proxy := newSlowHole(t, m.Addr(), 300*time.Millisecond)
 	client := redis.NewClient(&redis.Options{Addr: proxy.ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { _ = client.Close() })
-	const timeout = 400 * time.Millisecond
+	const timeout = 2 * time.Second
 	var refs []runqueue.QueueRef
 	for _, n := range []string{"a", "b", "c", "d", "e", "f"} {
 		refs = append(refs, runqueue.QueueRef{Env: "env", Queue: n})

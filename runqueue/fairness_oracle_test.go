@@ -87,6 +87,7 @@ func checkLuaGen(t *testing.T, name string, g fairness.GenConfig) {
 			t.Parallel()
 			p, mini := foPool(t, b, 1)
 			var cov fairness.Coverage
+			var watches fairness.WatchCount
 			runs, limit := 0, foSequences()
 			rapid.Check(t, func(rt *rapid.T) {
 				if runs++; runs > limit {
@@ -95,11 +96,17 @@ func checkLuaGen(t *testing.T, name string, g fairness.GenConfig) {
 				o := foOracleOn(rt, p, mini, 1)
 				require.NoError(rt, fairness.Drive(rt, o, g))
 				cov.Add(&o.H)
+				if name == "lag" {
+					watches.Add(fairness.LagWatches(&o.H))
+				}
 				if vs := c.Fn(&o.H); len(vs) > 0 {
 					rt.Fatalf("%s", fairness.Report(&o.H, vs))
 				}
 			})
 			t.Logf("Lua on %s, check %s: %s", b.name, name, cov)
+			if name == "lag" {
+				t.Logf("Lua on %s, check lag: %s", b.name, watches)
+			}
 		})
 	}
 }
@@ -113,6 +120,15 @@ func TestFairnessOracleLag(t *testing.T)           { checkLua(t, "lag") }
 func TestFairnessOracleLagWeights(t *testing.T) {
 	g := fairness.DefaultGen
 	g.WeightBias = 25
+	checkLuaGen(t, "lag", g)
+}
+
+// TestFairnessOracleLagIdleWeights: as TestFairnessOracleLagWeights, with
+// most of those weight changes on a key that is parked or at its key limit
+// (fairness.GenConfig.IdleBias): CheckLag's gated and parked watches.
+func TestFairnessOracleLagIdleWeights(t *testing.T) {
+	g := fairness.DefaultGen
+	g.WeightBias, g.IdleBias = 25, 60
 	checkLuaGen(t, "lag", g)
 }
 func TestFairnessOracleReachability(t *testing.T) { checkLua(t, "reachability") }
@@ -185,6 +201,13 @@ func checkLuaScenario(t *testing.T, name string) {
 			if vs := fairness.Run(&o.H, fairness.Checks...); len(vs) > 0 {
 				t.Fatalf("%s", fairness.Report(&o.H, vs))
 			}
+			w := fairness.LagWatches(&o.H)
+			if w.Competing+w.Gated+w.Parked > 0 {
+				t.Logf("Lua on %s, scenario %s: %s", b.name, name, w)
+			}
+			if (sc.Name == "WeightRaisedGated" && w.Gated == 0) || (sc.Name == "WeightRaisedParked" && w.Parked == 0) {
+				t.Fatalf("scenario %s started no watch of its kind: %s", name, w)
+			}
 		})
 	}
 }
@@ -204,3 +227,9 @@ func TestFairnessScenarioExpiredChainSurvivor(t *testing.T) {
 }
 func TestFairnessScenarioUnsaidRelease(t *testing.T) { checkLuaScenario(t, "UnsaidRelease") }
 func TestFairnessScenarioWeightRaised(t *testing.T)  { checkLuaScenario(t, "WeightRaised") }
+func TestFairnessScenarioWeightRaisedGated(t *testing.T) {
+	checkLuaScenario(t, "WeightRaisedGated")
+}
+func TestFairnessScenarioWeightRaisedParked(t *testing.T) {
+	checkLuaScenario(t, "WeightRaisedParked")
+}

@@ -319,18 +319,89 @@ func CheckNewcomerOrder(h *History) []Violation {
 // A weight change restarts the stretch, and the changed key may then owe
 // more than one serve at its new weight for its serves at the old one,
 // which the stretch's start leaves unseen (it waits for both keys to be
-// served). So a weight change is followed on its own: let key k's weight
-// become w_k, with the flag on, k servable, not awaiting discovery, and
-// served with the flag on since it last became servable (so it competes
-// with a tag, not in the newcomer lane); then for every other followed
-// key j servable at that point, over j's serves before k's next serve
-// while both stay servable and neither weight changes again,
+// served). So each weight change is followed on its own, by a watch. Let
+// key k's weight become w_k, with the flag on and k not awaiting
+// discovery. The scheduler caps k's tag at V + 1/w_k (one serve at the new
+// weight, rounded up to a unit) whether k competes, is gated or is parked
+// (docs/design.md section 6, virtual time), but not a newcomer's in the
+// lane, which no serve set. A watch of k starts, with D what k may owe:
 //
-//	n_j/w_j <= 1/w_k + 1/w_j + Tol*(2 + n_j)
+//   - competing: at the change, when k is servable and was served with the
+//     flag on since it last became servable (it competes with a tag: not
+//     in the lane, nor held gated by a slot a flag-off instance freed).
+//     D = 1/w_k.
+//   - gated: when k, at the change, has ready runs but is at its key limit,
+//     and was served with the flag on since it last registered (gained its
+//     first ready run) or awaited discovery (its tag is a serve's: not in
+//     the lane); the watch starts when k is servable again (a flag-on
+//     release un-gates it at once, a key limit raised or lifted at the next
+//     call, before any serve), and k competes at max(tag, V). D = 1/w_k.
+//   - parked: when k, at the change, has no ready run and its last ready
+//     run left with the flag on (its tag, when above V, was parked: not a
+//     stale tag of a flag-off drain), or a gated one drains before it is
+//     servable again; the watch starts when k returns: a flag-on
+//     registration outside a dequeue call that makes k servable at once.
+//     D = max(1/w_k, 2 + P), P the registration's (Event.P): k returns at
+//     its parked tag when that is above V, at most V + 1/w_k; else the tag
+//     is dropped (or was reaped) and k registers by the newcomer rule, in
+//     the lane, whose tags are at most V + 2 + P (CheckNewcomer): the watch
+//     claims no more than what the newcomer bound gives.
 //
-// (k's tag is at most V + 1/w_k after the change, and j is served only
-// while its effective start is at most k's).
-func CheckLag(h *History) []Violation {
+// Then for every other followed key j servable when the watch starts, over
+// j's serves before k's next serve, while k stays servable, j keeps ready
+// runs (it may reach its key limit: a gated tag is kept and comes back at
+// max(tag, V), never lower), neither awaits discovery and neither weight
+// changes again,
+//
+//	n_j/w_j <= D + 1/w_j + Tol*(2 + n_j)
+//
+// Why: when the watch starts, at clock V_s, k's effective start is at most
+// V_s + D (its capped tag, at most V_c + 1/w_k with V_c <= V_s the clock at
+// the change; or V_s; or a newcomer's), and V cannot pass it while k
+// competes unserved; j's n-th serve from there starts at V_s + (n-1)/w_j
+// or later (E = max(S, V) >= V, and each serve moves j's tag 1/w_j on),
+// and j is served only while that is at most k's effective start (ties
+// may go to j). A j that drains may come back as a newcomer at V, below
+// its old tag: it leaves the watch. A watch ends without a verdict when k
+// stops being servable or awaits discovery, k's weight changes again
+// (which may start another), the flag flips, or the state expires or may
+// have lapsed; one not started yet (gated or parked) also ends when k
+// awaits discovery, is served, or registers otherwise (with the flag off,
+// inside a dequeue call, or at its key limit). LagWatches counts the
+// watches started.
+func CheckLag(h *History) []Violation { return checkLag(h, nil) }
+
+// WatchCount counts CheckLag's weight-change watches started in a history,
+// by the state k was in when its weight changed, and the serves of other
+// keys they judged.
+type WatchCount struct {
+	Competing, Gated, Parked, Judged int
+}
+
+func (c WatchCount) String() string {
+	return fmt.Sprintf("%d weight-change watches started (%d competing, %d gated, %d parked), %d serves judged by them",
+		c.Competing+c.Gated+c.Parked, c.Competing, c.Gated, c.Parked, c.Judged)
+}
+
+// Add adds d's counts to c.
+func (c *WatchCount) Add(d WatchCount) {
+	c.Competing += d.Competing
+	c.Gated += d.Gated
+	c.Parked += d.Parked
+	c.Judged += d.Judged
+}
+
+// LagWatches replays CheckLag over h and counts its weight-change watches.
+func LagWatches(h *History) WatchCount {
+	var c WatchCount
+	checkLag(h, &c)
+	return c
+}
+
+func checkLag(h *History, count *WatchCount) []Violation {
+	if count == nil {
+		count = &WatchCount{}
+	}
 	const maxKeys = 64
 	type pair struct {
 		i, j           string
@@ -359,55 +430,139 @@ func CheckLag(h *History) []Violation {
 		*p = pair{i: p.i, j: p.j, active: false}
 		update(p, e)
 	}
-	// The weight-change watches: changed key -> other key -> its serves
-	// since the change; served: keys served with the flag on since they
-	// last became servable.
-	watch := map[string]map[string]int{}
+	// The weight-change watches. watch: changed key -> its watch, started;
+	// pending: changed key -> its watch not started yet (gated or parked).
+	// served: keys served with the flag on since they last became
+	// servable; tagged: since they last registered or awaited discovery;
+	// hasReady: keys with ready runs; drainedOn: keys whose last ready run
+	// left with the flag on.
+	type weightWatch struct {
+		kind string
+		owed float64        // D, in serves at weight 1
+		n    map[string]int // other key -> its serves since the start
+	}
+	type pendingWatch struct {
+		parked   bool
+		returned bool // parked: it registered (flag on, outside a call) at op, serve
+		op, serv int
+		p        int
+	}
+	watch := map[string]*weightWatch{}
+	pending := map[string]*pendingWatch{}
 	served := map[string]bool{}
+	tagged := map[string]bool{}
+	hasReady := map[string]bool{}
+	drainedOn := map[string]bool{}
+	inCall := false
 	unwatch := func(k string) {
 		delete(watch, k)
 		for _, w := range watch {
-			delete(w, k)
+			delete(w.n, k)
 		}
+	}
+	start := func(k, kind string, owed float64) {
+		w := &weightWatch{kind: kind, owed: owed, n: map[string]int{}}
+		for _, j := range followed {
+			if j != k && ok(j) {
+				w.n[j] = 0
+			}
+		}
+		watch[k] = w
 	}
 	for _, e := range h.Events {
 		wasServable := st.servable[e.Key]
 		st.apply(e)
 		switch e.Kind {
+		case EvCall:
+			inCall = true
+		case EvCallEnd:
+			inCall = false
+		case EvRegister:
+			hasReady[e.Key], tagged[e.Key] = true, false
+			if pw := pending[e.Key]; pw != nil {
+				if pw.parked && !pw.returned && e.Visible && st.flagOn && !inCall {
+					pw.returned, pw.op, pw.serv, pw.p = true, e.Op, e.Serve, e.P
+				} else {
+					delete(pending, e.Key)
+				}
+			}
+		case EvDrain:
+			unwatch(e.Key)
+			hasReady[e.Key], drainedOn[e.Key] = false, st.flagOn
+			if pw := pending[e.Key]; pw != nil {
+				pw.parked, pw.returned = true, false // a gated key drained: its tag is parked
+			}
 		case EvServable:
 			if !wasServable {
 				served[e.Key] = false
 			}
-		case EvUnservable, EvSuspect, EvWeight:
-			unwatch(e.Key)
-			if e.Kind == EvWeight && ok(e.Key) && served[e.Key] && isFollowed[e.Key] {
-				w := map[string]int{}
-				for _, j := range followed {
-					if j != e.Key && ok(j) {
-						w[j] = 0
-					}
+			if pw := pending[e.Key]; pw != nil {
+				delete(pending, e.Key)
+				w := st.w(e.Key)
+				switch {
+				case !ok(e.Key) || !isFollowed[e.Key]:
+				case !pw.parked:
+					start(e.Key, "gated", 1/w)
+					count.Gated++
+				case pw.returned && pw.op == e.Op && pw.serv == e.Serve:
+					start(e.Key, "parked", math.Max(1/w, 2+float64(pw.p)))
+					count.Parked++
 				}
-				watch[e.Key] = w
+			}
+		case EvUnservable:
+			// k's watch ends; as another key, one at its key limit stays
+			// (its tag is kept, and comes back at max(tag, V)), one that
+			// drained went at its EvDrain.
+			delete(watch, e.Key)
+		case EvSuspect, EvWeight:
+			unwatch(e.Key)
+			if e.Kind == EvSuspect && e.On {
+				delete(pending, e.Key)
+				tagged[e.Key] = false
+			}
+			if e.Kind != EvWeight {
+				break
+			}
+			delete(pending, e.Key)
+			switch {
+			case !st.flagOn || st.suspect[e.Key]:
+			case st.servable[e.Key]:
+				if served[e.Key] && isFollowed[e.Key] {
+					start(e.Key, "competing", 1/st.w(e.Key))
+					count.Competing++
+				}
+			case hasReady[e.Key]:
+				if tagged[e.Key] {
+					pending[e.Key] = &pendingWatch{}
+				}
+			case drainedOn[e.Key]:
+				pending[e.Key] = &pendingWatch{parked: true}
 			}
 		case EvFlag, EvReset, EvLapse:
 			clear(watch)
+			clear(pending)
+			if e.Kind != EvFlag {
+				clear(tagged)
+			}
 		case EvServe:
 			if e.On {
-				served[e.Key] = true
+				served[e.Key], tagged[e.Key] = true, true
 			}
 			delete(watch, e.Key)
+			delete(pending, e.Key)
 			for k, w := range watch {
-				n, in := w[e.Key]
+				n, in := w.n[e.Key]
 				if !in {
 					continue
 				}
-				w[e.Key] = n + 1
+				w.n[e.Key] = n + 1
+				count.Judged++
 				lhs := float64(n+1) / st.w(e.Key)
-				bound := 1/st.w(k) + 1/st.w(e.Key) + Tol*float64(2+n+1)
+				bound := w.owed + 1/st.w(e.Key) + Tol*float64(2+n+1)
 				if lhs > bound {
 					out = append(out, Violation{Check: "lag", Op: e.Op, Serve: e.Serve,
-						Msg: fmt.Sprintf("%q (w %g) served %d times since %q's weight became %g, and %q not once: %.6g > bound %.6g",
-							e.Key, st.w(e.Key), n+1, k, st.w(k), k, lhs, bound)})
+						Msg: fmt.Sprintf("%q (w %g) served %d times since %q's weight became %g (%s; owes at most %.6g), and %q not once: %.6g > bound %.6g",
+							e.Key, st.w(e.Key), n+1, k, st.w(k), w.kind, w.owed, k, lhs, bound)})
 					delete(watch, k)
 				}
 			}

@@ -28,6 +28,11 @@ type GenConfig struct {
 	// served at one weight then compete at another (CheckLag's
 	// weight-change watch), which the default mix reaches seldom.
 	WeightBias int
+	// IdleBias, when above 0, draws the key of such a weight change, in
+	// IdleBias percent of them, among the long-lived keys that are not
+	// servable (parked, or at their key limit) when there is one: CheckLag
+	// then follows a weight changed while the key is gated or parked.
+	IdleBias int
 }
 
 // DefaultGen is the generator of the oracle tests.
@@ -81,7 +86,19 @@ func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
 	}
 	for i := 0; i < steps; i++ {
 		if g.WeightBias > 0 && rapid.IntRange(0, 99).Draw(t, "weightBias") < g.WeightBias {
-			if err := o.SetWeight(rapid.SampledFrom(names).Draw(t, "biasKey"), rapid.SampledFrom(g.Weights).Draw(t, "biasWeight")); err != nil {
+			pool := names
+			if g.IdleBias > 0 && rapid.IntRange(0, 99).Draw(t, "idleBias") < g.IdleBias {
+				var idle []string
+				for _, name := range names {
+					if k := o.keys[name]; k != nil && !k.servable {
+						idle = append(idle, name)
+					}
+				}
+				if len(idle) > 0 {
+					pool = idle
+				}
+			}
+			if err := o.SetWeight(rapid.SampledFrom(pool).Draw(t, "biasKey"), rapid.SampledFrom(g.Weights).Draw(t, "biasWeight")); err != nil {
 				return err
 			}
 		}

@@ -28,17 +28,24 @@ func checkModelGen(t *testing.T, name string, g GenConfig) {
 		t.Fatalf("no check %q", name)
 	}
 	var cov Coverage
+	var watches WatchCount
 	rapid.Check(t, func(rt *rapid.T) {
 		o := modelOracle(rt)
 		if err := Drive(rt, o, g); err != nil {
 			rt.Fatalf("driving the model: %v", err)
 		}
 		cov.Add(&o.H)
+		if name == "lag" {
+			watches.Add(LagWatches(&o.H))
+		}
 		if vs := c.Fn(&o.H); len(vs) > 0 {
 			rt.Fatalf("%s", Report(&o.H, vs))
 		}
 	})
 	t.Logf("model, check %s: %s", name, cov)
+	if name == "lag" {
+		t.Logf("model, check lag: %s", watches)
+	}
 }
 
 // One test per guarantee, so that each can be run (and fail) on its own.
@@ -54,6 +61,16 @@ func TestModelLagWeights(t *testing.T) {
 	g.WeightBias = 25
 	checkModelGen(t, "lag", g)
 }
+
+// TestModelLagIdleWeights: as TestModelLagWeights, with most of those
+// weight changes on a key that is parked or at its key limit
+// (GenConfig.IdleBias): CheckLag's gated and parked watches.
+func TestModelLagIdleWeights(t *testing.T) {
+	t.Parallel()
+	g := DefaultGen
+	g.WeightBias, g.IdleBias = 25, 60
+	checkModelGen(t, "lag", g)
+}
 func TestModelBatchInvariance(t *testing.T)  { t.Parallel(); checkModel(t, "batch") }
 func TestModelReachability(t *testing.T)     { t.Parallel(); checkModel(t, "reachability") }
 func TestModelWorkConservation(t *testing.T) { t.Parallel(); checkModel(t, "work") }
@@ -64,7 +81,10 @@ func TestModelNewcomerOrder(t *testing.T) { t.Parallel(); checkModel(t, "newcome
 
 // checkModelScenario runs a scripted scenario on the model and holds its
 // history to every check.
-func checkModelScenario(t *testing.T, name string) {
+func checkModelScenario(t *testing.T, name string) { runModelScenario(t, name) }
+
+// runModelScenario is checkModelScenario; it returns the history.
+func runModelScenario(t *testing.T, name string) *History {
 	t.Parallel()
 	for _, sc := range Scenarios {
 		if sc.Name != name {
@@ -81,9 +101,13 @@ func checkModelScenario(t *testing.T, name string) {
 		if vs := Run(&o.H, Checks...); len(vs) > 0 {
 			t.Fatalf("%s", Report(&o.H, vs))
 		}
-		return
+		if w := LagWatches(&o.H); w.Competing+w.Gated+w.Parked > 0 {
+			t.Logf("model, scenario %s: %s", name, w)
+		}
+		return &o.H
 	}
 	t.Fatalf("no scenario %q", name)
+	return nil
 }
 
 // The audit's states (docs/design.md section 8) on the model; the ones
@@ -98,3 +122,13 @@ func TestModelScenarioExpiredChainSurvivor(t *testing.T) {
 	checkModelScenario(t, "ExpiredChainSurvivor")
 }
 func TestModelScenarioWeightRaised(t *testing.T) { checkModelScenario(t, "WeightRaised") }
+func TestModelScenarioWeightRaisedGated(t *testing.T) {
+	if w := LagWatches(runModelScenario(t, "WeightRaisedGated")); w.Gated == 0 {
+		t.Fatalf("no gated watch started: %s", w)
+	}
+}
+func TestModelScenarioWeightRaisedParked(t *testing.T) {
+	if w := LagWatches(runModelScenario(t, "WeightRaisedParked")); w.Parked == 0 {
+		t.Fatalf("no parked watch started: %s", w)
+	}
+}

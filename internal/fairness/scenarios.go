@@ -332,6 +332,75 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "WeightRaisedGated", Run: func(o *Oracle) error {
+		// As WeightRaised, but x is at its key limit (1) when its weight is
+		// corrected: served once at weight 0.001 and held, it is gated with
+		// a tag 1,000 serves ahead. The change caps the gated tag; once
+		// x's run is acked, x competes again and owes at most one serve at
+		// weight 1, so y and z are served at most twice each before x
+		// (CheckLag's gated watch). Without the cap x waits for 1,000.
+		s := &script{o: o}
+		s.do(o.SetLimits(Limits{Key: 1}))
+		s.do(o.SetWeight("x", 0.001))
+		for _, k := range []string{"x", "y", "z"} {
+			s.enq(k, 3, 0)
+		}
+		var held string
+		for i := 0; i < 4 && s.err == nil && held == ""; i++ {
+			for _, x := range s.deq(1, true) {
+				if x.Key == "x" {
+					held = x.ID
+				} else {
+					s.do(o.Ack(x.ID))
+				}
+			}
+		}
+		for i := 0; i < 2 && s.err == nil; i++ { // x stays at its limit
+			s.deq(1, false)
+		}
+		s.do(o.SetWeight("x", 1))
+		if held != "" {
+			s.do(o.Ack(held))
+		}
+		for i := 0; i < 30 && s.err == nil; i++ {
+			for _, k := range []string{"x", "y", "z"} {
+				s.topUp(k, 2)
+			}
+			s.deq(1, false)
+		}
+		return s.err
+	}},
+	{Name: "WeightRaisedParked", Run: func(o *Oracle) error {
+		// As WeightRaised, but x has drained when its weight is corrected:
+		// served once at weight 0.001, its tag, 1,000 serves ahead, is
+		// parked. The change caps the parked tag; when x returns it owes at
+		// most one serve at weight 1 (or registers as a newcomer, at most
+		// 2 + P ahead), so y and z are served at most three times each
+		// before x (CheckLag's parked watch). Without the cap x waits for
+		// 1,000.
+		s := &script{o: o}
+		s.do(o.SetWeight("x", 0.001))
+		s.enq("x", 1, 0)
+		for _, k := range []string{"y", "z"} {
+			s.enq(k, 3, 0)
+		}
+		for i := 0; i < 4 && s.err == nil && o.Ready("x") > 0; i++ {
+			s.deq(1, false)
+		}
+		for i := 0; i < 2 && s.err == nil; i++ {
+			s.topUp("y", 2)
+			s.topUp("z", 2)
+			s.deq(1, false)
+		}
+		s.do(o.SetWeight("x", 1))
+		for i := 0; i < 30 && s.err == nil; i++ {
+			for _, k := range []string{"x", "y", "z"} {
+				s.topUp(k, 2)
+			}
+			s.deq(1, false)
+		}
+		return s.err
+	}},
 	{Name: "UnsaidRelease", Flip: true, Run: func(o *Oracle) error {
 		// From a random sequence (rapid seed 2626902137343668273): key
 		// limit 1; flag on, a call serves one run of each of four keys,

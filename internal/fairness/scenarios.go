@@ -53,6 +53,17 @@ func (s *script) deq(n int, hold bool) []Served {
 	return served
 }
 
+// backlogged runs calls dequeue calls of batch runs (acked), each after
+// topping every one of keys up to 2 ready runs: keys that stay backlogged.
+func (s *script) backlogged(calls, batch int, keys ...string) {
+	for i := 0; i < calls && s.err == nil; i++ {
+		for _, k := range keys {
+			s.topUp(k, 2)
+		}
+		s.deq(batch, false)
+	}
+}
+
 func (s *script) do(err error) {
 	if s.err == nil {
 		s.err = err
@@ -77,12 +88,7 @@ var Scenarios = []Scenario{
 		s.do(o.Advance(2 * time.Second))
 		s.do(o.SweepTTL())
 		s.enq("honest", 1, 0)
-		for i := 0; i < 40 && s.err == nil; i++ {
-			for _, k := range []string{"a", "b", "c"} {
-				s.topUp(k, 2)
-			}
-			s.deq(1, false)
-		}
+		s.backlogged(40, 1, "a", "b", "c")
 		return s.err
 	}},
 	{Name: "AdversarialNames", Run: func(o *Oracle) error {
@@ -324,12 +330,7 @@ var Scenarios = []Scenario{
 			}
 		}
 		s.do(o.SetWeight("x", 1))
-		for i := 0; i < 30 && s.err == nil; i++ {
-			for _, k := range []string{"x", "y", "z"} {
-				s.topUp(k, 2)
-			}
-			s.deq(1, false)
-		}
+		s.backlogged(30, 1, "x", "y", "z")
 		return s.err
 	}},
 	{Name: "WeightRaisedGated", Run: func(o *Oracle) error {
@@ -362,12 +363,7 @@ var Scenarios = []Scenario{
 		if held != "" {
 			s.do(o.Ack(held))
 		}
-		for i := 0; i < 30 && s.err == nil; i++ {
-			for _, k := range []string{"x", "y", "z"} {
-				s.topUp(k, 2)
-			}
-			s.deq(1, false)
-		}
+		s.backlogged(30, 1, "x", "y", "z")
 		return s.err
 	}},
 	{Name: "WeightRaisedParked", Run: func(o *Oracle) error {
@@ -393,12 +389,7 @@ var Scenarios = []Scenario{
 			s.deq(1, false)
 		}
 		s.do(o.SetWeight("x", 1))
-		for i := 0; i < 30 && s.err == nil; i++ {
-			for _, k := range []string{"x", "y", "z"} {
-				s.topUp(k, 2)
-			}
-			s.deq(1, false)
-		}
+		s.backlogged(30, 1, "x", "y", "z")
 		return s.err
 	}},
 	{Name: "UnsaidRelease", Flip: true, Run: func(o *Oracle) error {
@@ -425,12 +416,7 @@ var Scenarios = []Scenario{
 			}
 		}
 		s.do(o.SetFlag(true))
-		for i := 0; i < 10 && s.err == nil; i++ {
-			for _, k := range keys {
-				s.topUp(k, 2)
-			}
-			s.deq(4, false)
-		}
+		s.backlogged(10, 4, keys...)
 		return s.err
 	}},
 }

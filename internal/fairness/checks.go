@@ -333,9 +333,16 @@ func CheckNewcomerOrder(h *History) []Violation {
 //   - gated: when k, at the change, has ready runs but is at its key limit,
 //     and was served with the flag on since it last registered (gained its
 //     first ready run) or awaited discovery (its tag is a serve's: not in
-//     the lane); the watch starts when k is servable again (a flag-on
-//     release un-gates it at once, a key limit raised or lifted at the next
-//     call, before any serve), and k competes at max(tag, V). D = 1/w_k.
+//     the lane), and since it last became servable (else a flag-off
+//     instance may have freed a slot without a word: the key stays gated
+//     below its limit until the gated probe reaches it, guarantee 6's
+//     exception, and a key limit lowered then raised back to the one it
+//     was gated under, with no call between, makes it servable for the
+//     oracle but not for the scheduler: runqueue's
+//     TestS25UnsaidGatedWatch); the watch starts when
+//     k is servable again (a flag-on release un-gates it at once, a key
+//     limit raised or lifted at the next call, before any serve), and k
+//     competes at max(tag, V). D = 1/w_k.
 //   - parked: when k, at the change, has no ready run and its last ready
 //     run left with the flag on (its tag, when above V, was parked: not a
 //     stale tag of a flag-off drain), or a gated one drains before it is
@@ -532,7 +539,10 @@ func checkLag(h *History, count *WatchCount) []Violation {
 					count.Competing++
 				}
 			case hasReady[e.Key]:
-				if tagged[e.Key] {
+				// served: not held gated by a slot a flag-off instance
+				// freed (that slot made k servable, with the flag off,
+				// and k could not be served since).
+				if tagged[e.Key] && served[e.Key] {
 					pending[e.Key] = &pendingWatch{}
 				}
 			case drainedOn[e.Key]:

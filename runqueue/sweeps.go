@@ -12,7 +12,9 @@ import (
 // RecoverLeases requeues (attempt + 1, ready now) up to limit runs of shard
 // whose lease deadline passed, or dead-letters those without attempts left.
 // Any number of instances may run it concurrently: each run is recovered
-// once. It returns how many runs it recovered or dead-lettered.
+// once. It returns how many runs it recovered or dead-lettered; with an
+// error (one run's call failed: the first such error), that count and the
+// Observer still include what the other calls did.
 func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error) {
 	now := q.now()
 	var tally queueTally
@@ -56,7 +58,9 @@ func (q *Queue) checkSweep(shard, limit int) error {
 }
 
 // ExpireTTL removes up to limit queued runs of shard whose TTL passed before
-// they were dequeued, and returns how many it expired.
+// they were dequeued, and returns how many it expired; with an error (one
+// run's call failed: the first such error), that count and the Observer
+// still include what the other calls did.
 func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 	now := q.now()
 	sh := q.space.Shard(max(0, shard))
@@ -87,7 +91,10 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 // sweep reads up to limit members of a shard set (leases, ttl) whose score
 // is due by now, sends one script call per run in one pipeline, in score
 // order, and adds up what each call reports. count sees each call's run,
-// so the caller knows the env and queue of what it counts.
+// so the caller knows the env and queue of what it counts. A call that
+// fails (a slot on the move, a broken key) ends the sweep with its error
+// after the rest of its chunk is counted: the calls after it in the
+// pipeline ran, and what they did must be reported.
 func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
 	build func(ref keys.Ref, member string) call, count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
 	if err := q.checkSweep(shard, limit); err != nil {
@@ -120,12 +127,19 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 		if err != nil {
 			return n, err
 		}
+		var first error
 		for i, cmd := range cmds {
 			got, err := count(chunkRefs[i], cmd)
 			if err != nil {
-				return n, err
+				if first == nil {
+					first = err
+				}
+				continue
 			}
 			n += got
+		}
+		if first != nil {
+			return n, first
 		}
 	}
 	return n, nil

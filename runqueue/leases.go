@@ -109,7 +109,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 		calls[i] = call{sc: sc, keys: ks, args: args}
 	}
 	cmds, err := runPipelined(ctx, q.rdb, calls)
-	if err != nil {
+	if err != nil && cmds == nil {
 		for _, b := range order {
 			for _, i := range b.idx {
 				errs[i] = err
@@ -117,6 +117,9 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 		}
 		return errs, acked, err
 	}
+	// With a connection lost part way (err with cmds), the calls answered
+	// before it ran: each cmd says what its call did, and the others carry
+	// the error.
 	var first error
 	for ci, cmd := range cmds {
 		vals, err := cmd.Slice()
@@ -144,6 +147,9 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 			qk := order[ci].qn.qk
 			q.cfg.Observer.Acked(qk.Env.Name(), qk.Name(), n)
 		}
+	}
+	if first == nil {
+		first = err
 	}
 	return errs, acked, first
 }

@@ -13,8 +13,8 @@ import (
 // whose lease deadline passed, or dead-letters those without attempts left.
 // Any number of instances may run it concurrently: each run is recovered
 // once. It returns how many runs it recovered or dead-lettered; with an
-// error (one run's call failed: the first such error), that count and the
-// Observer still include what the other calls did.
+// error (a run's call failed, or the connection was lost part way), that
+// count and the Observer still include what the calls that answered did.
 func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error) {
 	now := q.now()
 	var tally queueTally
@@ -58,9 +58,9 @@ func (q *Queue) checkSweep(shard, limit int) error {
 }
 
 // ExpireTTL removes up to limit queued runs of shard whose TTL passed before
-// they were dequeued, and returns how many it expired; with an error (one
-// run's call failed: the first such error), that count and the Observer
-// still include what the other calls did.
+// they were dequeued, and returns how many it expired; with an error (a
+// run's call failed, or the connection was lost part way), that count and
+// the Observer still include what the calls that answered did.
 func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 	now := q.now()
 	sh := q.space.Shard(max(0, shard))
@@ -92,9 +92,9 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 // is due by now, sends one script call per run in one pipeline, in score
 // order, and adds up what each call reports. count sees each call's run,
 // so the caller knows the env and queue of what it counts. A call that
-// fails (a slot on the move, a broken key) ends the sweep with its error
-// after the rest of its chunk is counted: the calls after it in the
-// pipeline ran, and what they did must be reported.
+// fails (a slot on the move, a broken key), or a connection lost part way
+// through the pipeline, ends the sweep with that error after every call
+// of the chunk that answered is counted: what they did must be reported.
 func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
 	build func(ref keys.Ref, member string) call, count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
 	if err := q.checkSweep(shard, limit); err != nil {
@@ -124,10 +124,12 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 		chunkRefs := refs[:len(chunk)]
 		calls, refs = calls[len(chunk):], refs[len(chunk):]
 		cmds, err := runPipelined(ctx, q.rdb, chunk)
-		if err != nil {
+		if err != nil && cmds == nil {
 			return n, err
 		}
-		var first error
+		// With a connection lost part way (err with cmds), the calls
+		// answered before it ran and are counted; the others carry err.
+		first := err
 		for i, cmd := range cmds {
 			got, err := count(chunkRefs[i], cmd)
 			if err != nil {

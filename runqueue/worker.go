@@ -558,7 +558,7 @@ func (w *Worker) release() {
 		}
 		for i, j := range released[:n] {
 			e := err
-			if e == nil {
+			if cmds != nil { // a connection lost part way: the calls that answered released their run
 				e = scriptError(cmds[i].Err(), nil)
 			}
 			switch {
@@ -851,24 +851,27 @@ func (w *Worker) heartbeat() {
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
-		cmds, err := runPipelined(w.ctx(), w.q.rdb, calls[:n])
-		if err != nil {
-			if w.base.Err() == nil {
-				w.log.Warn("runqueue: worker could not extend leases", "runs", len(js), "err", err)
-			}
-			return
+		cmds, lost := runPipelined(w.ctx(), w.q.rdb, calls[:n])
+		if lost != nil && w.base.Err() == nil {
+			w.log.Warn("runqueue: worker could not extend leases", "runs", len(js), "err", lost)
 		}
-		for i, j := range js[:n] {
+		// With a connection lost part way, the calls that answered still
+		// say whether their lease was extended or lost.
+		for i, j := range js[:len(cmds)] {
 			switch err := scriptError(cmds[i].Err(), nil); {
 			case err == nil:
 				j.lease.Store(now + lease)
 				j.beat.Store(mono)
 			case leaseGone(err):
 				w.lose(j, err)
+			case lost != nil: // the lost connection's, warned of above
 			default:
 				w.log.Warn("runqueue: worker could not extend a lease", "env", j.run.Env, "queue", j.run.Queue,
 					"id", j.run.ID, "err", err)
 			}
+		}
+		if lost != nil {
+			return
 		}
 		calls, js = calls[n:], js[n:]
 	}

@@ -88,13 +88,7 @@ func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
 		if g.WeightBias > 0 && rapid.IntRange(0, 99).Draw(t, "weightBias") < g.WeightBias {
 			pool := names
 			if g.IdleBias > 0 && rapid.IntRange(0, 99).Draw(t, "idleBias") < g.IdleBias {
-				var idle []string
-				for _, name := range names {
-					if k := o.keys[name]; k != nil && !k.servable {
-						idle = append(idle, name)
-					}
-				}
-				if len(idle) > 0 {
+				if idle := o.unservable(names); len(idle) > 0 {
 					pool = idle
 				}
 			}
@@ -247,4 +241,16 @@ func DriveScale(t *rapid.T, o *Oracle, keys int) error {
 		}
 	}
 	return o.Finish()
+}
+
+// unservable is the keys of names the oracle knows and holds not servable
+// (parked, or at a limit).
+func (o *Oracle) unservable(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if k := o.keys[n]; k != nil && !k.servable {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -58,12 +58,7 @@ func DriveS25(t *rapid.T, o *Oracle) error {
 					rapid.IntRange(0, 7).Draw(t, "kill") == 0)
 			}
 		case op < 75: // a weight change, mostly of a key that is not servable
-			var pool []string
-			for _, n := range names {
-				if k := o.keys[n]; k != nil && !k.servable {
-					pool = append(pool, n)
-				}
-			}
+			pool := o.unservable(names)
 			if len(pool) == 0 || rapid.IntRange(0, 3).Draw(t, "anyKey") == 0 {
 				pool = names
 			}

@@ -326,7 +326,7 @@ func TestS16WorkerSecondShutdownCannotForce(t *testing.T) {
 // came first) or the worker runs and stops; no goroutine outlives it.
 func TestS16WorkerStartShutdownRace(t *testing.T) {
 	server := redistest.Mini(t).(*redis.Client)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer redistest.VerifyNoLeaks(t, goleak.IgnoreCurrent())
 	c := redis.NewClient(server.Options())
 	defer func() { require.NoError(t, c.Close()) }()
 	b := setup(t, c, nil)

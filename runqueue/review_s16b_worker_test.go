@@ -101,7 +101,7 @@ func TestS16BShutdownManyConcurrentCalls(t *testing.T) {
 // UnsettledError, and nothing is left running.
 func TestS16BForceRacesStopCompletion(t *testing.T) {
 	server := redistest.Mini(t).(*redis.Client)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer redistest.VerifyNoLeaks(t, goleak.IgnoreCurrent())
 	c := redis.NewClient(server.Options())
 	defer func() { require.NoError(t, c.Close()) }()
 	b := setup(t, c, nil)
@@ -141,7 +141,7 @@ func TestS16BForceRacesStopCompletion(t *testing.T) {
 // no goroutine of the worker is left once the queue is closed.
 func TestS16BGoexitDuringForcedRelease(t *testing.T) {
 	server := redistest.Mini(t).(*redis.Client)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer redistest.VerifyNoLeaks(t, goleak.IgnoreCurrent())
 	c := redis.NewClient(server.Options())
 	defer func() { require.NoError(t, c.Close()) }()
 	o := newS16Observer()
@@ -183,7 +183,7 @@ func TestS16BGoexitDuringForcedRelease(t *testing.T) {
 // the replacement goroutine does not outlive the worker.
 func TestS16BGoexitDuringGracefulShutdown(t *testing.T) {
 	server := redistest.Mini(t).(*redis.Client)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer redistest.VerifyNoLeaks(t, goleak.IgnoreCurrent())
 	c := redis.NewClient(server.Options())
 	defer func() { require.NoError(t, c.Close()) }()
 	o := newS16Observer()
@@ -389,7 +389,7 @@ func TestS16BForceRacesHandlerReturn(t *testing.T) {
 // goroutine is left once the handler is gone and the queue closed.
 func TestS16BGoexitAfterHardStop(t *testing.T) {
 	server := redistest.Mini(t).(*redis.Client)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer redistest.VerifyNoLeaks(t, goleak.IgnoreCurrent())
 	c := redis.NewClient(server.Options())
 	defer func() { require.NoError(t, c.Close()) }()
 	b := setup(t, c, nil)

@@ -769,7 +769,7 @@ func waitClosed(t testing.TB, ch <-chan struct{}) {
 // own goroutines.
 func TestWorkerLeavesNoGoroutines(t *testing.T) {
 	server := redistest.Mini(t).(*redis.Client)
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer redistest.VerifyNoLeaks(t, goleak.IgnoreCurrent())
 	// A client of its own, closed before the check, so that the server's
 	// goroutines for its connections are gone too.
 	c := redis.NewClient(server.Options())

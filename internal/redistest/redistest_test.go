@@ -19,7 +19,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(Wrap(m))
+	LeakCheckMain(m)
 }
 
 func TestPrefix(t *testing.T) {
@@ -446,4 +446,23 @@ func TestContainer(t *testing.T) {
 	key := Prefix(t) + ":k"
 	require.NoError(t, c.Set(ctx, key, "v", time.Minute).Err())
 	require.Equal(t, "v", c.Get(ctx, key).Val())
+}
+
+// FindLeaks lets a goroutine that ends later than goleak's own wait end,
+// and still reports one that does not end.
+func TestFindLeaksPatience(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	late := make(chan struct{})
+	go func() { time.Sleep(LeakPatience / 3); close(late) }()
+	require.NoError(t, FindLeaks(ignore), "a goroutine ending after %v is not a leak", LeakPatience/3)
+	<-late
+
+	stuck := make(chan struct{})
+	go func() { <-stuck }()
+	start := time.Now()
+	err := FindLeaks(ignore)
+	close(stuck)
+	require.Error(t, err, "a goroutine blocked for good is a leak")
+	require.GreaterOrEqual(t, time.Since(start), LeakPatience, "it was judged before the patience ran out")
+	require.NoError(t, FindLeaks(ignore))
 }

@@ -21,7 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(redistest.Wrap(m),
+	redistest.LeakCheckMain(m,
 		// go-redis keeps a pool reaper per client until the client closes;
 		// clients close in t.Cleanup, but the pool goroutine may lag.
 		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),

@@ -101,9 +101,13 @@ type Config struct {
 	// at most 10,000.)
 	ScanLimit int
 	// PromoteLimit is how many due delayed runs of one variant one dequeue
-	// call moves to ready. 1..500. Defaults to 100. (A coalesced Dequeue of
-	// k calls promotes k*PromoteLimit, at most its maxCount or
-	// PromoteLimit, the larger.)
+	// call moves to ready at most. 1..500. Defaults to 100. A call shares
+	// a budget of max(PromoteLimit, maxCount) runs evenly among the due
+	// variants it reaches (the first ScanLimit, earliest due first),
+	// rounded up, so each gains at least one run and one call promotes
+	// fewer than that budget plus ScanLimit runs, however many are due at
+	// once. (A coalesced Dequeue of k calls has a per-variant limit
+	// of k*PromoteLimit, at most its maxCount or PromoteLimit, the larger.)
 	PromoteLimit int
 
 	// WindowMultiplier sizes the scheduler's read budget per call: pass 1

@@ -49,13 +49,14 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // calls and Config.MaxDequeueCount runs a script call, in script calls
 // that stand for them: their maxCounts summed, their ScanLimits summed (at
 // most 10,000) and their PromoteLimits summed (at most the maxCounts
-// summed, or PromoteLimit when more), so a script call reaches and
-// promotes at least what its calls would. Its runs are handed out in the
-// order it served them, each call taking up to its own maxCount, the
-// earliest calls first. With the flag off that order is age order over
-// the runs ready once it promoted: where the calls' own PromoteLimits
-// would have held due runs back, it may serve those first, as a larger
-// PromoteLimit would. With the flag on, where the scheduler's batch
+// summed, or PromoteLimit when more), so a script call reaches what its
+// calls would and promotes what one call of their maxCounts summed would
+// (see Config.PromoteLimit: the budget is shared among the due variants).
+// Its runs are handed out in the order it served them, each call taking
+// up to its own maxCount, the earliest calls first. With the flag off
+// that order is age order over the runs ready once it promoted: it may
+// serve a run that separate calls would have served later than another
+// key's due run they promoted one call at a time. With the flag on, where the scheduler's batch
 // invariance holds (docs/design.md, guarantee 4) a dequeue of N serves
 // what N dequeues of one would; elsewhere it serves within the same
 // guarantees, in an order N calls might not have taken. A hundred
@@ -126,7 +127,8 @@ func (q *Queue) sizeOf(maxCount int) dqSize {
 // Config.MaxDequeueCount), their scans summed (within the 10,000 a call
 // may scan) and their promotions summed (within the sum of their
 // maxCounts, or PromoteLimit when more: a variant gives no more runs than
-// that), so that it reaches and promotes at least what they would. Its
+// that), so that it reaches what they would and promotes what one call of
+// their maxCounts summed would. Its
 // runs are handed out in serve order, each call taking up to its own
 // maxCount, the earliest calls first. The Observer hears of each call's
 // runs in its caller's goroutine.

@@ -67,7 +67,11 @@
 //   - capacity: what the env and queue limits leave of maxCount (cap); at 0
 //     the call does nothing.
 //   - promote: the due delayed runs of the first ScanLimit due variants
-//     become ready (up to PromoteLimit each), registering their variants.
+//     become ready, registering their variants. The call's budget,
+//     max(PromoteLimit, maxCount), is shared evenly among those variants,
+//     rounded up (PromoteShare): each promotes at least one run and at
+//     most PromoteLimit, so a call promotes fewer than budget + ScanLimit
+//     runs however many are due.
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in

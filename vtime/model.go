@@ -556,7 +556,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	if c.scan == 0 {
 		c.scan = max(30, 3*maxCount)
 	}
-	c.promote(now)
+	c.promote(now, maxCount)
 	c.ungateRise()
 	c.probeGated()
 	c.discover()
@@ -586,22 +586,45 @@ func (m *Model) capacity(maxCount int) int {
 }
 
 // promote moves the due delayed runs of the first scan due variants to
-// ready (registering the variants that gain a ready run).
-func (c *call) promote(now int64) {
+// ready (registering the variants that gain a ready run). The call's
+// budget is PromoteLimit or maxCount, the larger, shared among those
+// variants: each promotes up to PromoteShare of them, at least one run and
+// at most PromoteLimit, so that a call promotes fewer than budget + scan
+// runs however many are due, and every due variant it reaches gains one.
+func (c *call) promote(now int64, maxCount int) {
+	var due []string
 	for i, e := range c.m.delayIndex() {
 		if i >= c.scan || e.Score > float64(now) {
 			break
 		}
-		c.m.promote(e.Member, now)
+		due = append(due, e.Member)
+	}
+	share := PromoteShare(c.m.cfg.PromoteLimit, maxCount, len(due))
+	for _, vm := range due {
+		c.m.promote(vm, now, share)
 	}
 }
 
-// promote moves up to PromoteLimit due delayed runs of vm to ready.
-func (m *Model) promote(vm string, now int64) {
+// PromoteShare is how many due delayed runs each of n due variants that a
+// dequeue call of maxCount reaches may promote, where one variant may
+// promote at most limit: the call's budget, max(limit, maxCount), divided
+// evenly and rounded up (so that the shares cover the budget: a call
+// promotes at least maxCount runs when its variants have them), at most
+// limit.
+func PromoteShare(limit, maxCount, n int) int {
+	if n <= 0 {
+		return limit
+	}
+	budget := max(limit, maxCount)
+	return min(limit, (budget+n-1)/n)
+}
+
+// promote moves up to limit due delayed runs of vm to ready.
+func (m *Model) promote(vm string, now int64, limit int) {
 	set := m.delayed[vm]
 	due := sortedEntries(set)
 	for i, e := range due {
-		if i >= m.cfg.PromoteLimit || e.Score > float64(now) {
+		if i >= limit || e.Score > float64(now) {
 			break
 		}
 		delete(set, e.Member)

@@ -246,6 +246,15 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 	if len(m.reg)-gated > ReadBudget {
 		return false, "budget"
 	}
+	// The first call of 1 promotes every due run: at most its scan of due
+	// variants, each with at most its share of the call's promotion.
+	variants := 0
+	for _, e := range m.delayIndex() {
+		if e.Score <= float64(now) {
+			variants++
+		}
+	}
+	share := PromoteShare(m.cfg.PromoteLimit, 1, min(variants, scanOf(m.cfg, 1)))
 	for i, e := range m.delayIndex() {
 		if e.Score > float64(now) {
 			break
@@ -256,7 +265,7 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 				due++
 			}
 		}
-		if i >= scanOf(m.cfg, 1) || due > m.cfg.PromoteLimit {
+		if i >= scanOf(m.cfg, 1) || due > share {
 			return false, "promotion"
 		}
 	}

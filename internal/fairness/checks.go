@@ -648,8 +648,8 @@ func checkLag(h *History, count *WatchCount) []Violation {
 //
 // Statement. When a call of N >= 2 starts with the flag on, nothing
 // awaiting discovery, and every due delayed run fits in the promotion of
-// a call of 1 (at most ScanLimit due variants, at most PromoteLimit due
-// runs each), it serves the same runs, in the same order, with the same
+// a call of 1 (at most ScanLimit due variants, each with at most its
+// share of the call's promotion), it serves the same runs, in the same order, with the same
 // attempts, as N calls of dequeue(1) from the same state.
 func CheckBatchInvariance(h *History) []Violation {
 	var out []Violation

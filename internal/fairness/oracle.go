@@ -454,39 +454,42 @@ func (o *Oracle) dueVariants() []dueVariant {
 }
 
 // promote applies a call's promotion and reports whether it was certain
-// for a call of maxCount and for a call of 1: every due run promoted.
+// for a call of maxCount and for a call of 1: every due run promoted. A
+// call reaches the first scan due variants and shares a budget of
+// max(PromoteLimit, maxCount) runs evenly among them, rounded up, at most
+// PromoteLimit each (docs/design.md, "Dequeue").
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
-	certain = len(dv) <= o.scan(maxCount)
-	certain1 = len(dv) <= o.scan(1)
+	reached, reached1 := min(len(dv), o.scan(maxCount)), min(len(dv), o.scan(1))
+	share, share1 := o.promoteShare(maxCount, reached), o.promoteShare(1, reached1)
+	certain, certain1 = len(dv) == reached, len(dv) == reached1
 	var batch []*orun
-	for i, v := range dv {
-		if i < o.scan(maxCount) {
-			batch = append(batch, v.due[:min(len(v.due), o.cfg.PromoteLimit)]...)
-		}
-	}
-	o.beginBatch(batch)
-	defer o.endBatch()
-	for i, v := range dv {
-		if i >= o.scan(maxCount) {
-			break
-		}
-		if len(v.due) > o.cfg.PromoteLimit {
-			certain, certain1 = false, false
-		}
+	for _, v := range dv[:reached] {
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
 		})
-		for j, r := range v.due {
-			if j >= o.cfg.PromoteLimit {
-				break
-			}
-			o.unDelay(r)
-			o.gainReady(r)
-		}
+		batch = append(batch, v.due[:min(len(v.due), share)]...)
+		certain = certain && len(v.due) <= share
+		certain1 = certain1 && len(v.due) <= share1
+	}
+	o.beginBatch(batch)
+	defer o.endBatch()
+	for _, r := range batch {
+		o.unDelay(r)
+		o.gainReady(r)
 	}
 	return certain, certain1
+}
+
+// promoteShare is the due runs each of n reached variants may promote in
+// a call of maxCount.
+func (o *Oracle) promoteShare(maxCount, n int) int {
+	if n == 0 {
+		return o.cfg.PromoteLimit
+	}
+	budget := max(o.cfg.PromoteLimit, maxCount)
+	return min(o.cfg.PromoteLimit, (budget+n-1)/n)
 }
 
 func (o *Oracle) capacity(maxCount int) int {

@@ -183,9 +183,19 @@ func BatchInvarianceObserved(rt *rapid.T, f Factory) {
 		}
 	}
 	// The first call of 1 promotes them all, as the call of N does: at
-	// most ScanLimit (default 30) due variants (PromoteLimit, 100 runs
-	// each, is never reached here).
+	// most ScanLimit (default 30) due variants, each with at most its
+	// share of the call's promotion (vtime.PromoteShare: PromoteLimit, 100,
+	// shared among them).
+	perKey := map[string]int{}
+	for _, r := range db.Snapshot(rt).Runs {
+		if r.Delayed && r.At <= now {
+			perKey[r.Key]++
+		}
+	}
 	ok := due <= 30
+	for _, c := range perKey {
+		ok = ok && c <= vtime.PromoteShare(100, 1, due)
+	}
 	batch := a.apply(rt, op{kind: opDequeue, n: n})
 	var singles []string
 	for i := 0; i < n; i++ {

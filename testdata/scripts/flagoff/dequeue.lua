@@ -456,10 +456,10 @@ local function dq_var(dq, vm)
   return c
 end
 
--- Move up to promote_limit due runs of variant vm from delayed to ready.
-local function dq_promote_variant(dq, hooks, vm)
+-- Move up to share due runs of variant vm from delayed to ready.
+local function dq_promote_variant(dq, hooks, vm, share)
   local c = dq_var(dq, vm)
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', dq.promote_limit)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', share)
   if #due > 0 then
     local recs = redis.call('HMGET', dq.runs, unpack(due))
     local zargs, min_rs = {}, nil
@@ -489,9 +489,12 @@ local function dq_promote_variant(dq, hooks, vm)
   index_head(c.delayed, dq.delay_index, vm)
 end
 
--- Promote the due delayed runs of the first scan due variants. A look at
--- delayIndex's head comes first: when nothing is due (the common case) it
--- is all the call reads of delayed runs, and dq_finish reuses it.
+-- Promote the due delayed runs of the first scan due variants: the call's
+-- budget, max(promote limit, maxCount), shared evenly among them, rounded
+-- up, each at most the promote limit (vtime.PromoteShare), so that one
+-- call promotes fewer than budget + scan runs however many are due. A
+-- look at delayIndex's head comes first: when nothing is due (the common
+-- case) it is all the call reads of delayed runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
@@ -503,7 +506,8 @@ local function dq_promote(dq, hooks)
     return
   end
   local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', dq.scan)
-  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
+  local share = math.min(dq.promote_limit, math.ceil(math.max(dq.promote_limit, dq.max_count) / #due))
+  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm, share) end
 end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it

@@ -1,4 +1,4 @@
-#!lua name=runqueue_d13aab8cd2a8e34b
+#!lua name=runqueue_ca85aae80574abfb
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1186,10 +1186,10 @@ local function dq_var(dq, vm)
   return c
 end
 
--- Move up to promote_limit due runs of variant vm from delayed to ready.
-local function dq_promote_variant(dq, hooks, vm)
+-- Move up to share due runs of variant vm from delayed to ready.
+local function dq_promote_variant(dq, hooks, vm, share)
   local c = dq_var(dq, vm)
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', dq.promote_limit)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', share)
   if #due > 0 then
     local recs = redis.call('HMGET', dq.runs, unpack(due))
     local zargs, min_rs = {}, nil
@@ -1219,9 +1219,12 @@ local function dq_promote_variant(dq, hooks, vm)
   index_head(c.delayed, dq.delay_index, vm)
 end
 
--- Promote the due delayed runs of the first scan due variants. A look at
--- delayIndex's head comes first: when nothing is due (the common case) it
--- is all the call reads of delayed runs, and dq_finish reuses it.
+-- Promote the due delayed runs of the first scan due variants: the call's
+-- budget, max(promote limit, maxCount), shared evenly among them, rounded
+-- up, each at most the promote limit (vtime.PromoteShare), so that one
+-- call promotes fewer than budget + scan runs however many are due. A
+-- look at delayIndex's head comes first: when nothing is due (the common
+-- case) it is all the call reads of delayed runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
@@ -1233,7 +1236,8 @@ local function dq_promote(dq, hooks)
     return
   end
   local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', dq.scan)
-  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm) end
+  local share = math.min(dq.promote_limit, math.ceil(math.max(dq.promote_limit, dq.max_count) / #due))
+  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm, share) end
 end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
@@ -2383,10 +2387,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d13aab8cd2a8e34b_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ca85aae80574abfb_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_ca85aae80574abfb_dequeue_vtime', callback = script_dequeue_vtime }
+redis.register_function{ function_name = 'runqueue_ca85aae80574abfb_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ca85aae80574abfb_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ca85aae80574abfb_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ca85aae80574abfb_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ca85aae80574abfb_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

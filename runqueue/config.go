@@ -54,7 +54,8 @@ type Config struct {
 	// to order: ready score = available_at - priority*PriorityStep. 1ms to
 	// MaxDuration. Defaults to 30s.
 	PriorityStep time.Duration
-	// MaxPayloadBytes bounds a run's payload. Defaults to 1 MiB.
+	// MaxPayloadBytes bounds a run's payload. Defaults to 1 MiB; at most
+	// MaxPayloadLimit.
 	MaxPayloadBytes int
 	// MaxQueueDepth refuses enqueues (ErrQueueFull) when a base queue holds
 	// this many queued runs (ready + delayed). Defaults to 0: no limit.
@@ -263,6 +264,14 @@ func setDefault[T comparable](p *T, v T) {
 	}
 }
 
+// MaxPayloadLimit is the largest Config.MaxPayloadBytes: 512 MiB less
+// 4 KiB. A run's record, its payload behind a header of at most about
+// 1 KiB, goes to Redis as one argument, and Redis refuses an argument
+// longer than its proto-max-bulk-len, 512 MiB by default (a server
+// configured lower refuses larger records: keep MaxPayloadBytes within
+// it).
+const MaxPayloadLimit = 512<<20 - 4<<10
+
 // maxScanLimit and maxPromoteLimit bound ScanLimit and PromoteLimit; a
 // coalesced dequeue scans at most maxScanLimit and promotes at most
 // PromoteLimit or its maxCount (at most 2,000): every script's reads and
@@ -301,7 +310,7 @@ func (c *Config) validate() error {
 	switch {
 	case c.Shards < 1 || c.Shards > 16384:
 		return bad("Shards", c.Shards)
-	case c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > 512<<20:
+	case c.MaxPayloadBytes < 1 || c.MaxPayloadBytes > MaxPayloadLimit:
 		return bad("MaxPayloadBytes", c.MaxPayloadBytes)
 	case c.MaxQueueDepth < 0:
 		return bad("MaxQueueDepth", c.MaxQueueDepth)

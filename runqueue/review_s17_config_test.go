@@ -50,6 +50,9 @@ func TestS17ConfigBadFields(t *testing.T) {
 			{"BlockPollInterval", runqueue.Config{BlockPollInterval: -1}},
 			{"MaxPayloadBytes", runqueue.Config{MaxPayloadBytes: -1}},
 			{"MaxPayloadBytes", runqueue.Config{MaxPayloadBytes: 512<<20 + 1}},
+			// A record of a 512 MiB payload would pass proto-max-bulk-len.
+			{"MaxPayloadBytes", runqueue.Config{MaxPayloadBytes: 512 << 20}},
+			{"MaxPayloadBytes", runqueue.Config{MaxPayloadBytes: runqueue.MaxPayloadLimit + 1}},
 			{"MaxQueueDepth", runqueue.Config{MaxQueueDepth: -1}},
 			{"MaxKeyDepth", runqueue.Config{MaxKeyDepth: -1}},
 			{"BackoffJitter", runqueue.Config{BackoffJitter: 1}},

@@ -670,11 +670,12 @@ local function dq_finish(dq, acked)
 end
 -- A window is the part of a sorted set a dequeue read: its first n entries
 -- ({vm, s} in ZSET order: score, then member), kept sorted in memory as
--- scores change. An entry whose new score sorts after the n-th entry read
--- leaves the window, because unread entries may sort before it; a set read
--- whole (raw holds at most n entries) has no such bound. raw is a ZRANGE
--- WITHSCORES reply of up to n + 1 entries. Its entries are a span
--- (lib/span).
+-- scores change. raw is a ZRANGE WITHSCORES reply of up to n + 1 entries;
+-- when it holds n + 1, the last is the bound: the first entry left out,
+-- which the call does not change, and every unread entry sorts after it.
+-- An entry whose new score sorts after the bound leaves the window, since
+-- unread entries may sort before it; a set read whole (raw holds at most n
+-- entries) has no bound. Its entries are a span (lib/span).
 -- A span: a sorted list kept as s.list[s.head..s.tail], for the windows
 -- both dequeues keep of the variants they read. A serve takes an entry
 -- near the front and puts it back further on: dropping the front by
@@ -742,9 +743,9 @@ local function window_new(raw, n)
   for i = 1, #raw, 2 do list[#list + 1] = { vm = raw[i], s = num(raw[i + 1]) } end
   local w = { list = list, head = 1, tail = #list, bound = nil }
   if #list > n then
+    w.bound = { vm = list[n + 1].vm, s = list[n + 1].s }
     for i = #list, n + 1, -1 do list[i] = nil end
     w.tail = n
-    w.bound = { vm = list[n].vm, s = list[n].s }
   end
   return w
 end
@@ -779,8 +780,11 @@ end
 
 -- The lowest score of the set the window was read from, after the moves
 -- and removals the window saw (the set changed through it alone): its
--- first entry, or the bound (no unread entry scores below it); false when
--- the set was read whole and is now empty.
+-- first entry, or the bound, a stored entry below every other unread one;
+-- false when the set was read whole and is now empty. (The bound was once
+-- the n-th entry as read: when the call served or emptied that variant,
+-- the score was one no stored entry had, and the shard master kept the
+-- queue earlier than its oldest work.)
 local function window_low(w)
   local first = w.list[w.head]
   local s = first and first.s

@@ -308,3 +308,30 @@ func redisCPU(b *testing.B, bb *testBundle) time.Duration {
 	}
 	return time.Duration(sum * float64(time.Second))
 }
+
+// BenchmarkEnqueueParallel enqueues ready runs over 100 keys from 8
+// goroutines per CPU, one run per call: the coalesced path that the
+// bench's "Enqueue, coalesced" row measures, here under go test's profilers
+// (-cpuprofile, -memprofile) to find the client's own cost.
+func BenchmarkEnqueueParallel(b *testing.B) {
+	benchFlags(b, func(b *testing.B, on bool) {
+		bb := benchSetup(b, on)
+		var st benchStats
+		var next atomic.Int64
+		st.start(b, bb)
+		b.SetParallelism(4)
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := bb.q.Enqueue(bb.ctx, benchRun(bb, int(next.Add(1)))); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.StopTimer()
+		st.stop(b, bb)
+		st.report(b, b.N)
+	})
+}

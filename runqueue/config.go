@@ -102,10 +102,11 @@ type Config struct {
 	// at most 10,000.)
 	ScanLimit int
 	// PromoteLimit is how many due delayed runs of one variant one dequeue
-	// call moves to ready at most. 1..500. Defaults to 100. A call shares
-	// a budget of max(PromoteLimit, maxCount) runs evenly among the due
-	// variants it reaches (the first ScanLimit, earliest due first),
-	// rounded up, so each gains at least one run and one call promotes
+	// call moves to ready at most. 1..500. Defaults to 100. A call spends
+	// a budget of max(PromoteLimit, maxCount) runs on the due variants it
+	// reaches (the first ScanLimit, earliest due first): each in turn takes
+	// up to an even share of what is left, at least one run, then those
+	// that filled their share take what is left. So one call promotes
 	// fewer than that budget plus ScanLimit runs, however many are due at
 	// once. (A coalesced Dequeue of k calls has a per-variant limit
 	// of k*PromoteLimit, at most its maxCount or PromoteLimit, the larger.)

@@ -50,8 +50,9 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // that stand for them: their maxCounts summed, their ScanLimits summed (at
 // most 10,000) and their PromoteLimits summed (at most the maxCounts
 // summed, or PromoteLimit when more), so a script call reaches what its
-// calls would and promotes what one call of their maxCounts summed would
-// (see Config.PromoteLimit: the budget is shared among the due variants).
+// calls would and promotes at least what one call of their maxCounts
+// summed would (see Config.PromoteLimit: the budget is spent over the due
+// variants).
 // Its runs are handed out in the order it served them, each call taking
 // up to its own maxCount, the earliest calls first. With the flag off
 // that order is age order over the runs ready once it promoted: it may
@@ -127,8 +128,8 @@ func (q *Queue) sizeOf(maxCount int) dqSize {
 // Config.MaxDequeueCount), their scans summed (within the 10,000 a call
 // may scan) and their promotions summed (within the sum of their
 // maxCounts, or PromoteLimit when more: a variant gives no more runs than
-// that), so that it reaches what they would and promotes what one call of
-// their maxCounts summed would. Its
+// that), so that it reaches what they would and promotes at least what
+// one call of their maxCounts summed would. Its
 // runs are handed out in serve order, each call taking up to its own
 // maxCount, the earliest calls first. The Observer hears of each call's
 // runs in its caller's goroutine.

@@ -13,37 +13,58 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
-// TestPromoteBudget: a dequeue shares a budget of max(PromoteLimit,
-// maxCount) due delayed runs among the due variants it reaches (rounded
-// up, at least one each), instead of promoting up to PromoteLimit of each of ScanLimit
-// variants. Before, many runs due at once (a cron at midnight) made one
+// TestPromoteBudget: a dequeue spends a budget of max(PromoteLimit,
+// maxCount) due delayed runs on the due variants it reaches
+// (vtime.PromotePlan: an even share of what is left each, at least one,
+// then what a variant left unused to those that filled their share),
+// instead of promoting up to PromoteLimit of each of ScanLimit variants.
+// Before, many runs due at once (a cron at midnight) made one
 // Dequeue(1000) promote 300,000 runs at the default config (3,000
 // variants x 100), 1.5-2.7 s of Redis CPU in one script call; within the
 // documented bounds (ScanLimit 10,000, PromoteLimit 500) one Dequeue(1)
-// ran 8-12 s and other clients got BUSY (review s26). Each case counts
-// what one call moved from delayed to ready, on every backend and flag.
+// ran 8-12 s and other clients got BUSY (review s26). And a share left
+// unused is not lost: one key of 500 due runs beside nine of one
+// (UnevenDue) still fills a Dequeue(100), where an even share alone
+// promoted 19 runs and served 19 (review s27). Each case counts what one
+// call moved from delayed to ready, on every backend and flag.
 func TestPromoteBudget(t *testing.T) {
+	rep := func(n, v int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = v
+		}
+		return out
+	}
 	cases := []struct {
 		name            string
-		keys, perKey    int
+		due             []int // due runs per key
 		maxCount, scan  int
 		promote, served int // runs one call promotes, and serves
 	}{
 		// 30 of 50 due keys reached (ScanLimit's default, 30 for a
-		// Dequeue(1)); 100 shared among them, rounded up: 4 each (1,200
-		// before).
-		{name: "Dequeue1ManyKeys", keys: 50, perKey: 40, maxCount: 1, promote: 30 * 4, served: 1},
+		// Dequeue(1)); 100 spent on them, 3 or 4 each (1,200 before).
+		{name: "Dequeue1ManyKeys", due: rep(50, 40), maxCount: 1, promote: 100, served: 1},
 		// One key due: it takes the whole budget, PromoteLimit (100).
-		{name: "Dequeue1OneKey", keys: 1, perKey: 500, maxCount: 1, promote: 100, served: 1},
-		// Dequeue(1000) reaches all 50 keys: 1,000 shared, 20 each (2,000
-		// before: 40 each), and it serves every one of them.
-		{name: "Dequeue1000", keys: 50, perKey: 40, maxCount: 1000, promote: 50 * 20, served: 1000},
+		{name: "Dequeue1OneKey", due: []int{500}, maxCount: 1, promote: 100, served: 1},
+		// Dequeue(1000) reaches all 50 keys: 20 each (2,000 before: 40
+		// each), and it serves every one of them.
+		{name: "Dequeue1000", due: rep(50, 40), maxCount: 1000, promote: 1000, served: 1000},
 		// More keys due than the budget: one each, ScanLimit in all.
-		{name: "ScanPastBudget", keys: 300, perKey: 3, maxCount: 1, scan: 250, promote: 250, served: 1},
+		{name: "ScanPastBudget", due: rep(300, 3), maxCount: 1, scan: 250, promote: 250, served: 1},
+		// What the small keys leave goes to the large one.
+		{name: "UnevenDue", due: append([]int{500}, rep(9, 1)...), maxCount: 100, promote: 100, served: 100},
 	}
-	for _, tc := range cases { // the cases' figures follow the rule
-		reached := min(tc.keys, scanOf(tc.scan, tc.maxCount))
-		require.Equal(t, tc.promote, reached*vtime.PromoteShare(100, tc.maxCount, reached), tc.name)
+	for _, tc := range cases { // the cases' figures follow the plan
+		reached := min(len(tc.due), tc.scan)
+		if tc.scan == 0 {
+			reached = min(len(tc.due), max(30, 3*tc.maxCount))
+		}
+		plan, _ := vtime.PromotePlan(100, tc.maxCount, tc.due[:reached])
+		total := 0
+		for _, n := range plan {
+			total += n
+		}
+		require.Equal(t, tc.promote, total, tc.name)
 	}
 	for _, on := range []bool{false, true} {
 		for _, tc := range cases {
@@ -61,17 +82,18 @@ func TestPromoteBudget(t *testing.T) {
 						}
 						batch = batch[:0]
 					}
-					for k := range tc.keys {
-						for i := range tc.perKey {
+					total := 0
+					for k, n := range tc.due {
+						for i := range n {
 							batch = append(batch, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", k),
 								ID: fmt.Sprintf("k%d-%d", k, i), Payload: []byte("p"), Delay: time.Second + time.Duration(i)*time.Millisecond})
 							if len(batch) == 500 {
 								flush()
 							}
 						}
+						total += n
 					}
 					flush()
-					total := tc.keys * tc.perKey
 					require.Equal(t, runqueue.Stats{Delayed: int64(total)}, queueStats(t, b, queueName))
 					b.clock.Advance(time.Hour) // every run is due
 					runs := dequeue(t, b, queueName, tc.maxCount)
@@ -84,13 +106,4 @@ func TestPromoteBudget(t *testing.T) {
 			})
 		}
 	}
-}
-
-// scanOf is the ScanLimit a dequeue of maxCount uses: the configured one,
-// else max(30, 3*maxCount).
-func scanOf(scan, maxCount int) int {
-	if scan > 0 {
-		return scan
-	}
-	return max(30, 3*maxCount)
 }

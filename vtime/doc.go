@@ -68,10 +68,12 @@
 //     the call does nothing.
 //   - promote: the due delayed runs of the first ScanLimit due variants
 //     become ready, registering their variants. The call's budget,
-//     max(PromoteLimit, maxCount), is shared evenly among those variants,
-//     rounded up (PromoteShare): each promotes at least one run and at
-//     most PromoteLimit, so a call promotes fewer than budget + ScanLimit
-//     runs however many are due.
+//     max(PromoteLimit, maxCount), is spent on those variants in two
+//     passes (PromotePlan): each in turn takes up to an even share of what
+//     is left, at least one run and at most PromoteLimit; then those that
+//     filled their share take what is left. So a call promotes fewer than
+//     budget + ScanLimit runs however many are due, and a share one
+//     variant leaves unused goes to another.
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in

@@ -586,37 +586,69 @@ func (m *Model) capacity(maxCount int) int {
 }
 
 // promote moves the due delayed runs of the first scan due variants to
-// ready (registering the variants that gain a ready run). The call's
-// budget is PromoteLimit or maxCount, the larger, shared among those
-// variants: each promotes up to PromoteShare of them, at least one run and
-// at most PromoteLimit, so that a call promotes fewer than budget + scan
-// runs however many are due, and every due variant it reaches gains one.
+// ready (registering the variants that gain a ready run), as many of each
+// as PromotePlan gives it.
 func (c *call) promote(now int64, maxCount int) {
-	var due []string
+	var vms []string
+	var due []int
 	for i, e := range c.m.delayIndex() {
 		if i >= c.scan || e.Score > float64(now) {
 			break
 		}
-		due = append(due, e.Member)
+		n := 0
+		for _, at := range c.m.delayed[e.Member] {
+			if at <= float64(now) {
+				n++
+			}
+		}
+		vms, due = append(vms, e.Member), append(due, n)
 	}
-	share := PromoteShare(c.m.cfg.PromoteLimit, maxCount, len(due))
-	for _, vm := range due {
-		c.m.promote(vm, now, share)
+	plan, first := PromotePlan(c.m.cfg.PromoteLimit, maxCount, due)
+	for i, vm := range vms {
+		c.m.promote(vm, now, first[i])
+	}
+	for i, vm := range vms {
+		if more := plan[i] - first[i]; more > 0 {
+			c.m.promote(vm, now, more)
+		}
 	}
 }
 
-// PromoteShare is how many due delayed runs each of n due variants that a
-// dequeue call of maxCount reaches may promote, where one variant may
-// promote at most limit: the call's budget, max(limit, maxCount), divided
-// evenly and rounded up (so that the shares cover the budget: a call
-// promotes at least maxCount runs when its variants have them), at most
-// limit.
-func PromoteShare(limit, maxCount, n int) int {
-	if n <= 0 {
-		return limit
+// PromotePlan is how many due delayed runs a dequeue call of maxCount
+// promotes of each due variant it reaches, given their due runs in the
+// delay index's order, where one variant gives at most limit. The call's
+// budget is max(limit, maxCount), spent in two passes (the Lua makes the
+// same two): first each variant in turn takes up to an even share of
+// what is left, max(1, ceil(left / variants left)), at most limit; then
+// the variants that filled their share take what is left of the budget,
+// in the same order, up to limit each. So every variant reached gains a
+// run, a call promotes fewer than budget + len(due) runs however many are
+// due, and at least the budget when its variants hold that many within
+// limit each (a share one variant left unused goes to another). plan is
+// the total of each, first what the first pass took.
+func PromotePlan(limit, maxCount int, due []int) (plan, first []int) {
+	left := max(limit, maxCount)
+	plan, first = make([]int, len(due)), make([]int, len(due))
+	filled := make([]bool, len(due))
+	for i, d := range due {
+		n := len(due) - i
+		share := min(limit, max(1, (left+n-1)/n))
+		first[i] = min(d, share)
+		filled[i] = first[i] == share
+		left -= first[i]
 	}
-	budget := max(limit, maxCount)
-	return min(limit, (budget+n-1)/n)
+	copy(plan, first)
+	for i, d := range due {
+		if left <= 0 {
+			break
+		}
+		if filled[i] {
+			more := min(limit-plan[i], left, d-plan[i])
+			plan[i] += more
+			left -= more
+		}
+	}
+	return plan, first
 }
 
 // promote moves up to limit due delayed runs of vm to ready.

@@ -247,25 +247,26 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 		return false, "budget"
 	}
 	// The first call of 1 promotes every due run: at most its scan of due
-	// variants, each with at most its share of the call's promotion.
-	variants := 0
+	// variants, each given all of its due runs by the call's plan.
+	var due []int
 	for _, e := range m.delayIndex() {
-		if e.Score <= float64(now) {
-			variants++
-		}
-	}
-	share := PromoteShare(m.cfg.PromoteLimit, 1, min(variants, scanOf(m.cfg, 1)))
-	for i, e := range m.delayIndex() {
 		if e.Score > float64(now) {
 			break
 		}
-		due := 0
+		n := 0
 		for _, at := range m.delayed[e.Member] {
 			if at <= float64(now) {
-				due++
+				n++
 			}
 		}
-		if i >= scanOf(m.cfg, 1) || due > share {
+		due = append(due, n)
+	}
+	if len(due) > scanOf(m.cfg, 1) {
+		return false, "promotion"
+	}
+	plan, _ := PromotePlan(m.cfg.PromoteLimit, 1, due)
+	for i := range due {
+		if plan[i] < due[i] {
 			return false, "promotion"
 		}
 	}

@@ -455,23 +455,26 @@ func (o *Oracle) dueVariants() []dueVariant {
 
 // promote applies a call's promotion and reports whether it was certain
 // for a call of maxCount and for a call of 1: every due run promoted. A
-// call reaches the first scan due variants and shares a budget of
-// max(PromoteLimit, maxCount) runs evenly among them, rounded up, at most
-// PromoteLimit each (docs/design.md, "Dequeue").
+// call reaches the first scan due variants and spends a budget of
+// max(PromoteLimit, maxCount) runs on them (promotePlan).
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
 	reached, reached1 := min(len(dv), o.scan(maxCount)), min(len(dv), o.scan(1))
-	share, share1 := o.promoteShare(maxCount, reached), o.promoteShare(1, reached1)
-	certain, certain1 = len(dv) == reached, len(dv) == reached1
-	var batch []*orun
-	for _, v := range dv[:reached] {
+	due := make([]int, reached)
+	for i, v := range dv[:reached] {
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
 		})
-		batch = append(batch, v.due[:min(len(v.due), share)]...)
-		certain = certain && len(v.due) <= share
-		certain1 = certain1 && len(v.due) <= share1
+		due[i] = len(v.due)
+	}
+	plan, plan1 := o.promotePlan(maxCount, due), o.promotePlan(1, due[:reached1])
+	certain, certain1 = len(dv) == reached, len(dv) == reached1
+	var batch []*orun
+	for i, v := range dv[:reached] {
+		batch = append(batch, v.due[:plan[i]]...)
+		certain = certain && plan[i] == due[i]
+		certain1 = certain1 && (i >= reached1 || plan1[i] == due[i])
 	}
 	o.beginBatch(batch)
 	defer o.endBatch()
@@ -482,14 +485,30 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	return certain, certain1
 }
 
-// promoteShare is the due runs each of n reached variants may promote in
-// a call of maxCount.
-func (o *Oracle) promoteShare(maxCount, n int) int {
-	if n == 0 {
-		return o.cfg.PromoteLimit
+// promotePlan is how many of its due runs (due, in the delay index's
+// order) each reached variant promotes in a call of maxCount (docs/
+// design.md, "Dequeue"): each in turn takes up to an even share of what
+// is left of the budget, at least 1 and at most PromoteLimit; then those
+// that filled their share take what is left, in the same order.
+func (o *Oracle) promotePlan(maxCount int, due []int) []int {
+	limit := o.cfg.PromoteLimit
+	left := max(limit, maxCount)
+	plan := make([]int, len(due))
+	share := make([]int, len(due))
+	for i, d := range due {
+		n := len(due) - i
+		share[i] = min(limit, max(1, (left+n-1)/n))
+		plan[i] = min(d, share[i])
+		left -= plan[i]
 	}
-	budget := max(o.cfg.PromoteLimit, maxCount)
-	return min(o.cfg.PromoteLimit, (budget+n-1)/n)
+	for i, d := range due {
+		if left > 0 && plan[i] == share[i] {
+			more := min(limit-plan[i], left, d-plan[i])
+			plan[i] += more
+			left -= more
+		}
+	}
+	return plan
 }
 
 func (o *Oracle) capacity(maxCount int) int {

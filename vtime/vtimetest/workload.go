@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
+	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/vtime"
 )
 
@@ -183,18 +184,24 @@ func BatchInvarianceObserved(rt *rapid.T, f Factory) {
 		}
 	}
 	// The first call of 1 promotes them all, as the call of N does: at
-	// most ScanLimit (default 30) due variants, each with at most its
-	// share of the call's promotion (vtime.PromoteShare: PromoteLimit, 100,
-	// shared among them).
-	perKey := map[string]int{}
+	// most ScanLimit (default 30) due variants, each given all of its due
+	// runs by the call's plan (vtime.PromotePlan, PromoteLimit 100).
+	perVariant := map[string]int{}
 	for _, r := range db.Snapshot(rt).Runs {
 		if r.Delayed && r.At <= now {
-			perKey[r.Key]++
+			perVariant[keys.VariantMember(r.Key)]++
+		}
+	}
+	var dueRuns []int
+	for _, e := range delay {
+		if e.Score <= float64(now) {
+			dueRuns = append(dueRuns, perVariant[e.Member])
 		}
 	}
 	ok := due <= 30
-	for _, c := range perKey {
-		ok = ok && c <= vtime.PromoteShare(100, 1, due)
+	plan, _ := vtime.PromotePlan(100, 1, dueRuns)
+	for i := range dueRuns {
+		ok = ok && plan[i] == dueRuns[i]
 	}
 	batch := a.apply(rt, op{kind: opDequeue, n: n})
 	var singles []string

@@ -1015,10 +1015,11 @@ local function dq_var(dq, vm)
   return c
 end
 
--- Move up to share due runs of variant vm from delayed to ready.
-local function dq_promote_variant(dq, hooks, vm, share)
+-- Move up to n due runs of variant vm from delayed to ready; returns how
+-- many left the delayed set.
+local function dq_promote_variant(dq, hooks, vm, n)
   local c = dq_var(dq, vm)
-  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', share)
+  local due = redis.call('ZRANGEBYSCORE', c.delayed, '-inf', dq.now_arg, 'LIMIT', '0', n)
   if #due > 0 then
     local recs = redis.call('HMGET', dq.runs, unpack(due))
     local zargs, min_rs = {}, nil
@@ -1046,14 +1047,19 @@ local function dq_promote_variant(dq, hooks, vm, share)
     dq.dirty = true
   end
   index_head(c.delayed, dq.delay_index, vm)
+  return #due
 end
 
--- Promote the due delayed runs of the first scan due variants: the call's
--- budget, max(promote limit, maxCount), shared evenly among them, rounded
--- up, each at most the promote limit (vtime.PromoteShare), so that one
--- call promotes fewer than budget + scan runs however many are due. A
--- look at delayIndex's head comes first: when nothing is due (the common
--- case) it is all the call reads of delayed runs, and dq_finish reuses it.
+-- Promote the due delayed runs of the first scan due variants, as many of
+-- each as vtime.PromotePlan gives: the call's budget, max(promote limit,
+-- maxCount), in two passes. First each variant in turn takes up to an even
+-- share of what is left, max(1, ceil(left / variants left)), at most the
+-- promote limit; then those that filled their share take what is left, in
+-- the same order, up to the limit each. One call promotes fewer than
+-- budget + scan runs however many are due, and a share one variant left
+-- unused goes to another. A look at delayIndex's head comes first: when
+-- nothing is due (the common case) it is all the call reads of delayed
+-- runs, and dq_finish reuses it.
 local function dq_promote(dq, hooks)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
@@ -1065,8 +1071,19 @@ local function dq_promote(dq, hooks)
     return
   end
   local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', dq.scan)
-  local share = math.min(dq.promote_limit, math.ceil(math.max(dq.promote_limit, dq.max_count) / #due))
-  for _, vm in ipairs(due) do dq_promote_variant(dq, hooks, vm, share) end
+  local limit = dq.promote_limit
+  local left, filled = math.max(limit, dq.max_count), {}
+  for i, vm in ipairs(due) do
+    local share = math.min(limit, math.max(1, math.ceil(left / (#due - i + 1))))
+    local got = dq_promote_variant(dq, hooks, vm, share)
+    if got == share then filled[#filled + 1] = { vm, got } end
+    left = left - got
+  end
+  for _, f in ipairs(filled) do
+    if left <= 0 then break end
+    local more = math.min(limit - f[2], left)
+    if more > 0 then left = left - dq_promote_variant(dq, hooks, f[1], more) end
+  end
 end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it

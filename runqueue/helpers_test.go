@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -329,4 +330,20 @@ func (f afterEach) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		}
 		return err
 	}
+}
+
+// infoInt is the integer field of INFO section on c's server.
+func infoInt(t testing.TB, c redis.UniversalClient, section, field string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), section).Result()
+	require.NoError(t, err)
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatalf("no %s in INFO %s", field, section)
+	return 0
 }

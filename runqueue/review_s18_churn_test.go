@@ -877,22 +877,6 @@ func s18Processed(t testing.TB, b *testBundle, from, to int, runs func(i int) in
 	}
 }
 
-// s18UsedMemory is INFO memory's used_memory.
-func s18UsedMemory(t testing.TB, c redis.UniversalClient) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "memory").Result()
-	require.NoError(t, err)
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			require.NoError(t, err)
-			return n
-		}
-	}
-	t.Fatal("no used_memory in INFO memory")
-	return 0
-}
-
 // TestS18ChurnScale: 20,000 distinct keys fully processed in batches of
 // 1,000 keys, flag off and on, on a real Redis, in two shapes: each key
 // one or two runs (30,000 runs), and each key one run. Flag off leaves no
@@ -918,7 +902,7 @@ func TestS18ChurnScale(t *testing.T) {
 		for _, shape := range shapes {
 			t.Run(fmt.Sprintf("vtime=%v/%s", on, shape.name), func(t *testing.T) {
 				b := s17Setup(t, c, on, nil)
-				used0 := s18UsedMemory(t, c)
+				used0 := infoInt(t, c, "memory", "used_memory")
 				var memAt10k int64
 				var at10k map[string]s18Entry
 				for from := 0; from < keys; from += batch {
@@ -930,7 +914,7 @@ func TestS18ChurnScale(t *testing.T) {
 				}
 				inv := s18Inventory(t, b)
 				mem := s18Mem(inv)
-				used := s18UsedMemory(t, c)
+				used := infoInt(t, c, "memory", "used_memory")
 				st := s18SchedOf(t, b, env, queueName)
 				t.Logf("after %d keys: %d keys left, %d parked tags, MEMORY USAGE %d bytes (%d at 10,000 keys); used_memory %+d",
 					keys, len(inv), st.parked, mem, memAt10k, used-used0)

@@ -244,22 +244,6 @@ func TestS26LimitsLongNames(t *testing.T) {
 	}
 }
 
-// s26NetOut is the server's total_net_output_bytes.
-func s26NetOut(t *testing.T, c redis.UniversalClient) int64 {
-	t.Helper()
-	info, err := c.Info(context.Background(), "stats").Result()
-	require.NoError(t, err)
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "total_net_output_bytes:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			require.NoError(t, err)
-			return n
-		}
-	}
-	t.Fatal("no total_net_output_bytes")
-	return 0
-}
-
 // TestS26LimitsRecoverLeasesMax: RecoverLeases and ExpireTTL at their
 // largest limit (100,000) over 100,000 due runs of 500 keys: each sweeps
 // every run in one call, each script call short, both flag states.
@@ -330,11 +314,11 @@ func TestS26LimitsInspectTooLarge(t *testing.T) {
 	const keysN = 100000
 	s26Fill(t, b, keysN, 1, 0)
 	var err error
-	netBefore := s26NetOut(t, c)
+	netBefore := infoInt(t, c, "stats", "total_net_output_bytes")
 	slow := s26Measure(t, c, func() {
 		_, err = b.q.Schedule(b.ctx, env, queueName, 10)
 	})
-	t.Logf("Schedule over %d keys: %v, moved %d bytes; %v", keysN, err, s26NetOut(t, c)-netBefore, slow)
+	t.Logf("Schedule over %d keys: %v, moved %d bytes; %v", keysN, err, infoInt(t, c, "stats", "total_net_output_bytes")-netBefore, slow)
 	require.ErrorIs(t, err, runqueue.ErrTooLarge)
 	_, err = b.q.Preview(b.ctx, env, queueName, 10)
 	require.ErrorIs(t, err, runqueue.ErrTooLarge)

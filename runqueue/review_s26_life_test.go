@@ -896,6 +896,7 @@ func s26Seeds(def int) []int64 {
 }
 
 func TestS26LifeRandom(t *testing.T) {
+	t.Parallel() // its own prefix and a fake clock: nothing here depends on timing
 	c := redistest.Real(t)
 	steps := 250
 	if s := os.Getenv("S26_STEPS"); s != "" {
@@ -1216,6 +1217,7 @@ func TestS26LifeTargetedStateExpiry(t *testing.T) {
 // hashes get their wide marks; stats, acks by either flag, lease recovery,
 // and the keys going when the last run leaves flight.
 func TestS26LifeTargetedWide(t *testing.T) {
+	t.Parallel() // its own prefix and a fake clock: nothing here depends on timing
 	w := newS26World(t, redistest.Real(t), 6, 0, 0)
 	w.setLimits(s26Q, runqueue.Limits{Key: 2})
 	var ps []runqueue.EnqueueParams
@@ -1596,6 +1598,7 @@ func TestS26LifeMasterAfterPartialRead(t *testing.T) {
 // another), over two queues, with and without an admission limit: every
 // answer is what runs queued one at a time would get, and the counts hold.
 func TestS26LifeTargetedBigBatch(t *testing.T) {
+	t.Parallel() // its own prefix and a fake clock: nothing here depends on timing
 	c := redistest.Real(t)
 	for _, maxQ := range []int{0, 1700} {
 		t.Run(fmt.Sprintf("maxQ=%d", maxQ), func(t *testing.T) {

@@ -589,20 +589,7 @@ func (m *Model) capacity(maxCount int) int {
 // ready (registering the variants that gain a ready run), as many of each
 // as PromotePlan gives it.
 func (c *call) promote(now int64, maxCount int) {
-	var vms []string
-	var due []int
-	for i, e := range c.m.delayIndex() {
-		if i >= c.scan || e.Score > float64(now) {
-			break
-		}
-		n := 0
-		for _, at := range c.m.delayed[e.Member] {
-			if at <= float64(now) {
-				n++
-			}
-		}
-		vms, due = append(vms, e.Member), append(due, n)
-	}
+	vms, due := c.m.dueVariants(now, c.scan)
 	plan, first := PromotePlan(c.m.cfg.PromoteLimit, maxCount, due)
 	for i, vm := range vms {
 		c.m.promote(vm, now, first[i])
@@ -612,6 +599,24 @@ func (c *call) promote(now int64, maxCount int) {
 			c.m.promote(vm, now, more)
 		}
 	}
+}
+
+// dueVariants is the first n variants of the delay index with a due run
+// at now, in its order, and how many due runs each holds.
+func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
+	for i, e := range m.delayIndex() {
+		if i >= n || e.Score > float64(now) {
+			break
+		}
+		k := 0
+		for _, at := range m.delayed[e.Member] {
+			if at <= float64(now) {
+				k++
+			}
+		}
+		vms, due = append(vms, e.Member), append(due, k)
+	}
+	return vms, due
 }
 
 // PromotePlan is how many due delayed runs a dequeue call of maxCount

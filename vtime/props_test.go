@@ -248,19 +248,7 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 	}
 	// The first call of 1 promotes every due run: at most its scan of due
 	// variants, each given all of its due runs by the call's plan.
-	var due []int
-	for _, e := range m.delayIndex() {
-		if e.Score > float64(now) {
-			break
-		}
-		n := 0
-		for _, at := range m.delayed[e.Member] {
-			if at <= float64(now) {
-				n++
-			}
-		}
-		due = append(due, n)
-	}
+	_, due := m.dueVariants(now, scanOf(m.cfg, 1)+1)
 	if len(due) > scanOf(m.cfg, 1) {
 		return false, "promotion"
 	}

@@ -21,7 +21,8 @@ type DeadRun struct {
 }
 
 // DeadLetters lists up to limit dead-lettered runs of a queue, oldest death
-// first, starting at offset.
+// first, starting at offset, payloads included. It reads the list, then
+// the runs' records in one pipeline: two round trips.
 func (q *Queue) DeadLetters(ctx context.Context, env, queue string, offset, limit int) ([]DeadRun, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -43,12 +44,11 @@ func (q *Queue) DeadLetters(ctx context.Context, env, queue string, offset, limi
 		if err != nil {
 			continue
 		}
-		d, err := q.deadRun(ctx, qk, ref)
-		if err != nil {
-			return nil, err
-		}
-		d.DiedAt = time.UnixMilli(int64(z.Score))
-		out = append(out, d)
+		out = append(out, DeadRun{Env: ref.Env, Queue: ref.Queue, Key: ref.Key, ID: ref.ID,
+			DiedAt: time.UnixMilli(int64(z.Score))})
+	}
+	if err := q.deadRecords(ctx, qk, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -67,24 +67,38 @@ func (q *Queue) DeadLetter(ctx context.Context, env, queue, key, id string) (Dea
 	if err != nil {
 		return DeadRun{}, err
 	}
-	d, err := q.deadRun(ctx, qk, ref)
-	d.DiedAt = time.UnixMilli(int64(score))
-	return d, err
+	ds := []DeadRun{{Env: env, Queue: queue, Key: key, ID: id, DiedAt: time.UnixMilli(int64(score))}}
+	err = q.deadRecords(ctx, qk, ds)
+	return ds[0], err
 }
 
-func (q *Queue) deadRun(ctx context.Context, qk keys.Queue, ref keys.Ref) (DeadRun, error) {
-	d := DeadRun{Env: ref.Env, Queue: ref.Queue, Key: ref.Key, ID: ref.ID}
-	raw, err := q.rdb.HGet(ctx, qk.Runs(), keys.Segment(ref.ID)).Result()
-	if errors.Is(err, redis.Nil) {
-		return d, nil
+// deadRecords fills in the attempt, priority and payload of dead runs ds
+// of queue qk from their records, read in one pipeline: one HGET a run (a
+// reply a record, however large the payloads), one round trip for all. A
+// run whose record is gone keeps them zero.
+func (q *Queue) deadRecords(ctx context.Context, qk keys.Queue, ds []DeadRun) error {
+	cmds := make([]*redis.StringCmd, len(ds))
+	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, d := range ds {
+			cmds[i] = p.HGet(ctx, qk.Runs(), keys.Segment(d.ID))
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return err
 	}
-	if err != nil {
-		return DeadRun{}, err
+	for i, c := range cmds {
+		raw, err := c.Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if r, ok := parseRecord(raw); ok {
+			ds[i].Attempt, ds[i].Priority, ds[i].Payload = r.att, r.pr, []byte(r.payload)
+		}
 	}
-	if r, ok := parseRecord(raw); ok {
-		d.Attempt, d.Priority, d.Payload = r.att, r.pr, []byte(r.payload)
-	}
-	return d, nil
+	return nil
 }
 
 // Redrive puts a dead-lettered run back in its queue, ready now, with its

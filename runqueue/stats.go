@@ -59,15 +59,12 @@ func (q *Queue) QueueStats(ctx context.Context, env, queue string) (Stats, error
 	// delayIndex scores each variant by its earliest delayed run's
 	// available_at.
 	s.OldestReadyAge = q.dueAge(delayHead.Val())
-	if h := head.Val(); len(h) == 1 {
-		ck, err := keys.DecodeVariantMember(h[0])
-		if err == nil {
-			age, err := q.oldestAge(ctx, qk, qk.Variant(ck))
-			if err != nil {
-				return Stats{}, err
-			}
-			s.OldestReadyAge = max(s.OldestReadyAge, age)
+	if h := headVariant(qk, head.Val()); h != nil {
+		ages, err := q.readyAges(ctx, []headRun{*h})
+		if err != nil {
+			return Stats{}, err
 		}
+		s.OldestReadyAge = max(s.OldestReadyAge, ages[0])
 	}
 	return s, nil
 }
@@ -95,11 +92,11 @@ func (q *Queue) KeyStats(ctx context.Context, env, queue, key string) (Stats, er
 	s := Stats{Ready: ready.Val(), Delayed: delayed.Val(), InFlight: toInt(inflight.Val())}
 	s.OldestReadyAge = q.dueAge(delayHead.Val())
 	if s.Ready > 0 {
-		age, err := q.oldestAge(ctx, qk, v)
+		ages, err := q.readyAges(ctx, []headRun{{qk: qk, v: v}})
 		if err != nil {
 			return Stats{}, err
 		}
-		s.OldestReadyAge = max(s.OldestReadyAge, age)
+		s.OldestReadyAge = max(s.OldestReadyAge, ages[0])
 	}
 	return s, nil
 }
@@ -116,29 +113,75 @@ func (q *Queue) dueAge(head []redis.Z) time.Duration {
 	return 0
 }
 
-// oldestAge is now minus the available_at of the head of v's ready set
-// (see Stats.OldestReadyAge for what priorities do to it).
-func (q *Queue) oldestAge(ctx context.Context, qk keys.Queue, v keys.Variant) (time.Duration, error) {
-	ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, 0).Result()
-	if err != nil || len(ids) == 0 {
-		return 0, err
+// headRun names a variant whose ready set's head is asked for its age.
+type headRun struct {
+	qk keys.Queue
+	v  keys.Variant
+}
+
+// headVariant is the variant of a queue's age-order head (a ZRANGE of
+// its ckIndex, 0 0), nil when the queue has none.
+func headVariant(qk keys.Queue, head []string) *headRun {
+	if len(head) != 1 {
+		return nil
 	}
-	raw, err := q.rdb.HGet(ctx, qk.Runs(), ids[0]).Result()
-	if err == redis.Nil {
-		return 0, nil
-	}
+	ck, err := keys.DecodeVariantMember(head[0])
 	if err != nil {
-		return 0, err
+		return nil
 	}
-	r, ok := parseRecord(raw)
-	if !ok {
-		return 0, nil
+	return &headRun{qk: qk, v: qk.Variant(ck)}
+}
+
+// readyAges is, for each variant of hs, now minus the available_at of the
+// head of its ready set (0 when it has none; see Stats.OldestReadyAge for
+// what priorities do to it). It reads them all in two pipelines, two
+// round trips whatever their number: a ZRANGE of each ready set's head,
+// then an HGET of each head's record.
+func (q *Queue) readyAges(ctx context.Context, hs []headRun) ([]time.Duration, error) {
+	out := make([]time.Duration, len(hs))
+	ids := make([]*redis.StringSliceCmd, len(hs))
+	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, h := range hs {
+			ids[i] = p.ZRange(ctx, h.v.Ready(), 0, 0)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
 	}
-	return max(0, time.Duration(q.now()-r.at)*time.Millisecond), nil
+	recs := make([]*redis.StringCmd, len(hs))
+	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, h := range hs {
+			if id := ids[i].Val(); len(id) == 1 {
+				recs[i] = p.HGet(ctx, h.qk.Runs(), id[0])
+			}
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	now := q.now()
+	for i, c := range recs {
+		if c == nil {
+			continue
+		}
+		raw, err := c.Result()
+		if errors.Is(err, redis.Nil) {
+			continue // acked or expired since the ZRANGE
+		}
+		if err != nil {
+			return nil, err
+		}
+		if r, ok := parseRecord(raw); ok {
+			out[i] = max(0, time.Duration(now-r.at)*time.Millisecond)
+		}
+	}
+	return out, nil
 }
 
 // EnvStats sums the queued runs of every base queue of env, and reports the
-// env's in-flight and dead-lettered runs.
+// env's in-flight and dead-lettered runs. It reads the queues in
+// pipelines of up to 1,000 queues (three round trips each), not one queue
+// after another; the figures are not of one instant.
 func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
 	if err := checkName("env", env); err != nil {
 		return Stats{}, err
@@ -149,14 +192,16 @@ func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
 		return Stats{}, err
 	}
 	var total Stats
-	for _, name := range queues {
-		s, err := q.QueueStats(ctx, env, name)
+	for len(queues) > 0 {
+		n := min(len(queues), envStatsChunk)
+		s, err := q.queuedStats(ctx, e, queues[:n])
 		if err != nil {
 			return Stats{}, err
 		}
 		total.Ready += s.Ready
 		total.Delayed += s.Delayed
 		total.OldestReadyAge = max(total.OldestReadyAge, s.OldestReadyAge)
+		queues = queues[n:]
 	}
 	// Dead runs are counted per queue in the env's dead hash, which also
 	// covers queues that hold nothing but dead runs.
@@ -169,6 +214,52 @@ func (q *Queue) EnvStats(ctx context.Context, env string) (Stats, error) {
 	}
 	total.InFlight, err = q.envInflight(ctx, e)
 	return total, err
+}
+
+// envStatsChunk bounds the base queues whose queued runs EnvStats reads
+// in one pipeline (three reads a queue; see queuedStats).
+const envStatsChunk = 1000
+
+// queuedStats sums the queued runs (Ready, Delayed) of the base queues
+// names of env e, with the largest of their OldestReadyAge, in three
+// pipelines (three round trips) whatever their number: each queue's depth
+// counts and its age-order and delayed heads, then readyAges. Each
+// figure is the one QueueStats reports; the queues are not read at one
+// instant, as they never were (one queue after another).
+func (q *Queue) queuedStats(ctx context.Context, e keys.Env, names []string) (Stats, error) {
+	depth := make([]*redis.SliceCmd, len(names))
+	heads := make([]*redis.StringSliceCmd, len(names))
+	delayHeads := make([]*redis.ZSliceCmd, len(names))
+	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, name := range names {
+			qk := e.Queue(name)
+			depth[i] = p.HMGet(ctx, qk.Depth(), "r", "d")
+			heads[i] = p.ZRange(ctx, qk.CkIndex(), 0, 0)
+			delayHeads[i] = p.ZRangeWithScores(ctx, qk.DelayIndex(), 0, 0)
+		}
+		return nil
+	}); err != nil {
+		return Stats{}, err
+	}
+	var s Stats
+	var hs []headRun
+	for i, name := range names {
+		d := depth[i].Val()
+		s.Ready += toInt(d[0])
+		s.Delayed += toInt(d[1])
+		s.OldestReadyAge = max(s.OldestReadyAge, q.dueAge(delayHeads[i].Val()))
+		if h := headVariant(e.Queue(name), heads[i].Val()); h != nil {
+			hs = append(hs, *h)
+		}
+	}
+	ages, err := q.readyAges(ctx, hs)
+	if err != nil {
+		return Stats{}, err
+	}
+	for _, a := range ages {
+		s.OldestReadyAge = max(s.OldestReadyAge, a)
+	}
+	return s, nil
 }
 
 // heldWideField is the held hash's wide mark (lua/lib/held.lua): a field

@@ -83,7 +83,8 @@ type Config struct {
 	// BackoffBase, BackoffMax and BackoffJitter shape Nack's default retry
 	// time: BackoffBase*2^(attempt-1), at most BackoffMax, then multiplied by
 	// a random factor in [1-BackoffJitter, 1+BackoffJitter]. Default to 1s,
-	// 10m and 0.2; a negative BackoffJitter means no jitter. BackoffBase is
+	// 10m and 0.2; BackoffJitter is below 1, and a negative one means no
+	// jitter. BackoffBase is
 	// at most MaxDuration (0 means the default), BackoffMax BackoffBase to
 	// MaxDuration.
 	BackoffBase   time.Duration
@@ -118,7 +119,7 @@ type Config struct {
 	WindowMultiplier int
 	// Quantum is the unit in which Schedule and TopLags report virtual time
 	// (one serve of a key of weight 1 is Quantum); the scheduling itself
-	// does not depend on it. Defaults to 1.
+	// does not depend on it. Above 0, at most 1,000,000; defaults to 1.
 	Quantum float64
 	// StateTTL is the lifetime of the scheduler's state: the first flag-on
 	// write makes it (a dequeue of a queue with no state and no ready run
@@ -218,7 +219,9 @@ type Config struct {
 	Rand *rand.Rand
 }
 
-// WithDefaults returns a copy of c with every zero field set to its default.
+// WithDefaults returns a copy of c with every zero field set to its default,
+// but ScanLimit: its default depends on each call's maxCount (see there), so
+// a zero ScanLimit stays zero.
 func (c *Config) WithDefaults() *Config {
 	out := Config{}
 	if c != nil {

@@ -20,9 +20,9 @@ type DeadRun struct {
 	DiedAt              time.Time
 }
 
-// DeadLetters lists up to limit dead-lettered runs of a queue, oldest death
-// first, starting at offset, payloads included. It reads the list, then
-// the runs' records in one pipeline: two round trips.
+// DeadLetters lists up to limit (1..10000) dead-lettered runs of a queue,
+// oldest death first, starting at offset, payloads included. It reads the
+// list, then the runs' records in one pipeline: two round trips.
 func (q *Queue) DeadLetters(ctx context.Context, env, queue string, offset, limit int) ([]DeadRun, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err

@@ -271,6 +271,7 @@ func ackedCount(res []any, acks int) int {
 // The runs acked free their slots for the dequeue of the same call. When
 // Config.LimitsFor refuses the queue's limits (a negative one), the acks
 // are still made, alone, and their results come with that *InvalidError.
+// At most 1,000 acks a call (more is an *InvalidError, nothing done).
 func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, nil, err

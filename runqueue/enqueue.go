@@ -28,7 +28,8 @@ type EnqueueParams struct {
 	Priority int
 	// AvailableAt delays the run until then; zero means now (plus Delay).
 	AvailableAt time.Time
-	// Delay delays the run by this much after now; used when AvailableAt is zero.
+	// Delay delays the run by this much after now. Set at most one of
+	// AvailableAt and Delay: both is an *InvalidError, nothing written.
 	Delay time.Duration
 	// TTL expires the run (ExpireTTL) if it is not dequeued within TTL of
 	// being enqueued. Zero means no TTL.

@@ -48,7 +48,8 @@ type KeySchedule struct {
 	// limit" (KeyConcurrency reached), "queue or env at its limit",
 	// "awaiting discovery" (ready runs written without the flag, not yet
 	// registered: a dequeue's discovery reaches it within
-	// ceil(variants/ScanLimit) calls), "waiting in the newcomer lane".
+	// ceil(variants / max(1, ScanLimit - maxCount)) + 1 calls, guarantee 5
+	// of docs/design.md), "waiting in the newcomer lane".
 	Reason string
 }
 

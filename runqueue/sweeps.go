@@ -9,8 +9,9 @@ import (
 	"github.com/runqueue/runqueue/keys"
 )
 
-// RecoverLeases requeues (attempt + 1, ready now) up to limit runs of shard
-// whose lease deadline passed, or dead-letters those without attempts left.
+// RecoverLeases requeues (attempt + 1, ready now) up to limit (1..100000)
+// runs of shard whose lease deadline passed, or dead-letters those without
+// attempts left.
 // Any number of instances may run it concurrently: each run is recovered
 // once. It returns how many runs it recovered or dead-lettered; with an
 // error (a run's call failed, or the connection was lost part way), that
@@ -57,10 +58,10 @@ func (q *Queue) checkSweep(shard, limit int) error {
 	return nil
 }
 
-// ExpireTTL removes up to limit queued runs of shard whose TTL passed before
-// they were dequeued, and returns how many it expired; with an error (a
-// run's call failed, or the connection was lost part way), that count and
-// the Observer still include what the calls that answered did.
+// ExpireTTL removes up to limit (1..100000) queued runs of shard whose TTL
+// passed before they were dequeued, and returns how many it expired; with
+// an error (a run's call failed, or the connection was lost part way), that
+// count and the Observer still include what the calls that answered did.
 func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 	now := q.now()
 	sh := q.space.Shard(max(0, shard))

@@ -29,7 +29,8 @@
 // its own flags: -n for schedule and preview; -env-limit, -queue-limit and
 // -key-limit, the deployment's concurrency limits, which decide what the
 // scheduler can serve; -offset and -limit for dead list; -key (the run's
-// concurrency key) for dead show and redrive; -payload for dead show.
+// concurrency key) for dead show, dead delete and redrive; -payload for dead
+// show; -before (required) and -limit for dead purge.
 //
 // # Finding the deployment
 //

@@ -96,7 +96,7 @@ func report(stderr io.Writer, name string, err error) int {
 	switch {
 	case errors.As(err, &ue):
 		hint := "runqueue help"
-		if name != "" {
+		if name != "" && name != "help" {
 			hint += " " + name
 		}
 		fmt.Fprintf(stderr, "%s: %s\nRun '%s' for usage.\n", prog, msg, hint)

@@ -74,6 +74,9 @@ func TestBadInput(t *testing.T) {
 		{"NoCommand", nil, "runqueue: no command\nRun 'runqueue help' for usage."},
 		{"UnknownCommand", []string{"frob"}, `runqueue: unknown command "frob"`},
 		{"UnknownHelp", []string{"help", "frob"}, `runqueue help: unknown command "frob"`},
+		// The hint names plain help ("runqueue help help" would fail the same way).
+		{"HelpOfGroup", []string{"help", "dead"}, "runqueue help: dead needs a subcommand: list, show, delete, purge\n" +
+			"Run 'runqueue help' for usage."},
 		{"GroupAlone", []string{"dead"}, "runqueue: dead needs a subcommand: list, show, delete, purge"},
 		{"UnknownSub", []string{"weight", "get"}, `runqueue: unknown subcommand "get" of weight (want list, set, clear)`},
 		{"UnknownFlag", []string{"stats", "-bogus", "e"}, "runqueue stats: flag provided but not defined: -bogus\n" +

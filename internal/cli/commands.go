@@ -51,7 +51,8 @@ registration order (SEQ, which breaks ties), weight, parked tag, run counts,
 and STATUS: "competing", or why it is not served: "idle" (no runs), "head in
 the future" (only delayed runs), "at its limit" (KeyConcurrency reached),
 "queue or env at its limit", "awaiting discovery" (ready runs not yet
-registered; a dequeue reaches them within a few calls).
+registered; a dequeue reaches them within a few calls), "waiting in the
+newcomer lane" (registered, behind earlier newcomers).
 Pass the deployment's limits with -env-limit, -queue-limit and -key-limit:
 the reasons depend on them.`,
 		setup: func(fs *flag.FlagSet, cfg *runqueue.Config) runFunc {

@@ -152,7 +152,7 @@ func schedulerState(t T, d Driver) string {
 // vtime/doc.go as seen from outside (at every serve the first
 // 2*WindowMultiplier tags hold a servable variant; no discovery pending)
 // and the one it omits (the first call of 1 promotes every due run, see
-// vtime.TestBatchInvarianceWithDuePromotions), they serve the same runs in
+// vtime.TestPromotion and TestPropBatchInvariance), they serve the same runs in
 // the same order and keep the same scheduler state.
 func BatchInvarianceObserved(rt *rapid.T, f Factory) {
 	wm := rapid.IntRange(1, 3).Draw(rt, "wm")

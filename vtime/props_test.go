@@ -621,3 +621,52 @@ func TestPropNoPanics(t *testing.T) {
 		}
 	})
 }
+
+// TestPropDelayedReach: guarantee 8 (docs/design.md 13) on random bursts
+// of due delayed runs, with ready work, key limits and a clock that stands
+// still or moves: every variant with due runs gains a ready run within
+// ceil(a/ScanLimit)+1 calls with capacity, a the due variants ahead of it
+// in the delay index when the burst falls due.
+func TestPropDelayedReach(t *testing.T) {
+	t.Parallel()
+	rapid.Check(t, func(rt *rapid.T) {
+		scan := rapid.IntRange(1, 8).Draw(rt, "scan")
+		m := New(Config{ScanLimit: scan, PromoteLimit: rapid.IntRange(1, 5).Draw(rt, "promote"),
+			Limits: Limits{Key: rapid.IntRange(0, 3).Draw(rt, "keyLimit")}})
+		nkeys := rapid.IntRange(1, 30).Draw(rt, "keys")
+		for k := range nkeys {
+			key := keyName(k)
+			for i := range rapid.IntRange(1, 12).Draw(rt, "due") {
+				at := int64(rapid.IntRange(1, 50).Draw(rt, "at"))
+				require.NoError(rt, m.Enqueue(fmt.Sprintf("%s#d%d", key, i), key, rapid.IntRange(0, 2).Draw(rt, "pr"), at, 0))
+			}
+			if rapid.Bool().Draw(rt, "ready") {
+				require.NoError(rt, m.Enqueue(key+"#r", key, 0, 0, 0))
+			}
+		}
+		now := int64(100)
+		left := map[string]int{} // variant -> delayed runs at the start
+		bound := map[string]int{}
+		for rank, e := range m.delayIndex() {
+			left[e.Member] = len(m.delayed[e.Member])
+			bound[e.Member] = (rank+scan-1)/scan + 1
+		}
+		move := rapid.Bool().Draw(rt, "clockMoves")
+		for call := 1; len(left) > 0; call++ {
+			m.Dequeue(rapid.IntRange(1, 4).Draw(rt, "maxCount"), now)
+			for vm, n := range left {
+				if len(m.delayed[vm]) < n {
+					delete(left, vm)
+					if call > bound[vm] {
+						rt.Fatalf("%s first promoted at call %d, bound %d", vm, call, bound[vm])
+					}
+				} else if call >= bound[vm] {
+					rt.Fatalf("%s not promoted by call %d, its bound", vm, call)
+				}
+			}
+			if move {
+				now++
+			}
+		}
+	})
+}

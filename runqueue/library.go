@@ -66,7 +66,11 @@ type libEntry struct {
 	// write that may add, and these delete first. A function without
 	// flags is refused before it runs, so these are registered with
 	// 'allow-oom', and a full Redis can still settle runs and free memory.
-	// The others (enqueue, a dequeue without acks) are refused either way.
+	// So is the dequeue without acks: run by EVALSHA, a serve's first
+	// write removes runs from their ready sets (lib/dequeue's dq_finish,
+	// which the flag-on dequeue runs before the scheduler's writes), and a
+	// worker on a full Redis must get runs to ack them. The enqueue is
+	// refused either way.
 	settles bool
 }
 
@@ -76,7 +80,7 @@ type libEntry struct {
 // there twice, as two functions of one body: by itself, and carrying acks.
 func libraryScripts(s *scriptSet) []libEntry {
 	return []libEntry{
-		{s.enqueue, "enqueue.lua", "", false}, {s.dequeue, "dequeue_vtime.lua", "", false},
+		{s.enqueue, "enqueue.lua", "", false}, {s.dequeue, "dequeue_vtime.lua", "", true},
 		{s.dequeueSettle, "dequeue_vtime.lua", "_settle", true}, {s.ack, "ack.lua", "", true},
 		{s.requeue, "requeue.lua", "", true}, {s.expire, "expire.lua", "", true}, {s.redrive, "redrive.lua", "", true},
 	}

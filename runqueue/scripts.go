@@ -363,6 +363,11 @@ func (s *scriptSet) load(ctx context.Context, c redis.UniversalClient, functions
 	switch err := s.lib.load(ctx, c); {
 	case errors.Is(err, errNoFunctions):
 		return nil
+	case isOOM(err):
+		// A Redis at maxmemory refuses FUNCTION LOAD: this instance runs
+		// the scripts by EVALSHA (loaded above), so that it starts and can
+		// settle runs and free memory.
+		return nil
 	case err != nil:
 		return err
 	}

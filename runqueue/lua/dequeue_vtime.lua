@@ -434,6 +434,13 @@ while #dq.served < dq.cap do
   serve_one(e)
 end
 
+-- The served runs move in flight first (dq_finish), the scheduler's writes
+-- after: on a Redis at maxmemory a script is refused only at its first
+-- write that may add memory, and a serve's first write removes runs from
+-- their ready sets, so a full Redis still hands out runs, whose acks free
+-- memory (as with the flag off).
+local out = dq_finish(dq, acked)
+
 -- collect and persist: the tags and registrations this call changed
 -- (gathered from the entries it touched), then parked tags.
 -- A variant that left the lane leaves its region (unless parking replaces
@@ -526,4 +533,4 @@ if st.v >= SCHED.REBASE_AT then
 end
 
 sched_save(S)
-return dq_finish(dq, acked)
+return out

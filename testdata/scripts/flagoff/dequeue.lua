@@ -475,10 +475,12 @@ local function dq_promote_variant(dq, hooks, vm, n)
         zargs[#zargs + 1] = id
       end
     end
-    -- (the ZADD first: under maxmemory a script's first write decides
-    -- whether Redis lets it grow memory, and a promotion adds)
-    if #zargs > 0 then redis.call('ZADD', c.ready, unpack(zargs)) end
+    -- (the removal first: on a Redis at maxmemory a script is refused
+    -- only at its first write that may add memory, and a promotion moves
+    -- runs, it does not add them; a dequeue refused for its promotion
+    -- would serve nothing, and a full Redis frees memory only by serving)
     redis.call('ZREM', c.delayed, unpack(due))
+    if #zargs > 0 then redis.call('ZADD', c.ready, unpack(zargs)) end
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     if #zargs > 0 then
       local ready_n = redis.call('HINCRBY', dq.depth, 'r', #zargs / 2)
@@ -601,9 +603,7 @@ local function dq_finish(dq, acked)
     if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
   end
   local added = #dq.touched == 1 and #unread == 1
-  if added then
-    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
-  elseif #unread > 0 then
+  if not added and #unread > 0 then
     local ns = redis.call('HMGET', dq.kin, unpack(unread))
     for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
   end
@@ -631,7 +631,15 @@ local function dq_finish(dq, acked)
   for i = 1, #emptied, 1000 do
     redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
   end
-  if not added then redis.call('HSET', dq.kin, unpack(counts)) end
+  -- (the counts after the removals: on a Redis at maxmemory a script is
+  -- refused only at its first write that may add memory, and a serve's
+  -- first write removes runs from their ready sets, so a full Redis still
+  -- hands out runs, whose acks free memory)
+  if added then
+    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
+  else
+    redis.call('HSET', dq.kin, unpack(counts))
+  end
   depth_sub(dq.depth, 'r', #dq.served)
 
   local n = #dq.served

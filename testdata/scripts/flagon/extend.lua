@@ -115,5 +115,9 @@ local id, vm, member, token, deadline = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 
 local _, err = held_check(runs, held, leases, vm, id, member, token, 0)
 if err then return redis.error_reply(HELD_ERRORS[err]) end
-redis.call('ZADD', leases, 'XX', deadline, member)
+-- The entry is moved by a removal and an add, not ZADD XX: on a Redis at
+-- maxmemory a script is refused at its first write that may add memory
+-- (a ZADD, whatever its XX), and a removal first lets the heartbeat of a
+-- long run through.
+if redis.call('ZREM', leases, member) == 1 then redis.call('ZADD', leases, deadline, member) end
 return 1

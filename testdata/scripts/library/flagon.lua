@@ -1,4 +1,4 @@
-#!lua name=runqueue_8e83714be95250b5
+#!lua name=runqueue_375b3ac27b50c2da
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1206,10 +1206,12 @@ local function dq_promote_variant(dq, hooks, vm, n)
         zargs[#zargs + 1] = id
       end
     end
-    -- (the ZADD first: under maxmemory a script's first write decides
-    -- whether Redis lets it grow memory, and a promotion adds)
-    if #zargs > 0 then redis.call('ZADD', c.ready, unpack(zargs)) end
+    -- (the removal first: on a Redis at maxmemory a script is refused
+    -- only at its first write that may add memory, and a promotion moves
+    -- runs, it does not add them; a dequeue refused for its promotion
+    -- would serve nothing, and a full Redis frees memory only by serving)
     redis.call('ZREM', c.delayed, unpack(due))
+    if #zargs > 0 then redis.call('ZADD', c.ready, unpack(zargs)) end
     redis.call('HINCRBY', dq.depth, 'd', -#due)
     if #zargs > 0 then
       local ready_n = redis.call('HINCRBY', dq.depth, 'r', #zargs / 2)
@@ -1332,9 +1334,7 @@ local function dq_finish(dq, acked)
     if dq.vars[vm].inflight_n == nil then unread[#unread + 1] = vm end
   end
   local added = #dq.touched == 1 and #unread == 1
-  if added then
-    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
-  elseif #unread > 0 then
+  if not added and #unread > 0 then
     local ns = redis.call('HMGET', dq.kin, unpack(unread))
     for i, vm in ipairs(unread) do dq.vars[vm].inflight_n = tonumber(ns[i]) or 0 end
   end
@@ -1362,7 +1362,15 @@ local function dq_finish(dq, acked)
   for i = 1, #emptied, 1000 do
     redis.call('ZREM', dq.ck_index, unpack(emptied, i, math.min(i + 999, #emptied)))
   end
-  if not added then redis.call('HSET', dq.kin, unpack(counts)) end
+  -- (the counts after the removals: on a Redis at maxmemory a script is
+  -- refused only at its first write that may add memory, and a serve's
+  -- first write removes runs from their ready sets, so a full Redis still
+  -- hands out runs, whose acks free memory)
+  if added then
+    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
+  else
+    redis.call('HSET', dq.kin, unpack(counts))
+  end
   depth_sub(dq.depth, 'r', #dq.served)
 
   local n = #dq.served
@@ -2112,6 +2120,13 @@ while #dq.served < dq.cap do
   serve_one(e)
 end
 
+-- The served runs move in flight first (dq_finish), the scheduler's writes
+-- after: on a Redis at maxmemory a script is refused only at its first
+-- write that may add memory, and a serve's first write removes runs from
+-- their ready sets, so a full Redis still hands out runs, whose acks free
+-- memory (as with the flag off).
+local out = dq_finish(dq, acked)
+
 -- collect and persist: the tags and registrations this call changed
 -- (gathered from the entries it touched), then parked tags.
 -- A variant that left the lane leaves its region (unless parking replaces
@@ -2204,7 +2219,7 @@ if st.v >= 562949953421312 then
 end
 
 sched_save(S)
-return dq_finish(dq, acked)
+return out
 end
 
 local function script_ack_vtime(keys, args)
@@ -2423,10 +2438,10 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_8e83714be95250b5_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_8e83714be95250b5_dequeue_vtime', callback = script_dequeue_vtime }
-redis.register_function{ function_name = 'runqueue_8e83714be95250b5_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e83714be95250b5_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e83714be95250b5_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e83714be95250b5_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e83714be95250b5_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_375b3ac27b50c2da_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_375b3ac27b50c2da_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_375b3ac27b50c2da_dequeue_vtime_settle', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_375b3ac27b50c2da_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_375b3ac27b50c2da_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_375b3ac27b50c2da_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_375b3ac27b50c2da_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

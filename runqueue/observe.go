@@ -39,7 +39,7 @@ const (
 	OutcomeRetry     Outcome = "retry"      // handler failed; the run was nacked for a retry
 	OutcomeDead      Outcome = "dead"       // handler failed for good; the run was dead-lettered
 	OutcomePanic     Outcome = "panic"      // handler panicked; the run was nacked
-	OutcomeLeaseLost Outcome = "lease_lost" // the lease was lost while the handler ran
+	OutcomeLeaseLost Outcome = "lease_lost" // the lease was lost while the handler ran, or its result could not be sent (it runs again once its lease passes)
 )
 
 // NopObserver observes nothing; embed it to implement only some methods.

@@ -8,9 +8,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -500,6 +503,20 @@ func refusedUnrun(err error) bool {
 		return true
 	}
 	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err)
+}
+
+// unanswered: the call failed without a reply from Redis (the connection
+// refused, reset, closed or timed out: a restart, a failover, a network
+// cut), so it may or may not have run. A call that is safe to send twice
+// may be sent again.
+func unanswered(err error) bool {
+	var reply redis.Error
+	if err == nil || errors.As(err, &reply) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // clusterBackoff is go-redis's wait before a command's attempt+1-th retry,

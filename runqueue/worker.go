@@ -563,13 +563,19 @@ func (w *Worker) release() {
 			}
 			switch {
 			case e == nil:
+				j.released.Store(releaseSent)
 			case leaseGone(e): // recovered meanwhile: it runs again anyway
+				j.released.Store(releaseFailed)
 				w.log.Warn("runqueue: worker could not release a run at shutdown: its lease was lost",
 					"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "err", e)
 			default:
+				j.released.Store(releaseFailed)
 				w.unsettled.Add(1)
 				w.log.Error("runqueue: worker could not release a run at shutdown; it runs again once its lease passes",
 					"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "err", e)
+			}
+			if j.handled.Load() {
+				w.reportReleased(j)
 			}
 		}
 		calls, released = calls[n:], released[n:]
@@ -596,6 +602,30 @@ type job struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	took   time.Duration
+	// A released job's handler outcome is told once both its handler has
+	// returned (handled, took set) and its release call has answered
+	// (released): by whichever comes second (reportReleased).
+	handled  atomic.Bool
+	released atomic.Int32 // releasePending, releaseSent, releaseFailed
+	reported atomic.Bool
+}
+
+const (
+	releasePending int32 = iota
+	releaseSent          // ready again now: OutcomeRetry
+	releaseFailed        // still in flight in Redis (or its lease was lost): OutcomeLeaseLost
+)
+
+// reportReleased tells the Observer of a released job's handler, once.
+func (w *Worker) reportReleased(j *job) {
+	if !j.reported.CompareAndSwap(false, true) {
+		return
+	}
+	outcome := OutcomeRetry
+	if j.released.Load() == releaseFailed {
+		outcome = OutcomeLeaseLost
+	}
+	w.obs.Handled(j.run.Env, j.run.Queue, j.took, outcome)
 }
 
 const (
@@ -667,11 +697,17 @@ func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration)
 	w.settle.add()
 	defer w.settle.done()
 	if !j.state.CompareAndSwap(jobRunning, jobFinished) {
-		outcome := OutcomeLeaseLost
 		if j.state.Load() == jobReleased {
-			outcome = OutcomeRetry // released by Shutdown, ready again now
+			// Released by Shutdown: ready again now, or still in flight
+			// when the release call failed (told once both are known).
+			j.took = took
+			j.handled.Store(true)
+			if j.released.Load() != releasePending {
+				w.reportReleased(j)
+			}
+		} else {
+			w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
 		}
-		w.obs.Handled(r.Env, r.Queue, took, outcome)
 		w.free(j)
 		return
 	}
@@ -747,7 +783,8 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 		}
 		w.log.Error("runqueue: could not nack a failed run; it runs again once its lease passes",
 			"env", r.Env, "queue", r.Queue, "id", r.ID, "attempt", r.Attempt, "err", herr, "nack_err", err)
-		w.obs.Handled(r.Env, r.Queue, took, intended)
+		// Not what the handler asked for: the run is still in flight.
+		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
 	case !res.Requeued:
 		if !panicked {
 			intended = OutcomeDead
@@ -763,16 +800,21 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 }
 
 // nackAgain sends j's nack again while Redis refuses it before running it
-// (refusedUnrun: a Redis Cluster slot moving, a node loading its data),
-// waiting 50 ms, then twice as long each time up to 1 s, until it goes
-// through, the next wait would reach j's lease deadline, or the Worker's
-// calls end (a forced stop, the Start context's end). Without it, a run
-// that failed while its slot moved waited for its lease to pass. Acks need
+// (refusedUnrun: a Redis Cluster slot moving, a node loading its data) or
+// does not answer (unanswered: a restart, a failover, a network cut; a
+// nack sent twice is answered as the first was, requeue.lua; not once
+// Shutdown began, which reports the run unsettled instead), waiting 50
+// ms, then twice as long each time up to 1 s, until it goes through, the
+// next wait would reach j's lease deadline, or the Worker's calls end (a
+// forced stop, the Start context's end). Without it, a run that failed
+// while its slot moved or Redis restarted waited for its lease to pass and
+// ran again at once: a poison run (NoRetry) a second time, a rate-limited
+// one (RetryAfter) early. Acks need
 // no such loop: an ack whose call failed goes back to its source and rides
 // with its next fetch (AckAndDequeue fails whole; AckMany reports an error
 // when any of its calls failed).
 func (w *Worker) nackAgain(j *job, opts *NackOptions, res NackResult, err error) (NackResult, error) {
-	for wait := 50 * time.Millisecond; err != nil && refusedUnrun(err); wait = min(2*wait, time.Second) {
+	for wait := 50 * time.Millisecond; err != nil && (refusedUnrun(err) || unanswered(err) && !w.stopping()); wait = min(2*wait, time.Second) {
 		if w.q.cfg.Clock.Now().Add(wait).UnixMilli() >= j.lease.Load() || !sleepCtx(w.ctx(), wait) {
 			break
 		}

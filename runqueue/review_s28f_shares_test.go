@@ -330,4 +330,3 @@ func TestS28FSharesFlagOn(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { s28fTestShares(t, false, seed) })
 	}
 }
-

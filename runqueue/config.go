@@ -109,10 +109,7 @@ type Config struct {
 	// up to an even share of what is left, at least one run, then those
 	// that filled their share take what is left. So one call promotes
 	// fewer than that budget plus ScanLimit runs, however many are due at
-	// once. With VtimeScheduling, a variant a call leaves with due runs
-	// then waits behind the due variants it did not reach, so every due
-	// variant is reached within ceil(due variants ahead / ScanLimit) + 1
-	// calls. (A coalesced Dequeue of k calls has a per-variant limit
+	// once. (A coalesced Dequeue of k calls has a per-variant limit
 	// of k*PromoteLimit, at most its maxCount or PromoteLimit, the larger.)
 	PromoteLimit int
 

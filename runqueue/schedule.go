@@ -220,17 +220,12 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 			return nil, err
 		}
 	}
-	due, err := q.rdb.ZRangeByScoreWithScores(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf",
-		Max: strconv.FormatInt(now, 10), Count: int64(q.scanLimit(n))}).Result()
+	due, err := q.rdb.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10),
+		Count: int64(q.scanLimit(n))}).Result()
 	if err != nil {
 		return nil, err
 	}
-	// The entries as stored: a flag-on promotion may have moved a variant
-	// behind the others (its entry is then not its earliest due run).
-	snap.DelayAt = map[string]int64{}
-	for _, z := range due {
-		vm := z.Member.(string)
-		snap.DelayAt[vm] = int64(z.Score)
+	for _, vm := range due {
 		v, err := variantOf(qk, vm)
 		if err != nil {
 			return nil, err

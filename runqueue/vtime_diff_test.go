@@ -63,16 +63,12 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 	wm := rapid.SampledFrom([]int{1, 2, 3}).Draw(rt, "windowMultiplier")
 	idleMax := rapid.SampledFrom([]int{10000, 2}).Draw(rt, "idleMax")
 	scan := rapid.SampledFrom([]int{0, 0, 2, 3}).Draw(rt, "scanLimit")
-	// (a small PromoteLimit leaves variants due runs: the promotion moves
-	// them behind the others, guarantee 13)
-	promote := rapid.SampledFrom([]int{100, 100, 1, 2}).Draw(rt, "promoteLimit")
 	lease := time.Minute
 	lim := &limits
 	cfg := &runqueue.Config{
 		Prefix: prefix, Clock: clock, VtimeScheduling: true, MaxAttempts: 3,
 		LimitsFor:        func(string, string) runqueue.Limits { return *lim },
 		WindowMultiplier: wm, IdleMaxEntries: idleMax, LeaseDuration: lease, ScanLimit: scan,
-		PromoteLimit: promote,
 	}
 	ctx := context.Background()
 	q, err := runqueue.New(ctx, c, cfg)
@@ -84,7 +80,7 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 	qk := space.Env(diffEnv).Queue(diffQueue)
 	mcfg := vtime.Config{
 		WindowMultiplier: wm, IdleMaxEntries: idleMax, MaxAttempts: 3, ScanLimit: scan,
-		PromoteLimit: promote, Limits: vtime.Limits{Queue: limits.Queue, Key: limits.Key},
+		Limits: vtime.Limits{Queue: limits.Queue, Key: limits.Key},
 	}
 	m := vtime.New(mcfg)
 	if rapid.IntRange(0, 3).Draw(rt, "edge") == 0 {
@@ -373,19 +369,6 @@ func (d *diff) compare(rt *rapid.T, step string) {
 		want = []vtime.Entry{}
 	}
 	require.Equal(rt, want, idx, "ckIndex after %s", step)
-	// delayIndex too: a promotion moves a variant left with due runs
-	// behind the others (its score: the call's now).
-	z, err = d.c.ZRangeWithScores(d.ctx, d.qk.DelayIndex(), 0, -1).Result()
-	require.NoError(rt, err)
-	idx = []vtime.Entry{}
-	for _, e := range z {
-		idx = append(idx, vtime.Entry{Member: e.Member.(string), Score: e.Score})
-	}
-	want = d.m.DelayIndex()
-	if want == nil {
-		want = []vtime.Entry{}
-	}
-	require.Equal(rt, want, idx, "delayIndex after %s", step)
 }
 
 // requireSameScheduler compares the scheduler parts of two snapshots.

@@ -73,10 +73,7 @@
 //     is left, at least one run and at most PromoteLimit; then those that
 //     filled their share take what is left. So a call promotes fewer than
 //     budget + ScanLimit runs however many are due, and a share one
-//     variant leaves unused goes to another. Then each variant reached
-//     that still has due runs moves behind the due variants the call did
-//     not reach (its delay-index score becomes now), so that the next call
-//     reaches them (docs/design.md guarantee 13).
+//     variant leaves unused goes to another.
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in
@@ -199,8 +196,4 @@
 //     registers when the lane is empty is served within 3 serves per other active key,
 //     whatever expired, drained, returned or was minted before it; the k-th
 //     newcomer waiting in the lane, after about k rounds.
-//  8. Delayed work is reached: a variant with due delayed runs gains a
-//     ready run within ceil(a/ScanLimit)+1 calls with capacity, a the due
-//     variants ahead of it in the delay index, however many runs they
-//     have due (docs/design.md guarantee 13).
 package vtime

@@ -6,3 +6,6 @@ package vtime
 
 // FlagOffEnqueue queues a ready run the way a flag-off instance does.
 func FlagOffEnqueue(m *Model, id, key string, at int64) { flagOffEnqueue(m, id, key, at) }
+
+// DelayIndex is the delay index: per variant, its earliest delayed time.
+func (m *Model) DelayIndex() []Entry { return m.delayIndex() }

@@ -121,16 +121,11 @@ type Model struct {
 
 	weights map[string]int64 // variant member -> milli-weight (configuration)
 
-	runs    map[string]*run               // encoded id -> run
-	ready   map[string]map[string]float64 // member -> encoded id -> ready score
-	delayed map[string]map[string]float64 // member -> encoded id -> available_at
-	// delayAt is a variant's delay-index score where it is not its
-	// delayed set's head: a promotion that left it due runs moved it to
-	// the call's now (see (*call).promote); a run delayed since lowers it
-	// (the index's ZADD LT), an expiry or a full promotion ends it.
-	delayAt  map[string]float64
-	inflight map[string]int    // member -> runs in flight
-	keyOf    map[string]string // member -> concurrency key
+	runs     map[string]*run               // encoded id -> run
+	ready    map[string]map[string]float64 // member -> encoded id -> ready score
+	delayed  map[string]map[string]float64 // member -> encoded id -> available_at
+	inflight map[string]int                // member -> runs in flight
+	keyOf    map[string]string             // member -> concurrency key
 
 	// EnvOther counts runs in flight in other queues of the env.
 	EnvOther int
@@ -144,7 +139,6 @@ func New(cfg Config) *Model {
 		runs:     map[string]*run{},
 		ready:    map[string]map[string]float64{},
 		delayed:  map[string]map[string]float64{},
-		delayAt:  map[string]float64{},
 		inflight: map[string]int{},
 		keyOf:    map[string]string{},
 	}
@@ -307,22 +301,7 @@ func head(set map[string]float64) (Entry, bool) {
 // CkIndex returns variant -> head ready score, in ZSET order.
 func (m *Model) CkIndex() []Entry { return headIndex(m.ready) }
 
-// DelayIndex is the delay index as the scripts keep it, in ZSET order: per
-// variant with delayed runs, its earliest one's time, or the now of the
-// promotion that moved it behind the others (see (*call).promote).
-func (m *Model) DelayIndex() []Entry { return m.delayIndex() }
-
-func (m *Model) delayIndex() []Entry {
-	idx := map[string]float64{}
-	for vm, set := range m.delayed {
-		if at, ok := m.delayAt[vm]; ok {
-			idx[vm] = at
-		} else if h, ok := head(set); ok {
-			idx[vm] = h.Score
-		}
-	}
-	return sortedEntries(idx)
-}
+func (m *Model) delayIndex() []Entry { return headIndex(m.delayed) }
 
 // headIndex is variant -> score of its set's head, in ZSET order.
 func headIndex(sets map[string]map[string]float64) []Entry {
@@ -386,9 +365,6 @@ func (m *Model) place(r *run, now int64) {
 	}
 	r.state = Delayed
 	addTo(m.delayed, vm, r.id, float64(r.at))
-	if at, ok := m.delayAt[vm]; ok && float64(r.at) < at {
-		m.delayAt[vm] = float64(r.at)
-	}
 }
 
 // laneHead returns the head of the newcomer lane (its waiting variant with
@@ -623,16 +599,6 @@ func (c *call) promote(now int64, maxCount int) {
 			c.m.promote(vm, now, more)
 		}
 	}
-	// rotate: a variant left with due runs goes behind every due variant
-	// the call did not reach (its score becomes now), so that the next
-	// call reaches them: due runs over more than scan variants are
-	// promoted a share of each variant in turn, not the first variants'
-	// whole backlogs first.
-	for _, vm := range vms {
-		if h, ok := head(c.m.delayed[vm]); ok && h.Score <= float64(now) {
-			c.m.delayAt[vm] = float64(now)
-		}
-	}
 }
 
 // dueVariants is the first n variants of the delay index with a due run
@@ -690,10 +656,8 @@ func PromotePlan(limit, maxCount int, due []int) (plan, first []int) {
 	return plan, first
 }
 
-// promote moves up to limit due delayed runs of vm to ready; vm's
-// delay-index entry is then its set's head again (the Lua's index_head).
+// promote moves up to limit due delayed runs of vm to ready.
 func (m *Model) promote(vm string, now int64, limit int) {
-	delete(m.delayAt, vm)
 	set := m.delayed[vm]
 	due := sortedEntries(set)
 	for i, e := range due {
@@ -1156,7 +1120,6 @@ func (m *Model) Expire(id string) bool {
 	delete(m.runs, r.id)
 	if r.state == Delayed {
 		delete(m.delayed[vm], r.id)
-		delete(m.delayAt, vm) // the index entry is the set's head again
 		if len(m.delayed[vm]) == 0 {
 			delete(m.delayed, vm)
 		}

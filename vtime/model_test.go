@@ -1479,58 +1479,6 @@ func TestPromotion(t *testing.T) {
 		mustReg(t, m, "d2")
 	})
 
-	// A variant a call leaves with due runs goes behind the due variants
-	// it did not reach: a burst of due runs over more variants than a call
-	// reaches promotes some of every variant in turn. Nine variants of 20
-	// due runs (due at 10..18), one of one run due later (50), a call
-	// reaching 3 and promoting 2 each: the late variant is reached at call
-	// ceil(9/3) + 1 = 4, even with the clock standing still; without the
-	// rotation, once the nine had promoted their 180 runs (call 61 or so).
-	t.Run("RotationReachesEveryDueVariant", func(t *testing.T) {
-		t.Parallel()
-		m := New(Config{ScanLimit: 3, PromoteLimit: 2})
-		for k := range 9 {
-			add(t, m, fmt.Sprintf("f%d", k), 20, int64(10+k), 0)
-		}
-		require.NoError(t, m.Enqueue("s#1", "s", 0, 50, 0))
-		reached := map[string]int{}
-		for call := 1; call <= 4; call++ {
-			m.Dequeue(1, 100)
-			for k := range 9 {
-				f := fmt.Sprintf("f%d", k)
-				if _, ok := reached[f]; !ok && len(m.delayed[vm(f)]) < 20 {
-					reached[f] = call
-				}
-			}
-			if st, _ := m.State("s#1"); st != Delayed {
-				reached["s"] = call
-			}
-		}
-		require.Equal(t, map[string]int{"f0": 1, "f1": 1, "f2": 1, "f3": 2, "f4": 2, "f5": 2,
-			"f6": 3, "f7": 3, "f8": 3, "s": 4}, reached)
-		// The rotated variants' entries are the call's now, the others
-		// their heads; a run delayed since lowers an entry (ZADD LT), and
-		// an expiry makes it the head again.
-		idx := map[string]float64{}
-		for _, e := range m.delayIndex() {
-			idx[e.Member] = e.Score
-		}
-		require.Equal(t, float64(100), idx[vm("f0")])
-		require.NoError(t, m.Enqueue("f0#late", "f0", 0, 60, 50)) // a client whose clock is behind
-		require.Equal(t, float64(60), m.delayIndex()[0].Score)
-		require.Equal(t, vm("f0"), m.delayIndex()[0].Member)
-		require.True(t, m.Expire("f0#late"))
-		h, _ := head(m.delayed[vm("f0")])
-		for _, e := range m.delayIndex() {
-			if e.Member == vm("f0") {
-				require.Equal(t, h.Score, e.Score)
-			}
-		}
-		// The round trip keeps the entries.
-		r := Restore(Config{ScanLimit: 3, PromoteLimit: 2}, m.Snapshot())
-		require.Equal(t, m.delayIndex(), r.delayIndex())
-	})
-
 	t.Run("NothingAtZeroCapacity", func(t *testing.T) {
 		t.Parallel()
 		m := New(Config{Limits: Limits{Queue: 1}})

@@ -25,11 +25,6 @@ type Snapshot struct {
 	Runs     []SnapshotRun
 	// InFlight is the number of runs in flight per variant member.
 	InFlight map[string]int
-	// DelayAt is the delay index's score of variants where it is not the
-	// head of their delayed runs: a promotion that left a variant due runs
-	// moved it behind the others (see Model's promotion). Nil or missing:
-	// the head.
-	DelayAt  map[string]int64
 	EnvOther int
 }
 
@@ -65,11 +60,6 @@ func Restore(cfg Config, s Snapshot) *Model {
 		r.state = Ready
 		addTo(m.ready, vm, r.id, m.readyScore(r))
 	}
-	for vm, at := range s.DelayAt {
-		if len(m.delayed[vm]) > 0 {
-			m.delayAt[vm] = float64(at)
-		}
-	}
 	return m
 }
 
@@ -89,12 +79,6 @@ func (m *Model) Snapshot() Snapshot {
 	}
 	for k, v := range m.inflight {
 		s.InFlight[k] = v
-	}
-	for k, v := range m.delayAt {
-		if s.DelayAt == nil {
-			s.DelayAt = map[string]int64{}
-		}
-		s.DelayAt[k] = int64(v)
 	}
 	for _, r := range m.runs {
 		if r.state != Ready && r.state != Delayed {
@@ -118,7 +102,6 @@ func (m *Model) Clone() *Model {
 	c.weights = cloneMap(m.weights)
 	c.inflight = cloneMap(m.inflight)
 	c.keyOf = cloneMap(m.keyOf)
-	c.delayAt = cloneMap(m.delayAt)
 	c.runs = make(map[string]*run, len(m.runs))
 	for id, r := range m.runs {
 		cp := *r

@@ -55,16 +55,9 @@ type orun struct {
 }
 
 type okey struct {
-	name        string
-	ready, held int
-	delayed     map[string]*orun
-	// rotated: the key's delay-index entry is rotatedAt, not its delayed
-	// head: a flag-on call's promotion left it due runs and moved it
-	// behind the due keys the call did not reach (docs/design.md,
-	// "Dequeue"). A run delayed since lowers it; an expiry of a delayed
-	// run, or a promotion that does not rotate, makes it the head again.
-	rotated         bool
-	rotatedAt       time.Duration
+	name            string
+	ready, held     int
+	delayed         map[string]*orun
 	servable        bool
 	room            int // servable runs: ready, up to the key limit
 	weight          float64
@@ -411,9 +404,6 @@ func (o *Oracle) place(r *orun) {
 	k := o.key(r.key)
 	k.delayed[r.id] = r
 	o.delayedK[k.name] = k
-	if k.rotated && r.at < k.rotatedAt {
-		k.rotatedAt = r.at
-	}
 }
 
 func (o *Oracle) unDelay(r *orun) {
@@ -421,7 +411,6 @@ func (o *Oracle) unDelay(r *orun) {
 	delete(k.delayed, r.id)
 	if len(k.delayed) == 0 {
 		delete(o.delayedK, k.name)
-		k.rotated = false
 	}
 }
 
@@ -453,9 +442,6 @@ func (o *Oracle) dueVariants() []dueVariant {
 			if r.at <= o.now {
 				due = append(due, r)
 			}
-		}
-		if k.rotated {
-			head = k.rotatedAt
 		}
 		if head >= 0 && head <= o.now {
 			out = append(out, dueVariant{k, head, keys.VariantMember(k.name), due})
@@ -495,19 +481,6 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	for _, r := range batch {
 		o.unDelay(r)
 		o.gainReady(r)
-	}
-	// Each reached key's entry is its delayed head again; with the flag
-	// on, one left with due runs goes behind the others (at now).
-	for _, v := range dv[:reached] {
-		v.k.rotated = false
-		if o.flagOn {
-			for _, r := range v.k.delayed {
-				if r.at <= o.now {
-					v.k.rotated, v.k.rotatedAt = true, o.now
-					break
-				}
-			}
-		}
 	}
 	return certain, certain1
 }
@@ -842,7 +815,6 @@ func (o *Oracle) SweepTTL() error {
 	for _, r := range due {
 		if r.state == stDelayed {
 			o.unDelay(r)
-			o.keys[r.key].rotated = false // the expiry rewrites its entry
 			r.state = stExpired
 			continue
 		}

@@ -19,43 +19,6 @@ func defectCases() []Case {
 		equalCountsFlip(),
 		adversarialNames(),
 		staleCleanup10k(),
-		delayedBurst(),
-	}
-}
-
-// delayedBurst: 30 keys of 100 runs fall due at once (a cron at
-// midnight, a retry storm), and a 31st key's one run a millisecond later;
-// Dequeue(10) calls at the defaults (ScanLimit 30, PromoteLimit 100). The
-// late key gains a ready run within ceil(30/30) + 1 = 2 calls (guarantee
-// 13), then waits as a newcomer: 3 serves per other active key, so at
-// most 10 + 3 x 30 = 100 serves in all. Before guarantee 13 it waited for
-// the 30 keys to promote all 3,000 runs; flag off (age order) serves them
-// all first.
-func delayedBurst() Case {
-	const keys, runs = 30, 100
-	return Case{
-		Spec: Spec{Name: "delayed-burst", Hold: 0,
-			Until: func(h *H) bool { return h.Enqueued("late") > 0 && h.Queued("late") == 0 },
-			Setup: func(h *H) error {
-				due := h.Now().Add(time.Second).Sub(h.T0) // delayed when enqueued
-				for i := 0; i < keys; i++ {
-					if err := h.Add(keyN("cron", i), runs, func(int) time.Duration { return due }); err != nil {
-						return err
-					}
-				}
-				if err := h.Add("late", 1, func(int) time.Duration { return due + time.Millisecond }); err != nil {
-					return err
-				}
-				h.Advance(2 * time.Second)
-				return nil
-			}},
-		Check: func(off, on *Result) []Verdict {
-			wait := func(r *Result) float64 { return servesUntil(r, "late", 0) }
-			return []Verdict{
-				atMost("serves until the late key is served", wait(on), wait(off), 10+3*keys),
-				fullCalls(off, on, 10),
-			}
-		},
 	}
 }
 

@@ -47,24 +47,6 @@ end
 local promoted = sched_gather()
 dq_promote(dq, promoted)
 if promoted[1] then sched_register_many(S, promoted) end
--- rotate: a variant the promotion left with due runs goes behind the due
--- variants it did not reach (its delayIndex score becomes now), so that
--- the next call reaches them: due runs over more variants than a call
--- reaches are promoted a share of each in turn, not the first variants'
--- whole backlogs first. (dq.vars holds the variants the promotion read;
--- their order does not matter: each gets the same score.)
-if dq.dirty then
-  local vms, zargs = {}, {}
-  for vm in pairs(dq.vars) do vms[#vms + 1] = vm end
-  local at = sched_mget('ZMSCORE', dq.delay_index, vms)
-  for i, vm in ipairs(vms) do
-    if at[i] and num(at[i]) < dq.now then
-      zargs[#zargs + 1] = dq.now_arg
-      zargs[#zargs + 1] = vm
-    end
-  end
-  sched_chunked('ZADD', dq.delay_index, zargs, 2)
-end
 -- A queue without scheduler state (never used, or idle past StateTTL) and
 -- with no ready run makes none: nothing can be served, and the first work
 -- that becomes ready starts the state. So a poll of an empty queue writes
@@ -105,7 +87,7 @@ if st.gk > 0 and (kl == 0 or kl > st.gk) then
   local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
   local vms = {}
   for i = 1, #raw do vms[i] = sched_split(raw[i]) end
-  local hvs = sched_mget('HMGET', S.h, vms)
+  local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
   for i = 1, #vms do
     local rg = hvs[i] and sched_parse(hvs[i]) or { code = select(2, sched_split(raw[i])), r = 0 }
@@ -159,7 +141,7 @@ do
   index_empty = st.c == 0 and #list == 0
   local more = #list > dq.scan -- one more was read to know
   if more then list[#list] = nil end
-  local hvs = sched_mget('HMGET', S.h, list)
+  local hvs = sched_hmget(S.h, list)
   local zargs, hargs = {}, {}
   for i, vm in ipairs(list) do
     if not hvs[i] then
@@ -339,7 +321,7 @@ local function age_head()
   for _, vm in ipairs(list) do
     if ent[vm] == nil then need[#need + 1] = vm end
   end
-  local vals = sched_mget('HMGET', S.h, need)
+  local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
     local rg = vals[i] and sched_parse(vals[i])
     -- (ent: the lane's head may have joined for a member met before it)
@@ -511,7 +493,7 @@ if st.v >= SCHED.REBASE_AT then
   local gated = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
   local gvms = {}
   for i = 1, #gated do gvms[i] = sched_split(gated[i]) end
-  local gvals = sched_mget('HMGET', S.h, gvms)
+  local gvals = sched_hmget(S.h, gvms)
   for i, vm in ipairs(gvms) do
     if gvals[i] then
       local rg = sched_parse(gvals[i])

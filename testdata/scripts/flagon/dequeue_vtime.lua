@@ -649,15 +649,14 @@ local function sched_chunked(cmd, key, args, step)
   end
 end
 
--- A read of any number of fields of one key, cmd HMGET or ZMSCORE (in
--- chunks of 1000: Redis's Lua unpacks at most some 8000 values). Up to
--- 1000 fields, the reply itself (false for a missing field), not a copy.
-local function sched_mget(cmd, key, fields)
+-- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
+-- the reply itself (false for a missing field), not a copy.
+local function sched_hmget(h, fields)
   if #fields == 0 then return {} end
-  if #fields <= 1000 then return redis.call(cmd, key, unpack(fields)) end
+  if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
   local out = {}
   for i = 1, #fields, 1000 do
-    local part = redis.call(cmd, key, unpack(fields, i, math.min(i + 999, #fields)))
+    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
     for j = 1, #part do out[i + j - 1] = part[j] end
   end
   return out
@@ -761,7 +760,7 @@ local function sched_gather() return { ready_start = sched_gather_ready_start } 
 -- letter): a gated one competes again, at max(S, V), whatever the key
 -- limit is now (one read for all of them).
 local function sched_released(S, vms)
-  local hvs = sched_mget('HMGET', S.h, vms)
+  local hvs = sched_hmget(S.h, vms)
   for i, vm in ipairs(vms) do
     local rg = hvs[i] and sched_parse(hvs[i])
     if rg and rg.gated then
@@ -1326,24 +1325,6 @@ end
 local promoted = sched_gather()
 dq_promote(dq, promoted)
 if promoted[1] then sched_register_many(S, promoted) end
--- rotate: a variant the promotion left with due runs goes behind the due
--- variants it did not reach (its delayIndex score becomes now), so that
--- the next call reaches them: due runs over more variants than a call
--- reaches are promoted a share of each in turn, not the first variants'
--- whole backlogs first. (dq.vars holds the variants the promotion read;
--- their order does not matter: each gets the same score.)
-if dq.dirty then
-  local vms, zargs = {}, {}
-  for vm in pairs(dq.vars) do vms[#vms + 1] = vm end
-  local at = sched_mget('ZMSCORE', dq.delay_index, vms)
-  for i, vm in ipairs(vms) do
-    if at[i] and num(at[i]) < dq.now then
-      zargs[#zargs + 1] = dq.now_arg
-      zargs[#zargs + 1] = vm
-    end
-  end
-  sched_chunked('ZADD', dq.delay_index, zargs, 2)
-end
 -- A queue without scheduler state (never used, or idle past StateTTL) and
 -- with no ready run makes none: nothing can be served, and the first work
 -- that becomes ready starts the state. So a poll of an empty queue writes
@@ -1384,7 +1365,7 @@ if st.gk > 0 and (kl == 0 or kl > st.gk) then
   local raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf')
   local vms = {}
   for i = 1, #raw do vms[i] = sched_split(raw[i]) end
-  local hvs = sched_mget('HMGET', S.h, vms)
+  local hvs = sched_hmget(S.h, vms)
   local zargs, hargs = {}, {}
   for i = 1, #vms do
     local rg = hvs[i] and sched_parse(hvs[i]) or { code = select(2, sched_split(raw[i])), r = 0 }
@@ -1438,7 +1419,7 @@ do
   index_empty = st.c == 0 and #list == 0
   local more = #list > dq.scan -- one more was read to know
   if more then list[#list] = nil end
-  local hvs = sched_mget('HMGET', S.h, list)
+  local hvs = sched_hmget(S.h, list)
   local zargs, hargs = {}, {}
   for i, vm in ipairs(list) do
     if not hvs[i] then
@@ -1618,7 +1599,7 @@ local function age_head()
   for _, vm in ipairs(list) do
     if ent[vm] == nil then need[#need + 1] = vm end
   end
-  local vals = sched_mget('HMGET', S.h, need)
+  local vals = sched_hmget(S.h, need)
   for i, vm in ipairs(need) do
     local rg = vals[i] and sched_parse(vals[i])
     -- (ent: the lane's head may have joined for a member met before it)
@@ -1790,7 +1771,7 @@ if st.v >= 562949953421312 then
   local gated = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf')
   local gvms = {}
   for i = 1, #gated do gvms[i] = sched_split(gated[i]) end
-  local gvals = sched_mget('HMGET', S.h, gvms)
+  local gvals = sched_hmget(S.h, gvms)
   for i, vm in ipairs(gvms) do
     if gvals[i] then
       local rg = sched_parse(gvals[i])

@@ -512,15 +512,14 @@ local function hooks_lib(H)
         end
       end
 
-      -- A read of any number of fields of one key, cmd HMGET or ZMSCORE (in
-      -- chunks of 1000: Redis's Lua unpacks at most some 8000 values). Up to
-      -- 1000 fields, the reply itself (false for a missing field), not a copy.
-      local function sched_mget(cmd, key, fields)
+      -- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
+      -- the reply itself (false for a missing field), not a copy.
+      local function sched_hmget(h, fields)
         if #fields == 0 then return {} end
-        if #fields <= 1000 then return redis.call(cmd, key, unpack(fields)) end
+        if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
         local out = {}
         for i = 1, #fields, 1000 do
-          local part = redis.call(cmd, key, unpack(fields, i, math.min(i + 999, #fields)))
+          local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
           for j = 1, #part do out[i + j - 1] = part[j] end
         end
         return out
@@ -624,7 +623,7 @@ local function hooks_lib(H)
       -- letter): a gated one competes again, at max(S, V), whatever the key
       -- limit is now (one read for all of them).
       local function sched_released(S, vms)
-        local hvs = sched_mget('HMGET', S.h, vms)
+        local hvs = sched_hmget(S.h, vms)
         for i, vm in ipairs(vms) do
           local rg = hvs[i] and sched_parse(hvs[i])
           if rg and rg.gated then

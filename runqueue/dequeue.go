@@ -209,11 +209,7 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		ks = append(ks, n.vtime...)
 		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier, look)
 	}
-	sc := q.scripts.dequeue
-	if len(acks) > 0 && q.scripts.dequeueSettle != nil {
-		sc = q.scripts.dequeueSettle // may run when Redis is full (libEntry.settles)
-	}
-	res, err := run(ctx, q.rdb, sc, ks, args...).Slice()
+	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
 	if err != nil {
 		return nil, nil, scriptError(err, nil)
 	}

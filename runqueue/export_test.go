@@ -57,8 +57,7 @@ func FlagOffScripts() (map[string]string, error) { return scriptSources(false) }
 func FlagOnScripts() (map[string]string, error) { return scriptSources(true) }
 
 // FlagOnFunctions maps each function of the flag-on Functions library, by
-// its script's name ("dequeue_vtime_settle" for the dequeue that carries
-// acks), to its function's name.
+// its script's name, to its function's name.
 func FlagOnFunctions() (map[string]string, error) {
 	s, err := buildScripts(true)
 	if err != nil {

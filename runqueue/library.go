@@ -57,37 +57,32 @@ type library struct {
 type libEntry struct {
 	sc   *script
 	file string
-	// suffix follows the script's name in the function's name: the
-	// settling dequeue is the dequeue's script under a function of its own.
-	suffix string
 	// settles: the call starts by removing (acks, nacks, sweeps), so
 	// EVALSHA runs it when Redis is out of memory (maxmemory reached,
 	// noeviction): a script without flags is refused only at its first
 	// write that may add, and these delete first. A function without
 	// flags is refused before it runs, so these are registered with
 	// 'allow-oom', and a full Redis can still settle runs and free memory.
-	// So is the dequeue without acks: run by EVALSHA, a serve's first
-	// write removes runs from their ready sets (lib/dequeue's dq_finish,
-	// which the flag-on dequeue runs before the scheduler's writes), and a
-	// worker on a full Redis must get runs to ack them. The enqueue is
-	// refused either way.
+	// So is the dequeue, with acks or without: run by EVALSHA, a serve's
+	// first write removes runs from their ready sets (lib/dequeue's
+	// dq_finish, which the flag-on dequeue runs before the scheduler's
+	// writes), and a worker on a full Redis must get runs to ack them. The
+	// enqueue is refused either way.
 	settles bool
 }
 
 // libraryScripts are the scripts of a flag-on set that the library holds:
 // every one built with the scheduler's code (extend, setweight and purge
-// are the flag-off scripts; ackPlain is the flag-off ack). The dequeue is
-// there twice, as two functions of one body: by itself, and carrying acks.
+// are the flag-off scripts; ackPlain is the flag-off ack).
 func libraryScripts(s *scriptSet) []libEntry {
 	return []libEntry{
-		{s.enqueue, "enqueue.lua", "", false}, {s.dequeue, "dequeue_vtime.lua", "", true},
-		{s.dequeueSettle, "dequeue_vtime.lua", "_settle", true}, {s.ack, "ack.lua", "", true},
-		{s.requeue, "requeue.lua", "", true}, {s.expire, "expire.lua", "", true}, {s.redrive, "redrive.lua", "", true},
+		{s.enqueue, "enqueue.lua", false}, {s.dequeue, "dequeue_vtime.lua", true}, {s.ack, "ack.lua", true},
+		{s.requeue, "requeue.lua", true}, {s.expire, "expire.lua", true}, {s.redrive, "redrive.lua", true},
 	}
 }
 
 // fnSuffix is the part of an entry's function name after the library's.
-func (e libEntry) fnSuffix() string { return e.sc.name + e.suffix }
+func (e libEntry) fnSuffix() string { return e.sc.name }
 
 // buildLibrary assembles the library of a flag-on script set and names
 // each of its scripts' functions (script.fn); it does not load anything.
@@ -95,27 +90,22 @@ func buildLibrary(s *scriptSet) (*library, error) {
 	var frags []string // fragments in definition order
 	done := map[string]bool{}
 	var bodies, regs strings.Builder
-	body := map[string]string{} // file -> the local function that runs its body
 	for _, e := range libraryScripts(s) {
-		fn, ok := body[e.file]
-		if !ok {
-			raw, err := luaFS.ReadFile("lua/" + e.file)
-			if err != nil {
-				return nil, err
-			}
-			src, deps := cutIncludes(string(raw))
-			for _, d := range deps {
-				if err := orderFragment(d, done, &frags, 0); err != nil {
-					return nil, fmt.Errorf("runqueue: library: %s: %w", e.file, err)
-				}
-			}
-			if !strings.HasSuffix(src, "\n") {
-				src += "\n"
-			}
-			fn = "script_" + e.sc.name
-			body[e.file] = fn
-			fmt.Fprintf(&bodies, "\nlocal function %s(keys, args)\nKEYS, ARGV = keys, args\n%send\n", fn, src)
+		raw, err := luaFS.ReadFile("lua/" + e.file)
+		if err != nil {
+			return nil, err
 		}
+		src, deps := cutIncludes(string(raw))
+		for _, d := range deps {
+			if err := orderFragment(d, done, &frags, 0); err != nil {
+				return nil, fmt.Errorf("runqueue: library: %s: %w", e.file, err)
+			}
+		}
+		if !strings.HasSuffix(src, "\n") {
+			src += "\n"
+		}
+		fn := "script_" + e.sc.name // the local function that runs its body
+		fmt.Fprintf(&bodies, "\nlocal function %s(keys, args)\nKEYS, ARGV = keys, args\n%send\n", fn, src)
 		flags := ""
 		if e.settles {
 			flags = ", flags = { 'allow-oom' }"

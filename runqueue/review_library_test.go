@@ -77,8 +77,8 @@ func rlibLibrary(t *testing.T) string {
 // succeed: the scenario's baseline), then with the library.
 //
 // Found by the review (the functions had no flags): the settling
-// functions are now registered with 'allow-oom', and the dequeue has a
-// function of its own for calls that carry acks (libEntry.settles).
+// functions are now registered with 'allow-oom' (libEntry.settles); since
+// 2026-12-04 the dequeue too, with acks or without, so it is one function.
 func TestReviewLibraryOOMSettles(t *testing.T) {
 	_, c := rlibSpawn(t)
 	ctx := context.Background()

@@ -47,19 +47,14 @@ type scriptSet struct {
 	// do nothing (see Queue.ackScript).
 	ackPlain *script
 	// lib, flag on only: the scripts built with the scheduler's code as a
-	// Functions library (library.go); dequeueSettle is the dequeue for
-	// calls that carry acks (the same script; its own function).
-	lib           *library
-	dequeueSettle *script
+	// Functions library (library.go).
+	lib *library
 }
 
 func (s *scriptSet) all() []*script {
 	all := []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight, s.purge}
 	if s.ackPlain != nil {
 		all = append(all, s.ackPlain)
-	}
-	if s.dequeueSettle != nil {
-		all = append(all, s.dequeueSettle)
 	}
 	return all
 }
@@ -329,8 +324,6 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.setweight, "setweight", "setweight.lua")
 	mk(&s.purge, "purge", "purge.lua")
 	if vtime && err == nil {
-		settle := *s.dequeue // (its own fn: libraryScripts)
-		s.dequeueSettle = &settle
 		s.lib, err = buildLibrary(&s)
 	}
 	return &s, err

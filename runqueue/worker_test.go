@@ -903,7 +903,7 @@ func scriptNames(t testing.TB) map[string]string {
 	fns, err := runqueue.FlagOnFunctions()
 	require.NoError(t, err)
 	for name, fn := range fns {
-		out[fn] = strings.TrimSuffix(strings.TrimSuffix(name, "_settle"), "_vtime")
+		out[fn] = strings.TrimSuffix(name, "_vtime")
 	}
 	return out
 }

@@ -31,19 +31,7 @@ func TestS28FMixedConcurrentCap(t *testing.T) {
 	ctx := context.Background()
 	prefix := redistest.Prefix(t)
 	const limit = 2
-	var on, off *runqueue.Queue
-	for _, flag := range []bool{true, false} {
-		cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, KeyConcurrency: limit, MaxAttempts: -1,
-			LeaseDuration: time.Minute, MaxWeightOverrides: 5000}
-		q, err := runqueue.New(ctx, c, &cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		if flag {
-			on = q
-		} else {
-			off = q
-		}
-	}
+	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, KeyConcurrency: limit, MaxAttempts: -1, LeaseDuration: time.Minute, MaxWeightOverrides: 5000})
 	const nKeys = 2000
 	key := func(i int) string { return fmt.Sprintf("k%04d", i) }
 	for i := 0; i < nKeys; i += 7 {

@@ -32,19 +32,7 @@ func TestS28FKeyLimitLoweredAndRaised(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	var limit atomic.Int64
 	limit.Store(3)
-	var on, off *runqueue.Queue
-	for _, flag := range []bool{true, false} {
-		cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, Clock: clock,
-			LimitsFor: func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(limit.Load())} }}
-		q, err := runqueue.New(ctx, c, &cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		if flag {
-			on = q
-		} else {
-			off = q
-		}
-	}
+	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, LimitsFor: func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(limit.Load())} }})
 	const n = 4000
 	var keys []string
 	for i := 0; i < n; i++ {
@@ -124,18 +112,7 @@ func TestS28FProbeLapAfterFlagOffAcks(t *testing.T) {
 	ctx := context.Background()
 	clock := fairness.NewClock()
 	prefix := redistest.Prefix(t)
-	var on, off *runqueue.Queue
-	for _, flag := range []bool{true, false} {
-		cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, Clock: clock, KeyConcurrency: 1}
-		q, err := runqueue.New(ctx, c, &cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		if flag {
-			on = q
-		} else {
-			off = q
-		}
-	}
+	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, KeyConcurrency: 1})
 	const n = 1500
 	var batch []string
 	for j := 0; j < 2; j++ {
@@ -200,18 +177,7 @@ func TestS28FGatedKeyExpiresThenReturns(t *testing.T) {
 				ctx := context.Background()
 				clock := fairness.NewClock()
 				prefix := redistest.Prefix(t)
-				var on, off *runqueue.Queue
-				for _, flag := range []bool{true, false} {
-					cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, Clock: clock, KeyConcurrency: 1}
-					q, err := runqueue.New(ctx, c, &cfg)
-					require.NoError(t, err)
-					t.Cleanup(func() { _ = q.Close() })
-					if flag {
-						on = q
-					} else {
-						off = q
-					}
-				}
+				on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, KeyConcurrency: 1})
 				pick := func(s string) *runqueue.Queue {
 					if s == "on" {
 						return on
@@ -297,18 +263,7 @@ func TestS28FAckAndDequeueFreesInCall(t *testing.T) {
 	ctx := context.Background()
 	clock := fairness.NewClock()
 	prefix := redistest.Prefix(t)
-	var on, off *runqueue.Queue
-	for _, flag := range []bool{true, false} {
-		cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, Clock: clock, KeyConcurrency: 1}
-		q, err := runqueue.New(ctx, c, &cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		if flag {
-			on = q
-		} else {
-			off = q
-		}
-	}
+	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, KeyConcurrency: 1})
 	const n = 1000
 	var batch []string
 	for j := 0; j < 3; j++ {

@@ -21,15 +21,14 @@ import (
 
 const s28fEnv, s28fQueue = "s28f", "work"
 
-func s28fQueues(t *testing.T, c redis.UniversalClient, prefix string, mut func(*runqueue.Config)) (on, off *runqueue.Queue, ck, st string) {
+// s28fPair is a flag-on and a flag-off Queue of cfg (its VtimeScheduling
+// aside) on client c, closed at the test's end.
+func s28fPair(t *testing.T, c redis.UniversalClient, cfg runqueue.Config) (on, off *runqueue.Queue) {
 	t.Helper()
-	ctx := context.Background()
 	for _, flag := range []bool{true, false} {
-		cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag}
-		if mut != nil {
-			mut(&cfg)
-		}
-		q, err := runqueue.New(ctx, c, &cfg)
+		own := cfg
+		own.VtimeScheduling = flag
+		q, err := runqueue.New(context.Background(), c, &own)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = q.Close() })
 		if flag {
@@ -38,6 +37,16 @@ func s28fQueues(t *testing.T, c redis.UniversalClient, prefix string, mut func(*
 			off = q
 		}
 	}
+	return on, off
+}
+
+func s28fQueues(t *testing.T, c redis.UniversalClient, prefix string, mut func(*runqueue.Config)) (on, off *runqueue.Queue, ck, st string) {
+	t.Helper()
+	cfg := runqueue.Config{Prefix: prefix}
+	if mut != nil {
+		mut(&cfg)
+	}
+	on, off = s28fPair(t, c, cfg)
 	sp, err := keys.NewSpace(prefix, on.Config().Shards)
 	require.NoError(t, err)
 	qk := sp.Env(s28fEnv).Queue(s28fQueue)

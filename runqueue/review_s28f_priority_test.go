@@ -30,18 +30,7 @@ func TestS28FPriorityHeadStartBounded(t *testing.T) {
 			ctx := context.Background()
 			clock := fairness.NewClock()
 			prefix := redistest.Prefix(t)
-			var on, off *runqueue.Queue
-			for _, flag := range []bool{true, false} {
-				cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, Clock: clock, PriorityStep: 30 * time.Second}
-				q, err := runqueue.New(ctx, c, &cfg)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = q.Close() })
-				if flag {
-					on = q
-				} else {
-					off = q
-				}
-			}
+			on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, PriorityStep: 30 * time.Second})
 			enq := func(key, id string, prio int) {
 				_, err := on.Enqueue(ctx, runqueue.EnqueueParams{Env: s28fEnv, Queue: s28fQueue, Key: key, ID: id,
 					Payload: []byte("x"), Priority: prio})

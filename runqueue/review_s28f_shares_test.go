@@ -82,19 +82,8 @@ func s28fNewShares(t *testing.T, mixed bool, seed int64) *s28fShares {
 		mixed: mixed, perKey: map[string]int{}, held: map[string]*s28fHeld{}, ready: map[string]int{},
 		waitSince: map[string]int{}}
 	prefix := redistest.Prefix(t)
-	for _, flag := range []bool{true, false} {
-		cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, Clock: clock, LeaseDuration: time.Minute,
-			MaxAttempts: -1, MaxWeightOverrides: 5000,
-			KeyConcurrency: s.limit}
-		q, err := runqueue.New(s.ctx, c, &cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		if flag {
-			s.on = q
-		} else {
-			s.off = q
-		}
-	}
+	s.on, s.off = s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, LeaseDuration: time.Minute,
+		MaxAttempts: -1, MaxWeightOverrides: 5000, KeyConcurrency: s.limit})
 	s.c = c
 	sp, err := keys.NewSpace(prefix, s.on.Config().Shards)
 	require.NoError(t, err)

@@ -38,18 +38,7 @@ func s28fWeightRaised(t *testing.T, state, by string) {
 	ctx := context.Background()
 	clock := fairness.NewClock()
 	prefix := redistest.Prefix(t)
-	var on, off *runqueue.Queue
-	for _, flag := range []bool{true, false} {
-		cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: flag, Clock: clock, KeyConcurrency: 1}
-		q, err := runqueue.New(ctx, c, &cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		if flag {
-			on = q
-		} else {
-			off = q
-		}
-	}
+	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, KeyConcurrency: 1})
 	const n = 500
 	var batch []string
 	for j := 0; j < 4; j++ {

@@ -140,7 +140,7 @@ func (q *Queue) DeleteDeadLetter(ctx context.Context, env, queue, key, id string
 		return err
 	}
 	ref := keys.Ref{Env: env, Queue: queue, Key: key, ID: id}
-	n, err := q.purge(ctx, q.space.Env(env).Queue(queue), "", 1, keys.RunMember(ref))
+	n, err := q.purge(ctx, q.space.Env(env).Queue(queue), "", keys.RunMember(ref))
 	if err == nil && n == 0 {
 		err = ErrNotFound
 	}
@@ -157,11 +157,17 @@ func (q *Queue) DeleteDeadLetter(ctx context.Context, env, queue, key, id string
 // Dead letters are kept until they are redriven or deleted: nothing
 // expires them, so a deployment whose runs may die keeps its dead letters
 // bounded by calling this now and then, for instance with now minus its
-// retention, again while it returns limit. A call is one atomic script
-// call of O(limit × log N) on the queue's dead letters (N of them), and
-// Redis serves nothing else while it runs: about 4 µs a run deleted
-// (Redis 7.0), some 40 ms at limit 10000; a smaller limit (1000: 4 ms)
-// keeps each pause short.
+// retention, again while it returns limit. A call reads the runs to
+// delete, then deletes them in one atomic script call of O(limit × log N)
+// on the queue's dead letters (N of them), and Redis serves nothing else
+// while it runs: about 5 µs a run deleted (Redis 7.0), some 50 ms at limit
+// 10000; a smaller limit (1000: 5 ms) keeps each pause short.
+//
+// A script call go-redis sends again (its reply timed out, see README,
+// "Timeouts and go-redis's retries") deletes nothing more: the runs are
+// named to it, with diedBefore, so a run redriven and dead again since
+// the read stays too. The count returned is then that of the send that
+// answered, which may be 0.
 func (q *Queue) PurgeDeadLetters(ctx context.Context, env, queue string, diedBefore time.Time, limit int) (int, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return 0, err
@@ -172,16 +178,28 @@ func (q *Queue) PurgeDeadLetters(ctx context.Context, env, queue string, diedBef
 	if err := checkTime("diedBefore", diedBefore); err != nil {
 		return 0, err
 	}
+	if q.scripts.purge.refused {
+		return 0, ErrReadOnly
+	}
+	qk := q.space.Env(env).Queue(queue)
 	before := strconv.FormatInt(diedBefore.UnixMilli(), 10)
-	return q.purge(ctx, q.space.Env(env).Queue(queue), before, limit)
+	// The runs are read first and named to the script, with the time: a
+	// script call go-redis sends again (its reply timed out) then finds
+	// them gone and deletes nothing more, where a script that chose the
+	// oldest deaths itself would delete up to limit more at each send.
+	members, err := q.rdb.ZRangeByScore(ctx, qk.Dead(), &redis.ZRangeBy{Min: "-inf", Max: before, Count: int64(limit)}).Result()
+	if err != nil || len(members) == 0 {
+		return 0, err
+	}
+	return q.purge(ctx, qk, before, members...)
 }
 
-// purge runs the purge script on qk's dead letters: those that died at or
-// before the time before (ms, decimal), at most n of them, or, with before
-// "", the n runs of members.
-func (q *Queue) purge(ctx context.Context, qk keys.Queue, before string, n int, members ...string) (int, error) {
+// purge runs the purge script on qk's dead letters: it deletes the runs of
+// members, those that died at or before the time before (ms, decimal) when
+// before is not "".
+func (q *Queue) purge(ctx context.Context, qk keys.Queue, before string, members ...string) (int, error) {
 	args := make([]any, 0, 3+len(members))
-	args = append(args, qk.Member(), before, n)
+	args = append(args, qk.Member(), before, len(members))
 	for _, m := range members {
 		args = append(args, m)
 	}

@@ -165,9 +165,13 @@ func (q *Queue) DeleteDeadLetter(ctx context.Context, env, queue, key, id string
 //
 // A script call go-redis sends again (its reply timed out, see README,
 // "Timeouts and go-redis's retries") deletes nothing more: the runs are
-// named to it, with diedBefore, so a run redriven and dead again since
-// the read stays too. The count returned is then that of the send that
-// answered, which may be 0.
+// named to it, with diedBefore (a run redriven since the read and dead
+// again after diedBefore stays). The count returned is then that of the
+// send that answered, which may be 0. Runs read that another call took
+// before the delete (a Redrive, a DeleteDeadLetter, another purge) are
+// not counted either: so a count below limit does not prove that none is
+// left, and a loop that calls again while it returns limit may stop
+// early, leaving the rest to its next round (a purge on a schedule).
 func (q *Queue) PurgeDeadLetters(ctx context.Context, env, queue string, diedBefore time.Time, limit int) (int, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return 0, err

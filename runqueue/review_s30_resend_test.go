@@ -13,23 +13,25 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
 func TestS30ResendAfterTimeout(t *testing.T) {
 	t.Parallel()
-	admin := redistest.Private(t)
-	opts := admin.(*redis.Client).Options()
+	// A server of its own: the busy script below must hold no other test.
+	admin := redis.NewClient(&redis.Options{Addr: ownRedis(t)})
+	t.Cleanup(func() { _ = admin.Close() })
+	opts := admin.Options()
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
 			o := *opts
-			// A send times out after 150 ms and is sent again, once
+			// A send times out after 300 ms and is sent again, once
 			// (go-redis v9.23 sends a command whose read timed out once
 			// more, whatever MaxRetries): the busy script below holds the
-			// server for 250 ms of its own clock from before the call, so
-			// the first send times out and the second is answered.
-			o.ReadTimeout = 150 * time.Millisecond
+			// server for 450 ms of its own clock from about 30 ms before
+			// the call, so the first send times out and the second is
+			// answered, with 120-150 ms to spare on either side.
+			o.ReadTimeout = 300 * time.Millisecond
 			o.MaxRetries = 3
 			o.MinRetryBackoff, o.MaxRetryBackoff = time.Millisecond, 2*time.Millisecond
 			c := redis.NewClient(&o)
@@ -47,16 +49,18 @@ func TestS30ResendAfterTimeout(t *testing.T) {
 				go func() {
 					defer close(done)
 					// A busy script holds the server like DEBUG SLEEP (which
-					// Redis 7 refuses by default), for 250 ms by the server's
+					// Redis 7 refuses by default), for 450 ms by the server's
 					// clock.
-					err := admin.Eval(context.Background(), busyScript, nil, 250).Err()
+					err := admin.Eval(context.Background(), busyScript, nil, 450).Err()
 					if err != nil {
 						t.Errorf("busy script: %v", err)
 					}
 				}()
+				// (waited for even when f fails the test: no t.Errorf of
+				// the goroutine after the test's end)
+				defer func() { <-done }()
 				time.Sleep(30 * time.Millisecond)
 				f()
-				<-done
 			}
 			for i := 0; i < 6; i++ {
 				enqueue(t, b, runqueue.EnqueueParams{Key: "k", ID: fmt.Sprintf("r%d", i)})

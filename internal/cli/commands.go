@@ -124,10 +124,12 @@ same run. Dead letters are kept until they are redriven or deleted.`,
 		name: "dead purge", args: "ENV QUEUE", minArgs: 2, maxArgs: 2, write: true,
 		summary: "delete the dead-lettered runs that died by -before (writes)",
 		help: `Deletes for good the dead-lettered runs of QUEUE that died at or before
--before, oldest death first, at most -limit of them, in one atomic call;
-their ids are free for new runs. -before is a duration back from now (720h:
-dead for 30 days or more) or an RFC 3339 time (2024-05-01T00:00:00Z). When
-it deletes -limit runs, more may be left: run it again. Dead letters are
+-before, oldest death first, at most -limit of them (it reads them, then
+deletes them in one atomic call); their ids are free for new runs. -before
+is a duration back from now (720h: dead for 30 days or more) or an RFC 3339
+time (2024-05-01T00:00:00Z). When it deletes -limit runs, more may be left:
+run it again (fewer can also mean that another call took some of the runs
+it read meanwhile). Dead letters are
 kept until they are redriven or deleted: nothing expires them.`,
 		setup: func(fs *flag.FlagSet, _ *runqueue.Config) runFunc {
 			var before beforeFlag

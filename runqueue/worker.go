@@ -564,6 +564,11 @@ func (w *Worker) release() {
 			switch {
 			case e == nil:
 				j.released.Store(releaseSent)
+				// (a nack with a retry time of now, as Shutdown says: the
+				// Observer counts it as one)
+				if w.q.observe {
+					w.q.cfg.Observer.Nacked(j.run.Env, j.run.Queue, true)
+				}
 			case leaseGone(e): // recovered meanwhile: it runs again anyway
 				j.released.Store(releaseFailed)
 				w.log.Warn("runqueue: worker could not release a run at shutdown: its lease was lost",

@@ -30,7 +30,9 @@ loads no script.
 Flags may come before or after the command and its arguments; after "--"
 everything is an argument (for a name that starts with "-"). Flags default
 to the environment the deployment reads (runqueue.ConfigFromEnv), so that a
-command run beside it sees the same Config.
+command run beside it sees the same Config. -shards must be the deployment's
+Shards: nothing records it, so another count reads empty queues and writes
+where the deployment does not look, without an error.
 
 Exit status: 0 done; 1 the command failed (Redis unreachable, no such run,
 another layout version, ...); 2 bad input (unknown command, missing or extra

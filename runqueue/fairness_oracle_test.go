@@ -80,6 +80,9 @@ func checkLua(t *testing.T, name string) { checkLuaGen(t, name, fairness.Default
 
 // checkLuaGen is checkLua with sequences drawn by g.
 func checkLuaGen(t *testing.T, name string, g fairness.GenConfig) {
+	// Parallel: each backend's pool is under a prefix of its own (miniredis
+	// of its own for Mini), on a fake clock; nothing server-wide.
+	t.Parallel()
 	c, ok := fairness.CheckByName(name)
 	require.True(t, ok, name)
 	for _, b := range foBackends {
@@ -142,6 +145,7 @@ func TestFairnessOracleClockMonotone(t *testing.T) { checkLua(t, "clock") }
 // mints 10,000+ one-run keys in waves (some expiring unserved) next to
 // backlogged keys, with flips and state expiry, every check applied.
 func TestFairnessOracleScale(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	p, mini := foPool(t, foBackends[1], 0)
 	var cov fairness.Coverage
 	var failed []string
@@ -171,6 +175,7 @@ func TestFairnessOracleScale(t *testing.T) {
 // backends it fits (natural state TTL: miniredis; thousands of keys: a
 // real Redis) and holds its history to every check.
 func checkLuaScenario(t *testing.T, name string) {
+	t.Parallel() // as checkLuaGen: own prefix or own miniredis, fake clock
 	var sc *fairness.Scenario
 	for i := range fairness.Scenarios {
 		if fairness.Scenarios[i].Name == name {

@@ -246,6 +246,7 @@ func regManyDump(ctx context.Context, t testing.TB, c redis.UniversalClient, k [
 // fallback), and REGMANY_MUTATE="old=>new" edits the harness script
 // (a mutation that must make the test fail).
 func TestRegisterManyMatchesOneAtATime(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	src := regManyHarness(t)
 	if m := os.Getenv("REGMANY_MUTATE"); m != "" {
 		parts := strings.SplitN(m, "=>", 2)

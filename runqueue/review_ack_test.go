@@ -175,6 +175,7 @@ func (s *dupScene) recoverLater(t *testing.T) int {
 // Every duplicate pattern in one AckMany / AckAndDequeue call must give
 // the results and counters of the same acks sent one call each, in order.
 func TestReviewAckDuplicatesMatchSerial(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	seqs := []struct {
 		name          string
 		labels        []string

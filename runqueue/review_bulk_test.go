@@ -29,6 +29,7 @@ import (
 // ready_start once per variant, so "a" stayed unregistered (ckVtime and
 // the state hash differed); it now calls it at each move, as run by run.
 func TestReviewBulkReregisterAfterStateReset(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	redistest.ForEachBackend(t, memoBackends, func(t *testing.T, c redis.UniversalClient) {
 		// 3 runs: the run-by-run path; 34: the bulk path (the filler runs
 		// of "a" are behind its head: they move nothing).
@@ -69,6 +70,7 @@ func TestReviewBulkReregisterAfterStateReset(t *testing.T) {
 // registration) served by a flag-on one, keys of the prior state in the
 // newcomer lane, batches up to the 1,000-run limit.
 func TestReviewBulkEquivalenceStates(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	redistest.ForEachBackend(t, memoBackends, func(t *testing.T, c redis.UniversalClient) {
 		type tc struct {
 			on, offWriter bool
@@ -138,6 +140,7 @@ func TestReviewBulkEquivalenceStates(t *testing.T) {
 // that bring the queue's earliest work forward, a ready run that moves
 // last behind 39 delayed ones.
 func TestReviewBulkWake(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	redistest.ForEachBackend(t, memoBackends, func(t *testing.T, c redis.UniversalClient) {
 		for _, on := range []bool{false, true} {
 			type scenario struct {

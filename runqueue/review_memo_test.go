@@ -66,37 +66,44 @@ func memoInputs(r *rand.Rand, now time.Time, n, keys, ids int) []runqueue.Enqueu
 // 8 keys, runs served before the batch leave tags above V, so the batch's
 // new keys queue in the newcomer lane, in the order they register.
 func TestReviewMemoEquivalence(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	redistest.ForEachBackend(t, memoBackends, func(t *testing.T, c redis.UniversalClient) {
 		for _, on := range []bool{false, true} {
 			// n: runs in the batch (from 32 on, without admission
 			// limits, the script writes them in bulk).
 			for _, lim := range []struct{ q, k, keys, n int }{{0, 0, 3, 12}, {0, 2, 3, 12}, {6, 0, 3, 12}, {0, 0, 8, 12},
 				{0, 0, 3, 40}, {0, 0, 8, 40}, {0, 2, 8, 40}} {
-				for seed := int64(0); seed < 40; seed++ {
-					name := fmt.Sprintf("on=%v/q=%d/k=%d/keys=%d/n=%d/seed=%d", on, lim.q, lim.k, lim.keys, lim.n, seed)
-					mk := func(serial bool) *testBundle {
-						return setup(t, c, func(cfg *runqueue.Config) {
-							cfg.VtimeScheduling, cfg.SerialCalls = on, serial
-							cfg.MaxQueueDepth, cfg.MaxKeyDepth = lim.q, lim.k
-						})
-					}
-					bm, bs := mk(false), mk(true)
-					now := bm.clock.Now()
-					r := rand.New(rand.NewSource(seed))
-					pre := memoInputs(r, now, 4, lim.keys, 4)
-					for i := range pre {
-						pre[i].ID = "pre" + pre[i].ID
-					}
-					batch := memoInputs(r, now, lim.n, lim.keys, lim.n)
-					for _, b := range []*testBundle{bm, bs} {
-						_, _ = b.q.EnqueueMany(b.ctx, pre) // the same prior state (errors alike)
-						if lim.keys > 3 {
-							dequeue(t, b, queueName, 2)
+				// One parallel subtest per flag and limits: every case has
+				// bundles (prefixes) of its own, and a case's calls wait on
+				// round trips, which the subtests overlap.
+				t.Run(fmt.Sprintf("on=%v,q=%d,k=%d,keys=%d,n=%d", on, lim.q, lim.k, lim.keys, lim.n), func(t *testing.T) {
+					t.Parallel()
+					for seed := int64(0); seed < 40; seed++ {
+						name := fmt.Sprintf("on=%v/q=%d/k=%d/keys=%d/n=%d/seed=%d", on, lim.q, lim.k, lim.keys, lim.n, seed)
+						mk := func(serial bool) *testBundle {
+							return setup(t, c, func(cfg *runqueue.Config) {
+								cfg.VtimeScheduling, cfg.SerialCalls = on, serial
+								cfg.MaxQueueDepth, cfg.MaxKeyDepth = lim.q, lim.k
+							})
 						}
+						bm, bs := mk(false), mk(true)
+						now := bm.clock.Now()
+						r := rand.New(rand.NewSource(seed))
+						pre := memoInputs(r, now, 4, lim.keys, 4)
+						for i := range pre {
+							pre[i].ID = "pre" + pre[i].ID
+						}
+						batch := memoInputs(r, now, lim.n, lim.keys, lim.n)
+						for _, b := range []*testBundle{bm, bs} {
+							_, _ = b.q.EnqueueMany(b.ctx, pre) // the same prior state (errors alike)
+							if lim.keys > 3 {
+								dequeue(t, b, queueName, 2)
+							}
+						}
+						enqueueBothWays(t, bm, bs, batch, name)
+						requireSameOutcome(t, bs, bm, on, 2, name)
 					}
-					enqueueBothWays(t, bm, bs, batch, name)
-					requireSameOutcome(t, bs, bm, on, 2, name)
-				}
+				})
 			}
 		}
 	})

@@ -157,6 +157,7 @@ next:
 // node, the same slots, no keys, no Functions library): calls recover, the
 // library is loaded again on that node, nothing is delivered twice.
 func TestS17NClusterNodeRestart(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	s17Flags(t, func(t *testing.T, on bool) {
 		srvs := s17nCluster(t)
 		ctx := context.Background()

@@ -235,6 +235,7 @@ func s18Sweep(t testing.TB, b *testBundle) (recovered, expired int) {
 // IdleMaxEntries and StateTTL): no run key, no index entry, no counter,
 // no lease or TTL entry, no master entry, no registration.
 func TestS18ChurnPaths(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	const keys = 20
 	type path struct {
 		name   string
@@ -889,6 +890,7 @@ func s18Processed(t testing.TB, b *testBundle, from, to int, runs func(i int) in
 // exactly, bytes up to the hash tables' sizing), and 10,000 parked tags
 // take at most 150 bytes each (docs/design.md section 9's budget per key).
 func TestS18ChurnScale(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	const keys, batch = 20000, 1000
 	c := redistest.Real(t)
 	shapes := []struct {

@@ -350,6 +350,7 @@ func s19sParams(rng *rand.Rand, env, queue, id string) (runqueue.EnqueueParams, 
 // caller can tell for a slot on the move, and no key is left (but the
 // scheduler's state, with its TTL).
 func TestS19ReshardLive(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
 			s19sReshardLive(t, on)

@@ -59,6 +59,7 @@ func s19ReshardState(t *testing.T, b *testBundle, env, queue string) []*runqueue
 // was never served, and the retried Enqueue, idempotent on the ID, queued
 // nothing.
 func TestS19ReshardNothingHalfWritten(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
 			t.Parallel()
@@ -173,6 +174,7 @@ func TestS19ReshardNothingHalfWritten(t *testing.T) {
 // back to its source and rides with the next call (a shard source, whose
 // acks go by AckMany; this held before).
 func TestS19ReshardWorkerSettles(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	for _, shard := range []bool{false, true} {
 		t.Run(fmt.Sprintf("shard=%v", shard), func(t *testing.T) {
 			t.Parallel()

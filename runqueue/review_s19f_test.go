@@ -394,6 +394,7 @@ func (b *s19fBook) tokenRepeats() (sameRun, otherRun []string) {
 // TestS19FFailover runs the failover scenarios for both flags, each on a
 // cluster of its own.
 func TestS19FFailover(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	for _, on := range []bool{false, true} {
 		for _, forced := range []bool{false, true} {
 			name := fmt.Sprintf("vtime=%v/graceful", on)
@@ -1027,6 +1028,7 @@ func (c *s19fCluster) s19fSynced(master, replica *s17Server) {
 // than the replication lag, could still repeat), or an epoch of the
 // master stored beside the counter, reseeding when it changes.
 func TestS19FTokenRepeatAfterForcedFailover(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
 			cl := s19fStart(t)
@@ -1123,6 +1125,7 @@ func TestS19FTokenRepeatAfterForcedFailover(t *testing.T) {
 // in AckMany and the Worker's pipelines (harmless there: acks are
 // idempotent, but every run of the batch is reported unsettled).
 func TestS19FEnqueueManyOtherNodeDown(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	srvs := s17nCluster(t)
 	ctx := context.Background()
 	cc := s17nClient(t, srvs)

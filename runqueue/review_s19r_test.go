@@ -440,14 +440,20 @@ func s19rScenario(t *testing.T, edge bool) {
 // what it read before or fails with TRYAGAIN, writing nothing; after
 // Finish, the same calls through a client with a stale slot map answer as
 // on a queue that never moved, and leave the same data.
-func TestS19RAllCallsDuringMigration(t *testing.T) { s19rScenario(t, false) }
+func TestS19RAllCallsDuringMigration(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
+	s19rScenario(t, false)
+}
 
 // TestS19RTargetOwnsSourceStillMigrating: in the window where the target
 // has taken the slot (SETSLOT NODE, as redis-cli does first) and the
 // source still has it MIGRATING, calls through a client whose map still
 // says the source succeed (source -> ASK -> target, served there) and
 // write nothing on the source.
-func TestS19RTargetOwnsSourceStillMigrating(t *testing.T) { s19rScenario(t, true) }
+func TestS19RTargetOwnsSourceStillMigrating(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
+	s19rScenario(t, true)
+}
 
 // s19rResendHook calls onResend before a node's pipeline batch that holds
 // a script call on a key starting with match is sent for the second time.
@@ -544,6 +550,7 @@ func (h *s19rResendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // result Queued false. They pass since runPipelined starts each node's
 // batch with an EXISTS of a fence (pipelineCluster).
 func TestS19RPipelineResendsCallsThatSucceeded(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
 			t.Parallel()
@@ -673,6 +680,7 @@ func s19rResend(t *testing.T, on bool, mode string) {
 // following: redis.IsAskError); the call wrote nothing and succeeds once
 // the slot has moved.
 func TestS19RAskReachesTheCaller(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	ctx := context.Background()
 	own := redistest.OwnCluster(t)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: own.Options().Addrs, ReadTimeout: redistest.ReadTimeout})
@@ -912,6 +920,7 @@ func TestS19RACLKeyPattern(t *testing.T) {
 // EXISTS of a fence: on such a client every one of them fails, with no
 // slot moving. They held plain script calls before (which pass).
 func TestS19RDynamicResolverPipelines(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	ctx := context.Background()
 	own := redistest.OwnCluster(t)
 	plain := setup(t, own, nil) // (records the layout version: New then reads it with one GET)

@@ -201,6 +201,7 @@ func s19tKnownLimit(t *testing.T) {
 // CLUSTER DELSLOTS / ADDSLOTS of an unused slot of the node (as a cluster
 // that recovers after a failover flips from fail to ok).
 func TestS19TClusterDownStraddle(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	s19tKnownLimit(t)
 	ctx := context.Background()
 	own := redistest.OwnCluster(t)
@@ -281,6 +282,7 @@ func TestS19TClusterDownStraddle(t *testing.T) {
 // moved, and it runs again. Without pipelineCluster's resend the caller
 // got TRYAGAIN for a call that had run once.
 func TestS19TTimeoutThenRefused(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	s19tKnownLimit(t)
 	ctx := context.Background()
 	own := redistest.OwnCluster(t)
@@ -351,6 +353,7 @@ func TestS19TTimeoutThenRefused(t *testing.T) {
 // fence's TYPE stays with its calls on the master, first of its batch,
 // during a move and after.
 func TestS19TReadOnlyRouting(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	ctx := context.Background()
 	own := redistest.OwnCluster(t)
 	for _, mode := range []string{"ReadOnly", "RouteRandomly", "RouteByLatency"} {
@@ -406,6 +409,7 @@ func TestS19TReadOnlyRouting(t *testing.T) {
 // TestS19TMaxRedirectsOff: MaxRedirects -1 (go-redis: 0) sends a refused
 // call once, by go-redis and by runqueue.
 func TestS19TMaxRedirectsOff(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	ctx := context.Background()
 	own := redistest.OwnCluster(t)
 	hook := &s19tHook{}
@@ -487,6 +491,7 @@ func TestS19TNackForcedShutdown(t *testing.T) {
 // refused: until the slot has moved, or (Config.Clock) the run's lease
 // deadline; on a clock that does not move, for as long as the move lasts.
 func TestS19TNackGracefulShutdown(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	ctx := context.Background()
 	b, w, m := s19tNackWorld(t)
 	var done atomic.Bool

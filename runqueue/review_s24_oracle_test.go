@@ -105,6 +105,7 @@ func s24MaxOthers(log []string, from int, k string) (int, int) {
 // check (lag with the new weights, newcomer, reachability, work
 // conservation, exactly-once, clock) must hold.
 func TestS24WeightWhileGated(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	s := s24Oracle(t, 1)
 	s.do(s.o.SetLimits(fairness.Limits{Key: 1}))
 	s.enq("f", 400, 0, 0, 0)
@@ -147,6 +148,7 @@ func TestS24WeightWhileGated(t *testing.T) {
 // 3 serves of the flood key (guarantee 10's bound, 3 per other active
 // key).
 func TestS24DrainReturnFlood(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	s := s24Oracle(t, 100)
 	s.enq("flood", 10000, 0, 0, 0)
 	worst := 0
@@ -180,6 +182,7 @@ func TestS24DrainReturnFlood(t *testing.T) {
 // the flood keeps at least its share of one key among 6 (lag bound), and
 // each returner waits at most 3 serves per other active key.
 func TestS24DrainReturnBatchFlood(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	s := s24Oracle(t, 100)
 	s.enq("flood", 10000, 0, 0, 0)
 	rs := []string{"r0", "r1", "r2", "r3", "r4"}
@@ -212,6 +215,7 @@ func TestS24DrainReturnBatchFlood(t *testing.T) {
 // with a backoff each time they are served; when a retry comes due it is
 // promoted (a newcomer) and must be served within the newcomer bound.
 func TestS24NackBackoffFlood(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	s := s24Oracle(t, 1)
 	s.enq("f1", 2000, 0, 0, 0)
 	s.enq("f2", 2000, 0, 0, 0)
@@ -242,6 +246,7 @@ func TestS24NackBackoffFlood(t *testing.T) {
 // workers crash (nothing acked), leases pass and sweeps recover them
 // (ready now, attempt+1) while light keys keep arriving.
 func TestS24LeaseRecoveryFlood(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	s := s24Oracle(t, 1)
 	s.do(s.o.SetLimits(fairness.Limits{Key: 3}))
 	s.enq("flood", 3000, 0, 0, 0)
@@ -273,6 +278,7 @@ func TestS24LeaseRecoveryFlood(t *testing.T) {
 // TestS24PriorityDelayedLimits: priority runs and delayed runs under
 // key limits, with weights and a state expiry mid-flood.
 func TestS24PriorityDelayedLimits(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	s := s24Oracle(t, 1)
 	s.do(s.o.SetLimits(fairness.Limits{Key: 2, Queue: 5}))
 	s.do(s.o.SetWeight("a", 3))

@@ -120,6 +120,7 @@ func TestS25UnsaidGatedWatch(t *testing.T) {
 // keys at their limit or drained, flag flips) on the Lua: foSequences per
 // backend.
 func TestS25LuaLagBiased(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	for _, b := range foBackends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()

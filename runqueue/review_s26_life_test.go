@@ -1169,6 +1169,7 @@ func TestS26LifeTargetedPurgeWhileHeld(t *testing.T) {
 // their limit and runs are in flight, twice; flag-off acks and nacks in
 // between: nothing is stranded, and the state is left with a TTL.
 func TestS26LifeTargetedStateExpiry(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	c := redistest.Real(t)
 	w := newS26World(t, c, 5, 0, 0)
 	short, err := runqueue.New(w.ctx, c, &runqueue.Config{Prefix: w.prefix, Clock: w.clock, VtimeScheduling: true,
@@ -1261,6 +1262,7 @@ func TestS26LifeTargetedWide(t *testing.T) {
 }
 
 func TestS26LifeRandomCluster(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	c := redistest.Cluster(t)
 	for _, seed := range s26Seeds(3) {
 		seed := seed
@@ -1294,6 +1296,7 @@ type s26Conc struct {
 // after a final drain every run was acked once, dead-lettered or expired,
 // and the counters and keys are clean.
 func TestS26LifeConcurrent(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	c := redistest.Real(t)
 	for _, seed := range s26Seeds(2) {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) { s26Concurrent(t, c, seed) })
@@ -1641,6 +1644,7 @@ func TestS26LifeTargetedBigBatch(t *testing.T) {
 }
 
 func TestS26LifeConcurrentCluster(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	c := redistest.Cluster(t)
 	for _, seed := range s26Seeds(1) {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) { s26Concurrent(t, c, seed+50) })

@@ -154,6 +154,7 @@ func s28fStateSize(t *testing.T, c redis.UniversalClient, ck, st string) (int64,
 // ZSET may hold the sentinel, the wide mark and at most IdleMaxEntries
 // parked tags.
 func TestS28FChurnStateBounded(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	c := redistest.Real(t)
 	ctx := context.Background()
 	const idleMax = 200
@@ -209,6 +210,7 @@ func TestS28FChurnStateBounded(t *testing.T) {
 // grow without bound: after 40 rounds (12,000 keys minted, all served)
 // it may hold at most a few rounds' worth of stale entries.
 func TestS28FMixedChurnStateBounded(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	for _, every := range []int{3, 25} {
 		t.Run(fmt.Sprint(every), func(t *testing.T) { s28fMixedChurn(t, every) })
 	}
@@ -264,6 +266,7 @@ func s28fMixedChurn(t *testing.T, every int) {
 // whole (both keys, both with a TTL) and holds no leftover of the old
 // one past one entry per registered key, and every key is served.
 func TestS28FHalfStateEvicted(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	for _, gone := range []string{"ckVtime", "state"} {
 		for _, first := range []string{"dequeue", "enqueue"} {
 			t.Run(gone+"/"+first, func(t *testing.T) {

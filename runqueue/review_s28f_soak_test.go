@@ -334,6 +334,7 @@ func TestS28FOutageAtScale(t *testing.T) {
 // needs another key served twice before the changed key's next serve;
 // TestS28FWeightRaisedAtScale measures that bound directly.)
 func TestS28FWeightsUnderLoad(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	for _, seed := range []int64{31, 32, 33} {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			p, mini := foPool(t, foBackends[1], 0)

@@ -26,6 +26,7 @@ import (
 // times (parked) before K. Every call serves one run; the others' runs are
 // acked at once.
 func TestS28FWeightRaisedAtScale(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	for _, state := range []string{"competing", "gated", "parked"} {
 		for _, by := range []string{"on", "off"} {
 			t.Run(state+"/"+by, func(t *testing.T) { s28fWeightRaised(t, state, by) })
@@ -121,6 +122,7 @@ func s28fWeightRaised(t *testing.T, state, by string) {
 // and over the whole run A gets at least as many serves as any churning
 // key, less 2.
 func TestS28FChurnNoCredit(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	c := redistest.Real(t)
 	ctx := context.Background()
 	clock := fairness.NewClock()

@@ -354,6 +354,7 @@ func TestReviewWideSetsAdmission(t *testing.T) {
 // shrinks through 64..128 and goes) and acked leaves none of its keys nor
 // the shard's leases: widening never writes a set back.
 func TestReviewWideSetsDrainLeavesNoKeys(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
 		var ps []runqueue.EnqueueParams
 		for i := range 100 {

@@ -311,6 +311,7 @@ func r2Backends(t *testing.T, mini bool, fn func(t *testing.T, c redis.Universal
 // lane (the lane's head joins) and of the lane's hand-off by rank, against
 // the model, after pass 1 spent its read budget on stale tags.
 func TestAgeHeadLaneLua(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	for _, scan := range []int{1, 2, 3, 5} {
 		for _, n := range []int{1, 2, 3, 5} {
 			t.Run(fmt.Sprintf("scan%d/n%d", scan, n), func(t *testing.T) {
@@ -345,6 +346,7 @@ func TestAgeHeadLaneLua(t *testing.T) {
 // flag-off serves: every flag-on dequeue equals the model rebuilt from
 // Redis just before it, serves and state.
 func TestStaleBudgetDiff(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	r2Backends(t, false, func(t *testing.T, c redis.UniversalClient) {
 		var deqs, stales, served int
 		defer func() { t.Logf("%d dequeues (%d served), %d stale batches", deqs, served, stales) }()
@@ -535,6 +537,7 @@ func (h *r2) expireCmp(step string) {
 // and key limits; every flag-on write equals the model rebuilt from Redis
 // just before it.
 func TestLaneDiff(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	r2Backends(t, false, func(t *testing.T, c redis.UniversalClient) {
 		var deqs, served, expired int
 		defer func() { t.Logf("%d dequeues (%d served), %d expired", deqs, served, expired) }()
@@ -607,6 +610,7 @@ func TestLaneDiff(t *testing.T) {
 // older (priority): q was served while h, the lane's head, waited. Now
 // the age head brings h in for q.
 func TestNewcomerOrderPastTheBudget(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	p, mini := foPool(t, foBackends[1], 1)
 	o := foOracleOn(t, p, mini, 1)
 	step := func(err error) { t.Helper(); require.NoError(t, err) }
@@ -743,6 +747,7 @@ func TestAgeHeadLaneMembersGatedAndDrained(t *testing.T) {
 // en_US collation "=a". One dequeue(2) serves a, a; two dequeue(1) serve
 // a, B.
 func TestFlagOffTieOrderIgnoresServerLocale(t *testing.T) {
+	t.Parallel() // servers of its own (spawned for it), and no tight wall-clock bound
 	if os.Getenv("RUNQUEUE_REQUIRE_REDIS") == "" {
 		if _, err := exec.LookPath("redis-server"); err != nil {
 			t.Skip("no redis-server")

@@ -401,6 +401,7 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 // and the flag-on Lua and requires identical serves, tags, V, cursor, last
 // newcomer tag, idle entries and ckIndex after every step.
 func TestVtimeDifferential(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
 		switch {
 		case op < 28:
@@ -448,6 +449,7 @@ func TestVtimeDifferential(t *testing.T) {
 // while they compete, are gated or are parked (a weight change caps the
 // tag: vtime's SetWeight), which the general mix reaches seldom.
 func TestVtimeDifferentialWeights(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
 		switch {
 		case op < 30:
@@ -501,6 +503,7 @@ func runDifferential(t *testing.T, step func(d *diff, rt *rapid.T, op int) strin
 // call, the logical clock never decreases, and every stored value stays
 // an exact integer below 2^52.
 func TestVtimeRebaseAtTheEdge(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	for _, b := range backends[:2] {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()

@@ -309,4 +309,3 @@ func s33WrongShards(t *testing.T) (*bundle, string, []string) {
 	}
 	return b, env, []string{"-redis", b.url, "-prefix", b.prefix, "-vtime", "-shards", "4"}
 }
-

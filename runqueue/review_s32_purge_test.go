@@ -18,23 +18,6 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
-// s32Hooked returns a second client to c's server(s) whose answered
-// ZRANGEBYSCORE calls run f once (the first time), after the read.
-func s32Hooked(t *testing.T, c redis.UniversalClient, f func(members []string)) redis.UniversalClient {
-	t.Helper()
-	o := otherClient(t, c)
-	var once atomic.Bool
-	o.AddHook(afterEach(func(cmd redis.Cmder, err error) {
-		if cmd.Name() != "zrangebyscore" || err != nil {
-			return
-		}
-		if sc, ok := cmd.(*redis.StringSliceCmd); ok && once.CompareAndSwap(false, true) {
-			f(sc.Val())
-		}
-	}))
-	return o
-}
-
 // s32Dead makes n dead runs r0..r(n-1) of queueName under key "k", all
 // dead at the clock's now.
 func s32Dead(t *testing.T, b *testBundle, n int) {

@@ -5,7 +5,6 @@ package cli_test
 
 import (
 	"fmt"
-	"hash/fnv"
 	"testing"
 	"time"
 
@@ -68,10 +67,11 @@ func s33Populate(t *testing.T, c redis.UniversalClient) *bundle {
 			break
 		}
 		for i, r := range runs {
-			if i%3 == 0 {
+			switch i % 3 {
+			case 0:
 				_, err = b.q.Nack(ctx, r, &runqueue.NackOptions{DeadLetter: true})
 				require.NoError(t, err)
-			} else if i%3 == 1 {
+			case 1:
 				require.NoError(t, b.q.Ack(ctx, r))
 			}
 		}
@@ -224,13 +224,6 @@ func TestS33CLIWrongLayout(t *testing.T) {
 	})
 }
 
-// s33ShardOf is the deployment's shard of env (fnv1a(env) mod n).
-func s33ShardOf(env string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(env))
-	return int(h.Sum32() % uint32(n))
-}
-
 // TestS33CLIWriteVtimeFlag: a write command run with -vtime=false on a
 // flag-on deployment (and with -vtime on a flag-off one) still takes
 // effect for the deployment: a weight set shows in its Schedule, a
@@ -284,28 +277,4 @@ func TestS33CLIWriteVtimeFlag(t *testing.T) {
 			require.Len(t, seen, 4, "deploy vtime %v, cli %s", deployVtime, other)
 		}
 	})
-}
-
-// s33WrongShards is a 16-shard deployment with 3 ready runs of env/q,
-// an env whose shard differs under 4 shards, and the flags of a CLI run
-// with -shards 4.
-func s33WrongShards(t *testing.T) (*bundle, string, []string) {
-	t.Helper()
-	c := redistest.Real(t)
-	b := setup(t, c, true, func(cfg *runqueue.Config) { cfg.Clock = nil })
-	env := ""
-	for i := 0; i < 100; i++ {
-		e := fmt.Sprintf("env%d", i)
-		if s33ShardOf(e, 16) != s33ShardOf(e, 4) && s33ShardOf(e, 4) != 0 {
-			env = e
-			break
-		}
-	}
-	require.NotEmpty(t, env)
-	require.Equal(t, b.q.ShardOf(env), s33ShardOf(env, 16))
-	for i := 0; i < 3; i++ {
-		_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: "q", ID: fmt.Sprint(i)})
-		require.NoError(t, err)
-	}
-	return b, env, []string{"-redis", b.url, "-prefix", b.prefix, "-vtime", "-shards", "4"}
 }

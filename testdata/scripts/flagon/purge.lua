@@ -67,21 +67,21 @@ local qm, before, count = ARGV[1], ARGV[2], ARGV[3] + 0
 local bound = before ~= '' and before + 0
 
 local n = 0
-for i = 4, 3 + count do
-  local member = ARGV[i]
-  local gone
-  if bound then
-    local at = num(redis.call('ZSCORE', dead, member))
-    gone = at and at <= bound and redis.call('ZREM', dead, member) == 1
-  else
-    gone = redis.call('ZREM', dead, member) == 1
-  end
-  if gone then
-    n = n + 1
-    local vm, id = string.match(member, '^[^:]*:[^:]*:(=[^:]*):([^:]+)$')
-    local rec = id and redis.call('HGET', runs, id)
-    local r = rec and rec_parse(rec)
-    if r and r.vm == vm then redis.call('HDEL', runs, id) end
+for first = 4, 3 + count, 1000 do
+  local last = math.min(first + 999, 3 + count)
+  -- With a time, the deaths of a chunk in one read (ZMSCORE: unpack takes
+  -- at most a few thousand values), not one ZSCORE a run.
+  local at = bound and redis.call('ZMSCORE', dead, unpack(ARGV, first, last))
+  for i = first, last do
+    local member = ARGV[i]
+    local died = at and num(at[i - first + 1])
+    if (not bound or (died and died <= bound)) and redis.call('ZREM', dead, member) == 1 then
+      n = n + 1
+      local vm, id = string.match(member, '^[^:]*:[^:]*:(=[^:]*):([^:]+)$')
+      local rec = id and redis.call('HGET', runs, id)
+      local r = rec and rec_parse(rec)
+      if r and r.vm == vm then redis.call('HDEL', runs, id) end
+    end
   end
 end
 if n > 0 and redis.call('HINCRBY', env_dead, qm, -n) <= 0 then redis.call('HDEL', env_dead, qm) end

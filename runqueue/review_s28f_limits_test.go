@@ -114,12 +114,7 @@ func TestS28FProbeLapAfterFlagOffAcks(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, KeyConcurrency: 1})
 	const n = 1500
-	var batch []string
-	for j := 0; j < 2; j++ {
-		for i := 0; i < n; i++ {
-			batch = append(batch, fmt.Sprintf("g%04d", i))
-		}
-	}
+	batch := s28fRounds(2, n, "g%04d")
 	s28fEnqueue(t, on, batch, "a")
 	var held []*runqueue.Run
 	for len(held) < n {
@@ -185,12 +180,7 @@ func TestS28FGatedKeyExpiresThenReturns(t *testing.T) {
 					return off
 				}
 				const g = 300
-				var batch []string
-				for j := 0; j < 2; j++ {
-					for i := 0; i < g; i++ {
-						batch = append(batch, fmt.Sprintf("g%03d", i))
-					}
-				}
+				batch := s28fRounds(2, g, "g%03d")
 				s28fEnqueue(t, on, batch, "a")
 				_, err := on.Enqueue(ctx, runqueue.EnqueueParams{Env: s28fEnv, Queue: s28fQueue, Key: "K", ID: "k0", Payload: []byte("x")})
 				require.NoError(t, err)
@@ -265,12 +255,7 @@ func TestS28FAckAndDequeueFreesInCall(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, KeyConcurrency: 1})
 	const n = 1000
-	var batch []string
-	for j := 0; j < 3; j++ {
-		for i := 0; i < n; i++ {
-			batch = append(batch, fmt.Sprintf("f%04d", i))
-		}
-	}
+	batch := s28fRounds(3, n, "f%04d")
 	s28fEnqueue(t, on, batch, "a")
 	held, err := on.Dequeue(ctx, s28fEnv, s28fQueue, n)
 	require.NoError(t, err)

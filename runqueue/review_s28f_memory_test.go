@@ -21,6 +21,18 @@ import (
 
 const s28fEnv, s28fQueue = "s28f", "work"
 
+// s28fRounds is rounds runs of each of n keys (fmt.Sprintf(format, i)),
+// round after round, as s28fEnqueue takes them.
+func s28fRounds(rounds, n int, format string) []string {
+	batch := make([]string, 0, rounds*n)
+	for range rounds {
+		for i := range n {
+			batch = append(batch, fmt.Sprintf(format, i))
+		}
+	}
+	return batch
+}
+
 // s28fPair is a flag-on and a flag-off Queue of cfg (its VtimeScheduling
 // aside) on client c, closed at the test's end.
 func s28fPair(t *testing.T, c redis.UniversalClient, cfg runqueue.Config) (on, off *runqueue.Queue) {
@@ -274,12 +286,7 @@ func TestS28FHalfStateEvicted(t *testing.T) {
 				ctx := context.Background()
 				on, _, ck, st := s28fQueues(t, c, redistest.Prefix(t), nil)
 				const n = 3000
-				var batch []string
-				for j := 0; j < 2; j++ {
-					for i := 0; i < n; i++ {
-						batch = append(batch, fmt.Sprintf("e%04d", i))
-					}
-				}
+				batch := s28fRounds(2, n, "e%04d")
 				s28fEnqueue(t, on, batch, "a")
 				served := 0
 				for i := 0; i < 3; i++ {

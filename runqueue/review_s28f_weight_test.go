@@ -41,12 +41,7 @@ func s28fWeightRaised(t *testing.T, state, by string) {
 	prefix := redistest.Prefix(t)
 	on, off := s28fPair(t, c, runqueue.Config{Prefix: prefix, Clock: clock, KeyConcurrency: 1})
 	const n = 500
-	var batch []string
-	for j := 0; j < 4; j++ {
-		for i := 0; i < n; i++ {
-			batch = append(batch, fmt.Sprintf("j%03d", i))
-		}
-	}
+	batch := s28fRounds(4, n, "j%03d")
 	kRuns := 5
 	if state == "parked" {
 		kRuns = 1

@@ -44,8 +44,9 @@ type KeySchedule struct {
 	Delayed   int64
 	InFlight  int64
 	// Reason says why the key is not being served, "" when it competes:
-	// "idle" (no runs), "head in the future" (only delayed runs), "at its
-	// limit" (KeyConcurrency reached), "queue or env at its limit",
+	// "idle" (no queued run; runs in flight may remain), "head in the
+	// future" (only delayed runs), "at its limit" (KeyConcurrency reached),
+	// "queue or env at its limit",
 	// "awaiting discovery" (ready runs written without the flag, not yet
 	// registered: a dequeue's discovery reaches it within
 	// ceil(variants / max(1, ScanLimit - maxCount)) + 1 calls, guarantee 5

@@ -216,10 +216,14 @@ const (
 )
 
 // NewWorker returns a Worker that runs handler over the runs cfg names. It
-// does not start it (Start).
+// does not start it (Start). A Queue opened with Config.ReadOnly cannot
+// take runs: NewWorker returns ErrReadOnly.
 func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
 	if q == nil {
 		return nil, invalid("queue", "must not be nil")
+	}
+	if q.cfg.ReadOnly {
+		return nil, ErrReadOnly
 	}
 	if handler == nil {
 		return nil, invalid("handler", "must not be nil")

@@ -45,6 +45,11 @@ type globals struct {
 	json        bool
 	dialTimeout time.Duration
 	timeout     time.Duration
+	// env is the Config the environment gives (ConfigFromEnv): each
+	// command starts from a copy, so that what no flag sets (Quantum, the
+	// unit of schedule's tags and lags; StateTTL; LeaseDuration; the depth
+	// limits) is the deployment's too.
+	env runqueue.Config
 }
 
 // defaults starts from the environment runqueue.ConfigFromEnv reads, so
@@ -56,7 +61,7 @@ func defaults() (globals, error) {
 	}
 	d := cfg.WithDefaults()
 	g := globals{redis: defaultRedis, prefix: d.Prefix, shards: d.Shards, vtime: d.VtimeScheduling,
-		dialTimeout: 2 * time.Second, timeout: 30 * time.Second}
+		dialTimeout: 2 * time.Second, timeout: 30 * time.Second, env: *cfg}
 	if u := os.Getenv("REDIS_URL"); u != "" {
 		g.redis = u
 	}
@@ -139,6 +144,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (string, 
 	fs := newFlagSet("runqueue " + cmd.name)
 	g.register(fs)
 	cfg := &runqueue.Config{}
+	*cfg = g.env
 	exec := cmd.setup(fs, cfg)
 	pos, err := parseInterleaved(fs, rest)
 	if err != nil {

@@ -48,8 +48,8 @@ dead runs are counted per queue, not per key.`,
 (next virtual start) and lag (tag minus the queue's clock V, in quanta;
 positive: served ahead and waiting, zero or negative: owed service), its
 registration order (SEQ, which breaks ties), weight, parked tag, run counts,
-and STATUS: "competing", or why it is not served: "idle" (no runs), "head in
-the future" (only delayed runs), "at its limit" (KeyConcurrency reached),
+and STATUS: "competing", or why it is not served: "idle" (no queued run), "head
+in the future" (only delayed runs), "at its limit" (KeyConcurrency reached),
 "queue or env at its limit", "awaiting discovery" (ready runs not yet
 registered; a dequeue reaches them within a few calls), "waiting in the
 newcomer lane" (registered, behind earlier newcomers).

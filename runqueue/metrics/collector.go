@@ -1,12 +1,14 @@
 package metrics
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +56,13 @@ type Options struct {
 	// Queues are the env/queue pairs whose gauges each scrape reads from
 	// Redis, each valid (QueueRef.Validate); a queue listed twice is read
 	// once. Defaults to none: each scrape discovers the queues that hold
-	// queued runs (Queue.ActiveQueues), up to MaxScrapeQueues.
+	// queued runs (Queue.ActiveQueues), up to MaxScrapeQueues, and in the
+	// room left reads those it read before that still hold runs in flight
+	// or dead, then those whose runs the Collector, as the Observer, saw
+	// dequeued or dead-lettered since the last scrape. A queue whose runs
+	// all died (or are all in flight) before any scrape found it, in a
+	// process whose Observer is not this Collector, has no gauges: list the
+	// queues you alert on.
 	Queues []runqueue.QueueRef
 	// MaxScrapeQueues bounds the queues a discovering scrape reads; the
 	// queues past it are counted in runqueue_scrape_queues_skipped. Not
@@ -194,6 +202,34 @@ type series struct {
 	env, queue                                                  string
 	enqueued, dequeued, acked, nacked, dead, expired, recovered prometheus.Counter
 	wait                                                        prometheus.Observer
+	// held is set when runs of the pair were dequeued or dead-lettered
+	// since the last discovering scrape: such a queue may hold runs in
+	// flight or dead and no queued run, which discovery would not find.
+	held atomic.Bool
+}
+
+// hold marks s for the next discovering scrape (held).
+func (s *series) hold() {
+	if !s.held.Load() {
+		s.held.Store(true)
+	}
+}
+
+// heldQueues returns the pairs marked held since the last call and clears
+// their marks ("other" is no queue: left out).
+func (c *Collector) heldQueues() []runqueue.QueueRef {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []runqueue.QueueRef
+	for k, s := range c.byPair {
+		if s.held.Load() && s.held.CompareAndSwap(true, false) {
+			out = append(out, runqueue.QueueRef{Env: k.env, Queue: k.queue})
+		}
+	}
+	slices.SortFunc(out, func(a, b runqueue.QueueRef) int {
+		return cmp.Or(strings.Compare(a.Env, b.Env), strings.Compare(a.Queue, b.Queue))
+	})
+	return out
 }
 
 var _ runqueue.Observer = (*Collector)(nil)
@@ -231,7 +267,7 @@ func New(opts *Options) (*Collector, error) {
 	c.handler = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: o.Namespace, Name: "handler_duration_seconds",
 		Help:        "Time a worker's handler ran, by outcome (ack, retry, dead, panic, lease_lost).",
 		ConstLabels: o.ConstLabels, Buckets: o.HandlerBuckets}, []string{"env", "queue", "outcome"})
-	c.scr = newScraper(&c.opts)
+	c.scr = newScraper(&c.opts, c.heldQueues)
 	// Refuse here what Register would (an invalid namespace or label
 	// name), not once the Queue already reports to c.
 	if err := prometheus.NewRegistry().Register(c); err != nil {
@@ -314,6 +350,7 @@ func (c *Collector) Dequeued(runs []*runqueue.Run, now time.Time) {
 		}
 		s.dequeued.Inc()
 		s.wait.Observe(max(0, now.Sub(r.AvailableAt).Seconds()))
+		s.hold()
 	}
 }
 
@@ -327,6 +364,7 @@ func (c *Collector) Nacked(env, queue string, requeued bool) {
 	s.nacked.Inc()
 	if !requeued {
 		s.dead.Inc()
+		s.hold()
 	}
 }
 
@@ -340,6 +378,7 @@ func (c *Collector) Recovered(env, queue string, n, dead int) {
 	s.recovered.Add(float64(n))
 	if dead > 0 {
 		s.dead.Add(float64(dead))
+		s.hold()
 	}
 }
 

@@ -125,6 +125,8 @@
 // 2*Shards + 10N commands (MULTI and EXEC aside; N round trips and 6N
 // commands more over maxmemory). A discovered queue stays in the list
 // while it holds runs in flight or dead, after its last queued run was
-// served (so its in-flight gauge goes back to 0 rather than vanishing);
-// queues that hold queued runs take the room first.
+// served (so its in-flight gauge goes back to 0 rather than vanishing),
+// and a queue whose runs the Collector (as the Observer) saw dequeued or
+// dead-lettered since the last scrape joins it, even if it holds no queued
+// run by then; queues that hold queued runs take the room first.
 package metrics

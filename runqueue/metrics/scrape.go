@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,9 +35,12 @@ type scraper struct {
 	// holds runs in flight or dead, after its last queued run left the
 	// shard master.
 	known []runqueue.QueueRef
+	// held returns the queues whose runs the Collector saw dequeued or
+	// dead-lettered since the last discovering scrape (and clears them).
+	held func() []runqueue.QueueRef
 }
 
-func newScraper(o *Options) *scraper {
+func newScraper(o *Options, held func() []runqueue.QueueRef) *scraper {
 	name := func(n string) string { return prometheus.BuildFQName(o.Namespace, "", n) }
 	desc := func(n, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name(n), help, labels, o.ConstLabels)
@@ -47,6 +51,7 @@ func newScraper(o *Options) *scraper {
 	}
 	return &scraper{
 		opts:  o,
+		held:  held,
 		ranks: rankLabels(o.TopLagKeys),
 		ready: desc("queue_ready_runs", "Runs queued and ready (read from Redis at scrape).", "env", "queue"),
 		delayed: desc("queue_delayed_runs",
@@ -220,7 +225,10 @@ func (s *scraper) scrape(ctx context.Context, q *runqueue.Queue, ms *[]prometheu
 
 // list returns the queues of this scrape: Options.Queues, or else the
 // queues holding queued runs (up to MaxScrapeQueues) and, in the room left,
-// those of the last scrape that still hold runs in flight or dead.
+// those of the last scrape that still hold runs in flight or dead, then
+// those whose runs this Collector, as the Observer, saw dequeued or
+// dead-lettered since the last scrape (a queue whose runs all died, or are
+// all in flight, between two scrapes holds no queued run to be found by).
 func (s *scraper) list(ctx context.Context, q *runqueue.Queue) (refs []runqueue.QueueRef, total int64,
 	discovering bool, err error) {
 	if len(s.opts.Queues) > 0 {
@@ -234,7 +242,7 @@ func (s *scraper) list(ctx context.Context, q *runqueue.Queue) (refs []runqueue.
 	for _, r := range found {
 		seen[r] = true
 	}
-	for _, r := range s.known {
+	for _, r := range slices.Concat(s.known, s.held()) {
 		if len(found) >= s.opts.MaxScrapeQueues {
 			break
 		}

@@ -86,10 +86,14 @@
 // runs and dequeues more in one script call; the slots it frees serve the
 // same call. A holder whose lease passed and whose run was recovered gets
 // [ErrNotInFlight] until the run is delivered again, [ErrLeaseLost] after.
-// Every write is safe to send twice, as go-redis does when a reply times
-// out: a repeated ack of a run that is gone succeeds, a repeated nack
-// returns what the first returned, a repeated redrive leaves the run as the
-// first left it.
+// A write sent twice, as go-redis does when a reply times out or the
+// connection drops, does no harm but in one case: a repeated ack of a run
+// that is gone succeeds, a repeated nack returns what the first returned,
+// a repeated redrive leaves the run as the first left it, and a repeated
+// Enqueue of a run still queued or in flight finds it there. But an
+// Enqueue whose run was served and acked between the two sends queues it
+// again, and it runs twice (see README, "Timeouts and go-redis's
+// retries").
 //
 // Dead-lettered runs stay for inspection: [Queue.DeadLetters] lists them,
 // [Queue.DeadLetter] reads one, and [Queue.Redrive] puts one back, ready

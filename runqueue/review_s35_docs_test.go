@@ -86,7 +86,7 @@ func TestS35DocsConfigBounds(t *testing.T) {
 		name string
 		mut  func(*runqueue.Config)
 	}{
-		{"prefix 64", func(c *runqueue.Config) { c.Prefix = c.Prefix + strings.Repeat("a", 64-len(c.Prefix)) }},
+		{"prefix 64", func(c *runqueue.Config) { c.Prefix += strings.Repeat("a", 64-len(c.Prefix)) }},
 		{"shards 16384", func(c *runqueue.Config) { c.Shards = 16384 }},
 		{"prio step 1ms", func(c *runqueue.Config) { c.PriorityStep = time.Millisecond }},
 		{"max attempts neg", func(c *runqueue.Config) { c.MaxAttempts = -1 }},
@@ -811,7 +811,7 @@ func TestS35DocsLayout(t *testing.T) {
 	ctx := t.Context()
 	b := setup(t, c, nil)
 	space := keySpace(t, b)
-	require.Equal(t, "string:5", keyValue(t, c, space.Layout()))
+	require.Equal(t, fmt.Sprintf("string:%d", runqueue.LayoutVersion), keyValue(t, c, space.Layout()))
 	enqueue(t, b, runqueue.EnqueueParams{Env: "e", Queue: "q", ID: "a"})
 	require.NoError(t, c.Set(ctx, space.Layout(), "4", 0).Err())
 	for _, ro := range []bool{false, true} {
@@ -820,7 +820,7 @@ func TestS35DocsLayout(t *testing.T) {
 		require.ErrorAs(t, err, &le, "ro=%v", ro)
 		require.ErrorIs(t, err, runqueue.ErrLayout)
 		require.Equal(t, "4", le.Found)
-		require.Equal(t, 5, le.Want)
+		require.Equal(t, runqueue.LayoutVersion, le.Want)
 		require.Equal(t, space.Layout(), le.Key)
 	}
 	require.NoError(t, c.Del(ctx, space.Layout()).Err())

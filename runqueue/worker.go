@@ -370,8 +370,11 @@ func (e *UnsettledError) Unwrap() []error {
 // Once ctx has ended, Shutdown returns within about a second
 // (shutdownGrace), even when Redis is unreachable: the release and the
 // acks not yet sent get one attempt each, with no retries, and a Redis
-// call still in flight is cancelled (one blocked reading a reply ends at
-// the client's read timeout). Runs whose ack, nack or release could not be
+// call still in flight is cancelled. But a call blocked reading a reply
+// from a Redis that is up and does not answer (paused, or busy with a
+// long script) ends only at the client's read timeout, or at a second one
+// when go-redis had sent it again: with Redis paused and ReadTimeout 3s,
+// Shutdown with 300ms left returned after 5.3s. Runs whose ack, nack or release could not be
 // sent are left to lease recovery: Shutdown then returns an
 // *UnsettledError (errors.Is(err, ErrUnsettled)), which also matches ctx's
 // error when ctx ended. When the Start context ends before the stop is

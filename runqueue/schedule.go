@@ -221,8 +221,11 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 			return nil, err
 		}
 	}
+	// The due variants a call of n looks at: scan of them, or, when more
+	// are due, vtime.PromoteLook times as many (it reaches those without a
+	// ready run first).
 	due, err := q.rdb.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10),
-		Count: int64(q.scanLimit(n))}).Result()
+		Count: int64(vtime.PromoteLook * q.scanLimit(n))}).Result()
 	if err != nil {
 		return nil, err
 	}

@@ -63,12 +63,17 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 	wm := rapid.SampledFrom([]int{1, 2, 3}).Draw(rt, "windowMultiplier")
 	idleMax := rapid.SampledFrom([]int{10000, 2}).Draw(rt, "idleMax")
 	scan := rapid.SampledFrom([]int{0, 0, 2, 3}).Draw(rt, "scanLimit")
+	// A small promote limit keeps due runs behind in the variants a call
+	// reaches, so that more are due than a call reaches over several calls,
+	// some of them with ready runs and some without (the promotion's
+	// starving-first rule).
+	promote := rapid.SampledFrom([]int{0, 0, 1, 2}).Draw(rt, "promoteLimit")
 	lease := time.Minute
 	lim := &limits
 	cfg := &runqueue.Config{
 		Prefix: prefix, Clock: clock, VtimeScheduling: true, MaxAttempts: 3,
 		LimitsFor:        func(string, string) runqueue.Limits { return *lim },
-		WindowMultiplier: wm, IdleMaxEntries: idleMax, LeaseDuration: lease, ScanLimit: scan,
+		WindowMultiplier: wm, IdleMaxEntries: idleMax, LeaseDuration: lease, ScanLimit: scan, PromoteLimit: promote,
 	}
 	ctx := context.Background()
 	q, err := runqueue.New(ctx, c, cfg)
@@ -79,7 +84,7 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 	require.NoError(t, err)
 	qk := space.Env(diffEnv).Queue(diffQueue)
 	mcfg := vtime.Config{
-		WindowMultiplier: wm, IdleMaxEntries: idleMax, MaxAttempts: 3, ScanLimit: scan,
+		WindowMultiplier: wm, IdleMaxEntries: idleMax, MaxAttempts: 3, ScanLimit: scan, PromoteLimit: promote,
 		Limits: vtime.Limits{Queue: limits.Queue, Key: limits.Key},
 	}
 	m := vtime.New(mcfg)

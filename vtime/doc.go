@@ -66,8 +66,11 @@
 //
 //   - capacity: what the env and queue limits leave of maxCount (cap); at 0
 //     the call does nothing.
-//   - promote: the due delayed runs of the first ScanLimit due variants
-//     become ready, registering their variants. The call's budget,
+//   - promote: the due delayed runs of up to ScanLimit due variants become
+//     ready, registering their variants: all of them when no more are due;
+//     else, among the first PromoteLook x ScanLimit, those with no ready
+//     run first, then the others, each group in the delay index's order.
+//     The call's budget,
 //     max(PromoteLimit, maxCount), is spent on those variants in two
 //     passes (PromotePlan): each in turn takes up to an even share of what
 //     is left, at least one run and at most PromoteLimit; then those that
@@ -182,8 +185,11 @@
 //     stays put is registered within ceil(variants/max(1, ScanLimit-
 //     maxCount))+1 calls (a lap more for each variant before it that a TTL
 //     sweep or a flag-off writer removed meanwhile), and every registered variant with
-//     a ready head below its limit is served within the bounds of 1, 2 and
-//     7.
+//     a ready head below its limit is served within the bounds of 1, 2
+//     and 7. A variant with due delayed runs and no ready run, among the
+//     first PromoteLook x ScanLimit due variants, gains a ready run within
+//     ceil(due variants/(ScanLimit-maxCount)) calls when ScanLimit >
+//     maxCount, however long the bursts due before it last.
 //  6. Work conservation: a call stops early only when nothing it can reach
 //     is servable; the age-head fallback reads what a flag-off call reads.
 //     Flag on therefore serves whenever flag off would (but for a gated

@@ -585,11 +585,25 @@ func (m *Model) capacity(maxCount int) int {
 	return capacity
 }
 
-// promote moves the due delayed runs of the first scan due variants to
-// ready (registering the variants that gain a ready run), as many of each
-// as PromotePlan gives it.
+// PromoteLook is how many times scan due variants a call looks at when
+// more than scan are due (see call.promote).
+const PromoteLook = 4
+
+// promote moves due delayed runs to ready (registering the variants that
+// gain a ready run), as many of each variant it reaches as PromotePlan
+// gives it. It reaches scan due variants at most: all of them when no more
+// are due. Else it looks at the first PromoteLook*scan in the delay
+// index's order and reaches first those that hold no ready run (they have
+// nothing to serve until a promotion), then, in the room left, the others
+// (which the scheduler can serve meanwhile), each group in that order. So
+// a burst of delayed runs of many keys falling due together cannot hold a
+// key due behind it: once promoted, the burst's keys have ready runs and
+// give way to the keys that have none (docs/design.md, "Dequeue").
 func (c *call) promote(now int64, maxCount int) {
-	vms, due := c.m.dueVariants(now, c.scan)
+	vms, due := c.m.dueVariants(now, PromoteLook*c.scan)
+	if len(vms) > c.scan {
+		vms, due = c.m.starvingFirst(vms, due, c.scan)
+	}
 	plan, first := PromotePlan(c.m.cfg.PromoteLimit, maxCount, due)
 	for i, vm := range vms {
 		c.m.promote(vm, now, first[i])
@@ -599,6 +613,21 @@ func (c *call) promote(now int64, maxCount int) {
 			c.m.promote(vm, now, more)
 		}
 	}
+}
+
+// starvingFirst picks n of the due variants vms (with their due runs):
+// those without a ready run first, then the others, each in vms's order.
+func (m *Model) starvingFirst(vms []string, due []int, n int) ([]string, []int) {
+	var rv []string
+	var rd []int
+	for _, starving := range []bool{true, false} {
+		for i, vm := range vms {
+			if len(rv) < n && (len(m.ready[vm]) == 0) == starving {
+				rv, rd = append(rv, vm), append(rd, due[i])
+			}
+		}
+	}
+	return rv, rd
 }
 
 // dueVariants is the first n variants of the delay index with a due run

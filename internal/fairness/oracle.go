@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/vtime"
 )
 
 // Config tells an Oracle what it cannot observe: the backend's settings.
@@ -455,13 +456,30 @@ func (o *Oracle) dueVariants() []dueVariant {
 
 // promote applies a call's promotion and reports whether it was certain
 // for a call of maxCount and for a call of 1: every due run promoted. A
-// call reaches the first scan due variants and spends a budget of
-// max(PromoteLimit, maxCount) runs on them (promotePlan).
+// call reaches scan due variants at most and spends a budget of
+// max(PromoteLimit, maxCount) runs on them (promotePlan): all of them when
+// no more are due; else, with the flag off, the first scan; with it on,
+// among the first vtime.PromoteLook x scan, those with no ready run first,
+// then the others, each group in the delay index's order (docs/design.md,
+// "Dequeue").
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
-	reached, reached1 := min(len(dv), o.scan(maxCount)), min(len(dv), o.scan(1))
+	scan := o.scan(maxCount)
+	reached, reached1 := min(len(dv), scan), min(len(dv), o.scan(1))
+	window := dv[:reached]
+	if o.flagOn && len(dv) > scan {
+		look := dv[:min(len(dv), vtime.PromoteLook*scan)]
+		window = make([]dueVariant, 0, scan)
+		for _, starving := range []bool{true, false} {
+			for _, v := range look {
+				if len(window) < scan && (v.k.ready == 0) == starving {
+					window = append(window, v)
+				}
+			}
+		}
+	}
 	due := make([]int, reached)
-	for i, v := range dv[:reached] {
+	for i, v := range window {
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
@@ -471,7 +489,7 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	plan, plan1 := o.promotePlan(maxCount, due), o.promotePlan(1, due[:reached1])
 	certain, certain1 = len(dv) == reached, len(dv) == reached1
 	var batch []*orun
-	for i, v := range dv[:reached] {
+	for i, v := range window {
 		batch = append(batch, v.due[:plan[i]]...)
 		certain = certain && plan[i] == due[i]
 		certain1 = certain1 && (i >= reached1 || plan1[i] == due[i])

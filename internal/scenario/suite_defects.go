@@ -15,6 +15,7 @@ func defectCases() []Case {
 		manyGated("many-gated", 1),
 		manyGated("many-gated-10", 10),
 		expiredNewcomers(),
+		delayedBurst(),
 		outagePastTTL(),
 		equalCountsFlip(),
 		adversarialNames(),
@@ -161,6 +162,42 @@ func expiredNewcomers() Case {
 			return []Verdict{
 				atMost("serves until the honest key is served", wait(on), wait(off), 10),
 				fullCalls(off, on, 10),
+			}
+		},
+	}
+}
+
+// delayedBurst: 30 keys each hold 200 delayed runs that fall due together
+// and a late key one run due 1 ms after them (scheduled or retried work of
+// many tenants falling due at once); then the clock passes them all. With
+// the flag on, a call reaches the due keys without a ready run first, so
+// the late key is promoted in the second call and waits only in the
+// newcomer lane behind the 30 keys promoted in the first: served within 3
+// serves per other active key (90) and the call's 10. The first version
+// promoted the first 30 due keys every call, so the late key's run stayed
+// delayed until all 6,000 earlier runs were promoted: served at serve 571.
+// Flag off serves in age order: last. The run ends when the late key is
+// served.
+func delayedBurst() Case {
+	const keys, runs = 30, 200
+	return Case{
+		Spec: Spec{Name: "delayed-burst", MaxCount: 10, Hold: 0,
+			Until: func(h *H) bool { return h.Enqueued("late") > 0 && h.Queued("late") == 0 },
+			Setup: func(h *H) error {
+				for i := 0; i < keys; i++ {
+					if err := h.Add(keyN("burst", i), runs, func(int) time.Duration { return time.Minute }); err != nil {
+						return err
+					}
+				}
+				if err := h.Add("late", 1, func(int) time.Duration { return time.Minute + time.Millisecond }); err != nil {
+					return err
+				}
+				h.Advance(2 * time.Minute)
+				return nil
+			}},
+		Check: func(off, on *Result) []Verdict {
+			return []Verdict{
+				atMost("serves until the late key is served", servesUntil(on, "late", 0), servesUntil(off, "late", 0), 3*keys+10),
 			}
 		},
 	}

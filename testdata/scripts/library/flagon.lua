@@ -1,4 +1,4 @@
-#!lua name=runqueue_803a919464a4bf14
+#!lua name=runqueue_bd66c428289380cf
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1729,8 +1729,56 @@ end
 
 -- promote: due delayed runs become ready; their variants register, all
 -- together after it (nothing in the promotion reads the registrations).
+-- As lib/dequeue's dq_promote (the same head look, share plan and
+-- budget), but when more than scan variants are due it looks at the first
+-- 4 x scan (vtime.PromoteLook) and reaches first those with no ready run
+-- (no ckIndex entry: nothing to serve until promoted), then the others,
+-- each group in delayIndex's order (vtime's call.promote): a burst of
+-- many keys' delayed runs falling due together no longer holds a key due
+-- behind it until every earlier run is promoted.
 local promoted = sched_gather()
-dq_promote(dq, promoted)
+do
+  local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
+  if not head[2] then
+    dq.delay_head = false
+  elseif num(head[2]) > dq.now then
+    dq.delay_head = num(head[2])
+  else
+    local scan = dq.scan
+    local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', scan + 1)
+    if #due > scan then
+      local look = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', 4 * scan)
+      local starving, fed = {}, {}
+      for i = 1, #look, 1000 do
+        local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, math.min(i + 999, #look)))
+        for j = 1, #heads do
+          local vm = look[i + j - 1]
+          if heads[j] then fed[#fed + 1] = vm else starving[#starving + 1] = vm end
+        end
+      end
+      due = {}
+      for _, group in ipairs({ starving, fed }) do
+        for _, vm in ipairs(group) do
+          if #due >= scan then break end
+          due[#due + 1] = vm
+        end
+      end
+    end
+    local limit = dq.promote_limit
+    local left, filled = math.max(limit, dq.max_count), {}
+    for i, vm in ipairs(due) do
+      local share = math.min(limit, math.max(1, math.ceil(left / (#due - i + 1))))
+      local got = dq_promote_variant(dq, promoted, vm, share)
+      if got == share then filled[#filled + 1] = { vm, got } end
+      left = left - got
+    end
+    for _, f in ipairs(filled) do
+      if left <= 0 then break end
+      local more = math.min(limit - f[2], left)
+      if more > 0 then left = left - dq_promote_variant(dq, promoted, f[1], more) end
+    end
+  end
+end
 if promoted[1] then sched_register_many(S, promoted) end
 -- A queue without scheduler state (never used, or idle past StateTTL) and
 -- with no ready run makes none: nothing can be served, and the first work
@@ -2419,9 +2467,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_803a919464a4bf14_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_803a919464a4bf14_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_803a919464a4bf14_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_803a919464a4bf14_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_803a919464a4bf14_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_803a919464a4bf14_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_bd66c428289380cf_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_bd66c428289380cf_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_bd66c428289380cf_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_bd66c428289380cf_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_bd66c428289380cf_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_bd66c428289380cf_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

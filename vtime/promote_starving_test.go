@@ -1,0 +1,60 @@
+package vtime
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/runqueue/runqueue/keys"
+)
+
+// TestPropPromoteStarvingFirst: more variants due than a call reaches, each
+// with a burst of delayed runs (due at once or a millisecond apart: a
+// promoted variant's head then moves later but stays ahead of keys due
+// after its burst), and a late key whose one run is due in the middle of
+// the bursts. Calls of 1 serve and ack one run each. Every variant (the
+// late one too) gains its first ready run within ceil(variants / (scan -
+// maxCount)) calls, however long the bursts before it last: a call reaches
+// the variants without a ready run first, and a call of maxCount serves
+// out at most maxCount variants, which then have none again. (Before, a
+// call reached the first scan due variants, so the late key waited until
+// the bursts due before it had been promoted.)
+func TestPropPromoteStarvingFirst(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		scan := rapid.IntRange(2, 5).Draw(rt, "scan")
+		m := New(Config{ScanLimit: scan, PromoteLimit: rapid.IntRange(1, 3).Draw(rt, "promoteLimit")})
+		n := rapid.IntRange(scan+1, PromoteLook*scan-1).Draw(rt, "bursts")
+		spread := rapid.SampledFrom([]int64{0, 1}).Draw(rt, "ms between a burst's runs")
+		runs := rapid.IntRange(20, 60).Draw(rt, "runs per burst")
+		total := map[string]int{}
+		for k := range n {
+			key := fmt.Sprintf("k%02d", k)
+			for i := range runs {
+				require.NoError(t, m.Enqueue(fmt.Sprintf("%s-%d", key, i), key, 0, 1000+int64(i)*spread, 0))
+			}
+			total[key] = runs
+		}
+		require.NoError(t, m.Enqueue("late", "late", 0, 1000+int64(runs/2)*spread+1, 0))
+		total["late"] = 1
+		now := int64(1_000_000)
+		bound := (n + 1 + scan - 2) / (scan - 1)
+		reached := map[string]int{}
+		for call := 1; call <= bound; call++ {
+			for _, s := range m.Dequeue(1, now) {
+				require.NoError(t, m.Ack(s.ID))
+			}
+			for key, k := range total {
+				if _, ok := reached[key]; !ok && len(m.delayed[keys.VariantMember(key)]) < k {
+					reached[key] = call
+				}
+			}
+		}
+		for key := range total {
+			_, ok := reached[key]
+			require.True(t, ok, "%s not reached within %d calls (%d bursts of %d runs, spread %d ms, scan %d)",
+				key, bound, n, runs, spread, scan)
+		}
+	})
+}

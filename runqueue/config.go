@@ -105,7 +105,9 @@ type Config struct {
 	// PromoteLimit is how many due delayed runs of one variant one dequeue
 	// call moves to ready at most. 1..500. Defaults to 100. A call spends
 	// a budget of max(PromoteLimit, maxCount) runs on the due variants it
-	// reaches (the first ScanLimit, earliest due first): each in turn takes
+	// reaches (ScanLimit at most: the first, earliest due first; with the
+	// fair scheduler and more due, those without a ready run first, see
+	// docs/design.md "Dequeue"): each in turn takes
 	// up to an even share of what is left, at least one run, then those
 	// that filled their share take what is left. So one call promotes
 	// fewer than that budget plus ScanLimit runs, however many are due at

@@ -15,8 +15,9 @@ import (
 // delayed runs that fall due together (at one instant, or a millisecond
 // apart), more keys than a call reaches (ScanLimit 30 for a Dequeue(10)),
 // and one more key has a single run due in the middle of the bursts. With
-// the flag on, a call reaches the due keys without a ready run first, so
-// the late key's run is promoted within ceil(due keys / (30 - 10)) calls.
+// the flag on, a call reaches the due keys without a ready run first (all
+// but 30/4 places, kept for keys with ready runs), so the late key's run
+// is promoted within ceil(due keys / (30 - 7 - 10)) calls.
 // Before, a call reached the first 30 due keys, and the late key waited
 // until the bursts due before it had been promoted: with 30 keys of 200
 // runs due at once it was promoted in call 51 (served in call 58), with 60
@@ -77,14 +78,15 @@ func TestPromoteStarvingFirstBurst(t *testing.T) {
 					}
 				}
 				// The late key, with no ready run, is reached within
-				// ceil(keys due / (scan - maxCount)) calls: a call reaches
-				// scan keys without a ready run, and serves out at most
-				// maxCount keys, which then have none again. It then waits
+				// ceil(keys due / (scan - scan/4 - maxCount)) calls: a call
+				// reaches scan - scan/4 keys without a ready run, and serves
+				// out at most maxCount keys, which then have none again. It then waits
 				// in the newcomer lane behind the keys promoted before it
 				// (guarantee 10: the k-th newcomer in the lane after about
 				// k rounds), which the serve figures show.
 				scan := 3 * batch
-				reach := (tc.flooders + 1 + scan - batch - 1) / (scan - batch)
+				per := scan - scan/4 - batch
+				reach := (tc.flooders + 1 + per - 1) / per
 				t.Logf("%d flooders of %d runs %v apart: the late run promoted in call %d (bound %d), served in call %d, serve %d",
 					tc.flooders, tc.runs, tc.spread, promotedCall, reach, lateCall, lateServe)
 				require.Positive(t, promotedCall)

@@ -69,7 +69,8 @@
 //   - promote: the due delayed runs of up to ScanLimit due variants become
 //     ready, registering their variants: all of them when no more are due;
 //     else, among the first PromoteLook x ScanLimit, those with no ready
-//     run first, then the others, each group in the delay index's order.
+//     run first, keeping ScanLimit/4 places for the others, each group in
+//     the delay index's order, one filling the places the other leaves.
 //     The call's budget,
 //     max(PromoteLimit, maxCount), is spent on those variants in two
 //     passes (PromotePlan): each in turn takes up to an even share of what
@@ -188,8 +189,10 @@
 //     a ready head below its limit is served within the bounds of 1, 2
 //     and 7. A variant with due delayed runs and no ready run, among the
 //     first PromoteLook x ScanLimit due variants, gains a ready run within
-//     ceil(due variants/(ScanLimit-maxCount)) calls when ScanLimit >
-//     maxCount, however long the bursts due before it last.
+//     ceil(due variants/(ScanLimit-ScanLimit/4-maxCount)) calls when that
+//     divisor is above 0, however long the bursts due before it last; one
+//     with ready runs is reached earliest due first among those, in
+//     ScanLimit/4 places a call at least.
 //  6. Work conservation: a call stops early only when nothing it can reach
 //     is servable; the age-head fallback reads what a flag-off call reads.
 //     Flag on therefore serves whenever flag off would (but for a gated

@@ -594,9 +594,11 @@ const PromoteLook = 4
 // gives it. It reaches scan due variants at most: all of them when no more
 // are due. Else it looks at the first PromoteLook*scan in the delay
 // index's order and reaches first those that hold no ready run (they have
-// nothing to serve until a promotion), then, in the room left, the others
-// (which the scheduler can serve meanwhile), each group in that order. So
-// a burst of delayed runs of many keys falling due together cannot hold a
+// nothing to serve until a promotion), keeping scan/4 places for the
+// others (which the scheduler can serve meanwhile, but whose due runs, a
+// retry of higher priority say, must not wait for ever), each group in
+// that order, and fills the places one group leaves with the other. So a
+// burst of delayed runs of many keys falling due together cannot hold a
 // key due behind it: once promoted, the burst's keys have ready runs and
 // give way to the keys that have none (docs/design.md, "Dequeue").
 func (c *call) promote(now int64, maxCount int) {
@@ -616,16 +618,24 @@ func (c *call) promote(now int64, maxCount int) {
 }
 
 // starvingFirst picks n of the due variants vms (with their due runs):
-// those without a ready run first, then the others, each in vms's order.
+// those without a ready run (starving) first, n - n/4 of them at most when
+// there are others (fed), then the fed, and then more starving in the
+// room the fed left; each group in vms's order.
 func (m *Model) starvingFirst(vms []string, due []int, n int) ([]string, []int) {
+	var starving, fed []int
+	for i, vm := range vms {
+		if len(m.ready[vm]) == 0 {
+			starving = append(starving, i)
+		} else {
+			fed = append(fed, i)
+		}
+	}
+	s := min(len(starving), n-min(len(fed), n/4))
+	f := min(len(fed), n-s)
 	var rv []string
 	var rd []int
-	for _, starving := range []bool{true, false} {
-		for i, vm := range vms {
-			if len(rv) < n && (len(m.ready[vm]) == 0) == starving {
-				rv, rd = append(rv, vm), append(rd, due[i])
-			}
-		}
+	for _, i := range append(starving[:s:s], fed[:f]...) {
+		rv, rd = append(rv, vms[i]), append(rd, due[i])
 	}
 	return rv, rd
 }

@@ -3,6 +3,7 @@ package fairness
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -460,7 +461,8 @@ func (o *Oracle) dueVariants() []dueVariant {
 // max(PromoteLimit, maxCount) runs on them (promotePlan): all of them when
 // no more are due; else, with the flag off, the first scan; with it on,
 // among the first vtime.PromoteLook x scan, those with no ready run first,
-// then the others, each group in the delay index's order (docs/design.md,
+// keeping scan/4 places for the others, each group in the delay index's
+// order, one filling the places the other leaves (docs/design.md,
 // "Dequeue").
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
@@ -468,15 +470,16 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	reached, reached1 := min(len(dv), scan), min(len(dv), o.scan(1))
 	window := dv[:reached]
 	if o.flagOn && len(dv) > scan {
-		look := dv[:min(len(dv), vtime.PromoteLook*scan)]
-		window = make([]dueVariant, 0, scan)
-		for _, starving := range []bool{true, false} {
-			for _, v := range look {
-				if len(window) < scan && (v.k.ready == 0) == starving {
-					window = append(window, v)
-				}
+		var starving, fed []dueVariant
+		for _, v := range dv[:min(len(dv), vtime.PromoteLook*scan)] {
+			if v.k.ready == 0 {
+				starving = append(starving, v)
+			} else {
+				fed = append(fed, v)
 			}
 		}
+		s := min(len(starving), scan-min(len(fed), scan/4))
+		window = slices.Concat(starving[:s], fed[:min(len(fed), scan-s)])
 	}
 	due := make([]int, reached)
 	for i, v := range window {

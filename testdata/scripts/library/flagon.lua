@@ -1,4 +1,4 @@
-#!lua name=runqueue_bd66c428289380cf
+#!lua name=runqueue_202a75095acfa4d6
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1732,10 +1732,12 @@ end
 -- As lib/dequeue's dq_promote (the same head look, share plan and
 -- budget), but when more than scan variants are due it looks at the first
 -- 4 x scan (vtime.PromoteLook) and reaches first those with no ready run
--- (no ckIndex entry: nothing to serve until promoted), then the others,
--- each group in delayIndex's order (vtime's call.promote): a burst of
--- many keys' delayed runs falling due together no longer holds a key due
--- behind it until every earlier run is promoted.
+-- (no ckIndex entry: nothing to serve until promoted), keeping scan/4
+-- places for the others (whose due runs must not wait for ever either),
+-- each group in delayIndex's order, one group filling the places the
+-- other leaves (vtime's call.promote): a burst of many keys' delayed runs
+-- falling due together no longer holds a key due behind it until every
+-- earlier run is promoted.
 local promoted = sched_gather()
 do
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
@@ -1756,13 +1758,13 @@ do
           if heads[j] then fed[#fed + 1] = vm else starving[#starving + 1] = vm end
         end
       end
+      -- (starving first, leaving scan/4 places to the fed when there are
+      -- any, then the fed in the room left)
+      local s = math.min(#starving, scan - math.min(#fed, math.floor(scan / 4)))
+      local f = math.min(#fed, scan - s)
       due = {}
-      for _, group in ipairs({ starving, fed }) do
-        for _, vm in ipairs(group) do
-          if #due >= scan then break end
-          due[#due + 1] = vm
-        end
-      end
+      for i = 1, s do due[i] = starving[i] end
+      for i = 1, f do due[s + i] = fed[i] end
     end
     local limit = dq.promote_limit
     local left, filled = math.max(limit, dq.max_count), {}
@@ -2467,9 +2469,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_bd66c428289380cf_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_bd66c428289380cf_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_bd66c428289380cf_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_bd66c428289380cf_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_bd66c428289380cf_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_bd66c428289380cf_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

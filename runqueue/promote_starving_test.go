@@ -42,13 +42,7 @@ func TestPromoteStarvingFirstBurst(t *testing.T) {
 				}
 				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "late", ID: "late",
 					AvailableAt: due.Add(time.Duration(tc.runs/2)*tc.spread + time.Millisecond)})
-				for from := 0; from < len(ps); from += 1000 {
-					res, err := b.q.EnqueueMany(b.ctx, ps[from:min(from+1000, len(ps))])
-					require.NoError(t, err)
-					for _, r := range res {
-						require.NoError(t, r.Err)
-					}
-				}
+				enqueueAll(t, b, ps)
 				b.clock.Advance(time.Hour)
 
 				total := tc.flooders*tc.runs + 1

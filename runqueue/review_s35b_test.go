@@ -76,13 +76,7 @@ func TestReviewS35bPreviewLookChunked(t *testing.T) {
 					ID: fmt.Sprintf("k%04d-%d", k, i), AvailableAt: due.Add(time.Duration(k%7) * time.Millisecond)})
 			}
 		}
-		for from := 0; from < len(ps); from += 1000 {
-			res, err := b.q.EnqueueMany(b.ctx, ps[from:min(from+1000, len(ps))])
-			require.NoError(t, err)
-			for _, r := range res {
-				require.NoError(t, r.Err)
-			}
-		}
+		enqueueAll(t, b, ps)
 		b.clock.Advance(time.Hour)
 		for call := range 8 {
 			n := []int{1, 5, 300, 2}[call%4]
@@ -120,13 +114,7 @@ func TestReviewS35bFedRetryFiniteBurst(t *testing.T) {
 			ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("b%04d", k),
 				ID: fmt.Sprintf("b%04d", k), AvailableAt: at.Add(time.Millisecond)})
 		}
-		for from := 0; from < len(ps); from += 1000 {
-			res, err := b.q.EnqueueMany(b.ctx, ps[from:min(from+1000, len(ps))])
-			require.NoError(t, err)
-			for _, r := range res {
-				require.NoError(t, r.Err)
-			}
-		}
+		enqueueAll(t, b, ps)
 		b.clock.Advance(time.Hour)
 		serves := 0
 		for call := 1; call <= 200; call++ {

@@ -78,15 +78,19 @@ return redis.call('HSET', KEYS[1], unpack(all))`)
 	requireEncoding(t, b, key, "listpack")
 }
 
-// enqueueAll enqueues ps in one EnqueueMany call and requires each queued.
+// enqueueAll enqueues ps by EnqueueMany, 1,000 runs a call (one call up to
+// 1,000), and requires each queued.
 func enqueueAll(t *testing.T, b *testBundle, ps []runqueue.EnqueueParams) {
 	t.Helper()
-	res, err := b.q.EnqueueMany(b.ctx, ps)
-	require.NoError(t, err)
-	require.Len(t, res, len(ps))
-	for i, r := range res {
-		require.NoError(t, r.Err, "run %d", i)
-		require.True(t, r.Queued, "run %d", i)
+	for from := 0; from < len(ps); from += 1000 {
+		part := ps[from:min(from+1000, len(ps))]
+		res, err := b.q.EnqueueMany(b.ctx, part)
+		require.NoError(t, err)
+		require.Len(t, res, len(part))
+		for i, r := range res {
+			require.NoError(t, r.Err, "run %d", from+i)
+			require.True(t, r.Queued, "run %d", from+i)
+		}
 	}
 }
 

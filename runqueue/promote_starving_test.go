@@ -113,16 +113,24 @@ func TestPromoteStarvingFirstPreview(t *testing.T) {
 		b.clock.Advance(time.Hour)
 		for call := range 4 {
 			n := 1 + 2*(call%2) // calls of 1 and of 3 in turn
-			preview, err := b.q.Preview(b.ctx, env, queueName, n)
-			require.NoError(t, err)
-			want := make([]string, len(preview))
-			for i, p := range preview {
-				want[i] = p.ID
-			}
-			got := dequeue(t, b, queueName, n)
+			got := previewedDequeue(t, b, n, "call %d of %d", call, n)
 			require.NotEmpty(t, got)
-			require.Equal(t, want, runIDs(got), "call %d of %d", call, n)
 			ackAll(t, b, got)
 		}
 	})
+}
+
+// previewedDequeue dequeues up to n runs of queueName and requires that
+// Preview, asked just before, predicted them.
+func previewedDequeue(t testing.TB, b *testBundle, n int, msgAndArgs ...any) []*runqueue.Run {
+	t.Helper()
+	preview, err := b.q.Preview(b.ctx, env, queueName, n)
+	require.NoError(t, err)
+	want := make([]string, len(preview))
+	for i, p := range preview {
+		want[i] = p.ID
+	}
+	got := dequeue(t, b, queueName, n)
+	require.Equal(t, want, runIDs(got), msgAndArgs...)
+	return got
 }

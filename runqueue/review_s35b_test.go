@@ -80,14 +80,7 @@ func TestReviewS35bPreviewLookChunked(t *testing.T) {
 		b.clock.Advance(time.Hour)
 		for call := range 8 {
 			n := []int{1, 5, 300, 2}[call%4]
-			preview, err := b.q.Preview(b.ctx, env, queueName, n)
-			require.NoError(t, err)
-			want := make([]string, len(preview))
-			for i, p := range preview {
-				want[i] = p.ID
-			}
-			got := dequeue(t, b, queueName, n)
-			require.Equal(t, want, runIDs(got), "call %d of %d", call, n)
+			got := previewedDequeue(t, b, n, "call %d of %d", call, n)
 			if call%2 == 0 {
 				ackAll(t, b, got)
 			}
@@ -156,14 +149,7 @@ func TestReviewS35bPreviewScan1(t *testing.T) {
 		var held []*runqueue.Run
 		for call := range 20 {
 			n := []int{3, 1, 2}[call%3]
-			preview, err := b.q.Preview(b.ctx, env, queueName, n)
-			require.NoError(t, err)
-			want := make([]string, len(preview))
-			for i, p := range preview {
-				want[i] = p.ID
-			}
-			got := dequeue(t, b, queueName, n)
-			require.Equal(t, want, runIDs(got), "call %d of %d", call, n)
+			got := previewedDequeue(t, b, n, "call %d of %d", call, n)
 			held = append(held, got...)
 			if len(held) > 2 {
 				_, _, err := b.q.AckAndDequeue(b.ctx, held[:2], env, queueName, 0)

@@ -822,7 +822,11 @@ func s19sReshardLive(t *testing.T, on bool) {
 		require.NoError(t, err)
 		assert.Greater(t, pttl, time.Duration(0), "the scheduler's state %s has no TTL", k)
 	}
-	assert.Zero(t, replayed, "runs served more often than a call said it queued them: a pipeline sent calls that ran again")
+	// A run whose lease passed while its ack waited out a move (TRYAGAIN)
+	// is recovered and handled again: the documented redelivery, one per
+	// recovery. Any more is a pipeline that sent calls that ran again.
+	assert.LessOrEqual(t, int64(replayed), obs.recovered.Load(),
+		"runs served more often than a call said it queued them, beyond the lease recoveries: a pipeline sent calls that ran again")
 	assert.Equal(t, obs.acked.Load()+obs.expired.Load(), obs.enqueued.Load(), "every run the Observer saw queued was acked or expired, once")
 	assert.Zero(t, obs.dead.Load(), "no run may be dead-lettered (MaxAttempts is unlimited)")
 	assert.Equal(t, int64(want[s19sExpireLater]+want[s19sExpireSoon]), obs.expired.Load(), "every run meant to expire expired, once")

@@ -502,8 +502,10 @@ end
 -- budget + scan runs however many are due, and a share one variant left
 -- unused goes to another. A look at delayIndex's head comes first: when
 -- nothing is due (the common case) it is all the call reads of delayed
--- runs, and dq_finish reuses it.
-local function dq_promote(dq, hooks)
+-- runs, and dq_finish reuses it. pick, when given (the flag-on dequeue),
+-- chooses the variants when more than scan are due: it gets the first
+-- scan + 1 and returns those to promote.
+local function dq_promote(dq, hooks, pick)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
     dq.delay_head = false
@@ -513,7 +515,10 @@ local function dq_promote(dq, hooks)
     dq.delay_head = num(head[2])
     return
   end
-  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', dq.scan)
+  local n = dq.scan
+  if pick then n = n + 1 end
+  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', n)
+  if #due > dq.scan then due = pick(due) end
   local limit = dq.promote_limit
   local left, filled = math.max(limit, dq.max_count), {}
   for i, vm in ipairs(due) do

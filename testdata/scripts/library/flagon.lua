@@ -1,4 +1,4 @@
-#!lua name=runqueue_202a75095acfa4d6
+#!lua name=runqueue_35d17d5fb23ac206
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1232,8 +1232,10 @@ end
 -- budget + scan runs however many are due, and a share one variant left
 -- unused goes to another. A look at delayIndex's head comes first: when
 -- nothing is due (the common case) it is all the call reads of delayed
--- runs, and dq_finish reuses it.
-local function dq_promote(dq, hooks)
+-- runs, and dq_finish reuses it. pick, when given (the flag-on dequeue),
+-- chooses the variants when more than scan are due: it gets the first
+-- scan + 1 and returns those to promote.
+local function dq_promote(dq, hooks, pick)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
     dq.delay_head = false
@@ -1243,7 +1245,10 @@ local function dq_promote(dq, hooks)
     dq.delay_head = num(head[2])
     return
   end
-  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', dq.scan)
+  local n = dq.scan
+  if pick then n = n + 1 end
+  local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', n)
+  if #due > dq.scan then due = pick(due) end
   local limit = dq.promote_limit
   local left, filled = math.max(limit, dq.max_count), {}
   for i, vm in ipairs(due) do
@@ -1729,8 +1734,8 @@ end
 
 -- promote: due delayed runs become ready; their variants register, all
 -- together after it (nothing in the promotion reads the registrations).
--- As lib/dequeue's dq_promote (the same head look, share plan and
--- budget), but when more than scan variants are due it looks at the first
+-- lib/dequeue's dq_promote (head look, share plan, budget); when more
+-- than scan variants are due, its pick looks at the first
 -- 4 x scan (vtime.PromoteLook) and reaches first those with no ready run
 -- (no ckIndex entry: nothing to serve until promoted), keeping scan/4
 -- places for the others (whose due runs must not wait for ever either),
@@ -1739,48 +1744,26 @@ end
 -- falling due together no longer holds a key due behind it until every
 -- earlier run is promoted.
 local promoted = sched_gather()
-do
-  local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
-  if not head[2] then
-    dq.delay_head = false
-  elseif num(head[2]) > dq.now then
-    dq.delay_head = num(head[2])
-  else
-    local scan = dq.scan
-    local due = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', scan + 1)
-    if #due > scan then
-      local look = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', 4 * scan)
-      local starving, fed = {}, {}
-      for i = 1, #look, 1000 do
-        local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, math.min(i + 999, #look)))
-        for j = 1, #heads do
-          local vm = look[i + j - 1]
-          if heads[j] then fed[#fed + 1] = vm else starving[#starving + 1] = vm end
-        end
-      end
-      -- (starving first, leaving scan/4 places to the fed when there are
-      -- any, then the fed in the room left)
-      local s = math.min(#starving, scan - math.min(#fed, math.floor(scan / 4)))
-      local f = math.min(#fed, scan - s)
-      due = {}
-      for i = 1, s do due[i] = starving[i] end
-      for i = 1, f do due[s + i] = fed[i] end
-    end
-    local limit = dq.promote_limit
-    local left, filled = math.max(limit, dq.max_count), {}
-    for i, vm in ipairs(due) do
-      local share = math.min(limit, math.max(1, math.ceil(left / (#due - i + 1))))
-      local got = dq_promote_variant(dq, promoted, vm, share)
-      if got == share then filled[#filled + 1] = { vm, got } end
-      left = left - got
-    end
-    for _, f in ipairs(filled) do
-      if left <= 0 then break end
-      local more = math.min(limit - f[2], left)
-      if more > 0 then left = left - dq_promote_variant(dq, promoted, f[1], more) end
+dq_promote(dq, promoted, function()
+  local scan = dq.scan
+  local look = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', 4 * scan)
+  local starving, fed = {}, {}
+  for i = 1, #look, 1000 do
+    local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, math.min(i + 999, #look)))
+    for j = 1, #heads do
+      local vm = look[i + j - 1]
+      if heads[j] then fed[#fed + 1] = vm else starving[#starving + 1] = vm end
     end
   end
-end
+  -- (starving first, leaving scan/4 places to the fed when there are
+  -- any, then the fed in the room left)
+  local s = math.min(#starving, scan - math.min(#fed, math.floor(scan / 4)))
+  local f = math.min(#fed, scan - s)
+  local due = {}
+  for i = 1, s do due[i] = starving[i] end
+  for i = 1, f do due[s + i] = fed[i] end
+  return due
+end)
 if promoted[1] then sched_register_many(S, promoted) end
 -- A queue without scheduler state (never used, or idle past StateTTL) and
 -- with no ready run makes none: nothing can be served, and the first work
@@ -2469,9 +2452,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_202a75095acfa4d6_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

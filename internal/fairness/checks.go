@@ -117,6 +117,13 @@ func (s *servability) w(key string) float64 {
 // outlives the newcomers). Ties at k's tag may go to j: the +1 serve.
 // The episode ends without a verdict when k stops being servable, awaits
 // discovery, the flag turns off, or the state expires or may have lapsed.
+//
+// A weight change of j while k waits restarts j's count: only j's serves
+// after the change count. The change caps a tag above V at one serve at
+// the new weight past V (guarantee 3), which forgives part of the serves
+// before it, so their sum no longer bounds j's tag; the serves after it
+// still start at or above V >= V0 and move the tag by their strides, so
+// the argument holds from the change on.
 func CheckNewcomer(h *History) []Violation {
 	type episode struct {
 		key   string
@@ -137,6 +144,7 @@ func CheckNewcomer(h *History) []Violation {
 	}
 	var out []Violation
 	var eps []*episode
+	reweighed := map[string]int{} // key -> serve index of its last weight change
 	active := map[string]*episode{}
 	pendingStart := map[string]*episode{}
 	flagOn := true
@@ -172,6 +180,8 @@ func CheckNewcomer(h *History) []Violation {
 			if e.On {
 				end(e.Key)
 			}
+		case EvWeight:
+			reweighed[e.Key] = e.Serve
 		case EvFlag:
 			flagOn = e.On
 			endAll()
@@ -194,7 +204,11 @@ func CheckNewcomer(h *History) []Violation {
 					if ep.done {
 						continue
 					}
-					base, nb := cumBefore(j, ep.start)
+					from := ep.start
+					if r, ok := reweighed[j]; ok && r > from {
+						from = r
+					}
+					base, nb := cumBefore(j, from)
 					m := len(jx) - nb + 1 // this serve is j's m-th in the wait
 					work := prev - base
 					bound := 2 + float64(ep.p) + Tol*float64(m+1)

@@ -66,7 +66,9 @@ func servesBefore(h *History, key, u string) int {
 // it. Rapid found this schedule (CI at 5acc613); the check failed it then.
 // Without the weight change b is served 3 times before u.
 func TestNewcomerAfterWeightCap(t *testing.T) {
-	model := func() Driver { return NewModelDriver(ModelConfig{WindowMultiplier: 1, IdleMaxEntries: 10000, MaxAttempts: 3, Lease: time.Minute}) }
+	model := func() Driver {
+		return NewModelDriver(ModelConfig{WindowMultiplier: 1, IdleMaxEntries: 10000, MaxAttempts: 3, Lease: time.Minute})
+	}
 	o := weightCapHistory(t, model(), nil, true)
 	require.Equal(t, 5, servesBefore(&o.H, "b", "u"), "the schedule under test")
 	require.Zero(t, registerP(&o.H, "u"))

@@ -118,61 +118,59 @@ func (s *servability) w(key string) float64 {
 // The episode ends without a verdict when k stops being servable, awaits
 // discovery, the flag turns off, or the state expires or may have lapsed.
 //
-// A weight change of j while k waits restarts j's count: only j's serves
-// after the change count. The change caps a tag above V at one serve at
-// the new weight past V (guarantee 3), which forgives part of the serves
-// before it, so their sum no longer bounds j's tag; the serves after it
-// still start at or above V >= V0 and move the tag by their strides, so
-// the argument holds from the change on.
+// A weight change of j to w while k waits caps j's count at 1/w: the
+// change brings a tag above V down to V + 1/w (guarantee 3), which
+// forgives part of j's serves before it. j's tag is then at least
+// V0 + min(count, 1/w) (a tag below the cap stays, and V >= V0), and the
+// serves after the change move it by their strides, so the argument holds
+// with the capped count.
 func CheckNewcomer(h *History) []Violation {
 	type episode struct {
 		key   string
 		p     int
-		start int // serve index at which k registered
+		start int                // serve index at which k registered
+		n     map[string]int     // serves of each other key since start
+		work  map[string]float64 // their lower bound on its tag past V0
+		live  bool               // servable: judged (before, only counted)
 		done  bool
 	}
-	// Per key: serve indices and the cumulative sum of 1/w after each.
-	idx := map[string][]int{}
-	cum := map[string][]float64{}
-	cumBefore := func(j string, serve int) (float64, int) {
-		ix := idx[j]
-		n := sort.SearchInts(ix, serve) // serves of j before index serve
-		if n == 0 {
-			return 0, 0
-		}
-		return cum[j][n-1], n
-	}
 	var out []Violation
-	var eps []*episode
-	reweighed := map[string]int{} // key -> serve index of its last weight change
+	var eps []*episode // pending and active, in registration order
 	active := map[string]*episode{}
 	pendingStart := map[string]*episode{}
 	flagOn := true
-	end := func(k string) {
-		if e := active[k]; e != nil {
-			e.done = true
-			delete(active, k)
+	stop := func(ep *episode) {
+		if ep != nil {
+			ep.done = true
 		}
+	}
+	end := func(k string) {
+		stop(active[k])
+		delete(active, k)
+		stop(pendingStart[k])
 		delete(pendingStart, k)
 	}
 	endAll := func() {
-		for k := range active {
-			end(k)
+		for _, ep := range eps {
+			ep.done = true
 		}
-		pendingStart = map[string]*episode{}
+		active, pendingStart = map[string]*episode{}, map[string]*episode{}
 	}
 	for _, e := range h.Events {
 		switch e.Kind {
 		case EvRegister:
+			stop(pendingStart[e.Key])
 			delete(pendingStart, e.Key)
 			if e.Visible && e.Eligible && flagOn {
-				pendingStart[e.Key] = &episode{key: e.Key, p: e.P, start: e.Serve}
+				ep := &episode{key: e.Key, p: e.P, start: e.Serve, n: map[string]int{}, work: map[string]float64{}}
+				pendingStart[e.Key] = ep
+				eps = append(eps, ep)
 			}
 		case EvServable:
 			if ep := pendingStart[e.Key]; ep != nil {
 				delete(pendingStart, e.Key)
 				active[e.Key] = ep
-				eps = append(eps, ep)
+				ep.live = true
 			}
 		case EvUnservable:
 			end(e.Key)
@@ -181,7 +179,12 @@ func CheckNewcomer(h *History) []Violation {
 				end(e.Key)
 			}
 		case EvWeight:
-			reweighed[e.Key] = e.Serve
+			// The cap: a tag above V comes down to V + 1/w (new weight).
+			for _, ep := range eps {
+				if w, ok := ep.work[e.Key]; ok && w > 1/e.W {
+					ep.work[e.Key] = 1 / e.W
+				}
+			}
 		case EvFlag:
 			flagOn = e.On
 			endAll()
@@ -189,44 +192,27 @@ func CheckNewcomer(h *History) []Violation {
 			endAll()
 		case EvServe:
 			j := e.Key
-			if active[j] != nil {
-				end(j) // served: the wait is over
-			}
-			delete(pendingStart, j)
-			jx := idx[j]
-			if len(jx) > 0 {
-				last := jx[len(jx)-1]
-				prev := cum[j][len(jx)-1]
-				for _, ep := range eps {
-					if ep.start > last {
-						break // j not served since this episode began
-					}
-					if ep.done {
-						continue
-					}
-					from := ep.start
-					if r, ok := reweighed[j]; ok && r > from {
-						from = r
-					}
-					base, nb := cumBefore(j, from)
-					m := len(jx) - nb + 1 // this serve is j's m-th in the wait
-					work := prev - base
-					bound := 2 + float64(ep.p) + Tol*float64(m+1)
-					if m >= 2 && work > bound {
-						out = append(out, Violation{Check: "newcomer", Op: e.Op, Serve: e.Serve,
-							Msg: fmt.Sprintf("%q (P=%d) registered after %d serves and still waits; %q is served for the %d-th time since (work before this serve %.6g > 2+P)",
-								ep.key, ep.p, ep.start, j, m, work)})
-						ep.done = true
+			end(j) // served: the wait is over
+			for _, ep := range eps {
+				if ep.done {
+					continue
+				}
+				m := ep.n[j] + 1 // this serve is j's m-th in the wait
+				work := ep.work[j]
+				bound := 2 + float64(ep.p) + Tol*float64(m+1)
+				if m >= 2 && work > bound && ep.live {
+					out = append(out, Violation{Check: "newcomer", Op: e.Op, Serve: e.Serve,
+						Msg: fmt.Sprintf("%q (P=%d) registered after %d serves and still waits; %q is served for the %d-th time since (work before this serve %.6g > 2+P)",
+							ep.key, ep.p, ep.start, j, m, work)})
+					ep.done = true
+					if active[ep.key] == ep {
 						delete(active, ep.key)
 					}
+					continue
 				}
+				ep.n[j] = m
+				ep.work[j] = work + 1/e.W
 			}
-			c := 0.0
-			if n := len(cum[j]); n > 0 {
-				c = cum[j][n-1]
-			}
-			idx[j] = append(idx[j], e.Serve)
-			cum[j] = append(cum[j], c+1/e.W)
 			// Keep the episode list short: drop finished ones at the front.
 			for len(eps) > 0 && eps[0].done {
 				eps = eps[1:]

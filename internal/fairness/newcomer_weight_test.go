@@ -11,7 +11,7 @@ import (
 // (tag V0 + 2), b is served once at weight 1, then raised to weight 2. The
 // cap brings b's tag (V0 + 1) down to V0 + 1/2 (one serve at the new
 // weight past V), so b's serve before the change no longer counts fully.
-func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, reweigh bool) *Oracle {
+func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, reweigh bool, after int) *Oracle {
 	t.Helper()
 	o := New(drv, Config{Lease: time.Minute, MaxAttempts: 3})
 	s := &script{o: o}
@@ -32,9 +32,12 @@ func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, reweigh bool) 
 		s.do(o.SetWeight("b", 2))
 	}
 	if plan != nil {
-		// b's serves after the change: 1/2 each; work before the 7th
-		// is 3 > 2 + P.
-		plan.plan = []string{"b", "b", "b", "b", "b", "b", "b", "u"}
+		// b served after times more, then u.
+		plan.plan = nil
+		for i := 0; i < after; i++ {
+			plan.plan = append(plan.plan, "b")
+		}
+		plan.plan = append(plan.plan, "u")
 	}
 	s.deq(10, true)
 	require.NoError(t, s.err)
@@ -61,33 +64,38 @@ func servesBefore(h *History, key, u string) int {
 // TestNewcomerAfterWeightCap: the model's schedule after a weight change
 // that caps a tag. b is served 5 times while u waits (once at weight 1,
 // 4 times at weight 2: 2.5 quanta of work, above 2 + P when the serve
-// before the change counts in full), and the check, which counts a key's
-// serves from its last weight change (the cap forgives the rest), accepts
-// it. Rapid found this schedule (CI at 5acc613); the check failed it then.
+// before the change counts in full), and the check, which caps b's count
+// at one serve at the new weight when the weight changes (as the model
+// caps its tag), accepts it: 1/2 + 3 x 1/2 = 2 before the 5th. Rapid found this schedule (CI at 5acc613); the check failed it then.
 // Without the weight change b is served 3 times before u.
 func TestNewcomerAfterWeightCap(t *testing.T) {
 	model := func() Driver {
 		return NewModelDriver(ModelConfig{WindowMultiplier: 1, IdleMaxEntries: 10000, MaxAttempts: 3, Lease: time.Minute})
 	}
-	o := weightCapHistory(t, model(), nil, true)
+	o := weightCapHistory(t, model(), nil, true, 0)
 	require.Equal(t, 5, servesBefore(&o.H, "b", "u"), "the schedule under test")
 	require.Zero(t, registerP(&o.H, "u"))
 	require.Empty(t, CheckNewcomer(&o.H))
 
-	o = weightCapHistory(t, model(), nil, false)
+	o = weightCapHistory(t, model(), nil, false, 0)
 	require.Equal(t, 3, servesBefore(&o.H, "b", "u"))
 	require.Empty(t, CheckNewcomer(&o.H))
 }
 
-// TestNewcomerWeightChangeStillCounts: serves after a weight change still
-// count. An unfair backend serves b 7 times at weight 2 after the change
-// while u waits (work 3 before the 7th): caught. And without the change
-// (weight 1), 7 serves of b are caught as before.
+// TestNewcomerWeightChangeStillCounts: the change caps b's count at one
+// serve at the new weight (1/2), it does not forget it. An unfair backend
+// serves b once at weight 1, then 5 or 7 times at weight 2, while u
+// waits. Before b's 5th serve after the change its count is 1/2 + 4 x 1/2
+// = 2.5 > 2 + P: caught (counting only the serves after the change, 2,
+// would miss it); with 7, 3.5. Without the change (weight 1) both are
+// caught as before.
 func TestNewcomerWeightChangeStillCounts(t *testing.T) {
-	for _, reweigh := range []bool{true, false} {
-		d := newPlanDriver()
-		o := weightCapHistory(t, d, d, reweigh)
-		require.Equal(t, 8, servesBefore(&o.H, "b", "u"))
-		require.Len(t, CheckNewcomer(&o.H), 1, "reweigh=%v", reweigh)
+	for _, after := range []int{5, 7} {
+		for _, reweigh := range []bool{true, false} {
+			d := newPlanDriver()
+			o := weightCapHistory(t, d, d, reweigh, after)
+			require.Equal(t, after+1, servesBefore(&o.H, "b", "u"))
+			require.Len(t, CheckNewcomer(&o.H), 1, "after=%d reweigh=%v", after, reweigh)
+		}
 	}
 }

@@ -7,11 +7,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// reweight is a weight change of weightCapHistory.
+type reweight struct {
+	key string
+	w   float64
+}
+
 // weightCapHistory: a, b backlogged, u registers one serve behind the pack
-// (tag V0 + 2), b is served once at weight 1, then raised to weight 2. The
-// cap brings b's tag (V0 + 1) down to V0 + 1/2 (one serve at the new
-// weight past V), so b's serve before the change no longer counts fully.
-func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, reweigh bool, after int) *Oracle {
+// (tag V0 + 2), b is served once at weight 1, then the changes apply (b
+// raised to 2: the cap brings b's tag, V0 + 1, down to V0 + 1/2, one serve
+// at the new weight past V, so b's serve before the change no longer
+// counts fully). With plan, b is then served after times and u next;
+// without, the backend serves a call of 10.
+func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, after int, changes ...reweight) *Oracle {
 	t.Helper()
 	o := New(drv, Config{Lease: time.Minute, MaxAttempts: 3})
 	s := &script{o: o}
@@ -28,11 +36,10 @@ func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, reweigh bool, 
 		plan.plan = []string{"b"}
 	}
 	s.deq(1, true)
-	if reweigh {
-		s.do(o.SetWeight("b", 2))
+	for _, c := range changes {
+		s.do(o.SetWeight(c.key, c.w))
 	}
 	if plan != nil {
-		// b served after times more, then u.
 		plan.plan = nil
 		for i := 0; i < after; i++ {
 			plan.plan = append(plan.plan, "b")
@@ -43,6 +50,9 @@ func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, reweigh bool, 
 	require.NoError(t, s.err)
 	return o
 }
+
+// raiseB is the change of TestNewcomerAfterWeightCap: b to weight 2.
+var raiseB = []reweight{{"b", 2}}
 
 // servesBefore counts key's serves after u registered and before u's
 // first serve.
@@ -72,12 +82,12 @@ func TestNewcomerAfterWeightCap(t *testing.T) {
 	model := func() Driver {
 		return NewModelDriver(ModelConfig{WindowMultiplier: 1, IdleMaxEntries: 10000, MaxAttempts: 3, Lease: time.Minute})
 	}
-	o := weightCapHistory(t, model(), nil, true, 0)
+	o := weightCapHistory(t, model(), nil, 0, raiseB...)
 	require.Equal(t, 5, servesBefore(&o.H, "b", "u"), "the schedule under test")
 	require.Zero(t, registerP(&o.H, "u"))
 	require.Empty(t, CheckNewcomer(&o.H))
 
-	o = weightCapHistory(t, model(), nil, false, 0)
+	o = weightCapHistory(t, model(), nil, 0)
 	require.Equal(t, 3, servesBefore(&o.H, "b", "u"))
 	require.Empty(t, CheckNewcomer(&o.H))
 }
@@ -93,7 +103,11 @@ func TestNewcomerWeightChangeStillCounts(t *testing.T) {
 	for _, after := range []int{5, 7} {
 		for _, reweigh := range []bool{true, false} {
 			d := newPlanDriver()
-			o := weightCapHistory(t, d, d, reweigh, after)
+			var changes []reweight
+			if reweigh {
+				changes = raiseB
+			}
+			o := weightCapHistory(t, d, d, after, changes...)
 			require.Equal(t, after+1, servesBefore(&o.H, "b", "u"))
 			require.Len(t, CheckNewcomer(&o.H), 1, "after=%d reweigh=%v", after, reweigh)
 		}

@@ -307,36 +307,7 @@ func s36Tail(evs []Event) string {
 // times (plan) or the model serves.
 func s36ChangesHistory(t *testing.T, drv Driver, plan *planDriver, after int) *Oracle {
 	t.Helper()
-	o := New(drv, Config{Lease: time.Minute, MaxAttempts: 3})
-	s := &script{o: o}
-	s.enq("a", 12, 0)
-	s.enq("b", 12, 0)
-	if plan != nil {
-		plan.plan = []string{"a", "b", "a"}
-	}
-	for i := 0; i < 3; i++ {
-		s.deq(1, true)
-	}
-	s.enq("u", 1, 0)
-	if plan != nil {
-		plan.plan = []string{"b"}
-	}
-	s.deq(1, true)
-	s.do(o.SetWeight("b", 0.001))
-	s.do(o.SetWeight("u", 0.5))
-	s.do(o.SetWeight("b", 2))
-	if plan != nil {
-		plan.plan = nil
-		for i := 0; i < after; i++ {
-			plan.plan = append(plan.plan, "b")
-		}
-		plan.plan = append(plan.plan, "u")
-	}
-	s.deq(10, true)
-	if err := s.err; err != nil {
-		t.Fatal(err)
-	}
-	return o
+	return weightCapHistory(t, drv, plan, after, reweight{"b", 0.001}, reweight{"u", 0.5}, reweight{"b", 2})
 }
 
 // TestS36NewcomerSeveralChanges: on the model the schedule passes (b is

@@ -302,7 +302,7 @@ func TestS34WorkerFloodTrickle(t *testing.T) {
 			}
 			boundServe := 3 * lights
 			boundStart := boundServe + 2*workers*mode.conc
-			var maxServe, maxStart, maxH int
+			var maxServe, maxStart, maxH, stale int
 			var worstServe, worstStart string
 			var viol []string
 			for id, rd := range readyAt {
@@ -310,7 +310,20 @@ func TestS34WorkerFloodTrickle(t *testing.T) {
 				key := serves[p].Key
 				// serves of other keys with token in (rd.tok, own token)
 				var others, hs int
+				due := serves[p].AvailableAt
 				for k := p - 1; k >= 0 && serves[k].Token > rd.tok; k-- {
+					// A delayed run is due at AvailableAt but ready
+					// only once a call promotes it, and a call whose
+					// clock was read before that (the Worker keeps calls
+					// in flight) does not, whenever Redis runs it: its
+					// serves are not the scheduler's choice over this
+					// run (CI at 63e3ce8 counted 159 serves of H, up to
+					// Concurrency a call). The call's clock is its
+					// lease deadline minus the lease (s34NewQueue: 1 min).
+					if mode.delay > 0 && serves[k].LeaseDeadline.Add(-time.Minute).Before(due) {
+						stale++
+						continue
+					}
 					if serves[k].Key != key {
 						others++
 						if serves[k].Key == "H" {
@@ -338,8 +351,8 @@ func TestS34WorkerFloodTrickle(t *testing.T) {
 					viol = append(viol, fmt.Sprintf("%s: %d handler starts of other keys before its start", id, so))
 				}
 			}
-			t.Logf("%s: light wait max %d serves of others (%s; max %d of H in one wait; bound %d), max %d handler starts of others (%s; bound %d)",
-				mode.name, maxServe, worstServe, maxH, boundServe, maxStart, worstStart, boundStart)
+			t.Logf("%s: light wait max %d serves of others (%s; max %d of H in one wait; bound %d; %d serves of calls whose clock was before the run was due not counted), max %d handler starts of others (%s; bound %d)",
+				mode.name, maxServe, worstServe, maxH, boundServe, stale, maxStart, worstStart, boundStart)
 			require.Empty(t, viol)
 		})
 	}

@@ -158,6 +158,16 @@ func (s s36Stats) String() string {
 		s.histories, s.natural, s.serves, s.violations)
 }
 
+// compare counts h and compares both checks on it, weight events stripped.
+func (s *s36Stats) compare(t *rapid.T, h *History) {
+	if !hasWeight(h) {
+		s.natural++
+	}
+	s.histories++
+	s.serves += h.Serves
+	s.violations += sameNewcomer(t, withoutWeight(h), "weight events stripped")
+}
+
 // TestS36NewcomerSameWithoutWeightModel: the model, DefaultGen.
 func TestS36NewcomerSameWithoutWeightModel(t *testing.T) {
 	var st s36Stats
@@ -166,13 +176,7 @@ func TestS36NewcomerSameWithoutWeightModel(t *testing.T) {
 		if err := Drive(rt, o, DefaultGen); err != nil {
 			rt.Fatalf("driving the model: %v", err)
 		}
-		h := &o.H
-		if !hasWeight(h) {
-			st.natural++
-		}
-		st.histories++
-		st.serves += h.Serves
-		st.violations += sameNewcomer(rt, withoutWeight(h), "weight events stripped")
+		st.compare(rt, &o.H)
 	})
 	t.Logf("model: %s", st)
 }
@@ -283,13 +287,7 @@ func TestS36NewcomerSameWithoutWeightUnfair(t *testing.T) {
 		if err := driveRand(rt, o, ws); err != nil {
 			rt.Fatalf("driving: %v", err)
 		}
-		h := &o.H
-		if !hasWeight(h) {
-			st.natural++
-		}
-		st.histories++
-		st.serves += h.Serves
-		st.violations += sameNewcomer(rt, withoutWeight(h), "weight events stripped")
+		st.compare(rt, &o.H)
 	})
 	t.Logf("unfair: %s", st)
 }

@@ -1337,9 +1337,11 @@ end
 -- falling due together no longer holds a key due behind it until every
 -- earlier run is promoted.
 local promoted = sched_gather()
-dq_promote(dq, promoted, function()
+dq_promote(dq, promoted, function(look)
+  -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   local scan = dq.scan
-  local look = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', 4 * scan)
+  local more = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', #look, 4 * scan - #look)
+  for i = 1, #more do look[#look + 1] = more[i] end
   local starving, fed = {}, {}
   for i = 1, #look, 1000 do
     local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, math.min(i + 999, #look)))

@@ -1,4 +1,4 @@
-#!lua name=runqueue_35d17d5fb23ac206
+#!lua name=runqueue_c65266a17a2e0226
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1744,9 +1744,11 @@ end
 -- falling due together no longer holds a key due behind it until every
 -- earlier run is promoted.
 local promoted = sched_gather()
-dq_promote(dq, promoted, function()
+dq_promote(dq, promoted, function(look)
+  -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   local scan = dq.scan
-  local look = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', '0', 4 * scan)
+  local more = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', #look, 4 * scan - #look)
+  for i = 1, #more do look[#look + 1] = more[i] end
   local starving, fed = {}, {}
   for i = 1, #look, 1000 do
     local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, math.min(i + 999, #look)))
@@ -2452,9 +2454,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_35d17d5fb23ac206_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -12,19 +12,44 @@ import (
 	"github.com/runqueue/runqueue/internal/redistest"
 )
 
+// fifoDriver is the part the test backends share: each key's runs in
+// arrival order, served oldest first (serveHead), and every other
+// operation a no-op.
+type fifoDriver struct {
+	fifo map[string][]string
+}
+
+func (d *fifoDriver) Enqueue(key, id string, _ int, _, _ time.Duration) error {
+	d.fifo[key] = append(d.fifo[key], id)
+	return nil
+}
+
+// serveHead serves key k's oldest run.
+func (d *fifoDriver) serveHead(k string) Served {
+	id := d.fifo[k][0]
+	d.fifo[k] = d.fifo[k][1:]
+	return Served{Key: k, ID: id, Attempt: 1}
+}
+
+func (d *fifoDriver) Ack(string) error                               { return nil }
+func (d *fifoDriver) Nack(string, time.Duration, bool) (bool, error) { return false, nil }
+func (d *fifoDriver) RecoverLeases() (int, error)                    { return 0, nil }
+func (d *fifoDriver) SweepTTL() (int, error)                         { return 0, nil }
+func (d *fifoDriver) SetWeight(string, float64) error                { return nil }
+func (d *fifoDriver) SetLimits(Limits) error                         { return nil }
+func (d *fifoDriver) Advance(time.Duration) error                    { return nil }
+func (d *fifoDriver) SetFlag(bool) error                             { return nil }
+
 // planDriver is a deliberately unfair backend: each Dequeue serves the
 // next keys of its plan (the oldest run of each), whatever is fair. It
 // stands for a scheduler with a starvation bug.
 type planDriver struct {
-	fifo map[string][]string
+	fifoDriver
 	plan []string
 }
 
-func newPlanDriver() *planDriver { return &planDriver{fifo: map[string][]string{}} }
-
-func (d *planDriver) Enqueue(key, id string, _ int, _, _ time.Duration) error {
-	d.fifo[key] = append(d.fifo[key], id)
-	return nil
+func newPlanDriver() *planDriver {
+	return &planDriver{fifoDriver: fifoDriver{fifo: map[string][]string{}}}
 }
 
 func (d *planDriver) Dequeue(n int) ([]Served, error) {
@@ -32,20 +57,10 @@ func (d *planDriver) Dequeue(n int) ([]Served, error) {
 	for len(out) < n && len(d.plan) > 0 {
 		k := d.plan[0]
 		d.plan = d.plan[1:]
-		id := d.fifo[k][0]
-		d.fifo[k] = d.fifo[k][1:]
-		out = append(out, Served{Key: k, ID: id, Attempt: 1})
+		out = append(out, d.serveHead(k))
 	}
 	return out, nil
 }
-func (d *planDriver) Ack(string) error                               { return nil }
-func (d *planDriver) Nack(string, time.Duration, bool) (bool, error) { return false, nil }
-func (d *planDriver) RecoverLeases() (int, error)                    { return 0, nil }
-func (d *planDriver) SweepTTL() (int, error)                         { return 0, nil }
-func (d *planDriver) SetWeight(string, float64) error                { return nil }
-func (d *planDriver) SetLimits(Limits) error                         { return nil }
-func (d *planDriver) Advance(time.Duration) error                    { return nil }
-func (d *planDriver) SetFlag(bool) error                             { return nil }
 
 // registerP is the P of key's last registration.
 func registerP(h *History, key string) int {

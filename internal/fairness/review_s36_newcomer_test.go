@@ -184,17 +184,8 @@ func TestS36NewcomerSameWithoutWeightModel(t *testing.T) {
 // randDriver is an unfair backend: each Dequeue serves keys drawn at
 // random among those with runs, often the same key again.
 type randDriver struct {
-	t    *rapid.T
-	fifo map[string][]string
-	keys []string
-}
-
-func (d *randDriver) Enqueue(key, id string, _ int, _, _ time.Duration) error {
-	if _, ok := d.fifo[key]; !ok {
-		d.keys = append(d.keys, key)
-	}
-	d.fifo[key] = append(d.fifo[key], id)
-	return nil
+	fifoDriver
+	t *rapid.T
 }
 
 func (d *randDriver) Dequeue(n int) ([]Served, error) {
@@ -202,8 +193,8 @@ func (d *randDriver) Dequeue(n int) ([]Served, error) {
 	last := ""
 	for c := rapid.IntRange(0, n).Draw(d.t, "serveN"); c > 0; c-- {
 		var avail []string
-		for _, k := range d.keys {
-			if len(d.fifo[k]) > 0 {
+		for k, ids := range d.fifo {
+			if len(ids) > 0 {
 				avail = append(avail, k)
 			}
 		}
@@ -216,20 +207,10 @@ func (d *randDriver) Dequeue(n int) ([]Served, error) {
 			k = last
 		}
 		last = k
-		id := d.fifo[k][0]
-		d.fifo[k] = d.fifo[k][1:]
-		out = append(out, Served{Key: k, ID: id, Attempt: 1})
+		out = append(out, d.serveHead(k))
 	}
 	return out, nil
 }
-func (d *randDriver) Ack(string) error                               { return nil }
-func (d *randDriver) Nack(string, time.Duration, bool) (bool, error) { return false, nil }
-func (d *randDriver) RecoverLeases() (int, error)                    { return 0, nil }
-func (d *randDriver) SweepTTL() (int, error)                         { return 0, nil }
-func (d *randDriver) SetWeight(string, float64) error                { return nil }
-func (d *randDriver) SetLimits(Limits) error                         { return nil }
-func (d *randDriver) Advance(time.Duration) error                    { return nil }
-func (d *randDriver) SetFlag(bool) error                             { return nil }
 
 // driveRand: backlogged keys, newcomers one at a time and in waves,
 // dequeues of the unfair driver, acks, flag flips, and (weights) weight
@@ -278,7 +259,7 @@ func driveRand(t *rapid.T, o *Oracle, weights []float64) error {
 func TestS36NewcomerSameWithoutWeightUnfair(t *testing.T) {
 	var st s36Stats
 	rapid.Check(t, func(rt *rapid.T) {
-		d := &randDriver{t: rt, fifo: map[string][]string{}}
+		d := &randDriver{fifoDriver: fifoDriver{fifo: map[string][]string{}}, t: rt}
 		o := New(d, Config{Lease: time.Hour, MaxAttempts: 3})
 		var ws []float64
 		if rapid.Bool().Draw(rt, "weighted") {

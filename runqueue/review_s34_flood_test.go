@@ -112,9 +112,13 @@ func s34Serves(starts []*runqueue.Run) []*runqueue.Run {
 	return out
 }
 
+// s34Lease is the lease of s34NewQueue's queues: a serve's lease deadline
+// minus it is the clock its dequeue call read.
+const s34Lease = time.Minute
+
 func s34NewQueue(t *testing.T, c redis.UniversalClient, prefix string, mut func(*runqueue.Config)) *runqueue.Queue {
 	t.Helper()
-	cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: true, LeaseDuration: time.Minute}
+	cfg := runqueue.Config{Prefix: prefix, VtimeScheduling: true, LeaseDuration: s34Lease}
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -319,8 +323,8 @@ func TestS34WorkerFloodTrickle(t *testing.T) {
 					// serves are not the scheduler's choice over this
 					// run (CI at 63e3ce8 counted 159 serves of H, up to
 					// Concurrency a call). The call's clock is its
-					// lease deadline minus the lease (s34NewQueue: 1 min).
-					if mode.delay > 0 && serves[k].LeaseDeadline.Add(-time.Minute).Before(due) {
+					// lease deadline minus the lease (s34Lease).
+					if mode.delay > 0 && serves[k].LeaseDeadline.Add(-s34Lease).Before(due) {
 						stale++
 						continue
 					}

@@ -54,6 +54,11 @@ func weightCapHistory(t *testing.T, drv Driver, plan *planDriver, after int, cha
 // raiseB is the change of TestNewcomerAfterWeightCap: b to weight 2.
 var raiseB = []reweight{{"b", 2}}
 
+// weightCapModel is the model the weight-cap histories run on.
+func weightCapModel() Driver {
+	return NewModelDriver(ModelConfig{WindowMultiplier: 1, IdleMaxEntries: 10000, MaxAttempts: 3, Lease: time.Minute})
+}
+
 // servesBefore counts key's serves after u registered and before u's
 // first serve.
 func servesBefore(h *History, key, u string) int {
@@ -79,15 +84,12 @@ func servesBefore(h *History, key, u string) int {
 // caps its tag), accepts it: 1/2 + 3 x 1/2 = 2 before the 5th. Rapid found this schedule (CI at 5acc613); the check failed it then.
 // Without the weight change b is served 3 times before u.
 func TestNewcomerAfterWeightCap(t *testing.T) {
-	model := func() Driver {
-		return NewModelDriver(ModelConfig{WindowMultiplier: 1, IdleMaxEntries: 10000, MaxAttempts: 3, Lease: time.Minute})
-	}
-	o := weightCapHistory(t, model(), nil, 0, raiseB...)
+	o := weightCapHistory(t, weightCapModel(), nil, 0, raiseB...)
 	require.Equal(t, 5, servesBefore(&o.H, "b", "u"), "the schedule under test")
 	require.Zero(t, registerP(&o.H, "u"))
 	require.Empty(t, CheckNewcomer(&o.H))
 
-	o = weightCapHistory(t, model(), nil, 0)
+	o = weightCapHistory(t, weightCapModel(), nil, 0)
 	require.Equal(t, 3, servesBefore(&o.H, "b", "u"))
 	require.Empty(t, CheckNewcomer(&o.H))
 }

@@ -316,7 +316,7 @@ func s36ChangesHistory(t *testing.T, drv Driver, plan *planDriver, after int) *O
 // before the 5th), 4 times is not (2): the cap is the last change's, a
 // lowering in between forgives nothing.
 func TestS36NewcomerSeveralChanges(t *testing.T) {
-	o := s36ChangesHistory(t, NewModelDriver(ModelConfig{WindowMultiplier: 1, IdleMaxEntries: 10000, MaxAttempts: 3, Lease: time.Minute}), nil, 0)
+	o := s36ChangesHistory(t, weightCapModel(), nil, 0)
 	if n := servesBefore(&o.H, "b", "u"); n != 5 {
 		t.Fatalf("model: b served %d times before u, want 5", n)
 	}

@@ -435,7 +435,7 @@ func recoverCall(ctx context.Context, c redis.UniversalClient, cl call, cmd *red
 // pipelineCluster sends calls in one pipeline of a cluster client, the
 // answers in cmds, and sends again, up to MaxRedirects times with go-redis's
 // backoff, the calls that Redis refused before they ran (refusedUnrun: a
-// slot moving, a node loading or the cluster down).
+// slot moving, a node loading, the cluster down, a long script running).
 //
 // go-redis's cluster pipeline, when the first command of a node's batch
 // fails with an error it retries (TRYAGAIN, CLUSTERDOWN, LOADING), sends
@@ -481,10 +481,13 @@ func pipelineCluster(ctx context.Context, c *redis.ClusterClient, calls []call, 
 	}
 }
 
-// refusedUnrun: a cluster node refused the call before running it, so it
-// may be sent again: its slot is moving (TRYAGAIN, or a redirection
-// go-redis gave up following), the node is loading its data, or the
-// cluster is down.
+// refusedUnrun: Redis refused the call before running it, so it may be
+// sent again: a cluster node's slot is moving (TRYAGAIN, or a redirection
+// go-redis gave up following), the node is loading its data, the cluster
+// is down, a replica lost its master (MASTERDOWN), or another client's
+// script or function runs past busy-reply-threshold (BUSY: Redis answers
+// every command but SCRIPT KILL, FUNCTION KILL and SHUTDOWN NOSAVE with it,
+// unrun, until that script ends).
 func refusedUnrun(err error) bool {
 	if err == nil {
 		return false
@@ -495,7 +498,16 @@ func refusedUnrun(err error) bool {
 	if _, ok := redis.IsAskError(err); ok {
 		return true
 	}
-	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err)
+	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsLoadingError(err) ||
+		redis.IsMasterDownError(err) || isBusyError(err)
+}
+
+// isBusyError: Redis refused the command because a script or function is
+// running past busy-reply-threshold ("BUSY ..."; not BUSYKEY, RESTORE's
+// answer for a key that exists, nor BUSYGROUP, XGROUP CREATE's).
+func isBusyError(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "BUSY ")
 }
 
 // unanswered: the call failed without a reply from Redis (the connection

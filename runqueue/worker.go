@@ -372,9 +372,10 @@ func (e *UnsettledError) Unwrap() []error {
 // acks not yet sent get one attempt each, with no retries, and a Redis
 // call still in flight is cancelled. But a call blocked reading a reply
 // from a Redis that is up and does not answer (paused, or busy with a
-// long script) ends only at the client's read timeout, or at a second one
-// when go-redis had sent it again: with Redis paused and ReadTimeout 3s,
-// Shutdown with 300ms left returned after 5.3s. Runs whose ack, nack or release could not be
+// long script) ends only at the client's read timeout (Options.ReadTimeout;
+// go-redis's default is 5s): with Redis paused, Shutdown with 300ms left
+// returned after 5.3s with the default and after 3.3s with ReadTimeout
+// 3s. Runs whose ack, nack or release could not be
 // sent are left to lease recovery: Shutdown then returns an
 // *UnsettledError (errors.Is(err, ErrUnsettled)), which also matches ctx's
 // error when ctx ended. When the Start context ends before the stop is
@@ -812,19 +813,20 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 }
 
 // nackAgain sends j's nack again while Redis refuses it before running it
-// (refusedUnrun: a Redis Cluster slot moving, a node loading its data) or
+// (refusedUnrun: a Redis Cluster slot moving, a node loading its data,
+// another client's script running past busy-reply-threshold) or
 // does not answer (unanswered: a restart, a failover, a network cut; a
 // nack sent twice is answered as the first was, requeue.lua; not once
 // Shutdown began, which reports the run unsettled instead), waiting 50
 // ms, then twice as long each time up to 1 s, until it goes through, the
 // next wait would reach j's lease deadline, or the Worker's calls end (a
 // forced stop, the Start context's end). Without it, a run that failed
-// while its slot moved or Redis restarted waited for its lease to pass and
-// ran again at once: a poison run (NoRetry) a second time, a rate-limited
-// one (RetryAfter) early. Acks need
-// no such loop: an ack whose call failed goes back to its source and rides
-// with its next fetch (AckAndDequeue fails whole; AckMany reports an error
-// when any of its calls failed).
+// while its slot moved, Redis restarted or was busy with a long script
+// waited for its lease to pass and ran again at once: a poison run
+// (NoRetry) a second time, a rate-limited one (RetryAfter) early. Acks
+// need no such loop: an ack whose call failed goes back to its source and
+// rides with its next fetch (AckAndDequeue fails whole; AckMany reports an
+// error when any of its calls failed).
 func (w *Worker) nackAgain(j *job, opts *NackOptions, res NackResult, err error) (NackResult, error) {
 	for wait := 50 * time.Millisecond; err != nil && (refusedUnrun(err) || unanswered(err) && !w.stopping()); wait = min(2*wait, time.Second) {
 		if w.q.cfg.Clock.Now().Add(wait).UnixMilli() >= j.lease.Load() || !sleepCtx(w.ctx(), wait) {

@@ -73,7 +73,8 @@ type Options struct {
 	// then is left out of that scrape, which counts as failed. go-redis
 	// interrupts a command already sent only when the client has
 	// ContextTimeoutEnabled; otherwise that command ends at the client's
-	// ReadTimeout (3s by default) and no command starts after the timeout.
+	// ReadTimeout (go-redis's default is 5s) and no command starts after
+	// the timeout.
 	// Defaults to 5s.
 	ScrapeTimeout time.Duration
 	// TopLagKeys is K of runqueue_scheduler_top_lag_quanta: the K largest

@@ -85,7 +85,8 @@
 //     variant, the next in gating order after the one looked at last (back
 //     to the first past the end, in the same call), returns if it is below
 //     its limit (an instance with the flag off freed its slot without
-//     saying).
+//     saying); one still at its limit takes the next gating number, behind
+//     every other gated variant.
 //   - discover: ScanLimit variants of ckIndex at a rotating cursor; those
 //     without a tag register (at their parked tag or V). The cursor then
 //     moves max(1, ScanLimit - cap): a serve moves at most one variant past
@@ -158,10 +159,15 @@
 // fused ack-and-dequeue: at once, whatever the key limit is then), at the
 // first call after its limit rose or went away, and otherwise (a flag-off
 // instance, or a flag-on one that never had a key limit, freed the slot)
-// when the gated probe comes to it: one variant per call in gating order,
-// and a variant gated later always comes after every one gated before it,
-// so each is looked at within a lap of as many calls as there are gated
-// variants, whatever joins or leaves the gated set meanwhile. A call's
+// when the gated probe comes to it: one variant per call in gating order;
+// a variant gated later, and one the probe found still at its limit, go
+// behind every other gated variant, so the gated variants are a queue the
+// probe takes from the front, and each is looked at within as many calls
+// as there are gated variants ahead of it, however often other keys are
+// gated again meanwhile. (Without the move to the back, keys gated again
+// at every call always left one ahead of the probe's place, which then
+// never went back to the first: a variant looked at just before its slot
+// was freed without a word waited for ever.) A call's
 // cost does not depend on the number of gated variants: pass 1 never sees
 // them and the probe looks at one.
 //

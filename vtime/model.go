@@ -748,11 +748,16 @@ func (m *Model) gatedSorted() []regRef {
 // probeGated looks at one gated variant per call: the first gated after
 // the one it looked at last, in gating order (back to the first past the
 // end). One below its limit (its slot was freed by an instance that does
-// not un-gate: flag off) competes again. Variants gated since come after
-// every older one, so each gated variant is looked at within a lap of as
-// many calls as there are gated variants, whatever joins or leaves. One
-// look per call keeps the cost of a call the same whatever the number of
-// gated variants.
+// not un-gate: flag off) competes again; one still at its limit takes the
+// next gating number, behind every gated variant. So the gated variants
+// are a queue that the probe takes from the front and that variants gated
+// since join at the back: each is looked at within as many calls as there
+// are gated variants ahead of it, however often other keys are gated again
+// meanwhile. (Before the new number, keys gated again at every call kept a
+// variant ahead of the cursor, which then never went back to the first: a
+// variant looked at just before its slot was freed without a word waited
+// for ever.) One look per call keeps the cost of a call the same whatever
+// the number of gated variants.
 func (c *call) probeGated() {
 	m := c.m
 	all := m.gatedSorted()
@@ -768,7 +773,10 @@ func (c *call) probeGated() {
 	m.gp = g.r.Gate
 	if !c.atLimit(g.vm) {
 		m.ungate(g.r)
+		return
 	}
+	g.r.Gate = m.gn
+	m.gn++
 }
 
 // atLimit reports whether vm's in-flight runs (this call's serves

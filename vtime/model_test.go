@@ -336,8 +336,11 @@ func TestNewcomerRule(t *testing.T) {
 		// and is served in the same call.
 		flagOffServe(t, m, "n0")
 		require.Equal(t, []string{"n1"}, servedKeys(m.Dequeue(1, 0)))
-		require.Equal(t, Reg{U: 2 * U, Seq: 2, Gated: true, Gate: 3}, mustReg(t, m, "n0"))
-		require.Equal(t, Reg{U: 3 * U, Seq: 3, Gated: true, Gate: 4}, mustReg(t, m, "n1"))
+		// (a, gated at 2, was found at its limit by this call's probe and
+		// moved to the back first: 3.)
+		require.Equal(t, Reg{U: 2 * U, Seq: 2, Gated: true, Gate: 4}, mustReg(t, m, "n0"))
+		require.Equal(t, Reg{U: 3 * U, Seq: 3, Gated: true, Gate: 5}, mustReg(t, m, "n1"))
+		require.Equal(t, int64(3), mustReg(t, m, "a").Gate)
 		require.Equal(t, 2*U, m.v)
 		require.Empty(t, lane(m))
 	})
@@ -744,7 +747,10 @@ func TestGating(t *testing.T) {
 		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(5, 0)))
 		require.True(t, mustReg(t, m, "b").Gated)
 		require.Empty(t, m.Dequeue(5, 0), "every variant at its limit")
-		require.Equal(t, Reg{U: U, Seq: 1, Gated: true, Gate: 1}, mustReg(t, m, "a"), "the tag is kept")
+		// The tag is kept; the gated probe, which found a at its limit in
+		// the last two calls, moved it to the back each time (gating
+		// numbers 2, then 4: b was gated at 3 between).
+		require.Equal(t, Reg{U: U, Seq: 1, Gated: true, Gate: 4}, mustReg(t, m, "a"), "the tag is kept")
 	})
 
 	t.Run("GatedTagsAreNotRead", func(t *testing.T) {
@@ -903,7 +909,8 @@ func TestLimitRise(t *testing.T) {
 		require.Equal(t, []string{"k0000"}, servedKeys(out))
 		require.Equal(t, 2, m.gk)
 		require.Equal(t, int64(0), m.gp)
-		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true, Gate: 1201}, mustReg(t, m, "k0000"))
+		// (The two probes moved k0000 and k0001 to 1201 and 1202.)
+		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true, Gate: 1203}, mustReg(t, m, "k0000"))
 		for i := 1; i < n; i++ {
 			require.Equal(t, Reg{U: U, Seq: int64(i + 1)}, mustReg(t, m, fmt.Sprintf("k%04d", i)), i)
 		}
@@ -956,8 +963,10 @@ func TestLimitRise(t *testing.T) {
 		// 2 > gk 1: both return; x, two in flight, is met at the limit and
 		// gated again; y is served and reaches it.
 		require.Equal(t, []string{"y"}, servedKeys(m.Dequeue(5, 0)))
-		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true, Gate: 3}, mustReg(t, m, "x"))
-		require.Equal(t, Reg{U: 3 * U, Seq: 2, Gated: true, Gate: 4}, mustReg(t, m, "y"))
+		// (In the call before, the probe moved x from 1 to 2 and y was
+		// gated at 3.)
+		require.Equal(t, Reg{U: 2 * U, Seq: 1, Gated: true, Gate: 4}, mustReg(t, m, "x"))
+		require.Equal(t, Reg{U: 3 * U, Seq: 2, Gated: true, Gate: 5}, mustReg(t, m, "y"))
 		require.Equal(t, 2, m.gk)
 	})
 
@@ -974,7 +983,9 @@ func TestLimitRise(t *testing.T) {
 		// Returned at max(S, V) = V; k0000 then served at V and gated at 2.
 		require.Equal(t, Reg{U: v, Seq: 2}, mustReg(t, m, "k0001"))
 		require.Equal(t, Reg{U: v, Seq: 3}, mustReg(t, m, "k0002"))
-		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true, Gate: 8}, mustReg(t, m, "k0000"))
+		// (Gating number 12: each call's probe moved a variant at its limit
+		// to the back.)
+		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true, Gate: 12}, mustReg(t, m, "k0000"))
 	})
 }
 
@@ -1053,7 +1064,9 @@ func TestProbe(t *testing.T) {
 		// The probe finds a below its limit: a competes at V and, with the
 		// lowest tag, is served.
 		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)))
-		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true, Gate: 6}, mustReg(t, m, "a"))
+		// (Gating number 10: while at its limit, a was moved to the back
+		// at each of the probe's looks.)
+		require.Equal(t, Reg{U: v + U, Seq: 1, Gated: true, Gate: 10}, mustReg(t, m, "a"))
 	})
 
 	t.Run("RotatesOverGatedWithinALap", func(t *testing.T) {
@@ -1082,7 +1095,9 @@ func TestProbe(t *testing.T) {
 			if len(out) > 0 {
 				// Returned at max(S, V) = U and served at once.
 				require.Equal(t, []string{"g3"}, servedKeys(out))
-				require.Equal(t, Reg{U: 2 * U, Seq: 4, Gated: true, Gate: 5}, mustReg(t, m, "g3"))
+				// (Gated again at 11: each look at one still at its limit
+				// gave it the next number.)
+				require.Equal(t, Reg{U: 2 * U, Seq: 4, Gated: true, Gate: 11}, mustReg(t, m, "g3"))
 				break
 			}
 		}
@@ -1093,9 +1108,10 @@ func TestProbe(t *testing.T) {
 		// The probe once kept a rank among the gated variants (in tag
 		// order), so a variant was passed over when one before it left the
 		// gated set during the lap, and starved while lower-tagged keys kept
-		// joining it. It now keeps the gating number it looked at last:
-		// k1, freed by a flag-off ack just as k0 (gated before it) is acked,
-		// is the next the probe looks at.
+		// joining it. It now keeps the gating number it looked at last, and
+		// one it finds at its limit goes to the back (the next number): k1,
+		// freed by a flag-off ack just as k0 (before it) is acked, is the
+		// next the probe looks at.
 		m := New(Config{Limits: Limits{Key: 1}, ScanLimit: 1})
 		for _, k := range []string{"k0", "k1", "k2"} {
 			add(t, m, k, 6, 0, 0)
@@ -1120,13 +1136,13 @@ func TestProbe(t *testing.T) {
 			require.Equal(t, gp, m.gp)
 		}
 		call(0, "k0", "k1") // 1: k0 and k1 gated (gating numbers 1, 2)
-		call(1, "k2")       // 2: the probe looks at k0; k2 gated (3)
-		call(2)             // 3: k1
-		call(3)             // 4: k2
-		call(1)             // 5: past the end: back to k0 in the same call
+		call(1, "k2")       // 2: the probe looks at k0 (to 3); k2 gated (4)
+		call(2)             // 3: k1 (to 5)
+		call(3)             // 4: k0 (to 6)
+		call(4)             // 5: k2 (to 7)
 		flagOffAck(t, m, inflight("k1"))
 		require.NoError(t, m.Ack(inflight("k0")))
-		call(2, "k0", "k1") // 6: next after k0: k1, below its limit
+		call(5, "k0", "k1") // 6: next after 4: k1 (5), below its limit
 	})
 }
 
@@ -1222,9 +1238,10 @@ func TestDiscovery(t *testing.T) {
 		m := New(Config{Limits: Limits{Key: 1}})
 		add(t, m, "a", 3, 0, 0)
 		m.Dequeue(1, 0)
-		before := mustReg(t, m, "a")
+		want := mustReg(t, m, "a")
 		require.Empty(t, m.Dequeue(1, 0))
-		require.Equal(t, before, mustReg(t, m, "a"))
+		want.Gate++ // the gated probe found it at its limit: to the back
+		require.Equal(t, want, mustReg(t, m, "a"))
 	})
 
 	t.Run("CursorPastTheEnd", func(t *testing.T) {
@@ -1380,10 +1397,12 @@ func TestAgeHead(t *testing.T) {
 		require.Equal(t, 2, gatedCount(m))
 		flagOffAck(t, m, held[1]) // g1's slot freed without un-gating
 		m.gp = 0                  // the probe looks at g0 (at its limit)
+		g0 := mustReg(t, m, "g0").Gate
 		// g1 is in the age head but registered: the age head leaves it.
 		require.Empty(t, m.Dequeue(1, 0))
 		require.True(t, mustReg(t, m, "g1").Gated)
-		require.Equal(t, mustReg(t, m, "g0").Gate, m.gp)
+		require.Equal(t, g0, m.gp)
+		require.Greater(t, mustReg(t, m, "g0").Gate, mustReg(t, m, "g1").Gate, "g0, at its limit, went to the back")
 		// The probe, on to the next gated (g1), returns it.
 		require.Equal(t, []string{"g1"}, servedKeys(m.Dequeue(1, 0)))
 	})
@@ -1756,8 +1775,10 @@ func TestRebase(t *testing.T) {
 		lo := int64(RebaseAt - rebaseFloor)
 		require.Equal(t, int64(1), m.epoch)
 		require.Equal(t, int64(RebaseAt-RebaseBy), m.v)
-		require.Equal(t, Reg{U: RebaseAt + U - RebaseBy, Seq: 1, Gated: true, Gate: 1}, mustReg(t, m, "x"))
-		require.Equal(t, Reg{U: lo - RebaseBy, Seq: 2, Gated: true}, mustReg(t, m, "g"), "lifted to V - 2^47, remainder dropped")
+		// (The probe found g at its limit and moved it to the back: 1; x
+		// was gated after it.)
+		require.Equal(t, Reg{U: RebaseAt + U - RebaseBy, Seq: 1, Gated: true, Gate: 2}, mustReg(t, m, "x"))
+		require.Equal(t, Reg{U: lo - RebaseBy, Seq: 2, Gated: true, Gate: 1}, mustReg(t, m, "g"), "lifted to V - 2^47, remainder dropped")
 		require.Equal(t, Reg{U: RebaseAt + 2*U - RebaseBy, Seq: 3, Waiting: true}, mustReg(t, m, "w"), "shifted, still waiting")
 		require.Equal(t, []Entry{{vm("p"), float64(RebaseAt + 3*U - RebaseBy)}}, m.Idle(), "q (<= V) reaped, p shifted")
 		storedInRange(t, m)
@@ -1997,7 +2018,8 @@ func TestReleaseWithoutKeyLimitReturnsAtOnce(t *testing.T) {
 	require.False(t, mustReg(t, m, "x").Gated, "the release looks without a key limit too")
 	m.SetLimits(Limits{Key: 1})
 	require.Equal(t, []string{"x"}, servedKeys(m.Dequeue(1, 0)), "x, below its limit, at the first call")
-	require.Equal(t, Reg{U: 2 * U, Seq: 3, Gated: true, Gate: 4}, mustReg(t, m, "x"))
+	// (The call's probe moved y, at its limit, from 1 to the back, 4.)
+	require.Equal(t, Reg{U: 2 * U, Seq: 3, Gated: true, Gate: 5}, mustReg(t, m, "x"))
 
 	// Had a call run while the limit was off, every gated variant would
 	// have returned at it.

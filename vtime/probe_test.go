@@ -44,3 +44,57 @@ func TestProbeNotStarvedByLowerTaggedJoiners(t *testing.T) {
 	require.Fail(t, "t, below its limit since a flag-off ack, was not probed in 30 calls",
 		"gated variants: %d; nothing left the gated set; gp %d", gatedCount(m), m.gp)
 }
+
+// Gating (doc.go): a gated variant whose slot was freed without a word is
+// probed within as many calls as there are gated variants ahead of it,
+// however often other keys are gated again. The probe once took the next
+// gating number after the one it looked at last and went back to the
+// first only past the end; busy keys gated again at every call (served,
+// met at their limit, acked by a flag-on instance with a key limit, which
+// un-gates them) always left one ahead of it, so it never went back: g0,
+// looked at just before a flag-off ack freed its slot, waited for ever (a
+// review on a real Redis: 20,000 calls). Now a variant the probe finds at
+// its limit takes the next number, behind every other.
+func TestProbeNotStarvedByKeysGatedAgain(t *testing.T) {
+	t.Parallel()
+	m := New(Config{Limits: Limits{Key: 1}})
+	const gated, busy = 20, 5
+	held := map[string]string{}
+	for i := 0; i < gated; i++ {
+		add(t, m, fmt.Sprintf("g%02d", i), 2, 0, 0)
+	}
+	for _, s := range m.Dequeue(gated, 0) {
+		held[s.Key] = decode(t, s.ID)
+	}
+	require.Len(t, held, gated)
+	require.Empty(t, m.Dequeue(gated, 0), "every g at its limit")
+	require.Equal(t, gated, gatedCount(m))
+	require.Equal(t, int64(1), m.gp, "the probe looked at g00 (gating number 1)")
+	flagOffAck(t, m, held["g00"]) // just after: its slot freed without a word
+	for i := 0; i < busy; i++ {
+		add(t, m, fmt.Sprintf("c%d", i), 4, 0, 0)
+	}
+	type hold struct {
+		id, key string
+		call    int
+	}
+	var hs []hold
+	for call := 0; call < 10*(gated+busy); call++ {
+		for len(hs) > 0 && hs[0].call+3 <= call {
+			require.NoError(t, m.Ack(hs[0].id)) // flag on, with the limit: un-gates
+			add(t, m, hs[0].key, 1, 0, 0)
+			hs = hs[1:]
+		}
+		for _, s := range m.Dequeue(1, 0) {
+			if s.Key == "g00" {
+				// Within one lap of the gated variants (and the busy keys
+				// gated meanwhile) after the release.
+				require.LessOrEqual(t, call, 1+gated+busy, "g00 probed too late")
+				return
+			}
+			hs = append(hs, hold{decode(t, s.ID), s.Key, call})
+		}
+	}
+	require.Fail(t, "g00, below its limit since a flag-off ack, was never probed",
+		"gated %d, gp %d, gn %d", gatedCount(m), m.gp, m.gn)
+}

@@ -262,12 +262,21 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 }
 
 // batchComparable is m's snapshot without what a call of N and N calls of 1
-// legitimately leave different: the discovery cursor and the probe rank
-// (they advance per call) and parked tags at or below V (a call reaps only
-// when it parks something).
+// legitimately leave different: the discovery cursor and the gated probe's
+// place (they advance per call) and parked tags at or below V (a call reaps
+// only when it parks something). The probe's place is its cursor and the
+// gating numbers: each call's probe gives the variant it finds still at
+// its limit the next number, the back of the queue, so N calls of 1 move
+// up to N variants back (those the serves gated before the next call
+// included) where a call of N moves one. Which variants are gated is
+// compared.
 func batchComparable(m *Model) Snapshot {
 	s := normalized(m.Snapshot())
-	s.Cursor, s.GP = 0, 0
+	s.Cursor, s.GP, s.GN = 0, 0, 0
+	for v, r := range s.Reg {
+		r.Gate = 0
+		s.Reg[v] = r
+	}
 	for v, p := range s.Idle {
 		if p <= s.V {
 			delete(s.Idle, v)

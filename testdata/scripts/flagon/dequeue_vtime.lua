@@ -1419,8 +1419,13 @@ end
 -- ungate, probe: the next gated variant in gating order after the one
 -- looked at last (back to the first past the end, in the same call)
 -- returns if it is below its limit (a flag-off instance freed its slot
--- without saying). One look per call: a call costs the same whatever the
--- number of gated keys, and one gated later comes after every older one.
+-- without saying); one still at its limit takes the next gating number,
+-- behind every other gated variant (written at persist, after the serves:
+-- see there). One look per call: a call costs the same whatever the
+-- number of gated keys; the gated variants are a queue the probe takes
+-- from the front, and one gated later joins it at the back, so keys gated
+-- again at every call never keep the probe from coming back to a variant.
+local probe_back = nil -- { score, member } of the variant moved back
 do
   local raw = {}
   if st.ng > 0 then
@@ -1442,6 +1447,9 @@ do
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
       redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
       st.ng = st.ng - 1
+    else
+      probe_back = { sched_fmt(G + st.gn), raw[1] }
+      st.gn = st.gn + 1
     end
   end
 end
@@ -1771,6 +1779,10 @@ do
   for _, e in ipairs(parked) do
     iargs[#iargs + 1] = sched_fmt(e.u - G)
     iargs[#iargs + 1] = e.vm
+  end
+  if probe_back then -- (a gated variant: nothing above touched it)
+    zargs[#zargs + 1] = probe_back[1]
+    zargs[#zargs + 1] = probe_back[2]
   end
   sched_chunked('ZREM', S.z, zrem, 1)
   sched_chunked('HDEL', S.h, hdel, 1)

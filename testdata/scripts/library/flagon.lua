@@ -1,4 +1,4 @@
-#!lua name=runqueue_c65266a17a2e0226
+#!lua name=runqueue_3a754ed3f674984a
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1826,8 +1826,13 @@ end
 -- ungate, probe: the next gated variant in gating order after the one
 -- looked at last (back to the first past the end, in the same call)
 -- returns if it is below its limit (a flag-off instance freed its slot
--- without saying). One look per call: a call costs the same whatever the
--- number of gated keys, and one gated later comes after every older one.
+-- without saying); one still at its limit takes the next gating number,
+-- behind every other gated variant (written at persist, after the serves:
+-- see there). One look per call: a call costs the same whatever the
+-- number of gated keys; the gated variants are a queue the probe takes
+-- from the front, and one gated later joins it at the back, so keys gated
+-- again at every call never keep the probe from coming back to a variant.
+local probe_back = nil -- { score, member } of the variant moved back
 do
   local raw = {}
   if st.ng > 0 then
@@ -1849,6 +1854,9 @@ do
       redis.call('ZADD', S.z, sched_fmt(u), raw[1])
       redis.call('HSET', S.h, vm, sched_value(code, false, false, r))
       st.ng = st.ng - 1
+    else
+      probe_back = { sched_fmt(G + st.gn), raw[1] }
+      st.gn = st.gn + 1
     end
   end
 end
@@ -2179,6 +2187,10 @@ do
     iargs[#iargs + 1] = sched_fmt(e.u - G)
     iargs[#iargs + 1] = e.vm
   end
+  if probe_back then -- (a gated variant: nothing above touched it)
+    zargs[#zargs + 1] = probe_back[1]
+    zargs[#zargs + 1] = probe_back[2]
+  end
   sched_chunked('ZREM', S.z, zrem, 1)
   sched_chunked('HDEL', S.h, hdel, 1)
   sched_chunked('ZADD', S.z, zargs, 2)
@@ -2454,9 +2466,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c65266a17a2e0226_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3a754ed3f674984a_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_3a754ed3f674984a_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3a754ed3f674984a_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3a754ed3f674984a_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3a754ed3f674984a_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3a754ed3f674984a_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -231,7 +231,10 @@ func TestFairnessScenarioExpiredChainSurvivor(t *testing.T) {
 	checkLuaScenario(t, "ExpiredChainSurvivor")
 }
 func TestFairnessScenarioUnsaidRelease(t *testing.T) { checkLuaScenario(t, "UnsaidRelease") }
-func TestFairnessScenarioWeightRaised(t *testing.T)  { checkLuaScenario(t, "WeightRaised") }
+func TestFairnessScenarioUnsaidReleaseRegated(t *testing.T) {
+	checkLuaScenario(t, "UnsaidReleaseRegated")
+}
+func TestFairnessScenarioWeightRaised(t *testing.T) { checkLuaScenario(t, "WeightRaised") }
 func TestFairnessScenarioWeightRaisedGated(t *testing.T) {
 	checkLuaScenario(t, "WeightRaisedGated")
 }

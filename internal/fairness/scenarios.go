@@ -419,4 +419,53 @@ var Scenarios = []Scenario{
 		s.backlogged(10, 4, keys...)
 		return s.err
 	}},
+	{Name: "UnsaidReleaseRegated", Flip: true, Run: func(o *Oracle) error {
+		// A review on a real Redis (2026-12-05): key limit 1; ten keys
+		// g0..g9 held at their limit (gated), a call that serves nothing
+		// (its probe looks at g0), then a flag-off ack frees g0's slot
+		// without telling the scheduler. Three busy keys at their limit
+		// are served one a call, held three calls, acked by the flag-on
+		// instance (which un-gates them) and gated again at their next
+		// serve: a new gating number at every call. The probe once went
+		// on from the number it looked at last and went back to the first
+		// only past the end; the busy keys' numbers always lay ahead, so
+		// g0 was never served (reachability check). Now a key the probe
+		// finds at its limit moves to the back, and g0 is probed within a
+		// lap of the gated keys.
+		s := &script{o: o}
+		s.do(o.SetLimits(Limits{Key: 1}))
+		for i := 0; i < 10; i++ {
+			s.enq(fmt.Sprintf("g%d", i), 2, 0)
+		}
+		held := s.deq(10, true)
+		s.deq(10, false) // nothing: every g at its limit
+		s.do(o.SetFlag(false))
+		for _, x := range held {
+			if x.Key == "g0" && s.err == nil {
+				s.err = o.Ack(x.ID)
+			}
+		}
+		s.do(o.SetFlag(true))
+		type hold struct {
+			id, key string
+			call    int
+		}
+		var hs []hold
+		for _, k := range []string{"c0", "c1", "c2"} {
+			s.enq(k, 4, 0)
+		}
+		for call := 0; call < 60 && s.err == nil; call++ {
+			for len(hs) > 0 && hs[0].call+3 <= call && s.err == nil {
+				s.err = o.Ack(hs[0].id)
+				s.enq(hs[0].key, 1, 0)
+				hs = hs[1:]
+			}
+			for _, x := range s.deq(1, true) {
+				if x.Key != "g0" {
+					hs = append(hs, hold{x.ID, x.Key, call})
+				}
+			}
+		}
+		return s.err
+	}},
 }

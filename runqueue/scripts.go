@@ -484,10 +484,13 @@ func pipelineCluster(ctx context.Context, c *redis.ClusterClient, calls []call, 
 // refusedUnrun: Redis refused the call before running it, so it may be
 // sent again: a cluster node's slot is moving (TRYAGAIN, or a redirection
 // go-redis gave up following), the node is loading its data, the cluster
-// is down, a replica lost its master (MASTERDOWN), or another client's
-// script or function runs past busy-reply-threshold (BUSY: Redis answers
-// every command but SCRIPT KILL, FUNCTION KILL and SHUTDOWN NOSAVE with it,
-// unrun, until that script ends).
+// is down, a replica lost its master (MASTERDOWN), or a script or function
+// runs past busy-reply-threshold (BUSY: Redis answers every command but
+// SCRIPT KILL, FUNCTION KILL and SHUTDOWN NOSAVE with it, unrun, until that
+// script ends). It speaks of the last send: when go-redis had sent the call
+// again after a read timeout, the first send may have run (and be the
+// script Redis is busy with); sending it once more is then go-redis's own
+// resend again (README, "Timeouts and go-redis's retries").
 func refusedUnrun(err error) bool {
 	if err == nil {
 		return false

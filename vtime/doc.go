@@ -82,11 +82,10 @@
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in
 //     proportion to the gated variants, once per rise. And one gated
-//     variant, the next in gating order after the one looked at last (back
-//     to the first past the end, in the same call), returns if it is below
-//     its limit (an instance with the flag off freed its slot without
-//     saying); one still at its limit takes the next gating number, behind
-//     every other gated variant.
+//     variant, the first in gating order, returns if it is below its limit
+//     (an instance with the flag off freed its slot without saying); one
+//     still at its limit takes the next gating number, behind every other
+//     gated variant.
 //   - discover: ScanLimit variants of ckIndex at a rotating cursor; those
 //     without a tag register (at their parked tag or V). The cursor then
 //     moves max(1, ScanLimit - cap): a serve moves at most one variant past

@@ -745,19 +745,21 @@ func (m *Model) gatedSorted() []regRef {
 	return out
 }
 
-// probeGated looks at one gated variant per call: the first gated after
-// the one it looked at last, in gating order (back to the first past the
-// end). One below its limit (its slot was freed by an instance that does
-// not un-gate: flag off) competes again; one still at its limit takes the
-// next gating number, behind every gated variant. So the gated variants
-// are a queue that the probe takes from the front and that variants gated
-// since join at the back: each is looked at within as many calls as there
-// are gated variants ahead of it, however often other keys are gated again
-// meanwhile. (Before the new number, keys gated again at every call kept a
-// variant ahead of the cursor, which then never went back to the first: a
-// variant looked at just before its slot was freed without a word waited
-// for ever.) One look per call keeps the cost of a call the same whatever
-// the number of gated variants.
+// probeGated looks at one gated variant per call: the first in gating
+// order (gp keeps the number it looked at). One below its limit (its slot
+// was freed by an instance that does not un-gate: flag off) competes
+// again; one still at its limit takes the next gating number, behind every
+// gated variant. So the gated variants are a queue that the probe takes
+// from the front and that variants gated since join at the back: each is
+// looked at within as many calls as there are gated variants ahead of it,
+// however often other keys are gated again meanwhile. (The probe once went
+// on from the number it looked at last, back to the first only past the
+// end, and moved nothing: keys gated again at every call kept a variant
+// ahead of it, which then never went back, and a variant looked at just
+// before its slot was freed without a word waited for ever. Taking the
+// front, not the first after gp, also heals a state that rule wrote, whose
+// looked-at variants lie at or below gp.) One look per call keeps the cost
+// of a call the same whatever the number of gated variants.
 func (c *call) probeGated() {
 	m := c.m
 	all := m.gatedSorted()
@@ -765,11 +767,7 @@ func (c *call) probeGated() {
 		m.gp = 0
 		return
 	}
-	i := sort.Search(len(all), func(i int) bool { return all[i].r.Gate > m.gp })
-	if i == len(all) {
-		i = 0
-	}
-	g := all[i]
+	g := all[0]
 	m.gp = g.r.Gate
 	if !c.atLimit(g.vm) {
 		m.ungate(g.r)

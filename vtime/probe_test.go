@@ -98,3 +98,27 @@ func TestProbeNotStarvedByKeysGatedAgain(t *testing.T) {
 	require.Fail(t, "g00, below its limit since a flag-off ack, was never probed",
 		"gated %d, gp %d, gn %d", gatedCount(m), m.gp, m.gn)
 }
+
+// Gating: a state the earlier probe wrote heals. That probe went on from
+// the gating number it looked at last (gp) and moved nothing, so after an
+// upgrade the variants it had looked at lie at or below gp. Taking the
+// first after gp would come back to them only once every variant above gp
+// left the gated set, never while one there stays at its limit; the probe
+// takes the front of the queue instead.
+func TestProbeHealsAStateTheCursorRuleWrote(t *testing.T) {
+	t.Parallel()
+	m := New(Config{Limits: Limits{Key: 1}})
+	held := map[string]string{}
+	add(t, m, "g00", 2, 0, 0)
+	add(t, m, "g01", 2, 0, 0)
+	for _, s := range m.Dequeue(2, 0) {
+		held[s.Key] = decode(t, s.ID)
+	}
+	require.Empty(t, m.Dequeue(2, 0))
+	require.Equal(t, int64(1), m.gp, "the probe looked at g00")
+	m.reg[vm("g00")].Gate = m.gp // as the cursor rule left it: not moved
+	m.gn--
+	require.Less(t, m.reg[vm("g00")].Gate, m.reg[vm("g01")].Gate)
+	flagOffAck(t, m, held["g00"]) // freed without a word; g01 stays held
+	require.Equal(t, []string{"g00"}, servedKeys(m.Dequeue(1, 0)), "g00 at the front: probed and served at once")
+}

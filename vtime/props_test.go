@@ -264,12 +264,12 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 // batchComparable is m's snapshot without what a call of N and N calls of 1
 // legitimately leave different: the discovery cursor and the gated probe's
 // place (they advance per call) and parked tags at or below V (a call reaps
-// only when it parks something). The probe's place is its cursor and the
-// gating numbers: each call's probe gives the variant it finds still at
-// its limit the next number, the back of the queue, so N calls of 1 move
-// up to N variants back (those the serves gated before the next call
-// included) where a call of N moves one. Which variants are gated is
-// compared.
+// only when it parks something). The probe's place is gp and the gating
+// numbers: each call's probe gives the variant at the front that it finds
+// still at its limit the next number, the back of the queue, so N calls of
+// 1 move up to N variants back where a call of N moves one. Which variants
+// are gated is compared here, and their order but for those the probes
+// moved by gatedOrder.
 func batchComparable(m *Model) Snapshot {
 	s := normalized(m.Snapshot())
 	s.Cursor, s.GP, s.GN = 0, 0, 0
@@ -283,6 +283,18 @@ func batchComparable(m *Model) Snapshot {
 		}
 	}
 	return s
+}
+
+// gatedOrder lists m's gated variants in gating order but for those in
+// skip.
+func gatedOrder(m *Model, skip map[string]bool) []string {
+	var out []string
+	for _, g := range m.gatedSorted() {
+		if !skip[g.vm] {
+			out = append(out, g.vm)
+		}
+	}
+	return out
 }
 
 // TestPropBatchInvariance: guarantee 4. On two copies of one state,
@@ -309,14 +321,23 @@ func TestPropBatchInvariance(t *testing.T) {
 			return
 		}
 		b := a.m.Clone()
+		probed := map[string]bool{} // the variants a probe looked at, in either run
+		front := func(m *Model) {
+			if g := m.gatedSorted(); len(g) > 0 {
+				probed[g[0].vm] = true
+			}
+		}
+		front(a.m)
 		batch := a.m.Dequeue(n, a.now)
 		var singles []Served
 		for i := 0; i < n; i++ {
+			front(b)
 			singles = append(singles, b.Dequeue(1, a.now)...)
 		}
 		require.Equal(rt, servedKeys(singles), servedKeys(batch), "dequeue(%d) vs %d x dequeue(1)", n, n)
 		require.Equal(rt, singles, batch)
 		require.Equal(rt, batchComparable(b), batchComparable(a.m), "state after dequeue(%d) vs %d x dequeue(1)", n, n)
+		require.Equal(rt, gatedOrder(b, probed), gatedOrder(a.m, probed), "gating order but for what the probes moved")
 		compared++
 	})
 	t.Logf("batch invariance: %d compared, skipped %v", compared, skipped)

@@ -1416,23 +1416,20 @@ if st.gk > 0 and (kl == 0 or kl > st.gk) then
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
 end
 
--- ungate, probe: the next gated variant in gating order after the one
--- looked at last (back to the first past the end, in the same call)
--- returns if it is below its limit (a flag-off instance freed its slot
--- without saying); one still at its limit takes the next gating number,
--- behind every other gated variant (written at persist, after the serves:
--- see there). One look per call: a call costs the same whatever the
--- number of gated keys; the gated variants are a queue the probe takes
--- from the front, and one gated later joins it at the back, so keys gated
--- again at every call never keep the probe from coming back to a variant.
+-- ungate, probe: the first gated variant in gating order (gp keeps the
+-- number looked at) returns if it is below its limit (a flag-off instance
+-- freed its slot without saying); one still at its limit takes the next
+-- gating number, behind every other gated variant (written at persist,
+-- after the serves: see there). One look per call: a call costs the same
+-- whatever the number of gated keys; the gated variants are a queue the
+-- probe takes from the front, and one gated later joins it at the back, so
+-- keys gated again at every call never keep the probe from coming back to
+-- a variant (vtime's probeGated).
 local probe_back = nil -- { score, member } of the variant moved back
 do
   local raw = {}
   if st.ng > 0 then
-    raw = redis.call('ZRANGEBYSCORE', S.z, '(' .. sched_fmt(G + st.gp), '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
-    if #raw == 0 and st.gp > 0 then
-      raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
-    end
+    raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
   end
   if #raw == 0 then
     st.gp = 0

@@ -2,7 +2,6 @@ package runqueue_test
 
 import (
 	"fmt"
-	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -84,59 +83,4 @@ func TestGatedProbeNotStarvedByKeysGatedAgain(t *testing.T) {
 			})
 		})
 	}
-}
-
-// TestGatedProbeAlternatingKeyLimit: a LimitsFor that answers a queue's key
-// limit 1, 2, 1, 2, ... from call to call. v and w are gated at 2 runs in
-// flight; a flag-off instance acks one of v's runs, without a word. v is
-// below its limit on every call of 2 and must be served on one. Before, a
-// call of 2 did not un-gate anything (the variants were gated under 2),
-// and with two gated keys v came to the probe's front only on the calls of
-// 1, where it is at its limit: never served (vtime's
-// TestProbeAlternatingKeyLimit is the model's case).
-// Both phases run (the first call's limit 1 or 2): which of v and w is at
-// the probe's front on the calls of 1 depends on the order they were gated.
-func TestGatedProbeAlternatingKeyLimit(t *testing.T) {
-	for _, phase := range []int{0, 1} {
-		t.Run(fmt.Sprintf("phase=%d", phase), func(t *testing.T) { gatedProbeAlternating(t, phase) })
-	}
-}
-
-func gatedProbeAlternating(t *testing.T, phase int) {
-	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		var limit atomic.Int64
-		limit.Store(2)
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = true
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Key: int(limit.Load())} }
-		})
-		cfg := *b.cfg
-		cfg.VtimeScheduling, cfg.LimitsFor = false, nil
-		off, err := runqueue.New(b.ctx, c, &cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = off.Close() })
-		for i := 0; i < 3; i++ {
-			enqueue(t, b, runqueue.EnqueueParams{Key: "v", ID: fmt.Sprintf("v%d", i)})
-			enqueue(t, b, runqueue.EnqueueParams{Key: "w", ID: fmt.Sprintf("w%d", i)})
-		}
-		var v *runqueue.Run
-		for _, r := range dequeue(t, b, queueName, 100) {
-			if r.Key == "v" {
-				v = r
-			}
-		}
-		require.NotNil(t, v)
-		require.Empty(t, dequeue(t, b, queueName, 100), "v and w at their limit of 2")
-		require.NoError(t, off.Ack(b.ctx, v))
-		for call := 0; call < 10; call++ {
-			limit.Store(int64(1 + (call+phase)%2))
-			for _, r := range dequeue(t, b, queueName, 1) {
-				if r.Key == "v" {
-					require.EqualValues(t, 2, limit.Load(), "served under its limit")
-					return
-				}
-			}
-		}
-		require.Fail(t, "v, below its limit on every call of 2, was not served in 10 calls")
-	})
 }

@@ -111,10 +111,7 @@ end
 
 -- ungate: when the key limit rose above the one the gated variants were
 -- gated under (or went away), every gated variant returns, at max(S, V);
--- those still at the new limit are gated again when a call meets them. A
--- call under a lower limit lowers gk to it (below): they are judged under
--- it from then on, so the next rise above it un-gates them (vtime's
--- ungateRise: a limit alternating from call to call).
+-- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
   local raw = redis.call('ZRANGEBYSCORE', S.z, SCHED.GS, '+inf')
@@ -134,8 +131,6 @@ if st.gk > 0 and (kl == 0 or kl > st.gk) then
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
-elseif kl < st.gk then
-  st.gk = kl
 end
 
 -- ungate, probe: the first gated variant in gating order (gp keeps the

@@ -1,4 +1,4 @@
-#!lua name=runqueue_d1576cec359833eb
+#!lua name=runqueue_6cd5115b81a45dae
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1801,10 +1801,7 @@ end
 
 -- ungate: when the key limit rose above the one the gated variants were
 -- gated under (or went away), every gated variant returns, at max(S, V);
--- those still at the new limit are gated again when a call meets them. A
--- call under a lower limit lowers gk to it (below): they are judged under
--- it from then on, so the next rise above it un-gates them (vtime's
--- ungateRise: a limit alternating from call to call).
+-- those still at the new limit are gated again when a call meets them.
 local kl = dq.key_limit
 if st.gk > 0 and (kl == 0 or kl > st.gk) then
   local raw = redis.call('ZRANGEBYSCORE', S.z, '4503599627370496', '+inf')
@@ -1824,8 +1821,6 @@ if st.gk > 0 and (kl == 0 or kl > st.gk) then
   sched_chunked('ZADD', S.z, zargs, 2)
   sched_chunked('HSET', S.h, hargs, 2)
   st.ng, st.gk, st.gp = st.ng - #vms, kl, 0
-elseif kl < st.gk then
-  st.gk = kl
 end
 
 -- ungate, probe: the first gated variant in gating order (gp keeps the
@@ -2468,9 +2463,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_d1576cec359833eb_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_d1576cec359833eb_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d1576cec359833eb_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d1576cec359833eb_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d1576cec359833eb_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d1576cec359833eb_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

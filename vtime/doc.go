@@ -81,8 +81,7 @@
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in
-//     proportion to the gated variants, once per rise. A call under a lower
-//     limit lowers the one they count as gated under to it. And one gated
+//     proportion to the gated variants, once per rise. And one gated
 //     variant, the first in gating order, returns if it is below its limit
 //     (an instance with the flag off freed its slot without saying); one
 //     still at its limit takes the next gating number, behind every other

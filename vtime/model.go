@@ -714,20 +714,11 @@ func (m *Model) promote(vm string, now int64, limit int) {
 // ungateRise returns every gated variant to the competition when the key
 // limit rose above the one they were gated under (or went away): each
 // competes again at max(S, V); those still at the new limit are gated
-// again when a call meets them. A call under a lower limit lowers gk to
-// it: the gated variants are judged under that limit from then on (the
-// probe's look included), so that the next rise above it un-gates them.
-// (Without it, a limit alternating 1, 2, 1, 2 from call to call never rose
-// above the 2 they were gated under, and a gated variant below 2 that
-// reached the probe's front only on the calls of 1 waited for ever.)
+// again when a call meets them.
 func (c *call) ungateRise() {
 	m := c.m
 	k := c.keyLimit
-	if m.gk == 0 {
-		return
-	}
-	if k > 0 && k <= m.gk {
-		m.gk = k
+	if m.gk == 0 || (k > 0 && k <= m.gk) {
 		return
 	}
 	for _, g := range m.gatedSorted() {

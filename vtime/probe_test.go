@@ -122,36 +122,3 @@ func TestProbeHealsAStateTheCursorRuleWrote(t *testing.T) {
 	flagOffAck(t, m, held["g00"]) // freed without a word; g01 stays held
 	require.Equal(t, []string{"g00"}, servedKeys(m.Dequeue(1, 0)), "g00 at the front: probed and served at once")
 }
-
-// Gating: a key limit that alternates from call to call (1, 2, 1, 2, ...:
-// a LimitsFor that answers differently per call) must not hold a gated
-// variant below its limit. Once, a rise back to the 2 the variants were
-// gated under un-gated nothing, and with two gated variants v came to the
-// probe's front only on the calls of 1, where it is at its limit: never
-// served (a review, 2026-12-05, on the model, miniredis and Redis). Now a
-// call of 1 lowers gk to 1 and the next call of 2 un-gates every gated
-// variant.
-func TestProbeAlternatingKeyLimit(t *testing.T) {
-	t.Parallel()
-	m := New(Config{Limits: Limits{Key: 2}})
-	add(t, m, "v", 3, 0, 0)
-	add(t, m, "w", 3, 0, 0)
-	out := m.Dequeue(100, 0)
-	require.Equal(t, 2, gatedCount(m), "v and w at 2 in flight")
-	for _, s := range out {
-		if s.Key == "v" {
-			flagOffAck(t, m, decode(t, s.ID)) // v: 1 in flight, still gated
-			break
-		}
-	}
-	for call := 0; call < 10; call++ {
-		m.SetLimits(Limits{Key: 1 + call%2})
-		for _, key := range servedKeys(m.Dequeue(1, int64(call))) {
-			if key == "v" {
-				require.Equal(t, 2, m.cfg.Limits.Key, "served under its limit")
-				return
-			}
-		}
-	}
-	require.Fail(t, "v, below its limit on every call of 2, was not served in 10 calls")
-}

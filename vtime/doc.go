@@ -168,7 +168,8 @@
 // never went back to the first: a variant looked at just before its slot
 // was freed without a word waited for ever.) A call's
 // cost does not depend on the number of gated variants: pass 1 never sees
-// them and the probe looks at one.
+// them and the probe looks at one (but for the call that sees a rise, see
+// ungate above).
 //
 // # Guarantees (checked by the oracle on observed schedules, on this model
 // and on the Lua)

@@ -16,28 +16,6 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
-// busyNackHook counts the calls Redis refused with BUSY whose arguments
-// name the run.
-type busyNackHook struct {
-	id   string
-	busy atomic.Int64
-}
-
-func (h *busyNackHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *busyNackHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h *busyNackHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if err != nil && strings.HasPrefix(err.Error(), "BUSY ") && strings.Contains(fmt.Sprint(cmd.Args()...), h.id) {
-			h.busy.Add(1)
-		}
-		return err
-	}
-}
-
 // TestWorkerNackWhileRedisBusy: a handler's NoRetry verdict reaches Redis
 // while another client's script runs past busy-reply-threshold, so Redis
 // answers the nack BUSY without running it. The nack is sent again once
@@ -54,8 +32,12 @@ func TestWorkerNackWhileRedisBusy(t *testing.T) {
 		require.NoError(t, admin.ConfigSet(ctx, "lua-time-limit", "100").Err())
 		c := redis.NewClient(&redis.Options{Addr: srv.addr})
 		t.Cleanup(func() { _ = c.Close() })
-		hook := &busyNackHook{id: "poison"}
-		c.AddHook(hook)
+		var busyNacks atomic.Int64 // calls naming the run that Redis answered BUSY
+		c.AddHook(afterEach(func(cmd redis.Cmder, err error) {
+			if err != nil && strings.HasPrefix(err.Error(), "BUSY ") && strings.Contains(fmt.Sprint(cmd.Args()...), "poison") {
+				busyNacks.Add(1)
+			}
+		}))
 		o := &s28wRecorder{}
 		b := setup(t, c, func(cfg *runqueue.Config) {
 			cfg.Clock = nil
@@ -103,7 +85,7 @@ end`, nil).Err()
 		// as before the fix, by the handler's second run after a sweep).
 		require.Eventually(t, func() bool { return queueStats(t, b, queueName).Dead == 1 }, 15*time.Second, 20*time.Millisecond)
 		shutdown(t, w)
-		require.Positive(t, hook.busy.Load(), "the nack never met BUSY: the test did not test")
+		require.Positive(t, busyNacks.Load(), "the nack never met BUSY: the test did not test")
 		require.EqualValues(t, 1, calls.Load(), "the poison run ran again")
 		require.Equal(t, []runqueue.Outcome{runqueue.OutcomeDead}, o.get())
 		require.Equal(t, runqueue.Stats{Dead: 1}, queueStats(t, b, queueName))

@@ -10,7 +10,10 @@ import (
 )
 
 // Clock tells the time. Every script receives now from Go, never from Redis,
-// so tests and the bench can drive time step by step.
+// so tests and the bench can drive time step by step. The one exception is
+// the floor of a shard's delivery-token counter, the later of now and the
+// server's clock (docs/lifecycle.md): a token is never a time a script
+// stores or compares.
 type Clock interface {
 	Now() time.Time
 }

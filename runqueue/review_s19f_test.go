@@ -21,7 +21,9 @@ package runqueue_test
 //     the link was cut lost.
 //
 // TestS19FTokenRepeatAfterForcedFailover is the minimal reproduction of the
-// defect the forced failover shows (delivery tokens repeat).
+// defect the forced failover showed (delivery tokens repeat), and
+// TestTokenNotDealtAgainByResentDequeue of its second form (a call resent
+// to the new master with its caller's time from before the failover).
 
 import (
 	"context"
@@ -937,7 +939,13 @@ func s19fFailover(t *testing.T, on, forced bool) {
 		assert.Empty(t, lost, "a graceful failover lost runs whose enqueue succeeded (of %d)", enqPlain)
 	}
 	// A forced failover loses writes, but never deals a token twice: a
-	// counter found behind the clock moves up to it (lib/dequeue.lua).
+	// counter found behind the clock moves up to it (lib/dequeue.lua), the
+	// later of the call's clock and the server's, so a call go-redis sends
+	// again to the new master, with its caller's time from before the
+	// failover, deals none of the tokens the dead master dealt (before
+	// 2026-12-05 CI once saw two tokens each dealt to two runs here;
+	// TestTokenNotDealtAgainByResentDequeue replays it). The old master is
+	// dead before the takeover, so no two masters deal at once.
 	assert.Empty(t, sameRun, "a token dealt twice to the same run")
 	assert.Empty(t, otherRun, "a token dealt twice to different runs")
 	assert.Empty(t, madeUp, "runs handled that were never enqueued")

@@ -1,4 +1,4 @@
-#!lua name=runqueue_6cd5115b81a45dae
+#!lua name=runqueue_634c600629c8c221
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1380,18 +1380,23 @@ local function dq_finish(dq, acked)
   local n = #dq.served
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
   -- The counter never runs behind the clock: a call that finds it below
-  -- the call's time in microseconds (below 2^53 until the year 2255),
-  -- rounded down to a multiple of 10,240, moves it there. A new counter (a
-  -- new shard, or its key lost with the data: a restart without
-  -- persistence) and one behind (a failover to a replica that had not
-  -- received the last deliveries) so start above every token dealt before,
-  -- at an earlier time, so that a holder of a delivery from before the
-  -- loss cannot act on one made after it. While the shard deals fewer
-  -- than 10,240 tokens per 10.24 ms, that is one SET per 10.24 ms at most.
-  -- A multiple of 64, as 0 is: the wide checks below fall on the same
-  -- deliveries whatever the time (the cost stays the same from one
-  -- counter to the next).
-  local floor = math.min(dq.now * 1000, 4503599627370496)
+  -- the time in microseconds (below 2^52 until the year 2112), rounded
+  -- down to a multiple of 10,240, moves it there. The time is the later of
+  -- the call's (the caller's clock, as it sent the call) and the server's
+  -- (TIME): a call that go-redis sent again after the master it first went
+  -- to died, to the replica that took over, carries its caller's time from
+  -- before the failover, and would deal again the tokens the dead master
+  -- dealt after it. A new counter (a new shard, or its key lost with the
+  -- data: a restart without persistence) and one behind (a failover to a
+  -- replica that had not received the last deliveries) so start above
+  -- every token dealt before, at an earlier time, so that a holder of a
+  -- delivery from before the loss cannot act on one made after it. While
+  -- the shard deals fewer than 10,240 tokens per 10.24 ms, that is one SET
+  -- per 10.24 ms at most. A multiple of 64, as 0 is: the wide checks below
+  -- fall on the same deliveries whatever the time (the cost stays the same
+  -- from one counter to the next).
+  local time = redis.call('TIME')
+  local floor = math.min(math.max(dq.now * 1000, time[1] * 1000000 + time[2]), 4503599627370496)
   floor = floor - floor % 10240
   if token0 < floor then
     token0 = floor
@@ -2463,9 +2468,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6cd5115b81a45dae_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_634c600629c8c221_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_634c600629c8c221_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_634c600629c8c221_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_634c600629c8c221_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_634c600629c8c221_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_634c600629c8c221_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

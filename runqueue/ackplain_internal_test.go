@@ -22,7 +22,7 @@ func (c fixedClock) Now() time.Time { return c.t }
 func ackPlainQueue(t *testing.T, c redis.UniversalClient, prefix string, keyLimit int) *Queue {
 	t.Helper()
 	q, err := New(context.Background(), c, &Config{Prefix: prefix, Shards: 1, VtimeScheduling: true,
-		KeyConcurrency: keyLimit, Clock: fixedClock{time.UnixMilli(1_800_000_000_000)}})
+		KeyConcurrency: keyLimit, Clock: fixedClock{time.UnixMilli(2_000_000_000_000)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	return q

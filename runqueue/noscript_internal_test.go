@@ -134,7 +134,7 @@ func TestRunPipelinedRecoversNoScript(t *testing.T) {
 			require.NoError(t, err)
 			qk := space.Env("prod").Queue("q")
 			v := qk.Variant("k")
-			const now = int64(1_800_000_000_000)
+			const now = int64(2_000_000_000_000)
 
 			enqueue := func(id, body string) call {
 				rec, off := appendRecord(nil, 0, now, 0, v.Member(), []byte(body))

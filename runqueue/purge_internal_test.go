@@ -36,7 +36,7 @@ func TestPurgeKeepsRunsDeadSinceItsRead(t *testing.T) {
 	}, func(t *testing.T, c redis.UniversalClient) {
 		for _, on := range []bool{false, true} {
 			ctx := context.Background()
-			clock := &purgeClock{t: time.UnixMilli(1_800_000_000_000)}
+			clock := &purgeClock{t: time.UnixMilli(2_000_000_000_000)}
 			q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), Clock: clock, VtimeScheduling: on})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = q.Close() })

@@ -34,7 +34,7 @@ func TestReviewLibraryMixedPipeline(t *testing.T) {
 	c := redistest.Private(t)
 	ctx := context.Background()
 	counter := newEvalCounter(c)
-	clock := fixedClock{time.UnixMilli(1_800_000_000_000)}
+	clock := fixedClock{time.UnixMilli(2_000_000_000_000)}
 	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), Shards: 1, VtimeScheduling: true, Clock: clock,
 		LeaseDuration: time.Minute})
 	require.NoError(t, err)

@@ -24,7 +24,7 @@ import (
 func reviewNamesQueue(t *testing.T, c redis.UniversalClient, on bool) *Queue {
 	t.Helper()
 	q, err := New(context.Background(), c, &Config{Prefix: redistest.Prefix(t), Shards: 4, VtimeScheduling: on,
-		Clock: fixedClock{time.UnixMilli(1_800_000_000_000)}})
+		Clock: fixedClock{time.UnixMilli(2_000_000_000_000)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	return q

@@ -124,7 +124,7 @@ func TestReviewAckPlainLimitsFor(t *testing.T) {
 	count := newEvalCounter(c)
 	mk := func(prefix string) *Queue {
 		q, err := New(ctx, c, &Config{Prefix: prefix, Shards: 1, VtimeScheduling: true,
-			Clock: fixedClock{time.UnixMilli(1_800_000_000_000)},
+			Clock: fixedClock{time.UnixMilli(2_000_000_000_000)},
 			LimitsFor: func(env, queue string) Limits {
 				if queue == "lim" {
 					return Limits{Key: 2}

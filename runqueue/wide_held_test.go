@@ -56,6 +56,40 @@ func requireEncoding(t *testing.T, b *testBundle, key, want string) {
 	require.Equal(t, want, enc, "encoding of %s", key)
 }
 
+// TestWideMarksWhenTheCounterMoves: the wide checks fall once per 64
+// deliveries even when every dequeue moves the shard's token counter up
+// to the clock (calls 10.24 ms or more apart: a quiet shard, or the
+// server's clock under a profiler). Before, a move left the counter on a
+// multiple of 10,240, a call of 10 never passed a multiple of 64, and 130
+// runs in flight left both hashes unmarked, listpacks.
+func TestWideMarksWhenTheCounterMoves(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		qk := queueKeys(t, b)
+		const keys, runs = 100, 200
+		enqueueMany(t, b, runs, func(i int) runqueue.EnqueueParams {
+			return runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", i%keys), ID: fmt.Sprintf("r%03d", i),
+				AvailableAt: b.clock.Now().Add(-time.Duration(runs-i) * time.Millisecond)}
+		})
+		var held []*runqueue.Run
+		var tokens []int64
+		for range 13 {
+			b.clock.Advance(20 * time.Millisecond) // each call past the counter's floor
+			got := dequeue(t, b, queueName, 10)
+			require.Len(t, got, 10)
+			held = append(held, got...)
+			tokens = append(tokens, got[0].Token)
+		}
+		for i := 1; i < len(tokens); i++ {
+			require.Greater(t, tokens[i]-tokens[i-1], int64(10), "call %d did not move the counter", i)
+		}
+		hm, km, _, _ := wideState(t, b)
+		require.True(t, hm, "130 runs in flight: the held hash is marked")
+		require.True(t, km, "100 keys in flight: the key-inflight hash is marked")
+		requireEncoding(t, b, qk.Held(), "hashtable")
+		requireEncoding(t, b, qk.KeyInflight(), "hashtable")
+	})
+}
+
 func TestWideHeldMarks(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {

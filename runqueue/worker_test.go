@@ -706,7 +706,7 @@ func TestWorkerErrors(t *testing.T) {
 	require.Equal(t, "base", nr.Error())
 	require.ErrorIs(t, runqueue.NoRetry(nil), runqueue.ErrNoRetry)
 
-	at := time.UnixMilli(1_800_000_000_000)
+	at := time.UnixMilli(2_000_000_000_000)
 	var re *runqueue.RetryError
 	require.ErrorAs(t, fmt.Errorf("ctx: %w", runqueue.RetryAt(base, at)), &re)
 	require.Equal(t, at, re.At)

@@ -100,7 +100,7 @@ type Clock struct {
 }
 
 // NewClock returns a clock at a fixed instant.
-func NewClock() *Clock { return &Clock{t: time.UnixMilli(1_800_000_000_000)} }
+func NewClock() *Clock { return &Clock{t: time.UnixMilli(2_000_000_000_000)} }
 
 // Now returns the clock's time.
 func (c *Clock) Now() time.Time {

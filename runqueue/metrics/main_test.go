@@ -91,7 +91,7 @@ type testBundle struct {
 // when non-nil, edits the Queue's config.
 func setup(t testing.TB, client redis.UniversalClient, opts metrics.Options, mutate func(*runqueue.Config)) *testBundle {
 	t.Helper()
-	b := &testBundle{ctx: context.Background(), clock: &fakeClock{t: time.UnixMilli(1_800_000_000_000)}, log: &logBuffer{}}
+	b := &testBundle{ctx: context.Background(), clock: &fakeClock{t: time.UnixMilli(2_000_000_000_000)}, log: &logBuffer{}}
 	opts.Logger = slog.New(slog.NewTextHandler(b.log, nil))
 	c, err := metrics.New(&opts)
 	require.NoError(t, err)

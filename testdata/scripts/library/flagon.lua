@@ -1,4 +1,4 @@
-#!lua name=runqueue_634c600629c8c221
+#!lua name=runqueue_99438c445ff30434
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1392,14 +1392,17 @@ local function dq_finish(dq, acked)
   -- every token dealt before, at an earlier time, so that a holder of a
   -- delivery from before the loss cannot act on one made after it. While
   -- the shard deals fewer than 10,240 tokens per 10.24 ms, that is one SET
-  -- per 10.24 ms at most. A multiple of 64, as 0 is: the wide checks below
-  -- fall on the same deliveries whatever the time (the cost stays the same
-  -- from one counter to the next).
+  -- per 10.24 ms at most. The floor is a multiple of 64, as 0 is, and a
+  -- move keeps the counter's place among the multiples of 64: the wide
+  -- checks below fall once per 64 deliveries however often the counter
+  -- moves (the cost stays the same from one counter to the next, and
+  -- under a clock that runs fast against the work, as the server's does
+  -- under a profiler).
   local time = redis.call('TIME')
   local floor = math.min(math.max(dq.now * 1000, time[1] * 1000000 + time[2]), 4503599627370496)
   floor = floor - floor % 10240
   if token0 < floor then
-    token0 = floor
+    token0 = floor + token0 % 64
     redis.call('SET', dq.tokens, num_arg(token0 + n))
   end
   local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))
@@ -2468,9 +2471,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_634c600629c8c221_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_634c600629c8c221_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_634c600629c8c221_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_634c600629c8c221_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_634c600629c8c221_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_634c600629c8c221_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_99438c445ff30434_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_99438c445ff30434_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_99438c445ff30434_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_99438c445ff30434_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_99438c445ff30434_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_99438c445ff30434_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -70,15 +70,14 @@ func TestWideMarksWhenTheCounterMoves(t *testing.T) {
 			return runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%d", i%keys), ID: fmt.Sprintf("r%03d", i),
 				AvailableAt: b.clock.Now().Add(-time.Duration(runs-i) * time.Millisecond)}
 		})
-		var held []*runqueue.Run
 		var tokens []int64
 		for range 13 {
 			b.clock.Advance(20 * time.Millisecond) // each call past the counter's floor
 			got := dequeue(t, b, queueName, 10)
 			require.Len(t, got, 10)
-			held = append(held, got...)
 			tokens = append(tokens, got[0].Token)
 		}
+		require.Equal(t, int64(130), queueStats(t, b, queueName).InFlight)
 		for i := 1; i < len(tokens); i++ {
 			require.Greater(t, tokens[i]-tokens[i-1], int64(10), "call %d did not move the counter", i)
 		}

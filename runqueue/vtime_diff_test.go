@@ -28,11 +28,16 @@ var diffSteps sync_counter
 type sync_counter struct{ n atomic.Int64 }
 
 // diff drives one random operation sequence through the vtime model and
-// through the flag-on Lua on one Redis, comparing after every step.
+// through the flag-on Lua on one Redis, comparing after every step. A
+// second queue on the same prefix runs with the flag off (same clock, same
+// limits): some enqueues, acks and nacks go through it, as during a
+// rollout, and the model mirrors them with its flag-off writers.
 type diff struct {
 	ctx    context.Context
 	c      redis.UniversalClient
 	q      *runqueue.Queue
+	off    *runqueue.Queue // VtimeScheduling false, on q's prefix: made at its first use (offQueue)
+	offCfg *runqueue.Config
 	m      *vtime.Model
 	clock  *fakeClock
 	qk     keys.Queue
@@ -78,6 +83,8 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 	ctx := context.Background()
 	q, err := runqueue.New(ctx, c, cfg)
 	require.NoError(t, err)
+	offCfg := *cfg // the same prefix, clock, limits and settings, the flag off
+	offCfg.VtimeScheduling = false
 	nkeys := rapid.IntRange(1, 9).Draw(rt, "keys")
 	ks := []string{"", "a", "b:c", "*", "{d}", "é", "z z", "k7", "k8"}[:nkeys]
 	space, err := keys.NewSpace(prefix, q.Shards())
@@ -96,7 +103,7 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 		seedSchedulerClock(t, ctx, c, qk, v, clock.Now().UnixMilli())
 	}
 	return &diff{
-		ctx: ctx, c: c, q: q, clock: clock, env: diffEnv, queue: diffQueue,
+		ctx: ctx, c: c, q: q, offCfg: &offCfg, clock: clock, env: diffEnv, queue: diffQueue,
 		qk:   qk,
 		keys: ks, lease: lease, limits: lim,
 		m:        m,
@@ -105,6 +112,25 @@ func newDiff(t *testing.T, rt *rapid.T, c redis.UniversalClient) *diff {
 }
 
 func (d *diff) now() int64 { return d.clock.Now().UnixMilli() }
+
+// offQueue returns the flag-off queue, made at the first call (the callers
+// of newDiff that write with the flag on only never make it).
+func (d *diff) offQueue(rt *rapid.T) *runqueue.Queue {
+	if d.off == nil {
+		q, err := runqueue.New(d.ctx, d.c, d.offCfg)
+		require.NoError(rt, err)
+		d.off = q
+	}
+	return d.off
+}
+
+// close closes the queues newDiff and offQueue made.
+func (d *diff) close() {
+	d.q.Close()
+	if d.off != nil {
+		d.off.Close()
+	}
+}
 
 // seedSchedulerClock creates a queue's scheduler state with clock v, as the
 // scripts create it (lua/lib/sched_reg.lua: the sentinel, the scalars).
@@ -120,7 +146,15 @@ func seedSchedulerClock(t testing.TB, ctx context.Context, c redis.UniversalClie
 	require.NoError(t, err)
 }
 
-func (d *diff) enqueue(rt *rapid.T) {
+func (d *diff) enqueue(rt *rapid.T) { d.enqueueBy(rt, false) }
+
+// enqueueOff queues one run through the flag-off queue; the model's
+// EnqueueOff registers nothing.
+func (d *diff) enqueueOff(rt *rapid.T) { d.enqueueBy(rt, true) }
+
+// enqueueBy queues one run through the flag-on queue or, off, through the
+// flag-off one.
+func (d *diff) enqueueBy(rt *rapid.T, off bool) {
 	d.nextID++
 	id := "r" + strconv.Itoa(d.nextID)
 	key := rapid.SampledFrom(d.keys).Draw(rt, "key")
@@ -128,11 +162,15 @@ func (d *diff) enqueue(rt *rapid.T) {
 	delay := time.Duration(rapid.SampledFrom([]int{0, 0, 0, 5, 40}).Draw(rt, "delay")) * time.Second
 	ttl := time.Duration(rapid.SampledFrom([]int{0, 0, 0, 20, 90}).Draw(rt, "ttl")) * time.Second
 	now := d.now()
-	ok, err := d.q.Enqueue(d.ctx, runqueue.EnqueueParams{Env: d.env, Queue: d.queue, Key: key, ID: id,
+	q, enqueue := d.q, d.m.Enqueue
+	if off {
+		q, enqueue = d.offQueue(rt), d.m.EnqueueOff
+	}
+	ok, err := q.Enqueue(d.ctx, runqueue.EnqueueParams{Env: d.env, Queue: d.queue, Key: key, ID: id,
 		Payload: []byte(id), Priority: prio, Delay: delay, TTL: ttl})
 	require.NoError(rt, err)
 	require.True(rt, ok)
-	require.NoError(rt, d.m.Enqueue(id, key, prio, now+delay.Milliseconds(), now))
+	require.NoError(rt, enqueue(id, key, prio, now+delay.Milliseconds(), now))
 	if ttl > 0 {
 		d.ttl[id] = now + ttl.Milliseconds()
 	}
@@ -197,26 +235,50 @@ func (d *diff) pickInflight(rt *rapid.T) *runqueue.Run {
 	return d.inflight[rapid.SampledFrom(ids).Draw(rt, "inflight")]
 }
 
-func (d *diff) ack(rt *rapid.T) {
+func (d *diff) ack(rt *rapid.T) { d.ackBy(rt, false) }
+
+// ackOff acks one run in flight through the flag-off queue; the model's
+// AckOff leaves a gated variant gated for the probe.
+func (d *diff) ackOff(rt *rapid.T) { d.ackBy(rt, true) }
+
+// ackBy acks one run in flight through the flag-on queue or, off, through
+// the flag-off one.
+func (d *diff) ackBy(rt *rapid.T, off bool) {
 	r := d.pickInflight(rt)
 	if r == nil {
 		return
 	}
-	require.NoError(rt, d.q.Ack(d.ctx, r))
-	require.NoError(rt, d.m.Ack(r.ID))
+	q, ack := d.q, d.m.Ack
+	if off {
+		q, ack = d.offQueue(rt), d.m.AckOff
+	}
+	require.NoError(rt, q.Ack(d.ctx, r))
+	require.NoError(rt, ack(r.ID))
 	delete(d.inflight, r.ID)
 }
 
-func (d *diff) nack(rt *rapid.T) {
+func (d *diff) nack(rt *rapid.T) { d.nackBy(rt, false) }
+
+// nackOff nacks one run in flight through the flag-off queue (the model's
+// NackOff).
+func (d *diff) nackOff(rt *rapid.T) { d.nackBy(rt, true) }
+
+// nackBy nacks one run in flight through the flag-on queue or, off,
+// through the flag-off one.
+func (d *diff) nackBy(rt *rapid.T, off bool) {
 	r := d.pickInflight(rt)
 	if r == nil {
 		return
 	}
 	retry := d.clock.Now().Add(time.Duration(rapid.SampledFrom([]int{0, 0, 3, 30}).Draw(rt, "retry")) * time.Second)
 	kill := rapid.IntRange(0, 9).Draw(rt, "kill") == 0
-	res, err := d.q.Nack(d.ctx, r, &runqueue.NackOptions{RetryAt: retry, DeadLetter: kill})
+	q, nack := d.q, d.m.Nack
+	if off {
+		q, nack = d.offQueue(rt), d.m.NackOff
+	}
+	res, err := q.Nack(d.ctx, r, &runqueue.NackOptions{RetryAt: retry, DeadLetter: kill})
 	require.NoError(rt, err)
-	requeued, err := d.m.Nack(r.ID, retry.UnixMilli(), d.now(), kill)
+	requeued, err := nack(r.ID, retry.UnixMilli(), d.now(), kill)
 	require.NoError(rt, err)
 	require.Equal(rt, requeued, res.Requeued)
 	delete(d.inflight, r.ID)
@@ -404,26 +466,38 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 
 // TestVtimeDifferential runs random operation sequences through the model
 // and the flag-on Lua and requires identical serves, tags, V, cursor, last
-// newcomer tag, idle entries and ckIndex after every step.
+// newcomer tag, idle entries and ckIndex after every step. A few percent of
+// the enqueues, acks and nacks go through a flag-off instance (a rollout):
+// untagged work for discovery and the age head, slots freed without a word
+// for the gated probe.
 func TestVtimeDifferential(t *testing.T) {
 	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
 		switch {
-		case op < 28:
+		case op < 24:
 			d.enqueue(rt)
 			return "enqueue"
+		case op < 28:
+			d.enqueueOff(rt)
+			return "flag-off enqueue"
 		case op < 35:
 			d.enqueueMany(rt)
 			return "enqueue many"
 		case op < 60:
 			d.dequeue(rt, rapid.IntRange(1, 6).Draw(rt, "maxCount"))
 			return "dequeue"
-		case op < 70:
+		case op < 67:
 			d.ack(rt)
 			return "ack"
-		case op < 78:
+		case op < 70:
+			d.ackOff(rt)
+			return "flag-off ack"
+		case op < 75:
 			d.nack(rt)
 			return "nack"
+		case op < 78:
+			d.nackOff(rt)
+			return "flag-off nack"
 		case op < 86:
 			d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
 			return "advance"
@@ -487,7 +561,7 @@ func runDifferential(t *testing.T, step func(d *diff, rt *rapid.T, op int) strin
 			var steps int
 			rapid.Check(t, func(rt *rapid.T) {
 				d := newDiff(t, rt, c)
-				defer d.q.Close()
+				defer d.close()
 				n := rapid.IntRange(5, 60).Draw(rt, "steps")
 				for i := 0; i < n; i++ {
 					name := step(d, rt, rapid.IntRange(0, 99).Draw(rt, "op"))

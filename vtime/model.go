@@ -332,14 +332,38 @@ func (m *Model) readyScore(r *run) float64 {
 
 // Enqueue adds a run. It returns ErrExists when the id is taken.
 func (m *Model) Enqueue(id, key string, priority int, at, now int64) error {
+	r, err := m.newRun(id, key, priority, at)
+	if err != nil {
+		return err
+	}
+	m.place(r, now)
+	return nil
+}
+
+// EnqueueOff adds a run as an instance with the flag off does
+// (enqueue.lua with lib/hooks_off): the run is queued, ready or delayed,
+// and the scheduler state is not touched: a variant it makes ready stays
+// untagged until a flag-on call discovers it (discover, or the age head)
+// or another flag-on write registers it. It returns ErrExists when the id
+// is taken.
+func (m *Model) EnqueueOff(id, key string, priority int, at, now int64) error {
+	r, err := m.newRun(id, key, priority, at)
+	if err != nil {
+		return err
+	}
+	m.put(r, now)
+	return nil
+}
+
+// newRun stores a new run (attempt 1), not yet queued.
+func (m *Model) newRun(id, key string, priority int, at int64) (*run, error) {
 	eid := keys.Segment(id)
 	if _, ok := m.runs[eid]; ok {
-		return ErrExists
+		return nil, ErrExists
 	}
 	r := &run{id: eid, key: key, priority: priority, at: at, attempt: 1}
 	m.runs[eid] = r
-	m.place(r, now)
-	return nil
+	return r, nil
 }
 
 func (m *Model) member(r *run) string {
@@ -352,19 +376,26 @@ func (m *Model) member(r *run) string {
 // ready head (the first, or earlier than the head: ckIndex changes)
 // registers the variant unless it has a tag.
 func (m *Model) place(r *run, now int64) {
+	if vm, moved := m.put(r, now); moved {
+		m.register(vm)
+	}
+}
+
+// put queues r as ready or delayed, as the flag-off place does (no
+// scheduler hook), and reports r's variant and whether r became its ready
+// head (its ckIndex entry moved: where the flag-on place registers).
+func (m *Model) put(r *run, now int64) (string, bool) {
 	vm := m.member(r)
 	if r.at <= now {
 		r.state = Ready
 		rs := m.readyScore(r)
 		h, had := head(m.ready[vm])
 		addTo(m.ready, vm, r.id, rs)
-		if !had || rs < h.Score {
-			m.register(vm)
-		}
-		return
+		return vm, !had || rs < h.Score
 	}
 	r.state = Delayed
 	addTo(m.delayed, vm, r.id, float64(r.at))
+	return vm, false
 }
 
 // laneHead returns the head of the newcomer lane (its waiting variant with
@@ -1100,22 +1131,43 @@ func (m *Model) held(id string) (*run, error) {
 	return r, nil
 }
 
+// release frees r's in-flight slot as a flag-on instance does: a gated
+// variant of its key competes again (released).
 func (m *Model) release(r *run) {
+	m.released(m.free(r))
+}
+
+// free frees r's in-flight slot and nothing else (a flag-off instance: the
+// variant's gated registration, if any, stays for the gated probe). It
+// returns r's variant.
+func (m *Model) free(r *run) string {
 	vm := keys.VariantMember(r.key)
 	m.inflight[vm]--
 	if m.inflight[vm] == 0 {
 		delete(m.inflight, vm)
 	}
-	m.released(vm)
+	return vm
 }
 
 // Ack completes an in-flight run.
-func (m *Model) Ack(id string) error {
+func (m *Model) Ack(id string) error { return m.ack(id, true) }
+
+// AckOff completes an in-flight run as an instance with the flag off does
+// (ack.lua with lib/hooks_off): the slot frees without a word to the
+// scheduler, so a gated variant of the key stays gated until the gated
+// probe of a flag-on call finds it below its limit.
+func (m *Model) AckOff(id string) error { return m.ack(id, false) }
+
+func (m *Model) ack(id string, flagOn bool) error {
 	r, err := m.held(id)
 	if err != nil {
 		return err
 	}
-	m.release(r)
+	if flagOn {
+		m.release(r)
+	} else {
+		m.free(r)
+	}
 	delete(m.runs, r.id)
 	return nil
 }
@@ -1123,18 +1175,38 @@ func (m *Model) Ack(id string) error {
 // Nack requeues an in-flight run at retryAt with attempt + 1, or dead-letters
 // it (kill, or no attempts left). It reports whether the run was requeued.
 func (m *Model) Nack(id string, retryAt, now int64, kill bool) (bool, error) {
+	return m.nack(id, retryAt, now, kill, true)
+}
+
+// NackOff is Nack as an instance with the flag off does it (requeue.lua
+// with lib/hooks_off): the slot frees as in AckOff (a gated variant stays
+// gated), and the run goes back as in EnqueueOff (no registration: an
+// untagged variant it makes ready waits for discovery).
+func (m *Model) NackOff(id string, retryAt, now int64, kill bool) (bool, error) {
+	return m.nack(id, retryAt, now, kill, false)
+}
+
+func (m *Model) nack(id string, retryAt, now int64, kill, flagOn bool) (bool, error) {
 	r, err := m.held(id)
 	if err != nil {
 		return false, err
 	}
-	m.release(r)
+	if flagOn {
+		m.release(r)
+	} else {
+		m.free(r)
+	}
 	r.attempt++
 	if kill || (m.cfg.MaxAttempts > 0 && r.attempt > m.cfg.MaxAttempts) {
 		r.state = Dead
 		return false, nil
 	}
 	r.at = retryAt
-	m.place(r, now)
+	if flagOn {
+		m.place(r, now)
+	} else {
+		m.put(r, now)
+	}
 	return true, nil
 }
 

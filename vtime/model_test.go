@@ -126,14 +126,7 @@ func flagOffServe(t tb, m *Model, key string) string {
 // flag-off ack): the slot frees, a gated variant stays gated.
 func flagOffAck(t tb, m *Model, id string) {
 	t.Helper()
-	r, err := m.held(id)
-	require.NoError(t, err)
-	v := vm(r.key)
-	m.inflight[v]--
-	if m.inflight[v] == 0 {
-		delete(m.inflight, v)
-	}
-	delete(m.runs, r.id)
+	require.NoError(t, m.AckOff(id))
 }
 
 func regMembers(m *Model) []string {

@@ -1,0 +1,248 @@
+package vtime
+
+// Tests of the flag-off writers (EnqueueOff, AckOff, NackOff): what an
+// instance with the flag off writes to the state it shares with flag-on
+// instances, and what it leaves alone.
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestEnqueueOff(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ReadyNotRegistered", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		add(t, m, "b", 20, 0, 0)
+		for m.v < 2*U {
+			require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
+		}
+		before := m.Snapshot()
+		require.NoError(t, m.EnqueueOff("u1", "u", 0, 0, 0))
+		st, att := m.State("u1")
+		require.Equal(t, byte(Ready), st)
+		require.Equal(t, 1, att)
+		_, ok := regOf(m, "u")
+		require.False(t, ok, "a flag-off enqueue registers nothing")
+		require.Equal(t, before.Reg, m.Snapshot().Reg)
+		require.Equal(t, before.Idle, m.Snapshot().Idle)
+		require.Contains(t, m.CkIndex(), Entry{Member: vm("u"), Score: 0}, "the run is in ckIndex")
+		// The flag-on call discovers u at V (2U); a flag-on enqueue would
+		// have made it a newcomer at 4U (top 3U = V + U, plus U).
+		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)))
+		p, ok := parkedOf(m, "u")
+		require.True(t, ok)
+		require.Equal(t, 3*U, p, "served at E = 2U: discovered, not a newcomer")
+
+		on := New(Config{})
+		add(t, on, "b", 20, 0, 0)
+		for on.v < 2*U {
+			deqAck(t, on, 1, 0)
+		}
+		require.NoError(t, on.Enqueue("u1", "u", 0, 0, 0))
+		require.Equal(t, Reg{U: 4 * U, Seq: 2, Waiting: true}, mustReg(t, on, "u"), "the flag-on enqueue, for contrast")
+	})
+
+	t.Run("ParkedTagKeptForDiscovery", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		m.SetWeight("u", 0.5)
+		add(t, m, "u", 1, 0, 0)
+		add(t, m, "b", 20, 0, 0)
+		require.Equal(t, []string{"u"}, deqAck(t, m, 1, 0)) // u parked at 2U
+		require.NoError(t, m.EnqueueOff("u2", "u", 0, 0, 0))
+		p, ok := parkedOf(m, "u")
+		require.True(t, ok, "the parked tag stays until a flag-on call registers u")
+		require.Equal(t, 2*U, p)
+		_, ok = regOf(m, "u")
+		require.False(t, ok)
+		require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
+		require.Equal(t, Reg{U: 2 * U, Seq: 3}, mustReg(t, m, "u"), "discovered at its parked tag")
+	})
+
+	t.Run("Delayed", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		require.NoError(t, m.EnqueueOff("d1", "d", 3, 50, 0))
+		st, _ := m.State("d1")
+		require.Equal(t, byte(Delayed), st)
+		require.Empty(t, m.CkIndex())
+		require.Equal(t, []Entry{{Member: vm("d"), Score: 50}}, m.DelayIndex())
+		require.Empty(t, m.Dequeue(1, 10))
+		// Due: a flag-on call promotes it, which registers (cold start: V).
+		require.Equal(t, []string{"d"}, servedKeys(m.Dequeue(1, 50)))
+	})
+
+	t.Run("PriorityScore", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{PriorityStep: 1000})
+		require.NoError(t, m.EnqueueOff("p1", "p", 2, 5000, 6000))
+		require.Equal(t, []Entry{{Member: vm("p"), Score: 3000}}, m.CkIndex())
+	})
+
+	t.Run("Exists", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{})
+		require.NoError(t, m.Enqueue("x", "a", 0, 0, 0))
+		require.ErrorIs(t, m.EnqueueOff("x", "b", 0, 0, 0), ErrExists)
+		require.NoError(t, m.EnqueueOff("y", "b", 0, 0, 0))
+		require.ErrorIs(t, m.Enqueue("y", "a", 0, 0, 0), ErrExists)
+		require.ErrorIs(t, m.EnqueueOff("y", "a", 0, 0, 0), ErrExists)
+	})
+}
+
+// gatedOne builds a model with key limit 1 where a was served once and
+// gated (a second run of a is ready) and b competes; it returns a's run
+// in flight.
+func gatedOne(t *testing.T) (*Model, string) {
+	m := New(Config{Limits: Limits{Key: 1}, MaxAttempts: 3})
+	add(t, m, "a", 2, 0, 0)
+	add(t, m, "b", 20, 0, 0)
+	out := m.Dequeue(1, 0)
+	require.Equal(t, []string{"a"}, servedKeys(out))
+	require.True(t, mustReg(t, m, "a").Gated)
+	return m, decode(t, out[0].ID)
+}
+
+func TestAckOff(t *testing.T) {
+	t.Parallel()
+
+	t.Run("GatedStaysGatedUntilProbe", func(t *testing.T) {
+		t.Parallel()
+		m, id := gatedOne(t)
+		before := mustReg(t, m, "a")
+		require.NoError(t, m.AckOff(id))
+		st, _ := m.State(id)
+		require.Equal(t, byte(0), st, "the run is gone")
+		require.Zero(t, m.Snapshot().InFlight[vm("a")], "the slot is free")
+		require.Equal(t, before, mustReg(t, m, "a"), "still gated: no word to the scheduler")
+		// The next flag-on call's probe finds a below its limit and un-gates
+		// it (at max(S, V) = U): b (tag 0) is served first, then a.
+		require.Equal(t, []string{"b", "a"}, servedKeys(m.Dequeue(2, 0)))
+		_, _, _, _, _, _, gp := m.Clock()
+		require.Equal(t, before.Gate, gp, "the probe looked at a")
+		_, ok := regOf(m, "a")
+		require.False(t, ok, "a drained")
+		p, ok := parkedOf(m, "a")
+		require.True(t, ok)
+		require.Equal(t, 2*U, p, "served at its tag U")
+	})
+
+	t.Run("AckUngatesAtOnce", func(t *testing.T) {
+		t.Parallel()
+		// For contrast: the flag-on ack un-gates a itself.
+		m, id := gatedOne(t)
+		require.NoError(t, m.Ack(id))
+		require.False(t, mustReg(t, m, "a").Gated)
+	})
+
+	t.Run("Errors", func(t *testing.T) {
+		t.Parallel()
+		m, id := gatedOne(t)
+		require.ErrorIs(t, m.AckOff("nope"), ErrNotFound)
+		queued := ""
+		for _, s := range m.Snapshot().Runs {
+			if s.Key == "a" {
+				queued = decode(t, s.ID)
+			}
+		}
+		require.ErrorIs(t, m.AckOff(queued), ErrNotInFlight)
+		require.NoError(t, m.AckOff(id))
+		require.ErrorIs(t, m.AckOff(id), ErrNotFound, "acked once")
+	})
+}
+
+func TestNackOff(t *testing.T) {
+	t.Parallel()
+
+	t.Run("GatedStaysGated", func(t *testing.T) {
+		t.Parallel()
+		m, id := gatedOne(t)
+		before := mustReg(t, m, "a")
+		ok, err := m.NackOff(id, 0, 0, false)
+		require.NoError(t, err)
+		require.True(t, ok)
+		st, att := m.State(id)
+		require.Equal(t, byte(Ready), st)
+		require.Equal(t, 2, att)
+		require.Zero(t, m.Snapshot().InFlight[vm("a")])
+		require.Equal(t, before, mustReg(t, m, "a"), "still gated")
+
+		on, id := gatedOne(t)
+		_, err = on.Nack(id, 0, 0, false)
+		require.NoError(t, err)
+		require.False(t, mustReg(t, on, "a").Gated, "the flag-on nack, for contrast")
+	})
+
+	t.Run("UntaggedNotRegistered", func(t *testing.T) {
+		t.Parallel()
+		// u's only run is in flight and u has parked: the nack makes it
+		// ready again without a registration.
+		m := New(Config{})
+		add(t, m, "b", 20, 0, 0)
+		add(t, m, "u", 1, 0, 0)
+		out := m.Dequeue(2, 0)
+		require.Equal(t, []string{"b", "u"}, servedKeys(out))
+		_, ok := regOf(m, "u")
+		require.False(t, ok)
+		idle := m.Snapshot().Idle
+		ok, err := m.NackOff(decode(t, out[1].ID), 0, 0, false)
+		require.NoError(t, err)
+		require.True(t, ok)
+		_, ok = regOf(m, "u")
+		require.False(t, ok, "a flag-off nack registers nothing")
+		require.Equal(t, idle, m.Snapshot().Idle, "nor takes a parked tag")
+		require.Contains(t, m.CkIndex(), Entry{Member: vm("u"), Score: 0})
+
+		on := New(Config{})
+		add(t, on, "b", 20, 0, 0)
+		add(t, on, "u", 1, 0, 0)
+		out = on.Dequeue(2, 0)
+		_, err = on.Nack(decode(t, out[1].ID), 0, 0, false)
+		require.NoError(t, err)
+		_, ok = regOf(on, "u")
+		require.True(t, ok, "the flag-on nack registers, for contrast")
+	})
+
+	t.Run("DelayedAndDead", func(t *testing.T) {
+		t.Parallel()
+		m, id := gatedOne(t)
+		ok, err := m.NackOff(id, 40, 0, false)
+		require.NoError(t, err)
+		require.True(t, ok)
+		st, att := m.State(id)
+		require.Equal(t, byte(Delayed), st)
+		require.Equal(t, 2, att)
+		require.Equal(t, []Entry{{Member: vm("a"), Score: 40}}, m.DelayIndex())
+
+		m, id = gatedOne(t)
+		ok, err = m.NackOff(id, 0, 0, true)
+		require.NoError(t, err)
+		require.False(t, ok, "dead-lettered on request")
+		st, _ = m.State(id)
+		require.Equal(t, byte(Dead), st)
+		require.True(t, mustReg(t, m, "a").Gated)
+		require.NoError(t, m.Redrive(id, 0))
+
+		// Out of attempts (MaxAttempts 3): the third nack dead-letters.
+		m = New(Config{MaxAttempts: 3})
+		add(t, m, "c", 1, 0, 0)
+		for i := 1; ; i++ {
+			out := m.Dequeue(1, 0)
+			require.Len(t, out, 1)
+			require.Equal(t, i, out[0].Attempt)
+			ok, err := m.NackOff(decode(t, out[0].ID), 0, 0, false)
+			require.NoError(t, err)
+			if i == 3 {
+				require.False(t, ok)
+				break
+			}
+			require.True(t, ok)
+		}
+		_, err = m.NackOff("nope", 0, 0, false)
+		require.ErrorIs(t, err, ErrNotFound)
+	})
+}

@@ -30,8 +30,8 @@ type sync_counter struct{ n atomic.Int64 }
 // diff drives one random operation sequence through the vtime model and
 // through the flag-on Lua on one Redis, comparing after every step. A
 // second queue on the same prefix runs with the flag off (same clock, same
-// limits): some enqueues, acks and nacks go through it, as during a
-// rollout, and the model mirrors them with its flag-off writers.
+// limits): some enqueues, dequeues, acks, nacks and redrives go through it, as
+// during a rollout, and the model mirrors them with its flag-off writers.
 type diff struct {
 	ctx    context.Context
 	c      redis.UniversalClient
@@ -227,6 +227,28 @@ func (d *diff) dequeue(rt *rapid.T, n int) []string {
 	return got
 }
 
+// dequeueOff serves up to n runs through the flag-off queue (age order,
+// no scheduler write) and requires the runs the model's DequeueOff serves,
+// in the same order.
+func (d *diff) dequeueOff(rt *rapid.T, n int) {
+	now := d.now()
+	runs, err := d.offQueue(rt).Dequeue(d.ctx, d.env, d.queue, n)
+	require.NoError(rt, err)
+	want := d.m.DequeueOff(n, now)
+	var got, exp []string
+	for _, r := range runs {
+		got = append(got, r.Key+"/"+r.ID+"/"+strconv.Itoa(r.Attempt))
+		d.inflight[r.ID] = r
+		delete(d.ttl, r.ID)
+	}
+	for _, s := range want {
+		id, err := keys.DecodeSegment(s.ID)
+		require.NoError(rt, err)
+		exp = append(exp, s.Key+"/"+id+"/"+strconv.Itoa(s.Attempt))
+	}
+	require.Equal(rt, exp, got, "flag-off dequeue(%d) served", n)
+}
+
 func (d *diff) pickInflight(rt *rapid.T) *runqueue.Run {
 	if len(d.inflight) == 0 {
 		return nil
@@ -358,13 +380,25 @@ func (d *diff) keyOf(id string) string {
 	return k
 }
 
-func (d *diff) redrive(rt *rapid.T) {
+func (d *diff) redrive(rt *rapid.T) { d.redriveBy(rt, false) }
+
+// redriveOff puts a dead run back through the flag-off queue (the model's
+// RedriveOff: no registration).
+func (d *diff) redriveOff(rt *rapid.T) { d.redriveBy(rt, true) }
+
+// redriveBy puts a dead run back through the flag-on queue or, off,
+// through the flag-off one.
+func (d *diff) redriveBy(rt *rapid.T, off bool) {
 	if len(d.dead) == 0 {
 		return
 	}
 	id := rapid.SampledFrom(sortedKeys(d.dead)).Draw(rt, "dead")
-	require.NoError(rt, d.q.Redrive(d.ctx, d.env, d.queue, d.dead[id], id))
-	require.NoError(rt, d.m.Redrive(id, d.now()))
+	q, redrive := d.q, d.m.Redrive
+	if off {
+		q, redrive = d.offQueue(rt), d.m.RedriveOff
+	}
+	require.NoError(rt, q.Redrive(d.ctx, d.env, d.queue, d.dead[id], id))
+	require.NoError(rt, redrive(id, d.now()))
 	delete(d.dead, id)
 }
 
@@ -467,9 +501,11 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 // TestVtimeDifferential runs random operation sequences through the model
 // and the flag-on Lua and requires identical serves, tags, V, cursor, last
 // newcomer tag, idle entries and ckIndex after every step. A few percent of
-// the enqueues, acks and nacks go through a flag-off instance (a rollout):
-// untagged work for discovery and the age head, slots freed without a word
-// for the gated probe.
+// the enqueues, dequeues, acks, nacks and redrives go through a flag-off instance (a
+// rollout): untagged work for discovery and the age head, slots freed
+// without a word for the gated probe, variants drained or served past
+// their tag without the scheduler's knowledge (stale and gated
+// registrations for a flag-on call to meet).
 func TestVtimeDifferential(t *testing.T) {
 	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
@@ -483,9 +519,12 @@ func TestVtimeDifferential(t *testing.T) {
 		case op < 35:
 			d.enqueueMany(rt)
 			return "enqueue many"
-		case op < 60:
+		case op < 57:
 			d.dequeue(rt, rapid.IntRange(1, 6).Draw(rt, "maxCount"))
 			return "dequeue"
+		case op < 60:
+			d.dequeueOff(rt, rapid.IntRange(1, 6).Draw(rt, "maxCount"))
+			return "flag-off dequeue"
 		case op < 67:
 			d.ack(rt)
 			return "ack"
@@ -507,9 +546,12 @@ func TestVtimeDifferential(t *testing.T) {
 		case op < 93:
 			d.expire(rt)
 			return "expire"
-		case op < 95:
+		case op < 94:
 			d.redrive(rt)
 			return "redrive"
+		case op < 95:
+			d.redriveOff(rt)
+			return "flag-off redrive"
 		case op < 97:
 			d.setWeight(rt)
 			return "weight"

@@ -246,3 +246,99 @@ func TestNackOff(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotFound)
 	})
 }
+
+// servedIDs is the decoded ids of s, in serve order.
+func servedIDs(t *testing.T, s []Served) []string {
+	var out []string
+	for _, x := range s {
+		out = append(out, decode(t, x.ID))
+	}
+	return out
+}
+
+func TestDequeueOff(t *testing.T) {
+	t.Parallel()
+
+	t.Run("AgeOrderWithinTheWindow", func(t *testing.T) {
+		t.Parallel()
+		// Scan 2, no key limit, capacity 3: the window is a10, b20 and the
+		// bound c30. a's next head (40) sorts after the bound: a leaves the
+		// window, b is served and emptied, and the call ends with c and a's
+		// second run still ready (two runs of three).
+		m := New(Config{ScanLimit: 2})
+		for _, r := range []struct {
+			id, key string
+			at      int64
+		}{{"a1", "a", 10}, {"a2", "a", 40}, {"b1", "b", 20}, {"c1", "c", 30}} {
+			require.NoError(t, m.EnqueueOff(r.id, r.key, 0, r.at, 100))
+		}
+		require.Equal(t, []string{"a1", "b1"}, servedIDs(t, m.DequeueOff(3, 100)))
+		require.Equal(t, []Entry{{Member: vm("c"), Score: 30}, {Member: vm("a"), Score: 40}}, m.CkIndex())
+		// The next call reads both: c, then a.
+		require.Equal(t, []string{"c1", "a2"}, servedIDs(t, m.DequeueOff(3, 100)))
+		require.Empty(t, m.CkIndex())
+	})
+
+	t.Run("PriorityAndResort", func(t *testing.T) {
+		t.Parallel()
+		// Age order is the ready score: a priority-1 run enqueued last comes
+		// first; a variant re-sorts at its next head within the window.
+		m := New(Config{PriorityStep: 1000})
+		require.NoError(t, m.EnqueueOff("a1", "a", 0, 10, 5000))
+		require.NoError(t, m.EnqueueOff("a2", "a", 0, 30, 5000))
+		require.NoError(t, m.EnqueueOff("b1", "b", 0, 20, 5000))
+		require.NoError(t, m.EnqueueOff("p1", "p", 1, 5000, 5000)) // score 4000
+		require.Equal(t, []string{"a1", "b1", "a2"}, servedIDs(t, m.DequeueOff(3, 5000)))
+		require.Equal(t, []string{"p1"}, servedIDs(t, m.DequeueOff(3, 5000)), "4000 after 10, 20 and 30")
+	})
+
+	t.Run("KeyLimit", func(t *testing.T) {
+		t.Parallel()
+		// A variant at its key limit is passed over, not taken out: a's
+		// second run waits while b is served.
+		m := New(Config{Limits: Limits{Key: 1}})
+		require.NoError(t, m.EnqueueOff("a1", "a", 0, 10, 100))
+		require.NoError(t, m.EnqueueOff("a2", "a", 0, 11, 100))
+		require.NoError(t, m.EnqueueOff("b1", "b", 0, 20, 100))
+		require.Equal(t, []string{"a1", "b1"}, servedIDs(t, m.DequeueOff(3, 100)))
+		require.Empty(t, m.DequeueOff(3, 100), "both at their limit")
+		require.NoError(t, m.AckOff("a1"))
+		require.Equal(t, []string{"a2"}, servedIDs(t, m.DequeueOff(3, 100)))
+	})
+
+	t.Run("QueueLimit", func(t *testing.T) {
+		t.Parallel()
+		m := New(Config{Limits: Limits{Queue: 2}})
+		for i, k := range []string{"a", "b", "c"} {
+			require.NoError(t, m.EnqueueOff(k+"1", k, 0, int64(i), 100))
+		}
+		require.Equal(t, []string{"a1", "b1"}, servedIDs(t, m.DequeueOff(5, 100)))
+		require.Empty(t, m.DequeueOff(5, 100))
+	})
+
+	t.Run("NoSchedulerWrite", func(t *testing.T) {
+		t.Parallel()
+		// x is registered by a flag-on enqueue; d falls due and is
+		// promoted by a later flag-off call; the two calls serve both and
+		// write nothing to the scheduler: x keeps its (now stale) registration,
+		// d is not registered.
+		m := New(Config{})
+		require.NoError(t, m.Enqueue("x1", "x", 0, 0, 0))
+		require.NoError(t, m.EnqueueOff("d1", "d", 0, 50, 0))
+		before := m.Snapshot()
+		require.Equal(t, []string{"x1"}, servedIDs(t, m.DequeueOff(5, 49)), "d not due yet")
+		require.Equal(t, []string{"d1"}, servedIDs(t, m.DequeueOff(5, 50)))
+		after := m.Snapshot()
+		require.Equal(t, before.Reg, after.Reg)
+		require.Equal(t, before.Idle, after.Idle)
+		require.Equal(t, before.V, after.V)
+		require.Equal(t, before.Cursor, after.Cursor)
+		require.Equal(t, before.NextSeq, after.NextSeq)
+		_, ok := regOf(m, "d")
+		require.False(t, ok)
+		// A flag-on call meets x's stale registration and collects it.
+		require.Empty(t, m.Dequeue(1, 50))
+		_, ok = regOf(m, "x")
+		require.False(t, ok, "collected")
+	})
+}

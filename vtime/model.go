@@ -583,10 +583,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	if c.cap = m.capacity(maxCount); c.cap <= 0 {
 		return nil
 	}
-	c.scan = m.cfg.ScanLimit
-	if c.scan == 0 {
-		c.scan = max(30, 3*maxCount)
-	}
+	c.scan = m.scanOf(maxCount)
 	c.promote(now, maxCount)
 	c.ungateRise()
 	c.probeGated()
@@ -726,8 +723,13 @@ func PromotePlan(limit, maxCount int, due []int) (plan, first []int) {
 	return plan, first
 }
 
-// promote moves up to limit due delayed runs of vm to ready.
-func (m *Model) promote(vm string, now int64, limit int) {
+// promote moves up to limit due delayed runs of vm to ready (place: a
+// variant that gains a ready head registers).
+func (m *Model) promote(vm string, now int64, limit int) { m.promoteBy(vm, now, limit, true) }
+
+// promoteBy moves up to limit due delayed runs of vm to ready, registering
+// as place does when flagOn, else as put does (no scheduler hook).
+func (m *Model) promoteBy(vm string, now int64, limit int, flagOn bool) {
 	set := m.delayed[vm]
 	due := sortedEntries(set)
 	for i, e := range due {
@@ -735,7 +737,11 @@ func (m *Model) promote(vm string, now int64, limit int) {
 			break
 		}
 		delete(set, e.Member)
-		m.place(m.runs[e.Member], now) // due: it goes to ready
+		if r := m.runs[e.Member]; flagOn { // due: it goes to ready
+			m.place(r, now)
+		} else {
+			m.put(r, now)
+		}
 	}
 	if len(set) == 0 {
 		delete(m.delayed, vm)
@@ -1057,12 +1063,7 @@ func (c *call) serveOne(w *window, e *wentry) {
 		c.newHead(w, m.laneNext(eu, true))
 	}
 
-	h, _ := head(m.ready[e.vm])
-	delete(m.ready[e.vm], h.Member)
-	run := m.runs[h.Member]
-	run.state = InFlight
-	m.inflight[e.vm]++
-	c.out = append(c.out, Served{ID: run.id, Key: run.key, Attempt: run.attempt})
+	c.out = append(c.out, m.take(e.vm))
 
 	switch {
 	case len(m.ready[e.vm]) == 0:
@@ -1076,6 +1077,100 @@ func (c *call) serveOne(w *window, e *wentry) {
 		e.Reg = *r
 		w.insert(e)
 	}
+}
+
+// take moves the ready head of vm (it has one) in flight and returns it;
+// vm's ready set may be left empty (the caller drops it).
+func (m *Model) take(vm string) Served {
+	h, _ := head(m.ready[vm])
+	delete(m.ready[vm], h.Member)
+	run := m.runs[h.Member]
+	run.state = InFlight
+	m.inflight[vm]++
+	return Served{ID: run.id, Key: run.key, Attempt: run.attempt}
+}
+
+// scanOf is how many variants a call of maxCount reads in age order and
+// how many due variants it promotes (Config.ScanLimit).
+func (m *Model) scanOf(maxCount int) int {
+	if m.cfg.ScanLimit > 0 {
+		return m.cfg.ScanLimit
+	}
+	return max(30, 3*maxCount)
+}
+
+// DequeueOff serves up to maxCount runs at time now as an instance with
+// the flag off does (dequeue.lua with lib/hooks_off), writing nothing to
+// the scheduler state (registrations, gating, parked tags, clock, cursor):
+// a variant it drains keeps a stale registration for a flag-on call to
+// collect, a gated one it serves stays gated. Steps, as the Lua's:
+//
+//   - capacity: what the env and queue limits leave of maxCount (none:
+//     nothing is promoted either);
+//   - promotion: the first scan due variants in the delay index's order,
+//     as PromotePlan gives (no starving-first pick, no registration);
+//   - age order: the first reach entries of ckIndex as it stands then
+//     (reach: scan, or min(scan, capacity) without a key limit), the next
+//     one, if any, kept as the bound. Each serve takes the head run of the
+//     first entry not at its key limit; the variant re-sorts at its new
+//     head score, and leaves the window when it has no ready run left or
+//     when it sorts after the bound (unread entries may come before it).
+//     The call ends when no entry of the window is servable.
+func (m *Model) DequeueOff(maxCount int, now int64) []Served {
+	capacity := m.capacity(maxCount)
+	if capacity <= 0 {
+		return nil
+	}
+	scan := m.scanOf(maxCount)
+	vms, due := m.dueVariants(now, scan)
+	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due)
+	for i, vm := range vms {
+		m.promoteBy(vm, now, first[i], false)
+	}
+	for i, vm := range vms {
+		if more := plan[i] - first[i]; more > 0 {
+			m.promoteBy(vm, now, more, false)
+		}
+	}
+	keyLimit := m.cfg.Limits.Key
+	reach := scan
+	if keyLimit <= 0 {
+		reach = min(scan, capacity)
+	}
+	index := m.CkIndex()
+	var bound *Entry
+	if len(index) > reach {
+		bound = &index[reach]
+		index = index[:reach]
+	}
+	list := append([]Entry(nil), index...)
+	var out []Served
+	for len(out) < capacity {
+		i := 0
+		for i < len(list) && keyLimit > 0 && m.inflight[list[i].Member] >= keyLimit {
+			i++
+		}
+		if i == len(list) {
+			break
+		}
+		vm := list[i].Member
+		out = append(out, m.take(vm))
+		list = append(list[:i], list[i+1:]...)
+		h, ok := head(m.ready[vm])
+		if !ok {
+			delete(m.ready, vm)
+			continue
+		}
+		e := Entry{vm, h.Score}
+		if bound != nil && less(*bound, e) {
+			continue // sorts after the bound: out of the window
+		}
+		j := sort.Search(len(list), func(j int) bool { return less(e, list[j]) })
+		list = append(list, Entry{})
+		copy(list[j+1:], list[j:])
+		list[j] = e
+	}
+	return out
 }
 
 // reapIdle drops parked tags at or below V, then all but the highest
@@ -1214,7 +1309,14 @@ func (m *Model) nack(id string, retryAt, now int64, kill, flagOn bool) (bool, er
 func (m *Model) Recover(id string, now int64) (bool, error) { return m.Nack(id, now, now, false) }
 
 // Redrive puts a dead run back, ready now, attempts reset.
-func (m *Model) Redrive(id string, now int64) error {
+func (m *Model) Redrive(id string, now int64) error { return m.redrive(id, now, true) }
+
+// RedriveOff is Redrive as an instance with the flag off does it
+// (redrive.lua with lib/hooks_off): the run goes back as in EnqueueOff, so
+// an untagged variant it makes ready waits for discovery.
+func (m *Model) RedriveOff(id string, now int64) error { return m.redrive(id, now, false) }
+
+func (m *Model) redrive(id string, now int64, flagOn bool) error {
 	r, ok := m.runs[keys.Segment(id)]
 	if !ok {
 		return ErrNotFound
@@ -1223,7 +1325,11 @@ func (m *Model) Redrive(id string, now int64) error {
 		return ErrNotDead
 	}
 	r.attempt, r.at = 1, now
-	m.place(r, now)
+	if flagOn {
+		m.place(r, now)
+	} else {
+		m.put(r, now)
+	}
 	return nil
 }
 

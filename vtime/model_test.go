@@ -111,15 +111,12 @@ func flagOffEnqueue(m *Model, id, key string, at int64) {
 func flagOffServe(t tb, m *Model, key string) string {
 	t.Helper()
 	v := vm(key)
-	h, ok := head(m.ready[v])
-	require.True(t, ok, "%q has no ready run", key)
-	delete(m.ready[v], h.Member)
+	require.NotEmpty(t, m.ready[v], "%q has no ready run", key)
+	s := m.take(v)
 	if len(m.ready[v]) == 0 {
 		delete(m.ready, v)
 	}
-	m.runs[h.Member].state = InFlight
-	m.inflight[v]++
-	return decode(t, h.Member)
+	return decode(t, s.ID)
 }
 
 // flagOffAck completes an in-flight run without the release hook (a

@@ -34,10 +34,11 @@ const (
 	opFlagOffEnqueue
 	opFlagOffServe
 	opFlagOffAck
+	opFlagOffDequeue
 )
 
 var opNames = [...]string{"enqueue", "dequeue", "ack", "nack", "recover", "expire", "redrive", "weight",
-	"advance", "limits", "expireState", "flagOffEnqueue", "flagOffServe", "flagOffAck"}
+	"advance", "limits", "expireState", "flagOffEnqueue", "flagOffServe", "flagOffAck", "flagOffDequeue"}
 
 func (k opKind) String() string { return opNames[k] }
 
@@ -110,7 +111,8 @@ func drawOp(rt *rapid.T, nkeys int, set opSet) op {
 			if !set.flagOff {
 				continue
 			}
-			o.kind = []opKind{opFlagOffEnqueue, opFlagOffServe, opFlagOffAck}[k%3]
+			o.kind = []opKind{opFlagOffEnqueue, opFlagOffServe, opFlagOffAck, opFlagOffDequeue}[k%4]
+			o.n = 1 + o.pick%6 // a flag-off dequeue's maxCount
 		}
 		return o
 	}
@@ -196,6 +198,9 @@ func (s *sim) apply(t *rapid.T, o op) []Served {
 		if id, ok := pickFrom(s.idsIn(InFlight)); ok {
 			flagOffAck(t, m, id)
 		}
+	case opFlagOffDequeue:
+		// Age order, no scheduler write: not a fair dequeue's serves.
+		m.DequeueOff(o.n, s.now)
 	}
 	return nil
 }
@@ -630,8 +635,15 @@ func TestPropNoPanics(t *testing.T) {
 		nkeys := rapid.IntRange(1, 9).Draw(rt, "keys")
 		for i := rapid.IntRange(1, 80).Draw(rt, "ops"); i > 0; i-- {
 			o := drawOp(rt, nkeys, opSet{expireState: true, flagOff: true})
+			before := normalized(s.m.Snapshot())
 			s.apply(rt, o)
 			storedInRange(rt, s.m)
+			if o.kind == opFlagOffDequeue {
+				// No scheduler write: only the runs and in-flight counts move.
+				after := normalized(s.m.Snapshot())
+				before.Runs, before.InFlight = after.Runs, after.InFlight
+				require.Equal(rt, before, after, "the scheduler state across a flag-off dequeue")
+			}
 			for v := range s.m.reg {
 				_, parked := s.m.idle[v]
 				require.False(rt, parked, "%s registered and parked", v)

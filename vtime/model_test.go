@@ -98,11 +98,12 @@ func deqAck(t tb, m *Model, maxCount int, now int64) []string {
 }
 
 // flagOffEnqueue queues a ready run the way a flag-off instance does: in
-// its variant and ckIndex, without registering a tag.
+// its variant and ckIndex, without registering a tag (EnqueueOff, ready at
+// at).
 func flagOffEnqueue(m *Model, id, key string, at int64) {
-	r := &run{id: keys.Segment(id), key: key, at: at, attempt: 1, state: Ready}
-	m.runs[r.id] = r
-	addTo(m.ready, m.member(r), r.id, m.readyScore(r))
+	if err := m.EnqueueOff(id, key, 0, at, at); err != nil {
+		panic(err)
+	}
 }
 
 // flagOffServe delivers key's ready head the way a flag-off dequeue does:

@@ -310,7 +310,15 @@ func (d *diff) nackBy(rt *rapid.T, off bool) {
 }
 
 // recoverLeases expires every lease, in the order Redis sweeps them.
-func (d *diff) recoverLeases(rt *rapid.T) {
+func (d *diff) recoverLeases(rt *rapid.T) { d.recoverLeasesBy(rt, false) }
+
+// recoverLeasesOff is recoverLeases through the flag-off queue (the
+// model's RecoverOff).
+func (d *diff) recoverLeasesOff(rt *rapid.T) { d.recoverLeasesBy(rt, true) }
+
+// recoverLeasesBy expires every lease and recovers them through the
+// flag-on queue or, off, through the flag-off one.
+func (d *diff) recoverLeasesBy(rt *rapid.T, off bool) {
 	d.clock.Advance(d.lease + time.Second)
 	now := d.now()
 	type held struct{ member, id string }
@@ -327,11 +335,15 @@ func (d *diff) recoverLeases(rt *rapid.T) {
 		}
 		return order[i].member < order[j].member
 	})
-	n, err := d.q.RecoverLeases(d.ctx, d.q.ShardOf(d.env), 1000)
+	q, recover := d.q, d.m.Recover
+	if off {
+		q, recover = d.offQueue(rt), d.m.RecoverOff
+	}
+	n, err := q.RecoverLeases(d.ctx, q.ShardOf(d.env), 1000)
 	require.NoError(rt, err)
 	require.Equal(rt, len(order), n)
 	for _, h := range order {
-		requeued, err := d.m.Recover(h.id, now)
+		requeued, err := recover(h.id, now)
 		require.NoError(rt, err)
 		if !requeued {
 			d.dead[h.id] = d.inflight[h.id].Key
@@ -540,9 +552,12 @@ func TestVtimeDifferential(t *testing.T) {
 		case op < 86:
 			d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
 			return "advance"
-		case op < 89:
+		case op < 88:
 			d.recoverLeases(rt)
 			return "recover"
+		case op < 89:
+			d.recoverLeasesOff(rt)
+			return "flag-off recover"
 		case op < 93:
 			d.expire(rt)
 			return "expire"

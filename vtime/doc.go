@@ -4,10 +4,10 @@
 // code. It is the specification the flag-on Lua scripts of runqueue must
 // match step by step; the differential tests drive the same operations
 // through both and compare every served run and the whole scheduler state.
-// The model also writes as an instance with the flag off does (EnqueueOff,
-// DequeueOff, AckOff, NackOff, RedriveOff: the runs move, the scheduler
-// state does not), so that a rollout, where both kinds share a queue, is
-// compared too.
+// The model also writes as an instance with the flag off does
+// (EnqueueOff, DequeueOff, AckOff, NackOff, RecoverOff, RedriveOff: the
+// runs move, the scheduler state does not), so that a rollout, where both
+// kinds share a queue, is compared too.
 // Whether the rules are fair is checked separately, against the guarantees
 // below, by the oracle in internal/fairness.
 //

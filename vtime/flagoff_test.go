@@ -342,3 +342,18 @@ func TestDequeueOff(t *testing.T) {
 		require.False(t, ok, "collected")
 	})
 }
+
+func TestRecoverOff(t *testing.T) {
+	t.Parallel()
+	m, id := gatedOne(t)
+	before := mustReg(t, m, "a")
+	ok, err := m.RecoverOff(id, 0)
+	require.NoError(t, err)
+	require.True(t, ok)
+	after := mustReg(t, m, "a")
+	require.True(t, after.Gated, "a flag-off recovery leaves the variant gated for the probe")
+	require.Equal(t, before, after, "nor does it touch the registration")
+	st, att := m.State(id)
+	require.Equal(t, byte(Ready), st)
+	require.Equal(t, 2, att)
+}

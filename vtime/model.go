@@ -1308,6 +1308,11 @@ func (m *Model) nack(id string, retryAt, now int64, kill, flagOn bool) (bool, er
 // Recover is lease recovery: Nack ready now.
 func (m *Model) Recover(id string, now int64) (bool, error) { return m.Nack(id, now, now, false) }
 
+// RecoverOff is Recover as an instance with the flag off does it: NackOff
+// ready now (the slot frees without un-gating, the run goes back without
+// registering).
+func (m *Model) RecoverOff(id string, now int64) (bool, error) { return m.NackOff(id, now, now, false) }
+
 // Redrive puts a dead run back, ready now, attempts reset.
 func (m *Model) Redrive(id string, now int64) error { return m.redrive(id, now, true) }
 

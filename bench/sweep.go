@@ -147,7 +147,7 @@ func sweepRunsPerKey(keys, runs int) int {
 }
 
 func sweepPoint(ctx context.Context, mc *measured, ks *keyspace, opts Options, n int, on, wantMem, wantSweep bool) (mem *MemoryRow, row *SweepRow, err error) {
-	now := time.Now()
+	now := costNow()
 	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)
 	if err != nil {
 		return nil, nil, err
@@ -257,7 +257,7 @@ func measureDequeues(ctx context.Context, mc *measured, q *runqueue.Queue, m int
 // scheduler lets the key go). n keys hold a run each, and min(n,
 // SweepRuns) of them are served, so the key count is the point's.
 func sweepDrain(ctx context.Context, mc *measured, ks *keyspace, opts Options, n int, on bool) (us float64, err error) {
-	now := time.Now()
+	now := costNow()
 	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)
 	if err != nil {
 		return 0, err
@@ -330,7 +330,7 @@ func memoryRow(ctx context.Context, c *redis.Client, p string, shards, n int, on
 // a listpack in Redis and a larger one a skiplist: 20,000 runs over 1,000
 // keys (20 a key) and over 10 keys (2,000 a key) measure both.
 func runMemory(ctx context.Context, mc *measured, ks *keyspace, n, m int, on bool) (row RunMemoryRow, err error) {
-	now := time.Now()
+	now := costNow()
 	q, done, err := scratchQueue(ctx, ks, mc, on, fixedClock{now}, nil)
 	if err != nil {
 		return row, err

@@ -407,6 +407,12 @@ end
 -- argument costs Redis a %.17g format, some 2,700 instructions on Redis
 -- 7.0, and a constant one is written as a string for the same reason.)
 local function dq_open(keys, args)
+  -- Effects replication, before the first write, for the TIME dq_finish
+  -- reads (the token counter's floor): Redis 6.2 run with
+  -- lua-replicate-commands no refuses every write after TIME, which would
+  -- leave a call's served runs out of their ready sets but never in flight.
+  -- Redis 7 always replicates effects and keeps the call as a no-op.
+  if redis.replicate_commands then redis.replicate_commands() end
   local acks = args[13] + 0
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
@@ -661,8 +667,8 @@ local function dq_finish(dq, acked)
   -- replica that had not received the last deliveries) so start above
   -- every token dealt before, at an earlier time, so that a holder of a
   -- delivery from before the loss cannot act on one made after it. While
-  -- the shard deals fewer than 10,240 tokens per 10.24 ms, that is one SET
-  -- per 10.24 ms at most. The floor is a multiple of 64, as 0 is, and a
+  -- the shard deals fewer than about 10,176 tokens per 10.24 ms (10,240
+  -- less the place kept below), that is one SET per 10.24 ms at most. The floor is a multiple of 64, as 0 is, and a
   -- move keeps the counter's place among the multiples of 64: the wide
   -- checks below fall once per 64 deliveries however often the counter
   -- moves (the cost stays the same from one counter to the next, and

@@ -1,4 +1,4 @@
-#!lua name=runqueue_99438c445ff30434
+#!lua name=runqueue_d719a48010d46559
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1137,6 +1137,12 @@ end
 -- argument costs Redis a %.17g format, some 2,700 instructions on Redis
 -- 7.0, and a constant one is written as a string for the same reason.)
 local function dq_open(keys, args)
+  -- Effects replication, before the first write, for the TIME dq_finish
+  -- reads (the token counter's floor): Redis 6.2 run with
+  -- lua-replicate-commands no refuses every write after TIME, which would
+  -- leave a call's served runs out of their ready sets but never in flight.
+  -- Redis 7 always replicates effects and keeps the call as a no-op.
+  if redis.replicate_commands then redis.replicate_commands() end
   local acks = args[13] + 0
   local dq = {
     ck_index = keys[1], delay_index = keys[2], depth = keys[3], master = keys[4], leases = keys[5],
@@ -1391,8 +1397,8 @@ local function dq_finish(dq, acked)
   -- replica that had not received the last deliveries) so start above
   -- every token dealt before, at an earlier time, so that a holder of a
   -- delivery from before the loss cannot act on one made after it. While
-  -- the shard deals fewer than 10,240 tokens per 10.24 ms, that is one SET
-  -- per 10.24 ms at most. The floor is a multiple of 64, as 0 is, and a
+  -- the shard deals fewer than about 10,176 tokens per 10.24 ms (10,240
+  -- less the place kept below), that is one SET per 10.24 ms at most. The floor is a multiple of 64, as 0 is, and a
   -- move keeps the counter's place among the multiples of 64: the wide
   -- checks below fall once per 64 deliveries however often the counter
   -- moves (the cost stays the same from one counter to the next, and
@@ -2471,9 +2477,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_99438c445ff30434_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_99438c445ff30434_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_99438c445ff30434_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_99438c445ff30434_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_99438c445ff30434_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_99438c445ff30434_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d719a48010d46559_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_d719a48010d46559_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d719a48010d46559_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d719a48010d46559_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d719a48010d46559_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d719a48010d46559_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

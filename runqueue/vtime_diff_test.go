@@ -210,19 +210,7 @@ func (d *diff) dequeue(rt *rapid.T, n int) []string {
 	for _, p := range preview {
 		predicted = append(predicted, p.Key+"/"+p.ID+"/"+strconv.Itoa(p.Attempt))
 	}
-	want := d.m.Dequeue(n, now)
-	var got, exp []string
-	for _, r := range runs {
-		got = append(got, r.Key+"/"+r.ID+"/"+strconv.Itoa(r.Attempt))
-		d.inflight[r.ID] = r
-		delete(d.ttl, r.ID)
-	}
-	for _, s := range want {
-		id, err := keys.DecodeSegment(s.ID)
-		require.NoError(rt, err)
-		exp = append(exp, s.Key+"/"+id+"/"+strconv.Itoa(s.Attempt))
-	}
-	require.Equal(rt, exp, got, "dequeue(%d) served", n)
+	got := d.served(rt, runs, d.m.Dequeue(n, now), fmt.Sprintf("dequeue(%d) served", n))
 	require.Equal(rt, got, predicted, "Preview(%d) predicted", n)
 	return got
 }
@@ -234,7 +222,12 @@ func (d *diff) dequeueOff(rt *rapid.T, n int) {
 	now := d.now()
 	runs, err := d.offQueue(rt).Dequeue(d.ctx, d.env, d.queue, n)
 	require.NoError(rt, err)
-	want := d.m.DequeueOff(n, now)
+	d.served(rt, runs, d.m.DequeueOff(n, now), fmt.Sprintf("flag-off dequeue(%d) served", n))
+}
+
+// served records runs, which a dequeue returned, as in flight and requires
+// them to be the model's want, in order; it returns them as key/id/attempt.
+func (d *diff) served(rt *rapid.T, runs []*runqueue.Run, want []vtime.Served, what string) []string {
 	var got, exp []string
 	for _, r := range runs {
 		got = append(got, r.Key+"/"+r.ID+"/"+strconv.Itoa(r.Attempt))
@@ -246,7 +239,8 @@ func (d *diff) dequeueOff(rt *rapid.T, n int) {
 		require.NoError(rt, err)
 		exp = append(exp, s.Key+"/"+id+"/"+strconv.Itoa(s.Attempt))
 	}
-	require.Equal(rt, exp, got, "flag-off dequeue(%d) served", n)
+	require.Equal(rt, exp, got, what)
+	return got
 }
 
 func (d *diff) pickInflight(rt *rapid.T) *runqueue.Run {

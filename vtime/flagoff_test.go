@@ -1,8 +1,8 @@
 package vtime
 
-// Tests of the flag-off writers (EnqueueOff, AckOff, NackOff): what an
-// instance with the flag off writes to the state it shares with flag-on
-// instances, and what it leaves alone.
+// Tests of the flag-off writers (EnqueueOff, DequeueOff, AckOff, NackOff,
+// RecoverOff, RedriveOff): what an instance with the flag off writes to the
+// state it shares with flag-on instances, and what it leaves alone.
 
 import (
 	"testing"
@@ -356,4 +356,37 @@ func TestRecoverOff(t *testing.T) {
 	st, att := m.State(id)
 	require.Equal(t, byte(Ready), st)
 	require.Equal(t, 2, att)
+}
+
+func TestRedriveOff(t *testing.T) {
+	t.Parallel()
+	// u's only run dies while u has parked: a flag-off redrive makes it
+	// ready again without a registration; a flag-on one registers u.
+	for _, flagOn := range []bool{false, true} {
+		m := New(Config{})
+		add(t, m, "b", 20, 0, 0)
+		add(t, m, "u", 1, 0, 0)
+		out := m.Dequeue(2, 0)
+		require.Equal(t, []string{"b", "u"}, servedKeys(out))
+		id := decode(t, out[1].ID)
+		ok, err := m.Nack(id, 0, 0, true)
+		require.NoError(t, err)
+		require.False(t, ok, "dead-lettered")
+		idle := m.Snapshot().Idle
+		redrive := m.RedriveOff
+		if flagOn {
+			redrive = m.Redrive
+		}
+		require.NoError(t, redrive(id, 5))
+		st, att := m.State(id)
+		require.Equal(t, byte(Ready), st)
+		require.Equal(t, 1, att, "attempts reset")
+		require.Contains(t, m.CkIndex(), Entry{Member: vm("u"), Score: 5})
+		_, ok = regOf(m, "u")
+		require.Equal(t, flagOn, ok, "registered only by the flag-on redrive (flag on: %v)", flagOn)
+		if !flagOn {
+			require.Equal(t, idle, m.Snapshot().Idle, "nor takes a parked tag")
+		}
+		require.ErrorIs(t, m.RedriveOff(id, 5), ErrNotDead)
+	}
 }

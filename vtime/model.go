@@ -634,13 +634,21 @@ func (c *call) promote(now int64, maxCount int) {
 	if len(vms) > c.scan {
 		vms, due = c.m.starvingFirst(vms, due, c.scan)
 	}
-	plan, first := PromotePlan(c.m.cfg.PromoteLimit, maxCount, due)
+	c.m.promotePlanned(vms, due, now, maxCount, true)
+}
+
+// promotePlanned promotes the due runs of vms (due: how many each holds)
+// as PromotePlan divides them for a call of maxCount: each variant's first
+// share, then the rest, registering as place does when flagOn, else as
+// put does (a flag-off call).
+func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int, flagOn bool) {
+	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due)
 	for i, vm := range vms {
-		c.m.promote(vm, now, first[i])
+		m.promoteBy(vm, now, first[i], flagOn)
 	}
 	for i, vm := range vms {
 		if more := plan[i] - first[i]; more > 0 {
-			c.m.promote(vm, now, more)
+			m.promoteBy(vm, now, more, flagOn)
 		}
 	}
 }
@@ -723,10 +731,6 @@ func PromotePlan(limit, maxCount int, due []int) (plan, first []int) {
 	return plan, first
 }
 
-// promote moves up to limit due delayed runs of vm to ready (place: a
-// variant that gains a ready head registers).
-func (m *Model) promote(vm string, now int64, limit int) { m.promoteBy(vm, now, limit, true) }
-
 // promoteBy moves up to limit due delayed runs of vm to ready, registering
 // as place does when flagOn, else as put does (no scheduler hook).
 func (m *Model) promoteBy(vm string, now int64, limit int, flagOn bool) {
@@ -737,14 +741,32 @@ func (m *Model) promoteBy(vm string, now int64, limit int, flagOn bool) {
 			break
 		}
 		delete(set, e.Member)
-		if r := m.runs[e.Member]; flagOn { // due: it goes to ready
-			m.place(r, now)
-		} else {
-			m.put(r, now)
-		}
+		m.requeue(m.runs[e.Member], now, flagOn) // due: it goes to ready
 	}
 	if len(set) == 0 {
 		delete(m.delayed, vm)
+	}
+}
+
+// requeue queues r (ready or delayed) as a flag-on instance does (place:
+// a variant that gains a ready head registers) when flagOn, else as a
+// flag-off one does (put).
+func (m *Model) requeue(r *run, now int64, flagOn bool) {
+	if flagOn {
+		m.place(r, now)
+	} else {
+		m.put(r, now)
+	}
+}
+
+// settle frees r's in-flight slot as a flag-on instance does (release: a
+// gated variant competes again) when flagOn, else as a flag-off one does
+// (free).
+func (m *Model) settle(r *run, flagOn bool) {
+	if flagOn {
+		m.release(r)
+	} else {
+		m.free(r)
 	}
 }
 
@@ -1123,15 +1145,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 	}
 	scan := m.scanOf(maxCount)
 	vms, due := m.dueVariants(now, scan)
-	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due)
-	for i, vm := range vms {
-		m.promoteBy(vm, now, first[i], false)
-	}
-	for i, vm := range vms {
-		if more := plan[i] - first[i]; more > 0 {
-			m.promoteBy(vm, now, more, false)
-		}
-	}
+	m.promotePlanned(vms, due, now, maxCount, false)
 	keyLimit := m.cfg.Limits.Key
 	reach := scan
 	if keyLimit <= 0 {
@@ -1258,11 +1272,7 @@ func (m *Model) ack(id string, flagOn bool) error {
 	if err != nil {
 		return err
 	}
-	if flagOn {
-		m.release(r)
-	} else {
-		m.free(r)
-	}
+	m.settle(r, flagOn)
 	delete(m.runs, r.id)
 	return nil
 }
@@ -1286,22 +1296,14 @@ func (m *Model) nack(id string, retryAt, now int64, kill, flagOn bool) (bool, er
 	if err != nil {
 		return false, err
 	}
-	if flagOn {
-		m.release(r)
-	} else {
-		m.free(r)
-	}
+	m.settle(r, flagOn)
 	r.attempt++
 	if kill || (m.cfg.MaxAttempts > 0 && r.attempt > m.cfg.MaxAttempts) {
 		r.state = Dead
 		return false, nil
 	}
 	r.at = retryAt
-	if flagOn {
-		m.place(r, now)
-	} else {
-		m.put(r, now)
-	}
+	m.requeue(r, now, flagOn)
 	return true, nil
 }
 
@@ -1330,11 +1332,7 @@ func (m *Model) redrive(id string, now int64, flagOn bool) error {
 		return ErrNotDead
 	}
 	r.attempt, r.at = 1, now
-	if flagOn {
-		m.place(r, now)
-	} else {
-		m.put(r, now)
-	}
+	m.requeue(r, now, flagOn)
 	return nil
 }
 

@@ -332,12 +332,7 @@ func (m *Model) readyScore(r *run) float64 {
 
 // Enqueue adds a run. It returns ErrExists when the id is taken.
 func (m *Model) Enqueue(id, key string, priority int, at, now int64) error {
-	r, err := m.newRun(id, key, priority, at)
-	if err != nil {
-		return err
-	}
-	m.place(r, now)
-	return nil
+	return m.enqueue(id, key, priority, at, now, true)
 }
 
 // EnqueueOff adds a run as an instance with the flag off does
@@ -347,23 +342,19 @@ func (m *Model) Enqueue(id, key string, priority int, at, now int64) error {
 // or another flag-on write registers it. It returns ErrExists when the id
 // is taken.
 func (m *Model) EnqueueOff(id, key string, priority int, at, now int64) error {
-	r, err := m.newRun(id, key, priority, at)
-	if err != nil {
-		return err
-	}
-	m.put(r, now)
-	return nil
+	return m.enqueue(id, key, priority, at, now, false)
 }
 
-// newRun stores a new run (attempt 1), not yet queued.
-func (m *Model) newRun(id, key string, priority int, at int64) (*run, error) {
+// enqueue stores a new run (attempt 1) and queues it (requeue).
+func (m *Model) enqueue(id, key string, priority int, at, now int64, flagOn bool) error {
 	eid := keys.Segment(id)
 	if _, ok := m.runs[eid]; ok {
-		return nil, ErrExists
+		return ErrExists
 	}
 	r := &run{id: eid, key: key, priority: priority, at: at, attempt: 1}
 	m.runs[eid] = r
-	return r, nil
+	m.requeue(r, now, flagOn)
+	return nil
 }
 
 func (m *Model) member(r *run) string {

@@ -668,12 +668,12 @@ local function dq_finish(dq, acked)
   -- every token dealt before, at an earlier time, so that a holder of a
   -- delivery from before the loss cannot act on one made after it. While
   -- the shard deals fewer than about 10,176 tokens per 10.24 ms (10,240
-  -- less the place kept below), that is one SET per 10.24 ms at most. The floor is a multiple of 64, as 0 is, and a
-  -- move keeps the counter's place among the multiples of 64: the wide
-  -- checks below fall once per 64 deliveries however often the counter
-  -- moves (the cost stays the same from one counter to the next, and
-  -- under a clock that runs fast against the work, as the server's does
-  -- under a profiler).
+  -- less the place kept below), that is one SET per 10.24 ms at most. The
+  -- floor is a multiple of 64, as 0 is, and a move keeps the counter's
+  -- place among the multiples of 64: the wide checks below fall once per
+  -- 64 deliveries however often the counter moves (the cost stays the same
+  -- from one counter to the next, and under a clock that runs fast against
+  -- the work, as the server's does under a profiler).
   local time = redis.call('TIME')
   local floor = math.min(math.max(dq.now * 1000, time[1] * 1000000 + time[2]), 4503599627370496)
   floor = floor - floor % 10240

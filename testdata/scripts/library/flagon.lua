@@ -1,4 +1,4 @@
-#!lua name=runqueue_d719a48010d46559
+#!lua name=runqueue_19318b29ac2cbe4a
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1398,12 +1398,12 @@ local function dq_finish(dq, acked)
   -- every token dealt before, at an earlier time, so that a holder of a
   -- delivery from before the loss cannot act on one made after it. While
   -- the shard deals fewer than about 10,176 tokens per 10.24 ms (10,240
-  -- less the place kept below), that is one SET per 10.24 ms at most. The floor is a multiple of 64, as 0 is, and a
-  -- move keeps the counter's place among the multiples of 64: the wide
-  -- checks below fall once per 64 deliveries however often the counter
-  -- moves (the cost stays the same from one counter to the next, and
-  -- under a clock that runs fast against the work, as the server's does
-  -- under a profiler).
+  -- less the place kept below), that is one SET per 10.24 ms at most. The
+  -- floor is a multiple of 64, as 0 is, and a move keeps the counter's
+  -- place among the multiples of 64: the wide checks below fall once per
+  -- 64 deliveries however often the counter moves (the cost stays the same
+  -- from one counter to the next, and under a clock that runs fast against
+  -- the work, as the server's does under a profiler).
   local time = redis.call('TIME')
   local floor = math.min(math.max(dq.now * 1000, time[1] * 1000000 + time[2]), 4503599627370496)
   floor = floor - floor % 10240
@@ -2477,9 +2477,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_d719a48010d46559_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_d719a48010d46559_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d719a48010d46559_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d719a48010d46559_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d719a48010d46559_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d719a48010d46559_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_19318b29ac2cbe4a_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_19318b29ac2cbe4a_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_19318b29ac2cbe4a_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_19318b29ac2cbe4a_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_19318b29ac2cbe4a_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_19318b29ac2cbe4a_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

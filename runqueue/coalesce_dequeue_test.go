@@ -200,6 +200,10 @@ func dequeueAsync(ctx context.Context, b *testBundle, queue string, n int) <-cha
 // calls of ns, which wait for a sender.
 func holdDequeues(t *testing.T, b *testBundle, h *scriptGate, queue string, ns ...int) []<-chan deqOutcome {
 	t.Helper()
+	// An Enqueue returns before its sender has counted itself out: wait
+	// for the test's enqueues' senders to end, so that the count below is
+	// the dequeues' only.
+	require.Eventually(t, func() bool { return b.q.Senders() == 0 }, 5*time.Second, time.Millisecond, "the enqueues' senders end")
 	out := []<-chan deqOutcome{dequeueAsync(b.ctx, b, queue, 1)}
 	h.await(t, 1)
 	out = append(out, dequeueAsync(b.ctx, b, queue, 1))

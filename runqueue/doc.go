@@ -177,7 +177,10 @@
 // on a closed Queue) and [ErrTooLarge] (Schedule or Preview of a queue with
 // more than [MaxInspectVariants] keys).
 //
-// New refuses two kinds of Redis. One whose maxmemory-policy is not
+// New refuses three kinds of Redis. One older than [MinRedisVersion] (its
+// INFO reports an older redis_version) is a [*ServerVersionError]
+// (errors.Is [ErrServerVersion]): the scripts use commands it lacks. One
+// whose maxmemory-policy is not
 // noeviction (it could evict runs, leases and scheduler state) is an
 // [*EvictionPolicyError] (errors.Is [ErrEvictionPolicy]); set
 // [Config.AllowEviction] to accept the risk. A server that does not let

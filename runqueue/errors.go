@@ -36,6 +36,9 @@ var (
 	ErrEvictionPolicy = errors.New("runqueue: redis maxmemory-policy may evict keys")
 	// ErrTooLarge: the queue has more variants than an operator call reads.
 	ErrTooLarge = errors.New("runqueue: queue has too many variants to inspect")
+	// ErrServerVersion is wrapped by every *ServerVersionError: New found a
+	// Redis older than the scripts need.
+	ErrServerVersion = errors.New("runqueue: redis server too old")
 )
 
 // InvalidError reports which argument was rejected and why.
@@ -85,6 +88,23 @@ func (e *EvictionPolicyError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrEvictionPolicy) true.
 func (e *EvictionPolicyError) Unwrap() error { return ErrEvictionPolicy }
+
+// ServerVersionError is returned by New when a Redis server (Addr; on a
+// cluster, one master) reports a redis_version (Version) older than
+// MinRedisVersion: the scripts use commands and options added in Redis 6.2
+// (ZADD LT and GT, ZMSCORE, SET ... GET), which an older server refuses in
+// the middle of a script, the script's writes before it left in place.
+type ServerVersionError struct {
+	Version string
+	Addr    string
+}
+
+func (e *ServerVersionError) Error() string {
+	return fmt.Sprintf("runqueue: redis %s is version %s; runqueue needs Redis %s or later", e.Addr, e.Version, MinRedisVersion)
+}
+
+// Unwrap makes errors.Is(err, ErrServerVersion) true.
+func (e *ServerVersionError) Unwrap() error { return ErrServerVersion }
 
 // scriptError maps the RQ_* codes that scripts return through
 // redis.error_reply to typed errors. It is the only place that knows them.

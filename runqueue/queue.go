@@ -3,6 +3,7 @@ package runqueue
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,9 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	space, err := keys.NewSpace(c.Prefix, c.Shards)
 	if err != nil {
 		return nil, &InvalidError{Field: "Config.Prefix", Reason: err.Error()}
+	}
+	if err := checkVersion(ctx, client); err != nil {
+		return nil, err
 	}
 	if !c.AllowEviction {
 		if err := checkEviction(ctx, client); err != nil {
@@ -125,16 +129,10 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 func checkEviction(ctx context.Context, client redis.UniversalClient) error {
 	check := func(ctx context.Context, c redis.Cmdable, addr string) error {
 		res, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-		var reply redis.Error
-		switch {
-		case errors.As(err, &reply):
-			msg := reply.Error()
-			if strings.HasPrefix(msg, "ERR") || strings.HasPrefix(msg, "NOPERM") ||
-				strings.Contains(strings.ToLower(msg), "unknown command") {
+		if err != nil {
+			if refusedCheck(err) {
 				return nil // cannot check
 			}
-			return err
-		case err != nil:
 			return err
 		}
 		if p := strings.ToLower(res["maxmemory-policy"]); p != "" && p != "noeviction" {
@@ -143,6 +141,71 @@ func checkEviction(ctx context.Context, client redis.UniversalClient) error {
 		return nil
 	}
 	return eachServer(ctx, client, check)
+}
+
+// MinRedisVersion is the oldest Redis whose commands every script of
+// runqueue's can use (see ServerVersionError).
+const MinRedisVersion = "6.2.0"
+
+// checkVersion refuses a Redis that reports a redis_version below
+// MinRedisVersion: on a cluster or ring client every master (shard) is
+// checked. A server that does not let us read INFO's server section (any
+// error reply: NOPERM, unknown command, miniredis's unsupported section),
+// or reports no version it can read as major.minor, is not checked. Any other error
+// (an unreachable server) is returned.
+func checkVersion(ctx context.Context, client redis.UniversalClient) error {
+	return eachServer(ctx, client, func(ctx context.Context, c redis.Cmdable, addr string) error {
+		info, err := c.Info(ctx, "server").Result()
+		var reply redis.Error
+		switch {
+		case errors.As(err, &reply):
+			return nil // refused: cannot check
+		case err != nil:
+			return err
+		}
+		if v := infoField(info, "redis_version"); versionBelow(v, 6, 2) {
+			return &ServerVersionError{Version: v, Addr: addr}
+		}
+		return nil
+	})
+}
+
+// infoField is the value of field in an INFO reply ("" when absent).
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// versionBelow reports whether version v (major.minor[.patch...]) is
+// below major.minor; a v that does not start with two numbers is not.
+func versionBelow(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma < major || ma == major && mi < minor
+}
+
+// refusedCheck reports whether err is a server's refusal of a command that
+// New only reads to check the server (ERR, NOPERM, unknown command): the
+// check is then skipped.
+func refusedCheck(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	return strings.HasPrefix(msg, "ERR") || strings.HasPrefix(msg, "NOPERM") ||
+		strings.Contains(strings.ToLower(msg), "unknown command")
 }
 
 // eachServer runs f on every master of a cluster, every shard of a ring,

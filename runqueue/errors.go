@@ -100,7 +100,11 @@ type ServerVersionError struct {
 }
 
 func (e *ServerVersionError) Error() string {
-	return fmt.Sprintf("runqueue: redis %s is version %s; runqueue needs Redis %s or later", e.Addr, e.Version, MinRedisVersion)
+	where := e.Addr
+	if where == "" {
+		where = "server"
+	}
+	return fmt.Sprintf("runqueue: redis %s is version %s; runqueue needs Redis %s or later", where, e.Version, MinRedisVersion)
 }
 
 // Unwrap makes errors.Is(err, ErrServerVersion) true.

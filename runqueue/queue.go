@@ -163,7 +163,7 @@ func checkVersion(ctx context.Context, client redis.UniversalClient) error {
 		case err != nil:
 			return err
 		}
-		if v := infoField(info, "redis_version"); versionBelow(v, 6, 2) {
+		if v := infoField(info, "redis_version"); versionBelow(v, MinRedisVersion) {
 			return &ServerVersionError{Version: v, Addr: addr}
 		}
 		return nil
@@ -174,25 +174,33 @@ func checkVersion(ctx context.Context, client redis.UniversalClient) error {
 func infoField(info, field string) string {
 	for _, line := range strings.Split(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
+			return strings.TrimSpace(v)
 		}
 	}
 	return ""
 }
 
-// versionBelow reports whether version v (major.minor[.patch...]) is
-// below major.minor; a v that does not start with two numbers is not.
-func versionBelow(v string, major, minor int) bool {
+// versionBelow reports whether version v is below min by major and minor
+// number (both major.minor[.patch...]); a v that does not start with two
+// numbers is not.
+func versionBelow(v, min string) bool {
+	ma, mi, ok := majorMinor(v)
+	if !ok {
+		return false
+	}
+	minMa, minMi, _ := majorMinor(min)
+	return ma < minMa || ma == minMa && mi < minMi
+}
+
+// majorMinor reads the first two numbers of a version major.minor[...].
+func majorMinor(v string) (major, minor int, ok bool) {
 	parts := strings.SplitN(v, ".", 3)
 	if len(parts) < 2 {
-		return false
+		return 0, 0, false
 	}
-	ma, err1 := strconv.Atoi(parts[0])
-	mi, err2 := strconv.Atoi(parts[1])
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	return ma < major || ma == major && mi < minor
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	return major, minor, err1 == nil && err2 == nil
 }
 
 // refusedCheck reports whether err is a server's refusal of a command that

@@ -3,6 +3,7 @@ package runqueue_test
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,7 +62,7 @@ func TestNewServerVersion(t *testing.T) {
 		return c
 	}
 
-	for _, v := range []string{"6.0.16", "5.0.14", "6.1.9", "2.8.0"} {
+	for _, v := range []string{"6.0.16", "5.0.14", "6.1.9", "2.8.0", " 6.0.16 ", "6.1.240"} {
 		for _, cfg := range []runqueue.Config{{}, {VtimeScheduling: true}, {ReadOnly: true}, {AllowEviction: true}} {
 			q, err := newQueue(reporting(v), cfg)
 			require.Nil(t, q, v)
@@ -69,7 +70,7 @@ func TestNewServerVersion(t *testing.T) {
 			require.NotErrorIs(t, err, runqueue.ErrInvalid)
 			var ve *runqueue.ServerVersionError
 			require.ErrorAs(t, err, &ve)
-			require.Equal(t, v, ve.Version)
+			require.Equal(t, strings.TrimSpace(v), ve.Version)
 			require.Equal(t, addr, ve.Addr)
 			require.Contains(t, err.Error(), "needs Redis "+runqueue.MinRedisVersion+" or later")
 		}
@@ -77,9 +78,12 @@ func TestNewServerVersion(t *testing.T) {
 	keys, err := admin.Keys(ctx, "*").Result()
 	require.NoError(t, err)
 	require.Empty(t, keys, "a refused New wrote keys")
-	n, err := admin.Do(ctx, "SCRIPT", "EXISTS", "0").Result() // the server still answers
+	mem, err := admin.Info(ctx, "memory").Result()
 	require.NoError(t, err)
-	require.NotNil(t, n)
+	require.Contains(t, mem, "number_of_cached_scripts:0\r\n", "a refused New loaded scripts")
+	fns, err := admin.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	require.NoError(t, err)
+	require.Empty(t, fns, "a refused New loaded the Functions library")
 
 	// 6.2 and later, a version that does not read as major.minor, and no
 	// version at all are accepted; so is the server itself.

@@ -364,6 +364,11 @@ func TestReviewCoalesceServerDownThenRetry(t *testing.T) {
 	}
 	awaitSendersZero(t, b.q)
 	require.NoError(t, m.Restart())
+	// The outage's failed dials can trip go-redis's dial breaker (PoolSize
+	// of them: 10 per GOMAXPROCS), which then fails every dial at once
+	// until its background probe, once a second, gets through: wait until
+	// o reaches the server again.
+	require.Eventually(t, func() bool { return o.Ping(b.ctx).Err() == nil }, 10*time.Second, 10*time.Millisecond)
 	outs = fanOut(b.ctx, b.q, ps)
 	queued := 0
 	got := map[string]int{}

@@ -563,7 +563,10 @@ func TestS16CoalesceDequeueCancelAfterSent(t *testing.T) {
 		s16PendingDequeues(t, b, 1)
 		d := dequeueAsync(b.ctx, b, "q", 1)
 		s16PendingDequeues(t, b, 2)
-		ctxF, cancelF := context.WithTimeout(b.ctx, 200*time.Millisecond)
+		// f's deadline must pass only once a's sender has taken f (after
+		// release(0) below), or f is withdrawn instead: a bound generous
+		// for a loaded machine, waited out below.
+		ctxF, cancelF := context.WithTimeout(b.ctx, 2*time.Second)
 		defer cancelF()
 		f := dequeueAsync(ctxF, b, "q", 2)
 		s16PendingDequeues(t, b, 3)
@@ -614,7 +617,11 @@ func TestS16CoalesceDequeueAllDeadlinesPassBeforeSend(t *testing.T) {
 		h.await(t, 1)
 		a2 := dequeueAsync(b.ctx, b, "q", 1)
 		h.await(t, 2)
-		ctx, cancel := context.WithTimeout(b.ctx, 150*time.Millisecond)
+		// The deadline must pass only once a's sender has taken c and d
+		// (after release(0) below), or they are withdrawn and no third
+		// call comes: a bound generous for a loaded machine, waited out
+		// below.
+		ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
 		defer cancel()
 		c := dequeueAsync(ctx, b, "q", 2)
 		s16PendingDequeues(t, b, 1)

@@ -129,10 +129,16 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 func checkEviction(ctx context.Context, client redis.UniversalClient) error {
 	check := func(ctx context.Context, c redis.Cmdable, addr string) error {
 		res, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-		if err != nil {
-			if refusedCheck(err) {
+		var reply redis.Error
+		switch {
+		case errors.As(err, &reply):
+			msg := reply.Error()
+			if strings.HasPrefix(msg, "ERR") || strings.HasPrefix(msg, "NOPERM") ||
+				strings.Contains(strings.ToLower(msg), "unknown command") {
 				return nil // cannot check
 			}
+			return err
+		case err != nil:
 			return err
 		}
 		if p := strings.ToLower(res["maxmemory-policy"]); p != "" && p != "noeviction" {
@@ -151,8 +157,8 @@ const MinRedisVersion = "6.2.0"
 // MinRedisVersion: on a cluster or ring client every master (shard) is
 // checked. A server that does not let us read INFO's server section (any
 // error reply: NOPERM, unknown command, miniredis's unsupported section),
-// or reports no version it can read as major.minor, is not checked. Any other error
-// (an unreachable server) is returned.
+// or reports no version it can read as major.minor, is not checked. Any
+// other error (an unreachable server) is returned.
 func checkVersion(ctx context.Context, client redis.UniversalClient) error {
 	return eachServer(ctx, client, func(ctx context.Context, c redis.Cmdable, addr string) error {
 		info, err := c.Info(ctx, "server").Result()
@@ -201,19 +207,6 @@ func majorMinor(v string) (major, minor int, ok bool) {
 	major, err1 := strconv.Atoi(parts[0])
 	minor, err2 := strconv.Atoi(parts[1])
 	return major, minor, err1 == nil && err2 == nil
-}
-
-// refusedCheck reports whether err is a server's refusal of a command that
-// New only reads to check the server (ERR, NOPERM, unknown command): the
-// check is then skipped.
-func refusedCheck(err error) bool {
-	var reply redis.Error
-	if !errors.As(err, &reply) {
-		return false
-	}
-	msg := reply.Error()
-	return strings.HasPrefix(msg, "ERR") || strings.HasPrefix(msg, "NOPERM") ||
-		strings.Contains(strings.ToLower(msg), "unknown command")
 }
 
 // eachServer runs f on every master of a cluster, every shard of a ring,

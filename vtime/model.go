@@ -3,6 +3,7 @@ package vtime
 import (
 	"errors"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/runqueue/runqueue/keys"
@@ -1160,7 +1161,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 		}
 		vm := list[i].Member
 		out = append(out, m.take(vm))
-		list = append(list[:i], list[i+1:]...)
+		list = slices.Delete(list, i, i+1)
 		h, ok := head(m.ready[vm])
 		if !ok {
 			delete(m.ready, vm)
@@ -1171,9 +1172,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 			continue // sorts after the bound: out of the window
 		}
 		j := sort.Search(len(list), func(j int) bool { return less(e, list[j]) })
-		list = append(list, Entry{})
-		copy(list[j+1:], list[j:])
-		list[j] = e
+		list = slices.Insert(list, j, e)
 	}
 	return out
 }

@@ -15,11 +15,7 @@ func TestEnqueueOff(t *testing.T) {
 
 	t.Run("ReadyNotRegistered", func(t *testing.T) {
 		t.Parallel()
-		m := New(Config{})
-		add(t, m, "b", 20, 0, 0)
-		for m.v < 2*U {
-			require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
-		}
+		m := clockAt2U(t)
 		before := m.Snapshot()
 		require.NoError(t, m.EnqueueOff("u1", "u", 0, 0, 0))
 		st, att := m.State("u1")
@@ -37,11 +33,7 @@ func TestEnqueueOff(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, 3*U, p, "served at E = 2U: discovered, not a newcomer")
 
-		on := New(Config{})
-		add(t, on, "b", 20, 0, 0)
-		for on.v < 2*U {
-			deqAck(t, on, 1, 0)
-		}
+		on := clockAt2U(t)
 		require.NoError(t, on.Enqueue("u1", "u", 0, 0, 0))
 		require.Equal(t, Reg{U: 4 * U, Seq: 2, Waiting: true}, mustReg(t, on, "u"), "the flag-on enqueue, for contrast")
 	})

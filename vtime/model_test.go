@@ -97,6 +97,18 @@ func deqAck(t tb, m *Model, maxCount int, now int64) []string {
 	return servedKeys(out)
 }
 
+// clockAt2U returns a model whose clock V has reached 2U, serving and
+// acking the runs of one key, b, which still has runs queued.
+func clockAt2U(t *testing.T) *Model {
+	t.Helper()
+	m := New(Config{})
+	add(t, m, "b", 20, 0, 0)
+	for m.v < 2*U {
+		require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
+	}
+	return m
+}
+
 // flagOffEnqueue queues a ready run the way a flag-off instance does: in
 // its variant and ckIndex, without registering a tag (EnqueueOff, ready at
 // at).
@@ -1142,11 +1154,7 @@ func TestDiscovery(t *testing.T) {
 
 	t.Run("AtVNotAsNewcomer", func(t *testing.T) {
 		t.Parallel()
-		m := New(Config{})
-		add(t, m, "b", 20, 0, 0)
-		for m.v < 2*U {
-			require.Equal(t, []string{"b"}, deqAck(t, m, 1, 0))
-		}
+		m := clockAt2U(t)
 		flagOffEnqueue(m, "u#1", "u", 0)
 		_, ok := regOf(m, "u")
 		require.False(t, ok)

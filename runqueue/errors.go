@@ -22,7 +22,9 @@ var (
 	// ErrLeaseLost: the caller's lease ended; the run was recovered and
 	// delivered again, so this holder may no longer ack, nack or extend it.
 	ErrLeaseLost = errors.New("runqueue: lease lost to a later delivery")
-	// ErrLeaseActive: recovery found the lease still running.
+	// ErrLeaseActive: recovery found the lease still running. RecoverLeases
+	// skips such a run (another holder's lease is not an error), so no
+	// public call returns it.
 	ErrLeaseActive = errors.New("runqueue: lease has not expired")
 	// ErrTooManyWeights: a queue already has MaxWeightOverrides weights.
 	ErrTooManyWeights = errors.New("runqueue: too many weight overrides for this queue")
@@ -92,7 +94,7 @@ func (e *EvictionPolicyError) Unwrap() error { return ErrEvictionPolicy }
 // ServerVersionError is returned by New when a Redis server (Addr; on a
 // cluster, one master) reports a redis_version (Version) older than
 // MinRedisVersion: the scripts use commands and options added in Redis 6.2
-// (ZADD LT and GT, ZMSCORE, SET ... GET), which an older server refuses in
+// (ZADD LT, ZMSCORE), which an older server refuses in
 // the middle of a script, the script's writes before it left in place.
 type ServerVersionError struct {
 	Version string

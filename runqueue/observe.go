@@ -4,8 +4,10 @@ import "time"
 
 // Observer receives what a Queue and its Workers do, for metrics (the
 // runqueue/metrics package implements one for Prometheus). Calls come
-// after the Redis call that did the work succeeded, on the caller's
-// goroutine: an Observer must be safe for concurrent use and fast (no I/O).
+// after the Redis call that did the work succeeded, most on the caller's
+// goroutine; a Worker's, and those of a coalesced run whose caller stopped
+// waiting, on a goroutine of the Queue's or Worker's own. An Observer must
+// be safe for concurrent use and fast (no I/O).
 // Set it in Config.Observer; nil observes nothing.
 type Observer interface {
 	// Enqueued: n new runs were queued in env/queue (a retried enqueue of

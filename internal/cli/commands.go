@@ -35,9 +35,10 @@ var commands = []*command{
 	{
 		name: "stats", args: "ENV [QUEUE [KEY]]", minArgs: 1, maxArgs: 3,
 		summary: "count the runs of an env, a queue or a concurrency key",
-		help: `Ready, delayed, in-flight and dead-lettered runs, and the age of the oldest
-ready run. With ENV alone: the sums over the env's queues that hold queued
-runs. With KEY: one concurrency key of QUEUE ("" is the runs without a key);
+		help: `Ready, delayed, in-flight and dead-lettered runs, and the age of the run
+first in line (priority counts as age: Stats.OldestReadyAge). With ENV
+alone: ready and delayed are the sums over the env's queues that hold
+queued runs, in-flight and dead the env's own counts. With KEY: one concurrency key of QUEUE ("" is the runs without a key);
 dead runs are counted per queue, not per key.`,
 		setup: func(*flag.FlagSet, *runqueue.Config) runFunc { return runStats },
 	},
@@ -83,7 +84,8 @@ serve once turned on. Pass the deployment's limits with -env-limit,
 		name: "dead list", args: "ENV QUEUE", minArgs: 2, maxArgs: 2,
 		summary: "list dead-lettered runs, oldest death first",
 		help: `Dead-lettered runs of QUEUE, oldest death first: when each died, its key,
-id, attempts, priority and payload size. Page with -offset and -limit.`,
+id, attempt (attempts made + 1, as DeadRun.Attempt), priority and payload
+size. Page with -offset and -limit.`,
 		setup: func(fs *flag.FlagSet, _ *runqueue.Config) runFunc {
 			offset := fs.Int("offset", 0, "skip this many runs")
 			limit := fs.Int("limit", 100, "list at most this many runs (1..10000)")

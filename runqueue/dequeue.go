@@ -64,8 +64,9 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // goroutines each taking one run cost Redis what a few calls of many
 // cost. When ctx ends before the call is sent, Dequeue returns ctx.Err()
 // and nothing is served for it; once sent, it waits for the script call's
-// reply (which the latest deadline of the calls it carries bounds) and
-// returns what it served for it.
+// reply (which the latest deadline of the calls it carries bounds when the
+// client has ContextTimeoutEnabled: README, "Deadlines") and returns what
+// it served for it.
 func (q *Queue) Dequeue(ctx context.Context, env, queue string, maxCount int) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -391,10 +392,13 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // others served runs (ctx ended between them, or a queue's call failed),
 // DequeueShard stops there and returns the runs served with a nil error:
 // they are in flight for the caller, and a caller that dropped them on an
-// error would leave them held for a whole lease. The queue that failed is
-// looked at again in its env's next turn, and the next call goes on with
-// the env after it (one queue whose calls fail cannot stop the others); a
-// call's error is returned when nothing else is served.
+// error would leave them held for a whole lease. The next call goes on
+// with the env after the one whose queue failed, and for a second after a
+// failure (other than ctx ending) the queue that failed is looked at last,
+// after every other queue the call reads, so one queue whose calls keep
+// failing (a LimitsFor the Queue refuses for it, a key of the wrong type)
+// cannot stop the others of its env or shard; a call's error is returned
+// when nothing else is served.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
 	runs, err := q.dequeueShard(ctx, shard, maxCount)
 	if len(runs) > 0 {
@@ -411,6 +415,10 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 	}
 	if err := q.checkMaxCount(maxCount); err != nil {
 		return nil, err
+	}
+	if q.cfg.ReadOnly {
+		// Refused whether or not the shard holds work to serve.
+		return nil, ErrReadOnly
 	}
 	now := q.now()
 	sh := q.space.Shard(shard)
@@ -572,7 +580,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		// Share what is left evenly among the queues still to visit in this
 		// round, so one env's backlog cannot take the whole call.
 		share := (left + len(plan) - i - 1) / (len(plan) - i)
-		runs, err := q.dequeueQueue(ctx, qn, share, now)
+		runs, err := q.shardQueue(ctx, qn, share, now)
 		if err != nil {
 			return out, err
 		}
@@ -586,7 +594,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.dequeueQueue(ctx, qn, maxCount-len(out), now)
+		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now)
 		if err != nil {
 			return out, err
 		}
@@ -595,34 +603,68 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 	return out, nil
 }
 
+// shardFailBack is how long a queue whose call in a shard dequeue failed
+// goes last in its shard's calls (see shardPlan).
+const shardFailBack = time.Second
+
+// shardQueue is one queue's call of a shard dequeue: a failure that is not
+// the caller's context ending puts the queue last in the shard's calls for
+// shardFailBack (shardPlan), a success back in its place.
+func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64) ([]*Run, error) {
+	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
+	if err != nil && ctx.Err() != nil {
+		return runs, err
+	}
+	q.rrMu.Lock()
+	if err != nil {
+		q.shardFailed[qn.member] = time.Now()
+	} else {
+		delete(q.shardFailed, qn.member)
+	}
+	q.rrMu.Unlock()
+	return runs, err
+}
+
 // shardPlan orders the queues of a shard for one call: one queue per env in
 // the first round (each env's oldest), envs in the cyclic order of their
 // names from the first after the shard's env cursor, then the remaining
-// queues in master order. envs is the first round's env order.
+// queues in master order. envs is the first round's env order. A queue
+// whose call failed within shardFailBack goes last, after every other
+// queue, the earliest failure first: a call stops at a failure (see
+// DequeueShard), so a queue whose calls keep failing would otherwise stop
+// every call of its env at its turn, and one env's calls at the first
+// round whenever it is its env's oldest.
 func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs []string) {
 	type entry struct {
 		env, queue string
 		rank       int
+		failed     time.Time
 	}
+	q.rrMu.Lock()
+	cursor, ok := q.shardEnv[shard]
+	var late []entry
 	byEnv := map[string][]entry{}
 	for i, m := range members {
 		env, queue, err := keys.DecodeQueueMember(m)
 		if err != nil {
 			continue // not ours to serve; never crash a consumer on a foreign member
 		}
+		if at, failed := q.shardFailed[m]; failed {
+			if time.Since(at) < shardFailBack {
+				late = append(late, entry{env, queue, i, at})
+				continue
+			}
+			delete(q.shardFailed, m)
+		}
 		if _, ok := byEnv[env]; !ok {
 			envs = append(envs, env)
 		}
-		byEnv[env] = append(byEnv[env], entry{env, queue, i})
+		byEnv[env] = append(byEnv[env], entry{env, queue, i, time.Time{}})
 	}
-	if len(envs) == 0 {
-		return nil, nil
-	}
-	slices.Sort(envs)
-	q.rrMu.Lock()
-	cursor, ok := q.shardEnv[shard]
 	q.rrMu.Unlock()
-	if ok {
+	sort.SliceStable(late, func(i, j int) bool { return late[i].failed.Before(late[j].failed) })
+	slices.Sort(envs)
+	if ok && len(envs) > 0 {
 		// The first env after the cursor; past the last, the first.
 		off, _ := slices.BinarySearch(envs, cursor)
 		if off < len(envs) && envs[off] == cursor {
@@ -636,7 +678,7 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs
 		rest = append(rest, byEnv[e][1:]...)
 	}
 	sort.SliceStable(rest, func(i, j int) bool { return rest[i].rank < rest[j].rank })
-	for _, e := range append(first, rest...) {
+	for _, e := range slices.Concat(first, rest, late) {
 		plan = append(plan, q.names(e.env, e.queue))
 	}
 	return plan, envs

@@ -50,7 +50,8 @@ type EnqueueParams struct {
 // ends before the run is sent, Enqueue withdraws it and returns ctx.Err(),
 // nothing written. Once it is sent, Enqueue waits for its result whatever
 // ctx (as a call of its own waits for its reply; the call is bounded by
-// the latest deadline and the client's timeouts), so that a retry after
+// the client's timeouts, and by the latest deadline when the client has
+// ContextTimeoutEnabled: README, "Deadlines"), so that a retry after
 // an error can never be overtaken by the first send: a run queued by the
 // retry, served and acked is not queued again by a send that was late.
 func (q *Queue) Enqueue(ctx context.Context, p EnqueueParams) (bool, error) {

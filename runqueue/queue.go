@@ -35,7 +35,10 @@ type Queue struct {
 	// found holding no ready run, with the score they had (see
 	// Queue.aheadReady); guarded by rrMu.
 	aheadIdle map[string]int64
-	rrMu      sync.Mutex
+	// shardFailed: master members whose call in a shard dequeue failed,
+	// with when (see shardPlan); guarded by rrMu.
+	shardFailed map[string]time.Time
+	rrMu        sync.Mutex
 
 	nameCache nameCache // queueNames by (env, queue)
 
@@ -86,7 +89,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	}
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
 		closed: make(chan struct{}), shardEnv: map[int]string{}, shardOff: map[int]int64{},
-		aheadIdle: map[string]int64{}}
+		aheadIdle: map[string]int64{}, shardFailed: map[string]time.Time{}}
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
 		res, _ := q.enqueueMany(ctx, ps, false)
 		return res

@@ -128,3 +128,53 @@ func TestReadOnlyOtherLayout(t *testing.T) {
 		require.Equal(t, "2", le.Found)
 	})
 }
+
+// TestReadOnlyRefusesWritesWithNothingToDo: a read-only Queue refuses
+// every write with ErrReadOnly even where the call would find nothing to
+// write (an empty shard to serve or sweep, a run that is not there), as
+// Dequeue does on an empty queue; a blocking shard dequeue refuses at once
+// rather than waiting out its timeout. Both flags.
+func TestReadOnlyRefusesWritesWithNothingToDo(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, flag := range []bool{false, true} {
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag })
+			ro, err := runqueue.New(b.ctx, c, &runqueue.Config{Prefix: b.prefix, Clock: b.clock,
+				VtimeScheduling: flag, ReadOnly: true})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ro.Close() })
+			before := b.dump(t)
+			sh := ro.ShardOf("e")
+			writes := map[string]func() error{
+				"Enqueue": func() error {
+					_, err := ro.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "e", Queue: "q", ID: "1"})
+					return err
+				},
+				"Dequeue":      func() error { _, err := ro.Dequeue(b.ctx, "e", "q", 1); return err },
+				"DequeueShard": func() error { _, err := ro.DequeueShard(b.ctx, sh, 1); return err },
+				"DequeueWait":  func() error { _, err := ro.DequeueWait(b.ctx, "e", "q", 1, time.Minute); return err },
+				"DequeueShardWait": func() error {
+					_, err := ro.DequeueShardWait(b.ctx, sh, 1, time.Minute)
+					return err
+				},
+				"AckAndDequeue": func() error { _, _, err := ro.AckAndDequeue(b.ctx, nil, "e", "q", 1); return err },
+				"RecoverLeases": func() error { _, err := ro.RecoverLeases(b.ctx, sh, 10); return err },
+				"ExpireTTL":     func() error { _, err := ro.ExpireTTL(b.ctx, sh, 10); return err },
+				"Redrive":       func() error { return ro.Redrive(b.ctx, "e", "q", "", "none") },
+				"DeleteDeadLetter": func() error {
+					return ro.DeleteDeadLetter(b.ctx, "e", "q", "", "none")
+				},
+				"PurgeDeadLetters": func() error {
+					_, err := ro.PurgeDeadLetters(b.ctx, "e", "q", b.clock.Now(), 10)
+					return err
+				},
+				"SetWeight":   func() error { return ro.SetWeight(b.ctx, "e", "q", "k", 2) },
+				"ClearWeight": func() error { return ro.ClearWeight(b.ctx, "e", "q", "k") },
+			}
+			for name, write := range writes {
+				require.ErrorIs(t, write(), runqueue.ErrReadOnly, "flag %v: %s", flag, name)
+			}
+			require.Equal(t, before, b.dump(t))
+		}
+	})
+}

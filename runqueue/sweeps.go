@@ -101,6 +101,10 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 	if err := q.checkSweep(shard, limit); err != nil {
 		return 0, err
 	}
+	if q.cfg.ReadOnly {
+		// Refused whether or not the shard holds work to sweep.
+		return 0, ErrReadOnly
+	}
 	if err := checkNow(now); err != nil {
 		return 0, err
 	}

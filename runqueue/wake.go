@@ -420,7 +420,7 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 	}
 	w, err := q.getWaker(ctx)
 	if err != nil {
-		return nil, err
+		return nil, ctxFirst(ctx, err)
 	}
 	deadline := time.Now().Add(timeout)
 	for {
@@ -432,6 +432,9 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		ended := time.Now()
 		if err != nil || len(runs) > 0 {
 			w.unregister(topic, ch)
+			if len(runs) == 0 {
+				err = ctxFirst(ctx, err)
+			}
 			return runs, err
 		}
 		left := time.Until(deadline)
@@ -444,7 +447,7 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 			return len(z) == 0 || int64(z[0].Score) > q.now()
 		}); err != nil {
 			w.unregister(topic, ch)
-			return nil, err
+			return nil, ctxFirst(ctx, err)
 		} else if len(z) > 0 {
 			due := time.Duration(int64(z[0].Score)-q.now()) * time.Millisecond
 			if due <= 0 {
@@ -470,4 +473,15 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		t.Stop()
 		w.unregister(topic, ch)
 	}
+}
+
+// ctxFirst is err, or ctx's error when ctx has ended: a blocking call
+// returns its context's error when the context ends first, also when the
+// call it was making failed later for it (a command that go-redis did not
+// end at the deadline, see "Deadlines" in the README).
+func ctxFirst(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return err
 }

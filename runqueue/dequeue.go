@@ -642,6 +642,13 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs
 	}
 	q.rrMu.Lock()
 	cursor, ok := q.shardEnv[shard]
+	for m, at := range q.shardFailed {
+		// Pruned here, not only when met: a queue may fail once and never
+		// be read again.
+		if time.Since(at) >= shardFailBack {
+			delete(q.shardFailed, m)
+		}
+	}
 	var late []entry
 	byEnv := map[string][]entry{}
 	for i, m := range members {
@@ -650,11 +657,8 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs
 			continue // not ours to serve; never crash a consumer on a foreign member
 		}
 		if at, failed := q.shardFailed[m]; failed {
-			if time.Since(at) < shardFailBack {
-				late = append(late, entry{env, queue, i, at})
-				continue
-			}
-			delete(q.shardFailed, m)
+			late = append(late, entry{env, queue, i, at})
+			continue
 		}
 		if _, ok := byEnv[env]; !ok {
 			envs = append(envs, env)

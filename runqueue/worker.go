@@ -881,7 +881,8 @@ func (w *Worker) mono() int64 { return int64(time.Since(w.epoch)) }
 // told. With a clock that moves with real time the two rules agree, so
 // a run fetched since the last beat is left alone and each lease is
 // extended once a beat, as before. A lease found lost cancels its
-// handler's context.
+// handler's context, as does one that ran out while it could not be
+// extended (lapse).
 func (w *Worker) heartbeat() {
 	now, err := w.q.clockNow()
 	if err != nil {
@@ -921,16 +922,35 @@ func (w *Worker) heartbeat() {
 			case leaseGone(err):
 				w.lose(j, err)
 			case lost != nil: // the lost connection's, warned of above
+				w.lapse(j, now, mono, lost)
 			default:
 				w.log.Warn("runqueue: worker could not extend a lease", "env", j.run.Env, "queue", j.run.Queue,
 					"id", j.run.ID, "err", err)
+				w.lapse(j, now, mono, err)
 			}
 		}
 		if lost != nil {
+			for _, j := range js[len(cmds):] {
+				w.lapse(j, now, mono, lost)
+			}
 			return
 		}
 		calls, js = calls[n:], js[n:]
 	}
+}
+
+// lapse cancels j's handler when its lease, which this beat could not
+// extend (err), has run out: by Config.Clock its deadline has passed, or a
+// whole LeaseDuration of monotonic time has since it was set. From then on
+// any instance's sweep may recover the run and deliver it again, so the
+// handler must stop, as when the lease is found lost; a Redis that stays
+// out of reach longer than a lease would otherwise leave it running beside
+// the next delivery.
+func (w *Worker) lapse(j *job, now, mono int64, err error) {
+	if now < j.lease.Load() && time.Duration(mono-j.beat.Load()) < w.q.cfg.LeaseDuration {
+		return
+	}
+	w.lose(j, fmt.Errorf("%w: its lease ran out unextended: %w", ErrLeaseLost, err))
 }
 
 // lose marks j's lease lost and cancels its handler.

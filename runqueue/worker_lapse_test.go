@@ -1,0 +1,99 @@
+package runqueue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// failPipelines, once on, fails every pipeline of its client as a lost
+// connection would (the Worker's heartbeat sends its lease extensions in
+// one), without sending it.
+type failPipelines struct{ on atomic.Bool }
+
+func (h *failPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *failPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !h.on.Load() {
+			return next(ctx, cmds)
+		}
+		err := errors.New("dial tcp: connect: connection refused")
+		for _, c := range cmds {
+			c.SetErr(err)
+		}
+		return err
+	}
+}
+
+// TestWorkerLeaseRunsOutUnextended: while a Worker cannot reach Redis to
+// extend a lease, its handler runs on until the lease runs out, and then
+// its context is cancelled (errors.Is ErrLeaseLost as the cause is logged;
+// the outcome is OutcomeLeaseLost): from then on a sweep elsewhere may
+// deliver the run again. Run out by the clock (Config.Clock passes the
+// deadline) and by monotonic time (a whole LeaseDuration since the lease
+// was set, the clock standing still). helper-115 met it with a Redis
+// killed for longer than the lease: the handler kept running beside the
+// run's next delivery. Before, the Worker only cancelled on a lease found
+// lost, so these handlers were never cancelled.
+func TestWorkerLeaseRunsOutUnextended(t *testing.T) {
+	t.Parallel()
+	for _, byClock := range []bool{true, false} {
+		t.Run(fmt.Sprintf("byClock=%v", byClock), func(t *testing.T) {
+			hook := &failPipelines{}
+			real, ok := redistest.Real(t).(*redis.Client)
+			require.True(t, ok)
+			c := clientFor(t, real.Options())
+			c.AddHook(hook)
+			lease := 10 * time.Second
+			if !byClock {
+				lease = 1500 * time.Millisecond
+			}
+			o := newS16Observer()
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o })
+			started := make(chan struct{})
+			cancelled := make(chan struct{})
+			w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+				close(started)
+				<-ctx.Done()
+				close(cancelled)
+				return ctx.Err()
+			}, func(wc *runqueue.WorkerConfig) {
+				wc.Concurrency = 1
+				wc.HeartbeatInterval = 50 * time.Millisecond
+				wc.SweepInterval = -1
+				wc.Logger = quietLogger
+			})
+			enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+			waitClosed(t, started)
+			hook.on.Store(true)
+			if byClock {
+				// Within the lease: beats fail, the handler runs on.
+				b.clock.Advance(lease / 2)
+				select {
+				case <-cancelled:
+					t.Fatal("cancelled while its lease still ran")
+				case <-time.After(300 * time.Millisecond):
+				}
+				b.clock.Advance(lease)
+			}
+			select {
+			case <-cancelled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler's context was not cancelled after its lease ran out unextended")
+			}
+			require.Equal(t, runqueue.OutcomeLeaseLost, o.next(t))
+			hook.on.Store(false)
+			shutdown(t, w)
+		})
+	}
+}

@@ -364,8 +364,9 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // (see ShardOf). Envs are served round-robin, whatever another env's
 // backlog: a call visits the envs with due work on the shard in the cyclic
 // order of their names, starting after the last env the previous call on
-// this Queue and shard visited, and gives each a share of what is left of
-// maxCount (then any capacity left to the queues that filled their share).
+// this Queue and shard visited (after the first, when it visited them
+// all), and gives each a share of what is left of maxCount (then any
+// capacity left to the queues that filled their share).
 // So a call of maxCount at least the number of envs serves every env that
 // has a run it may serve, and an env with a ready run within its limits is
 // served within ceil(envs / maxCount) calls. (Each call reads the
@@ -392,13 +393,13 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // others served runs (ctx ended between them, or a queue's call failed),
 // DequeueShard stops there and returns the runs served with a nil error:
 // they are in flight for the caller, and a caller that dropped them on an
-// error would leave them held for a whole lease. The next call goes on
-// with the env after the one whose queue failed, and for a second after a
-// failure (other than ctx ending) the queue that failed is looked at last,
-// after every other queue the call reads, so one queue whose calls keep
-// failing (a LimitsFor the Queue refuses for it, a key of the wrong type)
-// cannot stop the others of its env or shard; a call's error is returned
-// when nothing else is served.
+// error would leave them held for a whole lease. For a second after a
+// failure (other than ctx ending) the queue that failed is looked at after
+// every other queue of its call's read, with what they leave, and a
+// failure again in that second is not returned; so one queue whose calls
+// keep failing (a LimitsFor the Queue refuses for it, a key of the wrong
+// type) cannot stop the others of its env or shard, and is reported about
+// once a second. A call's error is returned when nothing else is served.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
 	runs, err := q.dequeueShard(ctx, shard, maxCount)
 	if len(runs) > 0 {
@@ -561,7 +562,7 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 // already: envs in turn (shardPlan), each queue a share of what is left of
 // maxCount, then what is left to the queues that filled their share.
 func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64) ([]*Run, error) {
-	plan, envs := q.shardPlan(shard, members)
+	plan, late, envs := q.shardPlan(shard, members)
 	var more []*queueNames // queues that filled their share and may have more
 	for i, qn := range plan {
 		left := maxCount - len(out)
@@ -571,10 +572,15 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		if i < len(envs) {
 			// The plan's first round is one queue per env: the next call
 			// starts after the last env this one visits, whether its call
-			// fails or not (a queue whose calls keep failing must not stop
-			// the shard's other envs).
+			// fails or not. A call that visits every env moves the start
+			// on by one instead, so that each env comes first in turn: the
+			// first envs of a round take the larger shares (below).
+			cursor := envs[i]
+			if i == len(envs)-1 {
+				cursor = envs[0]
+			}
 			q.rrMu.Lock()
-			q.shardEnv[shard] = envs[i]
+			q.shardEnv[shard] = cursor
 			q.rrMu.Unlock()
 		}
 		// Share what is left evenly among the queues still to visit in this
@@ -600,6 +606,28 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		}
 		out = append(out, runs...)
 	}
+	// Then what is left to the queues whose call failed within
+	// shardFailBack, in turn. A failure again is not the call's: it was
+	// returned when the queue first failed, and will be once its mark has
+	// passed (a queue whose calls keep failing is reported once a
+	// shardFailBack, not at every call, which would hold back a Worker
+	// serving the shard's other queues).
+	for _, qn := range late {
+		if len(out) >= maxCount {
+			break
+		}
+		runs, err := q.dequeueQueue(ctx, qn, maxCount-len(out), now)
+		if err != nil {
+			if ctxEnded(ctx) {
+				return out, err
+			}
+			continue // keeps its mark from the failure returned
+		}
+		q.rrMu.Lock()
+		delete(q.shardFailed, qn.member)
+		q.rrMu.Unlock()
+		out = append(out, runs...)
+	}
 	return out, nil
 }
 
@@ -609,10 +637,10 @@ const shardFailBack = time.Second
 
 // shardQueue is one queue's call of a shard dequeue: a failure that is not
 // the caller's context ending puts the queue last in the shard's calls for
-// shardFailBack (shardPlan), a success back in its place.
+// shardFailBack (shardPlan, serveShard), a success back in its place.
 func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64) ([]*Run, error) {
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
-	if err != nil && ctx.Err() != nil {
+	if err != nil && ctxEnded(ctx) {
 		return runs, err
 	}
 	q.rrMu.Lock()
@@ -628,13 +656,13 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 // shardPlan orders the queues of a shard for one call: one queue per env in
 // the first round (each env's oldest), envs in the cyclic order of their
 // names from the first after the shard's env cursor, then the remaining
-// queues in master order. envs is the first round's env order. A queue
-// whose call failed within shardFailBack goes last, after every other
-// queue, the earliest failure first: a call stops at a failure (see
-// DequeueShard), so a queue whose calls keep failing would otherwise stop
-// every call of its env at its turn, and one env's calls at the first
-// round whenever it is its env's oldest.
-func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs []string) {
+// queues in master order. envs is the first round's env order. The queues
+// whose call failed within shardFailBack are not in plan but in late, the
+// earliest failure first, served after every other queue (serveShard): a
+// call stops at a failure (see DequeueShard), so a queue whose calls keep
+// failing would otherwise stop every call of its env at its turn, and one
+// env's calls at the first round whenever it is its env's oldest.
+func (q *Queue) shardPlan(shard int, members []string) (plan, late []*queueNames, envs []string) {
 	type entry struct {
 		env, queue string
 		rank       int
@@ -649,15 +677,15 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs
 			delete(q.shardFailed, m)
 		}
 	}
-	var late []entry
+	var failed []entry
 	byEnv := map[string][]entry{}
 	for i, m := range members {
 		env, queue, err := keys.DecodeQueueMember(m)
 		if err != nil {
 			continue // not ours to serve; never crash a consumer on a foreign member
 		}
-		if at, failed := q.shardFailed[m]; failed {
-			late = append(late, entry{env, queue, i, at})
+		if at, ok := q.shardFailed[m]; ok {
+			failed = append(failed, entry{env, queue, i, at})
 			continue
 		}
 		if _, ok := byEnv[env]; !ok {
@@ -666,7 +694,10 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs
 		byEnv[env] = append(byEnv[env], entry{env, queue, i, time.Time{}})
 	}
 	q.rrMu.Unlock()
-	sort.SliceStable(late, func(i, j int) bool { return late[i].failed.Before(late[j].failed) })
+	sort.SliceStable(failed, func(i, j int) bool { return failed[i].failed.Before(failed[j].failed) })
+	for _, e := range failed {
+		late = append(late, q.names(e.env, e.queue))
+	}
 	slices.Sort(envs)
 	if ok && len(envs) > 0 {
 		// The first env after the cursor; past the last, the first.
@@ -682,8 +713,8 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, envs
 		rest = append(rest, byEnv[e][1:]...)
 	}
 	sort.SliceStable(rest, func(i, j int) bool { return rest[i].rank < rest[j].rank })
-	for _, e := range slices.Concat(first, rest, late) {
+	for _, e := range slices.Concat(first, rest) {
 		plan = append(plan, q.names(e.env, e.queue))
 	}
-	return plan, envs
+	return plan, late, envs
 }

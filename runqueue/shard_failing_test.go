@@ -109,3 +109,105 @@ func TestWorkerShardFailingQueue(t *testing.T) {
 		}
 	})
 }
+
+// TestDequeueShardFailingQueueShares: a queue whose calls keep failing
+// takes no share from the others, once it has failed: one env with a
+// backlog beside it gets whole calls; three envs with backlogs, one of
+// them beside it, get equal shares. helper-116 measured, after the failing
+// queue first went last but still counted in the shares and stopped the
+// call at its failure: 5 runs a call of 10, and 29 / 58 / 58 in 30 calls
+// of 6. Asserted when the calls all fall within the second a failed queue
+// goes last (they take milliseconds).
+func TestDequeueShardFailingQueueShares(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, flag := range []bool{false, true} {
+			t.Run(fmt.Sprintf("flag=%v/one", flag), func(t *testing.T) {
+				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; badLimits(cfg) })
+				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "a", Queue: "bad", ID: "x"})
+				require.NoError(t, err)
+				b.clock.Advance(time.Millisecond)
+				enqueueN(t, b, "a", "good", 100)
+				runs, err := b.q.DequeueShard(b.ctx, 0, 10)
+				require.ErrorIs(t, err, runqueue.ErrInvalid, "the failing queue is the oldest: its first failure is returned")
+				require.Empty(t, runs)
+				began := time.Now()
+				var got []int
+				for range 5 {
+					runs, err := b.q.DequeueShard(b.ctx, 0, 10)
+					require.NoError(t, err, "a failure again within the second is not the call's")
+					got = append(got, len(runs))
+				}
+				if time.Since(began) < time.Second {
+					require.Equal(t, []int{10, 10, 10, 10, 10}, got)
+				}
+			})
+			t.Run(fmt.Sprintf("flag=%v/three", flag), func(t *testing.T) {
+				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; badLimits(cfg) })
+				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "a", Queue: "bad", ID: "x"})
+				require.NoError(t, err)
+				b.clock.Advance(time.Millisecond)
+				for _, env := range []string{"a", "b", "c"} {
+					enqueueN(t, b, env, "good", 100)
+				}
+				_, err = b.q.DequeueShard(b.ctx, 0, 6)
+				require.ErrorIs(t, err, runqueue.ErrInvalid)
+				began := time.Now()
+				got := map[string]int{}
+				for range 30 {
+					runs, err := b.q.DequeueShard(b.ctx, 0, 6)
+					require.NoError(t, err)
+					for _, r := range runs {
+						got[r.Env]++
+					}
+				}
+				if time.Since(began) < time.Second {
+					require.Equal(t, map[string]int{"a": 60, "b": 60, "c": 60}, got)
+				}
+			})
+		}
+	})
+}
+
+// TestDequeueShardEnvSharesRotate: envs take the larger shares of a call
+// in turn. With 4 envs and calls of 6, a call gives 2, 2, 1 and 1; the
+// call after one that visited every env starts one env on, so in 40 calls
+// each env gets 60. Before, the next call started after the last env
+// visited, the same order every call: 80, 80, 40, 40.
+func TestDequeueShardEnvSharesRotate(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, flag := range []bool{false, true} {
+			t.Run(fmt.Sprintf("flag=%v", flag), func(t *testing.T) {
+				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; cfg.Shards = 1 })
+				for _, env := range []string{"a", "b", "c", "d"} {
+					enqueueN(t, b, env, "q", 100)
+				}
+				got := map[string]int{}
+				for range 40 {
+					runs, err := b.q.DequeueShard(b.ctx, 0, 6)
+					require.NoError(t, err)
+					require.Len(t, runs, 6)
+					for _, r := range runs {
+						got[r.Env]++
+					}
+				}
+				require.Equal(t, map[string]int{"a": 60, "b": 60, "c": 60, "d": 60}, got)
+			})
+		}
+	})
+}
+
+// enqueueN queues n runs in env/queue with EnqueueMany.
+func enqueueN(t *testing.T, b *testBundle, env, queue string, n int) {
+	t.Helper()
+	ps := make([]runqueue.EnqueueParams, n)
+	for i := range ps {
+		ps[i] = runqueue.EnqueueParams{Env: env, Queue: queue, ID: fmt.Sprint(i)}
+	}
+	res, err := b.q.EnqueueMany(b.ctx, ps)
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+	}
+}

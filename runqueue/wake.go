@@ -483,5 +483,20 @@ func ctxFirst(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return cerr
 	}
+	if ctxEnded(ctx) {
+		return context.DeadlineExceeded
+	}
 	return err
+}
+
+// ctxEnded says whether ctx has ended, or its deadline passed before its
+// timer told it: go-redis gives a socket ctx's deadline (a pub/sub read
+// does whatever ContextTimeoutEnabled says), and the read's timeout can
+// come first.
+func ctxEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -393,33 +394,40 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // others served runs (ctx ended between them, or a queue's call failed),
 // DequeueShard stops there and returns the runs served with a nil error:
 // they are in flight for the caller, and a caller that dropped them on an
-// error would leave them held for a whole lease. For a second after a
-// failure (other than ctx ending) the queue that failed is looked at after
-// every other queue of its call's read, with what they leave, and a
-// failure again in that second is not returned; so one queue whose calls
-// keep failing (a LimitsFor the Queue refuses for it, a key of the wrong
-// type) cannot stop the others of its env or shard, and is reported about
-// once a second. A call's error is returned when nothing else is served.
+// error would leave them held for a whole lease. A failure that is the
+// queue's own (queueFault: a LimitsFor the Queue refuses for it, a key of
+// the wrong type, a script error on its data) does not stop the call: the
+// call goes on with the other queues, and for a second the queue is looked
+// at after every other queue of a call's read, with what they leave; so a
+// queue whose calls keep failing cannot stop or slow the others of its env
+// or shard. A call's error (the first such failure, or what stopped it) is
+// returned when nothing else is served; a Worker logs a queue's failure
+// (at most once a second for each of its sources) and serves on.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
-	runs, err := q.dequeueShard(ctx, shard, maxCount)
-	if len(runs) > 0 {
+	runs, fault, err := q.dequeueShard(ctx, shard, maxCount)
+	switch {
+	case len(runs) > 0:
 		return runs, nil
+	case err != nil:
+		return nil, err
 	}
-	return nil, err
+	return nil, fault
 }
 
 // dequeueShard is DequeueShard, but a call that fails after others served
-// runs returns both (the Worker hands the runs out and logs the error).
-func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
+// runs returns both (the Worker hands the runs out and logs the error),
+// and fault is the first failure of a queue's own that the call passed
+// over (the Worker logs it, and does not count it as its fetch's).
+func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*Run, fault, err error) {
 	if err := q.checkShard(shard); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := q.checkMaxCount(maxCount); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if q.cfg.ReadOnly {
 		// Refused whether or not the shard holds work to serve.
-		return nil, ErrReadOnly
+		return nil, nil, ErrReadOnly
 	}
 	now := q.now()
 	sh := q.space.Shard(shard)
@@ -448,7 +456,7 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 		}
 		return nil
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	members := oldest.Val()
 	next := off + n
@@ -463,15 +471,16 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 	q.rrMu.Lock()
 	q.shardOff[shard] = next
 	q.rrMu.Unlock()
-	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now)
+	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &fault)
 	if err != nil || len(out) >= maxCount || ahead == nil || len(ahead.Val()) == 0 {
-		return out, err
+		return out, fault, err
 	}
 	ready, err := q.readyMembers(ctx, ahead.Val(), members, now)
 	if err != nil {
-		return out, err
+		return out, fault, err
 	}
-	return q.serveShard(ctx, shard, ready, out, maxCount, now)
+	out, err = q.serveShard(ctx, shard, ready, out, maxCount, now, &fault)
+	return out, fault, err
 }
 
 // readyMembers returns the members of z (master entries of a shard scored
@@ -561,7 +570,8 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 // master order) for one DequeueShard call, after the runs out it served
 // already: envs in turn (shardPlan), each queue a share of what is left of
 // maxCount, then what is left to the queues that filled their share.
-func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64) ([]*Run, error) {
+func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64,
+	fault *error) ([]*Run, error) {
 	plan, late, envs := q.shardPlan(shard, members)
 	var more []*queueNames // queues that filled their share and may have more
 	for i, qn := range plan {
@@ -586,7 +596,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		// Share what is left evenly among the queues still to visit in this
 		// round, so one env's backlog cannot take the whole call.
 		share := (left + len(plan) - i - 1) / (len(plan) - i)
-		runs, err := q.shardQueue(ctx, qn, share, now)
+		runs, err := q.shardQueue(ctx, qn, share, now, fault)
 		if err != nil {
 			return out, err
 		}
@@ -600,28 +610,28 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now)
+		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, fault)
 		if err != nil {
 			return out, err
 		}
 		out = append(out, runs...)
 	}
 	// Then what is left to the queues whose call failed within
-	// shardFailBack, in turn. A failure again is not the call's: it was
-	// returned when the queue first failed, and will be once its mark has
-	// passed (a queue whose calls keep failing is reported once a
-	// shardFailBack, not at every call, which would hold back a Worker
-	// serving the shard's other queues).
+	// shardFailBack, in turn. A failure of the queue's own again is passed
+	// over, as the first was (kept in *fault when it is the call's first).
 	for _, qn := range late {
 		if len(out) >= maxCount {
 			break
 		}
 		runs, err := q.dequeueQueue(ctx, qn, maxCount-len(out), now)
 		if err != nil {
-			if ctxEnded(ctx) {
+			if ctxEnded(ctx) || !queueFault(err) {
 				return out, err
 			}
-			continue // keeps its mark from the failure returned
+			if *fault == nil {
+				*fault = err
+			}
+			continue // keeps its mark from its first failure
 		}
 		q.rrMu.Lock()
 		delete(q.shardFailed, qn.member)
@@ -635,12 +645,15 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 // goes last in its shard's calls (see shardPlan).
 const shardFailBack = time.Second
 
-// shardQueue is one queue's call of a shard dequeue: a failure that is not
-// the caller's context ending puts the queue last in the shard's calls for
-// shardFailBack (shardPlan, serveShard), a success back in its place.
-func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64) ([]*Run, error) {
+// shardQueue is one queue's call of a shard dequeue. A failure of the
+// queue's own (queueFault) is kept in *fault (the first of the call), the
+// queue marked to go last in the shard's calls for shardFailBack
+// (shardPlan, serveShard), and the call goes on (no runs, no error); any
+// other failure is returned, to stop the call. A success puts a marked
+// queue back in its place.
+func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, fault *error) ([]*Run, error) {
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
-	if err != nil && ctxEnded(ctx) {
+	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
 		return runs, err
 	}
 	q.rrMu.Lock()
@@ -650,7 +663,38 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 		delete(q.shardFailed, qn.member)
 	}
 	q.rrMu.Unlock()
-	return runs, err
+	if err != nil {
+		if *fault == nil {
+			*fault = err
+		}
+		return nil, nil
+	}
+	return runs, nil
+}
+
+// queueFault says whether err, a queue's failure in a shard dequeue, is the
+// queue's own: its limits refused (ErrInvalid: Config.LimitsFor), or a
+// Redis error reply other than those of a server's state (loading, busy,
+// full, read-only, a slot moving or unserved, a script not loaded): a key
+// of the wrong type, a script error on the queue's data, an ACL that
+// refuses its keys. A connection's failure, a timeout, or such a state is
+// the shard's, and stops the call.
+func queueFault(err error) bool {
+	if errors.Is(err, ErrInvalid) {
+		return true
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range []string{"LOADING", "BUSY", "OOM", "READONLY", "TRYAGAIN", "MOVED", "ASK", "CLUSTERDOWN",
+		"MASTERDOWN", "MISCONF", "NOREPLICAS", "NOSCRIPT"} {
+		if strings.HasPrefix(msg, p+" ") || msg == p {
+			return false
+		}
+	}
+	return true
 }
 
 // shardPlan orders the queues of a shard for one call: one queue per env in

@@ -940,17 +940,19 @@ func (w *Worker) heartbeat() {
 }
 
 // lapse cancels j's handler when its lease, which this beat could not
-// extend (err), has run out: by Config.Clock its deadline has passed, or a
-// whole LeaseDuration of monotonic time has since it was set. From then on
-// any instance's sweep may recover the run and deliver it again, so the
-// handler must stop, as when the lease is found lost; a Redis that stays
-// out of reach longer than a lease would otherwise leave it running beside
-// the next delivery.
+// extend (err), runs out before the next beat could extend it: by
+// Config.Clock its deadline comes within HeartbeatInterval, or by
+// monotonic time a whole LeaseDuration since it was set does. Once it has
+// run out any instance's sweep may recover the run and deliver it again,
+// so the handler must stop by then, as when the lease is found lost; a
+// Redis that stays out of reach that long would otherwise leave it running
+// beside the next delivery.
 func (w *Worker) lapse(j *job, now, mono int64, err error) {
-	if now < j.lease.Load() && time.Duration(mono-j.beat.Load()) < w.q.cfg.LeaseDuration {
+	beat := w.cfg.HeartbeatInterval
+	if now+ms(beat) < j.lease.Load() && time.Duration(mono-j.beat.Load())+beat < w.q.cfg.LeaseDuration {
 		return
 	}
-	w.lose(j, fmt.Errorf("%w: its lease ran out unextended: %w", ErrLeaseLost, err))
+	w.lose(j, fmt.Errorf("%w: its lease runs out before it can be extended: %w", ErrLeaseLost, err))
 }
 
 // lose marks j's lease lost and cancels its handler.

@@ -112,6 +112,7 @@ type fetchCall struct {
 	ackErrs []error
 	ackErr  error
 	err     error
+	fault   error // a failure of a queue's own that a shard fetch passed over (logged, not counted)
 	took    time.Duration
 }
 
@@ -139,7 +140,7 @@ func (s *source) fetch(c *fetchCall) {
 		}
 	}
 	if n > 0 {
-		c.runs, c.err = w.q.dequeueShard(ctx, s.shard, n)
+		c.runs, c.fault, c.err = w.q.dequeueShard(ctx, s.shard, n)
 	}
 }
 
@@ -250,11 +251,14 @@ type fetchLoop struct {
 	full     bool // the last call that asked for runs got all: a second call may go
 	looked   bool // the look timer was set from a look at the source since anything changed
 	failures int
-	wakes    int  // wake-ups received: a call notes the count it started at
-	forced   bool // the stop was forced
-	drained  bool // no more acks can come (Worker.drained was closed when checkStop last looked)
-	qclosed  bool // the Queue was closed: no wake-ups come any more (see nextLook)
-	giveUp   bool // makes no more calls; leaves once no more acks can come
+	// faultLogged: when a fetch last logged a queue's failure it passed
+	// over (fetchCall.fault).
+	faultLogged time.Time
+	wakes       int  // wake-ups received: a call notes the count it started at
+	forced      bool // the stop was forced
+	drained     bool // no more acks can come (Worker.drained was closed when checkStop last looked)
+	qclosed     bool // the Queue was closed: no wake-ups come any more (see nextLook)
+	giveUp      bool // makes no more calls; leaves once no more acks can come
 
 	look, gather, pause    *time.Timer
 	lookC, gatherC, pauseC <-chan time.Time
@@ -473,6 +477,12 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		s.putBack(c.acks)
 	} else {
 		s.settled(c.acks, c.ackErrs)
+	}
+	if c.fault != nil && w.base.Err() == nil && time.Since(l.faultLogged) >= time.Second {
+		// A queue of the shard failed, the others were served (see
+		// DequeueShard); logged at most once a second.
+		l.faultLogged = time.Now()
+		w.log.Warn("runqueue: worker passed over a queue whose call failed", s.attrs("err", c.fault)...)
 	}
 	if c.err != nil {
 		if w.base.Err() != nil {

@@ -36,12 +36,11 @@ func (h *failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 }
 
 // TestWorkerLeaseRunsOutUnextended: while a Worker cannot reach Redis to
-// extend a lease, its handler runs on until the lease runs out, and then
-// its context is cancelled (errors.Is ErrLeaseLost as the cause is logged;
-// the outcome is OutcomeLeaseLost): from then on a sweep elsewhere may
-// deliver the run again. Run out by the clock (Config.Clock passes the
-// deadline) and by monotonic time (a whole LeaseDuration since the lease
-// was set, the clock standing still). helper-115 met it with a Redis
+// extend a lease, its handler runs on until the lease would run out before
+// the next beat, and then its context is cancelled (the outcome is
+// OutcomeLeaseLost), before a sweep elsewhere may deliver the run again.
+// By the clock (Config.Clock within a beat of the deadline) and by
+// monotonic time (the clock standing still). helper-115 met it with a Redis
 // killed for longer than the lease: the handler kept running beside the
 // run's next delivery. Before, the Worker only cancelled on a lease found
 // lost, so these handlers were never cancelled.
@@ -84,7 +83,9 @@ func TestWorkerLeaseRunsOutUnextended(t *testing.T) {
 					t.Fatal("cancelled while its lease still ran")
 				case <-time.After(300 * time.Millisecond):
 				}
-				b.clock.Advance(lease)
+				// Within one beat of its deadline, not past it: the next
+				// beat would come too late to extend it.
+				b.clock.Advance(lease/2 - 30*time.Millisecond)
 			}
 			select {
 			case <-cancelled:

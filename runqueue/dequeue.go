@@ -391,8 +391,8 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // hides its ready runs from DequeueShard for the excess.
 //
 // The queues are served one script call each. When a call fails after
-// others served runs (ctx ended between them, or a queue's call failed),
-// DequeueShard stops there and returns the runs served with a nil error:
+// others served runs (ctx ended between them, or a queue's call failed for
+// a reason not the queue's own: see below), DequeueShard stops there and returns the runs served with a nil error:
 // they are in flight for the caller, and a caller that dropped them on an
 // error would leave them held for a whole lease. A failure that is the
 // queue's own (queueFault: a LimitsFor the Queue refuses for it, a key of
@@ -596,7 +596,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		// Share what is left evenly among the queues still to visit in this
 		// round, so one env's backlog cannot take the whole call.
 		share := (left + len(plan) - i - 1) / (len(plan) - i)
-		runs, err := q.shardQueue(ctx, qn, share, now, fault)
+		runs, err := q.shardQueue(ctx, qn, share, now, false, fault)
 		if err != nil {
 			return out, err
 		}
@@ -610,32 +610,22 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, fault)
+		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, false, fault)
 		if err != nil {
 			return out, err
 		}
 		out = append(out, runs...)
 	}
 	// Then what is left to the queues whose call failed within
-	// shardFailBack, in turn. A failure of the queue's own again is passed
-	// over, as the first was (kept in *fault when it is the call's first).
+	// shardFailBack, in turn.
 	for _, qn := range late {
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.dequeueQueue(ctx, qn, maxCount-len(out), now)
+		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, true, fault)
 		if err != nil {
-			if ctxEnded(ctx) || !queueFault(err) {
-				return out, err
-			}
-			if *fault == nil {
-				*fault = err
-			}
-			continue // keeps its mark from its first failure
+			return out, err
 		}
-		q.rrMu.Lock()
-		delete(q.shardFailed, qn.member)
-		q.rrMu.Unlock()
 		out = append(out, runs...)
 	}
 	return out, nil
@@ -646,23 +636,28 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 const shardFailBack = time.Second
 
 // shardQueue is one queue's call of a shard dequeue. A failure of the
-// queue's own (queueFault) is kept in *fault (the first of the call), the
-// queue marked to go last in the shard's calls for shardFailBack
-// (shardPlan, serveShard), and the call goes on (no runs, no error); any
-// other failure is returned, to stop the call. A success puts a marked
-// queue back in its place.
-func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, fault *error) ([]*Run, error) {
+// queue's own (queueFault) is kept in *fault (the first of the call) and
+// the call goes on (no runs, no error); the queue is marked to go last in
+// the shard's calls for shardFailBack (shardPlan, serveShard), unless it
+// is late (marked already: the mark keeps its first failure's time, so a
+// queue whose calls keep failing comes back in its place, and its failure
+// to a Worker's log, once a shardFailBack). Any other failure is returned,
+// to stop the call. A success puts a marked queue back in its place.
+func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, late bool,
+	fault *error) ([]*Run, error) {
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
 	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
 		return runs, err
 	}
-	q.rrMu.Lock()
-	if err != nil {
-		q.shardFailed[qn.member] = time.Now()
-	} else {
-		delete(q.shardFailed, qn.member)
+	if err == nil || !late {
+		q.rrMu.Lock()
+		if err != nil {
+			q.shardFailed[qn.member] = time.Now()
+		} else {
+			delete(q.shardFailed, qn.member)
+		}
+		q.rrMu.Unlock()
 	}
-	q.rrMu.Unlock()
 	if err != nil {
 		if *fault == nil {
 			*fault = err
@@ -701,11 +696,10 @@ func queueFault(err error) bool {
 // the first round (each env's oldest), envs in the cyclic order of their
 // names from the first after the shard's env cursor, then the remaining
 // queues in master order. envs is the first round's env order. The queues
-// whose call failed within shardFailBack are not in plan but in late, the
-// earliest failure first, served after every other queue (serveShard): a
-// call stops at a failure (see DequeueShard), so a queue whose calls keep
-// failing would otherwise stop every call of its env at its turn, and one
-// env's calls at the first round whenever it is its env's oldest.
+// whose call failed (a failure of their own) within shardFailBack are not
+// in plan but in late, the earliest failure first, served after every
+// other queue (serveShard): while a queue keeps failing it takes no share,
+// and no place in its env's first round, from the others.
 func (q *Queue) shardPlan(shard int, members []string) (plan, late []*queueNames, envs []string) {
 	type entry struct {
 		env, queue string

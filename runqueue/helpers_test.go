@@ -364,3 +364,13 @@ func infoInt(t testing.TB, c redis.UniversalClient, section, field string) int64
 	t.Fatalf("no %s in INFO %s", field, section)
 	return 0
 }
+
+// nopHook passes every dial, command and pipeline on: a test's go-redis
+// hook embeds it and overrides what it changes.
+type nopHook struct{}
+
+func (nopHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (nopHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (nopHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}

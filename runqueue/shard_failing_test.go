@@ -217,11 +217,11 @@ func enqueueN(t *testing.T, b *testBundle, env, queue string, n int) {
 // failOnce fails the next script call whose arguments mention match, once,
 // as a connection's timeout would (not a Redis reply).
 type failOnce struct {
+	nopHook
 	match string
 	armed atomic.Bool
 }
 
-func (h *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		switch cmd.Name() {
@@ -234,9 +234,6 @@ func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return next(ctx, cmd)
 	}
-}
-func (h *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // TestDequeueShardTransientErrorNotMarked: a failure that is not the

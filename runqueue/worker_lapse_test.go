@@ -18,10 +18,11 @@ import (
 // failPipelines, once on, fails every pipeline of its client as a lost
 // connection would (the Worker's heartbeat sends its lease extensions in
 // one), without sending it.
-type failPipelines struct{ on atomic.Bool }
+type failPipelines struct {
+	nopHook
+	on atomic.Bool
+}
 
-func (h *failPipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *failPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (h *failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if !h.on.Load() {

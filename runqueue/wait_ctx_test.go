@@ -20,6 +20,7 @@ import (
 // after a while, as a dial to a server that stopped answering does when
 // go-redis's timeouts, not the caller's context, end it.
 type slowFailingDials struct {
+	nopHook
 	on    atomic.Bool
 	after time.Duration
 }
@@ -32,10 +33,6 @@ func (h *slowFailingDials) DialHook(next redis.DialHook) redis.DialHook {
 		}
 		return next(ctx, network, addr)
 	}
-}
-func (h *slowFailingDials) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *slowFailingDials) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // TestWaitCtxErrorFirst: DequeueWait and DequeueShardWait return their

@@ -400,7 +400,9 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // call goes on with the other queues, and for a second the queue is looked
 // at after every other queue of a call's read, with what they leave; so a
 // queue whose calls keep failing cannot stop or slow the others of its env
-// or shard. A call's error (the first such failure, or what stopped it) is
+// or shard. A call that has passed over three such failures with nothing
+// served stops at the third (a refusal of every queue that does not read
+// as the server's: an ACL without scripting, say). A call's error (the first such failure, or what stopped it) is
 // returned when nothing else is served; a Worker logs a queue's failure
 // (at most once a second for each of its sources) and serves on.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
@@ -471,16 +473,17 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	q.rrMu.Lock()
 	q.shardOff[shard] = next
 	q.rrMu.Unlock()
-	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &fault)
+	var f shardFaults
+	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &f)
 	if err != nil || len(out) >= maxCount || ahead == nil || len(ahead.Val()) == 0 {
-		return out, fault, err
+		return out, f.first, err
 	}
 	ready, err := q.readyMembers(ctx, ahead.Val(), members, now)
 	if err != nil {
-		return out, fault, err
+		return out, f.first, err
 	}
-	out, err = q.serveShard(ctx, shard, ready, out, maxCount, now, &fault)
-	return out, fault, err
+	out, err = q.serveShard(ctx, shard, ready, out, maxCount, now, &f)
+	return out, f.first, err
 }
 
 // readyMembers returns the members of z (master entries of a shard scored
@@ -571,7 +574,7 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 // already: envs in turn (shardPlan), each queue a share of what is left of
 // maxCount, then what is left to the queues that filled their share.
 func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64,
-	fault *error) ([]*Run, error) {
+	f *shardFaults) ([]*Run, error) {
 	plan, late, envs := q.shardPlan(shard, members)
 	var more []*queueNames // queues that filled their share and may have more
 	for i, qn := range plan {
@@ -596,7 +599,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		// Share what is left evenly among the queues still to visit in this
 		// round, so one env's backlog cannot take the whole call.
 		share := (left + len(plan) - i - 1) / (len(plan) - i)
-		runs, err := q.shardQueue(ctx, qn, share, now, false, fault)
+		runs, err := q.shardQueue(ctx, qn, share, now, false, f, len(out))
 		if err != nil {
 			return out, err
 		}
@@ -610,7 +613,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, false, fault)
+		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, false, f, len(out))
 		if err != nil {
 			return out, err
 		}
@@ -622,7 +625,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, true, fault)
+		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, true, f, len(out))
 		if err != nil {
 			return out, err
 		}
@@ -635,16 +638,32 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 // goes last in its shard's calls (see shardPlan).
 const shardFailBack = time.Second
 
-// shardQueue is one queue's call of a shard dequeue. A failure of the
-// queue's own (queueFault) is kept in *fault (the first of the call) and
-// the call goes on (no runs, no error); the queue is marked to go last in
+// shardFaults counts the failures of queues' own that a shard call passed
+// over (shardQueue); first is the first of them.
+type shardFaults struct {
+	first error
+	n     int
+}
+
+// shardFaultsMax: a shard call that has passed over this many failures of
+// queues' own with nothing served stops at the last, as at any other
+// failure. A refusal of every queue that queueFault cannot tell from a
+// queue's own (an ACL without scripting, an error reply it does not know)
+// then costs a few script calls a call, not one per queue read, and a
+// Worker counts it as a failed fetch and backs off.
+const shardFaultsMax = 3
+
+// shardQueue is one queue's call of a shard dequeue, after served runs. A
+// failure of the queue's own (queueFault) is counted in f and the call
+// goes on (no runs, no error), unless it is the shardFaultsMax-th with
+// nothing served; the queue is marked to go last in
 // the shard's calls for shardFailBack (shardPlan, serveShard), unless it
 // is late (marked already: the mark keeps its first failure's time, so a
 // queue whose calls keep failing comes back in its place, and its failure
 // to a Worker's log, once a shardFailBack). Any other failure is returned,
 // to stop the call. A success puts a marked queue back in its place.
 func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, late bool,
-	fault *error) ([]*Run, error) {
+	f *shardFaults, served int) ([]*Run, error) {
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
 	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
 		return runs, err
@@ -659,8 +678,12 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 		q.rrMu.Unlock()
 	}
 	if err != nil {
-		if *fault == nil {
-			*fault = err
+		f.n++
+		if f.first == nil {
+			f.first = err
+		}
+		if served == 0 && f.n >= shardFaultsMax {
+			return nil, err
 		}
 		return nil, nil
 	}

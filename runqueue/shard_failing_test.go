@@ -46,9 +46,7 @@ func TestDequeueShardFailingQueue(t *testing.T) {
 					want := map[string]int{}
 					for _, env := range envs {
 						// The bad queue is each env's oldest.
-						_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: "bad", ID: "x"})
-						require.NoError(t, err)
-						b.clock.Advance(time.Millisecond)
+						enqueueOldest(t, b, env, "bad")
 						for i := range 3 {
 							_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: "good", ID: fmt.Sprint(i)})
 							require.NoError(t, err)
@@ -87,9 +85,7 @@ func TestWorkerShardFailingQueue(t *testing.T) {
 					badLimits(cfg)
 				})
 				for i := range 5 {
-					_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "a", Queue: fmt.Sprint("bad", i), ID: "x"})
-					require.NoError(t, err)
-					b.clock.Advance(time.Millisecond)
+					enqueueOldest(t, b, "a", fmt.Sprint("bad", i))
 				}
 				enqueueN(t, b, "a", "good", 60)
 				var mu sync.Mutex
@@ -133,9 +129,7 @@ func TestDequeueShardFailingQueueShares(t *testing.T) {
 		for _, flag := range []bool{false, true} {
 			t.Run(fmt.Sprintf("flag=%v/one", flag), func(t *testing.T) {
 				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; badLimits(cfg) })
-				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "a", Queue: "bad", ID: "x"})
-				require.NoError(t, err)
-				b.clock.Advance(time.Millisecond)
+				enqueueOldest(t, b, "a", "bad")
 				enqueueN(t, b, "a", "good", 100)
 				for range 6 {
 					runs, err := b.q.DequeueShard(b.ctx, 0, 10)
@@ -145,9 +139,7 @@ func TestDequeueShardFailingQueueShares(t *testing.T) {
 			})
 			t.Run(fmt.Sprintf("flag=%v/three", flag), func(t *testing.T) {
 				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; badLimits(cfg) })
-				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "a", Queue: "bad", ID: "x"})
-				require.NoError(t, err)
-				b.clock.Advance(time.Millisecond)
+				enqueueOldest(t, b, "a", "bad")
 				for _, env := range []string{"a", "b", "c"} {
 					enqueueN(t, b, env, "good", 100)
 				}
@@ -198,6 +190,15 @@ func TestDequeueShardEnvSharesRotate(t *testing.T) {
 			})
 		}
 	})
+}
+
+// enqueueOldest queues one run in env/queue and moves the clock on, so
+// that the queue is older than those queued after it.
+func enqueueOldest(t *testing.T, b *testBundle, env, queue string) {
+	t.Helper()
+	_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: queue, ID: "x"})
+	require.NoError(t, err)
+	b.clock.Advance(time.Millisecond)
 }
 
 // enqueueN queues n runs in env/queue with EnqueueMany.

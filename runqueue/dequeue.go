@@ -692,27 +692,22 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 
 // queueFault says whether err, a queue's failure in a shard dequeue, is the
 // queue's own: its limits refused (ErrInvalid: Config.LimitsFor), or a
-// Redis error reply other than those of a server's state (loading, busy,
-// full, read-only, a slot moving or unserved, a script not loaded): a key
-// of the wrong type, a script error on the queue's data, an ACL that
-// refuses its keys. A connection's failure, a timeout, or such a state is
-// the shard's, and stops the call.
+// Redis error reply other than those of a server's state (refusedUnrun's:
+// a slot moving or unserved, loading, busy; full, read-only, no replicas,
+// unable to persist, a script not loaded): a key of the wrong type, a
+// script error on the queue's data, an ACL that refuses its keys. A
+// connection's failure, a timeout, or such a state is the shard's, and
+// stops the call.
 func queueFault(err error) bool {
 	if errors.Is(err, ErrInvalid) {
 		return true
 	}
 	var re redis.Error
-	if !errors.As(err, &re) {
+	if !errors.As(err, &re) || refusedUnrun(err) || isOOM(err) || isNoScript(err) ||
+		redis.IsReadOnlyError(err) || redis.IsNoReplicasError(err) {
 		return false
 	}
-	msg := re.Error()
-	for _, p := range []string{"LOADING", "BUSY", "OOM", "READONLY", "TRYAGAIN", "MOVED", "ASK", "CLUSTERDOWN",
-		"MASTERDOWN", "MISCONF", "NOREPLICAS", "NOSCRIPT"} {
-		if strings.HasPrefix(msg, p+" ") || msg == p {
-			return false
-		}
-	}
-	return true
+	return !strings.HasPrefix(re.Error(), "MISCONF ")
 }
 
 // shardPlan orders the queues of a shard for one call: one queue per env in

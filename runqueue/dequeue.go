@@ -668,26 +668,29 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
 		return runs, err
 	}
-	if err == nil || !late {
-		q.rrMu.Lock()
-		if err != nil {
-			q.shardFailed[qn.member] = time.Now()
-		} else {
+	if err == nil {
+		// Only a late queue was marked when the call planned (no lock on
+		// the common path).
+		if late {
+			q.rrMu.Lock()
 			delete(q.shardFailed, qn.member)
+			q.rrMu.Unlock()
 		}
+		return runs, nil
+	}
+	if !late {
+		q.rrMu.Lock()
+		q.shardFailed[qn.member] = time.Now()
 		q.rrMu.Unlock()
 	}
-	if err != nil {
-		f.n++
-		if f.first == nil {
-			f.first = err
-		}
-		if served == 0 && f.n >= shardFaultsMax {
-			return nil, err
-		}
-		return nil, nil
+	f.n++
+	if f.first == nil {
+		f.first = err
 	}
-	return runs, nil
+	if served == 0 && f.n >= shardFaultsMax {
+		return nil, err
+	}
+	return nil, nil
 }
 
 // queueFault says whether err, a queue's failure in a shard dequeue, is the

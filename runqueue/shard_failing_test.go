@@ -215,26 +215,56 @@ func enqueueN(t *testing.T, b *testBundle, env, queue string, n int) {
 	}
 }
 
-// failOnce fails the next script call whose arguments mention match, once,
-// as a connection's timeout would (not a Redis reply).
-type failOnce struct {
+// failScripts fails the script calls whose arguments mention match (all
+// of them when match is ""), each with fail(its command's name), while
+// left is above 0 (each failure takes one) or below 0 (for ever), and
+// counts the calls it failed.
+type failScripts struct {
 	nopHook
 	match string
-	armed atomic.Bool
+	fail  func(name string) error
+	left  atomic.Int64
+	calls atomic.Int64
 }
 
-func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *failScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		switch cmd.Name() {
 		case "evalsha", "eval", "fcall":
-			if strings.Contains(fmt.Sprint(cmd.Args()...), h.match) && h.armed.CompareAndSwap(true, false) {
-				err := errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout")
+			if strings.Contains(fmt.Sprint(cmd.Args()...), h.match) && h.take() {
+				h.calls.Add(1)
+				err := h.fail(cmd.Name())
 				cmd.SetErr(err)
 				return err
 			}
 		}
 		return next(ctx, cmd)
 	}
+}
+
+// take says whether the hook fails this call, counting it off left.
+func (h *failScripts) take() bool {
+	for {
+		n := h.left.Load()
+		switch {
+		case n < 0:
+			return true
+		case n == 0:
+			return false
+		case h.left.CompareAndSwap(n, n-1):
+			return true
+		}
+	}
+}
+
+// hookedReal is a client of the tests' real server with hook added.
+func hookedReal(t *testing.T, hook redis.Hook) *redis.Client {
+	t.Helper()
+	real, ok := redistest.Real(t).(*redis.Client)
+	require.True(t, ok)
+	c := clientFor(t, real.Options())
+	c.AddHook(hook)
+	return c
 }
 
 // TestDequeueShardTransientErrorNotMarked: a failure that is not the
@@ -246,16 +276,14 @@ func TestDequeueShardTransientErrorNotMarked(t *testing.T) {
 	t.Parallel()
 	for _, flag := range []bool{false, true} {
 		t.Run(fmt.Sprintf("flag=%v", flag), func(t *testing.T) {
-			real, ok := redistest.Real(t).(*redis.Client)
-			require.True(t, ok)
-			hook := &failOnce{match: "benv"}
-			c := clientFor(t, real.Options())
-			c.AddHook(hook)
-			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; cfg.Shards = 1 })
+			hook := &failScripts{match: "benv", fail: func(string) error {
+				return errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout") // a connection's, not a reply
+			}}
+			b := setup(t, hookedReal(t, hook), func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; cfg.Shards = 1 })
 			for _, env := range []string{"aenv", "benv", "cenv"} {
 				enqueueN(t, b, env, "q", 30)
 			}
-			hook.armed.Store(true)
+			hook.left.Store(1)
 			var failed int
 			got := map[string]int{}
 			for range 6 {
@@ -267,7 +295,7 @@ func TestDequeueShardTransientErrorNotMarked(t *testing.T) {
 					got[r.Env]++
 				}
 			}
-			require.False(t, hook.armed.Load(), "the timeout was met")
+			require.Equal(t, int64(1), hook.calls.Load(), "the timeout was met")
 			require.LessOrEqual(t, failed, 1)
 			// Six calls of 3: one run each env a call, but for the call the
 			// timeout stopped (what it served before benv's call is kept).
@@ -282,30 +310,6 @@ type replyErr string
 func (e replyErr) Error() string { return string(e) }
 func (replyErr) RedisError()     {}
 
-// refuseScripts answers every script call with an error reply, as a
-// server whose ACL took scripting from the client's user does, and counts
-// them.
-type refuseScripts struct {
-	nopHook
-	on    atomic.Bool
-	calls atomic.Int64
-}
-
-func (h *refuseScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		switch cmd.Name() {
-		case "evalsha", "eval", "fcall":
-			if h.on.Load() {
-				h.calls.Add(1)
-				err := replyErr("NOPERM User rq has no permissions to run the '" + cmd.Name() + "' command")
-				cmd.SetErr(err)
-				return err
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-
 // TestDequeueShardEveryQueueRefused: a refusal of every queue that does
 // not read as a server's state (an ACL without scripting) costs a shard
 // call a few script calls, not one per queue it reads, and is the call's
@@ -317,16 +321,16 @@ func TestDequeueShardEveryQueueRefused(t *testing.T) {
 	t.Parallel()
 	for _, flag := range []bool{false, true} {
 		t.Run(fmt.Sprintf("flag=%v", flag), func(t *testing.T) {
-			real, ok := redistest.Real(t).(*redis.Client)
-			require.True(t, ok)
-			hook := &refuseScripts{}
-			c := clientFor(t, real.Options())
-			c.AddHook(hook)
-			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; cfg.Shards = 1 })
+			// Every script call refused, as by an ACL that took scripting
+			// from the client's user.
+			hook := &failScripts{fail: func(name string) error {
+				return replyErr("NOPERM User rq has no permissions to run the '" + name + "' command")
+			}}
+			b := setup(t, hookedReal(t, hook), func(cfg *runqueue.Config) { cfg.VtimeScheduling = flag; cfg.Shards = 1 })
 			for i := range 100 {
 				enqueueN(t, b, fmt.Sprint("e", i), "q", 1)
 			}
-			hook.on.Store(true)
+			hook.left.Store(-1)
 			for call := range 5 {
 				before := hook.calls.Load()
 				runs, err := b.q.DequeueShard(b.ctx, 0, 10)

@@ -47,11 +47,8 @@ func TestWaitCtxErrorFirst(t *testing.T) {
 	for _, flag := range []bool{false, true} {
 		for _, shard := range []bool{false, true} {
 			t.Run(fmt.Sprintf("flag=%v/shard=%v", flag, shard), func(t *testing.T) {
-				real, ok := redistest.Real(t).(*redis.Client)
-				require.True(t, ok)
 				hook := &slowFailingDials{after: 300 * time.Millisecond}
-				c := clientFor(t, real.Options())
-				c.AddHook(hook)
+				c := hookedReal(t, hook)
 				q, err := runqueue.New(t.Context(), c, &runqueue.Config{Prefix: redistest.Prefix(t), VtimeScheduling: flag})
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = q.Close() })

@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -50,10 +49,7 @@ func TestWorkerLeaseRunsOutUnextended(t *testing.T) {
 	for _, byClock := range []bool{true, false} {
 		t.Run(fmt.Sprintf("byClock=%v", byClock), func(t *testing.T) {
 			hook := &failPipelines{}
-			real, ok := redistest.Real(t).(*redis.Client)
-			require.True(t, ok)
-			c := clientFor(t, real.Options())
-			c.AddHook(hook)
+			c := hookedReal(t, hook)
 			lease := 10 * time.Second
 			if !byClock {
 				lease = 1500 * time.Millisecond

@@ -366,8 +366,11 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // backlog: a call visits the envs with due work on the shard in the cyclic
 // order of their names, starting after the last env the previous call on
 // this Queue and shard visited (after the first, when it visited them
-// all), and gives each a share of what is left of maxCount (then any
-// capacity left to the queues that filled their share).
+// all), and gives each an even share of maxCount; what a queue leaves of
+// its share (its env or keys at their limits, few runs ready) is shared
+// evenly among the queues not yet reached and those that filled their
+// share, so an env at its limit does not hand its share to the env after
+// it (see serveShard).
 // So a call of maxCount at least the number of envs serves every env that
 // has a run it may serve, and an env with a ready run within its limits is
 // served within ceil(envs / maxCount) calls. (Each call reads the
@@ -571,23 +574,37 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 
 // serveShard serves the queues of members (master members of shard, in
 // master order) for one DequeueShard call, after the runs out it served
-// already: envs in turn (shardPlan), each queue a share of what is left of
-// maxCount, then what is left to the queues that filled their share.
+// already, in three rounds:
+//
+//   - First, the queues in turn (shardPlan: one queue per env, envs from
+//     the shard's cursor), each a share of what is left of maxCount fixed
+//     when the round starts, the first queues one run more when they do not
+//     divide it. A queue that serves less than its share (its env or keys
+//     at their limits, few runs ready) leaves the rest to the second round,
+//     not to the queue after it: otherwise the envs after a capped env take
+//     its share in every call (5 envs, two at their limits, calls of 10:
+//     78 / 102 / 118 runs to the other three in 30 calls).
+//   - Second, what the first round left, shared the same way among the
+//     queues it did not reach (their turn came after maxCount ran out),
+//     then those that filled their share, these in the order of their
+//     names from a place that moves on by one each call, so that the
+//     larger shares go round.
+//   - Third, whatever is still left, to the queues that filled their second
+//     share, in order.
+//
+// Then what is left goes to the queues whose call failed within
+// shardFailBack, in turn.
 func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64,
 	f *shardFaults) ([]*Run, error) {
 	plan, late, envs := q.shardPlan(shard, members)
-	var more []*queueNames // queues that filled their share and may have more
-	for i, qn := range plan {
-		left := maxCount - len(out)
-		if left <= 0 {
-			break
-		}
+	// visit serves plan[i] up to share runs, and says whether it filled it.
+	visit := func(i, share int) (bool, error) {
 		if i < len(envs) {
-			// The plan's first round is one queue per env: the next call
+			// The plan's first queues are one per env: the next call
 			// starts after the last env this one visits, whether its call
 			// fails or not. A call that visits every env moves the start
-			// on by one instead, so that each env comes first in turn: the
-			// first envs of a round take the larger shares (below).
+			// on by one instead, so that each env comes first in turn and
+			// takes the larger shares in turn.
 			cursor := envs[i]
 			if i == len(envs)-1 {
 				cursor = envs[0]
@@ -596,31 +613,67 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 			q.shardEnv[shard] = cursor
 			q.rrMu.Unlock()
 		}
-		// Share what is left evenly among the queues still to visit in this
-		// round, so one env's backlog cannot take the whole call.
-		share := (left + len(plan) - i - 1) / (len(plan) - i)
-		runs, err := q.shardQueue(ctx, qn, share, now, false, f, len(out))
+		runs, err := q.shardQueue(ctx, plan[i], share, now, false, f, len(out))
+		out = append(out, runs...)
+		return err == nil && len(runs) == share, err
+	}
+	var second []int // plan indexes for the second round
+	if left := maxCount - len(out); left > 0 && len(plan) > 0 {
+		base, extra := left/len(plan), left%len(plan)
+		var filled []int
+		for i := range plan {
+			share := base
+			if i < extra {
+				share++
+			}
+			if share == 0 {
+				second = append(second, i) // not reached
+				continue
+			}
+			full, err := visit(i, share)
+			if err != nil {
+				return out, err
+			}
+			if full {
+				filled = append(filled, i)
+			}
+		}
+		if len(filled) > 0 && maxCount > len(out) {
+			q.rrMu.Lock()
+			turn := q.shardTurn[shard]
+			q.shardTurn[shard] = turn + 1
+			q.rrMu.Unlock()
+			// In a stable order (the plan's rotates with the env cursor),
+			// from the turn's place.
+			slices.SortFunc(filled, func(a, b int) int { return strings.Compare(plan[a].member, plan[b].member) })
+			k := turn % len(filled)
+			second = append(second, filled[k:]...)
+			second = append(second, filled[:k]...)
+		}
+	}
+	var third []int
+	for j, i := range second {
+		left := maxCount - len(out)
+		if left <= 0 {
+			break
+		}
+		share := (left + len(second) - j - 1) / (len(second) - j)
+		full, err := visit(i, share)
 		if err != nil {
 			return out, err
 		}
-		out = append(out, runs...)
-		if len(runs) == share {
-			more = append(more, qn)
+		if full {
+			third = append(third, i)
 		}
 	}
-	// Whatever capacity is left goes to those queues in order.
-	for _, qn := range more {
+	for _, i := range third {
 		if len(out) >= maxCount {
 			break
 		}
-		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, false, f, len(out))
-		if err != nil {
+		if _, err := visit(i, maxCount-len(out)); err != nil {
 			return out, err
 		}
-		out = append(out, runs...)
 	}
-	// Then what is left to the queues whose call failed within
-	// shardFailBack, in turn.
 	for _, qn := range late {
 		if len(out) >= maxCount {
 			break

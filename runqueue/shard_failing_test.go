@@ -192,6 +192,49 @@ func TestDequeueShardEnvSharesRotate(t *testing.T) {
 	})
 }
 
+// TestDequeueShardCappedEnvShares: an env at its limit leaves its share of
+// a shard call to be shared by the envs that can take it, not to the env
+// after it (which took it in every call: 78 / 102 / 118 runs to the three
+// envs with room in 30 calls of 10).
+func TestDequeueShardCappedEnvShares(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, flag := range []bool{false, true} {
+			for _, maxCount := range []int{1, 3, 10} {
+				t.Run(fmt.Sprintf("flag=%v/max=%d", flag, maxCount), func(t *testing.T) {
+					b := setup(t, c, func(cfg *runqueue.Config) {
+						cfg.VtimeScheduling = flag
+						cfg.Shards = 1
+						cfg.LimitsFor = func(env, _ string) runqueue.Limits {
+							if env == "b" || env == "d" {
+								return runqueue.Limits{Env: 1}
+							}
+							return runqueue.Limits{}
+						}
+					})
+					for _, env := range []string{"a", "b", "c", "d", "e"} {
+						enqueueN(t, b, env, "q", 300)
+					}
+					got := map[string]int{}
+					for range 30 {
+						runs, err := b.q.DequeueShard(b.ctx, 0, maxCount)
+						require.NoError(t, err)
+						require.Len(t, runs, maxCount, "every call is served in full")
+						for _, r := range runs {
+							got[r.Env]++
+						}
+					}
+					require.LessOrEqual(t, got["b"], 1)
+					require.LessOrEqual(t, got["d"], 1)
+					lo := min(got["a"], got["c"], got["e"])
+					hi := max(got["a"], got["c"], got["e"])
+					require.LessOrEqual(t, hi-lo, 1, "the envs with room share equally: %v", got)
+				})
+			}
+		}
+	})
+}
+
 // enqueueOldest queues one run in env/queue and moves the clock on, so
 // that the queue is older than those queued after it.
 func enqueueOldest(t *testing.T, b *testBundle, env, queue string) {

@@ -15,8 +15,8 @@ import (
 
 // TestPromoteBudget: a dequeue spends a budget of max(PromoteLimit,
 // maxCount) due delayed runs on the due variants it reaches
-// (vtime.PromotePlan: an even share of what is left each, at least one,
-// then what a variant left unused to those that filled their share),
+// (vtime.PromotePlan: the same share of it each, rounded up, then what a
+// variant left unused to those that filled their share),
 // instead of promoting up to PromoteLimit of each of ScanLimit variants.
 // Before, many runs due at once (a cron at midnight) made one
 // Dequeue(1000) promote 300,000 runs at the default config (3,000
@@ -42,8 +42,10 @@ func TestPromoteBudget(t *testing.T) {
 		promote, served int // runs one call promotes, and serves
 	}{
 		// 30 of 50 due keys reached (ScanLimit's default, 30 for a
-		// Dequeue(1)); 100 spent on them, 3 or 4 each (1,200 before).
-		{name: "Dequeue1ManyKeys", due: rep(50, 40), maxCount: 1, promote: 100, served: 1},
+		// Dequeue(1)); the budget of 100 shared among them, 4 each
+		// rounded up, 120 in all (1,200 before the budget; 100 while the
+		// first 10 took 4 and the other 20 took 3 in every call).
+		{name: "Dequeue1ManyKeys", due: rep(50, 40), maxCount: 1, promote: 120, served: 1},
 		// One key due: it takes the whole budget, PromoteLimit (100).
 		{name: "Dequeue1OneKey", due: []int{500}, maxCount: 1, promote: 100, served: 1},
 		// Dequeue(1000) reaches all 50 keys: 20 each (2,000 before: 40

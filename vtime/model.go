@@ -630,10 +630,11 @@ func (c *call) promote(now int64, maxCount int) {
 }
 
 // promotePlanned promotes the due runs of vms (due: how many each holds)
-// as PromotePlan divides them for a call of maxCount: each variant's first
-// share, then the rest, registering as place does when flagOn, else as
+// as PromotePlan divides what they may promote (promotable) for a call of
+// maxCount: each variant's first share, then the rest, registering as place does when flagOn, else as
 // put does (a flag-off call).
 func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int, flagOn bool) {
+	due = m.promotable(vms, due)
 	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due)
 	for i, vm := range vms {
 		m.promoteBy(vm, now, first[i], flagOn)
@@ -686,42 +687,90 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 	return vms, due
 }
 
+// promotable is how many of their due runs (due) the variants vms may
+// promote: a variant at its key limit one at most, since it cannot be
+// served in this call (one keeps its due runs moving to ready, so that it
+// does not hold its place in the delay index for ever), leaving the rest
+// of its share to the others (PromotePlan); the others all of them.
+func (m *Model) promotable(vms []string, due []int) []int {
+	k := m.cfg.Limits.Key
+	if k <= 0 {
+		return due
+	}
+	out := slices.Clone(due)
+	for i, vm := range vms {
+		if m.inflight[vm] >= k {
+			out[i] = min(out[i], 1)
+		}
+	}
+	return out
+}
+
 // PromotePlan is how many due delayed runs a dequeue call of maxCount
 // promotes of each due variant it reaches, given their due runs in the
 // delay index's order, where one variant gives at most limit. The call's
-// budget is max(limit, maxCount), spent in two passes (the Lua makes the
-// same two): first each variant in turn takes up to an even share of
-// what is left, max(1, ceil(left / variants left)), at most limit; then
-// the variants that filled their share take what is left of the budget,
-// in the same order, up to limit each. So every variant reached gains a
-// run, a call promotes fewer than budget + len(due) runs however many are
-// due, and at least the budget when its variants hold that many within
-// limit each (a share one variant left unused goes to another). plan is
+// budget is max(limit, maxCount), spent in three passes (the Lua makes the
+// same three). First every variant takes up to the same share, fixed when
+// the call starts: min(limit, ceil(budget / variants)). Then, of what they
+// left of the budget, the variants that filled their share take up to the
+// same share again: ceil(left / those variants), within limit. Then those
+// that filled that second share take what is still left, in order, within
+// limit. A variant's place in the order (the delay index's: due time, then
+// member) therefore gives it no larger share than another's: only the
+// third pass, which takes what the second left unused, goes in order. (A
+// share of what was left, given in turn, handed each variant's unused
+// runs, and the rounding up, to the variants after it, the same ones in
+// every call while their due times were equal: 60 variants and a budget
+// of 100 promoted 2 runs a call to the first 40 and 1 to the others.) So
+// every variant reached gains a run, a call promotes fewer than budget +
+// len(due) runs however many are due (a pass's shares, rounded up, exceed
+// what it shares by less than the variants it shares among), and at least
+// the budget when its variants hold that many within limit each. plan is
 // the total of each, first what the first pass took.
 func PromotePlan(limit, maxCount int, due []int) (plan, first []int) {
-	left := max(limit, maxCount)
+	budget := max(limit, maxCount)
 	plan, first = make([]int, len(due)), make([]int, len(due))
-	filled := make([]bool, len(due))
+	if len(due) == 0 {
+		return plan, first
+	}
+	share := min(limit, ceilDiv(budget, len(due)))
+	left := budget
+	var filled []int
 	for i, d := range due {
-		n := len(due) - i
-		share := min(limit, max(1, (left+n-1)/n))
 		first[i] = min(d, share)
-		filled[i] = first[i] == share
 		left -= first[i]
+		if first[i] == share {
+			filled = append(filled, i)
+		}
 	}
 	copy(plan, first)
-	for i, d := range due {
+	if left <= 0 || len(filled) == 0 {
+		return plan, first
+	}
+	second := ceilDiv(left, len(filled))
+	var again []int
+	for _, i := range filled {
+		want := min(second, limit-plan[i])
+		more := min(want, due[i]-plan[i])
+		plan[i] += more
+		left -= more
+		if more == want && want > 0 {
+			again = append(again, i)
+		}
+	}
+	for _, i := range again {
 		if left <= 0 {
 			break
 		}
-		if filled[i] {
-			more := min(limit-plan[i], left, d-plan[i])
-			plan[i] += more
-			left -= more
-		}
+		more := min(limit-plan[i], left, due[i]-plan[i])
+		plan[i] += more
+		left -= more
 	}
 	return plan, first
 }
+
+// ceilDiv is a / b rounded up, for a >= 0 and b > 0.
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // promoteBy moves up to limit due delayed runs of vm to ready, registering
 // as place does when flagOn, else as put does (no scheduler hook).

@@ -463,7 +463,7 @@ func (o *Oracle) dueVariants() []dueVariant {
 // among the first vtime.PromoteLook x scan, those with no ready run first,
 // keeping scan/4 places for the others, each group in the delay index's
 // order, one filling the places the other leaves (docs/design.md,
-// "Dequeue").
+// "Dequeue"); a key at its limit promotes one run at most.
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
 	scan := o.scan(maxCount)
@@ -482,14 +482,19 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 		window = slices.Concat(starving[:s], fed[:min(len(fed), scan-s)])
 	}
 	due := make([]int, reached)
+	may := make([]int, reached) // what each may promote: a key at its limit one run
 	for i, v := range window {
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
 		})
 		due[i] = len(v.due)
+		may[i] = due[i]
+		if o.limits.Key > 0 && v.k.held >= o.limits.Key {
+			may[i] = min(may[i], 1)
+		}
 	}
-	plan, plan1 := o.promotePlan(maxCount, due), o.promotePlan(1, due[:reached1])
+	plan, plan1 := o.promotePlan(maxCount, may), o.promotePlan(1, may[:reached1])
 	certain, certain1 = len(dv) == reached, len(dv) == reached1
 	var batch []*orun
 	for i, v := range window {
@@ -508,25 +513,42 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 
 // promotePlan is how many of its due runs (due, in the delay index's
 // order) each reached variant promotes in a call of maxCount (docs/
-// design.md, "Dequeue"): each in turn takes up to an even share of what
-// is left of the budget, at least 1 and at most PromoteLimit; then those
-// that filled their share take what is left, in the same order.
+// design.md, "Dequeue"): every variant up to one share of the budget,
+// rounded up and at most PromoteLimit; those that took their whole share,
+// one share of what is left, rounded up (within PromoteLimit); those that
+// took the whole of that, what is still left, in order.
 func (o *Oracle) promotePlan(maxCount int, due []int) []int {
 	limit := o.cfg.PromoteLimit
-	left := max(limit, maxCount)
+	budget := max(limit, maxCount)
 	plan := make([]int, len(due))
-	share := make([]int, len(due))
-	for i, d := range due {
-		n := len(due) - i
-		share[i] = min(limit, max(1, (left+n-1)/n))
-		plan[i] = min(d, share[i])
-		left -= plan[i]
+	// takers gives each of idx up to n more runs (within limit and what
+	// it holds) and returns those that took all n.
+	takers := func(idx []int, n int) (full []int) {
+		for _, i := range idx {
+			n := min(n, limit-plan[i])
+			got := min(n, due[i]-plan[i])
+			plan[i] += got
+			budget -= got
+			if n > 0 && got == n {
+				full = append(full, i)
+			}
+		}
+		return full
 	}
-	for i, d := range due {
-		if left > 0 && plan[i] == share[i] {
-			more := min(limit-plan[i], left, d-plan[i])
-			plan[i] += more
-			left -= more
+	all := make([]int, len(due))
+	for i := range all {
+		all[i] = i
+	}
+	if len(all) == 0 {
+		return plan
+	}
+	full := takers(all, (budget+len(all)-1)/len(all))
+	if budget > 0 && len(full) > 0 {
+		full = takers(full, (budget+len(full)-1)/len(full))
+	}
+	for _, i := range full {
+		if budget > 0 {
+			takers([]int{i}, budget)
 		}
 	}
 	return plan

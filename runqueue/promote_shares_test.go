@@ -1,0 +1,138 @@
+package runqueue_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// TestPromoteSharesByName: many keys' delayed runs falling due at the same
+// moment are promoted in equal shares, whatever their names. The delay
+// index orders them by name then, the same order in every call, and a
+// share of what was left, given in turn, gave the rounding up and what a
+// short key left to the keys after it: with the scheduler on, 60 keys due
+// together were served 60 runs each (the first 40) and 30 each (the other
+// 20) in 30 calls of 100; nine keys of 1,000 due runs beside one that
+// falls due a run a call, 570 runs to the first of the nine and 300 to
+// each other. Calls of 100 acked at once, 1 ms apart.
+func TestPromoteSharesByName(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		keys int
+		due  func(k, i int) time.Duration // when run i of key k falls due
+		runs func(k int) int
+	}{
+		{name: "Rounding", keys: 60, runs: func(int) int { return 400 },
+			due: func(int, int) time.Duration { return time.Second }},
+		{name: "Leftover", keys: 10,
+			runs: func(k int) int { return map[bool]int{true: 40, false: 1000}[k == 9] },
+			due: func(k, i int) time.Duration {
+				if k == 9 {
+					return time.Second + time.Duration(i)*time.Millisecond
+				}
+				return time.Second
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.SerialCalls = true, true })
+				start := b.clock.Now()
+				var ps []runqueue.EnqueueParams
+				for k := range tc.keys {
+					for i := range tc.runs(k) {
+						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%02d", k),
+							ID: fmt.Sprintf("k%02d-%d", k, i), AvailableAt: start.Add(tc.due(k, i))})
+					}
+				}
+				for len(ps) > 0 {
+					n := min(len(ps), 1000)
+					res, err := b.q.EnqueueMany(b.ctx, ps[:n])
+					require.NoError(t, err)
+					for _, r := range res {
+						require.NoError(t, r.Err)
+					}
+					ps = ps[n:]
+				}
+				b.clock.Advance(time.Second)
+				const calls = 30
+				served := map[string]int{}
+				for range calls {
+					runs := dequeue(t, b, queueName, 100)
+					require.Len(t, runs, 100)
+					for _, r := range runs {
+						served[r.Key]++
+					}
+					ackAll(t, b, runs)
+					b.clock.Advance(time.Millisecond)
+				}
+				var full []int // the keys that never ran short
+				for k := range tc.keys {
+					if tc.runs(k) == 1000 || tc.name == "Rounding" {
+						full = append(full, served[fmt.Sprintf("k%02d", k)])
+					}
+				}
+				require.LessOrEqual(t, slices.Max(full)-slices.Min(full), 1,
+					"keys due together are served alike, whatever their names: %v", served)
+			})
+		})
+	}
+}
+
+// TestPromoteAtKeyLimit: a key at its limit cannot be served, so a call
+// promotes one of its due runs at most and shares the rest of its share
+// among the others. Before, five keys held at their limit took half of
+// every call's promotions into ready runs they could not serve: 10 keys of
+// 1,000 due runs, KeyConcurrency 50, five keys never acked, calls of 100:
+// 1,750 runs served in 30 calls, while the five others held 5,000 due.
+func TestPromoteAtKeyLimit(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) {
+					cfg.VtimeScheduling, cfg.SerialCalls, cfg.KeyConcurrency = on, true, 50
+				})
+				start := b.clock.Now()
+				var ps []runqueue.EnqueueParams
+				for k := range 10 {
+					for i := range 1000 {
+						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%02d", k),
+							ID: fmt.Sprintf("k%02d-%d", k, i), AvailableAt: start.Add(time.Second)})
+					}
+				}
+				for len(ps) > 0 {
+					n := min(len(ps), 1000)
+					res, err := b.q.EnqueueMany(b.ctx, ps[:n])
+					require.NoError(t, err)
+					for _, r := range res {
+						require.NoError(t, r.Err)
+					}
+					ps = ps[n:]
+				}
+				b.clock.Advance(time.Second)
+				for call := range 30 {
+					runs := dequeue(t, b, queueName, 100)
+					// the five held keys each take one promoted run a call
+					// into ready: the others' promotions fill the rest
+					require.GreaterOrEqual(t, len(runs), 95, "call %d", call)
+					var free []*runqueue.Run
+					for _, r := range runs {
+						if r.Key >= "k05" {
+							free = append(free, r)
+						}
+					}
+					ackAll(t, b, free)
+					b.clock.Advance(time.Millisecond)
+				}
+			})
+		})
+	}
+}

@@ -62,12 +62,6 @@ func (h *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		argv := args[3+args[2].(int):]
-		if _, ok := argv[1].(int); !ok {
-			// Not a dequeue (its ARGV[2] is maxCount): an ack of the
-			// corrupt runs a dequeue served (corrupt_record_test.go).
-			h.mu.Unlock()
-			return next(ctx, cmd)
-		}
 		c := &heldCall{size: [3]int{argv[1].(int), argv[9].(int), argv[10].(int)}, release: make(chan struct{}), done: make(chan struct{})}
 		if h.opened {
 			c.let()

@@ -96,17 +96,7 @@ func (q *Queue) dequeueOne(ctx context.Context, n *queueNames, maxCount int) ([]
 			return nil, err
 		}
 	}
-	return served(q.dequeueQueue(ctx, n, maxCount, q.now()))
-}
-
-// served is what a public dequeue returns of a call's runs and error: the
-// runs with a nil error when there are some, the corrupt runs it removed
-// (a *CorruptRunError) told only when it served nothing else.
-func served(runs []*Run, err error) ([]*Run, error) {
-	if len(runs) > 0 && errors.Is(err, ErrCorruptRun) {
-		return runs, nil
-	}
-	return runs, err
+	return q.dequeueQueue(ctx, n, maxCount, q.now())
 }
 
 // dequeueReq is one coalesced Dequeue: its base queue and maxCount.
@@ -143,10 +133,8 @@ func (q *Queue) sizeOf(maxCount int) dqSize {
 // that), so that it reaches what they would and promotes at least what
 // one call of their maxCounts summed would. Its
 // runs are handed out in serve order, each call taking up to its own
-// maxCount, the earliest calls first. Corrupt runs the script call served
-// (removed: see CorruptRunError) are told to the first call left without
-// runs, if any. The Observer hears of each call's runs in its caller's
-// goroutine.
+// maxCount, the earliest calls first. The Observer hears of each call's
+// runs in its caller's goroutine.
 func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []dequeueResult {
 	var size dqSize
 	for _, r := range reqs {
@@ -159,10 +147,6 @@ func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []deque
 	size.promote = min(len(reqs)*q.cfg.PromoteLimit, max(q.cfg.PromoteLimit, size.maxCount))
 	now := q.now()
 	runs, _, err := q.settleAndDequeue(ctx, reqs[0].qn, nil, size, now, false)
-	var corrupt error
-	if errors.Is(err, ErrCorruptRun) {
-		corrupt, err = err, nil
-	}
 	out := make([]dequeueResult, len(reqs))
 	for i, r := range reqs {
 		if err != nil {
@@ -171,9 +155,6 @@ func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []deque
 		}
 		k := min(r.max, len(runs))
 		out[i] = dequeueResult{runs: runs[:k:k], now: now}
-		if k == 0 && corrupt != nil {
-			out[i].err, corrupt = corrupt, nil
-		}
 		runs = runs[k:]
 	}
 	return out
@@ -197,9 +178,6 @@ func (q *Queue) dequeueQueue(ctx context.Context, n *queueNames, maxCount int, n
 // settleAndDequeue acks acks (runs of qk) and dequeues up to size.maxCount
 // runs of qk in one script call; ackErrs[i] says what became of acks[i].
 // observe: tell the Observer (a coalesced send leaves it to each caller).
-// Runs served that do not decode are removed (dropCorrupt) and the error is
-// then a *CorruptRunError, with the runs that decode: the public calls
-// return it only when there are none (served).
 func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, size dqSize, now int64, observe bool) ([]*Run, []error, error) {
 	if err := checkNow(now); err != nil {
 		return nil, nil, err
@@ -245,16 +223,12 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	if n, ok := res[0].(int64); ok && n < 0 {
 		reset, res[0] = true, -1-n
 	}
-	runs, gone, bad, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	runs, gone, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
 	if len(gone) > 0 {
 		// Served without a record (evicted): nothing to deliver, so their
 		// slots are freed at once; should this fail, lease recovery frees
 		// them.
 		_, _, _ = q.ackMany(ctx, gone, false)
-	}
-	var corrupt error
-	if len(bad) > 0 {
-		corrupt = q.dropCorrupt(ctx, n, bad, now)
 	}
 	if err == nil && q.observe && observe {
 		// Every dequeue path (shard, blocking, fused with acks) ends here,
@@ -268,59 +242,12 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		}
 	}
 	if reset && err == nil {
-		// (A reset call served nothing: corrupt is nil.)
 		runs, _, err = q.settleAndDequeue(ctx, n, nil, size, now, observe)
 	}
 	if err == nil {
 		err = limErr
 	}
-	if err == nil {
-		err = corrupt
-	}
 	return runs, ackErrs, err
-}
-
-// corruptRun is a run a dequeue served that it cannot deliver (see
-// CorruptRunError): vm and id as stored, the delivery's token.
-type corruptRun struct {
-	vm, id string
-	token  int64
-	run    CorruptRun
-}
-
-// dropCorrupt removes the corrupt runs bad of n that a dequeue just served,
-// by the ack script on their variant members and ids as stored and their
-// tokens (an ack of a run held reads no record: lib/held.lua), and returns
-// the *CorruptRunError that reports them. Not dead-lettered: the requeue
-// script that dead-letters reads and rewrites the record, and fails part
-// way on one that does not parse (a lease recovery does, once: see
-// CorruptRunError.Err).
-func (q *Queue) dropCorrupt(ctx context.Context, n *queueNames, bad []corruptRun, now int64) error {
-	ce := &CorruptRunError{Env: n.qk.Env.Name(), Queue: n.qk.Name(), Runs: make([]CorruptRun, len(bad))}
-	for i, b := range bad {
-		ce.Runs[i] = b.run
-	}
-	var err error
-	for start := 0; err == nil && start < len(bad); start += maxBatch {
-		chunk := bad[start:min(start+maxBatch, len(bad))]
-		args := make([]any, 0, 3+3*len(chunk))
-		args = append(args, now, n.runPrefix, len(chunk))
-		for _, b := range chunk {
-			args = append(args, b.vm, b.id, b.token)
-		}
-		sc := q.ackScript(n.qk)
-		ks, args := q.withHooks(sc, n, n.held, args)
-		var vals []any
-		vals, err = run(ctx, q.rdb, sc, ks, args...).Slice()
-		err = scriptError(err, nil)
-		for i, v := range vals {
-			if i < len(chunk) && v == int64(1) {
-				ce.Runs[start+i].Removed = true
-			}
-		}
-	}
-	ce.Err = err
-	return ce
 }
 
 // ackedCount is how many of the acks of a dequeue script's reply were
@@ -343,17 +270,7 @@ func ackedCount(res []any, acks int) int {
 // Config.LimitsFor refuses the queue's limits (a negative one), the acks
 // are still made, alone, and their results come with that *InvalidError.
 // At most 1,000 acks a call (more is an *InvalidError, nothing done).
-// Corrupt runs it served are removed, and told (a *CorruptRunError, with
-// ackErrs) only when it served no other run, as with Dequeue.
 func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
-	runs, ackErrs, err := q.ackAndDequeue(ctx, acks, env, queue, maxCount)
-	runs, err = served(runs, err)
-	return runs, ackErrs, err
-}
-
-// ackAndDequeue is AckAndDequeue, but a *CorruptRunError comes with the
-// runs served (the Worker logs it).
-func (q *Queue) ackAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, nil, err
 	}
@@ -401,13 +318,10 @@ func union(lists ...[]string) []string {
 // decodeDequeue reads a dequeue script's reply (lua/lib/dequeue.lua,
 // dq_finish): the acks' results, then four values per run. A run served
 // without a record (its queue's runs hash was evicted, Config.AllowEviction)
-// is in gone, not in runs; one whose id, variant member or record does not
-// parse is in bad (see CorruptRunError), not in runs: the others are
-// delivered.
-func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone []*Run, bad []corruptRun,
-	ackErrs []error, err error) {
+// is in gone, not in runs.
+func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone []*Run, ackErrs []error, err error) {
 	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
-		return nil, nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+		return nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
 	}
 	if acks > 0 {
 		ackErrs = make([]error, acks)
@@ -424,34 +338,27 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 		member, _ := res[i+1].(string)
 		raw, hasRec := res[i+2].(string)
 		tok, _ := res[i+3].(int64)
-		id, idErr := keys.DecodeSegment(encID)
-		ck, ckErr := keys.DecodeVariantMember(member)
-		var rec record
-		reason := ""
-		switch {
-		case idErr != nil:
-			id, reason = encID, fmt.Sprintf("id %q does not decode: %v", encID, idErr)
-		case ckErr != nil:
-			ck, reason = member, fmt.Sprintf("variant member %q does not decode: %v", member, ckErr)
-		case !hasRec && res[i+2] == nil:
+		id, err := keys.DecodeSegment(encID)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
+		}
+		ck, err := keys.DecodeVariantMember(member)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
+		}
+		if !hasRec && res[i+2] == nil {
 			gone = append(gone, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Token: tok})
 			continue
-		default:
-			var ok bool
-			if rec, ok = parseRecord(raw); !ok {
-				reason = fmt.Sprintf("record in %s does not parse", qk.Runs())
-			}
 		}
-		if reason != "" {
-			bad = append(bad, corruptRun{vm: member, id: encID, token: tok,
-				run: CorruptRun{ID: id, Key: ck, Record: raw, Reason: reason}})
-			continue
+		rec, ok := parseRecord(raw)
+		if !ok {
+			return nil, nil, nil, fmt.Errorf("runqueue: corrupt record of %q in %s", id, qk.Runs())
 		}
 		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(rec.payload),
 			Attempt: rec.att, Priority: rec.pr, AvailableAt: time.UnixMilli(rec.at), Token: tok,
 			LeaseDeadline: time.UnixMilli(lease)})
 	}
-	return runs, gone, bad, ackErrs, nil
+	return runs, gone, ackErrs, nil
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard
@@ -501,39 +408,31 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // as the server's: an ACL without scripting, say). A call's error (the first such failure, or what stopped it) is
 // returned when nothing else is served; a Worker logs a queue's failure
 // (at most once a second for each of its sources) and serves on.
-//
-// Corrupt runs a queue's call served (see CorruptRunError) are removed and
-// do not stop the call; their *CorruptRunError is the call's error when it
-// served nothing else and met no other failure.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
-	runs, fault, corrupt, err := q.dequeueShard(ctx, shard, maxCount)
+	runs, fault, err := q.dequeueShard(ctx, shard, maxCount)
 	switch {
 	case len(runs) > 0:
 		return runs, nil
 	case err != nil:
 		return nil, err
-	case fault != nil:
-		return nil, fault
 	}
-	return nil, corrupt
+	return nil, fault
 }
 
 // dequeueShard is DequeueShard, but a call that fails after others served
 // runs returns both (the Worker hands the runs out and logs the error),
-// fault is the first failure of a queue's own that the call passed over
-// (the Worker logs it, and does not count it as its fetch's), and corrupt
-// the *CorruptRunError of each queue whose call served corrupt runs
-// (errors.Join; the Worker logs it).
-func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*Run, fault, corrupt, err error) {
+// and fault is the first failure of a queue's own that the call passed
+// over (the Worker logs it, and does not count it as its fetch's).
+func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*Run, fault, err error) {
 	if err := q.checkShard(shard); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	if err := q.checkMaxCount(maxCount); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	if q.cfg.ReadOnly {
 		// Refused whether or not the shard holds work to serve.
-		return nil, nil, nil, ErrReadOnly
+		return nil, nil, ErrReadOnly
 	}
 	now := q.now()
 	sh := q.space.Shard(shard)
@@ -562,7 +461,7 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 		}
 		return nil
 	}); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	members := oldest.Val()
 	next := off + n
@@ -580,14 +479,14 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	var f shardFaults
 	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &f)
 	if err != nil || len(out) >= maxCount || ahead == nil || len(ahead.Val()) == 0 {
-		return out, f.first, f.corrupt, err
+		return out, f.first, err
 	}
 	ready, err := q.readyMembers(ctx, ahead.Val(), members, now)
 	if err != nil {
-		return out, f.first, f.corrupt, err
+		return out, f.first, err
 	}
 	out, err = q.serveShard(ctx, shard, ready, out, maxCount, now, &f)
-	return out, f.first, f.corrupt, err
+	return out, f.first, err
 }
 
 // readyMembers returns the members of z (master entries of a shard scored
@@ -793,13 +692,10 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 const shardFailBack = time.Second
 
 // shardFaults counts the failures of queues' own that a shard call passed
-// over (shardQueue); first is the first of them. corrupt joins the
-// *CorruptRunError of the queues' calls that served corrupt runs: not a
-// failure (the call served, the runs are removed).
+// over (shardQueue); first is the first of them.
 type shardFaults struct {
-	first   error
-	n       int
-	corrupt error
+	first error
+	n     int
 }
 
 // shardFaultsMax: a shard call that has passed over this many failures of
@@ -822,15 +718,6 @@ const shardFaultsMax = 3
 func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, late bool,
 	f *shardFaults, served int) ([]*Run, error) {
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
-	if errors.Is(err, ErrCorruptRun) {
-		// Served, the corrupt runs removed: the queue's call went through.
-		if f.corrupt == nil {
-			f.corrupt = err
-		} else {
-			f.corrupt = errors.Join(f.corrupt, err)
-		}
-		err = nil
-	}
 	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
 		return runs, err
 	}

@@ -41,10 +41,6 @@ var (
 	// ErrServerVersion is wrapped by every *ServerVersionError: New found a
 	// Redis older than the scripts need.
 	ErrServerVersion = errors.New("runqueue: redis server too old")
-	// ErrCorruptRun is wrapped by every *CorruptRunError: a dequeue served
-	// runs it could not deliver, their stored record (or id, or concurrency
-	// key) not one runqueue wrote.
-	ErrCorruptRun = errors.New("runqueue: corrupt run")
 )
 
 // InvalidError reports which argument was rejected and why.
@@ -115,63 +111,6 @@ func (e *ServerVersionError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrServerVersion) true.
 func (e *ServerVersionError) Unwrap() error { return ErrServerVersion }
-
-// CorruptRunError reports runs of Env/Queue that a dequeue served but could
-// not deliver: their record in the queue's runs hash does not parse, or
-// their id or concurrency key as stored does not decode (written by hand,
-// or by something other than runqueue). The runs of the call that decode
-// are delivered as usual. The dequeue removes the corrupt ones at once, as
-// an ack of their delivery would (their records and leases go, their
-// concurrency slots are freed, their ids are free again), so that they
-// neither come back nor hold their key's slot; each CorruptRun keeps what
-// was stored. They are not dead-lettered: a dead letter needs a record
-// that parses.
-//
-// A dequeue returns it (errors.As; errors.Is(err, ErrCorruptRun)) only
-// when it served no other run: a call that served runs returns them with a
-// nil error, as always, and a Worker logs it.
-type CorruptRunError struct {
-	Env, Queue string
-	Runs       []CorruptRun
-	// Err is why the removal failed, nil when it was made. Runs it did not
-	// remove are held until their lease passes; RecoverLeases then fails
-	// on each once (its script cannot read the record), freeing its slot,
-	// and it is not served again.
-	Err error
-}
-
-// CorruptRun is one run of a CorruptRunError.
-type CorruptRun struct {
-	// ID and Key are the run's id and concurrency key, or, when one does
-	// not decode, as stored (encoded).
-	ID, Key string
-	// Record is the run's record as stored ("" when it had none).
-	Record string
-	// Reason says what did not parse.
-	Reason string
-	// Removed: the removal took the run (false when it failed, or when
-	// another holder had it: see RecoverLeases).
-	Removed bool
-}
-
-func (e *CorruptRunError) Error() string {
-	msg := fmt.Sprintf("runqueue: %d corrupt run(s) of %s/%s served", len(e.Runs), e.Env, e.Queue)
-	if len(e.Runs) > 0 {
-		msg += fmt.Sprintf(" (run %q: %s)", e.Runs[0].ID, e.Runs[0].Reason)
-	}
-	if e.Err != nil {
-		return msg + "; removing them failed: " + e.Err.Error()
-	}
-	return msg + " and removed"
-}
-
-// Unwrap makes errors.Is(err, ErrCorruptRun) true, and reaches Err.
-func (e *CorruptRunError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrCorruptRun}
-	}
-	return []error{ErrCorruptRun, e.Err}
-}
 
 // scriptError maps the RQ_* codes that scripts return through
 // redis.error_reply to typed errors. It is the only place that knows them.

@@ -1,7 +1,6 @@
 package runqueue
 
 import (
-	"errors"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -114,7 +113,6 @@ type fetchCall struct {
 	ackErr  error
 	err     error
 	fault   error // a failure of a queue's own that a shard fetch passed over (logged, not counted)
-	corrupt error // corrupt runs the call served and removed (*CorruptRunError; logged, not counted)
 	took    time.Duration
 }
 
@@ -129,10 +127,7 @@ func (s *source) fetch(c *fetchCall) {
 	}
 	n := len(c.ks)
 	if s.shard < 0 {
-		c.runs, c.ackErrs, c.err = w.q.ackAndDequeue(ctx, ackRuns, s.env, s.queue, n)
-		if errors.Is(c.err, ErrCorruptRun) {
-			c.corrupt, c.err = c.err, nil // the call went through
-		}
+		c.runs, c.ackErrs, c.err = w.q.AckAndDequeue(ctx, ackRuns, s.env, s.queue, n)
 		if c.ackErrs == nil || len(ackRuns) == 0 {
 			c.ackErr = c.err // (with results, the acks were made: see AckAndDequeue)
 		}
@@ -145,7 +140,7 @@ func (s *source) fetch(c *fetchCall) {
 		}
 	}
 	if n > 0 {
-		c.runs, c.fault, c.corrupt, c.err = w.q.dequeueShard(ctx, s.shard, n)
+		c.runs, c.fault, c.err = w.q.dequeueShard(ctx, s.shard, n)
 	}
 }
 
@@ -488,10 +483,6 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// DequeueShard); logged at most once a second.
 		l.faultLogged = time.Now()
 		w.log.Warn("runqueue: worker passed over a queue whose call failed", s.attrs("err", c.fault)...)
-	}
-	if c.corrupt != nil {
-		// Not rate-limited: each corrupt run is removed once it is told.
-		w.log.Error("runqueue: worker removed served runs whose records do not parse", s.attrs("err", c.corrupt)...)
 	}
 	if c.err != nil {
 		if w.base.Err() != nil {

@@ -212,6 +212,24 @@ func TestReviewNumbersTimeEdges(t *testing.T) {
 			require.ElementsMatch(t, []string{"p0", "soon"}, runIDs(due), "flag on=%v", on)
 			ackAll(t, b, append(again, due...))
 
+			// Dead-lettered and redriven in year 8307 (2e14 + 123 ms): its
+			// record's time as written (a Lua number joined to the record
+			// printed as "2.0000000000001e+14" on Redis, which no dequeue
+			// could read).
+			far := time.UnixMilli(200_000_000_000_123)
+			numbersSetClock(b, far)
+			enqueue(t, b, runqueue.EnqueueParams{ID: "far", Key: "d"})
+			runs = dequeue(t, b, queueName, 10)
+			require.Equal(t, []string{"far"}, runIDs(runs), "flag on=%v", on)
+			res, err = b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{DeadLetter: true})
+			require.NoError(t, err)
+			require.False(t, res.Requeued)
+			require.NoError(t, b.q.Redrive(b.ctx, env, queueName, "d", "far"))
+			runs = dequeue(t, b, queueName, 10)
+			require.Equal(t, []string{"far"}, runIDs(runs), "flag on=%v", on)
+			require.True(t, runs[0].AvailableAt.Equal(far), "flag on=%v: %v", on, runs[0].AvailableAt)
+			ackAll(t, b, runs)
+
 			// The run at the last time waits until then, and not a ms less.
 			numbersSetClock(b, last.Add(-time.Millisecond))
 			require.Empty(t, dequeue(t, b, queueName, 10), "flag on=%v", on)

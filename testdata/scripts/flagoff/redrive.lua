@@ -230,7 +230,9 @@ if redis.call('ZREM', dead, member) == 0 then return 2 end
 if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_dead, q.qm) end
 -- (no last settled token: a retry of the nack that dead-lettered it is
 -- not answered from the redriven run)
-redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, '0'))
+-- (the time as Go wrote it, ARGV[1]: a Lua number joined to a string
+-- prints as %.14g, 1.5e+14 from 1e14 ms on, which no reader parses)
+redis.call('HSET', q.runs, id, rec_with(rec, r, 1, ARGV[1], '0'))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks:finish()

@@ -1,4 +1,4 @@
-#!lua name=runqueue_214d4ec9a7673e3b
+#!lua name=runqueue_9d2d4ce1b52c1110
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2493,16 +2493,18 @@ if redis.call('ZREM', dead, member) == 0 then return 2 end
 if redis.call('HINCRBY', env_dead, q.qm, '-1') <= 0 then redis.call('HDEL', env_dead, q.qm) end
 -- (no last settled token: a retry of the nack that dead-lettered it is
 -- not answered from the redriven run)
-redis.call('HSET', q.runs, id, rec_with(rec, r, 1, now, '0'))
+-- (the time as Go wrote it, ARGV[1]: a Lua number joined to a string
+-- prints as %.14g, 1.5e+14 from 1e14 ms on, which no reader parses)
+redis.call('HSET', q.runs, id, rec_with(rec, r, 1, ARGV[1], '0'))
 place(q, variant_keys(ARGV[8], vm), hooks, id, vm, now, now - r.pr * priority_step, now)
 if wake ~= '' then redis.call('PUBLISH', wake, q.qm) end
 hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_214d4ec9a7673e3b_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_214d4ec9a7673e3b_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_214d4ec9a7673e3b_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_214d4ec9a7673e3b_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_214d4ec9a7673e3b_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_214d4ec9a7673e3b_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

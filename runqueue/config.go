@@ -110,14 +110,13 @@ type Config struct {
 	// a budget of max(PromoteLimit, maxCount) runs on the due variants it
 	// reaches (ScanLimit at most: the first, earliest due first; with the
 	// fair scheduler and more due, those without a ready run first, see
-	// docs/design.md "Dequeue"): each takes up to
-	// the same share of it, rounded up, then those that filled their share
-	// share what the others left. So one call promotes fewer than that
-	// budget plus ScanLimit runs, however many are due at once, and runs
-	// due together are promoted alike whatever their keys' names; a key
-	// at its limit promotes one run at most, leaving the rest of its
-	// share to the others. (A coalesced Dequeue of k calls has a per-variant limit
-	// of k*PromoteLimit, at most its maxCount or PromoteLimit, the larger.)
+	// docs/design.md "Dequeue"): each takes up to the same share of it,
+	// rounded up, then those that filled their share share what the others
+	// left (what they leave in turn, in the delay index's order). So one
+	// call promotes fewer than that budget plus ScanLimit runs, however
+	// many are due at once. (A coalesced Dequeue of k calls has a
+	// per-variant limit of k*PromoteLimit, at most its maxCount or
+	// PromoteLimit, the larger.)
 	PromoteLimit int
 
 	// WindowMultiplier sizes the scheduler's read budget per call: pass 1

@@ -80,12 +80,10 @@
 //     passes (PromotePlan): each takes up to the same share of it, rounded
 //     up, at most PromoteLimit; those that filled their share take up to
 //     the same share of what is left; those that filled that take what is
-//     still left, in order. So a variant's name (the delay index's order
-//     among runs due together) gives it no larger share, a call promotes
-//     fewer than budget + ScanLimit runs however many are due, and a share
-//     one variant leaves unused goes to others. A variant at its key limit
-//     promotes one run at most (it cannot be served in the call; one run
-//     keeps its due runs moving out of the delay index).
+//     still left, in order. So only what the second pass leaves goes by a
+//     variant's name (the delay index's order among runs due together), a
+//     call promotes fewer than budget + ScanLimit runs however many are
+//     due, and a share one variant leaves unused goes to others.
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in

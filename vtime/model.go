@@ -630,11 +630,10 @@ func (c *call) promote(now int64, maxCount int) {
 }
 
 // promotePlanned promotes the due runs of vms (due: how many each holds)
-// as PromotePlan divides what they may promote (promotable) for a call of
-// maxCount: each variant's first share, then the rest, registering as place does when flagOn, else as
+// as PromotePlan divides them for a call of maxCount: each variant's first
+// share, then the rest, registering as place does when flagOn, else as
 // put does (a flag-off call).
 func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int, flagOn bool) {
-	due = m.promotable(vms, due)
 	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due)
 	for i, vm := range vms {
 		m.promoteBy(vm, now, first[i], flagOn)
@@ -687,25 +686,6 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 	return vms, due
 }
 
-// promotable is how many of their due runs (due) the variants vms may
-// promote: a variant at its key limit one at most, since it cannot be
-// served in this call (one keeps its due runs moving to ready, so that it
-// does not hold its place in the delay index for ever), leaving the rest
-// of its share to the others (PromotePlan); the others all of them.
-func (m *Model) promotable(vms []string, due []int) []int {
-	k := m.cfg.Limits.Key
-	if k <= 0 {
-		return due
-	}
-	out := slices.Clone(due)
-	for i, vm := range vms {
-		if m.inflight[vm] >= k {
-			out[i] = min(out[i], 1)
-		}
-	}
-	return out
-}
-
 // PromotePlan is how many due delayed runs a dequeue call of maxCount
 // promotes of each due variant it reaches, given their due runs in the
 // delay index's order, where one variant gives at most limit. The call's
@@ -715,9 +695,9 @@ func (m *Model) promotable(vms []string, due []int) []int {
 // left of the budget, the variants that filled their share take up to the
 // same share again: ceil(left / those variants), within limit. Then those
 // that filled that second share take what is still left, in order, within
-// limit. A variant's place in the order (the delay index's: due time, then
-// member) therefore gives it no larger share than another's: only the
-// third pass, which takes what the second left unused, goes in order. (A
+// limit. Only the third pass, which takes what the second left unused,
+// goes by a variant's place in the order (the delay index's: due time,
+// then member). (A
 // share of what was left, given in turn, handed each variant's unused
 // runs, and the rounding up, to the variants after it, the same ones in
 // every call while their due times were equal: 60 variants and a budget

@@ -463,7 +463,7 @@ func (o *Oracle) dueVariants() []dueVariant {
 // among the first vtime.PromoteLook x scan, those with no ready run first,
 // keeping scan/4 places for the others, each group in the delay index's
 // order, one filling the places the other leaves (docs/design.md,
-// "Dequeue"); a key at its limit promotes one run at most.
+// "Dequeue").
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
 	scan := o.scan(maxCount)
@@ -482,19 +482,14 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 		window = slices.Concat(starving[:s], fed[:min(len(fed), scan-s)])
 	}
 	due := make([]int, reached)
-	may := make([]int, reached) // what each may promote: a key at its limit one run
 	for i, v := range window {
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
 		})
 		due[i] = len(v.due)
-		may[i] = due[i]
-		if o.limits.Key > 0 && v.k.held >= o.limits.Key {
-			may[i] = min(may[i], 1)
-		}
 	}
-	plan, plan1 := o.promotePlan(maxCount, may), o.promotePlan(1, may[:reached1])
+	plan, plan1 := o.promotePlan(maxCount, due), o.promotePlan(1, due[:reached1])
 	certain, certain1 = len(dv) == reached, len(dv) == reached1
 	var batch []*orun
 	for i, v := range window {

@@ -1,4 +1,4 @@
-#!lua name=runqueue_9d2d4ce1b52c1110
+#!lua name=runqueue_2eb54b1b1c62f139
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1192,19 +1192,6 @@ local function dq_var(dq, vm)
   return c
 end
 
--- Runs of vm in flight before this call.
-local function dq_inflight(dq, vm)
-  local c = dq_var(dq, vm)
-  if c.inflight_n == nil then c.inflight_n = tonumber(redis.call('HGET', dq.kin, vm)) or 0 end
-  return c.inflight_n
-end
-
--- True when vm's own limit blocks another serve.
-local function dq_at_limit(dq, vm)
-  if dq.key_limit <= 0 then return false end
-  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
-end
-
 -- Move up to n due runs of variant vm from delayed to ready; returns how
 -- many left the delayed set.
 local function dq_promote_variant(dq, hooks, vm, n)
@@ -1248,14 +1235,11 @@ end
 -- share, fixed when the call starts, min(limit, ceil(budget / variants));
 -- then, of what they left, those that filled their share take up to the
 -- same share again, ceil(left / those), within the limit; then those that
--- filled that take what is still left, in order, within the limit. So a
--- variant's place in the delay index (due time, then member) gives it no
--- larger share than another's, one call promotes fewer than budget + scan
--- runs however many are due, and a share one variant left unused goes to
--- others. A variant at its key limit takes one run at most (it cannot be
--- served in this call; one run keeps its due runs moving to ready, so it
--- does not hold its place in delayIndex for ever), and leaves the rest of
--- its share to the others. A look at delayIndex's head comes first: when nothing is due
+-- filled that take what is still left, in order, within the limit. So
+-- only what the second pass leaves goes by a variant's place in the delay
+-- index (due time, then member), one call promotes fewer than budget +
+-- scan runs however many are due, and a share one variant left unused
+-- goes to others. A look at delayIndex's head comes first: when nothing is due
 -- (the common case) it is all the call reads of delayed runs, and
 -- dq_finish reuses it. pick, when given (the flag-on dequeue), chooses the
 -- variants when more than scan are due: it gets the first scan + 1 and
@@ -1279,9 +1263,7 @@ local function dq_promote(dq, hooks, pick)
   local share = math.min(limit, math.ceil(left / #due))
   local filled, plan = {}, {}
   for i, vm in ipairs(due) do
-    local want = share
-    if dq_at_limit(dq, vm) then want = 1 end
-    local got = dq_promote_variant(dq, hooks, vm, want)
+    local got = dq_promote_variant(dq, hooks, vm, share)
     if got == share then filled[#filled + 1] = i end
     plan[i] = got
     left = left - got
@@ -1291,7 +1273,6 @@ local function dq_promote(dq, hooks, pick)
   local again = {}
   for _, i in ipairs(filled) do
     local want = math.min(share, limit - plan[i])
-    if dq_at_limit(dq, due[i]) then want = 0 end
     if want > 0 then
       local got = dq_promote_variant(dq, hooks, due[i], want)
       if got == want then again[#again + 1] = i end
@@ -1330,6 +1311,19 @@ local function dq_head(dq, vm)
   end
   if c.list[p] == nil then return nil end
   return num(c.list[p + 1]), c.list[p]
+end
+
+-- Runs of vm in flight before this call.
+local function dq_inflight(dq, vm)
+  local c = dq_var(dq, vm)
+  if c.inflight_n == nil then c.inflight_n = tonumber(redis.call('HGET', dq.kin, vm)) or 0 end
+  return c.inflight_n
+end
+
+-- True when vm's own limit blocks another serve.
+local function dq_at_limit(dq, vm)
+  if dq.key_limit <= 0 then return false end
+  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
 end
 
 -- Serve the head of vm (dq_head found one); returns the next head's ready
@@ -2502,9 +2496,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9d2d4ce1b52c1110_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

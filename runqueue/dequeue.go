@@ -1,9 +1,11 @@
 package runqueue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -362,15 +364,19 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard
-// (see ShardOf). Envs are served round-robin, whatever another env's
-// backlog: a call visits the envs with due work on the shard in the cyclic
-// order of their names, starting after the last env the previous call on
-// this Queue and shard visited (after the first, when it visited them
-// all), and gives each an even share of maxCount; what a queue leaves of
-// its share (its env or keys at their limits, few runs ready) is shared
-// evenly among the queues not yet reached and those that filled their
-// share, so an env at its limit does not hand its share to the env after
-// it (see serveShard).
+// (see ShardOf), whatever an env's backlog. A call plans one queue per env
+// with due work on the shard, then the envs' other queues, and gives each
+// queue of its plan an even share of maxCount (so an env with several
+// queues may take more than one with one); the runs that do not divide go
+// to the envs this Queue has served least on the shard (a credit of runs
+// served, ties the least recently served first). What a queue leaves of its
+// share (its env or keys at their limits, few runs ready) goes to the
+// queues that filled theirs and those not reached, the least served
+// envs first, so an env at its limit does not hand its share to the env
+// after it, and envs with room and backlogs that take one queue's share
+// each are served equal runs over a window of calls, give or take one
+// or two (see serveShard). An env that is at its limits, short of ready
+// runs or away from the shard is owed nothing for it when it comes back.
 // So a call of maxCount at least the number of envs serves every env that
 // has a run it may serve, and an env with a ready run within its limits is
 // served within ceil(envs / maxCount) calls. (Each call reads the
@@ -477,7 +483,9 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	q.shardOff[shard] = next
 	q.rrMu.Unlock()
 	var f shardFaults
-	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &f)
+	t := shardTally{served: map[string]int{}, short: map[string]bool{}}
+	defer q.shardCommit(shard, &t, maxCount)
+	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &f, &t)
 	if err != nil || len(out) >= maxCount || ahead == nil || len(ahead.Val()) == 0 {
 		return out, f.first, err
 	}
@@ -485,7 +493,7 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	if err != nil {
 		return out, f.first, err
 	}
-	out, err = q.serveShard(ctx, shard, ready, out, maxCount, now, &f)
+	out, err = q.serveShard(ctx, shard, ready, out, maxCount, now, &f, &t)
 	return out, f.first, err
 }
 
@@ -574,60 +582,53 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 
 // serveShard serves the queues of members (master members of shard, in
 // master order) for one DequeueShard call, after the runs out it served
-// already, in three rounds:
+// already; t holds what the call served of each env (both passes).
 //
-//   - First, the queues in turn (shardPlan: one queue per env, envs from
-//     the shard's cursor), each a share of what is left of maxCount fixed
-//     when the round starts, the first queues one run more when they do not
-//     divide it. A queue that serves less than its share (its env or keys
-//     at their limits, few runs ready) leaves the rest to the second round,
-//     not to the queue after it: otherwise the envs after a capped env take
-//     its share in every call (5 envs, two at their limits, calls of 10:
-//     78 / 102 / 118 runs to the other three in 30 calls).
-//   - Second, what the first round left, shared the same way among the
-//     queues it did not reach (their turn came after maxCount ran out),
-//     then those that filled their share, these in the order of their
-//     names from a place that moves on by one each call, so that the
-//     larger shares go round.
-//   - Third, whatever is still left, to the queues that filled their second
-//     share, in order.
+//   - First, the queues in turn (shardPlan: one queue per env, the env
+//     with the least credit first, then the envs' other queues), each a
+//     share of what is left of maxCount fixed when the round starts, the
+//     first queues one run more when they do not divide it. A queue that
+//     serves less than its share (its env or keys at their limits, few
+//     runs ready) leaves the rest to the rounds after, not to the queue
+//     after it: otherwise the envs after a capped env take its share in
+//     every call (5 envs, two at their limits, calls of 10: 78 / 102 / 118
+//     runs to the other three in 30 calls).
+//   - Then what is left goes to the queues that filled their share and
+//     those the first round did not reach (shareLeft): to the envs with
+//     the least credit and runs served in the call, only as many as it
+//     takes to even them out. A queue that serves less than it was given
+//     drops out, and what it left is shared again among the others, until
+//     nothing is left or no queue can take more.
 //
 // Then what is left goes to the queues whose call failed within
 // shardFailBack, in turn.
 func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64,
-	f *shardFaults) ([]*Run, error) {
-	plan, late, envs := q.shardPlan(shard, members)
+	f *shardFaults, t *shardTally) ([]*Run, error) {
+	plan, env, credit, nfirst, late := q.shardPlan(shard, members, t)
+	for _, e := range env[:nfirst] {
+		t.served[e] += 0 // read by the call
+	}
 	// visit serves plan[i] up to share runs, and says whether it filled it.
 	visit := func(i, share int) (bool, error) {
-		if i < len(envs) {
-			// The plan's first queues are one per env: the next call
-			// starts after the last env this one visits, whether its call
-			// fails or not. A call that visits every env moves the start
-			// on by one instead, so that each env comes first in turn and
-			// takes the larger shares in turn.
-			cursor := envs[i]
-			if i == len(envs)-1 {
-				cursor = envs[0]
-			}
-			q.rrMu.Lock()
-			q.shardEnv[shard] = cursor
-			q.rrMu.Unlock()
-		}
 		runs, err := q.shardQueue(ctx, plan[i], share, now, false, f, len(out))
 		out = append(out, runs...)
-		return err == nil && len(runs) == share, err
+		t.served[env[i]] += len(runs)
+		full := err == nil && len(runs) == share
+		if !full {
+			t.short[env[i]] = true
+		}
+		return full, err
 	}
-	var second []int // plan indexes for the second round
+	var filled, unreached []int // plan indexes
 	if left := maxCount - len(out); left > 0 && len(plan) > 0 {
 		base, extra := left/len(plan), left%len(plan)
-		var filled []int
 		for i := range plan {
 			share := base
 			if i < extra {
 				share++
 			}
 			if share == 0 {
-				second = append(second, i) // not reached
+				unreached = append(unreached, i)
 				continue
 			}
 			full, err := visit(i, share)
@@ -638,41 +639,24 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 				filled = append(filled, i)
 			}
 		}
-		if len(filled) > 0 && maxCount > len(out) {
-			q.rrMu.Lock()
-			turn := q.shardTurn[shard]
-			q.shardTurn[shard] = turn + 1
-			q.rrMu.Unlock()
-			// In a stable order (the plan's rotates with the env cursor),
-			// from the turn's place.
-			slices.SortFunc(filled, func(a, b int) int { return strings.Compare(plan[a].member, plan[b].member) })
-			k := turn % len(filled)
-			second = append(second, filled[k:]...)
-			second = append(second, filled[:k]...)
-		}
 	}
-	var third []int
-	for j, i := range second {
-		left := maxCount - len(out)
-		if left <= 0 {
-			break
+	for cand := slices.Concat(filled, unreached); len(cand) > 0 && len(out) < maxCount; {
+		given := shareLeft(cand, env, func(e string) int { return credit[e] + t.served[e] }, maxCount-len(out))
+		var more []int
+		for j, i := range cand {
+			if given[j] == 0 {
+				more = append(more, i)
+				continue
+			}
+			full, err := visit(i, given[j])
+			if err != nil {
+				return out, err
+			}
+			if full {
+				more = append(more, i)
+			}
 		}
-		share := (left + len(second) - j - 1) / (len(second) - j)
-		full, err := visit(i, share)
-		if err != nil {
-			return out, err
-		}
-		if full {
-			third = append(third, i)
-		}
-	}
-	for _, i := range third {
-		if len(out) >= maxCount {
-			break
-		}
-		if _, err := visit(i, maxCount-len(out)); err != nil {
-			return out, err
-		}
+		cand = more
 	}
 	for _, qn := range late {
 		if len(out) >= maxCount {
@@ -685,6 +669,136 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		out = append(out, runs...)
 	}
 	return out, nil
+}
+
+// shareLeft shares left runs among the queues cand (plan indexes; env
+// gives each one's env), by env: it raises the envs of least key to a
+// common level, as many as left takes (the others get nothing), those at
+// the level taking what does not divide, the first in cand first. An
+// env's runs are shared evenly among its queues in cand, the first first.
+// given[j] is cand[j]'s.
+func shareLeft(cand []int, env []string, key func(string) int, left int) (given []int) {
+	type envShare struct {
+		env      string
+		key, get int
+		queues   []int // indexes in cand
+	}
+	var envs []*envShare
+	byEnv := map[string]*envShare{}
+	for j, i := range cand {
+		e := byEnv[env[i]]
+		if e == nil {
+			e = &envShare{env: env[i], key: key(env[i])}
+			byEnv[env[i]] = e
+			envs = append(envs, e)
+		}
+		e.queues = append(e.queues, j)
+	}
+	sorted := slices.Clone(envs)
+	slices.SortStableFunc(sorted, func(a, b *envShare) int { return a.key - b.key })
+	// The level: the first n envs raised to level take all of left.
+	n, cost := 1, 0 // cost: what raising the first n to sorted[n-1].key takes
+	for n < len(sorted) {
+		next := cost + n*(sorted[n].key-sorted[n-1].key)
+		if next >= left {
+			break
+		}
+		cost = next
+		n++
+	}
+	level, rem := sorted[n-1].key+(left-cost)/n, (left-cost)%n
+	for _, e := range envs { // in cand order: the first at the level take rem
+		if e.key > sorted[n-1].key {
+			continue
+		}
+		e.get = level - e.key
+		if rem > 0 {
+			e.get++
+			rem--
+		}
+	}
+	given = make([]int, len(cand))
+	for _, e := range envs {
+		base, extra := e.get/len(e.queues), e.get%len(e.queues)
+		for k, j := range e.queues {
+			given[j] = base
+			if k < extra {
+				given[j]++
+			}
+		}
+	}
+	return given
+}
+
+// shardTally is what one DequeueShard call served: the runs of each env
+// the call read (served; envs with none at 0), and the envs one of whose
+// queues served less than it was given (short).
+type shardTally struct {
+	served map[string]int
+	short  map[string]bool
+}
+
+// shardCredit is a shard's credit of envs (see shardCommit).
+type shardCredit struct {
+	calls uint64               // the shard's calls committed
+	env   map[string]envCredit // the envs its last call read
+}
+
+// envCredit: an env's runs served, less the least of the envs read, and
+// the shard's call that last served it.
+type envCredit struct {
+	runs int
+	last uint64
+}
+
+// shardCommit adds what a call served to its shard's credit. An env that
+// served less than it was given (at its limits, short of ready runs) is
+// owed nothing: it goes one run behind the most served env that took all
+// it was given. Then the least credit is taken off all, and no credit
+// exceeds maxCount. Envs the call did not read are dropped: an env that
+// comes back starts level with the least served. So an env that was at
+// its limits, short of runs or away comes back no better than level with
+// the least served env, and no env is owed more than maxCount runs.
+func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
+	if len(t.served) == 0 {
+		return
+	}
+	q.rrMu.Lock()
+	defer q.rrMu.Unlock()
+	sc := q.shardCredit[shard]
+	if sc == nil {
+		sc = &shardCredit{}
+		q.shardCredit[shard] = sc
+	}
+	sc.calls++
+	credit := make(map[string]envCredit, len(t.served))
+	top := -1
+	for e, n := range t.served {
+		c := sc.env[e]
+		c.runs += n
+		if n > 0 {
+			c.last = sc.calls
+		}
+		credit[e] = c
+		if !t.short[e] {
+			top = max(top, c.runs)
+		}
+	}
+	for e := range t.short {
+		if c := credit[e]; top >= 0 && c.runs <= top {
+			c.runs = top + 1
+			credit[e] = c
+		}
+	}
+	low := math.MaxInt
+	for _, c := range credit {
+		low = min(low, c.runs)
+	}
+	for e, c := range credit {
+		c.runs = min(c.runs-low, maxCount)
+		credit[e] = c
+	}
+	sc.env = credit
 }
 
 // shardFailBack is how long a queue whose call in a shard dequeue failed
@@ -766,22 +880,24 @@ func queueFault(err error) bool {
 	return !strings.HasPrefix(re.Error(), "MISCONF ")
 }
 
-// shardPlan orders the queues of a shard for one call: one queue per env in
-// the first round (each env's oldest), envs in the cyclic order of their
-// names from the first after the shard's env cursor, then the remaining
-// queues in master order. envs is the first round's env order. The queues
-// whose call failed (a failure of their own) within shardFailBack are not
-// in plan but in late, the earliest failure first, served after every
-// other queue (serveShard): while a queue keeps failing it takes no share,
-// and no place in its env's first round, from the others.
-func (q *Queue) shardPlan(shard int, members []string) (plan, late []*queueNames, envs []string) {
+// shardPlan orders the queues of a shard for one call: one queue per env
+// (each env's oldest; nfirst of them), envs by credit (the shard's, plus
+// what t says the call served: the least first, ties the least recently
+// served first, then in the order of their names), then the remaining
+// queues in master order. env[i] is plan[i]'s env, credit the shard's
+// credit of each env when the call planned. The queues whose call failed
+// (a failure of their own) within shardFailBack are not in plan but in
+// late, the earliest failure first, served after every other queue
+// (serveShard): while a queue keeps failing it takes no share, and no
+// place in its env's first round, from the others.
+func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*queueNames, env []string,
+	credit map[string]int, nfirst int, late []*queueNames) {
 	type entry struct {
 		env, queue string
 		rank       int
 		failed     time.Time
 	}
 	q.rrMu.Lock()
-	cursor, ok := q.shardEnv[shard]
 	for m, at := range q.shardFailed {
 		// Pruned here, not only when met: a queue may fail once and never
 		// be read again.
@@ -790,35 +906,47 @@ func (q *Queue) shardPlan(shard int, members []string) (plan, late []*queueNames
 		}
 	}
 	var failed []entry
+	var envs []string
 	byEnv := map[string][]entry{}
+	credit = map[string]int{}
+	last := map[string]uint64{}
+	sc := q.shardCredit[shard]
+	if sc == nil {
+		sc = &shardCredit{}
+	}
 	for i, m := range members {
-		env, queue, err := keys.DecodeQueueMember(m)
+		e, queue, err := keys.DecodeQueueMember(m)
 		if err != nil {
 			continue // not ours to serve; never crash a consumer on a foreign member
 		}
 		if at, ok := q.shardFailed[m]; ok {
-			failed = append(failed, entry{env, queue, i, at})
+			failed = append(failed, entry{e, queue, i, at})
 			continue
 		}
-		if _, ok := byEnv[env]; !ok {
-			envs = append(envs, env)
+		if _, ok := byEnv[e]; !ok {
+			envs = append(envs, e)
+			c := sc.env[e]
+			credit[e], last[e] = c.runs, c.last
+			if t.served[e] > 0 {
+				last[e] = sc.calls + 1 // served by this call
+			}
 		}
-		byEnv[env] = append(byEnv[env], entry{env, queue, i, time.Time{}})
+		byEnv[e] = append(byEnv[e], entry{e, queue, i, time.Time{}})
 	}
 	q.rrMu.Unlock()
 	sort.SliceStable(failed, func(i, j int) bool { return failed[i].failed.Before(failed[j].failed) })
 	for _, e := range failed {
 		late = append(late, q.names(e.env, e.queue))
 	}
-	slices.Sort(envs)
-	if ok && len(envs) > 0 {
-		// The first env after the cursor; past the last, the first.
-		off, _ := slices.BinarySearch(envs, cursor)
-		if off < len(envs) && envs[off] == cursor {
-			off++
+	slices.SortFunc(envs, func(a, b string) int {
+		if c := (credit[a] + t.served[a]) - (credit[b] + t.served[b]); c != 0 {
+			return c
 		}
-		envs = append(envs[off:], envs[:off]...)
-	}
+		if c := cmp.Compare(last[a], last[b]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
 	var first, rest []entry
 	for _, e := range envs {
 		first = append(first, byEnv[e][0])
@@ -827,6 +955,7 @@ func (q *Queue) shardPlan(shard int, members []string) (plan, late []*queueNames
 	sort.SliceStable(rest, func(i, j int) bool { return rest[i].rank < rest[j].rank })
 	for _, e := range slices.Concat(first, rest) {
 		plan = append(plan, q.names(e.env, e.queue))
+		env = append(env, e.env)
 	}
-	return plan, late, envs
+	return plan, env, credit, len(first), late
 }

@@ -29,11 +29,10 @@ type Queue struct {
 	deq      *coalescer[dequeueReq, dequeueResult]    // concurrent Dequeue calls
 	closed   chan struct{}
 	closeMu  sync.Mutex
-	shardEnv map[int]string // each shard's env cursor: the last env a shard dequeue visited
-	shardOff map[int]int64  // rotating read offset in each shard's master
-	// shardTurn: each shard's count of calls whose second round shared what
-	// capped or short queues left (serveShard), to move its start on.
-	shardTurn map[int]int
+	shardOff map[int]int64 // rotating read offset in each shard's master
+	// shardCredit: each shard's credit of the envs its last call read (see
+	// shardCommit); guarded by rrMu.
+	shardCredit map[int]*shardCredit
 	// aheadIdle: master members scored after now that a shard look-ahead
 	// found holding no ready run, with the score they had (see
 	// Queue.aheadReady); guarded by rrMu.
@@ -91,7 +90,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		return nil, err
 	}
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
-		closed: make(chan struct{}), shardEnv: map[int]string{}, shardOff: map[int]int64{}, shardTurn: map[int]int{},
+		closed: make(chan struct{}), shardOff: map[int]int64{}, shardCredit: map[int]*shardCredit{},
 		aheadIdle: map[string]int64{}, shardFailed: map[string]time.Time{}}
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
 		res, _ := q.enqueueMany(ctx, ps, false)

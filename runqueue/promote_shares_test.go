@@ -52,15 +52,7 @@ func TestPromoteSharesByName(t *testing.T) {
 							ID: fmt.Sprintf("k%02d-%d", k, i), AvailableAt: start.Add(tc.due(k, i))})
 					}
 				}
-				for len(ps) > 0 {
-					n := min(len(ps), 1000)
-					res, err := b.q.EnqueueMany(b.ctx, ps[:n])
-					require.NoError(t, err)
-					for _, r := range res {
-						require.NoError(t, r.Err)
-					}
-					ps = ps[n:]
-				}
+				enqueueAll(t, b, ps)
 				b.clock.Advance(time.Second)
 				const calls = 30
 				served := map[string]int{}

@@ -925,10 +925,17 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		}
 		if _, ok := byEnv[e]; !ok {
 			envs = append(envs, e)
-			c := sc.env[e]
+			c, known := sc.env[e]
 			credit[e], last[e] = c.runs, c.last
-			if t.served[e] > 0 {
-				last[e] = sc.calls + 1 // served by this call
+			if t.served[e] > 0 || !known {
+				// Served by this call; or new to the shard's credit (or
+				// back after a call that did not read it): it ranks as if
+				// served by this call, behind the envs already waiting
+				// level with it, which an env that comes and goes would
+				// otherwise pass every call (helper-125: a backlogged env
+				// served 0 runs in 100 calls of 1 beside two envs that
+				// took turns to have a run).
+				last[e] = sc.calls + 1
 			}
 		}
 		byEnv[e] = append(byEnv[e], entry{e, queue, i, time.Time{}})

@@ -322,6 +322,30 @@ func TestDequeueShardNoHoarding(t *testing.T) {
 	})
 }
 
+// TestDequeueShardComingAndGoingEnvs: envs that have a run only now and
+// then (taking turns) do not pass an env with a backlog every call. An
+// env new to the shard's credit ranked first among the least served, so
+// the backlogged env was served 0 runs in 100 calls of 1 (helper-125).
+func TestDequeueShardComingAndGoingEnvs(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) { cfg.Shards = 1 })
+		enqueueN(t, b, "s", "q", 100)
+		got := map[string]int{}
+		for k := range 100 {
+			_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: []string{"f", "g"}[k%2], Queue: "q", ID: fmt.Sprint(k)})
+			require.NoError(t, err)
+			runs, err := b.q.DequeueShard(b.ctx, 0, 1)
+			require.NoError(t, err)
+			require.Len(t, runs, 1)
+			got[runs[0].Env]++
+		}
+		// s is there every call, f and g every other call each.
+		require.GreaterOrEqual(t, got["s"], 33, "%v", got)
+		require.GreaterOrEqual(t, got["f"]+got["g"], 33, "%v", got)
+	})
+}
+
 // enqueueOldest queues one run in env/queue and moves the clock on, so
 // that the queue is older than those queued after it.
 func enqueueOldest(t *testing.T, b *testBundle, env, queue string) {

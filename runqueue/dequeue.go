@@ -378,12 +378,18 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // or two (see serveShard). An env that is at its limits, short of ready
 // runs or away from the shard is owed nothing for it when it comes back.
 // So a call of maxCount at least the number of envs serves every env that
-// has a run it may serve, and an env with a ready run within its limits is
-// served within ceil(envs / maxCount) calls. (Each call reads the
-// max(64, 4 x maxCount) queues of the shard whose work is oldest, and as
-// many more at an offset that moves on by as many each call: an env whose
-// queues are all behind those of other envs is first seen within
-// queues / max(64, 4 x maxCount) calls.)
+// has a run it may serve, and, while the envs with work on the shard stay
+// the same, an env with a ready run within its limits is served within
+// ceil(envs / maxCount) calls. Envs that come and go can delay it a little
+// more: an env new to the credit ranks behind those waiting level with it
+// but takes a share of calls it is in (a backlogged env beside three plus
+// three envs taking turns, calls of 3: served every 2.5 calls). (Each call
+// reads the max(64, 4 x maxCount) queues of the shard whose work is
+// oldest, and as many more at an offset that moves on by as many each
+// call: an env whose queues are all behind those of other envs is first
+// seen within queues / max(64, 4 x maxCount) calls, and such envs are
+// served one at a time, in the order of their names, since the credit
+// does not keep an env a call did not read.)
 //
 // A queue's score in the shard's master is the earliest time it has work
 // by the clocks of the instances that wrote it, so ready runs written by an

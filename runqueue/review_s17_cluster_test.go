@@ -311,7 +311,8 @@ func splitFields(s string) []string {
 // two shards saw the counter even at every call of shard 0, so with two
 // envs there the rotation offset was always 0 and the env with the oldest
 // work (A) always first; at maxCount 1 B was never served while A's
-// backlog lasted. Each shard now has an env cursor of its own.
+// backlog lasted. Each shard now has its env state (since 2fc3401 a
+// credit of runs served per env) of its own.
 func TestS17ClusterShardAliasing(t *testing.T) {
 	redistest.ForEachBackend(t, []backend{{Name: "Cluster", Client: redistest.Cluster}}, func(t *testing.T, c redis.UniversalClient) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.Shards = 2 })

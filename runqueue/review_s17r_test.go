@@ -164,7 +164,8 @@ func TestS17RDueDelayedAgeAfterPromotion(t *testing.T) {
 
 // TestS17RShardEnvCursor: one shard, three envs each with a backlog,
 // DequeueShard(1) serves them in turn; an env that appears sorting before
-// the cursor and an env that vanishes keep the rotation going.
+// the others (once: before the env cursor; since 2fc3401 the shard's
+// credit decides) and an env that vanishes keep the rotation going.
 func TestS17RShardEnvCursor(t *testing.T) {
 	b := setup(t, redistest.Mini(t), func(cfg *runqueue.Config) { cfg.Shards = 1 })
 	for _, e := range []string{"b", "c", "d"} {

@@ -165,9 +165,9 @@ func TestDequeueShardFailingQueueShares(t *testing.T) {
 }
 
 // TestDequeueShardEnvSharesRotate: envs take the larger shares of a call
-// in turn. With 4 envs and calls of 6, a call gives 2, 2, 1 and 1; the
-// call after one that visited every env starts one env on, so in 40 calls
-// each env gets 60. Before, the next call started after the last env
+// in turn. With 4 envs and calls of 6, a call gives 2, 2, 1 and 1, the
+// larger to the envs served least so far (the shard's credit), so in 40
+// calls each env gets 60. Once the next call started after the last env
 // visited, the same order every call: 80, 80, 40, 40.
 func TestDequeueShardEnvSharesRotate(t *testing.T) {
 	t.Parallel()

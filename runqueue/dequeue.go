@@ -354,7 +354,7 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 		}
 		rec, ok := parseRecord(raw)
 		if !ok {
-			return nil, nil, nil, fmt.Errorf("runqueue: corrupt record of %q in %s", id, qk.Runs())
+			return nil, nil, nil, fmt.Errorf("%w: run %q in %s", ErrCorruptRecord, id, qk.Runs())
 		}
 		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(rec.payload),
 			Attempt: rec.att, Priority: rec.pr, AvailableAt: time.UnixMilli(rec.at), Token: tok,

@@ -38,6 +38,11 @@ var (
 	ErrEvictionPolicy = errors.New("runqueue: redis maxmemory-policy may evict keys")
 	// ErrTooLarge: the queue has more variants than an operator call reads.
 	ErrTooLarge = errors.New("runqueue: queue has too many variants to inspect")
+	// ErrCorruptRecord: a run's stored record does not parse (a hand edit,
+	// or a writer's bug). Nack and RecoverLeases refuse such a run with
+	// nothing written (it stays held, its lease in place); a Dequeue that
+	// serves one fails with an error that wraps it.
+	ErrCorruptRecord = errors.New("runqueue: run record does not parse")
 	// ErrServerVersion is wrapped by every *ServerVersionError: New found a
 	// Redis older than the scripts need.
 	ErrServerVersion = errors.New("runqueue: redis server too old")
@@ -137,6 +142,8 @@ func scriptError(err error, limits map[string]int) error {
 		return ErrLeaseActive
 	case "RQ_TOO_MANY_WEIGHTS":
 		return ErrTooManyWeights
+	case "RQ_CORRUPT":
+		return ErrCorruptRecord
 	}
 	return err
 }

@@ -36,7 +36,8 @@
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
 -- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
--- RQ_LEASE_ACTIVE.
+-- RQ_LEASE_ACTIVE, RQ_CORRUPT (the run's record does not parse; nothing
+-- written).
 --@include record
 --@include held
 --@include hooks
@@ -60,19 +61,24 @@ if err == 'not_in_flight' and token ~= '0' then
   end
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
+-- The record is read before anything is written: one that does not parse
+-- (a hand edit, a writer's bug) is refused with everything left as it was,
+-- the run held and its lease in place, instead of freeing the slot and
+-- then failing with the run in no set at all.
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if r and not r.att then return redis.error_reply('RQ_CORRUPT run record does not parse') end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
 env_release(env_n, 1)
 hooks:released({ vm })
-local rec = redis.call('HGET', q.runs, id)
 if not rec then
   -- Held without a record: the runs hash was evicted (Config.AllowEviction).
   -- The run is gone; its lease and slot are released above.
   hooks:finish()
   return redis.error_reply(HELD_ERRORS.gone)
 end
-local r = rec_parse(rec)
 local att = r.att + 1
 -- The last settled token (lt in lib/record) is the caller's: the holder's
 -- when it nacks (held_check found it held), 0 for a lease recovery, so

@@ -1,4 +1,4 @@
-#!lua name=runqueue_2eb54b1b1c62f139
+#!lua name=runqueue_65108e732548f000
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2346,7 +2346,8 @@ KEYS, ARGV = keys, args
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
 -- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
--- RQ_LEASE_ACTIVE.
+-- RQ_LEASE_ACTIVE, RQ_CORRUPT (the run's record does not parse; nothing
+-- written).
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[10] }
 local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
@@ -2366,19 +2367,24 @@ if err == 'not_in_flight' and token ~= '0' then
   end
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
+-- The record is read before anything is written: one that does not parse
+-- (a hand edit, a writer's bug) is refused with everything left as it was,
+-- the run held and its lease in place, instead of freeing the slot and
+-- then failing with the run in no set at all.
+local rec = redis.call('HGET', q.runs, id)
+local r = rec and rec_parse(rec)
+if r and not r.att then return redis.error_reply('RQ_CORRUPT run record does not parse') end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
 env_release(env_n, 1)
 hooks:released({ vm })
-local rec = redis.call('HGET', q.runs, id)
 if not rec then
   -- Held without a record: the runs hash was evicted (Config.AllowEviction).
   -- The run is gone; its lease and slot are released above.
   hooks:finish()
   return redis.error_reply(HELD_ERRORS.gone)
 end
-local r = rec_parse(rec)
 local att = r.att + 1
 -- The last settled token (lt in lib/record) is the caller's: the holder's
 -- when it nacks (held_check found it held), 0 for a lease recovery, so
@@ -2496,9 +2502,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2eb54b1b1c62f139_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65108e732548f000_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_65108e732548f000_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65108e732548f000_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65108e732548f000_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65108e732548f000_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65108e732548f000_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

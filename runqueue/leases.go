@@ -250,7 +250,12 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 		return NackResult{}, err
 	}
 	retry := opts.RetryAt.UnixMilli()
-	if opts.RetryAt.IsZero() {
+	switch {
+	case opts.RetryAt.IsZero() && (opts.DeadLetter || q.cfg.MaxAttempts > 0 && r.Attempt >= q.cfg.MaxAttempts):
+		// Dead-lettered: no retry time is used, so none is computed (now +
+		// Backoff could pass MaxTimeUnixMilli near the end of the range).
+		retry = now
+	case opts.RetryAt.IsZero():
 		backoff := q.Backoff(r.Attempt)
 		if err := checkDeadline("retryAt", now, backoff); err != nil {
 			return NackResult{}, err

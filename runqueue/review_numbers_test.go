@@ -243,6 +243,14 @@ func TestReviewNumbersTimeEdges(t *testing.T) {
 			require.True(t, res.Requeued)
 			final = dequeue(t, b, queueName, 10)
 			require.Equal(t, []string{"late"}, runIDs(final), "flag on=%v", on)
+			// Dead-lettered at the last time: no retry time is computed
+			// (now + Backoff was past the range: an *InvalidError).
+			res, err = b.q.Nack(b.ctx, final[0], &runqueue.NackOptions{DeadLetter: true})
+			require.NoError(t, err, "flag on=%v", on)
+			require.False(t, res.Requeued)
+			require.NoError(t, b.q.Redrive(b.ctx, env, queueName, "c", "late"))
+			final = dequeue(t, b, queueName, 10)
+			require.Equal(t, []string{"late"}, runIDs(final), "flag on=%v", on)
 			ackAll(t, b, final)
 			require.Equal(t, runqueue.Stats{}, queueStats(t, b, queueName), "flag on=%v", on)
 			if !on { // (flag on, the scheduler's state stays until its TTL)
@@ -273,6 +281,36 @@ func TestReviewNumbersInfiniteDelayHead(t *testing.T) {
 			require.NoError(t, err, "flag on=%v", on)
 			require.Equal(t, []string{"r"}, runIDs(runs), "flag on=%v", on)
 			require.Equal(t, int64(1), queueStats(t, b, queueName).Delayed, "flag on=%v", on)
+		}
+	})
+}
+
+// TestReviewNumbersLastAttemptAtLastTime: a Nack with no options of a run
+// on its last attempt, at the last accepted time, dead-letters it. Go
+// computed now + Backoff first, past MaxTimeUnixMilli, and refused the
+// call with an *InvalidError although no retry time is used.
+func TestReviewNumbersLastAttemptAtLastTime(t *testing.T) {
+	redistest.ForEachBackend(t, numbersBackends, func(t *testing.T, c redis.UniversalClient) {
+		for _, on := range []bool{false, true} {
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.MaxAttempts = on, 2 })
+			last := time.UnixMilli(runqueue.MaxTimeUnixMilli)
+			numbersSetClock(b, last)
+			enqueue(t, b, runqueue.EnqueueParams{ID: "r", Key: "k"})
+			runs := dequeue(t, b, queueName, 1)
+			require.Len(t, runs, 1)
+			// Attempt 1 of 2: a retry is computed, and it is past the range.
+			_, err := b.q.Nack(b.ctx, runs[0], nil)
+			require.ErrorIs(t, err, runqueue.ErrInvalid, "flag on=%v", on)
+			res, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{RetryAt: last})
+			require.NoError(t, err)
+			require.True(t, res.Requeued)
+			runs = dequeue(t, b, queueName, 1)
+			require.Len(t, runs, 1)
+			require.Equal(t, 2, runs[0].Attempt)
+			res, err = b.q.Nack(b.ctx, runs[0], nil)
+			require.NoError(t, err, "flag on=%v: the last attempt's nack dead-letters", on)
+			require.False(t, res.Requeued)
+			require.Equal(t, int64(1), queueStats(t, b, queueName).Dead, "flag on=%v", on)
 		}
 	})
 }

@@ -376,20 +376,26 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // after it, and envs with room and backlogs that take one queue's share
 // each are served equal runs over a window of calls, give or take one
 // or two (see serveShard). An env that is at its limits, short of ready
-// runs or away from the shard is owed nothing for it when it comes back.
-// So a call of maxCount at least the number of envs serves every env that
-// has a run it may serve, and, while the envs with work on the shard stay
-// the same, an env with a ready run within its limits is served within
-// ceil(envs / maxCount) calls. Envs that come and go can delay it a little
-// more: an env new to the credit ranks behind those waiting level with it
-// but takes a share of calls it is in (a backlogged env beside three plus
-// three envs taking turns, calls of 3: served every 2.5 calls). (Each call
-// reads the max(64, 4 x maxCount) queues of the shard whose work is
-// oldest, and as many more at an offset that moves on by as many each
-// call: an env whose queues are all behind those of other envs is first
-// seen within queues / max(64, 4 x maxCount) calls, and such envs are
-// served one at a time, in the order of their names, since the credit
-// does not keep an env a call did not read.)
+// runs or away from the shard is owed nothing for it when it comes back;
+// one that was ahead when it went away comes back as far ahead (at most
+// maxCount runs), so envs that come and go do not take more than their
+// share. So a call of maxCount at least the number of envs serves every
+// env that has a run it may serve, and, while the envs with work on the
+// shard stay the same, an env with a ready run within its limits is
+// served within ceil(envs / maxCount) calls. Envs that come and go take
+// about their share of the calls they are in (a backlogged env beside
+// three plus three envs taking turns to have a run, calls of 3: 26 runs in
+// 60 calls, an equal share of the seven envs). Envs level in credit go
+// least recently served first; an env never served ranks behind those
+// served before it was first read. (Each call reads the max(64, 4 x
+// maxCount) queues of the shard whose work is oldest, and as many more at
+// an offset that moves on by as many each call: an env whose queues are
+// all behind those of other envs is first seen within queues / max(64, 4
+// x maxCount) calls, and such envs take turns, a call's read keeping
+// their places between the calls that read them; envs whose queues are
+// read in every call are served more often than those reached only by
+// the moving read.) This credit is the Queue's own, in memory, per shard:
+// instances sharing a shard each keep their own.
 //
 // A queue's score in the shard's master is the earliest time it has work
 // by the clocks of the instances that wrote it, so ready runs written by an
@@ -746,25 +752,32 @@ type shardTally struct {
 
 // shardCredit is a shard's credit of envs (see shardCommit).
 type shardCredit struct {
-	calls uint64               // the shard's calls committed
-	env   map[string]envCredit // the envs its last call read
+	calls uint64         // the shard's calls committed
+	env   map[string]int // the envs its last call read: runs served, less the least
+	// turn ranks envs level in credit, the least first: 2c for an env the
+	// shard's call c last served, 2c - 1 for one first read by call c and
+	// not served since. It is kept for envs a call does not read, so that
+	// an env reached only now and then (through the rotating read, or
+	// when it has runs) keeps its place: least recently served first, and
+	// one never served behind those served before it was first read.
+	turn map[string]uint64
+	away map[string]int // credit of envs read before but not by the last call
 }
 
-// envCredit: an env's runs served, less the least of the envs read, and
-// the shard's call that last served it.
-type envCredit struct {
-	runs int
-	last uint64
-}
+// shardTurnMax bounds a shard's turns (shardCredit.turn): past it, the
+// turns of the envs a call did not read are dropped.
+const shardTurnMax = 1 << 16
 
 // shardCommit adds what a call served to its shard's credit. An env that
 // served less than it was given (at its limits, short of ready runs) is
 // owed nothing: it goes one run behind the most served env that took all
-// it was given. Then the least credit is taken off all, and no credit
-// exceeds maxCount. Envs the call did not read are dropped: an env that
-// comes back starts level with the least served. So an env that was at
-// its limits, short of runs or away comes back no better than level with
-// the least served env, and no env is owed more than maxCount runs.
+// it was given. Then the least credit is taken off all the envs the call
+// read, and no credit exceeds maxCount. An env the last call read and
+// this one did not keeps its credit aside (away) when it is ahead, and
+// comes back with it; one level with the least comes back level with the
+// least served. So an env that was at its limits, short of runs or away
+// comes back no better than level with the least served env, one that
+// was ahead stays ahead, and no env is owed more than maxCount runs.
 func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 	if len(t.served) == 0 {
 		return
@@ -777,32 +790,59 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 		q.shardCredit[shard] = sc
 	}
 	sc.calls++
-	credit := make(map[string]envCredit, len(t.served))
+	if len(sc.turn) > shardTurnMax {
+		kept := make(map[string]uint64, len(t.served))
+		for e := range t.served {
+			if tn, ok := sc.turn[e]; ok {
+				kept[e] = tn
+			}
+		}
+		sc.turn = kept
+	}
+	if sc.turn == nil {
+		sc.turn = map[string]uint64{}
+	}
+	credit := make(map[string]int, len(t.served))
 	top := -1
 	for e, n := range t.served {
-		c := sc.env[e]
-		c.runs += n
+		c := n
+		if old, ok := sc.env[e]; ok {
+			c += old
+		} else {
+			c += sc.away[e]
+		}
 		if n > 0 {
-			c.last = sc.calls
+			sc.turn[e] = 2 * sc.calls
+		} else if _, ok := sc.turn[e]; !ok {
+			sc.turn[e] = 2*sc.calls - 1
 		}
 		credit[e] = c
 		if !t.short[e] {
-			top = max(top, c.runs)
+			top = max(top, c)
 		}
 	}
 	for e := range t.short {
-		if c := credit[e]; top >= 0 && c.runs <= top {
-			c.runs = top + 1
-			credit[e] = c
+		if top >= 0 && credit[e] <= top {
+			credit[e] = top + 1
 		}
 	}
 	low := math.MaxInt
 	for _, c := range credit {
-		low = min(low, c.runs)
+		low = min(low, c)
 	}
 	for e, c := range credit {
-		c.runs = min(c.runs-low, maxCount)
-		credit[e] = c
+		credit[e] = min(c-low, maxCount)
+	}
+	if sc.away == nil || len(sc.away) > shardTurnMax {
+		sc.away = map[string]int{}
+	}
+	for e, c := range sc.env {
+		if _, ok := credit[e]; !ok && c > 0 {
+			sc.away[e] = c
+		}
+	}
+	for e := range credit {
+		delete(sc.away, e)
 	}
 	sc.env = credit
 }
@@ -915,7 +955,7 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 	var envs []string
 	byEnv := map[string][]entry{}
 	credit = map[string]int{}
-	last := map[string]uint64{}
+	turn := map[string]uint64{}
 	sc := q.shardCredit[shard]
 	if sc == nil {
 		sc = &shardCredit{}
@@ -931,18 +971,24 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		}
 		if _, ok := byEnv[e]; !ok {
 			envs = append(envs, e)
-			c, known := sc.env[e]
-			credit[e], last[e] = c.runs, c.last
-			if t.served[e] > 0 || !known {
-				// Served by this call; or new to the shard's credit (or
-				// back after a call that did not read it): it ranks as if
-				// served by this call, behind the envs already waiting
-				// level with it, which an env that comes and goes would
-				// otherwise pass every call (helper-125: a backlogged env
-				// served 0 runs in 100 calls of 1 beside two envs that
-				// took turns to have a run).
-				last[e] = sc.calls + 1
+			c, ok := sc.env[e]
+			if !ok {
+				c = sc.away[e]
 			}
+			credit[e] = c
+			tn, known := sc.turn[e]
+			switch {
+			case t.served[e] > 0: // served by this call
+				tn = 2 * (sc.calls + 1)
+			case !known:
+				// First read now: behind the envs already waiting level
+				// with it, which envs new every call would otherwise pass
+				// for ever (helper-125: a backlogged env served 0 runs in
+				// 100 calls of 1 beside two envs that took turns to have a
+				// run, when an env new to the credit ranked first).
+				tn = 2*(sc.calls+1) - 1
+			}
+			turn[e] = tn
 		}
 		byEnv[e] = append(byEnv[e], entry{e, queue, i, time.Time{}})
 	}
@@ -955,7 +1001,7 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		if c := (credit[a] + t.served[a]) - (credit[b] + t.served[b]); c != 0 {
 			return c
 		}
-		if c := cmp.Compare(last[a], last[b]); c != 0 {
+		if c := cmp.Compare(turn[a], turn[b]); c != 0 {
 			return c
 		}
 		return strings.Compare(a, b)

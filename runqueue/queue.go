@@ -30,8 +30,8 @@ type Queue struct {
 	closed   chan struct{}
 	closeMu  sync.Mutex
 	shardOff map[int]int64 // rotating read offset in each shard's master
-	// shardCredit: each shard's credit of the envs its last call read (see
-	// shardCommit); guarded by rrMu.
+	// shardCredit: each shard's credit of envs and their turns (see
+	// shardCommit), at most shardTurnMax envs kept aside; guarded by rrMu.
 	shardCredit map[int]*shardCredit
 	// aheadIdle: master members scored after now that a shard look-ahead
 	// found holding no ready run, with the score they had (see

@@ -1,0 +1,95 @@
+package runqueue_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// TestDequeueShardRotatingEnvsTakeTurns: envs that a DequeueShard call
+// reaches only through its rotating read (their queues sort behind
+// another env's 64 oldest queues) take turns, whatever their names. Such
+// an env was dropped from the shard's credit between the calls that read
+// it, so it came back as new every time, and envs new together were
+// ranked by name: 14 of the 65 envs were served in 300 calls of 1
+// (helper-125, stop 41). Each env's runs are acked when served.
+func TestDequeueShardRotatingEnvsTakeTurns(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) { cfg.Shards = 1 })
+		start := b.clock.Now()
+		var ps []runqueue.EnqueueParams
+		for i := range 64 { // env a's 64 queues, the oldest in the shard
+			for j := range 5 {
+				ps = append(ps, runqueue.EnqueueParams{Env: "a", Queue: fmt.Sprintf("q%02d", i),
+					ID: fmt.Sprint(j), AvailableAt: start.Add(-time.Hour)})
+			}
+		}
+		for i := range 64 { // 64 envs of one queue each, behind them
+			for j := range 10 {
+				ps = append(ps, runqueue.EnqueueParams{Env: fmt.Sprintf("e%02d", i), Queue: "q",
+					ID: fmt.Sprint(j), AvailableAt: start.Add(-time.Minute)})
+			}
+		}
+		enqueueAll(t, b, ps)
+		got := map[string]int{}
+		const calls = 300
+		for range calls {
+			runs, err := b.q.DequeueShard(b.ctx, 0, 1)
+			require.NoError(t, err)
+			require.Len(t, runs, 1)
+			got[runs[0].Env]++
+			ackAll(t, b, runs)
+			b.clock.Advance(time.Millisecond)
+		}
+		var never []string
+		for i := range 64 {
+			if e := fmt.Sprintf("e%02d", i); got[e] == 0 {
+				never = append(never, e)
+			}
+		}
+		t.Logf("runs served by env: %v", got)
+		require.Empty(t, never, "envs reached through the rotating read, never served in %d calls: %v", calls, got)
+		require.Positive(t, got["a"], "%v", got)
+	})
+}
+
+// TestDequeueShardComingAndGoingShare: a backlogged env beside m + m envs
+// that take turns to have a run each (one run a call for each of m
+// envs), calls of m, is served at least its equal share of the 2m + 1
+// envs, rounded down, over 60 calls. An env that went away came back
+// level with the least served, however far ahead it had been, so the
+// envs taking turns took more: 24 runs at m = 3 (share 25.7) and 26 at
+// m = 10 (share 28.6).
+func TestDequeueShardComingAndGoingShare(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, m := range []int{3, 10} {
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.Shards = 1 })
+			enqueueN(t, b, "s", "q", 1000)
+			const calls = 60
+			got := map[string]int{}
+			for k := range calls {
+				for j := range m {
+					_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: fmt.Sprintf("%s%d", []string{"f", "g"}[k%2], j),
+						Queue: "q", ID: fmt.Sprint(k)})
+					require.NoError(t, err)
+				}
+				runs, err := b.q.DequeueShard(b.ctx, 0, m)
+				require.NoError(t, err)
+				require.Len(t, runs, m)
+				for _, r := range runs {
+					got[r.Env]++
+				}
+				ackAll(t, b, runs)
+			}
+			share := calls * m / (2*m + 1)
+			require.GreaterOrEqual(t, got["s"], share, "m = %d: %v", m, got)
+		}
+	})
+}

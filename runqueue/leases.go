@@ -250,17 +250,18 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 		return NackResult{}, err
 	}
 	retry := opts.RetryAt.UnixMilli()
-	switch {
-	case opts.RetryAt.IsZero() && (opts.DeadLetter || q.cfg.MaxAttempts > 0 && r.Attempt >= q.cfg.MaxAttempts):
-		// Dead-lettered: no retry time is used, so none is computed (now +
-		// Backoff could pass MaxTimeUnixMilli near the end of the range).
-		retry = now
-	case opts.RetryAt.IsZero():
+	if opts.RetryAt.IsZero() {
 		backoff := q.Backoff(r.Attempt)
-		if err := checkDeadline("retryAt", now, backoff); err != nil {
-			return NackResult{}, err
-		}
 		retry = now + ms(backoff)
+		if err := checkDeadline("retryAt", now, backoff); err != nil {
+			// A run the script dead-letters uses no retry time: at the end
+			// of the range its nack is not refused for one (the last time
+			// goes in its place, should the script retry it after all).
+			if !opts.DeadLetter && (q.cfg.MaxAttempts <= 0 || r.Attempt < q.cfg.MaxAttempts) {
+				return NackResult{}, err
+			}
+			retry = MaxTimeUnixMilli
+		}
 	}
 	res, err := q.requeue(ctx, r.ref(), r.Token, now, retry, opts.DeadLetter)
 	if err == nil && q.observe {

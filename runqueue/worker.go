@@ -584,7 +584,7 @@ func (w *Worker) release() {
 			default:
 				j.released.Store(releaseFailed)
 				w.unsettled.Add(1)
-				w.log.Error("runqueue: worker could not release a run at shutdown; it runs again once its lease passes",
+				w.log.Error("runqueue: worker could not release a run at shutdown; "+afterLease(e),
 					"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "err", e)
 			}
 			if j.handled.Load() {
@@ -794,7 +794,7 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 		if w.stopping() || w.base.Err() != nil {
 			w.unsettled.Add(1) // Shutdown reports it
 		}
-		w.log.Error("runqueue: could not nack a failed run; it runs again once its lease passes",
+		w.log.Error("runqueue: could not nack a failed run; "+afterLease(err),
 			"env", r.Env, "queue", r.Queue, "id", r.ID, "attempt", r.Attempt, "err", herr, "nack_err", err)
 		// Not what the handler asked for: the run is still in flight.
 		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
@@ -996,4 +996,14 @@ func (c *counter) wait() {
 		c.zero.Wait()
 	}
 	c.mu.Unlock()
+}
+
+// afterLease says what becomes of a run a Worker could not settle after
+// err: it runs again once its lease passes, unless its record does not
+// parse, when lease recovery dead-letters it.
+func afterLease(err error) string {
+	if errors.Is(err, ErrCorruptRecord) {
+		return "its record does not parse: lease recovery dead-letters it once its lease passes"
+	}
+	return "it runs again once its lease passes"
 }

@@ -43,7 +43,9 @@ for first = 4, 3 + count, 1000 do
       local vm, id = string.match(member, '^[^:]*:[^:]*:(=[^:]*):([^:]+)$')
       local rec = id and redis.call('HGET', runs, id)
       local r = rec and rec_parse(rec)
-      if r and r.vm == vm then redis.call('HDEL', runs, id) end
+      -- (a record that does not parse, dead-lettered by a lease recovery,
+      -- is removed too)
+      if r and (r.vm == vm or not r.att) then redis.call('HDEL', runs, id) end
     end
   end
 end

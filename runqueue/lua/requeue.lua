@@ -27,7 +27,8 @@
 -- ARGV[12] -> variant key base (keys.Queue.VariantBase)
 -- Flag on: KEYS[12..14] and ARGV[13..15] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered ({0, 0}: a
+-- lease recovery of a run whose record does not parse). A nack sent
 -- again after its first call went through (the record's last settled token
 -- is the holder's) returns what the first returned, and when requeued the
 -- time the first set (the record's available_at) as a third value: the
@@ -36,8 +37,8 @@
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
 -- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
--- RQ_LEASE_ACTIVE, RQ_CORRUPT (the run's record does not parse; nothing
--- written).
+-- RQ_LEASE_ACTIVE, RQ_CORRUPT (a nack of a run whose record does not
+-- parse; nothing written).
 --@include record
 --@include held
 --@include hooks
@@ -61,13 +62,16 @@ if err == 'not_in_flight' and token ~= '0' then
   end
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
--- The record is read before anything is written: one that does not parse
--- (a hand edit, a writer's bug) is refused with everything left as it was,
--- the run held and its lease in place, instead of freeing the slot and
--- then failing with the run in no set at all.
+-- The record is read before anything is written. One that does not parse
+-- (a hand edit, a writer's bug) cannot be retried: a nack is refused with
+-- everything left as it was (the run held, its lease in place), and a
+-- lease recovery dead-letters the run with its record as it is (below),
+-- where Purge can remove it and Redrive serve it once it is mended. (A
+-- recovery that refused it would meet it first in every sweep of its
+-- shard, its lease deadline passed, for ever.)
 local rec = redis.call('HGET', q.runs, id)
 local r = rec and rec_parse(rec)
-if r and not r.att then return redis.error_reply('RQ_CORRUPT run record does not parse') end
+if r and not r.att and token ~= '0' then return redis.error_reply('RQ_CORRUPT run record does not parse') end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
@@ -78,6 +82,12 @@ if not rec then
   -- The run is gone; its lease and slot are released above.
   hooks:finish()
   return redis.error_reply(HELD_ERRORS.gone)
+end
+if not r.att then
+  redis.call('ZADD', dead, now, member)
+  redis.call('HINCRBY', env_dead, q.qm, '1')
+  hooks:finish()
+  return { 0, 0 }
 end
 local att = r.att + 1
 -- The last settled token (lt in lib/record) is the caller's: the holder's

@@ -1,4 +1,4 @@
-#!lua name=runqueue_65108e732548f000
+#!lua name=runqueue_f596bb13453a75e2
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2337,7 +2337,8 @@ KEYS, ARGV = keys, args
 -- ARGV[12] -> variant key base (keys.Queue.VariantBase)
 -- Flag on: KEYS[12..14] and ARGV[13..15] follow, the scheduler's (see
 -- lib/hooks_vtime).
--- Returns: {1, attempt} requeued, {0, attempt} dead-lettered. A nack sent
+-- Returns: {1, attempt} requeued, {0, attempt} dead-lettered ({0, 0}: a
+-- lease recovery of a run whose record does not parse). A nack sent
 -- again after its first call went through (the record's last settled token
 -- is the holder's) returns what the first returned, and when requeued the
 -- time the first set (the record's available_at) as a third value: the
@@ -2346,8 +2347,8 @@ KEYS, ARGV = keys, args
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
 -- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
--- RQ_LEASE_ACTIVE, RQ_CORRUPT (the run's record does not parse; nothing
--- written).
+-- RQ_LEASE_ACTIVE, RQ_CORRUPT (a nack of a run whose record does not
+-- parse; nothing written).
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[10] }
 local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
@@ -2367,13 +2368,16 @@ if err == 'not_in_flight' and token ~= '0' then
   end
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
--- The record is read before anything is written: one that does not parse
--- (a hand edit, a writer's bug) is refused with everything left as it was,
--- the run held and its lease in place, instead of freeing the slot and
--- then failing with the run in no set at all.
+-- The record is read before anything is written. One that does not parse
+-- (a hand edit, a writer's bug) cannot be retried: a nack is refused with
+-- everything left as it was (the run held, its lease in place), and a
+-- lease recovery dead-letters the run with its record as it is (below),
+-- where Purge can remove it and Redrive serve it once it is mended. (A
+-- recovery that refused it would meet it first in every sweep of its
+-- shard, its lease deadline passed, for ever.)
 local rec = redis.call('HGET', q.runs, id)
 local r = rec and rec_parse(rec)
-if r and not r.att then return redis.error_reply('RQ_CORRUPT run record does not parse') end
+if r and not r.att and token ~= '0' then return redis.error_reply('RQ_CORRUPT run record does not parse') end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
@@ -2384,6 +2388,12 @@ if not rec then
   -- The run is gone; its lease and slot are released above.
   hooks:finish()
   return redis.error_reply(HELD_ERRORS.gone)
+end
+if not r.att then
+  redis.call('ZADD', dead, now, member)
+  redis.call('HINCRBY', env_dead, q.qm, '1')
+  hooks:finish()
+  return { 0, 0 }
 end
 local att = r.att + 1
 -- The last settled token (lt in lib/record) is the caller's: the holder's
@@ -2502,9 +2512,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_65108e732548f000_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_65108e732548f000_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_65108e732548f000_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_65108e732548f000_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_65108e732548f000_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_65108e732548f000_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

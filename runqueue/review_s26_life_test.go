@@ -676,6 +676,19 @@ func (w *s26World) verify() {
 	envs := map[string]bool{}
 	shardLeases := map[int]int{}
 	shardTTL := map[int]int{}
+	// The model's counts by queue, key and state, in one pass (count a
+	// queue and key at a time walked every run for each).
+	type tallyAt struct {
+		ref        s26QRef
+		key, state string
+		queue      bool // the queue's count (every key; "" is a key too)
+	}
+	tally := map[tallyAt]int{}
+	for _, r := range w.runs {
+		ref := s26QRef{r.env, r.queue}
+		tally[tallyAt{ref, "", r.state, true}]++
+		tally[tallyAt{ref, r.key, r.state, false}]++
+	}
 	for _, r := range w.runs {
 		sh := q.ShardOf(r.env)
 		if r.state == "held" {
@@ -690,7 +703,7 @@ func (w *s26World) verify() {
 		qk := w.space.Env(ref.env).Queue(ref.queue)
 		st, err := q.QueueStats(w.ctx, ref.env, ref.queue)
 		w.noErr(err, "stats")
-		queued, held, dead := w.count(ref, nil, "queued"), w.count(ref, nil, "held"), w.count(ref, nil, "dead")
+		queued, held, dead := tally[tallyAt{ref, "", "queued", true}], tally[tallyAt{ref, "", "held", true}], tally[tallyAt{ref, "", "dead", true}]
 		w.check(st.Ready+st.Delayed == int64(queued) && st.InFlight == int64(held) && st.Dead == int64(dead),
 			"QueueStats %v = %+v, model queued %d held %d dead %d", ref, st, queued, held, dead)
 		notDue := 0
@@ -703,10 +716,9 @@ func (w *s26World) verify() {
 			allKeys[key] = true
 		}
 		for key := range allKeys {
-			k := key
 			ks, err := q.KeyStats(w.ctx, ref.env, ref.queue, key)
 			w.noErr(err, "key stats")
-			kq, kh := w.count(ref, &k, "queued"), w.count(ref, &k, "held")
+			kq, kh := tally[tallyAt{ref, key, "queued", false}], tally[tallyAt{ref, key, "held", false}]
 			w.check(ks.Ready+ks.Delayed == int64(kq) && ks.InFlight == int64(kh),
 				"KeyStats %v %q = %+v, model queued %d held %d", ref, key, ks, kq, kh)
 			sumR += ks.Ready
@@ -722,20 +734,37 @@ func (w *s26World) verify() {
 		// Stored: each variant's index entries are its sets' heads, and the
 		// master's score the queue's earliest work.
 		best := -1.0
-		for key := range allKeys {
-			v := qk.Variant(key)
-			for _, pair := range [][2]string{{v.Ready(), qk.CkIndex()}, {v.Delayed(), qk.DelayIndex()}} {
-				head, err := w.c.ZRangeWithScores(w.ctx, pair[0], 0, 0).Result()
-				w.noErr(err, "head")
-				sc, err := w.c.ZScore(w.ctx, pair[1], v.Member()).Result()
-				if len(head) == 0 {
-					w.check(err == redis.Nil, "%v key %q: %s empty but %s holds it (%v)", ref, key, pair[0], pair[1], sc)
-					continue
+		// (read in one pipeline: a round trip for all the keys' heads)
+		type headRead struct {
+			key, set, idx string
+			head          *redis.ZSliceCmd
+			entry         *redis.FloatCmd
+		}
+		var reads []headRead
+		_, err = w.c.Pipelined(w.ctx, func(p redis.Pipeliner) error {
+			for key := range allKeys {
+				v := qk.Variant(key)
+				for _, pair := range [][2]string{{v.Ready(), qk.CkIndex()}, {v.Delayed(), qk.DelayIndex()}} {
+					reads = append(reads, headRead{key, pair[0], pair[1],
+						p.ZRangeWithScores(w.ctx, pair[0], 0, 0), p.ZScore(w.ctx, pair[1], v.Member())})
 				}
-				w.check(err == nil && sc == head[0].Score, "%v key %q: %s head %v, %s entry %v (%v)", ref, key, pair[0], head[0].Score, pair[1], sc, err)
-				if best < 0 || head[0].Score < best {
-					best = head[0].Score
-				}
+			}
+			return nil
+		})
+		if !errors.Is(err, redis.Nil) {
+			w.noErr(err, "heads")
+		}
+		for _, r := range reads {
+			head, err := r.head.Result()
+			w.noErr(err, "head")
+			sc, err := r.entry.Result()
+			if len(head) == 0 {
+				w.check(err == redis.Nil, "%v key %q: %s empty but %s holds it (%v)", ref, r.key, r.set, r.idx, sc)
+				continue
+			}
+			w.check(err == nil && sc == head[0].Score, "%v key %q: %s head %v, %s entry %v (%v)", ref, r.key, r.set, head[0].Score, r.idx, sc, err)
+			if best < 0 || head[0].Score < best {
+				best = head[0].Score
 			}
 		}
 		for _, idx := range []string{qk.CkIndex(), qk.DelayIndex()} {

@@ -377,9 +377,9 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // each are served equal runs over a window of calls, give or take one
 // or two (see serveShard). An env that is at its limits, short of ready
 // runs or away from the shard is owed nothing for it when it comes back;
-// one that was ahead when it went away comes back as far ahead (at most
-// maxCount runs), so envs that come and go do not take more than their
-// share. So a call of maxCount at least the number of envs serves every
+// one that was ahead when it went away comes back ahead by what the envs
+// served meanwhile have not caught up (at most maxCount runs), so envs
+// that come and go do not take more than their share. So a call of maxCount at least the number of envs serves every
 // env that has a run it may serve, and, while the envs with work on the
 // shard stay the same, an env with a ready run within its limits is
 // served within ceil(envs / maxCount) calls. Envs that come and go take
@@ -761,7 +761,19 @@ type shardCredit struct {
 	// when it has runs) keeps its place: least recently served first, and
 	// one never served behind those served before it was first read.
 	turn map[string]uint64
-	away map[string]int // credit of envs read before but not by the last call
+	// away: the credit of envs read before but not by the last call, as
+	// base stood when they left; base: the credit taken off the envs read
+	// since the shard's first call (each call's least). An env back
+	// after a call or two is about as far ahead as it left, one back much
+	// later is level: the envs read meanwhile caught up with it.
+	away map[string]int64
+	base int64
+}
+
+// awayCredit is the credit env e comes back with (0 if it did not leave
+// ahead, or the others have caught up with it since).
+func (sc *shardCredit) awayCredit(e string) int {
+	return int(max(0, sc.away[e]-sc.base))
 }
 
 // shardTurnMax bounds a shard's turns (shardCredit.turn): past it, the
@@ -774,10 +786,12 @@ const shardTurnMax = 1 << 16
 // it was given. Then the least credit is taken off all the envs the call
 // read, and no credit exceeds maxCount. An env the last call read and
 // this one did not keeps its credit aside (away) when it is ahead, and
-// comes back with it; one level with the least comes back level with the
-// least served. So an env that was at its limits, short of runs or away
-// comes back no better than level with the least served env, one that
-// was ahead stays ahead, and no env is owed more than maxCount runs.
+// comes back with what is left of it once the least credits taken off
+// since are taken off it too; one level with the least comes back level
+// with the least served. So an env that was at its limits, short of runs
+// or away comes back no better than level with the least served env, one
+// that was ahead stays ahead only until the others have caught up, and
+// no env is owed more than maxCount runs.
 func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 	if len(t.served) == 0 {
 		return
@@ -809,7 +823,7 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 		if old, ok := sc.env[e]; ok {
 			c += old
 		} else {
-			c += sc.away[e]
+			c += sc.awayCredit(e)
 		}
 		if n > 0 {
 			sc.turn[e] = 2 * sc.calls
@@ -834,16 +848,17 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 		credit[e] = min(c-low, maxCount)
 	}
 	if sc.away == nil || len(sc.away) > shardTurnMax {
-		sc.away = map[string]int{}
+		sc.away = map[string]int64{}
 	}
-	for e, c := range sc.env {
+	for e, c := range sc.env { // (credits as base stands before this call)
 		if _, ok := credit[e]; !ok && c > 0 {
-			sc.away[e] = c
+			sc.away[e] = int64(c) + sc.base
 		}
 	}
 	for e := range credit {
 		delete(sc.away, e)
 	}
+	sc.base += int64(low)
 	sc.env = credit
 }
 
@@ -973,7 +988,7 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 			envs = append(envs, e)
 			c, ok := sc.env[e]
 			if !ok {
-				c = sc.away[e]
+				c = sc.awayCredit(e)
 			}
 			credit[e] = c
 			tn, known := sc.turn[e]

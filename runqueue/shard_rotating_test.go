@@ -93,3 +93,60 @@ func TestDequeueShardComingAndGoingShare(t *testing.T) {
 		}
 	})
 }
+
+// TestDequeueShardAwayCreditWearsOff: an env that went away far ahead (its
+// several queues took more of each call than the env with one) and comes
+// back many calls later with one run is served within ceil(envs /
+// maxCount) calls, like any env with a ready run while the envs stay the
+// same. The credit it left with was kept whole while it was away, so it
+// waited behind envs that had long caught up: call 9 with a bound of 2,
+// call 13 with a bound of 4 (helper-127, on the first version of 9c88ada).
+func TestDequeueShardAwayCreditWearsOff(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, tc := range []struct{ m, queuesA, others int }{{6, 10, 8}, {3, 6, 8}, {4, 8, 12}} {
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.Shards = 1 })
+			serve := func() []*runqueue.Run {
+				runs, err := b.q.DequeueShard(b.ctx, 0, tc.m)
+				require.NoError(t, err)
+				ackAll(t, b, runs)
+				return runs
+			}
+			var ps []runqueue.EnqueueParams
+			for i := range tc.queuesA {
+				for j := range 3 {
+					ps = append(ps, runqueue.EnqueueParams{Env: "a", Queue: fmt.Sprintf("q%02d", i), ID: fmt.Sprint(j)})
+				}
+			}
+			enqueueAll(t, b, ps)
+			enqueueN(t, b, "b", "q", 1000)
+			for servedA := 0; servedA < 3*tc.queuesA; {
+				for _, r := range serve() {
+					if r.Env == "a" {
+						servedA++
+					}
+				}
+			}
+			for range 3 { // a is gone
+				serve()
+			}
+			for i := range tc.others {
+				enqueueN(t, b, fmt.Sprintf("o%02d", i), "q", 1000)
+			}
+			for range 20 {
+				serve()
+			}
+			enqueueN(t, b, "a", "back", 1)
+			envs := tc.others + 2
+			bound := (envs + tc.m - 1) / tc.m
+			wait := 0
+			for served := false; !served; {
+				wait++
+				require.LessOrEqual(t, wait, bound, "%+v: a, back with one run, not served within ceil(%d / %d) calls", tc, envs, tc.m)
+				for _, r := range serve() {
+					served = served || r.Env == "a"
+				}
+			}
+		}
+	})
+}

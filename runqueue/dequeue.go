@@ -379,10 +379,11 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // runs or away from the shard is owed nothing for it when it comes back;
 // one that was ahead when it went away comes back ahead by what the envs
 // served meanwhile have not caught up (at most maxCount runs), so envs
-// that come and go do not take more than their share. So a call of maxCount at least the number of envs serves every
-// env that has a run it may serve, and, while the envs with work on the
-// shard stay the same, an env with a ready run within its limits is
-// served within ceil(envs / maxCount) calls. Envs that come and go take
+// that come and go do not take more than their share. So a call of
+// maxCount at least the number of envs serves every env that has a run it
+// may serve, and, while the envs with work on the shard stay the same, an
+// env with a ready run within its limits is served within ceil(envs /
+// maxCount) calls. Envs that come and go take
 // about their share of the calls they are in (a backlogged env beside
 // three plus three envs taking turns to have a run, calls of 3: 26 runs in
 // 60 calls, an equal share of the seven envs). Envs level in credit go

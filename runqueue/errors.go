@@ -41,9 +41,9 @@ var (
 	// ErrCorruptRecord: a run's stored record does not parse (a hand edit,
 	// or a writer's bug). Nack refuses such a run with nothing written (it
 	// stays held until its lease passes; RecoverLeases then dead-letters
-	// it with its record as it is, where PurgeDeadLetters removes it and Redrive
-	// serves it once the record is mended); a Dequeue that serves one
-	// fails with an error that wraps it.
+	// it with its record as it is, where PurgeDeadLetters removes it and
+	// Redrive serves it once the record is mended); a Dequeue that serves
+	// one fails with an error that wraps it.
 	ErrCorruptRecord = errors.New("runqueue: run record does not parse")
 	// ErrServerVersion is wrapped by every *ServerVersionError: New found a
 	// Redis older than the scripts need.

@@ -385,8 +385,8 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 // env with a ready run within its limits is served within ceil(envs /
 // maxCount) calls. Envs that come and go take
 // about their share of the calls they are in (a backlogged env beside
-// three plus three envs taking turns to have a run, calls of 3: 26 runs in
-// 60 calls, an equal share of the seven envs). Envs level in credit go
+// three plus three envs taking turns to have a run, calls of 3: 25 runs in
+// 60 calls, an equal share of the seven envs being 25.7). Envs level in credit go
 // least recently served first; an env never served ranks behind those
 // served before it was first read. (Each call reads the max(64, 4 x
 // maxCount) queues of the shard whose work is oldest, and as many more at

@@ -507,45 +507,10 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 }
 
 // promotePlan is how many of its due runs (due, in the delay index's
-// order) each reached variant promotes in a call of maxCount (docs/
-// design.md, "Dequeue"): every variant up to one share of the budget,
-// rounded up and at most PromoteLimit; those that took their whole share,
-// one share of what is left, rounded up (within PromoteLimit); those that
-// took the whole of that, what is still left, in order.
+// order) each reached variant promotes in a call of maxCount: the plan
+// the scripts follow, vtime.PromotePlan (docs/design.md, "Dequeue").
 func (o *Oracle) promotePlan(maxCount int, due []int) []int {
-	limit := o.cfg.PromoteLimit
-	budget := max(limit, maxCount)
-	plan := make([]int, len(due))
-	// takers gives each of idx up to n more runs (within limit and what
-	// it holds) and returns those that took all n.
-	takers := func(idx []int, n int) (full []int) {
-		for _, i := range idx {
-			n := min(n, limit-plan[i])
-			got := min(n, due[i]-plan[i])
-			plan[i] += got
-			budget -= got
-			if n > 0 && got == n {
-				full = append(full, i)
-			}
-		}
-		return full
-	}
-	all := make([]int, len(due))
-	for i := range all {
-		all[i] = i
-	}
-	if len(all) == 0 {
-		return plan
-	}
-	full := takers(all, (budget+len(all)-1)/len(all))
-	if budget > 0 && len(full) > 0 {
-		full = takers(full, (budget+len(full)-1)/len(full))
-	}
-	for _, i := range full {
-		if budget > 0 {
-			takers([]int{i}, budget)
-		}
-	}
+	plan, _ := vtime.PromotePlan(o.cfg.PromoteLimit, maxCount, due)
 	return plan
 }
 

@@ -753,46 +753,49 @@ type shardTally struct {
 
 // shardCredit is a shard's credit of envs (see shardCommit).
 type shardCredit struct {
-	calls uint64         // the shard's calls committed
-	env   map[string]int // the envs its last call read: runs served, less the least
-	// turn ranks envs level in credit, the least first: 2c for an env the
-	// shard's call c last served, 2c - 1 for one first read by call c and
-	// not served since. It is kept for envs a call does not read, so that
-	// an env reached only now and then (through the rotating read, or
-	// when it has runs) keeps its place: least recently served first, and
-	// one never served behind those served before it was first read.
-	turn map[string]uint64
-	// away: the credit of envs read before but not by the last call, as
-	// base stood when they left; base: the credit taken off the envs read
-	// since the shard's first call (each call's least). An env back
-	// after a call or two is about as far ahead as it left, one back much
-	// later is level: the envs read meanwhile caught up with it.
-	away map[string]int64
+	calls uint64 // the shard's calls committed
+	// base: the credit taken off the envs read, over the shard's calls
+	// (each call's least).
 	base int64
+	env  map[string]envCredit
 }
 
-// awayCredit is the credit env e comes back with (0 if it did not leave
-// ahead, or the others have caught up with it since).
-func (sc *shardCredit) awayCredit(e string) int {
-	return int(max(0, sc.away[e]-sc.base))
+// envCredit is an env's credit and turn in a shard. runs is its credit as
+// of base when written (credit + base): an env the calls since did not
+// read comes back with what is left of it once the least credits taken
+// off meanwhile are taken off it too (credit), so one back after a call
+// or two is about as far ahead as it left, one back much later level.
+// turn ranks envs level in credit, the least first: 2c for an env the
+// shard's call c last served, 2c - 1 for one first read by call c and not
+// served since; kept for envs a call does not read, so that an env reached
+// only now and then (through the rotating read, or when it has runs)
+// keeps its place: least recently served first, and one never served
+// behind those served before it was first read.
+type envCredit struct {
+	runs int64
+	turn uint64
 }
 
-// shardTurnMax bounds a shard's turns (shardCredit.turn): past it, the
-// turns of the envs a call did not read are dropped.
+// credit is env e's credit now (0 for an env never read, or one the
+// others have caught up with since).
+func (sc *shardCredit) credit(e string) int {
+	return int(max(0, sc.env[e].runs-sc.base))
+}
+
+// shardTurnMax bounds a shard's envs (shardCredit.env): past it, those
+// the call did not read are dropped.
 const shardTurnMax = 1 << 16
 
 // shardCommit adds what a call served to its shard's credit. An env that
 // served less than it was given (at its limits, short of ready runs) is
 // owed nothing: it goes one run behind the most served env that took all
 // it was given. Then the least credit is taken off all the envs the call
-// read, and no credit exceeds maxCount. An env the last call read and
-// this one did not keeps its credit aside (away) when it is ahead, and
-// comes back with what is left of it once the least credits taken off
-// since are taken off it too; one level with the least comes back level
-// with the least served. So an env that was at its limits, short of runs
-// or away comes back no better than level with the least served env, one
-// that was ahead stays ahead only until the others have caught up, and
-// no env is owed more than maxCount runs.
+// read (base), and no credit exceeds maxCount. An env the call did not
+// read keeps its credit, less what is taken off the others meanwhile. So
+// an env that was at its limits, short of runs or away comes back no
+// better than level with the least served env, one that was ahead stays
+// ahead only until the others have caught up, and no env is owed more
+// than maxCount runs.
 func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 	if len(t.served) == 0 {
 		return
@@ -805,32 +808,22 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 		q.shardCredit[shard] = sc
 	}
 	sc.calls++
-	if len(sc.turn) > shardTurnMax {
-		kept := make(map[string]uint64, len(t.served))
+	if len(sc.env) > shardTurnMax {
+		kept := make(map[string]envCredit, len(t.served))
 		for e := range t.served {
-			if tn, ok := sc.turn[e]; ok {
-				kept[e] = tn
+			if c, ok := sc.env[e]; ok {
+				kept[e] = c
 			}
 		}
-		sc.turn = kept
+		sc.env = kept
 	}
-	if sc.turn == nil {
-		sc.turn = map[string]uint64{}
+	if sc.env == nil {
+		sc.env = map[string]envCredit{}
 	}
 	credit := make(map[string]int, len(t.served))
 	top := -1
 	for e, n := range t.served {
-		c := n
-		if old, ok := sc.env[e]; ok {
-			c += old
-		} else {
-			c += sc.awayCredit(e)
-		}
-		if n > 0 {
-			sc.turn[e] = 2 * sc.calls
-		} else if _, ok := sc.turn[e]; !ok {
-			sc.turn[e] = 2*sc.calls - 1
-		}
+		c := sc.credit(e) + n
 		credit[e] = c
 		if !t.short[e] {
 			top = max(top, c)
@@ -845,22 +838,17 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 	for _, c := range credit {
 		low = min(low, c)
 	}
-	for e, c := range credit {
-		credit[e] = min(c-low, maxCount)
-	}
-	if sc.away == nil || len(sc.away) > shardTurnMax {
-		sc.away = map[string]int64{}
-	}
-	for e, c := range sc.env { // (credits as base stands before this call)
-		if _, ok := credit[e]; !ok && c > 0 {
-			sc.away[e] = int64(c) + sc.base
-		}
-	}
-	for e := range credit {
-		delete(sc.away, e)
-	}
 	sc.base += int64(low)
-	sc.env = credit
+	for e, c := range credit {
+		ec, known := sc.env[e]
+		if t.served[e] > 0 {
+			ec.turn = 2 * sc.calls
+		} else if !known {
+			ec.turn = 2*sc.calls - 1
+		}
+		ec.runs = int64(min(c-low, maxCount)) + sc.base
+		sc.env[e] = ec
+	}
 }
 
 // shardFailBack is how long a queue whose call in a shard dequeue failed
@@ -987,12 +975,9 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		}
 		if _, ok := byEnv[e]; !ok {
 			envs = append(envs, e)
-			c, ok := sc.env[e]
-			if !ok {
-				c = sc.awayCredit(e)
-			}
-			credit[e] = c
-			tn, known := sc.turn[e]
+			credit[e] = sc.credit(e)
+			ec, known := sc.env[e]
+			tn := ec.turn
 			switch {
 			case t.served[e] > 0: // served by this call
 				tn = 2 * (sc.calls + 1)

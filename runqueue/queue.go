@@ -31,7 +31,7 @@ type Queue struct {
 	closeMu  sync.Mutex
 	shardOff map[int]int64 // rotating read offset in each shard's master
 	// shardCredit: each shard's credit of envs and their turns (see
-	// shardCommit), at most shardTurnMax envs kept aside; guarded by rrMu.
+	// shardCommit), at most shardTurnMax envs a shard; guarded by rrMu.
 	shardCredit map[int]*shardCredit
 	// aheadIdle: master members scored after now that a shard look-ahead
 	// found holding no ready run, with the score they had (see

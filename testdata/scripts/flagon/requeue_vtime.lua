@@ -1026,20 +1026,16 @@ if not rec then
   hooks:finish()
   return redis.error_reply(HELD_ERRORS.gone)
 end
-if not r.att then
-  redis.call('ZADD', dead, now, member)
-  redis.call('HINCRBY', env_dead, q.qm, '1')
-  hooks:finish()
-  return { 0, 0 }
-end
-local att = r.att + 1
+-- (a record that does not parse, on a lease recovery: dead-lettered as it
+-- is, attempt 0)
+local att = r.att and r.att + 1 or 0
 -- The last settled token (lt in lib/record) is the caller's: the holder's
 -- when it nacks (held_check found it held), 0 for a lease recovery, so
 -- that neither the holder's nack, sent late, nor a retry of a nack that
 -- settled an earlier stay is taken for a retry of a nack that settled this
 -- one.
-if kill or (max_attempts > 0 and att > max_attempts) then
-  redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, token))
+if not r.att or kill or (max_attempts > 0 and att > max_attempts) then
+  if r.att then redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, token)) end
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, '1')
   hooks:finish()

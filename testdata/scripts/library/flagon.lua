@@ -1,4 +1,4 @@
-#!lua name=runqueue_f596bb13453a75e2
+#!lua name=runqueue_3db2a141c3a6c2e6
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2389,20 +2389,16 @@ if not rec then
   hooks:finish()
   return redis.error_reply(HELD_ERRORS.gone)
 end
-if not r.att then
-  redis.call('ZADD', dead, now, member)
-  redis.call('HINCRBY', env_dead, q.qm, '1')
-  hooks:finish()
-  return { 0, 0 }
-end
-local att = r.att + 1
+-- (a record that does not parse, on a lease recovery: dead-lettered as it
+-- is, attempt 0)
+local att = r.att and r.att + 1 or 0
 -- The last settled token (lt in lib/record) is the caller's: the holder's
 -- when it nacks (held_check found it held), 0 for a lease recovery, so
 -- that neither the holder's nack, sent late, nor a retry of a nack that
 -- settled an earlier stay is taken for a retry of a nack that settled this
 -- one.
-if kill or (max_attempts > 0 and att > max_attempts) then
-  redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, token))
+if not r.att or kill or (max_attempts > 0 and att > max_attempts) then
+  if r.att then redis.call('HSET', q.runs, id, rec_with(rec, r, att, r.at, token)) end
   redis.call('ZADD', dead, now, member)
   redis.call('HINCRBY', env_dead, q.qm, '1')
   hooks:finish()
@@ -2512,9 +2508,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f596bb13453a75e2_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -57,13 +57,13 @@ func TestReviewS35bFedVariantHeldForever(t *testing.T) {
 	t.Fatalf("f's high-priority retry, the earliest due run, still delayed after 500 calls (f has %d ready)", len(m.ready[fm]))
 }
 
-// TestReviewS35bFedRetryFiniteBurst: no overload, no producer. 1,000
+// TestReviewS35bFedRetryFiniteBurstModel: no overload, no producer. 1,000
 // one-run keys fall due 1 ms after f's priority-9 retry; f has 20 ready
 // runs. Default scan (30), Dequeue(10). The rule before starving-first:
 // f's retry promoted in call 1. Starving-first alone: it waited until fewer
 // than 30 keys without a ready run were left among the first 120 due (call
 // 8). With scan/4 places kept for keys with ready runs: call 1.
-func TestReviewS35bFedRetryFiniteBurst(t *testing.T) {
+func TestReviewS35bFedRetryFiniteBurstModel(t *testing.T) {
 	m := New(Config{PromoteLimit: 100, PriorityStep: 1_000_000})
 	for i := range 20 {
 		_ = m.Enqueue(fmt.Sprintf("f-%d", i), "f", 0, 0, 0)

@@ -28,7 +28,6 @@ import (
 	"errors"
 	"fmt"
 	"go/ast"
-	"go/parser"
 	"go/token"
 	"io/fs"
 	"os"
@@ -37,6 +36,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/runqueue/runqueue/internal/redistest/testsrc"
 )
 
 func main() {
@@ -157,26 +158,15 @@ func clusterTests(root string) ([]string, error) {
 // A directory holds up to two packages (p and the external p_test), each
 // its own scope.
 func dirTests(dir string) ([]string, error) {
-	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil || len(paths) == 0 {
+	byPkg, err := testsrc.ParseDir(dir)
+	if err != nil {
 		return nil, err
-	}
-	fset := token.NewFileSet()
-	byPkg := map[string][]*ast.File{}
-	isTest := map[*ast.File]bool{}
-	for _, p := range paths {
-		f, err := parser.ParseFile(fset, p, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return nil, err
-		}
-		byPkg[f.Name.Name] = append(byPkg[f.Name.Name], f)
-		isTest[f] = strings.HasSuffix(p, "_test.go")
 	}
 	var out []string
 	for pkg, files := range byPkg {
 		s := newScope(pkg == "redistest")
 		for _, f := range files {
-			s.declare(f, isTest[f])
+			s.declare(f.File, f.Test)
 		}
 		out = append(out, s.reachingTests()...)
 	}
@@ -226,7 +216,7 @@ func (s *scope) declare(f *ast.File, test bool) {
 				continue
 			}
 			s.decls[d.Name.Name] = append(s.decls[d.Name.Name], use{d.Body, local})
-			if test && isTestName(d.Name.Name) {
+			if test && testsrc.IsTestName(d.Name.Name) {
 				s.tests = append(s.tests, d.Name.Name)
 			}
 		case *ast.GenDecl:
@@ -380,19 +370,6 @@ func (s *scope) reachingTests() []string {
 		}
 	}
 	return out
-}
-
-// isTestName reports whether name is one go test runs: Test, Fuzz or
-// Example followed by nothing or by a character that is not a lower-case
-// letter.
-func isTestName(name string) bool {
-	for _, prefix := range []string{"Test", "Fuzz", "Example"} {
-		rest, ok := strings.CutPrefix(name, prefix)
-		if ok && (rest == "" || !(rest[0] >= 'a' && rest[0] <= 'z')) {
-			return name != "TestMain"
-		}
-	}
-	return false
 }
 
 // isCluster reports whether name is one of redistest's cluster clients.

@@ -61,7 +61,7 @@ func TestPromoteBudget(t *testing.T) {
 		if tc.scan == 0 {
 			reached = min(len(tc.due), max(30, 3*tc.maxCount))
 		}
-		plan, _ := vtime.PromotePlan(100, tc.maxCount, tc.due[:reached])
+		plan, _ := vtime.PromotePlan(100, tc.maxCount, tc.due[:reached], nil)
 		total := 0
 		for _, n := range plan {
 			total += n

@@ -630,11 +630,12 @@ func (c *call) promote(now int64, maxCount int) {
 }
 
 // promotePlanned promotes the due runs of vms (due: how many each holds)
-// as PromotePlan divides them for a call of maxCount: each variant's first
-// share, then the rest, registering as place does when flagOn, else as
-// put does (a flag-off call).
+// as PromotePlan divides them for a call of maxCount, a variant with as
+// many runs in flight as the key limit counting as held: each variant's
+// first share, then the rest, registering as place does when flagOn, else
+// as put does (a flag-off call).
 func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int, flagOn bool) {
-	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due)
+	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due, m.atKeyLimit(vms))
 	for i, vm := range vms {
 		m.promoteBy(vm, now, first[i], flagOn)
 	}
@@ -643,6 +644,20 @@ func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int,
 			m.promoteBy(vm, now, more, flagOn)
 		}
 	}
+}
+
+// atKeyLimit is, for each variant of vms, whether it has as many runs in flight
+// as the key limit (nil without a key limit): PromotePlan's held.
+func (m *Model) atKeyLimit(vms []string) []bool {
+	k := m.cfg.Limits.Key
+	if k <= 0 {
+		return nil
+	}
+	out := make([]bool, len(vms))
+	for i, vm := range vms {
+		out[i] = m.inflight[vm] >= k
+	}
+	return out
 }
 
 // starvingFirst picks n of the due variants vms (with their due runs):
@@ -688,26 +703,36 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 
 // PromotePlan is how many due delayed runs a dequeue call of maxCount
 // promotes of each due variant it reaches, given their due runs in the
-// delay index's order, where one variant gives at most limit. The call's
-// budget is max(limit, maxCount), spent in three passes (the Lua makes the
-// same three). First every variant takes up to the same share, fixed when
-// the call starts: min(limit, ceil(budget / variants)). Then, of what they
-// left of the budget, the variants that filled their share take up to the
-// same share again: ceil(left / those variants), within limit. Then those
-// that filled that second share take what is still left, in order, within
-// limit. Only the third pass, which takes what the second left unused,
-// goes by a variant's place in the order (the delay index's: due time,
-// then member). (A
-// share of what was left, given in turn, handed each variant's unused
-// runs, and the rounding up, to the variants after it, the same ones in
-// every call while their due times were equal: 60 variants and a budget
-// of 100 promoted 2 runs a call to the first 40 and 1 to the others.) So
-// every variant reached gains a run, a call promotes fewer than budget +
-// len(due) runs however many are due (a pass's shares, rounded up, exceed
-// what it shares by less than the variants it shares among), and at least
-// the budget when its variants hold that many within limit each. plan is
-// the total of each, first what the first pass took.
-func PromotePlan(limit, maxCount int, due []int) (plan, first []int) {
+// delay index's order, where one variant gives at most limit, and which of
+// them are held (held[i]: at its key limit, so that the call cannot serve
+// it; nil: none). The call's budget is max(limit, maxCount), spent in three
+// passes (the Lua makes the same three). First every variant takes up to
+// the same share, fixed when the call starts: min(limit, ceil(budget /
+// variants)). Then, of what the variants not held left of the budget, those
+// that filled their share take up to the same share again: ceil(left /
+// those variants), within limit. Then those that filled that second share
+// take what is still left, in order, within limit. Only the third pass,
+// which takes what the second left unused, goes by a variant's place in
+// the order (the delay index's: due time, then member). (A share of what
+// was left, given in turn, handed each variant's unused runs, and the
+// rounding up, to the variants after it, the same ones in every call while
+// their due times were equal: 60 variants and a budget of 100 promoted 2
+// runs a call to the first 40 and 1 to the others.)
+//
+// A held variant takes its first share and no more, and that share is not
+// taken from the budget: its runs become ready for a later call (and its
+// due runs leave the front of the delay index as fast as anyone's, so it
+// does not hold the variants due behind it), while the budget goes whole
+// to the variants the call can serve. (Counted in the budget, five keys at
+// their limit among ten with due runs took half of every call of 100: 58
+// runs served a call.) So every variant reached gains a run, a call
+// promotes fewer than budget + len(due) runs of variants not held and
+// fewer than budget + len(due) of held ones however many are due (a pass's
+// shares, rounded up, exceed what it shares by less than the variants it
+// shares among), and at least the budget when its variants not held hold
+// that many within limit each. plan is the total of each, first what the
+// first pass took.
+func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int) {
 	budget := max(limit, maxCount)
 	plan, first = make([]int, len(due)), make([]int, len(due))
 	if len(due) == 0 {
@@ -718,6 +743,9 @@ func PromotePlan(limit, maxCount int, due []int) (plan, first []int) {
 	var filled []int
 	for i, d := range due {
 		first[i] = min(d, share)
+		if held != nil && held[i] {
+			continue
+		}
 		left -= first[i]
 		if first[i] == share {
 			filled = append(filled, i)

@@ -253,11 +253,11 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 	}
 	// The first call of 1 promotes every due run: at most its scan of due
 	// variants, each given all of its due runs by the call's plan.
-	_, due := m.dueVariants(now, scanOf(m.cfg, 1)+1)
+	vms, due := m.dueVariants(now, scanOf(m.cfg, 1)+1)
 	if len(due) > scanOf(m.cfg, 1) {
 		return false, "promotion"
 	}
-	plan, _ := PromotePlan(m.cfg.PromoteLimit, 1, due)
+	plan, _ := PromotePlan(m.cfg.PromoteLimit, 1, due, m.atKeyLimit(vms))
 	for i := range due {
 		if plan[i] < due[i] {
 			return false, "promotion"

@@ -481,15 +481,16 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 		s := min(len(starving), scan-min(len(fed), scan/4))
 		window = slices.Concat(starving[:s], fed[:min(len(fed), scan-s)])
 	}
-	due := make([]int, reached)
+	due, held := make([]int, reached), make([]bool, reached)
 	for i, v := range window {
+		held[i] = o.limits.Key > 0 && v.k.held >= o.limits.Key
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
 		})
 		due[i] = len(v.due)
 	}
-	plan, plan1 := o.promotePlan(maxCount, due), o.promotePlan(1, due[:reached1])
+	plan, plan1 := o.promotePlan(maxCount, due, held), o.promotePlan(1, due[:reached1], held[:reached1])
 	certain, certain1 = len(dv) == reached, len(dv) == reached1
 	var batch []*orun
 	for i, v := range window {
@@ -507,10 +508,11 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 }
 
 // promotePlan is how many of its due runs (due, in the delay index's
-// order) each reached variant promotes in a call of maxCount: the plan
-// the scripts follow, vtime.PromotePlan (docs/design.md, "Dequeue").
-func (o *Oracle) promotePlan(maxCount int, due []int) []int {
-	plan, _ := vtime.PromotePlan(o.cfg.PromoteLimit, maxCount, due)
+// order) each reached variant promotes in a call of maxCount, those at
+// their key limit held: the plan the scripts follow, vtime.PromotePlan
+// (docs/design.md, "Dequeue").
+func (o *Oracle) promotePlan(maxCount int, due []int, held []bool) []int {
+	plan, _ := vtime.PromotePlan(o.cfg.PromoteLimit, maxCount, due, held)
 	return plan
 }
 

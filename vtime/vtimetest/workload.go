@@ -185,7 +185,8 @@ func BatchInvarianceObserved(rt *rapid.T, f Factory) {
 	}
 	// The first call of 1 promotes them all, as the call of N does: at
 	// most ScanLimit (default 30) due variants, each given all of its due
-	// runs by the call's plan (vtime.PromotePlan, PromoteLimit 100).
+	// runs by the call's plan (vtime.PromotePlan, PromoteLimit 100, those
+	// at the key limit held).
 	perVariant := map[string]int{}
 	for _, r := range db.Snapshot(rt).Runs {
 		if r.Delayed && r.At <= now {
@@ -193,13 +194,15 @@ func BatchInvarianceObserved(rt *rapid.T, f Factory) {
 		}
 	}
 	var dueRuns []int
+	var held []bool // at the key limit: the plan gives such a variant its first share only
 	for _, e := range delay {
 		if e.Score <= float64(now) {
 			dueRuns = append(dueRuns, perVariant[e.Member])
+			held = append(held, keyLimit > 0 && db.InFlight(rt, keyOf(rt, e.Member)) >= keyLimit)
 		}
 	}
 	ok := due <= 30
-	plan, _ := vtime.PromotePlan(100, 1, dueRuns)
+	plan, _ := vtime.PromotePlan(100, 1, dueRuns, held)
 	for i := range dueRuns {
 		ok = ok && plan[i] == dueRuns[i]
 	}

@@ -1,4 +1,4 @@
-#!lua name=runqueue_3db2a141c3a6c2e6
+#!lua name=runqueue_c3237bee73b7f711
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1229,16 +1229,32 @@ local function dq_promote_variant(dq, hooks, vm, n)
   return #due
 end
 
+-- Runs of vm in flight before this call.
+local function dq_inflight(dq, vm)
+  local c = dq_var(dq, vm)
+  if c.inflight_n == nil then c.inflight_n = tonumber(redis.call('HGET', dq.kin, vm)) or 0 end
+  return c.inflight_n
+end
+
+-- True when vm's own limit blocks another serve.
+local function dq_at_limit(dq, vm)
+  if dq.key_limit <= 0 then return false end
+  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
+end
+
 -- Promote the due delayed runs of the first scan due variants, as many of
 -- each as vtime.PromotePlan gives: the call's budget, max(promote limit,
 -- maxCount), in three passes. First every variant takes up to the same
 -- share, fixed when the call starts, min(limit, ceil(budget / variants));
 -- then, of what they left, those that filled their share take up to the
 -- same share again, ceil(left / those), within the limit; then those that
--- filled that take what is still left, in order, within the limit. So
--- only what the second pass leaves goes by a variant's place in the delay
--- index (due time, then member), one call promotes fewer than budget +
--- scan runs however many are due, and a share one variant left unused
+-- filled that take what is still left, in order, within the limit. A
+-- variant at its key limit (held: the call cannot serve it) takes its
+-- first share and no more, not counted in the budget, which goes whole to
+-- the others. So only what the second pass leaves goes by a variant's
+-- place in the delay index (due time, then member), one call promotes
+-- fewer than budget + scan runs of variants not held (and as many again of
+-- held ones) however many are due, and a share one variant left unused
 -- goes to others. A look at delayIndex's head comes first: when nothing is due
 -- (the common case) it is all the call reads of delayed runs, and
 -- dq_finish reuses it. pick, when given (the flag-on dequeue), chooses the
@@ -1264,9 +1280,11 @@ local function dq_promote(dq, hooks, pick)
   local filled, plan = {}, {}
   for i, vm in ipairs(due) do
     local got = dq_promote_variant(dq, hooks, vm, share)
-    if got == share then filled[#filled + 1] = i end
     plan[i] = got
-    left = left - got
+    if not dq_at_limit(dq, vm) then
+      if got == share then filled[#filled + 1] = i end
+      left = left - got
+    end
   end
   if left <= 0 or not filled[1] then return end
   share = math.ceil(left / #filled)
@@ -1311,19 +1329,6 @@ local function dq_head(dq, vm)
   end
   if c.list[p] == nil then return nil end
   return num(c.list[p + 1]), c.list[p]
-end
-
--- Runs of vm in flight before this call.
-local function dq_inflight(dq, vm)
-  local c = dq_var(dq, vm)
-  if c.inflight_n == nil then c.inflight_n = tonumber(redis.call('HGET', dq.kin, vm)) or 0 end
-  return c.inflight_n
-end
-
--- True when vm's own limit blocks another serve.
-local function dq_at_limit(dq, vm)
-  if dq.key_limit <= 0 then return false end
-  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
 end
 
 -- Serve the head of vm (dq_head found one); returns the next head's ready
@@ -2508,9 +2513,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3db2a141c3a6c2e6_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c3237bee73b7f711_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_c3237bee73b7f711_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c3237bee73b7f711_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c3237bee73b7f711_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c3237bee73b7f711_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_c3237bee73b7f711_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -1,0 +1,114 @@
+package runqueue_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// TestPromoteHeldKeysOutsideBudget: a key at its limit cannot be served in
+// the call, so its promoted runs do not count in the call's promotion
+// budget, which goes whole to the keys the call can serve. 10 keys of
+// 1,000 runs due together, KeyConcurrency 50, five keys never acked, calls
+// of 100: once the five were at their limit they still took half of every
+// call's budget, and the calls served 58 runs each while the five others
+// held 5,000 due runs. Now every call serves 100. Both flags (flag off
+// shares the promotion).
+func TestPromoteHeldKeysOutsideBudget(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) {
+					cfg.VtimeScheduling, cfg.SerialCalls, cfg.KeyConcurrency = on, true, 50
+				})
+				start := b.clock.Now()
+				var ps []runqueue.EnqueueParams
+				for k := range 10 {
+					for i := range 1000 {
+						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("k%02d", k),
+							ID: fmt.Sprintf("k%02d-%d", k, i), AvailableAt: start.Add(time.Second)})
+					}
+				}
+				enqueueAll(t, b, ps)
+				b.clock.Advance(time.Second)
+				for call := range 30 {
+					runs := dequeue(t, b, queueName, 100)
+					require.Equal(t, 100, len(runs), "call %d", call)
+					var free []*runqueue.Run
+					for _, r := range runs {
+						if r.Key >= "k05" {
+							free = append(free, r)
+						}
+					}
+					ackAll(t, b, free)
+					b.clock.Advance(time.Millisecond)
+				}
+			})
+		})
+	}
+}
+
+// TestPromoteHeldKeysStillMove: held keys keep taking their first share of
+// the budget, so their due runs leave the front of the delay index as fast
+// as before and a key due behind them is reached no later. 30 keys at
+// KeyConcurrency 1 with 200 runs due each, a 31st key's run due 1 ms
+// later, ScanLimit 30, calls of 100: flag off reaches the delay index's
+// first 30 due keys only, 4 runs of each a call (the budget of 100
+// shared), so the 31st is promoted at call 51, as before held keys' runs
+// left the budget (flag off does not serve it then: the 30 keys at their
+// limit fill its age window, flag off's known limit); flag on reaches the
+// keys without a ready run first and promotes and serves it at call 2.
+// (Promoting one run a call of a held key, tried once, took flag off past
+// call 200.)
+func TestPromoteHeldKeysStillMove(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		on    bool
+		calls int
+	}{{false, 51}, {true, 2}} {
+		t.Run(fmt.Sprintf("vtime=%v", tc.on), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) {
+					cfg.VtimeScheduling, cfg.SerialCalls, cfg.KeyConcurrency, cfg.ScanLimit = tc.on, true, 1, 30
+				})
+				start := b.clock.Now()
+				var ps []runqueue.EnqueueParams
+				for k := range 30 {
+					key := fmt.Sprintf("k%02d", k)
+					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: key, ID: key + "-held"})
+					for i := range 200 {
+						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: key,
+							ID: fmt.Sprintf("%s-%d", key, i), AvailableAt: start.Add(time.Second)})
+					}
+				}
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "late", ID: "late",
+					AvailableAt: start.Add(time.Second + time.Millisecond)})
+				enqueueAll(t, b, ps)
+				require.Len(t, dequeue(t, b, queueName, 100), 30) // every key at its limit, never acked
+				b.clock.Advance(2 * time.Second)
+				call := 1
+				for ; call <= 300; call++ {
+					runs := dequeue(t, b, queueName, 100)
+					st, err := b.q.KeyStats(b.ctx, env, queueName, "late")
+					require.NoError(t, err)
+					if st.Delayed == 0 {
+						if tc.on {
+							require.Equal(t, []string{"late"}, runIDs(runs))
+						}
+						break
+					}
+					require.Empty(t, runs, "call %d", call)
+					b.clock.Advance(time.Millisecond)
+				}
+				t.Logf("the late key's run promoted at call %d", call)
+				require.LessOrEqual(t, call, tc.calls)
+			})
+		})
+	}
+}

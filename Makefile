@@ -26,17 +26,20 @@ help: ## Show this help
 # of 2 cores busy for the first 5 of the package's 12 minutes (2026-12-05,
 # 712 s; side by side both processes passed in 379 s). Each process keeps
 # Go's order among its own tests and spawns its own servers. The serial
-# process's output follows the other's; the status is that of both.
+# process's output follows the other's (also when interrupted), then a line
+# that says whether both passed; the status is that of both.
 define split_test
 @pattern="$$($(GO) run ./internal/redistest/serialtests ./runqueue)" || exit 1; \
 	log="$$(mktemp)"; \
-	echo "$(GO) test ./runqueue $(1) -run <its serial tests>, beside:"; \
-	echo "$(GO) test ./... $(1) -skip <the same>"; \
+	echo "$(GO) test ./runqueue $(1) -run \"\$$($(GO) run ./internal/redistest/serialtests ./runqueue)\", beside:"; \
+	echo "$(GO) test ./... $(1) -skip <the same pattern>"; \
 	$(GO) test ./runqueue $(1) -run "$$pattern" > "$$log" 2>&1 & serial=$$!; \
-	$(GO) test ./... $(1) -skip "$$pattern"; rest=$$?; \
-	wait $$serial; s=$$?; \
+	$(GO) test ./... $(1) -skip "$$pattern" & others=$$!; \
+	trap 'kill $$serial $$others 2>/dev/null; wait; echo "--- the serial tests of ./runqueue (interrupted)"; cat "$$log"; rm -f "$$log"; exit 130' INT TERM HUP; \
+	wait $$others; rest=$$?; wait $$serial; s=$$?; trap - INT TERM HUP; \
 	echo "--- the serial tests of ./runqueue"; cat "$$log"; rm -f "$$log"; \
-	[ $$rest -eq 0 ] && [ $$s -eq 0 ]
+	if [ $$rest -eq 0 ] && [ $$s -eq 0 ]; then echo "ok: every test passed (the rest and the serial tests of ./runqueue)"; \
+	else echo "FAIL: the rest exited $$rest, the serial tests of ./runqueue $$s"; exit 1; fi
 endef
 
 .PHONY: test

@@ -27,8 +27,8 @@ import (
 	"errors"
 	"fmt"
 	"go/ast"
-	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -49,17 +49,32 @@ func main() {
 	fmt.Println(p)
 }
 
-// run returns the pattern of dir's serial tests, checked against the test
-// names of every other package under root.
+// run returns the pattern of the serial tests of the package in dir,
+// checked against the test names of every other package of ./... in the
+// module at root (go list's packages and files: build constraints, nested
+// modules and testdata as go test sees them).
 func run(dir, root string) (string, error) {
-	serial, err := serialTests(dir)
+	pkgs, err := listPackages(root)
+	if err != nil {
+		return "", err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	target, ok := pkgs[abs]
+	if !ok {
+		return "", errors.New(dir + " is not a package of ./... under " + root)
+	}
+	serial, err := serialTests(target)
 	if err != nil {
 		return "", err
 	}
 	if len(serial) == 0 {
 		return "", errors.New("no serial test in " + dir)
 	}
-	clash, err := sameNames(dir, root, serial)
+	delete(pkgs, abs)
+	clash, err := sameNames(pkgs, serial)
 	if err != nil {
 		return "", err
 	}
@@ -70,17 +85,61 @@ func run(dir, root string) (string, error) {
 	return pattern(serial), nil
 }
 
+// pkgFiles is one package of go list: its directory's Go files that go
+// test builds, the test files among them.
+type pkgFiles struct {
+	dir         string
+	files, test []string
+}
+
+// listPackages runs go list ./... in root and returns its packages by
+// absolute directory.
+func listPackages(root string) (map[string]pkgFiles, error) {
+	cmd := exec.Command("go", "list", "-f",
+		"{{.Dir}}\t{{join .GoFiles \",\"}}\t{{join .TestGoFiles \",\"}}\t{{join .XTestGoFiles \",\"}}", "./...")
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list ./... in %s: %w", root, err)
+	}
+	pkgs := map[string]pkgFiles{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if line == "" {
+			continue
+		}
+		f := strings.Split(line, "\t")
+		if len(f) != 4 {
+			return nil, fmt.Errorf("go list: unexpected line %q", line)
+		}
+		p := pkgFiles{dir: f[0]}
+		for i, list := range f[1:] {
+			for _, name := range strings.Split(list, ",") {
+				if name == "" {
+					continue
+				}
+				p.files = append(p.files, filepath.Join(f[0], name))
+				if i > 0 {
+					p.test = append(p.test, filepath.Join(f[0], name))
+				}
+			}
+		}
+		pkgs[f[0]] = p
+	}
+	return pkgs, nil
+}
+
 // pattern is the -run (or -skip) pattern that matches exactly the top-level
 // names (Go test names are identifiers: nothing to quote).
 func pattern(names []string) string {
 	return "^(" + strings.Join(names, "|") + ")$"
 }
 
-// serialTests returns the sorted names of the Test functions of dir's test
+// serialTests returns the sorted names of the Test functions of pkg's test
 // files that do not call Parallel on their *testing.T, directly or through
 // functions of their package that do (checkLua(t, ...) calling t.Parallel).
-func serialTests(dir string) ([]string, error) {
-	byPkg, err := testsrc.ParseDir(dir)
+func serialTests(pkg pkgFiles) ([]string, error) {
+	byPkg, err := testsrc.ParseFiles(pkg.files)
 	if err != nil {
 		return nil, err
 	}
@@ -188,44 +247,29 @@ func callsParallel(body *ast.BlockStmt, t string, par map[string][]int) bool {
 	return found
 }
 
-// sameNames returns the names among names that a test file of another
-// directory under root also declares as a top-level function.
-func sameNames(dir, root string, names []string) ([]string, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
-	}
+// sameNames returns the names among names that a test file of one of pkgs
+// also declares as a top-level function, as dir/name.
+func sameNames(pkgs map[string]pkgFiles, names []string) ([]string, error) {
 	want := map[string]bool{}
 	for _, n := range names {
 		want[n] = true
 	}
 	var clash []string
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return err
-		}
-		name := d.Name()
-		if path != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata") {
-			return filepath.SkipDir
-		}
-		if a, err := filepath.Abs(path); err != nil || a == abs {
-			return err
-		}
-		byPkg, err := testsrc.ParseDir(path)
+	for _, p := range pkgs {
+		byPkg, err := testsrc.ParseFiles(p.test)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, files := range byPkg {
 			for _, f := range files {
 				for _, d := range f.Decls {
-					if fd, ok := d.(*ast.FuncDecl); ok && f.Test && fd.Recv == nil && want[fd.Name.Name] {
-						clash = append(clash, filepath.Join(path, fd.Name.Name))
+					if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil && want[fd.Name.Name] {
+						clash = append(clash, filepath.Join(p.dir, fd.Name.Name))
 					}
 				}
 			}
 		}
-		return nil
-	})
+	}
 	slices.Sort(clash)
-	return clash, err
+	return clash, nil
 }

@@ -18,6 +18,8 @@ func write(t *testing.T, root string, files map[string]string) {
 	}
 }
 
+const goMod = "module example.com/x\n\ngo 1.26\n"
+
 const pkgTests = `package p_test
 
 import "testing"
@@ -61,10 +63,16 @@ func TestSerialTests(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	write(t, root, map[string]string{
+		"go.mod":      goMod,
 		"p/p.go":      "package p\n\nfunc TestNotInATestFile() {}\n",
 		"p/p_test.go": pkgTests,
+		// go test builds neither of these: their names are not tests.
+		"p/x_ignored_test.go": "//go:build ignore\n\npackage p_test\n\nimport \"testing\"\n\nfunc TestIgnored(t *testing.T) {}\n",
+		"p/_scratch_test.go":  "package p_test\n\nimport \"testing\"\n\nfunc TestScratch(t *testing.T) {}\n",
 	})
-	got, err := serialTests(filepath.Join(root, "p"))
+	pkgs, err := listPackages(root)
+	require.NoError(t, err)
+	got, err := serialTests(pkgs[filepath.Join(root, "p")])
 	require.NoError(t, err)
 	// TestHelperOtherArg passes a copy of t: taken as serial (a miss runs it
 	// in the serial process, which is safe).
@@ -78,18 +86,28 @@ func TestSerialTests(t *testing.T) {
 func TestRunRefusesClashesAndNoSerialTest(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
+	other := "package x\n\nimport \"testing\"\n\nfunc TestNotAT(t *testing.T) {}\n"
 	write(t, root, map[string]string{
-		"p/p_test.go":          pkgTests,
-		"q/q_test.go":          "package q\n\nimport \"testing\"\n\nfunc TestSerial(t *testing.T) { t.Parallel() }\n",
-		"q/testdata/x_test.go": "package x\n\nimport \"testing\"\n\nfunc TestNotAT(t *testing.T) {}\n",
+		"go.mod":      goMod,
+		"p/p_test.go": pkgTests,
+		"q/q_test.go": "package q\n\nimport \"testing\"\n\nfunc TestSerial(t *testing.T) { t.Parallel() }\n",
+		// Not packages of ./...: testdata, a nested module, a file go
+		// test does not build.
+		"q/testdata/x_test.go": other,
+		"m/go.mod":             "module example.com/m\n",
+		"m/x_test.go":          other,
+		"q/y_test.go":          "//go:build ignore\n\n" + other,
 		"r/r_test.go":          "package r\n\nimport \"testing\"\n\nfunc TestOnly(t *testing.T) { t.Parallel() }\n",
 	})
 	_, err := run(filepath.Join(root, "p"), root)
 	require.ErrorContains(t, err, filepath.Join(root, "q", "TestSerial"))
-	require.NotContains(t, err.Error(), "TestNotAT") // testdata is not a package
+	require.NotContains(t, err.Error(), "TestNotAT")
 
 	_, err = run(filepath.Join(root, "r"), root)
 	require.ErrorContains(t, err, "no serial test")
+
+	_, err = run(filepath.Join(root, "m"), root)
+	require.ErrorContains(t, err, "not a package of ./...")
 }
 
 // TestModule runs the command's check on the module itself: make test

@@ -9,6 +9,8 @@ import (
 	"go/token"
 	"path/filepath"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // File is one parsed Go file of a directory.
@@ -25,6 +27,11 @@ func ParseDir(dir string) (map[string][]File, error) {
 	if err != nil || len(paths) == 0 {
 		return nil, err
 	}
+	return ParseFiles(paths)
+}
+
+// ParseFiles parses the Go files at paths and groups them by package name.
+func ParseFiles(paths []string) (map[string][]File, error) {
 	fset := token.NewFileSet()
 	byPkg := map[string][]File{}
 	for _, p := range paths {
@@ -43,7 +50,7 @@ func ParseDir(dir string) (map[string][]File, error) {
 func IsTestName(name string) bool {
 	for _, prefix := range []string{"Test", "Fuzz", "Example"} {
 		rest, ok := strings.CutPrefix(name, prefix)
-		if ok && (rest == "" || !(rest[0] >= 'a' && rest[0] <= 'z')) {
+		if r, _ := utf8.DecodeRuneInString(rest); ok && (rest == "" || !unicode.IsLower(r)) {
 			return name != "TestMain"
 		}
 	}

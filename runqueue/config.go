@@ -114,9 +114,9 @@ type Config struct {
 	// rounded up, then those that filled their share share what the others
 	// left (what they leave in turn, in the delay index's order). A variant
 	// at its key limit, which the call cannot serve, takes its first share
-	// only, outside the budget. So one call promotes fewer than that budget
-	// plus ScanLimit runs of variants below their limit, and as many again
-	// of variants at it, however many are due at once. (A coalesced Dequeue of k calls has a
+	// outside the budget, and more only from what the others left. So one
+	// call promotes fewer than 2 x (that budget + ScanLimit) runs,
+	// however many are due at once. (A coalesced Dequeue of k calls has a
 	// per-variant limit of k*PromoteLimit, at most its maxCount or
 	// PromoteLimit, the larger.)
 	PromoteLimit int

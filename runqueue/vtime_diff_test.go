@@ -708,3 +708,39 @@ func TestVtimeRebaseAtTheEdge(t *testing.T) {
 		})
 	}
 }
+
+// TestVtimeDifferentialHeldPromotion runs the differential where delayed
+// runs pile up behind keys held at their limit: many enqueues (two in
+// five delayed), dequeues that are seldom acked, and clock moves past the
+// delays, so that a call's promotion reaches keys at their limit beside
+// keys it can serve (vtime.PromotePlan's held), which the general mix
+// reaches seldom. A Lua that gives held keys no place apart (their shares
+// in the budget, as before 2026-12-05) fails it after 313 sequences
+// (-rapid.checks=1500), the general mix after 1,172 (helper-131); at the
+// default 100 a run of it may not meet the difference: the targeted
+// tests (promote_held_test.go) do.
+func TestVtimeDifferentialHeldPromotion(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
+	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
+		switch {
+		case op < 45:
+			d.enqueue(rt)
+			return "enqueue"
+		case op < 50:
+			d.enqueueOff(rt)
+			return "flag-off enqueue"
+		case op < 78:
+			d.dequeue(rt, rapid.IntRange(1, 6).Draw(rt, "maxCount"))
+			return "dequeue"
+		case op < 83:
+			d.dequeueOff(rt, rapid.IntRange(1, 6).Draw(rt, "maxCount"))
+			return "flag-off dequeue"
+		case op < 88:
+			d.ack(rt)
+			return "ack"
+		default:
+			d.clock.Advance(time.Duration(rapid.IntRange(5, 45).Draw(rt, "advance")) * time.Second)
+			return "advance"
+		}
+	})
+}

@@ -81,12 +81,13 @@
 //     up, at most PromoteLimit; those that filled their share take up to
 //     the same share of what is left; those that filled that take what is
 //     still left, in order. A variant at its key limit (held) takes its
-//     first share only, outside the budget, which goes whole to the
+//     first share outside the budget, and the second and third passes
+//     after the others, with what they left: the budget goes first to the
 //     variants the call can serve. So only what the second pass leaves
 //     goes by a variant's name (the delay index's order among runs due
-//     together), a call promotes fewer than budget + ScanLimit runs of
-//     variants not held (as many again of held ones) however many are
-//     due, and a share one variant leaves unused goes to others.
+//     together), a call promotes fewer than 2 x (budget + ScanLimit) runs
+//     however many are due, and a share one variant leaves unused goes to
+//     others.
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in

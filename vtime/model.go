@@ -719,19 +719,22 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 // their due times were equal: 60 variants and a budget of 100 promoted 2
 // runs a call to the first 40 and 1 to the others.)
 //
-// A held variant takes its first share and no more, and that share is not
-// taken from the budget: its runs become ready for a later call (and its
-// due runs leave the front of the delay index as fast as anyone's, so it
-// does not hold the variants due behind it), while the budget goes whole
-// to the variants the call can serve. (Counted in the budget, five keys at
-// their limit among ten with due runs took half of every call of 100: 58
-// runs served a call.) So every variant reached gains a run, a call
-// promotes fewer than budget + len(due) runs of variants not held and
-// fewer than budget + len(due) of held ones however many are due (a pass's
-// shares, rounded up, exceed what it shares by less than the variants it
-// shares among), and at least the budget when its variants not held hold
-// that many within limit each. plan is the total of each, first what the
-// first pass took.
+// A held variant's first share is not taken from the budget, and held
+// variants take part in the second and third passes only after the others,
+// with what those left of the budget: the budget goes first to the
+// variants the call can serve, while a held variant's due runs still leave
+// the front of the delay index at least at its first share a call, and
+// faster when the others leave budget unused (helper-131: held keys given
+// their first share only, a fed key's due run behind them waited 174-251
+// calls instead of 92). (Counted in the budget, five keys at their limit
+// among ten with due runs took half of every call of 100: 50 runs served a
+// call.) So every variant reached gains a run, a call promotes fewer than
+// 2 x (budget + len(due)) runs however many are due (the held variants'
+// first shares fewer than budget + len(due), the rest fewer than budget
+// + len(due): a pass's shares, rounded up, exceed what it shares by less
+// than the variants it shares among), and at least the budget on the
+// variants not held when they hold that many within limit each. plan is
+// the total of each, first what the first pass took.
 func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int) {
 	budget := max(limit, maxCount)
 	plan, first = make([]int, len(due)), make([]int, len(due))
@@ -740,20 +743,35 @@ func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int
 	}
 	share := min(limit, ceilDiv(budget, len(due)))
 	left := budget
-	var filled []int
+	var filled, filledHeld []int
 	for i, d := range due {
 		first[i] = min(d, share)
-		if held != nil && held[i] {
-			continue
-		}
-		left -= first[i]
-		if first[i] == share {
-			filled = append(filled, i)
+		switch {
+		case held != nil && held[i]:
+			if first[i] == share {
+				filledHeld = append(filledHeld, i)
+			}
+		default:
+			left -= first[i]
+			if first[i] == share {
+				filled = append(filled, i)
+			}
 		}
 	}
 	copy(plan, first)
+	left = spreadLeft(limit, due, plan, filled, left)
+	spreadLeft(limit, due, plan, filledHeld, left)
+	return plan, first
+}
+
+// spreadLeft is PromotePlan's second and third passes over the variants
+// filled (those that filled their first share), adding to plan: each takes
+// up to the same share of left, ceil(left / len(filled)), within limit;
+// those that filled that take what is still left, in order, within limit.
+// It returns what is left after both.
+func spreadLeft(limit int, due, plan, filled []int, left int) int {
 	if left <= 0 || len(filled) == 0 {
-		return plan, first
+		return left
 	}
 	second := ceilDiv(left, len(filled))
 	var again []int
@@ -774,7 +792,7 @@ func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int
 		plan[i] += more
 		left -= more
 	}
-	return plan, first
+	return left
 }
 
 // ceilDiv is a / b rounded up, for a >= 0 and b > 0.

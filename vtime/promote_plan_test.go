@@ -8,11 +8,12 @@ import (
 )
 
 // TestPromotePlanHeld: the plan's bounds, with variants at their key limit
-// (held) among them. A held variant takes its first share and no more, and
-// that share is not taken from the budget: the variants not held promote
-// exactly what they would with the held ones' runs spent elsewhere, at
-// least the budget when they hold that many within the limit, fewer than
-// budget + their number in all.
+// (held) among them. A held variant's first share is not taken from the
+// budget and it takes more only from what the others left: the variants
+// not held promote at least the budget when they hold that many within the
+// limit, fewer than budget + their number; a held variant gains beyond
+// its first share only when every other is given all it holds within the
+// limit; a call promotes fewer than 2 x (budget + variants) in all.
 func TestPromotePlanHeld(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(rt *rapid.T) {
@@ -24,40 +25,43 @@ func TestPromotePlanHeld(t *testing.T) {
 		plan, first := PromotePlan(limit, maxCount, due, held)
 		budget := max(limit, maxCount)
 		share := min(limit, ceilDiv(budget, n))
-		free, want := 0, 0
+		free, want, total := 0, 0, 0
+		freeFull, heldMore := true, false
 		for i := range due {
 			require.LessOrEqual(rt, first[i], plan[i])
 			require.LessOrEqual(rt, plan[i], min(due[i], limit))
 			require.Equal(rt, min(due[i], share), first[i], "variant %d", i)
+			total += plan[i]
 			if held[i] {
-				require.Equal(rt, first[i], plan[i], "held variant %d takes its first share only", i)
+				heldMore = heldMore || plan[i] > first[i]
 				continue
 			}
 			free += plan[i]
 			want += min(due[i], limit)
+			freeFull = freeFull && plan[i] == min(due[i], limit)
 		}
-		require.GreaterOrEqual(rt, free, min(budget, want), "the budget goes to the variants not held")
+		require.GreaterOrEqual(rt, free, min(budget, want), "the budget goes to the variants not held first")
 		require.Less(rt, free, budget+n)
-
-		// Without held variants the plan of the others is the one they get
-		// beside held ones: held variants take nothing from them.
-		var rest []int
+		require.False(rt, heldMore && !freeFull, "a held variant took budget a variant not held could use: %v", plan)
+		require.Less(rt, total, 2*(budget+n))
+		// What the others left of the budget goes to the held variants that
+		// filled their first share, as far as they hold runs within limit.
+		extra, room := 0, 0
 		for i := range due {
-			if !held[i] {
-				rest = append(rest, due[i])
+			if held[i] {
+				extra += plan[i] - first[i]
+				if first[i] == share {
+					room += min(due[i], limit) - first[i]
+				}
 			}
 		}
-		if len(rest) == n || len(rest) == 0 {
-			return
-		}
-		alone, _ := PromotePlan(limit, maxCount, rest, nil)
-		total := 0
-		for _, p := range alone {
-			total += p
-		}
-		// The first share is fixed by all the variants reached, so the
-		// others' plan can differ in shape, not in what it reaches: both
-		// promote the budget, or everything within limit.
-		require.Equal(rt, min(total, budget), min(free, budget))
+		require.GreaterOrEqual(rt, extra, min(max(budget-free, 0), room), "held variants left budget unused: %v", plan)
+
+		// Without held variants the plan is the one of before: the same
+		// as with every variant not held.
+		none, noneFirst := PromotePlan(limit, maxCount, due, nil)
+		allFree, allFreeFirst := PromotePlan(limit, maxCount, due, make([]bool, n))
+		require.Equal(rt, none, allFree)
+		require.Equal(rt, noneFirst, allFreeFirst)
 	})
 }

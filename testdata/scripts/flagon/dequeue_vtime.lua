@@ -1071,6 +1071,37 @@ local function dq_at_limit(dq, vm)
   return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
 end
 
+-- dq_promote's second and third passes (vtime.spreadLeft) over the due
+-- variants at the positions filled (those that filled their first share),
+-- plan holding what each took: each takes up to the same share of left,
+-- ceil(left / #filled), within the promote limit; those that filled that
+-- take what is still left, in order. Returns what is left after both.
+local function dq_spread(dq, hooks, due, plan, filled, left)
+  if left <= 0 or not filled[1] then return left end
+  local limit = dq.promote_limit
+  local share = math.ceil(left / #filled)
+  local again = {}
+  for _, i in ipairs(filled) do
+    local want = math.min(share, limit - plan[i])
+    if want > 0 then
+      local got = dq_promote_variant(dq, hooks, due[i], want)
+      if got == want then again[#again + 1] = i end
+      plan[i] = plan[i] + got
+      left = left - got
+    end
+  end
+  for _, i in ipairs(again) do
+    if left <= 0 then break end
+    local more = math.min(limit - plan[i], left)
+    if more > 0 then
+      local got = dq_promote_variant(dq, hooks, due[i], more)
+      plan[i] = plan[i] + got
+      left = left - got
+    end
+  end
+  return left
+end
+
 -- Promote the due delayed runs of the first scan due variants, as many of
 -- each as vtime.PromotePlan gives: the call's budget, max(promote limit,
 -- maxCount), in three passes. First every variant takes up to the same
@@ -1079,12 +1110,12 @@ end
 -- same share again, ceil(left / those), within the limit; then those that
 -- filled that take what is still left, in order, within the limit. A
 -- variant at its key limit (held: the call cannot serve it) takes its
--- first share and no more, not counted in the budget, which goes whole to
--- the others. So only what the second pass leaves goes by a variant's
--- place in the delay index (due time, then member), one call promotes
--- fewer than budget + scan runs of variants not held (and as many again of
--- held ones) however many are due, and a share one variant left unused
--- goes to others. A look at delayIndex's head comes first: when nothing is due
+-- first share outside the budget, and the second and third passes only
+-- after the others, with what they left. So only what the second pass
+-- leaves goes by a variant's place in the delay index (due time, then
+-- member), one call promotes fewer than 2 x (budget + scan) runs however
+-- many are due, and a share one variant left unused goes to others. A
+-- look at delayIndex's head comes first: when nothing is due
 -- (the common case) it is all the call reads of delayed runs, and
 -- dq_finish reuses it. pick, when given (the flag-on dequeue), chooses the
 -- variants when more than scan are due: it gets the first scan + 1 and
@@ -1106,32 +1137,19 @@ local function dq_promote(dq, hooks, pick)
   local limit = dq.promote_limit
   local left = math.max(limit, dq.max_count)
   local share = math.min(limit, math.ceil(left / #due))
-  local filled, plan = {}, {}
+  local filled, filled_held, plan = {}, {}, {}
   for i, vm in ipairs(due) do
     local got = dq_promote_variant(dq, hooks, vm, share)
     plan[i] = got
-    if not dq_at_limit(dq, vm) then
+    if dq_at_limit(dq, vm) then
+      if got == share then filled_held[#filled_held + 1] = i end
+    else
       if got == share then filled[#filled + 1] = i end
       left = left - got
     end
   end
-  if left <= 0 or not filled[1] then return end
-  share = math.ceil(left / #filled)
-  local again = {}
-  for _, i in ipairs(filled) do
-    local want = math.min(share, limit - plan[i])
-    if want > 0 then
-      local got = dq_promote_variant(dq, hooks, due[i], want)
-      if got == want then again[#again + 1] = i end
-      plan[i] = plan[i] + got
-      left = left - got
-    end
-  end
-  for _, i in ipairs(again) do
-    if left <= 0 then break end
-    local more = math.min(limit - plan[i], left)
-    if more > 0 then left = left - dq_promote_variant(dq, hooks, due[i], more) end
-  end
+  left = dq_spread(dq, hooks, due, plan, filled, left)
+  dq_spread(dq, hooks, due, plan, filled_held, left)
 end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it

@@ -646,8 +646,8 @@ func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int,
 	}
 }
 
-// atKeyLimit is, for each variant of vms, whether it has as many runs in flight
-// as the key limit (nil without a key limit): PromotePlan's held.
+// atKeyLimit is, for each variant of vms, whether it has as many runs in
+// flight as the key limit (nil without a key limit): PromotePlan's held.
 func (m *Model) atKeyLimit(vms []string) []bool {
 	k := m.cfg.Limits.Key
 	if k <= 0 {

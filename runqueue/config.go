@@ -112,10 +112,10 @@ type Config struct {
 	// fair scheduler and more due, those without a ready run first, see
 	// docs/design.md "Dequeue"): each takes up to the same share of it,
 	// rounded up, then those that filled their share share what the others
-	// left (what they leave in turn, in the delay index's order). A variant
-	// at its key limit, which the call cannot serve, takes its first share
-	// outside the budget, and more only from what the others left. So one
-	// call promotes fewer than 2 x (that budget + ScanLimit) runs,
+	// left (what they leave in turn, in the delay index's order); then what
+	// the variants at their key limit took, which the call cannot serve,
+	// goes again to the others. So one call promotes fewer than
+	// 2 x (that budget + ScanLimit) runs,
 	// however many are due at once. (A coalesced Dequeue of k calls has a
 	// per-variant limit of k*PromoteLimit, at most its maxCount or
 	// PromoteLimit, the larger.)

@@ -714,11 +714,12 @@ func TestVtimeRebaseAtTheEdge(t *testing.T) {
 // five delayed), dequeues that are seldom acked, and clock moves past the
 // delays, so that a call's promotion reaches keys at their limit beside
 // keys it can serve (vtime.PromotePlan's held), which the general mix
-// reaches seldom. A Lua that gives held keys no place apart (their shares
-// in the budget, as before 2026-12-05) fails it after 313 sequences
+// reaches seldom. Against a model of an earlier version of the rule (held
+// keys' first shares outside the budget, c97e761), a Lua that counted held
+// keys in the budget as before failed it after 313 sequences
 // (-rapid.checks=1500), the general mix after 1,172 (helper-131); at the
-// default 100 a run of it may not meet the difference: the targeted
-// tests (promote_held_test.go) do.
+// default 100 a run of it may not meet a difference: the targeted tests
+// (promote_held_test.go) do.
 func TestVtimeDifferentialHeldPromotion(t *testing.T) {
 	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {

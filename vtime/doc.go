@@ -80,10 +80,9 @@
 //     passes (PromotePlan): each takes up to the same share of it, rounded
 //     up, at most PromoteLimit; those that filled their share take up to
 //     the same share of what is left; those that filled that take what is
-//     still left, in order. A variant at its key limit (held) takes its
-//     first share outside the budget, and the second and third passes
-//     after the others, with what they left: the budget goes first to the
-//     variants the call can serve. So only what the second pass leaves
+//     still left, in order. Then the variants at their key limit (held)
+//     keep what they took and the others take as much again: the budget
+//     goes whole to the variants the call can serve. So only what the second pass leaves
 //     goes by a variant's name (the delay index's order among runs due
 //     together), a call promotes fewer than 2 x (budget + ScanLimit) runs
 //     however many are due, and a share one variant leaves unused goes to

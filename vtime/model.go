@@ -708,9 +708,9 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 // it; nil: none). The call's budget is max(limit, maxCount), spent in three
 // passes (the Lua makes the same three). First every variant takes up to
 // the same share, fixed when the call starts: min(limit, ceil(budget /
-// variants)). Then, of what the variants not held left of the budget, those
-// that filled their share take up to the same share again: ceil(left /
-// those variants), within limit. Then those that filled that second share
+// variants)). Then, of what they left of the budget, those that filled
+// their share take up to the same share again: ceil(left / those
+// variants), within limit. Then those that filled that second share
 // take what is still left, in order, within limit. Only the third pass,
 // which takes what the second left unused, goes by a variant's place in
 // the order (the delay index's: due time, then member). (A share of what
@@ -719,22 +719,23 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 // their due times were equal: 60 variants and a budget of 100 promoted 2
 // runs a call to the first 40 and 1 to the others.)
 //
-// A held variant's first share is not taken from the budget, and held
-// variants take part in the second and third passes only after the others,
-// with what those left of the budget: the budget goes first to the
-// variants the call can serve, while a held variant's due runs still leave
-// the front of the delay index at least at its first share a call, and
-// faster when the others leave budget unused (helper-131: held keys given
-// their first share only, a fed key's due run behind them waited 174-251
-// calls instead of 92). (Counted in the budget, five keys at their limit
-// among ten with due runs took half of every call of 100: 50 runs served a
-// call.) So every variant reached gains a run, a call promotes fewer than
-// 2 x (budget + len(due)) runs however many are due (the held variants'
-// first shares fewer than budget + len(due), the rest fewer than budget
-// + len(due): a pass's shares, rounded up, exceed what it shares by less
-// than the variants it shares among), and at least the budget on the
-// variants not held when they hold that many within limit each. plan is
-// the total of each, first what the first pass took.
+// Then the variants at their key limit (held: the call cannot serve them)
+// keep what they took, and the others take as much again among them, in a
+// second and a third pass as above over those not held that filled their
+// first share: the budget goes whole to the variants the call can serve
+// (counted in it, five keys at their limit among ten with due runs took
+// half of every call of 100: 50 runs served a call), while a held
+// variant's due runs leave the front of the delay index exactly as fast
+// as when they counted. (helper-131, helper-132: a held variant given less
+// than that, its first share only or what the others left, made a fed
+// key's retry due behind held keys wait 151-251 calls instead of 92.) So
+// every variant reached gains a run, a call promotes fewer than 2 x
+// (budget + len(due)) runs however many are due (fewer than budget +
+// len(due) before the held variants' runs go again: a pass's shares,
+// rounded up, exceed what it shares by less than the variants it shares
+// among), and at least the budget on the variants not held when they hold
+// that many within limit each. plan is the total of each, first what the
+// first pass took.
 func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int) {
 	budget := max(limit, maxCount)
 	plan, first = make([]int, len(due)), make([]int, len(due))
@@ -743,24 +744,32 @@ func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int
 	}
 	share := min(limit, ceilDiv(budget, len(due)))
 	left := budget
-	var filled, filledHeld []int
+	var filled []int
 	for i, d := range due {
 		first[i] = min(d, share)
-		switch {
-		case held != nil && held[i]:
-			if first[i] == share {
-				filledHeld = append(filledHeld, i)
-			}
-		default:
-			left -= first[i]
-			if first[i] == share {
-				filled = append(filled, i)
-			}
+		left -= first[i]
+		if first[i] == share {
+			filled = append(filled, i)
 		}
 	}
 	copy(plan, first)
-	left = spreadLeft(limit, due, plan, filled, left)
-	spreadLeft(limit, due, plan, filledHeld, left)
+	spreadLeft(limit, due, plan, filled, left)
+	if held == nil {
+		return plan, first
+	}
+	// What the held variants took goes again to the others.
+	more, free := 0, []int(nil)
+	for _, i := range filled {
+		if !held[i] {
+			free = append(free, i)
+		}
+	}
+	for i := range due {
+		if held[i] {
+			more += plan[i]
+		}
+	}
+	spreadLeft(limit, due, plan, free, more)
 	return plan, first
 }
 

@@ -194,7 +194,7 @@ func BatchInvarianceObserved(rt *rapid.T, f Factory) {
 		}
 	}
 	var dueRuns []int
-	var held []bool // at the key limit: the plan gives such a variant its first share only
+	var held []bool // at the key limit: the others take again what such a variant takes
 	for _, e := range delay {
 		if e.Score <= float64(now) {
 			dueRuns = append(dueRuns, perVariant[e.Member])

@@ -1,4 +1,4 @@
-#!lua name=runqueue_6707bd143adfa3bc
+#!lua name=runqueue_cc00f7315aff29f7
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1243,7 +1243,8 @@ local function dq_at_limit(dq, vm)
 end
 
 -- dq_promote's second and third passes (vtime.spreadLeft) over the due
--- variants at the positions filled (those that filled their first share),
+-- variants at the positions filled (those that filled their first share;
+-- then again over those not held, with what the held took),
 -- plan holding what each took: each takes up to the same share of left,
 -- ceil(left / #filled), within the promote limit; those that filled that
 -- take what is still left, in order. Returns what is left after both.
@@ -1279,10 +1280,11 @@ end
 -- share, fixed when the call starts, min(limit, ceil(budget / variants));
 -- then, of what they left, those that filled their share take up to the
 -- same share again, ceil(left / those), within the limit; then those that
--- filled that take what is still left, in order, within the limit. A
--- variant at its key limit (held: the call cannot serve it) takes its
--- first share outside the budget, and the second and third passes only
--- after the others, with what they left. So only what the second pass
+-- filled that take what is still left, in order, within the limit. Then
+-- the variants at their key limit (held: the call cannot serve them) keep
+-- what they took, and the others take as much again in a second and a
+-- third pass over those not held that filled their first share, so that
+-- the budget goes whole to the variants the call can serve. So only what the second pass
 -- leaves goes by a variant's place in the delay index (due time, then
 -- member), one call promotes fewer than 2 x (budget + scan) runs however
 -- many are due, and a share one variant left unused goes to others. A
@@ -1308,19 +1310,23 @@ local function dq_promote(dq, hooks, pick)
   local limit = dq.promote_limit
   local left = math.max(limit, dq.max_count)
   local share = math.min(limit, math.ceil(left / #due))
-  local filled, filled_held, plan = {}, {}, {}
+  local filled, plan = {}, {}
   for i, vm in ipairs(due) do
     local got = dq_promote_variant(dq, hooks, vm, share)
+    if got == share then filled[#filled + 1] = i end
     plan[i] = got
-    if dq_at_limit(dq, vm) then
-      if got == share then filled_held[#filled_held + 1] = i end
-    else
-      if got == share then filled[#filled + 1] = i end
-      left = left - got
-    end
+    left = left - got
   end
-  left = dq_spread(dq, hooks, due, plan, filled, left)
-  dq_spread(dq, hooks, due, plan, filled_held, left)
+  dq_spread(dq, hooks, due, plan, filled, left)
+  if dq.key_limit <= 0 then return end
+  local more, free = 0, {}
+  for _, i in ipairs(filled) do
+    if not dq_at_limit(dq, due[i]) then free[#free + 1] = i end
+  end
+  for i, vm in ipairs(due) do
+    if dq_at_limit(dq, vm) then more = more + plan[i] end
+  end
+  dq_spread(dq, hooks, due, plan, free, more)
 end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
@@ -2531,9 +2537,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_6707bd143adfa3bc_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_6707bd143adfa3bc_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6707bd143adfa3bc_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6707bd143adfa3bc_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6707bd143adfa3bc_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6707bd143adfa3bc_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

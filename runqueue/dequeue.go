@@ -782,6 +782,20 @@ func (sc *shardCredit) credit(e string) int {
 	return int(max(0, sc.env[e].runs-sc.base))
 }
 
+// turnAt is env e's turn (envCredit.turn) as of the shard's call c: 2c
+// when c serves it, 2c - 1 when c is the first call to read it, else the
+// turn it kept.
+func (sc *shardCredit) turnAt(e string, c uint64, served bool) uint64 {
+	ec, known := sc.env[e]
+	switch {
+	case served:
+		return 2 * c
+	case !known:
+		return 2*c - 1
+	}
+	return ec.turn
+}
+
 // shardTurnMax bounds a shard's envs (shardCredit.env): past it, those
 // the call did not read are dropped.
 const shardTurnMax = 1 << 16
@@ -840,14 +854,7 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 	}
 	sc.base += int64(low)
 	for e, c := range credit {
-		ec, known := sc.env[e]
-		if t.served[e] > 0 {
-			ec.turn = 2 * sc.calls
-		} else if !known {
-			ec.turn = 2*sc.calls - 1
-		}
-		ec.runs = int64(min(c-low, maxCount)) + sc.base
-		sc.env[e] = ec
+		sc.env[e] = envCredit{runs: int64(min(c-low, maxCount)) + sc.base, turn: sc.turnAt(e, sc.calls, t.served[e] > 0)}
 	}
 }
 
@@ -976,20 +983,13 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		if _, ok := byEnv[e]; !ok {
 			envs = append(envs, e)
 			credit[e] = sc.credit(e)
-			ec, known := sc.env[e]
-			tn := ec.turn
-			switch {
-			case t.served[e] > 0: // served by this call
-				tn = 2 * (sc.calls + 1)
-			case !known:
-				// First read now: behind the envs already waiting level
-				// with it, which envs new every call would otherwise pass
-				// for ever (helper-125: a backlogged env served 0 runs in
-				// 100 calls of 1 beside two envs that took turns to have a
-				// run, when an env new to the credit ranked first).
-				tn = 2*(sc.calls+1) - 1
-			}
-			turn[e] = tn
+			// Served by this call: 2c. First read now (2c - 1): behind the
+			// envs already waiting level with it, which envs new every call
+			// would otherwise pass for ever (helper-125: a backlogged env
+			// served 0 runs in 100 calls of 1 beside two envs that took
+			// turns to have a run, when an env new to the credit ranked
+			// first).
+			turn[e] = sc.turnAt(e, sc.calls+1, t.served[e] > 0)
 		}
 		byEnv[e] = append(byEnv[e], entry{e, queue, i, time.Time{}})
 	}

@@ -483,7 +483,7 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	}
 	due, held := make([]int, reached), make([]bool, reached)
 	for i, v := range window {
-		held[i] = o.limits.Key > 0 && v.k.held >= o.limits.Key
+		held[i] = o.atKeyLimit(v.k)
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
@@ -665,9 +665,12 @@ func (o *Oracle) Held() []string {
 
 func idLess(a, b string) bool { return len(a) < len(b) || (len(a) == len(b) && a < b) }
 
+// atKeyLimit reports whether k holds as many runs as the key limit.
+func (o *Oracle) atKeyLimit(k *okey) bool { return o.limits.Key > 0 && k.held >= o.limits.Key }
+
 func (o *Oracle) release(r *orun) {
 	k := o.keys[r.key]
-	atLimit := o.limits.Key > 0 && k.held >= o.limits.Key
+	atLimit := o.atKeyLimit(k)
 	r.lease = 0
 	o.held--
 	k.held--

@@ -52,8 +52,11 @@ type WorkerConfig struct {
 	// by Config.Clock (against the lease's deadline) or by the monotonic
 	// time since its fetch or last extension: a step of the clock,
 	// backwards or forwards, never stops the beats, and a lost lease shows
-	// at the next one. Must be less than
-	// Config.LeaseDuration. Defaults to Config.LeaseDuration / 3.
+	// at the next one. A beat whose calls have not answered after an
+	// interval (or when a lease it extends runs out, if sooner) gives them
+	// up, and a handler whose lease would run out before the next beat is
+	// cancelled. Must be less than Config.LeaseDuration. Defaults to
+	// Config.LeaseDuration / 3.
 	HeartbeatInterval time.Duration
 
 	// SweepInterval is the mean time between two sweeps of the shards the
@@ -906,12 +909,30 @@ func (w *Worker) heartbeat() {
 		js = append(js, j)
 		calls = append(calls, w.q.extendCall(j.run, now+lease))
 	}
+	// A beat gives up after one interval, or sooner when a lease it
+	// extends runs out before (by monotonic time, which a step of the
+	// clock does not move): a call held by a paused Redis, or by a client
+	// redialling a server that is down, would otherwise hold the beat, and
+	// with it every lapse check, past the point where the lease ran out and
+	// a sweep elsewhere delivered its run again (the handler then ran on
+	// beside the next delivery). The calls that did not answer by then
+	// count as failed, and lapse decides by the time they failed.
+	wait := w.cfg.HeartbeatInterval
+	for _, j := range js {
+		wait = min(wait, time.Duration(j.beat.Load()-mono)+w.q.cfg.LeaseDuration)
+	}
+	ctx, cancel := context.WithTimeout(w.ctx(), max(wait, time.Millisecond))
+	defer cancel()
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
-		cmds, lost := runPipelined(w.ctx(), w.q.rdb, calls[:n])
+		cmds, lost := runPipelined(ctx, w.q.rdb, calls[:n])
 		if lost != nil && w.base.Err() == nil {
 			w.log.Warn("runqueue: worker could not extend leases", "runs", len(js), "err", lost)
 		}
+		// A failed call's lapse is judged when it failed, not when the
+		// beat began: it may have waited most of an interval.
+		after := w.mono()
+		nowAfter := now + ms(time.Duration(after-mono))
 		// With a connection lost part way, the calls that answered still
 		// say whether their lease was extended or lost.
 		for i, j := range js[:len(cmds)] {
@@ -922,16 +943,16 @@ func (w *Worker) heartbeat() {
 			case leaseGone(err):
 				w.lose(j, err)
 			case lost != nil: // the lost connection's, warned of above
-				w.lapse(j, now, mono, lost)
+				w.lapse(j, nowAfter, after, lost)
 			default:
 				w.log.Warn("runqueue: worker could not extend a lease", "env", j.run.Env, "queue", j.run.Queue,
 					"id", j.run.ID, "err", err)
-				w.lapse(j, now, mono, err)
+				w.lapse(j, nowAfter, after, err)
 			}
 		}
 		if lost != nil {
 			for _, j := range js[len(cmds):] {
-				w.lapse(j, now, mono, lost)
+				w.lapse(j, nowAfter, after, lost)
 			}
 			return
 		}

@@ -17,9 +17,11 @@ import (
 // failPipelines, once on, fails every pipeline of its client as a lost
 // connection would (the Worker's heartbeat sends its lease extensions in
 // one), without sending it.
+// With hang on too, a pipeline fails only when its context ends, as one
+// held by a paused Redis or a client redialling a server that is down.
 type failPipelines struct {
 	nopHook
-	on atomic.Bool
+	on, hang atomic.Bool
 }
 
 func (h *failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -28,6 +30,10 @@ func (h *failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 			return next(ctx, cmds)
 		}
 		err := errors.New("dial tcp: connect: connection refused")
+		if h.hang.Load() {
+			<-ctx.Done()
+			err = ctx.Err()
+		}
 		for _, c := range cmds {
 			c.SetErr(err)
 		}
@@ -94,4 +100,46 @@ func TestWorkerLeaseRunsOutUnextended(t *testing.T) {
 			shutdown(t, w)
 		})
 	}
+}
+
+// TestWorkerLeaseRunsOutWhileABeatHangs: a beat whose pipeline does not
+// answer (a paused Redis; a client redialling a server that is down, as
+// go-redis does for a second and more) must not hold the lapse check past
+// the lease's end. CI met it (TestS35TroubleHeartbeatGap): a beat that
+// began within the lease failed after it had run out, judged the lease
+// by the time it began, and the handler ran on beside the run's next
+// delivery. Before, a beat waited on its calls for as long as the Worker
+// ran, so here the handler was never cancelled.
+func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
+	t.Parallel()
+	hook := &failPipelines{}
+	hook.hang.Store(true)
+	c := hookedReal(t, hook)
+	lease := 1500 * time.Millisecond
+	o := newS16Observer()
+	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o })
+	started := make(chan struct{})
+	cancelled := make(chan struct{})
+	w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+		close(started)
+		<-ctx.Done()
+		close(cancelled)
+		return ctx.Err()
+	}, func(wc *runqueue.WorkerConfig) {
+		wc.Concurrency = 1
+		wc.HeartbeatInterval = 500 * time.Millisecond
+		wc.SweepInterval = -1
+		wc.Logger = quietLogger
+	})
+	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+	waitClosed(t, started)
+	hook.on.Store(true)
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context was not cancelled while its beats hung past the lease")
+	}
+	require.Equal(t, runqueue.OutcomeLeaseLost, o.next(t))
+	hook.on.Store(false)
+	shutdown(t, w)
 }

@@ -52,11 +52,13 @@ type WorkerConfig struct {
 	// by Config.Clock (against the lease's deadline) or by the monotonic
 	// time since its fetch or last extension: a step of the clock,
 	// backwards or forwards, never stops the beats, and a lost lease shows
-	// at the next one. A beat whose calls have not answered after an
-	// interval (or when a lease it extends runs out, if sooner) gives them
-	// up, and a handler whose lease would run out before the next beat is
-	// cancelled. Must be less than Config.LeaseDuration. Defaults to
-	// Config.LeaseDuration / 3.
+	// at the next one. A handler whose extension failed is cancelled when
+	// its lease would run out before the next beat, and one whose lease no
+	// extension has answered for (a paused or unreachable Redis) a quarter
+	// interval before it runs out, so before another instance may deliver
+	// its run again. Must be less than Config.LeaseDuration; at most
+	// Config.LeaseDuration / 2 leaves Redis time to answer an extension.
+	// Defaults to Config.LeaseDuration / 3.
 	HeartbeatInterval time.Duration
 
 	// SweepInterval is the mean time between two sweeps of the shards the
@@ -609,12 +611,16 @@ func (w *Worker) release() {
 // handler returns (jobFinished), or the heartbeat (jobLost) or Shutdown
 // (jobReleased) before that.
 type job struct {
-	run    *Run
-	src    *source
-	slot   int
-	state  atomic.Int32
-	lease  atomic.Int64 // lease deadline, ms
-	beat   atomic.Int64 // Worker.mono when the lease was set (its fetch or last extension began)
+	run   *Run
+	src   *source
+	slot  int
+	state atomic.Int32
+	lease atomic.Int64 // lease deadline, ms
+	beat  atomic.Int64 // Worker.mono when the lease was set (its fetch answered, or its last extension began)
+	// expiry cancels the handler (lose) a margin before the lease runs out
+	// by monotonic time from the call that set it (the fetch's start, the
+	// extension's beat): whatever the heartbeat's calls do meanwhile.
+	expiry *time.Timer
 	ctx    context.Context
 	cancel context.CancelFunc
 	took   time.Duration
@@ -847,6 +853,9 @@ func leaseGone(err error) bool {
 
 // free gives j's slot back.
 func (w *Worker) free(j *job) {
+	if j.expiry != nil {
+		j.expiry.Stop()
+	}
 	w.held[j.slot].Store(nil)
 	w.slots.give(j.slot)
 }
@@ -887,12 +896,12 @@ func (w *Worker) mono() int64 { return int64(time.Since(w.epoch)) }
 // handler's context, as does one that ran out while it could not be
 // extended (lapse).
 func (w *Worker) heartbeat() {
+	mono := w.mono() // before the clock: the extensions' leases start after it
 	now, err := w.q.clockNow()
 	if err != nil {
 		w.log.Warn("runqueue: worker did not extend leases", "err", err)
 		return
 	}
-	mono := w.mono()
 	lease := ms(w.q.cfg.LeaseDuration)
 	half := w.cfg.HeartbeatInterval / 2
 	due := now + lease - ms(half)
@@ -909,28 +918,15 @@ func (w *Worker) heartbeat() {
 		js = append(js, j)
 		calls = append(calls, w.q.extendCall(j.run, now+lease))
 	}
-	// A beat gives up after one interval, or sooner when a lease it
-	// extends runs out before (by monotonic time, which a step of the
-	// clock does not move): a call held by a paused Redis, or by a client
-	// redialling a server that is down, would otherwise hold the beat, and
-	// with it every lapse check, past the point where the lease ran out and
-	// a sweep elsewhere delivered its run again (the handler then ran on
-	// beside the next delivery). The calls that did not answer by then
-	// count as failed, and lapse decides by the time they failed.
-	wait := w.cfg.HeartbeatInterval
-	for _, j := range js {
-		wait = min(wait, time.Duration(j.beat.Load()-mono)+w.q.cfg.LeaseDuration)
-	}
-	ctx, cancel := context.WithTimeout(w.ctx(), max(wait, time.Millisecond))
-	defer cancel()
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
-		cmds, lost := runPipelined(ctx, w.q.rdb, calls[:n])
+		cmds, lost := runPipelined(w.ctx(), w.q.rdb, calls[:n])
 		if lost != nil && w.base.Err() == nil {
 			w.log.Warn("runqueue: worker could not extend leases", "runs", len(js), "err", lost)
 		}
 		// A failed call's lapse is judged when it failed, not when the
-		// beat began: it may have waited most of an interval.
+		// beat began: it may have waited a long time (a client redialling
+		// a server that is down).
 		after := w.mono()
 		nowAfter := now + ms(time.Duration(after-mono))
 		// With a connection lost part way, the calls that answered still
@@ -940,6 +936,7 @@ func (w *Worker) heartbeat() {
 			case err == nil:
 				j.lease.Store(now + lease)
 				j.beat.Store(mono)
+				j.expiry.Reset(w.expiresIn(mono))
 			case leaseGone(err):
 				w.lose(j, err)
 			case lost != nil: // the lost connection's, warned of above
@@ -958,6 +955,25 @@ func (w *Worker) heartbeat() {
 		}
 		calls, js = calls[n:], js[n:]
 	}
+}
+
+// expiresIn is how long from now j's expiry timer waits, for a lease set
+// by a call that began at monotonic time set: until a quarter of
+// HeartbeatInterval before the lease runs out. A beat extends a lease at
+// most 1.5 intervals after it was set, so while Redis answers within the
+// rest (LeaseDuration - 1.75 intervals: 5/12 of the lease at the default
+// interval) the timer is reset before it fires. When the beat's calls
+// neither answer nor fail (a paused Redis; go-redis, unless
+// ContextTimeoutEnabled, reads a stalled connection until ReadTimeout
+// whatever the context says), it cancels the handler before another
+// instance's sweep may deliver the run again.
+func (w *Worker) expiresIn(set int64) time.Duration {
+	return time.Duration(set-w.mono()) + w.q.cfg.LeaseDuration - w.cfg.HeartbeatInterval/4
+}
+
+// expire is j's expiry timer: the lease was not extended in time.
+func (w *Worker) expire(j *job) {
+	w.lose(j, fmt.Errorf("%w: its lease runs out and no extension has answered", ErrLeaseLost))
 }
 
 // lapse cancels j's handler when its lease, which this beat could not

@@ -114,12 +114,14 @@ type fetchCall struct {
 	err     error
 	fault   error // a failure of a queue's own that a shard fetch passed over (logged, not counted)
 	took    time.Duration
+	began   int64 // Worker.mono when the call began: its runs' leases start after it
 }
 
 func (s *source) fetch(c *fetchCall) {
 	w := s.w
 	ctx := w.ctx()
 	began := time.Now()
+	c.began = w.mono()
 	defer func() { c.took = time.Since(began) }()
 	ackRuns := make([]*Run, len(c.acks))
 	for i, j := range c.acks {
@@ -148,13 +150,17 @@ func (s *source) fetch(c *fetchCall) {
 // A job's heartbeat clock (job.beat) starts now, after the lease began
 // (at the fetch's call): the heartbeat's monotonic rule never finds a
 // lease due before its Config.Clock rule would, with a clock in step.
-func (s *source) dispatch(runs []*Run, ks []int) {
+// Its expiry timer counts from the call's start (began), before the lease
+// began, so it never fires after the lease ran out, however long the
+// reply took.
+func (s *source) dispatch(runs []*Run, ks []int, began int64) {
 	w := s.w
 	mono := w.mono()
 	for i, r := range runs {
 		j := &job{run: r, src: s, slot: ks[i]}
 		j.lease.Store(r.LeaseDeadline.UnixMilli())
 		j.beat.Store(mono)
+		j.expiry = time.AfterFunc(w.expiresIn(began), func() { w.expire(j) })
 		w.held[ks[i]].Store(j)
 		w.jobs <- j // never blocks: the channel has a place per slot
 	}
@@ -463,7 +469,7 @@ func (l *fetchLoop) wait() bool {
 func (l *fetchLoop) finish(c *fetchCall) {
 	w, s := l.w, l.s
 	if len(c.runs) > 0 {
-		s.dispatch(c.runs, c.ks)
+		s.dispatch(c.runs, c.ks, c.began)
 	}
 	if len(c.runs) < len(c.ks) && c.err == nil {
 		// The source is idle now (below): it drops its wait for a slot

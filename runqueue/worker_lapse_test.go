@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,22 +18,37 @@ import (
 // failPipelines, once on, fails every pipeline of its client as a lost
 // connection would (the Worker's heartbeat sends its lease extensions in
 // one), without sending it.
-// With hang on too, a pipeline fails only when its context ends, as one
-// held by a paused Redis or a client redialling a server that is down.
+// With hang on too, a pipeline neither answers nor fails until release
+// is closed, whatever its context says: as go-redis (without
+// ContextTimeoutEnabled) reads a connection to a paused or unreachable
+// server until ReadTimeout. With slow set, a pipeline is sent after that
+// long (or fails when its context ends first).
 type failPipelines struct {
 	nopHook
 	on, hang atomic.Bool
+	release  chan struct{}
+	slow     time.Duration
 }
 
 func (h *failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.slow > 0 {
+			select {
+			case <-time.After(h.slow):
+			case <-ctx.Done():
+				for _, c := range cmds {
+					c.SetErr(ctx.Err())
+				}
+				return ctx.Err()
+			}
+		}
 		if !h.on.Load() {
 			return next(ctx, cmds)
 		}
 		err := errors.New("dial tcp: connect: connection refused")
 		if h.hang.Load() {
-			<-ctx.Done()
-			err = ctx.Err()
+			<-h.release
+			err = errors.New("i/o timeout")
 		}
 		for _, c := range cmds {
 			c.SetErr(err)
@@ -102,44 +118,93 @@ func TestWorkerLeaseRunsOutUnextended(t *testing.T) {
 	}
 }
 
-// TestWorkerLeaseRunsOutWhileABeatHangs: a beat whose pipeline does not
-// answer (a paused Redis; a client redialling a server that is down, as
-// go-redis does for a second and more) must not hold the lapse check past
-// the lease's end. CI met it (TestS35TroubleHeartbeatGap): a beat that
-// began within the lease failed after it had run out, judged the lease
-// by the time it began, and the handler ran on beside the run's next
-// delivery. Before, a beat waited on its calls for as long as the Worker
-// ran, so here the handler was never cancelled.
+// TestWorkerLeaseRunsOutWhileABeatHangs: a beat whose pipeline neither
+// answers nor fails (a paused Redis; a stalled connection, which go-redis
+// reads until ReadTimeout whatever the context says) must not keep the
+// handler running past its lease, when another instance's sweep may
+// deliver the run again. CI met it (TestS35TroubleHeartbeatGap): a beat
+// held by go-redis redialling a stopped Redis failed after the lease had
+// run out and judged it by the time the beat began, so the handler ran on
+// beside the run's next delivery. Before, the Worker cancelled a handler
+// only when a beat's call ended, so here it was never cancelled; with a
+// deadline on the beat's calls (ffc6155, helper-134), a client that does
+// not heed it kept the handler 4 s past its lease. The clock stands still
+// (Config.Clock is the test's): only monotonic time runs.
 func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
 	t.Parallel()
-	hook := &failPipelines{}
+	hook := &failPipelines{release: make(chan struct{})}
 	hook.hang.Store(true)
 	c := hookedReal(t, hook)
-	lease := 1500 * time.Millisecond
+	lease, beat := 3*time.Second, time.Second
 	o := newS16Observer()
 	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o })
+	var began time.Time
 	started := make(chan struct{})
-	cancelled := make(chan struct{})
+	cancelled := make(chan time.Time, 1)
 	w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+		began = time.Now()
 		close(started)
 		<-ctx.Done()
-		close(cancelled)
+		cancelled <- time.Now()
 		return ctx.Err()
 	}, func(wc *runqueue.WorkerConfig) {
 		wc.Concurrency = 1
-		wc.HeartbeatInterval = 500 * time.Millisecond
+		wc.HeartbeatInterval = beat
 		wc.SweepInterval = -1
 		wc.Logger = quietLogger
 	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(hook.release) }) }
+	t.Cleanup(release) // before the Worker's and the Queue's, on a failure
 	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
 	waitClosed(t, started)
 	hook.on.Store(true)
 	select {
-	case <-cancelled:
+	case at := <-cancelled:
+		// The timer counts from the fetch's start, before began: the
+		// handler is cancelled a quarter beat (250 ms) before the lease
+		// runs out, not a whole beat before (the failing beats of
+		// TestWorkerLeaseRunsOutUnextended cancel earlier, by lapse).
+		ran := at.Sub(began)
+		require.Less(t, ran, lease, "cancelled after its lease ran out")
+		require.Greater(t, ran, lease-beat, "cancelled more than a beat before its lease ran out")
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler's context was not cancelled while its beats hung past the lease")
 	}
 	require.Equal(t, runqueue.OutcomeLeaseLost, o.next(t))
 	hook.on.Store(false)
+	release()
+	shutdown(t, w)
+}
+
+// TestWorkerSlowRedisKeepsLease: extensions that answer late but within
+// the lease keep the handler running (helper-134 met ffc6155 cancelling
+// it: that beat gave its calls up after an interval). Every pipeline
+// waits 1.2 s, more than an interval, before it is sent; the handler runs
+// 5 s, past the 4 s lease, and its run is acked once.
+func TestWorkerSlowRedisKeepsLease(t *testing.T) {
+	t.Parallel()
+	hook := &failPipelines{slow: 1200 * time.Millisecond}
+	c := hookedReal(t, hook)
+	o := newS16Observer()
+	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = 4 * time.Second; cfg.Observer = o })
+	var calls atomic.Int32
+	w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+		calls.Add(1)
+		select {
+		case <-time.After(5 * time.Second):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, func(wc *runqueue.WorkerConfig) {
+		wc.Concurrency = 1
+		wc.HeartbeatInterval = time.Second
+		wc.SweepInterval = -1
+		wc.Logger = quietLogger
+	})
+	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+	require.Equal(t, runqueue.OutcomeAck, o.next(t))
+	require.EqualValues(t, 1, calls.Load())
 	shutdown(t, w)
 }

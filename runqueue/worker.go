@@ -54,11 +54,13 @@ type WorkerConfig struct {
 	// backwards or forwards, never stops the beats, and a lost lease shows
 	// at the next one. A handler whose extension failed is cancelled when
 	// its lease would run out before the next beat, and one whose lease no
-	// extension has answered for (a paused or unreachable Redis) a quarter
-	// interval before it runs out, so before another instance may deliver
-	// its run again. Must be less than Config.LeaseDuration; at most
-	// Config.LeaseDuration / 2 leaves Redis time to answer an extension.
-	// Defaults to Config.LeaseDuration / 3.
+	// extension has answered (a paused or unreachable Redis) a quarter
+	// interval before it runs out (less for an interval above
+	// Config.LeaseDuration / 2), so before another instance may deliver its
+	// run again; the latter run is still extended, and acked or nacked
+	// when its handler returns if the lease held. Must be less than
+	// Config.LeaseDuration; at most Config.LeaseDuration / 2 leaves Redis
+	// time to answer an extension. Defaults to Config.LeaseDuration / 3.
 	HeartbeatInterval time.Duration
 
 	// SweepInterval is the mean time between two sweeps of the shards the
@@ -617,13 +619,14 @@ type job struct {
 	state atomic.Int32
 	lease atomic.Int64 // lease deadline, ms
 	beat  atomic.Int64 // Worker.mono when the lease was set (its fetch answered, or its last extension began)
-	// expiry cancels the handler (lose) a margin before the lease runs out
-	// by monotonic time from the call that set it (the fetch's start, the
-	// extension's beat): whatever the heartbeat's calls do meanwhile.
-	expiry *time.Timer
-	ctx    context.Context
-	cancel context.CancelFunc
-	took   time.Duration
+	// expiry cancels the handler (expire) a margin before the lease runs
+	// out by monotonic time from the call that set it (the fetch's start,
+	// the extension's beat): whatever the heartbeat's calls do meanwhile.
+	expiry  *time.Timer
+	expired atomic.Bool
+	ctx     context.Context
+	cancel  context.CancelFunc
+	took    time.Duration
 	// A released job's handler outcome is told once both its handler has
 	// returned (handled, took set) and its release call has answered
 	// (released): by whichever comes second (reportReleased).
@@ -958,22 +961,44 @@ func (w *Worker) heartbeat() {
 }
 
 // expiresIn is how long from now j's expiry timer waits, for a lease set
-// by a call that began at monotonic time set: until a quarter of
-// HeartbeatInterval before the lease runs out. A beat extends a lease at
-// most 1.5 intervals after it was set, so while Redis answers within the
-// rest (LeaseDuration - 1.75 intervals: 5/12 of the lease at the default
-// interval) the timer is reset before it fires. When the beat's calls
-// neither answer nor fail (a paused Redis; go-redis, unless
+// by a call that began at monotonic time set: until a margin before the
+// lease runs out, a quarter of HeartbeatInterval, or less when the
+// interval is long (half of what a lease has left 1.5 intervals after it
+// was set, the latest a beat begins to extend it; none from 2/3 of
+// LeaseDuration on). So while Redis answers extensions within about half
+// of what the lease leaves after that margin (5/12 of the lease at the
+// default interval), the timer is reset before it fires. When the beat's
+// calls neither answer nor fail (a paused Redis; go-redis, unless
 // ContextTimeoutEnabled, reads a stalled connection until ReadTimeout
 // whatever the context says), it cancels the handler before another
-// instance's sweep may deliver the run again.
+// instance's sweep may deliver the run again, with clocks in step (a
+// sweeper's Config.Clock ahead of this one's by less than the margin).
 func (w *Worker) expiresIn(set int64) time.Duration {
-	return time.Duration(set-w.mono()) + w.q.cfg.LeaseDuration - w.cfg.HeartbeatInterval/4
+	lease, beat := w.q.cfg.LeaseDuration, w.cfg.HeartbeatInterval
+	margin := max(0, min(beat/4, (lease-beat*3/2)/2))
+	return time.Duration(set-w.mono()) + lease - margin
 }
 
-// expire is j's expiry timer: the lease was not extended in time.
+// expire is j's expiry timer: no extension has answered and the lease
+// is about to run out. The handler's context is cancelled, and the run
+// stays j's, still extended by the beats and acked or nacked when its
+// handler returns: the delivery token decides whether that still holds
+// (refused, the outcome is OutcomeLeaseLost, as for a lease found lost).
+// A job not started yet is lost. Nothing after a hard stop, which
+// cancelled every handler already.
 func (w *Worker) expire(j *job) {
-	w.lose(j, fmt.Errorf("%w: its lease runs out and no extension has answered", ErrLeaseLost))
+	if w.base.Err() != nil || j.expired.Swap(true) {
+		return
+	}
+	switch {
+	case j.state.CompareAndSwap(jobQueued, jobLost):
+	case j.state.Load() == jobRunning:
+		j.cancel()
+	default:
+		return // settled meanwhile
+	}
+	w.log.Warn("runqueue: no extension of a lease has answered and it is about to run out; the handler's context is cancelled",
+		"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "attempt", j.run.Attempt)
 }
 
 // lapse cancels j's handler when its lease, which this beat could not

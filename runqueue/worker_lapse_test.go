@@ -23,11 +23,26 @@ import (
 // ContextTimeoutEnabled) reads a connection to a paused or unreachable
 // server until ReadTimeout. With slow set, a pipeline is sent after that
 // long (or fails when its context ends first).
+//
+// With all set, single commands fail too while on (a Redis out of reach
+// fails both).
 type failPipelines struct {
 	nopHook
 	on, hang atomic.Bool
+	all      bool
 	release  chan struct{}
 	slow     time.Duration
+}
+
+func (h *failPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.all && h.on.Load() {
+			err := errors.New("dial tcp: connect: connection refused")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
 }
 
 func (h *failPipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -70,7 +85,10 @@ func TestWorkerLeaseRunsOutUnextended(t *testing.T) {
 	t.Parallel()
 	for _, byClock := range []bool{true, false} {
 		t.Run(fmt.Sprintf("byClock=%v", byClock), func(t *testing.T) {
-			hook := &failPipelines{}
+			// Every call fails, the handler's nack too (else the nack of a
+			// handler the expiry timer cancelled, a quarter beat before
+			// the lease runs out, would be answered: OutcomeRetry).
+			hook := &failPipelines{all: true}
 			c := hookedReal(t, hook)
 			lease := 10 * time.Second
 			if !byClock {
@@ -171,7 +189,9 @@ func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler's context was not cancelled while its beats hung past the lease")
 	}
-	require.Equal(t, runqueue.OutcomeLeaseLost, o.next(t))
+	// The run is still this delivery's (the clock stands still, so no
+	// lease runs out in Redis): its nack, a single call, is answered.
+	require.Equal(t, runqueue.OutcomeRetry, o.next(t))
 	hook.on.Store(false)
 	release()
 	shutdown(t, w)

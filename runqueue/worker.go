@@ -57,8 +57,9 @@ type WorkerConfig struct {
 	// extension has answered (a paused or unreachable Redis) a quarter
 	// interval before it runs out (less for an interval above
 	// Config.LeaseDuration / 2), so before another instance may deliver its
-	// run again; the latter run is still extended, and acked or nacked
-	// when its handler returns if the lease held. Must be less than
+	// run again; the latter run is still extended, and acked (or, after an
+	// error, made ready again now, never dead-lettered for it) when its
+	// handler returns, if the lease held. Must be less than
 	// Config.LeaseDuration; at most Config.LeaseDuration / 2 leaves Redis
 	// time to answer an extension. Defaults to Config.LeaseDuration / 3.
 	HeartbeatInterval time.Duration
@@ -742,6 +743,11 @@ func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration)
 		w.free(j)
 		return
 	}
+	if err != nil && !panicked && j.expired.Load() {
+		w.giveBack(j, took)
+		w.free(j)
+		return
+	}
 	if err == nil && !panicked {
 		j.took = took
 		j.src.addAck(j) // Handled follows the ack
@@ -939,7 +945,9 @@ func (w *Worker) heartbeat() {
 			case err == nil:
 				j.lease.Store(now + lease)
 				j.beat.Store(mono)
-				j.expiry.Reset(w.expiresIn(mono))
+				if st := j.state.Load(); st == jobQueued || st == jobRunning {
+					j.expiry.Reset(w.expiresIn(mono)) // (free stopped it otherwise)
+				}
 			case leaseGone(err):
 				w.lose(j, err)
 			case lost != nil: // the lost connection's, warned of above
@@ -965,9 +973,11 @@ func (w *Worker) heartbeat() {
 // lease runs out, a quarter of HeartbeatInterval, or less when the
 // interval is long (half of what a lease has left 1.5 intervals after it
 // was set, the latest a beat begins to extend it; none from 2/3 of
-// LeaseDuration on). So while Redis answers extensions within about half
-// of what the lease leaves after that margin (5/12 of the lease at the
-// default interval), the timer is reset before it fires. When the beat's
+// LeaseDuration on, where a lease may run out before a beat extends it,
+// Redis healthy or not). So with an interval of at most 2/3 of the lease,
+// while Redis answers the fetch and the extensions within about half of
+// what the lease leaves after 1.5 intervals and the margin (5/12 of the
+// lease at the default interval), the timer is reset before it fires. When the beat's
 // calls neither answer nor fail (a paused Redis; go-redis, unless
 // ContextTimeoutEnabled, reads a stalled connection until ReadTimeout
 // whatever the context says), it cancels the handler before another
@@ -979,11 +989,44 @@ func (w *Worker) expiresIn(set int64) time.Duration {
 	return time.Duration(set-w.mono()) + lease - margin
 }
 
+// giveBack settles a run whose handler returned an error after its expiry
+// timer cancelled it: the error is the Worker's doing, not the run's, so
+// the run is made ready now and never dead-lettered for it, as Shutdown's
+// release does (its attempt counts one more), not nacked (a nack would
+// dead-letter it at MaxAttempts or wait out a backoff, though the lease
+// may never have run out in Redis). Its token decides: refused, the run
+// was delivered again.
+func (w *Worker) giveBack(j *job, took time.Duration) {
+	r := j.run
+	now, err := w.q.clockNow()
+	if err == nil {
+		c := w.q.requeueCallMax(r.ref(), r.Token, now, now, false, 0)
+		err = scriptError(run(w.ctx(), w.q.rdb, c.sc, c.keys, c.args...).Err(), nil)
+	}
+	switch {
+	case err == nil:
+		if w.q.observe {
+			w.q.cfg.Observer.Nacked(r.Env, r.Queue, true)
+		}
+		w.obs.Handled(r.Env, r.Queue, took, OutcomeRetry)
+	case leaseGone(err):
+		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
+	default:
+		if w.stopping() || w.base.Err() != nil {
+			w.unsettled.Add(1) // Shutdown reports it
+		}
+		w.log.Error("runqueue: could not give back a run whose lease ran out unextended; "+afterLease(err),
+			"env", r.Env, "queue", r.Queue, "id", r.ID, "attempt", r.Attempt, "err", err)
+		w.obs.Handled(r.Env, r.Queue, took, OutcomeLeaseLost)
+	}
+}
+
 // expire is j's expiry timer: no extension has answered and the lease
 // is about to run out. The handler's context is cancelled, and the run
-// stays j's, still extended by the beats and acked or nacked when its
-// handler returns: the delivery token decides whether that still holds
-// (refused, the outcome is OutcomeLeaseLost, as for a lease found lost).
+// stays j's, still extended by the beats; when its handler returns it is
+// acked (nil) or given back ready now (an error: giveBack), and the
+// delivery token decides whether that still holds (refused, the outcome
+// is OutcomeLeaseLost, as for a lease found lost).
 // A job not started yet is lost. Nothing after a hard stop, which
 // cancelled every handler already.
 func (w *Worker) expire(j *job) {

@@ -155,11 +155,15 @@ func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
 	c := hookedReal(t, hook)
 	lease, beat := 3*time.Second, time.Second
 	o := newS16Observer()
-	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o })
+	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o; cfg.MaxAttempts = 1 })
 	var began time.Time
+	var deliveries atomic.Int32
 	started := make(chan struct{})
 	cancelled := make(chan time.Time, 1)
 	w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+		if deliveries.Add(1) > 1 {
+			return nil // given back, it comes again
+		}
 		began = time.Now()
 		close(started)
 		<-ctx.Done()
@@ -190,10 +194,13 @@ func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
 		t.Fatal("the handler's context was not cancelled while its beats hung past the lease")
 	}
 	// The run is still this delivery's (the clock stands still, so no
-	// lease runs out in Redis): its nack, a single call, is answered.
+	// lease runs out in Redis) and is given back ready, a single call,
+	// answered: not nacked, which at MaxAttempts 1 dead-lettered it
+	// (helper-136 on 474100c: OutcomeDead for the Worker's own cancel).
 	require.Equal(t, runqueue.OutcomeRetry, o.next(t))
 	hook.on.Store(false)
 	release()
+	require.Zero(t, queueStats(t, b, queueName).Dead, "dead-lettered for the Worker's own cancel")
 	shutdown(t, w)
 }
 

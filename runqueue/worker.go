@@ -977,12 +977,12 @@ func (w *Worker) heartbeat() {
 // Redis healthy or not). So with an interval of at most 2/3 of the lease,
 // while Redis answers the fetch and the extensions within about half of
 // what the lease leaves after 1.5 intervals and the margin (5/12 of the
-// lease at the default interval), the timer is reset before it fires. When the beat's
-// calls neither answer nor fail (a paused Redis; go-redis, unless
-// ContextTimeoutEnabled, reads a stalled connection until ReadTimeout
-// whatever the context says), it cancels the handler before another
-// instance's sweep may deliver the run again, with clocks in step (a
-// sweeper's Config.Clock ahead of this one's by less than the margin).
+// lease at the default interval), the timer is reset before it fires.
+// When the beat's calls neither answer nor fail (a paused Redis; go-redis,
+// unless ContextTimeoutEnabled, reads a stalled connection until
+// ReadTimeout whatever the context says), it cancels the handler before
+// another instance's sweep may deliver the run again, with clocks in step
+// (a sweeper's Config.Clock ahead of this one's by less than the margin).
 func (w *Worker) expiresIn(set int64) time.Duration {
 	lease, beat := w.q.cfg.LeaseDuration, w.cfg.HeartbeatInterval
 	margin := max(0, min(beat/4, (lease-beat*3/2)/2))
@@ -1026,9 +1026,9 @@ func (w *Worker) giveBack(j *job, took time.Duration) {
 // stays j's, still extended by the beats; when its handler returns it is
 // acked (nil) or given back ready now (an error: giveBack), and the
 // delivery token decides whether that still holds (refused, the outcome
-// is OutcomeLeaseLost, as for a lease found lost).
-// A job not started yet is lost. Nothing after a hard stop, which
-// cancelled every handler already.
+// is OutcomeLeaseLost, as for a lease found lost). A job not started yet
+// is lost. Nothing after a hard stop, which cancelled every handler
+// already.
 func (w *Worker) expire(j *job) {
 	if w.base.Err() != nil || j.expired.Swap(true) {
 		return

@@ -151,8 +151,8 @@ func (s *source) fetch(c *fetchCall) {
 // (at the fetch's call): the heartbeat's monotonic rule never finds a
 // lease due before its Config.Clock rule would, with a clock in step.
 // Its expiry timer counts from the call's start (began), before the lease
-// began, so it never fires after the lease ran out, however long the
-// reply took.
+// began, so it is never late however long the reply took (it fires at
+// once when the reply came after its time).
 func (s *source) dispatch(runs []*Run, ks []int, began int64) {
 	w := s.w
 	mono := w.mono()

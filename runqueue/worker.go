@@ -563,7 +563,7 @@ func (w *Worker) release() {
 			continue
 		}
 		released = append(released, j)
-		calls = append(calls, w.q.requeueCallMax(j.run.ref(), j.run.Token, now, now, false, 0))
+		calls = append(calls, w.q.releaseCall(j.run, now))
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
@@ -1000,7 +1000,7 @@ func (w *Worker) giveBack(j *job, took time.Duration) {
 	r := j.run
 	now, err := w.q.clockNow()
 	if err == nil {
-		c := w.q.requeueCallMax(r.ref(), r.Token, now, now, false, 0)
+		c := w.q.releaseCall(r, now)
 		err = scriptError(run(w.ctx(), w.q.rdb, c.sc, c.keys, c.args...).Err(), nil)
 	}
 	switch {

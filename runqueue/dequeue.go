@@ -225,12 +225,22 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	if n, ok := res[0].(int64); ok && n < 0 {
 		reset, res[0] = true, -1-n
 	}
-	runs, gone, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	runs, gone, bad, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
 	if len(gone) > 0 {
 		// Served without a record (evicted): nothing to deliver, so their
 		// slots are freed at once; should this fail, lease recovery frees
 		// them.
 		_, _, _ = q.ackMany(ctx, gone, false)
+	}
+	for _, r := range bad {
+		// Served with a record that does not parse (a hand edit, a
+		// writer's bug): nothing to deliver, and it cannot be retried, so
+		// it is dead-lettered at once with its record as it is (see
+		// ErrCorruptRecord), and the call delivers the others; should this
+		// fail, lease recovery dead-letters it when its lease passes.
+		if _, derr := q.requeue(ctx, r.ref(), r.Token, now, now, true); derr == nil && q.observe {
+			q.cfg.Observer.Nacked(r.Env, r.Queue, false)
+		}
 	}
 	if err == nil && q.observe && observe {
 		// Every dequeue path (shard, blocking, fused with acks) ends here,
@@ -320,10 +330,10 @@ func union(lists ...[]string) []string {
 // decodeDequeue reads a dequeue script's reply (lua/lib/dequeue.lua,
 // dq_finish): the acks' results, then four values per run. A run served
 // without a record (its queue's runs hash was evicted, Config.AllowEviction)
-// is in gone, not in runs.
-func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone []*Run, ackErrs []error, err error) {
+// is in gone, one whose record does not parse in bad, neither in runs.
+func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, ackErrs []error, err error) {
 	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
-		return nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+		return nil, nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
 	}
 	if acks > 0 {
 		ackErrs = make([]error, acks)
@@ -342,11 +352,11 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 		tok, _ := res[i+3].(int64)
 		id, err := keys.DecodeSegment(encID)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
+			return nil, nil, nil, nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
 		}
 		ck, err := keys.DecodeVariantMember(member)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
+			return nil, nil, nil, nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
 		}
 		if !hasRec && res[i+2] == nil {
 			gone = append(gone, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Token: tok})
@@ -354,13 +364,14 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone 
 		}
 		rec, ok := parseRecord(raw)
 		if !ok {
-			return nil, nil, nil, fmt.Errorf("%w: run %q in %s", ErrCorruptRecord, id, qk.Runs())
+			bad = append(bad, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Token: tok})
+			continue
 		}
 		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(rec.payload),
 			Attempt: rec.att, Priority: rec.pr, AvailableAt: time.UnixMilli(rec.at), Token: tok,
 			LeaseDeadline: time.UnixMilli(lease)})
 	}
-	return runs, gone, ackErrs, nil
+	return runs, gone, bad, ackErrs, nil
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard

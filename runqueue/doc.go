@@ -176,9 +176,10 @@
 // [Config.ReadOnly] refuses every write), [ErrClosed] (a blocking dequeue
 // on a closed Queue), [ErrTooLarge] (Schedule or Preview of a queue with
 // more than [MaxInspectVariants] keys) and [ErrCorruptRecord] (a run's
-// stored record does not parse: Nack refuses it with nothing written,
-// RecoverLeases dead-letters it once its lease passes, a Dequeue that
-// serves it fails).
+// stored record does not parse: a Nack that would retry it is refused
+// with nothing written, RecoverLeases dead-letters it once its lease
+// passes, a Dequeue that serves it dead-letters it at once and delivers
+// the others).
 //
 // New refuses three kinds of Redis. One older than [MinRedisVersion] (its
 // INFO reports an older redis_version) is a [*ServerVersionError]

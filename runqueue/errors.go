@@ -39,11 +39,16 @@ var (
 	// ErrTooLarge: the queue has more variants than an operator call reads.
 	ErrTooLarge = errors.New("runqueue: queue has too many variants to inspect")
 	// ErrCorruptRecord: a run's stored record does not parse (a hand edit,
-	// or a writer's bug). Nack refuses such a run with nothing written (it
-	// stays held until its lease passes; RecoverLeases then dead-letters
-	// it with its record as it is, where PurgeDeadLetters removes it and
-	// Redrive serves it once the record is mended); a Dequeue that serves
-	// one fails with an error that wraps it.
+	// or a writer's bug). Such a run cannot be retried: a Nack that would
+	// retry it is refused with nothing written (it stays held until its
+	// lease passes; RecoverLeases then dead-letters it with its record as
+	// it is, where PurgeDeadLetters removes it and Redrive serves it once
+	// the record is mended), and a Nack with DeadLetter dead-letters it so
+	// at once. A Dequeue (and every call that serves runs) that serves one
+	// delivers the others and dead-letters it so at once (Observer.Nacked
+	// with requeued false); should that call fail, lease recovery does it.
+	// A delayed run with such a record is made ready when it comes due, so
+	// it is served and dead-lettered so too.
 	ErrCorruptRecord = errors.New("runqueue: run record does not parse")
 	// ErrServerVersion is wrapped by every *ServerVersionError: New found a
 	// Redis older than the scripts need.

@@ -475,7 +475,10 @@ local function dq_promote_variant(dq, hooks, vm, n)
       -- dropped: it leaves the delayed set and is not made ready)
       if recs[i] then
         local r = rec_parse(recs[i])
-        local rs = tonumber(r.at) - r.pr * dq.priority_step
+        -- (a record that does not parse, a hand edit or a writer's bug,
+        -- is made ready now: the call that serves it dead-letters it, see
+        -- settleAndDequeue, where every promotion that reached it failed)
+        local rs = r.pr and tonumber(r.at) - r.pr * dq.priority_step or dq.now
         if min_rs == nil or rs < min_rs then min_rs = rs end
         zargs[#zargs + 1] = rs
         zargs[#zargs + 1] = id

@@ -28,7 +28,7 @@
 -- Flag on: KEYS[12..14] and ARGV[13..15] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: {1, attempt} requeued, {0, attempt} dead-lettered ({0, 0}: a
--- lease recovery of a run whose record does not parse). A nack sent
+-- run whose record does not parse, by lease recovery or kill). A nack sent
 -- again after its first call went through (the record's last settled token
 -- is the holder's) returns what the first returned, and when requeued the
 -- time the first set (the record's available_at) as a third value: the
@@ -37,8 +37,8 @@
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
 -- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
--- RQ_LEASE_ACTIVE, RQ_CORRUPT (a nack of a run whose record does not
--- parse; nothing written).
+-- RQ_LEASE_ACTIVE, RQ_CORRUPT (a nack that would retry a run whose record
+-- does not parse; nothing written).
 -- A run's record is one field of the queue's runs HASH, built by Go
 -- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
 --   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
@@ -380,15 +380,16 @@ if err == 'not_in_flight' and token ~= '0' then
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- The record is read before anything is written. One that does not parse
--- (a hand edit, a writer's bug) cannot be retried: a nack is refused with
--- everything left as it was (the run held, its lease in place), and a
--- lease recovery dead-letters the run with its record as it is (below),
--- where Purge can remove it and Redrive serve it once it is mended. (A
--- recovery that refused it would meet it first in every sweep of its
--- shard, its lease deadline passed, for ever.)
+-- (a hand edit, a writer's bug) cannot be retried: a nack that would retry
+-- it is refused with everything left as it was (the run held, its lease in
+-- place), and a nack that dead-letters it (kill: the dequeue that served
+-- it does so at once) and a lease recovery dead-letter the run with its
+-- record as it is (below), where Purge can remove it and Redrive serve it
+-- once it is mended. (A recovery that refused it would meet it first in
+-- every sweep of its shard, its lease deadline passed, for ever.)
 local rec = redis.call('HGET', q.runs, id)
 local r = rec and rec_parse(rec)
-if r and not r.att and token ~= '0' then return redis.error_reply('RQ_CORRUPT run record does not parse') end
+if r and not r.att and token ~= '0' and not kill then return redis.error_reply('RQ_CORRUPT run record does not parse') end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))

@@ -1,4 +1,4 @@
-#!lua name=runqueue_cc00f7315aff29f7
+#!lua name=runqueue_ed69f0550b8b8301
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1205,7 +1205,10 @@ local function dq_promote_variant(dq, hooks, vm, n)
       -- dropped: it leaves the delayed set and is not made ready)
       if recs[i] then
         local r = rec_parse(recs[i])
-        local rs = tonumber(r.at) - r.pr * dq.priority_step
+        -- (a record that does not parse, a hand edit or a writer's bug,
+        -- is made ready now: the call that serves it dead-letters it, see
+        -- settleAndDequeue, where every promotion that reached it failed)
+        local rs = r.pr and tonumber(r.at) - r.pr * dq.priority_step or dq.now
         if min_rs == nil or rs < min_rs then min_rs = rs end
         zargs[#zargs + 1] = rs
         zargs[#zargs + 1] = id
@@ -2367,7 +2370,7 @@ KEYS, ARGV = keys, args
 -- Flag on: KEYS[12..14] and ARGV[13..15] follow, the scheduler's (see
 -- lib/hooks_vtime).
 -- Returns: {1, attempt} requeued, {0, attempt} dead-lettered ({0, 0}: a
--- lease recovery of a run whose record does not parse). A nack sent
+-- run whose record does not parse, by lease recovery or kill). A nack sent
 -- again after its first call went through (the record's last settled token
 -- is the holder's) returns what the first returned, and when requeued the
 -- time the first set (the record's available_at) as a third value: the
@@ -2376,8 +2379,8 @@ KEYS, ARGV = keys, args
 -- run is delivered again).
 -- Errors: RQ_NOT_FOUND (also when the run is held but its record is gone,
 -- evicted: the hold is released), RQ_NOT_IN_FLIGHT, RQ_LEASE_LOST,
--- RQ_LEASE_ACTIVE, RQ_CORRUPT (a nack of a run whose record does not
--- parse; nothing written).
+-- RQ_LEASE_ACTIVE, RQ_CORRUPT (a nack that would retry a run whose record
+-- does not parse; nothing written).
 local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
             master = KEYS[5], qm = ARGV[10] }
 local held, kin, env_n, leases, dead, env_dead = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
@@ -2398,15 +2401,16 @@ if err == 'not_in_flight' and token ~= '0' then
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- The record is read before anything is written. One that does not parse
--- (a hand edit, a writer's bug) cannot be retried: a nack is refused with
--- everything left as it was (the run held, its lease in place), and a
--- lease recovery dead-letters the run with its record as it is (below),
--- where Purge can remove it and Redrive serve it once it is mended. (A
--- recovery that refused it would meet it first in every sweep of its
--- shard, its lease deadline passed, for ever.)
+-- (a hand edit, a writer's bug) cannot be retried: a nack that would retry
+-- it is refused with everything left as it was (the run held, its lease in
+-- place), and a nack that dead-letters it (kill: the dequeue that served
+-- it does so at once) and a lease recovery dead-letter the run with its
+-- record as it is (below), where Purge can remove it and Redrive serve it
+-- once it is mended. (A recovery that refused it would meet it first in
+-- every sweep of its shard, its lease deadline passed, for ever.)
 local rec = redis.call('HGET', q.runs, id)
 local r = rec and rec_parse(rec)
-if r and not r.att and token ~= '0' then return redis.error_reply('RQ_CORRUPT run record does not parse') end
+if r and not r.att and token ~= '0' and not kill then return redis.error_reply('RQ_CORRUPT run record does not parse') end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
 held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
@@ -2537,9 +2541,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cc00f7315aff29f7_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

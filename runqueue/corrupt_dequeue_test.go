@@ -1,6 +1,7 @@
 package runqueue_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -99,4 +100,44 @@ func TestDequeueCorruptReadyRecord(t *testing.T) {
 		st := queueStats(t, b, queueName)
 		require.Equal(t, runqueue.Stats{Dead: 2}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
 	})
+}
+
+// TestDequeueRecordGoAndLuaAgree: records that the scripts' parser
+// refuses and Go's took (a sign, a priority of two digits) were delivered,
+// and their nack was then refused (RQ_CORRUPT) and their recovery
+// dead-lettered them; Go now refuses what the scripts refuse, so the call
+// that serves one dead-letters it at once. A number past int64, which the
+// scripts read as a float and Go refuses, is dead-lettered the same way.
+func TestDequeueRecordGoAndLuaAgree(t *testing.T) {
+	edits := map[string]func(f []string){
+		"signed attempt":  func(f []string) { f[1] = "+" + f[1] },
+		"negative ttl":    func(f []string) { f[0] = "-1" },
+		"priority 05":     func(f []string) { f[2] = "0" + f[2] },
+		"at of 20 digits": func(f []string) { f[3] = "99999999999999999999" },
+		"empty lt":        func(f []string) { f[4] = "" },
+	}
+	for name, edit := range edits {
+		t.Run(name, func(t *testing.T) {
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1", Payload: []byte("p|q")})
+				enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k2"})
+				rec := corruptRecord(t, b, "bad")
+				f := strings.SplitN(rec, "|", 7)
+				require.Len(t, f, 7)
+				edit(f)
+				runsKey := keySpace(t, b).Env(env).Queue(queueName).Runs()
+				require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment("bad"), strings.Join(f, "|")).Err())
+				runs, err := b.q.Dequeue(b.ctx, env, queueName, 10)
+				require.NoError(t, err)
+				require.Equal(t, []string{"r1"}, runIDs(runs))
+				ackAll(t, b, runs)
+				dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
+				require.NoError(t, err)
+				require.Len(t, dead, 1)
+				require.Equal(t, "bad", dead[0].ID)
+				st := queueStats(t, b, queueName)
+				require.Zero(t, st.InFlight+st.Ready+st.Delayed)
+			})
+		})
+	}
 }

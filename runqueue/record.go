@@ -34,7 +34,10 @@ func appendRecord(b []byte, pr int, at, ttl int64, vm string, payload []byte) ([
 	return append(b, payload...), off
 }
 
-// parseRecord reads a stored record; ok is false for anything else.
+// parseRecord reads a stored record; ok is false for anything else. It
+// takes what the scripts' rec_parse takes (lua/lib/record.lua): each
+// number ASCII digits only (no sign), the priority one digit; and refuses
+// a number past int64, which Lua would read as a float.
 func parseRecord(s string) (r record, ok bool) {
 	var f [6]string
 	for i := range f {
@@ -43,6 +46,14 @@ func parseRecord(s string) (r record, ok bool) {
 			return record{}, false
 		}
 		f[i], s = s[:j], s[j+1:]
+	}
+	if len(f[2]) != 1 {
+		return record{}, false
+	}
+	for _, x := range f[:5] {
+		if !isDigits(x) {
+			return record{}, false
+		}
 	}
 	var err error
 	num := func(x string) int64 {
@@ -55,4 +66,17 @@ func parseRecord(s string) (r record, ok bool) {
 	r = record{ttl: num(f[0]), att: int(num(f[1])), pr: int(num(f[2])), at: num(f[3]), lt: num(f[4]),
 		vm: f[5], payload: s}
 	return r, err == nil
+}
+
+// isDigits: x is one or more ASCII digits (Lua's %d+).
+func isDigits(x string) bool {
+	if x == "" {
+		return false
+	}
+	for i := 0; i < len(x); i++ {
+		if x[i] < '0' || x[i] > '9' {
+			return false
+		}
+	}
+	return true
 }

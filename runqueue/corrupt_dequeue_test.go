@@ -1,7 +1,10 @@
 package runqueue_test
 
 import (
+	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,8 +26,8 @@ func corruptRecord(t *testing.T, b *testBundle, id string) string {
 }
 
 // requireDeadAsIs: run id is the queue's one dead letter, its record as
-// it was left (attempt 0), and nothing is in flight.
-func requireDeadAsIs(t *testing.T, b *testBundle, id string) {
+// it was left (attempt 0), and inFlight runs are in flight (not it).
+func requireDeadAsIs(t *testing.T, b *testBundle, id string, inFlight int64) {
 	t.Helper()
 	dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
 	require.NoError(t, err)
@@ -33,7 +36,7 @@ func requireDeadAsIs(t *testing.T, b *testBundle, id string) {
 	require.Zero(t, dead[0].Attempt, "its record is as it was")
 	st := queueStats(t, b, queueName)
 	require.Equal(t, int64(1), st.Dead)
-	require.Zero(t, st.InFlight, "its hold and slot are released")
+	require.Equal(t, inFlight, st.InFlight, "its hold and slot are released")
 }
 
 // TestDequeueCorruptDelayedRecord: a delayed run whose stored record does
@@ -53,7 +56,7 @@ func TestDequeueCorruptDelayedRecord(t *testing.T) {
 		require.NoError(t, err)
 		require.ElementsMatch(t, []string{"r1", "r2"}, runIDs(runs))
 		ackAll(t, b, runs)
-		requireDeadAsIs(t, b, "bad")
+		requireDeadAsIs(t, b, "bad", 0)
 		st := queueStats(t, b, queueName)
 		require.Zero(t, st.Ready+st.Delayed)
 	})
@@ -63,9 +66,11 @@ func TestDequeueCorruptDelayedRecord(t *testing.T) {
 // does not parse failed whole (ErrCorruptRecord), and the good runs it had
 // taken stayed held until their leases passed (recovered with attempt + 1,
 // dead-lettered under MaxAttempts 1). The call now delivers the good runs
-// and dead-letters the bad one at once; its key's slot is free for the
-// key's next run. A Nack with DeadLetter of such a run (held) dead-letters
-// it too, where it was refused; a Nack that would retry it still is.
+// and dead-letters the bad one at once, and, having served fewer than
+// asked, calls again: the key's next run, held back by the bad run's slot,
+// comes in the same Dequeue. A Nack with DeadLetter of such a run (held)
+// dead-letters it too, where it was refused; a Nack that would retry it
+// still is.
 func TestDequeueCorruptReadyRecord(t *testing.T) {
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
 		b.cfg.KeyConcurrency = 1
@@ -80,12 +85,11 @@ func TestDequeueCorruptReadyRecord(t *testing.T) {
 		corruptRecord(t, b, "bad")
 		runs, err := b.q.Dequeue(b.ctx, env, queueName, 10)
 		require.NoError(t, err)
-		require.Equal(t, []string{"r1"}, runIDs(runs), "k1 was at its limit of 1 with bad")
-		ackAll(t, b, runs)
-		requireDeadAsIs(t, b, "bad")
-		more := dequeue(t, b, queueName, 10)
-		require.Equal(t, []string{"r2"}, runIDs(more), "bad's slot was freed")
+		require.Equal(t, []string{"r1", "r2"}, runIDs(runs), "r2 after bad freed k1's slot (limit 1)")
+		more := runs[1:]
 		require.Equal(t, 1, more[0].Attempt)
+		ackAll(t, b, runs[:1])
+		requireDeadAsIs(t, b, "bad", 1)
 
 		// A held run whose record is then broken: a retrying Nack is
 		// refused with nothing written, a dead-lettering one is not.
@@ -140,4 +144,130 @@ func TestDequeueRecordGoAndLuaAgree(t *testing.T) {
 			})
 		})
 	}
+}
+
+// corruptObs counts what the Observer hears of.
+type corruptObs struct {
+	runqueue.NopObserver
+	deq, ack, dead, requeued, recovered atomic.Int64
+}
+
+func (o *corruptObs) Dequeued(runs []*runqueue.Run, _ time.Time) { o.deq.Add(int64(len(runs))) }
+func (o *corruptObs) Acked(_, _ string, n int)                   { o.ack.Add(int64(n)) }
+func (o *corruptObs) Recovered(_, _ string, n, _ int)            { o.recovered.Add(int64(n)) }
+func (o *corruptObs) Nacked(_, _ string, requeued bool) {
+	if requeued {
+		o.requeued.Add(1)
+	} else {
+		o.dead.Add(1)
+	}
+}
+
+// TestDequeueCorruptObserverBalance: the Observer hears of a run served
+// with a record that does not parse as dequeued and nacked to the dead
+// letter, so its dequeued runs equal the acked, nacked and recovered ones
+// (helper-137: it heard only of the nack), through a coalesced Dequeue
+// (the default) and a call of its own (SerialCalls).
+func TestDequeueCorruptObserverBalance(t *testing.T) {
+	for _, serial := range []bool{false, true} {
+		t.Run(fmt.Sprintf("serial=%v", serial), func(t *testing.T) {
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				obs := &corruptObs{}
+				b.cfg.Observer, b.cfg.SerialCalls = obs, serial
+				q, err := runqueue.New(b.ctx, b.client, b.cfg)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = q.Close() })
+				b.q = q
+				enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1"})
+				enqueue(t, b, runqueue.EnqueueParams{ID: "good", Key: "k2"})
+				corruptRecord(t, b, "bad")
+				runs, err := b.q.Dequeue(b.ctx, env, queueName, 10)
+				require.NoError(t, err)
+				require.Equal(t, []string{"good"}, runIDs(runs))
+				ackAll(t, b, runs)
+				require.EqualValues(t, 2, obs.deq.Load(), "dequeued")
+				require.EqualValues(t, 1, obs.ack.Load(), "acked")
+				require.EqualValues(t, 1, obs.dead.Load(), "dead-lettered")
+				require.Zero(t, obs.requeued.Load()+obs.recovered.Load())
+			})
+		})
+	}
+}
+
+// TestDequeueCorruptFirstInLine: a call that served only runs whose
+// records do not parse returned nothing while good runs were ready, which
+// a blocking dequeue and a Worker read as an idle queue and waited a poll
+// interval (helper-137: 2 s at a 2 s BlockPollInterval). The call is made
+// again: Dequeue(1) behind two bad runs serves the good one, and so does
+// DequeueWait at once.
+func TestDequeueCorruptFirstInLine(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		b.cfg.BlockPollInterval = time.Hour
+		q, err := runqueue.New(b.ctx, b.client, b.cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		b.q = q
+		for _, id := range []string{"bad1", "bad2", "good1"} {
+			enqueue(t, b, runqueue.EnqueueParams{ID: id, Key: id})
+			b.clock.Advance(time.Millisecond)
+		}
+		enqueue(t, b, runqueue.EnqueueParams{ID: "good2", Key: "good2"})
+		corruptRecord(t, b, "bad1")
+		corruptRecord(t, b, "bad2")
+		runs, err := b.q.Dequeue(b.ctx, env, queueName, 1)
+		require.NoError(t, err)
+		require.Equal(t, []string{"good1"}, runIDs(runs))
+		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+		defer cancel()
+		more, err := b.q.DequeueWait(ctx, env, queueName, 1, time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, []string{"good2"}, runIDs(more))
+		dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
+		require.NoError(t, err)
+		require.Len(t, dead, 2)
+	})
+}
+
+// TestNackCorruptKillAgain: a Nack with DeadLetter of a held run whose
+// record does not parse, sent again after the first went through (as
+// go-redis resends a call whose reply was lost), answers as the first did
+// (helper-137: ErrNotFound, the record holding no last settled token).
+func TestNackCorruptKillAgain(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		enqueue(t, b, runqueue.EnqueueParams{ID: "r", Key: "k"})
+		runs := dequeue(t, b, queueName, 1)
+		require.Len(t, runs, 1)
+		corruptRecord(t, b, "r")
+		for i := 0; i < 2; i++ {
+			res, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{DeadLetter: true})
+			require.NoError(t, err, "nack %d", i+1)
+			require.Equal(t, runqueue.NackResult{}, res, "nack %d", i+1)
+		}
+		requireDeadAsIs(t, b, "r", 0)
+	})
+}
+
+// TestDequeueCorruptDelayedHugeAt: a delayed run whose record's at has
+// 20 digits (the scripts' pattern takes it, Go refuses it) stopped the
+// queue on miniredis, whose Lua reads no number from it (helper-137); on
+// Redis it reads as 1e20. Either way it is now served and dead-lettered.
+func TestDequeueCorruptDelayedHugeAt(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1", Delay: time.Second})
+		enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k2", Delay: 2 * time.Second})
+		rec := corruptRecord(t, b, "bad")
+		f := strings.SplitN(rec, "|", 7)
+		f[3] = "99999999999999999999"
+		runsKey := keySpace(t, b).Env(env).Queue(queueName).Runs()
+		require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment("bad"), strings.Join(f, "|")).Err())
+		b.clock.Advance(3 * time.Second)
+		runs, err := b.q.Dequeue(b.ctx, env, queueName, 10)
+		require.NoError(t, err)
+		require.Equal(t, []string{"r1"}, runIDs(runs))
+		ackAll(t, b, runs)
+		dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
+		require.NoError(t, err)
+		require.Len(t, dead, 1)
+		require.Equal(t, "bad", dead[0].ID)
+	})
 }

@@ -111,9 +111,10 @@ type dequeueReq struct {
 // of the script call that served them (for the Observer), or the call's
 // error.
 type dequeueResult struct {
-	runs []*Run
-	now  int64
-	err  error
+	runs    []*Run
+	now     int64
+	err     error
+	corrupt corrupt // what the call served with records that do not parse (the first call's)
 }
 
 // dqSize is how much one dequeue script call may do: serve maxCount runs,
@@ -148,15 +149,17 @@ func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []deque
 	// that (or than PromoteLimit) serves nothing more.
 	size.promote = min(len(reqs)*q.cfg.PromoteLimit, max(q.cfg.PromoteLimit, size.maxCount))
 	now := q.now()
-	runs, _, err := q.settleAndDequeue(ctx, reqs[0].qn, nil, size, now, false)
+	var c corrupt
+	runs, _, err := q.serve(ctx, reqs[0].qn, nil, size, now, false, &c, 0)
 	out := make([]dequeueResult, len(reqs))
+	out[0].corrupt = c
 	for i, r := range reqs {
 		if err != nil {
-			out[i] = dequeueResult{err: err}
+			out[i] = dequeueResult{err: err, corrupt: out[i].corrupt}
 			continue
 		}
 		k := min(r.max, len(runs))
-		out[i] = dequeueResult{runs: runs[:k:k], now: now}
+		out[i] = dequeueResult{runs: runs[:k:k], now: now, corrupt: out[i].corrupt}
 		runs = runs[k:]
 	}
 	return out
@@ -178,9 +181,78 @@ func (q *Queue) dequeueQueue(ctx context.Context, n *queueNames, maxCount int, n
 }
 
 // settleAndDequeue acks acks (runs of qk) and dequeues up to size.maxCount
-// runs of qk in one script call; ackErrs[i] says what became of acks[i].
+// runs of qk in one script call (more when it served runs whose records do
+// not parse: see serve); ackErrs[i] says what became of acks[i].
 // observe: tell the Observer (a coalesced send leaves it to each caller).
 func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run, size dqSize, now int64, observe bool) ([]*Run, []error, error) {
+	var c corrupt
+	runs, ackErrs, err := q.serve(ctx, n, acks, size, now, observe, &c, 0)
+	if observe {
+		q.reportCorrupt(n.qk, &c, now)
+	}
+	return runs, ackErrs, err
+}
+
+// corrupt is what the script calls of one dequeue served with records
+// that do not parse, for the Observer: a coalesced send reports them in
+// its first caller's goroutine.
+type corrupt struct {
+	runs   int // served
+	killed int // of them dead-lettered at once (killCorrupt)
+}
+
+// reportCorrupt tells the Observer of c: each run as dequeued (with no
+// wait: its time is not known) and, those dead-lettered at once, as nacked
+// to the dead letter; one whose kill failed is reported by the lease
+// recovery that dead-letters it (Recovered), so the Observer's dequeued
+// runs still equal the acked, nacked and recovered.
+func (q *Queue) reportCorrupt(qk keys.Queue, c *corrupt, now int64) {
+	if c.runs == 0 || !q.observe {
+		return
+	}
+	at := time.UnixMilli(now)
+	runs := make([]*Run, c.runs)
+	for i := range runs {
+		runs[i] = &Run{Env: qk.Env.Name(), Queue: qk.Name(), AvailableAt: at}
+	}
+	q.cfg.Observer.Dequeued(runs, at)
+	for range c.killed {
+		q.cfg.Observer.Nacked(qk.Env.Name(), qk.Name(), false)
+	}
+}
+
+// maxCorruptCalls bounds the script calls a dequeue makes again after
+// calls that served runs whose records do not parse.
+const maxCorruptCalls = 16
+
+// killCorrupt dead-letters runs just served whose records do not parse (a
+// hand edit, a writer's bug), by their delivery tokens, in one pipeline:
+// there is nothing to deliver, and they cannot be retried. Each keeps its
+// record as it is (ErrCorruptRecord); one whose call fails stays held
+// until lease recovery dead-letters it. It returns how many it
+// dead-lettered.
+func (q *Queue) killCorrupt(ctx context.Context, bad []*Run, now int64) int {
+	calls := make([]call, len(bad))
+	for i, r := range bad {
+		calls[i] = q.requeueCall(r.ref(), r.Token, now, now, true)
+	}
+	cmds, _ := runPipelined(ctx, q.rdb, calls)
+	n := 0
+	for _, cmd := range cmds {
+		if cmd.Err() == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// serve is settleAndDequeue's script call, made again (depth: how many
+// times) while the runs it serves include some whose records do not parse
+// and fewer than size.maxCount good ones: those are dead-lettered
+// (killCorrupt) and counted in c, and a call that served only such runs
+// must not read as an idle queue (a blocking dequeue or a Worker would
+// wait a poll interval before the next call).
+func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSize, now int64, observe bool, c *corrupt, depth int) ([]*Run, []error, error) {
 	if err := checkNow(now); err != nil {
 		return nil, nil, err
 	}
@@ -232,15 +304,9 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		// them.
 		_, _, _ = q.ackMany(ctx, gone, false)
 	}
-	for _, r := range bad {
-		// Served with a record that does not parse (a hand edit, a
-		// writer's bug): nothing to deliver, and it cannot be retried, so
-		// it is dead-lettered at once with its record as it is (see
-		// ErrCorruptRecord), and the call delivers the others; should this
-		// fail, lease recovery dead-letters it when its lease passes.
-		if _, derr := q.requeue(ctx, r.ref(), r.Token, now, now, true); derr == nil && q.observe {
-			q.cfg.Observer.Nacked(r.Env, r.Queue, false)
-		}
+	if len(bad) > 0 {
+		c.runs += len(bad)
+		c.killed += q.killCorrupt(ctx, bad, now)
 	}
 	if err == nil && q.observe && observe {
 		// Every dequeue path (shard, blocking, fused with acks) ends here,
@@ -254,7 +320,16 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 		}
 	}
 	if reset && err == nil {
-		runs, _, err = q.settleAndDequeue(ctx, n, nil, size, now, observe)
+		runs, _, err = q.serve(ctx, n, nil, size, now, observe, c, depth)
+	} else if len(bad) > 0 && err == nil && len(runs) < size.maxCount && depth < maxCorruptCalls {
+		more, _, merr := q.serve(ctx, n, nil, dqSize{maxCount: size.maxCount - len(runs), scan: size.scan,
+			promote: size.promote}, now, observe, c, depth+1)
+		runs = append(runs, more...)
+		if len(runs) == 0 {
+			// (runs served by the first call go out with a nil error:
+			// a caller that dropped them would leave them held)
+			err = merr
+		}
 	}
 	if err == nil {
 		err = limErr

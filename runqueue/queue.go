@@ -116,6 +116,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		if len(res.runs) > 0 && q.observe {
 			q.cfg.Observer.Dequeued(res.runs, time.UnixMilli(res.now))
 		}
+		q.reportCorrupt(r.qn.qk, &res.corrupt, res.now)
 	}, func(r dequeueReq) int { return r.max }, c.MaxDequeueCount)
 	// A taken run's caller waits for its send: a caller that returned
 	// early could retry, have the run served and acked, and then see its

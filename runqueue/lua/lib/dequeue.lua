@@ -107,8 +107,10 @@ local function dq_promote_variant(dq, hooks, vm, n)
         local r = rec_parse(recs[i])
         -- (a record that does not parse, a hand edit or a writer's bug,
         -- is made ready now: the call that serves it dead-letters it, see
-        -- settleAndDequeue, where every promotion that reached it failed)
-        local rs = r.pr and tonumber(r.at) - r.pr * dq.priority_step or dq.now
+        -- killCorrupt, where every promotion that reached it failed; so is
+        -- one whose at gopher-lua, miniredis's Lua, cannot read as a number)
+        local at = r.pr and tonumber(r.at)
+        local rs = at and at - r.pr * dq.priority_step or dq.now
         if min_rs == nil or rs < min_rs then min_rs = rs end
         zargs[#zargs + 1] = rs
         zargs[#zargs + 1] = id

@@ -1,4 +1,4 @@
-#!lua name=runqueue_ed69f0550b8b8301
+#!lua name=runqueue_9a6833aae055c451
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1207,8 +1207,10 @@ local function dq_promote_variant(dq, hooks, vm, n)
         local r = rec_parse(recs[i])
         -- (a record that does not parse, a hand edit or a writer's bug,
         -- is made ready now: the call that serves it dead-letters it, see
-        -- settleAndDequeue, where every promotion that reached it failed)
-        local rs = r.pr and tonumber(r.at) - r.pr * dq.priority_step or dq.now
+        -- killCorrupt, where every promotion that reached it failed; so is
+        -- one whose at gopher-lua, miniredis's Lua, cannot read as a number)
+        local at = r.pr and tonumber(r.at)
+        local rs = at and at - r.pr * dq.priority_step or dq.now
         if min_rs == nil or rs < min_rs then min_rs = rs end
         zargs[#zargs + 1] = rs
         zargs[#zargs + 1] = id
@@ -2399,6 +2401,13 @@ if err == 'not_in_flight' and token ~= '0' then
     return { 1, r.att, r.at + 0 }
   end
 end
+if err == 'not_found' and kill and token ~= '0' then
+  -- A kill sent again after it dead-lettered a run whose record does not
+  -- parse (such a record holds no last settled token to answer from):
+  -- answered as the first was.
+  local r = rec_parse(redis.call('HGET', q.runs, id))
+  if not r.att and redis.call('ZSCORE', dead, member) then return { 0, 0 } end
+end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- The record is read before anything is written. One that does not parse
 -- (a hand edit, a writer's bug) cannot be retried: a nack that would retry
@@ -2541,9 +2550,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ed69f0550b8b8301_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9a6833aae055c451_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_9a6833aae055c451_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9a6833aae055c451_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9a6833aae055c451_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9a6833aae055c451_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9a6833aae055c451_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

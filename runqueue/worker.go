@@ -57,7 +57,7 @@ type WorkerConfig struct {
 	// extension has answered (a paused or unreachable Redis) a quarter
 	// interval before it runs out (less for an interval above
 	// Config.LeaseDuration / 2), so before another instance may deliver its
-	// run again; the latter run is still extended, and acked (or, after an
+	// run again; either run is still extended, and acked (or, after an
 	// error, made ready again now, never dead-lettered for it) when its
 	// handler returns, if the lease held. Must be less than
 	// Config.LeaseDuration; at most Config.LeaseDuration / 2 leaves Redis
@@ -1030,6 +1030,13 @@ func (w *Worker) giveBack(j *job, took time.Duration) {
 // is lost. Nothing after a hard stop, which cancelled every handler
 // already.
 func (w *Worker) expire(j *job) {
+	w.cut(j, "runqueue: no extension of a lease has answered and it is about to run out; the handler's context is cancelled", nil)
+}
+
+// cut cancels j's handler because its lease may run out unextended (the
+// expiry timer, lapse), and keeps its run (see expire); msg and err are
+// logged. A job not started yet is lost.
+func (w *Worker) cut(j *job, msg string, err error) {
 	if w.base.Err() != nil || j.expired.Swap(true) {
 		return
 	}
@@ -1040,8 +1047,11 @@ func (w *Worker) expire(j *job) {
 	default:
 		return // settled meanwhile
 	}
-	w.log.Warn("runqueue: no extension of a lease has answered and it is about to run out; the handler's context is cancelled",
-		"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "attempt", j.run.Attempt)
+	args := []any{"env", j.run.Env, "queue", j.run.Queue, "id", j.run.ID, "attempt", j.run.Attempt}
+	if err != nil {
+		args = append(args, "err", err)
+	}
+	w.log.Warn(msg, args...)
 }
 
 // lapse cancels j's handler when its lease, which this beat could not
@@ -1049,15 +1059,22 @@ func (w *Worker) expire(j *job) {
 // Config.Clock its deadline comes within HeartbeatInterval, or by
 // monotonic time a whole LeaseDuration since it was set does. Once it has
 // run out any instance's sweep may recover the run and deliver it again,
-// so the handler must stop by then, as when the lease is found lost; a
-// Redis that stays out of reach that long would otherwise leave it running
-// beside the next delivery.
+// so the handler must stop by then; a Redis that stays out of reach that
+// long would otherwise leave it running beside the next delivery. The run
+// stays the worker's, as after its expiry timer (expire): the beats still
+// try to extend it, and when its handler returns it is acked (nil) or
+// given back ready now (an error, which the cancel caused), its delivery
+// token refusing either if it was delivered again meanwhile. (It was
+// marked lost: its handler's result was dropped, so one that returned nil
+// once Redis answered again ran again after lease recovery, and one that
+// returned the cancel's error waited out the lease and was recovered with
+// its attempt counted, dead-lettered at MaxAttempts 1.)
 func (w *Worker) lapse(j *job, now, mono int64, err error) {
 	beat := w.cfg.HeartbeatInterval
 	if now+ms(beat) < j.lease.Load() && time.Duration(mono-j.beat.Load())+beat < w.q.cfg.LeaseDuration {
 		return
 	}
-	w.lose(j, fmt.Errorf("%w: its lease runs out before it can be extended: %w", ErrLeaseLost, err))
+	w.cut(j, "runqueue: a lease could not be extended and runs out before the next beat; the handler's context is cancelled", err)
 }
 
 // lose marks j's lease lost and cancels its handler.

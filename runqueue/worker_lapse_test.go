@@ -235,3 +235,65 @@ func TestWorkerSlowRedisKeepsLease(t *testing.T) {
 	require.EqualValues(t, 1, calls.Load())
 	shutdown(t, w)
 }
+
+// TestWorkerLapseKeepsRun: a handler cancelled because its extensions
+// failed until its lease would run out before the next beat (lapse) keeps
+// its run when Redis answers again within the lease, as one its expiry
+// timer cancelled does. Its run was marked lost, its handler's result
+// dropped: returning nil, it stayed in flight to be recovered and run
+// again; returning the cancel's error, it waited out its lease and its
+// recovery counted the attempt (dead-lettered at MaxAttempts 1). Now the
+// first is acked and the second given back ready at once, not dead.
+// Only pipelines fail (the beat's), and Config.Clock is advanced to
+// within a beat of the deadline, so lapse acts, not the expiry timer.
+func TestWorkerLapseKeepsRun(t *testing.T) {
+	t.Parallel()
+	for _, heed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("heed=%v", heed), func(t *testing.T) {
+			hook := &failPipelines{}
+			c := hookedReal(t, hook)
+			lease := 10 * time.Second
+			o := newS16Observer()
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o; cfg.MaxAttempts = 1 })
+			started, cancelled, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			var deliveries atomic.Int32
+			w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+				if deliveries.Add(1) > 1 {
+					return nil // given back, it comes again
+				}
+				close(started)
+				<-ctx.Done()
+				close(cancelled)
+				<-finish
+				if heed {
+					return ctx.Err()
+				}
+				return nil
+			}, func(wc *runqueue.WorkerConfig) {
+				wc.Concurrency = 1
+				wc.HeartbeatInterval = 50 * time.Millisecond
+				wc.SweepInterval = -1
+				wc.Logger = quietLogger
+			})
+			enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+			waitClosed(t, started)
+			hook.on.Store(true)
+			b.clock.Advance(lease - 30*time.Millisecond)
+			waitClosed(t, cancelled)
+			hook.on.Store(false) // Redis answers again within the lease
+			close(finish)
+			if heed {
+				require.Equal(t, runqueue.OutcomeRetry, o.next(t))
+			}
+			require.Equal(t, runqueue.OutcomeAck, o.next(t))
+			shutdown(t, w)
+			want := int32(1)
+			if heed {
+				want = 2
+			}
+			require.Equal(t, want, deliveries.Load())
+			st := queueStats(t, b, queueName)
+			require.Equal(t, runqueue.Stats{}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
+		})
+	}
+}

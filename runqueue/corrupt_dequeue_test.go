@@ -15,14 +15,24 @@ import (
 )
 
 // corruptRecord replaces run id's stored record with one that does not
-// parse (a hand edit, a writer's bug) and returns what was there.
-func corruptRecord(t *testing.T, b *testBundle, id string) string {
+// parse (a hand edit, a writer's bug).
+func corruptRecord(t *testing.T, b *testBundle, id string) {
+	t.Helper()
+	runsKey := keySpace(t, b).Env(env).Queue(queueName).Runs()
+	require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment(id), "not a record").Err())
+}
+
+// editRecord rewrites run id's stored record field by field (edit gets
+// ttl, att, pr, at, lt, vm and the payload).
+func editRecord(t *testing.T, b *testBundle, id string, edit func(f []string)) {
 	t.Helper()
 	runsKey := keySpace(t, b).Env(env).Queue(queueName).Runs()
 	rec, err := b.client.HGet(b.ctx, runsKey, keys.Segment(id)).Result()
 	require.NoError(t, err)
-	require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment(id), "not a record").Err())
-	return rec
+	f := strings.SplitN(rec, "|", 7)
+	require.Len(t, f, 7)
+	edit(f)
+	require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment(id), strings.Join(f, "|")).Err())
 }
 
 // requireDeadAsIs: run id is the queue's one dead letter, its record as
@@ -73,12 +83,7 @@ func TestDequeueCorruptDelayedRecord(t *testing.T) {
 // still is.
 func TestDequeueCorruptReadyRecord(t *testing.T) {
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-		b.cfg.KeyConcurrency = 1
-		b.cfg.MaxAttempts = 1
-		q, err := runqueue.New(b.ctx, b.client, b.cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		b.q = q
+		b.reopen(t, func(cfg *runqueue.Config) { cfg.KeyConcurrency, cfg.MaxAttempts = 1, 1 })
 		enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1"})
 		enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k2"})
 		enqueue(t, b, runqueue.EnqueueParams{ID: "r2", Key: "k1"})
@@ -125,22 +130,14 @@ func TestDequeueRecordGoAndLuaAgree(t *testing.T) {
 			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
 				enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1", Payload: []byte("p|q")})
 				enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k2"})
-				rec := corruptRecord(t, b, "bad")
-				f := strings.SplitN(rec, "|", 7)
-				require.Len(t, f, 7)
-				edit(f)
-				runsKey := keySpace(t, b).Env(env).Queue(queueName).Runs()
-				require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment("bad"), strings.Join(f, "|")).Err())
+				editRecord(t, b, "bad", edit)
 				runs, err := b.q.Dequeue(b.ctx, env, queueName, 10)
 				require.NoError(t, err)
 				require.Equal(t, []string{"r1"}, runIDs(runs))
 				ackAll(t, b, runs)
-				dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
-				require.NoError(t, err)
-				require.Len(t, dead, 1)
-				require.Equal(t, "bad", dead[0].ID)
+				requireDeadAsIs(t, b, "bad", 0)
 				st := queueStats(t, b, queueName)
-				require.Zero(t, st.InFlight+st.Ready+st.Delayed)
+				require.Zero(t, st.Ready+st.Delayed)
 			})
 		})
 	}
@@ -173,11 +170,7 @@ func TestDequeueCorruptObserverBalance(t *testing.T) {
 		t.Run(fmt.Sprintf("serial=%v", serial), func(t *testing.T) {
 			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
 				obs := &corruptObs{}
-				b.cfg.Observer, b.cfg.SerialCalls = obs, serial
-				q, err := runqueue.New(b.ctx, b.client, b.cfg)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = q.Close() })
-				b.q = q
+				b.reopen(t, func(cfg *runqueue.Config) { cfg.Observer, cfg.SerialCalls = obs, serial })
 				enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1"})
 				enqueue(t, b, runqueue.EnqueueParams{ID: "good", Key: "k2"})
 				corruptRecord(t, b, "bad")
@@ -202,11 +195,7 @@ func TestDequeueCorruptObserverBalance(t *testing.T) {
 // DequeueWait at once.
 func TestDequeueCorruptFirstInLine(t *testing.T) {
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-		b.cfg.BlockPollInterval = time.Hour
-		q, err := runqueue.New(b.ctx, b.client, b.cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		b.q = q
+		b.reopen(t, func(cfg *runqueue.Config) { cfg.BlockPollInterval = time.Hour })
 		for _, id := range []string{"bad1", "bad2", "good1"} {
 			enqueue(t, b, runqueue.EnqueueParams{ID: id, Key: id})
 			b.clock.Advance(time.Millisecond)
@@ -255,19 +244,12 @@ func TestDequeueCorruptDelayedHugeAt(t *testing.T) {
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
 		enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1", Delay: time.Second})
 		enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k2", Delay: 2 * time.Second})
-		rec := corruptRecord(t, b, "bad")
-		f := strings.SplitN(rec, "|", 7)
-		f[3] = "99999999999999999999"
-		runsKey := keySpace(t, b).Env(env).Queue(queueName).Runs()
-		require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment("bad"), strings.Join(f, "|")).Err())
+		editRecord(t, b, "bad", func(f []string) { f[3] = "99999999999999999999" })
 		b.clock.Advance(3 * time.Second)
 		runs, err := b.q.Dequeue(b.ctx, env, queueName, 10)
 		require.NoError(t, err)
 		require.Equal(t, []string{"r1"}, runIDs(runs))
 		ackAll(t, b, runs)
-		dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
-		require.NoError(t, err)
-		require.Len(t, dead, 1)
-		require.Equal(t, "bad", dead[0].ID)
+		requireDeadAsIs(t, b, "bad", 0)
 	})
 }

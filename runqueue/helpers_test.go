@@ -200,6 +200,17 @@ func keyValue(t testing.TB, c redis.UniversalClient, k string) string {
 	return typeAndValue(typ, v)
 }
 
+// reopen replaces the bundle's Queue with one of its config as edit
+// leaves it, closed at the test's end.
+func (b *testBundle) reopen(t testing.TB, edit func(cfg *runqueue.Config)) {
+	t.Helper()
+	edit(b.cfg)
+	q, err := runqueue.New(b.ctx, b.client, b.cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	b.q = q
+}
+
 // dump returns every key of the bundle's prefix with a string rendering of
 // its value, to compare states before and after a call.
 func (b *testBundle) dump(t testing.TB) map[string]string {

@@ -44,6 +44,7 @@ func requireDeadAsIs(t *testing.T, b *testBundle, id string, inFlight int64) {
 	require.Len(t, dead, 1)
 	require.Equal(t, id, dead[0].ID)
 	require.Zero(t, dead[0].Attempt, "its record is as it was")
+	require.True(t, dead[0].Corrupt, "its record does not parse")
 	st := queueStats(t, b, queueName)
 	require.Equal(t, int64(1), st.Dead)
 	require.Equal(t, inFlight, st.InFlight, "its hold and slot are released")

@@ -18,6 +18,11 @@ type DeadRun struct {
 	Attempt             int // attempts made + 1
 	Priority            int
 	DiedAt              time.Time
+	// Corrupt: its stored record does not parse (see ErrCorruptRecord), so
+	// Payload, Attempt and Priority are zero; Redrive serves it once the
+	// record is mended (until then it returns ErrNotFound). A run whose
+	// record is gone has them zero too, and Corrupt false.
+	Corrupt bool
 }
 
 // DeadLetters lists up to limit (1..10000) dead-lettered runs of a queue,
@@ -75,7 +80,8 @@ func (q *Queue) DeadLetter(ctx context.Context, env, queue, key, id string) (Dea
 // deadRecords fills in the attempt, priority and payload of dead runs ds
 // of queue qk from their records, read in one pipeline: one HGET a run (a
 // reply a record, however large the payloads), one round trip for all. A
-// run whose record is gone keeps them zero.
+// run whose record is gone keeps them zero, as does one whose record does
+// not parse (Corrupt).
 func (q *Queue) deadRecords(ctx context.Context, qk keys.Queue, ds []DeadRun) error {
 	cmds := make([]*redis.StringCmd, len(ds))
 	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -96,6 +102,8 @@ func (q *Queue) deadRecords(ctx context.Context, qk keys.Queue, ds []DeadRun) er
 		}
 		if r, ok := parseRecord(raw); ok {
 			ds[i].Attempt, ds[i].Priority, ds[i].Payload = r.att, r.pr, []byte(r.payload)
+		} else {
+			ds[i].Corrupt = true
 		}
 	}
 	return nil

@@ -388,11 +388,22 @@ type deadJSON struct {
 	PayloadBytes  int       `json:"payload_bytes"`
 	Payload       *string   `json:"payload,omitempty"`
 	PayloadBase64 *string   `json:"payload_base64,omitempty"`
+	// Corrupt: the run's stored record does not parse (attempt, priority
+	// and payload unknown); absent otherwise.
+	Corrupt bool `json:"corrupt,omitempty"`
 }
 
 func toDeadJSON(d runqueue.DeadRun) deadJSON {
 	return deadJSON{Key: d.Key, ID: d.ID, Attempt: d.Attempt, Priority: d.Priority, DiedAt: d.DiedAt.UTC(),
-		PayloadBytes: len(d.Payload)}
+		PayloadBytes: len(d.Payload), Corrupt: d.Corrupt}
+}
+
+// payloadCell is a dead run's PAYLOAD column.
+func payloadCell(d deadJSON) string {
+	if d.Corrupt {
+		return "record does not parse"
+	}
+	return fmt.Sprintf("%d bytes", d.PayloadBytes)
 }
 
 func runDeadList(ctx context.Context, q *runqueue.Queue, out *output, args []string, offset, limit int) error {
@@ -426,7 +437,7 @@ func runDeadList(ctx context.Context, q *runqueue.Queue, out *output, args []str
 	t.row("DIED AT", "KEY", "ID", "ATTEMPT", "PRIORITY", "PAYLOAD")
 	for _, d := range j.Runs {
 		t.row(stamp(d.DiedAt), name(d.Key), name(d.ID), strconv.Itoa(d.Attempt), strconv.Itoa(d.Priority),
-			fmt.Sprintf("%d bytes", d.PayloadBytes))
+			payloadCell(d))
 	}
 	if err := t.flush(); err != nil {
 		return err
@@ -467,6 +478,9 @@ func runDeadShow(ctx context.Context, q *runqueue.Queue, out *output, args []str
 	size := fmt.Sprintf("%d bytes", len(d.Payload))
 	if !text {
 		size += ", base64 below"
+	}
+	if d.Corrupt {
+		size = payloadCell(j)
 	}
 	if err := out.fields("env", name(args[0]), "queue", name(args[1]), "key", name(d.Key), "id", name(d.ID),
 		"attempt", strconv.Itoa(d.Attempt), "priority", strconv.Itoa(d.Priority), "died at", stamp(d.DiedAt),

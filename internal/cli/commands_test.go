@@ -271,6 +271,7 @@ type deadJSON struct {
 	PayloadBytes  int       `json:"payload_bytes"`
 	Payload       *string   `json:"payload"`
 	PayloadBase64 *string   `json:"payload_base64"`
+	Corrupt       bool      `json:"corrupt"`
 }
 
 func TestDeadLetters(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -219,22 +220,112 @@ func TestDequeueCorruptFirstInLine(t *testing.T) {
 }
 
 // TestNackCorruptKillAgain: a Nack with DeadLetter of a held run whose
-// record does not parse, sent again after the first went through (as
-// go-redis resends a call whose reply was lost), answers as the first did
-// (helper-137: ErrNotFound, the record holding no last settled token).
+// record does not parse is answered once; sent again (as go-redis resends
+// a call whose reply was lost) it is refused with ErrNotFound and writes
+// nothing, as is one from a holder whose lease recovery dead-lettered the
+// run first. Such a record holds no last settled token, so the two cannot
+// be told apart: a0aa540 answered both as the first (helper-138: the stale
+// holder's nack then reported a second end of the run).
 func TestNackCorruptKillAgain(t *testing.T) {
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
 		enqueue(t, b, runqueue.EnqueueParams{ID: "r", Key: "k"})
-		runs := dequeue(t, b, queueName, 1)
-		require.Len(t, runs, 1)
+		enqueue(t, b, runqueue.EnqueueParams{ID: "s", Key: "k2"})
+		runs := dequeue(t, b, queueName, 2)
+		require.Len(t, runs, 2)
 		corruptRecord(t, b, "r")
-		for i := 0; i < 2; i++ {
-			res, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{DeadLetter: true})
-			require.NoError(t, err, "nack %d", i+1)
-			require.Equal(t, runqueue.NackResult{}, res, "nack %d", i+1)
-		}
-		requireDeadAsIs(t, b, "r", 0)
+		corruptRecord(t, b, "s")
+		res, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{DeadLetter: true})
+		require.NoError(t, err)
+		require.Equal(t, runqueue.NackResult{}, res)
+		before := b.dump(t)
+		_, err = b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{DeadLetter: true})
+		require.ErrorIs(t, err, runqueue.ErrNotFound, "sent again")
+		require.Equal(t, before, b.dump(t), "a refused nack writes nothing")
+
+		b.clock.Advance(b.q.Config().LeaseDuration + time.Second)
+		n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 10)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "s, dead-lettered as it is")
+		before = b.dump(t)
+		_, err = b.q.Nack(b.ctx, runs[1], &runqueue.NackOptions{DeadLetter: true})
+		require.ErrorIs(t, err, runqueue.ErrNotFound, "after its lease recovery")
+		require.Equal(t, before, b.dump(t))
+		st := queueStats(t, b, queueName)
+		require.Equal(t, runqueue.Stats{Dead: 2}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
 	})
+}
+
+// TestDequeueCorruptManyFirstInLine: 40 runs whose records do not parse
+// ahead of a good one, calls of 1: the call is made again until it serves
+// the good run (helper-138: a bound of 16 calls returned nothing, and a
+// DequeueWait slept its poll interval).
+func TestDequeueCorruptManyFirstInLine(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		for i := range 40 {
+			id := fmt.Sprintf("bad%02d", i)
+			enqueue(t, b, runqueue.EnqueueParams{ID: id, Key: id})
+			corruptRecord(t, b, id)
+			b.clock.Advance(time.Millisecond)
+		}
+		enqueue(t, b, runqueue.EnqueueParams{ID: "good", Key: "good"})
+		runs, err := b.q.Dequeue(b.ctx, env, queueName, 1)
+		require.NoError(t, err)
+		require.Equal(t, []string{"good"}, runIDs(runs))
+		require.EqualValues(t, 40, queueStats(t, b, queueName).Dead)
+	})
+}
+
+// corruptTimeObs records the times the Observer hears runs dequeued at.
+type corruptTimeObs struct {
+	runqueue.NopObserver
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func (o *corruptTimeObs) Dequeued(runs []*runqueue.Run, now time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range runs {
+		o.times = append(o.times, now, r.AvailableAt)
+	}
+}
+
+// TestDequeueCorruptThenFails: a call that served only runs whose records
+// do not parse and whose call made again then failed (LimitsFor refuses
+// from then on) returns that error, and the Observer hears of the runs it
+// dead-lettered at the call's time (helper-138: a coalesced call told it
+// 1970, the failed call's result carrying no time).
+func TestDequeueCorruptThenFails(t *testing.T) {
+	for _, serial := range []bool{false, true} {
+		t.Run(fmt.Sprintf("serial=%v", serial), func(t *testing.T) {
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				obs := &corruptTimeObs{}
+				var armed atomic.Bool
+				var calls atomic.Int32
+				b.reopen(t, func(cfg *runqueue.Config) {
+					cfg.Observer, cfg.SerialCalls = obs, serial
+					cfg.LimitsFor = func(_, _ string) runqueue.Limits {
+						// (the flag-on enqueue reads them too)
+						if armed.Load() && calls.Add(1) > 1 {
+							return runqueue.Limits{Key: -1}
+						}
+						return runqueue.Limits{}
+					}
+				})
+				enqueue(t, b, runqueue.EnqueueParams{ID: "bad", Key: "k1"})
+				corruptRecord(t, b, "bad")
+				armed.Store(true)
+				_, err := b.q.Dequeue(b.ctx, env, queueName, 1)
+				require.ErrorIs(t, err, runqueue.ErrInvalid)
+				obs.mu.Lock()
+				defer obs.mu.Unlock()
+				require.Len(t, obs.times, 2)
+				for _, at := range obs.times {
+					require.WithinDuration(t, b.clock.Now(), at, time.Second)
+				}
+			})
+		})
+	}
 }
 
 // TestDequeueCorruptDelayedHugeAt: a delayed run whose record's at has

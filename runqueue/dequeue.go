@@ -155,7 +155,7 @@ func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []deque
 	out[0].corrupt = c
 	for i, r := range reqs {
 		if err != nil {
-			out[i] = dequeueResult{err: err, corrupt: out[i].corrupt}
+			out[i] = dequeueResult{err: err, now: now, corrupt: out[i].corrupt}
 			continue
 		}
 		k := min(r.max, len(runs))
@@ -197,8 +197,8 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 // that do not parse, for the Observer: a coalesced send reports them in
 // its first caller's goroutine.
 type corrupt struct {
-	runs   int // served
-	killed int // of them dead-lettered at once (killCorrupt)
+	runs   []*Run // served (no payload; AvailableAt the call's time)
+	killed int    // of them dead-lettered at once (killCorrupt)
 }
 
 // reportCorrupt tells the Observer of c: each run as dequeued (with no
@@ -207,23 +207,21 @@ type corrupt struct {
 // recovery that dead-letters it (Recovered), so the Observer's dequeued
 // runs still equal the acked, nacked and recovered.
 func (q *Queue) reportCorrupt(qk keys.Queue, c *corrupt, now int64) {
-	if c.runs == 0 || !q.observe {
+	if len(c.runs) == 0 || !q.observe {
 		return
 	}
-	at := time.UnixMilli(now)
-	runs := make([]*Run, c.runs)
-	for i := range runs {
-		runs[i] = &Run{Env: qk.Env.Name(), Queue: qk.Name(), AvailableAt: at}
-	}
-	q.cfg.Observer.Dequeued(runs, at)
+	q.cfg.Observer.Dequeued(c.runs, time.UnixMilli(now))
 	for range c.killed {
 		q.cfg.Observer.Nacked(qk.Env.Name(), qk.Name(), false)
 	}
 }
 
 // maxCorruptCalls bounds the script calls a dequeue makes again after
-// calls that served runs whose records do not parse.
-const maxCorruptCalls = 16
+// calls that served runs whose records do not parse. Each such call takes
+// at least one of them out of the ready sets, so the calls end anyway when
+// they are all out; the bound keeps one dequeue from taking a thousand
+// round trips, leaving the rest to the next.
+const maxCorruptCalls = 1024
 
 // killCorrupt dead-letters runs just served whose records do not parse (a
 // hand edit, a writer's bug), by their delivery tokens, in one pipeline:
@@ -305,7 +303,10 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 		_, _, _ = q.ackMany(ctx, gone, false)
 	}
 	if len(bad) > 0 {
-		c.runs += len(bad)
+		for _, r := range bad {
+			r.AvailableAt = time.UnixMilli(now)
+		}
+		c.runs = append(c.runs, bad...)
 		c.killed += q.killCorrupt(ctx, bad, now)
 	}
 	if err == nil && q.observe && observe {

@@ -44,7 +44,8 @@ var (
 	// lease passes; RecoverLeases then dead-letters it with its record as
 	// it is, where PurgeDeadLetters removes it and Redrive serves it once
 	// the record is mended), and a Nack with DeadLetter dead-letters it so
-	// at once. A Dequeue (and every call that serves runs) that serves one
+	// at once (sent again, it is ErrNotFound: the record keeps no token to
+	// answer a retry from). A Dequeue (and every call that serves runs) that serves one
 	// delivers the others and dead-letters it so at once (Observer.Nacked
 	// with requeued false); should that call fail, lease recovery does it.
 	// A delayed run with such a record is made ready when it comes due, so

@@ -61,13 +61,6 @@ if err == 'not_in_flight' and token ~= '0' then
     return { 1, r.att, r.at + 0 }
   end
 end
-if err == 'not_found' and kill and token ~= '0' then
-  -- A kill sent again after it dead-lettered a run whose record does not
-  -- parse (such a record holds no last settled token to answer from):
-  -- answered as the first was.
-  local r = rec_parse(redis.call('HGET', q.runs, id))
-  if not r.att and redis.call('ZSCORE', dead, member) then return { 0, 0 } end
-end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- The record is read before anything is written. One that does not parse
 -- (a hand edit, a writer's bug) cannot be retried: a nack that would retry

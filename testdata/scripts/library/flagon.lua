@@ -1,4 +1,4 @@
-#!lua name=runqueue_9a6833aae055c451
+#!lua name=runqueue_e76af07107ec21d7
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2401,13 +2401,6 @@ if err == 'not_in_flight' and token ~= '0' then
     return { 1, r.att, r.at + 0 }
   end
 end
-if err == 'not_found' and kill and token ~= '0' then
-  -- A kill sent again after it dead-lettered a run whose record does not
-  -- parse (such a record holds no last settled token to answer from):
-  -- answered as the first was.
-  local r = rec_parse(redis.call('HGET', q.runs, id))
-  if not r.att and redis.call('ZSCORE', dead, member) then return { 0, 0 } end
-end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- The record is read before anything is written. One that does not parse
 -- (a hand edit, a writer's bug) cannot be retried: a nack that would retry
@@ -2550,9 +2543,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_9a6833aae055c451_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_9a6833aae055c451_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9a6833aae055c451_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9a6833aae055c451_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9a6833aae055c451_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9a6833aae055c451_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e76af07107ec21d7_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_e76af07107ec21d7_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e76af07107ec21d7_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e76af07107ec21d7_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e76af07107ec21d7_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e76af07107ec21d7_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

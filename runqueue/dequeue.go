@@ -359,6 +359,23 @@ func ackedCount(res []any, acks int) int {
 // are still made, alone, and their results come with that *InvalidError.
 // At most 1,000 acks a call (more is an *InvalidError, nothing done).
 func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
+	runs, ackErrs, err := q.ackAndDequeue(ctx, acks, env, queue, maxCount)
+	for i, e := range ackErrs {
+		if e == errGoneBefore {
+			ackErrs[i] = nil // gone already: an ack succeeds
+		}
+	}
+	return runs, ackErrs, err
+}
+
+// errGoneBefore is an ack's result, inside the package, when the run was
+// gone before it (acked before, by this holder's earlier call or by
+// another delivery's holder; or expired): the public calls answer nil.
+var errGoneBefore = errors.New("runqueue: run gone before the ack")
+
+// ackAndDequeue is AckAndDequeue with errGoneBefore for the acks that found
+// their run gone.
+func (q *Queue) ackAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, nil, err
 	}
@@ -414,7 +431,11 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 	if acks > 0 {
 		ackErrs = make([]error, acks)
 		for i := range ackErrs {
-			if v := res[1+i]; v != int64(1) && v != int64(0) {
+			switch v := res[1+i]; v {
+			case int64(1):
+			case int64(0):
+				ackErrs[i] = errGoneBefore
+			default:
 				ackErrs[i] = heldError(v)
 			}
 		}

@@ -19,9 +19,13 @@ import (
 // then. A panic is recovered, logged with its stack and nacked like an
 // error; so is a call of runtime.Goexit (t.FailNow, say), which ends that
 // handler goroutine: another takes its place. ctx ends when the run's
-// lease is lost (another delivery may be running it: stop, the result is
-// ignored), when Shutdown gives up waiting, or when the Worker's Start
-// context ends.
+// lease is lost (an extension refused: another delivery may be running
+// it; stop, the result is ignored), when its lease may run out unextended
+// (extensions failing or unanswered: stop; nil still acks the run and an
+// error gives it back ready now, never dead-lettered for it, unless it
+// was delivered again meanwhile: see WorkerConfig.HeartbeatInterval),
+// when Shutdown gives up waiting, or when the Worker's Start context
+// ends.
 type Handler func(ctx context.Context, r *Run) error
 
 // WorkerQueue names a base queue a Worker serves.
@@ -163,9 +167,11 @@ func (c *WorkerConfig) validate(q *Queue) error {
 // Delivery is at least once. Every run a worker takes ends acked, nacked
 // (retried or dead-lettered) or released by Shutdown; a run whose worker
 // died is recovered by any worker's sweep once its lease passes, and runs
-// again. A handler whose lease was lost (a heartbeat failed for longer
-// than the lease, and the run was recovered) has its context cancelled and
-// its result ignored.
+// again. A handler whose lease was lost (an extension refused: the run was
+// recovered) has its context cancelled and its result ignored; one whose
+// lease may run out unextended (extensions failing or unanswered) has its
+// context cancelled and its result kept, the delivery token refusing it
+// if the run was delivered again (OutcomeLeaseLost).
 type Worker struct {
 	q       *Queue
 	handler Handler
@@ -846,13 +852,25 @@ func (w *Worker) nack(j *job, herr error, panicked bool, took time.Duration) {
 // rides with its next fetch (AckAndDequeue fails whole; AckMany reports an
 // error when any of its calls failed).
 func (w *Worker) nackAgain(j *job, opts *NackOptions, res NackResult, err error) (NackResult, error) {
+	err = w.sendAgain(j, err, func() (e error) {
+		res, e = w.q.Nack(w.ctx(), j.run, opts)
+		return e
+	})
+	return res, err
+}
+
+// sendAgain calls send again, from 50 ms apart doubling to 1 s, while its
+// last error (err first) says Redis refused it unrun, or did not answer
+// and the Worker is not stopping, until j's lease would run out; it
+// returns the last error. send must be safe to send twice.
+func (w *Worker) sendAgain(j *job, err error, send func() error) error {
 	for wait := 50 * time.Millisecond; err != nil && (refusedUnrun(err) || unanswered(err) && !w.stopping()); wait = min(2*wait, time.Second) {
 		if w.q.cfg.Clock.Now().Add(wait).UnixMilli() >= j.lease.Load() || !sleepCtx(w.ctx(), wait) {
 			break
 		}
-		res, err = w.q.Nack(w.ctx(), j.run, opts)
+		err = send()
 	}
-	return res, err
+	return err
 }
 
 // leaseGone says whether err means the caller no longer holds the run.
@@ -995,14 +1013,23 @@ func (w *Worker) expiresIn(set int64) time.Duration {
 // release does (its attempt counts one more), not nacked (a nack would
 // dead-letter it at MaxAttempts or wait out a backoff, though the lease
 // may never have run out in Redis). Its token decides: refused, the run
-// was delivered again.
+// was delivered again. A call that Redis did not answer (out of reach, as
+// it often is when the timer fires) is sent again, as a nack is
+// (nackAgain), until the lease would run out: a Redis back within the
+// lease gets the run back ready, where lease recovery would count the
+// attempt (dead-lettered at MaxAttempts 1). (The release is safe to send
+// twice: a resend finds its token as the run's last settled one.)
 func (w *Worker) giveBack(j *job, took time.Duration) {
 	r := j.run
-	now, err := w.q.clockNow()
-	if err == nil {
+	release := func() error {
+		now, err := w.q.clockNow()
+		if err != nil {
+			return err
+		}
 		c := w.q.releaseCall(r, now)
-		err = scriptError(run(w.ctx(), w.q.rdb, c.sc, c.keys, c.args...).Err(), nil)
+		return scriptError(run(w.ctx(), w.q.rdb, c.sc, c.keys, c.args...).Err(), nil)
 	}
+	err := w.sendAgain(j, release(), release)
 	switch {
 	case err == nil:
 		if w.q.observe {

@@ -129,16 +129,22 @@ func (s *source) fetch(c *fetchCall) {
 	}
 	n := len(c.ks)
 	if s.shard < 0 {
-		c.runs, c.ackErrs, c.err = w.q.AckAndDequeue(ctx, ackRuns, s.env, s.queue, n)
+		c.runs, c.ackErrs, c.err = w.q.ackAndDequeue(ctx, ackRuns, s.env, s.queue, n)
 		if c.ackErrs == nil || len(ackRuns) == 0 {
 			c.ackErr = c.err // (with results, the acks were made: see AckAndDequeue)
 		}
 		return
 	}
 	if len(ackRuns) > 0 {
-		if c.ackErrs, c.ackErr = w.q.AckMany(ctx, ackRuns); c.ackErr != nil {
+		var acked []bool
+		if c.ackErrs, acked, c.ackErr = w.q.ackMany(ctx, ackRuns, true); c.ackErr != nil {
 			c.err = c.ackErr
 			return
+		}
+		for i, e := range c.ackErrs {
+			if e == nil && !acked[i] {
+				c.ackErrs[i] = errGoneBefore
+			}
 		}
 	}
 	if n > 0 {
@@ -175,8 +181,18 @@ func (s *source) settled(acks []*job, errs []error) {
 			err = errs[i]
 		}
 		r := j.run
-		if err == nil {
+		if err == nil || err == errGoneBefore && !j.expired.Load() {
+			// (gone before: this holder's earlier call acked it, its
+			// reply lost)
 			w.obs.Handled(r.Env, r.Queue, j.took, OutcomeAck)
+			continue
+		}
+		if err == errGoneBefore {
+			// Its handler was cancelled as its lease might run out
+			// unextended (expire, lapse): the run is gone because another
+			// delivery, after a lease recovery, settled it (or this
+			// holder's earlier call, its reply lost: told alike).
+			w.obs.Handled(r.Env, r.Queue, j.took, OutcomeLeaseLost)
 			continue
 		}
 		w.log.Warn("runqueue: a finished run could not be acked", "env", r.Env, "queue", r.Queue, "id", r.ID,

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -25,19 +28,24 @@ import (
 // long (or fails when its context ends first).
 //
 // With all set, single commands fail too while on (a Redis out of reach
-// fails both).
+// fails both). With refused set too, they fail as go-redis fails a call
+// to a server that refuses connections (a *net.OpError, which the Worker
+// sends again); else with an error the Worker does not send again.
 type failPipelines struct {
 	nopHook
-	on, hang atomic.Bool
-	all      bool
-	release  chan struct{}
-	slow     time.Duration
+	on, hang     atomic.Bool
+	all, refused bool
+	release      chan struct{}
+	slow         time.Duration
 }
 
 func (h *failPipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if h.all && h.on.Load() {
 			err := errors.New("dial tcp: connect: connection refused")
+			if h.refused {
+				err = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+			}
 			cmd.SetErr(err)
 			return err
 		}
@@ -296,4 +304,113 @@ func TestWorkerLapseKeepsRun(t *testing.T) {
 			require.Equal(t, runqueue.Stats{}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
 		})
 	}
+}
+
+// TestWorkerLapsedAckAfterAnotherDelivery: a handler cancelled by lapse
+// (its extensions failing) returns nil only after its lease ran out and
+// another instance recovered, ran and acked the run. Its ack finds the run
+// gone; that is not this delivery's ack (helper-139 on 717b849: it
+// reported OutcomeAck, two for one run, the Observer's acked count one).
+// With all set, every call fails and the handler returns at once; its ack
+// waits for a fetch until Redis answers again, after the other's ack.
+func TestWorkerLapsedAckAfterAnotherDelivery(t *testing.T) {
+	t.Parallel()
+	for _, all := range []bool{false, true} {
+		t.Run(fmt.Sprintf("all=%v", all), func(t *testing.T) {
+			hook := &failPipelines{all: all}
+			c := hookedReal(t, hook)
+			lease := 10 * time.Second
+			oA := newS16Observer()
+			bA := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = oA })
+			started, cancelled, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			wA := startWorker(t, bA.q, func(ctx context.Context, _ *runqueue.Run) error {
+				close(started)
+				<-ctx.Done()
+				close(cancelled)
+				if !all {
+					<-finish
+				}
+				return nil
+			}, func(wc *runqueue.WorkerConfig) {
+				wc.Concurrency = 1
+				wc.HeartbeatInterval = 50 * time.Millisecond
+				wc.SweepInterval = -1
+				wc.Logger = quietLogger
+			})
+			enqueue(t, bA, runqueue.EnqueueParams{ID: "r"})
+			waitClosed(t, started)
+			hook.on.Store(true)
+			bA.clock.Advance(lease - 30*time.Millisecond)
+			waitClosed(t, cancelled)
+
+			// Another instance, Redis within its reach: the lease runs
+			// out, it recovers the run, runs it and acks it.
+			real, ok := redistest.Real(t).(*redis.Client)
+			require.True(t, ok)
+			oB := newS16Observer()
+			qB, err := runqueue.New(bA.ctx, clientFor(t, real.Options()),
+				&runqueue.Config{Prefix: bA.prefix, Clock: bA.clock, LeaseDuration: lease, Observer: oB})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = qB.Close() })
+			bA.clock.Advance(time.Second)
+			n, err := qB.RecoverLeases(bA.ctx, qB.ShardOf(env), 100)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+			wB := startWorker(t, qB, func(context.Context, *runqueue.Run) error { return nil },
+				func(wc *runqueue.WorkerConfig) {
+					wc.Concurrency = 1
+					wc.SweepInterval = -1
+					wc.Logger = quietLogger
+				})
+			require.Equal(t, runqueue.OutcomeAck, oB.next(t))
+			shutdown(t, wB)
+
+			close(finish)
+			hook.on.Store(false)
+			require.Equal(t, runqueue.OutcomeLeaseLost, oA.next(t), "the other delivery settled the run")
+			shutdown(t, wA)
+		})
+	}
+}
+
+// TestWorkerGiveBackWhileRedisDown: every call is refused (a Redis out of
+// reach), the handler heeds the cancel at once and returns its error, and
+// Redis answers again within the lease: the give-back is sent again until
+// it lands, so the run is ready at once and not dead-lettered at
+// MaxAttempts 1 (helper-139: one attempt, failed, left the run to lease
+// recovery, which counted the attempt). The clock stands still.
+func TestWorkerGiveBackWhileRedisDown(t *testing.T) {
+	t.Parallel()
+	hook := &failPipelines{all: true, refused: true}
+	c := hookedReal(t, hook)
+	o := newS16Observer()
+	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = 3 * time.Second; cfg.Observer = o; cfg.MaxAttempts = 1 })
+	started, cancelled := make(chan struct{}), make(chan struct{})
+	var deliveries atomic.Int32
+	w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+		if deliveries.Add(1) > 1 {
+			return nil
+		}
+		close(started)
+		<-ctx.Done()
+		close(cancelled)
+		return ctx.Err()
+	}, func(wc *runqueue.WorkerConfig) {
+		wc.Concurrency = 1
+		wc.HeartbeatInterval = time.Second
+		wc.SweepInterval = -1
+		wc.Logger = quietLogger
+	})
+	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
+	waitClosed(t, started)
+	hook.on.Store(true)
+	waitClosed(t, cancelled)
+	time.Sleep(200 * time.Millisecond) // the give-back fails meanwhile
+	hook.on.Store(false)
+	require.Equal(t, runqueue.OutcomeRetry, o.next(t))
+	require.Equal(t, runqueue.OutcomeAck, o.next(t))
+	shutdown(t, w)
+	require.Equal(t, int32(2), deliveries.Load())
+	st := queueStats(t, b, queueName)
+	require.Equal(t, runqueue.Stats{}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
 }

@@ -219,8 +219,9 @@ func (q *Queue) reportCorrupt(qk keys.Queue, c *corrupt, now int64) {
 // maxCorruptCalls bounds the script calls a dequeue makes again after
 // calls that served runs whose records do not parse. Each such call takes
 // at least one of them out of the ready sets, so the calls end anyway when
-// they are all out; the bound keeps one dequeue from taking a thousand
-// round trips, leaving the rest to the next.
+// they are all out; the bound keeps one dequeue from taking more than
+// about a thousand round trips (and as many pipelines), leaving the rest
+// to the next.
 const maxCorruptCalls = 1024
 
 // killCorrupt dead-letters runs just served whose records do not parse (a

@@ -43,12 +43,13 @@ var (
 	// retry it is refused with nothing written (it stays held until its
 	// lease passes; RecoverLeases then dead-letters it with its record as
 	// it is, where PurgeDeadLetters removes it and Redrive serves it once
-	// the record is mended), and a Nack with DeadLetter dead-letters it so
-	// at once (sent again, it is ErrNotFound: the record keeps no token to
-	// answer a retry from). A Dequeue (and every call that serves runs) that serves one
-	// delivers the others and dead-letters it so at once (Observer.Nacked
-	// with requeued false); should that call fail, lease recovery does it.
-	// A delayed run with such a record is made ready when it comes due, so
+	// the record is mended; DeadRun.Corrupt), and a Nack with DeadLetter
+	// dead-letters it so at once (sent again, it is ErrNotFound: the
+	// record keeps no token to answer a retry from). A Dequeue (and every
+	// call that serves runs) that serves one delivers the others and
+	// dead-letters it so at once (the Observer hears of it as dequeued and
+	// nacked, requeued false); should that fail, lease recovery does it. A
+	// delayed run with such a record is made ready when it comes due, so
 	// it is served and dead-lettered so too.
 	ErrCorruptRecord = errors.New("runqueue: run record does not parse")
 	// ErrServerVersion is wrapped by every *ServerVersionError: New found a

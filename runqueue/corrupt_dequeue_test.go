@@ -345,3 +345,32 @@ func TestDequeueCorruptDelayedHugeAt(t *testing.T) {
 		requireDeadAsIs(t, b, "bad", 0)
 	})
 }
+
+// TestDequeueCorruptBounded: a call made again while it serves runs whose
+// records do not parse stops after 64 more calls (helper-140: 1,024 let a
+// cancelled coalesced Dequeue wait 3 s at 1 ms a round trip); the next
+// call goes on. 100 such runs, calls of 1.
+func TestDequeueCorruptBounded(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		for i := range 100 {
+			id := fmt.Sprintf("bad%03d", i)
+			enqueue(t, b, runqueue.EnqueueParams{ID: id, Key: id})
+			corruptRecord(t, b, id)
+			b.clock.Advance(time.Millisecond)
+		}
+		enqueue(t, b, runqueue.EnqueueParams{ID: "good", Key: "good"})
+		runs, err := b.q.Dequeue(b.ctx, env, queueName, 1)
+		require.NoError(t, err)
+		dead := queueStats(t, b, queueName).Dead
+		if !on {
+			require.Empty(t, runs, "flag off serves by age: the 100 first")
+		}
+		if len(runs) == 0 {
+			require.EqualValues(t, 65, dead, "one call and 64 more, a run each")
+			runs, err = b.q.Dequeue(b.ctx, env, queueName, 1)
+			require.NoError(t, err)
+		}
+		require.Equal(t, []string{"good"}, runIDs(runs))
+		require.LessOrEqual(t, queueStats(t, b, queueName).Dead, int64(100))
+	})
+}

@@ -219,10 +219,13 @@ func (q *Queue) reportCorrupt(qk keys.Queue, c *corrupt, now int64) {
 // maxCorruptCalls bounds the script calls a dequeue makes again after
 // calls that served runs whose records do not parse. Each such call takes
 // at least one of them out of the ready sets, so the calls end anyway when
-// they are all out; the bound keeps one dequeue from taking more than
-// about a thousand round trips (and as many pipelines), leaving the rest
-// to the next.
-const maxCorruptCalls = 1024
+// they are all out; the bound keeps one dequeue to at most 65 script
+// calls and as many kill pipelines (a coalesced call, once sent, waits for
+// its reply whatever its callers' cancels say), leaving the rest to the
+// next: a call of maxCount behind more than 65 x maxCount such runs may
+// return short (a DequeueWait then waits its poll interval). (1,024 made
+// a cancelled Dequeue wait 3 s at 1 ms a round trip: helper-140.)
+const maxCorruptCalls = 64
 
 // killCorrupt dead-letters runs just served whose records do not parse (a
 // hand edit, a writer's bug), by their delivery tokens, in one pipeline:

@@ -631,9 +631,13 @@ type job struct {
 	// the extension's beat): whatever the heartbeat's calls do meanwhile.
 	expiry  *time.Timer
 	expired atomic.Bool
-	ctx     context.Context
-	cancel  context.CancelFunc
-	took    time.Duration
+	// acked: an ack of this delivery answered 1 (acked by that call) in a
+	// batch that failed elsewhere and is sent again: the resend's "gone
+	// before" is then this holder's own ack (settled).
+	acked  atomic.Bool
+	ctx    context.Context
+	cancel context.CancelFunc
+	took   time.Duration
 	// A released job's handler outcome is told once both its handler has
 	// returned (handled, took set) and its release call has answered
 	// (released): by whichever comes second (reportReleased).

@@ -137,7 +137,13 @@ func (s *source) fetch(c *fetchCall) {
 	}
 	if len(ackRuns) > 0 {
 		var acked []bool
-		if c.ackErrs, acked, c.ackErr = w.q.ackMany(ctx, ackRuns, true); c.ackErr != nil {
+		c.ackErrs, acked, c.ackErr = w.q.ackMany(ctx, ackRuns, true)
+		for i, ok := range acked {
+			if ok {
+				c.acks[i].acked.Store(true)
+			}
+		}
+		if c.ackErr != nil {
 			c.err = c.ackErr
 			return
 		}
@@ -181,9 +187,9 @@ func (s *source) settled(acks []*job, errs []error) {
 			err = errs[i]
 		}
 		r := j.run
-		if err == nil || err == errGoneBefore && !j.expired.Load() {
+		if err == nil || err == errGoneBefore && (!j.expired.Load() || j.acked.Load()) {
 			// (gone before: this holder's earlier call acked it, its
-			// reply lost)
+			// reply lost or its batch failed elsewhere)
 			w.obs.Handled(r.Env, r.Queue, j.took, OutcomeAck)
 			continue
 		}

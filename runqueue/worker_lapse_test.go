@@ -2,6 +2,8 @@ package runqueue_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -413,4 +415,112 @@ func TestWorkerGiveBackWhileRedisDown(t *testing.T) {
 	require.Equal(t, int32(2), deliveries.Load())
 	st := queueStats(t, b, queueName)
 	require.Equal(t, runqueue.Stats{}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
+}
+
+// failSecondAck, once armed, sends only the first call of the next
+// pipeline of two ack script calls and fails the second unrun (as a Redis
+// error reply would): one queue's ack answered, the other's refused.
+type failSecondAck struct {
+	nopHook
+	sha   string
+	armed atomic.Bool
+}
+
+func (h *failSecondAck) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) != 2 || !h.armed.Load() {
+			return next(ctx, cmds)
+		}
+		for _, c := range cmds {
+			if a := c.Args(); len(a) < 2 || fmt.Sprint(a[1]) != h.sha {
+				return next(ctx, cmds)
+			}
+		}
+		h.armed.Store(false)
+		err := next(ctx, cmds[:1])
+		refused := replyErr("ERR refused by the test")
+		cmds[1].SetErr(refused)
+		if err == nil {
+			err = refused
+		}
+		return err
+	}
+}
+
+// TestWorkerShardAckBatchFailsElsewhere: a Worker serving a shard acks
+// runs of several queues in one pipeline; when one queue's ack call fails
+// the whole batch is sent again. A run whose handler lapse cancelled and
+// whose ack had answered 1 then finds itself gone: that is its own ack,
+// told OutcomeAck (helper-140 on 73951c0: OutcomeLeaseLost for a run this
+// Worker acked). Whether both acks wait for the same send depends on the
+// fetch loop's timing, so the case is made up to five times until they
+// do (each time, whatever happened, both outcomes must be acks).
+func TestWorkerShardAckBatchFailsElsewhere(t *testing.T) {
+	t.Parallel()
+	srcs, err := runqueue.FlagOffScripts()
+	require.NoError(t, err)
+	sum := sha1.Sum([]byte(srcs["ack"]))
+	sha := hex.EncodeToString(sum[:])
+	for attempt := range 5 {
+		if shardAckBatchFailsElsewhere(t, sha) {
+			return
+		}
+		t.Logf("attempt %d: the two acks went in separate sends", attempt+1)
+	}
+	t.Fatal("the two acks never went in one send")
+}
+
+// shardAckBatchFailsElsewhere makes the case once and reports whether the
+// batch's second call was refused.
+func shardAckBatchFailsElsewhere(t *testing.T, sha string) bool {
+	part := &failSecondAck{sha: sha}
+	hook := &failPipelines{}
+	c := hookedReal(t, hook)
+	c.AddHook(part)
+	lease := 10 * time.Second
+	o := newS16Observer()
+	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o; cfg.Shards = 1 })
+	var started atomic.Int32
+	both, finish := make(chan struct{}), make(chan struct{})
+	cancelled := make(chan struct{}, 2)
+	w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
+		if started.Add(1) == 2 {
+			close(both)
+		}
+		<-ctx.Done()
+		cancelled <- struct{}{}
+		<-finish
+		return nil
+	}, func(wc *runqueue.WorkerConfig) {
+		wc.Concurrency = 2
+		wc.Shards = []int{0}
+		wc.HeartbeatInterval = 50 * time.Millisecond
+		wc.SweepInterval = -1
+		wc.Logger = quietLogger
+	})
+	enqueue(t, b, runqueue.EnqueueParams{ID: "r1"})
+	enqueue(t, b, runqueue.EnqueueParams{Queue: "other", ID: "r2"})
+	waitClosed(t, both)
+	hook.on.Store(true)
+	b.clock.Advance(lease - 30*time.Millisecond)
+	for range 2 {
+		select {
+		case <-cancelled:
+		case <-time.After(workerWait):
+			t.Fatal("not cancelled")
+		}
+	}
+	// Both handlers return while pipelines fail: their acks fail and wait
+	// for the next send.
+	close(finish)
+	time.Sleep(300 * time.Millisecond)
+	part.armed.Store(true)
+	hook.on.Store(false)
+	require.Equal(t, []runqueue.Outcome{runqueue.OutcomeAck, runqueue.OutcomeAck}, []runqueue.Outcome{o.next(t), o.next(t)})
+	shutdown(t, w)
+	for _, q := range []string{queueName, "other"} {
+		st := queueStats(t, b, q)
+		require.Zero(t, st.Ready+st.InFlight+st.Dead, q)
+	}
+	return !part.armed.Load()
 }

@@ -23,6 +23,18 @@ func corruptRecord(t *testing.T, b *testBundle, id string) {
 	require.NoError(t, b.client.HSet(b.ctx, runsKey, keys.Segment(id), "not a record").Err())
 }
 
+// enqueueCorrupt queues n runs, each of its own key and a millisecond
+// after the one before, whose records then do not parse.
+func enqueueCorrupt(t *testing.T, b *testBundle, n int) {
+	t.Helper()
+	for i := range n {
+		id := fmt.Sprintf("bad%03d", i)
+		enqueue(t, b, runqueue.EnqueueParams{ID: id, Key: id})
+		corruptRecord(t, b, id)
+		b.clock.Advance(time.Millisecond)
+	}
+}
+
 // editRecord rewrites run id's stored record field by field (edit gets
 // ttl, att, pr, at, lt, vm and the payload).
 func editRecord(t *testing.T, b *testBundle, id string, edit func(f []string)) {
@@ -261,12 +273,7 @@ func TestNackCorruptKillAgain(t *testing.T) {
 // DequeueWait slept its poll interval).
 func TestDequeueCorruptManyFirstInLine(t *testing.T) {
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-		for i := range 40 {
-			id := fmt.Sprintf("bad%02d", i)
-			enqueue(t, b, runqueue.EnqueueParams{ID: id, Key: id})
-			corruptRecord(t, b, id)
-			b.clock.Advance(time.Millisecond)
-		}
+		enqueueCorrupt(t, b, 40)
 		enqueue(t, b, runqueue.EnqueueParams{ID: "good", Key: "good"})
 		runs, err := b.q.Dequeue(b.ctx, env, queueName, 1)
 		require.NoError(t, err)
@@ -352,12 +359,7 @@ func TestDequeueCorruptDelayedHugeAt(t *testing.T) {
 // call goes on. 100 such runs, calls of 1.
 func TestDequeueCorruptBounded(t *testing.T) {
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-		for i := range 100 {
-			id := fmt.Sprintf("bad%03d", i)
-			enqueue(t, b, runqueue.EnqueueParams{ID: id, Key: id})
-			corruptRecord(t, b, id)
-			b.clock.Advance(time.Millisecond)
-		}
+		enqueueCorrupt(t, b, 100)
 		enqueue(t, b, runqueue.EnqueueParams{ID: "good", Key: "good"})
 		runs, err := b.q.Dequeue(b.ctx, env, queueName, 1)
 		require.NoError(t, err)

@@ -246,6 +246,52 @@ func TestWorkerSlowRedisKeepsLease(t *testing.T) {
 	shutdown(t, w)
 }
 
+// lapsed is a Worker (Concurrency 1, beats of 50 ms, a 10 s lease, no
+// sweeps) on a real Redis behind hook, whose run's handler lapse has
+// cancelled (see startLapsed).
+type lapsed struct {
+	b          *testBundle
+	w          *runqueue.Worker
+	o          *s16Observer
+	lease      time.Duration
+	finish     chan struct{} // closed: the first delivery's handler returns result(ctx)
+	deliveries atomic.Int32
+}
+
+// startLapsed queues a run for a new lapsed Worker, waits for its handler,
+// has hook fail pipelines (the beats), advances Config.Clock to within a
+// beat of the lease's end and returns once lapse has cancelled the
+// handler. Later deliveries return nil at once.
+func startLapsed(t *testing.T, hook *failPipelines, maxAttempts int, result func(ctx context.Context) error) *lapsed {
+	t.Helper()
+	l := &lapsed{o: newS16Observer(), lease: 10 * time.Second, finish: make(chan struct{})}
+	l.b = setup(t, hookedReal(t, hook), func(cfg *runqueue.Config) {
+		cfg.LeaseDuration, cfg.Observer, cfg.MaxAttempts = l.lease, l.o, maxAttempts
+	})
+	started, cancelled := make(chan struct{}), make(chan struct{})
+	l.w = startWorker(t, l.b.q, func(ctx context.Context, _ *runqueue.Run) error {
+		if l.deliveries.Add(1) > 1 {
+			return nil
+		}
+		close(started)
+		<-ctx.Done()
+		close(cancelled)
+		<-l.finish
+		return result(ctx)
+	}, func(wc *runqueue.WorkerConfig) {
+		wc.Concurrency = 1
+		wc.HeartbeatInterval = 50 * time.Millisecond
+		wc.SweepInterval = -1
+		wc.Logger = quietLogger
+	})
+	enqueue(t, l.b, runqueue.EnqueueParams{ID: "r"})
+	waitClosed(t, started)
+	hook.on.Store(true)
+	l.b.clock.Advance(l.lease - 30*time.Millisecond)
+	waitClosed(t, cancelled)
+	return l
+}
+
 // TestWorkerLapseKeepsRun: a handler cancelled because its extensions
 // failed until its lease would run out before the next beat (lapse) keeps
 // its run when Redis answers again within the lease, as one its expiry
@@ -261,48 +307,25 @@ func TestWorkerLapseKeepsRun(t *testing.T) {
 	for _, heed := range []bool{true, false} {
 		t.Run(fmt.Sprintf("heed=%v", heed), func(t *testing.T) {
 			hook := &failPipelines{}
-			c := hookedReal(t, hook)
-			lease := 10 * time.Second
-			o := newS16Observer()
-			b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o; cfg.MaxAttempts = 1 })
-			started, cancelled, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
-			var deliveries atomic.Int32
-			w := startWorker(t, b.q, func(ctx context.Context, _ *runqueue.Run) error {
-				if deliveries.Add(1) > 1 {
-					return nil // given back, it comes again
-				}
-				close(started)
-				<-ctx.Done()
-				close(cancelled)
-				<-finish
+			l := startLapsed(t, hook, 1, func(ctx context.Context) error {
 				if heed {
 					return ctx.Err()
 				}
 				return nil
-			}, func(wc *runqueue.WorkerConfig) {
-				wc.Concurrency = 1
-				wc.HeartbeatInterval = 50 * time.Millisecond
-				wc.SweepInterval = -1
-				wc.Logger = quietLogger
 			})
-			enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
-			waitClosed(t, started)
-			hook.on.Store(true)
-			b.clock.Advance(lease - 30*time.Millisecond)
-			waitClosed(t, cancelled)
 			hook.on.Store(false) // Redis answers again within the lease
-			close(finish)
+			close(l.finish)
 			if heed {
-				require.Equal(t, runqueue.OutcomeRetry, o.next(t))
+				require.Equal(t, runqueue.OutcomeRetry, l.o.next(t))
 			}
-			require.Equal(t, runqueue.OutcomeAck, o.next(t))
-			shutdown(t, w)
+			require.Equal(t, runqueue.OutcomeAck, l.o.next(t))
+			shutdown(t, l.w)
 			want := int32(1)
 			if heed {
-				want = 2
+				want = 2 // given back, it came again
 			}
-			require.Equal(t, want, deliveries.Load())
-			st := queueStats(t, b, queueName)
+			require.Equal(t, want, l.deliveries.Load())
+			st := queueStats(t, l.b, queueName)
 			require.Equal(t, runqueue.Stats{}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
 		})
 	}
@@ -320,30 +343,11 @@ func TestWorkerLapsedAckAfterAnotherDelivery(t *testing.T) {
 	for _, all := range []bool{false, true} {
 		t.Run(fmt.Sprintf("all=%v", all), func(t *testing.T) {
 			hook := &failPipelines{all: all}
-			c := hookedReal(t, hook)
-			lease := 10 * time.Second
-			oA := newS16Observer()
-			bA := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = oA })
-			started, cancelled, finish := make(chan struct{}), make(chan struct{}), make(chan struct{})
-			wA := startWorker(t, bA.q, func(ctx context.Context, _ *runqueue.Run) error {
-				close(started)
-				<-ctx.Done()
-				close(cancelled)
-				if !all {
-					<-finish
-				}
-				return nil
-			}, func(wc *runqueue.WorkerConfig) {
-				wc.Concurrency = 1
-				wc.HeartbeatInterval = 50 * time.Millisecond
-				wc.SweepInterval = -1
-				wc.Logger = quietLogger
-			})
-			enqueue(t, bA, runqueue.EnqueueParams{ID: "r"})
-			waitClosed(t, started)
-			hook.on.Store(true)
-			bA.clock.Advance(lease - 30*time.Millisecond)
-			waitClosed(t, cancelled)
+			a := startLapsed(t, hook, 0, func(context.Context) error { return nil })
+			bA, oA, wA, lease := a.b, a.o, a.w, a.lease
+			if all {
+				close(a.finish) // returns at once: its ack waits for Redis
+			}
 
 			// Another instance, Redis within its reach: the lease runs
 			// out, it recovers the run, runs it and acks it.
@@ -367,7 +371,9 @@ func TestWorkerLapsedAckAfterAnotherDelivery(t *testing.T) {
 			require.Equal(t, runqueue.OutcomeAck, oB.next(t))
 			shutdown(t, wB)
 
-			close(finish)
+			if !all {
+				close(a.finish)
+			}
 			hook.on.Store(false)
 			require.Equal(t, runqueue.OutcomeLeaseLost, oA.next(t), "the other delivery settled the run")
 			shutdown(t, wA)

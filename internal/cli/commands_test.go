@@ -274,6 +274,15 @@ type deadJSON struct {
 	Corrupt       bool      `json:"corrupt"`
 }
 
+// deadListJSON is what dead list -json writes.
+type deadListJSON struct {
+	Env    string     `json:"env"`
+	Queue  string     `json:"queue"`
+	Total  int64      `json:"total"`
+	Offset int        `json:"offset"`
+	Runs   []deadJSON `json:"runs"`
+}
+
 func TestDeadLetters(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
@@ -294,15 +303,8 @@ func TestDeadLetters(t *testing.T) {
 		require.Equal(t, "no dead-lettered runs at offset 2 (2 in all)\n",
 			b.run(t, "dead", "list", "-offset", "2", "prod", "builds").ok(t))
 
-		type listJSON struct {
-			Env    string     `json:"env"`
-			Queue  string     `json:"queue"`
-			Total  int64      `json:"total"`
-			Offset int        `json:"offset"`
-			Runs   []deadJSON `json:"runs"`
-		}
-		list := decode[listJSON](t, b.run(t, "dead", "list", "-json", "-limit", "1", "prod", "builds").ok(t))
-		require.Equal(t, listJSON{Env: "prod", Queue: "builds", Total: 2, Offset: 0, Runs: []deadJSON{
+		list := decode[deadListJSON](t, b.run(t, "dead", "list", "-json", "-limit", "1", "prod", "builds").ok(t))
+		require.Equal(t, deadListJSON{Env: "prod", Queue: "builds", Total: 2, Offset: 0, Runs: []deadJSON{
 			{Key: "globex", ID: "b-202", Attempt: 2, DiedAt: epoch.UTC(), PayloadBytes: 21},
 		}}, list)
 

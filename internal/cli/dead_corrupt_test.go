@@ -27,14 +27,7 @@ func TestDeadLettersCorrupt(t *testing.T) {
 			"",
 			"runs 1-2 of 2",
 		), b.run(t, "dead", "list", "prod", "builds").ok(t))
-		type listJSON struct {
-			Env    string     `json:"env"`
-			Queue  string     `json:"queue"`
-			Total  int64      `json:"total"`
-			Offset int        `json:"offset"`
-			Runs   []deadJSON `json:"runs"`
-		}
-		list := decode[listJSON](t, b.run(t, "dead", "list", "-json", "prod", "builds").ok(t))
+		list := decode[deadListJSON](t, b.run(t, "dead", "list", "-json", "prod", "builds").ok(t))
 		require.Len(t, list.Runs, 2)
 		require.False(t, list.Runs[0].Corrupt)
 		require.True(t, list.Runs[1].Corrupt)

@@ -152,16 +152,16 @@ func (q *Queue) dequeueCoalesced(ctx context.Context, reqs []dequeueReq) []deque
 	var c corrupt
 	runs, _, err := q.serve(ctx, reqs[0].qn, nil, size, now, false, &c, 0)
 	out := make([]dequeueResult, len(reqs))
-	out[0].corrupt = c
 	for i, r := range reqs {
 		if err != nil {
-			out[i] = dequeueResult{err: err, now: now, corrupt: out[i].corrupt}
+			out[i] = dequeueResult{err: err, now: now}
 			continue
 		}
 		k := min(r.max, len(runs))
-		out[i] = dequeueResult{runs: runs[:k:k], now: now, corrupt: out[i].corrupt}
+		out[i] = dequeueResult{runs: runs[:k:k], now: now}
 		runs = runs[k:]
 	}
+	out[0].corrupt = c
 	return out
 }
 
@@ -304,7 +304,7 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 		// Served without a record (evicted): nothing to deliver, so their
 		// slots are freed at once; should this fail, lease recovery frees
 		// them.
-		_, _, _ = q.ackMany(ctx, gone, false)
+		_, _ = q.ackMany(ctx, gone, false)
 	}
 	if len(bad) > 0 {
 		for _, r := range bad {
@@ -364,18 +364,8 @@ func ackedCount(res []any, acks int) int {
 // At most 1,000 acks a call (more is an *InvalidError, nothing done).
 func (q *Queue) AckAndDequeue(ctx context.Context, acks []*Run, env, queue string, maxCount int) ([]*Run, []error, error) {
 	runs, ackErrs, err := q.ackAndDequeue(ctx, acks, env, queue, maxCount)
-	for i, e := range ackErrs {
-		if e == errGoneBefore {
-			ackErrs[i] = nil // gone already: an ack succeeds
-		}
-	}
-	return runs, ackErrs, err
+	return runs, goneIsAcked(ackErrs), err
 }
-
-// errGoneBefore is an ack's result, inside the package, when the run was
-// gone before it (acked before, by this holder's earlier call or by
-// another delivery's holder; or expired): the public calls answer nil.
-var errGoneBefore = errors.New("runqueue: run gone before the ack")
 
 // ackAndDequeue is AckAndDequeue with errGoneBefore for the acks that found
 // their run gone.

@@ -52,8 +52,25 @@ func (q *Queue) Ack(ctx context.Context, r *Run) error {
 // network error is returned as err (every errs[i] of a call that did not
 // complete is that error too); a retry is safe.
 func (q *Queue) AckMany(ctx context.Context, runs []*Run) ([]error, error) {
-	errs, _, err := q.ackMany(ctx, runs, true)
-	return errs, err
+	errs, err := q.ackMany(ctx, runs, true)
+	return goneIsAcked(errs), err
+}
+
+// errGoneBefore is an ack's result, inside the package, when the run was
+// gone before it (acked before, by this holder's earlier call or by
+// another delivery's holder; or expired): the public calls answer nil
+// (goneIsAcked), and a nil result inside means acked by that call.
+var errGoneBefore = errors.New("runqueue: run gone before the ack")
+
+// goneIsAcked maps errGoneBefore in errs to nil, as the public acks
+// answer: an ack of a run that is gone succeeds.
+func goneIsAcked(errs []error) []error {
+	for i, e := range errs {
+		if e == errGoneBefore {
+			errs[i] = nil
+		}
+	}
+	return errs
 }
 
 // ackResult is what became of one coalesced Ack: acked is true when this
@@ -63,18 +80,18 @@ type ackResult struct {
 	acked bool
 }
 
-// ackMany is AckMany; acked[i] is true when runs[i] was acked by this
-// call. observe: tell the Observer what was acked (a coalesced send
-// leaves it to each caller, in the caller's goroutine).
-func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error, []bool, error) {
+// ackMany is AckMany with errGoneBefore for the runs that were gone
+// already: errs[i] is nil when runs[i] was acked by this call. observe:
+// tell the Observer what was acked (a coalesced send leaves it to each
+// caller, in the caller's goroutine).
+func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error, error) {
 	errs := make([]error, len(runs))
-	acked := make([]bool, len(runs))
 	now, err := q.clockNow()
 	if err != nil {
 		for i := range errs {
 			errs[i] = err
 		}
-		return errs, acked, err
+		return errs, err
 	}
 	type batch struct {
 		qn   *queueNames
@@ -99,7 +116,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 		b.idx = append(b.idx, i)
 	}
 	if len(order) == 0 {
-		return errs, acked, nil
+		return errs, nil
 	}
 	calls := make([]call, len(order))
 	for i, b := range order {
@@ -115,7 +132,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 				errs[i] = err
 			}
 		}
-		return errs, acked, err
+		return errs, err
 	}
 	// With a connection lost part way (err with cmds), the calls answered
 	// before it ran: each cmd says what its call did, and the others carry
@@ -135,10 +152,10 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 					first = errs[i]
 				}
 			case vals[k] == int64(1):
-				acked[i] = true
 				n++
 			case vals[k] == int64(0):
 				// Gone already: acked by an earlier call, which counted it.
+				errs[i] = errGoneBefore
 			default:
 				errs[i] = heldError(vals[k])
 			}
@@ -151,7 +168,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 	if first == nil {
 		first = err
 	}
-	return errs, acked, first
+	return errs, first
 }
 
 // heldError maps an error code of lib/held.lua to its error.

@@ -101,10 +101,13 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 		}
 	}, func(p EnqueueParams) int { return len(p.Payload) }, batchBytes)
 	q.ack = newCoalescer(func(ctx context.Context, runs []*Run) []ackResult {
-		errs, acked, _ := q.ackMany(ctx, runs, false)
+		errs, _ := q.ackMany(ctx, runs, false)
 		out := make([]ackResult, len(runs))
-		for i := range runs {
-			out[i] = ackResult{err: errs[i], acked: acked[i]}
+		for i, e := range errs {
+			out[i] = ackResult{acked: e == nil}
+			if e != errGoneBefore {
+				out[i].err = e
+			}
 		}
 		return out
 	}, func(r *Run, res ackResult) {

@@ -50,33 +50,17 @@ func parseRecord(s string) (r record, ok bool) {
 	if len(f[2]) != 1 {
 		return record{}, false
 	}
-	for _, x := range f[:5] {
-		if !isDigits(x) {
-			return record{}, false
-		}
-	}
-	var err error
+	ok = true
 	num := func(x string) int64 {
+		// (ParseInt takes digits alone but for a sign, which Lua's %d+
+		// does not)
 		n, e := strconv.ParseInt(x, 10, 64)
-		if e != nil && err == nil {
-			err = e
+		if e != nil || x[0] == '+' || x[0] == '-' {
+			ok = false
 		}
 		return n
 	}
 	r = record{ttl: num(f[0]), att: int(num(f[1])), pr: int(num(f[2])), at: num(f[3]), lt: num(f[4]),
 		vm: f[5], payload: s}
-	return r, err == nil
-}
-
-// isDigits: x is one or more ASCII digits (Lua's %d+).
-func isDigits(x string) bool {
-	if x == "" {
-		return false
-	}
-	for i := 0; i < len(x); i++ {
-		if x[i] < '0' || x[i] > '9' {
-			return false
-		}
-	}
-	return true
+	return r, ok
 }

@@ -136,21 +136,15 @@ func (s *source) fetch(c *fetchCall) {
 		return
 	}
 	if len(ackRuns) > 0 {
-		var acked []bool
-		c.ackErrs, acked, c.ackErr = w.q.ackMany(ctx, ackRuns, true)
-		for i, ok := range acked {
-			if ok {
+		c.ackErrs, c.ackErr = w.q.ackMany(ctx, ackRuns, true)
+		for i, e := range c.ackErrs {
+			if e == nil {
 				c.acks[i].acked.Store(true)
 			}
 		}
 		if c.ackErr != nil {
 			c.err = c.ackErr
 			return
-		}
-		for i, e := range c.ackErrs {
-			if e == nil && !acked[i] {
-				c.ackErrs[i] = errGoneBefore
-			}
 		}
 	}
 	if n > 0 {

@@ -113,12 +113,7 @@ func TestWorkerLeaseRunsOutUnextended(t *testing.T) {
 				<-ctx.Done()
 				close(cancelled)
 				return ctx.Err()
-			}, func(wc *runqueue.WorkerConfig) {
-				wc.Concurrency = 1
-				wc.HeartbeatInterval = 50 * time.Millisecond
-				wc.SweepInterval = -1
-				wc.Logger = quietLogger
-			})
+			}, oneSlot(50*time.Millisecond))
 			enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
 			waitClosed(t, started)
 			hook.on.Store(true)
@@ -179,12 +174,7 @@ func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
 		<-ctx.Done()
 		cancelled <- time.Now()
 		return ctx.Err()
-	}, func(wc *runqueue.WorkerConfig) {
-		wc.Concurrency = 1
-		wc.HeartbeatInterval = beat
-		wc.SweepInterval = -1
-		wc.Logger = quietLogger
-	})
+	}, oneSlot(beat))
 	var once sync.Once
 	release := func() { once.Do(func() { close(hook.release) }) }
 	t.Cleanup(release) // before the Worker's and the Queue's, on a failure
@@ -234,16 +224,22 @@ func TestWorkerSlowRedisKeepsLease(t *testing.T) {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}, func(wc *runqueue.WorkerConfig) {
-		wc.Concurrency = 1
-		wc.HeartbeatInterval = time.Second
-		wc.SweepInterval = -1
-		wc.Logger = quietLogger
-	})
+	}, oneSlot(time.Second))
 	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
 	require.Equal(t, runqueue.OutcomeAck, o.next(t))
 	require.EqualValues(t, 1, calls.Load())
 	shutdown(t, w)
+}
+
+// oneSlot is a Worker's configuration for these tests: one handler at a
+// time, beats every beat, no sweeps, quiet.
+func oneSlot(beat time.Duration) func(*runqueue.WorkerConfig) {
+	return func(wc *runqueue.WorkerConfig) {
+		wc.Concurrency = 1
+		wc.HeartbeatInterval = beat
+		wc.SweepInterval = -1
+		wc.Logger = quietLogger
+	}
 }
 
 // lapsed is a Worker (Concurrency 1, beats of 50 ms, a 10 s lease, no
@@ -278,12 +274,7 @@ func startLapsed(t *testing.T, hook *failPipelines, maxAttempts int, result func
 		close(cancelled)
 		<-l.finish
 		return result(ctx)
-	}, func(wc *runqueue.WorkerConfig) {
-		wc.Concurrency = 1
-		wc.HeartbeatInterval = 50 * time.Millisecond
-		wc.SweepInterval = -1
-		wc.Logger = quietLogger
-	})
+	}, oneSlot(50*time.Millisecond))
 	enqueue(t, l.b, runqueue.EnqueueParams{ID: "r"})
 	waitClosed(t, started)
 	hook.on.Store(true)
@@ -403,12 +394,7 @@ func TestWorkerGiveBackWhileRedisDown(t *testing.T) {
 		<-ctx.Done()
 		close(cancelled)
 		return ctx.Err()
-	}, func(wc *runqueue.WorkerConfig) {
-		wc.Concurrency = 1
-		wc.HeartbeatInterval = time.Second
-		wc.SweepInterval = -1
-		wc.Logger = quietLogger
-	})
+	}, oneSlot(time.Second))
 	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
 	waitClosed(t, started)
 	hook.on.Store(true)

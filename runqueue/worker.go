@@ -21,9 +21,10 @@ import (
 // handler goroutine: another takes its place. ctx ends when the run's
 // lease is lost (an extension refused: another delivery may be running
 // it; stop, the result is ignored), when its lease may run out unextended
-// (extensions failing or unanswered: stop; nil still acks the run and an
-// error gives it back ready now, never dead-lettered for it, unless it
-// was delivered again meanwhile: see WorkerConfig.HeartbeatInterval),
+// (extensions failing or unanswered: stop; nil still acks the run,
+// NoRetry, RetryAt and RetryAfter still do as they say, and another error
+// gives it back ready now, never dead-lettered for it, unless it was
+// delivered again meanwhile: see WorkerConfig.HeartbeatInterval),
 // when Shutdown gives up waiting, or when the Worker's Start context
 // ends.
 type Handler func(ctx context.Context, r *Run) error
@@ -62,7 +63,8 @@ type WorkerConfig struct {
 	// interval before it runs out (less for an interval above
 	// Config.LeaseDuration / 2), so before another instance may deliver its
 	// run again; either run is still extended, and acked (or, after an
-	// error, made ready again now, never dead-lettered for it) when its
+	// error, made ready again now, never dead-lettered for it; after
+	// NoRetry, RetryAt or RetryAfter, settled as they say) when its
 	// handler returns, if the lease held. Must be less than
 	// Config.LeaseDuration; at most Config.LeaseDuration / 2 leaves Redis
 	// time to answer an extension. Defaults to Config.LeaseDuration / 3.
@@ -753,7 +755,7 @@ func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration)
 		w.free(j)
 		return
 	}
-	if err != nil && !panicked && j.expired.Load() {
+	if err != nil && !panicked && j.expired.Load() && !verdict(err) {
 		w.giveBack(j, took)
 		w.free(j)
 		return
@@ -766,6 +768,18 @@ func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration)
 	}
 	w.nack(j, err, panicked, took)
 	w.free(j)
+}
+
+// verdict says whether a handler's error asks for a run's fate itself
+// (NoRetry, RetryAt, RetryAfter). Such an error is nacked as it asks also
+// after the Worker cancelled the handler because its lease might run out
+// unextended, where another error is given back (giveBack): the handler
+// judged the run, whatever the cancel. (Given back, a poison run that
+// returned NoRetry was made ready again, and ran again after each outage
+// that cut it.)
+func verdict(err error) bool {
+	var re *RetryError
+	return errors.Is(err, ErrNoRetry) || errors.As(err, &re)
 }
 
 // call runs the handler, turning a panic into an error. A handler that
@@ -1011,8 +1025,9 @@ func (w *Worker) expiresIn(set int64) time.Duration {
 	return time.Duration(set-w.mono()) + lease - margin
 }
 
-// giveBack settles a run whose handler returned an error after its expiry
-// timer cancelled it: the error is the Worker's doing, not the run's, so
+// giveBack settles a run whose handler returned an error that is not a
+// verdict after the Worker cancelled it (cut: its expiry timer, lapse):
+// the error is taken for the Worker's doing, not the run's, so
 // the run is made ready now and never dead-lettered for it, as Shutdown's
 // release does (its attempt counts one more), not nacked (a nack would
 // dead-letter it at MaxAttempts or wait out a backoff, though the lease

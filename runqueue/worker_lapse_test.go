@@ -322,6 +322,44 @@ func TestWorkerLapseKeepsRun(t *testing.T) {
 	}
 }
 
+// TestWorkerLapseKeepsVerdict: a handler cancelled by lapse (its
+// extensions failing) that returns NoRetry, RetryAfter or RetryAt has its
+// run settled as it asks: dead-lettered, or retried at its time. They
+// were given back ready now like any error after such a cancel: a poison
+// run was delivered again at once (and again after each outage that cut
+// it), a rate-limited one early. Its attempt counts as a nack's.
+func TestWorkerLapseKeepsVerdict(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		result  func(ctx context.Context) error
+		outcome runqueue.Outcome
+		dead    bool
+	}{
+		{"NoRetry", func(ctx context.Context) error { return runqueue.NoRetry(context.Cause(ctx)) }, runqueue.OutcomeDead, true},
+		{"RetryAfter", func(ctx context.Context) error { return runqueue.RetryAfter(ctx.Err(), time.Hour) }, runqueue.OutcomeRetry, false},
+		{"RetryAt", func(ctx context.Context) error {
+			return fmt.Errorf("rate limited: %w", runqueue.RetryAt(ctx.Err(), time.UnixMilli(1).Add(100*365*24*time.Hour)))
+		}, runqueue.OutcomeRetry, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hook := &failPipelines{}
+			l := startLapsed(t, hook, 0, tc.result)
+			hook.on.Store(false) // Redis answers again within the lease
+			close(l.finish)
+			require.Equal(t, tc.outcome, l.o.next(t))
+			shutdown(t, l.w)
+			require.Equal(t, int32(1), l.deliveries.Load(), "not delivered again")
+			st := queueStats(t, l.b, queueName)
+			want := runqueue.Stats{Delayed: 1}
+			if tc.dead {
+				want = runqueue.Stats{Dead: 1}
+			}
+			require.Equal(t, want, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
+		})
+	}
+}
+
 // TestWorkerLapsedAckAfterAnotherDelivery: a handler cancelled by lapse
 // (its extensions failing) returns nil only after its lease ran out and
 // another instance recovered, ran and acked the run. Its ack finds the run

@@ -65,9 +65,13 @@ type WorkerConfig struct {
 	// run again; either run is still extended, and acked (or, after an
 	// error, made ready again now, never dead-lettered for it; after
 	// NoRetry, RetryAt or RetryAfter, settled as they say) when its
-	// handler returns, if the lease held. Must be less than
-	// Config.LeaseDuration; at most Config.LeaseDuration / 2 leaves Redis
-	// time to answer an extension. Defaults to Config.LeaseDuration / 3.
+	// handler returns, if the lease held. Must be less than 2/3 of
+	// Config.LeaseDuration (a run fetched just after a beat waits up to 1.5
+	// intervals for its first extension: above that its lease would run
+	// out, Redis healthy or not, and the run be delivered again while it
+	// runs; NewWorker refuses it with ErrInvalid); at most
+	// Config.LeaseDuration / 2 leaves Redis time to answer an extension.
+	// Defaults to Config.LeaseDuration / 3.
 	HeartbeatInterval time.Duration
 
 	// SweepInterval is the mean time between two sweeps of the shards the
@@ -128,8 +132,9 @@ func (c *WorkerConfig) validate(q *Queue) error {
 	switch {
 	case c.Concurrency < 1 || c.Concurrency > 1_000_000:
 		return invalid("WorkerConfig.Concurrency", "%d is outside 1..1000000", c.Concurrency)
-	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= q.cfg.LeaseDuration:
-		return invalid("WorkerConfig.HeartbeatInterval", "%v must be positive and less than Config.LeaseDuration (%v)",
+	case c.HeartbeatInterval <= 0 || 3*c.HeartbeatInterval >= 2*q.cfg.LeaseDuration:
+		return invalid("WorkerConfig.HeartbeatInterval", "%v must be positive and less than 2/3 of Config.LeaseDuration (%v): "+
+			"a run fetched just after a beat waits up to 1.5 intervals for its lease's first extension",
 			c.HeartbeatInterval, q.cfg.LeaseDuration)
 	case c.SweepLimit < 1 || c.SweepLimit > 100000:
 		return invalid("WorkerConfig.SweepLimit", "%d is outside 1..100000", c.SweepLimit)
@@ -1008,9 +1013,10 @@ func (w *Worker) heartbeat() {
 // by a call that began at monotonic time set: until a margin before the
 // lease runs out, a quarter of HeartbeatInterval, or less when the
 // interval is long (half of what a lease has left 1.5 intervals after it
-// was set, the latest a beat begins to extend it; none from 2/3 of
-// LeaseDuration on, where a lease may run out before a beat extends it,
-// Redis healthy or not). So with an interval of at most 2/3 of the lease,
+// was set, the latest a beat begins to extend it; none near 2/3 of
+// LeaseDuration, above which NewWorker refuses the interval: a lease may
+// run out before a beat extends it, Redis healthy or not). So, as the
+// interval is less than 2/3 of the lease,
 // while Redis answers the fetch and the extensions within about half of
 // what the lease leaves after 1.5 intervals and the margin (5/12 of the
 // lease at the default interval), the timer is reset before it fires.

@@ -669,21 +669,28 @@ func TestWorkerConfig(t *testing.T) {
 	noop := func(context.Context, *runqueue.Run) error { return nil }
 	q := []runqueue.WorkerQueue{{Env: env, Queue: queueName}}
 	for name, cfg := range map[string]*runqueue.WorkerConfig{
-		"Nothing":           {},
-		"BadQueue":          {Queues: []runqueue.WorkerQueue{{Env: "", Queue: "q"}}},
-		"BadShard":          {Shards: []int{b.q.Shards()}},
-		"NegativeShard":     {Shards: []int{-1}},
-		"Concurrency":       {Queues: q, Concurrency: -1},
-		"HeartbeatTooSlow":  {Queues: q, HeartbeatInterval: time.Minute},
-		"SweepLimit":        {Queues: q, SweepLimit: -1},
-		"IdlePollTooShort":  {Queues: q, IdlePollInterval: time.Microsecond},
-		"NegativeHeartbeat": {Queues: q, HeartbeatInterval: -time.Second},
+		"Nothing":          {},
+		"BadQueue":         {Queues: []runqueue.WorkerQueue{{Env: "", Queue: "q"}}},
+		"BadShard":         {Shards: []int{b.q.Shards()}},
+		"NegativeShard":    {Shards: []int{-1}},
+		"Concurrency":      {Queues: q, Concurrency: -1},
+		"HeartbeatTooSlow": {Queues: q, HeartbeatInterval: time.Minute},
+		// A run fetched just after a beat waits 1.5 intervals for its
+		// first extension: from 2/3 of the lease on, it runs out first.
+		"HeartbeatTwoThirds": {Queues: q, HeartbeatInterval: 40 * time.Second},
+		"HeartbeatAbove2/3":  {Queues: q, HeartbeatInterval: 50 * time.Second},
+		"SweepLimit":         {Queues: q, SweepLimit: -1},
+		"IdlePollTooShort":   {Queues: q, IdlePollInterval: time.Microsecond},
+		"NegativeHeartbeat":  {Queues: q, HeartbeatInterval: -time.Second},
 	} {
 		_, err := runqueue.NewWorker(b.q, noop, cfg)
 		require.ErrorIs(t, err, runqueue.ErrInvalid, name)
 	}
 	_, err := runqueue.NewWorker(b.q, nil, &runqueue.WorkerConfig{Queues: q})
 	require.ErrorIs(t, err, runqueue.ErrInvalid)
+
+	_, err = runqueue.NewWorker(b.q, noop, &runqueue.WorkerConfig{Queues: q, HeartbeatInterval: 40*time.Second - time.Millisecond})
+	require.NoError(t, err, "just under 2/3 of the lease")
 
 	w, err := runqueue.NewWorker(b.q, noop, &runqueue.WorkerConfig{Queues: q})
 	require.NoError(t, err)

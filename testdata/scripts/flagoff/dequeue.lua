@@ -902,8 +902,20 @@ dq_promote(dq, hooks)
 local reach = dq.scan
 if dq.key_limit <= 0 then reach = math.min(dq.scan, dq.cap) end
 local age = window_new(redis.call('ZRANGE', dq.ck_index, '0', num_arg(reach), 'WITHSCORES'), reach)
+-- A variant ckIndex names whose ready set is empty before the call takes
+-- anything from it (its runs taken out by hand, the set evicted) is stale:
+-- it leaves ckIndex. Left there, at the head of age order, such entries
+-- held every call of maxCount at most their number, for ever, serving
+-- nothing. (A variant this call empties leaves the window as it does.)
+local stale, is_stale = {}, {}
 local function servable(vm)
-  return not dq_at_limit(dq, vm) and dq_head(dq, vm) ~= nil
+  if dq_at_limit(dq, vm) then return false end
+  if dq_head(dq, vm) ~= nil then return true end
+  if not is_stale[vm] then
+    is_stale[vm] = true
+    stale[#stale + 1] = vm
+  end
+  return false
 end
 while #dq.served < dq.cap do
   local vm = window_first(age, servable)
@@ -914,6 +926,13 @@ while #dq.served < dq.cap do
   else
     window_move(age, vm, nxt)
   end
+end
+if #stale > 0 then
+  for _, vm in ipairs(stale) do window_remove(age, vm) end
+  for i = 1, #stale, 1000 do
+    redis.call('ZREM', dq.ck_index, unpack(stale, i, math.min(i + 999, #stale)))
+  end
+  dq.dirty = true
 end
 dq.ck_head = window_low(age) -- ckIndex's new head: no read for the master score
 return dq_finish(dq, acked)

@@ -112,7 +112,9 @@ func (q *Queue) deadRecords(ctx context.Context, qk keys.Queue, ds []DeadRun) er
 // Redrive puts a dead-lettered run back in its queue, ready now, with its
 // attempts reset. A run that is already live (queued or in flight, for
 // instance after a first attempt whose reply was lost and that go-redis
-// retried) is left as it is and Redrive succeeds.
+// retried) is left as it is and Redrive succeeds. A run that is neither
+// dead nor live (acked, expired, deleted, or never enqueued) is
+// ErrNotFound.
 func (q *Queue) Redrive(ctx context.Context, env, queue, key, id string) error {
 	if err := checkRef(env, queue, key, id); err != nil {
 		return err

@@ -43,7 +43,11 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // Dequeue moves up to maxCount ready runs of one base queue in flight, each
 // with a lease of Config.LeaseDuration, atomically and within the env, queue
 // and key concurrency limits. With the scheduler flag off the runs come in
-// age order; with it on, in fair virtual-time order across keys.
+// age order; with it on, in fair virtual-time order across keys. Within a
+// key, runs go by ready score (available time less the priority's head
+// start, in milliseconds), then by the bytes of their ids: runs enqueued
+// in one millisecond (an EnqueueMany, coalesced Enqueue calls, which share
+// one time) come in id order, not in the order they were enqueued.
 //
 // Concurrent Dequeue calls of one base queue on one Queue are coalesced as
 // Enqueue calls are (see Enqueue and Config.SerialCalls), each base queue

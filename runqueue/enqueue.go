@@ -31,14 +31,21 @@ type EnqueueParams struct {
 	// Delay delays the run by this much after now. Set at most one of
 	// AvailableAt and Delay: both is an *InvalidError, nothing written.
 	Delay time.Duration
-	// TTL expires the run (ExpireTTL) if it is not dequeued within TTL of
-	// being enqueued. Zero means no TTL.
+	// TTL expires the run if it is not dequeued within TTL of being
+	// enqueued. Zero means no TTL. Expiry is the sweeps' work (ExpireTTL,
+	// which a Worker runs every WorkerConfig.SweepInterval on average): a
+	// dequeue that comes after the TTL passed but before a sweep expired
+	// the run still serves it, so a handler to whom a stale run matters
+	// checks its age itself.
 	TTL time.Duration
 }
 
 // Enqueue stores and queues a run. It returns true when the run was queued
 // and false when a run with the same id, key and payload already exists (an
-// idempotent retry). The same id with another body is ErrConflict; a full
+// idempotent retry): queued, in flight, or dead-lettered (an id is free
+// again once its run was acked, expired, or deleted from the dead letters;
+// priority, delay and TTL are not compared). The same id with another key
+// or payload is ErrConflict; a full
 // queue is a *QueueFullError (errors.Is ErrQueueFull). Nothing is written on
 // error.
 //
@@ -90,8 +97,9 @@ type EnqueueResult struct {
 	// with the same id, key and payload already existed (Err nil: an
 	// idempotent retry), or Err says why.
 	Queued bool
-	// Err is nil, an *InvalidError, ErrConflict or a *QueueFullError.
-	// Nothing of a run with an error was written.
+	// Err is nil, an *InvalidError, ErrConflict, a *QueueFullError,
+	// ErrReadOnly, or the error of the call that carried the run (Redis or
+	// the network). Nothing of a run with an error was written.
 	Err error
 }
 

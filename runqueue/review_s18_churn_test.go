@@ -636,7 +636,8 @@ func TestS18ChurnWeightsStay(t *testing.T) {
 		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.MaxWeightOverrides = capN })
 		qk := keySpace(t, b).Env(env).Queue(queueName)
 		for i := range capN {
-			require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, s18Key(i), float64(i+1)/2))
+			// (none of weight 1: SetWeight of 1 clears the key's override)
+			require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, s18Key(i), 0.5+float64(i)*0.75))
 			enqueue(t, b, runqueue.EnqueueParams{Key: s18Key(i), ID: "r" + strconv.Itoa(i)})
 		}
 		require.Equal(t, capN, s18Drain(t, b))

@@ -288,7 +288,8 @@ func TestS26LimitsWeightsAtMax(t *testing.T) {
 	b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.MaxDequeueCount = true, 2000 })
 	s26Fill(t, b, 2000, 2, 0)
 	for i := range 1000 {
-		require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, fmt.Sprintf("k%05d", i), float64(1+i%7)))
+		// (none of weight 1: SetWeight of 1 clears the key's override)
+		require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, fmt.Sprintf("k%05d", i), float64(2+i%7)))
 	}
 	err := b.q.SetWeight(b.ctx, env, queueName, "k01000", 2)
 	require.ErrorIs(t, err, runqueue.ErrTooManyWeights)

@@ -21,10 +21,15 @@ const (
 // serve), so a mistaken low weight, once corrected, does not hold the key
 // back for the cost of its serves at the old one. Weights are configuration: they do not expire with the
 // scheduler's state. At most Config.MaxWeightOverrides keys per queue may
-// have one (ErrTooManyWeights beyond).
+// have one (ErrTooManyWeights beyond). Weight 1, the default, is no
+// override: SetWeight of 1 is ClearWeight (Weights does not list the key,
+// and it takes none of MaxWeightOverrides).
 func (q *Queue) SetWeight(ctx context.Context, env, queue, key string, w float64) error {
 	if !(w >= MinWeight && w <= MaxWeight) {
 		return invalid("weight", "%v is outside %v..%v", w, MinWeight, MaxWeight)
+	}
+	if w == 1 {
+		return q.ClearWeight(ctx, env, queue, key)
 	}
 	return q.setWeight(ctx, env, queue, key, schedfmt.FormatWeight(w))
 }

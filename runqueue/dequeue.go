@@ -235,21 +235,32 @@ const maxCorruptCalls = 64
 // hand edit, a writer's bug), by their delivery tokens, in one pipeline:
 // there is nothing to deliver, and they cannot be retried. Each keeps its
 // record as it is (ErrCorruptRecord); one whose call fails stays held
-// until lease recovery dead-letters it. It returns how many it
-// dead-lettered.
-func (q *Queue) killCorrupt(ctx context.Context, bad []*Run, now int64) int {
-	calls := make([]call, len(bad))
-	for i, r := range bad {
-		calls[i] = q.requeueCall(r.ref(), r.Token, now, now, true)
+// until lease recovery dead-letters it. It returns how many of bad it
+// dead-lettered. The served members of n's ready sets in raw, whose names
+// do not decode, go in the same pipeline by their names as stored: each
+// hold is released (the call answers ErrNotFound when, as with a member
+// added by hand, there is no record; a record is dead-lettered as it is,
+// which DeadLetters does not list and PurgeDeadLetters removes). Not
+// released, such a member's key and env slots stayed taken for ever, its
+// lease never recovered (RecoverLeases now recovers it too), and the call
+// that served it failed whole, leaving the good runs it took held until
+// their leases passed.
+func (q *Queue) killCorrupt(ctx context.Context, n *queueNames, bad []*Run, raw []servedRaw, now int64) int {
+	calls := make([]call, 0, len(bad)+len(raw))
+	for _, r := range bad {
+		calls = append(calls, q.requeueCall(r.ref(), r.Token, now, now, true))
+	}
+	for _, r := range raw {
+		calls = append(calls, q.requeueCallRaw(n, r.rawRef, r.token, now, now, true, q.cfg.MaxAttempts))
 	}
 	cmds, _ := runPipelined(ctx, q.rdb, calls)
-	n := 0
-	for _, cmd := range cmds {
+	killed := 0
+	for _, cmd := range cmds[:min(len(cmds), len(bad))] {
 		if cmd.Err() == nil {
-			n++
+			killed++
 		}
 	}
-	return n
+	return killed
 }
 
 // serve is settleAndDequeue's script call, made again (depth: how many
@@ -303,19 +314,19 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	if n, ok := res[0].(int64); ok && n < 0 {
 		reset, res[0] = true, -1-n
 	}
-	runs, gone, bad, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	runs, gone, bad, raw, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
 	if len(gone) > 0 {
 		// Served without a record (evicted): nothing to deliver, so their
 		// slots are freed at once; should this fail, lease recovery frees
 		// them.
 		_, _ = q.ackMany(ctx, gone, false)
 	}
-	if len(bad) > 0 {
+	if len(bad) > 0 || len(raw) > 0 {
 		for _, r := range bad {
 			r.AvailableAt = time.UnixMilli(now)
 		}
 		c.runs = append(c.runs, bad...)
-		c.killed += q.killCorrupt(ctx, bad, now)
+		c.killed += q.killCorrupt(ctx, n, bad, raw, now)
 	}
 	if err == nil && q.observe && observe {
 		// Every dequeue path (shard, blocking, fused with acks) ends here,
@@ -330,7 +341,7 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	}
 	if reset && err == nil {
 		runs, _, err = q.serve(ctx, n, nil, size, now, observe, c, depth)
-	} else if len(bad) > 0 && err == nil && len(runs) < size.maxCount && depth < maxCorruptCalls {
+	} else if len(bad)+len(raw) > 0 && err == nil && len(runs) < size.maxCount && depth < maxCorruptCalls {
 		more, _, merr := q.serve(ctx, n, nil, dqSize{maxCount: size.maxCount - len(runs), scan: size.scan,
 			promote: size.promote}, now, observe, c, depth+1)
 		runs = append(runs, more...)
@@ -418,13 +429,22 @@ func union(lists ...[]string) []string {
 	return out
 }
 
+// servedRaw is a run a dequeue served whose encoded id or variant member
+// does not decode, with its delivery token.
+type servedRaw struct {
+	rawRef
+	token int64
+}
+
 // decodeDequeue reads a dequeue script's reply (lua/lib/dequeue.lua,
 // dq_finish): the acks' results, then four values per run. A run served
 // without a record (its queue's runs hash was evicted, Config.AllowEviction)
-// is in gone, one whose record does not parse in bad, neither in runs.
-func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, ackErrs []error, err error) {
+// is in gone, one whose record does not parse in bad, one whose id or
+// variant member does not decode (a ready-set member runqueue did not
+// write: a hand edit) in raw, none of those in runs.
+func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, raw []servedRaw, ackErrs []error, err error) {
 	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
-		return nil, nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+		return nil, nil, nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
 	}
 	if acks > 0 {
 		ackErrs = make([]error, acks)
@@ -443,30 +463,28 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 	for i := 0; i < len(res); i += 4 {
 		encID, _ := res[i].(string)
 		member, _ := res[i+1].(string)
-		raw, hasRec := res[i+2].(string)
+		rec, hasRec := res[i+2].(string)
 		tok, _ := res[i+3].(int64)
 		id, err := keys.DecodeSegment(encID)
-		if err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("runqueue: corrupt id %q: %w", encID, err)
-		}
-		ck, err := keys.DecodeVariantMember(member)
-		if err != nil {
-			return nil, nil, nil, nil, fmt.Errorf("runqueue: corrupt variant %q: %w", member, err)
+		ck, kerr := keys.DecodeVariantMember(member)
+		if err != nil || kerr != nil {
+			raw = append(raw, servedRaw{rawRef{encID: encID, vm: member}, tok})
+			continue
 		}
 		if !hasRec && res[i+2] == nil {
 			gone = append(gone, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Token: tok})
 			continue
 		}
-		rec, ok := parseRecord(raw)
+		r, ok := parseRecord(rec)
 		if !ok {
 			bad = append(bad, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Token: tok})
 			continue
 		}
-		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(rec.payload),
-			Attempt: rec.att, Priority: rec.pr, AvailableAt: time.UnixMilli(rec.at), Token: tok,
+		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(r.payload),
+			Attempt: r.att, Priority: r.pr, AvailableAt: time.UnixMilli(r.at), Token: tok,
 			LeaseDeadline: time.UnixMilli(lease)})
 	}
-	return runs, gone, bad, ackErrs, nil
+	return runs, gone, bad, raw, ackErrs, nil
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard

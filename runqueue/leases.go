@@ -310,16 +310,26 @@ func (q *Queue) releaseCall(r *Run, now int64) call {
 // negative means none (a Worker releasing runs at shutdown must not
 // dead-letter one that was only interrupted).
 func (q *Queue) requeueCallMax(ref keys.Ref, token, now, retry int64, kill bool, maxAttempts int) call {
-	qn := q.names(ref.Env, ref.Queue)
+	return q.requeueCallRaw(q.names(ref.Env, ref.Queue), rawRef{encID: keys.Segment(ref.ID), vm: keys.VariantMember(ref.Key)},
+		token, now, retry, kill, maxAttempts)
+}
+
+// rawRef names a run of a queue by its encoded id and variant member as
+// stored, which need not decode: a member of a ready set or of a shard's
+// leases that runqueue did not write (a hand edit) is served or recovered
+// by these names, so that its hold and slots are released.
+type rawRef struct{ encID, vm string }
+
+// requeueCallRaw is requeueCallMax for a run of qn named by r.
+func (q *Queue) requeueCallRaw(qn *queueNames, r rawRef, token, now, retry int64, kill bool, maxAttempts int) call {
 	qk := qn.qk
-	v := qk.Variant(ref.Key)
 	ks := placeKeys(qk, qk.Held(), qk.KeyInflight(), qk.Env.InflightCount(), qk.Leases(), qk.Dead(), qk.Env.Dead())
 	killArg := 0
 	if kill {
 		killArg = 1
 	}
 	maxAttempts = max(maxAttempts, 0)
-	args := []any{now, keys.Segment(ref.ID), v.Member(), keys.RunMember(ref), token, retry,
+	args := []any{now, r.encID, r.vm, qn.runPrefix + r.vm + ":" + r.encID, token, retry,
 		ms(q.cfg.PriorityStep), maxAttempts, killArg, qn.member, qn.wake, qn.vbase}
 	ks, args = q.withHooks(q.scripts.requeue, qn, ks, args)
 	return call{sc: q.scripts.requeue, keys: ks, args: args}

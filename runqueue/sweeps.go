@@ -3,6 +3,7 @@ package runqueue
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -21,6 +22,9 @@ func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error
 	var tally queueTally
 	n, err := q.sweep(ctx, shard, limit, keys.Shard.Leases, now,
 		func(ref keys.Ref, _ string) call { return q.requeueCall(ref, 0, now, now, false) },
+		func(qn *queueNames, r rawRef) call {
+			return q.requeueCallRaw(qn, r, 0, now, now, false, q.cfg.MaxAttempts)
+		},
 		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
 			res, err := cmd.Int64Slice()
 			switch err := scriptError(err, nil); err {
@@ -75,6 +79,7 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 			ks, args = q.withHooks(q.scripts.expire, qn, ks, args)
 			return call{sc: q.scripts.expire, keys: ks, args: args}
 		},
+		nil, // (an entry that does not decode is skipped: expiring it frees no slot)
 		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
 			n, err := cmd.Int()
 			if err == nil && n > 0 && q.observe {
@@ -96,8 +101,12 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 // fails (a slot on the move, a broken key), or a connection lost part way
 // through the pipeline, ends the sweep with that error after every call
 // of the chunk that answered is counted: what they did must be reported.
+// A member runqueue did not write is skipped, unless buildRaw is given and
+// only its key or id does not decode: buildRaw then builds its call by
+// the names as stored, and count sees a Ref of its env and queue alone.
 func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
-	build func(ref keys.Ref, member string) call, count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
+	build func(ref keys.Ref, member string) call, buildRaw func(*queueNames, rawRef) call,
+	count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
 	if err := q.checkSweep(shard, limit); err != nil {
 		return 0, err
 	}
@@ -118,7 +127,12 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 	for _, m := range members {
 		ref, err := keys.DecodeRunMember(m)
 		if err != nil {
-			continue // not a member runqueue wrote; never crash a sweeper on it
+			// Not a member runqueue wrote; never crash a sweeper on it.
+			if ref, r, ok := rawRunMember(m); ok && buildRaw != nil {
+				calls = append(calls, buildRaw(q.names(ref.Env, ref.Queue), r))
+				refs = append(refs, ref)
+			}
+			continue
 		}
 		calls = append(calls, build(ref, m))
 		refs = append(refs, ref)
@@ -150,4 +164,23 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 		}
 	}
 	return n, nil
+}
+
+// rawRunMember splits a run member (keys.RunMember) whose env and queue
+// decode but whose key or id does not: a ready-set member added by hand,
+// once served. ok is false for anything else.
+func rawRunMember(m string) (keys.Ref, rawRef, bool) {
+	parts := strings.SplitN(m, ":", 4) // (an id added by hand may hold ':')
+	if len(parts) != 4 {
+		return keys.Ref{}, rawRef{}, false
+	}
+	env, err := keys.DecodeSegment(parts[0])
+	if err != nil || keys.Segment(env) != parts[0] {
+		return keys.Ref{}, rawRef{}, false
+	}
+	queue, err := keys.DecodeSegment(parts[1])
+	if err != nil || keys.Segment(queue) != parts[1] || checkQueue(env, queue) != nil {
+		return keys.Ref{}, rawRef{}, false
+	}
+	return keys.Ref{Env: env, Queue: queue}, rawRef{encID: parts[3], vm: parts[2]}, true
 }

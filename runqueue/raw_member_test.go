@@ -1,0 +1,89 @@
+package runqueue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// TestDequeueUndecodableMember: a member added by hand to a key's ready
+// set, ahead of its runs, whose id does not decode ("bad id": runqueue
+// encodes spaces) and which has no record. The call that served it failed
+// whole ("corrupt id"), leaving the good run it took held until its lease
+// passed (recovered with attempt + 1), and the member's hold was never
+// released: its lease member does not decode, so no sweep recovered it,
+// and the key (KeyConcurrency 1) and an env slot stayed taken for ever
+// (helper-141). Now the call delivers the good runs, releases the
+// member's hold by its names as stored, and calls again while short: the
+// key's next run comes in the same call.
+func TestDequeueUndecodableMember(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		b.reopen(t, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 })
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		enqueue(t, b, runqueue.EnqueueParams{ID: "r0", Key: "k1"})
+		enqueue(t, b, runqueue.EnqueueParams{ID: "g1", Key: "k2"})
+		require.NoError(t, b.client.ZAdd(b.ctx, qk.Variant("k1").Ready(), redis.Z{Score: 1, Member: "bad id"}).Err())
+		require.NoError(t, b.client.ZAdd(b.ctx, qk.CkIndex(), redis.Z{Score: 1, Member: keys.VariantMember("k1")}).Err())
+
+		runs, err := b.q.Dequeue(b.ctx, env, queueName, 10)
+		require.NoError(t, err)
+		require.ElementsMatch(t, []string{"g1", "r0"}, runIDs(runs))
+		for _, r := range runs {
+			require.Equal(t, 1, r.Attempt)
+		}
+		held, err := b.client.HKeys(b.ctx, qk.Held()).Result()
+		require.NoError(t, err)
+		require.ElementsMatch(t, []string{keys.HeldField("k1", "r0"), keys.HeldField("k2", "g1")}, held)
+		kin, err := b.client.HGet(b.ctx, qk.KeyInflight(), keys.VariantMember("k1")).Int()
+		require.NoError(t, err)
+		require.Equal(t, 1, kin, "the member's slot of k1 was released")
+		n, err := b.client.Get(b.ctx, qk.Env.InflightCount()).Int()
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		leases, err := b.client.ZCard(b.ctx, keySpace(t, b).Shard(b.q.ShardOf(env)).Leases()).Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(2), leases)
+		ackAll(t, b, runs)
+		st := queueStats(t, b, queueName)
+		require.Zero(t, st.InFlight)
+	})
+}
+
+// TestRecoverLeasesUndecodableMember: a hold whose id does not decode (a
+// member added by hand, served while the call that served it could not
+// release it) is released by lease recovery once its lease passed. The
+// sweep skipped its lease member, so its key's and env's slots stayed
+// taken for ever (helper-141).
+func TestRecoverLeasesUndecodableMember(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		b.reopen(t, func(cfg *runqueue.Config) {
+			cfg.KeyConcurrency = 1
+			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 1} }
+		})
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		enqueue(t, b, runqueue.EnqueueParams{ID: "r0", Key: "k1"})
+		// The state such a serve left: held, its lease, its slots.
+		field := keys.VariantMember("k1") + ":bad id"
+		require.NoError(t, b.client.HSet(b.ctx, qk.Held(), field, "7").Err())
+		require.NoError(t, b.client.ZAdd(b.ctx, sh.Leases(), redis.Z{Score: 1, Member: qk.RunPrefix() + field}).Err())
+		require.NoError(t, b.client.HSet(b.ctx, qk.KeyInflight(), keys.VariantMember("k1"), 1).Err())
+		require.NoError(t, b.client.Set(b.ctx, qk.Env.InflightCount(), 1, 0).Err())
+		require.Empty(t, dequeue(t, b, queueName, 10), "the env's one slot is taken")
+
+		b.clock.Advance(time.Second)
+		_, err := b.q.RecoverLeases(b.ctx, sh.Number(), 100)
+		require.NoError(t, err)
+		left, err := b.client.ZCard(b.ctx, sh.Leases()).Result()
+		require.NoError(t, err)
+		require.Zero(t, left, "its lease is gone")
+		require.Equal(t, []string{"r0"}, runIDs(dequeue(t, b, queueName, 10)), "its slots are free")
+	})
+}

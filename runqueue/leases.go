@@ -215,8 +215,12 @@ func (q *Queue) extendCall(r *Run, deadline int64) call {
 
 // NackOptions choose what Nack does; nil means retry with backoff.
 type NackOptions struct {
-	// RetryAt retries at this time (a time already past means now); zero
-	// means now + Backoff(attempt).
+	// RetryAt retries at this time; zero means now + Backoff(attempt). A
+	// time already past makes the run ready at once and as old as that
+	// time: NackResult.RetryAt, the next delivery's AvailableAt and
+	// Stats.OldestReadyAge say so, and with the flag off it goes ahead of
+	// runs that became ready after it (a retry at its first AvailableAt
+	// keeps its place in age order).
 	RetryAt time.Time
 	// DeadLetter dead-letters the run now, whatever attempts are left.
 	DeadLetter bool
@@ -268,12 +272,6 @@ func (q *Queue) Nack(ctx context.Context, r *Run, opts *NackOptions) (NackResult
 		return NackResult{}, err
 	}
 	retry := opts.RetryAt.UnixMilli()
-	if retry < now {
-		// (A time already past is now: stored as it was, it was reported
-		// as the run's ready time and, flag off, ordered the run ahead of
-		// runs older than it.)
-		retry = now
-	}
 	if opts.RetryAt.IsZero() {
 		backoff := q.Backoff(r.Attempt)
 		retry = now + ms(backoff)

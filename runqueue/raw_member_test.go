@@ -87,3 +87,47 @@ func TestRecoverLeasesUndecodableMember(t *testing.T) {
 		require.Equal(t, []string{"r0"}, runIDs(dequeue(t, b, queueName, 10)), "its slots are free")
 	})
 }
+
+// TestRecoverLeasesHeldLost: a queue's held hash is lost (deleted by hand,
+// evicted under AllowEviction) while runs are in flight. Their leases, due,
+// were refused by every recovery (the runs not held), stayed at the head
+// of the shard's leases, so a sweep of limit 2 recovered nothing, not even
+// a later run's passed lease, for ever; and their env slots stayed taken
+// (helper-141). Now recovery takes such a lease as a held run's: the runs
+// come back with attempt + 1 and their slots are free.
+func TestRecoverLeasesHeldLost(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		b.reopen(t, func(cfg *runqueue.Config) {
+			cfg.LeaseDuration = time.Minute
+			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 3} }
+		})
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := b.q.ShardOf(env)
+		enqueue(t, b, runqueue.EnqueueParams{ID: "a1", Key: "k1"})
+		enqueue(t, b, runqueue.EnqueueParams{ID: "b1", Key: "k2"})
+		require.Len(t, dequeue(t, b, queueName, 10), 2)
+		require.NoError(t, b.client.Del(b.ctx, qk.Held()).Err()) // the loss
+		b.clock.Advance(time.Second)
+		enqueue(t, b, runqueue.EnqueueParams{ID: "c1", Key: "k3"})
+		require.Equal(t, []string{"c1"}, runIDs(dequeue(t, b, queueName, 10)))
+
+		b.clock.Advance(2 * time.Minute)
+		n, err := b.q.RecoverLeases(b.ctx, sh, 2)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "the two leases whose holds were lost")
+		n, err = b.q.RecoverLeases(b.ctx, sh, 2)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "then c1's")
+
+		runs := dequeue(t, b, queueName, 10)
+		require.ElementsMatch(t, []string{"a1", "b1", "c1"}, runIDs(runs), "the env's 3 slots are free")
+		for _, r := range runs {
+			require.Equal(t, 2, r.Attempt)
+		}
+		ackAll(t, b, runs)
+		st := queueStats(t, b, queueName)
+		require.Equal(t, runqueue.Stats{}, runqueue.Stats{Ready: st.Ready, Delayed: st.Delayed, InFlight: st.InFlight, Dead: st.Dead})
+		require.Zero(t, b.client.Exists(b.ctx, qk.Env.InflightCount(), qk.KeyInflight()).Val(), "no count left")
+	})
+}

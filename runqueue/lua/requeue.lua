@@ -61,6 +61,29 @@ if err == 'not_in_flight' and token ~= '0' then
     return { 1, r.att, r.at + 0 }
   end
 end
+-- A lease recovery (token 0) that finds a lease, passed, of a run that is
+-- not held: the queue's held hash was lost (deleted by hand, evicted under
+-- Config.AllowEviction) while the run was in flight, since every script
+-- writes a hold and its lease together. Nothing else would ever remove
+-- that lease: refused, it stayed due at the head of the shard's leases,
+-- met first by every sweep (a sweep of limit n recovered nothing once n
+-- such leases were due), and the run's key and env slots stayed taken for
+-- ever. It is recovered as a held run is (its slots released, the run
+-- requeued with attempt + 1, or released only when its record is gone
+-- too); a run already queued or dead (a loss this cannot explain) only
+-- loses the lease.
+if token == '0' and (err == 'not_in_flight' or err == 'gone') then
+  local d = redis.call('ZSCORE', leases, member)
+  if d and d + 0 <= now then
+    local vk = variant_keys(ARGV[12], vm)
+    if err == 'not_in_flight' and (redis.call('ZSCORE', vk.ready, id) or redis.call('ZSCORE', vk.delayed, id)
+        or redis.call('ZSCORE', dead, member)) then
+      redis.call('ZREM', leases, member)
+    else
+      err = nil
+    end
+  end
+end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- The record is read before anything is written. One that does not parse
 -- (a hand edit, a writer's bug) cannot be retried: a nack that would retry

@@ -297,11 +297,12 @@ func (q *Queue) requeueCall(ref keys.Ref, token, now, retry int64, kill bool) ca
 	return q.requeueCallMax(ref, token, now, retry, kill, q.cfg.MaxAttempts)
 }
 
-// releaseCall gives r back ready at now, never dead-lettered for it (no
+// releaseCall gives r back, ready at retry, never dead-lettered for it (no
 // attempt limit; its attempt counts one more): a Worker's release at
-// Shutdown, and of a run whose handler its expiry timer cancelled.
-func (q *Queue) releaseCall(r *Run, now int64) call {
-	return q.requeueCallMax(r.ref(), r.Token, now, now, false, 0)
+// Shutdown (retry now), and of a run whose handler it cancelled because
+// its lease might run out unextended (giveBack).
+func (q *Queue) releaseCall(r *Run, now, retry int64) call {
+	return q.requeueCallMax(r.ref(), r.Token, now, retry, false, 0)
 }
 
 // requeueCallMax is requeueCall with the attempt limit given; 0 or

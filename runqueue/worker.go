@@ -22,9 +22,10 @@ import (
 // lease is lost (an extension refused: another delivery may be running
 // it; stop, the result is ignored), when its lease may run out unextended
 // (extensions failing or unanswered: stop; nil still acks the run,
-// NoRetry, RetryAt and RetryAfter still do as they say, and another error
-// gives it back ready now, never dead-lettered for it, unless it was
-// delivered again meanwhile: see WorkerConfig.HeartbeatInterval),
+// NoRetry still dead-letters it, and another error gives it back, ready
+// now or at the time a RetryAt or RetryAfter asks, never dead-lettered
+// for it, unless it was delivered again meanwhile: see
+// WorkerConfig.HeartbeatInterval),
 // when Shutdown gives up waiting, or when the Worker's Start context
 // ends.
 type Handler func(ctx context.Context, r *Run) error
@@ -63,9 +64,9 @@ type WorkerConfig struct {
 	// interval before it runs out (less for an interval above
 	// Config.LeaseDuration / 2), so before another instance may deliver its
 	// run again; either run is still extended, and acked (or, after an
-	// error, made ready again now, never dead-lettered for it; after
-	// NoRetry, RetryAt or RetryAfter, settled as they say) when its
-	// handler returns, if the lease held. Must be less than 2/3 of
+	// error, made ready again now or at the time a RetryAt or RetryAfter
+	// asks, never dead-lettered for it; after NoRetry, dead-lettered) when
+	// its handler returns, if the lease held. Must be less than 2/3 of
 	// Config.LeaseDuration (a run fetched just after a beat waits up to 1.5
 	// intervals for its first extension: above that its lease would run
 	// out, Redis healthy or not, and the run be delivered again while it
@@ -132,7 +133,8 @@ func (c *WorkerConfig) validate(q *Queue) error {
 	switch {
 	case c.Concurrency < 1 || c.Concurrency > 1_000_000:
 		return invalid("WorkerConfig.Concurrency", "%d is outside 1..1000000", c.Concurrency)
-	case c.HeartbeatInterval <= 0 || 3*c.HeartbeatInterval >= 2*q.cfg.LeaseDuration:
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= q.cfg.LeaseDuration || // (3 x a huge one overflows)
+		3*c.HeartbeatInterval >= 2*q.cfg.LeaseDuration:
 		return invalid("WorkerConfig.HeartbeatInterval", "%v must be positive and less than 2/3 of Config.LeaseDuration (%v): "+
 			"a run fetched just after a beat waits up to 1.5 intervals for its lease's first extension",
 			c.HeartbeatInterval, q.cfg.LeaseDuration)
@@ -576,7 +578,7 @@ func (w *Worker) release() {
 			continue
 		}
 		released = append(released, j)
-		calls = append(calls, w.q.releaseCall(j.run, now))
+		calls = append(calls, w.q.releaseCall(j.run, now, now))
 	}
 	for len(calls) > 0 {
 		n := min(len(calls), 500)
@@ -760,8 +762,8 @@ func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration)
 		w.free(j)
 		return
 	}
-	if err != nil && !panicked && j.expired.Load() && !verdict(err) {
-		w.giveBack(j, took)
+	if err != nil && !panicked && j.expired.Load() && !errors.Is(err, ErrNoRetry) {
+		w.giveBack(j, err, took)
 		w.free(j)
 		return
 	}
@@ -773,18 +775,6 @@ func (w *Worker) finishJob(j *job, err error, panicked bool, took time.Duration)
 	}
 	w.nack(j, err, panicked, took)
 	w.free(j)
-}
-
-// verdict says whether a handler's error asks for a run's fate itself
-// (NoRetry, RetryAt, RetryAfter). Such an error is nacked as it asks also
-// after the Worker cancelled the handler because its lease might run out
-// unextended, where another error is given back (giveBack): the handler
-// judged the run, whatever the cancel. (Given back, a poison run that
-// returned NoRetry was made ready again, and ran again after each outage
-// that cut it.)
-func verdict(err error) bool {
-	var re *RetryError
-	return errors.Is(err, ErrNoRetry) || errors.As(err, &re)
 }
 
 // call runs the handler, turning a panic into an error. A handler that
@@ -1031,10 +1021,12 @@ func (w *Worker) expiresIn(set int64) time.Duration {
 	return time.Duration(set-w.mono()) + lease - margin
 }
 
-// giveBack settles a run whose handler returned an error that is not a
-// verdict after the Worker cancelled it (cut: its expiry timer, lapse):
-// the error is taken for the Worker's doing, not the run's, so
-// the run is made ready now and never dead-lettered for it, as Shutdown's
+// giveBack settles a run whose handler returned an error other than
+// NoRetry after the Worker cancelled it (cut: its expiry timer, lapse):
+// the error is taken for the Worker's doing, not the run's, so the run is
+// made ready now, or at the time a RetryAt or RetryAfter asks (a handler
+// may wrap any failure in one, the cancel's included), and never
+// dead-lettered for it, as Shutdown's
 // release does (its attempt counts one more), not nacked (a nack would
 // dead-letter it at MaxAttempts or wait out a backoff, though the lease
 // may never have run out in Redis). Its token decides: refused, the run
@@ -1044,14 +1036,26 @@ func (w *Worker) expiresIn(set int64) time.Duration {
 // lease gets the run back ready, where lease recovery would count the
 // attempt (dead-lettered at MaxAttempts 1). (The release is safe to send
 // twice: a resend finds its token as the run's last settled one.)
-func (w *Worker) giveBack(j *job, took time.Duration) {
+func (w *Worker) giveBack(j *job, herr error, took time.Duration) {
 	r := j.run
+	var re *RetryError
+	asked := errors.As(herr, &re)
 	release := func() error {
 		now, err := w.q.clockNow()
 		if err != nil {
 			return err
 		}
-		c := w.q.releaseCall(r, now)
+		at := now
+		if asked {
+			t := re.At
+			if t.IsZero() {
+				t = w.q.cfg.Clock.Now().Add(re.After)
+			}
+			if checkTime("retryAt", t) == nil {
+				at = t.UnixMilli()
+			}
+		}
+		c := w.q.releaseCall(r, now, at)
 		return scriptError(run(w.ctx(), w.q.rdb, c.sc, c.keys, c.args...).Err(), nil)
 	}
 	err := w.sendAgain(j, release(), release)

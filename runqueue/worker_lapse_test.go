@@ -323,28 +323,35 @@ func TestWorkerLapseKeepsRun(t *testing.T) {
 }
 
 // TestWorkerLapseKeepsVerdict: a handler cancelled by lapse (its
-// extensions failing) that returns NoRetry, RetryAfter or RetryAt has its
-// run settled as it asks: dead-lettered, or retried at its time. They
-// were given back ready now like any error after such a cancel: a poison
-// run was delivered again at once (and again after each outage that cut
-// it), a rate-limited one early. Its attempt counts as a nack's.
+// extensions failing) that returns NoRetry has its run dead-lettered, and
+// one that returns RetryAfter or RetryAt has it retried at that time. Any
+// error after such a cancel was given back ready now: a poison run was
+// delivered again at once (and again after each outage that cut it), a
+// rate-limited one early. A RetryAt or RetryAfter is still not counted
+// against MaxAttempts (helper-143: a handler that wraps every failure in
+// one, the cancel's included, had a healthy run dead-lettered at
+// MaxAttempts 1 by one outage).
 func TestWorkerLapseKeepsVerdict(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name    string
-		result  func(ctx context.Context) error
-		outcome runqueue.Outcome
-		dead    bool
+		name        string
+		maxAttempts int
+		result      func(ctx context.Context) error
+		outcome     runqueue.Outcome
+		dead        bool
 	}{
-		{"NoRetry", func(ctx context.Context) error { return runqueue.NoRetry(context.Cause(ctx)) }, runqueue.OutcomeDead, true},
-		{"RetryAfter", func(ctx context.Context) error { return runqueue.RetryAfter(ctx.Err(), time.Hour) }, runqueue.OutcomeRetry, false},
-		{"RetryAt", func(ctx context.Context) error {
+		{"NoRetry", 0, func(ctx context.Context) error { return runqueue.NoRetry(context.Cause(ctx)) }, runqueue.OutcomeDead, true},
+		{"RetryAfter", 0, func(ctx context.Context) error { return runqueue.RetryAfter(ctx.Err(), time.Hour) }, runqueue.OutcomeRetry, false},
+		{"RetryAt", 0, func(ctx context.Context) error {
 			return fmt.Errorf("rate limited: %w", runqueue.RetryAt(ctx.Err(), time.UnixMilli(1).Add(100*365*24*time.Hour)))
+		}, runqueue.OutcomeRetry, false},
+		{"RetryAfterAtMaxAttempts", 1, func(ctx context.Context) error {
+			return runqueue.RetryAfter(fmt.Errorf("GET upstream: %w", ctx.Err()), time.Hour)
 		}, runqueue.OutcomeRetry, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hook := &failPipelines{}
-			l := startLapsed(t, hook, 0, tc.result)
+			l := startLapsed(t, hook, tc.maxAttempts, tc.result)
 			hook.on.Store(false) // Redis answers again within the lease
 			close(l.finish)
 			require.Equal(t, tc.outcome, l.o.next(t))

@@ -679,9 +679,11 @@ func TestWorkerConfig(t *testing.T) {
 		// first extension: from 2/3 of the lease on, it runs out first.
 		"HeartbeatTwoThirds": {Queues: q, HeartbeatInterval: 40 * time.Second},
 		"HeartbeatAbove2/3":  {Queues: q, HeartbeatInterval: 50 * time.Second},
-		"SweepLimit":         {Queues: q, SweepLimit: -1},
-		"IdlePollTooShort":   {Queues: q, IdlePollInterval: time.Microsecond},
-		"NegativeHeartbeat":  {Queues: q, HeartbeatInterval: -time.Second},
+		// 3 x 150 years overflows a Duration (helper-143).
+		"HeartbeatHuge":     {Queues: q, HeartbeatInterval: 150 * 365 * 24 * time.Hour},
+		"SweepLimit":        {Queues: q, SweepLimit: -1},
+		"IdlePollTooShort":  {Queues: q, IdlePollInterval: time.Microsecond},
+		"NegativeHeartbeat": {Queues: q, HeartbeatInterval: -time.Second},
 	} {
 		_, err := runqueue.NewWorker(b.q, noop, cfg)
 		require.ErrorIs(t, err, runqueue.ErrInvalid, name)

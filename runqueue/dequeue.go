@@ -440,8 +440,9 @@ type servedRaw struct {
 // dq_finish): the acks' results, then four values per run. A run served
 // without a record (its queue's runs hash was evicted, Config.AllowEviction)
 // is in gone, one whose record does not parse in bad, one whose id or
-// variant member does not decode (a ready-set member runqueue did not
-// write: a hand edit) in raw, none of those in runs.
+// variant member does not decode, or whose record is another variant's (a
+// ready-set member runqueue did not write: a hand edit), in raw, none of
+// those in runs.
 func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, raw []servedRaw, ackErrs []error, err error) {
 	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
 		return nil, nil, nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
@@ -478,6 +479,14 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 		r, ok := parseRecord(rec)
 		if !ok {
 			bad = append(bad, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Token: tok})
+			continue
+		}
+		if r.vm != member {
+			// Another key's run: its id added by hand to this key's ready
+			// set. Not delivered (its ack would settle the other key's
+			// run); its hold is released by the names served (requeue.lua
+			// leaves the other run as it is).
+			raw = append(raw, servedRaw{rawRef{encID: encID, vm: member}, tok})
 			continue
 		}
 		runs = append(runs, &Run{Env: qk.Env.Name(), Queue: qk.Name(), Key: ck, ID: id, Payload: []byte(r.payload),

@@ -131,3 +131,107 @@ func TestRecoverLeasesHeldLost(t *testing.T) {
 		require.Zero(t, b.client.Exists(b.ctx, qk.Env.InflightCount(), qk.KeyInflight()).Val(), "no count left")
 	})
 }
+
+// TestRecoverLeasesHeldAndRecordLost: a run's hold and its record are both
+// lost while it is in flight, and a producer enqueues its id again before
+// the sweep, under the same key or another. The lease is not the new run's:
+// recovery releases it and the slots it stood for, and leaves the new run
+// as it is (helper-143 on 0651dd4: with the same key only the lease went,
+// its env slot taken for ever; with another key it stayed due at the head
+// of the shard's leases for ever).
+func TestRecoverLeasesHeldAndRecordLost(t *testing.T) {
+	t.Parallel()
+	for _, key2 := range []string{"k1", "k2"} {
+		t.Run(key2, func(t *testing.T) {
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				b.reopen(t, func(cfg *runqueue.Config) {
+					cfg.LeaseDuration = time.Minute
+					cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 1} }
+				})
+				qk := keySpace(t, b).Env(env).Queue(queueName)
+				sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+				enqueue(t, b, runqueue.EnqueueParams{ID: "a1", Key: "k1"})
+				require.Len(t, dequeue(t, b, queueName, 10), 1)
+				require.NoError(t, b.client.Del(b.ctx, qk.Held(), qk.Runs()).Err()) // the loss
+				enqueue(t, b, runqueue.EnqueueParams{ID: "a1", Key: key2})           // a producer's retry
+				b.clock.Advance(2 * time.Minute)
+				_, err := b.q.RecoverLeases(b.ctx, sh.Number(), 10)
+				require.NoError(t, err)
+				left, err := b.client.ZCard(b.ctx, sh.Leases()).Result()
+				require.NoError(t, err)
+				require.Zero(t, left, "the lease is gone")
+				runs := dequeue(t, b, queueName, 10)
+				require.Equal(t, []string{"a1"}, runIDs(runs), "the env's one slot is free")
+				require.Equal(t, key2, runs[0].Key)
+				require.Equal(t, 1, runs[0].Attempt, "the new run as it was enqueued")
+			})
+		})
+	}
+}
+
+// TestDequeueMemberOfAnotherKey: a live run's id added by hand to another
+// key's ready set (a key that does not decode, or one that does). The call
+// that serves it there does not deliver it (its ack would settle the
+// other key's run) and releases that hold alone; the run itself stays as
+// it was and is served from its own key at attempt 1 (helper-143: the
+// release dead-lettered the live run's record, attempt + 1, and added a
+// dead letter for a run still queued).
+func TestDequeueMemberOfAnotherKey(t *testing.T) {
+	t.Parallel()
+	for _, other := range []string{"=bad key", keys.VariantMember("k2")} {
+		t.Run(other, func(t *testing.T) {
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				qk := keySpace(t, b).Env(env).Queue(queueName)
+				enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k1"})
+				b.clock.Advance(time.Millisecond)
+				require.NoError(t, b.client.ZAdd(b.ctx, qk.VariantBase()+other[1:]+":ready", redis.Z{Score: 0, Member: keys.Segment("r1")}).Err())
+				require.NoError(t, b.client.ZAdd(b.ctx, qk.CkIndex(), redis.Z{Score: 0, Member: other}).Err())
+				var got []*runqueue.Run
+				for range 3 {
+					runs, err := b.q.Dequeue(b.ctx, env, queueName, 1)
+					require.NoError(t, err)
+					got = append(got, runs...)
+				}
+				require.Len(t, got, 1)
+				require.Equal(t, "k1", got[0].Key)
+				require.Equal(t, 1, got[0].Attempt)
+				held, err := b.client.HKeys(b.ctx, qk.Held()).Result()
+				require.NoError(t, err)
+				require.Equal(t, []string{keys.HeldField("k1", "r1")}, held)
+				ackAll(t, b, got)
+				st := queueStats(t, b, queueName)
+				require.Zero(t, st.Dead, "nothing dead-lettered")
+				require.Zero(t, st.InFlight)
+			})
+		})
+	}
+}
+
+// TestRecoverLeasesAmbiguousMember: a hold whose lease member has more
+// than four ':' (a key added by hand with one, whose release failed) is
+// left alone: splitting it might release another key's slot (helper-143:
+// "=a:b:r" read as key "a", id "b:r", took key a's count of a run still in
+// flight).
+func TestRecoverLeasesAmbiguousMember(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		b.reopen(t, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 })
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		enqueue(t, b, runqueue.EnqueueParams{ID: "a1", Key: "a"})
+		enqueue(t, b, runqueue.EnqueueParams{ID: "a2", Key: "a"})
+		require.Equal(t, []string{"a1"}, runIDs(dequeue(t, b, queueName, 10)))
+		field := "=a:b:r"
+		require.NoError(t, b.client.HSet(b.ctx, qk.Held(), field, "7").Err())
+		require.NoError(t, b.client.ZAdd(b.ctx, sh.Leases(), redis.Z{Score: 1, Member: qk.RunPrefix() + field}).Err())
+		require.NoError(t, b.client.HSet(b.ctx, qk.KeyInflight(), "=a:b", 1).Err())
+		require.NoError(t, b.client.IncrBy(b.ctx, qk.Env.InflightCount(), 1).Err())
+		b.clock.Advance(time.Second) // a1's lease still active
+		_, err := b.q.RecoverLeases(b.ctx, sh.Number(), 100)
+		require.NoError(t, err)
+		kin, err := b.client.HGet(b.ctx, qk.KeyInflight(), keys.VariantMember("a")).Result()
+		require.NoError(t, err)
+		require.Equal(t, "1", kin, "key a still counts a1")
+		require.Empty(t, dequeue(t, b, queueName, 10), "KeyConcurrency 1: a2 waits for a1")
+	})
+}

@@ -170,7 +170,9 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 // decode but whose key or id does not: a ready-set member added by hand,
 // once served. ok is false for anything else.
 func rawRunMember(m string) (keys.Ref, rawRef, bool) {
-	parts := strings.SplitN(m, ":", 4) // (an id added by hand may hold ':')
+	// (A member with more ':' cannot be split for sure: its key might hold
+	// one, and a wrong split would release another key's slot.)
+	parts := strings.Split(m, ":")
 	if len(parts) != 4 {
 		return keys.Ref{}, rawRef{}, false
 	}

@@ -1,4 +1,4 @@
-#!lua name=runqueue_e6f4757915d9da85
+#!lua name=runqueue_fa4c7b49b81708a6
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2410,18 +2410,25 @@ end
 -- such leases were due), and the run's key and env slots stayed taken for
 -- ever. It is recovered as a held run is (its slots released, the run
 -- requeued with attempt + 1, or released only when its record is gone
--- too); a run already queued or dead (a loss this cannot explain) only
--- loses the lease.
-if token == '0' and (err == 'not_in_flight' or err == 'gone') then
+-- too). A run that is queued or dead again, or whose id is another key's
+-- now (its record lost too, and the id enqueued again), is not that
+-- delivery's: the lease and the slots it stood for are released, and
+-- nothing else (every script that releases a run's slots removes its lease
+-- in the same call, so a lease left means its slots are still counted).
+if token == '0' and (err == 'not_in_flight' or err == 'gone' or err == 'not_found') then
   local d = redis.call('ZSCORE', leases, member)
   if d and d + 0 <= now then
     local vk = variant_keys(ARGV[12], vm)
-    if err == 'not_in_flight' and (redis.call('ZSCORE', vk.ready, id) or redis.call('ZSCORE', vk.delayed, id)
-        or redis.call('ZSCORE', dead, member)) then
+    if err == 'not_found' or err == 'not_in_flight' and (redis.call('ZSCORE', vk.ready, id)
+        or redis.call('ZSCORE', vk.delayed, id) or redis.call('ZSCORE', dead, member)) then
       redis.call('ZREM', leases, member)
-    else
-      err = nil
+      held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
+      env_release(env_n, 1)
+      hooks:released({ vm })
+      hooks:finish()
+      return redis.error_reply(HELD_ERRORS[err])
     end
+    err = nil
   end
 end
 if err then return redis.error_reply(HELD_ERRORS[err]) end
@@ -2435,6 +2442,13 @@ if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- every sweep of its shard, its lease deadline passed, for ever.)
 local rec = redis.call('HGET', q.runs, id)
 local r = rec and rec_parse(rec)
+if r and r.att and r.vm ~= vm then
+  -- A hold of another variant than the record's: a member added by hand
+  -- to another key's ready set under a live run's id, served there (the
+  -- dequeue's kill of it by its names as stored). Only the hold goes, as
+  -- for a run without a record: the live run is not this delivery's.
+  rec, r = nil, nil
+end
 if r and not r.att and token ~= '0' and not kill then return redis.error_reply('RQ_CORRUPT run record does not parse') end
 redis.call('HDEL', held, vm .. ':' .. id)
 redis.call('ZREM', leases, member)
@@ -2566,9 +2580,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_e6f4757915d9da85_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_e6f4757915d9da85_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e6f4757915d9da85_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e6f4757915d9da85_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e6f4757915d9da85_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e6f4757915d9da85_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_fa4c7b49b81708a6_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_fa4c7b49b81708a6_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_fa4c7b49b81708a6_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_fa4c7b49b81708a6_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_fa4c7b49b81708a6_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_fa4c7b49b81708a6_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

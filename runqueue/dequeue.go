@@ -236,15 +236,15 @@ const maxCorruptCalls = 64
 // there is nothing to deliver, and they cannot be retried. Each keeps its
 // record as it is (ErrCorruptRecord); one whose call fails stays held
 // until lease recovery dead-letters it. It returns how many of bad it
-// dead-lettered. The served members of n's ready sets in raw, whose names
-// do not decode, go in the same pipeline by their names as stored: each
-// hold is released (the call answers ErrNotFound when, as with a member
-// added by hand, there is no record; a record is dead-lettered as it is,
-// which DeadLetters does not list and PurgeDeadLetters removes). Not
-// released, such a member's key and env slots stayed taken for ever, its
-// lease never recovered (RecoverLeases now recovers it too), and the call
-// that served it failed whole, leaving the good runs it took held until
-// their leases passed.
+// dead-lettered. The members of n's ready sets served in raw (added by
+// hand) go in the same pipeline by their names as stored: each hold is
+// released (the call answers ErrNotFound when there is no record, or the
+// record is another variant's run, which is left as it is; a record of its
+// own is dead-lettered as it is, which DeadLetters does not list and
+// PurgeDeadLetters removes). Not released, such a member's key and env
+// slots stayed taken for ever, its lease never recovered (RecoverLeases
+// now recovers it too), and the call that served it failed whole, leaving
+// the good runs it took held until their leases passed.
 func (q *Queue) killCorrupt(ctx context.Context, n *queueNames, bad []*Run, raw []servedRaw, now int64) int {
 	calls := make([]call, 0, len(bad)+len(raw))
 	for _, r := range bad {
@@ -429,8 +429,9 @@ func union(lists ...[]string) []string {
 	return out
 }
 
-// servedRaw is a run a dequeue served whose encoded id or variant member
-// does not decode, with its delivery token.
+// servedRaw is a member a dequeue served that is not one of the queue's
+// runs as runqueue wrote it (its encoded id or variant member does not
+// decode, or its record is another variant's), with its delivery token.
 type servedRaw struct {
 	rawRef
 	token int64

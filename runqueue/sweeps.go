@@ -170,9 +170,11 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 // decode but whose key or id does not: a ready-set member added by hand,
 // once served. ok is false for anything else.
 func rawRunMember(m string) (keys.Ref, rawRef, bool) {
-	// (A member with more ':' cannot be split for sure: its key might hold
-	// one, and a wrong split would release another key's slot.)
-	parts := strings.Split(m, ":")
+	// (An id added by hand may hold ':'; a key runqueue writes never does,
+	// so the split is at the first ':' after the queue. A key added by hand
+	// with one, whose member's release at serve failed, is split wrongly:
+	// its hold and env slot are released, and another key's count.)
+	parts := strings.SplitN(m, ":", 4)
 	if len(parts) != 4 {
 		return keys.Ref{}, rawRef{}, false
 	}

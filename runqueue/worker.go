@@ -1040,19 +1040,27 @@ func (w *Worker) giveBack(j *job, herr error, took time.Duration) {
 	r := j.run
 	var re *RetryError
 	asked := errors.As(herr, &re)
+	at := int64(-1) // the retry time, set by the first call (a resend is answered as it)
 	release := func() error {
 		now, err := w.q.clockNow()
 		if err != nil {
 			return err
 		}
-		at := now
-		if asked {
-			t := re.At
-			if t.IsZero() {
-				t = w.q.cfg.Clock.Now().Add(re.After)
-			}
-			if checkTime("retryAt", t) == nil {
-				at = t.UnixMilli()
+		if at < 0 {
+			at = now
+			if asked {
+				t := re.At
+				if t.IsZero() {
+					t = w.q.cfg.Clock.Now().Add(re.After)
+				}
+				if checkTime("retryAt", t) == nil {
+					at = t.UnixMilli()
+				} else {
+					// (as nack does: not at once, which the time did not ask)
+					w.log.Warn("runqueue: handler asked for a retry time out of range; using the backoff",
+						"env", r.Env, "queue", r.Queue, "id", r.ID, "retry_at", t, "err", herr)
+					at = now + ms(w.q.Backoff(r.Attempt))
+				}
 			}
 		}
 		c := w.q.releaseCall(r, now, at)

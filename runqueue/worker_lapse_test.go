@@ -330,7 +330,8 @@ func TestWorkerLapseKeepsRun(t *testing.T) {
 // rate-limited one early. A RetryAt or RetryAfter is still not counted
 // against MaxAttempts (helper-143: a handler that wraps every failure in
 // one, the cancel's included, had a healthy run dead-lettered at
-// MaxAttempts 1 by one outage).
+// MaxAttempts 1 by one outage). A retry time out of range is the backoff,
+// as for a nack.
 func TestWorkerLapseKeepsVerdict(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -347,6 +348,10 @@ func TestWorkerLapseKeepsVerdict(t *testing.T) {
 		}, runqueue.OutcomeRetry, false},
 		{"RetryAfterAtMaxAttempts", 1, func(ctx context.Context) error {
 			return runqueue.RetryAfter(fmt.Errorf("GET upstream: %w", ctx.Err()), time.Hour)
+		}, runqueue.OutcomeRetry, false},
+		// Out of range: the backoff, as a nack's (helper-144: ready at once).
+		{"RetryAtOutOfRange", 0, func(ctx context.Context) error {
+			return runqueue.RetryAt(ctx.Err(), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC))
 		}, runqueue.OutcomeRetry, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

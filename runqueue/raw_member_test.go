@@ -11,6 +11,29 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
+// leftHold leaves what a served member of key's ready set named field
+// (its held field: variant member, ':', id as stored) leaves in flight
+// when its release fails: the hold (token 7), its lease, passed since
+// 1970, and its key's and env's counts.
+func leftHold(t *testing.T, b *testBundle, key, field string) {
+	t.Helper()
+	qk := keySpace(t, b).Env(env).Queue(queueName)
+	sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+	require.NoError(t, b.client.HSet(b.ctx, qk.Held(), field, "7").Err())
+	require.NoError(t, b.client.ZAdd(b.ctx, sh.Leases(), redis.Z{Score: 1, Member: qk.RunPrefix() + field}).Err())
+	require.NoError(t, b.client.HIncrBy(b.ctx, qk.KeyInflight(), keys.VariantMember(key), 1).Err())
+	require.NoError(t, b.client.IncrBy(b.ctx, qk.Env.InflightCount(), 1).Err())
+}
+
+// leaseMinuteEnvLimit: leases of a minute, and at most n runs of the env
+// in flight.
+func leaseMinuteEnvLimit(n int) func(*runqueue.Config) {
+	return func(cfg *runqueue.Config) {
+		cfg.LeaseDuration = time.Minute
+		cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: n} }
+	}
+}
+
 // TestDequeueUndecodableMember: a member added by hand to a key's ready
 // set, ahead of its runs, whose id does not decode ("bad id": runqueue
 // encodes spaces) and which has no record. The call that served it failed
@@ -67,15 +90,11 @@ func TestRecoverLeasesUndecodableMember(t *testing.T) {
 			cfg.KeyConcurrency = 1
 			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 1} }
 		})
-		qk := keySpace(t, b).Env(env).Queue(queueName)
 		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
 		enqueue(t, b, runqueue.EnqueueParams{ID: "r0", Key: "k1"})
 		// The state such a serve left: held, its lease, its slots.
 		field := keys.VariantMember("k1") + ":bad id"
-		require.NoError(t, b.client.HSet(b.ctx, qk.Held(), field, "7").Err())
-		require.NoError(t, b.client.ZAdd(b.ctx, sh.Leases(), redis.Z{Score: 1, Member: qk.RunPrefix() + field}).Err())
-		require.NoError(t, b.client.HSet(b.ctx, qk.KeyInflight(), keys.VariantMember("k1"), 1).Err())
-		require.NoError(t, b.client.Set(b.ctx, qk.Env.InflightCount(), 1, 0).Err())
+		leftHold(t, b, "k1", field)
 		require.Empty(t, dequeue(t, b, queueName, 10), "the env's one slot is taken")
 
 		b.clock.Advance(time.Second)
@@ -98,10 +117,7 @@ func TestRecoverLeasesUndecodableMember(t *testing.T) {
 func TestRecoverLeasesHeldLost(t *testing.T) {
 	t.Parallel()
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-		b.reopen(t, func(cfg *runqueue.Config) {
-			cfg.LeaseDuration = time.Minute
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 3} }
-		})
+		b.reopen(t, leaseMinuteEnvLimit(3))
 		qk := keySpace(t, b).Env(env).Queue(queueName)
 		sh := b.q.ShardOf(env)
 		enqueue(t, b, runqueue.EnqueueParams{ID: "a1", Key: "k1"})
@@ -144,10 +160,7 @@ func TestRecoverLeasesHeldAndRecordLost(t *testing.T) {
 	for _, key2 := range []string{"k1", "k2"} {
 		t.Run(key2, func(t *testing.T) {
 			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-				b.reopen(t, func(cfg *runqueue.Config) {
-					cfg.LeaseDuration = time.Minute
-					cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 1} }
-				})
+				b.reopen(t, leaseMinuteEnvLimit(1))
 				qk := keySpace(t, b).Env(env).Queue(queueName)
 				sh := keySpace(t, b).Shard(b.q.ShardOf(env))
 				enqueue(t, b, runqueue.EnqueueParams{ID: "a1", Key: "k1"})
@@ -218,17 +231,11 @@ func TestDequeueMemberOfAnotherKey(t *testing.T) {
 func TestRecoverLeasesColonInRawID(t *testing.T) {
 	t.Parallel()
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-		b.reopen(t, func(cfg *runqueue.Config) {
-			cfg.LeaseDuration = time.Minute
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 2} }
-		})
+		b.reopen(t, leaseMinuteEnvLimit(2))
 		qk := keySpace(t, b).Env(env).Queue(queueName)
 		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
 		field := keys.VariantMember("k1") + ":bad:id"
-		require.NoError(t, b.client.HSet(b.ctx, qk.Held(), field, "7").Err())
-		require.NoError(t, b.client.ZAdd(b.ctx, sh.Leases(), redis.Z{Score: 1, Member: qk.RunPrefix() + field}).Err())
-		require.NoError(t, b.client.HSet(b.ctx, qk.KeyInflight(), keys.VariantMember("k1"), 1).Err())
-		require.NoError(t, b.client.Set(b.ctx, qk.Env.InflightCount(), 1, 0).Err())
+		leftHold(t, b, "k1", field)
 		enqueue(t, b, runqueue.EnqueueParams{ID: "r0", Key: "k2"})
 		require.Len(t, dequeue(t, b, queueName, 10), 1)
 		b.clock.Advance(2 * time.Minute)

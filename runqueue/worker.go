@@ -1051,7 +1051,7 @@ func (w *Worker) giveBack(j *job, herr error, took time.Duration) {
 			if asked {
 				t := re.At
 				if t.IsZero() {
-					t = w.q.cfg.Clock.Now().Add(re.After)
+					t = time.UnixMilli(now).Add(re.After)
 				}
 				if checkTime("retryAt", t) == nil {
 					at = t.UnixMilli()
@@ -1088,11 +1088,11 @@ func (w *Worker) giveBack(j *job, herr error, took time.Duration) {
 // expire is j's expiry timer: no extension has answered and the lease
 // is about to run out. The handler's context is cancelled, and the run
 // stays j's, still extended by the beats; when its handler returns it is
-// acked (nil) or given back ready now (an error: giveBack), and the
-// delivery token decides whether that still holds (refused, the outcome
-// is OutcomeLeaseLost, as for a lease found lost). A job not started yet
-// is lost. Nothing after a hard stop, which cancelled every handler
-// already.
+// acked (nil), dead-lettered (NoRetry) or given back (another error:
+// giveBack), and the delivery token decides whether that still holds
+// (refused, the outcome is OutcomeLeaseLost, as for a lease found lost).
+// A job not started yet is lost. Nothing after a hard stop, which
+// cancelled every handler already.
 func (w *Worker) expire(j *job) {
 	w.cut(j, "runqueue: no extension of a lease has answered and it is about to run out; the handler's context is cancelled", nil)
 }
@@ -1126,9 +1126,10 @@ func (w *Worker) cut(j *job, msg string, err error) {
 // so the handler must stop by then; a Redis that stays out of reach that
 // long would otherwise leave it running beside the next delivery. The run
 // stays the worker's, as after its expiry timer (expire): the beats still
-// try to extend it, and when its handler returns it is acked (nil) or
-// given back ready now (an error, which the cancel caused), its delivery
-// token refusing either if it was delivered again meanwhile. (It was
+// try to extend it, and when its handler returns it is acked (nil),
+// dead-lettered (NoRetry) or given back (another error, taken for the
+// cancel's), its delivery token refusing each if it was delivered again
+// meanwhile. (It was
 // marked lost: its handler's result was dropped, so one that returned nil
 // once Redis answered again ran again after lease recovery, and one that
 // returned the cancel's error waited out the lease and was recovered with

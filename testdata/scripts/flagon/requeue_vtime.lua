@@ -1015,22 +1015,17 @@ end
 -- requeued with attempt + 1, or released only when its record is gone
 -- too). A run that is queued or dead again, or whose id is another key's
 -- now (its record lost too, and the id enqueued again), is not that
--- delivery's: the lease and the slots it stood for are released, and
--- nothing else (every script that releases a run's slots removes its lease
--- in the same call, so a lease left means its slots are still counted).
+-- delivery's (detached): the lease and the slots it stood for are
+-- released as for a run without a record, and nothing else (every script
+-- that releases a run's slots removes its lease in the same call, so a
+-- lease left means its slots are still counted).
+local detached = false
 if token == '0' and (err == 'not_in_flight' or err == 'gone' or err == 'not_found') then
   local d = redis.call('ZSCORE', leases, member)
   if d and d + 0 <= now then
     local vk = variant_keys(ARGV[12], vm)
-    if err == 'not_found' or err == 'not_in_flight' and (redis.call('ZSCORE', vk.ready, id)
-        or redis.call('ZSCORE', vk.delayed, id) or redis.call('ZSCORE', dead, member)) then
-      redis.call('ZREM', leases, member)
-      held_left(held, kin, kin_release(kin, { vm }, { [vm] = 1 }))
-      env_release(env_n, 1)
-      hooks:released({ vm })
-      hooks:finish()
-      return redis.error_reply(HELD_ERRORS[err])
-    end
+    detached = err == 'not_found' or err == 'not_in_flight' and (redis.call('ZSCORE', vk.ready, id)
+        or redis.call('ZSCORE', vk.delayed, id) or redis.call('ZSCORE', dead, member))
     err = nil
   end
 end
@@ -1045,11 +1040,11 @@ if err then return redis.error_reply(HELD_ERRORS[err]) end
 -- every sweep of its shard, its lease deadline passed, for ever.)
 local rec = redis.call('HGET', q.runs, id)
 local r = rec and rec_parse(rec)
-if r and r.att and r.vm ~= vm then
-  -- A hold of another variant than the record's: a member added by hand
-  -- to another key's ready set under a live run's id, served there (the
-  -- dequeue's kill of it by its names as stored). Only the hold goes, as
-  -- for a run without a record: the live run is not this delivery's.
+if detached or r and r.att and r.vm ~= vm then
+  -- (or a hold of another variant than the record's: a member added by
+  -- hand to another key's ready set under a live run's id, served there,
+  -- the dequeue's kill of it by its names as stored). Only the hold goes,
+  -- as for a run without a record: the record is not this delivery's.
   rec, r = nil, nil
 end
 if r and not r.att and token ~= '0' and not kill then return redis.error_reply('RQ_CORRUPT run record does not parse') end

@@ -252,3 +252,22 @@ func TestRecoverLeasesColonInRawID(t *testing.T) {
 		require.Len(t, dequeue(t, b, queueName, 10), 2, "r0 and r1: the env's two slots are free")
 	})
 }
+
+// TestExpireTTLUndecodableEntry: a TTL entry whose id does not decode (a
+// member added by hand to a ready set with a TTL entry, or the entry
+// itself added by hand) goes at the sweep that meets it, as an entry whose
+// run is gone does: the sweeps name runs by their stored names. It was
+// skipped and took one of every sweep's reads for ever.
+func TestExpireTTLUndecodableEntry(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		member := qk.RunPrefix() + keys.VariantMember("k1") + ":bad id"
+		require.NoError(t, b.client.ZAdd(b.ctx, sh.TTL(), redis.Z{Score: 1, Member: member}).Err())
+		n, err := b.q.ExpireTTL(b.ctx, sh.Number(), 10)
+		require.NoError(t, err)
+		require.Zero(t, n, "no run expired")
+		require.Zero(t, b.client.ZCard(b.ctx, sh.TTL()).Val(), "the entry is gone")
+	})
+}

@@ -21,8 +21,7 @@ func (q *Queue) RecoverLeases(ctx context.Context, shard, limit int) (int, error
 	now := q.now()
 	var tally queueTally
 	n, err := q.sweep(ctx, shard, limit, keys.Shard.Leases, now,
-		func(ref keys.Ref, _ string) call { return q.requeueCall(ref, 0, now, now, false) },
-		func(qn *queueNames, r rawRef) call {
+		func(qn *queueNames, r rawRef, _ string) call {
 			return q.requeueCallRaw(qn, r, 0, now, now, false, q.cfg.MaxAttempts)
 		},
 		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
@@ -71,15 +70,12 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 	sh := q.space.Shard(max(0, shard))
 	var tally queueTally
 	n, err := q.sweep(ctx, shard, limit, keys.Shard.TTL, now,
-		func(ref keys.Ref, member string) call {
-			qn := q.names(ref.Env, ref.Queue)
-			v := qn.qk.Variant(ref.Key)
+		func(qn *queueNames, r rawRef, member string) call {
 			ks := placeKeys(qn.qk, sh.TTL())
-			args := []any{now, keys.Segment(ref.ID), v.Member(), member, qn.member, qn.vbase}
+			args := []any{now, r.encID, r.vm, member, qn.member, qn.vbase}
 			ks, args = q.withHooks(q.scripts.expire, qn, ks, args)
 			return call{sc: q.scripts.expire, keys: ks, args: args}
 		},
-		nil, // (an entry that does not decode is skipped: expiring it frees no slot)
 		func(ref keys.Ref, cmd *redis.Cmd) (int, error) {
 			n, err := cmd.Int()
 			if err == nil && n > 0 && q.observe {
@@ -101,12 +97,12 @@ func (q *Queue) ExpireTTL(ctx context.Context, shard, limit int) (int, error) {
 // fails (a slot on the move, a broken key), or a connection lost part way
 // through the pipeline, ends the sweep with that error after every call
 // of the chunk that answered is counted: what they did must be reported.
-// A member runqueue did not write is skipped, unless buildRaw is given and
-// only its key or id does not decode: buildRaw then builds its call by
-// the names as stored, and count sees a Ref of its env and queue alone.
+// build names each run by its key and id as stored (splitRunMember), so
+// that a member whose key or id runqueue did not write (added by hand to
+// a ready set, then served) is swept as the others are; count sees a Ref
+// of its env and queue alone.
 func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard) string, now int64,
-	build func(ref keys.Ref, member string) call, buildRaw func(*queueNames, rawRef) call,
-	count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
+	build func(qn *queueNames, r rawRef, member string) call, count func(keys.Ref, *redis.Cmd) (int, error)) (int, error) {
 	if err := q.checkSweep(shard, limit); err != nil {
 		return 0, err
 	}
@@ -125,16 +121,11 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 	var calls []call
 	var refs []keys.Ref
 	for _, m := range members {
-		ref, err := keys.DecodeRunMember(m)
-		if err != nil {
-			// Not a member runqueue wrote; never crash a sweeper on it.
-			if ref, r, ok := rawRunMember(m); ok && buildRaw != nil {
-				calls = append(calls, buildRaw(q.names(ref.Env, ref.Queue), r))
-				refs = append(refs, ref)
-			}
-			continue
+		ref, r, ok := splitRunMember(m)
+		if !ok {
+			continue // not a member runqueue wrote; never crash a sweeper on it
 		}
-		calls = append(calls, build(ref, m))
+		calls = append(calls, build(q.names(ref.Env, ref.Queue), r, m))
 		refs = append(refs, ref)
 	}
 	n := 0
@@ -166,10 +157,11 @@ func (q *Queue) sweep(ctx context.Context, shard, limit int, set func(keys.Shard
 	return n, nil
 }
 
-// rawRunMember splits a run member (keys.RunMember) whose env and queue
-// decode but whose key or id does not: a ready-set member added by hand,
-// once served. ok is false for anything else.
-func rawRunMember(m string) (keys.Ref, rawRef, bool) {
+// splitRunMember splits a run member (keys.RunMember) into its env and
+// queue, decoded, and its variant member and encoded id as stored, which
+// need not decode (a ready-set member added by hand, once served). ok is
+// false when the env or queue is not as runqueue writes them.
+func splitRunMember(m string) (keys.Ref, rawRef, bool) {
 	// (An id added by hand may hold ':'; a key runqueue writes never does,
 	// so the split is at the first ':' after the queue. A key added by hand
 	// with one, whose member's release at serve failed, is split wrongly:

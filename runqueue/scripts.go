@@ -43,7 +43,7 @@ type script struct {
 
 // scriptSet is the scripts of one flag state.
 type scriptSet struct {
-	enqueue, dequeue, ack, extend, requeue, expire, redrive, setweight, purge *script
+	enqueue, dequeue, ack, extend, requeue, expire, redrive, setweight, purge, repair *script
 	// ackPlain, flag on only: the flag-off ack, for acks whose hooks would
 	// do nothing (see Queue.ackScript).
 	ackPlain *script
@@ -53,7 +53,7 @@ type scriptSet struct {
 }
 
 func (s *scriptSet) all() []*script {
-	all := []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight, s.purge}
+	all := []*script{s.enqueue, s.dequeue, s.ack, s.extend, s.requeue, s.expire, s.redrive, s.setweight, s.purge, s.repair}
 	if s.ackPlain != nil {
 		all = append(all, s.ackPlain)
 	}
@@ -325,7 +325,7 @@ func newScript(name, file string, vtime bool) (*script, error) {
 
 // buildScripts assembles the script set of one flag state. With the flag on,
 // scripts with hooks get the scheduler's fragment and dequeue is replaced by
-// the fair dequeue; extend, setweight and purge are the same in both
+// the fair dequeue; extend, setweight, purge and repair are the same in both
 // states.
 func buildScripts(vtime bool) (*scriptSet, error) {
 	var s scriptSet
@@ -356,6 +356,7 @@ func buildScripts(vtime bool) (*scriptSet, error) {
 	mk(&s.redrive, "redrive"+suffix, "redrive.lua")
 	mk(&s.setweight, "setweight", "setweight.lua")
 	mk(&s.purge, "purge", "purge.lua")
+	mk(&s.repair, "repair", "repair.lua")
 	if vtime && err == nil {
 		s.lib, err = buildLibrary(&s)
 	}

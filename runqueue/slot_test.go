@@ -211,6 +211,14 @@ func driveEverything(t *testing.T, b *testBundle) driveResult {
 		purged += n
 	}
 	require.Equal(t, 1, purged)
+	// Nothing is lost: each Repair reads, and sends its script calls.
+	for _, env := range driveEnvs {
+		for _, queue := range driveQueues {
+			rr, err := b.q.Repair(ctx, env, queue)
+			require.NoError(t, err)
+			require.False(t, rr.Changed(), "%+v", rr)
+		}
+	}
 
 	// Past every lease (extended ones too), past the 5s TTLs and the delays.
 	b.clock.Advance(b.cfg.LeaseDuration + 2*time.Minute)

@@ -1,6 +1,6 @@
 // Command runqueue inspects and operates the run queues of a runqueue
-// deployment on Redis: run counts, the fair scheduler's view, dead letters
-// and weights.
+// deployment on Redis: run counts, the fair scheduler's view, dead letters,
+// weights and repairs.
 //
 // Install it with
 //
@@ -20,6 +20,7 @@
 //	runqueue dead delete ENV QUEUE ID         delete one dead-lettered run for good (writes)
 //	runqueue dead purge ENV QUEUE             delete the dead-lettered runs that died by -before (writes)
 //	runqueue redrive ENV QUEUE ID             put a dead-lettered run back in its queue (writes)
+//	runqueue repair ENV QUEUE                 rebuild a queue's lost indexes, counts, TTL entries and leases (writes)
 //	runqueue weight list ENV QUEUE            list the weight overrides of a queue
 //	runqueue weight set ENV QUEUE KEY WEIGHT  give a concurrency key a scheduler weight (writes)
 //	runqueue weight clear ENV QUEUE KEY       return a concurrency key to weight 1 (writes)
@@ -30,7 +31,8 @@
 // -key-limit, the deployment's concurrency limits, which decide what the
 // scheduler can serve; -offset and -limit for dead list; -key (the run's
 // concurrency key) for dead show, dead delete and redrive; -payload for dead
-// show; -before (required) and -limit for dead purge.
+// show; -before (required) and -limit for dead purge; -lease (the deadline
+// of a lease it adds) for repair.
 //
 // # Finding the deployment
 //
@@ -56,7 +58,7 @@
 //
 // # Reading writes nothing
 //
-// Only dead delete, dead purge, redrive, weight set and weight clear
+// Only dead delete, dead purge, redrive, repair, weight set and weight clear
 // write, and only under a prefix that holds a deployment (a layout
 // version), so a mistyped -prefix cannot create one. Every other command opens the queues with Config.ReadOnly:
 // it writes no key, records no layout version and loads no script.

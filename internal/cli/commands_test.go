@@ -11,6 +11,7 @@ import (
 
 	"github.com/runqueue/runqueue/internal/cli"
 	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -448,6 +449,58 @@ func TestWeights(t *testing.T) {
 	})
 }
 
+// TestRepair: the demo queue's age and delay indexes, depth counts and
+// acme's lease lost; repair writes them back (the lease -lease from now),
+// the queue's runs are served again, and a second repair finds nothing.
+func TestRepair(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := demo(t, c)
+		space, err := keys.NewSpace(b.prefix, b.q.Shards())
+		require.NoError(t, err)
+		qk := space.Env("prod").Queue("builds")
+		sh := space.Shard(b.q.ShardOf("prod"))
+		before, err := b.q.QueueStats(b.ctx, "prod", "builds")
+		require.NoError(t, err)
+		require.NoError(t, b.client.Del(b.ctx, qk.CkIndex(), qk.DelayIndex(), qk.Depth()).Err())
+		leases, err := b.client.ZRange(b.ctx, sh.Leases(), 0, -1).Result()
+		require.NoError(t, err)
+		require.Len(t, leases, 1, "acme's run in flight")
+		require.NoError(t, b.client.Del(b.ctx, sh.Leases()).Err())
+
+		start := time.Now()
+		require.Equal(t, lines("queue builds of env prod: 5 run(s) over 4 key(s) read",
+			"repaired: 2 index entries added, moved or removed; ready and delayed counts rewritten; "+
+				"shard index entry right; 0 TTL entries added; 1 leases added"),
+			b.run(t, "repair", "-lease", "1h", "prod", "builds").ok(t))
+		deadline, err := b.client.ZScore(b.ctx, sh.Leases(), leases[0]).Result()
+		require.NoError(t, err)
+		require.InDelta(t, float64(start.Add(time.Hour).UnixMilli()), deadline, float64(time.Minute.Milliseconds()),
+			"-lease from now (the command's clock)")
+		after, err := b.q.QueueStats(b.ctx, "prod", "builds")
+		require.NoError(t, err)
+		require.Equal(t, before.Ready, after.Ready)
+		require.Equal(t, before.Delayed, after.Delayed)
+
+		type repairJSON struct {
+			Env          string `json:"env"`
+			Queue        string `json:"queue"`
+			Runs         int    `json:"runs"`
+			Keys         int    `json:"keys"`
+			IndexEntries int    `json:"index_entries"`
+			Depth        bool   `json:"depth"`
+			Master       bool   `json:"master"`
+			TTLEntries   int    `json:"ttl_entries"`
+			Leases       int    `json:"leases"`
+			Changed      bool   `json:"changed"`
+		}
+		require.Equal(t, repairJSON{Env: "prod", Queue: "builds", Runs: 5, Keys: 4},
+			decode[repairJSON](t, b.run(t, "repair", "-json", "prod", "builds").ok(t)), "a second repair writes nothing")
+		require.Equal(t, lines("queue builds of env prod: 5 run(s) over 4 key(s) read", "nothing to repair"),
+			b.run(t, "repair", "prod", "builds").ok(t))
+	})
+}
+
 // TestWriteNeedsDeployment: a write command refuses a prefix that holds
 // no deployment (most often a mistyped -prefix) and writes nothing.
 func TestWriteNeedsDeployment(t *testing.T) {
@@ -458,6 +511,7 @@ func TestWriteNeedsDeployment(t *testing.T) {
 		{"weight", "set", "e", "q", "k", "2"},
 		{"weight", "clear", "e", "q", "k"},
 		{"redrive", "e", "q", "id"},
+		{"repair", "e", "q"},
 		{"dead", "delete", "e", "q", "id"},
 		{"dead", "purge", "-before", "1h", "e", "q"},
 	} {

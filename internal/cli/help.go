@@ -11,7 +11,8 @@ import (
 )
 
 const overview = `runqueue inspects and operates the run queues of a runqueue deployment on
-Redis: run counts, the fair scheduler's view, dead letters and weights.
+Redis: run counts, the fair scheduler's view, dead letters, weights and
+repairs.
 
 Usage:
 
@@ -22,10 +23,10 @@ Commands:
 `
 
 const footer = `
-Only dead delete, dead purge, redrive, weight set and weight clear write to
-Redis, and only under a prefix that holds a deployment. Every other command
-opens the queues read-only: it writes no key, records no layout version and
-loads no script.
+Only dead delete, dead purge, redrive, repair, weight set and weight clear
+write to Redis, and only under a prefix that holds a deployment. Every other
+command opens the queues read-only: it writes no key, records no layout
+version and loads no script.
 
 Flags may come before or after the command and its arguments; after "--"
 everything is an argument (for a name that starts with "-"). Flags default

@@ -18,7 +18,7 @@ func TestWriteCommands(t *testing.T) {
 			require.True(t, strings.HasSuffix(c.summary, "(writes)"), c.name)
 		}
 	}
-	require.Equal(t, []string{"dead delete", "dead purge", "redrive", "weight set", "weight clear"}, writes)
+	require.Equal(t, []string{"dead delete", "dead purge", "redrive", "repair", "weight set", "weight clear"}, writes)
 	require.Contains(t, strings.Join(strings.Fields(footer), " "),
-		"Only dead delete, dead purge, redrive, weight set and weight clear write to Redis")
+		"Only dead delete, dead purge, redrive, repair, weight set and weight clear write to Redis")
 }

@@ -1,0 +1,155 @@
+-- repair: rebuild what one queue's scripts keep beside its runs from the
+-- runs themselves, after a key was lost (deleted by hand, or evicted
+-- under AllowEviction). Queue.Repair reads the queue's records and held
+-- runs and calls this once per part; each call is atomic and may be sent
+-- again (it writes only what is missing or wrong, and a second send finds
+-- nothing to write). The scheduler has no part in it: a ready variant
+-- without a registration is found by the flag-on dequeue's discovery, as
+-- work a flag-off instance wrote is, so it is the same script on both
+-- flags.
+--
+-- ARGV[1] -> the part: "index", "ttl" or "leases"
+--
+-- "index": the age and delay indexes, the depth counts and the queue's
+-- entry in the shard master, from the variants' sets.
+-- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[3] -> queue depth HASH (r: ready count, d: delayed count)
+-- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
+-- ARGV[2] -> variant key base (keys.Queue.VariantBase)
+-- ARGV[3] -> queue member
+-- ARGV[4..] -> variant members whose runs Repair read; the variants both
+--            indexes name are looked at too (a variant that got its
+--            first run since the read has an entry: every run placed
+--            writes one)
+-- Returns: {variants looked at, index entries added, moved or removed,
+-- 1 when the depth counts were rewritten else 0, 1 when the master entry
+-- was added, moved or removed else 0}.
+--
+-- "ttl": the TTL sweep's entries of queued runs with a deadline.
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[2] -> variant key base
+-- ARGV[3] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[4..] -> encoded ids of runs whose record had a deadline
+-- Returns: the number of entries added (a run gone, in flight, dead, of
+-- no deadline or with its entry already there gets none).
+--
+-- "leases": the leases of runs in flight, deadline given.
+-- KEYS[1] -> queue held HASH ("<variant member>:<encoded id>" -> token)
+-- KEYS[2] -> shard leases ZSET (run member, score lease deadline ms)
+-- ARGV[2] -> the lease deadline of a lease added (ms)
+-- ARGV[3] -> run member prefix
+-- ARGV[4..] -> held fields Repair read
+-- Returns: the number of leases added (a run no longer held, or whose
+-- lease is there, gets none: a lease stands for a hold and its slots, and
+-- lease recovery releases them, so none is added for a run that left).
+--@include record
+--@include place
+--@include held
+local part = ARGV[1]
+
+-- Whether a score as Redis replied it (false: none) differs from want.
+local function differs(have, want)
+  return not have or tonumber(have) ~= tonumber(want)
+end
+
+if part == 'index' then
+  local ck_index, delay_index, depth, master = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  local vbase, qm = ARGV[2], ARGV[3]
+  local vms, seen = {}, {}
+  local function add(vm)
+    if not seen[vm] then
+      seen[vm] = true
+      vms[#vms + 1] = vm
+    end
+  end
+  for i = 4, #ARGV do add(ARGV[i]) end
+  -- Each index as it is (member -> score), read once.
+  local function read(index)
+    local have, z = {}, redis.call('ZRANGE', index, '0', '-1', 'WITHSCORES')
+    for i = 1, #z, 2 do
+      have[z[i]] = z[i + 1]
+      add(z[i])
+    end
+    return have
+  end
+  local ck_have, delay_have = read(ck_index), read(delay_index)
+  local fixed, counts = 0, { r = 0, d = 0 }
+  -- Point vm's entry in index (its entry's score have, or nil) at the head
+  -- of set, or remove it when the set is empty; count the set's runs in
+  -- field.
+  local function mend(set, index, have, vm, field)
+    local head = redis.call('ZRANGE', set, '0', '0', 'WITHSCORES')
+    if head[2] then
+      counts[field] = counts[field] + redis.call('ZCARD', set)
+      if differs(have, head[2]) then
+        redis.call('ZADD', index, head[2], vm)
+        fixed = fixed + 1
+      end
+    elseif have then
+      redis.call('ZREM', index, vm)
+      fixed = fixed + 1
+    end
+  end
+  for _, vm in ipairs(vms) do
+    local v = variant_keys(vbase, vm)
+    mend(v.ready, ck_index, ck_have[vm], vm, 'r')
+    mend(v.delayed, delay_index, delay_have[vm], vm, 'd')
+  end
+  local d = redis.call('HMGET', depth, 'r', 'd')
+  local depth_fixed = 0
+  if (tonumber(d[1]) or 0) ~= counts.r or (tonumber(d[2]) or 0) ~= counts.d then
+    depth_fixed = 1
+    redis.call('DEL', depth)
+    if counts.r + counts.d > 0 then
+      redis.call('HSET', depth, 'r', num_arg(counts.r), 'd', num_arg(counts.d))
+    end
+  end
+  local before = redis.call('ZSCORE', master, qm)
+  master_refresh(ck_index, delay_index, master, qm)
+  local after = redis.call('ZSCORE', master, qm)
+  local master_fixed = 0
+  if (before or after) and (not before or not after or tonumber(before) ~= tonumber(after)) then master_fixed = 1 end
+  widen({ ck_index, delay_index }, nil)
+  return { #vms, fixed, depth_fixed, master_fixed }
+end
+
+if part == 'ttl' then
+  local runs, ttl_set = KEYS[1], KEYS[2]
+  local vbase, prefix = ARGV[2], ARGV[3]
+  local added = 0
+  for i = 4, #ARGV do
+    local id = ARGV[i]
+    local rec = redis.call('HGET', runs, id)
+    local r = rec and rec_parse(rec)
+    if r and r.vm and r.ttl ~= '0' then
+      local v = variant_keys(vbase, r.vm)
+      local member = prefix .. r.vm .. ':' .. id
+      if (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id))
+          and not redis.call('ZSCORE', ttl_set, member) then
+        redis.call('ZADD', ttl_set, r.ttl, member)
+        added = added + 1
+      end
+    end
+  end
+  return added
+end
+
+if part == 'leases' then
+  local held, leases = KEYS[1], KEYS[2]
+  local deadline, prefix = ARGV[2], ARGV[3]
+  local added = 0
+  for i = 4, #ARGV do
+    local field = ARGV[i]
+    local member = prefix .. field
+    if field ~= HELD.WIDE_FIELD and redis.call('HEXISTS', held, field) == 1
+        and not redis.call('ZSCORE', leases, member) then
+      redis.call('ZADD', leases, deadline, member)
+      added = added + 1
+    end
+  end
+  return added
+end
+
+return redis.error_reply('runqueue: repair: unknown part ' .. tostring(part))

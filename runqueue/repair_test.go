@@ -1,0 +1,207 @@
+package runqueue_test
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// repairView is what Repair rebuilds of one queue, read from Redis: the
+// age and delay indexes with their scores, the depth counts, the queue's
+// master score, its runs' TTL entries with their scores and its runs'
+// lease members.
+type repairView struct {
+	ck, delay, ttl map[string]float64
+	depth          map[string]string
+	master         float64 // 0: none
+	leases         []string
+}
+
+func readRepairView(t *testing.T, b *testBundle, qk keys.Queue, sh keys.Shard) repairView {
+	t.Helper()
+	zset := func(key, prefix string) map[string]float64 {
+		zs, err := b.client.ZRangeWithScores(b.ctx, key, 0, -1).Result()
+		require.NoError(t, err)
+		out := map[string]float64{}
+		for _, z := range zs {
+			if m := z.Member.(string); strings.HasPrefix(m, prefix) {
+				out[m] = z.Score
+			}
+		}
+		return out
+	}
+	v := repairView{ck: zset(qk.CkIndex(), ""), delay: zset(qk.DelayIndex(), ""), ttl: zset(sh.TTL(), qk.RunPrefix())}
+	var err error
+	v.depth, err = b.client.HGetAll(b.ctx, qk.Depth()).Result()
+	require.NoError(t, err)
+	v.master, err = b.client.ZScore(b.ctx, sh.Master(), qk.Member()).Result()
+	if errors.Is(err, redis.Nil) {
+		v.master, err = 0, nil
+	}
+	require.NoError(t, err)
+	for m := range zset(sh.Leases(), qk.RunPrefix()) {
+		v.leases = append(v.leases, m)
+	}
+	v.leases = sortedCopy(v.leases)
+	return v
+}
+
+// TestRepairRebuildsLostKeys: a queue with ready, delayed, prioritised,
+// expiring and in-flight runs over several keys loses its age and delay
+// indexes, its depth counts, its entry in the shard's master index, its
+// runs' TTL entries and their leases (deleted by hand, or evicted under
+// AllowEviction), and its age index gets an entry for a key without runs.
+// Flag off nothing is served then. Repair writes back exactly what was
+// there (the leases with a fresh deadline), a second Repair writes
+// nothing, and every run is then served, expired or recovered as before
+// the loss.
+func TestRepairRebuildsLostKeys(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		t0 := b.clock.Now()
+		var all []string
+		add := func(p runqueue.EnqueueParams) {
+			enqueue(t, b, p)
+			all = append(all, p.ID)
+			b.clock.Advance(time.Millisecond)
+		}
+		for i := range 12 {
+			add(runqueue.EnqueueParams{ID: "r" + strconv.Itoa(i), Key: "k" + strconv.Itoa(i%4), Priority: i % 3})
+		}
+		add(runqueue.EnqueueParams{ID: "late1", Key: "k4", Delay: time.Hour})
+		add(runqueue.EnqueueParams{ID: "late2", Key: "k5", Delay: 2 * time.Hour})
+		add(runqueue.EnqueueParams{ID: "now5", Key: "k5"})
+		add(runqueue.EnqueueParams{ID: "ttl1", Key: "k6", TTL: time.Minute})
+		add(runqueue.EnqueueParams{ID: "ttl2", Key: "k6", TTL: time.Minute})
+		held := dequeue(t, b, queueName, 3)
+		require.Len(t, held, 3)
+		for _, r := range held {
+			require.NotEqual(t, "k6", r.Key, "the expiring runs stay queued")
+		}
+		want := readRepairView(t, b, qk, sh)
+		require.Len(t, want.ttl, 2)
+		require.Len(t, want.leases, 3)
+		require.Len(t, want.delay, 2)
+		require.NotEmpty(t, want.master)
+
+		// The loss.
+		require.NoError(t, b.client.Del(b.ctx, qk.CkIndex(), qk.DelayIndex(), qk.Depth()).Err())
+		require.NoError(t, b.client.ZRem(b.ctx, sh.Master(), qk.Member()).Err())
+		for m := range want.ttl {
+			require.NoError(t, b.client.ZRem(b.ctx, sh.TTL(), m).Err())
+		}
+		for _, m := range want.leases {
+			require.NoError(t, b.client.ZRem(b.ctx, sh.Leases(), m).Err())
+		}
+		require.NoError(t, b.client.ZAdd(b.ctx, qk.CkIndex(), redis.Z{Score: 1, Member: keys.VariantMember("ghost")}).Err())
+		ghost := 1
+		if !on {
+			require.Empty(t, dequeue(t, b, queueName, 10), "flag off, a lost age index hides every ready run")
+			ghost = 0 // (that call removed the ghost's entry: its ready set is empty)
+		}
+
+		now := b.clock.Now()
+		res, err := b.q.Repair(b.ctx, env, queueName)
+		require.NoError(t, err)
+		require.Equal(t, runqueue.RepairResult{Runs: len(all), Keys: 7 + ghost, IndexEntries: len(want.ck) + len(want.delay) + ghost,
+			Depth: true, Master: true, TTLEntries: 2, Leases: 3}, res)
+		got := readRepairView(t, b, qk, sh)
+		require.Equal(t, want, got, "what was lost is back as it was")
+		for _, m := range got.leases {
+			s, err := b.client.ZScore(b.ctx, sh.Leases(), m).Result()
+			require.NoError(t, err)
+			require.Equal(t, float64(now.Add(5*time.Minute).UnixMilli()), s, "a lease LeaseDuration (its default) from now")
+		}
+		again, err := b.q.Repair(b.ctx, env, queueName)
+		require.NoError(t, err)
+		require.False(t, again.Changed(), "a second Repair writes nothing: %+v", again)
+		require.Equal(t, 7, again.Keys, "the ghost's entry went")
+
+		// Everything is served, expired or recovered again.
+		b.clock.Advance(t0.Add(2 * time.Minute).Sub(b.clock.Now()))
+		n, err := b.q.ExpireTTL(b.ctx, sh.Number(), 100)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "the TTL entries expire their runs")
+		b.clock.Advance(t0.Add(3 * time.Hour).Sub(b.clock.Now()))
+		n, err = b.q.RecoverLeases(b.ctx, sh.Number(), 100)
+		require.NoError(t, err)
+		require.Equal(t, 3, n, "the leases recover their runs")
+		var served []string
+		for {
+			runs := dequeue(t, b, queueName, 5)
+			if len(runs) == 0 {
+				break
+			}
+			served = append(served, runIDs(runs)...)
+			ackAll(t, b, runs)
+		}
+		require.ElementsMatch(t, all[:len(all)-2], served, "every run but the expired ones, once")
+		s := queueStats(t, b, queueName)
+		require.Zero(t, s.Ready+s.Delayed+s.InFlight)
+	})
+}
+
+// TestRepairReadOnlyAndBadInput: a ReadOnly Queue refuses, and bad names
+// are ErrInvalid, with nothing read or written.
+func TestRepairReadOnlyAndBadInput(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		_, err := b.q.Repair(b.ctx, "", queueName)
+		require.ErrorIs(t, err, runqueue.ErrInvalid)
+		_, err = b.q.Repair(b.ctx, env, "bad\nname")
+		require.ErrorIs(t, err, runqueue.ErrInvalid)
+		ro, err := runqueue.New(b.ctx, b.client, &runqueue.Config{Prefix: b.prefix, ReadOnly: true, VtimeScheduling: on})
+		require.NoError(t, err)
+		defer ro.Close()
+		_, err = ro.Repair(b.ctx, env, queueName)
+		require.ErrorIs(t, err, runqueue.ErrReadOnly)
+		res, err := b.q.Repair(b.ctx, env, queueName)
+		require.NoError(t, err)
+		require.Equal(t, runqueue.RepairResult{}, res, "an empty queue: nothing to read or write")
+	})
+}
+
+// TestRepairWideHeld: a queue with 80 runs in flight, whose held hash has
+// the wide mark (a field that is no run), loses its leases; Repair adds
+// one for each run and none for the mark, and RecoverLeases then recovers
+// all 80.
+func TestRepairWideHeld(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		ps := make([]runqueue.EnqueueParams, 80)
+		for i := range ps {
+			ps[i] = runqueue.EnqueueParams{Env: env, Queue: queueName, ID: "w" + strconv.Itoa(i), Key: "k" + strconv.Itoa(i)}
+		}
+		_, err := b.q.EnqueueMany(b.ctx, ps)
+		require.NoError(t, err)
+		n := 0
+		for n < 80 {
+			runs := dequeue(t, b, queueName, 7)
+			require.NotEmpty(t, runs)
+			n += len(runs)
+		}
+		require.True(t, b.client.HExists(b.ctx, qk.Held(), "~").Val(), "the held hash is wide")
+		require.NoError(t, b.client.Del(b.ctx, sh.Leases()).Err())
+		res, err := b.q.Repair(b.ctx, env, queueName)
+		require.NoError(t, err)
+		require.Equal(t, 80, res.Leases)
+		require.EqualValues(t, 80, b.client.ZCard(b.ctx, sh.Leases()).Val())
+		b.clock.Advance(time.Hour)
+		got, err := b.q.RecoverLeases(b.ctx, sh.Number(), 1000)
+		require.NoError(t, err)
+		require.Equal(t, 80, got)
+		require.Len(t, dequeue(t, b, queueName, 100), 80)
+	})
+}

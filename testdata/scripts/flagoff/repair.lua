@@ -1,0 +1,337 @@
+-- repair: rebuild what one queue's scripts keep beside its runs from the
+-- runs themselves, after a key was lost (deleted by hand, or evicted
+-- under AllowEviction). Queue.Repair reads the queue's records and held
+-- runs and calls this once per part; each call is atomic and may be sent
+-- again (it writes only what is missing or wrong, and a second send finds
+-- nothing to write). The scheduler has no part in it: a ready variant
+-- without a registration is found by the flag-on dequeue's discovery, as
+-- work a flag-off instance wrote is, so it is the same script on both
+-- flags.
+--
+-- ARGV[1] -> the part: "index", "ttl" or "leases"
+--
+-- "index": the age and delay indexes, the depth counts and the queue's
+-- entry in the shard master, from the variants' sets.
+-- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
+-- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
+-- KEYS[3] -> queue depth HASH (r: ready count, d: delayed count)
+-- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
+-- ARGV[2] -> variant key base (keys.Queue.VariantBase)
+-- ARGV[3] -> queue member
+-- ARGV[4..] -> variant members whose runs Repair read; the variants both
+--            indexes name are looked at too (a variant that got its
+--            first run since the read has an entry: every run placed
+--            writes one)
+-- Returns: {variants looked at, index entries added, moved or removed,
+-- 1 when the depth counts were rewritten else 0, 1 when the master entry
+-- was added, moved or removed else 0}.
+--
+-- "ttl": the TTL sweep's entries of queued runs with a deadline.
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> shard ttl ZSET (run member, score expiry deadline ms)
+-- ARGV[2] -> variant key base
+-- ARGV[3] -> run member prefix (encoded env ":" encoded queue ":")
+-- ARGV[4..] -> encoded ids of runs whose record had a deadline
+-- Returns: the number of entries added (a run gone, in flight, dead, of
+-- no deadline or with its entry already there gets none).
+--
+-- "leases": the leases of runs in flight, deadline given.
+-- KEYS[1] -> queue held HASH ("<variant member>:<encoded id>" -> token)
+-- KEYS[2] -> shard leases ZSET (run member, score lease deadline ms)
+-- ARGV[2] -> the lease deadline of a lease added (ms)
+-- ARGV[3] -> run member prefix
+-- ARGV[4..] -> held fields Repair read
+-- Returns: the number of leases added (a run no longer held, or whose
+-- lease is there, gets none: a lease stands for a hold and its slots, and
+-- lease recovery releases them, so none is added for a run that left).
+-- A run's record is one field of the queue's runs HASH, built by Go
+-- (runqueue/record.go): "ttl|att|pr|at|lt|vm|" then the payload's bytes.
+--   ttl  expiry deadline (ms), 0 for none: first, so that one byte tells
+--        whether the run has one (rec_has_ttl). It binds only until the
+--        first delivery: the dequeue removes the run's ttl entry but does
+--        not rewrite the record; every later rewrite (rec_with) clears it.
+--   att  attempt number of the next (or current) delivery, from 1
+--   pr   priority 0..9
+--   at   available_at (ms)
+--   lt   delivery token of the delivery whose nack settled the run's
+--        current stay (0: none; a lease recovery and a redrive write 0): a
+--        retried nack finds its answer there
+--   vm   variant member ("=" + encoded concurrency key)
+-- A run's state is where it is: a variant's ready or delayed set, the
+-- queue's held hash (in flight), or the queue's dead set. The fields stay
+-- strings unless a script computes with them; the dequeue does not parse
+-- records at all.
+local function rec_parse(s)
+  local ttl, att, pr, at, lt, vm, pos = string.match(s, '^(%d+)|(%d+)|(%d)|(%d+)|(%d+)|([^|]*)|()')
+  return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
+end
+
+
+
+-- Number x as a command argument: the string Redis makes of a Lua number
+-- argument of redis.call ('%.17g'), made faster. '%.17g' takes a slow path
+-- of the C library (about 0.5 us on Redis 7.0); for an integer below 2^53
+-- in magnitude '%d' prints the same digits for a third of that (and -0 as
+-- "0"). Anything else (a fraction, a huge value from a hand-edited key)
+-- keeps '%.17g'. 0 and 1, the counts and ranks a call passes most, are
+-- not formatted at all.
+local function num_arg(x)
+  if x == 0 then return '0' elseif x == 1 then return '1' end
+  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
+
+-- A number Redis returned as a string (a score), or nil for a missing one
+-- (false or nil). Arithmetic reads the string once; tonumber reads it twice
+-- on Redis 7.0's Lua (about 1,400 instructions against 500), and a score
+-- is read for every variant a dequeue looks at. Every score Redis prints
+-- reads so (digits, "inf", "-inf"), and so does every score miniredis
+-- prints ("1e+08") in gopher-lua, whose arithmetic parses it as a float.
+-- The scripts read the integers the client writes in their arguments
+-- (decimal, no leading zero: gopher-lua reads "010" + 0 as octal) the same
+-- way, x + 0; tonumber stays where a value may be missing or not a number.
+local function num(s)
+  if not s then return nil end
+  return s + 0
+end
+-- Wide sets. Redis keeps a sorted set of at most 128 members
+-- (zset-max-listpack-entries) of at most 64 bytes each as a listpack, which
+-- a ZADD walks from its start to find the member and again to find its
+-- place; a queue's ckIndex of 64 to 128 keys and a variant's ready set of
+-- 64 to 128 runs cost every write there more than a skiplist would
+-- (callgrind on Redis 7.0.15, 100 keys: a dequeue at batch 10 spent 15% of
+-- its instructions in ckIndex's walks, a bulk enqueue of 100 runs per key
+-- about a third in the ready sets', a worker's fused ack-and-dequeue with
+-- 100 runs in flight 13-17% in the leases'). widen gives such a set a
+-- member of more than 64 bytes and removes it again in the same script:
+-- Redis turns the set into a skiplist at the ZADD and keeps it one after
+-- the ZREM (it turns a skiplist back into a listpack only when it writes a
+-- new set: ZRANGESTORE, ZUNIONSTORE, loading a dump), so no reader sees the
+-- member and the stored data is what it was. (ZADD NX: a member of that
+-- name, which no index or set holds, would be left alone.) The sets looked
+-- at: a variant's ready or delayed set and the index of its kind (ckIndex,
+-- delayIndex) when a call places runs there and takes the queue's depth
+-- count of that kind past a multiple of 64 (place_count, place_flush);
+-- ckIndex and the shard's leases (its runs in flight) when a dequeue takes
+-- the shard's token counter past one. The queue's runs hash too, at both
+-- (widen: the same for a hash).
+
+-- Look at sorted sets zs (a list) and hash h (nil: none): make each set
+-- of WIDE.AT to WIDE.TO members a skiplist (above that Redis has made it
+-- one, at its default configuration), and h a hash table when it holds
+-- WIDE.AT to WIDE.HASH_TO fields. (Redis keeps a hash of at most 512
+-- fields, hash-max-listpack-entries, of at most 64 bytes each as a
+-- listpack, as a queue's runs hash is with payloads under about 25 bytes;
+-- a field of more than 64 bytes, set and deleted again, turns it into a
+-- hash table for good.) One function for both: a script makes a closure
+-- of each function it defines at every call.
+local function widen(zs, h)
+  for _, z in ipairs(zs) do
+    local n = redis.call('ZCARD', z)
+    if n >= 64 and n <= 128 and redis.call('ZADD', z, 'NX', '0', '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table') == 1 then
+      redis.call('ZREM', z, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+    end
+  end
+  if h then
+    local n = redis.call('HLEN', h)
+    if n >= 64 and n <= 512 and redis.call('HSETNX', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table', '1') == 1 then
+      redis.call('HDEL', h, '~runqueue: a name of more than 64 bytes turns a listpack into a skiplist or hash table')
+    end
+  end
+end
+
+
+-- Recompute the queue's score in the shard master ZSET: the earliest time it
+-- has work (lowest ready head score, or earliest delayed available_at).
+-- dhead and chead are delayIndex's and ckIndex's lowest scores when the
+-- caller knows them (false: the index is empty), nil to read them.
+local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
+  if chead == nil then
+    local r = redis.call('ZRANGE', ck_index, '0', '0', 'WITHSCORES')
+    chead = r[2] and num(r[2]) or false
+  end
+  if dhead == nil then
+    local d = redis.call('ZRANGE', delay_index, '0', '0', 'WITHSCORES')
+    dhead = d[2] and num(d[2]) or false
+  end
+  local best = chead or nil
+  if dhead and (best == nil or dhead < best) then best = dhead end
+  if best == nil then
+    redis.call('ZREM', master, qm)
+  else
+    redis.call('ZADD', master, best, qm)
+  end
+end
+
+
+-- The keys of variant vm of the queue whose variant keys start with vbase
+-- (keys.Queue.VariantBase): the names keys.Queue.Variant builds in Go, in
+-- the queue's hash slot.
+local function variant_keys(vbase, vm)
+  local b = vbase .. string.sub(vm, 2)
+  return { ready = b .. ':ready', delayed = b .. ':delayed' }
+end
+
+-- q.memo, when set (a call that places many runs), saves commands that
+-- cannot change anything: memo.low[index][vm] is the lowest score this call
+-- gave vm's entry in index (ckIndex or delayIndex), at or above its score
+-- since (LT), so a later run of vm at or above it leaves the entry as it is
+-- (the ZADD LT CH would answer 0); with memo.count the depth counts add up
+-- in memo.r and memo.d for the caller to write once (place_flush), and
+-- memo.sets.r and memo.sets.d list the ready and delayed sets the call
+-- placed runs in, each once (memo.seen[set]: its runs; a bulk call gives
+-- memo.args[set], the set's ZADD arguments, two a run, instead), and
+-- memo.last.r and memo.last.d are the last of each, for place_flush to
+-- widen.
+
+
+
+
+
+
+
+-- In-flight runs. The queue's held HASH maps "<variant member>:<encoded
+-- id>" to the delivery token of its holder (the queue's in-flight count is
+-- its length); the queue's key-inflight HASH counts in-flight runs per
+-- variant member (fields go at 0); the env's counter STRING counts them
+-- across the env's queues; the shard's leases ZSET holds each run member
+-- (run prefix .. field) with its lease deadline.
+--
+-- The wide marks (layout 5): Redis keeps a HASH of at most 512 fields
+-- (hash-max-listpack-entries) whose values are all at most 64 bytes as a
+-- listpack, which every lookup, insert and delete walks from its start; at
+-- a few hundred runs in flight the held and key-inflight hashes cost a
+-- dequeue and an ack more than the hash table would (callgrind on Redis
+-- 7.0.15: a worker loop at 100 runs in flight over 100 keys spent about a
+-- tenth of its instructions walking them). A dequeue that takes the
+-- shard's token counter past a multiple of 64 while its env has 64 runs or
+-- more in flight looks at the queue's held hash, and when it holds 64
+-- fields or more gives it the field "~" with a value of more than 64 bytes
+-- (and the key-inflight hash too, when it holds 64 or more), which turns it
+-- into a hash table for the rest of its lifetime. No held field ("<variant
+-- member>:<id>") and no variant member ("=" ...) is "~". The queue's
+-- in-flight count is the held hash's length less its mark (held_count);
+-- when the last run in flight leaves a marked held hash, both hashes go
+-- (held_left), so an empty queue leaves no key behind.
+
+
+
+
+
+
+
+
+local HELD_ERRORS = {
+  gone = 'RQ_NOT_FOUND no such run',
+  not_found = 'RQ_NOT_FOUND no such run',
+  not_in_flight = 'RQ_NOT_IN_FLIGHT run is not in flight',
+  lease_lost = 'RQ_LEASE_LOST lease is held by a later delivery',
+  lease_active = 'RQ_LEASE_ACTIVE lease has not expired',
+}
+
+local part = ARGV[1]
+
+-- Whether a score as Redis replied it (false: none) differs from want.
+local function differs(have, want)
+  return not have or tonumber(have) ~= tonumber(want)
+end
+
+if part == 'index' then
+  local ck_index, delay_index, depth, master = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  local vbase, qm = ARGV[2], ARGV[3]
+  local vms, seen = {}, {}
+  local function add(vm)
+    if not seen[vm] then
+      seen[vm] = true
+      vms[#vms + 1] = vm
+    end
+  end
+  for i = 4, #ARGV do add(ARGV[i]) end
+  -- Each index as it is (member -> score), read once.
+  local function read(index)
+    local have, z = {}, redis.call('ZRANGE', index, '0', '-1', 'WITHSCORES')
+    for i = 1, #z, 2 do
+      have[z[i]] = z[i + 1]
+      add(z[i])
+    end
+    return have
+  end
+  local ck_have, delay_have = read(ck_index), read(delay_index)
+  local fixed, counts = 0, { r = 0, d = 0 }
+  -- Point vm's entry in index (its entry's score have, or nil) at the head
+  -- of set, or remove it when the set is empty; count the set's runs in
+  -- field.
+  local function mend(set, index, have, vm, field)
+    local head = redis.call('ZRANGE', set, '0', '0', 'WITHSCORES')
+    if head[2] then
+      counts[field] = counts[field] + redis.call('ZCARD', set)
+      if differs(have, head[2]) then
+        redis.call('ZADD', index, head[2], vm)
+        fixed = fixed + 1
+      end
+    elseif have then
+      redis.call('ZREM', index, vm)
+      fixed = fixed + 1
+    end
+  end
+  for _, vm in ipairs(vms) do
+    local v = variant_keys(vbase, vm)
+    mend(v.ready, ck_index, ck_have[vm], vm, 'r')
+    mend(v.delayed, delay_index, delay_have[vm], vm, 'd')
+  end
+  local d = redis.call('HMGET', depth, 'r', 'd')
+  local depth_fixed = 0
+  if (tonumber(d[1]) or 0) ~= counts.r or (tonumber(d[2]) or 0) ~= counts.d then
+    depth_fixed = 1
+    redis.call('DEL', depth)
+    if counts.r + counts.d > 0 then
+      redis.call('HSET', depth, 'r', num_arg(counts.r), 'd', num_arg(counts.d))
+    end
+  end
+  local before = redis.call('ZSCORE', master, qm)
+  master_refresh(ck_index, delay_index, master, qm)
+  local after = redis.call('ZSCORE', master, qm)
+  local master_fixed = 0
+  if (before or after) and (not before or not after or tonumber(before) ~= tonumber(after)) then master_fixed = 1 end
+  widen({ ck_index, delay_index }, nil)
+  return { #vms, fixed, depth_fixed, master_fixed }
+end
+
+if part == 'ttl' then
+  local runs, ttl_set = KEYS[1], KEYS[2]
+  local vbase, prefix = ARGV[2], ARGV[3]
+  local added = 0
+  for i = 4, #ARGV do
+    local id = ARGV[i]
+    local rec = redis.call('HGET', runs, id)
+    local r = rec and rec_parse(rec)
+    if r and r.vm and r.ttl ~= '0' then
+      local v = variant_keys(vbase, r.vm)
+      local member = prefix .. r.vm .. ':' .. id
+      if (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id))
+          and not redis.call('ZSCORE', ttl_set, member) then
+        redis.call('ZADD', ttl_set, r.ttl, member)
+        added = added + 1
+      end
+    end
+  end
+  return added
+end
+
+if part == 'leases' then
+  local held, leases = KEYS[1], KEYS[2]
+  local deadline, prefix = ARGV[2], ARGV[3]
+  local added = 0
+  for i = 4, #ARGV do
+    local field = ARGV[i]
+    local member = prefix .. field
+    if field ~= '~' and redis.call('HEXISTS', held, field) == 1
+        and not redis.call('ZSCORE', leases, member) then
+      redis.call('ZADD', leases, deadline, member)
+      added = added + 1
+    end
+  end
+  return added
+end
+
+return redis.error_reply('runqueue: repair: unknown part ' .. tostring(part))

@@ -27,11 +27,15 @@ type RepairResult struct {
 	// Leases is the number of runs in flight whose lease was added, with a
 	// deadline LeaseDuration from now.
 	Leases int
+	// KeyCounts is the number of the queue's concurrency keys whose count
+	// of runs in flight (what KeyConcurrency is held to) was set, added or
+	// removed.
+	KeyCounts int
 }
 
 // Changed reports whether Repair wrote anything.
 func (r RepairResult) Changed() bool {
-	return r.IndexEntries > 0 || r.Depth || r.Master || r.TTLEntries > 0 || r.Leases > 0
+	return r.IndexEntries > 0 || r.Depth || r.Master || r.TTLEntries > 0 || r.Leases > 0 || r.KeyCounts > 0
 }
 
 // repairChunk is how many runs or held runs one repair script call takes
@@ -50,18 +54,22 @@ const repairChunk = 1000
 // delay indexes, the ready and delayed counts and the queue's entry in its
 // shard's index of queues in one script call over every key of the queue
 // (4 commands and 6-12 µs of Redis a key on Redis 7.0: 0.2 s at 20,000
-// keys, during which Redis serves nothing else); then it adds the TTL entries of queued runs with a
-// TTL and the leases of runs in flight (a deadline LeaseDuration from now:
-// a holder's extension moves it as usual; a holder that is gone has its
-// run recovered once it passes), 1,000 runs a call. Each call writes only
-// what is missing or wrong, so it is safe beside the queue's other work
-// and safe to call again; a queue with nothing to mend is only read.
+// keys, during which Redis serves nothing else); then it adds the TTL
+// entries of queued runs with a TTL and the leases of runs in flight (a
+// deadline LeaseDuration from now: a holder's extension moves it as usual;
+// a holder that is gone has its run recovered once it passes), 1,000 runs
+// a call, and sets each key's count of runs in flight from the runs held.
+// Each call writes only what is missing or wrong, so it is safe beside the
+// queue's other work and safe to call again; a queue with nothing to mend
+// is only read.
 //
 // Not rebuilt: the runs themselves (a record lost loses its run; a run
 // whose set was lost is found only in its record and is not queued again),
-// the in-flight counts of keys and of the env (an env's count spans its
-// queues), the scheduler's state (flag on; a flag-on dequeue starts it
-// again from the indexes) and the dead letters' index.
+// the env's count of runs in flight (it spans the env's queues; one lost
+// counts from 0 again, so the env's runs in flight at the loss are not
+// held to EnvConcurrency until they leave flight), the scheduler's state
+// (flag on; a flag-on dequeue starts it again from the indexes) and the
+// dead letters' index.
 //
 // A Queue opened with Config.ReadOnly returns ErrReadOnly.
 func (q *Queue) Repair(ctx context.Context, env, queue string) (RepairResult, error) {
@@ -135,7 +143,9 @@ func (q *Queue) Repair(ctx context.Context, env, queue string) (RepairResult, er
 			return res, err
 		}
 	}
-	return res, nil
+	// The key counts, from the held runs as they are at the call.
+	res.KeyCounts, err = run(ctx, q.rdb, q.scripts.repair, []string{qk.Held(), qk.KeyInflight()}, "kin").Int()
+	return res, scriptError(err, nil)
 }
 
 // repairPart runs one "ttl" or "leases" call of the repair script on

@@ -20,7 +20,7 @@ import (
 // lease members.
 type repairView struct {
 	ck, delay, ttl map[string]float64
-	depth          map[string]string
+	depth, kin     map[string]string
 	master         float64 // 0: none
 	leases         []string
 }
@@ -42,6 +42,8 @@ func readRepairView(t *testing.T, b *testBundle, qk keys.Queue, sh keys.Shard) r
 	var err error
 	v.depth, err = b.client.HGetAll(b.ctx, qk.Depth()).Result()
 	require.NoError(t, err)
+	v.kin, err = b.client.HGetAll(b.ctx, qk.KeyInflight()).Result()
+	require.NoError(t, err)
 	v.master, err = b.client.ZScore(b.ctx, sh.Master(), qk.Member()).Result()
 	if errors.Is(err, redis.Nil) {
 		v.master, err = 0, nil
@@ -56,10 +58,10 @@ func readRepairView(t *testing.T, b *testBundle, qk keys.Queue, sh keys.Shard) r
 
 // TestRepairRebuildsLostKeys: a queue with ready, delayed, prioritised,
 // expiring and in-flight runs over several keys loses its age and delay
-// indexes, its depth counts, its entry in the shard's master index, its
-// runs' TTL entries and their leases (deleted by hand, or evicted under
-// AllowEviction), and its age index gets an entry for a key without runs.
-// Flag off nothing is served then. Repair writes back exactly what was
+// indexes, its depth counts, its keys' in-flight counts, its entry in the
+// shard's master index, its runs' TTL entries and their leases (deleted
+// by hand, or evicted under AllowEviction), and its age index gets an
+// entry for a key without runs. Flag off nothing is served then. Repair writes back exactly what was
 // there (the leases with a fresh deadline), a second Repair writes
 // nothing, and every run is then served, expired or recovered as before
 // the loss.
@@ -93,9 +95,10 @@ func TestRepairRebuildsLostKeys(t *testing.T) {
 		require.Len(t, want.leases, 3)
 		require.Len(t, want.delay, 2)
 		require.NotEmpty(t, want.master)
+		require.NotEmpty(t, want.kin)
 
 		// The loss.
-		require.NoError(t, b.client.Del(b.ctx, qk.CkIndex(), qk.DelayIndex(), qk.Depth()).Err())
+		require.NoError(t, b.client.Del(b.ctx, qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.KeyInflight()).Err())
 		require.NoError(t, b.client.ZRem(b.ctx, sh.Master(), qk.Member()).Err())
 		for m := range want.ttl {
 			require.NoError(t, b.client.ZRem(b.ctx, sh.TTL(), m).Err())
@@ -114,7 +117,7 @@ func TestRepairRebuildsLostKeys(t *testing.T) {
 		res, err := b.q.Repair(b.ctx, env, queueName)
 		require.NoError(t, err)
 		require.Equal(t, runqueue.RepairResult{Runs: len(all), Keys: 7 + ghost, IndexEntries: len(want.ck) + len(want.delay) + ghost,
-			Depth: true, Master: true, TTLEntries: 2, Leases: 3}, res)
+			Depth: true, Master: true, TTLEntries: 2, Leases: 3, KeyCounts: len(want.kin)}, res)
 		got := readRepairView(t, b, qk, sh)
 		require.Equal(t, want, got, "what was lost is back as it was")
 		for _, m := range got.leases {

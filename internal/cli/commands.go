@@ -164,13 +164,14 @@ updated only with it.`,
 after such a key was lost (deleted by hand, or evicted under a maxmemory
 policy that evicts): the age and delay indexes, the ready and delayed
 counts, the queue's entry in its shard's index, the TTL entries of queued
-runs and the leases of runs in flight (a deadline -lease from now). It
-writes only what is missing or wrong, so it is safe beside a running
-deployment and safe to run again; a queue with nothing to mend is only
-read. The index part is one atomic call over every key of the queue, which
-Redis serves alone (6-12 µs a key: 0.2 s at 20,000 keys). Not rebuilt: lost runs,
-in-flight counts, the scheduler's state (a fair dequeue starts it again)
-and the dead letters' index (runqueue.Queue.Repair).`,
+runs, the leases of runs in flight (a deadline -lease from now) and the
+keys' counts of runs in flight. It writes only what is missing or wrong, so
+it is safe beside a running deployment and safe to run again; a queue with
+nothing to mend is only read. The index part is one atomic call over every
+key of the queue, which Redis serves alone (6-12 µs a key: 0.2 s at 20,000
+keys). Not rebuilt: lost runs, the env's in-flight count, the scheduler's
+state (a fair dequeue starts it again) and the dead letters' index
+(runqueue.Queue.Repair).`,
 		setup: func(fs *flag.FlagSet, cfg *runqueue.Config) runFunc {
 			// Keys are lost most often to eviction: repairing on a Redis
 			// that evicts is what the command is for.
@@ -690,9 +691,10 @@ func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []strin
 			Master       bool   `json:"master"`
 			TTLEntries   int    `json:"ttl_entries"`
 			Leases       int    `json:"leases"`
+			KeyCounts    int    `json:"key_counts"`
 			Changed      bool   `json:"changed"`
 		}{args[0], args[1], res.Runs, res.Keys, res.IndexEntries, res.Depth, res.Master, res.TTLEntries, res.Leases,
-			res.Changed()})
+			res.KeyCounts, res.Changed()})
 	}
 	_, err = fmt.Fprintf(out.w, "queue %s of env %s: %d run(s) over %d key(s) read\n", name(args[1]), name(args[0]),
 		res.Runs, res.Keys)
@@ -703,8 +705,8 @@ func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []strin
 		return err
 	}
 	_, err = fmt.Fprintf(out.w, "repaired: %d index entries added, moved or removed; ready and delayed counts %s; "+
-		"shard index entry %s; %d TTL entries added; %d leases added\n", res.IndexEntries, rewritten(res.Depth),
-		rewritten(res.Master), res.TTLEntries, res.Leases)
+		"shard index entry %s; %d TTL entries added; %d leases added; %d keys' in-flight counts set\n",
+		res.IndexEntries, rewritten(res.Depth), rewritten(res.Master), res.TTLEntries, res.Leases, res.KeyCounts)
 	return err
 }
 

@@ -471,7 +471,7 @@ func TestRepair(t *testing.T) {
 		start := time.Now()
 		require.Equal(t, lines("queue builds of env prod: 5 run(s) over 4 key(s) read",
 			"repaired: 2 index entries added, moved or removed; ready and delayed counts rewritten; "+
-				"shard index entry right; 0 TTL entries added; 1 leases added"),
+				"shard index entry right; 0 TTL entries added; 1 leases added; 0 keys' in-flight counts set"),
 			b.run(t, "repair", "-lease", "1h", "prod", "builds").ok(t))
 		deadline, err := b.client.ZScore(b.ctx, sh.Leases(), leases[0]).Result()
 		require.NoError(t, err)
@@ -492,6 +492,7 @@ func TestRepair(t *testing.T) {
 			Master       bool   `json:"master"`
 			TTLEntries   int    `json:"ttl_entries"`
 			Leases       int    `json:"leases"`
+			KeyCounts    int    `json:"key_counts"`
 			Changed      bool   `json:"changed"`
 		}
 		require.Equal(t, repairJSON{Env: "prod", Queue: "builds", Runs: 5, Keys: 4},

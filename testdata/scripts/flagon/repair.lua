@@ -35,6 +35,11 @@
 -- Returns: the number of entries added (a run gone, in flight, dead, of
 -- no deadline or with its entry already there gets none).
 --
+-- "kin": the queue's counts of runs in flight per key, from its held runs.
+-- KEYS[1] -> queue held HASH ("<variant member>:<encoded id>" -> token)
+-- KEYS[2] -> queue key-inflight HASH (variant member -> runs in flight)
+-- Returns: the number of keys whose count was set, added or removed.
+--
 -- "leases": the leases of runs in flight, deadline given.
 -- KEYS[1] -> queue held HASH ("<variant member>:<encoded id>" -> token)
 -- KEYS[2] -> shard leases ZSET (run member, score lease deadline ms)
@@ -316,6 +321,44 @@ if part == 'ttl' then
     end
   end
   return added
+end
+
+if part == 'kin' then
+  local held, kin = KEYS[1], KEYS[2]
+  local want, vms = {}, {}
+  local fields = redis.call('HKEYS', held)
+  for _, field in ipairs(fields) do
+    if field ~= '~' then
+      -- (a held field is "<variant member>:<encoded id>"; neither holds
+      -- ':' as runqueue writes them, an id added by hand may)
+      local vm = string.match(field, '^([^:]*):')
+      if vm then
+        if not want[vm] then
+          want[vm] = 0
+          vms[#vms + 1] = vm
+        end
+        want[vm] = want[vm] + 1
+      end
+    end
+  end
+  local fixed, have = 0, {}
+  local kv = redis.call('HGETALL', kin)
+  for i = 1, #kv, 2 do
+    if kv[i] ~= '~' then
+      have[kv[i]] = kv[i + 1]
+      if not want[kv[i]] then
+        redis.call('HDEL', kin, kv[i])
+        fixed = fixed + 1
+      end
+    end
+  end
+  for _, vm in ipairs(vms) do
+    if tonumber(have[vm]) ~= want[vm] then
+      redis.call('HSET', kin, vm, num_arg(want[vm]))
+      fixed = fixed + 1
+    end
+  end
+  return fixed
 end
 
 if part == 'leases' then

@@ -5,10 +5,26 @@ import (
 	"fmt"
 )
 
+// RepairOptions are the choices of a Repair; nil means every default.
+type RepairOptions struct {
+	// DeadLetterOrphans dead-letters the runs Repair finds in no set (see
+	// RepairResult.Orphans) instead of queueing them again: a run whose
+	// dead letter's entry was lost is found so too, and queued again it
+	// would run again. Default false: queued again.
+	DeadLetterOrphans bool
+}
+
 // RepairResult says what Repair found missing or wrong and wrote.
 type RepairResult struct {
 	// Runs is the number of the queue's records read.
 	Runs int
+	// Orphans is the number of runs found in none of the sets a run is
+	// always in (its key's ready or delayed runs, the runs in flight, the
+	// dead letters), their set lost: each was queued again as its record
+	// says (ready at its AvailableAt by its priority, or delayed until
+	// then; its attempt as it was), or dead-lettered with
+	// RepairOptions.DeadLetterOrphans.
+	Orphans int
 	// Keys is the number of the queue's concurrency keys looked at.
 	Keys int
 	// IndexEntries is the number of entries of the queue's age and delay
@@ -21,6 +37,9 @@ type RepairResult struct {
 	// Master is true when the queue's entry in its shard's index of queues
 	// with work was added, moved or removed.
 	Master bool
+	// Dead is true when the queue's count of dead-lettered runs (QueueStats'
+	// and EnvStats' Dead) was rewritten from its dead letters.
+	Dead bool
 	// TTLEntries is the number of queued runs with a TTL whose entry in the
 	// shard's TTL set was added.
 	TTLEntries int
@@ -35,7 +54,7 @@ type RepairResult struct {
 
 // Changed reports whether Repair wrote anything.
 func (r RepairResult) Changed() bool {
-	return r.IndexEntries > 0 || r.Depth || r.Master || r.TTLEntries > 0 || r.Leases > 0 || r.KeyCounts > 0
+	return r.Orphans > 0 || r.IndexEntries > 0 || r.Depth || r.Master || r.Dead || r.TTLEntries > 0 || r.Leases > 0 || r.KeyCounts > 0
 }
 
 // repairChunk is how many runs or held runs one repair script call takes
@@ -44,38 +63,44 @@ const repairChunk = 1000
 
 // Repair rebuilds, from the runs a queue holds, what its scripts keep
 // beside them, after such a key was lost: deleted by hand, or evicted
-// under Config.AllowEviction. Without it a lost index hides runs: a key's
-// ready runs are not served (flag off) until it gets a new run, delayed
-// runs never become ready, a queue missing from its shard's index is not
-// found by DequeueShard, a run in flight whose lease is gone is never
-// recovered, and a lost TTL entry never expires its run.
+// under Config.AllowEviction. Without it a lost key hides runs: a run
+// whose key's ready or delayed set was lost is never served again (its
+// id stays taken), a key's ready runs are not served (flag off) until it
+// gets a new run when the age index was lost, delayed runs never become
+// ready without the delay index, a queue missing from its shard's index
+// is not found by DequeueShard, a run in flight whose lease is gone is
+// never recovered, and a lost TTL entry never expires its run.
 //
-// It reads the queue's records (its runs hash) and rebuilds the age and
-// delay indexes, the ready and delayed counts and the queue's entry in its
-// shard's index of queues in one script call over every key of the queue
-// (4 commands and 6-12 µs of Redis a key on Redis 7.0: 0.2 s at 20,000
-// keys, during which Redis serves nothing else); then it adds the TTL
-// entries of queued runs with a TTL and the leases of runs in flight (a
-// deadline LeaseDuration from now: a holder's extension moves it as usual;
-// a holder that is gone has its run recovered once it passes), 1,000 runs
-// a call, and sets each key's count of runs in flight from the runs held.
-// Each call writes only what is missing or wrong, so it is safe beside the
-// queue's other work and safe to call again; a queue with nothing to mend
-// is only read.
+// It reads the queue's records (its runs hash) and, 1,000 runs a call,
+// queues again each run found in no set (RepairResult.Orphans; or
+// dead-letters it, RepairOptions.DeadLetterOrphans); then it rebuilds the
+// age and delay indexes, the ready and delayed counts, the queue's entry
+// in its shard's index and its count of dead runs in one script call over
+// every key of the queue (4 commands and 6-12 µs of Redis a key on Redis 7.0: 0.2 s at
+// 20,000 keys, during which Redis serves nothing else); then it adds the
+// TTL entries of queued runs with a TTL and the leases of runs in flight
+// (a deadline LeaseDuration from now: a holder's extension moves it as
+// usual; a holder that is gone has its run recovered once it passes),
+// 1,000 runs a call, and sets each key's count of runs in flight from the
+// runs held. Each call writes only what is missing or wrong, so it is safe
+// beside the queue's other work and safe to call again; a queue with
+// nothing to mend is only read.
 //
-// Not rebuilt: the runs themselves (a record lost loses its run; a run
-// whose set was lost is found only in its record and is not queued again),
-// the env's count of runs in flight (it spans the env's queues; one lost
-// counts from 0 again, so the env's runs in flight at the loss are not
-// held to EnvConcurrency until they leave flight), the scheduler's state
-// (flag on; a flag-on dequeue starts it again from the indexes) and the
-// dead letters' index.
+// Not rebuilt: runs whose record was lost, the env's count of runs in
+// flight (it spans the env's queues; one lost counts from 0 again, so the
+// env's runs in flight at the loss are not held to EnvConcurrency until
+// they leave flight), the scheduler's state (flag on; a flag-on dequeue
+// starts it again from the indexes) and which runs were dead-lettered: a
+// dead letter whose entry was lost is one of the runs found in no set.
 //
 // A Queue opened with Config.ReadOnly returns ErrReadOnly.
-func (q *Queue) Repair(ctx context.Context, env, queue string) (RepairResult, error) {
+func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptions) (RepairResult, error) {
 	var res RepairResult
 	if err := checkQueue(env, queue); err != nil {
 		return res, err
+	}
+	if opts == nil {
+		opts = &RepairOptions{}
 	}
 	if q.cfg.ReadOnly {
 		return res, ErrReadOnly
@@ -88,11 +113,11 @@ func (q *Queue) Repair(ctx context.Context, env, queue string) (RepairResult, er
 	qk := qn.qk
 	sh := q.space.Shard(q.ShardOf(env))
 
-	// The records: each key that has one, and the runs with a TTL.
+	// The records: every run, each key that has one, the runs with a TTL.
+	var ids, withTTL []string
 	vms := map[string]bool{}
-	var withTTL []string
 	err = q.scanHash(ctx, qk.Runs(), func(id, rec string) {
-		res.Runs++
+		ids = append(ids, id)
 		if r, ok := parseRecord(rec); ok {
 			vms[r.vm] = true
 			if r.ttl != 0 {
@@ -103,29 +128,39 @@ func (q *Queue) Repair(ctx context.Context, env, queue string) (RepairResult, er
 	if err != nil {
 		return res, err
 	}
+	res.Runs = len(ids)
+
+	// Runs in no set first, so that the indexes count them.
+	kill := 0
+	if opts.DeadLetterOrphans {
+		kill = 1
+	}
+	res.Orphans, err = q.repairChunks(ctx, []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), sh.Master(),
+		qk.Held(), qk.Dead(), qk.Env.Dead()},
+		[]any{"orphans", qn.vbase, qn.member, qn.runPrefix, now, ms(q.cfg.PriorityStep), kill}, ids)
+	if err != nil {
+		return res, err
+	}
+
 	args := make([]any, 0, 3+len(vms))
 	args = append(args, "index", qn.vbase, qn.member)
 	for vm := range vms {
 		args = append(args, vm)
 	}
 	out, err := run(ctx, q.rdb, q.scripts.repair,
-		[]string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), sh.Master()}, args...).Int64Slice()
+		[]string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), sh.Master(), qk.Dead(), qk.Env.Dead()}, args...).Int64Slice()
 	if err = scriptError(err, nil); err != nil {
 		return res, err
 	}
-	if len(out) != 4 {
+	if len(out) != 5 {
 		return res, fmt.Errorf("runqueue: repair: unexpected reply %v", out)
 	}
-	res.Keys, res.IndexEntries, res.Depth, res.Master = int(out[0]), int(out[1]), out[2] == 1, out[3] == 1
+	res.Keys, res.IndexEntries, res.Depth, res.Master, res.Dead = int(out[0]), int(out[1]), out[2] == 1, out[3] == 1,
+		out[4] == 1
 
-	for len(withTTL) > 0 {
-		chunk := withTTL[:min(len(withTTL), repairChunk)]
-		withTTL = withTTL[len(chunk):]
-		n, err := q.repairPart(ctx, []string{qk.Runs(), sh.TTL()}, "ttl", qn.vbase, qn.runPrefix, chunk)
-		res.TTLEntries += n
-		if err != nil {
-			return res, err
-		}
+	res.TTLEntries, err = q.repairChunks(ctx, []string{qk.Runs(), sh.TTL()}, []any{"ttl", qn.vbase, qn.runPrefix}, withTTL)
+	if err != nil {
+		return res, err
 	}
 
 	var held []string
@@ -133,31 +168,34 @@ func (q *Queue) Repair(ctx context.Context, env, queue string) (RepairResult, er
 	if err != nil {
 		return res, err
 	}
-	deadline := now + ms(q.cfg.LeaseDuration)
-	for len(held) > 0 {
-		chunk := held[:min(len(held), repairChunk)]
-		held = held[len(chunk):]
-		n, err := q.repairPart(ctx, []string{qk.Held(), sh.Leases()}, "leases", deadline, qn.runPrefix, chunk)
-		res.Leases += n
-		if err != nil {
-			return res, err
-		}
+	res.Leases, err = q.repairChunks(ctx, []string{qk.Held(), sh.Leases()},
+		[]any{"leases", now + ms(q.cfg.LeaseDuration), qn.runPrefix}, held)
+	if err != nil {
+		return res, err
 	}
 	// The key counts, from the held runs as they are at the call.
 	res.KeyCounts, err = run(ctx, q.rdb, q.scripts.repair, []string{qk.Held(), qk.KeyInflight()}, "kin").Int()
 	return res, scriptError(err, nil)
 }
 
-// repairPart runs one "ttl" or "leases" call of the repair script on
-// names and returns what it added.
-func (q *Queue) repairPart(ctx context.Context, ks []string, part string, a, b any, names []string) (int, error) {
-	args := make([]any, 0, 3+len(names))
-	args = append(args, part, a, b)
-	for _, n := range names {
-		args = append(args, n)
+// repairChunks runs a part of the repair script on ks, its arguments head
+// then names, repairChunk names a call, and adds up what the calls answer.
+func (q *Queue) repairChunks(ctx context.Context, ks []string, head []any, names []string) (int, error) {
+	total := 0
+	for len(names) > 0 {
+		chunk := names[:min(len(names), repairChunk)]
+		names = names[len(chunk):]
+		args := append(make([]any, 0, len(head)+len(chunk)), head...)
+		for _, n := range chunk {
+			args = append(args, n)
+		}
+		n, err := run(ctx, q.rdb, q.scripts.repair, ks, args...).Int()
+		if err = scriptError(err, nil); err != nil {
+			return total, err
+		}
+		total += n
 	}
-	n, err := run(ctx, q.rdb, q.scripts.repair, ks, args...).Int()
-	return n, scriptError(err, nil)
+	return total, nil
 }
 
 // scanHash calls fn with each field and value of hash key, read by HSCAN

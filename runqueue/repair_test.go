@@ -2,6 +2,7 @@ package runqueue_test
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,7 +115,7 @@ func TestRepairRebuildsLostKeys(t *testing.T) {
 		}
 
 		now := b.clock.Now()
-		res, err := b.q.Repair(b.ctx, env, queueName)
+		res, err := b.q.Repair(b.ctx, env, queueName, nil)
 		require.NoError(t, err)
 		require.Equal(t, runqueue.RepairResult{Runs: len(all), Keys: 7 + ghost, IndexEntries: len(want.ck) + len(want.delay) + ghost,
 			Depth: true, Master: true, TTLEntries: 2, Leases: 3, KeyCounts: len(want.kin)}, res)
@@ -125,7 +126,7 @@ func TestRepairRebuildsLostKeys(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, float64(now.Add(5*time.Minute).UnixMilli()), s, "a lease LeaseDuration (its default) from now")
 		}
-		again, err := b.q.Repair(b.ctx, env, queueName)
+		again, err := b.q.Repair(b.ctx, env, queueName, nil)
 		require.NoError(t, err)
 		require.False(t, again.Changed(), "a second Repair writes nothing: %+v", again)
 		require.Equal(t, 7, again.Keys, "the ghost's entry went")
@@ -159,16 +160,16 @@ func TestRepairRebuildsLostKeys(t *testing.T) {
 func TestRepairReadOnlyAndBadInput(t *testing.T) {
 	t.Parallel()
 	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
-		_, err := b.q.Repair(b.ctx, "", queueName)
+		_, err := b.q.Repair(b.ctx, "", queueName, nil)
 		require.ErrorIs(t, err, runqueue.ErrInvalid)
-		_, err = b.q.Repair(b.ctx, env, "bad\nname")
+		_, err = b.q.Repair(b.ctx, env, "bad\nname", nil)
 		require.ErrorIs(t, err, runqueue.ErrInvalid)
 		ro, err := runqueue.New(b.ctx, b.client, &runqueue.Config{Prefix: b.prefix, ReadOnly: true, VtimeScheduling: on})
 		require.NoError(t, err)
 		defer ro.Close()
-		_, err = ro.Repair(b.ctx, env, queueName)
+		_, err = ro.Repair(b.ctx, env, queueName, nil)
 		require.ErrorIs(t, err, runqueue.ErrReadOnly)
-		res, err := b.q.Repair(b.ctx, env, queueName)
+		res, err := b.q.Repair(b.ctx, env, queueName, nil)
 		require.NoError(t, err)
 		require.Equal(t, runqueue.RepairResult{}, res, "an empty queue: nothing to read or write")
 	})
@@ -197,7 +198,7 @@ func TestRepairWideHeld(t *testing.T) {
 		}
 		require.True(t, b.client.HExists(b.ctx, qk.Held(), "~").Val(), "the held hash is wide")
 		require.NoError(t, b.client.Del(b.ctx, sh.Leases()).Err())
-		res, err := b.q.Repair(b.ctx, env, queueName)
+		res, err := b.q.Repair(b.ctx, env, queueName, nil)
 		require.NoError(t, err)
 		require.Equal(t, 80, res.Leases)
 		require.EqualValues(t, 80, b.client.ZCard(b.ctx, sh.Leases()).Val())
@@ -207,4 +208,86 @@ func TestRepairWideHeld(t *testing.T) {
 		require.Equal(t, 80, got)
 		require.Len(t, dequeue(t, b, queueName, 100), 80)
 	})
+}
+
+// TestRepairOrphans: runs whose set was lost (a key's ready set, another
+// key's delayed set, the queue's dead letters) keep their records, but
+// nothing serves them and their ids stay taken. Repair queues each again
+// as its record says (the same ready scores, priority included; the
+// delayed run delayed until its time), or dead-letters them all with
+// DeadLetterOrphans; the dead count follows the dead letters; the run in
+// flight is left alone.
+func TestRepairOrphans(t *testing.T) {
+	t.Parallel()
+	for _, kill := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dead=%v", kill), func(t *testing.T) {
+			t.Parallel()
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				qk := keySpace(t, b).Env(env).Queue(queueName)
+				enqueue(t, b, runqueue.EnqueueParams{ID: "x0", Key: "k2"})
+				b.clock.Advance(time.Millisecond)
+				enqueue(t, b, runqueue.EnqueueParams{ID: "h0", Key: "k3"})
+				b.clock.Advance(time.Millisecond)
+				x0 := dequeue(t, b, queueName, 1)
+				require.Equal(t, []string{"x0"}, runIDs(x0))
+				_, err := b.q.Nack(b.ctx, x0[0], &runqueue.NackOptions{DeadLetter: true})
+				require.NoError(t, err)
+				require.Equal(t, []string{"h0"}, runIDs(dequeue(t, b, queueName, 1)))
+				enqueue(t, b, runqueue.EnqueueParams{ID: "r0", Key: "k0"})
+				b.clock.Advance(time.Millisecond)
+				enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k0", Priority: 2})
+				enqueue(t, b, runqueue.EnqueueParams{ID: "d0", Key: "k1", Delay: time.Hour})
+				zs := func(key string) []redis.Z {
+					z, err := b.client.ZRangeWithScores(b.ctx, key, 0, -1).Result()
+					require.NoError(t, err)
+					return z
+				}
+				ready, delayed := zs(qk.Variant("k0").Ready()), zs(qk.Variant("k1").Delayed())
+				require.Len(t, ready, 2)
+				require.Len(t, delayed, 1)
+				require.NoError(t, b.client.Del(b.ctx, qk.Variant("k0").Ready(), qk.Variant("k1").Delayed(), qk.Dead()).Err())
+				_, err = b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: queueName, ID: "r0", Key: "k0"})
+				require.NoError(t, err) // (answered as queued already: its record is there)
+
+				res, err := b.q.Repair(b.ctx, env, queueName, &runqueue.RepairOptions{DeadLetterOrphans: kill})
+				require.NoError(t, err)
+				require.Equal(t, 4, res.Orphans, "r0, r1, d0 and the dead x0")
+				require.True(t, res.Dead, "the dead count follows the dead letters")
+				again, err := b.q.Repair(b.ctx, env, queueName, nil)
+				require.NoError(t, err)
+				require.False(t, again.Changed(), "%+v", again)
+				s := queueStats(t, b, queueName)
+				es, err := b.q.EnvStats(b.ctx, env)
+				require.NoError(t, err)
+				require.EqualValues(t, 1, s.InFlight, "h0 left alone")
+				if kill {
+					require.EqualValues(t, 4, s.Dead)
+					require.EqualValues(t, 4, es.Dead)
+					require.Zero(t, s.Ready+s.Delayed)
+					dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
+					require.NoError(t, err)
+					var ids []string
+					for _, d := range dead {
+						ids = append(ids, d.ID)
+					}
+					require.ElementsMatch(t, []string{"r0", "r1", "d0", "x0"}, ids)
+					return
+				}
+				require.Zero(t, s.Dead)
+				require.Zero(t, es.Dead)
+				require.EqualValues(t, 3, s.Ready)
+				require.EqualValues(t, 1, s.Delayed)
+				require.Equal(t, ready, zs(qk.Variant("k0").Ready()), "r0 and r1 as they were")
+				require.Equal(t, delayed, zs(qk.Variant("k1").Delayed()), "d0 as it was")
+				runs := dequeue(t, b, queueName, 10)
+				got := map[string]int{}
+				for _, r := range runs {
+					got[r.ID] = r.Attempt
+				}
+				require.Equal(t, map[string]int{"r1": 1, "r0": 1, "x0": 2}, got, "the lost runs are served, x0 at its next attempt")
+				b.clock.Advance(time.Hour)
+				require.Equal(t, []string{"d0"}, runIDs(dequeue(t, b, queueName, 10)))
+			})
+		})
+	}
 }

@@ -214,7 +214,7 @@ func driveEverything(t *testing.T, b *testBundle) driveResult {
 	// Nothing is lost: each Repair reads, and sends its script calls.
 	for _, env := range driveEnvs {
 		for _, queue := range driveQueues {
-			rr, err := b.q.Repair(ctx, env, queue)
+			rr, err := b.q.Repair(ctx, env, queue, nil)
 			require.NoError(t, err)
 			require.False(t, rr.Changed(), "%+v", rr)
 		}

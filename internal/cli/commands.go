@@ -162,23 +162,29 @@ updated only with it.`,
 		summary: "rebuild a queue's lost indexes, counts, TTL entries and leases (writes)",
 		help: `Rebuilds what the scripts keep beside QUEUE's runs from the runs themselves,
 after such a key was lost (deleted by hand, or evicted under a maxmemory
-policy that evicts): the age and delay indexes, the ready and delayed
-counts, the queue's entry in its shard's index, the TTL entries of queued
-runs, the leases of runs in flight (a deadline -lease from now) and the
-keys' counts of runs in flight. It writes only what is missing or wrong, so
-it is safe beside a running deployment and safe to run again; a queue with
-nothing to mend is only read. The index part is one atomic call over every
-key of the queue, which Redis serves alone (6-12 µs a key: 0.2 s at 20,000
-keys). Not rebuilt: lost runs, the env's in-flight count, the scheduler's
-state (a fair dequeue starts it again) and the dead letters' index
-(runqueue.Queue.Repair).`,
+policy that evicts). Runs whose record is there but that are in no set
+(their key's ready or delayed set lost) are queued again as their record
+says, or dead-lettered with -dead-letter-orphans (a dead letter whose entry
+was lost is among them: queued again, it runs again). Then the age and
+delay indexes, the ready and delayed counts, the queue's entry in its
+shard's index, its count of dead runs, the TTL entries of queued runs, the leases of runs in
+flight (a deadline -lease from now) and the keys' counts of runs in
+flight. It writes only what is missing or wrong, so it is safe beside a
+running deployment and safe to run again; a queue with nothing to mend is
+only read. The index part is one atomic call over every key of the queue,
+which Redis serves alone (6-12 µs a key: 0.2 s at 20,000 keys). Not
+rebuilt: runs whose record was lost, the env's in-flight count and the
+scheduler's state (a fair dequeue starts it again) (runqueue.Queue.Repair).`,
 		setup: func(fs *flag.FlagSet, cfg *runqueue.Config) runFunc {
 			// Keys are lost most often to eviction: repairing on a Redis
 			// that evicts is what the command is for.
 			cfg.AllowEviction = true
 			fs.DurationVar(&cfg.LeaseDuration, "lease", cfg.LeaseDuration,
 				"the deadline of a lease it adds, from now (default the deployment's LeaseDuration, 5m unset)")
-			return runRepair
+			dead := fs.Bool("dead-letter-orphans", false, "dead-letter the runs found in no set instead of queueing them again")
+			return func(ctx context.Context, q *runqueue.Queue, out *output, args []string) error {
+				return runRepair(ctx, q, out, args, &runqueue.RepairOptions{DeadLetterOrphans: *dead})
+			}
 		},
 	},
 	{
@@ -675,8 +681,8 @@ func runDeadPurge(ctx context.Context, q *runqueue.Queue, out *output, args []st
 	return err
 }
 
-func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []string) error {
-	res, err := q.Repair(ctx, args[0], args[1])
+func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []string, opts *runqueue.RepairOptions) error {
+	res, err := q.Repair(ctx, args[0], args[1], opts)
 	if err != nil {
 		return err
 	}
@@ -685,16 +691,18 @@ func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []strin
 			Env          string `json:"env"`
 			Queue        string `json:"queue"`
 			Runs         int    `json:"runs"`
+			Orphans      int    `json:"orphans"`
 			Keys         int    `json:"keys"`
 			IndexEntries int    `json:"index_entries"`
 			Depth        bool   `json:"depth"`
 			Master       bool   `json:"master"`
+			Dead         bool   `json:"dead"`
 			TTLEntries   int    `json:"ttl_entries"`
 			Leases       int    `json:"leases"`
 			KeyCounts    int    `json:"key_counts"`
 			Changed      bool   `json:"changed"`
-		}{args[0], args[1], res.Runs, res.Keys, res.IndexEntries, res.Depth, res.Master, res.TTLEntries, res.Leases,
-			res.KeyCounts, res.Changed()})
+		}{args[0], args[1], res.Runs, res.Orphans, res.Keys, res.IndexEntries, res.Depth, res.Master, res.Dead, res.TTLEntries,
+			res.Leases, res.KeyCounts, res.Changed()})
 	}
 	_, err = fmt.Fprintf(out.w, "queue %s of env %s: %d run(s) over %d key(s) read\n", name(args[1]), name(args[0]),
 		res.Runs, res.Keys)
@@ -704,9 +712,14 @@ func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []strin
 		}
 		return err
 	}
-	_, err = fmt.Fprintf(out.w, "repaired: %d index entries added, moved or removed; ready and delayed counts %s; "+
-		"shard index entry %s; %d TTL entries added; %d leases added; %d keys' in-flight counts set\n",
-		res.IndexEntries, rewritten(res.Depth), rewritten(res.Master), res.TTLEntries, res.Leases, res.KeyCounts)
+	orphans := "queued again"
+	if opts.DeadLetterOrphans {
+		orphans = "dead-lettered"
+	}
+	_, err = fmt.Fprintf(out.w, "repaired: %d run(s) found in no set %s; %d index entries added, moved or removed; "+
+		"ready and delayed counts %s; shard index entry %s; dead count %s; %d TTL entries added; %d leases added; "+
+		"%d keys' in-flight counts set\n", res.Orphans, orphans, res.IndexEntries, rewritten(res.Depth),
+		rewritten(res.Master), rewritten(res.Dead), res.TTLEntries, res.Leases, res.KeyCounts)
 	return err
 }
 

@@ -470,8 +470,9 @@ func TestRepair(t *testing.T) {
 
 		start := time.Now()
 		require.Equal(t, lines("queue builds of env prod: 5 run(s) over 4 key(s) read",
-			"repaired: 2 index entries added, moved or removed; ready and delayed counts rewritten; "+
-				"shard index entry right; 0 TTL entries added; 1 leases added; 0 keys' in-flight counts set"),
+			"repaired: 0 run(s) found in no set queued again; 2 index entries added, moved or removed; "+
+				"ready and delayed counts rewritten; shard index entry right; dead count right; 0 TTL entries added; "+
+				"1 leases added; 0 keys' in-flight counts set"),
 			b.run(t, "repair", "-lease", "1h", "prod", "builds").ok(t))
 		deadline, err := b.client.ZScore(b.ctx, sh.Leases(), leases[0]).Result()
 		require.NoError(t, err)
@@ -486,10 +487,12 @@ func TestRepair(t *testing.T) {
 			Env          string `json:"env"`
 			Queue        string `json:"queue"`
 			Runs         int    `json:"runs"`
+			Orphans      int    `json:"orphans"`
 			Keys         int    `json:"keys"`
 			IndexEntries int    `json:"index_entries"`
 			Depth        bool   `json:"depth"`
 			Master       bool   `json:"master"`
+			Dead         bool   `json:"dead"`
 			TTLEntries   int    `json:"ttl_entries"`
 			Leases       int    `json:"leases"`
 			KeyCounts    int    `json:"key_counts"`

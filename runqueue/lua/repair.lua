@@ -8,14 +8,40 @@
 -- work a flag-off instance wrote is, so it is the same script on both
 -- flags.
 --
--- ARGV[1] -> the part: "index", "ttl" or "leases"
+-- ARGV[1] -> the part: "orphans", "index", "ttl", "kin" or "leases"
+--
+-- "orphans": runs whose record is there but that are in none of the sets
+-- a run is always in (its variant's ready or delayed set, the queue's
+-- held hash, its dead set): their set was lost. Each is queued again as
+-- its record says (ready at its available_at, by its priority; delayed
+-- when that is later than now), or dead-lettered now when asked. A record
+-- that does not parse is left as it is.
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue held HASH
+-- KEYS[7] -> queue dead ZSET (run member, score time of death ms)
+-- KEYS[8] -> env dead HASH (queue member -> dead-lettered runs)
+-- ARGV[2] -> variant key base
+-- ARGV[3] -> queue member
+-- ARGV[4] -> run member prefix
+-- ARGV[5] -> now (ms)
+-- ARGV[6] -> priority step (ms)
+-- ARGV[7] -> 1 to dead-letter the runs found, 0 to queue them again
+-- ARGV[8..] -> encoded ids of runs Repair read
+-- Returns: the number of runs queued again or dead-lettered.
 --
 -- "index": the age and delay indexes, the depth counts and the queue's
--- entry in the shard master, from the variants' sets.
+-- entry in the shard master, from the variants' sets; the queue's count
+-- of dead runs in the env's, from its dead set.
 -- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
 -- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
 -- KEYS[3] -> queue depth HASH (r: ready count, d: delayed count)
 -- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[5] -> queue dead ZSET
+-- KEYS[6] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[2] -> variant key base (keys.Queue.VariantBase)
 -- ARGV[3] -> queue member
 -- ARGV[4..] -> variant members whose runs Repair read; the variants both
@@ -24,7 +50,8 @@
 --            writes one)
 -- Returns: {variants looked at, index entries added, moved or removed,
 -- 1 when the depth counts were rewritten else 0, 1 when the master entry
--- was added, moved or removed else 0}.
+-- was added, moved or removed else 0, 1 when the dead count was
+-- rewritten else 0}.
 --
 -- "ttl": the TTL sweep's entries of queued runs with a deadline.
 -- KEYS[1] -> queue runs HASH (encoded id -> record)
@@ -57,6 +84,35 @@ local part = ARGV[1]
 -- Whether a score as Redis replied it (false: none) differs from want.
 local function differs(have, want)
   return not have or tonumber(have) ~= tonumber(want)
+end
+
+if part == 'orphans' then
+  local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+              master = KEYS[5], qm = ARGV[3] }
+  local held, dead, env_dead = KEYS[6], KEYS[7], KEYS[8]
+  local vbase, prefix, now, step, kill = ARGV[2], ARGV[4], ARGV[5] + 0, ARGV[6] + 0, ARGV[7] == '1'
+  local nohooks = { ready_start = function() end }
+  local found = 0
+  for i = 8, #ARGV do
+    local id = ARGV[i]
+    local rec = redis.call('HGET', q.runs, id)
+    local r = rec and rec_parse(rec)
+    if r and r.att then
+      local v = variant_keys(vbase, r.vm)
+      local member = prefix .. r.vm .. ':' .. id
+      if not (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id)
+          or redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)) then
+        found = found + 1
+        if kill then
+          redis.call('ZADD', dead, now, member)
+          redis.call('HINCRBY', env_dead, q.qm, '1')
+        else
+          place(q, v, nohooks, id, r.vm, r.at, r.at - r.pr * step, now)
+        end
+      end
+    end
+  end
+  return found
 end
 
 if part == 'index' then
@@ -117,7 +173,13 @@ if part == 'index' then
   local master_fixed = 0
   if (before or after) and (not before or not after or tonumber(before) ~= tonumber(after)) then master_fixed = 1 end
   widen({ ck_index, delay_index }, nil)
-  return { #vms, fixed, depth_fixed, master_fixed }
+  local dead_n = redis.call('ZCARD', KEYS[5])
+  local dead_fixed = 0
+  if (tonumber(redis.call('HGET', KEYS[6], qm)) or 0) ~= dead_n then
+    dead_fixed = 1
+    if dead_n > 0 then redis.call('HSET', KEYS[6], qm, dead_n) else redis.call('HDEL', KEYS[6], qm) end
+  end
+  return { #vms, fixed, depth_fixed, master_fixed, dead_fixed }
 end
 
 if part == 'ttl' then

@@ -8,14 +8,40 @@
 -- work a flag-off instance wrote is, so it is the same script on both
 -- flags.
 --
--- ARGV[1] -> the part: "index", "ttl" or "leases"
+-- ARGV[1] -> the part: "orphans", "index", "ttl", "kin" or "leases"
+--
+-- "orphans": runs whose record is there but that are in none of the sets
+-- a run is always in (its variant's ready or delayed set, the queue's
+-- held hash, its dead set): their set was lost. Each is queued again as
+-- its record says (ready at its available_at, by its priority; delayed
+-- when that is later than now), or dead-lettered now when asked. A record
+-- that does not parse is left as it is.
+-- KEYS[1] -> queue runs HASH (encoded id -> record)
+-- KEYS[2] -> queue ckIndex ZSET
+-- KEYS[3] -> queue delayIndex ZSET
+-- KEYS[4] -> queue depth HASH
+-- KEYS[5] -> shard master ZSET
+-- KEYS[6] -> queue held HASH
+-- KEYS[7] -> queue dead ZSET (run member, score time of death ms)
+-- KEYS[8] -> env dead HASH (queue member -> dead-lettered runs)
+-- ARGV[2] -> variant key base
+-- ARGV[3] -> queue member
+-- ARGV[4] -> run member prefix
+-- ARGV[5] -> now (ms)
+-- ARGV[6] -> priority step (ms)
+-- ARGV[7] -> 1 to dead-letter the runs found, 0 to queue them again
+-- ARGV[8..] -> encoded ids of runs Repair read
+-- Returns: the number of runs queued again or dead-lettered.
 --
 -- "index": the age and delay indexes, the depth counts and the queue's
--- entry in the shard master, from the variants' sets.
+-- entry in the shard master, from the variants' sets; the queue's count
+-- of dead runs in the env's, from its dead set.
 -- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
 -- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
 -- KEYS[3] -> queue depth HASH (r: ready count, d: delayed count)
 -- KEYS[4] -> shard master ZSET (queue member, score earliest work ms)
+-- KEYS[5] -> queue dead ZSET
+-- KEYS[6] -> env dead HASH (queue member -> dead-lettered runs)
 -- ARGV[2] -> variant key base (keys.Queue.VariantBase)
 -- ARGV[3] -> queue member
 -- ARGV[4..] -> variant members whose runs Repair read; the variants both
@@ -24,7 +50,8 @@
 --            writes one)
 -- Returns: {variants looked at, index entries added, moved or removed,
 -- 1 when the depth counts were rewritten else 0, 1 when the master entry
--- was added, moved or removed else 0}.
+-- was added, moved or removed else 0, 1 when the dead count was
+-- rewritten else 0}.
 --
 -- "ttl": the TTL sweep's entries of queued runs with a deadline.
 -- KEYS[1] -> queue runs HASH (encoded id -> record)
@@ -145,6 +172,29 @@ local function widen(zs, h)
   end
 end
 
+-- The queue's depth count of field ('r' ready, 'd' delayed) went up by k
+-- to n: when it passed a multiple of WIDE.AT, widen the sets of that kind
+-- the call placed runs in, the index of that kind and the runs hash. set
+-- is the one set the call placed runs in, or a counting memo (see
+-- place_memo): then the sets it placed WIDE.EACH runs or more in, else its
+-- last run's, so that a call of runs of many keys reads a few sets, not one
+-- per key (a ZCARD is a small part of WIDE.EACH runs' cost).
+local function place_widen(q, field, n, k, set)
+  if k < 64 and n % 64 >= k then return end
+  local sets = {}
+  if type(set) == 'string' then
+    sets[1] = set
+  else
+    local memo = set
+    for _, z in ipairs(memo.sets[field]) do
+      local runs = memo.args and #memo.args[z] / 2 or memo.seen[z]
+      if runs >= 4 then sets[#sets + 1] = z end
+    end
+    if #sets == 0 then sets[1] = memo.last[field] end
+  end
+  if field == 'r' then sets[#sets + 1] = q.ck_index else sets[#sets + 1] = q.delay_index end
+  widen(sets, q.runs)
+end
 
 -- Recompute the queue's score in the shard master ZSET: the earliest time it
 -- has work (lowest ready head score, or earliest delayed available_at).
@@ -189,8 +239,66 @@ end
 -- memo.last.r and memo.last.d are the last of each, for place_flush to
 -- widen.
 
+-- Count a run placed in set in the depth field ('r' or 'd').
+local function place_count(q, field, set)
+  local memo = q.memo
+  if memo and memo.count then
+    memo[field] = memo[field] + 1
+    memo.last[field] = set
+    local c = memo.seen[set]
+    if c then
+      memo.seen[set] = c + 1
+    else
+      memo.seen[set] = 1
+      local sets = memo.sets[field]
+      sets[#sets + 1] = set
+    end
+  else
+    place_widen(q, field, redis.call('HINCRBY', q.depth, field, '1'), 1, set)
+  end
+end
 
+-- Whether vm's entry in index may move to score s (not when the memo knows
+-- a score at or below s); notes s.
+local function place_moves(q, index, vm, s)
+  local memo = q.memo
+  if not memo then return true end
+  local low = memo.low[index]
+  local was = low[vm]
+  local x = s + 0
+  if was and x >= was then return false end
+  low[vm] = x
+  return true
+end
 
+-- Put a queued run into its variant: ready (scored by ready score rs) when
+-- available_at <= now, else delayed (scored by available_at). at and rs
+-- are numbers or decimal strings. Maintains the depth counters, ckIndex /
+-- delayIndex (LT keeps the head) and the master score, which can only move
+-- when the index entry did (CH says so). hooks:ready_start(vm) runs when
+-- the variant's ready head is new or earlier (the scheduler registers a
+-- variant that has no tag).
+-- Returns: whether the run is ready or now the queue's earliest work (a
+-- blocked consumer should look again).
+local function place(q, v, hooks, id, vm, at, rs, now)
+  local woke = false
+  if at + 0 <= now then
+    redis.call('ZADD', v.ready, rs, id)
+    if place_moves(q, q.ck_index, vm, rs) and redis.call('ZADD', q.ck_index, 'LT', 'CH', rs, vm) == 1 then
+      hooks:ready_start(vm)
+      redis.call('ZADD', q.master, 'LT', rs, q.qm)
+      woke = true
+    end
+    place_count(q, 'r', v.ready)
+    return woke
+  end
+  redis.call('ZADD', v.delayed, at, id)
+  if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+    woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+  end
+  place_count(q, 'd', v.delayed)
+  return woke
+end
 
 
 
@@ -239,6 +347,35 @@ local part = ARGV[1]
 -- Whether a score as Redis replied it (false: none) differs from want.
 local function differs(have, want)
   return not have or tonumber(have) ~= tonumber(want)
+end
+
+if part == 'orphans' then
+  local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
+              master = KEYS[5], qm = ARGV[3] }
+  local held, dead, env_dead = KEYS[6], KEYS[7], KEYS[8]
+  local vbase, prefix, now, step, kill = ARGV[2], ARGV[4], ARGV[5] + 0, ARGV[6] + 0, ARGV[7] == '1'
+  local nohooks = { ready_start = function() end }
+  local found = 0
+  for i = 8, #ARGV do
+    local id = ARGV[i]
+    local rec = redis.call('HGET', q.runs, id)
+    local r = rec and rec_parse(rec)
+    if r and r.att then
+      local v = variant_keys(vbase, r.vm)
+      local member = prefix .. r.vm .. ':' .. id
+      if not (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id)
+          or redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)) then
+        found = found + 1
+        if kill then
+          redis.call('ZADD', dead, now, member)
+          redis.call('HINCRBY', env_dead, q.qm, '1')
+        else
+          place(q, v, nohooks, id, r.vm, r.at, r.at - r.pr * step, now)
+        end
+      end
+    end
+  end
+  return found
 end
 
 if part == 'index' then
@@ -299,7 +436,13 @@ if part == 'index' then
   local master_fixed = 0
   if (before or after) and (not before or not after or tonumber(before) ~= tonumber(after)) then master_fixed = 1 end
   widen({ ck_index, delay_index }, nil)
-  return { #vms, fixed, depth_fixed, master_fixed }
+  local dead_n = redis.call('ZCARD', KEYS[5])
+  local dead_fixed = 0
+  if (tonumber(redis.call('HGET', KEYS[6], qm)) or 0) ~= dead_n then
+    dead_fixed = 1
+    if dead_n > 0 then redis.call('HSET', KEYS[6], qm, dead_n) else redis.call('HDEL', KEYS[6], qm) end
+  end
+  return { #vms, fixed, depth_fixed, master_fixed, dead_fixed }
 end
 
 if part == 'ttl' then

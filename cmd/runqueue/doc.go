@@ -32,7 +32,8 @@
 // scheduler can serve; -offset and -limit for dead list; -key (the run's
 // concurrency key) for dead show, dead delete and redrive; -payload for dead
 // show; -before (required) and -limit for dead purge; -lease (the deadline
-// of a lease it adds) for repair.
+// of a lease it adds) and -dead-letter-orphans (dead-letter the runs found
+// in no set instead of queueing them again) for repair.
 //
 // # Finding the deployment
 //

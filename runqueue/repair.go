@@ -3,6 +3,8 @@ package runqueue
 import (
 	"context"
 	"fmt"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // RepairOptions are the choices of a Repair; nil means every default.
@@ -20,7 +22,7 @@ type RepairResult struct {
 	Runs int
 	// Orphans is the number of runs found in none of the sets a run is
 	// always in (its key's ready or delayed runs, the runs in flight, the
-	// dead letters), their set lost: each was queued again as its record
+	// dead letters) and without a lease, their set lost: each was queued again as its record
 	// says (ready at its AvailableAt by its priority, or delayed until
 	// then; its attempt as it was), or dead-lettered with
 	// RepairOptions.DeadLetterOrphans.
@@ -48,13 +50,14 @@ type RepairResult struct {
 	Leases int
 	// KeyCounts is the number of the queue's concurrency keys whose count
 	// of runs in flight (what KeyConcurrency is held to) was set, added or
-	// removed.
+	// removed: its runs held, and its leases whose hold was lost.
 	KeyCounts int
 }
 
 // Changed reports whether Repair wrote anything.
 func (r RepairResult) Changed() bool {
-	return r.Orphans > 0 || r.IndexEntries > 0 || r.Depth || r.Master || r.Dead || r.TTLEntries > 0 || r.Leases > 0 || r.KeyCounts > 0
+	return r.Orphans > 0 || r.IndexEntries > 0 || r.Depth || r.Master || r.Dead || r.TTLEntries > 0 ||
+		r.Leases > 0 || r.KeyCounts > 0
 }
 
 // repairChunk is how many runs or held runs one repair script call takes
@@ -72,26 +75,35 @@ const repairChunk = 1000
 // never recovered, and a lost TTL entry never expires its run.
 //
 // It reads the queue's records (its runs hash) and, 1,000 runs a call,
-// queues again each run found in no set (RepairResult.Orphans; or
-// dead-letters it, RepairOptions.DeadLetterOrphans); then it rebuilds the
-// age and delay indexes, the ready and delayed counts, the queue's entry
-// in its shard's index and its count of dead runs in one script call over
-// every key of the queue (4 commands and 6-12 µs of Redis a key on Redis 7.0: 0.2 s at
-// 20,000 keys, during which Redis serves nothing else); then it adds the
-// TTL entries of queued runs with a TTL and the leases of runs in flight
-// (a deadline LeaseDuration from now: a holder's extension moves it as
-// usual; a holder that is gone has its run recovered once it passes),
-// 1,000 runs a call, and sets each key's count of runs in flight from the
-// runs held. Each call writes only what is missing or wrong, so it is safe
-// beside the queue's other work and safe to call again; a queue with
-// nothing to mend is only read.
+// queues again each run found in no set and without a lease
+// (RepairResult.Orphans; or dead-letters it,
+// RepairOptions.DeadLetterOrphans); then it rebuilds the age and delay
+// indexes, the ready and delayed counts, the queue's entry in its shard's
+// index and its count of dead runs in one script call over every key of
+// the queue; then it adds the TTL entries of queued runs with a TTL and
+// the leases of runs in flight (a deadline LeaseDuration from now: a
+// holder's extension moves it as usual; a holder that is gone has its run
+// recovered once it passes), 1,000 runs a call, and sets each key's count
+// of runs in flight from its runs held and its leases whose hold was lost
+// (lease recovery releases the slots of those). Each call writes only what
+// is missing or wrong, so it is safe beside the queue's other work and
+// safe to call again; a queue with nothing to mend is only read.
+//
+// The call over every key reads up to 4 commands a key (and writes one
+// for each entry it mends): 6-12 µs of Redis a key on Redis 7.0 (0.2 s at
+// 20,000 keys), during which Redis serves nothing else. Above some 100,000
+// keys in one queue it holds Redis for a second or more, and from about
+// 400,000 it passes Redis's busy-reply-threshold (5 s), when other clients
+// are answered BUSY until it ends.
 //
 // Not rebuilt: runs whose record was lost, the env's count of runs in
-// flight (it spans the env's queues; one lost counts from 0 again, so the
-// env's runs in flight at the loss are not held to EnvConcurrency until
-// they leave flight), the scheduler's state (flag on; a flag-on dequeue
-// starts it again from the indexes) and which runs were dead-lettered: a
-// dead letter whose entry was lost is one of the runs found in no set.
+// flight (it spans the env's queues: one lost counts from 0 again, and as
+// the runs in flight at the loss leave, each takes one off the count of
+// the runs served since, so the env runs up to that many more than
+// EnvConcurrency until its count reaches 0), the scheduler's state (flag
+// on; a flag-on dequeue starts it again from the indexes) and which runs
+// were dead-lettered: a dead letter whose entry was lost is one of the
+// runs found in no set.
 //
 // A Queue opened with Config.ReadOnly returns ErrReadOnly.
 func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptions) (RepairResult, error) {
@@ -116,7 +128,9 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	// The records: every run, each key that has one, the runs with a TTL.
 	var ids, withTTL []string
 	vms := map[string]bool{}
-	err = q.scanHash(ctx, qk.Runs(), func(id, rec string) {
+	err = scanPairs(func(c uint64) *redis.ScanCmd {
+		return q.rdb.HScan(ctx, qk.Runs(), c, "", repairChunk)
+	}, func(id, rec string) {
 		ids = append(ids, id)
 		if r, ok := parseRecord(rec); ok {
 			vms[r.vm] = true
@@ -136,7 +150,7 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 		kill = 1
 	}
 	res.Orphans, err = q.repairChunks(ctx, []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), sh.Master(),
-		qk.Held(), qk.Dead(), qk.Env.Dead()},
+		qk.Held(), qk.Dead(), qk.Env.Dead(), sh.Leases()},
 		[]any{"orphans", qn.vbase, qn.member, qn.runPrefix, now, ms(q.cfg.PriorityStep), kill}, ids)
 	if err != nil {
 		return res, err
@@ -164,7 +178,9 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	}
 
 	var held []string
-	err = q.scanHash(ctx, qk.Held(), func(field, _ string) { held = append(held, field) })
+	err = scanPairs(func(c uint64) *redis.ScanCmd {
+		return q.rdb.HScan(ctx, qk.Held(), c, "", repairChunk)
+	}, func(field, _ string) { held = append(held, field) })
 	if err != nil {
 		return res, err
 	}
@@ -173,8 +189,18 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	if err != nil {
 		return res, err
 	}
-	// The key counts, from the held runs as they are at the call.
-	res.KeyCounts, err = run(ctx, q.rdb, q.scripts.repair, []string{qk.Held(), qk.KeyInflight()}, "kin").Int()
+	// The key counts, from the held runs as they are at the call and the
+	// queue's leases without a hold (lease recovery releases their slots
+	// too). (An encoded name holds no glob character, and the prefix ends
+	// in ':', so the pattern matches this queue's leases alone.)
+	args = append(args[:0], "kin", qn.runPrefix)
+	err = scanPairs(func(c uint64) *redis.ScanCmd {
+		return q.rdb.ZScan(ctx, sh.Leases(), c, qn.runPrefix+"*", repairChunk)
+	}, func(member, _ string) { args = append(args, member) })
+	if err != nil {
+		return res, err
+	}
+	res.KeyCounts, err = run(ctx, q.rdb, q.scripts.repair, []string{qk.Held(), qk.KeyInflight(), sh.Leases()}, args...).Int()
 	return res, scriptError(err, nil)
 }
 
@@ -198,12 +224,13 @@ func (q *Queue) repairChunks(ctx context.Context, ks []string, head []any, names
 	return total, nil
 }
 
-// scanHash calls fn with each field and value of hash key, read by HSCAN
-// (a field written or removed during the scan may be seen or not).
-func (q *Queue) scanHash(ctx context.Context, key string, fn func(field, value string)) error {
+// scanPairs calls fn with each pair (field and value, member and score)
+// of the scan that scan(cursor) sends, to its end (an element written or
+// removed during the scan may be seen or not).
+func scanPairs(scan func(cursor uint64) *redis.ScanCmd, fn func(a, b string)) error {
 	var cursor uint64
 	for {
-		kv, next, err := q.rdb.HScan(ctx, key, cursor, "", repairChunk).Result()
+		kv, next, err := scan(cursor).Result()
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runqueue/runqueue/internal/redistest"
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
@@ -288,6 +289,108 @@ func TestRepairOrphans(t *testing.T) {
 				b.clock.Advance(time.Hour)
 				require.Equal(t, []string{"d0"}, runIDs(dequeue(t, b, queueName, 10)))
 			})
+		})
+	}
+}
+
+// TestRepairKinAfterHeldLoss: a queue's held hash is lost while run A is
+// in flight (key limit 2), and B is served after it. A's lease stands for
+// A's slot, which lease recovery releases: Repair must count it (kin is
+// 2, as it should be) and leave A to lease recovery, not queue it again.
+// Counting the held runs alone (a first version, helper-146) set kin to 1,
+// recovery then took it to 0, and the key ran 3 runs under its limit of 2.
+func TestRepairKinAfterHeldLoss(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.KeyConcurrency = on, 2 })
+				qk := keySpace(t, b).Env(env).Queue(queueName)
+				sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+				for i := range 4 {
+					enqueue(t, b, runqueue.EnqueueParams{ID: "a" + strconv.Itoa(i), Key: "k"})
+					b.clock.Advance(time.Millisecond)
+				}
+				require.Equal(t, []string{"a0"}, runIDs(dequeue(t, b, queueName, 1)))
+				require.NoError(t, b.client.Del(b.ctx, qk.Held()).Err())
+				b.clock.Advance(3 * time.Minute)
+				require.Equal(t, []string{"a1"}, runIDs(dequeue(t, b, queueName, 1)))
+				res, err := b.q.Repair(b.ctx, env, queueName, nil)
+				require.NoError(t, err)
+				require.Zero(t, res.Orphans, "a0 has its lease: lease recovery's")
+				require.Zero(t, res.KeyCounts, "k has 2 slots taken: a1's hold and a0's lease")
+				require.False(t, res.Changed(), "%+v", res)
+				b.clock.Advance(3 * time.Minute) // past a0's lease, not a1's
+				n, err := b.q.RecoverLeases(b.ctx, sh.Number(), 100)
+				require.NoError(t, err)
+				require.Equal(t, 1, n)
+				require.Len(t, dequeue(t, b, queueName, 5), 1, "k holds 2 runs in flight at most")
+			})
+		})
+	}
+}
+
+// TestRepairForeignMembers: a record's variant member and an index member
+// that runqueue does not write ("#k", which names k's sets all the same)
+// are not counted as another key: the depth stays, the record's run is
+// left as it is and the index member goes (helper-146: depth doubled).
+func TestRepairForeignMembers(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		for i := range 3 {
+			enqueue(t, b, runqueue.EnqueueParams{ID: "a" + strconv.Itoa(i), Key: "k"})
+		}
+		rec, err := b.client.HGet(b.ctx, qk.Runs(), "a0").Result()
+		require.NoError(t, err)
+		require.NoError(t, b.client.HSet(b.ctx, qk.Runs(), "a0", strings.Replace(rec, "|=k|", "|#k|", 1)).Err())
+		require.NoError(t, b.client.ZAdd(b.ctx, qk.DelayIndex(), redis.Z{Score: 5, Member: "#k"}).Err())
+		res, err := b.q.Repair(b.ctx, env, queueName, nil)
+		require.NoError(t, err)
+		require.Equal(t, runqueue.RepairResult{Runs: 3, Keys: 1, IndexEntries: 1}, res, "the foreign index member went")
+		require.EqualValues(t, 3, queueStats(t, b, queueName).Ready)
+		again, err := b.q.Repair(b.ctx, env, queueName, nil)
+		require.NoError(t, err)
+		require.False(t, again.Changed(), "%+v", again)
+	})
+}
+
+// TestRepairNothingToMendWrites: a Repair of a queue with nothing to mend
+// sends no write, even where the index holds 64 to 128 keys (the wide
+// marks' range), so it also runs on a Redis at maxmemory (noeviction),
+// where a write that may add memory fails the call (helper-146: two
+// writes, and OOM).
+func TestRepairNothingToMendWrites(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+			c := redistest.Private(t)
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on })
+			ps := make([]runqueue.EnqueueParams, 70)
+			for i := range ps {
+				ps[i] = runqueue.EnqueueParams{Env: env, Queue: queueName, ID: "a" + strconv.Itoa(i), Key: "k" + strconv.Itoa(i),
+					TTL: time.Hour}
+			}
+			_, err := b.q.EnqueueMany(b.ctx, ps)
+			require.NoError(t, err)
+			require.Len(t, dequeue(t, b, queueName, 3), 3)
+			_, err = b.q.Repair(b.ctx, env, queueName, nil)
+			require.NoError(t, err)
+			require.NoError(t, c.ConfigSet(b.ctx, "maxmemory", "1").Err())
+			t.Cleanup(func() { _ = c.ConfigSet(b.ctx, "maxmemory", "0").Err() })
+			before, err := redistest.CommandStats(b.ctx, c)
+			require.NoError(t, err)
+			res, err := b.q.Repair(b.ctx, env, queueName, nil)
+			require.NoError(t, err, "nothing to write: no OOM")
+			require.False(t, res.Changed(), "%+v", res)
+			after, err := redistest.CommandStats(b.ctx, c)
+			require.NoError(t, err)
+			for name := range after.Sub(before) {
+				switch name {
+				case "zadd", "zrem", "hset", "hdel", "del", "hincrby", "hsetnx":
+					t.Errorf("a Repair with nothing to mend sent %s", name)
+				}
+			}
 		})
 	}
 }

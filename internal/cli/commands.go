@@ -164,17 +164,19 @@ updated only with it.`,
 after such a key was lost (deleted by hand, or evicted under a maxmemory
 policy that evicts). Runs whose record is there but that are in no set
 (their key's ready or delayed set lost) are queued again as their record
-says, or dead-lettered with -dead-letter-orphans (a dead letter whose entry
-was lost is among them: queued again, it runs again). Then the age and
-delay indexes, the ready and delayed counts, the queue's entry in its
-shard's index, its count of dead runs, the TTL entries of queued runs, the leases of runs in
-flight (a deadline -lease from now) and the keys' counts of runs in
-flight. It writes only what is missing or wrong, so it is safe beside a
-running deployment and safe to run again; a queue with nothing to mend is
-only read. The index part is one atomic call over every key of the queue,
-which Redis serves alone (6-12 µs a key: 0.2 s at 20,000 keys). Not
-rebuilt: runs whose record was lost, the env's in-flight count and the
-scheduler's state (a fair dequeue starts it again) (runqueue.Queue.Repair).`,
+says (a run with a lease is left to lease recovery), or dead-lettered with
+-dead-letter-orphans (a dead letter whose entry was lost is among them:
+queued again, it runs again). Then the age and delay indexes, the ready
+and delayed counts, the queue's entry in its shard's index, its count of
+dead runs, the TTL entries of queued runs, the leases of runs in flight (a
+deadline -lease from now) and the keys' counts of runs in flight. It writes
+only what is missing or wrong, so it is safe beside a running deployment
+and safe to run again; a queue with nothing to mend is only read. The
+index part is one atomic call over every key of the queue, which Redis
+serves alone (6-12 µs a key: 0.2 s at 20,000 keys, a second or more above
+100,000). Not rebuilt: runs whose record was lost, the env's in-flight
+count and the scheduler's state (a fair dequeue starts it again)
+(runqueue.Queue.Repair).`,
 		setup: func(fs *flag.FlagSet, cfg *runqueue.Config) runFunc {
 			// Keys are lost most often to eviction: repairing on a Redis
 			// that evicts is what the command is for.

@@ -12,10 +12,13 @@
 --
 -- "orphans": runs whose record is there but that are in none of the sets
 -- a run is always in (its variant's ready or delayed set, the queue's
--- held hash, its dead set): their set was lost. Each is queued again as
--- its record says (ready at its available_at, by its priority; delayed
--- when that is later than now), or dead-lettered now when asked. A record
--- that does not parse is left as it is.
+-- held hash, its dead set) and have no lease: their set was lost. Each is
+-- queued again as its record says (ready at its available_at, by its
+-- priority; delayed when that is later than now), or dead-lettered now
+-- when asked. A run with a lease but no hold (the held hash lost) is left
+-- to lease recovery, which requeues it once the lease passes (its holder
+-- may still be running it). A record that does not parse, or whose
+-- variant member is not one runqueue writes, is left as it is.
 -- KEYS[1] -> queue runs HASH (encoded id -> record)
 -- KEYS[2] -> queue ckIndex ZSET
 -- KEYS[3] -> queue delayIndex ZSET
@@ -24,6 +27,7 @@
 -- KEYS[6] -> queue held HASH
 -- KEYS[7] -> queue dead ZSET (run member, score time of death ms)
 -- KEYS[8] -> env dead HASH (queue member -> dead-lettered runs)
+-- KEYS[9] -> shard leases ZSET (run member, score lease deadline ms)
 -- ARGV[2] -> variant key base
 -- ARGV[3] -> queue member
 -- ARGV[4] -> run member prefix
@@ -35,7 +39,9 @@
 --
 -- "index": the age and delay indexes, the depth counts and the queue's
 -- entry in the shard master, from the variants' sets; the queue's count
--- of dead runs in the env's, from its dead set.
+-- of dead runs in the env's, from its dead set. An index member that is
+-- not a variant member runqueue writes ("=" and an encoded key) is
+-- removed; nothing else of it is read.
 -- KEYS[1] -> queue ckIndex ZSET (variant member, score head ready score ms)
 -- KEYS[2] -> queue delayIndex ZSET (variant member, score earliest available_at ms)
 -- KEYS[3] -> queue depth HASH (r: ready count, d: delayed count)
@@ -62,9 +68,14 @@
 -- Returns: the number of entries added (a run gone, in flight, dead, of
 -- no deadline or with its entry already there gets none).
 --
--- "kin": the queue's counts of runs in flight per key, from its held runs.
+-- "kin": the queue's counts of runs in flight per key: its held runs,
+-- and its leases whose hold is gone (the held hash lost), since lease
+-- recovery releases the slots of those too.
 -- KEYS[1] -> queue held HASH ("<variant member>:<encoded id>" -> token)
 -- KEYS[2] -> queue key-inflight HASH (variant member -> runs in flight)
+-- KEYS[3] -> shard leases ZSET
+-- ARGV[2] -> run member prefix
+-- ARGV[3..] -> the queue's lease members Repair read
 -- Returns: the number of keys whose count was set, added or removed.
 --
 -- "leases": the leases of runs in flight, deadline given.
@@ -113,19 +124,6 @@ local function num_arg(x)
   return string.format('%.17g', x)
 end
 
--- A number Redis returned as a string (a score), or nil for a missing one
--- (false or nil). Arithmetic reads the string once; tonumber reads it twice
--- on Redis 7.0's Lua (about 1,400 instructions against 500), and a score
--- is read for every variant a dequeue looks at. Every score Redis prints
--- reads so (digits, "inf", "-inf"), and so does every score miniredis
--- prints ("1e+08") in gopher-lua, whose arithmetic parses it as a float.
--- The scripts read the integers the client writes in their arguments
--- (decimal, no leading zero: gopher-lua reads "010" + 0 as octal) the same
--- way, x + 0; tonumber stays where a value may be missing or not a number.
-local function num(s)
-  if not s then return nil end
-  return s + 0
-end
 -- Wide sets. Redis keeps a sorted set of at most 128 members
 -- (zset-max-listpack-entries) of at most 64 bytes each as a listpack, which
 -- a ZADD walks from its start to find the member and again to find its
@@ -196,27 +194,6 @@ local function place_widen(q, field, n, k, set)
   widen(sets, q.runs)
 end
 
--- Recompute the queue's score in the shard master ZSET: the earliest time it
--- has work (lowest ready head score, or earliest delayed available_at).
--- dhead and chead are delayIndex's and ckIndex's lowest scores when the
--- caller knows them (false: the index is empty), nil to read them.
-local function master_refresh(ck_index, delay_index, master, qm, dhead, chead)
-  if chead == nil then
-    local r = redis.call('ZRANGE', ck_index, '0', '0', 'WITHSCORES')
-    chead = r[2] and num(r[2]) or false
-  end
-  if dhead == nil then
-    local d = redis.call('ZRANGE', delay_index, '0', '0', 'WITHSCORES')
-    dhead = d[2] and num(d[2]) or false
-  end
-  local best = chead or nil
-  if dhead and (best == nil or dhead < best) then best = dhead end
-  if best == nil then
-    redis.call('ZREM', master, qm)
-  else
-    redis.call('ZADD', master, best, qm)
-  end
-end
 
 
 -- The keys of variant vm of the queue whose variant keys start with vbase
@@ -349,10 +326,18 @@ local function differs(have, want)
   return not have or tonumber(have) ~= tonumber(want)
 end
 
+-- Whether vm is a variant member as runqueue writes them: "=" and an
+-- encoded key (keys.Segment). Another string names the sets of some key
+-- all the same (variant_keys drops its first byte): one with another first
+-- byte would count that key's runs twice.
+local function runqueue_vm(vm)
+  return string.match(vm, '^=[%w._%%-]*$') ~= nil
+end
+
 if part == 'orphans' then
   local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
               master = KEYS[5], qm = ARGV[3] }
-  local held, dead, env_dead = KEYS[6], KEYS[7], KEYS[8]
+  local held, dead, env_dead, leases = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
   local vbase, prefix, now, step, kill = ARGV[2], ARGV[4], ARGV[5] + 0, ARGV[6] + 0, ARGV[7] == '1'
   local nohooks = { ready_start = function() end }
   local found = 0
@@ -360,11 +345,12 @@ if part == 'orphans' then
     local id = ARGV[i]
     local rec = redis.call('HGET', q.runs, id)
     local r = rec and rec_parse(rec)
-    if r and r.att then
+    if r and r.att and runqueue_vm(r.vm) then
       local v = variant_keys(vbase, r.vm)
       local member = prefix .. r.vm .. ':' .. id
       if not (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id)
-          or redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)) then
+          or redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)
+          or redis.call('ZSCORE', leases, member)) then
         found = found + 1
         if kill then
           redis.call('ZADD', dead, now, member)
@@ -383,23 +369,29 @@ if part == 'index' then
   local vbase, qm = ARGV[2], ARGV[3]
   local vms, seen = {}, {}
   local function add(vm)
-    if not seen[vm] then
+    if not seen[vm] and runqueue_vm(vm) then
       seen[vm] = true
       vms[#vms + 1] = vm
     end
   end
   for i = 4, #ARGV do add(ARGV[i]) end
-  -- Each index as it is (member -> score), read once.
+  local fixed, counts = 0, { r = 0, d = 0 }
+  -- Each index as it is (member -> score), read once; a member runqueue
+  -- does not write goes.
   local function read(index)
     local have, z = {}, redis.call('ZRANGE', index, '0', '-1', 'WITHSCORES')
     for i = 1, #z, 2 do
-      have[z[i]] = z[i + 1]
-      add(z[i])
+      if runqueue_vm(z[i]) then
+        have[z[i]] = z[i + 1]
+        add(z[i])
+      else
+        redis.call('ZREM', index, z[i])
+        fixed = fixed + 1
+      end
     end
     return have
   end
   local ck_have, delay_have = read(ck_index), read(delay_index)
-  local fixed, counts = 0, { r = 0, d = 0 }
   -- Point vm's entry in index (its entry's score have, or nil) at the head
   -- of set, or remove it when the set is empty; count the set's runs in
   -- field.
@@ -430,12 +422,24 @@ if part == 'index' then
       redis.call('HSET', depth, 'r', num_arg(counts.r), 'd', num_arg(counts.d))
     end
   end
-  local before = redis.call('ZSCORE', master, qm)
-  master_refresh(ck_index, delay_index, master, qm)
-  local after = redis.call('ZSCORE', master, qm)
+  -- The queue's master score: its earliest work (master_refresh's, written
+  -- only when it differs, so that a queue with nothing to mend is only
+  -- read, even on a Redis at maxmemory).
+  local best = nil
+  for _, index in ipairs({ ck_index, delay_index }) do
+    local head = redis.call('ZRANGE', index, '0', '0', 'WITHSCORES')
+    if head[2] and (best == nil or tonumber(head[2]) < tonumber(best)) then best = head[2] end
+  end
+  local was = redis.call('ZSCORE', master, qm)
   local master_fixed = 0
-  if (before or after) and (not before or not after or tonumber(before) ~= tonumber(after)) then master_fixed = 1 end
-  widen({ ck_index, delay_index }, nil)
+  if best and differs(was, best) then
+    redis.call('ZADD', master, best, qm)
+    master_fixed = 1
+  elseif not best and was then
+    redis.call('ZREM', master, qm)
+    master_fixed = 1
+  end
+  if fixed > 0 then widen({ ck_index, delay_index }, nil) end
   local dead_n = redis.call('ZCARD', KEYS[5])
   local dead_fixed = 0
   if (tonumber(redis.call('HGET', KEYS[6], qm)) or 0) ~= dead_n then
@@ -467,22 +471,26 @@ if part == 'ttl' then
 end
 
 if part == 'kin' then
-  local held, kin = KEYS[1], KEYS[2]
+  local held, kin, leases, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[2]
   local want, vms = {}, {}
-  local fields = redis.call('HKEYS', held)
-  for _, field in ipairs(fields) do
-    if field ~= '~' then
-      -- (a held field is "<variant member>:<encoded id>"; neither holds
-      -- ':' as runqueue writes them, an id added by hand may)
-      local vm = string.match(field, '^([^:]*):')
-      if vm then
-        if not want[vm] then
-          want[vm] = 0
-          vms[#vms + 1] = vm
-        end
-        want[vm] = want[vm] + 1
+  -- (a held field is "<variant member>:<encoded id>"; neither holds ':'
+  -- as runqueue writes them, an id added by hand may)
+  local function count(field)
+    local vm = string.match(field, '^([^:]*):')
+    if vm then
+      if not want[vm] then
+        want[vm] = 0
+        vms[#vms + 1] = vm
       end
+      want[vm] = want[vm] + 1
     end
+  end
+  for _, field in ipairs(redis.call('HKEYS', held)) do
+    if field ~= '~' then count(field) end
+  end
+  for i = 3, #ARGV do
+    local field = string.sub(ARGV[i], #prefix + 1)
+    if redis.call('HEXISTS', held, field) == 0 and redis.call('ZSCORE', leases, ARGV[i]) then count(field) end
   end
   local fixed, have = 0, {}
   local kv = redis.call('HGETALL', kin)

@@ -12,7 +12,8 @@ type RepairOptions struct {
 	// DeadLetterOrphans dead-letters the runs Repair finds in no set (see
 	// RepairResult.Orphans) instead of queueing them again: a run whose
 	// dead letter's entry was lost is found so too, and queued again it
-	// would run again. Default false: queued again.
+	// would run again (unless it died for its attempts, which Repair can
+	// tell: see RepairResult.OrphansDead). Default false: queued again.
 	DeadLetterOrphans bool
 }
 
@@ -22,11 +23,19 @@ type RepairResult struct {
 	Runs int
 	// Orphans is the number of runs found in none of the sets a run is
 	// always in (its key's ready or delayed runs, the runs in flight, the
-	// dead letters) and without a lease, their set lost: each was queued again as its record
-	// says (ready at its AvailableAt by its priority, or delayed until
-	// then; its attempt as it was), or dead-lettered with
-	// RepairOptions.DeadLetterOrphans.
+	// dead letters) and without a lease, their set lost. Each was queued
+	// again as its record says (ready at its AvailableAt by its priority,
+	// or delayed until then; its attempt as it was), but for those counted
+	// in OrphansDead and OrphansExpired.
 	Orphans int
+	// OrphansDead is how many of the Orphans were dead-lettered: all of
+	// them with RepairOptions.DeadLetterOrphans, else those whose attempts
+	// are past MaxAttempts (only a run dead-lettered for its attempts has
+	// such a record: its dead letter's entry was lost).
+	OrphansDead int
+	// OrphansExpired is how many of the Orphans were deleted because their
+	// TTL had passed, as ExpireTTL would have (not told to the Observer).
+	OrphansExpired int
 	// Keys is the number of the queue's concurrency keys looked at.
 	Keys int
 	// IndexEntries is the number of entries of the queue's age and delay
@@ -76,8 +85,7 @@ const repairChunk = 1000
 //
 // It reads the queue's records (its runs hash) and, 1,000 runs a call,
 // queues again each run found in no set and without a lease
-// (RepairResult.Orphans; or dead-letters it,
-// RepairOptions.DeadLetterOrphans); then it rebuilds the age and delay
+// (RepairResult.Orphans; or dead-letters or expires it, see there); then it rebuilds the age and delay
 // indexes, the ready and delayed counts, the queue's entry in its shard's
 // index and its count of dead runs in one script call over every key of
 // the queue; then it adds the TTL entries of queued runs with a TTL and
@@ -149,9 +157,21 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	if opts.DeadLetterOrphans {
 		kill = 1
 	}
-	res.Orphans, err = q.repairChunks(ctx, []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), sh.Master(),
-		qk.Held(), qk.Dead(), qk.Env.Dead(), sh.Leases()},
-		[]any{"orphans", qn.vbase, qn.member, qn.runPrefix, now, ms(q.cfg.PriorityStep), kill}, ids)
+	err = q.repairChunks(ctx, []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), sh.Master(),
+		qk.Held(), qk.Dead(), qk.Env.Dead(), sh.Leases(), sh.TTL()},
+		[]any{"orphans", qn.vbase, qn.member, qn.runPrefix, now, ms(q.cfg.PriorityStep), kill, max(q.cfg.MaxAttempts, 0)},
+		ids, func(cmd *redis.Cmd) error {
+			out, err := cmd.Int64Slice()
+			if err == nil && len(out) != 3 {
+				err = fmt.Errorf("runqueue: repair: unexpected reply %v", out)
+			}
+			if err == nil {
+				res.Orphans += int(out[0])
+				res.OrphansDead += int(out[1])
+				res.OrphansExpired += int(out[2])
+			}
+			return err
+		})
 	if err != nil {
 		return res, err
 	}
@@ -172,7 +192,8 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	res.Keys, res.IndexEntries, res.Depth, res.Master, res.Dead = int(out[0]), int(out[1]), out[2] == 1, out[3] == 1,
 		out[4] == 1
 
-	res.TTLEntries, err = q.repairChunks(ctx, []string{qk.Runs(), sh.TTL()}, []any{"ttl", qn.vbase, qn.runPrefix}, withTTL)
+	err = q.repairChunks(ctx, []string{qk.Runs(), sh.TTL()}, []any{"ttl", qn.vbase, qn.runPrefix}, withTTL,
+		addInt(&res.TTLEntries))
 	if err != nil {
 		return res, err
 	}
@@ -184,8 +205,8 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	if err != nil {
 		return res, err
 	}
-	res.Leases, err = q.repairChunks(ctx, []string{qk.Held(), sh.Leases()},
-		[]any{"leases", now + ms(q.cfg.LeaseDuration), qn.runPrefix}, held)
+	err = q.repairChunks(ctx, []string{qk.Held(), sh.Leases()},
+		[]any{"leases", now + ms(q.cfg.LeaseDuration), qn.runPrefix}, held, addInt(&res.Leases))
 	if err != nil {
 		return res, err
 	}
@@ -205,9 +226,8 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 }
 
 // repairChunks runs a part of the repair script on ks, its arguments head
-// then names, repairChunk names a call, and adds up what the calls answer.
-func (q *Queue) repairChunks(ctx context.Context, ks []string, head []any, names []string) (int, error) {
-	total := 0
+// then names, repairChunk names a call, and hands each reply to got.
+func (q *Queue) repairChunks(ctx context.Context, ks []string, head []any, names []string, got func(*redis.Cmd) error) error {
 	for len(names) > 0 {
 		chunk := names[:min(len(names), repairChunk)]
 		names = names[len(chunk):]
@@ -215,13 +235,20 @@ func (q *Queue) repairChunks(ctx context.Context, ks []string, head []any, names
 		for _, n := range chunk {
 			args = append(args, n)
 		}
-		n, err := run(ctx, q.rdb, q.scripts.repair, ks, args...).Int()
-		if err = scriptError(err, nil); err != nil {
-			return total, err
+		if err := got(run(ctx, q.rdb, q.scripts.repair, ks, args...)); err != nil {
+			return scriptError(err, nil)
 		}
-		total += n
 	}
-	return total, nil
+	return nil
+}
+
+// addInt is a repairChunks reply handler that adds an integer reply to n.
+func addInt(n *int) func(*redis.Cmd) error {
+	return func(cmd *redis.Cmd) error {
+		v, err := cmd.Int()
+		*n += v
+		return err
+	}
 }
 
 // scanPairs calls fn with each pair (field and value, member and score)

@@ -253,6 +253,12 @@ func TestRepairOrphans(t *testing.T) {
 				res, err := b.q.Repair(b.ctx, env, queueName, &runqueue.RepairOptions{DeadLetterOrphans: kill})
 				require.NoError(t, err)
 				require.Equal(t, 4, res.Orphans, "r0, r1, d0 and the dead x0")
+				require.Zero(t, res.OrphansExpired)
+				if kill {
+					require.Equal(t, 4, res.OrphansDead)
+				} else {
+					require.Zero(t, res.OrphansDead, "x0 died by request, at attempt 2 of 5")
+				}
 				require.True(t, res.Dead, "the dead count follows the dead letters")
 				again, err := b.q.Repair(b.ctx, env, queueName, nil)
 				require.NoError(t, err)
@@ -391,6 +397,51 @@ func TestRepairNothingToMendWrites(t *testing.T) {
 					t.Errorf("a Repair with nothing to mend sent %s", name)
 				}
 			}
+		})
+	}
+}
+
+// TestRepairOrphansPastAttemptsOrTTL: among the runs found in no set, one
+// that died for its attempts (its dead letter's entry lost) is
+// dead-lettered again, not run a time more, and one whose TTL passed is
+// deleted as the TTL sweep would (queued again, it was served after its
+// TTL: helper-147); the others are queued again.
+func TestRepairOrphansPastAttemptsOrTTL(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.MaxAttempts = on, 1 })
+				qk := keySpace(t, b).Env(env).Queue(queueName)
+				enqueue(t, b, runqueue.EnqueueParams{ID: "m0", Key: "km"})
+				m0 := dequeue(t, b, queueName, 1)
+				require.Len(t, m0, 1)
+				nr, err := b.q.Nack(b.ctx, m0[0], nil)
+				require.NoError(t, err)
+				require.False(t, nr.Requeued, "dead at MaxAttempts 1")
+				enqueue(t, b, runqueue.EnqueueParams{ID: "e0", Key: "ke", TTL: time.Minute})
+				enqueue(t, b, runqueue.EnqueueParams{ID: "q0", Key: "kq"})
+				require.NoError(t, b.client.Del(b.ctx, qk.Dead(), qk.Variant("ke").Ready(), qk.Variant("kq").Ready()).Err())
+				b.clock.Advance(2 * time.Minute)
+
+				res, err := b.q.Repair(b.ctx, env, queueName, nil)
+				require.NoError(t, err)
+				require.Equal(t, 3, res.Orphans)
+				require.Equal(t, 1, res.OrphansDead, "m0 died for its attempts")
+				require.Equal(t, 1, res.OrphansExpired, "e0's TTL passed")
+				require.False(t, b.client.HExists(b.ctx, qk.Runs(), "e0").Val(), "e0 is gone")
+				dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
+				require.NoError(t, err)
+				require.Len(t, dead, 1)
+				require.Equal(t, "m0", dead[0].ID)
+				es, err := b.q.EnvStats(b.ctx, env)
+				require.NoError(t, err)
+				require.EqualValues(t, 1, es.Dead)
+				require.Equal(t, []string{"q0"}, runIDs(dequeue(t, b, queueName, 10)))
+				again, err := b.q.Repair(b.ctx, env, queueName, nil)
+				require.NoError(t, err)
+				require.False(t, again.Changed(), "%+v", again)
+			})
 		})
 	}
 }

@@ -164,7 +164,8 @@ updated only with it.`,
 after such a key was lost (deleted by hand, or evicted under a maxmemory
 policy that evicts). Runs whose record is there but that are in no set
 (their key's ready or delayed set lost) are queued again as their record
-says (a run with a lease is left to lease recovery), or dead-lettered with
+says (a run with a lease is left to lease recovery; one whose TTL passed is
+expired; one past its attempts is dead-lettered), or dead-lettered with
 -dead-letter-orphans (a dead letter whose entry was lost is among them:
 queued again, it runs again). Then the age and delay indexes, the ready
 and delayed counts, the queue's entry in its shard's index, its count of
@@ -694,6 +695,8 @@ func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []strin
 			Queue        string `json:"queue"`
 			Runs         int    `json:"runs"`
 			Orphans      int    `json:"orphans"`
+			OrphansDead  int    `json:"orphans_dead"`
+			OrphansGone  int    `json:"orphans_expired"`
 			Keys         int    `json:"keys"`
 			IndexEntries int    `json:"index_entries"`
 			Depth        bool   `json:"depth"`
@@ -703,8 +706,8 @@ func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []strin
 			Leases       int    `json:"leases"`
 			KeyCounts    int    `json:"key_counts"`
 			Changed      bool   `json:"changed"`
-		}{args[0], args[1], res.Runs, res.Orphans, res.Keys, res.IndexEntries, res.Depth, res.Master, res.Dead, res.TTLEntries,
-			res.Leases, res.KeyCounts, res.Changed()})
+		}{args[0], args[1], res.Runs, res.Orphans, res.OrphansDead, res.OrphansExpired, res.Keys, res.IndexEntries,
+			res.Depth, res.Master, res.Dead, res.TTLEntries, res.Leases, res.KeyCounts, res.Changed()})
 	}
 	_, err = fmt.Fprintf(out.w, "queue %s of env %s: %d run(s) over %d key(s) read\n", name(args[1]), name(args[0]),
 		res.Runs, res.Keys)
@@ -714,14 +717,11 @@ func runRepair(ctx context.Context, q *runqueue.Queue, out *output, args []strin
 		}
 		return err
 	}
-	orphans := "queued again"
-	if opts.DeadLetterOrphans {
-		orphans = "dead-lettered"
-	}
-	_, err = fmt.Fprintf(out.w, "repaired: %d run(s) found in no set %s; %d index entries added, moved or removed; "+
-		"ready and delayed counts %s; shard index entry %s; dead count %s; %d TTL entries added; %d leases added; "+
-		"%d keys' in-flight counts set\n", res.Orphans, orphans, res.IndexEntries, rewritten(res.Depth),
-		rewritten(res.Master), rewritten(res.Dead), res.TTLEntries, res.Leases, res.KeyCounts)
+	_, err = fmt.Fprintf(out.w, "repaired: %d run(s) found in no set (%d queued again, %d dead-lettered, %d expired); "+
+		"%d index entries added, moved or removed; ready and delayed counts %s; shard index entry %s; dead count %s; "+
+		"%d TTL entries added; %d leases added; %d keys' in-flight counts set\n", res.Orphans,
+		res.Orphans-res.OrphansDead-res.OrphansExpired, res.OrphansDead, res.OrphansExpired, res.IndexEntries,
+		rewritten(res.Depth), rewritten(res.Master), rewritten(res.Dead), res.TTLEntries, res.Leases, res.KeyCounts)
 	return err
 }
 

@@ -470,9 +470,9 @@ func TestRepair(t *testing.T) {
 
 		start := time.Now()
 		require.Equal(t, lines("queue builds of env prod: 5 run(s) over 4 key(s) read",
-			"repaired: 0 run(s) found in no set queued again; 2 index entries added, moved or removed; "+
-				"ready and delayed counts rewritten; shard index entry right; dead count right; 0 TTL entries added; "+
-				"1 leases added; 0 keys' in-flight counts set"),
+			"repaired: 0 run(s) found in no set (0 queued again, 0 dead-lettered, 0 expired); 2 index entries added, "+
+				"moved or removed; ready and delayed counts rewritten; shard index entry right; dead count right; "+
+				"0 TTL entries added; 1 leases added; 0 keys' in-flight counts set"),
 			b.run(t, "repair", "-lease", "1h", "prod", "builds").ok(t))
 		deadline, err := b.client.ZScore(b.ctx, sh.Leases(), leases[0]).Result()
 		require.NoError(t, err)
@@ -488,6 +488,8 @@ func TestRepair(t *testing.T) {
 			Queue        string `json:"queue"`
 			Runs         int    `json:"runs"`
 			Orphans      int    `json:"orphans"`
+			OrphansDead  int    `json:"orphans_dead"`
+			OrphansGone  int    `json:"orphans_expired"`
 			Keys         int    `json:"keys"`
 			IndexEntries int    `json:"index_entries"`
 			Depth        bool   `json:"depth"`

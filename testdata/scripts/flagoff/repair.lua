@@ -15,7 +15,9 @@
 -- held hash, its dead set) and have no lease: their set was lost. Each is
 -- queued again as its record says (ready at its available_at, by its
 -- priority; delayed when that is later than now), or dead-lettered now
--- when asked. A run with a lease but no hold (the held hash lost) is left
+-- when asked or when its attempts are past the maximum (only a run
+-- dead-lettered for its attempts has such a record), or deleted as the
+-- TTL sweep would when its TTL passed. A run with a lease but no hold (the held hash lost) is left
 -- to lease recovery, which requeues it once the lease passes (its holder
 -- may still be running it). A record that does not parse, or whose
 -- variant member is not one runqueue writes, is left as it is.
@@ -28,14 +30,16 @@
 -- KEYS[7] -> queue dead ZSET (run member, score time of death ms)
 -- KEYS[8] -> env dead HASH (queue member -> dead-lettered runs)
 -- KEYS[9] -> shard leases ZSET (run member, score lease deadline ms)
+-- KEYS[10] -> shard ttl ZSET (run member, score expiry deadline ms)
 -- ARGV[2] -> variant key base
 -- ARGV[3] -> queue member
 -- ARGV[4] -> run member prefix
 -- ARGV[5] -> now (ms)
 -- ARGV[6] -> priority step (ms)
 -- ARGV[7] -> 1 to dead-letter the runs found, 0 to queue them again
--- ARGV[8..] -> encoded ids of runs Repair read
--- Returns: the number of runs queued again or dead-lettered.
+-- ARGV[8] -> max attempts, 0 for no limit
+-- ARGV[9..] -> encoded ids of runs Repair read
+-- Returns: {runs found, of them dead-lettered, of them expired}.
 --
 -- "index": the age and delay indexes, the depth counts and the queue's
 -- entry in the shard master, from the variants' sets; the queue's count
@@ -337,11 +341,12 @@ end
 if part == 'orphans' then
   local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
               master = KEYS[5], qm = ARGV[3] }
-  local held, dead, env_dead, leases = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+  local held, dead, env_dead, leases, ttl_set = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
   local vbase, prefix, now, step, kill = ARGV[2], ARGV[4], ARGV[5] + 0, ARGV[6] + 0, ARGV[7] == '1'
+  local max_attempts = ARGV[8] + 0
   local nohooks = { ready_start = function() end }
-  local found = 0
-  for i = 8, #ARGV do
+  local found, killed, expired = 0, 0, 0
+  for i = 9, #ARGV do
     local id = ARGV[i]
     local rec = redis.call('HGET', q.runs, id)
     local r = rec and rec_parse(rec)
@@ -352,16 +357,22 @@ if part == 'orphans' then
           or redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)
           or redis.call('ZSCORE', leases, member)) then
         found = found + 1
-        if kill then
+        if r.ttl ~= '0' and tonumber(r.ttl) <= now then
+          -- (only a run never delivered has a deadline: a queued one)
+          redis.call('HDEL', q.runs, id)
+          redis.call('ZREM', ttl_set, member)
+          expired = expired + 1
+        elseif kill or (max_attempts > 0 and r.att > max_attempts) then
           redis.call('ZADD', dead, now, member)
           redis.call('HINCRBY', env_dead, q.qm, '1')
+          killed = killed + 1
         else
           place(q, v, nohooks, id, r.vm, r.at, r.at - r.pr * step, now)
         end
       end
     end
   end
-  return found
+  return { found, killed, expired }
 end
 
 if part == 'index' then

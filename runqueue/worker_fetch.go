@@ -284,6 +284,7 @@ type fetchLoop struct {
 
 	look, gather, pause    *time.Timer
 	lookC, gatherC, pauseC <-chan time.Time
+	lookAt                 time.Time // when the look timer fires (while lookC is set)
 	gatherWant             int
 }
 
@@ -548,20 +549,31 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// none come (a nack elsewhere, say). (Below, idle stays false when
 		// a wake-up came while the call was on its way, maybe for work the
 		// call did not see: the loop looks again at once rather than wait
-		// for its timer, which may be IdlePollInterval away.)
+		// for its timer, which may be IdlePollInterval away.) A timer
+		// set before, from a look that found the queue empty or its next
+		// work far off, is brought forward: the wake-up that started this
+		// call may have been for a delayed run now the queue's head, and
+		// runs these fail are nacked behind it, which publishes nothing;
+		// with no ack to look again, that timer alone would serve them.
 		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
-		if l.lookC == nil {
-			l.lookC = arm(&l.look, w.q.cfg.BlockPollInterval)
+		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
+			l.armLook(d)
 		}
 	default:
 		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
 		if !l.looked {
-			l.lookC = arm(&l.look, s.nextLook())
+			l.armLook(s.nextLook())
 			l.looked = true
 		}
 	}
+}
+
+// armLook (re)starts the look timer for d.
+func (l *fetchLoop) armLook(d time.Duration) {
+	l.lookC = arm(&l.look, d)
+	l.lookAt = time.Now().Add(d)
 }
 
 // startGather makes the next call wait, for at most d (about a round

@@ -160,6 +160,11 @@ func TestNoScriptRecovery(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, 1, n)
 			}},
+			{"Repair", func(t *testing.T) {
+				res, err := b.q.Repair(ctx, env, queue, nil)
+				require.NoError(t, err)
+				require.False(t, res.Changed(), "%+v", res)
+			}},
 			{"SetWeight", func(t *testing.T) { require.NoError(t, b.q.SetWeight(ctx, env, queue, "k", 2)) }},
 			{"ClearWeight", func(t *testing.T) { require.NoError(t, b.q.ClearWeight(ctx, env, queue, "k")) }},
 		}

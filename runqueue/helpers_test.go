@@ -48,10 +48,21 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, c redis.UniversalClient)
 // forEachFlag runs fn with the scheduler flag off and on (subtests
 // vtime=false and vtime=true), on every backend, each on a fresh bundle.
 func forEachFlag(t *testing.T, fn func(t *testing.T, b *testBundle, on bool)) {
+	forEachFlagWith(t, nil, fn)
+}
+
+// forEachFlagWith is forEachFlag with mutate (when non-nil) editing each
+// bundle's config after the flag is set.
+func forEachFlagWith(t *testing.T, mutate func(*runqueue.Config), fn func(t *testing.T, b *testBundle, on bool)) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				fn(t, setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = on }), on)
+				fn(t, setup(t, c, func(cfg *runqueue.Config) {
+					cfg.VtimeScheduling = on
+					if mutate != nil {
+						mutate(cfg)
+					}
+				}), on)
 			})
 		})
 	}

@@ -307,33 +307,28 @@ func TestRepairOrphans(t *testing.T) {
 // recovery then took it to 0, and the key ran 3 runs under its limit of 2.
 func TestRepairKinAfterHeldLoss(t *testing.T) {
 	t.Parallel()
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.KeyConcurrency = on, 2 })
-				qk := keySpace(t, b).Env(env).Queue(queueName)
-				sh := keySpace(t, b).Shard(b.q.ShardOf(env))
-				for i := range 4 {
-					enqueue(t, b, runqueue.EnqueueParams{ID: "a" + strconv.Itoa(i), Key: "k"})
-					b.clock.Advance(time.Millisecond)
-				}
-				require.Equal(t, []string{"a0"}, runIDs(dequeue(t, b, queueName, 1)))
-				require.NoError(t, b.client.Del(b.ctx, qk.Held()).Err())
-				b.clock.Advance(3 * time.Minute)
-				require.Equal(t, []string{"a1"}, runIDs(dequeue(t, b, queueName, 1)))
-				res, err := b.q.Repair(b.ctx, env, queueName, nil)
-				require.NoError(t, err)
-				require.Zero(t, res.Orphans, "a0 has its lease: lease recovery's")
-				require.Zero(t, res.KeyCounts, "k has 2 slots taken: a1's hold and a0's lease")
-				require.False(t, res.Changed(), "%+v", res)
-				b.clock.Advance(3 * time.Minute) // past a0's lease, not a1's
-				n, err := b.q.RecoverLeases(b.ctx, sh.Number(), 100)
-				require.NoError(t, err)
-				require.Equal(t, 1, n)
-				require.Len(t, dequeue(t, b, queueName, 5), 1, "k holds 2 runs in flight at most")
-			})
-		})
-	}
+	forEachFlagWith(t, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 2 }, func(t *testing.T, b *testBundle, _ bool) {
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		for i := range 4 {
+			enqueue(t, b, runqueue.EnqueueParams{ID: "a" + strconv.Itoa(i), Key: "k"})
+			b.clock.Advance(time.Millisecond)
+		}
+		require.Equal(t, []string{"a0"}, runIDs(dequeue(t, b, queueName, 1)))
+		require.NoError(t, b.client.Del(b.ctx, qk.Held()).Err())
+		b.clock.Advance(3 * time.Minute)
+		require.Equal(t, []string{"a1"}, runIDs(dequeue(t, b, queueName, 1)))
+		res, err := b.q.Repair(b.ctx, env, queueName, nil)
+		require.NoError(t, err)
+		require.Zero(t, res.Orphans, "a0 has its lease: lease recovery's")
+		require.Zero(t, res.KeyCounts, "k has 2 slots taken: a1's hold and a0's lease")
+		require.False(t, res.Changed(), "%+v", res)
+		b.clock.Advance(3 * time.Minute) // past a0's lease, not a1's
+		n, err := b.q.RecoverLeases(b.ctx, sh.Number(), 100)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Len(t, dequeue(t, b, queueName, 5), 1, "k holds 2 runs in flight at most")
+	})
 }
 
 // TestRepairForeignMembers: a record's variant member and an index member
@@ -408,40 +403,35 @@ func TestRepairNothingToMendWrites(t *testing.T) {
 // TTL: helper-147); the others are queued again.
 func TestRepairOrphansPastAttemptsOrTTL(t *testing.T) {
 	t.Parallel()
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
-			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.MaxAttempts = on, 1 })
-				qk := keySpace(t, b).Env(env).Queue(queueName)
-				enqueue(t, b, runqueue.EnqueueParams{ID: "m0", Key: "km"})
-				m0 := dequeue(t, b, queueName, 1)
-				require.Len(t, m0, 1)
-				nr, err := b.q.Nack(b.ctx, m0[0], nil)
-				require.NoError(t, err)
-				require.False(t, nr.Requeued, "dead at MaxAttempts 1")
-				enqueue(t, b, runqueue.EnqueueParams{ID: "e0", Key: "ke", TTL: time.Minute})
-				enqueue(t, b, runqueue.EnqueueParams{ID: "q0", Key: "kq"})
-				require.NoError(t, b.client.Del(b.ctx, qk.Dead(), qk.Variant("ke").Ready(), qk.Variant("kq").Ready()).Err())
-				b.clock.Advance(2 * time.Minute)
+	forEachFlagWith(t, func(cfg *runqueue.Config) { cfg.MaxAttempts = 1 }, func(t *testing.T, b *testBundle, _ bool) {
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		enqueue(t, b, runqueue.EnqueueParams{ID: "m0", Key: "km"})
+		m0 := dequeue(t, b, queueName, 1)
+		require.Len(t, m0, 1)
+		nr, err := b.q.Nack(b.ctx, m0[0], nil)
+		require.NoError(t, err)
+		require.False(t, nr.Requeued, "dead at MaxAttempts 1")
+		enqueue(t, b, runqueue.EnqueueParams{ID: "e0", Key: "ke", TTL: time.Minute})
+		enqueue(t, b, runqueue.EnqueueParams{ID: "q0", Key: "kq"})
+		require.NoError(t, b.client.Del(b.ctx, qk.Dead(), qk.Variant("ke").Ready(), qk.Variant("kq").Ready()).Err())
+		b.clock.Advance(2 * time.Minute)
 
-				res, err := b.q.Repair(b.ctx, env, queueName, nil)
-				require.NoError(t, err)
-				require.Equal(t, 3, res.Orphans)
-				require.Equal(t, 1, res.OrphansDead, "m0 died for its attempts")
-				require.Equal(t, 1, res.OrphansExpired, "e0's TTL passed")
-				require.False(t, b.client.HExists(b.ctx, qk.Runs(), "e0").Val(), "e0 is gone")
-				dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
-				require.NoError(t, err)
-				require.Len(t, dead, 1)
-				require.Equal(t, "m0", dead[0].ID)
-				es, err := b.q.EnvStats(b.ctx, env)
-				require.NoError(t, err)
-				require.EqualValues(t, 1, es.Dead)
-				require.Equal(t, []string{"q0"}, runIDs(dequeue(t, b, queueName, 10)))
-				again, err := b.q.Repair(b.ctx, env, queueName, nil)
-				require.NoError(t, err)
-				require.False(t, again.Changed(), "%+v", again)
-			})
-		})
-	}
+		res, err := b.q.Repair(b.ctx, env, queueName, nil)
+		require.NoError(t, err)
+		require.Equal(t, 3, res.Orphans)
+		require.Equal(t, 1, res.OrphansDead, "m0 died for its attempts")
+		require.Equal(t, 1, res.OrphansExpired, "e0's TTL passed")
+		require.False(t, b.client.HExists(b.ctx, qk.Runs(), "e0").Val(), "e0 is gone")
+		dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
+		require.NoError(t, err)
+		require.Len(t, dead, 1)
+		require.Equal(t, "m0", dead[0].ID)
+		es, err := b.q.EnvStats(b.ctx, env)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, es.Dead)
+		require.Equal(t, []string{"q0"}, runIDs(dequeue(t, b, queueName, 10)))
+		again, err := b.q.Repair(b.ctx, env, queueName, nil)
+		require.NoError(t, err)
+		require.False(t, again.Changed(), "%+v", again)
+	})
 }

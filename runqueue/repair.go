@@ -29,12 +29,17 @@ type RepairResult struct {
 	// in OrphansDead and OrphansExpired.
 	Orphans int
 	// OrphansDead is how many of the Orphans were dead-lettered: all of
-	// them with RepairOptions.DeadLetterOrphans, else those whose attempts
-	// are past MaxAttempts (only a run dead-lettered for its attempts has
-	// such a record: its dead letter's entry was lost).
+	// them but the expired with RepairOptions.DeadLetterOrphans, else those
+	// whose attempts are past MaxAttempts (only a run dead-lettered for its
+	// attempts has such a record: its dead letter's entry was lost; the
+	// Queue's MaxAttempts must be the deployment's). Not told to the
+	// Observer.
 	OrphansDead int
 	// OrphansExpired is how many of the Orphans were deleted because their
-	// TTL had passed, as ExpireTTL would have (not told to the Observer).
+	// TTL had passed before any delivery (their TTL entry still there), as
+	// ExpireTTL would have, and told to the Observer as ExpireTTL does. A
+	// run whose TTL passed but whose TTL entry is gone too is queued again
+	// with its entry, for the next ExpireTTL.
 	OrphansExpired int
 	// Keys is the number of the queue's concurrency keys looked at.
 	Keys int
@@ -99,7 +104,8 @@ const repairChunk = 1000
 //
 // The call over every key reads up to 4 commands a key (and writes one
 // for each entry it mends): 6-12 µs of Redis a key on Redis 7.0 (0.2 s at
-// 20,000 keys), during which Redis serves nothing else. Above some 100,000
+// 20,000 keys), during which Redis serves nothing else; the key counts'
+// call reads every run in flight of the queue and its leases. Above some 100,000
 // keys in one queue it holds Redis for a second or more, and from about
 // 400,000 it passes Redis's busy-reply-threshold (5 s), when other clients
 // are answered BUSY until it ends.
@@ -112,6 +118,15 @@ const repairChunk = 1000
 // on; a flag-on dequeue starts it again from the indexes) and which runs
 // were dead-lettered: a dead letter whose entry was lost is one of the
 // runs found in no set.
+//
+// Repair reads the Queue's own MaxAttempts (which orphans died for their
+// attempts), PriorityStep (the ready scores of orphans queued again) and
+// LeaseDuration (the leases it adds): open it with the deployment's.
+//
+// When a queue's held hash and its leases were both lost, its runs in
+// flight are in no set and have no lease: Repair queues them again (or
+// dead-letters them with DeadLetterOrphans) while their holders may still
+// run them, so they may run twice.
 //
 // A Queue opened with Config.ReadOnly returns ErrReadOnly.
 func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptions) (RepairResult, error) {
@@ -172,6 +187,9 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 			}
 			return err
 		})
+	if res.OrphansExpired > 0 && q.observe {
+		q.cfg.Observer.Expired(env, queue, res.OrphansExpired)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -203,6 +221,11 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 		return q.rdb.HScan(ctx, qk.Held(), c, "", repairChunk)
 	}, func(field, _ string) { held = append(held, field) })
 	if err != nil {
+		return res, err
+	}
+	// (The clock read again: the reads and calls before may have taken a
+	// while on a large queue.)
+	if now, err = q.clockNow(); err != nil {
 		return res, err
 	}
 	err = q.repairChunks(ctx, []string{qk.Held(), sh.Leases()},

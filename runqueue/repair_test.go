@@ -234,7 +234,7 @@ func TestRepairOrphans(t *testing.T) {
 				_, err := b.q.Nack(b.ctx, x0[0], &runqueue.NackOptions{DeadLetter: true})
 				require.NoError(t, err)
 				require.Equal(t, []string{"h0"}, runIDs(dequeue(t, b, queueName, 1)))
-				enqueue(t, b, runqueue.EnqueueParams{ID: "r0", Key: "k0"})
+				enqueue(t, b, runqueue.EnqueueParams{ID: "r0", Key: "k0", TTL: time.Hour})
 				b.clock.Advance(time.Millisecond)
 				enqueue(t, b, runqueue.EnqueueParams{ID: "r1", Key: "k0", Priority: 2})
 				enqueue(t, b, runqueue.EnqueueParams{ID: "d0", Key: "k1", Delay: time.Hour})
@@ -268,6 +268,12 @@ func TestRepairOrphans(t *testing.T) {
 				require.NoError(t, err)
 				require.EqualValues(t, 1, s.InFlight, "h0 left alone")
 				if kill {
+					rec, err := b.client.HGet(b.ctx, qk.Runs(), "r0").Result()
+					require.NoError(t, err)
+					require.True(t, strings.HasPrefix(rec, "0|"), "a dead letter's record has no deadline: %q", rec)
+					sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+					require.Zero(t, b.client.ZScore(b.ctx, sh.TTL(), qk.RunPrefix()+keys.VariantMember("k0")+":r0").Val(),
+						"nor a TTL entry")
 					require.EqualValues(t, 4, s.Dead)
 					require.EqualValues(t, 4, es.Dead)
 					require.Zero(t, s.Ready+s.Delayed)
@@ -400,7 +406,9 @@ func TestRepairNothingToMendWrites(t *testing.T) {
 // that died for its attempts (its dead letter's entry lost) is
 // dead-lettered again, not run a time more, and one whose TTL passed is
 // deleted as the TTL sweep would (queued again, it was served after its
-// TTL: helper-147); the others are queued again.
+// TTL: helper-147), but one in its first delivery whose hold and lease
+// were lost is queued again, not deleted (its record keeps its deadline
+// through that delivery: helper-148); the others are queued again.
 func TestRepairOrphansPastAttemptsOrTTL(t *testing.T) {
 	t.Parallel()
 	forEachFlagWith(t, func(cfg *runqueue.Config) { cfg.MaxAttempts = 1 }, func(t *testing.T, b *testBundle, _ bool) {
@@ -411,16 +419,24 @@ func TestRepairOrphansPastAttemptsOrTTL(t *testing.T) {
 		nr, err := b.q.Nack(b.ctx, m0[0], nil)
 		require.NoError(t, err)
 		require.False(t, nr.Requeued, "dead at MaxAttempts 1")
+		// f0 is in its first delivery (its record keeps its deadline,
+		// its TTL entry went at the dequeue) when the held runs and
+		// its lease are lost.
+		enqueue(t, b, runqueue.EnqueueParams{ID: "f0", Key: "kf", TTL: time.Minute})
+		require.Equal(t, []string{"f0"}, runIDs(dequeue(t, b, queueName, 1)))
 		enqueue(t, b, runqueue.EnqueueParams{ID: "e0", Key: "ke", TTL: time.Minute})
 		enqueue(t, b, runqueue.EnqueueParams{ID: "q0", Key: "kq"})
-		require.NoError(t, b.client.Del(b.ctx, qk.Dead(), qk.Variant("ke").Ready(), qk.Variant("kq").Ready()).Err())
+		require.NoError(t, b.client.Del(b.ctx, qk.Dead(), qk.Variant("ke").Ready(), qk.Variant("kq").Ready(),
+			qk.Held()).Err())
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		require.NoError(t, b.client.ZRem(b.ctx, sh.Leases(), qk.RunPrefix()+keys.VariantMember("kf")+":f0").Err())
 		b.clock.Advance(2 * time.Minute)
 
 		res, err := b.q.Repair(b.ctx, env, queueName, nil)
 		require.NoError(t, err)
-		require.Equal(t, 3, res.Orphans)
+		require.Equal(t, 4, res.Orphans)
 		require.Equal(t, 1, res.OrphansDead, "m0 died for its attempts")
-		require.Equal(t, 1, res.OrphansExpired, "e0's TTL passed")
+		require.Equal(t, 1, res.OrphansExpired, "e0's TTL passed before a delivery; f0 was delivered")
 		require.False(t, b.client.HExists(b.ctx, qk.Runs(), "e0").Val(), "e0 is gone")
 		dead, err := b.q.DeadLetters(b.ctx, env, queueName, 0, 10)
 		require.NoError(t, err)
@@ -429,7 +445,7 @@ func TestRepairOrphansPastAttemptsOrTTL(t *testing.T) {
 		es, err := b.q.EnvStats(b.ctx, env)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, es.Dead)
-		require.Equal(t, []string{"q0"}, runIDs(dequeue(t, b, queueName, 10)))
+		require.ElementsMatch(t, []string{"q0", "f0"}, runIDs(dequeue(t, b, queueName, 10)))
 		again, err := b.q.Repair(b.ctx, env, queueName, nil)
 		require.NoError(t, err)
 		require.False(t, again.Changed(), "%+v", again)

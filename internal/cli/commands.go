@@ -164,10 +164,12 @@ updated only with it.`,
 after such a key was lost (deleted by hand, or evicted under a maxmemory
 policy that evicts). Runs whose record is there but that are in no set
 (their key's ready or delayed set lost) are queued again as their record
-says (a run with a lease is left to lease recovery; one whose TTL passed is
-expired; one past its attempts is dead-lettered), or dead-lettered with
--dead-letter-orphans (a dead letter whose entry was lost is among them:
-queued again, it runs again). Then the age and delay indexes, the ready
+says (a run with a lease is left to lease recovery; one never delivered
+whose TTL passed is expired; one past -max-attempts is dead-lettered), or
+dead-lettered with -dead-letter-orphans (a dead letter whose entry was lost
+is among them: queued again, it runs again; so are runs in flight when the
+queue's held runs and their leases were both lost: queued again, they may
+run twice). Then the age and delay indexes, the ready
 and delayed counts, the queue's entry in its shard's index, its count of
 dead runs, the TTL entries of queued runs, the leases of runs in flight (a
 deadline -lease from now) and the keys' counts of runs in flight. It writes
@@ -184,6 +186,9 @@ count and the scheduler's state (a fair dequeue starts it again)
 			cfg.AllowEviction = true
 			fs.DurationVar(&cfg.LeaseDuration, "lease", cfg.LeaseDuration,
 				"the deadline of a lease it adds, from now (default the deployment's LeaseDuration, 5m unset)")
+			fs.IntVar(&cfg.MaxAttempts, "max-attempts", cfg.MaxAttempts,
+				"the deployment's MaxAttempts: a run found in no set past it died for its attempts and is\n"+
+					"dead-lettered again (default $RUNQUEUE_MAX_ATTEMPTS, else 5)")
 			dead := fs.Bool("dead-letter-orphans", false, "dead-letter the runs found in no set instead of queueing them again")
 			return func(ctx context.Context, q *runqueue.Queue, out *output, args []string) error {
 				return runRepair(ctx, q, out, args, &runqueue.RepairOptions{DeadLetterOrphans: *dead})

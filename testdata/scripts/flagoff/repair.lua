@@ -17,7 +17,8 @@
 -- priority; delayed when that is later than now), or dead-lettered now
 -- when asked or when its attempts are past the maximum (only a run
 -- dead-lettered for its attempts has such a record), or deleted as the
--- TTL sweep would when its TTL passed. A run with a lease but no hold (the held hash lost) is left
+-- TTL sweep would when its TTL passed and its TTL entry is there (it was
+-- never delivered). A run with a lease but no hold (the held hash lost) is left
 -- to lease recovery, which requeues it once the lease passes (its holder
 -- may still be running it). A record that does not parse, or whose
 -- variant member is not one runqueue writes, is left as it is.
@@ -113,6 +114,11 @@ local function rec_parse(s)
   return { att = tonumber(att), pr = tonumber(pr), at = at, ttl = ttl, lt = lt, vm = vm, pos = pos }
 end
 
+-- The record r after a delivery (nack, lease recovery, redrive): new att,
+-- at and lt, no TTL, and the same pr, vm and payload.
+local function rec_with(s, r, att, at, lt)
+  return '0|' .. att .. '|' .. r.pr .. '|' .. at .. '|' .. lt .. '|' .. r.vm .. '|' .. string.sub(s, r.pos)
+end
 
 
 -- Number x as a command argument: the string Redis makes of a Lua number
@@ -357,12 +363,19 @@ if part == 'orphans' then
           or redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)
           or redis.call('ZSCORE', leases, member)) then
         found = found + 1
-        if r.ttl ~= '0' and tonumber(r.ttl) <= now then
-          -- (only a run never delivered has a deadline: a queued one)
+        if r.ttl ~= '0' and tonumber(r.ttl) <= now and redis.call('ZSCORE', ttl_set, member) then
+          -- (a run keeps its record's deadline through its first delivery,
+          -- but its TTL entry goes at the dequeue: with the entry, it was
+          -- never delivered, and its TTL binds)
           redis.call('HDEL', q.runs, id)
           redis.call('ZREM', ttl_set, member)
           expired = expired + 1
         elseif kill or (max_attempts > 0 and r.att > max_attempts) then
+          -- (dead-lettered as requeue does: the record's deadline cleared)
+          if r.ttl ~= '0' then
+            redis.call('HSET', q.runs, id, rec_with(rec, r, r.att, r.at, r.lt))
+            redis.call('ZREM', ttl_set, member)
+          end
           redis.call('ZADD', dead, now, member)
           redis.call('HINCRBY', env_dead, q.qm, '1')
           killed = killed + 1

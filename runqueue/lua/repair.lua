@@ -18,9 +18,9 @@
 -- when asked or when its attempts are past the maximum (only a run
 -- dead-lettered for its attempts has such a record), or deleted as the
 -- TTL sweep would when its TTL passed and its TTL entry is there (it was
--- never delivered). A run with a lease but no hold (the held hash lost) is left
--- to lease recovery, which requeues it once the lease passes (its holder
--- may still be running it). A record that does not parse, or whose
+-- never delivered). A run with a lease but no hold (the held hash lost)
+-- is left to lease recovery, which requeues it once the lease passes (its
+-- holder may still be running it). A record that does not parse, or whose
 -- variant member is not one runqueue writes, is left as it is.
 -- KEYS[1] -> queue runs HASH (encoded id -> record)
 -- KEYS[2] -> queue ckIndex ZSET
@@ -247,7 +247,7 @@ if part == 'ttl' then
     local id = ARGV[i]
     local rec = redis.call('HGET', runs, id)
     local r = rec and rec_parse(rec)
-    if r and r.vm and r.ttl ~= '0' then
+    if r and r.att and runqueue_vm(r.vm) and r.ttl ~= '0' then
       local v = variant_keys(vbase, r.vm)
       local member = prefix .. r.vm .. ':' .. id
       if (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id))

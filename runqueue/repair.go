@@ -90,17 +90,18 @@ const repairChunk = 1000
 //
 // It reads the queue's records (its runs hash) and, 1,000 runs a call,
 // queues again each run found in no set and without a lease
-// (RepairResult.Orphans; or dead-letters or expires it, see there); then it rebuilds the age and delay
-// indexes, the ready and delayed counts, the queue's entry in its shard's
-// index and its count of dead runs in one script call over every key of
-// the queue; then it adds the TTL entries of queued runs with a TTL and
-// the leases of runs in flight (a deadline LeaseDuration from now: a
-// holder's extension moves it as usual; a holder that is gone has its run
-// recovered once it passes), 1,000 runs a call, and sets each key's count
-// of runs in flight from its runs held and its leases whose hold was lost
-// (lease recovery releases the slots of those). Each call writes only what
-// is missing or wrong, so it is safe beside the queue's other work and
-// safe to call again; a queue with nothing to mend is only read.
+// (RepairResult.Orphans; or dead-letters or expires it, see there) and
+// adds the TTL entry of each queued run with a TTL that has none; then it
+// rebuilds the age and delay indexes, the ready and delayed counts, the
+// queue's entry in its shard's index and its count of dead runs in one
+// script call over every key of the queue; then it adds the leases of
+// runs in flight (a deadline LeaseDuration from now: a holder's extension
+// moves it as usual; a holder that is gone has its run recovered once it
+// passes), 1,000 runs a call, and sets each key's count of runs in flight
+// from its runs held and its leases whose hold was lost (lease recovery
+// releases the slots of those). Each call writes only what is missing or
+// wrong, so it is safe beside the queue's other work and safe to call
+// again; a queue with nothing to mend is only read.
 //
 // The call over every key reads up to 4 commands a key (and writes one
 // for each entry it mends): 6-12 µs of Redis a key on Redis 7.0 (0.2 s at
@@ -148,8 +149,8 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	qk := qn.qk
 	sh := q.space.Shard(q.ShardOf(env))
 
-	// The records: every run, each key that has one, the runs with a TTL.
-	var ids, withTTL []string
+	// The records: every run, and each key that has one.
+	var ids []string
 	vms := map[string]bool{}
 	err = scanPairs(func(c uint64) *redis.ScanCmd {
 		return q.rdb.HScan(ctx, qk.Runs(), c, "", repairChunk)
@@ -157,9 +158,6 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 		ids = append(ids, id)
 		if r, ok := parseRecord(rec); ok {
 			vms[r.vm] = true
-			if r.ttl != 0 {
-				withTTL = append(withTTL, id)
-			}
 		}
 	})
 	if err != nil {
@@ -167,23 +165,25 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	}
 	res.Runs = len(ids)
 
-	// Runs in no set first, so that the indexes count them.
+	// Every run first (runs in no set, TTL entries), so that the indexes
+	// count the runs queued again.
 	kill := 0
 	if opts.DeadLetterOrphans {
 		kill = 1
 	}
 	err = q.repairChunks(ctx, []string{qk.Runs(), qk.CkIndex(), qk.DelayIndex(), qk.Depth(), sh.Master(),
 		qk.Held(), qk.Dead(), qk.Env.Dead(), sh.Leases(), sh.TTL()},
-		[]any{"orphans", qn.vbase, qn.member, qn.runPrefix, now, ms(q.cfg.PriorityStep), kill, max(q.cfg.MaxAttempts, 0)},
+		[]any{"runs", qn.vbase, qn.member, qn.runPrefix, now, ms(q.cfg.PriorityStep), kill, max(q.cfg.MaxAttempts, 0)},
 		ids, func(cmd *redis.Cmd) error {
 			out, err := cmd.Int64Slice()
-			if err == nil && len(out) != 3 {
+			if err == nil && len(out) != 4 {
 				err = fmt.Errorf("runqueue: repair: unexpected reply %v", out)
 			}
 			if err == nil {
 				res.Orphans += int(out[0])
 				res.OrphansDead += int(out[1])
 				res.OrphansExpired += int(out[2])
+				res.TTLEntries += int(out[3])
 			}
 			return err
 		})
@@ -209,12 +209,6 @@ func (q *Queue) Repair(ctx context.Context, env, queue string, opts *RepairOptio
 	}
 	res.Keys, res.IndexEntries, res.Depth, res.Master, res.Dead = int(out[0]), int(out[1]), out[2] == 1, out[3] == 1,
 		out[4] == 1
-
-	err = q.repairChunks(ctx, []string{qk.Runs(), sh.TTL()}, []any{"ttl", qn.vbase, qn.runPrefix}, withTTL,
-		addInt(&res.TTLEntries))
-	if err != nil {
-		return res, err
-	}
 
 	var held []string
 	err = scanPairs(func(c uint64) *redis.ScanCmd {

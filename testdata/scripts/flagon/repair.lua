@@ -8,9 +8,11 @@
 -- work a flag-off instance wrote is, so it is the same script on both
 -- flags.
 --
--- ARGV[1] -> the part: "orphans", "index", "ttl", "kin" or "leases"
+-- ARGV[1] -> the part: "runs", "index", "kin" or "leases"
 --
--- "orphans": runs whose record is there but that are in none of the sets
+-- "runs": each run Repair read. A queued run with a deadline gets its
+-- TTL sweep entry when it has none. Runs whose record is there but that
+-- are in none of the sets
 -- a run is always in (its variant's ready or delayed set, the queue's
 -- held hash, its dead set) and have no lease: their set was lost. Each is
 -- queued again as its record says (ready at its available_at, by its
@@ -40,7 +42,10 @@
 -- ARGV[7] -> 1 to dead-letter the runs found, 0 to queue them again
 -- ARGV[8] -> max attempts, 0 for no limit
 -- ARGV[9..] -> encoded ids of runs Repair read
--- Returns: {runs found, of them dead-lettered, of them expired}.
+-- Returns: {runs found in no set, of them dead-lettered, of them expired,
+-- TTL entries added (a run gone, in flight, dead, of no deadline or with
+-- its entry there gets none; a run found in no set and queued again gets
+-- one when it has a deadline)}.
 --
 -- "index": the age and delay indexes, the depth counts and the queue's
 -- entry in the shard master, from the variants' sets; the queue's count
@@ -63,15 +68,6 @@
 -- 1 when the depth counts were rewritten else 0, 1 when the master entry
 -- was added, moved or removed else 0, 1 when the dead count was
 -- rewritten else 0}.
---
--- "ttl": the TTL sweep's entries of queued runs with a deadline.
--- KEYS[1] -> queue runs HASH (encoded id -> record)
--- KEYS[2] -> shard ttl ZSET (run member, score expiry deadline ms)
--- ARGV[2] -> variant key base
--- ARGV[3] -> run member prefix (encoded env ":" encoded queue ":")
--- ARGV[4..] -> encoded ids of runs whose record had a deadline
--- Returns: the number of entries added (a run gone, in flight, dead, of
--- no deadline or with its entry already there gets none).
 --
 -- "kin": the queue's counts of runs in flight per key: its held runs,
 -- and its leases whose hold is gone (the held hash lost), since lease
@@ -344,14 +340,21 @@ local function runqueue_vm(vm)
   return string.match(vm, '^=[%w._%%-]*$') ~= nil
 end
 
-if part == 'orphans' then
+if part == 'runs' then
   local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
               master = KEYS[5], qm = ARGV[3] }
   local held, dead, env_dead, leases, ttl_set = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
   local vbase, prefix, now, step, kill = ARGV[2], ARGV[4], ARGV[5] + 0, ARGV[6] + 0, ARGV[7] == '1'
   local max_attempts = ARGV[8] + 0
   local nohooks = { ready_start = function() end }
-  local found, killed, expired = 0, 0, 0
+  local found, killed, expired, ttl_added = 0, 0, 0, 0
+  -- A queued run with a deadline: its TTL entry when it has none.
+  local function ttl_entry(r, member)
+    if r.ttl ~= '0' and not redis.call('ZSCORE', ttl_set, member) then
+      redis.call('ZADD', ttl_set, r.ttl, member)
+      ttl_added = ttl_added + 1
+    end
+  end
   for i = 9, #ARGV do
     local id = ARGV[i]
     local rec = redis.call('HGET', q.runs, id)
@@ -359,8 +362,9 @@ if part == 'orphans' then
     if r and r.att and runqueue_vm(r.vm) then
       local v = variant_keys(vbase, r.vm)
       local member = prefix .. r.vm .. ':' .. id
-      if not (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id)
-          or redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)
+      if redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id) then
+        ttl_entry(r, member)
+      elseif not (redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)
           or redis.call('ZSCORE', leases, member)) then
         found = found + 1
         if r.ttl ~= '0' and tonumber(r.ttl) <= now and redis.call('ZSCORE', ttl_set, member) then
@@ -381,11 +385,12 @@ if part == 'orphans' then
           killed = killed + 1
         else
           place(q, v, nohooks, id, r.vm, r.at, r.at - r.pr * step, now)
+          ttl_entry(r, member)
         end
       end
     end
   end
-  return { found, killed, expired }
+  return { found, killed, expired, ttl_added }
 end
 
 if part == 'index' then
@@ -471,27 +476,6 @@ if part == 'index' then
     if dead_n > 0 then redis.call('HSET', KEYS[6], qm, dead_n) else redis.call('HDEL', KEYS[6], qm) end
   end
   return { #vms, fixed, depth_fixed, master_fixed, dead_fixed }
-end
-
-if part == 'ttl' then
-  local runs, ttl_set = KEYS[1], KEYS[2]
-  local vbase, prefix = ARGV[2], ARGV[3]
-  local added = 0
-  for i = 4, #ARGV do
-    local id = ARGV[i]
-    local rec = redis.call('HGET', runs, id)
-    local r = rec and rec_parse(rec)
-    if r and r.att and runqueue_vm(r.vm) and r.ttl ~= '0' then
-      local v = variant_keys(vbase, r.vm)
-      local member = prefix .. r.vm .. ':' .. id
-      if (redis.call('ZSCORE', v.ready, id) or redis.call('ZSCORE', v.delayed, id))
-          and not redis.call('ZSCORE', ttl_set, member) then
-        redis.call('ZADD', ttl_set, r.ttl, member)
-        added = added + 1
-      end
-    end
-  end
-  return added
 end
 
 if part == 'kin' then

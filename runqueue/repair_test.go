@@ -451,3 +451,23 @@ func TestRepairOrphansPastAttemptsOrTTL(t *testing.T) {
 		require.False(t, again.Changed(), "%+v", again)
 	})
 }
+
+// TestRepairMovesWrongEntry: an age-index entry whose score is not its
+// key's oldest ready run's is moved there, and the master score with it
+// (on miniredis, whose scores read "2e+12", a comparison by tonumber took
+// every score for equal and moved nothing).
+func TestRepairMovesWrongEntry(t *testing.T) {
+	t.Parallel()
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		sh := keySpace(t, b).Shard(b.q.ShardOf(env))
+		enqueue(t, b, runqueue.EnqueueParams{ID: "a0", Key: "k"})
+		want := readRepairView(t, b, qk, sh)
+		require.NoError(t, b.client.ZAdd(b.ctx, qk.CkIndex(), redis.Z{Score: 3e12, Member: keys.VariantMember("k")}).Err())
+		require.NoError(t, b.client.ZAdd(b.ctx, sh.Master(), redis.Z{Score: 3e12, Member: qk.Member()}).Err())
+		res, err := b.q.Repair(b.ctx, env, queueName, nil)
+		require.NoError(t, err)
+		require.Equal(t, runqueue.RepairResult{Runs: 1, Keys: 1, IndexEntries: 1, Master: true}, res)
+		require.Equal(t, want, readRepairView(t, b, qk, sh))
+	})
+}

@@ -93,9 +93,11 @@
 --@include held
 local part = ARGV[1]
 
--- Whether a score as Redis replied it (false: none) differs from want.
+-- Whether a score as Redis replied it (false: none) differs from want (a
+-- score as replied, or a number). (num, not tonumber: miniredis prints
+-- 2e+12, which gopher-lua's tonumber does not read.)
 local function differs(have, want)
-  return not have or tonumber(have) ~= tonumber(want)
+  return not have or num(have) ~= num(want)
 end
 
 -- Whether vm is a variant member as runqueue writes them: "=" and an
@@ -217,21 +219,20 @@ if part == 'index' then
       redis.call('HSET', depth, 'r', num_arg(counts.r), 'd', num_arg(counts.d))
     end
   end
-  -- The queue's master score: its earliest work (master_refresh's, written
+  -- The queue's master score: its earliest work, written by master_refresh
   -- only when it differs, so that a queue with nothing to mend is only
-  -- read, even on a Redis at maxmemory).
-  local best = nil
-  for _, index in ipairs({ ck_index, delay_index }) do
-    local head = redis.call('ZRANGE', index, '0', '0', 'WITHSCORES')
-    if head[2] and (best == nil or tonumber(head[2]) < tonumber(best)) then best = head[2] end
+  -- read, even on a Redis at maxmemory.
+  local function head(index)
+    local h = redis.call('ZRANGE', index, '0', '0', 'WITHSCORES')
+    return h[2] and num(h[2]) or false
   end
+  local chead, dhead = head(ck_index), head(delay_index)
+  local best = chead
+  if dhead and (not best or dhead < best) then best = dhead end
   local was = redis.call('ZSCORE', master, qm)
   local master_fixed = 0
-  if best and differs(was, best) then
-    redis.call('ZADD', master, best, qm)
-    master_fixed = 1
-  elseif not best and was then
-    redis.call('ZREM', master, qm)
+  if (best and differs(was, best)) or (not best and was) then
+    master_refresh(ck_index, delay_index, master, qm, dhead, chead)
     master_fixed = 1
   end
   if fixed > 0 then widen({ ck_index, delay_index }, nil) end

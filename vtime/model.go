@@ -87,6 +87,7 @@ type run struct {
 	at       int64 // available_at ms
 	state    byte
 	attempt  int
+	ttl      int64 // TTL deadline (ms) until the first delivery, 0 for none
 }
 
 // Reg is a registered variant: its tag, the remainder of its last stride
@@ -549,11 +550,17 @@ func (m *Model) ungate(r *Reg) {
 	}
 }
 
-// Served is one run a dequeue returned.
+// Served is one run a dequeue took. Expired: its TTL had passed (a run
+// never delivered whose deadline is at or before the call's time): the
+// call took it as any other run (its key is charged for it, and it counts
+// for the call's capacity and its key's limit within the call), then
+// deleted it instead of delivering it, its slot freed as an ack frees one
+// (see expireTaken).
 type Served struct {
 	ID      string // encoded id
 	Key     string
 	Attempt int
+	Expired bool
 }
 
 // call is the working state of one Dequeue.
@@ -586,7 +593,37 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 		m.reapIdle()
 	}
 	m.rebase()
+	m.expireTaken(c.out, now, true)
 	return c.out
+}
+
+// SetTTL gives queued run id a TTL deadline (ms): a dequeue that takes it
+// at or after the deadline expires it (see Served). The deadline binds
+// until the run's first delivery.
+func (m *Model) SetTTL(id string, deadline int64) {
+	if r, ok := m.runs[keys.Segment(id)]; ok && (r.state == Ready || r.state == Delayed) && r.attempt == 1 {
+		r.ttl = deadline
+	}
+}
+
+// expireTaken ends a dequeue: each run it took whose TTL passed by now is
+// deleted and its slot freed as an ack of a flag-on (flagOn) or flag-off
+// instance frees it (settle); the others are delivered, and their TTL no
+// longer binds. As the Lua's dq_finish, which reads the taken runs'
+// records to move them in flight; the flag-on script frees the expired
+// runs' slots last (after the rebase), as an ack sent right after the
+// call would.
+func (m *Model) expireTaken(out []Served, now int64, flagOn bool) {
+	for i := range out {
+		r := m.runs[out[i].ID]
+		if r.ttl > 0 && r.ttl <= now {
+			out[i].Expired = true
+			m.settle(r, flagOn)
+			delete(m.runs, r.id)
+			continue
+		}
+		r.ttl = 0
+	}
 }
 
 // capacity is what the env and queue limits leave of maxCount.
@@ -1259,6 +1296,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 		j := sort.Search(len(list), func(j int) bool { return less(e, list[j]) })
 		list = slices.Insert(list, j, e)
 	}
+	m.expireTaken(out, now, false)
 	return out
 }
 

@@ -7,7 +7,8 @@ type SnapshotRun struct {
 	Priority int
 	At       int64 // available_at ms
 	Attempt  int
-	Delayed  bool // in the delayed set (not yet promoted)
+	Delayed  bool  // in the delayed set (not yet promoted)
+	TTL      int64 // TTL deadline (ms) of a run never delivered, 0 for none
 }
 
 // Snapshot is the state of one base queue as read from Redis, to replay
@@ -48,7 +49,7 @@ func Restore(cfg Config, s Snapshot) *Model {
 		m.inflight[k] = v
 	}
 	for _, sr := range s.Runs {
-		r := &run{id: sr.ID, key: sr.Key, priority: sr.Priority, at: sr.At, attempt: sr.Attempt}
+		r := &run{id: sr.ID, key: sr.Key, priority: sr.Priority, at: sr.At, attempt: sr.Attempt, ttl: sr.TTL}
 		m.runs[r.id] = r
 		vm := m.member(r)
 		// Registrations come with the snapshot: runs are added without registering.
@@ -85,7 +86,7 @@ func (m *Model) Snapshot() Snapshot {
 			continue
 		}
 		s.Runs = append(s.Runs, SnapshotRun{ID: r.id, Key: r.key, Priority: r.priority, At: r.at,
-			Attempt: r.attempt, Delayed: r.state == Delayed})
+			Attempt: r.attempt, Delayed: r.state == Delayed, TTL: r.ttl})
 	}
 	return s
 }

@@ -197,12 +197,14 @@ func (q *Queue) settleAndDequeue(ctx context.Context, n *queueNames, acks []*Run
 	return runs, ackErrs, err
 }
 
-// corrupt is what the script calls of one dequeue served with records
-// that do not parse, for the Observer: a coalesced send reports them in
-// its first caller's goroutine.
+// corrupt is what the script calls of one dequeue took and did not
+// deliver, for the Observer: runs served with records that do not parse,
+// and runs expired for their TTL. A coalesced send reports them in its
+// first caller's goroutine.
 type corrupt struct {
-	runs   []*Run // served (no payload; AvailableAt the call's time)
-	killed int    // of them dead-lettered at once (killCorrupt)
+	runs    []*Run // served (no payload; AvailableAt the call's time)
+	killed  int    // of them dead-lettered at once (killCorrupt)
+	expired int    // runs taken whose TTL had passed, deleted by the call
 }
 
 // reportCorrupt tells the Observer of c: each run as dequeued (with no
@@ -211,7 +213,13 @@ type corrupt struct {
 // recovery that dead-letters it (Recovered), so the Observer's dequeued
 // runs still equal the acked, nacked and recovered.
 func (q *Queue) reportCorrupt(qk keys.Queue, c *corrupt, now int64) {
-	if len(c.runs) == 0 || !q.observe {
+	if !q.observe {
+		return
+	}
+	if c.expired > 0 {
+		q.cfg.Observer.Expired(qk.Env.Name(), qk.Name(), c.expired)
+	}
+	if len(c.runs) == 0 {
 		return
 	}
 	q.cfg.Observer.Dequeued(c.runs, time.UnixMilli(now))
@@ -268,7 +276,9 @@ func (q *Queue) killCorrupt(ctx context.Context, n *queueNames, bad []*Run, raw 
 // and fewer than size.maxCount good ones: those are dead-lettered
 // (killCorrupt) and counted in c, and a call that served only such runs
 // must not read as an idle queue (a blocking dequeue or a Worker would
-// wait a poll interval before the next call).
+// wait a poll interval before the next call). So is a call that delivered
+// nothing because every run it took had passed its TTL (the script
+// expired them: counted in c).
 func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSize, now int64, observe bool, c *corrupt, depth int) ([]*Run, []error, error) {
 	if err := checkNow(now); err != nil {
 		return nil, nil, err
@@ -314,7 +324,8 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	if n, ok := res[0].(int64); ok && n < 0 {
 		reset, res[0] = true, -1-n
 	}
-	runs, gone, bad, raw, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	runs, gone, bad, raw, expired, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	c.expired += expired
 	if len(gone) > 0 {
 		// Served without a record (evicted): nothing to deliver, so their
 		// slots are freed at once; should this fail, lease recovery frees
@@ -341,7 +352,8 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	}
 	if reset && err == nil {
 		runs, _, err = q.serve(ctx, n, nil, size, now, observe, c, depth)
-	} else if len(bad)+len(raw) > 0 && err == nil && len(runs) < size.maxCount && depth < maxCorruptCalls {
+	} else if err == nil && depth < maxCorruptCalls && (len(bad)+len(raw) > 0 && len(runs) < size.maxCount ||
+		expired > 0 && len(runs) == 0) {
 		more, _, merr := q.serve(ctx, n, nil, dqSize{maxCount: size.maxCount - len(runs), scan: size.scan,
 			promote: size.promote}, now, observe, c, depth+1)
 		runs = append(runs, more...)
@@ -444,9 +456,9 @@ type servedRaw struct {
 // variant member does not decode, or whose record is another variant's (a
 // ready-set member runqueue did not write: a hand edit), in raw, none of
 // those in runs.
-func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, raw []servedRaw, ackErrs []error, err error) {
+func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, raw []servedRaw, expired int, ackErrs []error, err error) {
 	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
-		return nil, nil, nil, nil, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+		return nil, nil, nil, nil, 0, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
 	}
 	if acks > 0 {
 		ackErrs = make([]error, acks)
@@ -467,6 +479,11 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 		member, _ := res[i+1].(string)
 		rec, hasRec := res[i+2].(string)
 		tok, _ := res[i+3].(int64)
+		if tok == 0 {
+			// Taken past its TTL: the script deleted it (no token is 0).
+			expired++
+			continue
+		}
 		id, err := keys.DecodeSegment(encID)
 		ck, kerr := keys.DecodeVariantMember(member)
 		if err != nil || kerr != nil {
@@ -494,7 +511,7 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 			Attempt: r.att, Priority: r.pr, AvailableAt: time.UnixMilli(r.at), Token: tok,
 			LeaseDeadline: time.UnixMilli(lease)})
 	}
-	return runs, gone, bad, raw, ackErrs, nil
+	return runs, gone, bad, raw, expired, ackErrs, nil
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard

@@ -13,6 +13,10 @@ import (
 	"github.com/runqueue/runqueue/vtime"
 )
 
+// MaxCorruptCalls is how many script calls a dequeue makes again after
+// calls that delivered nothing they took (see serve). Tests only.
+const MaxCorruptCalls = maxCorruptCalls
+
 // SchedulerSnapshot returns the scheduler state of a queue as stored in
 // Redis (no runs) and whether its state hash exists. Tests only.
 func (q *Queue) SchedulerSnapshot(ctx context.Context, env, queue string) (vtime.Snapshot, bool, error) {

@@ -77,7 +77,22 @@ func TestMixedDeploy(t *testing.T) {
 				require.Equal(rt, "queued", r.state, "%s served %s in state %s", who, run.ID, r.state)
 				require.LessOrEqual(rt, r.at, now, "%s served %s before its time", who, run.ID)
 				require.Equal(rt, r.key, run.Key)
+				require.True(rt, r.ttl == 0 || r.ttl > now, "%s served %s past its TTL (deadline %d, now %d)",
+					who, run.ID, r.ttl, now)
 				r.state, r.run, r.ttl = "held", run, 0
+			}
+			// Runs the call took past their TTL were expired, not served.
+			for id, r := range runs {
+				if r.state != "queued" {
+					continue
+				}
+				exists, err := p.c.HExists(p.ctx, p.qk.Runs(), keys.Segment(id)).Result()
+				require.NoError(rt, err)
+				if !exists {
+					require.True(rt, r.ttl > 0 && r.ttl <= now, "%s: %s (TTL deadline %d, now %d) gone at a dequeue",
+						who, id, r.ttl, now)
+					r.state = "expired"
+				}
 			}
 		}
 		lastV := 0.0

@@ -268,14 +268,26 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 		Limits: vtime.Limits{Env: lim.Env, Queue: lim.Queue, Key: lim.Key},
 	}, snap)
 	var out []PreviewRun
-	for _, s := range m.Dequeue(n, now) {
-		id, err := keys.DecodeSegment(s.ID)
-		if err != nil {
-			return nil, err
+	// As Dequeue: the runs a call took whose TTL had passed are expired,
+	// not delivered, and a call that delivered none for that is made
+	// again (see serve).
+	for depth := 0; ; depth++ {
+		expired := 0
+		for _, s := range m.Dequeue(n, now) {
+			if s.Expired {
+				expired++
+				continue
+			}
+			id, err := keys.DecodeSegment(s.ID)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, PreviewRun{Key: s.Key, ID: id, Attempt: s.Attempt})
 		}
-		out = append(out, PreviewRun{Key: s.Key, ID: id, Attempt: s.Attempt})
+		if len(out) > 0 || expired == 0 || depth >= maxCorruptCalls {
+			return out, nil
+		}
 	}
-	return out, nil
 }
 
 func zmembers(z []zentry) []string {
@@ -313,7 +325,7 @@ func (q *Queue) addSnapshotRuns(ctx context.Context, qk keys.Queue, snap *vtime.
 			return err
 		}
 		snap.Runs = append(snap.Runs, vtime.SnapshotRun{ID: ids[i], Key: key, Priority: r.pr, At: r.at,
-			Attempt: r.att, Delayed: delayed})
+			Attempt: r.att, Delayed: delayed, TTL: r.ttl})
 	}
 	return nil
 }

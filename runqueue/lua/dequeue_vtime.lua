@@ -2,7 +2,7 @@
 -- serve up to maxCount ready runs of one base queue in fair virtual-time
 -- order across its variants (start-time fair queuing; vtime/ is the model
 -- this follows phase by phase: capacity, promote, ungate, discover, serve,
--- persist, rebase), each moved in flight with a lease. Every serve
+-- persist, rebase, expired), each moved in flight with a lease. Every serve
 -- re-decides, so a variant may be served several times in one call and a
 -- call of N serves what N calls of 1 would.
 --
@@ -552,6 +552,11 @@ if st.v >= SCHED.REBASE_AT then
   st.v = st.v - SCHED.REBASE_BY
   st.e = st.e + 1
 end
+
+-- expired: the runs taken whose TTL passed (dq_finish) free their slots
+-- as an ack sent right after the call would (vtime's expireTaken): a
+-- variant gated at its key limit for them competes again.
+if dq.expired_vms and (kl > 0 or ARGV[dq.own_args + 4] == '1') then sched_released(S, dq.expired_vms, true) end
 
 sched_save(S)
 return out

@@ -647,15 +647,58 @@ end
 -- the shard for ever: a counter), fix the indexes, the counts and the
 -- master score. Records are returned as stored, unparsed (Go reads them);
 -- a served run with a TTL leaves the TTL set (its record keeps the
--- deadline until the next rewrite clears it: see lib/record).
+-- deadline until the next rewrite clears it: see lib/record). A run taken
+-- whose TTL passed (never delivered, its deadline at or before the call's
+-- time) is expired instead, as the TTL sweep would have (vtime's
+-- expireTaken): its record and TTL entry go, it takes no slot, lease or
+-- token, and its variant is in dq.expired_vms (the flag-on dequeue frees
+-- its slot for the scheduler as an ack does).
 -- Returns a flat array: acks' results count, the acks' results, then for
--- each run: encoded id, variant member, record, delivery token.
+-- each run: encoded id, variant member, record, delivery token; for each
+-- run expired: encoded id, variant member, false, 0.
 local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
     if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
+  end
+  local ids, vms = dq.served, dq.served_vm
+  local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  -- gone: the runs taken whose TTL passed, { id, vm, run member } each
+  local gone = nil
+  for i = 1, #ids do
+    local rec = recs[i]
+    if rec and rec_has_ttl(rec) then
+      local r = rec_parse(rec)
+      if r.ttl and r.vm == vms[i] and r.ttl + 0 <= dq.now then
+        if not gone then gone = {} end
+        gone[#gone + 1] = i
+      end
+    end
+  end
+  if gone then
+    -- The live runs in lists of their own; the expired ones counted per
+    -- variant (c.expired) and listed in gone as id, vm, run member.
+    local lids, lvms, lrecs, skip, list = {}, {}, {}, {}, {}
+    for _, i in ipairs(gone) do skip[i] = true end
+    dq.expired_vms = {}
+    for i = 1, #ids do
+      local vm = vms[i]
+      if skip[i] then
+        local c = dq.vars[vm]
+        if not c.expired then
+          c.expired = 0
+          dq.expired_vms[#dq.expired_vms + 1] = vm
+        end
+        c.expired = c.expired + 1
+        list[#list + 1] = { ids[i], vm, dq.run_prefix .. vm .. ':' .. ids[i] }
+      else
+        local k = #lids + 1
+        lids[k], lvms[k], lrecs[k] = ids[i], vm, recs[i]
+      end
+    end
+    gone, ids, vms, recs = list, lids, lvms, lrecs
   end
   -- The in-flight counts of the touched variants not read yet, in one read;
   -- a call that touched one variant whose count it has not read adds to it
@@ -682,9 +725,10 @@ local function dq_finish(dq, acked)
     else
       emptied[#emptied + 1] = vm
     end
-    if not added then
+    -- (a variant whose runs taken all expired keeps its count as it is)
+    if not added and c.taken > (c.expired or 0) then
       counts[#counts + 1] = vm
-      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken)
+      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken - (c.expired or 0))
     end
   end
   for i = 1, #heads, 1000 do
@@ -698,13 +742,30 @@ local function dq_finish(dq, acked)
   -- first write removes runs from their ready sets, so a full Redis still
   -- hands out runs, whose acks free memory)
   if added then
-    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
-  else
+    local c = dq.vars[unread[1]]
+    if c.taken > (c.expired or 0) then
+      redis.call('HINCRBY', dq.kin, unread[1], num_arg(c.taken - (c.expired or 0)))
+    end
+  elseif #counts > 0 then
     redis.call('HSET', dq.kin, unpack(counts))
   end
   depth_sub(dq.depth, 'r', #dq.served)
+  if gone then
+    local gids, gmembers, o = {}, {}, #out
+    for k, g in ipairs(gone) do
+      gids[k], gmembers[k] = g[1], g[3]
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = g[1], g[2], false, 0
+      o = o + 4
+    end
+    redis.call('HDEL', dq.runs, unpack(gids))
+    redis.call('ZREM', dq.ttl, unpack(gmembers))
+  end
 
-  local n = #dq.served
+  local n = #ids
+  if n == 0 then
+    master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
+    return out
+  end
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
   -- The counter never runs behind the clock: a call that finds it below
   -- the time in microseconds (below 2^52 until the year 2112), rounded
@@ -733,7 +794,7 @@ local function dq_finish(dq, acked)
     redis.call('SET', dq.tokens, num_arg(token0 + n))
   end
   local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))
-  local ids, vms, fields, leases = dq.served, dq.served_vm, {}, {}
+  local fields, leases = {}, {}
   for i, id in ipairs(ids) do
     local vm = vms[i]
     fields[2 * i - 1] = vm .. ':' .. id
@@ -749,7 +810,6 @@ local function dq_finish(dq, acked)
     held_widen(dq.held, dq.kin, env_in)
     widen({ dq.ck_index, dq.leases }, dq.runs)
   end
-  local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   local o = #out
   for i, id in ipairs(ids) do

@@ -743,15 +743,17 @@ local function hooks_lib(H)
       local function sched_gather() return { ready_start = sched_gather_ready_start } end
 
       -- Slots of the variants vms freed (ack, nack, lease recovery, dead
-      -- letter): a gated one competes again, at max(S, V), whatever the key
-      -- limit is now (one read for all of them).
-      local function sched_released(S, vms)
+      -- letter, a dequeue's runs expired): a gated one competes again, at
+      -- max(S, V), whatever the key limit is now (one read for all of them).
+      -- own: the caller is a dequeue, which may have started the state and
+      -- gated variants in it itself.
+      local function sched_released(S, vms, own)
         local hvs = sched_hmget(S.h, vms)
         for i, vm in ipairs(vms) do
           local rg = hvs[i] and sched_parse(hvs[i])
           if rg and rg.gated then
             local st = sched_state(S)
-            if S.fresh then return end -- a state started again: see sched_drained
+            if S.fresh and not own then return end -- a state started again: see sched_drained
             local u, r = rg.tag, rg.r
             if not u or u < st.v then u, r = st.v, 0 end
             redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)

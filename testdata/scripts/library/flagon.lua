@@ -1,4 +1,4 @@
-#!lua name=runqueue_e5d4634d4a74ce4c
+#!lua name=runqueue_6a50b60c66ba5164
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -582,15 +582,17 @@ local function sched_gather_ready_start(G, vm) G[#G + 1] = vm end
 local function sched_gather() return { ready_start = sched_gather_ready_start } end
 
 -- Slots of the variants vms freed (ack, nack, lease recovery, dead
--- letter): a gated one competes again, at max(S, V), whatever the key
--- limit is now (one read for all of them).
-local function sched_released(S, vms)
+-- letter, a dequeue's runs expired): a gated one competes again, at
+-- max(S, V), whatever the key limit is now (one read for all of them).
+-- own: the caller is a dequeue, which may have started the state and
+-- gated variants in it itself.
+local function sched_released(S, vms, own)
   local hvs = sched_hmget(S.h, vms)
   for i, vm in ipairs(vms) do
     local rg = hvs[i] and sched_parse(hvs[i])
     if rg and rg.gated then
       local st = sched_state(S)
-      if S.fresh then return end -- a state started again: see sched_drained
+      if S.fresh and not own then return end -- a state started again: see sched_drained
       local u, r = rg.tag, rg.r
       if not u or u < st.v then u, r = st.v, 0 end
       redis.call('ZADD', S.z, sched_fmt(u), rg.code .. vm)
@@ -1377,15 +1379,58 @@ end
 -- the shard for ever: a counter), fix the indexes, the counts and the
 -- master score. Records are returned as stored, unparsed (Go reads them);
 -- a served run with a TTL leaves the TTL set (its record keeps the
--- deadline until the next rewrite clears it: see lib/record).
+-- deadline until the next rewrite clears it: see lib/record). A run taken
+-- whose TTL passed (never delivered, its deadline at or before the call's
+-- time) is expired instead, as the TTL sweep would have (vtime's
+-- expireTaken): its record and TTL entry go, it takes no slot, lease or
+-- token, and its variant is in dq.expired_vms (the flag-on dequeue frees
+-- its slot for the scheduler as an ack does).
 -- Returns a flat array: acks' results count, the acks' results, then for
--- each run: encoded id, variant member, record, delivery token.
+-- each run: encoded id, variant member, record, delivery token; for each
+-- run expired: encoded id, variant member, false, 0.
 local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
   if #dq.served == 0 then
     if dq.dirty then master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head) end
     return out
+  end
+  local ids, vms = dq.served, dq.served_vm
+  local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  -- gone: the runs taken whose TTL passed, { id, vm, run member } each
+  local gone = nil
+  for i = 1, #ids do
+    local rec = recs[i]
+    if rec and rec_has_ttl(rec) then
+      local r = rec_parse(rec)
+      if r.ttl and r.vm == vms[i] and r.ttl + 0 <= dq.now then
+        if not gone then gone = {} end
+        gone[#gone + 1] = i
+      end
+    end
+  end
+  if gone then
+    -- The live runs in lists of their own; the expired ones counted per
+    -- variant (c.expired) and listed in gone as id, vm, run member.
+    local lids, lvms, lrecs, skip, list = {}, {}, {}, {}, {}
+    for _, i in ipairs(gone) do skip[i] = true end
+    dq.expired_vms = {}
+    for i = 1, #ids do
+      local vm = vms[i]
+      if skip[i] then
+        local c = dq.vars[vm]
+        if not c.expired then
+          c.expired = 0
+          dq.expired_vms[#dq.expired_vms + 1] = vm
+        end
+        c.expired = c.expired + 1
+        list[#list + 1] = { ids[i], vm, dq.run_prefix .. vm .. ':' .. ids[i] }
+      else
+        local k = #lids + 1
+        lids[k], lvms[k], lrecs[k] = ids[i], vm, recs[i]
+      end
+    end
+    gone, ids, vms, recs = list, lids, lvms, lrecs
   end
   -- The in-flight counts of the touched variants not read yet, in one read;
   -- a call that touched one variant whose count it has not read adds to it
@@ -1412,9 +1457,10 @@ local function dq_finish(dq, acked)
     else
       emptied[#emptied + 1] = vm
     end
-    if not added then
+    -- (a variant whose runs taken all expired keeps its count as it is)
+    if not added and c.taken > (c.expired or 0) then
       counts[#counts + 1] = vm
-      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken)
+      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken - (c.expired or 0))
     end
   end
   for i = 1, #heads, 1000 do
@@ -1428,13 +1474,30 @@ local function dq_finish(dq, acked)
   -- first write removes runs from their ready sets, so a full Redis still
   -- hands out runs, whose acks free memory)
   if added then
-    redis.call('HINCRBY', dq.kin, unread[1], num_arg(dq.vars[unread[1]].taken))
-  else
+    local c = dq.vars[unread[1]]
+    if c.taken > (c.expired or 0) then
+      redis.call('HINCRBY', dq.kin, unread[1], num_arg(c.taken - (c.expired or 0)))
+    end
+  elseif #counts > 0 then
     redis.call('HSET', dq.kin, unpack(counts))
   end
   depth_sub(dq.depth, 'r', #dq.served)
+  if gone then
+    local gids, gmembers, o = {}, {}, #out
+    for k, g in ipairs(gone) do
+      gids[k], gmembers[k] = g[1], g[3]
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = g[1], g[2], false, 0
+      o = o + 4
+    end
+    redis.call('HDEL', dq.runs, unpack(gids))
+    redis.call('ZREM', dq.ttl, unpack(gmembers))
+  end
 
-  local n = #dq.served
+  local n = #ids
+  if n == 0 then
+    master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
+    return out
+  end
   local token0 = redis.call('INCRBY', dq.tokens, num_arg(n)) - n
   -- The counter never runs behind the clock: a call that finds it below
   -- the time in microseconds (below 2^52 until the year 2112), rounded
@@ -1463,7 +1526,7 @@ local function dq_finish(dq, acked)
     redis.call('SET', dq.tokens, num_arg(token0 + n))
   end
   local env_in = redis.call('INCRBY', dq.env_n, num_arg(n))
-  local ids, vms, fields, leases = dq.served, dq.served_vm, {}, {}
+  local fields, leases = {}, {}
   for i, id in ipairs(ids) do
     local vm = vms[i]
     fields[2 * i - 1] = vm .. ':' .. id
@@ -1479,7 +1542,6 @@ local function dq_finish(dq, acked)
     held_widen(dq.held, dq.kin, env_in)
     widen({ dq.ck_index, dq.leases }, dq.runs)
   end
-  local recs = redis.call('HMGET', dq.runs, unpack(ids))
   local expiring = {}
   local o = #out
   for i, id in ipairs(ids) do
@@ -1763,7 +1825,7 @@ KEYS, ARGV = keys, args
 -- serve up to maxCount ready runs of one base queue in fair virtual-time
 -- order across its variants (start-time fair queuing; vtime/ is the model
 -- this follows phase by phase: capacity, promote, ungate, discover, serve,
--- persist, rebase), each moved in flight with a lease. Every serve
+-- persist, rebase, expired), each moved in flight with a lease. Every serve
 -- re-decides, so a variant may be served several times in one call and a
 -- call of N serves what N calls of 1 would.
 --
@@ -2308,6 +2370,11 @@ if st.v >= 562949953421312 then
   st.e = st.e + 1
 end
 
+-- expired: the runs taken whose TTL passed (dq_finish) free their slots
+-- as an ack sent right after the call would (vtime's expireTaken): a
+-- variant gated at its key limit for them competes again.
+if dq.expired_vms and (kl > 0 or ARGV[dq.own_args + 4] == '1') then sched_released(S, dq.expired_vms, true) end
+
 sched_save(S)
 return out
 end
@@ -2575,9 +2642,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_e5d4634d4a74ce4c_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_e5d4634d4a74ce4c_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e5d4634d4a74ce4c_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e5d4634d4a74ce4c_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e5d4634d4a74ce4c_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e5d4634d4a74ce4c_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a50b60c66ba5164_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_6a50b60c66ba5164_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a50b60c66ba5164_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a50b60c66ba5164_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a50b60c66ba5164_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a50b60c66ba5164_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

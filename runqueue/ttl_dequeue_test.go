@@ -1,0 +1,129 @@
+package runqueue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// TestDequeueExpiresPastTTL: a dequeue never delivers a run whose TTL
+// passed before the sweep came to it. The runs it takes past their TTL are
+// deleted as the sweep would (told to the Observer as expired, their ids
+// free again) and take no slot; the others are served as before.
+func TestDequeueExpiresPastTTL(t *testing.T) {
+	forEachFlagWith(t, func(c *runqueue.Config) { c.Observer = &recorder{} }, func(t *testing.T, b *testBundle, on bool) {
+		rec := b.cfg.Observer.(*recorder)
+		shard := b.q.ShardOf(env)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "short", TTL: 10 * time.Second})
+		b.clock.Advance(time.Millisecond)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: "none"})
+		b.clock.Advance(time.Millisecond)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "c", ID: "long", TTL: time.Minute})
+		b.clock.Advance(time.Millisecond)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "short2", TTL: 10 * time.Second})
+		b.clock.Advance(10 * time.Second)
+
+		runs := dequeue(t, b, queueName, 10)
+		require.ElementsMatch(t, []string{"none", "long"}, runIDs(runs))
+		require.Equal(t, runqueue.Stats{InFlight: 2}, queueStats(t, b, queueName))
+		for _, id := range []string{"short", "short2"} {
+			_, _, _, err := b.q.RecordOf(b.ctx, env, queueName, id)
+			require.Error(t, err, "%s's record is gone", id)
+		}
+		// Their TTL entries went with them: the sweep finds nothing.
+		n, err := b.q.ExpireTTL(b.ctx, shard, 100)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Zero(t, b.client.ZCard(b.ctx, keySpace(t, b).Shard(shard).TTL()).Val(), "ttl entries left")
+		events := rec.take()
+		require.Contains(t, events, "expired "+env+"/"+queueName+" 2")
+		for _, e := range events {
+			require.NotContains(t, e, "short", "an expired run reported as dequeued")
+		}
+		// An expired id is free again, and the key's slot was never taken.
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "short"})
+		require.Equal(t, []string{"short"}, runIDs(dequeue(t, b, queueName, 10)))
+		ackAll(t, b, runs)
+		require.Equal(t, runqueue.Stats{InFlight: 1}, queueStats(t, b, queueName))
+	})
+}
+
+// TestDequeueExpiredThenServesBehind: a Dequeue whose runs taken all
+// passed their TTL does not read as an idle queue: it calls again and
+// serves the run behind them, in the same Dequeue, on every path that
+// serves (a coalesced or serial Dequeue, AckAndDequeue, DequeueShard).
+func TestDequeueExpiredThenServesBehind(t *testing.T) {
+	paths := map[string]func(t *testing.T, b *testBundle) []*runqueue.Run{
+		"Dequeue": func(t *testing.T, b *testBundle) []*runqueue.Run { return dequeue(t, b, queueName, 1) },
+		"AckAndDequeue": func(t *testing.T, b *testBundle) []*runqueue.Run {
+			runs, _, err := b.q.AckAndDequeue(b.ctx, nil, env, queueName, 1)
+			require.NoError(t, err)
+			return runs
+		},
+		"DequeueShard": func(t *testing.T, b *testBundle) []*runqueue.Run {
+			runs, err := b.q.DequeueShard(b.ctx, b.q.ShardOf(env), 1)
+			require.NoError(t, err)
+			return runs
+		},
+	}
+	for name, serve := range paths {
+		t.Run(name, func(t *testing.T) {
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				for i := range 3 {
+					enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "old" + string(rune('0'+i)), TTL: time.Second})
+					b.clock.Advance(time.Millisecond)
+				}
+				enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "fresh"})
+				b.clock.Advance(time.Second)
+				require.Equal(t, []string{"fresh"}, runIDs(serve(t, b)))
+				require.Equal(t, runqueue.Stats{InFlight: 1}, queueStats(t, b, queueName))
+			})
+		})
+	}
+}
+
+// TestDequeueExpiredAtKeyLimit: a run past its TTL at the head of a key at
+// its limit of 1 counts for the key within the call that takes it (the
+// key's next run waits, as behind a served run), but takes no slot: the
+// next call serves the key's next run (flag on, the key gated for it
+// competes again), and the key's count of runs in flight stays 0.
+func TestDequeueExpiredAtKeyLimit(t *testing.T) {
+	forEachFlagWith(t, func(c *runqueue.Config) { c.KeyConcurrency = 1 }, func(t *testing.T, b *testBundle, on bool) {
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a-old", TTL: time.Second})
+		b.clock.Advance(time.Millisecond)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a-next"})
+		b.clock.Advance(time.Millisecond)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: "b1"})
+		b.clock.Advance(time.Second)
+		first := dequeue(t, b, queueName, 5)
+		require.Equal(t, []string{"b1"}, runIDs(first))
+		qk := keySpace(t, b).Env(env).Queue(queueName)
+		require.False(t, b.client.HExists(b.ctx, qk.KeyInflight(), keys.VariantMember("a")).Val(),
+			"key a counted in flight for an expired run")
+		require.Equal(t, []string{"a-next"}, runIDs(dequeue(t, b, queueName, 5)))
+		// a is at its limit now; its ack frees it as usual.
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a-last"})
+		require.Empty(t, dequeue(t, b, queueName, 5))
+	})
+}
+
+// TestDequeueServesDeliveredPastOldTTL: the TTL binds until the first
+// delivery only: a run nacked back (or recovered) after its old deadline
+// is served, not expired.
+func TestDequeueServesDeliveredPastOldTTL(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "nacked", TTL: 10 * time.Second})
+		runs := dequeue(t, b, queueName, 1)
+		require.Equal(t, []string{"nacked"}, runIDs(runs))
+		_, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{RetryAt: b.clock.Now()})
+		require.NoError(t, err)
+		b.clock.Advance(time.Minute)
+		again := dequeue(t, b, queueName, 1)
+		require.Equal(t, []string{"nacked"}, runIDs(again))
+		require.Equal(t, 2, again[0].Attempt)
+	})
+}

@@ -49,6 +49,14 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // in one millisecond (an EnqueueMany, coalesced Enqueue calls, which share
 // one time) come in id order, not in the order they were enqueued.
 //
+// A run the call takes whose TTL passed (EnqueueParams.TTL) is deleted,
+// not delivered (Observer.Expired): it counts as a serve for its key's
+// place in the order and, within the call, for maxCount and the key's
+// limit, but takes no slot. A call that delivered nothing for that calls
+// again (at most 64 times), so a queue whose head runs expired does not
+// read as empty; one that delivered some may return fewer than maxCount
+// while runs are ready.
+//
 // Concurrent Dequeue calls of one base queue on one Queue are coalesced as
 // Enqueue calls are (see Enqueue and Config.SerialCalls), each base queue
 // apart (calls of one queue never wait for another's): the calls that

@@ -126,7 +126,8 @@
 // once. RecoverLeases requeues a run whose lease passed with attempt + 1,
 // ready at once (or dead-letters it when it has no attempt left), so a
 // crashed consumer loses nothing; ExpireTTL removes queued runs whose TTL
-// passed before they were dequeued.
+// passed before they were dequeued (a dequeue that comes to such a run
+// first deletes it too, never delivering it).
 //
 // # The scheduler and its rollout
 //

@@ -32,11 +32,16 @@ type EnqueueParams struct {
 	// AvailableAt and Delay: both is an *InvalidError, nothing written.
 	Delay time.Duration
 	// TTL expires the run if it is not dequeued within TTL of being
-	// enqueued. Zero means no TTL. Expiry is the sweeps' work (ExpireTTL,
-	// which a Worker runs every WorkerConfig.SweepInterval on average): a
-	// dequeue that comes after the TTL passed but before a sweep expired
-	// the run still serves it, so a handler to whom a stale run matters
-	// checks its age itself.
+	// enqueued. Zero means no TTL. A run is never delivered once its TTL
+	// passed: a dequeue that comes to it first deletes it instead (told to
+	// the Observer as Expired; its key is charged as for a serve, and it
+	// counts for that call's maxCount and key limit, but takes no slot),
+	// and the sweeps (ExpireTTL, which a Worker runs every
+	// WorkerConfig.SweepInterval on average) delete the others, so that
+	// they do not keep their memory and ids. The TTL binds until the
+	// run's first delivery: a run nacked back or recovered has none. The
+	// deadline is by the enqueuing instance's clock, the check by the
+	// dequeuing one's (README, "Clocks").
 	TTL time.Duration
 }
 

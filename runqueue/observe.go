@@ -21,7 +21,8 @@ type Observer interface {
 	// Nacked: a run went back to its queue (requeued) or to the dead
 	// letter (requeued false).
 	Nacked(env, queue string, requeued bool)
-	// Expired: n queued runs of env/queue passed their TTL.
+	// Expired: n queued runs of env/queue passed their TTL and were
+	// deleted (by ExpireTTL, a dequeue that took them, or Repair).
 	Expired(env, queue string, n int)
 	// Recovered: n runs of env/queue whose lease passed were taken back:
 	// dead of them dead-lettered (no attempts left), the others requeued.

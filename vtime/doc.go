@@ -125,6 +125,9 @@
 //     reaps the parked tags at or below V and caps the idle set to the
 //     highest IdleMaxEntries (ties: member order).
 //   - rebase, when V reaches 2^49.
+//   - expired: each run taken whose TTL passed (SetTTL; never delivered,
+//     its deadline at or before now) is deleted instead of delivered, its
+//     slot freed as an ack frees it (Served.Expired).
 //
 // # Registration
 //

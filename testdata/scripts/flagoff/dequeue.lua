@@ -654,8 +654,8 @@ end
 -- token, and its variant is in dq.expired_vms (the flag-on dequeue frees
 -- its slot for the scheduler as an ack does).
 -- Returns a flat array: acks' results count, the acks' results, then for
--- each run: encoded id, variant member, record, delivery token; for each
--- run expired: encoded id, variant member, false, 0.
+-- each run taken, in the order taken: encoded id, variant member, record,
+-- delivery token; for one expired: encoded id, variant member, false, 0.
 local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
@@ -665,8 +665,9 @@ local function dq_finish(dq, acked)
   end
   local ids, vms = dq.served, dq.served_vm
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
-  -- gone: the runs taken whose TTL passed, { id, vm, run member } each
-  local gone = nil
+  -- gone: the places in dq.served of the runs taken whose TTL passed;
+  -- skip: the same as a set
+  local gone, skip = nil, nil
   for i = 1, #ids do
     local rec = recs[i]
     if rec and rec_has_ttl(rec) then
@@ -679,8 +680,9 @@ local function dq_finish(dq, acked)
   end
   if gone then
     -- The live runs in lists of their own; the expired ones counted per
-    -- variant (c.expired) and listed in gone as id, vm, run member.
-    local lids, lvms, lrecs, skip, list = {}, {}, {}, {}, {}
+    -- variant (c.expired).
+    local lids, lvms, lrecs, gids, gmembers = {}, {}, {}, {}, {}
+    skip = {}
     for _, i in ipairs(gone) do skip[i] = true end
     dq.expired_vms = {}
     for i = 1, #ids do
@@ -692,13 +694,16 @@ local function dq_finish(dq, acked)
           dq.expired_vms[#dq.expired_vms + 1] = vm
         end
         c.expired = c.expired + 1
-        list[#list + 1] = { ids[i], vm, dq.run_prefix .. vm .. ':' .. ids[i] }
+        gids[#gids + 1] = ids[i]
+        gmembers[#gmembers + 1] = dq.run_prefix .. vm .. ':' .. ids[i]
       else
         local k = #lids + 1
         lids[k], lvms[k], lrecs[k] = ids[i], vm, recs[i]
       end
     end
-    gone, ids, vms, recs = list, lids, lvms, lrecs
+    redis.call('HDEL', dq.runs, unpack(gids))
+    redis.call('ZREM', dq.ttl, unpack(gmembers))
+    ids, vms, recs = lids, lvms, lrecs
   end
   -- The in-flight counts of the touched variants not read yet, in one read;
   -- a call that touched one variant whose count it has not read adds to it
@@ -750,19 +755,14 @@ local function dq_finish(dq, acked)
     redis.call('HSET', dq.kin, unpack(counts))
   end
   depth_sub(dq.depth, 'r', #dq.served)
-  if gone then
-    local gids, gmembers, o = {}, {}, #out
-    for k, g in ipairs(gone) do
-      gids[k], gmembers[k] = g[1], g[3]
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = g[1], g[2], false, 0
-      o = o + 4
-    end
-    redis.call('HDEL', dq.runs, unpack(gids))
-    redis.call('ZREM', dq.ttl, unpack(gmembers))
-  end
 
   local n = #ids
   if n == 0 then
+    local o = #out
+    for i, id in ipairs(dq.served) do
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, 0
+      o = o + 4
+    end
     master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
     return out
   end
@@ -810,14 +810,20 @@ local function dq_finish(dq, acked)
     held_widen(dq.held, dq.kin, env_in)
     widen({ dq.ck_index, dq.leases }, dq.runs)
   end
+  -- The runs in the order taken, the expired ones in their places.
   local expiring = {}
-  local o = #out
-  for i, id in ipairs(ids) do
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, vms[i], recs[i], token0 + i
+  local o, j = #out, 0
+  for i, id in ipairs(dq.served) do
+    if skip and skip[i] then
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, 0
+    else
+      j = j + 1
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, vms[j], recs[j], token0 + j
+      -- (no record: the runs hash was evicted, Config.AllowEviction; the
+      -- run goes out without one and the client acks it at once)
+      if recs[j] and rec_has_ttl(recs[j]) then expiring[#expiring + 1] = leases[2 * j] end
+    end
     o = o + 4
-    -- (no record: the runs hash was evicted, Config.AllowEviction; the run
-    -- goes out without one and the client acks it at once)
-    if recs[i] and rec_has_ttl(recs[i]) then expiring[#expiring + 1] = leases[2 * i] end
   end
   if #expiring > 0 then redis.call('ZREM', dq.ttl, unpack(expiring)) end
   master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)

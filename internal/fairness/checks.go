@@ -282,7 +282,9 @@ func CheckNewcomerOrder(h *History) []Violation {
 			}
 			queue, freshOp, pending = nil, map[string]int{}, map[string]int{}
 		case EvServe:
-			if op, ok := freshOp[e.Key]; ok {
+			// (an expired serve is not judged: the Lua driver cannot see
+			// where among its call's serves it was taken)
+			if op, ok := freshOp[e.Key]; ok && !e.Expiring {
 				if len(queue) > 0 && queue[0].op < op {
 					w := queue[0]
 					out = append(out, Violation{Check: "newcomer-order", Op: e.Op, Serve: e.Serve,
@@ -823,9 +825,11 @@ func CheckReachability(h *History) []Violation {
 // no tag left behind by a flag-off drain (stale tags are cleaned up a
 // bounded number per call, and a call may meet only those), no possible
 // lapse of the state, and every due delayed run within its promotion,
-// returns exactly min(maxCount, what the env and queue limits leave, the
+// takes exactly min(maxCount, what the env and queue limits leave, the
 // servable runs), the servable runs being each key's ready runs up to its
-// key limit.
+// key limit; the runs it takes past their TTL (deleted, not delivered)
+// count, and when it delivered none for that and took again (Dequeue's
+// second script call), it takes at least that many.
 func CheckWorkConservation(h *History) []Violation {
 	var out []Violation
 	var call *Event
@@ -842,7 +846,9 @@ func CheckWorkConservation(h *History) []Violation {
 				continue
 			}
 			want := min(call.Capacity, call.Expect)
-			if e.N != want {
+			// (a call with runs past their TTL takes again when it
+			// delivered none: at least the servable then)
+			if e.N != want && !(call.Expiring && e.N > want) {
 				out = append(out, Violation{Check: "work", Op: e.Op, Serve: e.Serve,
 					Msg: fmt.Sprintf("dequeue(%d) served %d; capacity %d, servable runs %d: want %d",
 						call.MaxCount, e.N, call.Capacity, call.Expect, want)})
@@ -904,6 +910,12 @@ func CheckExactlyOnce(h *History) []Violation {
 			}
 			if e.Attempt != l.attempt {
 				bad(e, "run %s served as attempt %d, want %d", e.ID, e.Attempt, l.attempt)
+			}
+			if e.Expiring {
+				if l.state == stReady {
+					terminal(e, e.ID, l, stExpired)
+				}
+				continue
 			}
 			l.state = stHeld
 		case EvAck:

@@ -13,11 +13,15 @@ type Limits struct {
 	Key   int // runs in flight per concurrency key
 }
 
-// Served is one run a dequeue call returned, in serve order.
+// Served is one run a dequeue call took, in serve order. Expired: it had
+// passed its TTL, and the call deleted it instead of delivering it (the
+// Lua driver cannot see where among the call's serves it was taken: it
+// lists such runs first).
 type Served struct {
 	Key     string
 	ID      string // the id given to Enqueue
 	Attempt int    // delivery attempt, from 1
+	Expired bool
 }
 
 // Driver runs the operations of one base queue on a backend: the vtime
@@ -27,7 +31,9 @@ type Driver interface {
 	// Enqueue queues a run of key, available after delay, expiring (TTL
 	// sweep) if not dequeued within ttl (0: never).
 	Enqueue(key, id string, priority int, delay, ttl time.Duration) error
-	// Dequeue serves up to maxCount runs in one call.
+	// Dequeue serves up to maxCount runs in one call (runqueue's
+	// Dequeue: the runs it took past their TTL, expired, come with them;
+	// when it delivered none for that, it takes again).
 	Dequeue(maxCount int) ([]Served, error)
 	// Ack completes a held run.
 	Ack(id string) error

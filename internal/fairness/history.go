@@ -20,12 +20,14 @@ const (
 	// On = flag on; Clean = flag on, nothing awaiting discovery, no tag a
 	// flag-off drain may have left, no possible lapse of the state;
 	// Certain = the due delayed runs fit in the call's promotion (and in
-	// that of a call of 1: Certain1).
+	// that of a call of 1: Certain1); Expiring = a run the call may take
+	// had passed its TTL (ready, or delayed and due).
 	EvCall
 	// EvServe: a run served. Key, ID, Attempt, W (key's weight), On,
-	// Serve (its index in the whole serve sequence, from 0).
+	// Serve (its index in the whole serve sequence, from 0); Expiring =
+	// taken past its TTL and deleted, not delivered (an expired serve).
 	EvServe
-	// EvCallEnd: a dequeue call returned N runs.
+	// EvCallEnd: a dequeue call took N runs (the expired ones included).
 	EvCallEnd
 	// EvRegister: Key gained its first ready run (Debt, P, Eligible,
 	// Visible: see Event).
@@ -101,6 +103,7 @@ type Event struct {
 	Clean    bool
 	Certain  bool
 	Certain1 bool
+	Expiring bool
 
 	// EvRegister: Visible = the run came through a flag-on write (the key
 	// registers now); Eligible = the key has no debt: it never had a ready
@@ -131,9 +134,15 @@ func (e Event) String() string {
 		fmt.Fprintf(&b, " %s", e.Text)
 	case EvServe:
 		fmt.Fprintf(&b, " %q %s a%d w%g on=%v", e.Key, e.ID, e.Attempt, e.W, e.On)
+		if e.Expiring {
+			b.WriteString(" expired")
+		}
 	case EvCall:
 		fmt.Fprintf(&b, " max=%d cap=%d servable=%d keys=%d on=%v clean=%v certain=%v",
 			e.MaxCount, e.Capacity, e.Expect, e.N, e.On, e.Clean, e.Certain)
+		if e.Expiring {
+			b.WriteString(" expiring")
+		}
 	case EvRegister:
 		fmt.Fprintf(&b, " %q visible=%v eligible=%v P=%d debt=%g", e.Key, e.Visible, e.Eligible, e.P, e.Debt)
 	case EvV:
@@ -192,7 +201,7 @@ func (h *History) Trace(upTo int) string {
 		case EvOp:
 			fmt.Fprintf(&b, "\n#%d %s", e.Op, e.Text)
 		case EvServe:
-			fmt.Fprintf(&b, " [%q %s]", e.Key, e.ID)
+			fmt.Fprintf(&b, " [%q %s%s]", e.Key, e.ID, map[bool]string{true: " expired"}[e.Expiring])
 		case EvRegister:
 			if e.Visible {
 				fmt.Fprintf(&b, " (+%q P=%d%s)", e.Key, e.P, map[bool]string{true: " fresh"}[e.Eligible])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,8 @@ type LuaConfig struct {
 // runs; drivers of one pool must not run concurrently (they share the clock).
 type LuaPool struct {
 	cfg     LuaConfig
+	client  redis.UniversalClient // cfg.Client's server, a client of its own with replyHook
+	replies map[string][]takenRun // a driver's ckIndex -> the runs its dequeue calls took
 	clock   *Clock
 	on, off *runqueue.Queue
 	space   keys.Space
@@ -55,7 +58,17 @@ func NewLuaPool(ctx context.Context, cfg LuaConfig) (*LuaPool, error) {
 	if cfg.Lease == 0 {
 		cfg.Lease = time.Minute
 	}
-	p := &LuaPool{cfg: cfg, clock: NewClock(), limits: map[string]Limits{}, used: map[int]bool{}}
+	p := &LuaPool{cfg: cfg, clock: NewClock(), limits: map[string]Limits{}, used: map[int]bool{},
+		replies: map[string][]takenRun{}}
+	switch c := cfg.Client.(type) {
+	case *redis.Client:
+		p.client = redis.NewClient(c.Options())
+	case *redis.ClusterClient:
+		p.client = redis.NewClusterClient(c.Options())
+	default:
+		return nil, fmt.Errorf("fairness: client %T not supported", cfg.Client)
+	}
+	p.client.AddHook(replyHook{p})
 	base := runqueue.Config{Prefix: cfg.Prefix, Shards: luaShards, Clock: p.clock, LeaseDuration: cfg.Lease,
 		MaxAttempts: cfg.MaxAttempts, StateTTL: cfg.StateTTL, WindowMultiplier: cfg.WindowMultiplier,
 		LimitsFor: func(env, _ string) runqueue.Limits {
@@ -67,7 +80,7 @@ func NewLuaPool(ctx context.Context, cfg LuaConfig) (*LuaPool, error) {
 	for _, on := range []bool{true, false} {
 		c := base
 		c.VtimeScheduling = on
-		q, err := runqueue.New(ctx, cfg.Client, &c)
+		q, err := runqueue.New(ctx, p.client, &c)
 		if err != nil {
 			return nil, err
 		}
@@ -88,10 +101,96 @@ func NewLuaPool(ctx context.Context, cfg LuaConfig) (*LuaPool, error) {
 // Config returns the flag-on instance's effective configuration.
 func (p *LuaPool) Config() runqueue.Config { return p.on.Config() }
 
-// Close closes both instances (not the client).
+// Close closes both instances and the pool's own client (not cfg.Client).
 func (p *LuaPool) Close() {
 	_ = p.on.Close()
 	_ = p.off.Close()
+	_ = p.client.Close()
+}
+
+// takenRun is a run a dequeue script call took: delivered, or expired.
+type takenRun struct {
+	key, id string
+	expired bool
+}
+
+// taken returns, and forgets, the runs the dequeue calls of the driver
+// whose ckIndex is ck took since the last look, in the order taken.
+func (p *LuaPool) taken(ck string) []takenRun {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.replies[ck]
+	delete(p.replies, ck)
+	return t
+}
+
+// replyHook reads the replies of the dequeue scripts the pool's queues
+// send: the only place where the runs a call took past its TTL (deleted,
+// not delivered) show among its serves, in the order taken. A dequeue
+// call names its queue's ckIndex and delayIndex first (lib/dequeue); its
+// reply is the acks' count (-1 - it when the scheduler state was found
+// broken), their results, then four values a run: encoded id, variant
+// member, record, delivery token (0: expired).
+type replyHook struct{ p *LuaPool }
+
+func (replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (replyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil {
+			h.p.capture(cmd)
+		}
+		return err
+	}
+}
+
+func (p *LuaPool) capture(cmd redis.Cmder) {
+	args := cmd.Args()
+	if len(args) < 5 {
+		return
+	}
+	switch name, _ := args[0].(string); strings.ToLower(name) {
+	case "evalsha", "eval", "fcall":
+	default:
+		return
+	}
+	ck, _ := args[3].(string)
+	di, _ := args[4].(string)
+	if !strings.HasSuffix(ck, ":ckIndex") || !strings.HasSuffix(di, ":delayIndex") {
+		return
+	}
+	c, ok := cmd.(*redis.Cmd)
+	if !ok {
+		return
+	}
+	res, ok := c.Val().([]any)
+	if !ok || len(res) == 0 {
+		return
+	}
+	acks, _ := res[0].(int64)
+	if acks < 0 {
+		acks = -1 - acks
+	}
+	var got []takenRun
+	for i := 1 + int(acks); i+3 < len(res); i += 4 {
+		enc, _ := res[i].(string)
+		vm, _ := res[i+1].(string)
+		tok, _ := res[i+3].(int64)
+		id, err := keys.DecodeSegment(enc)
+		key, kerr := keys.DecodeVariantMember(vm)
+		if err != nil || kerr != nil {
+			continue
+		}
+		got = append(got, takenRun{key: key, id: id, expired: tok == 0})
+	}
+	p.mu.Lock()
+	p.replies[ck] = append(p.replies[ck], got...)
+	p.mu.Unlock()
 }
 
 // NewDriver returns a driver on a fresh base queue, flag on.
@@ -144,14 +243,33 @@ func (d *LuaDriver) Enqueue(key, id string, priority int, delay, ttl time.Durati
 
 // Dequeue implements Driver.
 func (d *LuaDriver) Dequeue(maxCount int) ([]Served, error) {
+	d.p.taken(d.qk.CkIndex())
 	runs, err := d.cur().Dequeue(d.ctx, d.env, d.queue, maxCount)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Served, 0, len(runs))
+	// The order the call took its runs in, the expired ones among them,
+	// from the script's replies (see replyHook).
+	byID := make(map[string]*runqueue.Run, len(runs))
 	for _, r := range runs {
-		d.held[r.ID] = r
-		out = append(out, Served{Key: r.Key, ID: r.ID, Attempt: r.Attempt})
+		byID[r.ID] = r
+	}
+	out := make([]Served, 0, len(runs))
+	for _, t := range d.p.taken(d.qk.CkIndex()) {
+		if t.expired {
+			out = append(out, Served{Key: t.key, ID: t.id, Attempt: 1, Expired: true})
+			continue
+		}
+		if r := byID[t.id]; r != nil {
+			delete(byID, t.id)
+			d.held[r.ID] = r
+			out = append(out, Served{Key: r.Key, ID: r.ID, Attempt: r.Attempt})
+		}
+	}
+	for _, r := range runs {
+		if byID[r.ID] != nil {
+			return nil, fmt.Errorf("run %q served without a script reply naming it", r.ID)
+		}
 	}
 	return out, nil
 }

@@ -62,34 +62,59 @@ func (d *ModelDriver) do(f func(*vtime.Model) error) error {
 // Enqueue implements Driver.
 func (d *ModelDriver) Enqueue(key, id string, priority int, delay, ttl time.Duration) error {
 	now, at := d.now, d.now+delay.Milliseconds()
-	if err := d.do(func(m *vtime.Model) error { return m.Enqueue(id, key, priority, at, now) }); err != nil {
-		return err
-	}
 	r := &modelRun{key: key}
 	if ttl > 0 {
 		r.ttl = now + max(ttl.Milliseconds(), 1)
+	}
+	deadline := r.ttl
+	err := d.do(func(m *vtime.Model) error {
+		if err := m.Enqueue(id, key, priority, at, now); err != nil {
+			return err
+		}
+		if deadline > 0 {
+			m.SetTTL(id, deadline)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	d.runs[id] = r
 	return nil
 }
 
-// Dequeue implements Driver.
+// Dequeue implements Driver: as runqueue's Dequeue, a call that delivered
+// nothing because every run it took had expired is made again (at most
+// 64 times).
 func (d *ModelDriver) Dequeue(maxCount int) ([]Served, error) {
 	now := d.now
-	var got []vtime.Served
-	_ = d.do(func(m *vtime.Model) error { got = m.Dequeue(maxCount, now); return nil })
-	out, err := decodeServed(got)
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range out {
-		r, ok := d.runs[s.ID]
-		if !ok {
-			return nil, fmt.Errorf("model served unknown run %q", s.ID)
+	var out []Served
+	for depth := 0; ; depth++ {
+		var got []vtime.Served
+		_ = d.do(func(m *vtime.Model) error { got = m.Dequeue(maxCount, now); return nil })
+		call, err := decodeServed(got)
+		if err != nil {
+			return nil, err
 		}
-		r.held, r.lease, r.ttl = true, now+d.lease, 0
+		delivered, expired := 0, 0
+		for _, s := range call {
+			r, ok := d.runs[s.ID]
+			if !ok {
+				return nil, fmt.Errorf("model served unknown run %q", s.ID)
+			}
+			if s.Expired {
+				expired++
+				delete(d.runs, s.ID)
+				continue
+			}
+			delivered++
+			r.held, r.lease, r.ttl = true, now+d.lease, 0
+		}
+		out = append(out, call...)
+		if delivered > 0 || expired == 0 || depth >= 64 {
+			return out, nil
+		}
 	}
-	return out, nil
 }
 
 func decodeServed(in []vtime.Served) ([]Served, error) {
@@ -99,7 +124,7 @@ func decodeServed(in []vtime.Served) ([]Served, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Served{Key: s.Key, ID: id, Attempt: s.Attempt})
+		out = append(out, Served{Key: s.Key, ID: id, Attempt: s.Attempt, Expired: s.Expired})
 	}
 	return out, nil
 }

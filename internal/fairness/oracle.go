@@ -83,6 +83,10 @@ type okey struct {
 // tags: the checks (checks.go) judge the guarantees on the observed
 // schedule alone.
 type Oracle struct {
+	// callExpired: the runs the current dequeue call took past their TTL:
+	// each holds its key's slot until the call ends (see serve).
+	callExpired []*orun
+
 	d      Driver
 	cfg    Config
 	H      History
@@ -548,7 +552,8 @@ func (o *Oracle) Enqueue(key string, priority int, delay, ttl time.Duration) (st
 	return id, nil
 }
 
-// Dequeue runs one dequeue call and returns what it served.
+// Dequeue runs one dequeue call and returns the runs it delivered (those
+// it took past their TTL are recorded, not returned).
 func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 	o.begin("dequeue %d", maxCount)
 	defer o.end()
@@ -571,7 +576,19 @@ func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 	if o.flagOn && capacity > 0 {
 		o.probes++
 	}
-	if bp, ok := o.d.(BatchProber); ok && !o.finishing && maxCount >= 2 && capacity > 0 && exact && certain1 {
+	// A run the call may take past its TTL is taken and deleted: within
+	// the call it counts for its key's limit, after it frees its slot, so
+	// N calls of one may serve what one call of N does not (guarantee 4
+	// holds for calls without such runs), and a call that delivered none
+	// for that takes again (work conservation: at least the servable).
+	expiring := false
+	for _, r := range o.runs {
+		if r.ttl > 0 && r.ttl <= o.now && (r.state == stReady || r.state == stDelayed && r.at <= o.now) {
+			expiring = true
+			break
+		}
+	}
+	if bp, ok := o.d.(BatchProber); ok && !o.finishing && maxCount >= 2 && capacity > 0 && exact && certain1 && !expiring {
 		singles, err := bp.ProbeSingles(maxCount)
 		if err != nil {
 			return nil, o.fail(err)
@@ -580,24 +597,44 @@ func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 	}
 	o.H.Calls++
 	o.emit(Event{Kind: EvCall, MaxCount: maxCount, Capacity: capacity, Expect: o.room, N: o.withReady,
-		On: o.flagOn, Clean: exact, Certain: certain, Certain1: certain1})
+		On: o.flagOn, Clean: exact, Certain: certain, Certain1: certain1, Expiring: expiring})
 	served, err := o.d.Dequeue(maxCount)
 	if err != nil {
 		return nil, o.fail(err)
 	}
+	delivered := served[:0:0]
 	for _, s := range served {
 		o.serve(s)
+		if !s.Expired {
+			delivered = append(delivered, s)
+		}
 	}
 	o.emit(Event{Kind: EvCallEnd, N: len(served)})
+	for _, r := range o.callExpired {
+		o.release(r)
+		o.refresh(o.keys[r.key])
+	}
+	o.callExpired = nil
 	if o.cfg.VEvery > 0 && o.H.Calls%o.cfg.VEvery == 0 {
 		o.readV()
 	}
-	return served, nil
+	return delivered, nil
 }
 
 func (o *Oracle) serve(s Served) {
 	k := o.key(s.Key)
-	o.emit(Event{Kind: EvServe, Key: s.Key, ID: s.ID, Attempt: s.Attempt, W: k.weight, On: o.flagOn})
+	o.emit(Event{Kind: EvServe, Key: s.Key, ID: s.ID, Attempt: s.Attempt, W: k.weight, On: o.flagOn,
+		Expiring: s.Expired})
+	if r, ok := o.runs[s.ID]; ok && r.key == s.Key {
+		switch due := r.ttl > 0 && r.ttl <= o.now; {
+		case s.Expired && !due:
+			o.emit(Event{Kind: EvError, Text: fmt.Sprintf("run %s expired at a dequeue before its TTL (deadline %v, now %v)",
+				s.ID, r.ttl, o.now)})
+		case !s.Expired && due:
+			o.emit(Event{Kind: EvError, Text: fmt.Sprintf("run %s delivered past its TTL (deadline %v, now %v)",
+				s.ID, r.ttl, o.now)})
+		}
+	}
 	o.H.Serves++
 	o.serveKey = append(o.serveKey, s.Key)
 	o.serveW1 = append(o.serveW1, o.flagOn && k.weight == 1)
@@ -615,9 +652,16 @@ func (o *Oracle) serve(s Served) {
 	if !ok || r.state != stReady || r.key != s.Key {
 		return // the lifecycle check reports it; the oracle keeps its books
 	}
-	r.state, r.ttl, r.lease = stHeld, 0, o.now+o.cfg.Lease
-	k.held++
-	o.held++
+	r.ttl, k.held, o.held = 0, k.held+1, o.held+1
+	if s.Expired {
+		// Taken and deleted: the scheduler saw a serve, and within the
+		// call the run counts for its key's limit; the call frees its
+		// slot as it ends, as an ack right after it would (Dequeue).
+		r.state = stExpired
+		o.callExpired = append(o.callExpired, r)
+	} else {
+		r.state, r.lease = stHeld, o.now+o.cfg.Lease
+	}
 	// A flag-off serve writes nothing of the scheduler: a newcomer it
 	// serves that waits in the scheduler's lane stays there, ahead of
 	// later newcomers, when the flag is on again (scenario LaneAcrossFlip).

@@ -276,6 +276,24 @@ func (w *s26World) answer(ok bool, err error) string {
 }
 
 // received records runs served by one dequeue of ref and checks them.
+// expiredByDequeue takes out of the model the queued runs a dequeue took
+// past their TTL, which it deleted instead of serving: a run whose record
+// is gone must have passed its TTL (verify checks the rest of the store).
+func (w *s26World) expiredByDequeue(who string) {
+	now := w.now()
+	for k, r := range w.runs {
+		if r.state != "queued" || r.ttl == 0 || r.ttl > now {
+			continue
+		}
+		ok, err := w.c.HExists(w.ctx, w.space.Env(r.env).Queue(r.queue).Runs(), keys.Segment(r.id)).Result()
+		w.noErr(err, "%s record of %s", who, k)
+		if !ok {
+			w.logf("%s expired %s at a dequeue", who, k)
+			delete(w.runs, k)
+		}
+	}
+}
+
 func (w *s26World) received(who string, ref s26QRef, got []*runqueue.Run) {
 	w.t.Helper()
 	now := w.now()
@@ -300,10 +318,10 @@ func (w *s26World) received(who string, ref s26QRef, got []*runqueue.Run) {
 		w.check(r.key == run.Key, "%s served %s with key %q, want %q", who, k, run.Key, r.key)
 		w.check(r.attempt == run.Attempt, "%s served %s attempt %d, want %d", who, k, run.Attempt, r.attempt)
 		w.check(string(run.Payload) == r.payload, "%s served %s payload %q want %q", who, k, run.Payload, r.payload)
-		// (A run past its TTL deadline may still be served until a sweep
-		// expires it: TTLs are enforced by ExpireTTL only.)
+		w.check(r.ttl == 0 || r.ttl > now, "%s served %s past its TTL (deadline %d, now %d)", who, k, r.ttl, now)
 		r.state, r.run, r.ttl = "held", run, 0
 	}
+	w.expiredByDequeue(who)
 	w.mu.Lock()
 	lim := w.limits[ref]
 	w.mu.Unlock()
@@ -477,6 +495,7 @@ func (w *s26World) step() {
 			w.received(who+" shard", r2, by[r2])
 		}
 		w.noEnvCheck = false
+		w.expiredByDequeue(who + " shard")
 		w.clock.Advance(time.Millisecond)
 	case op < 40:
 		m := 1 + w.rng.Intn(6)

@@ -165,7 +165,11 @@ type PreviewRun struct {
 // Preview returns the next n runs (at most) that a fair dequeue of n would
 // serve now, in order, without changing anything: it replays the scheduler
 // model (vtime) on a snapshot of the queue. With the flag off it shows what
-// the fair order would be once the flag is on.
+// the fair order would be once the flag is on. Runs whose TTL passed are
+// left out as Dequeue leaves them (it takes and deletes them); when every
+// run the first of its script calls would take had passed its TTL,
+// Preview reads no further than the first n+1 ready runs of each key, so
+// it may show fewer runs than Dequeue then delivers.
 func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]PreviewRun, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err

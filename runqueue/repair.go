@@ -38,8 +38,9 @@ type RepairResult struct {
 	// OrphansExpired is how many of the Orphans were deleted because their
 	// TTL had passed before any delivery (their TTL entry still there), as
 	// ExpireTTL would have, and told to the Observer as ExpireTTL does. A
-	// run whose TTL passed but whose TTL entry is gone too is queued again
-	// with its entry, for the next ExpireTTL.
+	// run with a TTL whose TTL entry is gone too is taken for delivered
+	// once (a dequeue drops the entry): it is queued again without a TTL,
+	// its record's deadline cleared as a redelivery's rewrite clears it.
 	OrphansExpired int
 	// Keys is the number of the queue's concurrency keys looked at.
 	Keys int
@@ -86,7 +87,8 @@ const repairChunk = 1000
 // gets a new run when the age index was lost, delayed runs never become
 // ready without the delay index, a queue missing from its shard's index
 // is not found by DequeueShard, a run in flight whose lease is gone is
-// never recovered, and a lost TTL entry never expires its run.
+// never recovered, and a run whose TTL entry was lost is expired only by
+// the dequeue that takes it (ExpireTTL does not find it).
 //
 // It reads the queue's records (its runs hash) and, 1,000 runs a call,
 // queues again each run found in no set and without a lease

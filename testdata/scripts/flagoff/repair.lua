@@ -403,7 +403,8 @@ if part == 'runs' then
       elseif not (redis.call('HEXISTS', held, r.vm .. ':' .. id) == 1 or redis.call('ZSCORE', dead, member)
           or redis.call('ZSCORE', leases, member)) then
         found = found + 1
-        if r.ttl ~= '0' and tonumber(r.ttl) <= now and redis.call('ZSCORE', ttl_set, member) then
+        local entry = r.ttl ~= '0' and redis.call('ZSCORE', ttl_set, member)
+        if entry and tonumber(r.ttl) <= now then
           -- (a run keeps its record's deadline through its first delivery,
           -- but its TTL entry goes at the dequeue: with the entry, it was
           -- never delivered, and its TTL binds)
@@ -420,8 +421,13 @@ if part == 'runs' then
           redis.call('HINCRBY', env_dead, q.qm, '1')
           killed = killed + 1
         else
+          if r.ttl ~= '0' and not entry then
+            -- (no TTL entry: delivered once, its hold and lease lost; its
+            -- TTL binds no more, and its deadline goes as a redelivery's
+            -- rewrite clears it, or the dequeue would expire it)
+            redis.call('HSET', q.runs, id, rec_with(rec, r, r.att, r.at, r.lt))
+          end
           place(q, v, nohooks, id, r.vm, r.at, r.at - r.pr * step, now)
-          ttl_entry(r, member)
         end
       end
     end

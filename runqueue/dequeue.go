@@ -52,10 +52,9 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // A run the call takes whose TTL passed (EnqueueParams.TTL) is deleted,
 // not delivered (Observer.Expired): it counts as a serve for its key's
 // place in the order and, within the call, for maxCount and the key's
-// limit, but takes no slot. A call that delivered nothing for that calls
-// again (at most 64 times), so a queue whose head runs expired does not
-// read as empty; one that delivered some may return fewer than maxCount
-// while runs are ready.
+// limit, but takes no slot. A call that delivered fewer than maxCount
+// for that calls again for the rest (at most 64 times), so a queue whose
+// head runs expired does not read as empty.
 //
 // Concurrent Dequeue calls of one base queue on one Queue are coalesced as
 // Enqueue calls are (see Enqueue and Config.SerialCalls), each base queue
@@ -284,9 +283,9 @@ func (q *Queue) killCorrupt(ctx context.Context, n *queueNames, bad []*Run, raw 
 // and fewer than size.maxCount good ones: those are dead-lettered
 // (killCorrupt) and counted in c, and a call that served only such runs
 // must not read as an idle queue (a blocking dequeue or a Worker would
-// wait a poll interval before the next call). So is a call that delivered
-// nothing because every run it took had passed its TTL (the script
-// expired them: counted in c).
+// wait a poll interval before the next call). So is a call that took runs
+// past their TTL (the script expired them: counted in c), so that each
+// caller of a coalesced send gets its runs while runs are ready.
 func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSize, now int64, observe bool, c *corrupt, depth int) ([]*Run, []error, error) {
 	if err := checkNow(now); err != nil {
 		return nil, nil, err
@@ -360,8 +359,7 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	}
 	if reset && err == nil {
 		runs, _, err = q.serve(ctx, n, nil, size, now, observe, c, depth)
-	} else if err == nil && depth < maxCorruptCalls && (len(bad)+len(raw) > 0 && len(runs) < size.maxCount ||
-		expired > 0 && len(runs) == 0) {
+	} else if err == nil && depth < maxCorruptCalls && len(bad)+len(raw)+expired > 0 && len(runs) < size.maxCount {
 		more, _, merr := q.serve(ctx, n, nil, dqSize{maxCount: size.maxCount - len(runs), scan: size.scan,
 			promote: size.promote}, now, observe, c, depth+1)
 		runs = append(runs, more...)

@@ -166,10 +166,9 @@ type PreviewRun struct {
 // serve now, in order, without changing anything: it replays the scheduler
 // model (vtime) on a snapshot of the queue. With the flag off it shows what
 // the fair order would be once the flag is on. Runs whose TTL passed are
-// left out as Dequeue leaves them (it takes and deletes them); when every
-// run the first of its script calls would take had passed its TTL,
-// Preview reads no further than the first n+1 ready runs of each key, so
-// it may show fewer runs than Dequeue then delivers.
+// left out as Dequeue leaves them (it takes and deletes them, and calls
+// again for the rest: Preview then reads as much again of the queue for
+// each such call).
 func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]PreviewRun, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -178,10 +177,24 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 		return nil, err
 	}
 	now := q.now()
+	for reads := 1; ; {
+		out, calls, err := q.preview(ctx, env, queue, n, now, reads)
+		if err != nil || calls <= reads || reads > maxCorruptCalls {
+			return out, err
+		}
+		reads = calls
+	}
+}
+
+// preview is Preview on a snapshot that holds what reads script calls of
+// a dequeue of n may take (each call at most n runs of a key, the due
+// variants it scans, PromoteLimit due runs of each); it returns the runs
+// the calls of one Dequeue deliver on it and how many calls that took.
+func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64, reads int) ([]PreviewRun, int, error) {
 	qk := q.space.Env(env).Queue(queue)
 	st, err := q.readScheduler(ctx, qk)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	snap := st.snap
 	var sumInflight int64
@@ -212,59 +225,59 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 	for _, vm := range variants {
 		v, err := variantOf(qk, vm)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, int64(n)).Result()
+		ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, int64(reads*(n+1)-1)).Result()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if err := q.addSnapshotRuns(ctx, qk, &snap, ids, false); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if err := inflight(vm, v); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	// The due variants a call of n looks at: scan of them, or, when more
 	// are due, vtime.PromoteLook times as many (it reaches those without a
 	// ready run first).
 	due, err := q.rdb.ZRangeByScore(ctx, qk.DelayIndex(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10),
-		Count: int64(vtime.PromoteLook * q.scanLimit(n))}).Result()
+		Count: int64(reads * vtime.PromoteLook * q.scanLimit(n))}).Result()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	for _, vm := range due {
 		v, err := variantOf(qk, vm)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		ids, err := q.rdb.ZRangeByScore(ctx, v.Delayed(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10),
-			Count: int64(q.cfg.PromoteLimit)}).Result()
+			Count: int64(reads * q.cfg.PromoteLimit)}).Result()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if err := q.addSnapshotRuns(ctx, qk, &snap, ids, true); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if err := inflight(vm, v); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	qn, err := q.queueInflight(ctx, qk)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	// In-flight runs of variants with no ready run count for the queue
 	// limit; "" is no variant's member.
 	snap.InFlight[""] = int(qn - sumInflight)
 	en, err := q.envInflight(ctx, qk.Env)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	snap.EnvOther = int(en - qn)
 	lim, err := q.cfg.limitsFor(env, queue)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	m := vtime.Restore(vtime.Config{
 		WindowMultiplier: q.cfg.WindowMultiplier, IdleMaxEntries: q.cfg.IdleMaxEntries,
@@ -273,23 +286,23 @@ func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]Previe
 	}, snap)
 	var out []PreviewRun
 	// As Dequeue: the runs a call took whose TTL had passed are expired,
-	// not delivered, and a call that delivered none for that is made
-	// again (see serve).
-	for depth := 0; ; depth++ {
+	// not delivered, and a call that delivered fewer than n for that is
+	// made again for the rest (see serve).
+	for calls := 1; ; calls++ {
 		expired := 0
-		for _, s := range m.Dequeue(n, now) {
+		for _, s := range m.Dequeue(n-len(out), now) {
 			if s.Expired {
 				expired++
 				continue
 			}
 			id, err := keys.DecodeSegment(s.ID)
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			out = append(out, PreviewRun{Key: s.Key, ID: id, Attempt: s.Attempt})
 		}
-		if len(out) > 0 || expired == 0 || depth >= maxCorruptCalls {
-			return out, nil
+		if len(out) >= n || expired == 0 || calls > maxCorruptCalls {
+			return out, calls, nil
 		}
 	}
 }

@@ -87,10 +87,11 @@ func TestDequeueExpiredThenServesBehind(t *testing.T) {
 }
 
 // TestDequeueExpiredAtKeyLimit: a run past its TTL at the head of a key at
-// its limit of 1 counts for the key within the call that takes it (the
-// key's next run waits, as behind a served run), but takes no slot: the
-// next call serves the key's next run (flag on, the key gated for it
-// competes again), and the key's count of runs in flight stays 0.
+// its limit of 1 counts for the key within the script call that takes it
+// (the key's next run waits, as behind a served run), but takes no slot:
+// the Dequeue's call again for the rest serves the key's next run (flag
+// on, the key gated for it competes again), which is the only run the
+// key counts in flight.
 func TestDequeueExpiredAtKeyLimit(t *testing.T) {
 	forEachFlagWith(t, func(c *runqueue.Config) { c.KeyConcurrency = 1 }, func(t *testing.T, b *testBundle, on bool) {
 		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a-old", TTL: time.Second})
@@ -99,13 +100,11 @@ func TestDequeueExpiredAtKeyLimit(t *testing.T) {
 		b.clock.Advance(time.Millisecond)
 		enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: "b1"})
 		b.clock.Advance(time.Second)
-		first := dequeue(t, b, queueName, 5)
-		require.Equal(t, []string{"b1"}, runIDs(first))
+		require.Equal(t, []string{"b1", "a-next"}, runIDs(dequeue(t, b, queueName, 5)))
 		qk := keySpace(t, b).Env(env).Queue(queueName)
-		require.False(t, b.client.HExists(b.ctx, qk.KeyInflight(), keys.VariantMember("a")).Val(),
-			"key a counted in flight for an expired run")
-		require.Equal(t, []string{"a-next"}, runIDs(dequeue(t, b, queueName, 5)))
-		// a is at its limit now; its ack frees it as usual.
+		require.Equal(t, "1", b.client.HGet(b.ctx, qk.KeyInflight(), keys.VariantMember("a")).Val(),
+			"key a's runs in flight")
+		// a is at its limit now.
 		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a-last"})
 		require.Empty(t, dequeue(t, b, queueName, 5))
 	})
@@ -125,5 +124,23 @@ func TestDequeueServesDeliveredPastOldTTL(t *testing.T) {
 		again := dequeue(t, b, queueName, 1)
 		require.Equal(t, []string{"nacked"}, runIDs(again))
 		require.Equal(t, 2, again[0].Attempt)
+	})
+}
+
+// TestDequeueFillsPastExpired: a Dequeue whose call took runs past their
+// TTL and delivered fewer than maxCount calls again for the rest, so a
+// call of 2 behind one expired run delivers two runs, and each caller of
+// a coalesced send gets its run while runs are ready.
+func TestDequeueFillsPastExpired(t *testing.T) {
+	forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "old", TTL: time.Second})
+		b.clock.Advance(time.Millisecond)
+		for _, id := range []string{"x", "y", "z"} {
+			enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: id})
+			b.clock.Advance(time.Millisecond)
+		}
+		b.clock.Advance(time.Second)
+		require.Equal(t, []string{"x", "y"}, runIDs(dequeue(t, b, queueName, 2)))
+		require.Equal(t, runqueue.Stats{Ready: 1, InFlight: 2, OldestReadyAge: time.Second + time.Millisecond}, queueStats(t, b, queueName))
 	})
 }

@@ -211,21 +211,22 @@ func (d *diff) dequeue(rt *rapid.T, n int) []string {
 	for _, p := range preview {
 		predicted = append(predicted, p.Key+"/"+p.ID+"/"+strconv.Itoa(p.Attempt))
 	}
-	got := d.served(rt, runs, d.calls(func() []vtime.Served { return d.m.Dequeue(n, now) }), fmt.Sprintf("dequeue(%d) served", n))
+	got := d.served(rt, runs, d.calls(n, func(k int) []vtime.Served { return d.m.Dequeue(k, now) }), fmt.Sprintf("dequeue(%d) served", n))
 	require.Equal(rt, got, predicted, "Preview(%d) predicted", n)
 	return got
 }
 
-// calls is the model's side of one Dequeue: the runs call (one script
-// call's Dequeue of the model) serves, and when every run it took had
-// passed its TTL (expired, not delivered), as many calls again as
+// calls is the model's side of one Dequeue of n: the runs call (one
+// script call's Dequeue of the model, of the count it is given) serves,
+// and while it took runs past their TTL (expired, not delivered) and
+// fewer than n were delivered, as many calls again for the rest as
 // runqueue's serve makes; it returns the runs delivered. The expired runs
 // leave d.ttl.
-func (d *diff) calls(call func() []vtime.Served) []vtime.Served {
+func (d *diff) calls(n int, call func(int) []vtime.Served) []vtime.Served {
 	var out []vtime.Served
 	for depth := 0; ; depth++ {
 		expired := 0
-		for _, s := range call() {
+		for _, s := range call(n - len(out)) {
 			if s.Expired {
 				expired++
 				id, _ := keys.DecodeSegment(s.ID)
@@ -234,7 +235,7 @@ func (d *diff) calls(call func() []vtime.Served) []vtime.Served {
 			}
 			out = append(out, s)
 		}
-		if len(out) > 0 || expired == 0 || depth >= runqueue.MaxCorruptCalls {
+		if len(out) >= n || expired == 0 || depth >= runqueue.MaxCorruptCalls {
 			return out
 		}
 	}
@@ -247,7 +248,7 @@ func (d *diff) dequeueOff(rt *rapid.T, n int) {
 	now := d.now()
 	runs, err := d.offQueue(rt).Dequeue(d.ctx, d.env, d.queue, n)
 	require.NoError(rt, err)
-	d.served(rt, runs, d.calls(func() []vtime.Served { return d.m.DequeueOff(n, now) }), fmt.Sprintf("flag-off dequeue(%d) served", n))
+	d.served(rt, runs, d.calls(n, func(k int) []vtime.Served { return d.m.DequeueOff(k, now) }), fmt.Sprintf("flag-off dequeue(%d) served", n))
 }
 
 // served records runs, which a dequeue returned, as in flight and requires

@@ -3,6 +3,7 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -492,6 +493,33 @@ func (s *vpShadow) expect(now int64, n, keyLimit int, inflight map[string]int) [
 	return out
 }
 
+// dequeueTTL is a flag-off Dequeue(n) at now: the calls expect gives, the
+// runs each takes past their TTL (ttl: the deadlines of the runs never
+// delivered) deleted, not delivered, and taken again for the rest while a
+// call took such runs, as runqueue's serve does. It returns the runs
+// delivered and those expired, both out of s.queued.
+func (s *vpShadow) dequeueTTL(now int64, n, keyLimit int, inflight map[string]int,
+	ttl map[string]int64) (delivered, expired []string) {
+	inflight = maps.Clone(inflight)
+	for depth := 0; ; depth++ {
+		took := 0
+		for _, id := range s.expect(now, n-len(delivered), keyLimit, inflight) {
+			r := s.queued[id]
+			delete(s.queued, id)
+			if d, ok := ttl[id]; ok && d <= now {
+				expired = append(expired, id)
+				took++
+				continue
+			}
+			delivered = append(delivered, id)
+			inflight[keys.VariantMember(r.key)]++
+		}
+		if len(delivered) >= n || took == 0 || depth >= runqueue.MaxCorruptCalls {
+			return delivered, expired
+		}
+	}
+}
+
 // vtimeKeysOf lists the keys under the bundle's prefix that belong to the
 // fair scheduler.
 func vtimeKeysOf(t testing.TB, b *testBundle) []string {
@@ -551,7 +579,10 @@ func TestVtimePropFlagOffNeverWritesVtime(t *testing.T) {
 						for _, r := range held {
 							inflight[keys.VariantMember(r.Key)]++
 						}
-						want := sh.expect(now, n, keyLimit, inflight)
+						want, gone := sh.dequeueTTL(now, n, keyLimit, inflight, ttl)
+						for _, id := range gone {
+							delete(ttl, id)
+						}
 						runs := p.deq(rt, p.off, n)
 						var got []string
 						for _, r := range runs {

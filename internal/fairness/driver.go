@@ -33,7 +33,7 @@ type Driver interface {
 	Enqueue(key, id string, priority int, delay, ttl time.Duration) error
 	// Dequeue serves up to maxCount runs in one call (runqueue's
 	// Dequeue: the runs it took past their TTL, expired, come with them;
-	// when it delivered none for that, it takes again).
+	// when it delivered fewer than maxCount for that, it takes again).
 	Dequeue(maxCount int) ([]Served, error)
 	// Ack completes a held run.
 	Ack(id string) error

@@ -83,20 +83,22 @@ func (d *ModelDriver) Enqueue(key, id string, priority int, delay, ttl time.Dura
 	return nil
 }
 
-// Dequeue implements Driver: as runqueue's Dequeue, a call that delivered
-// nothing because every run it took had expired is made again (at most
-// 64 times).
+// Dequeue implements Driver: as runqueue's Dequeue, a call that took runs
+// past their TTL and delivered fewer than maxCount is made again for the
+// rest (at most 64 times).
 func (d *ModelDriver) Dequeue(maxCount int) ([]Served, error) {
 	now := d.now
 	var out []Served
+	left := maxCount // runs still to deliver
 	for depth := 0; ; depth++ {
 		var got []vtime.Served
-		_ = d.do(func(m *vtime.Model) error { got = m.Dequeue(maxCount, now); return nil })
+		k := left // (the log replays the closure: a copy, not the loop's variable)
+		_ = d.do(func(m *vtime.Model) error { got = m.Dequeue(k, now); return nil })
 		call, err := decodeServed(got)
 		if err != nil {
 			return nil, err
 		}
-		delivered, expired := 0, 0
+		expired := 0
 		for _, s := range call {
 			r, ok := d.runs[s.ID]
 			if !ok {
@@ -107,11 +109,11 @@ func (d *ModelDriver) Dequeue(maxCount int) ([]Served, error) {
 				delete(d.runs, s.ID)
 				continue
 			}
-			delivered++
+			left--
 			r.held, r.lease, r.ttl = true, now+d.lease, 0
 		}
 		out = append(out, call...)
-		if delivered > 0 || expired == 0 || depth >= 64 {
+		if left == 0 || expired == 0 || depth >= 64 {
 			return out, nil
 		}
 	}

@@ -53,8 +53,12 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // not delivered (Observer.Expired): it counts as a serve for its key's
 // place in the order and, within the call, for maxCount and the key's
 // limit, but takes no slot. A call that delivered fewer than maxCount
-// for that calls again for the rest (at most 64 times), so a queue whose
-// head runs expired does not read as empty.
+// for that calls again for the rest, at most 64 times: so a queue whose
+// head runs expired does not read as empty unless more than 65 x
+// maxCount of them come first (or 65 of one key at its limit of 1, which
+// a call takes one at a time), and then a DequeueWait or a Worker waits
+// its poll interval before it looks again (a sweep clears them 1,000 a
+// call).
 //
 // Concurrent Dequeue calls of one base queue on one Queue are coalesced as
 // Enqueue calls are (see Enqueue and Config.SerialCalls), each base queue
@@ -360,8 +364,13 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	if reset && err == nil {
 		runs, _, err = q.serve(ctx, n, nil, size, now, observe, c, depth)
 	} else if err == nil && depth < maxCorruptCalls && len(bad)+len(raw)+expired > 0 && len(runs) < size.maxCount {
-		more, _, merr := q.serve(ctx, n, nil, dqSize{maxCount: size.maxCount - len(runs), scan: size.scan,
-			promote: size.promote}, now, observe, c, depth+1)
+		next := dqSize{maxCount: size.maxCount - len(runs), scan: size.scan, promote: size.promote}
+		if len(bad)+len(raw) == 0 {
+			// (for runs past their TTL, a call of the rest, as the model
+			// makes it: vtime's Dequeue of the rest scans for its count)
+			next = q.sizeOf(next.maxCount)
+		}
+		more, _, merr := q.serve(ctx, n, nil, next, now, observe, c, depth+1)
 		runs = append(runs, more...)
 		if len(runs) == 0 {
 			// (runs served by the first call go out with a nil error:

@@ -40,7 +40,9 @@ type RepairResult struct {
 	// ExpireTTL would have, and told to the Observer as ExpireTTL does. A
 	// run with a TTL whose TTL entry is gone too is taken for delivered
 	// once (a dequeue drops the entry): it is queued again without a TTL,
-	// its record's deadline cleared as a redelivery's rewrite clears it.
+	// its record's deadline cleared as a redelivery's rewrite clears it
+	// (a run never delivered whose set and TTL entry were both lost is
+	// such a run too, and may then be delivered past its TTL).
 	OrphansExpired int
 	// Keys is the number of the queue's concurrency keys looked at.
 	Keys int

@@ -82,6 +82,10 @@ func NewLuaPool(ctx context.Context, cfg LuaConfig) (*LuaPool, error) {
 		c.VtimeScheduling = on
 		q, err := runqueue.New(ctx, p.client, &c)
 		if err != nil {
+			if p.on != nil {
+				_ = p.on.Close()
+			}
+			_ = p.client.Close()
 			return nil, err
 		}
 		if on {
@@ -92,6 +96,7 @@ func NewLuaPool(ctx context.Context, cfg LuaConfig) (*LuaPool, error) {
 	}
 	space, err := keys.NewSpace(cfg.Prefix, luaShards)
 	if err != nil {
+		p.Close()
 		return nil, err
 	}
 	p.space = space

@@ -343,7 +343,7 @@ func TestS17StatsUnderConcurrentMutation(t *testing.T) {
 	// A guard against a hang, not a bound on speed: alone the test takes
 	// under half a second, but beside the package's other parallel tests
 	// on the shared server (its 4 consumers and its reader poll without
-	// pause) it went past 10 s in 4 of 6 full runs on 2026-12-06.
+	// pause) it went past 10 s in 3 of the 4 full runs of 2026-12-06.
 	ctx, cancel := context.WithTimeout(b.ctx, 90*time.Second)
 	defer cancel()
 	const total, consumers = 600, 4

@@ -284,27 +284,22 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 		PriorityStep: ms(q.cfg.PriorityStep), PromoteLimit: q.cfg.PromoteLimit, ScanLimit: q.cfg.ScanLimit,
 		Limits: vtime.Limits{Env: lim.Env, Queue: lim.Queue, Key: lim.Key},
 	}, snap)
-	var out []PreviewRun
 	// As Dequeue: the runs a call took whose TTL had passed are expired,
 	// not delivered, and a call that delivered fewer than n for that is
 	// made again for the rest (see serve).
-	for calls := 1; ; calls++ {
-		expired := 0
-		for _, s := range m.Dequeue(n-len(out), now) {
-			if s.Expired {
-				expired++
-				continue
-			}
-			id, err := keys.DecodeSegment(s.ID)
-			if err != nil {
-				return nil, 0, err
-			}
-			out = append(out, PreviewRun{Key: s.Key, ID: id, Attempt: s.Attempt})
+	served, calls := m.DequeueCalls(n, now, maxCorruptCalls, true)
+	var out []PreviewRun
+	for _, s := range served {
+		if s.Expired {
+			continue
 		}
-		if len(out) >= n || expired == 0 || calls > maxCorruptCalls {
-			return out, calls, nil
+		id, err := keys.DecodeSegment(s.ID)
+		if err != nil {
+			return nil, 0, err
 		}
+		out = append(out, PreviewRun{Key: s.Key, ID: id, Attempt: s.Attempt})
 	}
+	return out, calls, nil
 }
 
 func zmembers(z []zentry) []string {

@@ -211,34 +211,27 @@ func (d *diff) dequeue(rt *rapid.T, n int) []string {
 	for _, p := range preview {
 		predicted = append(predicted, p.Key+"/"+p.ID+"/"+strconv.Itoa(p.Attempt))
 	}
-	got := d.served(rt, runs, d.calls(n, func(k int) []vtime.Served { return d.m.Dequeue(k, now) }), fmt.Sprintf("dequeue(%d) served", n))
+	got := d.served(rt, runs, d.delivered(first(d.m.DequeueCalls(n, now, runqueue.MaxCorruptCalls, true))), fmt.Sprintf("dequeue(%d) served", n))
 	require.Equal(rt, got, predicted, "Preview(%d) predicted", n)
 	return got
 }
 
-// calls is the model's side of one Dequeue of n: the runs call (one
-// script call's Dequeue of the model, of the count it is given) serves,
-// and while it took runs past their TTL (expired, not delivered) and
-// fewer than n were delivered, as many calls again for the rest as
-// runqueue's serve makes; it returns the runs delivered. The expired runs
-// leave d.ttl.
-func (d *diff) calls(n int, call func(int) []vtime.Served) []vtime.Served {
+// first is the first of two values.
+func first[A, B any](a A, _ B) A { return a }
+
+// delivered is the model's side of one Dequeue: the runs served it took
+// (DequeueCalls), those it delivered; the expired ones leave d.ttl.
+func (d *diff) delivered(served []vtime.Served) []vtime.Served {
 	var out []vtime.Served
-	for depth := 0; ; depth++ {
-		expired := 0
-		for _, s := range call(n - len(out)) {
-			if s.Expired {
-				expired++
-				id, _ := keys.DecodeSegment(s.ID)
-				delete(d.ttl, id)
-				continue
-			}
-			out = append(out, s)
+	for _, s := range served {
+		if s.Expired {
+			id, _ := keys.DecodeSegment(s.ID)
+			delete(d.ttl, id)
+			continue
 		}
-		if len(out) >= n || expired == 0 || depth >= runqueue.MaxCorruptCalls {
-			return out
-		}
+		out = append(out, s)
 	}
+	return out
 }
 
 // dequeueOff serves up to n runs through the flag-off queue (age order,
@@ -248,7 +241,7 @@ func (d *diff) dequeueOff(rt *rapid.T, n int) {
 	now := d.now()
 	runs, err := d.offQueue(rt).Dequeue(d.ctx, d.env, d.queue, n)
 	require.NoError(rt, err)
-	d.served(rt, runs, d.calls(n, func(k int) []vtime.Served { return d.m.DequeueOff(k, now) }), fmt.Sprintf("flag-off dequeue(%d) served", n))
+	d.served(rt, runs, d.delivered(first(d.m.DequeueCalls(n, now, runqueue.MaxCorruptCalls, false))), fmt.Sprintf("flag-off dequeue(%d) served", n))
 }
 
 // served records runs, which a dequeue returned, as in flight and requires

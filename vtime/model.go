@@ -597,6 +597,36 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	return c.out
 }
 
+// DequeueCalls is a dequeue of maxCount as runqueue's Queue.Dequeue makes
+// it: a call (Dequeue, or DequeueOff when !flagOn), and while a call took
+// runs past their TTL and fewer than maxCount were delivered, a call of
+// the rest, at most again more. It returns every run the calls took, in
+// order (the expired ones marked), and how many calls it made.
+func (m *Model) DequeueCalls(maxCount int, now int64, again int, flagOn bool) ([]Served, int) {
+	var out []Served
+	left := maxCount
+	for calls := 1; ; calls++ {
+		var got []Served
+		if flagOn {
+			got = m.Dequeue(left, now)
+		} else {
+			got = m.DequeueOff(left, now)
+		}
+		expired := 0
+		for _, s := range got {
+			if s.Expired {
+				expired++
+			} else {
+				left--
+			}
+		}
+		out = append(out, got...)
+		if left == 0 || expired == 0 || calls > again {
+			return out, calls
+		}
+	}
+}
+
 // SetTTL gives queued run id a TTL deadline (ms): a dequeue that takes it
 // at or after the deadline expires it (see Served). The deadline binds
 // until the run's first delivery.

@@ -85,38 +85,27 @@ func (d *ModelDriver) Enqueue(key, id string, priority int, delay, ttl time.Dura
 
 // Dequeue implements Driver: as runqueue's Dequeue, a call that took runs
 // past their TTL and delivered fewer than maxCount is made again for the
-// rest (at most 64 times).
+// rest (vtime's DequeueCalls, at most 64 times).
 func (d *ModelDriver) Dequeue(maxCount int) ([]Served, error) {
 	now := d.now
-	var out []Served
-	left := maxCount // runs still to deliver
-	for depth := 0; ; depth++ {
-		var got []vtime.Served
-		k := left // (the log replays the closure: a copy, not the loop's variable)
-		_ = d.do(func(m *vtime.Model) error { got = m.Dequeue(k, now); return nil })
-		call, err := decodeServed(got)
-		if err != nil {
-			return nil, err
-		}
-		expired := 0
-		for _, s := range call {
-			r, ok := d.runs[s.ID]
-			if !ok {
-				return nil, fmt.Errorf("model served unknown run %q", s.ID)
-			}
-			if s.Expired {
-				expired++
-				delete(d.runs, s.ID)
-				continue
-			}
-			left--
-			r.held, r.lease, r.ttl = true, now+d.lease, 0
-		}
-		out = append(out, call...)
-		if left == 0 || expired == 0 || depth >= 64 {
-			return out, nil
-		}
+	var got []vtime.Served
+	_ = d.do(func(m *vtime.Model) error { got, _ = m.DequeueCalls(maxCount, now, 64, true); return nil })
+	out, err := decodeServed(got)
+	if err != nil {
+		return nil, err
 	}
+	for _, s := range out {
+		r, ok := d.runs[s.ID]
+		if !ok {
+			return nil, fmt.Errorf("model served unknown run %q", s.ID)
+		}
+		if s.Expired {
+			delete(d.runs, s.ID)
+			continue
+		}
+		r.held, r.lease, r.ttl = true, now+d.lease, 0
+	}
+	return out, nil
 }
 
 func decodeServed(in []vtime.Served) ([]Served, error) {

@@ -33,6 +33,11 @@ const (
 	// (plus 4 x window): entries that turn out stale or at their limit are
 	// taken out for good as they are met, and reading stops at the budget.
 	ReadBudget = 1000
+	// TTLLook is how many entries of the TTL set past their deadline a
+	// dequeue call reads (the first, in deadline then member order): each
+	// of those runs that comes to the head of its variant while the call
+	// serves is swept there (Served.Swept), not served.
+	TTLLook = 100
 )
 
 // Limits are concurrency limits; 0 means none.
@@ -551,22 +556,31 @@ func (m *Model) ungate(r *Reg) {
 }
 
 // Served is one run a dequeue took. Expired: its TTL had passed (a run
-// never delivered whose deadline is at or before the call's time): the
-// call took it as any other run (its key is charged for it, and it counts
-// for the call's capacity and its key's limit within the call), then
-// deleted it instead of delivering it, its slot freed as an ack frees one
-// (see expireTaken).
+// never delivered whose deadline is at or before the call's time), and it
+// was deleted, not delivered. Swept (Expired too): it was among the
+// call's due TTL entries (dueTTL) and came to the head of its variant:
+// the call deleted it there as the TTL sweep would, before choosing, so
+// it is no serve (its key is not charged, nothing moves in the fair
+// order) and counts neither for the call's capacity nor for its key's
+// limit. An expired run not swept (the call's due entries did not hold
+// it: more than TTLLook were due) was taken as any other run (its key is
+// charged for it, and it counts for the call's capacity and its key's
+// limit within the call), then deleted instead of delivered, its slot
+// freed as an ack frees one (see expireTaken).
 type Served struct {
 	ID      string // encoded id
 	Key     string
 	Attempt int
 	Expired bool
+	Swept   bool
 }
 
 // call is the working state of one Dequeue.
 type call struct {
 	m        *Model
 	cap      int
+	n        int             // runs taken that count for cap (not swept)
+	due      map[string]bool // the runs the call sweeps at their head (dueTTL)
 	keyLimit int
 	scan     int
 	out      []Served
@@ -583,6 +597,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	if c.cap = m.capacity(maxCount); c.cap <= 0 {
 		return nil
 	}
+	c.due = m.dueTTL(now)
 	c.scan = m.scanOf(maxCount)
 	c.promote(now, maxCount)
 	c.ungateRise()
@@ -599,7 +614,8 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 
 // DequeueCalls is a dequeue of maxCount as runqueue's Queue.Dequeue makes
 // it: a call (Dequeue, or DequeueOff when !flagOn), and while a call took
-// runs past their TTL and fewer than maxCount were delivered, a call of
+// runs past their TTL that it did not sweep (they counted for its
+// capacity) and fewer than maxCount were delivered, a call of
 // the rest, at most again more. It returns every run the calls took, in
 // order (the expired ones marked), and how many calls it made.
 func (m *Model) DequeueCalls(maxCount int, now int64, again int, flagOn bool) ([]Served, int) {
@@ -614,9 +630,11 @@ func (m *Model) DequeueCalls(maxCount int, now int64, again int, flagOn bool) ([
 		}
 		expired := 0
 		for _, s := range got {
-			if s.Expired {
+			switch {
+			case s.Swept:
+			case s.Expired:
 				expired++
-			} else {
+			default:
 				left--
 			}
 		}
@@ -645,6 +663,9 @@ func (m *Model) SetTTL(id string, deadline int64) {
 // call would.
 func (m *Model) expireTaken(out []Served, now int64, flagOn bool) {
 	for i := range out {
+		if out[i].Swept {
+			continue // deleted where it was swept
+		}
 		r := m.runs[out[i].ID]
 		if r.ttl > 0 && r.ttl <= now {
 			out[i].Expired = true
@@ -654,6 +675,51 @@ func (m *Model) expireTaken(out []Served, now int64, flagOn bool) {
 		}
 		r.ttl = 0
 	}
+}
+
+// dueTTL is the set of runs a dequeue call at now may sweep: the queued
+// runs (ready or delayed) whose TTL deadline is at or before now, the
+// first TTLLook in the TTL set's order (deadline, then run member: the
+// variant member, ":", the encoded id, after the queue's prefix). The Lua
+// (lib/dequeue's dq_due) reads them from the shard's TTL set.
+func (m *Model) dueTTL(now int64) map[string]bool {
+	type due struct {
+		id, member string
+		at         int64
+	}
+	var all []due
+	for _, r := range m.runs {
+		if r.ttl > 0 && r.ttl <= now && (r.state == Ready || r.state == Delayed) {
+			all = append(all, due{r.id, keys.VariantMember(r.key) + ":" + r.id, r.ttl})
+		}
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].at != all[j].at {
+			return all[i].at < all[j].at
+		}
+		return all[i].member < all[j].member
+	})
+	set := make(map[string]bool, min(len(all), TTLLook))
+	for _, d := range all[:min(len(all), TTLLook)] {
+		set[d.id] = true
+	}
+	return set
+}
+
+// sweepHead deletes the head run of vm when it is in due (the call's
+// dueTTL): a sweep, no serve (Served.Swept). It reports whether it did.
+func (m *Model) sweepHead(vm string, due map[string]bool) (Served, bool) {
+	h, _ := head(m.ready[vm])
+	if !due[h.Member] {
+		return Served{}, false
+	}
+	r := m.runs[h.Member]
+	delete(m.ready[vm], h.Member)
+	delete(m.runs, r.id)
+	return Served{ID: r.id, Key: r.key, Attempt: r.attempt, Expired: true, Swept: true}, true
 }
 
 // capacity is what the env and queue limits leave of maxCount.
@@ -1106,7 +1172,7 @@ func (c *call) serve(maxCount int) {
 	w.extend()
 	index := m.CkIndex() // the age head as it stood when serving began
 	ageDone := false
-	for len(c.out) < c.cap {
+	for c.n < c.cap {
 		e := c.pick(w)
 		if e == nil && !ageDone {
 			ageDone = true
@@ -1116,8 +1182,33 @@ func (c *call) serve(maxCount int) {
 		if e == nil {
 			break
 		}
-		c.serveOne(w, e)
+		if !c.sweepOne(w, e) {
+			c.serveOne(w, e)
+		}
 	}
+}
+
+// sweepOne sweeps the head run of e's variant when the call's due TTL
+// entries hold it (sweepHead): nothing of the scheduler moves, and the
+// variant stays in the window with its tag, or, when that was its last
+// ready run, leaves it as a stale entry does (pick).
+func (c *call) sweepOne(w *window, e *wentry) bool {
+	m := c.m
+	s, ok := m.sweepHead(e.vm, c.due)
+	if !ok {
+		return false
+	}
+	c.out = append(c.out, s)
+	if len(m.ready[e.vm]) == 0 {
+		delete(m.ready, e.vm)
+		w.remove(e)
+		r := m.reg[e.vm]
+		c.newHead(w, m.leaveLane(r))
+		if m.park(e.vm, r.U) {
+			c.parked = true
+		}
+	}
+	return true
 }
 
 // pick returns the first servable entry of the window, collecting stale
@@ -1230,6 +1321,7 @@ func (c *call) serveOne(w *window, e *wentry) {
 	}
 
 	c.out = append(c.out, m.take(e.vm))
+	c.n++
 
 	switch {
 	case len(m.ready[e.vm]) == 0:
@@ -1276,9 +1368,11 @@ func (m *Model) scanOf(maxCount int) int {
 //   - promotion: the first scan due variants in the delay index's order,
 //     as PromotePlan gives (no starving-first pick, no registration);
 //   - age order: the first reach entries of ckIndex as it stands then
-//     (reach: scan, or min(scan, capacity) without a key limit), the next
-//     one, if any, kept as the bound. Each serve takes the head run of the
-//     first entry not at its key limit; the variant re-sorts at its new
+//     (reach: scan, or min(scan, capacity + the due TTL entries read)
+//     without a key limit), the next one, if any, kept as the bound. Each
+//     serve takes the head run of the first entry not at its key limit (or
+//     sweeps it, when the call's due TTL entries hold it: see Served, not
+//     counted for capacity); the variant re-sorts at its new
 //     head score, and leaves the window when it has no ready run left or
 //     when it sorts after the bound (unread entries may come before it).
 //     The call ends when no entry of the window is servable.
@@ -1287,13 +1381,14 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 	if capacity <= 0 {
 		return nil
 	}
+	dueTTL := m.dueTTL(now)
 	scan := m.scanOf(maxCount)
 	vms, due := m.dueVariants(now, scan)
 	m.promotePlanned(vms, due, now, maxCount, false)
 	keyLimit := m.cfg.Limits.Key
 	reach := scan
 	if keyLimit <= 0 {
-		reach = min(scan, capacity)
+		reach = min(scan, capacity+len(dueTTL))
 	}
 	index := m.CkIndex()
 	var bound *Entry
@@ -1303,7 +1398,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 	}
 	list := append([]Entry(nil), index...)
 	var out []Served
-	for len(out) < capacity {
+	for n := 0; n < capacity; {
 		i := 0
 		for i < len(list) && keyLimit > 0 && m.inflight[list[i].Member] >= keyLimit {
 			i++
@@ -1312,7 +1407,12 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 			break
 		}
 		vm := list[i].Member
-		out = append(out, m.take(vm))
+		if s, ok := m.sweepHead(vm, dueTTL); ok {
+			out = append(out, s)
+		} else {
+			out = append(out, m.take(vm))
+			n++
+		}
 		list = slices.Delete(list, i, i+1)
 		h, ok := head(m.ready[vm])
 		if !ok {

@@ -335,8 +335,8 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	if n, ok := res[0].(int64); ok && n < 0 {
 		reset, res[0] = true, -1-n
 	}
-	runs, gone, bad, raw, expired, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
-	c.expired += expired
+	runs, gone, bad, raw, expired, swept, ackErrs, err := decodeDequeue(qk, res, lease, len(acks))
+	c.expired += expired + swept
 	if len(gone) > 0 {
 		// Served without a record (evicted): nothing to deliver, so their
 		// slots are freed at once; should this fail, lease recovery frees
@@ -471,9 +471,9 @@ type servedRaw struct {
 // variant member does not decode, or whose record is another variant's (a
 // ready-set member runqueue did not write: a hand edit), in raw, none of
 // those in runs.
-func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, raw []servedRaw, expired int, ackErrs []error, err error) {
+func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone, bad []*Run, raw []servedRaw, expired, swept int, ackErrs []error, err error) {
 	if len(res) < 1+acks || (len(res)-1-acks)%4 != 0 {
-		return nil, nil, nil, nil, 0, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
+		return nil, nil, nil, nil, 0, 0, nil, fmt.Errorf("runqueue: dequeue returned %d values", len(res))
 	}
 	if acks > 0 {
 		ackErrs = make([]error, acks)
@@ -494,9 +494,14 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 		member, _ := res[i+1].(string)
 		rec, hasRec := res[i+2].(string)
 		tok, _ := res[i+3].(int64)
-		if tok == 0 {
+		switch tok {
+		case 0:
 			// Taken past its TTL: the script deleted it (no token is 0).
 			expired++
+			continue
+		case -1:
+			// Swept at its key's head, past its TTL: deleted, no serve.
+			swept++
 			continue
 		}
 		id, err := keys.DecodeSegment(encID)
@@ -526,7 +531,7 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 			Attempt: r.att, Priority: r.pr, AvailableAt: time.UnixMilli(r.at), Token: tok,
 			LeaseDeadline: time.UnixMilli(lease)})
 	}
-	return runs, gone, bad, raw, expired, ackErrs, nil
+	return runs, gone, bad, raw, expired, swept, ackErrs, nil
 }
 
 // DequeueShard serves up to maxCount ready runs from the queues of one shard

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -166,9 +167,9 @@ type PreviewRun struct {
 // serve now, in order, without changing anything: it replays the scheduler
 // model (vtime) on a snapshot of the queue. With the flag off it shows what
 // the fair order would be once the flag is on. Runs whose TTL passed are
-// left out as Dequeue leaves them (it takes and deletes them, and calls
-// again for the rest: Preview then reads as much again of the queue for
-// each such call).
+// left out as Dequeue leaves them (it sweeps them at their key's head, or
+// takes and deletes them and calls again for the rest: Preview then reads
+// as much again of the queue for each such call).
 func (q *Queue) Preview(ctx context.Context, env, queue string, n int) ([]PreviewRun, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -222,14 +223,38 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 			}
 		}
 	}
+	// The runs past their TTL the calls may sweep at their variant's head
+	// (each call reads the first vtime.TTLLook due entries of the shard's
+	// TTL set): those of this queue in the first reads x TTLLook, each
+	// read wherever it stands, and each variant's ready runs read as many
+	// more as it has of them.
+	sweep, err := q.rdb.ZRangeByScore(ctx, qk.TTL(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10),
+		Count: int64(reads * vtime.TTLLook)}).Result()
+	if err != nil {
+		return nil, 0, err
+	}
+	sweepOf := map[string][]string{} // variant member -> encoded ids
+	for _, member := range sweep {
+		rest, ok := strings.CutPrefix(member, qk.RunPrefix())
+		if !ok {
+			continue
+		}
+		if vm, id, ok := strings.Cut(rest, ":"); ok {
+			sweepOf[vm] = append(sweepOf[vm], id)
+		}
+	}
+	read := map[string]bool{}
 	for _, vm := range variants {
 		v, err := variantOf(qk, vm)
 		if err != nil {
 			return nil, 0, err
 		}
-		ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, int64(reads*(n+1)-1)).Result()
+		ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, int64(reads*(n+1)+len(sweepOf[vm])-1)).Result()
 		if err != nil {
 			return nil, 0, err
+		}
+		for _, id := range ids {
+			read[id] = true
 		}
 		if err := q.addSnapshotRuns(ctx, qk, &snap, ids, false); err != nil {
 			return nil, 0, err
@@ -256,11 +281,41 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 		if err != nil {
 			return nil, 0, err
 		}
+		for _, id := range ids {
+			read[id] = true
+		}
 		if err := q.addSnapshotRuns(ctx, qk, &snap, ids, true); err != nil {
 			return nil, 0, err
 		}
 		if err := inflight(vm, v); err != nil {
 			return nil, 0, err
+		}
+	}
+	// The due TTL entries' runs not read above, ready or delayed.
+	for vm, ids := range sweepOf {
+		v, err := variantOf(qk, vm)
+		if err != nil {
+			continue // not a variant runqueue writes: the script skips it too
+		}
+		for _, id := range ids {
+			if read[id] {
+				continue
+			}
+			read[id] = true
+			delayed := false
+			if err := q.rdb.ZScore(ctx, v.Ready(), id).Err(); errors.Is(err, redis.Nil) {
+				if err := q.rdb.ZScore(ctx, v.Delayed(), id).Err(); errors.Is(err, redis.Nil) {
+					continue // neither: the script's dq_due finds no run to sweep
+				} else if err != nil {
+					return nil, 0, err
+				}
+				delayed = true
+			} else if err != nil {
+				return nil, 0, err
+			}
+			if err := q.addSnapshotRuns(ctx, qk, &snap, []string{id}, delayed); err != nil {
+				return nil, 0, err
+			}
 		}
 	}
 	qn, err := q.queueInflight(ctx, qk)

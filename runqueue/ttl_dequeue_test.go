@@ -86,12 +86,12 @@ func TestDequeueExpiredThenServesBehind(t *testing.T) {
 	}
 }
 
-// TestDequeueExpiredAtKeyLimit: a run past its TTL at the head of a key at
-// its limit of 1 counts for the key within the script call that takes it
-// (the key's next run waits, as behind a served run), but takes no slot:
-// the Dequeue's call again for the rest serves the key's next run (flag
-// on, the key gated for it competes again), which is the only run the
-// key counts in flight.
+// TestDequeueExpiredAtKeyLimit: a run past its TTL at the head of a key
+// with a limit of 1 is swept there: it takes no slot, not even within the
+// call, and no turn (flag on, the key is not charged for it), so the key's
+// next run is served in the key's place, before b's, and is the only run
+// the key counts in flight. (Before the sweep at the head, the expired
+// run counted for the key's limit within the call: b1 came first.)
 func TestDequeueExpiredAtKeyLimit(t *testing.T) {
 	forEachFlagWith(t, func(c *runqueue.Config) { c.KeyConcurrency = 1 }, func(t *testing.T, b *testBundle, on bool) {
 		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a-old", TTL: time.Second})
@@ -100,7 +100,7 @@ func TestDequeueExpiredAtKeyLimit(t *testing.T) {
 		b.clock.Advance(time.Millisecond)
 		enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: "b1"})
 		b.clock.Advance(time.Second)
-		require.Equal(t, []string{"b1", "a-next"}, runIDs(dequeue(t, b, queueName, 5)))
+		require.Equal(t, []string{"a-next", "b1"}, runIDs(dequeue(t, b, queueName, 5)))
 		qk := keySpace(t, b).Env(env).Queue(queueName)
 		require.Equal(t, "1", b.client.HGet(b.ctx, qk.KeyInflight(), keys.VariantMember("a")).Val(),
 			"key a's runs in flight")

@@ -493,31 +493,33 @@ func (s *vpShadow) expect(now int64, n, keyLimit int, inflight map[string]int) [
 	return out
 }
 
-// dequeueTTL is a flag-off Dequeue(n) at now: the calls expect gives, the
-// runs each takes past their TTL (ttl: the deadlines of the runs never
-// delivered) deleted, not delivered, and taken again for the rest while a
-// call took such runs, as runqueue's serve does. It returns the runs
-// delivered and those expired, both out of s.queued.
+// dequeueTTL is a flag-off Dequeue(n) at now: the runs expect gives, in
+// age order, where each past its TTL (ttl: the deadlines of the runs never
+// delivered) that a serve comes to is swept (deleted, not delivered, not
+// counted for n or its key's limit), as runqueue's dequeue does while no
+// more than vtime.TTLLook are due (the workload queues fewer). It returns
+// the runs delivered and those expired, both out of s.queued.
 func (s *vpShadow) dequeueTTL(now int64, n, keyLimit int, inflight map[string]int,
 	ttl map[string]int64) (delivered, expired []string) {
 	inflight = maps.Clone(inflight)
-	for depth := 0; ; depth++ {
-		took := 0
-		for _, id := range s.expect(now, n-len(delivered), keyLimit, inflight) {
-			r := s.queued[id]
-			delete(s.queued, id)
-			if d, ok := ttl[id]; ok && d <= now {
-				expired = append(expired, id)
-				took++
-				continue
-			}
-			delivered = append(delivered, id)
-			inflight[keys.VariantMember(r.key)]++
+	for _, id := range s.expect(now, len(s.queued), 0, nil) {
+		if len(delivered) == n {
+			break
 		}
-		if len(delivered) >= n || took == 0 || depth >= runqueue.MaxCorruptCalls {
-			return delivered, expired
+		r := s.queued[id]
+		vm := keys.VariantMember(r.key)
+		if keyLimit > 0 && inflight[vm] >= keyLimit {
+			continue
 		}
+		delete(s.queued, id)
+		if d, ok := ttl[id]; ok && d <= now {
+			expired = append(expired, id)
+			continue
+		}
+		delivered = append(delivered, id)
+		inflight[vm]++
 	}
+	return delivered, expired
 }
 
 // vtimeKeysOf lists the keys under the bundle's prefix that belong to the

@@ -14,14 +14,15 @@ type Limits struct {
 }
 
 // Served is one run a dequeue call took, in serve order. Expired: it had
-// passed its TTL, and the call deleted it instead of delivering it (the
-// Lua driver cannot see where among the call's serves it was taken: it
-// lists such runs first).
+// passed its TTL, and the call deleted it instead of delivering it.
+// Swept (Expired too): the call swept it at its key's head, as the TTL
+// sweep would, before choosing: no serve (vtime's Served.Swept).
 type Served struct {
 	Key     string
 	ID      string // the id given to Enqueue
 	Attempt int    // delivery attempt, from 1
 	Expired bool
+	Swept   bool
 }
 
 // Driver runs the operations of one base queue on a backend: the vtime

@@ -113,10 +113,11 @@ func (p *LuaPool) Close() {
 	_ = p.client.Close()
 }
 
-// takenRun is a run a dequeue script call took: delivered, or expired.
+// takenRun is a run a dequeue script call took: delivered, or expired
+// (swept at its key's head, or taken).
 type takenRun struct {
-	key, id string
-	expired bool
+	key, id        string
+	expired, swept bool
 }
 
 // taken returns, and forgets, the runs the dequeue calls of the driver
@@ -135,7 +136,7 @@ func (p *LuaPool) taken(ck string) []takenRun {
 // call names its queue's ckIndex and delayIndex first (lib/dequeue); its
 // reply is the acks' count (-1 - it when the scheduler state was found
 // broken), their results, then four values a run: encoded id, variant
-// member, record, delivery token (0: expired).
+// member, record, delivery token (0: expired, -1: swept).
 type replyHook struct{ p *LuaPool }
 
 func (replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -191,7 +192,7 @@ func (p *LuaPool) capture(cmd redis.Cmder) {
 		if err != nil || kerr != nil {
 			continue
 		}
-		got = append(got, takenRun{key: key, id: id, expired: tok == 0})
+		got = append(got, takenRun{key: key, id: id, expired: tok == 0 || tok == -1, swept: tok == -1})
 	}
 	p.mu.Lock()
 	p.replies[ck] = append(p.replies[ck], got...)
@@ -262,7 +263,7 @@ func (d *LuaDriver) Dequeue(maxCount int) ([]Served, error) {
 	out := make([]Served, 0, len(runs))
 	for _, t := range d.p.taken(d.qk.CkIndex()) {
 		if t.expired {
-			out = append(out, Served{Key: t.key, ID: t.id, Attempt: 1, Expired: true})
+			out = append(out, Served{Key: t.key, ID: t.id, Attempt: 1, Expired: true, Swept: t.swept})
 			continue
 		}
 		if r := byID[t.id]; r != nil {

@@ -115,7 +115,7 @@ func decodeServed(in []vtime.Served) ([]Served, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Served{Key: s.Key, ID: id, Attempt: s.Attempt, Expired: s.Expired})
+		out = append(out, Served{Key: s.Key, ID: id, Attempt: s.Attempt, Expired: s.Expired, Swept: s.Swept})
 	}
 	return out, nil
 }
@@ -230,7 +230,11 @@ func (d *ModelDriver) ProbeSingles(maxCount int) ([]Served, error) {
 	}
 	var got []vtime.Served
 	for i := 0; i < maxCount; i++ {
-		got = append(got, c.Dequeue(1, d.now)...)
+		for _, s := range c.Dequeue(1, d.now) {
+			if !s.Swept { // (a sweep at a key's head is no serve)
+				got = append(got, s)
+			}
+		}
 	}
 	return decodeServed(got)
 }

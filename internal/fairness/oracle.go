@@ -576,17 +576,33 @@ func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 	if o.flagOn && capacity > 0 {
 		o.probes++
 	}
-	// A run the call may take past its TTL is taken and deleted: within
-	// the call it counts for its key's limit, after it frees its slot, so
-	// N calls of one may serve what one call of N does not (guarantee 4
-	// holds for calls without such runs), and a call that delivered none
-	// for that takes again (work conservation: at least the servable).
-	expiring := false
+	// The runs past their TTL: a call sweeps each that comes to its
+	// key's head (no serve, no slot, not counted for maxCount) while no
+	// more than vtime.TTLLook are due; past that, one it did not sweep is
+	// taken and deleted: within the call it counts for its key's limit,
+	// after it frees its slot, so N calls of one may serve what one call
+	// of N does not (guarantee 4 holds for calls without such runs), and a
+	// call that delivered fewer than maxCount for that takes again (work
+	// conservation: at least the servable). The servable runs are the
+	// live ones (expect).
+	due := 0
+	dueReady := map[*okey]int{}
 	for _, r := range o.runs {
-		if r.ttl > 0 && r.ttl <= o.now && (r.state == stReady || r.state == stDelayed && r.at <= o.now) {
-			expiring = true
-			break
+		if r.ttl > 0 && r.ttl <= o.now && (r.state == stReady || r.state == stDelayed) {
+			due++
+			if r.state == stReady {
+				dueReady[o.keys[r.key]]++
+			}
 		}
+	}
+	expiring := due > vtime.TTLLook
+	expect := o.room
+	for k, n := range dueReady {
+		room := k.ready - n
+		if o.limits.Key > 0 {
+			room = max(0, min(room, o.limits.Key-k.held))
+		}
+		expect += room - k.room
 	}
 	if bp, ok := o.d.(BatchProber); ok && !o.finishing && maxCount >= 2 && capacity > 0 && exact && certain1 && !expiring {
 		singles, err := bp.ProbeSingles(maxCount)
@@ -596,20 +612,26 @@ func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 		o.emit(Event{Kind: EvProbe, MaxCount: maxCount, Singles: singles})
 	}
 	o.H.Calls++
-	o.emit(Event{Kind: EvCall, MaxCount: maxCount, Capacity: capacity, Expect: o.room, N: o.withReady,
+	o.emit(Event{Kind: EvCall, MaxCount: maxCount, Capacity: capacity, Expect: expect, N: o.withReady,
 		On: o.flagOn, Clean: exact, Certain: certain, Certain1: certain1, Expiring: expiring})
 	served, err := o.d.Dequeue(maxCount)
 	if err != nil {
 		return nil, o.fail(err)
 	}
 	delivered := served[:0:0]
+	taken := 0
 	for _, s := range served {
+		if s.Swept {
+			o.swept(s)
+			continue
+		}
+		taken++
 		o.serve(s)
 		if !s.Expired {
 			delivered = append(delivered, s)
 		}
 	}
-	o.emit(Event{Kind: EvCallEnd, N: len(served)})
+	o.emit(Event{Kind: EvCallEnd, N: taken})
 	for _, r := range o.callExpired {
 		o.release(r)
 		o.refresh(o.keys[r.key])
@@ -619,6 +641,29 @@ func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 		o.readV()
 	}
 	return delivered, nil
+}
+
+// swept books a run a dequeue call swept at its key's head: a TTL sweep
+// of that run (EvExpire), no serve.
+func (o *Oracle) swept(s Served) {
+	r, ok := o.runs[s.ID]
+	if !ok || r.key != s.Key || (r.state != stReady && r.state != stDelayed) {
+		o.emit(Event{Kind: EvError, Text: fmt.Sprintf("run %s of %q swept at a dequeue but not queued", s.ID, s.Key)})
+		return
+	}
+	if r.ttl <= 0 || r.ttl > o.now {
+		o.emit(Event{Kind: EvError, Text: fmt.Sprintf("run %s swept at a dequeue before its TTL (deadline %v, now %v)",
+			s.ID, r.ttl, o.now)})
+	}
+	o.emit(Event{Kind: EvExpire, N: 1, IDs: []string{s.ID}})
+	if r.state == stDelayed {
+		// Due, and promoted where the oracle did not expect it.
+		o.unDelay(r)
+		r.state = stExpired
+		return
+	}
+	r.state = stExpired
+	o.loseReady(o.keys[r.key], false)
 }
 
 func (o *Oracle) serve(s Served) {

@@ -16,15 +16,19 @@ local dq = dq_open(KEYS, ARGV)
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, dq.own_args, dq.now)
 local acked = dq_ack(dq, hooks)
 if dq_capacity(dq) <= 0 then return dq_finish(dq, acked) end
+-- The runs past their TTL the call sweeps at the head of their variant
+-- (lib/dequeue's dq_due): not served, not counted for the capacity.
+dq_due(dq)
 dq_promote(dq, hooks)
 
 -- Age order: the first scan entries of ckIndex (lowest head ready score,
 -- then member); each serve takes the first servable one.
 -- Without a per-key limit every variant in ckIndex is servable and each
 -- serve moves one variant back, so the call can only serve among the first
--- cap: reading further (a costly WITHSCORES reply) would change nothing.
+-- cap (and the runs it may sweep): reading further (a costly WITHSCORES
+-- reply) would change nothing.
 local reach = dq.scan
-if dq.key_limit <= 0 then reach = math.min(dq.scan, dq.cap) end
+if dq.key_limit <= 0 then reach = math.min(dq.scan, dq.cap + dq.ndue) end
 local age = window_new(redis.call('ZRANGE', dq.ck_index, '0', num_arg(reach), 'WITHSCORES'), reach)
 -- A variant ckIndex names whose ready set is empty before the call takes
 -- anything from it (its runs taken out by hand, the set evicted) is stale:
@@ -41,10 +45,10 @@ local function servable(vm)
   end
   return false
 end
-while #dq.served < dq.cap do
+while #dq.served - dq.nswept < dq.cap do
   local vm = window_first(age, servable)
   if vm == nil then break end
-  local nxt = dq_take(dq, vm)
+  local nxt = dq_take(dq, vm, dq_head_due(dq, vm))
   if nxt == nil then
     window_remove(age, vm)
   else

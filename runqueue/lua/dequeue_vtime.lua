@@ -41,6 +41,9 @@ if dq_capacity(dq) <= 0 then
   if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
+-- due TTL: the runs past their TTL this call sweeps when they come to the
+-- head of their variant (lib/dequeue's dq_due; vtime's dueTTL).
+dq_due(dq)
 
 -- promote: due delayed runs become ready; their variants register, all
 -- together after it (nothing in the promotion reads the registrations).
@@ -430,6 +433,19 @@ local function serve_one(e)
   end
 end
 
+-- Sweep the head run of e's variant when it is among the call's due TTL
+-- entries (vtime's sweepOne): no serve, nothing of the scheduler moves;
+-- the variant keeps its place in the window, or, when that was its last
+-- ready run, leaves it as a stale entry does (pick).
+local function sweep_one(e)
+  if not dq_head_due(dq, e.vm) then return false end
+  if dq_take(dq, e.vm, true) == nil then
+    w_remove(e)
+    leave(e)
+  end
+  return true
+end
+
 if w_extend() == nil then
   -- No sentinel: the state is broken. It goes whole, nothing is served,
   -- and the reply says so (its first value -1 - the acks) so that the
@@ -440,7 +456,7 @@ if w_extend() == nil then
   return out
 end
 local age_done = index_empty -- nothing for the age head to read
-while #dq.served < dq.cap do
+while #dq.served - dq.nswept < dq.cap do
   local e = pick()
   if e == nil and not age_done then
     age_done = true
@@ -448,7 +464,7 @@ while #dq.served < dq.cap do
     e = pick()
   end
   if e == nil then break end
-  serve_one(e)
+  if not sweep_one(e) then serve_one(e) end
 end
 
 -- The served runs move in flight first (dq_finish), the scheduler's writes
@@ -553,7 +569,8 @@ if st.v >= SCHED.REBASE_AT then
   st.e = st.e + 1
 end
 
--- expired: the runs taken whose TTL passed (dq_finish) free their slots
+-- expired: the runs taken whose TTL passed (dq_finish; not those swept)
+-- free their slots
 -- as an ack sent right after the call would (vtime's expireTaken): a
 -- variant gated at its key limit for them competes again.
 if dq.expired_vms and (kl > 0 or ARGV[dq.own_args + 4] == '1') then sched_released(S, dq.expired_vms, true) end

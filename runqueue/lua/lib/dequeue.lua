@@ -55,6 +55,10 @@ local function dq_open(keys, args)
     touched = {},  -- variant members in first-serve order
     served = {},   -- ids served, in serve order
     served_vm = {}, -- their variant members
+    swept = {},    -- places in served of the runs swept at their head (dq_take)
+    nswept = 0,    -- how many (they do not count for cap)
+    due = {},      -- encoded id -> true: the due TTL entries read (dq_due)
+    ndue = 0,      -- how many
     dirty = false, -- promotion wrote something
     -- (set later; named here so that the table is made at its full size
     -- once, not grown past 32 fields by a rehash)
@@ -80,6 +84,48 @@ local function dq_capacity(dq)
   if cap > 0 and dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - held_count(dq.held)) end
   dq.cap = cap
   return cap
+end
+
+-- How many of the shard's TTL entries past their deadline a call reads
+-- (vtime.TTLLook).
+local DQ_TTL_LOOK = 100
+
+-- The due TTL entries of the call (vtime's dueTTL): the first DQ_TTL_LOOK
+-- of the shard's TTL set at or before now, those of this queue whose
+-- record still has that deadline (a run never delivered, of the variant
+-- its entry names). Each that comes to the head of its variant while the
+-- call serves is swept there (dq_take with swept), as the TTL sweep would
+-- have: no serve, not counted for the call's capacity or its key's limit.
+-- One read when none is due, the common case.
+local function dq_due(dq)
+  local raw = redis.call('ZRANGEBYSCORE', dq.ttl, '-inf', dq.now_arg, 'LIMIT', '0', DQ_TTL_LOOK)
+  if #raw == 0 then return end
+  local p = #dq.run_prefix
+  local ids, vms = {}, {}
+  for _, member in ipairs(raw) do
+    if string.sub(member, 1, p) == dq.run_prefix then
+      -- (variant member ":" encoded id; a variant member runqueue writes
+      -- holds no ':', as the sweep's split, splitRunMember)
+      local rest = string.sub(member, p + 1)
+      local at = string.find(rest, ':', 1, true)
+      if at then
+        ids[#ids + 1] = string.sub(rest, at + 1)
+        vms[#vms + 1] = string.sub(rest, 1, at - 1)
+      end
+    end
+  end
+  if #ids == 0 then return end
+  local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  for i, id in ipairs(ids) do
+    local rec = recs[i]
+    if rec and rec_has_ttl(rec) then
+      local r = rec_parse(rec)
+      if r.ttl and r.vm == vms[i] and r.ttl + 0 <= dq.now and not dq.due[id] then
+        dq.due[id] = true
+        dq.ndue = dq.ndue + 1
+      end
+    end
+  end
 end
 
 local function dq_var(dq, vm)
@@ -144,7 +190,8 @@ end
 -- True when vm's own limit blocks another serve.
 local function dq_at_limit(dq, vm)
   if dq.key_limit <= 0 then return false end
-  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
+  local c = dq_var(dq, vm)
+  return dq_inflight(dq, vm) + c.taken - (c.swept or 0) >= dq.key_limit
 end
 
 -- dq_promote's second and third passes (vtime.spreadLeft) over the due
@@ -236,20 +283,22 @@ end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
 -- took), walked in memory: the first read takes up to 8 entries, each
--- further read doubles what is held, never past cap + 1 in all (one more
--- than the call can take, so running out of a short read means the variant
--- is empty). Returns the head's ready score and id, or nil.
+-- further read doubles what is held, never past cap + 1 + the due TTL
+-- entries in all (one more than the call can take and sweep, so running
+-- out of a short read means the variant is empty). Returns the head's
+-- ready score and id, or nil.
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
+  local most = dq.cap + 1 + dq.ndue
   if c.list == nil then
-    local want = math.min(dq.cap + 1, 2)
+    local want = math.min(most, 2)
     c.list = redis.call('ZRANGE', c.ready, '0', num_arg(want - 1), 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
   if c.list[p] == nil and not c.complete then
     local have = #c.list / 2
-    local want = math.min(have, dq.cap + 1 - have)
+    local want = math.min(have, most - have)
     if want > 0 then
       local more = redis.call('ZRANGE', c.ready, num_arg(have), num_arg(have + want - 1), 'WITHSCORES')
       for _, x in ipairs(more) do c.list[#c.list + 1] = x end
@@ -260,15 +309,30 @@ local function dq_head(dq, vm)
   return num(c.list[p + 1]), c.list[p]
 end
 
--- Serve the head of vm (dq_head found one); returns the next head's ready
--- score, or nil when vm has no ready run left.
-local function dq_take(dq, vm)
+-- True when the head of vm (dq_head found one) is among the call's due
+-- TTL entries (dq_due): the call sweeps it (dq_take with swept).
+local function dq_head_due(dq, vm)
+  if dq.ndue == 0 then return false end
+  local c = dq_var(dq, vm)
+  return dq.due[c.list[2 * c.taken + 1]] == true
+end
+
+-- Serve the head of vm (dq_head found one), or, swept, sweep it (it
+-- counts neither for cap nor for vm's limit; dq_finish deletes it);
+-- returns the next head's ready score, or nil when vm has no ready run
+-- left.
+local function dq_take(dq, vm, swept)
   local c = dq_var(dq, vm)
   local id = c.list[2 * c.taken + 1]
   if c.taken == 0 then dq.touched[#dq.touched + 1] = vm end
   c.taken = c.taken + 1
   local k = #dq.served + 1
   dq.served[k], dq.served_vm[k] = id, vm
+  if swept then
+    c.swept = (c.swept or 0) + 1
+    dq.swept[k] = true
+    dq.nswept = dq.nswept + 1
+  end
   return (dq_head(dq, vm))
 end
 
@@ -281,11 +345,13 @@ end
 -- whose TTL passed (never delivered, its deadline at or before the call's
 -- time) is expired instead, as the TTL sweep would have (vtime's
 -- expireTaken): its record and TTL entry go, it takes no slot, lease or
--- token, and its variant is in dq.expired_vms (the flag-on dequeue frees
--- its slot for the scheduler as an ack does).
+-- token, and, unless the call swept it (dq_take), its variant is in
+-- dq.expired_vms (the flag-on dequeue frees its slot for the scheduler as
+-- an ack does).
 -- Returns a flat array: acks' results count, the acks' results, then for
 -- each run taken, in the order taken: encoded id, variant member, record,
--- delivery token; for one expired: encoded id, variant member, false, 0.
+-- delivery token; for one expired: encoded id, variant member, false, 0,
+-- or -1 for one swept.
 local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
@@ -319,11 +385,11 @@ local function dq_finish(dq, acked)
       local vm = vms[i]
       if skip[i] then
         local c = dq.vars[vm]
-        if not c.expired then
-          c.expired = 0
+        if not dq.swept[i] and not c.released then
+          c.released = true
           dq.expired_vms[#dq.expired_vms + 1] = vm
         end
-        c.expired = c.expired + 1
+        c.expired = (c.expired or 0) + 1
         gids[#gids + 1] = ids[i]
         gmembers[#gmembers + 1] = dq.run_prefix .. vm .. ':' .. ids[i]
       else
@@ -331,6 +397,7 @@ local function dq_finish(dq, acked)
         lids[k], lvms[k], lrecs[k] = ids[i], vm, recs[i]
       end
     end
+    if not dq.expired_vms[1] then dq.expired_vms = nil end -- (all swept)
     redis.call('HDEL', dq.runs, unpack(gids))
     redis.call('ZREM', dq.ttl, unpack(gmembers))
     ids, vms, recs = lids, lvms, lrecs
@@ -390,7 +457,7 @@ local function dq_finish(dq, acked)
   if n == 0 then
     local o = #out
     for i, id in ipairs(dq.served) do
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, 0
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, dq.swept[i] and -1 or 0
       o = o + 4
     end
     master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
@@ -445,7 +512,7 @@ local function dq_finish(dq, acked)
   local o, j = #out, 0
   for i, id in ipairs(dq.served) do
     if skip and skip[i] then
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, 0
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, dq.swept[i] and -1 or 0
     else
       j = j + 1
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, vms[j], recs[j], token0 + j

@@ -1,4 +1,4 @@
-#!lua name=runqueue_b59f9a952c0f9402
+#!lua name=runqueue_6a26e1a254e32960
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1157,6 +1157,10 @@ local function dq_open(keys, args)
     touched = {},  -- variant members in first-serve order
     served = {},   -- ids served, in serve order
     served_vm = {}, -- their variant members
+    swept = {},    -- places in served of the runs swept at their head (dq_take)
+    nswept = 0,    -- how many (they do not count for cap)
+    due = {},      -- encoded id -> true: the due TTL entries read (dq_due)
+    ndue = 0,      -- how many
     dirty = false, -- promotion wrote something
     -- (set later; named here so that the table is made at its full size
     -- once, not grown past 32 fields by a rehash)
@@ -1182,6 +1186,48 @@ local function dq_capacity(dq)
   if cap > 0 and dq.queue_limit > 0 then cap = math.min(cap, dq.queue_limit - held_count(dq.held)) end
   dq.cap = cap
   return cap
+end
+
+-- How many of the shard's TTL entries past their deadline a call reads
+-- (vtime.TTLLook).
+local DQ_TTL_LOOK = 100
+
+-- The due TTL entries of the call (vtime's dueTTL): the first DQ_TTL_LOOK
+-- of the shard's TTL set at or before now, those of this queue whose
+-- record still has that deadline (a run never delivered, of the variant
+-- its entry names). Each that comes to the head of its variant while the
+-- call serves is swept there (dq_take with swept), as the TTL sweep would
+-- have: no serve, not counted for the call's capacity or its key's limit.
+-- One read when none is due, the common case.
+local function dq_due(dq)
+  local raw = redis.call('ZRANGEBYSCORE', dq.ttl, '-inf', dq.now_arg, 'LIMIT', '0', DQ_TTL_LOOK)
+  if #raw == 0 then return end
+  local p = #dq.run_prefix
+  local ids, vms = {}, {}
+  for _, member in ipairs(raw) do
+    if string.sub(member, 1, p) == dq.run_prefix then
+      -- (variant member ":" encoded id; a variant member runqueue writes
+      -- holds no ':', as the sweep's split, splitRunMember)
+      local rest = string.sub(member, p + 1)
+      local at = string.find(rest, ':', 1, true)
+      if at then
+        ids[#ids + 1] = string.sub(rest, at + 1)
+        vms[#vms + 1] = string.sub(rest, 1, at - 1)
+      end
+    end
+  end
+  if #ids == 0 then return end
+  local recs = redis.call('HMGET', dq.runs, unpack(ids))
+  for i, id in ipairs(ids) do
+    local rec = recs[i]
+    if rec and rec_has_ttl(rec) then
+      local r = rec_parse(rec)
+      if r.ttl and r.vm == vms[i] and r.ttl + 0 <= dq.now and not dq.due[id] then
+        dq.due[id] = true
+        dq.ndue = dq.ndue + 1
+      end
+    end
+  end
 end
 
 local function dq_var(dq, vm)
@@ -1246,7 +1292,8 @@ end
 -- True when vm's own limit blocks another serve.
 local function dq_at_limit(dq, vm)
   if dq.key_limit <= 0 then return false end
-  return dq_inflight(dq, vm) + dq_var(dq, vm).taken >= dq.key_limit
+  local c = dq_var(dq, vm)
+  return dq_inflight(dq, vm) + c.taken - (c.swept or 0) >= dq.key_limit
 end
 
 -- dq_promote's second and third passes (vtime.spreadLeft) over the due
@@ -1338,20 +1385,22 @@ end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
 -- took), walked in memory: the first read takes up to 8 entries, each
--- further read doubles what is held, never past cap + 1 in all (one more
--- than the call can take, so running out of a short read means the variant
--- is empty). Returns the head's ready score and id, or nil.
+-- further read doubles what is held, never past cap + 1 + the due TTL
+-- entries in all (one more than the call can take and sweep, so running
+-- out of a short read means the variant is empty). Returns the head's
+-- ready score and id, or nil.
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
+  local most = dq.cap + 1 + dq.ndue
   if c.list == nil then
-    local want = math.min(dq.cap + 1, 2)
+    local want = math.min(most, 2)
     c.list = redis.call('ZRANGE', c.ready, '0', num_arg(want - 1), 'WITHSCORES')
     c.complete = #c.list < 2 * want
   end
   local p = 2 * c.taken + 1
   if c.list[p] == nil and not c.complete then
     local have = #c.list / 2
-    local want = math.min(have, dq.cap + 1 - have)
+    local want = math.min(have, most - have)
     if want > 0 then
       local more = redis.call('ZRANGE', c.ready, num_arg(have), num_arg(have + want - 1), 'WITHSCORES')
       for _, x in ipairs(more) do c.list[#c.list + 1] = x end
@@ -1362,15 +1411,30 @@ local function dq_head(dq, vm)
   return num(c.list[p + 1]), c.list[p]
 end
 
--- Serve the head of vm (dq_head found one); returns the next head's ready
--- score, or nil when vm has no ready run left.
-local function dq_take(dq, vm)
+-- True when the head of vm (dq_head found one) is among the call's due
+-- TTL entries (dq_due): the call sweeps it (dq_take with swept).
+local function dq_head_due(dq, vm)
+  if dq.ndue == 0 then return false end
+  local c = dq_var(dq, vm)
+  return dq.due[c.list[2 * c.taken + 1]] == true
+end
+
+-- Serve the head of vm (dq_head found one), or, swept, sweep it (it
+-- counts neither for cap nor for vm's limit; dq_finish deletes it);
+-- returns the next head's ready score, or nil when vm has no ready run
+-- left.
+local function dq_take(dq, vm, swept)
   local c = dq_var(dq, vm)
   local id = c.list[2 * c.taken + 1]
   if c.taken == 0 then dq.touched[#dq.touched + 1] = vm end
   c.taken = c.taken + 1
   local k = #dq.served + 1
   dq.served[k], dq.served_vm[k] = id, vm
+  if swept then
+    c.swept = (c.swept or 0) + 1
+    dq.swept[k] = true
+    dq.nswept = dq.nswept + 1
+  end
   return (dq_head(dq, vm))
 end
 
@@ -1383,11 +1447,13 @@ end
 -- whose TTL passed (never delivered, its deadline at or before the call's
 -- time) is expired instead, as the TTL sweep would have (vtime's
 -- expireTaken): its record and TTL entry go, it takes no slot, lease or
--- token, and its variant is in dq.expired_vms (the flag-on dequeue frees
--- its slot for the scheduler as an ack does).
+-- token, and, unless the call swept it (dq_take), its variant is in
+-- dq.expired_vms (the flag-on dequeue frees its slot for the scheduler as
+-- an ack does).
 -- Returns a flat array: acks' results count, the acks' results, then for
 -- each run taken, in the order taken: encoded id, variant member, record,
--- delivery token; for one expired: encoded id, variant member, false, 0.
+-- delivery token; for one expired: encoded id, variant member, false, 0,
+-- or -1 for one swept.
 local function dq_finish(dq, acked)
   local out = { #acked }
   for _, a in ipairs(acked) do out[#out + 1] = a end
@@ -1421,11 +1487,11 @@ local function dq_finish(dq, acked)
       local vm = vms[i]
       if skip[i] then
         local c = dq.vars[vm]
-        if not c.expired then
-          c.expired = 0
+        if not dq.swept[i] and not c.released then
+          c.released = true
           dq.expired_vms[#dq.expired_vms + 1] = vm
         end
-        c.expired = c.expired + 1
+        c.expired = (c.expired or 0) + 1
         gids[#gids + 1] = ids[i]
         gmembers[#gmembers + 1] = dq.run_prefix .. vm .. ':' .. ids[i]
       else
@@ -1433,6 +1499,7 @@ local function dq_finish(dq, acked)
         lids[k], lvms[k], lrecs[k] = ids[i], vm, recs[i]
       end
     end
+    if not dq.expired_vms[1] then dq.expired_vms = nil end -- (all swept)
     redis.call('HDEL', dq.runs, unpack(gids))
     redis.call('ZREM', dq.ttl, unpack(gmembers))
     ids, vms, recs = lids, lvms, lrecs
@@ -1492,7 +1559,7 @@ local function dq_finish(dq, acked)
   if n == 0 then
     local o = #out
     for i, id in ipairs(dq.served) do
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, 0
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, dq.swept[i] and -1 or 0
       o = o + 4
     end
     master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
@@ -1547,7 +1614,7 @@ local function dq_finish(dq, acked)
   local o, j = #out, 0
   for i, id in ipairs(dq.served) do
     if skip and skip[i] then
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, 0
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, dq.swept[i] and -1 or 0
     else
       j = j + 1
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, vms[j], recs[j], token0 + j
@@ -1864,6 +1931,9 @@ if dq_capacity(dq) <= 0 then
   if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
+-- due TTL: the runs past their TTL this call sweeps when they come to the
+-- head of their variant (lib/dequeue's dq_due; vtime's dueTTL).
+dq_due(dq)
 
 -- promote: due delayed runs become ready; their variants register, all
 -- together after it (nothing in the promotion reads the registrations).
@@ -2253,6 +2323,19 @@ local function serve_one(e)
   end
 end
 
+-- Sweep the head run of e's variant when it is among the call's due TTL
+-- entries (vtime's sweepOne): no serve, nothing of the scheduler moves;
+-- the variant keeps its place in the window, or, when that was its last
+-- ready run, leaves it as a stale entry does (pick).
+local function sweep_one(e)
+  if not dq_head_due(dq, e.vm) then return false end
+  if dq_take(dq, e.vm, true) == nil then
+    w_remove(e)
+    leave(e)
+  end
+  return true
+end
+
 if w_extend() == nil then
   -- No sentinel: the state is broken. It goes whole, nothing is served,
   -- and the reply says so (its first value -1 - the acks) so that the
@@ -2263,7 +2346,7 @@ if w_extend() == nil then
   return out
 end
 local age_done = index_empty -- nothing for the age head to read
-while #dq.served < dq.cap do
+while #dq.served - dq.nswept < dq.cap do
   local e = pick()
   if e == nil and not age_done then
     age_done = true
@@ -2271,7 +2354,7 @@ while #dq.served < dq.cap do
     e = pick()
   end
   if e == nil then break end
-  serve_one(e)
+  if not sweep_one(e) then serve_one(e) end
 end
 
 -- The served runs move in flight first (dq_finish), the scheduler's writes
@@ -2376,7 +2459,8 @@ if st.v >= 562949953421312 then
   st.e = st.e + 1
 end
 
--- expired: the runs taken whose TTL passed (dq_finish) free their slots
+-- expired: the runs taken whose TTL passed (dq_finish; not those swept)
+-- free their slots
 -- as an ack sent right after the call would (vtime's expireTaken): a
 -- variant gated at its key limit for them competes again.
 if dq.expired_vms and (kl > 0 or ARGV[dq.own_args + 4] == '1') then sched_released(S, dq.expired_vms, true) end
@@ -2648,9 +2732,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_b59f9a952c0f9402_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_b59f9a952c0f9402_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_b59f9a952c0f9402_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_b59f9a952c0f9402_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_b59f9a952c0f9402_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_b59f9a952c0f9402_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -1,6 +1,10 @@
 package runqueue_test
 
 import (
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -8,6 +12,7 @@ import (
 
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
+	"github.com/runqueue/runqueue/vtime"
 )
 
 // TestDequeueExpiresPastTTL: a dequeue never delivers a run whose TTL
@@ -143,4 +148,92 @@ func TestDequeueFillsPastExpired(t *testing.T) {
 		require.Equal(t, []string{"x", "y"}, runIDs(dequeue(t, b, queueName, 2)))
 		require.Equal(t, runqueue.Stats{Ready: 1, InFlight: 2, OldestReadyAge: time.Second + time.Millisecond}, queueStats(t, b, queueName))
 	})
+}
+
+// TestDequeueTTLKeepsKeyShare: a key whose backlog outlives its TTL keeps
+// its share of the deliveries (flag on): the dequeue sweeps its runs past
+// their TTL at its head without charging it, so its live runs behind them
+// are served in its turns, alternating with another key's. (When the dead
+// runs were charged as serves, each of a's turns went to one of them: b
+// got every delivery until a's 30 dead runs were gone.)
+func TestDequeueTTLKeepsKeyShare(t *testing.T) {
+	for _, batch := range []int{1, 10} {
+		t.Run("batch="+strconv.Itoa(batch), func(t *testing.T) {
+			forEachFlag(t, func(t *testing.T, b *testBundle, on bool) {
+				for i := range 30 {
+					enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: fmt.Sprintf("a-dead%02d", i), TTL: time.Second})
+				}
+				b.clock.Advance(time.Millisecond)
+				for i := range 10 {
+					enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: fmt.Sprintf("a-live%02d", i)})
+					enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: fmt.Sprintf("b-live%02d", i)})
+				}
+				b.clock.Advance(time.Second)
+				var got []string
+				for len(got) < 20 {
+					runs := dequeue(t, b, queueName, batch)
+					require.NotEmpty(t, runs)
+					got = append(got, runIDs(runs)...)
+					ackAll(t, b, runs)
+				}
+				if !on {
+					// Age order (one millisecond: a's, then b's): every
+					// live run, none of the dead.
+					var live []string
+					for i := range 10 {
+						live = append(live, fmt.Sprintf("a-live%02d", i), fmt.Sprintf("b-live%02d", i))
+					}
+					require.ElementsMatch(t, live, got)
+					require.Equal(t, runqueue.Stats{}, queueStats(t, b, queueName))
+					return
+				}
+				for i := 0; i < 20; i += 2 {
+					keysOf := []string{got[i][:1], got[i+1][:1]}
+					require.ElementsMatch(t, []string{"a", "b"}, keysOf, "serves %d and %d: %v", i, i+1, got)
+				}
+				require.Equal(t, runqueue.Stats{}, queueStats(t, b, queueName))
+			})
+		})
+	}
+}
+
+// TestDequeueSweepsBeyondTTLLook: with more runs past their TTL than a
+// call reads of the TTL set (vtime.TTLLook), the call sweeps those it read,
+// takes the next as a run (deleted, not delivered, counted for maxCount)
+// and calls again for the rest: every dead run is gone, both live runs are
+// delivered, in one Dequeue, and the Observer hears of each expiry once.
+func TestDequeueSweepsBeyondTTLLook(t *testing.T) {
+	forEachFlagWith(t, func(c *runqueue.Config) { c.Observer = &recorder{} }, func(t *testing.T, b *testBundle, on bool) {
+		rec := b.cfg.Observer.(*recorder)
+		dead := vtime.TTLLook + 50
+		for i := range dead {
+			enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: fmt.Sprintf("dead%03d", i), TTL: time.Second})
+		}
+		b.clock.Advance(time.Millisecond)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "a", ID: "a-live"})
+		enqueue(t, b, runqueue.EnqueueParams{Key: "b", ID: "b-live"})
+		b.clock.Advance(time.Second)
+		rec.take()
+		require.ElementsMatch(t, []string{"a-live", "b-live"}, runIDs(dequeue(t, b, queueName, 2)))
+		require.Equal(t, runqueue.Stats{InFlight: 2}, queueStats(t, b, queueName))
+		require.Zero(t, b.client.ZCard(b.ctx, keySpace(t, b).Shard(b.q.ShardOf(env)).TTL()).Val(), "ttl entries left")
+		total := 0
+		for _, e := range rec.take() {
+			var n int
+			if _, err := fmt.Sscanf(e, "expired "+env+"/"+queueName+" %d", &n); err == nil {
+				total += n
+			}
+		}
+		require.Equal(t, dead, total, "expiries told to the Observer")
+	})
+}
+
+// TestDequeueTTLLookMatchesModel: the scripts read as many due TTL entries
+// a call as the model (vtime.TTLLook) says.
+func TestDequeueTTLLookMatchesModel(t *testing.T) {
+	src, err := os.ReadFile("lua/lib/dequeue.lua")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^local DQ_TTL_LOOK = (\d+)$`).FindSubmatch(src)
+	require.NotNil(t, m, "DQ_TTL_LOOK in lib/dequeue.lua")
+	require.Equal(t, strconv.Itoa(vtime.TTLLook), string(m[1]))
 }

@@ -49,16 +49,19 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // in one millisecond (an EnqueueMany, coalesced Enqueue calls, which share
 // one time) come in id order, not in the order they were enqueued.
 //
-// A run the call takes whose TTL passed (EnqueueParams.TTL) is deleted,
-// not delivered (Observer.Expired): it counts as a serve for its key's
+// A run whose TTL passed (EnqueueParams.TTL) is deleted, not delivered
+// (Observer.Expired). Each script call reads the first 100 runs past their
+// TTL of the shard (vtime.TTLLook) and sweeps those of the queue that come
+// to the head of their key while it serves: no serve (the key is not
+// charged), not counted for maxCount or the key's limit. One past its TTL
+// beyond those is taken as a run: it counts as a serve for its key's
 // place in the order and, within the call, for maxCount and the key's
-// limit, but takes no slot. A call that delivered fewer than maxCount
-// for that calls again for the rest, at most 64 times: so a queue whose
-// head runs expired does not read as empty unless more than 65 x
-// maxCount of them come first (or 65 of one key at its limit of 1, which
-// a call takes one at a time), and then a DequeueWait or a Worker waits
-// its poll interval before it looks again (a sweep clears them 1,000 a
-// call).
+// limit, but takes no slot; a call that delivered fewer than maxCount for
+// that calls again for the rest, at most 64 times: so a queue whose head
+// runs expired does not read as empty unless more than 65 x (maxCount +
+// 100) of them come first (or 65 x 101 of one key at its limit of 1),
+// and then a DequeueWait or a Worker waits its poll interval before it
+// looks again (a sweep clears them 1,000 a call).
 //
 // Concurrent Dequeue calls of one base queue on one Queue are coalesced as
 // Enqueue calls are (see Enqueue and Config.SerialCalls), each base queue

@@ -34,11 +34,18 @@ type EnqueueParams struct {
 	// TTL expires the run if it is not dequeued within TTL of being
 	// enqueued. Zero means no TTL. A run is never delivered once its TTL
 	// passed: a dequeue that comes to it first deletes it instead (told to
-	// the Observer as Expired; its key is charged as for a serve, and it
-	// counts for that call's maxCount and key limit, but takes no slot),
-	// and the sweeps (ExpireTTL, which a Worker runs every
-	// WorkerConfig.SweepInterval on average) delete the others, so that
-	// they do not keep their memory and ids. The TTL binds until the
+	// the Observer as Expired), and the sweeps (ExpireTTL, which a Worker
+	// runs every WorkerConfig.SweepInterval on average) delete the others,
+	// so that they do not keep their memory and ids. A dequeue sweeps
+	// such a run where it meets it, at its key's head, as the sweep would:
+	// no serve (with the fair scheduler its key is not charged for it, so
+	// a key whose backlog outlives its TTL keeps its share of the
+	// deliveries), not counted for the call's maxCount or the key's limit.
+	// That holds for the first 100 runs past their TTL of the shard's TTL
+	// set a script call reads (vtime.TTLLook); one past that is taken as
+	// a run (its key charged, counted for the call's maxCount and key
+	// limit, no slot kept) and deleted, and the Dequeue calls again for
+	// the rest. The TTL binds until the
 	// run's first delivery: a run nacked back or recovered has none. The
 	// deadline is by the enqueuing instance's clock, the check by the
 	// dequeuing one's (README, "Clocks").

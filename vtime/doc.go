@@ -127,7 +127,13 @@
 //   - rebase, when V reaches 2^49.
 //   - expired: each run taken whose TTL passed (SetTTL; never delivered,
 //     its deadline at or before now) is deleted instead of delivered, its
-//     slot freed as an ack frees it (Served.Expired).
+//     slot freed as an ack frees it (Served.Expired). Most never get here:
+//     the call's due TTL entries (the first TTLLook past their deadline, in
+//     deadline then member order, read before the promotion) are swept
+//     when they come to the head of their variant in pass 1 or the age
+//     head (Served.Swept): no serve, no tag, clock or lane moves, not
+//     counted for cap or the key's limit; a variant so emptied leaves as a
+//     stale entry does.
 //
 // # Registration
 //

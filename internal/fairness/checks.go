@@ -826,9 +826,11 @@ func CheckReachability(h *History) []Violation {
 // bounded number per call, and a call may meet only those), no possible
 // lapse of the state, and every due delayed run within its promotion,
 // takes exactly min(maxCount, what the env and queue limits leave, the
-// servable runs), the servable runs being each key's ready runs up to its
-// key limit; the runs it takes past their TTL (deleted, not delivered)
-// count, and when it delivered none for that and took again (Dequeue's
+// servable runs), the servable runs being each key's ready runs not past
+// their TTL up to its key limit (a call sweeps those past it at its key's
+// head: no take, EvExpire); when more than vtime.TTLLook are past it, the
+// runs it takes past their TTL beyond those (deleted, not delivered)
+// count, and when it delivered fewer for that and took again (Dequeue's
 // second script call), it takes at least that many.
 func CheckWorkConservation(h *History) []Violation {
 	var out []Violation

@@ -67,7 +67,8 @@ const (
 	// EvRecover: lease recovery took back N runs; IDs were due and are
 	// requeued, Dead were due and are out of attempts.
 	EvRecover
-	// EvExpire: the TTL sweep expired N runs; IDs were due.
+	// EvExpire: the TTL sweep expired N runs; IDs were due (inside a
+	// dequeue call: the call swept one at its key's head).
 	EvExpire
 	// EvEnd: the history ends; IDs are the runs that never ended.
 	EvEnd

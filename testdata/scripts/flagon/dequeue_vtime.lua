@@ -1018,8 +1018,8 @@ local function dq_capacity(dq)
 end
 
 -- How many of the shard's TTL entries past their deadline a call reads
--- (vtime.TTLLook).
-local DQ_TTL_LOOK = 100
+-- (vtime.TTLLook; a string: see now_arg).
+local DQ_TTL_LOOK = '100'
 
 -- The due TTL entries of the call (vtime's dueTTL): the first DQ_TTL_LOOK
 -- of the shard's TTL set at or before now, those of this queue whose

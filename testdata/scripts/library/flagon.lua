@@ -1,4 +1,4 @@
-#!lua name=runqueue_6a26e1a254e32960
+#!lua name=runqueue_5851d7357f46fa98
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1189,8 +1189,8 @@ local function dq_capacity(dq)
 end
 
 -- How many of the shard's TTL entries past their deadline a call reads
--- (vtime.TTLLook).
-local DQ_TTL_LOOK = 100
+-- (vtime.TTLLook; a string: see now_arg).
+local DQ_TTL_LOOK = '100'
 
 -- The due TTL entries of the call (vtime's dueTTL): the first DQ_TTL_LOOK
 -- of the shard's TTL set at or before now, those of this queue whose
@@ -2732,9 +2732,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a26e1a254e32960_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -50,11 +50,11 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // one time) come in id order, not in the order they were enqueued.
 //
 // A run whose TTL passed (EnqueueParams.TTL) is deleted, not delivered
-// (Observer.Expired). Each script call reads the first 100 runs past their
-// TTL of the shard (vtime.TTLLook) and sweeps those of the queue that come
-// to the head of their key while it serves: no serve (the key is not
-// charged), not counted for maxCount or the key's limit. One past its TTL
-// beyond those is taken as a run: it counts as a serve for its key's
+// (Observer.Expired). Each script call sweeps the runs past their TTL that
+// come to the head of their key while it serves, up to 100 (vtime.TTLLook):
+// no serve (the key is not charged), not counted for maxCount or the key's
+// limit. One past its TTL after those is taken as a run: it counts as a
+// serve for its key's
 // place in the order and, within the call, for maxCount and the key's
 // limit, but takes no slot; a call that delivered fewer than maxCount for
 // that calls again for the rest, at most 64 times: so a queue whose head

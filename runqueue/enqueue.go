@@ -41,11 +41,10 @@ type EnqueueParams struct {
 	// no serve (with the fair scheduler its key is not charged for it, so
 	// a key whose backlog outlives its TTL keeps its share of the
 	// deliveries), not counted for the call's maxCount or the key's limit.
-	// That holds for the first 100 runs past their TTL of the shard's TTL
-	// set a script call reads (vtime.TTLLook); one past that is taken as
-	// a run (its key charged, counted for the call's maxCount and key
-	// limit, no slot kept) and deleted, and the Dequeue calls again for
-	// the rest. The TTL binds until the
+	// A script call sweeps at most 100 so (vtime.TTLLook); one past its
+	// TTL after those is taken as a run (its key charged, counted for the
+	// call's maxCount and key limit, no slot kept) and deleted, and the
+	// Dequeue calls again for the rest. The TTL binds until the
 	// run's first delivery: a run nacked back or recovered has none. The
 	// deadline is by the enqueuing instance's clock, the check by the
 	// dequeuing one's (README, "Clocks").

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sort"
 	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -223,41 +222,30 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 			}
 		}
 	}
-	// The runs past their TTL the calls may sweep at their variant's head
-	// (each call reads the first vtime.TTLLook due entries of the shard's
-	// TTL set): those of this queue in the first reads x TTLLook, each
-	// read wherever it stands, and each variant's ready runs read as many
-	// more as it has of them.
-	sweep, err := q.rdb.ZRangeByScore(ctx, qk.TTL(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now, 10),
-		Count: int64(reads * vtime.TTLLook)}).Result()
-	if err != nil {
-		return nil, 0, err
-	}
-	sweepOf := map[string][]string{} // variant member -> encoded ids
-	for _, member := range sweep {
-		rest, ok := strings.CutPrefix(member, qk.RunPrefix())
-		if !ok {
-			continue
-		}
-		if vm, id, ok := strings.Cut(rest, ":"); ok {
-			sweepOf[vm] = append(sweepOf[vm], id)
-		}
-	}
-	read := map[string]bool{}
+	// Each variant's first reads x (n+1) ready runs, and as many more as
+	// were past their TTL among those read (the calls sweep them at the
+	// head: at most vtime.TTLLook a call, reads x TTLLook in all).
+	sweepLeft := reads * vtime.TTLLook
 	for _, vm := range variants {
 		v, err := variantOf(qk, vm)
 		if err != nil {
 			return nil, 0, err
 		}
-		ids, err := q.rdb.ZRange(ctx, v.Ready(), 0, int64(reads*(n+1)+len(sweepOf[vm])-1)).Result()
-		if err != nil {
-			return nil, 0, err
-		}
-		for _, id := range ids {
-			read[id] = true
-		}
-		if err := q.addSnapshotRuns(ctx, qk, &snap, ids, false); err != nil {
-			return nil, 0, err
+		for from, want := 0, reads*(n+1); want > 0; {
+			ids, err := q.rdb.ZRange(ctx, v.Ready(), int64(from), int64(from+want-1)).Result()
+			if err != nil {
+				return nil, 0, err
+			}
+			dead, err := q.addSnapshotRuns(ctx, qk, &snap, ids, false, now)
+			if err != nil {
+				return nil, 0, err
+			}
+			from += len(ids)
+			if len(ids) < want {
+				break
+			}
+			want = min(dead, sweepLeft)
+			sweepLeft -= want
 		}
 		if err := inflight(vm, v); err != nil {
 			return nil, 0, err
@@ -281,41 +269,11 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 		if err != nil {
 			return nil, 0, err
 		}
-		for _, id := range ids {
-			read[id] = true
-		}
-		if err := q.addSnapshotRuns(ctx, qk, &snap, ids, true); err != nil {
+		if _, err := q.addSnapshotRuns(ctx, qk, &snap, ids, true, now); err != nil {
 			return nil, 0, err
 		}
 		if err := inflight(vm, v); err != nil {
 			return nil, 0, err
-		}
-	}
-	// The due TTL entries' runs not read above, ready or delayed.
-	for vm, ids := range sweepOf {
-		v, err := variantOf(qk, vm)
-		if err != nil {
-			continue // not a variant runqueue writes: the script skips it too
-		}
-		for _, id := range ids {
-			if read[id] {
-				continue
-			}
-			read[id] = true
-			delayed := false
-			if err := q.rdb.ZScore(ctx, v.Ready(), id).Err(); errors.Is(err, redis.Nil) {
-				if err := q.rdb.ZScore(ctx, v.Delayed(), id).Err(); errors.Is(err, redis.Nil) {
-					continue // neither: the script's dq_due finds no run to sweep
-				} else if err != nil {
-					return nil, 0, err
-				}
-				delayed = true
-			} else if err != nil {
-				return nil, 0, err
-			}
-			if err := q.addSnapshotRuns(ctx, qk, &snap, []string{id}, delayed); err != nil {
-				return nil, 0, err
-			}
 		}
 	}
 	qn, err := q.queueInflight(ctx, qk)
@@ -373,14 +331,17 @@ func registered(st *schedState) []string {
 	return out
 }
 
-func (q *Queue) addSnapshotRuns(ctx context.Context, qk keys.Queue, snap *vtime.Snapshot, ids []string, delayed bool) error {
+// addSnapshotRuns adds the runs ids (ready, or delayed) to snap and
+// returns how many of them passed their TTL by now.
+func (q *Queue) addSnapshotRuns(ctx context.Context, qk keys.Queue, snap *vtime.Snapshot, ids []string, delayed bool, now int64) (int, error) {
 	if len(ids) == 0 {
-		return nil
+		return 0, nil
 	}
 	recs, err := q.rdb.HMGet(ctx, qk.Runs(), ids...).Result()
 	if err != nil {
-		return err
+		return 0, err
 	}
+	dead := 0
 	for i, raw := range recs {
 		s, _ := raw.(string)
 		r, ok := parseRecord(s)
@@ -389,12 +350,15 @@ func (q *Queue) addSnapshotRuns(ctx context.Context, qk keys.Queue, snap *vtime.
 		}
 		key, err := keys.DecodeVariantMember(r.vm)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		snap.Runs = append(snap.Runs, vtime.SnapshotRun{ID: ids[i], Key: key, Priority: r.pr, At: r.at,
 			Attempt: r.att, Delayed: delayed, TTL: r.ttl})
+		if r.ttl > 0 && r.ttl <= now {
+			dead++
+		}
 	}
-	return nil
+	return dead, nil
 }
 
 // maxTopLags bounds the k of TopLags.

@@ -233,7 +233,7 @@ func TestDequeueSweepsBeyondTTLLook(t *testing.T) {
 func TestDequeueTTLLookMatchesModel(t *testing.T) {
 	src, err := os.ReadFile("lua/lib/dequeue.lua")
 	require.NoError(t, err)
-	m := regexp.MustCompile(`(?m)^local DQ_TTL_LOOK = '(\d+)'$`).FindSubmatch(src)
+	m := regexp.MustCompile(`(?m)^local DQ_TTL_LOOK = (\d+)$`).FindSubmatch(src)
 	require.NotNil(t, m, "DQ_TTL_LOOK in lib/dequeue.lua")
 	require.Equal(t, strconv.Itoa(vtime.TTLLook), string(m[1]))
 }

@@ -128,12 +128,10 @@
 //   - expired: each run taken whose TTL passed (SetTTL; never delivered,
 //     its deadline at or before now) is deleted instead of delivered, its
 //     slot freed as an ack frees it (Served.Expired). Most never get here:
-//     the call's due TTL entries (the first TTLLook past their deadline, in
-//     deadline then member order, read before the promotion) are swept
-//     when they come to the head of their variant in pass 1 or the age
-//     head (Served.Swept): no serve, no tag, clock or lane moves, not
-//     counted for cap or the key's limit; a variant so emptied leaves as a
-//     stale entry does.
+//     a run past its TTL that comes to the head of its variant in pass 1
+//     or the age head is swept there, up to TTLLook a call (Served.Swept):
+//     no serve, no tag, clock or lane moves, not counted for cap or the
+//     key's limit; a variant so emptied leaves as a stale entry does.
 //
 // # Registration
 //

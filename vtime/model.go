@@ -33,10 +33,10 @@ const (
 	// (plus 4 x window): entries that turn out stale or at their limit are
 	// taken out for good as they are met, and reading stops at the budget.
 	ReadBudget = 1000
-	// TTLLook is how many entries of the TTL set past their deadline a
-	// dequeue call reads (the first, in deadline then member order): each
-	// of those runs that comes to the head of its variant while the call
-	// serves is swept there (Served.Swept), not served.
+	// TTLLook is how many runs past their TTL a dequeue call sweeps at
+	// most: each that comes to the head of its variant while the call
+	// serves is swept there (Served.Swept), not served, until the call
+	// swept TTLLook; one past its TTL after that is taken (Served.Expired).
 	TTLLook = 100
 )
 
@@ -557,13 +557,13 @@ func (m *Model) ungate(r *Reg) {
 
 // Served is one run a dequeue took. Expired: its TTL had passed (a run
 // never delivered whose deadline is at or before the call's time), and it
-// was deleted, not delivered. Swept (Expired too): it was among the
-// call's due TTL entries (dueTTL) and came to the head of its variant:
-// the call deleted it there as the TTL sweep would, before choosing, so
-// it is no serve (its key is not charged, nothing moves in the fair
-// order) and counts neither for the call's capacity nor for its key's
-// limit. An expired run not swept (the call's due entries did not hold
-// it: more than TTLLook were due) was taken as any other run (its key is
+// was deleted, not delivered. Swept (Expired too): it came to the head of
+// its variant while the call served, and the call had swept fewer than
+// TTLLook: the call deleted it there as the TTL sweep would, before
+// choosing, so it is no serve (its key is not charged, nothing moves in
+// the fair order) and counts neither for the call's capacity nor for its
+// key's limit. An expired run not swept (the call had swept TTLLook) was
+// taken as any other run (its key is
 // charged for it, and it counts for the call's capacity and its key's
 // limit within the call), then deleted instead of delivered, its slot
 // freed as an ack frees one (see expireTaken).
@@ -579,8 +579,9 @@ type Served struct {
 type call struct {
 	m        *Model
 	cap      int
-	n        int             // runs taken that count for cap (not swept)
-	due      map[string]bool // the runs the call sweeps at their head (dueTTL)
+	n        int   // runs taken that count for cap (not swept)
+	now      int64 // the call's time
+	swept    int   // runs swept at their variant's head (sweepHead)
 	keyLimit int
 	scan     int
 	out      []Served
@@ -597,7 +598,7 @@ func (m *Model) Dequeue(maxCount int, now int64) []Served {
 	if c.cap = m.capacity(maxCount); c.cap <= 0 {
 		return nil
 	}
-	c.due = m.dueTTL(now)
+	c.now = now
 	c.scan = m.scanOf(maxCount)
 	c.promote(now, maxCount)
 	c.ungateRise()
@@ -677,46 +678,31 @@ func (m *Model) expireTaken(out []Served, now int64, flagOn bool) {
 	}
 }
 
-// dueTTL is the set of runs a dequeue call at now may sweep: the queued
-// runs (ready or delayed) whose TTL deadline is at or before now, the
-// first TTLLook in the TTL set's order (deadline, then run member: the
-// variant member, ":", the encoded id, after the queue's prefix). The Lua
-// (lib/dequeue's dq_due) reads them from the shard's TTL set.
-func (m *Model) dueTTL(now int64) map[string]bool {
-	type due struct {
-		id, member string
-		at         int64
-	}
-	var all []due
+// anyDue reports whether a queued run (ready or delayed) has passed its
+// TTL by now: a call may sweep then, and reads as far as that may take it
+// (the Lua asks the shard's TTL set: lib/dequeue's dq_due).
+func (m *Model) anyDue(now int64) bool {
 	for _, r := range m.runs {
 		if r.ttl > 0 && r.ttl <= now && (r.state == Ready || r.state == Delayed) {
-			all = append(all, due{r.id, keys.VariantMember(r.key) + ":" + r.id, r.ttl})
+			return true
 		}
 	}
-	if len(all) == 0 {
-		return nil
-	}
-	sort.Slice(all, func(i, j int) bool {
-		if all[i].at != all[j].at {
-			return all[i].at < all[j].at
-		}
-		return all[i].member < all[j].member
-	})
-	set := make(map[string]bool, min(len(all), TTLLook))
-	for _, d := range all[:min(len(all), TTLLook)] {
-		set[d.id] = true
-	}
-	return set
+	return false
 }
 
-// sweepHead deletes the head run of vm when it is in due (the call's
-// dueTTL): a sweep, no serve (Served.Swept). It reports whether it did.
-func (m *Model) sweepHead(vm string, due map[string]bool) (Served, bool) {
-	h, _ := head(m.ready[vm])
-	if !due[h.Member] {
+// sweepHead deletes the head run of vm when its TTL passed by now and the
+// call swept fewer than TTLLook (*swept counts them): a sweep, no serve
+// (Served.Swept). It reports whether it did.
+func (m *Model) sweepHead(vm string, now int64, swept *int) (Served, bool) {
+	if *swept >= TTLLook {
 		return Served{}, false
 	}
+	h, _ := head(m.ready[vm])
 	r := m.runs[h.Member]
+	if r.ttl <= 0 || r.ttl > now {
+		return Served{}, false
+	}
+	*swept++
 	delete(m.ready[vm], h.Member)
 	delete(m.runs, r.id)
 	return Served{ID: r.id, Key: r.key, Attempt: r.attempt, Expired: true, Swept: true}, true
@@ -1188,13 +1174,13 @@ func (c *call) serve(maxCount int) {
 	}
 }
 
-// sweepOne sweeps the head run of e's variant when the call's due TTL
-// entries hold it (sweepHead): nothing of the scheduler moves, and the
+// sweepOne sweeps the head run of e's variant when its TTL passed
+// (sweepHead): nothing of the scheduler moves, and the
 // variant stays in the window with its tag, or, when that was its last
 // ready run, leaves it as a stale entry does (pick).
 func (c *call) sweepOne(w *window, e *wentry) bool {
 	m := c.m
-	s, ok := m.sweepHead(e.vm, c.due)
+	s, ok := m.sweepHead(e.vm, c.now, &c.swept)
 	if !ok {
 		return false
 	}
@@ -1368,10 +1354,10 @@ func (m *Model) scanOf(maxCount int) int {
 //   - promotion: the first scan due variants in the delay index's order,
 //     as PromotePlan gives (no starving-first pick, no registration);
 //   - age order: the first reach entries of ckIndex as it stands then
-//     (reach: scan, or min(scan, capacity + the due TTL entries read)
-//     without a key limit), the next one, if any, kept as the bound. Each
-//     serve takes the head run of the first entry not at its key limit (or
-//     sweeps it, when the call's due TTL entries hold it: see Served, not
+//     (reach: scan, or min(scan, capacity) without a key limit, capacity +
+//     TTLLook when a run has passed its TTL), the next one, if any, kept as
+//     the bound. Each serve takes the head run of the first entry not at
+//     its key limit (or sweeps it, when its TTL passed: see Served, not
 //     counted for capacity); the variant re-sorts at its new
 //     head score, and leaves the window when it has no ready run left or
 //     when it sorts after the bound (unread entries may come before it).
@@ -1381,14 +1367,17 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 	if capacity <= 0 {
 		return nil
 	}
-	dueTTL := m.dueTTL(now)
+	sweeps := m.anyDue(now)
 	scan := m.scanOf(maxCount)
 	vms, due := m.dueVariants(now, scan)
 	m.promotePlanned(vms, due, now, maxCount, false)
 	keyLimit := m.cfg.Limits.Key
 	reach := scan
 	if keyLimit <= 0 {
-		reach = min(scan, capacity+len(dueTTL))
+		reach = min(scan, capacity)
+		if sweeps {
+			reach = min(scan, capacity+TTLLook)
+		}
 	}
 	index := m.CkIndex()
 	var bound *Entry
@@ -1398,6 +1387,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 	}
 	list := append([]Entry(nil), index...)
 	var out []Served
+	swept := 0
 	for n := 0; n < capacity; {
 		i := 0
 		for i < len(list) && keyLimit > 0 && m.inflight[list[i].Member] >= keyLimit {
@@ -1407,7 +1397,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 			break
 		}
 		vm := list[i].Member
-		if s, ok := m.sweepHead(vm, dueTTL); ok {
+		if s, ok := m.sweepHead(vm, now, &swept); ok {
 			out = append(out, s)
 		} else {
 			out = append(out, m.take(vm))

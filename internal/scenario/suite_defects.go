@@ -20,6 +20,7 @@ func defectCases() []Case {
 		equalCountsFlip(),
 		adversarialNames(),
 		staleCleanup10k(),
+		ttlBacklog(),
 	}
 }
 
@@ -431,6 +432,53 @@ func staleCleanup10k() Case {
 				atMost("failed dequeue calls", on.Extra[ExtraFailedCalls], off.Extra[ExtraFailedCalls], 0),
 				atMost("calls until the fresh key is served", callsUntil(on.FirstLightServeStep), callsUntil(off.FirstLightServeStep), 3),
 				conserved(off), conserved(on),
+			}
+		},
+	}
+}
+
+// ttlBacklog: keys a and b at weight 1 are backlogged; a's first 300 runs
+// passed their 1 s TTL before any dequeue (a backlog that outlives its
+// TTL: an overloaded queue), 300 live runs of a's wait behind them, and b
+// has 500 live runs. Each dequeue sweeps a's dead runs at a's head without
+// charging a, so a keeps its half of the deliveries: at least 0.45 of the
+// 400 served in 40 calls of 10 (the first version of the dequeue's expiry
+// took each dead run as a serve, charging a for it: 0.125). Flag off
+// serves in age order: b's runs are older than a's live ones (0). Every
+// call delivers 10, none twice.
+func ttlBacklog() Case {
+	const dead, live, other, steps = 300, 300, 500, 40
+	return Case{
+		Spec: Spec{Name: "ttl-backlog", Hold: 0, Steps: steps,
+			Setup: func(h *H) error {
+				if err := h.AddTTL("a", dead, time.Second, func(k int) time.Duration { return ms(k) }); err != nil {
+					return err
+				}
+				if err := h.AddTTL("a", live, time.Hour, func(k int) time.Duration { return ms(1000 + k) }); err != nil {
+					return err
+				}
+				if err := h.Add("b", other, func(k int) time.Duration { return ms(k) }); err != nil {
+					return err
+				}
+				h.Advance(2 * time.Second)
+				return nil
+			}},
+		Check: func(off, on *Result) []Verdict {
+			share := func(r *Result) float64 {
+				n := 0
+				for _, s := range r.Serves {
+					if s.Key == "a" {
+						n++
+					}
+				}
+				if len(r.Serves) == 0 {
+					return 0
+				}
+				return float64(n) / float64(len(r.Serves))
+			}
+			return []Verdict{
+				atLeast("a's share of the deliveries", share(on), share(off), 0.45),
+				fullCalls(off, on, 10),
 			}
 		},
 	}

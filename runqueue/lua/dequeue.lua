@@ -16,8 +16,9 @@ local dq = dq_open(KEYS, ARGV)
 local hooks = hooks_open(KEYS, ARGV, OWN_KEYS, dq.own_args, dq.now)
 local acked = dq_ack(dq, hooks)
 if dq_capacity(dq) <= 0 then return dq_finish(dq, acked) end
--- The runs past their TTL the call sweeps at the head of their variant
--- (lib/dequeue's dq_due): not served, not counted for the capacity.
+-- Runs past their TTL are swept where the call meets them at the head of
+-- their variant (lib/dequeue's dq_head_due): not served, not counted for
+-- the capacity. dq_due looks whether the shard has any.
 dq_due(dq)
 dq_promote(dq, hooks)
 
@@ -28,7 +29,10 @@ dq_promote(dq, hooks)
 -- cap (and the runs it may sweep): reading further (a costly WITHSCORES
 -- reply) would change nothing.
 local reach = dq.scan
-if dq.key_limit <= 0 then reach = math.min(dq.scan, dq.cap + dq.ndue) end
+if dq.key_limit <= 0 then
+  reach = math.min(dq.scan, dq.cap)
+  if dq.sweeping then reach = math.min(dq.scan, dq.cap + DQ_TTL_LOOK) end
+end
 local age = window_new(redis.call('ZRANGE', dq.ck_index, '0', num_arg(reach), 'WITHSCORES'), reach)
 -- A variant ckIndex names whose ready set is empty before the call takes
 -- anything from it (its runs taken out by hand, the set evicted) is stale:

@@ -41,8 +41,9 @@ if dq_capacity(dq) <= 0 then
   if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
--- due TTL: the runs past their TTL this call sweeps when they come to the
--- head of their variant (lib/dequeue's dq_due; vtime's dueTTL).
+-- due TTL: whether the shard has runs past their TTL, which the call
+-- sweeps when they come to the head of their variant (lib/dequeue's
+-- dq_due and dq_head_due; vtime's sweepHead).
 dq_due(dq)
 
 -- promote: due delayed runs become ready; their variants register, all

@@ -1,4 +1,4 @@
-#!lua name=runqueue_5851d7357f46fa98
+#!lua name=runqueue_6a8169c954531eb2
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1159,8 +1159,7 @@ local function dq_open(keys, args)
     served_vm = {}, -- their variant members
     swept = {},    -- places in served of the runs swept at their head (dq_take)
     nswept = 0,    -- how many (they do not count for cap)
-    due = {},      -- encoded id -> true: the due TTL entries read (dq_due)
-    ndue = 0,      -- how many
+    sweeping = false, -- some run of the shard is past its TTL (dq_due)
     dirty = false, -- promotion wrote something
     -- (set later; named here so that the table is made at its full size
     -- once, not grown past 32 fields by a rehash)
@@ -1188,46 +1187,13 @@ local function dq_capacity(dq)
   return cap
 end
 
--- How many of the shard's TTL entries past their deadline a call reads
--- (vtime.TTLLook; a string: see now_arg).
-local DQ_TTL_LOOK = '100'
+-- How many runs past their TTL a call sweeps at most (vtime.TTLLook).
+local DQ_TTL_LOOK = 100
 
--- The due TTL entries of the call (vtime's dueTTL): the first DQ_TTL_LOOK
--- of the shard's TTL set at or before now, those of this queue whose
--- record still has that deadline (a run never delivered, of the variant
--- its entry names). Each that comes to the head of its variant while the
--- call serves is swept there (dq_take with swept), as the TTL sweep would
--- have: no serve, not counted for the call's capacity or its key's limit.
--- One read when none is due, the common case.
+-- Whether the call may sweep: one read of the shard's TTL set, for an
+-- entry due by now (the common case: none, and no head is looked up).
 local function dq_due(dq)
-  local raw = redis.call('ZRANGEBYSCORE', dq.ttl, '-inf', dq.now_arg, 'LIMIT', '0', DQ_TTL_LOOK)
-  if #raw == 0 then return end
-  local p = #dq.run_prefix
-  local ids, vms = {}, {}
-  for _, member in ipairs(raw) do
-    if string.sub(member, 1, p) == dq.run_prefix then
-      -- (variant member ":" encoded id; a variant member runqueue writes
-      -- holds no ':', as the sweep's split, splitRunMember)
-      local rest = string.sub(member, p + 1)
-      local at = string.find(rest, ':', 1, true)
-      if at then
-        ids[#ids + 1] = string.sub(rest, at + 1)
-        vms[#vms + 1] = string.sub(rest, 1, at - 1)
-      end
-    end
-  end
-  if #ids == 0 then return end
-  local recs = redis.call('HMGET', dq.runs, unpack(ids))
-  for i, id in ipairs(ids) do
-    local rec = recs[i]
-    if rec and rec_has_ttl(rec) then
-      local r = rec_parse(rec)
-      if r.ttl and r.vm == vms[i] and r.ttl + 0 <= dq.now and not dq.due[id] then
-        dq.due[id] = true
-        dq.ndue = dq.ndue + 1
-      end
-    end
-  end
+  dq.sweeping = redis.call('ZRANGEBYSCORE', dq.ttl, '-inf', dq.now_arg, 'LIMIT', '0', '1')[1] ~= nil
 end
 
 local function dq_var(dq, vm)
@@ -1391,7 +1357,8 @@ end
 -- ready score and id, or nil.
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
-  local most = dq.cap + 1 + dq.ndue
+  local most = dq.cap + 1
+  if dq.sweeping then most = most + DQ_TTL_LOOK end
   if c.list == nil then
     local want = math.min(most, 2)
     c.list = redis.call('ZRANGE', c.ready, '0', num_arg(want - 1), 'WITHSCORES')
@@ -1411,12 +1378,16 @@ local function dq_head(dq, vm)
   return num(c.list[p + 1]), c.list[p]
 end
 
--- True when the head of vm (dq_head found one) is among the call's due
--- TTL entries (dq_due): the call sweeps it (dq_take with swept).
+-- True when the head of vm (dq_head found one) has passed its TTL (its
+-- TTL entry, due by now) and the call swept fewer than DQ_TTL_LOOK (vtime's
+-- sweepHead): the call sweeps it (dq_take with swept). Each such run is
+-- swept where the call meets it, as the TTL sweep would delete it: no
+-- serve, not counted for the call's capacity or its key's limit.
 local function dq_head_due(dq, vm)
-  if dq.ndue == 0 then return false end
+  if not dq.sweeping or dq.nswept >= DQ_TTL_LOOK then return false end
   local c = dq_var(dq, vm)
-  return dq.due[c.list[2 * c.taken + 1]] == true
+  local at = redis.call('ZSCORE', dq.ttl, dq.run_prefix .. vm .. ':' .. c.list[2 * c.taken + 1])
+  return at and num(at) <= dq.now or false
 end
 
 -- Serve the head of vm (dq_head found one), or, swept, sweep it (it
@@ -1464,7 +1435,9 @@ local function dq_finish(dq, acked)
   local ids, vms = dq.served, dq.served_vm
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   -- gone: the places in dq.served of the runs taken whose TTL passed;
-  -- skip: the same as a set
+  -- skip: the same as a set. (The record decides: a run swept for a TTL
+  -- entry its record does not have, a hand edit, is delivered, past the
+  -- call's capacity and its key's limit by one.)
   local gone, skip = nil, nil
   for i = 1, #ids do
     local rec = recs[i]
@@ -1931,8 +1904,9 @@ if dq_capacity(dq) <= 0 then
   if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
--- due TTL: the runs past their TTL this call sweeps when they come to the
--- head of their variant (lib/dequeue's dq_due; vtime's dueTTL).
+-- due TTL: whether the shard has runs past their TTL, which the call
+-- sweeps when they come to the head of their variant (lib/dequeue's
+-- dq_due and dq_head_due; vtime's sweepHead).
 dq_due(dq)
 
 -- promote: due delayed runs become ready; their variants register, all
@@ -2732,9 +2706,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5851d7357f46fa98_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

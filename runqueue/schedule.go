@@ -224,13 +224,13 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 	}
 	// Each variant's first reads x (n+1) ready runs, and as many more as
 	// were past their TTL among those read (the calls sweep them at the
-	// head: at most vtime.TTLLook a call, reads x TTLLook in all).
-	sweepLeft := reads * vtime.TTLLook
+	// head: at most vtime.TTLLook a call, so reads x TTLLook a variant).
 	for _, vm := range variants {
 		v, err := variantOf(qk, vm)
 		if err != nil {
 			return nil, 0, err
 		}
+		sweepLeft := reads * vtime.TTLLook
 		for from, want := 0, reads*(n+1); want > 0; {
 			ids, err := q.rdb.ZRange(ctx, v.Ready(), int64(from), int64(from+want-1)).Result()
 			if err != nil {
@@ -244,7 +244,11 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 			if len(ids) < want {
 				break
 			}
-			want = min(dead, sweepLeft)
+			// (at least as many as the first read: fewer round trips)
+			want = min(max(dead, reads*(n+1)), sweepLeft)
+			if dead == 0 {
+				want = 0
+			}
 			sweepLeft -= want
 		}
 		if err := inflight(vm, v); err != nil {

@@ -1,4 +1,4 @@
-#!lua name=runqueue_6a8169c954531eb2
+#!lua name=runqueue_f57791f313c11315
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1396,14 +1396,15 @@ end
 -- left.
 local function dq_take(dq, vm, swept)
   local c = dq_var(dq, vm)
-  local id = c.list[2 * c.taken + 1]
+  local p = 2 * c.taken + 1
+  local id = c.list[p]
   if c.taken == 0 then dq.touched[#dq.touched + 1] = vm end
   c.taken = c.taken + 1
   local k = #dq.served + 1
   dq.served[k], dq.served_vm[k] = id, vm
   if swept then
     c.swept = (c.swept or 0) + 1
-    dq.swept[k] = true
+    dq.swept[k] = c.list[p + 1] -- its ready score (see dq_finish's back)
     dq.nswept = dq.nswept + 1
   end
   return (dq_head(dq, vm))
@@ -1435,30 +1436,53 @@ local function dq_finish(dq, acked)
   local ids, vms = dq.served, dq.served_vm
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
   -- gone: the places in dq.served of the runs taken whose TTL passed;
-  -- skip: the same as a set. (The record decides: a run swept for a TTL
-  -- entry its record does not have, a hand edit, is delivered, past the
-  -- call's capacity and its key's limit by one.)
-  local gone, skip = nil, nil
+  -- skip: the same as a set. The record decides: a run swept for a TTL
+  -- entry its record does not have (a hand edit) goes back to its ready
+  -- set at its score, neither delivered nor expired (back: its place ->
+  -- its record's deadline, or false), and its entry is mended.
+  local gone, skip, back = nil, nil, nil
   for i = 1, #ids do
     local rec = recs[i]
+    local due = false
     if rec and rec_has_ttl(rec) then
       local r = rec_parse(rec)
-      if r.ttl and r.vm == vms[i] and r.ttl + 0 <= dq.now then
-        if not gone then gone = {} end
-        gone[#gone + 1] = i
+      if r.ttl and r.vm == vms[i] then
+        due = r.ttl + 0 <= dq.now
+        if not due and dq.swept[i] then
+          back = back or {}
+          back[i] = r.ttl
+        end
       end
     end
+    if due then
+      if not gone then gone = {} end
+      gone[#gone + 1] = i
+    elseif dq.swept[i] and not (back and back[i]) then
+      back = back or {}
+      back[i] = false
+    end
   end
-  if gone then
+  if gone or back then
     -- The live runs in lists of their own; the expired ones counted per
     -- variant (c.expired).
     local lids, lvms, lrecs, gids, gmembers = {}, {}, {}, {}, {}
     skip = {}
-    for _, i in ipairs(gone) do skip[i] = true end
+    for _, i in ipairs(gone or {}) do skip[i] = true end
     dq.expired_vms = {}
     for i = 1, #ids do
       local vm = vms[i]
-      if skip[i] then
+      if back and back[i] ~= nil then
+        local c = dq.vars[vm]
+        c.back = c.back or {}
+        c.back[#c.back + 1] = dq.swept[i]
+        c.back[#c.back + 1] = ids[i]
+        local member = dq.run_prefix .. vm .. ':' .. ids[i]
+        if back[i] then
+          redis.call('ZADD', dq.ttl, back[i], member)
+        else
+          redis.call('ZREM', dq.ttl, member)
+        end
+      elseif skip[i] then
         local c = dq.vars[vm]
         if not dq.swept[i] and not c.released then
           c.released = true
@@ -1473,8 +1497,10 @@ local function dq_finish(dq, acked)
       end
     end
     if not dq.expired_vms[1] then dq.expired_vms = nil end -- (all swept)
-    redis.call('HDEL', dq.runs, unpack(gids))
-    redis.call('ZREM', dq.ttl, unpack(gmembers))
+    if gids[1] then
+      redis.call('HDEL', dq.runs, unpack(gids))
+      redis.call('ZREM', dq.ttl, unpack(gmembers))
+    end
     ids, vms, recs = lids, lvms, lrecs
   end
   -- The in-flight counts of the touched variants not read yet, in one read;
@@ -1492,20 +1518,31 @@ local function dq_finish(dq, acked)
   -- dq_head read past the last run taken (or found the set ended), so the
   -- new head of each touched variant is known without reading it again.
   local heads, emptied, counts = {}, {}, {}
+  local nback = 0
   for _, vm in ipairs(dq.touched) do
     local c = dq.vars[vm]
     redis.call('ZREMRANGEBYRANK', c.ready, '0', num_arg(c.taken - 1))
     local p = 2 * c.taken + 1
-    if c.list[p] then
-      heads[#heads + 1] = c.list[p + 1]
+    local head = c.list[p] and c.list[p + 1]
+    c.idle = c.expired or 0 -- runs taken that are not in flight
+    if c.back then
+      redis.call('ZADD', c.ready, unpack(c.back))
+      for j = 1, #c.back, 2 do
+        if not head or num(c.back[j]) < num(head) then head = c.back[j] end
+      end
+      c.idle = c.idle + #c.back / 2
+      nback = nback + #c.back / 2
+    end
+    if head then
+      heads[#heads + 1] = head
       heads[#heads + 1] = vm
     else
       emptied[#emptied + 1] = vm
     end
     -- (a variant whose runs taken all expired keeps its count as it is)
-    if not added and c.taken > (c.expired or 0) then
+    if not added and c.taken > c.idle then
       counts[#counts + 1] = vm
-      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken - (c.expired or 0))
+      counts[#counts + 1] = num_arg(dq_inflight(dq, vm) + c.taken - c.idle)
     end
   end
   for i = 1, #heads, 1000 do
@@ -1520,20 +1557,22 @@ local function dq_finish(dq, acked)
   -- hands out runs, whose acks free memory)
   if added then
     local c = dq.vars[unread[1]]
-    if c.taken > (c.expired or 0) then
-      redis.call('HINCRBY', dq.kin, unread[1], num_arg(c.taken - (c.expired or 0)))
+    if c.taken > c.idle then
+      redis.call('HINCRBY', dq.kin, unread[1], num_arg(c.taken - c.idle))
     end
   elseif #counts > 0 then
     redis.call('HSET', dq.kin, unpack(counts))
   end
-  depth_sub(dq.depth, 'r', #dq.served)
+  depth_sub(dq.depth, 'r', #dq.served - nback)
 
   local n = #ids
   if n == 0 then
     local o = #out
     for i, id in ipairs(dq.served) do
-      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, dq.swept[i] and -1 or 0
-      o = o + 4
+      if not (back and back[i] ~= nil) then
+        out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, dq.swept[i] and -1 or 0
+        o = o + 4
+      end
     end
     master_refresh(dq.ck_index, dq.delay_index, dq.master, dq.qm, dq.delay_head, dq.ck_head)
     return out
@@ -1586,7 +1625,9 @@ local function dq_finish(dq, acked)
   local expiring = {}
   local o, j = #out, 0
   for i, id in ipairs(dq.served) do
-    if skip and skip[i] then
+    if back and back[i] ~= nil then
+      o = o - 4 -- (back in its ready set: not in the reply)
+    elseif skip and skip[i] then
       out[o + 1], out[o + 2], out[o + 3], out[o + 4] = id, dq.served_vm[i], false, dq.swept[i] and -1 or 0
     else
       j = j + 1
@@ -2706,9 +2747,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_6a8169c954531eb2_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f57791f313c11315_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_f57791f313c11315_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f57791f313c11315_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f57791f313c11315_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f57791f313c11315_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f57791f313c11315_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -656,8 +656,12 @@ func (o *Oracle) swept(s Served) {
 			s.ID, r.ttl, o.now)})
 	}
 	o.emit(Event{Kind: EvExpire, N: 1, IDs: []string{s.ID}})
+	o.expire(r) // (a delayed one was due, promoted where the oracle did not expect it)
+}
+
+// expire ends queued run r by a TTL sweep.
+func (o *Oracle) expire(r *orun) {
 	if r.state == stDelayed {
-		// Due, and promoted where the oracle did not expect it.
 		o.unDelay(r)
 		r.state = stExpired
 		return
@@ -910,13 +914,7 @@ func (o *Oracle) SweepTTL() error {
 	}
 	o.emit(e)
 	for _, r := range due {
-		if r.state == stDelayed {
-			o.unDelay(r)
-			r.state = stExpired
-			continue
-		}
-		r.state = stExpired
-		o.loseReady(o.keys[r.key], false)
+		o.expire(r)
 	}
 	return nil
 }

@@ -451,13 +451,13 @@ func ttlBacklog() Case {
 	return Case{
 		Spec: Spec{Name: "ttl-backlog", Hold: 0, Steps: steps,
 			Setup: func(h *H) error {
-				if err := h.AddTTL("a", dead, time.Second, func(k int) time.Duration { return ms(k) }); err != nil {
+				if err := h.AddTTL("a", dead, time.Second, ms); err != nil {
 					return err
 				}
 				if err := h.AddTTL("a", live, time.Hour, func(k int) time.Duration { return ms(1000 + k) }); err != nil {
 					return err
 				}
-				if err := h.Add("b", other, func(k int) time.Duration { return ms(k) }); err != nil {
+				if err := h.Add("b", other, ms); err != nil {
 					return err
 				}
 				h.Advance(2 * time.Second)

@@ -563,10 +563,10 @@ func (m *Model) ungate(r *Reg) {
 // choosing, so it is no serve (its key is not charged, nothing moves in
 // the fair order) and counts neither for the call's capacity nor for its
 // key's limit. An expired run not swept (the call had swept TTLLook) was
-// taken as any other run (its key is
-// charged for it, and it counts for the call's capacity and its key's
-// limit within the call), then deleted instead of delivered, its slot
-// freed as an ack frees one (see expireTaken).
+// taken as any other run (its key is charged for it, and it counts for
+// the call's capacity and its key's limit within the call), then deleted
+// instead of delivered, its slot freed as an ack frees one (see
+// expireTaken).
 type Served struct {
 	ID      string // encoded id
 	Key     string

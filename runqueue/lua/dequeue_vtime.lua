@@ -434,8 +434,8 @@ local function serve_one(e)
   end
 end
 
--- Sweep the head run of e's variant when it is among the call's due TTL
--- entries (vtime's sweepOne): no serve, nothing of the scheduler moves;
+-- Sweep the head run of e's variant when its TTL passed (dq_head_due;
+-- vtime's sweepOne): no serve, nothing of the scheduler moves;
 -- the variant keeps its place in the window, or, when that was its last
 -- ready run, leaves it as a stale entry does (pick).
 local function sweep_one(e)

@@ -249,10 +249,10 @@ end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
 -- took), walked in memory: the first read takes up to 8 entries, each
--- further read doubles what is held, never past cap + 1 + the due TTL
--- entries in all (one more than the call can take and sweep, so running
--- out of a short read means the variant is empty). Returns the head's
--- ready score and id, or nil.
+-- further read doubles what is held, never past cap + 1 in all, and
+-- DQ_TTL_LOOK more when the call may sweep (one more than the call can take
+-- and sweep, so running out of a short read means the variant is empty).
+-- Returns the head's ready score and id, or nil.
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   local most = dq.cap + 1

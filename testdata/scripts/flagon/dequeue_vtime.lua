@@ -1180,10 +1180,10 @@ end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
 -- took), walked in memory: the first read takes up to 8 entries, each
--- further read doubles what is held, never past cap + 1 + the due TTL
--- entries in all (one more than the call can take and sweep, so running
--- out of a short read means the variant is empty). Returns the head's
--- ready score and id, or nil.
+-- further read doubles what is held, never past cap + 1 in all, and
+-- DQ_TTL_LOOK more when the call may sweep (one more than the call can take
+-- and sweep, so running out of a short read means the variant is empty).
+-- Returns the head's ready score and id, or nil.
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   local most = dq.cap + 1
@@ -1931,8 +1931,8 @@ local function serve_one(e)
   end
 end
 
--- Sweep the head run of e's variant when it is among the call's due TTL
--- entries (vtime's sweepOne): no serve, nothing of the scheduler moves;
+-- Sweep the head run of e's variant when its TTL passed (dq_head_due;
+-- vtime's sweepOne): no serve, nothing of the scheduler moves;
 -- the variant keeps its place in the window, or, when that was its last
 -- ready run, leaves it as a stale entry does (pick).
 local function sweep_one(e)

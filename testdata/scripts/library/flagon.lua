@@ -1,4 +1,4 @@
-#!lua name=runqueue_f57791f313c11315
+#!lua name=runqueue_91b0362cdede8e49
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1351,10 +1351,10 @@ end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
 -- took), walked in memory: the first read takes up to 8 entries, each
--- further read doubles what is held, never past cap + 1 + the due TTL
--- entries in all (one more than the call can take and sweep, so running
--- out of a short read means the variant is empty). Returns the head's
--- ready score and id, or nil.
+-- further read doubles what is held, never past cap + 1 in all, and
+-- DQ_TTL_LOOK more when the call may sweep (one more than the call can take
+-- and sweep, so running out of a short read means the variant is empty).
+-- Returns the head's ready score and id, or nil.
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
   local most = dq.cap + 1
@@ -2338,8 +2338,8 @@ local function serve_one(e)
   end
 end
 
--- Sweep the head run of e's variant when it is among the call's due TTL
--- entries (vtime's sweepOne): no serve, nothing of the scheduler moves;
+-- Sweep the head run of e's variant when its TTL passed (dq_head_due;
+-- vtime's sweepOne): no serve, nothing of the scheduler moves;
 -- the variant keeps its place in the window, or, when that was its last
 -- ready run, leaves it as a stale entry does (pick).
 local function sweep_one(e)
@@ -2747,9 +2747,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_f57791f313c11315_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_f57791f313c11315_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f57791f313c11315_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f57791f313c11315_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f57791f313c11315_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f57791f313c11315_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

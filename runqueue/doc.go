@@ -140,8 +140,8 @@
 // little behind the keys already competing (at the clock on a cold start),
 // so minting keys buys the share of one key; a key at its per-key limit leaves the competition
 // until a slot frees. A dequeue of N serves what N dequeues of 1 would
-// (but for calls that meet runs past their TTL beyond the first 100 due,
-// at a key limit: see EnqueueParams.TTL).
+// (but for calls that meet more runs past their TTL than the 100 a call
+// sweeps, at a key limit: see EnqueueParams.TTL).
 // [Queue.SetWeight] gives a key a weight from [MinWeight] to [MaxWeight]
 // (at most [Config.MaxWeightOverrides] per queue), applied at the next
 // serve on every instance; [Queue.ClearWeight] and [Queue.Weights] undo and

@@ -29,10 +29,7 @@ dq_promote(dq, hooks)
 -- cap (and the runs it may sweep): reading further (a costly WITHSCORES
 -- reply) would change nothing.
 local reach = dq.scan
-if dq.key_limit <= 0 then
-  reach = math.min(dq.scan, dq.cap)
-  if dq.sweeping then reach = math.min(dq.scan, dq.cap + DQ_TTL_LOOK) end
-end
+if dq.key_limit <= 0 then reach = math.min(dq.scan, dq.cap + dq.sweep_room) end
 local age = window_new(redis.call('ZRANGE', dq.ck_index, '0', num_arg(reach), 'WITHSCORES'), reach)
 -- A variant ckIndex names whose ready set is empty before the call takes
 -- anything from it (its runs taken out by hand, the set evicted) is stale:

@@ -1,4 +1,4 @@
-#!lua name=runqueue_91b0362cdede8e49
+#!lua name=runqueue_dcb4bd29ff360122
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1159,7 +1159,7 @@ local function dq_open(keys, args)
     served_vm = {}, -- their variant members
     swept = {},    -- places in served of the runs swept at their head (dq_take)
     nswept = 0,    -- how many (they do not count for cap)
-    sweeping = false, -- some run of the shard is past its TTL (dq_due)
+    sweep_room = 0, -- runs it may sweep: DQ_TTL_LOOK when the shard has one due (dq_due)
     dirty = false, -- promotion wrote something
     -- (set later; named here so that the table is made at its full size
     -- once, not grown past 32 fields by a rehash)
@@ -1193,7 +1193,9 @@ local DQ_TTL_LOOK = 100
 -- Whether the call may sweep: one read of the shard's TTL set, for an
 -- entry due by now (the common case: none, and no head is looked up).
 local function dq_due(dq)
-  dq.sweeping = redis.call('ZRANGEBYSCORE', dq.ttl, '-inf', dq.now_arg, 'LIMIT', '0', '1')[1] ~= nil
+  if redis.call('ZRANGEBYSCORE', dq.ttl, '-inf', dq.now_arg, 'LIMIT', '0', '1')[1] then
+    dq.sweep_room = DQ_TTL_LOOK
+  end
 end
 
 local function dq_var(dq, vm)
@@ -1351,14 +1353,13 @@ end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it
 -- took), walked in memory: the first read takes up to 8 entries, each
--- further read doubles what is held, never past cap + 1 in all, and
--- DQ_TTL_LOOK more when the call may sweep (one more than the call can take
--- and sweep, so running out of a short read means the variant is empty).
+-- further read doubles what is held, never past cap + 1 + sweep_room in
+-- all (one more than the call can take and sweep, so running out of a
+-- short read means the variant is empty).
 -- Returns the head's ready score and id, or nil.
 local function dq_head(dq, vm)
   local c = dq_var(dq, vm)
-  local most = dq.cap + 1
-  if dq.sweeping then most = most + DQ_TTL_LOOK end
+  local most = dq.cap + 1 + dq.sweep_room
   if c.list == nil then
     local want = math.min(most, 2)
     c.list = redis.call('ZRANGE', c.ready, '0', num_arg(want - 1), 'WITHSCORES')
@@ -1384,7 +1385,7 @@ end
 -- swept where the call meets it, as the TTL sweep would delete it: no
 -- serve, not counted for the call's capacity or its key's limit.
 local function dq_head_due(dq, vm)
-  if not dq.sweeping or dq.nswept >= DQ_TTL_LOOK then return false end
+  if dq.nswept >= dq.sweep_room then return false end
   local c = dq_var(dq, vm)
   local at = redis.call('ZSCORE', dq.ttl, dq.run_prefix .. vm .. ':' .. c.list[2 * c.taken + 1])
   return at and num(at) <= dq.now or false
@@ -1435,39 +1436,32 @@ local function dq_finish(dq, acked)
   end
   local ids, vms = dq.served, dq.served_vm
   local recs = redis.call('HMGET', dq.runs, unpack(ids))
-  -- gone: the places in dq.served of the runs taken whose TTL passed;
-  -- skip: the same as a set. The record decides: a run swept for a TTL
-  -- entry its record does not have (a hand edit) goes back to its ready
-  -- set at its score, neither delivered nor expired (back: its place ->
-  -- its record's deadline, or false), and its entry is mended.
-  local gone, skip, back = nil, nil, nil
+  -- skip: the places in dq.served of the runs taken whose TTL passed. The
+  -- record decides: a run swept for a TTL entry its record does not have
+  -- (a hand edit) goes back to its ready set at its score, neither
+  -- delivered nor expired (back: its place -> its record's deadline, or
+  -- false), and its entry is mended.
+  local skip, back = nil, nil
   for i = 1, #ids do
     local rec = recs[i]
-    local due = false
+    local ttl = false -- the record's deadline (of the variant taken), if any
     if rec and rec_has_ttl(rec) then
       local r = rec_parse(rec)
-      if r.ttl and r.vm == vms[i] then
-        due = r.ttl + 0 <= dq.now
-        if not due and dq.swept[i] then
-          back = back or {}
-          back[i] = r.ttl
-        end
-      end
+      if r.ttl and r.vm == vms[i] then ttl = r.ttl end
     end
-    if due then
-      if not gone then gone = {} end
-      gone[#gone + 1] = i
-    elseif dq.swept[i] and not (back and back[i]) then
+    if ttl and ttl + 0 <= dq.now then
+      skip = skip or {}
+      skip[i] = true
+    elseif dq.swept[i] then
       back = back or {}
-      back[i] = false
+      back[i] = ttl
     end
   end
-  if gone or back then
+  if skip or back then
     -- The live runs in lists of their own; the expired ones counted per
     -- variant (c.expired).
     local lids, lvms, lrecs, gids, gmembers = {}, {}, {}, {}, {}
-    skip = {}
-    for _, i in ipairs(gone or {}) do skip[i] = true end
+    skip = skip or {}
     dq.expired_vms = {}
     for i = 1, #ids do
       local vm = vms[i]
@@ -2747,9 +2741,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_91b0362cdede8e49_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -540,16 +540,17 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // DequeueShard serves up to maxCount ready runs from the queues of one shard
 // (see ShardOf), whatever an env's backlog. A call plans one queue per env
 // with due work on the shard, then the envs' other queues, and gives each
-// queue of its plan an even share of maxCount (so an env with several
-// queues may take more than one with one); the runs that do not divide go
+// env of its plan an even share of maxCount, shared evenly among the env's
+// queues (so an env with backlogs in several queues takes no more than one
+// with a backlog in one); the runs that do not divide go
 // to the envs this Queue has served least on the shard (a credit of runs
 // served, ties the least recently served first). What a queue leaves of its
 // share (its env or keys at their limits, few runs ready) goes to the
 // queues that filled theirs and those not reached, the least served
 // envs first, so an env at its limit does not hand its share to the env
-// after it, and envs with room and backlogs that take one queue's share
-// each are served equal runs over a window of calls, give or take one
-// or two (see serveShard). An env that is at its limits, short of ready
+// after it, and envs with room and backlogs that take their share are
+// served equal runs over a window of calls, give or take one or two,
+// whatever their number of queues (see serveShard). An env that is at its limits, short of ready
 // runs or away from the shard is owed nothing for it when it comes back;
 // one that was ahead when it went away comes back ahead by what the envs
 // served meanwhile have not caught up (at most maxCount runs), so envs
@@ -773,8 +774,9 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 //
 //   - First, the queues in turn (shardPlan: one queue per env, the env
 //     with the least credit first, then the envs' other queues), each a
-//     share of what is left of maxCount fixed when the round starts, the
-//     first queues one run more when they do not divide it. A queue that
+//     share of what is left of maxCount fixed when the round starts
+//     (envShares: even among the envs, the first envs one run more when
+//     they do not divide it, and each env's even among its queues). A queue that
 //     serves less than its share (its env or keys at their limits, few
 //     runs ready) leaves the rest to the rounds after, not to the queue
 //     after it: otherwise the envs after a capped env take its share in
@@ -808,12 +810,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 	}
 	var filled, unreached []int // plan indexes
 	if left := maxCount - len(out); left > 0 && len(plan) > 0 {
-		base, extra := left/len(plan), left%len(plan)
-		for i := range plan {
-			share := base
-			if i < extra {
-				share++
-			}
+		for i, share := range envShares(env, left) {
 			if share == 0 {
 				unreached = append(unreached, i)
 				continue
@@ -856,6 +853,39 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 		out = append(out, runs...)
 	}
 	return out, nil
+}
+
+// envShares is the first round's shares of left runs (see serveShard) for
+// the queues of a plan whose envs are env: each env an even share, the
+// envs met first in the plan (the least credit first) one run more when
+// the envs do not divide left, and each env's share even among its
+// queues, in plan order, the first first. So an env with backlogs in
+// several queues takes no more of a call than an env with one.
+func envShares(env []string, left int) []int {
+	var order []string
+	queues := map[string][]int{}
+	for i, e := range env {
+		if _, ok := queues[e]; !ok {
+			order = append(order, e)
+		}
+		queues[e] = append(queues[e], i)
+	}
+	shares := make([]int, len(env))
+	base, extra := left/len(order), left%len(order)
+	for k, e := range order {
+		n := base
+		if k < extra {
+			n++
+		}
+		qs := queues[e]
+		for j, i := range qs {
+			shares[i] = n / len(qs)
+			if j < n%len(qs) {
+				shares[i]++
+			}
+		}
+	}
+	return shares
 }
 
 // shareLeft shares left runs among the queues cand (plan indexes; env

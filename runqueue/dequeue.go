@@ -545,12 +545,13 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // with a backlog in one); the runs that do not divide go
 // to the envs this Queue has served least on the shard (a credit of runs
 // served, ties the least recently served first). What a queue leaves of its
-// share (its env or keys at their limits, few runs ready) goes to the
-// queues that filled theirs and those not reached, the least served
-// envs first, so an env at its limit does not hand its share to the env
-// after it, and envs with room and backlogs that take their share are
-// served equal runs over a window of calls, give or take one or two,
-// whatever their number of queues (see serveShard). An env that is at its limits, short of ready
+// share (its queue or keys at their limits, few runs ready) goes to its
+// env's queues after it, and what an env leaves to the queues that filled
+// theirs and those not reached, the least served envs first, so an env at
+// its limit does not hand its share to the env after it, and envs with
+// room and backlogs that take their share are served equal runs over a
+// window of calls, give or take one or two, whatever their number of
+// queues (see serveShard). An env that is at its limits, short of ready
 // runs or away from the shard is owed nothing for it when it comes back;
 // one that was ahead when it went away comes back ahead by what the envs
 // served meanwhile have not caught up (at most maxCount runs), so envs
@@ -772,18 +773,22 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 // master order) for one DequeueShard call, after the runs out it served
 // already; t holds what the call served of each env (both passes).
 //
-//   - First, the queues in turn (shardPlan: one queue per env, the env
-//     with the least credit first, then the envs' other queues), each a
-//     share of what is left of maxCount fixed when the round starts
-//     (envShares: even among the envs, the first envs one run more when
-//     they do not divide it, and each env's even among its queues). A queue that
-//     serves less than its share (its env or keys at their limits, few
-//     runs ready) leaves the rest to the rounds after, not to the queue
-//     after it: otherwise the envs after a capped env take its share in
-//     every call (5 envs, two at their limits, calls of 10: 78 / 102 / 118
-//     runs to the other three in 30 calls).
+//   - First, the envs in turn, the least credit first (shardPlan), each
+//     an even share of what is left of maxCount fixed when the round
+//     starts, the first envs one run more when they do not divide it
+//     (envShares), and each env's share to its queues in plan order (its
+//     queue with the oldest work first), even among them: what a queue
+//     leaves (its queue or keys at their limits, few runs ready) goes to
+//     the env's queues after it, so an env whose oldest queue is capped
+//     still takes its share (helper-155: given to that queue alone, an
+//     env's share of 1 went unserved in every call). What an env leaves
+//     goes to the rounds after, not to the env after it: otherwise the
+//     envs after a capped env take its share in every call (5 envs, two
+//     at their limits, calls of 10: 78 / 102 / 118 runs to the other
+//     three in 30 calls).
 //   - Then what is left goes to the queues that filled their share and
-//     those the first round did not reach (shareLeft): to the envs with
+//     those the first round did not reach, the latter first in each env
+//     (shareLeft): to the envs with
 //     the least credit and runs served in the call, only as many as it
 //     takes to even them out. A queue that serves less than it was given
 //     drops out, and what it left is shared again among the others, until
@@ -797,34 +802,48 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 	for _, e := range env[:nfirst] {
 		t.served[e] += 0 // read by the call
 	}
-	// visit serves plan[i] up to share runs, and says whether it filled it.
-	visit := func(i, share int) (bool, error) {
+	// visit serves plan[i] up to share runs, and returns how many it served.
+	visit := func(i, share int) (int, error) {
 		runs, err := q.shardQueue(ctx, plan[i], share, now, false, f, len(out))
 		out = append(out, runs...)
 		t.served[env[i]] += len(runs)
-		full := err == nil && len(runs) == share
-		if !full {
-			t.short[env[i]] = true
-		}
-		return full, err
+		return len(runs), err
 	}
 	var filled, unreached []int // plan indexes
 	if left := maxCount - len(out); left > 0 && len(plan) > 0 {
-		for i, share := range envShares(env, left) {
-			if share == 0 {
-				unreached = append(unreached, i)
-				continue
+		for _, g := range envShares(env, left) {
+			rest := g.share
+			for k, i := range g.queues {
+				// What the env's queues before it left, even among the rest.
+				share := (rest + len(g.queues) - k - 1) / (len(g.queues) - k)
+				if share == 0 {
+					unreached = append(unreached, i)
+					continue
+				}
+				n, err := visit(i, share)
+				if err != nil {
+					return out, err
+				}
+				rest -= n
+				if n == share {
+					filled = append(filled, i)
+				}
 			}
-			full, err := visit(i, share)
-			if err != nil {
-				return out, err
-			}
-			if full {
-				filled = append(filled, i)
+			if rest > 0 {
+				t.short[g.env] = true
 			}
 		}
 	}
-	for cand := slices.Concat(filled, unreached); len(cand) > 0 && len(out) < maxCount; {
+	// The envs in plan order (the least credit first); in each, the queues
+	// not visited yet before those that filled their share (which may have
+	// served their last ready run).
+	rank := make(map[string]int, nfirst)
+	for i, e := range env[:nfirst] {
+		rank[e] = i
+	}
+	cand := slices.Concat(unreached, filled)
+	slices.SortStableFunc(cand, func(a, b int) int { return rank[env[a]] - rank[env[b]] })
+	for len(cand) > 0 && len(out) < maxCount {
 		given := shareLeft(cand, env, func(e string) int { return credit[e] + t.served[e] }, maxCount-len(out))
 		var more []int
 		for j, i := range cand {
@@ -832,12 +851,14 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 				more = append(more, i)
 				continue
 			}
-			full, err := visit(i, given[j])
+			n, err := visit(i, given[j])
 			if err != nil {
 				return out, err
 			}
-			if full {
+			if n == given[j] {
 				more = append(more, i)
+			} else {
+				t.short[env[i]] = true
 			}
 		}
 		cand = more
@@ -855,37 +876,42 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 	return out, nil
 }
 
+// envShare is one env's part of a shard call's first round (envShares):
+// share runs for its queues (plan indexes, in plan order).
+type envShare struct {
+	env    string
+	share  int
+	queues []int
+}
+
 // envShares is the first round's shares of left runs (see serveShard) for
-// the queues of a plan whose envs are env: each env an even share, the
-// envs met first in the plan (the least credit first) one run more when
-// the envs do not divide left, and each env's share even among its
-// queues, in plan order, the first first. So an env with backlogs in
-// several queues takes no more of a call than an env with one.
-func envShares(env []string, left int) []int {
-	var order []string
-	queues := map[string][]int{}
+// a plan whose queues' envs are env: each env an even share, the envs met
+// first in the plan (the least credit first) one run more when the envs do
+// not divide left. serveShard gives an env's share to its queues in plan
+// order, even among them, what one leaves going to those after it. So an
+// env with backlogs in several queues takes no more of a call than an env
+// with one, and one whose first queue is at its limits still takes its
+// share from its other queues.
+func envShares(env []string, left int) []envShare {
+	var out []envShare
+	at := map[string]int{}
 	for i, e := range env {
-		if _, ok := queues[e]; !ok {
-			order = append(order, e)
+		k, ok := at[e]
+		if !ok {
+			k = len(out)
+			at[e] = k
+			out = append(out, envShare{env: e})
 		}
-		queues[e] = append(queues[e], i)
+		out[k].queues = append(out[k].queues, i)
 	}
-	shares := make([]int, len(env))
-	base, extra := left/len(order), left%len(order)
-	for k, e := range order {
-		n := base
+	base, extra := left/len(out), left%len(out)
+	for k := range out {
+		out[k].share = base
 		if k < extra {
-			n++
-		}
-		qs := queues[e]
-		for j, i := range qs {
-			shares[i] = n / len(qs)
-			if j < n%len(qs) {
-				shares[i]++
-			}
+			out[k].share++
 		}
 	}
-	return shares
+	return out
 }
 
 // shareLeft shares left runs among the queues cand (plan indexes; env
@@ -895,24 +921,24 @@ func envShares(env []string, left int) []int {
 // env's runs are shared evenly among its queues in cand, the first first.
 // given[j] is cand[j]'s.
 func shareLeft(cand []int, env []string, key func(string) int, left int) (given []int) {
-	type envShare struct {
+	type envLeft struct {
 		env      string
 		key, get int
 		queues   []int // indexes in cand
 	}
-	var envs []*envShare
-	byEnv := map[string]*envShare{}
+	var envs []*envLeft
+	byEnv := map[string]*envLeft{}
 	for j, i := range cand {
 		e := byEnv[env[i]]
 		if e == nil {
-			e = &envShare{env: env[i], key: key(env[i])}
+			e = &envLeft{env: env[i], key: key(env[i])}
 			byEnv[env[i]] = e
 			envs = append(envs, e)
 		}
 		e.queues = append(e.queues, j)
 	}
 	sorted := slices.Clone(envs)
-	slices.SortStableFunc(sorted, func(a, b *envShare) int { return a.key - b.key })
+	slices.SortStableFunc(sorted, func(a, b *envLeft) int { return a.key - b.key })
 	// The level: the first n envs raised to level take all of left.
 	n, cost := 1, 0 // cost: what raising the first n to sorted[n-1].key takes
 	for n < len(sorted) {

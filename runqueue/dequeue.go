@@ -893,25 +893,34 @@ type envShare struct {
 // with one, and one whose first queue is at its limits still takes its
 // share from its other queues.
 func envShares(env []string, left int) []envShare {
-	var out []envShare
-	at := map[string]int{}
-	for i, e := range env {
-		k, ok := at[e]
-		if !ok {
-			k = len(out)
-			at[e] = k
-			out = append(out, envShare{env: e})
-		}
-		out[k].queues = append(out[k].queues, i)
-	}
+	envs, queues := groupFirstMet(len(env), func(i int) string { return env[i] })
+	out := make([]envShare, len(envs))
 	base, extra := left/len(out), left%len(out)
 	for k := range out {
-		out[k].share = base
+		out[k] = envShare{env: envs[k], share: base, queues: queues[k]}
 		if k < extra {
 			out[k].share++
 		}
 	}
 	return out
+}
+
+// groupFirstMet groups 0..n-1 by key(i): the keys in the order first met,
+// and each one's indexes in ascending order.
+func groupFirstMet(n int, key func(int) string) (keys []string, groups [][]int) {
+	at := map[string]int{}
+	for i := range n {
+		k := key(i)
+		g, ok := at[k]
+		if !ok {
+			g = len(keys)
+			at[k] = g
+			keys = append(keys, k)
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return keys, groups
 }
 
 // shareLeft shares left runs among the queues cand (plan indexes; env
@@ -926,16 +935,10 @@ func shareLeft(cand []int, env []string, key func(string) int, left int) (given 
 		key, get int
 		queues   []int // indexes in cand
 	}
-	var envs []*envLeft
-	byEnv := map[string]*envLeft{}
-	for j, i := range cand {
-		e := byEnv[env[i]]
-		if e == nil {
-			e = &envLeft{env: env[i], key: key(env[i])}
-			byEnv[env[i]] = e
-			envs = append(envs, e)
-		}
-		e.queues = append(e.queues, j)
+	names, queues := groupFirstMet(len(cand), func(j int) string { return env[cand[j]] })
+	envs := make([]*envLeft, len(names))
+	for k, e := range names {
+		envs[k] = &envLeft{env: e, key: key(e), queues: queues[k]}
 	}
 	sorted := slices.Clone(envs)
 	slices.SortStableFunc(sorted, func(a, b *envLeft) int { return a.key - b.key })

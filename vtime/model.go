@@ -1188,13 +1188,20 @@ func (c *call) sweepOne(w *window, e *wentry) bool {
 	if len(m.ready[e.vm]) == 0 {
 		delete(m.ready, e.vm)
 		w.remove(e)
-		r := m.reg[e.vm]
-		c.newHead(w, m.leaveLane(r))
-		if m.park(e.vm, r.U) {
-			c.parked = true
-		}
+		c.leave(w, e.vm)
 	}
 	return true
+}
+
+// leave takes vm, which has no ready run left and was not served (stale,
+// or its last run swept), out of the competition: it leaves the lane,
+// handing it on, and its tag parks when above V (the Lua's leave).
+func (c *call) leave(w *window, vm string) {
+	r := c.m.reg[vm]
+	c.newHead(w, c.m.leaveLane(r))
+	if c.m.park(vm, r.U) {
+		c.parked = true
+	}
 }
 
 // pick returns the first servable entry of the window, collecting stale
@@ -1208,11 +1215,7 @@ func (c *call) pick(w *window) *wentry {
 			switch {
 			case len(m.ready[e.vm]) == 0:
 				w.list = append(w.list[:i], w.list[i+1:]...)
-				r := m.reg[e.vm]
-				c.newHead(w, m.leaveLane(r))
-				if m.park(e.vm, r.U) {
-					c.parked = true
-				}
+				c.leave(w, e.vm)
 			case c.atLimit(e.vm):
 				w.list = append(w.list[:i], w.list[i+1:]...)
 				c.gate(w, e.vm)

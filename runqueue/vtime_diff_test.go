@@ -456,7 +456,8 @@ func (d *diff) setWeight(rt *rapid.T) {
 }
 
 // compare checks that Redis holds exactly the model's scheduler state:
-// clock, epoch, anchor, cursor, registration counter, gating state, every
+// clock, epoch, anchor, cursor, registration counter, gating state, the
+// time of the state's first discovery read, every
 // registration (tag, remainder, order, gated), every parked tag, the
 // weights, and ckIndex.
 func (d *diff) compare(rt *rapid.T, step string) {
@@ -505,11 +506,14 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 		NextSeq       int64
 		GK            int
 		GN, GP        int64
+		Began         bool
+		Born          int64
+		Lap           int
 		Reg           map[string]vtime.Reg
 		Idle, Weights map[string]int64
 	}
 	pick := func(s vtime.Snapshot) sched {
-		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Reg, s.Idle, s.Weights}
+		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Began, s.Born, s.Lap, s.Reg, s.Idle, s.Weights}
 		for _, m := range []*map[string]int64{&out.Idle, &out.Weights} {
 			if *m == nil {
 				*m = map[string]int64{}

@@ -123,6 +123,9 @@ type Model struct {
 	gk      int   // key limit the gated variants were gated under (0: none)
 	gn      int64 // gating number of the next variant gated, from 1
 	gp      int64 // probe cursor: the gating number the probe last looked at
+	began   bool  // the state's first discovery read is done (see discover)
+	born    int64 // and its call's time (ms)
+	lap     int   // ckIndex positions the first lap has still to read
 	reg     map[string]*Reg
 	idle    map[string]int64 // variant member -> parked tag
 
@@ -158,9 +161,15 @@ func New(cfg Config) *Model {
 // StateTTL with no scheduler write. Weights are configuration and stay.
 func (m *Model) ExpireState() {
 	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gn, m.gp = 0, 0, 0, 1, 0, 1, 0
+	m.began, m.born, m.lap = false, 0, 0
 	m.reg = map[string]*Reg{}
 	m.idle = map[string]int64{}
 }
+
+// Born returns the time (ms) of the state's first discovery read, the
+// ckIndex positions its first lap has still to read, and whether that read
+// happened (see discover): what Redis stores as the state's b and l.
+func (m *Model) Born() (born int64, lap int, began bool) { return m.born, m.lap, m.began }
 
 // SetLimits changes the concurrency limits from the next call on.
 func (m *Model) SetLimits(l Limits) { m.cfg.Limits = l }
@@ -467,8 +476,9 @@ func (m *Model) register(vm string) {
 
 // registerAt registers vm with top as the highest competing tag: a
 // returning variant (parked tag above V) at its parked tag; a discovered
-// one (found untagged in ckIndex: written with the flag off, or state
-// expired) at V; any other by the newcomer rule: behind the lane's head
+// one (found untagged in ckIndex with work ready before the state's first
+// discovery read, see discover; or by the age head, which looks only when
+// nothing registered is servable) at V; any other by the newcomer rule: behind the lane's head
 // when the lane is not empty; else, with q its quantum and A = min(top,
 // V+q), at V when A <= V (nothing is ahead: cold start), or as the lane's
 // head at A+q.
@@ -1042,23 +1052,63 @@ func (c *call) atLimit(vm string) bool {
 // registers those with no tag. Every call does this, so every variant with
 // ready work is reached within ceil(variants/scan) calls whatever stale
 // state exists.
+//
+// A variant found untagged registers at V (registerAt's discovered) when
+// its work was ready before the state could see it (written with the flag
+// off, or before the state expired), at any scale; else by the newcomer
+// rule, as a flag-on writer's enqueue would have registered it: it became
+// ready while the state was there (a flag-off producer's new key, a key
+// written while the flag was off and the state kept). Registered at V
+// whenever found, an endless supply of such keys took every serve: each
+// serve started at V, V never moved, and the tagged keys and the lane
+// waited for as long as they kept coming (helper-154: a backlogged key
+// served once in 1,500 serves beside 5 new keys a call written flag off).
+//
+// "Before" is told by two marks the state's first discovery read sets (the
+// first that reads any of ckIndex since the state began: a flag flip, the
+// state's expiry): born, its call's time, and the first lap, the ckIndex
+// positions there were then (lap), which the cursor's reads count down
+// (the lap ends too when a read reaches ckIndex's end). A variant is found
+// at V only in the first lap and only with its head's ready score at or
+// before born. The time alone lets a writer who dates its runs' AvailableAt
+// in the past pass for old work for ever; the lap alone lets new keys that
+// come within its reach (old ones drain before them) pass for old while it
+// lasts; the lap is bounded by the positions there were, however fast new
+// keys come. (A first lap that ended only at ckIndex's end never ended
+// while a flood grew ckIndex as fast as the cursor moved; a first read of
+// 1,000 variants left those past it, after an expiry over more keys,
+// waiting in the lane: helper-156, helper-157.) An old variant that
+// something queued before it (a run dated or prioritised before it) pushed
+// past the lap's reach registers by the newcomer rule.
 func (c *call) discover() {
 	m := c.m
 	index := m.CkIndex()
 	end := min(len(index), m.cursor+c.scan)
+	if !m.began && end > m.cursor {
+		m.began, m.born, m.lap = true, c.now, len(index)
+	}
+	inLap := m.lap > 0
 	for i := m.cursor; i < end; i++ {
 		vm := index[i].Member
-		if _, ok := m.reg[vm]; !ok {
+		if _, ok := m.reg[vm]; ok {
+			continue
+		}
+		if inLap && index[i].Score <= float64(m.born) {
 			m.registerAt(vm, 0, false, true)
+		} else {
+			top, has := m.topActive()
+			m.registerAt(vm, top, has, false)
 		}
 	}
 	// The next call starts cap entries before the end of this chunk: a
 	// serve moves at most one variant from before an unread one to after
 	// it, so no variant whose head stays put slips past the cursor.
 	if m.cursor+c.scan >= len(index) {
-		m.cursor = 0
+		m.cursor, m.lap = 0, 0
 	} else {
-		m.cursor += max(1, c.scan-c.cap)
+		step := max(1, c.scan-c.cap)
+		m.cursor += step
+		m.lap = max(0, m.lap-step)
 	}
 }
 

@@ -109,6 +109,13 @@ func clockAt2U(t *testing.T) *Model {
 	return m
 }
 
+// firstLap puts m's state in its first lap of discovery, begun at born
+// with lap positions of ckIndex still to read, as a state that began over
+// that many variants is (see discover): a variant found untagged with its
+// head at or before born registers at V. The tests of that registration
+// use it where their ckIndex is too small for a lap to last a call.
+func firstLap(m *Model, born int64, lap int) { m.began, m.born, m.lap = true, born, lap }
+
 // flagOffEnqueue queues a ready run the way a flag-off instance does: in
 // its variant and ckIndex, without registering a tag (EnqueueOff, ready at
 // at).
@@ -531,8 +538,9 @@ func TestReturnAndPark(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, U, p)
 
-		// Discovered: at V in both.
+		// Discovered in the state's first lap: at V in both.
 		for _, m := range []*Model{reaped.Clone(), kept.Clone()} {
+			firstLap(m, 0, 100)
 			flagOffEnqueue(m, "a#9", "a", 0)
 			require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)), "a at V 2U, b at 3U")
 			require.Equal(t, []Entry{{vm("a"), float64(3 * U)}}, m.Idle())
@@ -1155,6 +1163,7 @@ func TestDiscovery(t *testing.T) {
 	t.Run("AtVNotAsNewcomer", func(t *testing.T) {
 		t.Parallel()
 		m := clockAt2U(t)
+		firstLap(m, 0, 100)
 		flagOffEnqueue(m, "u#1", "u", 0)
 		_, ok := regOf(m, "u")
 		require.False(t, ok)
@@ -1171,11 +1180,65 @@ func TestDiscovery(t *testing.T) {
 		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0))) // a at U, V 0
 		add(t, m, "n", 2, 0, 0)
 		require.Equal(t, vms("n"), lane(m))
+		firstLap(m, 0, 100)
 		flagOffEnqueue(m, "u#1", "u", 0)
 		flagOffEnqueue(m, "u#2", "u", 0)
 		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)))
 		require.Equal(t, Reg{U: U, Seq: 3}, mustReg(t, m, "u"))
 		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "n"))
+	})
+
+	t.Run("AfterTheFirstLapAsNewcomer", func(t *testing.T) {
+		t.Parallel()
+		// clockAt2U's calls made the state's first discovery read (born 0)
+		// and ended its lap (ckIndex's end was in reach): u, written flag
+		// off since, registers as a flag-on enqueue would have (the lane's
+		// head at 4U: top 3U = V + U, plus U), and b (3U) goes first.
+		m := clockAt2U(t)
+		born, lap, began := m.Born()
+		require.Equal(t, []any{int64(0), 0, true}, []any{born, lap, began})
+		flagOffEnqueue(m, "u#1", "u", 0)
+		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 0)))
+		on := clockAt2U(t)
+		add(t, on, "u", 1, 0, 0)
+		require.Equal(t, mustReg(t, on, "u"), mustReg(t, m, "u"), "as the flag-on enqueue registers it")
+		require.Equal(t, Reg{U: 4 * U, Seq: 2, Waiting: true}, mustReg(t, m, "u"))
+	})
+
+	t.Run("InTheFirstLapWorkReadyLaterAsNewcomer", func(t *testing.T) {
+		t.Parallel()
+		// In the first lap, but u's head (5 ms) is after born (0): it
+		// became ready while the state was there.
+		m := clockAt2U(t)
+		firstLap(m, 0, 100)
+		flagOffEnqueue(m, "u#1", "u", 5)
+		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 5)))
+		require.Equal(t, Reg{U: 4 * U, Seq: 2, Waiting: true}, mustReg(t, m, "u"))
+	})
+
+	t.Run("FirstReadSetsTheMarks", func(t *testing.T) {
+		t.Parallel()
+		// The first read that finds any of ckIndex records its call's time
+		// and the positions there were; each later read counts its step
+		// down (ScanLimit 2, maxCount 1: one a call), and a read that
+		// reaches ckIndex's end ends the lap. ExpireState drops both.
+		m := New(Config{ScanLimit: 2})
+		m.Dequeue(1, 7)
+		_, _, began := m.Born()
+		require.False(t, began, "nothing read")
+		for i := 0; i < 5; i++ {
+			for j := 0; j < 3; j++ { // (no key drains: ckIndex keeps 5)
+				flagOffEnqueue(m, fmt.Sprintf("k%d#%d", i, j), fmt.Sprint("k", i), int64(i))
+			}
+		}
+		for call, want := range []int{4, 3, 2, 0} {
+			m.Dequeue(1, 10)
+			born, lap, began := m.Born()
+			require.Equal(t, []any{int64(10), want, true}, []any{born, lap, began}, "call %d", call+1)
+		}
+		m.ExpireState()
+		_, _, began = m.Born()
+		require.False(t, began)
 	})
 
 	t.Run("AtParkedTag", func(t *testing.T) {
@@ -1289,7 +1352,8 @@ func TestDiscovery(t *testing.T) {
 		// call. ckIndex r0, u0, u1. Call 1 reads r0 and serves it; call 2
 		// reads u0 (rank 1), serves it and it drains: u1 moves to rank 1,
 		// below the cursor (2). Call 3 reads past the end and resets, call 4
-		// reads r0, call 5 reaches u1 (registered at V and served).
+		// reads r0, call 5 reaches u1 and registers it (the first lap ended
+		// at call 3: by the newcomer rule).
 		m := New(Config{ScanLimit: 1})
 		add(t, m, "r0", 9, 0, 0)
 		flagOffEnqueue(m, "u0#1", "u0", 0)
@@ -1300,7 +1364,9 @@ func TestDiscovery(t *testing.T) {
 			_, ok := regOf(m, "u1")
 			require.False(t, ok, "call %d", call+1)
 		}
-		require.Equal(t, []string{"u1"}, servedKeys(m.Dequeue(1, 0)))
+		m.Dequeue(1, 0)
+		_, ok := regOf(m, "u1")
+		require.True(t, ok, "call 5")
 	})
 }
 

@@ -162,6 +162,7 @@ type H struct {
 	on, off  *runqueue.Queue
 	clock    *clock
 	arm      bool  // flag-on arm
+	offAdd   bool  // AddOff is enqueueing
 	phase    *bool // SetFlag: the flag of the current phase (nil: none set)
 	step     int
 	queued   map[string]int // key -> queued runs
@@ -204,7 +205,7 @@ func (h *H) SetFlag(on bool) { h.phase = &on }
 
 // enqueuer picks the instance that enqueues now.
 func (h *H) enqueuer() *runqueue.Queue {
-	if !h.arm {
+	if !h.arm || h.offAdd {
 		return h.off
 	}
 	if h.phase != nil {
@@ -245,6 +246,15 @@ func (h *H) mixed() bool { return h.spec.Mixed }
 // Add enqueues n runs of key, run k available at T0 + at(k).
 func (h *H) Add(key string, n int, at func(k int) time.Duration) error {
 	return h.AddTTL(key, n, 0, at)
+}
+
+// AddOff is Add through the flag-off instance in both arms, whatever Flip,
+// Mixed and SetFlag say: a producer still on a flag-off build while the
+// consumers run with the flag on.
+func (h *H) AddOff(key string, n int, at func(k int) time.Duration) error {
+	h.offAdd = true
+	defer func() { h.offAdd = false }()
+	return h.Add(key, n, at)
 }
 
 // AddTTL is Add with a TTL (0: none): a run not served within ttl of now

@@ -21,6 +21,7 @@ func defectCases() []Case {
 		adversarialNames(),
 		staleCleanup10k(),
 		ttlBacklog(),
+		flagOffFlood(),
 	}
 }
 
@@ -274,10 +275,18 @@ func outagePastTTL() Case {
 // backlog; a flag-off instance drains the three (their tags stay, stale) and
 // enqueues three new keys (no tag); then the flag goes on again. ckVtime and
 // ckIndex hold as many variants as each other, yet three have no tag:
-// discovery must not depend on counts, so every untagged key is served
-// within 11 calls (first version: 4,005, once the backlog's tags passed the
-// stale ones). The run ends when they all have been; every call until then
-// serves a run.
+// discovery must not depend on counts (first version: 4,005 calls, once
+// the backlog's tags passed the stale ones). The state's first discovery
+// read is done, so the three register by the newcomer rule, as if a flag-on
+// instance had enqueued them (which takes 25 calls too): one at a time
+// through the lane, whose head is at most two serves at weight 1 past V,
+// so each waits at most 2 serves of each of the 4 backlogged keys and its
+// own, behind the ones before it: every untagged key is served within 3 x
+// (2 x 4 + 1) = 27 calls. (Until 2026-12-06 a key found untagged
+// registered at V whenever it was found, and the bound was 11 calls; but
+// an endless supply of such keys then took every serve: flag-off-flood.)
+// The run ends when they all have been; every call until then serves a
+// run.
 func equalCountsFlip() Case {
 	const n = 3
 	stale := lightKeys("stale", n)
@@ -325,7 +334,7 @@ func equalCountsFlip() Case {
 			}},
 		Check: func(off, on *Result) []Verdict {
 			return []Verdict{
-				atMost("calls until every untagged key is served", callsUntil(on.AllLightFirstServeStep), callsUntil(off.AllLightFirstServeStep), 11),
+				atMost("calls until every untagged key is served", callsUntil(on.AllLightFirstServeStep), callsUntil(off.AllLightFirstServeStep), 27),
 				fullCalls(off, on, 1),
 			}
 		},
@@ -480,6 +489,41 @@ func ttlBacklog() Case {
 				atLeast("a's share of the deliveries", share(on), share(off), 0.45),
 				fullCalls(off, on, 10),
 			}
+		},
+	}
+}
+
+// flagOffFlood is fresh-key-flood with the new keys written by a flag-off
+// producer (a rollout: the consumers run with the flag on, a producer
+// still on the flag-off build): a backlog of 400 runs, 8 new one-run keys
+// every call, env limit 20, 120 calls of 5. The flag-on consumer finds the
+// new keys untagged and registers them by the newcomer rule, as a flag-on
+// producer's enqueue would have (the state's first discovery read, which
+// registers what it finds at V as work there before the state, was the
+// first call's):
+// together they get about one key's share, and the backlog keeps at least
+// 270 of the 600 serves, as in fresh-key-flood. (At V they took every
+// serve: the backlog got 1, helper-154.)
+func flagOffFlood() Case {
+	const steps = 120
+	return Case{
+		Spec: Spec{Name: "flag-off-flood", EnvLimit: 20, MaxCount: 5, Hold: 0, Steps: steps,
+			Setup: func(h *H) error {
+				return h.Add("backlog", 400, ms)
+			},
+			BeforeStep: func(h *H, step int) error {
+				for i := 0; i < 8; i++ {
+					if err := h.AddOff(fmt.Sprintf("fresh-%03d-%d", step, i), 1, func(int) time.Duration { return ms(100000 + step) }); err != nil {
+						return err
+					}
+				}
+				return nil
+			}},
+		Check: func(off, on *Result) []Verdict {
+			backlog := func(k string) bool { return k == "backlog" }
+			b := on.ServedBy(backlog, 0, steps)
+			bo := off.ServedBy(backlog, 0, steps)
+			return []Verdict{atLeast("backlog serves of 600", float64(b), float64(bo), 270)}
 		},
 	}
 }

@@ -1,4 +1,4 @@
-#!lua name=runqueue_dcb4bd29ff360122
+#!lua name=runqueue_7552d1e0d03a0172
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -92,7 +92,10 @@ end
 --   registration number), x (refresh deadline, ms), gk (gating limit), gn
 --   (next gating number), gp (the gating number the probe looked at last),
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
---   head, "" when the lane is empty); and per registered variant member:
+--   head, "" when the lane is empty), b (the time, ms, of the state's first
+--   discovery read; -1 or missing until then), l (the ckIndex positions its
+--   first lap has still to read; 0 once over: see dequeue_vtime's
+--   discover); and per registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
 --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
 --   64 entries, the wide mark's field "~" (never read).
@@ -156,12 +159,12 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
            renew = true }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b', 'l' }
 -- What a registration reads and writes of them (with x, which
 -- sched_save reads), and the rest, read when a later step of the same
 -- call asks for the whole state (see sched_state).
 local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng' }
+local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b', 'l' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -195,7 +198,7 @@ local function sched_state(S, r, at, sentinel, fields)
   end
   fields = fields or SCHED_FIELDS
   if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '' }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1, l = 0 }
   local broken = false
   if r[at + 1] and S.check then
     if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
@@ -220,7 +223,7 @@ local function sched_state(S, r, at, sentinel, fields)
   -- built whole, not grown key by key)
   S.st = st
   S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
-            ng = st.ng, nw = st.nw, lh = st.lh }
+            ng = st.ng, nw = st.nw, lh = st.lh, b = st.b, l = st.l }
   return st
 end
 
@@ -2071,33 +2074,68 @@ do
 end
 
 -- discover: scan variants of ckIndex at the rotating cursor; untagged ones
--- register (at V or their parked tag).
+-- register. The state's first read that finds any of ckIndex records the
+-- call's time (b) and the positions ckIndex holds (l, the first lap, which
+-- each read counts down; one that reaches the end ends it). An untagged
+-- variant found in the first lap with its head's ready score at or before
+-- b had its work ready before the state could see it and registers at V
+-- (or its parked tag); any other became ready while the state was there (a
+-- flag-off producer's new key) and registers by the newcomer rule, as a
+-- flag-on enqueue would have (see vtime's discover).
 local index_empty
 do
   local list = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
   index_empty = st.c == 0 and #list == 0
   local more = #list > dq.scan -- one more was read to know
   if more then list[#list] = nil end
-  local hvs = sched_hmget(S.h, list)
-  local zargs, hargs = {}, {}
-  for i, vm in ipairs(list) do
-    if not hvs[i] then
-      local u, code = sched_admit(S, st, vm, true)
-      zargs[#zargs + 1] = sched_fmt(u)
-      zargs[#zargs + 1] = code .. vm
-      hargs[#hargs + 1] = vm
-      hargs[#hargs + 1] = code
-    end
+  if st.b < 0 and #list > 0 then
+    st.b = dq.now
+    if more then st.l = redis.call('ZCARD', dq.ck_index) else st.l = st.c + #list end
   end
-  sched_chunked('ZADD', S.z, zargs, 2)
-  sched_chunked('HSET', S.h, hargs, 2)
+  local in_lap = st.l > 0
+  local hvs = sched_hmget(S.h, list)
+  local found = {}
+  for i, vm in ipairs(list) do
+    if not hvs[i] then found[#found + 1] = vm end
+  end
+  if #found > 0 then
+    local heads = {} -- (unpack takes at most about 8,000 values on Redis)
+    for i = 1, #found, 1000 do
+      local part = redis.call('ZMSCORE', dq.ck_index, unpack(found, i, math.min(i + 999, #found)))
+      for j = 1, #part do heads[i + j - 1] = part[j] end
+    end
+    local zargs, hargs = {}, {}
+    for i, vm in ipairs(found) do
+      local before = in_lap and heads[i] and num(heads[i]) <= st.b
+      if not before and #zargs > 0 then
+        -- A newcomer's top read must see the tags registered before it in
+        -- this read, as vtime's topActive does (a return's parked tag).
+        sched_chunked('ZADD', S.z, zargs, 2)
+        zargs = {}
+      end
+      local u, code, waiting, seq = sched_admit(S, st, vm, before)
+      if u then
+        zargs[#zargs + 1] = sched_fmt(u)
+        zargs[#zargs + 1] = code .. vm
+      end
+      if waiting then
+        zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
+        zargs[#zargs + 1] = vm
+      end
+      hargs[#hargs + 1] = vm
+      hargs[#hargs + 1] = sched_value(code, false, waiting, 0)
+    end
+    sched_chunked('ZADD', S.z, zargs, 2)
+    sched_chunked('HSET', S.h, hargs, 2)
+  end
   -- The next call starts cap entries before the end of this chunk: a serve
   -- moves at most one variant from before an unread one to after it, so
   -- no variant whose head stays put slips past the cursor.
   if not more then
-    st.c = 0
+    st.c, st.l = 0, 0
   else
-    st.c = st.c + math.max(1, dq.scan - dq.cap)
+    local step = math.max(1, dq.scan - dq.cap)
+    st.c, st.l = st.c + step, math.max(0, st.l - step)
   end
 end
 
@@ -2741,9 +2779,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcb4bd29ff360122_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -159,7 +159,10 @@
 // that a weight set on a flag-off instance applies on the flag-on ones).
 // Flag-off and flag-on instances may share a Redis: the per-queue index of
 // variants stays in the timestamp domain in both states, and a flag-on
-// dequeue discovers work a flag-off instance wrote. To roll back, turn the flag
+// dequeue discovers work a flag-off instance wrote: what was ready before
+// the scheduler's state began competes at once, a key a flag-off producer
+// writes later goes through the newcomer lane, as a flag-on producer's
+// does. To roll back, turn the flag
 // off: the scheduler's two keys per queue are no longer read and expire
 // after [Config.StateTTL] (24h by default); weights stay. Only a flag-on
 // dequeue renews the state, so flag-on producers feeding flag-off consumers

@@ -213,14 +213,7 @@ do
         zargs = {}
       end
       local u, code, waiting, seq = sched_admit(S, st, vm, before)
-      if u then
-        zargs[#zargs + 1] = sched_fmt(u)
-        zargs[#zargs + 1] = code .. vm
-      end
-      if waiting then
-        zargs[#zargs + 1] = sched_fmt(seq - SCHED.W)
-        zargs[#zargs + 1] = vm
-      end
+      sched_entries(zargs, vm, u, code, waiting, seq)
       hargs[#hargs + 1] = vm
       hargs[#hargs + 1] = sched_value(code, false, waiting, 0)
     end

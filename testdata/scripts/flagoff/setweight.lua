@@ -123,6 +123,7 @@ end
 
 
 
+
 local weights, state, vtime = KEYS[1], KEYS[2], KEYS[3]
 local vm, weight, max_weights = ARGV[1], ARGV[2], tonumber(ARGV[3])
 

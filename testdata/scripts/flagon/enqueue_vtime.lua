@@ -406,6 +406,20 @@ local function hooks_lib(H)
         return u, sched_code(seq), waiting, seq
       end
 
+      -- Appends to z (ZADD arguments) the ckVtime entries of a registration
+      -- sched_admit made: its tag when it has one (competing, the lane's head
+      -- included) and its place in the lane when it waits there.
+      local function sched_entries(z, vm, u, code, waiting, seq)
+        if u then
+          z[#z + 1] = sched_fmt(u)
+          z[#z + 1] = code .. vm
+        end
+        if waiting then
+          z[#z + 1] = sched_fmt(seq - 2251799813685248)
+          z[#z + 1] = vm
+        end
+      end
+
       -- A variant gained its first ready run: register it unless it has a tag.
       -- (Before the state is read, one HMGET reads the variant's registration
       -- and the scalars together, and one ZMSCORE the sentinel and the
@@ -425,14 +439,7 @@ local function hooks_lib(H)
         end
         local u, code, waiting, seq = sched_admit(S, st, vm, discovered, parked)
         local zargs = {}
-        if u then
-          zargs[#zargs + 1] = sched_fmt(u)
-          zargs[#zargs + 1] = code .. vm
-        end
-        if waiting then
-          zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
-          zargs[#zargs + 1] = vm
-        end
+        sched_entries(zargs, vm, u, code, waiting, seq)
         redis.call('ZADD', S.z, unpack(zargs))
         local hargs = { vm, sched_value(code, false, waiting, 0), 's', sched_fmt(st.s) }
         if st.lh ~= S.was.lh then

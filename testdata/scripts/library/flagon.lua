@@ -1,4 +1,4 @@
-#!lua name=runqueue_7552d1e0d03a0172
+#!lua name=runqueue_1c961fa3586a941c
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -364,6 +364,20 @@ local function sched_admit(S, st, vm, discovered, parked, B)
   return u, sched_code(seq), waiting, seq
 end
 
+-- Appends to z (ZADD arguments) the ckVtime entries of a registration
+-- sched_admit made: its tag when it has one (competing, the lane's head
+-- included) and its place in the lane when it waits there.
+local function sched_entries(z, vm, u, code, waiting, seq)
+  if u then
+    z[#z + 1] = sched_fmt(u)
+    z[#z + 1] = code .. vm
+  end
+  if waiting then
+    z[#z + 1] = sched_fmt(seq - 2251799813685248)
+    z[#z + 1] = vm
+  end
+end
+
 -- A variant gained its first ready run: register it unless it has a tag.
 -- (Before the state is read, one HMGET reads the variant's registration
 -- and the scalars together, and one ZMSCORE the sentinel and the
@@ -383,14 +397,7 @@ local function sched_register(S, vm, discovered)
   end
   local u, code, waiting, seq = sched_admit(S, st, vm, discovered, parked)
   local zargs = {}
-  if u then
-    zargs[#zargs + 1] = sched_fmt(u)
-    zargs[#zargs + 1] = code .. vm
-  end
-  if waiting then
-    zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
-    zargs[#zargs + 1] = vm
-  end
+  sched_entries(zargs, vm, u, code, waiting, seq)
   redis.call('ZADD', S.z, unpack(zargs))
   local hargs = { vm, sched_value(code, false, waiting, 0), 's', sched_fmt(st.s) }
   if st.lh ~= S.was.lh then
@@ -2114,14 +2121,7 @@ do
         zargs = {}
       end
       local u, code, waiting, seq = sched_admit(S, st, vm, before)
-      if u then
-        zargs[#zargs + 1] = sched_fmt(u)
-        zargs[#zargs + 1] = code .. vm
-      end
-      if waiting then
-        zargs[#zargs + 1] = sched_fmt(seq - 2251799813685248)
-        zargs[#zargs + 1] = vm
-      end
+      sched_entries(zargs, vm, u, code, waiting, seq)
       hargs[#hargs + 1] = vm
       hargs[#hargs + 1] = sched_value(code, false, waiting, 0)
     end
@@ -2779,9 +2779,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_7552d1e0d03a0172_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c961fa3586a941c_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_1c961fa3586a941c_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c961fa3586a941c_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c961fa3586a941c_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c961fa3586a941c_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_1c961fa3586a941c_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -123,7 +123,7 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	st.snap.NextSeq, st.snap.GK = max(1, num(schedfmt.FieldNextSeq)), int(num(schedfmt.FieldGateKey))
 	st.snap.GN, st.snap.GP = max(1, num(schedfmt.FieldGateNext)), num(schedfmt.FieldGateProb)
 	if b, ok := h[schedfmt.FieldBorn]; ok && schedfmt.Num(b) >= 0 {
-		st.snap.Began, st.snap.Born, st.snap.Lap = true, schedfmt.Num(b), int(num(schedfmt.FieldLap))
+		st.snap.Began, st.snap.Born = true, schedfmt.Num(b)
 	}
 	for field, v := range h {
 		if !strings.HasPrefix(field, schedfmt.RegPrefix) {

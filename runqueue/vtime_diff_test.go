@@ -508,12 +508,11 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 		GN, GP        int64
 		Began         bool
 		Born          int64
-		Lap           int
 		Reg           map[string]vtime.Reg
 		Idle, Weights map[string]int64
 	}
 	pick := func(s vtime.Snapshot) sched {
-		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Began, s.Born, s.Lap, s.Reg, s.Idle, s.Weights}
+		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Began, s.Born, s.Reg, s.Idle, s.Weights}
 		for _, m := range []*map[string]int64{&out.Idle, &out.Weights} {
 			if *m == nil {
 				*m = map[string]int64{}

@@ -26,11 +26,8 @@ func TestEnqueueOff(t *testing.T) {
 		require.Equal(t, before.Reg, m.Snapshot().Reg)
 		require.Equal(t, before.Idle, m.Snapshot().Idle)
 		require.Contains(t, m.CkIndex(), Entry{Member: vm("u"), Score: 0}, "the run is in ckIndex")
-		// In the state's first lap the flag-on call discovers u at V (2U);
-		// a flag-on enqueue would have made it a newcomer at 4U (top 3U =
-		// V + U, plus U), as discovery does after the lap
-		// (TestDiscovery/AfterTheFirstLapAsNewcomer).
-		firstLap(m, 0, 100)
+		// The flag-on call discovers u at V (2U); a flag-on enqueue would
+		// have made it a newcomer at 4U (top 3U = V + U, plus U).
 		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)))
 		p, ok := parkedOf(m, "u")
 		require.True(t, ok)

@@ -125,7 +125,6 @@ type Model struct {
 	gp      int64 // probe cursor: the gating number the probe last looked at
 	began   bool  // the state's first discovery read is done (see discover)
 	born    int64 // and its call's time (ms)
-	lap     int   // ckIndex positions the first lap has still to read
 	reg     map[string]*Reg
 	idle    map[string]int64 // variant member -> parked tag
 
@@ -161,15 +160,14 @@ func New(cfg Config) *Model {
 // StateTTL with no scheduler write. Weights are configuration and stay.
 func (m *Model) ExpireState() {
 	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gn, m.gp = 0, 0, 0, 1, 0, 1, 0
-	m.began, m.born, m.lap = false, 0, 0
+	m.began, m.born = false, 0
 	m.reg = map[string]*Reg{}
 	m.idle = map[string]int64{}
 }
 
-// Born returns the time (ms) of the state's first discovery read, the
-// ckIndex positions its first lap has still to read, and whether that read
-// happened (see discover): what Redis stores as the state's b and l.
-func (m *Model) Born() (born int64, lap int, began bool) { return m.born, m.lap, m.began }
+// Born returns the time (ms) of the state's first discovery read and
+// whether it happened (see discover): what Redis stores as the state's b.
+func (m *Model) Born() (born int64, began bool) { return m.born, m.began }
 
 // SetLimits changes the concurrency limits from the next call on.
 func (m *Model) SetLimits(l Limits) { m.cfg.Limits = l }
@@ -1056,44 +1054,40 @@ func (c *call) atLimit(vm string) bool {
 // A variant found untagged registers at V (registerAt's discovered) when
 // its work was ready before the state could see it (written with the flag
 // off, or before the state expired), at any scale; else by the newcomer
-// rule, as a flag-on writer's enqueue would have registered it: it became
-// ready while the state was there (a flag-off producer's new key, a key
-// written while the flag was off and the state kept). Registered at V
-// whenever found, an endless supply of such keys took every serve: each
+// rule, as a flag-on writer's enqueue would have registered it: its work
+// became ready while the state was there (a flag-off producer's new key,
+// a key written while the flag was off and the state kept). Registered at
+// V whenever found, an endless supply of such keys took every serve: each
 // serve started at V, V never moved, and the tagged keys and the lane
 // waited for as long as they kept coming (helper-154: a backlogged key
 // served once in 1,500 serves beside 5 new keys a call written flag off).
 //
-// "Before" is told by two marks the state's first discovery read sets (the
-// first that reads any of ckIndex since the state began: a flag flip, the
-// state's expiry): born, its call's time, and the first lap, the ckIndex
-// positions there were then (lap), which the cursor's reads count down
-// (the lap ends too when a read reaches ckIndex's end). A variant is found
-// at V only in the first lap and only with its head's ready score at or
-// before born. The time alone lets a writer who dates its runs' AvailableAt
-// in the past pass for old work for ever; the lap alone lets new keys that
-// come within its reach (old ones drain before them) pass for old while it
-// lasts; the lap is bounded by the positions there were, however fast new
-// keys come. (A first lap that ended only at ckIndex's end never ended
-// while a flood grew ckIndex as fast as the cursor moved; a first read of
-// 1,000 variants left those past it, after an expiry over more keys,
-// waiting in the lane: helper-156, helper-157.) An old variant that
-// something queued before it (a run dated or prioritised before it) pushed
-// past the lap's reach registers by the newcomer rule.
+// "Before" is by time: the state's first discovery read (the first that
+// reads any of ckIndex since the state began: a flag flip, the state's
+// expiry) records its call's time, born, and a variant is old when its
+// head run (the first of its ready runs) became available (at) at or
+// before born. The run's available time, not its ready score, which a
+// priority moves earlier by up to 9 x PriorityStep. Counts and positions
+// cannot tell old from new: a first lap ended when a read first reached
+// ckIndex's end never ended under a flood that grew ckIndex as fast as the
+// cursor moved (helper-156); a bounded first read left the keys past it,
+// after an expiry over more keys, waiting in the lane (helper-157); a lap
+// counted in the positions there were missed old keys that flag-off
+// serves or prioritised runs moved behind the cursor, which then waited
+// in the lane (helper-159).
 func (c *call) discover() {
 	m := c.m
 	index := m.CkIndex()
 	end := min(len(index), m.cursor+c.scan)
 	if !m.began && end > m.cursor {
-		m.began, m.born, m.lap = true, c.now, len(index)
+		m.began, m.born = true, c.now
 	}
-	inLap := m.lap > 0
 	for i := m.cursor; i < end; i++ {
 		vm := index[i].Member
 		if _, ok := m.reg[vm]; ok {
 			continue
 		}
-		if inLap && index[i].Score <= float64(m.born) {
+		if m.headRun(vm).at <= m.born {
 			m.registerAt(vm, 0, false, true)
 		} else {
 			top, has := m.topActive()
@@ -1104,12 +1098,15 @@ func (c *call) discover() {
 	// serve moves at most one variant from before an unread one to after
 	// it, so no variant whose head stays put slips past the cursor.
 	if m.cursor+c.scan >= len(index) {
-		m.cursor, m.lap = 0, 0
+		m.cursor = 0
 	} else {
-		step := max(1, c.scan-c.cap)
-		m.cursor += step
-		m.lap = max(0, m.lap-step)
+		m.cursor += max(1, c.scan-c.cap)
 	}
+}
+
+// headRun is vm's first ready run (ready score, then id), which it has.
+func (m *Model) headRun(vm string) *run {
+	return m.runs[sortedEntries(m.ready[vm])[0].Member]
 }
 
 // window is the part of the active tags one call has read: the first

@@ -109,13 +109,6 @@ func clockAt2U(t *testing.T) *Model {
 	return m
 }
 
-// firstLap puts m's state in its first lap of discovery, begun at born
-// with lap positions of ckIndex still to read, as a state that began over
-// that many variants is (see discover): a variant found untagged with its
-// head at or before born registers at V. The tests of that registration
-// use it where their ckIndex is too small for a lap to last a call.
-func firstLap(m *Model, born int64, lap int) { m.began, m.born, m.lap = true, born, lap }
-
 // flagOffEnqueue queues a ready run the way a flag-off instance does: in
 // its variant and ckIndex, without registering a tag (EnqueueOff, ready at
 // at).
@@ -538,9 +531,8 @@ func TestReturnAndPark(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, U, p)
 
-		// Discovered in the state's first lap: at V in both.
+		// Discovered: at V in both.
 		for _, m := range []*Model{reaped.Clone(), kept.Clone()} {
-			firstLap(m, 0, 100)
 			flagOffEnqueue(m, "a#9", "a", 0)
 			require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0)), "a at V 2U, b at 3U")
 			require.Equal(t, []Entry{{vm("a"), float64(3 * U)}}, m.Idle())
@@ -1163,7 +1155,6 @@ func TestDiscovery(t *testing.T) {
 	t.Run("AtVNotAsNewcomer", func(t *testing.T) {
 		t.Parallel()
 		m := clockAt2U(t)
-		firstLap(m, 0, 100)
 		flagOffEnqueue(m, "u#1", "u", 0)
 		_, ok := regOf(m, "u")
 		require.False(t, ok)
@@ -1180,7 +1171,6 @@ func TestDiscovery(t *testing.T) {
 		require.Equal(t, []string{"a"}, servedKeys(m.Dequeue(1, 0))) // a at U, V 0
 		add(t, m, "n", 2, 0, 0)
 		require.Equal(t, vms("n"), lane(m))
-		firstLap(m, 0, 100)
 		flagOffEnqueue(m, "u#1", "u", 0)
 		flagOffEnqueue(m, "u#2", "u", 0)
 		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 0)))
@@ -1188,57 +1178,67 @@ func TestDiscovery(t *testing.T) {
 		require.Equal(t, Reg{U: 2 * U, Seq: 2, Waiting: true}, mustReg(t, m, "n"))
 	})
 
-	t.Run("AfterTheFirstLapAsNewcomer", func(t *testing.T) {
+	t.Run("AfterTheFirstReadAsNewcomer", func(t *testing.T) {
 		t.Parallel()
-		// clockAt2U's calls made the state's first discovery read (born 0)
-		// and ended its lap (ckIndex's end was in reach): u, written flag
-		// off since, registers as a flag-on enqueue would have (the lane's
-		// head at 4U: top 3U = V + U, plus U), and b (3U) goes first.
+		// clockAt2U's calls (at 0) made the state's first discovery read:
+		// born 0. u, written flag off at 5 ms, became ready while the state
+		// was there: it registers as the flag-on enqueue registers it (the
+		// lane's head at 4U: top 3U = V + U, plus U), and b (3U) goes first.
 		m := clockAt2U(t)
-		born, lap, began := m.Born()
-		require.Equal(t, []any{int64(0), 0, true}, []any{born, lap, began})
-		flagOffEnqueue(m, "u#1", "u", 0)
-		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 0)))
+		born, began := m.Born()
+		require.Equal(t, []any{int64(0), true}, []any{born, began})
+		flagOffEnqueue(m, "u#1", "u", 5)
+		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 5)))
 		on := clockAt2U(t)
-		add(t, on, "u", 1, 0, 0)
+		require.NoError(t, on.Enqueue("u#1", "u", 0, 5, 5))
 		require.Equal(t, mustReg(t, on, "u"), mustReg(t, m, "u"), "as the flag-on enqueue registers it")
 		require.Equal(t, Reg{U: 4 * U, Seq: 2, Waiting: true}, mustReg(t, m, "u"))
 	})
 
-	t.Run("InTheFirstLapWorkReadyLaterAsNewcomer", func(t *testing.T) {
+	t.Run("PriorityDoesNotMakeNewWorkOld", func(t *testing.T) {
 		t.Parallel()
-		// In the first lap, but u's head (5 ms) is after born (0): it
-		// became ready while the state was there.
+		// Priority 9 puts u's ready score 9 x PriorityStep before born,
+		// but the run became available after it: a newcomer.
 		m := clockAt2U(t)
-		firstLap(m, 0, 100)
-		flagOffEnqueue(m, "u#1", "u", 5)
+		require.NoError(t, m.EnqueueOff("u#1", "u", 9, 5, 5))
+		require.Less(t, m.CkIndex()[0].Score, 0.0, "u's ready score is before born")
 		require.Equal(t, []string{"b"}, servedKeys(m.Dequeue(1, 5)))
 		require.Equal(t, Reg{U: 4 * U, Seq: 2, Waiting: true}, mustReg(t, m, "u"))
 	})
 
-	t.Run("FirstReadSetsTheMarks", func(t *testing.T) {
+	t.Run("AvailableBeforeTheFirstReadAtV", func(t *testing.T) {
 		t.Parallel()
-		// The first read that finds any of ckIndex records its call's time
-		// and the positions there were; each later read counts its step
-		// down (ScanLimit 2, maxCount 1: one a call), and a read that
-		// reaches ckIndex's end ends the lap. ExpireState drops both.
-		m := New(Config{ScanLimit: 2})
+		// A run available at or before born is old work, whenever it was
+		// written: also one a flag-off writer dates in the past (the rule's
+		// limit: such a writer's new keys compete at V).
+		m := clockAt2U(t)
+		require.NoError(t, m.EnqueueOff("u#1", "u", 0, -100, 5))
+		require.Equal(t, []string{"u"}, servedKeys(m.Dequeue(1, 5)))
+		p, ok := parkedOf(m, "u")
+		require.True(t, ok)
+		require.Equal(t, 3*U, p, "served at E = 2U: at V")
+	})
+
+	t.Run("FirstReadSetsBorn", func(t *testing.T) {
+		t.Parallel()
+		// Only a read that finds some of ckIndex begins the state; its
+		// call's time is born until the state expires, and the first read
+		// after that sets it again.
+		m := New(Config{})
 		m.Dequeue(1, 7)
-		_, _, began := m.Born()
+		_, began := m.Born()
 		require.False(t, began, "nothing read")
-		for i := 0; i < 5; i++ {
-			for j := 0; j < 3; j++ { // (no key drains: ckIndex keeps 5)
-				flagOffEnqueue(m, fmt.Sprintf("k%d#%d", i, j), fmt.Sprint("k", i), int64(i))
-			}
-		}
-		for call, want := range []int{4, 3, 2, 0} {
-			m.Dequeue(1, 10)
-			born, lap, began := m.Born()
-			require.Equal(t, []any{int64(10), want, true}, []any{born, lap, began}, "call %d", call+1)
-		}
+		add(t, m, "a", 3, 0, 0)
+		m.Dequeue(1, 10)
+		m.Dequeue(1, 20)
+		born, began := m.Born()
+		require.Equal(t, []any{int64(10), true}, []any{born, began})
 		m.ExpireState()
-		_, _, began = m.Born()
+		_, began = m.Born()
 		require.False(t, began)
+		m.Dequeue(1, 30)
+		born, began = m.Born()
+		require.Equal(t, []any{int64(30), true}, []any{born, began})
 	})
 
 	t.Run("AtParkedTag", func(t *testing.T) {
@@ -1352,8 +1352,7 @@ func TestDiscovery(t *testing.T) {
 		// call. ckIndex r0, u0, u1. Call 1 reads r0 and serves it; call 2
 		// reads u0 (rank 1), serves it and it drains: u1 moves to rank 1,
 		// below the cursor (2). Call 3 reads past the end and resets, call 4
-		// reads r0, call 5 reaches u1 and registers it (the first lap ended
-		// at call 3: by the newcomer rule).
+		// reads r0, call 5 reaches u1 (registered at V and served).
 		m := New(Config{ScanLimit: 1})
 		add(t, m, "r0", 9, 0, 0)
 		flagOffEnqueue(m, "u0#1", "u0", 0)
@@ -1364,9 +1363,7 @@ func TestDiscovery(t *testing.T) {
 			_, ok := regOf(m, "u1")
 			require.False(t, ok, "call %d", call+1)
 		}
-		m.Dequeue(1, 0)
-		_, ok := regOf(m, "u1")
-		require.True(t, ok, "call 5")
+		require.Equal(t, []string{"u1"}, servedKeys(m.Dequeue(1, 0)))
 	})
 }
 

@@ -267,8 +267,7 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 }
 
 // batchComparable is m's snapshot without what a call of N and N calls of 1
-// legitimately leave different: the discovery cursor and what is left of
-// its first lap, and the gated probe's
+// legitimately leave different: the discovery cursor and the gated probe's
 // place (they advance per call) and parked tags at or below V (a call reaps
 // only when it parks something). The probe's place is gp and the gating
 // numbers: each call's probe gives the variant at the front that it finds
@@ -278,7 +277,7 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 // moved by gatedOrder.
 func batchComparable(m *Model) Snapshot {
 	s := normalized(m.Snapshot())
-	s.Cursor, s.GP, s.GN, s.Lap = 0, 0, 0, 0
+	s.Cursor, s.GP, s.GN = 0, 0, 0
 	for v, r := range s.Reg {
 		r.Gate = 0
 		s.Reg[v] = r

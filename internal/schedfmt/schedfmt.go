@@ -60,10 +60,8 @@ const (
 	FieldGateProb = "gp" // the gating number the probe looked at last
 	FieldLaneHead = "lh" // the lane's head, "" when the lane is empty
 	// FieldBorn is the time (ms) of the state's first discovery read; -1 or
-	// missing until then. FieldLap is the ckIndex positions its first lap
-	// has still to read (0: the lap is over).
+	// missing until then.
 	FieldBorn = "b"
-	FieldLap  = "l"
 	// RegPrefix starts every field of a registered variant (its variant
 	// member).
 	RegPrefix = "="

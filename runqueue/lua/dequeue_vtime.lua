@@ -174,45 +174,43 @@ end
 
 -- discover: scan variants of ckIndex at the rotating cursor; untagged ones
 -- register. The state's first read that finds any of ckIndex records the
--- call's time (b) and the positions ckIndex holds (l, the first lap, which
--- each read counts down; one that reaches the end ends it). An untagged
--- variant found in the first lap with its head's ready score at or before
--- b had its work ready before the state could see it and registers at V
--- (or its parked tag); any other became ready while the state was there (a
--- flag-off producer's new key) and registers by the newcomer rule, as a
--- flag-on enqueue would have (see vtime's discover).
+-- call's time (b). An untagged variant whose head run (its first ready
+-- run, which the read looks up: dq_head, its record's available_at) became
+-- available at or before b had its work ready before the state could see
+-- it and registers at V (or its parked tag); any other became ready while
+-- the state was there (a flag-off producer's new key) and registers by the
+-- newcomer rule, as a flag-on enqueue would have (see vtime's discover).
 local index_empty
 do
   local list = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
   index_empty = st.c == 0 and #list == 0
   local more = #list > dq.scan -- one more was read to know
   if more then list[#list] = nil end
-  if st.b < 0 and #list > 0 then
-    st.b = dq.now
-    if more then st.l = redis.call('ZCARD', dq.ck_index) else st.l = st.c + #list end
-  end
-  local in_lap = st.l > 0
+  if st.b < 0 and #list > 0 then st.b = dq.now end
   local hvs = sched_hmget(S.h, list)
-  local found = {}
+  local found, ids = {}, {}
   for i, vm in ipairs(list) do
-    if not hvs[i] then found[#found + 1] = vm end
+    if not hvs[i] then
+      found[#found + 1] = vm
+      local _, id = dq_head(dq, vm)
+      ids[#ids + 1] = id
+    end
   end
   if #found > 0 then
-    local heads = {} -- (unpack takes at most about 8,000 values on Redis)
-    for i = 1, #found, 1000 do
-      local part = redis.call('ZMSCORE', dq.ck_index, unpack(found, i, math.min(i + 999, #found)))
-      for j = 1, #part do heads[i + j - 1] = part[j] end
-    end
+    local recs = sched_hmget(dq.runs, ids)
     local zargs, hargs = {}, {}
     for i, vm in ipairs(found) do
-      local before = in_lap and heads[i] and num(heads[i]) <= st.b
-      if not before and #zargs > 0 then
+      -- (a record that does not parse, or is gone, counts as old work: the
+      -- serve that meets it deals with it)
+      local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
+      local old = not at or at + 0 <= st.b
+      if not old and #zargs > 0 then
         -- A newcomer's top read must see the tags registered before it in
         -- this read, as vtime's topActive does (a return's parked tag).
         sched_chunked('ZADD', S.z, zargs, 2)
         zargs = {}
       end
-      local u, code, waiting, seq = sched_admit(S, st, vm, before)
+      local u, code, waiting, seq = sched_admit(S, st, vm, old)
       sched_entries(zargs, vm, u, code, waiting, seq)
       hargs[#hargs + 1] = vm
       hargs[#hargs + 1] = sched_value(code, false, waiting, 0)
@@ -224,10 +222,9 @@ do
   -- moves at most one variant from before an unread one to after it, so
   -- no variant whose head stays put slips past the cursor.
   if not more then
-    st.c, st.l = 0, 0
+    st.c = 0
   else
-    local step = math.max(1, dq.scan - dq.cap)
-    st.c, st.l = st.c + step, math.max(0, st.l - step)
+    st.c = st.c + math.max(1, dq.scan - dq.cap)
   end
 end
 

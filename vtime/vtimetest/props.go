@@ -110,16 +110,16 @@ func NoDebtWaitBound(rt *rapid.T, f Factory) {
 }
 
 // NoDebtWaitDiscovered is guarantee 1 for a variant found by discovery
-// (work without a tag, as a flag-off instance writes it) in the state's
-// first lap with its work ready before the state's first discovery read
-// (written before any call, or the state expired since): discovered at V,
-// it is served before any other key is served twice, whatever the weights
-// of the backlogged keys. Found after the lap, such a variant registers by
-// the newcomer rule (guarantee 10), as a flag-on enqueue would have: the
-// lane's head at most two serves of its own (at weight 1) past V, so a
-// backlogged key of weight w is served at most 2w + 2 times before it (the
-// tags at or above V, a stride carried as a quotient and a remainder, a
-// tie). The clock stands still.
+// (work without a tag, as a flag-off instance writes it) whose run became
+// available at or before the state's first discovery read (the clock
+// stands still, or the state expired since): discovered at V, it is served
+// before any other key is served twice, whatever the weights of the
+// backlogged keys. Written after that read (the clock moved on), such a
+// variant registers by the newcomer rule (guarantee 10), as a flag-on
+// enqueue would have: the lane's head at most two serves of its own (at
+// weight 1) past V, so a backlogged key of weight w is served at most 2w +
+// 2 times before it (the tags at or above V, a stride carried as a
+// quotient and a remainder, a tie).
 func NoDebtWaitDiscovered(rt *rapid.T, f Factory) {
 	d := f.New(rt, Config{WM: rapid.IntRange(1, 3).Draw(rt, "wm")})
 	nkeys := rapid.IntRange(1, 8).Draw(rt, "keys")
@@ -134,12 +134,16 @@ func NoDebtWaitDiscovered(rt *rapid.T, f Factory) {
 	for c := rapid.IntRange(0, 20).Draw(rt, "prefix"); c > 0; c-- {
 		ack(rt, d, d.Dequeue(rt, maxCount)...)
 	}
-	if rapid.Bool().Draw(rt, "expire") {
+	switch rapid.IntRange(0, 2).Draw(rt, "when") {
+	case 1: // later than the first read, if there was one
+		d.Advance(1)
+	case 2: // later, and the state expired: found again as old work
+		d.Advance(1)
 		d.ExpireState(rt)
 	}
 	d.EnqueueFlagOff(rt, "new", d.Now())
 	st := d.Snapshot(rt)
-	atV := !st.Began || st.Lap > 0
+	atV := !st.Began || d.Now() <= st.Born
 	limit := func(k string) int {
 		if atV {
 			return 1

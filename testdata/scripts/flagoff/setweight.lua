@@ -47,8 +47,7 @@ end
 --   (next gating number), gp (the gating number the probe looked at last),
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
 --   head, "" when the lane is empty), b (the time, ms, of the state's first
---   discovery read; -1 or missing until then), l (the ckIndex positions its
---   first lap has still to read; 0 once over: see dequeue_vtime's
+--   discovery read; -1 or missing until then: see dequeue_vtime's
 --   discover); and per registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
 --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
@@ -94,12 +93,12 @@ local function sched_value(code, gated, waiting, r, u)
 end
 
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b', 'l' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b' }
 -- What a registration reads and writes of them (with x, which
 -- sched_save reads), and the rest, read when a later step of the same
 -- call asks for the whole state (see sched_state).
 local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b', 'l' }
+local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b' }
 
 
 

@@ -272,8 +272,7 @@ end
 --   (next gating number), gp (the gating number the probe looked at last),
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
 --   head, "" when the lane is empty), b (the time, ms, of the state's first
---   discovery read; -1 or missing until then), l (the ckIndex positions its
---   first lap has still to read; 0 once over: see dequeue_vtime's
+--   discovery read; -1 or missing until then: see dequeue_vtime's
 --   discover); and per registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
 --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
@@ -338,12 +337,12 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
            renew = true }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b', 'l' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b' }
 -- What a registration reads and writes of them (with x, which
 -- sched_save reads), and the rest, read when a later step of the same
 -- call asks for the whole state (see sched_state).
 local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b', 'l' }
+local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -377,7 +376,7 @@ local function sched_state(S, r, at, sentinel, fields)
   end
   fields = fields or SCHED_FIELDS
   if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1, l = 0 }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1 }
   local broken = false
   if r[at + 1] and S.check then
     if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
@@ -402,7 +401,7 @@ local function sched_state(S, r, at, sentinel, fields)
   -- built whole, not grown key by key)
   S.st = st
   S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
-            ng = st.ng, nw = st.nw, lh = st.lh, b = st.b, l = st.l }
+            ng = st.ng, nw = st.nw, lh = st.lh, b = st.b }
   return st
 end
 
@@ -1675,45 +1674,43 @@ end
 
 -- discover: scan variants of ckIndex at the rotating cursor; untagged ones
 -- register. The state's first read that finds any of ckIndex records the
--- call's time (b) and the positions ckIndex holds (l, the first lap, which
--- each read counts down; one that reaches the end ends it). An untagged
--- variant found in the first lap with its head's ready score at or before
--- b had its work ready before the state could see it and registers at V
--- (or its parked tag); any other became ready while the state was there (a
--- flag-off producer's new key) and registers by the newcomer rule, as a
--- flag-on enqueue would have (see vtime's discover).
+-- call's time (b). An untagged variant whose head run (its first ready
+-- run, which the read looks up: dq_head, its record's available_at) became
+-- available at or before b had its work ready before the state could see
+-- it and registers at V (or its parked tag); any other became ready while
+-- the state was there (a flag-off producer's new key) and registers by the
+-- newcomer rule, as a flag-on enqueue would have (see vtime's discover).
 local index_empty
 do
   local list = redis.call('ZRANGE', dq.ck_index, st.c, st.c + dq.scan)
   index_empty = st.c == 0 and #list == 0
   local more = #list > dq.scan -- one more was read to know
   if more then list[#list] = nil end
-  if st.b < 0 and #list > 0 then
-    st.b = dq.now
-    if more then st.l = redis.call('ZCARD', dq.ck_index) else st.l = st.c + #list end
-  end
-  local in_lap = st.l > 0
+  if st.b < 0 and #list > 0 then st.b = dq.now end
   local hvs = sched_hmget(S.h, list)
-  local found = {}
+  local found, ids = {}, {}
   for i, vm in ipairs(list) do
-    if not hvs[i] then found[#found + 1] = vm end
+    if not hvs[i] then
+      found[#found + 1] = vm
+      local _, id = dq_head(dq, vm)
+      ids[#ids + 1] = id
+    end
   end
   if #found > 0 then
-    local heads = {} -- (unpack takes at most about 8,000 values on Redis)
-    for i = 1, #found, 1000 do
-      local part = redis.call('ZMSCORE', dq.ck_index, unpack(found, i, math.min(i + 999, #found)))
-      for j = 1, #part do heads[i + j - 1] = part[j] end
-    end
+    local recs = sched_hmget(dq.runs, ids)
     local zargs, hargs = {}, {}
     for i, vm in ipairs(found) do
-      local before = in_lap and heads[i] and num(heads[i]) <= st.b
-      if not before and #zargs > 0 then
+      -- (a record that does not parse, or is gone, counts as old work: the
+      -- serve that meets it deals with it)
+      local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
+      local old = not at or at + 0 <= st.b
+      if not old and #zargs > 0 then
         -- A newcomer's top read must see the tags registered before it in
         -- this read, as vtime's topActive does (a return's parked tag).
         sched_chunked('ZADD', S.z, zargs, 2)
         zargs = {}
       end
-      local u, code, waiting, seq = sched_admit(S, st, vm, before)
+      local u, code, waiting, seq = sched_admit(S, st, vm, old)
       sched_entries(zargs, vm, u, code, waiting, seq)
       hargs[#hargs + 1] = vm
       hargs[#hargs + 1] = sched_value(code, false, waiting, 0)
@@ -1725,10 +1722,9 @@ do
   -- moves at most one variant from before an unread one to after it, so
   -- no variant whose head stays put slips past the cursor.
   if not more then
-    st.c, st.l = 0, 0
+    st.c = 0
   else
-    local step = math.max(1, dq.scan - dq.cap)
-    st.c, st.l = st.c + step, math.max(0, st.l - step)
+    st.c = st.c + math.max(1, dq.scan - dq.cap)
   end
 end
 

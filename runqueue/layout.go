@@ -35,13 +35,12 @@ import (
 //     key-inflight hash too when it holds 64 variants or more, so that
 //     Redis keeps them as hash tables (lua/lib/held.lua); the queue's
 //     in-flight count is the held hash's length less the mark.
-//   - 6: the scheduler's state hash holds b and l, the time of the state's
-//     first discovery read and the ckIndex positions its first lap has
-//     still to read, by which a flag-on dequeue tells work that was ready
-//     before the state began (found at V) from a flag-off producer's new
-//     keys (newcomers). A build of layout 5 ignores both: its dequeues
-//     register every key they find untagged at V (a flag-off producer's
-//     new keys starve the others) and do not count the lap down.
+//   - 6: the scheduler's state hash holds b, the time of the state's
+//     first discovery read, by which a flag-on dequeue tells work that was
+//     ready before the state began (found at V) from a flag-off producer's
+//     new keys (newcomers). A build of layout 5 ignores it: its dequeues
+//     register every key they find untagged at V, and a flag-off
+//     producer's new keys starve the other keys.
 const LayoutVersion = 6
 
 // ErrLayout is wrapped by every *LayoutError.

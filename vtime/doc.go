@@ -39,8 +39,8 @@
 //   - V, the epoch, the discovery cursor, the next registration number,
 //     gk (the key limit gated variants were gated under), the next gating
 //     number, gp (the gating number the probe looked at last), and the
-//     time of the state's first discovery read and what is left of its
-//     first lap (b and l, see Registration): the state hash.
+//     time of the state's first discovery read (b, see Registration): the
+//     state hash.
 //   - idle: variant -> tag parked when it drained (ckVtime's idle region).
 //   - weights: variant -> milli-weight; configuration, not state.
 //
@@ -49,8 +49,7 @@
 // with flag-off consumers nothing would collect what they register), and
 // when it expires, it expires whole (the
 // clock, the tags, the parked tags, the lane, the discovery cursor and the
-// probe all start again; variants with ready work are rediscovered at V,
-// in the new state's first lap).
+// probe all start again; variants with ready work are rediscovered at V).
 // In Redis the state is two keys; a writer that finds one without the
 // other (an operator deleted one, an eviction took one) starts the state
 // again as if it had expired.
@@ -142,14 +141,12 @@
 //     V is worth nothing: it goes, and the variant registers as below.
 //   - Discovery (untagged work in ckIndex), when that work was ready before
 //     the state began: at V. The state's first discovery read records its
-//     call's time (b) and the ckIndex positions there were (the first lap,
-//     counted down by each read's cursor step, ended when a read reaches
-//     the end); a variant found untagged in the first lap with its head's
-//     ready score at or before b registers at V, at any scale. Any other
-//     (its head later, or found after the lap: a flag-off producer's new
-//     key, a key written during a rollback that kept the state) registers
-//     as a newcomer, below, as a flag-on writer's enqueue would have (see
-//     discover for why both marks). The age head registers at V.
+//     call's time (b); a variant found untagged whose head run became
+//     available at or before b registers at V, at any scale. Any other (a
+//     flag-off producer's new key, a key written during a rollback that
+//     kept the state) registers as a newcomer, below, as a flag-on
+//     writer's enqueue would have (see discover). The age head registers
+//     at V.
 //   - Newcomer (any other first ready run: enqueue, nack, lease recovery,
 //     redrive, promotion): newcomers go through a lane, one at a time.
 //     A newcomer's quantum q is one serve of its own, at most Unit:

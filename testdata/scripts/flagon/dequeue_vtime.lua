@@ -1704,9 +1704,10 @@ do
       -- serve that meets it deals with it)
       local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
       local old = not at or at + 0 <= st.b
-      if not old and #zargs > 0 then
-        -- A newcomer's top read must see the tags registered before it in
-        -- this read, as vtime's topActive does (a return's parked tag).
+      if not old and st.lh == '' and #zargs > 0 then
+        -- A newcomer's top read (sched_admit reads it while the lane is
+        -- empty) must see the tags registered before it in this read, as
+        -- vtime's topActive does (a return's parked tag).
         sched_chunked('ZADD', S.z, zargs, 2)
         zargs = {}
       end

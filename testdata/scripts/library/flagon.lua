@@ -1,4 +1,4 @@
-#!lua name=runqueue_5ad1654f5717feae
+#!lua name=runqueue_5c72da86a1d792e1
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2111,9 +2111,10 @@ do
       -- serve that meets it deals with it)
       local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
       local old = not at or at + 0 <= st.b
-      if not old and #zargs > 0 then
-        -- A newcomer's top read must see the tags registered before it in
-        -- this read, as vtime's topActive does (a return's parked tag).
+      if not old and st.lh == '' and #zargs > 0 then
+        -- A newcomer's top read (sched_admit reads it while the lane is
+        -- empty) must see the tags registered before it in this read, as
+        -- vtime's topActive does (a return's parked tag).
         sched_chunked('ZADD', S.z, zargs, 2)
         zargs = {}
       end
@@ -2775,9 +2776,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_5ad1654f5717feae_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_5ad1654f5717feae_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5ad1654f5717feae_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5ad1654f5717feae_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5ad1654f5717feae_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5ad1654f5717feae_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -197,27 +197,20 @@ do
     end
   end
   if #found > 0 then
+    -- (one batch: one read of the records and of the parked tags, one top
+    -- read, the writes after; each registration sees the ones before it)
     local recs = sched_hmget(dq.runs, ids)
-    local zargs, hargs = {}, {}
+    local parked = sched_zmscore(S, found)
+    local B = sched_batch()
     for i, vm in ipairs(found) do
       -- (a record that does not parse, or is gone, counts as old work: the
       -- serve that meets it deals with it)
       local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
-      local old = not at or at + 0 <= st.b
-      if not old and st.lh == '' and #zargs > 0 then
-        -- A newcomer's top read (sched_admit reads it while the lane is
-        -- empty) must see the tags registered before it in this read, as
-        -- vtime's topActive does (a return's parked tag).
-        sched_chunked('ZADD', S.z, zargs, 2)
-        zargs = {}
-      end
-      local u, code, waiting, seq = sched_admit(S, st, vm, old)
-      sched_entries(zargs, vm, u, code, waiting, seq)
-      hargs[#hargs + 1] = vm
-      hargs[#hargs + 1] = sched_value(code, false, waiting, 0)
+      sched_admit_into(S, st, vm, not at or at + 0 <= st.b, parked[i], B)
     end
-    sched_chunked('ZADD', S.z, zargs, 2)
-    sched_chunked('HSET', S.h, hargs, 2)
+    sched_chunked('ZREM', S.z, B.zrem, 1)
+    sched_chunked('ZADD', S.z, B.zadd, 2)
+    sched_chunked('HSET', S.h, B.hset, 2)
   end
   -- The next call starts cap entries before the end of this chunk: a serve
   -- moves at most one variant from before an unread one to after it, so

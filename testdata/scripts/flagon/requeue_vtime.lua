@@ -657,6 +657,40 @@ local function hooks_lib(H)
         return out
       end
 
+      -- A batch of registrations (sched_register_many, the dequeue's
+      -- discovery): their writes gathered, and what the later ones must see of
+      -- the earlier ones (the top tag a newcomer compares with V: B.pmax over
+      -- B.top, read once; ckVtime's size: B.delta).
+      local function sched_batch()
+        return { zrem = {}, zadd = {}, hset = {}, delta = 0, top = nil, pmax = false }
+      end
+
+      -- Registers vm, which has no tag (p: its parked tag, or false), into
+      -- batch B, as sched_register would.
+      local function sched_admit_into(S, st, vm, discovered, p, B)
+        local u, code, waiting, seq = sched_admit(S, st, vm, discovered, p, B)
+        sched_entries(B.zadd, vm, u, code, waiting, seq)
+        if u then
+          B.delta = B.delta + 1
+          if not B.pmax or u > B.pmax then B.pmax = u end
+        end
+        if waiting then B.delta = B.delta + 1 end
+        local h = B.hset
+        h[#h + 1] = vm
+        h[#h + 1] = sched_value(code, false, waiting, 0)
+      end
+
+      -- The ZMSCORE of members in S.z, 1,000 a command (unpack's limit).
+      local function sched_zmscore(S, members)
+        if #members <= 1000 then return redis.call('ZMSCORE', S.z, unpack(members)) end
+        local out = {}
+        for i = 1, #members, 1000 do
+          local part = redis.call('ZMSCORE', S.z, unpack(members, i, math.min(i + 999, #members)))
+          for j = 1, #part do out[i + j - 1] = part[j] end
+        end
+        return out
+      end
+
       -- Variants that gained their first ready run, in order (a script's hooks
       -- gather them: see hooks_vtime): what sched_register(S, vm, false) does
       -- for each in turn, with one HMGET and one ZMSCORE for all of them before
@@ -694,7 +728,7 @@ local function hooks_lib(H)
           parked = redis.call('ZMSCORE', S.z, '', unpack(vms))
           off = 1
         end
-        local B = { zrem = {}, zadd = {}, hset = {}, delta = 0, top = nil, pmax = false }
+        local B = sched_batch()
         local seen, void, n = {}, false, 0
         for i = 1, k do
           local vm = vms[i]
@@ -711,22 +745,7 @@ local function hooks_lib(H)
               end
               local p = false
               if not void then p = parked[i + off] end
-              local u, code, waiting, seq = sched_admit(S, st, vm, false, p, B)
-              local z = B.zadd
-              if u then
-                z[#z + 1] = sched_fmt(u)
-                z[#z + 1] = code .. vm
-                B.delta = B.delta + 1
-                if not B.pmax or u > B.pmax then B.pmax = u end
-              end
-              if waiting then
-                z[#z + 1] = sched_fmt(seq - 2251799813685248)
-                z[#z + 1] = vm
-                B.delta = B.delta + 1
-              end
-              local h = B.hset
-              h[#h + 1] = vm
-              h[#h + 1] = sched_value(code, false, waiting, 0)
+              sched_admit_into(S, st, vm, false, p, B)
               n = n + 1
             end
           end

@@ -1,4 +1,4 @@
-#!lua name=runqueue_5c72da86a1d792e1
+#!lua name=runqueue_171ff7bd31e3c6ff
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -496,6 +496,40 @@ local function sched_hmget(h, fields)
   return out
 end
 
+-- A batch of registrations (sched_register_many, the dequeue's
+-- discovery): their writes gathered, and what the later ones must see of
+-- the earlier ones (the top tag a newcomer compares with V: B.pmax over
+-- B.top, read once; ckVtime's size: B.delta).
+local function sched_batch()
+  return { zrem = {}, zadd = {}, hset = {}, delta = 0, top = nil, pmax = false }
+end
+
+-- Registers vm, which has no tag (p: its parked tag, or false), into
+-- batch B, as sched_register would.
+local function sched_admit_into(S, st, vm, discovered, p, B)
+  local u, code, waiting, seq = sched_admit(S, st, vm, discovered, p, B)
+  sched_entries(B.zadd, vm, u, code, waiting, seq)
+  if u then
+    B.delta = B.delta + 1
+    if not B.pmax or u > B.pmax then B.pmax = u end
+  end
+  if waiting then B.delta = B.delta + 1 end
+  local h = B.hset
+  h[#h + 1] = vm
+  h[#h + 1] = sched_value(code, false, waiting, 0)
+end
+
+-- The ZMSCORE of members in S.z, 1,000 a command (unpack's limit).
+local function sched_zmscore(S, members)
+  if #members <= 1000 then return redis.call('ZMSCORE', S.z, unpack(members)) end
+  local out = {}
+  for i = 1, #members, 1000 do
+    local part = redis.call('ZMSCORE', S.z, unpack(members, i, math.min(i + 999, #members)))
+    for j = 1, #part do out[i + j - 1] = part[j] end
+  end
+  return out
+end
+
 -- Variants that gained their first ready run, in order (a script's hooks
 -- gather them: see hooks_vtime): what sched_register(S, vm, false) does
 -- for each in turn, with one HMGET and one ZMSCORE for all of them before
@@ -533,7 +567,7 @@ local function sched_register_many(S, vms)
     parked = redis.call('ZMSCORE', S.z, '', unpack(vms))
     off = 1
   end
-  local B = { zrem = {}, zadd = {}, hset = {}, delta = 0, top = nil, pmax = false }
+  local B = sched_batch()
   local seen, void, n = {}, false, 0
   for i = 1, k do
     local vm = vms[i]
@@ -550,22 +584,7 @@ local function sched_register_many(S, vms)
         end
         local p = false
         if not void then p = parked[i + off] end
-        local u, code, waiting, seq = sched_admit(S, st, vm, false, p, B)
-        local z = B.zadd
-        if u then
-          z[#z + 1] = sched_fmt(u)
-          z[#z + 1] = code .. vm
-          B.delta = B.delta + 1
-          if not B.pmax or u > B.pmax then B.pmax = u end
-        end
-        if waiting then
-          z[#z + 1] = sched_fmt(seq - 2251799813685248)
-          z[#z + 1] = vm
-          B.delta = B.delta + 1
-        end
-        local h = B.hset
-        h[#h + 1] = vm
-        h[#h + 1] = sched_value(code, false, waiting, 0)
+        sched_admit_into(S, st, vm, false, p, B)
         n = n + 1
       end
     end
@@ -2104,27 +2123,20 @@ do
     end
   end
   if #found > 0 then
+    -- (one batch: one read of the records and of the parked tags, one top
+    -- read, the writes after; each registration sees the ones before it)
     local recs = sched_hmget(dq.runs, ids)
-    local zargs, hargs = {}, {}
+    local parked = sched_zmscore(S, found)
+    local B = sched_batch()
     for i, vm in ipairs(found) do
       -- (a record that does not parse, or is gone, counts as old work: the
       -- serve that meets it deals with it)
       local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
-      local old = not at or at + 0 <= st.b
-      if not old and st.lh == '' and #zargs > 0 then
-        -- A newcomer's top read (sched_admit reads it while the lane is
-        -- empty) must see the tags registered before it in this read, as
-        -- vtime's topActive does (a return's parked tag).
-        sched_chunked('ZADD', S.z, zargs, 2)
-        zargs = {}
-      end
-      local u, code, waiting, seq = sched_admit(S, st, vm, old)
-      sched_entries(zargs, vm, u, code, waiting, seq)
-      hargs[#hargs + 1] = vm
-      hargs[#hargs + 1] = sched_value(code, false, waiting, 0)
+      sched_admit_into(S, st, vm, not at or at + 0 <= st.b, parked[i], B)
     end
-    sched_chunked('ZADD', S.z, zargs, 2)
-    sched_chunked('HSET', S.h, hargs, 2)
+    sched_chunked('ZREM', S.z, B.zrem, 1)
+    sched_chunked('ZADD', S.z, B.zadd, 2)
+    sched_chunked('HSET', S.h, B.hset, 2)
   end
   -- The next call starts cap entries before the end of this chunk: a serve
   -- moves at most one variant from before an unread one to after it, so
@@ -2776,9 +2788,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_5c72da86a1d792e1_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_171ff7bd31e3c6ff_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_171ff7bd31e3c6ff_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_171ff7bd31e3c6ff_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_171ff7bd31e3c6ff_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_171ff7bd31e3c6ff_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_171ff7bd31e3c6ff_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -292,7 +292,7 @@ func TestS17ConfigLayout(t *testing.T) {
 		require.NoError(t, ro.Close())
 		require.Empty(t, s17AllKeys(t, c, prefix))
 
-		for _, v := range []string{"4", "6", "05", "5 ", ""} {
+		for _, v := range []string{"5", "7", "06", "6 ", ""} {
 			require.NoError(t, c.Set(ctx, space.Layout(), v, 0).Err())
 			before := s17AllKeys(t, c, prefix)
 			for _, readOnly := range []bool{false, true} {
@@ -307,7 +307,7 @@ func TestS17ConfigLayout(t *testing.T) {
 			}
 		}
 		require.NoError(t, c.Del(ctx, space.Layout()).Err())
-		require.NoError(t, c.HSet(ctx, space.Layout(), "v", "5").Err())
+		require.NoError(t, c.HSet(ctx, space.Layout(), "v", "6").Err())
 		before := s17AllKeys(t, c, prefix)
 		q, err := runqueue.New(ctx, c, &runqueue.Config{Prefix: prefix, VtimeScheduling: on})
 		require.Nil(t, q)

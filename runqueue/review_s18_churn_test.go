@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -118,7 +119,7 @@ type s18Sched struct {
 // s18Scalars are the state hash's own fields (lib/sched_reg) and its wide
 // mark.
 var s18Scalars = map[string]bool{"v": true, "e": true, "c": true, "s": true, "x": true, "gk": true, "gn": true,
-	"gp": true, "ng": true, "nw": true, "lh": true, "~": true}
+	"gp": true, "ng": true, "nw": true, "lh": true, "~": true, schedfmt.FieldBorn: true}
 
 func s18SchedOf(t testing.TB, b *testBundle, envName, queue string) s18Sched {
 	t.Helper()

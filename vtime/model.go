@@ -476,10 +476,10 @@ func (m *Model) register(vm string) {
 // returning variant (parked tag above V) at its parked tag; a discovered
 // one (found untagged in ckIndex with work ready before the state's first
 // discovery read, see discover; or by the age head, which looks only when
-// nothing registered is servable) at V; any other by the newcomer rule: behind the lane's head
-// when the lane is not empty; else, with q its quantum and A = min(top,
-// V+q), at V when A <= V (nothing is ahead: cold start), or as the lane's
-// head at A+q.
+// nothing registered is servable) at V; any other by the newcomer rule:
+// behind the lane's head when the lane is not empty; else, with q its
+// quantum and A = min(top, V+q), at V when A <= V (nothing is ahead: cold
+// start), or as the lane's head at A+q.
 // A parked tag at or below V is worth nothing: it goes, whenever a call
 // reaps or not.
 func (m *Model) registerAt(vm string, top int64, hasTop, discovered bool) *Reg {

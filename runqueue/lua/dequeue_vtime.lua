@@ -192,15 +192,16 @@ do
   for i, vm in ipairs(list) do
     if not hvs[i] then
       found[#found + 1] = vm
+      -- (no head: a stale ckIndex entry, a hand edit's; no record, old work)
       local _, id = dq_head(dq, vm)
-      ids[#ids + 1] = id
+      ids[#found] = id or ''
     end
   end
   if #found > 0 then
     -- (one batch: one read of the records and of the parked tags, one top
     -- read, the writes after; each registration sees the ones before it)
     local recs = sched_hmget(dq.runs, ids)
-    local parked = sched_zmscore(S, found)
+    local parked = sched_mread('ZMSCORE', S.z, found)
     local B = sched_batch()
     for i, vm in ipairs(found) do
       -- (a record that does not parse, or is gone, counts as old work: the

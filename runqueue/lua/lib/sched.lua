@@ -77,18 +77,21 @@ local function sched_chunked(cmd, key, args, step)
   end
 end
 
--- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
--- the reply itself (false for a missing field), not a copy.
-local function sched_hmget(h, fields)
+-- A read of key by any number of fields or members (HMGET, ZMSCORE), in
+-- chunks of 1000 (unpack's limit). Up to 1000, the reply itself (false for
+-- a missing one), not a copy.
+local function sched_mread(cmd, key, fields)
   if #fields == 0 then return {} end
-  if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
+  if #fields <= 1000 then return redis.call(cmd, key, unpack(fields)) end
   local out = {}
   for i = 1, #fields, 1000 do
-    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+    local part = redis.call(cmd, key, unpack(fields, i, math.min(i + 999, #fields)))
     for j = 1, #part do out[i + j - 1] = part[j] end
   end
   return out
 end
+
+local function sched_hmget(h, fields) return sched_mread('HMGET', h, fields) end
 
 -- A batch of registrations (sched_register_many, the dequeue's
 -- discovery): their writes gathered, and what the later ones must see of
@@ -111,17 +114,6 @@ local function sched_admit_into(S, st, vm, discovered, p, B)
   local h = B.hset
   h[#h + 1] = vm
   h[#h + 1] = sched_value(code, false, waiting, 0)
-end
-
--- The ZMSCORE of members in S.z, 1,000 a command (unpack's limit).
-local function sched_zmscore(S, members)
-  if #members <= 1000 then return redis.call('ZMSCORE', S.z, unpack(members)) end
-  local out = {}
-  for i = 1, #members, 1000 do
-    local part = redis.call('ZMSCORE', S.z, unpack(members, i, math.min(i + 999, #members)))
-    for j = 1, #part do out[i + j - 1] = part[j] end
-  end
-  return out
 end
 
 -- Variants that gained their first ready run, in order (a script's hooks

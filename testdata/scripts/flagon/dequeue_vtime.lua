@@ -658,18 +658,21 @@ local function sched_chunked(cmd, key, args, step)
   end
 end
 
--- HMGET of any number of fields (in chunks of 1000). Up to 1000 fields,
--- the reply itself (false for a missing field), not a copy.
-local function sched_hmget(h, fields)
+-- A read of key by any number of fields or members (HMGET, ZMSCORE), in
+-- chunks of 1000 (unpack's limit). Up to 1000, the reply itself (false for
+-- a missing one), not a copy.
+local function sched_mread(cmd, key, fields)
   if #fields == 0 then return {} end
-  if #fields <= 1000 then return redis.call('HMGET', h, unpack(fields)) end
+  if #fields <= 1000 then return redis.call(cmd, key, unpack(fields)) end
   local out = {}
   for i = 1, #fields, 1000 do
-    local part = redis.call('HMGET', h, unpack(fields, i, math.min(i + 999, #fields)))
+    local part = redis.call(cmd, key, unpack(fields, i, math.min(i + 999, #fields)))
     for j = 1, #part do out[i + j - 1] = part[j] end
   end
   return out
 end
+
+local function sched_hmget(h, fields) return sched_mread('HMGET', h, fields) end
 
 -- A batch of registrations (sched_register_many, the dequeue's
 -- discovery): their writes gathered, and what the later ones must see of
@@ -692,17 +695,6 @@ local function sched_admit_into(S, st, vm, discovered, p, B)
   local h = B.hset
   h[#h + 1] = vm
   h[#h + 1] = sched_value(code, false, waiting, 0)
-end
-
--- The ZMSCORE of members in S.z, 1,000 a command (unpack's limit).
-local function sched_zmscore(S, members)
-  if #members <= 1000 then return redis.call('ZMSCORE', S.z, unpack(members)) end
-  local out = {}
-  for i = 1, #members, 1000 do
-    local part = redis.call('ZMSCORE', S.z, unpack(members, i, math.min(i + 999, #members)))
-    for j = 1, #part do out[i + j - 1] = part[j] end
-  end
-  return out
 end
 
 -- Variants that gained their first ready run, in order (a script's hooks
@@ -1711,15 +1703,16 @@ do
   for i, vm in ipairs(list) do
     if not hvs[i] then
       found[#found + 1] = vm
+      -- (no head: a stale ckIndex entry, a hand edit's; no record, old work)
       local _, id = dq_head(dq, vm)
-      ids[#ids + 1] = id
+      ids[#found] = id or ''
     end
   end
   if #found > 0 then
     -- (one batch: one read of the records and of the parked tags, one top
     -- read, the writes after; each registration sees the ones before it)
     local recs = sched_hmget(dq.runs, ids)
-    local parked = sched_zmscore(S, found)
+    local parked = sched_mread('ZMSCORE', S.z, found)
     local B = sched_batch()
     for i, vm in ipairs(found) do
       -- (a record that does not parse, or is gone, counts as old work: the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
+	"github.com/runqueue/runqueue/vtime"
 )
 
 // TestDequeueFlagOffProducerFlood: in a rollout whose consumers run with
@@ -186,5 +187,58 @@ func TestDequeueFoundAgainAtVAtAnyScale(t *testing.T) {
 				require.LessOrEqual(t, call, 110, "every key served within a serve of each (105 calls) and a few more")
 			})
 		}
+	}
+}
+
+// TestDequeueDiscoveryStaleIndexEntry: a ckIndex entry whose variant has
+// no ready run (a hand edit's; flag on, a stale entry stays until a
+// flag-off call or Repair meets it) read with untagged keys in one
+// discovery read leaves each key its own head record: an old key (its run
+// available before the state's first discovery read, dated back by a
+// flag-off writer) registers at V, a new one (available after it) as a
+// newcomer, as without the entry. The first version read the keys' head
+// records with a hole for the entry, so each key after it was judged by
+// the record of the key before it (the old key in the lane, the new one at
+// V).
+func TestDequeueDiscoveryStaleIndexEntry(t *testing.T) {
+	t.Parallel()
+	for _, bk := range backends[:2] {
+		t.Run(bk.Name, func(t *testing.T) {
+			t.Parallel()
+			regs := func(t *testing.T, ghost bool) (old, fresh vtime.Reg) {
+				c := bk.Client(t)
+				on, off := flagOnAndOff(t, c)
+				enqueue(t, on, runqueue.EnqueueParams{Key: "a", ID: "a1"})
+				enqueue(t, on, runqueue.EnqueueParams{Key: "a", ID: "a2"})
+				t0 := on.clock.Now()
+				ackAll(t, on, dequeue(t, on, queueName, 1)) // the state's first read: b = t0
+				on.clock.Advance(time.Millisecond)
+				for i := range 2 { // (two runs: a key served once stays registered)
+					enqueue(t, off, runqueue.EnqueueParams{Key: "old", ID: fmt.Sprint("o", i), AvailableAt: t0.Add(-time.Second)})
+					enqueue(t, off, runqueue.EnqueueParams{Key: "new", ID: fmt.Sprint("n", i)})
+				}
+				if ghost {
+					space, err := keys.NewSpace(on.prefix, on.q.Shards())
+					require.NoError(t, err)
+					qk := space.Env(env).Queue(queueName)
+					score := float64(t0.Add(-2 * time.Second).UnixMilli())
+					require.NoError(t, c.ZAdd(on.ctx, qk.CkIndex(), redis.Z{Score: score, Member: keys.VariantMember("ghost")}).Err())
+				}
+				_, err := on.q.Dequeue(on.ctx, env, queueName, 1)
+				require.NoError(t, err)
+				s, _, err := on.q.SchedulerSnapshot(on.ctx, env, queueName)
+				require.NoError(t, err)
+				old, ok := s.Reg[keys.VariantMember("old")]
+				require.True(t, ok, "old registered")
+				fresh, ok = s.Reg[keys.VariantMember("new")]
+				require.True(t, ok, "new registered")
+				return old, fresh
+			}
+			old, fresh := regs(t, false)
+			require.False(t, old.Waiting, "old work: at V")
+			require.True(t, fresh.Waiting, "new work: the lane")
+			gOld, gFresh := regs(t, true)
+			require.Equal(t, []bool{false, true}, []bool{gOld.Waiting, gFresh.Waiting}, "with a stale entry before them")
+		})
 	}
 }

@@ -30,11 +30,7 @@ func TestDequeueFlagOffProducerFlood(t *testing.T) {
 		t.Run(bk.Name, func(t *testing.T) {
 			t.Parallel()
 			run := func(t *testing.T, producerOn bool) []string {
-				on, off := flagOnAndOff(t, bk.Client(t))
-				producer := off
-				if producerOn {
-					producer = on
-				}
+				on, producer := consumerAndProducer(t, bk.Client(t), producerOn)
 				enqueueMany(t, on, 400, func(i int) runqueue.EnqueueParams {
 					return runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "backlog", ID: fmt.Sprint("b", i)}
 				})
@@ -90,11 +86,7 @@ func TestDequeueFlagOffReturnThenNewKeys(t *testing.T) {
 		t.Run(bk.Name, func(t *testing.T) {
 			t.Parallel()
 			run := func(t *testing.T, producerOn bool) []string {
-				on, off := flagOnAndOff(t, bk.Client(t))
-				producer := off
-				if producerOn {
-					producer = on
-				}
+				on, producer := consumerAndProducer(t, bk.Client(t), producerOn)
 				enqueue(t, on, runqueue.EnqueueParams{Key: "a", ID: "a1"})
 				ackAll(t, on, dequeue(t, on, queueName, 1))
 				on.clock.Advance(time.Millisecond)
@@ -117,6 +109,18 @@ func TestDequeueFlagOffReturnThenNewKeys(t *testing.T) {
 			require.Equal(t, want, run(t, false), "flag-off producer")
 		})
 	}
+}
+
+// consumerAndProducer returns a flag-on bundle (the consumer) and the
+// producer on its prefix and clock: the same bundle when producerOn, else
+// a flag-off one.
+func consumerAndProducer(t *testing.T, c redis.UniversalClient, producerOn bool) (on, producer *testBundle) {
+	t.Helper()
+	on, off := flagOnAndOff(t, c)
+	if producerOn {
+		return on, on
+	}
+	return on, off
 }
 
 // flagOnAndOff returns a flag-on bundle and a flag-off one on the same

@@ -1087,7 +1087,7 @@ func (c *call) discover() {
 		if _, ok := m.reg[vm]; ok {
 			continue
 		}
-		if m.headRun(vm).at <= m.born {
+		if h, _ := head(m.ready[vm]); m.runs[h.Member].at <= m.born {
 			m.registerAt(vm, 0, false, true)
 		} else {
 			top, has := m.topActive()
@@ -1102,11 +1102,6 @@ func (c *call) discover() {
 	} else {
 		m.cursor += max(1, c.scan-c.cap)
 	}
-}
-
-// headRun is vm's first ready run (ready score, then id), which it has.
-func (m *Model) headRun(vm string) *run {
-	return m.runs[sortedEntries(m.ready[vm])[0].Member]
 }
 
 // window is the part of the active tags one call has read: the first

@@ -206,7 +206,7 @@ do
     for i, vm in ipairs(found) do
       -- (a record that does not parse, or is gone, counts as old work: the
       -- serve that meets it deals with it)
-      local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
+      local at = recs[i] and rec_parse(recs[i]).at
       sched_admit_into(S, st, vm, not at or at + 0 <= st.b, parked[i], B)
     end
     sched_chunked('ZREM', S.z, B.zrem, 1)

@@ -1,4 +1,4 @@
-#!lua name=runqueue_2b98c0a2422ba968
+#!lua name=runqueue_614ac40d70950edb
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2124,7 +2124,7 @@ do
     for i, vm in ipairs(found) do
       -- (a record that does not parse, or is gone, counts as old work: the
       -- serve that meets it deals with it)
-      local at = recs[i] and string.match(recs[i], '^%d+|%d+|%d|(%d+)|')
+      local at = recs[i] and rec_parse(recs[i]).at
       sched_admit_into(S, st, vm, not at or at + 0 <= st.b, parked[i], B)
     end
     sched_chunked('ZREM', S.z, B.zrem, 1)
@@ -2781,9 +2781,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_2b98c0a2422ba968_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_2b98c0a2422ba968_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2b98c0a2422ba968_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2b98c0a2422ba968_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2b98c0a2422ba968_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2b98c0a2422ba968_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_614ac40d70950edb_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_614ac40d70950edb_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_614ac40d70950edb_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_614ac40d70950edb_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_614ac40d70950edb_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_614ac40d70950edb_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -542,7 +542,12 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // with due work on the shard, then the envs' other queues, and gives each
 // env of its plan an even share of maxCount, shared evenly among the env's
 // queues (so an env with backlogs in several queues takes no more than one
-// with a backlog in one); the runs that do not divide go
+// with a backlog in one), an env's queues taking turns at its share when
+// it is smaller than their number (the least recently served first, those
+// never served by when a call first read them, then the oldest work
+// first), so that neither a queue's old backlog nor its runs written in
+// the same millisecond as another queue's hold the env's other queues;
+// the runs that do not divide go
 // to the envs this Queue has served least on the shard (a credit of runs
 // served, ties the least recently served first). What a queue leaves of its
 // share (its queue or keys at their limits, few runs ready) goes to its
@@ -672,7 +677,7 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	q.shardOff[shard] = next
 	q.rrMu.Unlock()
 	var f shardFaults
-	t := shardTally{served: map[string]int{}, short: map[string]bool{}}
+	t := shardTally{served: map[string]int{}, short: map[string]bool{}, queues: map[string]bool{}}
 	defer q.shardCommit(shard, &t, maxCount)
 	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &f, &t)
 	if err != nil || len(out) >= maxCount || ahead == nil || len(ahead.Val()) == 0 {
@@ -777,7 +782,7 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 //     an even share of what is left of maxCount fixed when the round
 //     starts, the first envs one run more when they do not divide it
 //     (envShares), and each env's share to its queues in plan order (its
-//     queue with the oldest work first), even among them: what a queue
+//     least recently served queue first: shardPlan), even among them: what a queue
 //     leaves (its queue or keys at their limits, few runs ready) goes to
 //     the env's queues after it, so an env whose oldest queue is capped
 //     still takes its share (helper-155: given to that queue alone, an
@@ -802,11 +807,17 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out
 	for _, e := range env[:nfirst] {
 		t.served[e] += 0 // read by the call
 	}
+	for _, qn := range plan {
+		t.queues[qn.member] = t.queues[qn.member] // planned by the call
+	}
 	// visit serves plan[i] up to share runs, and returns how many it served.
 	visit := func(i, share int) (int, error) {
 		runs, err := q.shardQueue(ctx, plan[i], share, now, false, f, len(out))
 		out = append(out, runs...)
 		t.served[env[i]] += len(runs)
+		if len(runs) > 0 {
+			t.queues[plan[i].member] = true
+		}
 		return len(runs), err
 	}
 	var filled, unreached []int // plan indexes
@@ -977,11 +988,13 @@ func shareLeft(cand []int, env []string, key func(string) int, left int) (given 
 }
 
 // shardTally is what one DequeueShard call served: the runs of each env
-// the call read (served; envs with none at 0), and the envs one of whose
-// queues served less than it was given (short).
+// the call read (served; envs with none at 0), the envs one of whose
+// queues served less than it was given (short), and the queues the call
+// planned (queues: master member -> served a run).
 type shardTally struct {
 	served map[string]int
 	short  map[string]bool
+	queues map[string]bool
 }
 
 // shardCredit is a shard's credit of envs (see shardCommit).
@@ -991,6 +1004,10 @@ type shardCredit struct {
 	// (each call's least).
 	base int64
 	env  map[string]envCredit
+	// queue: the turn of each queue the shard's calls planned (master
+	// member; as envCredit.turn), which orders an env's queues in a call's
+	// plan (shardPlan).
+	queue map[string]uint64
 }
 
 // envCredit is an env's credit and turn in a shard. runs is its credit as
@@ -1020,17 +1037,30 @@ func (sc *shardCredit) credit(e string) int {
 // turn it kept.
 func (sc *shardCredit) turnAt(e string, c uint64, served bool) uint64 {
 	ec, known := sc.env[e]
+	return turnAt(ec.turn, known, c, served)
+}
+
+// queueTurnAt is queue m's turn (a master member; see shardCredit.queue)
+// as of the shard's call c, as turnAt is an env's.
+func (sc *shardCredit) queueTurnAt(m string, c uint64, served bool) uint64 {
+	turn, known := sc.queue[m]
+	return turnAt(turn, known, c, served)
+}
+
+// turnAt is a turn as of a shard's call c: 2c when c serves it, 2c - 1
+// when c is the first call to read it (not known), else the turn it had.
+func turnAt(turn uint64, known bool, c uint64, served bool) uint64 {
 	switch {
 	case served:
 		return 2 * c
 	case !known:
 		return 2*c - 1
 	}
-	return ec.turn
+	return turn
 }
 
-// shardTurnMax bounds a shard's envs (shardCredit.env): past it, those
-// the call did not read are dropped.
+// shardTurnMax bounds a shard's envs and queues (shardCredit.env,
+// shardCredit.queue): past it, those the call did not read are dropped.
 const shardTurnMax = 1 << 16
 
 // shardCommit adds what a call served to its shard's credit. An env that
@@ -1066,6 +1096,21 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 	}
 	if sc.env == nil {
 		sc.env = map[string]envCredit{}
+	}
+	if len(sc.queue) > shardTurnMax {
+		kept := make(map[string]uint64, len(t.queues))
+		for m := range t.queues {
+			if turn, ok := sc.queue[m]; ok {
+				kept[m] = turn
+			}
+		}
+		sc.queue = kept
+	}
+	if sc.queue == nil {
+		sc.queue = map[string]uint64{}
+	}
+	for m, served := range t.queues {
+		sc.queue[m] = sc.queueTurnAt(m, sc.calls, served)
 	}
 	credit := make(map[string]int, len(t.served))
 	top := -1
@@ -1171,10 +1216,19 @@ func queueFault(err error) bool {
 }
 
 // shardPlan orders the queues of a shard for one call: one queue per env
-// (each env's oldest; nfirst of them), envs by credit (the shard's, plus
+// (each env's first; nfirst of them), envs by credit (the shard's, plus
 // what t says the call served: the least first, ties the least recently
 // served first, then in the order of their names), then the remaining
-// queues in master order. env[i] is plan[i]'s env, credit the shard's
+// queues. An env's queues go by turn (shardCredit.queue: the least
+// recently served first, those never served by the call that first read
+// them, a queue first read now behind those), then in master order (the
+// oldest work first). In master order alone, queues whose runs were
+// written in the same millisecond were served in the order of their names,
+// each until its runs of that millisecond were gone, and a queue with an
+// old backlog took a place in every call (helper-155: 3 envs x 30 queues,
+// calls of 10, 7 of an env's queues served in 60 calls); a queue new in
+// every call would pass the others for ever if first reads ranked first,
+// as envs did (helper-125). env[i] is plan[i]'s env, credit the shard's
 // credit of each env when the call planned. The queues whose call failed
 // (a failure of their own) within shardFailBack are not in plan but in
 // late, the earliest failure first, served after every other queue
@@ -1185,6 +1239,7 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 	type entry struct {
 		env, queue string
 		rank       int
+		turn       uint64 // the queue's (shardCredit.queue)
 		failed     time.Time
 	}
 	q.rrMu.Lock()
@@ -1210,7 +1265,7 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 			continue // not ours to serve; never crash a consumer on a foreign member
 		}
 		if at, ok := q.shardFailed[m]; ok {
-			failed = append(failed, entry{e, queue, i, at})
+			failed = append(failed, entry{e, queue, i, 0, at})
 			continue
 		}
 		if _, ok := byEnv[e]; !ok {
@@ -1224,7 +1279,7 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 			// first).
 			turn[e] = sc.turnAt(e, sc.calls+1, t.served[e] > 0)
 		}
-		byEnv[e] = append(byEnv[e], entry{e, queue, i, time.Time{}})
+		byEnv[e] = append(byEnv[e], entry{e, queue, i, sc.queueTurnAt(m, sc.calls+1, t.queues[m]), time.Time{}})
 	}
 	q.rrMu.Unlock()
 	sort.SliceStable(failed, func(i, j int) bool { return failed[i].failed.Before(failed[j].failed) })
@@ -1240,12 +1295,22 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		}
 		return strings.Compare(a, b)
 	})
+	// An env's queues by turn (the least recently served first; those
+	// never served by when the calls first read them), then in master
+	// order (the oldest work first).
+	byTurn := func(a, b entry) int {
+		if c := cmp.Compare(a.turn, b.turn); c != 0 {
+			return c
+		}
+		return a.rank - b.rank
+	}
 	var first, rest []entry
 	for _, e := range envs {
+		slices.SortFunc(byEnv[e], byTurn)
 		first = append(first, byEnv[e][0])
 		rest = append(rest, byEnv[e][1:]...)
 	}
-	sort.SliceStable(rest, func(i, j int) bool { return rest[i].rank < rest[j].rank })
+	slices.SortFunc(rest, byTurn)
 	for _, e := range slices.Concat(first, rest) {
 		plan = append(plan, q.names(e.env, e.queue))
 		env = append(env, e.env)

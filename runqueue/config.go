@@ -168,12 +168,13 @@ type Config struct {
 	// runs their ready score: the writer's now, less priority), so a writer
 	// whose clock is ahead of the consumer's scores ready runs in the
 	// consumer's future (as does the consumer's own clock stepping back).
-	// A shard call that serves fewer runs than asked also reads the queues
-	// scored in (now, now + ShardLookAhead], at most max(64, 4 x maxCount)
-	// of them, earliest first, looks (one more round trip, only when there
-	// are any) which of them hold ready runs, and serves those, as Dequeue
-	// of the queue would; a queue whose only work is delayed is neither
-	// served nor waited on before its time. A writer whose clock is ahead
+	// A shard call also reads the queues scored in (now, now +
+	// ShardLookAhead], at most max(64, 4 x maxCount) of them, earliest
+	// first, looks (one more round trip, only when there are any not known
+	// to hold none) which of them hold ready runs, and serves those with
+	// the due queues (each env its share), as Dequeue of the queue would; a
+	// queue whose only work is delayed is neither served nor waited on
+	// before its time. A writer whose clock is ahead
 	// of a shard consumer's by more than ShardLookAhead hides its ready
 	// runs from shard consumers for the excess (Dequeue of their queue
 	// serves them at once). At most MaxDuration (0 means the default);
@@ -181,9 +182,10 @@ type Config struct {
 	// (a shard consumer reads the master only up to its now). Defaults to
 	// 1m: well above the skew of hosts whose clocks are kept in step. A
 	// queue in that window found without ready runs (delayed work only) is
-	// not looked at again while its master score stays and is in the
-	// future, so the extra round trip is paid once per such queue and
-	// score, not at every short call.
+	// not looked at again for a second while its master score stays and is
+	// in the future, so the extra round trip is paid once a second per such
+	// queue, not at every call (a ready run written meanwhile by a writer
+	// ahead waits up to that second).
 	ShardLookAhead time.Duration
 
 	// AllowEviction lets New accept a Redis whose maxmemory-policy is not

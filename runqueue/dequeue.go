@@ -582,16 +582,22 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // A queue's score in the shard's master is the earliest time it has work
 // by the clocks of the instances that wrote it, so ready runs written by an
 // instance whose clock is ahead of this Queue's (or before this Queue's
-// clock stepped back) are scored in its future. A call that has served
-// fewer than maxCount runs from the queues due by its clock therefore also
+// clock stepped back) are scored in its future. A call therefore also
 // reads the first max(64, 4 x maxCount) queues scored in (now, now +
 // Config.ShardLookAhead], looks (one more round trip, only for those not
-// already found without ready runs at the same score) which of them hold
-// ready runs, and serves those in the same way
-// (envs in turn, shares of what is left); queues whose only work is
-// delayed are not served before their time. A writer whose clock is ahead
-// of this Queue's by more than Config.ShardLookAhead (1m by default)
-// hides its ready runs from DequeueShard for the excess.
+// found without ready runs at the same score within the last second)
+// which of them hold ready runs, and plans those with the due queues,
+// after them (envs in turn, even shares); queues whose only work is
+// delayed are not served before their time. So an env whose ready runs a
+// writer ahead scored in this Queue's future takes its share of every
+// call, beside envs whose due work would fill the calls. (Before, such
+// queues were served only by calls that the due queues left short, and
+// a queue found without ready runs was not looked at again until its
+// score: helper-161, an env whose one run was written 30 s ahead, beside
+// an env with a backlog, first served 30 s later, at call 300.) A writer
+// whose clock is ahead of this Queue's by more than
+// Config.ShardLookAhead (1m by default) hides its ready runs from
+// DequeueShard for the excess.
 //
 // The queues are served one script call each. When a call fails after
 // others served runs (ctx ended between them, or a queue's call failed for
@@ -676,18 +682,19 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	q.rrMu.Lock()
 	q.shardOff[shard] = next
 	q.rrMu.Unlock()
+	if ahead != nil && len(ahead.Val()) > 0 {
+		// The queues scored after now that hold ready runs are planned with
+		// the due ones, after them (see DequeueShard).
+		ready, err := q.readyMembers(ctx, ahead.Val(), members, now)
+		if err != nil {
+			return nil, nil, err
+		}
+		members = append(members, ready...)
+	}
 	var f shardFaults
 	t := shardTally{served: map[string]int{}, short: map[string]bool{}, queues: map[string]bool{}}
 	defer q.shardCommit(shard, &t, maxCount)
-	out, err := q.serveShard(ctx, shard, members, nil, maxCount, now, &f, &t)
-	if err != nil || len(out) >= maxCount || ahead == nil || len(ahead.Val()) == 0 {
-		return out, f.first, err
-	}
-	ready, err := q.readyMembers(ctx, ahead.Val(), members, now)
-	if err != nil {
-		return out, f.first, err
-	}
-	out, err = q.serveShard(ctx, shard, ready, out, maxCount, now, &f, &t)
+	out, err := q.serveShard(ctx, shard, members, maxCount, now, &f, &t)
 	return out, f.first, err
 }
 
@@ -723,24 +730,27 @@ func (q *Queue) readyMembers(ctx context.Context, z []redis.Z, seen []string, no
 // only those not known to hold none. An entry found without a ready run
 // is remembered with its score and not read again while it keeps that
 // score (a ready run scored before it would lower it: the master's ZADD
-// LT) and until now reaches the score, when the queue is due anyway; so a
-// shard whose look-ahead window holds delayed work only (a retry backing
-// off) pays the read once per queue and score, not at every call that
-// serves fewer runs than asked. A ready run scored after such an entry's
-// score waits at most until that score. Entries that do not decode are not
-// ready (not ours to serve: shardPlan skips them too).
+// LT), for aheadRecheck, and until now reaches the score, when the queue
+// is due anyway; so a shard whose look-ahead window holds delayed work only
+// (a retry backing off) pays the read once per queue and score a second,
+// not at every call. A ready run scored after such an entry's score (by a
+// writer whose clock is further ahead than the entry's work is away)
+// waits at most aheadRecheck: remembered until the score, it waited until
+// then, up to ShardLookAhead (helper-161: a run written 45 s ahead beside
+// a retry due in 30 s, served 30 s late). Entries that do not decode are
+// not ready (not ours to serve: shardPlan skips them too).
 func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool, error) {
 	out := make([]bool, len(z))
 	var look []int
 	q.rrMu.Lock()
 	for m, s := range q.aheadIdle {
-		if s <= now {
+		if s.score <= now || now-s.at >= aheadRecheck || now < s.at {
 			delete(q.aheadIdle, m)
 		}
 	}
 	for i, e := range z {
 		m, _ := e.Member.(string)
-		if s, ok := q.aheadIdle[m]; !ok || s != int64(e.Score) {
+		if s, ok := q.aheadIdle[m]; !ok || s.score != int64(e.Score) {
 			look = append(look, i)
 		}
 	}
@@ -768,15 +778,24 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 			out[i] = true
 			delete(q.aheadIdle, m)
 		} else {
-			q.aheadIdle[m] = int64(z[i].Score)
+			q.aheadIdle[m] = aheadMark{score: int64(z[i].Score), at: now}
 		}
 	}
 	return out, nil
 }
 
-// serveShard serves the queues of members (master members of shard, in
-// master order) for one DequeueShard call, after the runs out it served
-// already; t holds what the call served of each env (both passes).
+// aheadMark is a master entry a shard look-ahead found without ready runs
+// (Queue.aheadIdle): its score then, and when (ms, this Queue's clock).
+type aheadMark struct{ score, at int64 }
+
+// aheadRecheck is how long (ms) a shard look-ahead trusts that a queue it
+// found without ready runs still has none (see aheadReady).
+const aheadRecheck = 1000
+
+// serveShard serves the queues of members (master members of shard: the
+// due ones in master order, then those of the look-ahead that hold ready
+// runs) for one DequeueShard call; t holds what the call served of each
+// env and queue.
 //
 //   - First, the envs in turn, the least credit first (shardPlan), each
 //     an even share of what is left of maxCount fixed when the round
@@ -801,8 +820,8 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 //
 // Then what is left goes to the queues whose call failed within
 // shardFailBack, in turn.
-func (q *Queue) serveShard(ctx context.Context, shard int, members []string, out []*Run, maxCount int, now int64,
-	f *shardFaults, t *shardTally) ([]*Run, error) {
+func (q *Queue) serveShard(ctx context.Context, shard int, members []string, maxCount int, now int64,
+	f *shardFaults, t *shardTally) (out []*Run, err error) {
 	plan, env, credit, nfirst, late := q.shardPlan(shard, members, t)
 	for _, e := range env[:nfirst] {
 		t.served[e] += 0 // read by the call
@@ -1063,6 +1082,21 @@ func turnAt(turn uint64, known bool, c uint64, served bool) uint64 {
 // shardCredit.queue): past it, those the call did not read are dropped.
 const shardTurnMax = 1 << 16
 
+// keptFor is m, or, when m is nil or holds more than shardTurnMax entries,
+// those of its entries whose keys read (what a call read) holds.
+func keptFor[V, R any](m map[string]V, read map[string]R) map[string]V {
+	if m != nil && len(m) <= shardTurnMax {
+		return m
+	}
+	kept := make(map[string]V, len(read))
+	for k := range read {
+		if v, ok := m[k]; ok {
+			kept[k] = v
+		}
+	}
+	return kept
+}
+
 // shardCommit adds what a call served to its shard's credit. An env that
 // served less than it was given (at its limits, short of ready runs) is
 // owed nothing: it goes one run behind the most served env that took all
@@ -1085,30 +1119,8 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 		q.shardCredit[shard] = sc
 	}
 	sc.calls++
-	if len(sc.env) > shardTurnMax {
-		kept := make(map[string]envCredit, len(t.served))
-		for e := range t.served {
-			if c, ok := sc.env[e]; ok {
-				kept[e] = c
-			}
-		}
-		sc.env = kept
-	}
-	if sc.env == nil {
-		sc.env = map[string]envCredit{}
-	}
-	if len(sc.queue) > shardTurnMax {
-		kept := make(map[string]uint64, len(t.queues))
-		for m := range t.queues {
-			if turn, ok := sc.queue[m]; ok {
-				kept[m] = turn
-			}
-		}
-		sc.queue = kept
-	}
-	if sc.queue == nil {
-		sc.queue = map[string]uint64{}
-	}
+	sc.env = keptFor(sc.env, t.served)
+	sc.queue = keptFor(sc.queue, t.queues)
 	for m, served := range t.queues {
 		sc.queue[m] = sc.queueTurnAt(m, sc.calls, served)
 	}

@@ -27,6 +27,9 @@ type EnqueueParams struct {
 	// before its time.
 	Priority int
 	// AvailableAt delays the run until then; zero means now (plus Delay).
+	// A time not after this Queue's now (Config.Clock) makes the run ready
+	// at once, so a writer whose clock is ahead of its consumers' makes
+	// a run ready early by up to the difference (docs/lifecycle.md, Clocks).
 	AvailableAt time.Time
 	// Delay delays the run by this much after now. Set at most one of
 	// AvailableAt and Delay: both is an *InvalidError, nothing written.

@@ -34,9 +34,9 @@ type Queue struct {
 	// shardCommit), at most shardTurnMax envs a shard; guarded by rrMu.
 	shardCredit map[int]*shardCredit
 	// aheadIdle: master members scored after now that a shard look-ahead
-	// found holding no ready run, with the score they had (see
+	// found holding no ready run, with the score they had and when (see
 	// Queue.aheadReady); guarded by rrMu.
-	aheadIdle map[string]int64
+	aheadIdle map[string]aheadMark
 	// shardFailed: master members whose call in a shard dequeue failed,
 	// with when (see shardPlan); guarded by rrMu.
 	shardFailed map[string]time.Time
@@ -91,7 +91,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	}
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
 		closed: make(chan struct{}), shardOff: map[int]int64{}, shardCredit: map[int]*shardCredit{},
-		aheadIdle: map[string]int64{}, shardFailed: map[string]time.Time{}}
+		aheadIdle: map[string]aheadMark{}, shardFailed: map[string]time.Time{}}
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
 		res, _ := q.enqueueMany(ctx, ps, false)
 		return res

@@ -1,0 +1,111 @@
+package runqueue_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// TestDequeueShardAheadQueueRecheckedWithinASecond: a queue whose only
+// work is a retry backing off is read by a shard call's look-ahead and
+// found without ready runs; a writer whose clock is ahead then queues a
+// ready run in it, scored after the retry (so the queue's master score
+// stays). The run is served within a second of the consumer's clock. The
+// look-ahead remembered the queue as holding none until its score, so
+// the run waited for the retry's time: 30 s for a retry in 30 s and a
+// writer 45 s ahead, 59 s for 59 s and 59.5 s (helper-161).
+func TestDequeueShardAheadQueueRecheckedWithinASecond(t *testing.T) {
+	t.Parallel()
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+		for _, s := range []struct{ retry, skew time.Duration }{
+			{30 * time.Second, 45 * time.Second},
+			{59 * time.Second, 59500 * time.Millisecond},
+			{30 * time.Second, 90 * time.Second}, // past ShardLookAhead (1m); its queue is within it
+		} {
+			b := s17Setup(t, c, on, nil)
+			shard := b.q.ShardOf(env)
+			enqueue(t, b, runqueue.EnqueueParams{Key: "slow", ID: "d"})
+			runs := dequeue(t, b, queueName, 1)
+			require.Len(t, runs, 1)
+			_, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{RetryAt: b.clock.Now().Add(s.retry)})
+			require.NoError(t, err)
+			got, err := b.q.DequeueShard(b.ctx, shard, 10)
+			require.NoError(t, err)
+			require.Empty(t, got, "the retry is not due")
+			w, _ := s18cPeer(t, b, s.skew, nil)
+			s18cEnq(t, b, w, runqueue.EnqueueParams{Key: "k", ID: "x"})
+			waited := time.Duration(-1)
+			for step := time.Duration(0); step <= 2*time.Minute; step += 100 * time.Millisecond {
+				got, err := b.q.DequeueShard(b.ctx, shard, 10)
+				require.NoError(t, err)
+				if len(got) > 0 {
+					require.Equal(t, "x", got[0].ID)
+					waited = step
+					break
+				}
+				b.clock.Advance(100 * time.Millisecond)
+			}
+			require.GreaterOrEqual(t, waited, time.Duration(0), "x never served")
+			require.LessOrEqual(t, waited, time.Second,
+				"retry in %v, writer ahead %v: x served after %v of the consumer's clock", s.retry, s.skew, waited)
+		}
+	})
+}
+
+// TestDequeueShardAheadEnvTakesItsShare: an env whose only ready run was
+// written by a writer ahead (within ShardLookAhead) is served by the first
+// shard call, beside an env whose backlog fills every call: the look-ahead
+// plans its queues with the due ones. Before, only a call the due queues
+// left short looked ahead, so the env waited out the whole skew (a writer
+// 30 s ahead, calls of 5 every 100 ms: call 300; helper-161). A writer
+// 5 minutes ahead hides it for the excess over the look-ahead (4 minutes).
+func TestDequeueShardAheadEnvTakesItsShare(t *testing.T) {
+	t.Parallel()
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+		for _, skew := range []time.Duration{time.Second, 30 * time.Second, 59 * time.Second, 5 * time.Minute} {
+			b := s17Setup(t, c, on, nil)
+			busy, late := "busy", ""
+			for i := range 1000 {
+				if e := fmt.Sprint("late", i); b.q.ShardOf(e) == b.q.ShardOf(busy) {
+					late = e
+					break
+				}
+			}
+			require.NotEmpty(t, late)
+			shard := b.q.ShardOf(busy)
+			enqueueMany(t, b, 2000, func(i int) runqueue.EnqueueParams {
+				return runqueue.EnqueueParams{Env: busy, Queue: queueName, Key: fmt.Sprint("k", i%4), ID: fmt.Sprint("b", i)}
+			})
+			w, _ := s18cPeer(t, b, skew, nil)
+			s18cEnq(t, b, w, runqueue.EnqueueParams{Env: late, Key: "x", ID: "x"})
+			const step = time.Second
+			served := -1
+			for call := range 400 {
+				runs, err := b.q.DequeueShard(b.ctx, shard, 5)
+				require.NoError(t, err)
+				require.Len(t, runs, 5, "busy's backlog fills every call")
+				for _, r := range runs {
+					if r.Env == late {
+						served = call
+					}
+				}
+				ackAll(t, b, runs)
+				if served >= 0 {
+					break
+				}
+				b.clock.Advance(step)
+			}
+			bound := 0 // ceil(2 envs / 5): the first call
+			if excess := skew - time.Minute; excess > 0 {
+				bound = int(excess / step)
+			}
+			require.GreaterOrEqual(t, served, 0, "writer ahead %v: late env never served", skew)
+			require.LessOrEqual(t, served, bound, "writer ahead %v: late env first served at call %d", skew, served)
+		}
+	})
+}

@@ -220,7 +220,10 @@ type NackOptions struct {
 	// time: NackResult.RetryAt, the next delivery's AvailableAt and
 	// Stats.OldestReadyAge say so, and with the flag off it goes ahead of
 	// runs that became ready after it (a retry at its first AvailableAt
-	// keeps its place in age order).
+	// keeps its place in age order). Past means by this Queue's clock
+	// (Config.Clock): a nack from an instance whose clock is ahead of its
+	// consumers' makes the run ready early by up to the difference
+	// (docs/lifecycle.md, Clocks).
 	RetryAt time.Time
 	// DeadLetter dead-letters the run now, whatever attempts are left.
 	DeadLetter bool

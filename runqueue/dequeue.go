@@ -692,7 +692,7 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 		members = append(members, ready...)
 	}
 	var f shardFaults
-	t := shardTally{served: map[string]int{}, short: map[string]bool{}, queues: map[string]bool{}}
+	t := shardTally{served: map[string]int{}, short: map[string]bool{}, queues: map[string]bool{}, failed: map[string]bool{}}
 	defer q.shardCommit(shard, &t, maxCount)
 	out, err := q.serveShard(ctx, shard, members, maxCount, now, &f, &t)
 	return out, f.first, err
@@ -831,12 +831,11 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 	}
 	// visit serves plan[i] up to share runs, and returns how many it served.
 	visit := func(i, share int) (int, error) {
+		failed := f.n
 		runs, err := q.shardQueue(ctx, plan[i], share, now, false, f, len(out))
 		out = append(out, runs...)
 		t.served[env[i]] += len(runs)
-		if len(runs) > 0 {
-			t.queues[plan[i].member] = true
-		}
+		t.visited(plan[i].member, len(runs), f.n > failed)
 		return len(runs), err
 	}
 	var filled, unreached []int // plan indexes
@@ -897,7 +896,9 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 		if len(out) >= maxCount {
 			break
 		}
+		failed := f.n
 		runs, err := q.shardQueue(ctx, qn, maxCount-len(out), now, true, f, len(out))
+		t.visited(qn.member, len(runs), f.n > failed)
 		if err != nil {
 			return out, err
 		}
@@ -1008,12 +1009,25 @@ func shareLeft(cand []int, env []string, key func(string) int, left int) (given 
 
 // shardTally is what one DequeueShard call served: the runs of each env
 // the call read (served; envs with none at 0), the envs one of whose
-// queues served less than it was given (short), and the queues the call
-// planned (queues: master member -> served a run).
+// queues served less than it was given (short), the queues the call
+// planned or visited (queues: master member -> served a run), and those
+// whose call failed for a reason of their own (failed).
 type shardTally struct {
 	served map[string]int
 	short  map[string]bool
 	queues map[string]bool
+	failed map[string]bool
+}
+
+// visited records a queue's visit (master member m): it served n runs, or
+// its call failed for a reason of its own.
+func (t *shardTally) visited(m string, n int, failed bool) {
+	switch {
+	case failed:
+		t.failed[m] = true
+	case n > 0:
+		t.queues[m] = true
+	}
 }
 
 // shardCredit is a shard's credit of envs (see shardCommit).
@@ -1078,14 +1092,21 @@ func turnAt(turn uint64, known bool, c uint64, served bool) uint64 {
 	return turn
 }
 
-// shardTurnMax bounds a shard's envs and queues (shardCredit.env,
-// shardCredit.queue): past it, those the call did not read are dropped.
-const shardTurnMax = 1 << 16
+// shardTurnMax bounds a shard's envs (shardCredit.env), and
+// shardQueueTurnMax its queues (shardCredit.queue, about 85 bytes each): a
+// call that finds more drops those it did not read. A queue whose turn was
+// dropped comes back as first read, behind those waiting (so past about
+// that many queues a shard, one that only the rotating read reaches may
+// lose its place between its reads).
+const (
+	shardTurnMax      = 1 << 16
+	shardQueueTurnMax = 1 << 14
+)
 
-// keptFor is m, or, when m is nil or holds more than shardTurnMax entries,
-// those of its entries whose keys read (what a call read) holds.
-func keptFor[V, R any](m map[string]V, read map[string]R) map[string]V {
-	if m != nil && len(m) <= shardTurnMax {
+// keptFor is m, or, when m is nil or holds more than most entries, those
+// of its entries whose keys read (what a call read) holds.
+func keptFor[V, R any](m map[string]V, read map[string]R, most int) map[string]V {
+	if m != nil && len(m) <= most {
 		return m
 	}
 	kept := make(map[string]V, len(read))
@@ -1119,10 +1140,18 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 		q.shardCredit[shard] = sc
 	}
 	sc.calls++
-	sc.env = keptFor(sc.env, t.served)
-	sc.queue = keptFor(sc.queue, t.queues)
+	sc.env = keptFor(sc.env, t.served, shardTurnMax)
+	sc.queue = keptFor(sc.queue, t.queues, shardQueueTurnMax)
 	for m, served := range t.queues {
 		sc.queue[m] = sc.queueTurnAt(m, sc.calls, served)
+	}
+	for m := range t.failed {
+		// Back from going late (shardPlan), it is first read again: behind
+		// the queues waiting since earlier calls. With the turn it had, a
+		// queue whose calls keep failing would come first in its env at
+		// every return, and three such stop a call that serves nothing
+		// before them (helper-162: 3 calls of 276 failed where none had).
+		delete(sc.queue, m)
 	}
 	credit := make(map[string]int, len(t.served))
 	top := -1

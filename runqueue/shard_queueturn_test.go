@@ -2,6 +2,7 @@ package runqueue_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,4 +116,66 @@ func TestDequeueShardNewQueuesDoNotShutOutAnEnvsQueues(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestDequeueShardFailingQueuesBackBehindTheOthers: queues whose calls
+// fail (LimitsFor refuses them) go last for shardFailBack (a second) and
+// then come back as first read, behind their env's queues that waited
+// since: three of them never again come first and stop a call before it
+// serves (a call that meets three such failures with nothing served stops
+// there). helper-162, at the first version of the queue turns: back with
+// the turn they had, the lowest of their env, they came first at every
+// return, and a call a second failed (3 of 276) where none had; when their
+// work is older than the good queue's, it did so before the turns too.
+func TestDequeueShardFailingQueuesBackBehindTheOthers(t *testing.T) {
+	t.Parallel()
+	for _, older := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failingOlder=%v", older), func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) {
+					cfg.Shards = 1
+					cfg.LimitsFor = func(_, queue string) runqueue.Limits {
+						if strings.HasPrefix(queue, "bad") {
+							return runqueue.Limits{Key: -1}
+						}
+						return runqueue.Limits{}
+					}
+				})
+				bad := func() {
+					for i := range 5 {
+						enqueueN(t, b, "a", fmt.Sprint("bad", i), 1)
+					}
+				}
+				if older {
+					bad()
+					b.clock.Advance(time.Second)
+				}
+				enqueueN(t, b, "a", "good", 400)
+				if !older {
+					b.clock.Advance(time.Second)
+					bad()
+				}
+				call := func(i int) {
+					runs, err := b.q.DequeueShard(b.ctx, 0, 4)
+					if older && i == 0 {
+						// The first call knows nothing of them: their older
+						// work comes first and stops the call.
+						require.Error(t, err)
+						return
+					}
+					require.NoError(t, err, "call %d", i)
+					require.Len(t, runs, 4, "call %d", i)
+					ackAll(t, b, runs)
+				}
+				for round := range 3 {
+					for i := range 5 {
+						call(round*5 + i)
+					}
+					time.Sleep(1100 * time.Millisecond) // past shardFailBack: back from going late
+				}
+				call(15)
+			})
+		})
+	}
 }

@@ -183,9 +183,9 @@ type Config struct {
 	// 1m: well above the skew of hosts whose clocks are kept in step. A
 	// queue in that window found without ready runs (delayed work only) is
 	// not looked at again for a second while its master score stays and is
-	// in the future, so the extra round trip is paid once a second per such
-	// queue, not at every call (a ready run written meanwhile by a writer
-	// ahead waits up to that second).
+	// in the future, so its read is paid about once a second per such queue,
+	// not at every call (a ready run written meanwhile by a writer ahead
+	// waits up to that second, also in DequeueShardWait and a Worker).
 	ShardLookAhead time.Duration
 
 	// AllowEviction lets New accept a Redis whose maxmemory-policy is not

@@ -584,13 +584,15 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // instance whose clock is ahead of this Queue's (or before this Queue's
 // clock stepped back) are scored in its future. A call therefore also
 // reads the first max(64, 4 x maxCount) queues scored in (now, now +
-// Config.ShardLookAhead], looks (one more round trip, only for those not
-// found without ready runs at the same score within the last second)
+// Config.ShardLookAhead], looks (one more round trip, with a read of each
+// of them not found without ready runs at the same score within the last
+// second; a queue whose read fails for a reason of its own holds none)
 // which of them hold ready runs, and plans those with the due queues,
 // after them (envs in turn, even shares); queues whose only work is
 // delayed are not served before their time. So an env whose ready runs a
 // writer ahead scored in this Queue's future takes its share of every
-// call, beside envs whose due work would fill the calls. (Before, such
+// call, beside envs whose due work would fill the calls, when its queue
+// is among the first max(64, 4 x maxCount) of that window. (Before, such
 // queues were served only by calls that the due queues left short, and
 // a queue found without ready runs was not looked at again until its
 // score: helper-161, an env whose one run was written 30 s ahead, beside
@@ -712,7 +714,7 @@ func (q *Queue) readyMembers(ctx context.Context, z []redis.Z, seen []string, no
 			cand = append(cand, e)
 		}
 	}
-	ready, err := q.aheadReady(ctx, cand, now)
+	ready, _, err := q.aheadReady(ctx, cand, now)
 	if err != nil {
 		return nil, err
 	}
@@ -737,14 +739,20 @@ func (q *Queue) readyMembers(ctx context.Context, z []redis.Z, seen []string, no
 // writer whose clock is further ahead than the entry's work is away)
 // waits at most aheadRecheck: remembered until the score, it waited until
 // then, up to ShardLookAhead (helper-161: a run written 45 s ahead beside
-// a retry due in 30 s, served 30 s late). Entries that do not decode are
-// not ready (not ours to serve: shardPlan skips them too).
-func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool, error) {
-	out := make([]bool, len(z))
+// a retry due in 30 s, served 30 s late). recheck is when the first of
+// the entries of z trusted so is looked at again (math.MaxInt64 for none).
+// Entries that do not decode are not ready (not ours to serve: shardPlan
+// skips them too).
+func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) (out []bool, recheck int64, err error) {
+	out = make([]bool, len(z))
+	recheck = math.MaxInt64
 	var look []int
 	q.rrMu.Lock()
 	for m, s := range q.aheadIdle {
-		if s.score <= now || now-s.at >= aheadRecheck || now < s.at {
+		// A mark from after now by a second or more: this Queue's clock
+		// stepped back (one a little after now, a concurrent call's, is
+		// kept).
+		if s.score <= now || now-s.at >= aheadRecheck || s.at-now >= aheadRecheck {
 			delete(q.aheadIdle, m)
 		}
 	}
@@ -752,6 +760,8 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 		m, _ := e.Member.(string)
 		if s, ok := q.aheadIdle[m]; !ok || s.score != int64(e.Score) {
 			look = append(look, i)
+		} else {
+			recheck = min(recheck, s.at+aheadRecheck)
 		}
 	}
 	q.rrMu.Unlock()
@@ -768,7 +778,7 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 	}
 	ready, err := q.readyOf(ctx, qks)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	q.rrMu.Lock()
 	defer q.rrMu.Unlock()
@@ -779,9 +789,10 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) ([]bool,
 			delete(q.aheadIdle, m)
 		} else {
 			q.aheadIdle[m] = aheadMark{score: int64(z[i].Score), at: now}
+			recheck = min(recheck, now+aheadRecheck)
 		}
 	}
-	return out, nil
+	return out, recheck, nil
 }
 
 // aheadMark is a master entry a shard look-ahead found without ready runs

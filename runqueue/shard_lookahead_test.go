@@ -109,3 +109,88 @@ func TestDequeueShardAheadEnvTakesItsShare(t *testing.T) {
 		}
 	})
 }
+
+// TestDequeueShardAheadBrokenQueueStopsNothing: a queue in the look-ahead
+// window whose ready index is of the wrong type (a hand edit) holds no
+// ready run for the look-ahead, and the calls serve the other envs. Since
+// the look-ahead reads in every call (f2f880e), the read's WRONGTYPE failed
+// every shard call until the queue was due (helper-163: 30 of 45 calls of
+// 5, 1 s apart, failed; a Worker handled nothing for 4 s).
+func TestDequeueShardAheadBrokenQueueStopsNothing(t *testing.T) {
+	t.Parallel()
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+		b := s17Setup(t, c, on, nil)
+		busy, late := "busy", ""
+		for i := range 1000 {
+			if e := fmt.Sprint("late", i); b.q.ShardOf(e) == b.q.ShardOf(busy) {
+				late = e
+				break
+			}
+		}
+		require.NotEmpty(t, late)
+		shard := b.q.ShardOf(busy)
+		enqueueMany(t, b, 100, func(i int) runqueue.EnqueueParams {
+			return runqueue.EnqueueParams{Env: busy, Queue: queueName, Key: fmt.Sprint("k", i%4), ID: fmt.Sprint("b", i)}
+		})
+		enqueue(t, b, runqueue.EnqueueParams{Env: late, Queue: "q", Key: "d", ID: "d", Delay: 30 * time.Second})
+		ck := keySpace(t, b).Env(late).Queue("q").CkIndex()
+		require.NoError(t, b.client.Set(b.ctx, ck, "not a sorted set", 0).Err())
+		for call := range 10 {
+			runs, err := b.q.DequeueShard(b.ctx, shard, 5)
+			require.NoError(t, err, "call %d", call)
+			require.Len(t, runs, 5, "call %d", call)
+			ackAll(t, b, runs)
+			b.clock.Advance(time.Second)
+		}
+	})
+}
+
+// tickClock is a clock that runs from base as the wall clock does.
+type tickClock struct{ base, start time.Time }
+
+func (c *tickClock) Now() time.Time { return c.base.Add(time.Since(c.start)) }
+
+// TestDequeueShardWaitAheadRecheck: a DequeueShardWait on a shard whose
+// only work is a retry due in 30 s, the look-ahead having found that
+// queue without ready runs just before; a writer 45 s ahead then queues a
+// ready run there (the queue's score stays the retry's). The wait returns
+// it within about the second the look-ahead trusts what it found. Before,
+// the wait, woken by the write within that second, found the queue still
+// trusted idle and slept until its score (helper-163: a 5 s wait returned
+// the run only at its deadline; with the retry in 6 s, at 6 s).
+func TestDequeueShardWaitAheadRecheck(t *testing.T) {
+	t.Parallel()
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+		clk := &tickClock{base: newFakeClock().Now(), start: time.Now()}
+		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.Clock = clk })
+		shard := b.q.ShardOf(env)
+		enqueue(t, b, runqueue.EnqueueParams{Key: "slow", ID: "d"})
+		runs := dequeue(t, b, queueName, 1)
+		require.Len(t, runs, 1)
+		_, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{RetryAt: clk.Now().Add(30 * time.Second)})
+		require.NoError(t, err)
+		got, err := b.q.DequeueShard(b.ctx, shard, 10)
+		require.NoError(t, err)
+		require.Empty(t, got)
+		start := time.Now()
+		type result struct {
+			runs []*runqueue.Run
+			err  error
+			took time.Duration
+		}
+		done := make(chan result, 1)
+		go func() {
+			runs, err := b.q.DequeueShardWait(b.ctx, shard, 10, 10*time.Second)
+			done <- result{runs, err, time.Since(start)}
+		}()
+		time.Sleep(300 * time.Millisecond)
+		w, _ := s18cPeer(t, b, 45*time.Second, nil)
+		s18cEnq(t, b, w, runqueue.EnqueueParams{Key: "k", ID: "x"})
+		r := <-done
+		require.NoError(t, r.err)
+		require.Equal(t, []string{"x"}, runIDs(r.runs))
+		// The look-ahead's second, and room for a slow machine: well below
+		// the 10 s the wait would otherwise last.
+		require.Less(t, r.took, 5*time.Second, "x returned after %v", r.took)
+	})
+}

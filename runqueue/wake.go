@@ -359,7 +359,12 @@ const shardNextPeek = 64
 // holds ready runs is due when its score comes within
 // Config.ShardLookAhead of now (at once when it is within it already), a
 // queue whose only work is delayed at its score (its time), so such a
-// queue is waited on until its time, not polled.
+// queue is waited on until its time, not polled; but no later than when
+// the look-ahead looks again at a queue it found without ready runs
+// (aheadRecheck), so that a ready run a writer ahead put there meanwhile
+// waits no longer than it would for DequeueShard (helper-163: a wait woken
+// by the run's write within that second slept until the queue's delayed
+// work, 6 s later).
 func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, err error) {
 	z, err := q.rdb.ZRangeWithScores(ctx, q.space.Shard(shard).Master(), 0, shardNextPeek-1).Result()
 	if err != nil || len(z) == 0 {
@@ -376,10 +381,11 @@ func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, er
 	for end < len(z) && int64(z[end].Score)-look < at {
 		end++
 	}
-	ready, err := q.aheadReady(ctx, z[:end], q.now())
+	ready, recheck, err := q.aheadReady(ctx, z[:end], q.now())
 	if err != nil {
 		return 0, false, err
 	}
+	at = min(at, recheck)
 	for i, e := range z[:end] {
 		if ready[i] {
 			at = min(at, int64(e.Score)-look)
@@ -392,23 +398,33 @@ func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, er
 func (q *Queue) shardLookAhead() int64 { return max(0, ms(q.cfg.ShardLookAhead)) }
 
 // readyOf says, in one pipeline, which of the queues of qks hold ready
-// runs (see hasReady).
+// runs (see hasReady). A queue whose read fails for a reason of its own
+// (queueFault: a key of the wrong type) holds none for it, so one queue's
+// broken key does not fail the calls that look at the others (helper-163:
+// every shard call failed while such a queue was in the look-ahead).
 func (q *Queue) readyOf(ctx context.Context, qks []keys.Queue) ([]bool, error) {
 	if len(qks) == 0 {
 		return nil, nil
 	}
 	cmds := make([]*redis.StringSliceCmd, len(qks))
-	if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, qk := range qks {
 			cmds[i] = hasReady(ctx, p, qk)
 		}
 		return nil
-	}); err != nil {
-		return nil, err
-	}
+	})
 	out := make([]bool, len(qks))
 	for i, c := range cmds {
+		if e := c.Err(); e != nil {
+			if ctxEnded(ctx) || !queueFault(e) {
+				return nil, e
+			}
+			continue
+		}
 		out[i] = len(c.Val()) > 0
+	}
+	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
+		return nil, err
 	}
 	return out, nil
 }

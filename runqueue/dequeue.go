@@ -546,7 +546,8 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // it is smaller than their number (the least recently served first, those
 // never served by when a call first read them, then the oldest work
 // first), so that neither a queue's old backlog nor its runs written in
-// the same millisecond as another queue's hold the env's other queues;
+// the same millisecond as another queue's hold the env's other queues (a
+// priority orders runs within a queue, not a queue among its env's);
 // the runs that do not divide go
 // to the envs this Queue has served least on the shard (a credit of runs
 // served, ties the least recently served first). What a queue leaves of its

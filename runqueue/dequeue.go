@@ -747,23 +747,39 @@ func (q *Queue) readyMembers(ctx context.Context, z []redis.Z, seen []string, no
 func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) (out []bool, recheck int64, err error) {
 	out = make([]bool, len(z))
 	recheck = math.MaxInt64
-	var look []int
+	var look, trusted []int
+	aged := map[string]bool{}
 	q.rrMu.Lock()
 	for m, s := range q.aheadIdle {
 		// A mark from after now by a second or more: this Queue's clock
 		// stepped back (one a little after now, a concurrent call's, is
 		// kept).
 		if s.score <= now || now-s.at >= aheadRecheck || s.at-now >= aheadRecheck {
+			aged[m] = s.score > now && now-s.at >= aheadRecheck
 			delete(q.aheadIdle, m)
 		}
 	}
+	merge := false
 	for i, e := range z {
 		m, _ := e.Member.(string)
-		if s, ok := q.aheadIdle[m]; !ok || s.score != int64(e.Score) {
-			look = append(look, i)
-		} else {
-			recheck = min(recheck, s.at+aheadRecheck)
+		if s, ok := q.aheadIdle[m]; ok && s.score == int64(e.Score) {
+			trusted = append(trusted, i)
+			continue
 		}
+		look = append(look, i)
+		merge = merge || aged[m]
+	}
+	if merge {
+		// A mark ran out: the others are read with it, so that their marks
+		// are set at one time and a wait (shardNext) wakes once a second
+		// for them all, not once for each time a mark was set (helper-164:
+		// an idle Worker beside 60 queues marked at different times made
+		// 60 shard calls a second).
+		look, trusted = append(look, trusted...), nil
+	}
+	for _, i := range trusted {
+		m, _ := z[i].Member.(string)
+		recheck = min(recheck, q.aheadIdle[m].at+aheadRecheck)
 	}
 	q.rrMu.Unlock()
 	var idx []int

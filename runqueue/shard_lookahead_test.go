@@ -194,3 +194,46 @@ func TestDequeueShardWaitAheadRecheck(t *testing.T) {
 		require.Less(t, r.took, 5*time.Second, "x returned after %v", r.took)
 	})
 }
+
+// TestDequeueShardWaitAheadMarksWakeTogether: a DequeueShardWait beside
+// ten queues whose only work is a retry in the look-ahead window, each
+// first found idle 100 ms after the one before, looks again about once a
+// second for them all. With each queue looked at again a second after its
+// own finding, the wait woke once for each (helper-164: 62 reads of the
+// shard's master in 3 s, about 31 shard calls; an idle Worker beside 60
+// such queues, 60 calls a second).
+func TestDequeueShardWaitAheadMarksWakeTogether(t *testing.T) {
+	t.Parallel()
+	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
+		clk := &tickClock{base: newFakeClock().Now(), start: time.Now()}
+		b := s17Setup(t, c, on, func(cfg *runqueue.Config) { cfg.Clock = clk })
+		o := otherClient(t, b.client)
+		counter := countCommands(o, "")
+		cfg := *b.cfg
+		q, err := runqueue.New(b.ctx, o, &cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		shard := q.ShardOf(env)
+		for i := range 10 {
+			qn := fmt.Sprint("q", i)
+			enqueue(t, b, runqueue.EnqueueParams{Queue: qn, Key: "slow", ID: "d" + qn})
+			runs := dequeue(t, b, qn, 1)
+			require.Len(t, runs, 1)
+			_, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{RetryAt: clk.Now().Add(30 * time.Second)})
+			require.NoError(t, err)
+			got, err := q.DequeueShard(b.ctx, shard, 10)
+			require.NoError(t, err)
+			require.Empty(t, got)
+			time.Sleep(100 * time.Millisecond)
+		}
+		before, _ := counter.snapshot()
+		got, err := q.DequeueShardWait(b.ctx, shard, 10, 3*time.Second)
+		require.NoError(t, err)
+		require.Empty(t, got)
+		after, _ := counter.snapshot()
+		// A shard call reads the master twice (due, look-ahead) and
+		// shardNext once more; about one look a second for 3 s, with room.
+		reads := after["zrangebyscore"] - before["zrangebyscore"]
+		require.LessOrEqual(t, reads, 16, "reads of the master in a 3 s wait: %v", after)
+	})
+}

@@ -855,7 +855,9 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 		t.served[e] += 0 // read by the call
 	}
 	for _, qn := range plan {
-		t.queues[qn.member] = t.queues[qn.member] // planned by the call
+		if _, ok := t.queues[qn.member]; !ok {
+			t.queues[qn.member] = false // planned by the call
+		}
 	}
 	// visit serves plan[i] up to share runs, and returns how many it served.
 	visit := func(i, share int) (int, error) {

@@ -69,14 +69,8 @@ func TestDequeueShardAheadEnvTakesItsShare(t *testing.T) {
 	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		for _, skew := range []time.Duration{time.Second, 30 * time.Second, 59 * time.Second, 5 * time.Minute} {
 			b := s17Setup(t, c, on, nil)
-			busy, late := "busy", ""
-			for i := range 1000 {
-				if e := fmt.Sprint("late", i); b.q.ShardOf(e) == b.q.ShardOf(busy) {
-					late = e
-					break
-				}
-			}
-			require.NotEmpty(t, late)
+			busy := "busy"
+			late := sameShardEnv(t, b, busy)
 			shard := b.q.ShardOf(busy)
 			enqueueMany(t, b, 2000, func(i int) runqueue.EnqueueParams {
 				return runqueue.EnqueueParams{Env: busy, Queue: queueName, Key: fmt.Sprint("k", i%4), ID: fmt.Sprint("b", i)}
@@ -120,14 +114,8 @@ func TestDequeueShardAheadBrokenQueueStopsNothing(t *testing.T) {
 	t.Parallel()
 	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
-		busy, late := "busy", ""
-		for i := range 1000 {
-			if e := fmt.Sprint("late", i); b.q.ShardOf(e) == b.q.ShardOf(busy) {
-				late = e
-				break
-			}
-		}
-		require.NotEmpty(t, late)
+		busy := "busy"
+		late := sameShardEnv(t, b, busy)
 		shard := b.q.ShardOf(busy)
 		enqueueMany(t, b, 100, func(i int) runqueue.EnqueueParams {
 			return runqueue.EnqueueParams{Env: busy, Queue: queueName, Key: fmt.Sprint("k", i%4), ID: fmt.Sprint("b", i)}
@@ -236,4 +224,16 @@ func TestDequeueShardWaitAheadMarksWakeTogether(t *testing.T) {
 		reads := after["zrangebyscore"] - before["zrangebyscore"]
 		require.LessOrEqual(t, reads, 16, "reads of the master in a 3 s wait: %v", after)
 	})
+}
+
+// sameShardEnv is an env other than env0 on env0's shard.
+func sameShardEnv(t *testing.T, b *testBundle, env0 string) string {
+	t.Helper()
+	for i := range 1000 {
+		if e := fmt.Sprint("late", i); b.q.ShardOf(e) == b.q.ShardOf(env0) {
+			return e
+		}
+	}
+	t.Fatalf("no env on %s's shard", env0)
+	return ""
 }

@@ -493,6 +493,7 @@ func TestS17NClientPause(t *testing.T) {
 			})
 		}
 		var consumerHeld []*runqueue.Run
+		var refused []string // why each of consumerHeld was refused, and when
 		consume := func(untilEmpty bool) {
 			for {
 				select {
@@ -510,6 +511,7 @@ func TestS17NClientPause(t *testing.T) {
 				if untilEmpty && err == nil && len(runs) == 0 {
 					return
 				}
+				served := time.Now()
 				for _, r := range runs {
 					tally.add(r.ID)
 					for {
@@ -523,6 +525,9 @@ func TestS17NClientPause(t *testing.T) {
 						}
 						if errors.Is(err, runqueue.ErrLeaseLost) || errors.Is(err, runqueue.ErrNotInFlight) {
 							consumerHeld = append(consumerHeld, r)
+							refused = append(refused, fmt.Sprintf("%s: %v, %v after its Dequeue returned, lease until %v, at %v",
+								r.ID, err, time.Since(served).Round(time.Millisecond), r.LeaseDeadline.Format("15:04:05.000"),
+								time.Now().Format("15:04:05.000")))
 							break
 						}
 					}
@@ -550,7 +555,7 @@ func TestS17NClientPause(t *testing.T) {
 		_, err = q.RecoverLeases(ctx, q.ShardOf(env), 1000)
 		require.NoError(t, err)
 		consume(true)
-		require.Empty(t, consumerHeld, "acks refused")
+		require.Empty(t, consumerHeld, "acks refused: %v", refused)
 		t.Logf("%d enqueued, %d failed", len(okIDs), len(failedIDs))
 		require.NotEmpty(t, failedIDs, "the pauses were not felt")
 		require.Empty(t, slow, "calls that outlived their deadline")

@@ -735,8 +735,9 @@ func (q *Queue) readyMembers(ctx context.Context, z []redis.Z, seen []string, no
 // score (a ready run scored before it would lower it: the master's ZADD
 // LT), for aheadRecheck, and until now reaches the score, when the queue
 // is due anyway; so a shard whose look-ahead window holds delayed work only
-// (a retry backing off) pays the read once per queue and score a second,
-// not at every call. A ready run scored after such an entry's score (by a
+// (a retry backing off) pays the read about once a second per queue, not
+// at every call (when one entry's trust runs out the others of z are read
+// with it, so that their marks are set at one time). A ready run scored after such an entry's score (by a
 // writer whose clock is further ahead than the entry's work is away)
 // waits at most aheadRecheck: remembered until the score, it waited until
 // then, up to ShardLookAhead (helper-161: a run written 45 s ahead beside

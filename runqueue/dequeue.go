@@ -851,7 +851,7 @@ const aheadRecheck = 1000
 // shardFailBack, in turn.
 func (q *Queue) serveShard(ctx context.Context, shard int, members []string, maxCount int, now int64,
 	f *shardFaults, t *shardTally) (out []*Run, err error) {
-	plan, env, credit, nfirst, late := q.shardPlan(shard, members, t)
+	plan, env, credit, nfirst, late := q.shardPlan(shard, members)
 	for _, e := range env[:nfirst] {
 		t.served[e] += 0 // read by the call
 	}
@@ -1288,9 +1288,9 @@ func queueFault(err error) bool {
 }
 
 // shardPlan orders the queues of a shard for one call: one queue per env
-// (each env's first; nfirst of them), envs by credit (the shard's, plus
-// what t says the call served: the least first, ties the least recently
-// served first, then in the order of their names), then the remaining
+// (each env's first; nfirst of them), envs by credit (the shard's: the
+// least first, ties the least recently served first, then in the order
+// of their names), then the remaining
 // queues. An env's queues go by turn (shardCredit.queue: the least
 // recently served first, those never served by the call that first read
 // them, a queue first read now behind those), then in master order (the
@@ -1306,7 +1306,7 @@ func queueFault(err error) bool {
 // late, the earliest failure first, served after every other queue
 // (serveShard): while a queue keeps failing it takes no share, and no
 // place in its env's first round, from the others.
-func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*queueNames, env []string,
+func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env []string,
 	credit map[string]int, nfirst int, late []*queueNames) {
 	type entry struct {
 		env, queue string
@@ -1343,15 +1343,14 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		if _, ok := byEnv[e]; !ok {
 			envs = append(envs, e)
 			credit[e] = sc.credit(e)
-			// Served by this call: 2c. First read now (2c - 1): behind the
-			// envs already waiting level with it, which envs new every call
-			// would otherwise pass for ever (helper-125: a backlogged env
-			// served 0 runs in 100 calls of 1 beside two envs that took
-			// turns to have a run, when an env new to the credit ranked
-			// first).
-			turn[e] = sc.turnAt(e, sc.calls+1, t.served[e] > 0)
+			// First read now (2c - 1): behind the envs already waiting
+			// level with it, which envs new every call would otherwise pass
+			// for ever (helper-125: a backlogged env served 0 runs in 100
+			// calls of 1 beside two envs that took turns to have a run,
+			// when an env new to the credit ranked first).
+			turn[e] = sc.turnAt(e, sc.calls+1, false)
 		}
-		byEnv[e] = append(byEnv[e], entry{e, queue, i, sc.queueTurnAt(m, sc.calls+1, t.queues[m]), time.Time{}})
+		byEnv[e] = append(byEnv[e], entry{e, queue, i, sc.queueTurnAt(m, sc.calls+1, false), time.Time{}})
 	}
 	q.rrMu.Unlock()
 	sort.SliceStable(failed, func(i, j int) bool { return failed[i].failed.Before(failed[j].failed) })
@@ -1359,7 +1358,7 @@ func (q *Queue) shardPlan(shard int, members []string, t *shardTally) (plan []*q
 		late = append(late, q.names(e.env, e.queue))
 	}
 	slices.SortFunc(envs, func(a, b string) int {
-		if c := (credit[a] + t.served[a]) - (credit[b] + t.served[b]); c != 0 {
+		if c := credit[a] - credit[b]; c != 0 {
 			return c
 		}
 		if c := cmp.Compare(turn[a], turn[b]); c != 0 {

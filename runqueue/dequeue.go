@@ -749,26 +749,27 @@ func (q *Queue) aheadReady(ctx context.Context, z []redis.Z, now int64) (out []b
 	out = make([]bool, len(z))
 	recheck = math.MaxInt64
 	var look, trusted []int
-	aged := map[string]bool{}
-	q.rrMu.Lock()
-	for m, s := range q.aheadIdle {
-		// A mark from after now by a second or more: this Queue's clock
-		// stepped back (one a little after now, a concurrent call's, is
-		// kept).
-		if s.score <= now || now-s.at >= aheadRecheck || s.at-now >= aheadRecheck {
-			aged[m] = s.score > now && now-s.at >= aheadRecheck
-			delete(q.aheadIdle, m)
-		}
-	}
+	// A mark is trusted until its score, for aheadRecheck; one from after
+	// now by that much or more: this Queue's clock stepped back (one a
+	// little after now, a concurrent call's, is kept).
+	aged := func(s aheadMark) bool { return now-s.at >= aheadRecheck }
+	fresh := func(s aheadMark) bool { return s.score > now && !aged(s) && s.at-now < aheadRecheck }
 	merge := false
+	q.rrMu.Lock()
 	for i, e := range z {
 		m, _ := e.Member.(string)
-		if s, ok := q.aheadIdle[m]; ok && s.score == int64(e.Score) {
+		s, ok := q.aheadIdle[m]
+		if ok && s.score == int64(e.Score) && fresh(s) {
 			trusted = append(trusted, i)
 			continue
 		}
 		look = append(look, i)
-		merge = merge || aged[m]
+		merge = merge || (ok && s.score > now && aged(s))
+	}
+	for m, s := range q.aheadIdle {
+		if !fresh(s) {
+			delete(q.aheadIdle, m)
+		}
 	}
 	if merge {
 		// A mark ran out: the others are read with it, so that their marks

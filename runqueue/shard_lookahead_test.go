@@ -69,12 +69,7 @@ func TestDequeueShardAheadEnvTakesItsShare(t *testing.T) {
 	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		for _, skew := range []time.Duration{time.Second, 30 * time.Second, 59 * time.Second, 5 * time.Minute} {
 			b := s17Setup(t, c, on, nil)
-			busy := "busy"
-			late := sameShardEnv(t, b, busy)
-			shard := b.q.ShardOf(busy)
-			enqueueMany(t, b, 2000, func(i int) runqueue.EnqueueParams {
-				return runqueue.EnqueueParams{Env: busy, Queue: queueName, Key: fmt.Sprint("k", i%4), ID: fmt.Sprint("b", i)}
-			})
+			late, shard := busyBeside(t, b, 2000)
 			w, _ := s18cPeer(t, b, skew, nil)
 			s18cEnq(t, b, w, runqueue.EnqueueParams{Env: late, Key: "x", ID: "x"})
 			const step = time.Second
@@ -114,12 +109,7 @@ func TestDequeueShardAheadBrokenQueueStopsNothing(t *testing.T) {
 	t.Parallel()
 	s16EachFlag(t, func(t *testing.T, c redis.UniversalClient, on bool) {
 		b := s17Setup(t, c, on, nil)
-		busy := "busy"
-		late := sameShardEnv(t, b, busy)
-		shard := b.q.ShardOf(busy)
-		enqueueMany(t, b, 100, func(i int) runqueue.EnqueueParams {
-			return runqueue.EnqueueParams{Env: busy, Queue: queueName, Key: fmt.Sprint("k", i%4), ID: fmt.Sprint("b", i)}
-		})
+		late, shard := busyBeside(t, b, 100)
 		enqueue(t, b, runqueue.EnqueueParams{Env: late, Queue: "q", Key: "d", ID: "d", Delay: 30 * time.Second})
 		ck := keySpace(t, b).Env(late).Queue("q").CkIndex()
 		require.NoError(t, b.client.Set(b.ctx, ck, "not a sorted set", 0).Err())
@@ -226,14 +216,20 @@ func TestDequeueShardWaitAheadMarksWakeTogether(t *testing.T) {
 	})
 }
 
-// sameShardEnv is an env other than env0 on env0's shard.
-func sameShardEnv(t *testing.T, b *testBundle, env0 string) string {
+// busyBeside queues n ready runs of env "busy" (4 keys of queueName) and
+// returns another env on its shard, and the shard.
+func busyBeside(t *testing.T, b *testBundle, n int) (late string, shard int) {
 	t.Helper()
-	for i := range 1000 {
-		if e := fmt.Sprint("late", i); b.q.ShardOf(e) == b.q.ShardOf(env0) {
-			return e
+	const busy = "busy"
+	shard = b.q.ShardOf(busy)
+	for i := 0; late == "" && i < 1000; i++ {
+		if e := fmt.Sprint("late", i); b.q.ShardOf(e) == shard {
+			late = e
 		}
 	}
-	t.Fatalf("no env on %s's shard", env0)
-	return ""
+	require.NotEmpty(t, late, "no env on %s's shard", busy)
+	enqueueMany(t, b, n, func(i int) runqueue.EnqueueParams {
+		return runqueue.EnqueueParams{Env: busy, Queue: queueName, Key: fmt.Sprint("k", i%4), ID: fmt.Sprint("b", i)}
+	})
+	return late, shard
 }

@@ -30,8 +30,9 @@ type Queue struct {
 	closed   chan struct{}
 	closeMu  sync.Mutex
 	shardOff map[int]int64 // rotating read offset in each shard's master
-	// shardCredit: each shard's credit of envs and their turns (see
-	// shardCommit), at most shardTurnMax envs a shard; guarded by rrMu.
+	// shardCredit: each shard's credit of envs and their turns, and its
+	// queues' turns (see shardCommit), at most shardTurnMax envs and
+	// shardQueueTurnMax queues a shard; guarded by rrMu.
 	shardCredit map[int]*shardCredit
 	// aheadIdle: master members scored after now that a shard look-ahead
 	// found holding no ready run, with the score they had and when (see

@@ -446,7 +446,13 @@ func TestS17NClientPause(t *testing.T) {
 			tally.add(r.ID)
 			return nil
 		}, &runqueue.WorkerConfig{Queues: []runqueue.WorkerQueue{{Env: env, Queue: "wq"}}, Concurrency: 4,
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			// No sweeps: a pause (1.5s) outlasts the lease (1s), so a sweep
+			// the Worker sent during a pause runs when it ends, before the
+			// consumer's next ack, and rightly takes back the run that ack
+			// is for (ErrNotInFlight: with sweeps every 300ms, 3 refusals in
+			// 2 runs). The test recovers leases itself at the end.
+			SweepInterval: -1,
+			Logger:        slog.New(slog.NewTextHandler(io.Discard, nil))})
 		require.NoError(t, err)
 		require.NoError(t, w.Start(context.WithoutCancel(ctx)))
 		t.Cleanup(func() {

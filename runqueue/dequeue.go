@@ -610,11 +610,16 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // queue's own (queueFault: a LimitsFor the Queue refuses for it, a key of
 // the wrong type, a script error on its data) does not stop the call: the
 // call goes on with the other queues, and for a second the queue is looked
-// at after every other queue of a call's read, with what they leave; so a
-// queue whose calls keep failing cannot stop or slow the others of its env
-// or shard. A call that has passed over three such failures with nothing
-// served stops at the third (a refusal of every queue that does not read
-// as the server's: an ACL without scripting, say). A call's error (the first such failure, or what stopped it) is
+// at after every other queue of a call's read, with what they leave; then,
+// until its call succeeds or ten seconds pass without a failure, its env's
+// share of a call is served after the other envs'. So a queue whose calls
+// keep failing cannot stop or slow the others of its env or shard. A call
+// that has passed over three such failures with nothing served stops at
+// the third (a refusal of every queue that does not read as the server's:
+// an ACL without scripting, say); queues that keep failing do so only in
+// the first call that meets them (before, failing queues of three envs
+// came back first once a second, the envs that served nothing ranking
+// first, and stopped a call: helper-164, 4 calls of 63). A call's error (the first such failure, or what stopped it) is
 // returned when nothing else is served; a Worker logs a queue's failure
 // (at most once a second for each of its sources) and serves on.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
@@ -852,7 +857,7 @@ const aheadRecheck = 1000
 // shardFailBack, in turn.
 func (q *Queue) serveShard(ctx context.Context, shard int, members []string, maxCount int, now int64,
 	f *shardFaults, t *shardTally) (out []*Run, err error) {
-	plan, env, credit, nfirst, late := q.shardPlan(shard, members)
+	plan, env, credit, nfirst, late, back := q.shardPlan(shard, members)
 	for _, e := range env[:nfirst] {
 		t.served[e] += 0 // read by the call
 	}
@@ -864,7 +869,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 	// visit serves plan[i] up to share runs, and returns how many it served.
 	visit := func(i, share int) (int, error) {
 		failed := f.n
-		runs, err := q.shardQueue(ctx, plan[i], share, now, false, f, len(out))
+		runs, err := q.shardQueue(ctx, plan[i], share, now, back[plan[i].member], f, len(out))
 		out = append(out, runs...)
 		t.served[env[i]] += len(runs)
 		t.visited(plan[i].member, len(runs), f.n > failed)
@@ -872,7 +877,25 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 	}
 	var filled, unreached []int // plan indexes
 	if left := maxCount - len(out); left > 0 && len(plan) > 0 {
-		for _, g := range envShares(env, left) {
+		groups := envShares(env, left)
+		// The envs with a queue back from a failure after the others: the
+		// shares stay as they are, but three such failures with nothing
+		// served would stop the call (shardFaultsMax), and envs that
+		// served nothing rank first (helper-164: failing queues of three
+		// envs stopped a call about once a second).
+		isBack := func(g envShare) bool {
+			return slices.ContainsFunc(g.queues, func(i int) bool { return back[plan[i].member] })
+		}
+		slices.SortStableFunc(groups, func(a, b envShare) int {
+			switch ab, bb := isBack(a), isBack(b); {
+			case ab == bb:
+				return 0
+			case bb:
+				return -1
+			}
+			return 1
+		})
+		for _, g := range groups {
 			rest := g.share
 			for k, i := range g.queues {
 				// What the env's queues before it left, even among the rest.
@@ -1213,6 +1236,12 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 // goes last in its shard's calls (see shardPlan).
 const shardFailBack = time.Second
 
+// shardFailForget is how long the mark of a queue whose call in a shard
+// dequeue failed is kept: past shardFailBack the queue is back in its
+// place, and its env's share is served after the other envs' (serveShard)
+// until its call succeeds or this has passed since it last failed.
+const shardFailForget = 10 * time.Second
+
 // shardFaults counts the failures of queues' own that a shard call passed
 // over (shardQueue); first is the first of them.
 type shardFaults struct {
@@ -1233,31 +1262,32 @@ const shardFaultsMax = 3
 // goes on (no runs, no error), unless it is the shardFaultsMax-th with
 // nothing served; the queue is marked to go last in
 // the shard's calls for shardFailBack (shardPlan, serveShard), unless it
-// is late (marked already: the mark keeps its first failure's time, so a
-// queue whose calls keep failing comes back in its place, and its failure
-// to a Worker's log, once a shardFailBack). Any other failure is returned,
-// to stop the call. A success puts a marked queue back in its place.
-func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, late bool,
+// is late (marked within shardFailBack: the mark keeps its first failure's
+// time, so a queue whose calls keep failing comes back in its place, and
+// its failure to a Worker's log, once a shardFailBack). Any other failure
+// is returned, to stop the call. A success clears the mark of a queue
+// marked when the call planned (marked).
+func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, marked bool,
 	f *shardFaults, served int) ([]*Run, error) {
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
 	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
 		return runs, err
 	}
 	if err == nil {
-		// Only a late queue was marked when the call planned (no lock on
-		// the common path).
-		if late {
+		// Only a queue marked when the call planned can have a mark (no
+		// lock on the common path).
+		if marked {
 			q.rrMu.Lock()
 			delete(q.shardFailed, qn.member)
 			q.rrMu.Unlock()
 		}
 		return runs, nil
 	}
-	if !late {
-		q.rrMu.Lock()
+	q.rrMu.Lock()
+	if at, ok := q.shardFailed[qn.member]; !ok || time.Since(at) >= shardFailBack {
 		q.shardFailed[qn.member] = time.Now()
-		q.rrMu.Unlock()
 	}
+	q.rrMu.Unlock()
 	f.n++
 	if f.first == nil {
 		f.first = err
@@ -1306,9 +1336,11 @@ func queueFault(err error) bool {
 // (a failure of their own) within shardFailBack are not in plan but in
 // late, the earliest failure first, served after every other queue
 // (serveShard): while a queue keeps failing it takes no share, and no
-// place in its env's first round, from the others.
+// place in its env's first round, from the others. back holds the
+// queues of plan whose call failed within shardFailForget, before
+// shardFailBack.
 func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env []string,
-	credit map[string]int, nfirst int, late []*queueNames) {
+	credit map[string]int, nfirst int, late []*queueNames, back map[string]bool) {
 	type entry struct {
 		env, queue string
 		rank       int
@@ -1319,10 +1351,11 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env 
 	for m, at := range q.shardFailed {
 		// Pruned here, not only when met: a queue may fail once and never
 		// be read again.
-		if time.Since(at) >= shardFailBack {
+		if time.Since(at) >= shardFailForget {
 			delete(q.shardFailed, m)
 		}
 	}
+	back = map[string]bool{}
 	var failed []entry
 	var envs []string
 	byEnv := map[string][]entry{}
@@ -1338,8 +1371,11 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env 
 			continue // not ours to serve; never crash a consumer on a foreign member
 		}
 		if at, ok := q.shardFailed[m]; ok {
-			failed = append(failed, entry{e, queue, i, 0, at})
-			continue
+			if time.Since(at) < shardFailBack {
+				failed = append(failed, entry{e, queue, i, 0, at})
+				continue
+			}
+			back[m] = true
 		}
 		if _, ok := byEnv[e]; !ok {
 			envs = append(envs, e)
@@ -1387,5 +1423,5 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env 
 		plan = append(plan, q.names(e.env, e.queue))
 		env = append(env, e.env)
 	}
-	return plan, env, credit, len(first), late
+	return plan, env, credit, len(first), late, back
 }

@@ -179,3 +179,50 @@ func TestDequeueShardFailingQueuesBackBehindTheOthers(t *testing.T) {
 		})
 	}
 }
+
+// TestDequeueShardFailingEnvsBackBehindTheOthers: the queues of three envs
+// whose calls fail (LimitsFor refuses them), beside an env with a backlog:
+// once a second their marks lapse and they come back in their place, the
+// first of a call (envs that served nothing rank first). helper-164 (stop
+// 51): then three failures with nothing served stopped the call, about one
+// call a second (4 calls of 63). A call now visits the envs whose queues
+// failed within shardFailForget after the others, so only the first call,
+// which knows nothing of them, stops.
+func TestDequeueShardFailingEnvsBackBehindTheOthers(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.Shards = 1
+			cfg.LimitsFor = func(env, _ string) runqueue.Limits {
+				if strings.HasPrefix(env, "bad") {
+					return runqueue.Limits{Key: -1}
+				}
+				return runqueue.Limits{}
+			}
+		})
+		enqueueN(t, b, "good", "q", 400)
+		b.clock.Advance(time.Second)
+		for i := range 3 {
+			enqueueN(t, b, fmt.Sprint("bad", i), "q", 1)
+		}
+		call := func(i int) {
+			runs, err := b.q.DequeueShard(b.ctx, 0, 4)
+			if i == 0 {
+				// The first call knows nothing of them: they come first and
+				// stop it.
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err, "call %d", i)
+			require.Len(t, runs, 4, "call %d", i)
+			ackAll(t, b, runs)
+		}
+		for round := range 3 {
+			for i := range 5 {
+				call(round*5 + i)
+			}
+			time.Sleep(1100 * time.Millisecond) // past shardFailBack: back from going late
+		}
+		call(15)
+	})
+}

@@ -111,7 +111,8 @@ type Config struct {
 	// reaches (ScanLimit at most: the first, earliest due first; with the
 	// fair scheduler and more due, those without a ready run first, see
 	// docs/design.md "Dequeue"): each takes up to the same share of it,
-	// rounded up, then those that filled their share share what the others
+	// rounded up (with the fair scheduler, a share by its key's weight),
+	// then those that filled their share share what the others
 	// left (what they leave in turn, in the delay index's order); then what
 	// the variants at their key limit took, which the call cannot serve,
 	// goes again to the others. So one call promotes fewer than

@@ -485,16 +485,17 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 		s := min(len(starving), scan-min(len(fed), scan/4))
 		window = slices.Concat(starving[:s], fed[:min(len(fed), scan-s)])
 	}
-	due, held := make([]int, reached), make([]bool, reached)
+	due, held, milli := make([]int, reached), make([]bool, reached), make([]int64, reached)
 	for i, v := range window {
 		held[i] = o.atKeyLimit(v.k)
+		milli[i] = vtime.MilliWeightOf(v.k.weight)
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))
 		})
 		due[i] = len(v.due)
 	}
-	plan, plan1 := o.promotePlan(maxCount, due, held), o.promotePlan(1, due[:reached1], held[:reached1])
+	plan, plan1 := o.promotePlan(maxCount, due, held, milli), o.promotePlan(1, due[:reached1], held[:reached1], milli[:reached1])
 	certain, certain1 = len(dv) == reached, len(dv) == reached1
 	var batch []*orun
 	for i, v := range window {
@@ -513,10 +514,15 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 
 // promotePlan is how many of its due runs (due, in the delay index's
 // order) each reached variant promotes in a call of maxCount, those at
-// their key limit held: the plan the scripts follow, vtime.PromotePlan
-// (docs/design.md, "Dequeue").
-func (o *Oracle) promotePlan(maxCount int, due []int, held []bool) []int {
-	plan, _ := vtime.PromotePlan(o.cfg.PromoteLimit, maxCount, due, held)
+// their key limit held, milli their milli-weights: the plan the scripts
+// follow, vtime.PromotePlanWeighted with the flag on (the first pass
+// shares by weight), vtime.PromotePlan with it off (docs/design.md,
+// "Dequeue").
+func (o *Oracle) promotePlan(maxCount int, due []int, held []bool, milli []int64) []int {
+	if !o.flagOn {
+		milli = nil
+	}
+	plan, _ := vtime.PromotePlanWeighted(o.cfg.PromoteLimit, maxCount, due, held, milli)
 	return plan
 }
 

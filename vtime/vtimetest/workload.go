@@ -185,24 +185,31 @@ func BatchInvarianceObserved(rt *rapid.T, f Factory) {
 	}
 	// The first call of 1 promotes them all, as the call of N does: at
 	// most ScanLimit (default 30) due variants, each given all of its due
-	// runs by the call's plan (vtime.PromotePlan, PromoteLimit 100, those
-	// at the key limit held).
+	// runs by the call's plan (vtime.PromotePlanWeighted, PromoteLimit
+	// 100, those at the key limit held, the first pass by weight).
 	perVariant := map[string]int{}
-	for _, r := range db.Snapshot(rt).Runs {
+	snap := db.Snapshot(rt)
+	for _, r := range snap.Runs {
 		if r.Delayed && r.At <= now {
 			perVariant[keys.VariantMember(r.Key)]++
 		}
 	}
 	var dueRuns []int
 	var held []bool // at the key limit: the others take again what such a variant takes
+	var milli []int64
 	for _, e := range delay {
 		if e.Score <= float64(now) {
 			dueRuns = append(dueRuns, perVariant[e.Member])
 			held = append(held, keyLimit > 0 && db.InFlight(rt, keyOf(rt, e.Member)) >= keyLimit)
+			w, ok := snap.Weights[e.Member]
+			if !ok {
+				w = 1000
+			}
+			milli = append(milli, w)
 		}
 	}
 	ok := due <= 30
-	plan, _ := vtime.PromotePlan(100, 1, dueRuns, held)
+	plan, _ := vtime.PromotePlanWeighted(100, 1, dueRuns, held, milli)
 	for i := range dueRuns {
 		ok = ok && plan[i] == dueRuns[i]
 	}

@@ -212,8 +212,12 @@ end
 -- (the common case) it is all the call reads of delayed runs, and
 -- dq_finish reuses it. pick, when given (the flag-on dequeue), chooses the
 -- variants when more than scan are due: it gets the first scan + 1 and
--- returns those to promote.
-local function dq_promote(dq, hooks, pick)
+-- returns those to promote. weigh, when given (the flag-on dequeue), gets
+-- the variants to promote and returns their milli-weights, or nil when
+-- the queue has none: the first pass then shares the budget by weight,
+-- min(limit, ceil(budget x weight / the variants' sum))
+-- (vtime.PromotePlanWeighted).
+local function dq_promote(dq, hooks, pick, weigh)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
     dq.delay_head = false
@@ -230,8 +234,14 @@ local function dq_promote(dq, hooks, pick)
   local limit = dq.promote_limit
   local left = math.max(limit, dq.max_count)
   local share = math.min(limit, math.ceil(left / #due))
+  local ws, sum = weigh and weigh(due), 0
+  if ws then
+    for i = 1, #ws do sum = sum + ws[i] end
+  end
+  local budget = left
   local filled, plan = {}, {}
   for i, vm in ipairs(due) do
+    if ws then share = math.min(limit, math.ceil(budget * ws[i] / sum)) end
     local got = dq_promote_variant(dq, hooks, vm, share)
     if got == share then filled[#filled + 1] = i end
     plan[i] = got

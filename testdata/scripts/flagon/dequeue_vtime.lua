@@ -1163,8 +1163,12 @@ end
 -- (the common case) it is all the call reads of delayed runs, and
 -- dq_finish reuses it. pick, when given (the flag-on dequeue), chooses the
 -- variants when more than scan are due: it gets the first scan + 1 and
--- returns those to promote.
-local function dq_promote(dq, hooks, pick)
+-- returns those to promote. weigh, when given (the flag-on dequeue), gets
+-- the variants to promote and returns their milli-weights, or nil when
+-- the queue has none: the first pass then shares the budget by weight,
+-- min(limit, ceil(budget x weight / the variants' sum))
+-- (vtime.PromotePlanWeighted).
+local function dq_promote(dq, hooks, pick, weigh)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
     dq.delay_head = false
@@ -1181,8 +1185,14 @@ local function dq_promote(dq, hooks, pick)
   local limit = dq.promote_limit
   local left = math.max(limit, dq.max_count)
   local share = math.min(limit, math.ceil(left / #due))
+  local ws, sum = weigh and weigh(due), 0
+  if ws then
+    for i = 1, #ws do sum = sum + ws[i] end
+  end
+  local budget = left
   local filled, plan = {}, {}
   for i, vm in ipairs(due) do
+    if ws then share = math.min(limit, math.ceil(budget * ws[i] / sum)) end
     local got = dq_promote_variant(dq, hooks, vm, share)
     if got == share then filled[#filled + 1] = i end
     plan[i] = got
@@ -1590,6 +1600,14 @@ dq_promote(dq, promoted, function(look)
   for i = 1, s do due[i] = starving[i] end
   for i = 1, f do due[s + i] = fed[i] end
   return due
+end, function(due)
+  -- the milli-weights of the variants to promote (none when the queue has
+  -- no weights: the even shares are the same)
+  if redis.call('HLEN', S.w) == 0 then return nil end
+  local raw = sched_hmget(S.w, due)
+  local ws = {}
+  for i = 1, #due do ws[i] = sched_milli(raw[i]) end
+  return ws
 end)
 if promoted[1] then sched_register_many(S, promoted) end
 -- A queue without scheduler state (never used, or idle past StateTTL) and

@@ -610,16 +610,17 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // queue's own (queueFault: a LimitsFor the Queue refuses for it, a key of
 // the wrong type, a script error on its data) does not stop the call: the
 // call goes on with the other queues, and for a second the queue is looked
-// at after every other queue of a call's read, with what they leave; then,
-// until its call succeeds or ten seconds pass without a failure, its env's
-// share of a call is served after the other envs'. So a queue whose calls
-// keep failing cannot stop or slow the others of its env or shard. A call
-// that has passed over three such failures with nothing served stops at
-// the third (a refusal of every queue that does not read as the server's:
-// an ACL without scripting, say); queues that keep failing do so only in
-// the first call that meets them (before, failing queues of three envs
-// came back first once a second, the envs that served nothing ranking
-// first, and stopped a call: helper-164, 4 calls of 63). A call's error (the first such failure, or what stopped it) is
+// at after every other queue of a call's read, with what they leave; so a
+// queue whose calls keep failing cannot stop or slow the others of its env
+// or shard. A call that has passed over three such failures with nothing
+// served stops there (a refusal of every queue that does not read as the
+// server's: an ACL without scripting, say), but the failures of queues
+// that failed within the last five seconds do not stop a call before the
+// other queues are tried (of those, while nothing is served, it tries
+// three): so queues that keep failing stop only the first call that meets
+// them, or one whose other queues serve nothing (before, failing queues of
+// three envs came back first once a second, the envs that served nothing
+// ranking first, and stopped a call: helper-164, 4 calls of 63). A call's error (the first such failure, or what stopped it) is
 // returned when nothing else is served; a Worker logs a queue's failure
 // (at most once a second for each of its sources) and serves on.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
@@ -877,25 +878,7 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 	}
 	var filled, unreached []int // plan indexes
 	if left := maxCount - len(out); left > 0 && len(plan) > 0 {
-		groups := envShares(env, left)
-		// The envs with a queue back from a failure after the others: the
-		// shares stay as they are, but three such failures with nothing
-		// served would stop the call (shardFaultsMax), and envs that
-		// served nothing rank first (helper-164: failing queues of three
-		// envs stopped a call about once a second).
-		isBack := func(g envShare) bool {
-			return slices.ContainsFunc(g.queues, func(i int) bool { return back[plan[i].member] })
-		}
-		slices.SortStableFunc(groups, func(a, b envShare) int {
-			switch ab, bb := isBack(a), isBack(b); {
-			case ab == bb:
-				return 0
-			case bb:
-				return -1
-			}
-			return 1
-		})
-		for _, g := range groups {
+		for _, g := range envShares(env, left) {
 			rest := g.share
 			for k, i := range g.queues {
 				// What the env's queues before it left, even among the rest.
@@ -958,6 +941,12 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 			return out, err
 		}
 		out = append(out, runs...)
+	}
+	if len(out) == 0 && f.n >= shardFaultsMax {
+		// Nothing served, and as many failures as stop a call: a stop
+		// (the queues' calls that were known to fail do not stop a call
+		// before the others are tried; see shardQueue).
+		return nil, f.first
 	}
 	return out, nil
 }
@@ -1237,16 +1226,18 @@ func (q *Queue) shardCommit(shard int, t *shardTally, maxCount int) {
 const shardFailBack = time.Second
 
 // shardFailForget is how long the mark of a queue whose call in a shard
-// dequeue failed is kept: past shardFailBack the queue is back in its
-// place, and its env's share is served after the other envs' (serveShard)
-// until its call succeeds or this has passed since it last failed.
-const shardFailForget = 10 * time.Second
+// dequeue failed is kept, from the failure that set it: past
+// shardFailBack the queue is back in its place, and its calls' failures
+// are known ones (shardQueue) until it succeeds or this has passed.
+const shardFailForget = 5 * time.Second
 
 // shardFaults counts the failures of queues' own that a shard call passed
-// over (shardQueue); first is the first of them.
+// over (shardQueue); first is the first of them, known those of queues
+// marked when the call planned (failed within shardFailForget).
 type shardFaults struct {
 	first error
 	n     int
+	known int
 }
 
 // shardFaultsMax: a shard call that has passed over this many failures of
@@ -1259,16 +1250,28 @@ const shardFaultsMax = 3
 
 // shardQueue is one queue's call of a shard dequeue, after served runs. A
 // failure of the queue's own (queueFault) is counted in f and the call
-// goes on (no runs, no error), unless it is the shardFaultsMax-th with
-// nothing served; the queue is marked to go last in
+// goes on (no runs, no error), unless it is the shardFaultsMax-th or a
+// later one with nothing served and the queue was not marked when the
+// call planned (marked: it failed within shardFailForget); the queue is
+// marked to go last in
 // the shard's calls for shardFailBack (shardPlan, serveShard), unless it
 // is late (marked within shardFailBack: the mark keeps its first failure's
 // time, so a queue whose calls keep failing comes back in its place, and
-// its failure to a Worker's log, once a shardFailBack). Any other failure
-// is returned, to stop the call. A success clears the mark of a queue
-// marked when the call planned (marked).
+// its failure to a Worker's log, once a shardFailBack). A marked queue's
+// failure is a known one: it does not stop the call, which tries the
+// others (helper-164: failing queues of three envs, back in their place,
+// came first, envs that served nothing ranking first, and stopped a call
+// about once a second); while nothing is served, a call makes at most
+// shardFaultsMax calls of marked queues, and passes over the others, so
+// a refusal of every queue costs a call shardFaultsMax + 1 script calls
+// at most (serveShard stops a call that served nothing after
+// shardFaultsMax failures). Any other failure is returned, to stop the
+// call. A success clears the mark of a marked queue.
 func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, marked bool,
 	f *shardFaults, served int) ([]*Run, error) {
+	if marked && served == 0 && f.known >= shardFaultsMax {
+		return nil, nil
+	}
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
 	if err != nil && (ctxEnded(ctx) || !queueFault(err)) {
 		return runs, err
@@ -1289,10 +1292,13 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 	}
 	q.rrMu.Unlock()
 	f.n++
+	if marked {
+		f.known++
+	}
 	if f.first == nil {
 		f.first = err
 	}
-	if served == 0 && f.n >= shardFaultsMax {
+	if served == 0 && !marked && f.n >= shardFaultsMax {
 		return nil, err
 	}
 	return nil, nil
@@ -1338,7 +1344,7 @@ func queueFault(err error) bool {
 // (serveShard): while a queue keeps failing it takes no share, and no
 // place in its env's first round, from the others. back holds the
 // queues of plan whose call failed within shardFailForget, before
-// shardFailBack.
+// shardFailBack: their failures are known ones (shardQueue).
 func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env []string,
 	credit map[string]int, nfirst int, late []*queueNames, back map[string]bool) {
 	type entry struct {
@@ -1348,11 +1354,15 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env 
 		failed     time.Time
 	}
 	q.rrMu.Lock()
-	for m, at := range q.shardFailed {
-		// Pruned here, not only when met: a queue may fail once and never
-		// be read again.
-		if time.Since(at) >= shardFailForget {
-			delete(q.shardFailed, m)
+	if len(q.shardFailed) > 0 && time.Since(q.shardFailPruned) >= shardFailBack {
+		// Pruned here, not only when met (a queue may fail once and never
+		// be read again), at most once a shardFailBack (the marks of
+		// many failing queues are kept shardFailForget).
+		q.shardFailPruned = time.Now()
+		for m, at := range q.shardFailed {
+			if time.Since(at) >= shardFailForget {
+				delete(q.shardFailed, m)
+			}
 		}
 	}
 	back = map[string]bool{}
@@ -1375,7 +1385,9 @@ func (q *Queue) shardPlan(shard int, members []string) (plan []*queueNames, env 
 				failed = append(failed, entry{e, queue, i, 0, at})
 				continue
 			}
-			back[m] = true
+			if time.Since(at) < shardFailForget { // (not pruned yet)
+				back[m] = true
+			}
 		}
 		if _, ok := byEnv[e]; !ok {
 			envs = append(envs, e)

@@ -39,9 +39,11 @@ type Queue struct {
 	// Queue.aheadReady); guarded by rrMu.
 	aheadIdle map[string]aheadMark
 	// shardFailed: master members whose call in a shard dequeue failed,
-	// with when (see shardPlan); guarded by rrMu.
-	shardFailed map[string]time.Time
-	rrMu        sync.Mutex
+	// with when (see shardPlan), and when shardPlan last pruned it;
+	// guarded by rrMu.
+	shardFailed     map[string]time.Time
+	shardFailPruned time.Time
+	rrMu            sync.Mutex
 
 	nameCache nameCache // queueNames by (env, queue)
 

@@ -500,6 +500,18 @@ func TestDequeueShardEveryQueueRefused(t *testing.T) {
 				}
 				require.LessOrEqual(t, hook.calls.Load()-before, most, "call %d: script calls", call)
 			}
+			// Past shardFailBack the queues that failed are back in their
+			// place and fail as known ones, which do not stop a call before
+			// the others are tried: a call tries three of them, then stops
+			// at the next failure of another.
+			time.Sleep(1100 * time.Millisecond)
+			for call := range 5 {
+				before := hook.calls.Load()
+				runs, err := b.q.DequeueShard(b.ctx, 0, 10)
+				require.Empty(t, runs)
+				require.ErrorContains(t, err, "NOPERM", "call %d after the marks lapsed", call)
+				require.LessOrEqual(t, hook.calls.Load()-before, int64(4), "call %d after the marks lapsed: script calls", call)
+			}
 		})
 	}
 }

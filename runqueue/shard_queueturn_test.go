@@ -180,49 +180,63 @@ func TestDequeueShardFailingQueuesBackBehindTheOthers(t *testing.T) {
 	}
 }
 
-// TestDequeueShardFailingEnvsBackBehindTheOthers: the queues of three envs
+// TestDequeueShardFailingEnvsBackBehindTheOthers: the queues of k envs
 // whose calls fail (LimitsFor refuses them), beside an env with a backlog:
 // once a second their marks lapse and they come back in their place, the
 // first of a call (envs that served nothing rank first). helper-164 (stop
 // 51): then three failures with nothing served stopped the call, about one
-// call a second (4 calls of 63). A call now visits the envs whose queues
-// failed within shardFailForget after the others, so only the first call,
-// which knows nothing of them, stops.
+// call a second (4 calls of 63). A queue that failed within
+// shardFailForget fails as a known one, which does not stop a call before
+// the others are tried, so only the first calls, which know nothing of
+// them, stop (a third of k of them). helper-167 at the first version of
+// this fix (their envs' shares served after the others'): with calls of
+// fewer runs than envs the failing envs still took the shares and stopped
+// the calls of 1, 2 and 3 that followed each lapse.
 func TestDequeueShardFailingEnvsBackBehindTheOthers(t *testing.T) {
 	t.Parallel()
-	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.Shards = 1
-			cfg.LimitsFor = func(env, _ string) runqueue.Limits {
-				if strings.HasPrefix(env, "bad") {
-					return runqueue.Limits{Key: -1}
+	for _, tc := range []struct{ bad, maxCount int }{{3, 1}, {3, 2}, {3, 4}, {10, 1}, {10, 4}} {
+		t.Run(fmt.Sprintf("bad=%d/maxCount=%d", tc.bad, tc.maxCount), func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) {
+					cfg.Shards = 1
+					cfg.LimitsFor = func(env, _ string) runqueue.Limits {
+						if strings.HasPrefix(env, "bad") {
+							return runqueue.Limits{Key: -1}
+						}
+						return runqueue.Limits{}
+					}
+				})
+				enqueueN(t, b, "good", "q", 400)
+				b.clock.Advance(time.Second)
+				for i := range tc.bad {
+					enqueueN(t, b, fmt.Sprint("bad", i), "q", 1)
 				}
-				return runqueue.Limits{}
-			}
+				// The first calls know nothing of them: they come first,
+				// three at a time, and may stop those calls (the first
+				// one does).
+				first := (tc.bad + 2) / 3
+				call := func(i int) {
+					runs, err := b.q.DequeueShard(b.ctx, 0, tc.maxCount)
+					if i == 0 {
+						require.Error(t, err, "call %d", i)
+					}
+					if i < first {
+						ackAll(t, b, runs)
+						return
+					}
+					require.NoError(t, err, "call %d", i)
+					require.Len(t, runs, tc.maxCount, "call %d", i)
+					ackAll(t, b, runs)
+				}
+				for round := range 3 {
+					for i := range 5 {
+						call(round*5 + i)
+					}
+					time.Sleep(1100 * time.Millisecond) // past shardFailBack: back from going late
+				}
+				call(15)
+			})
 		})
-		enqueueN(t, b, "good", "q", 400)
-		b.clock.Advance(time.Second)
-		for i := range 3 {
-			enqueueN(t, b, fmt.Sprint("bad", i), "q", 1)
-		}
-		call := func(i int) {
-			runs, err := b.q.DequeueShard(b.ctx, 0, 4)
-			if i == 0 {
-				// The first call knows nothing of them: they come first and
-				// stop it.
-				require.Error(t, err)
-				return
-			}
-			require.NoError(t, err, "call %d", i)
-			require.Len(t, runs, 4, "call %d", i)
-			ackAll(t, b, runs)
-		}
-		for round := range 3 {
-			for i := range 5 {
-				call(round*5 + i)
-			}
-			time.Sleep(1100 * time.Millisecond) // past shardFailBack: back from going late
-		}
-		call(15)
-	})
+	}
 }

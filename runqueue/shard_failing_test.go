@@ -31,6 +31,17 @@ func badLimits(cfg *runqueue.Config) {
 	}
 }
 
+// badEnvLimits is badLimits for every queue of the envs named "bad...".
+func badEnvLimits(cfg *runqueue.Config) {
+	badLimits(cfg)
+	cfg.LimitsFor = func(env, _ string) runqueue.Limits {
+		if strings.HasPrefix(env, "bad") {
+			return runqueue.Limits{Key: -1}
+		}
+		return runqueue.Limits{}
+	}
+}
+
 // TestDequeueShardFailingQueue: a queue whose calls keep failing does not
 // stop DequeueShard from serving the other queues of its env and shard.
 // Before, each env's oldest queue came first in every call and a call

@@ -2,7 +2,6 @@ package runqueue_test
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -133,15 +132,7 @@ func TestDequeueShardFailingQueuesBackBehindTheOthers(t *testing.T) {
 		t.Run(fmt.Sprintf("failingOlder=%v", older), func(t *testing.T) {
 			t.Parallel()
 			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) {
-					cfg.Shards = 1
-					cfg.LimitsFor = func(_, queue string) runqueue.Limits {
-						if strings.HasPrefix(queue, "bad") {
-							return runqueue.Limits{Key: -1}
-						}
-						return runqueue.Limits{}
-					}
-				})
+				b := setup(t, c, badLimits)
 				bad := func() {
 					for i := range 5 {
 						enqueueN(t, b, "a", fmt.Sprint("bad", i), 1)
@@ -198,15 +189,7 @@ func TestDequeueShardFailingEnvsBackBehindTheOthers(t *testing.T) {
 		t.Run(fmt.Sprintf("bad=%d/maxCount=%d", tc.bad, tc.maxCount), func(t *testing.T) {
 			t.Parallel()
 			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) {
-					cfg.Shards = 1
-					cfg.LimitsFor = func(env, _ string) runqueue.Limits {
-						if strings.HasPrefix(env, "bad") {
-							return runqueue.Limits{Key: -1}
-						}
-						return runqueue.Limits{}
-					}
-				})
+				b := setup(t, c, badEnvLimits)
 				enqueueN(t, b, "good", "q", 400)
 				b.clock.Advance(time.Second)
 				for i := range tc.bad {

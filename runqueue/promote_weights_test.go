@@ -79,3 +79,70 @@ func TestDequeueWeightedDelayedShare(t *testing.T) {
 		})
 	}
 }
+
+// TestDequeueWeightedDelayedLeftAndHeld: what a heavy key leaves of its
+// promotion share goes to the others by weight too. Keys w01 and w03
+// (weights 1 and 3) have delayed backlogs; w10 (weight 10) either has 5
+// runs falling due a call (it leaves most of its share) or is at its key
+// limit (held: what it takes goes again to the others). helper-168, at the
+// first version of the weighted promotion (its first pass by weight, the
+// second and the held variants' re-spread even): w03's part of the w01 +
+// w03 serves 0.579 and 0.580, where 0.750 is due (0.505 and 0.510 before
+// any weighting).
+func TestDequeueWeightedDelayedLeftAndHeld(t *testing.T) {
+	t.Parallel()
+	for _, held := range []bool{false, true} {
+		t.Run(fmt.Sprintf("held=%v", held), func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) {
+					cfg.VtimeScheduling = true
+					if held {
+						cfg.KeyConcurrency = 200
+					}
+				})
+				var ps []runqueue.EnqueueParams
+				if held {
+					for i := range 200 {
+						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "w10", ID: fmt.Sprint("held-", i)})
+					}
+					enqueueAll(t, b, ps)
+					require.Len(t, dequeue(t, b, queueName, 200), 200)
+					ps = nil
+				}
+				for _, k := range []string{"w01", "w03"} {
+					for i := range 1200 {
+						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: k, ID: fmt.Sprint(k, "-", i), Delay: time.Second})
+					}
+				}
+				for i := range 1200 {
+					p := runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "w10", ID: fmt.Sprint("w10-", i), Delay: time.Second}
+					if !held {
+						if i == 50 {
+							break
+						}
+						p.Delay += time.Duration(i/5) * 10 * time.Millisecond // 5 due a call
+					}
+					ps = append(ps, p)
+				}
+				require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "w03", 3))
+				require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "w10", 10))
+				enqueueAll(t, b, ps)
+				b.clock.Advance(time.Second)
+				served := map[string]int{}
+				for range 10 {
+					runs := dequeue(t, b, queueName, 100)
+					for _, r := range runs {
+						served[r.Key]++
+					}
+					_, err := b.q.AckMany(b.ctx, runs)
+					require.NoError(t, err)
+					b.clock.Advance(10 * time.Millisecond)
+				}
+				part := float64(served["w03"]) / float64(served["w01"]+served["w03"])
+				t.Logf("served %v; w03 / (w01 + w03) = %.3f (0.750 due)", served, part)
+				require.InDelta(t, 0.75, part, 0.03)
+			})
+		})
+	}
+}

@@ -886,11 +886,17 @@ func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int
 	return PromotePlanWeighted(limit, maxCount, due, held, nil)
 }
 
-// PromotePlanWeighted is PromotePlan for a flag-on call, whose first pass
-// gives each variant a share of the budget by its milli-weight (milli[i]):
-// min(limit, ceil(budget x milli[i] / the variants' sum)); nil milli (a
-// queue without weights) is PromotePlan's even share, which equal weights
-// give too. The second and third passes are PromotePlan's. Where a call
+// PromotePlanWeighted is PromotePlan for a flag-on call, whose passes
+// share by the variants' milli-weights (milli[i]): the first gives each
+// min(limit, ceil(budget x milli[i] / the variants' sum)), the second
+// (spreadLeft, and again with what the held variants took) ceil(left x
+// milli[i] / the sum of those it shares among); nil milli (a queue
+// without weights) is PromotePlan's even shares, which equal weights give
+// too. (helper-168: with an even second pass, what a heavy key left, with
+// few runs due or at its key limit, went evenly to the others: w3's share
+// of w1 + w3 0.579 where 0.750 is due.) Weights hold while each key's
+// part, budget x w / the sum, is within limit: above it every key is
+// capped at limit alike. Where a call
 // serves about as many runs as it promotes (every key's work delayed and
 // due, maxCount near the budget), the promotion decides the serves: with
 // even shares a key of weight 10 among 29 of weight 1 was served as one of
@@ -921,7 +927,7 @@ func PromotePlanWeighted(limit, maxCount int, due []int, held []bool, milli []in
 		}
 	}
 	copy(plan, first)
-	spreadLeft(limit, due, plan, filled, left)
+	spreadLeft(limit, due, plan, filled, left, milli)
 	if held == nil {
 		return plan, first
 	}
@@ -937,23 +943,33 @@ func PromotePlanWeighted(limit, maxCount int, due []int, held []bool, milli []in
 			more += plan[i]
 		}
 	}
-	spreadLeft(limit, due, plan, free, more)
+	spreadLeft(limit, due, plan, free, more, milli)
 	return plan, first
 }
 
 // spreadLeft is PromotePlan's second and third passes over the variants
 // filled (those that filled their first share), adding to plan: each takes
-// up to the same share of left, ceil(left / len(filled)), within limit;
-// those that filled that take what is still left, in order, within limit.
-// It returns what is left after both.
-func spreadLeft(limit int, due, plan, filled []int, left int) int {
+// up to the same share of left, ceil(left / len(filled)), or with milli a
+// share by weight, ceil(left x milli[i] / their sum over filled), within
+// limit; those that filled that take what is still left, in order, within
+// limit. It returns what is left after both.
+func spreadLeft(limit int, due, plan, filled []int, left int, milli []int64) int {
 	if left <= 0 || len(filled) == 0 {
 		return left
 	}
-	second := ceilDiv(left, len(filled))
+	even := ceilDiv(left, len(filled)) // of left before the pass
+	second := func(int) int { return even }
+	if milli != nil {
+		var sum int64
+		for _, i := range filled {
+			sum += milli[i]
+		}
+		base := int64(left)
+		second = func(i int) int { return int(ceilDiv64(base*milli[i], sum)) }
+	}
 	var again []int
 	for _, i := range filled {
-		want := min(second, limit-plan[i])
+		want := min(second(i), limit-plan[i])
 		more := min(want, due[i]-plan[i])
 		plan[i] += more
 		left -= more

@@ -1117,14 +1117,20 @@ end
 -- variants at the positions filled (those that filled their first share;
 -- then again over those not held, with what the held took),
 -- plan holding what each took: each takes up to the same share of left,
--- ceil(left / #filled), within the promote limit; those that filled that
--- take what is still left, in order. Returns what is left after both.
-local function dq_spread(dq, hooks, due, plan, filled, left)
+-- ceil(left / #filled), or with ws (the due variants' milli-weights) a
+-- share by weight, ceil(left x ws[i] / their sum over filled), within the
+-- promote limit; those that filled that take what is still left, in
+-- order. Returns what is left after both.
+local function dq_spread(dq, hooks, due, plan, filled, left, ws)
   if left <= 0 or not filled[1] then return left end
   local limit = dq.promote_limit
-  local share = math.ceil(left / #filled)
+  local share, base, sum = math.ceil(left / #filled), left, 0
+  if ws then
+    for _, i in ipairs(filled) do sum = sum + ws[i] end
+  end
   local again = {}
   for _, i in ipairs(filled) do
+    if ws then share = math.ceil(base * ws[i] / sum) end
     local want = math.min(share, limit - plan[i])
     if want > 0 then
       local got = dq_promote_variant(dq, hooks, due[i], want)
@@ -1165,9 +1171,9 @@ end
 -- variants when more than scan are due: it gets the first scan + 1 and
 -- returns those to promote. weigh, when given (the flag-on dequeue), gets
 -- the variants to promote and returns their milli-weights, or nil when
--- the queue has none: the first pass then shares the budget by weight,
--- min(limit, ceil(budget x weight / the variants' sum))
--- (vtime.PromotePlanWeighted).
+-- the queue has none: each pass then shares by weight, the first
+-- min(limit, ceil(budget x weight / the variants' sum)), the second (and
+-- the held variants' runs) as dq_spread says (vtime.PromotePlanWeighted).
 local function dq_promote(dq, hooks, pick, weigh)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
@@ -1198,7 +1204,7 @@ local function dq_promote(dq, hooks, pick, weigh)
     plan[i] = got
     left = left - got
   end
-  dq_spread(dq, hooks, due, plan, filled, left)
+  dq_spread(dq, hooks, due, plan, filled, left, ws)
   if dq.key_limit <= 0 then return end
   local more, free = 0, {}
   for _, i in ipairs(filled) do
@@ -1207,7 +1213,7 @@ local function dq_promote(dq, hooks, pick, weigh)
   for i, vm in ipairs(due) do
     if dq_at_limit(dq, vm) then more = more + plan[i] end
   end
-  dq_spread(dq, hooks, due, plan, free, more)
+  dq_spread(dq, hooks, due, plan, free, more, ws)
 end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it

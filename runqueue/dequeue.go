@@ -617,8 +617,9 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // server's: an ACL without scripting, say), but the failures of queues
 // that failed within the last five seconds do not stop a call before the
 // other queues are tried (of those, while nothing is served, it tries
-// three): so queues that keep failing stop only the first call that meets
-// them, or one whose other queues serve nothing (before, failing queues of
+// three): so queues that keep failing stop only the first calls that meet
+// them, or one whose other queues serve nothing, while the shard's calls
+// come less than five seconds apart (before, failing queues of
 // three envs came back first once a second, the envs that served nothing
 // ranking first, and stopped a call: helper-164, 4 calls of 63). A call's error (the first such failure, or what stopped it) is
 // returned when nothing else is served; a Worker logs a queue's failure

@@ -78,10 +78,10 @@
 //     the delay index's order, one filling the places the other leaves.
 //     The call's budget,
 //     max(PromoteLimit, maxCount), is spent on those variants in three
-//     passes (PromotePlanWeighted), each sharing by weight (the same
+//     passes (PromotePlanWeighted), the first two by weight (the same
 //     shares, rounded up, for equal weights): each takes up to
 //     ceil(budget x w / the variants' sum of w), at most PromoteLimit; those that filled their share take up to
-//     the same share of what is left; those that filled that take what is
+//     a share of what is left by weight; those that filled that take what is
 //     still left, in order. Then the variants at their key limit (held)
 //     keep what they took and the others take as much again: the budget
 //     goes whole to the variants the call can serve. So only what the second pass leaves

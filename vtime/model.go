@@ -886,17 +886,24 @@ func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int
 	return PromotePlanWeighted(limit, maxCount, due, held, nil)
 }
 
-// PromotePlanWeighted is PromotePlan for a flag-on call, whose passes
-// share by the variants' milli-weights (milli[i]): the first gives each
+// PromotePlanWeighted is PromotePlan for a flag-on call, whose first two
+// passes share by the variants' milli-weights (milli[i]): the first gives each
 // min(limit, ceil(budget x milli[i] / the variants' sum)), the second
 // (spreadLeft, and again with what the held variants took) ceil(left x
 // milli[i] / the sum of those it shares among); nil milli (a queue
 // without weights) is PromotePlan's even shares, which equal weights give
 // too. (helper-168: with an even second pass, what a heavy key left, with
 // few runs due or at its key limit, went evenly to the others: w3's share
-// of w1 + w3 0.579 where 0.750 is due.) Weights hold while each key's
-// part, budget x w / the sum, is within limit: above it every key is
-// capped at limit alike. Where a call
+// of w1 + w3 0.579 where 0.750 is due.) The third pass, what the second
+// left among those that filled their second share, goes in order, as in
+// PromotePlan: when a heavy key runs out of due runs in the second pass,
+// its unused part goes to the keys first in the delay index, whatever
+// their weights (helper-170: a weight-1 key promoted 32 runs where a
+// weight-3 key promoted 22, in one shape; over 200,000 random plans of
+// weights 1, 3 and 10, 512 inversions against 3,101 with even shares).
+// And weights hold only while each key's part, budget x w / the sum, is
+// within limit: a key capped there leaves the rest to the others, which
+// raises the lighter keys towards the limit too. Where a call
 // serves about as many runs as it promotes (every key's work delayed and
 // due, maxCount near the budget), the promotion decides the serves: with
 // even shares a key of weight 10 among 29 of weight 1 was served as one of

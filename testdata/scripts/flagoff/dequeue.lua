@@ -590,9 +590,10 @@ end
 -- variants when more than scan are due: it gets the first scan + 1 and
 -- returns those to promote. weigh, when given (the flag-on dequeue), gets
 -- the variants to promote and returns their milli-weights, or nil when
--- the queue has none: each pass then shares by weight, the first
--- min(limit, ceil(budget x weight / the variants' sum)), the second (and
--- the held variants' runs) as dq_spread says (vtime.PromotePlanWeighted).
+-- the queue has none: the first two passes then share by weight, the
+-- first min(limit, ceil(budget x weight / the variants' sum)), the second
+-- (and the held variants' runs) as dq_spread says; the third still goes
+-- in order (vtime.PromotePlanWeighted).
 local function dq_promote(dq, hooks, pick, weigh)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then

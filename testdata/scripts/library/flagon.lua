@@ -1,4 +1,4 @@
-#!lua name=runqueue_ee8a1c7cfd6b5a9f
+#!lua name=runqueue_f3b99a8cf3eb5690
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1342,9 +1342,10 @@ end
 -- variants when more than scan are due: it gets the first scan + 1 and
 -- returns those to promote. weigh, when given (the flag-on dequeue), gets
 -- the variants to promote and returns their milli-weights, or nil when
--- the queue has none: each pass then shares by weight, the first
--- min(limit, ceil(budget x weight / the variants' sum)), the second (and
--- the held variants' runs) as dq_spread says (vtime.PromotePlanWeighted).
+-- the queue has none: the first two passes then share by weight, the
+-- first min(limit, ceil(budget x weight / the variants' sum)), the second
+-- (and the held variants' runs) as dq_spread says; the third still goes
+-- in order (vtime.PromotePlanWeighted).
 local function dq_promote(dq, hooks, pick, weigh)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
@@ -2805,9 +2806,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_ee8a1c7cfd6b5a9f_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_ee8a1c7cfd6b5a9f_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ee8a1c7cfd6b5a9f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ee8a1c7cfd6b5a9f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ee8a1c7cfd6b5a9f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_ee8a1c7cfd6b5a9f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

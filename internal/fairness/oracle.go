@@ -488,7 +488,9 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	due, held, milli := make([]int, reached), make([]bool, reached), make([]int64, reached)
 	for i, v := range window {
 		held[i] = o.atKeyLimit(v.k)
-		milli[i] = vtime.MilliWeightOf(v.k.weight)
+		if milli[i] = vtime.MilliWeightOf(v.k.weight); milli[i] == 0 {
+			milli[i] = 1000 // a weight of 0 clears it (vtime.Model.SetWeight)
+		}
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))

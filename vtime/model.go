@@ -779,15 +779,17 @@ func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int,
 }
 
 // promoteWeights is the milli-weight of each variant of vms, for a
-// flag-on call's promotion (PromotePlanWeighted); nil when the queue has
-// no weights (all 1: the plan is the same).
+// flag-on call's promotion (PromotePlanWeighted); nil when none of them
+// has a weight of its own (all 1: the plan is the same).
 func (m *Model) promoteWeights(vms []string) []int64 {
-	if len(m.weights) == 0 {
-		return nil
-	}
-	out := make([]int64, len(vms))
+	out, weighted := make([]int64, len(vms)), false
 	for i, vm := range vms {
+		_, own := m.weights[vm]
+		weighted = weighted || own
 		out[i] = m.MilliWeight(vm)
+	}
+	if !weighted {
+		return nil
 	}
 	return out
 }
@@ -915,14 +917,12 @@ func PromotePlanWeighted(limit, maxCount int, due []int, held []bool, milli []in
 	if len(due) == 0 {
 		return plan, first
 	}
-	share := func(int) int { return min(limit, ceilDiv(budget, len(due))) }
-	if milli != nil {
-		var sum int64
-		for _, w := range milli {
-			sum += w
-		}
-		share = func(i int) int { return min(limit, int(ceilDiv64(int64(budget)*milli[i], sum))) }
+	all := make([]int, len(due))
+	for i := range all {
+		all[i] = i
 	}
+	part := shareOf(budget, milli, all)
+	share := func(i int) int { return min(limit, part(i)) }
 	left := budget
 	var filled []int
 	for i, d := range due {
@@ -964,16 +964,7 @@ func spreadLeft(limit int, due, plan, filled []int, left int, milli []int64) int
 	if left <= 0 || len(filled) == 0 {
 		return left
 	}
-	even := ceilDiv(left, len(filled)) // of left before the pass
-	second := func(int) int { return even }
-	if milli != nil {
-		var sum int64
-		for _, i := range filled {
-			sum += milli[i]
-		}
-		base := int64(left)
-		second = func(i int) int { return int(ceilDiv64(base*milli[i], sum)) }
-	}
+	second := shareOf(left, milli, filled)
 	var again []int
 	for _, i := range filled {
 		want := min(second(i), limit-plan[i])
@@ -993,6 +984,21 @@ func spreadLeft(limit int, due, plan, filled []int, left int, milli []int64) int
 		left -= more
 	}
 	return left
+}
+
+// shareOf is each variant's share of total among the variants among (their
+// indexes): ceil(total / len(among)), or with milli a share by weight,
+// ceil(total x milli[i] / their sum over among).
+func shareOf(total int, milli []int64, among []int) func(i int) int {
+	if milli == nil {
+		even := ceilDiv(total, len(among))
+		return func(int) int { return even }
+	}
+	var sum int64
+	for _, i := range among {
+		sum += milli[i]
+	}
+	return func(i int) int { return int(ceilDiv64(int64(total)*milli[i], sum)) }
 }
 
 // ceilDiv is a / b rounded up, for a >= 0 and b > 0.

@@ -1,4 +1,4 @@
-#!lua name=runqueue_f3b99a8cf3eb5690
+#!lua name=runqueue_95e0b474c3dfc8f9
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2015,13 +2015,15 @@ dq_promote(dq, promoted, function(look)
   for i = 1, f do due[s + i] = fed[i] end
   return due
 end, function(due)
-  -- the milli-weights of the variants to promote (none when the queue has
-  -- no weights: the even shares are the same)
-  if redis.call('HLEN', S.w) == 0 then return nil end
+  -- the milli-weights of the variants to promote, in one read (none when
+  -- none of them has a weight: equal weights give the even shares)
   local raw = sched_hmget(S.w, due)
-  local ws = {}
-  for i = 1, #due do ws[i] = sched_milli(raw[i]) end
-  return ws
+  local ws, any = {}, false
+  for i = 1, #due do
+    ws[i] = sched_milli(raw[i])
+    any = any or raw[i] ~= false
+  end
+  return any and ws or nil
 end)
 if promoted[1] then sched_register_many(S, promoted) end
 -- A queue without scheduler state (never used, or idle past StateTTL) and
@@ -2806,9 +2808,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_f3b99a8cf3eb5690_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95e0b474c3dfc8f9_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_95e0b474c3dfc8f9_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95e0b474c3dfc8f9_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95e0b474c3dfc8f9_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95e0b474c3dfc8f9_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95e0b474c3dfc8f9_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -45,30 +45,10 @@ func TestDequeueWeightedDelayedShare(t *testing.T) {
 							ID: fmt.Sprint(key, "-", i), Payload: []byte("x"), Delay: time.Second})
 					}
 				}
-				for len(ps) > 0 {
-					chunk := ps[:min(1000, len(ps))]
-					ps = ps[len(chunk):]
-					res, err := b.q.EnqueueMany(b.ctx, chunk)
-					require.NoError(t, err)
-					for _, r := range res {
-						require.NoError(t, r.Err)
-					}
-				}
+				enqueueAll(t, b, ps)
 				b.clock.Advance(2 * time.Second)
-				served := map[string]int{}
-				total := 0
-				for range calls {
-					runs, err := b.q.Dequeue(b.ctx, env, queueName, maxCount)
-					require.NoError(t, err)
-					require.Len(t, runs, maxCount)
-					for _, r := range runs {
-						served[r.Key]++
-					}
-					total += len(runs)
-					_, err = b.q.AckMany(b.ctx, runs)
-					require.NoError(t, err)
-					b.clock.Advance(10 * time.Millisecond)
-				}
+				served, total := servedByKey(t, b, calls, maxCount)
+				require.Equal(t, calls*maxCount, total, "every call full")
 				share := float64(served["w10"]) / float64(total)
 				t.Logf("w10 %d of %d serves (%.3f, want %.3f)", served["w10"], total, share, want)
 				require.InDelta(t, want, share, 0.02, "w10's share of the serves")
@@ -129,20 +109,30 @@ func TestDequeueWeightedDelayedLeftAndHeld(t *testing.T) {
 				require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, "w10", 10))
 				enqueueAll(t, b, ps)
 				b.clock.Advance(time.Second)
-				served := map[string]int{}
-				for range 10 {
-					runs := dequeue(t, b, queueName, 100)
-					for _, r := range runs {
-						served[r.Key]++
-					}
-					_, err := b.q.AckMany(b.ctx, runs)
-					require.NoError(t, err)
-					b.clock.Advance(10 * time.Millisecond)
-				}
+				served, _ := servedByKey(t, b, 10, 100)
 				part := float64(served["w03"]) / float64(served["w01"]+served["w03"])
 				t.Logf("served %v; w03 / (w01 + w03) = %.3f (0.750 due)", served, part)
 				require.InDelta(t, 0.75, part, 0.03)
 			})
 		})
 	}
+}
+
+// servedByKey makes calls Dequeue(maxCount) calls of the bundle's queue,
+// 10 ms of its clock apart, acking what each serves, and returns the runs
+// served by key and in all.
+func servedByKey(t *testing.T, b *testBundle, calls, maxCount int) (map[string]int, int) {
+	t.Helper()
+	served, total := map[string]int{}, 0
+	for range calls {
+		runs := dequeue(t, b, queueName, maxCount)
+		for _, r := range runs {
+			served[r.Key]++
+		}
+		total += len(runs)
+		_, err := b.q.AckMany(b.ctx, runs)
+		require.NoError(t, err)
+		b.clock.Advance(10 * time.Millisecond)
+	}
+	return served, total
 }

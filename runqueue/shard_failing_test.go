@@ -20,25 +20,24 @@ import (
 
 // badLimits gives every queue named "bad..." limits the Queue refuses (a
 // negative per-key limit), so each dequeue of such a queue fails with an
-// *InvalidError before it reaches Redis, while the other queues are fine.
-func badLimits(cfg *runqueue.Config) {
-	cfg.Shards = 1
-	cfg.LimitsFor = func(_, queue string) runqueue.Limits {
-		if strings.HasPrefix(queue, "bad") {
-			return runqueue.Limits{Key: -1}
-		}
-		return runqueue.Limits{}
-	}
-}
+// *InvalidError before it reaches Redis, while the other queues are fine;
+// badEnvLimits does so for every queue of the envs named "bad...". Both
+// make one shard.
+var (
+	badLimits    = refuseBad(func(_, queue string) string { return queue })
+	badEnvLimits = refuseBad(func(env, _ string) string { return env })
+)
 
-// badEnvLimits is badLimits for every queue of the envs named "bad...".
-func badEnvLimits(cfg *runqueue.Config) {
-	badLimits(cfg)
-	cfg.LimitsFor = func(env, _ string) runqueue.Limits {
-		if strings.HasPrefix(env, "bad") {
-			return runqueue.Limits{Key: -1}
+// refuseBad is badLimits for the queues whose name picks "bad...".
+func refuseBad(name func(env, queue string) string) func(*runqueue.Config) {
+	return func(cfg *runqueue.Config) {
+		cfg.Shards = 1
+		cfg.LimitsFor = func(env, queue string) runqueue.Limits {
+			if strings.HasPrefix(name(env, queue), "bad") {
+				return runqueue.Limits{Key: -1}
+			}
+			return runqueue.Limits{}
 		}
-		return runqueue.Limits{}
 	}
 }
 

@@ -113,7 +113,9 @@ type Config struct {
 	// docs/design.md "Dequeue"): each takes up to the same share of it,
 	// rounded up (with the fair scheduler, a share by its key's weight),
 	// then those that filled their share share what the others
-	// left (what they leave in turn, in the delay index's order); then what
+	// left (with the fair scheduler by weight, what one cannot take going
+	// to the others by weight again; without it, what they leave in turn
+	// in the delay index's order); then what
 	// the variants at their key limit took, which the call cannot serve,
 	// goes again to the others. So one call promotes fewer than
 	// 2 x (that budget + ScanLimit) runs,

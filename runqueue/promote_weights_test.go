@@ -118,6 +118,47 @@ func TestDequeueWeightedDelayedLeftAndHeld(t *testing.T) {
 	}
 }
 
+// TestDequeueWeightedDelayedRunsOut: what a heavy key cannot take of its
+// promotion share goes to the others by weight, not by their place in the
+// delay index. Keys a01 and d03 (weights 1 and 3) have delayed backlogs
+// due together; b03 (weight 3) has 25 runs falling due a call, which it
+// promotes in its first two shares (18, then up to 23) and then has no
+// more; c10 (weight 10) has 5 a call. helper-170 (stop 52): the third
+// pass gave what b03 left to the first in the delay index's order, a01:
+// here d03's part of the a01 + d03 serves 0.586 (a01 29 runs a call, d03
+// 41; 0.407 in helper-170's shape), where 0.750 is due. The later passes
+// now fill by weight (vtime.PromotePlanWeighted): a01 18, d03 53.
+func TestDequeueWeightedDelayedRunsOut(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling = true })
+		const calls = 10
+		var ps []runqueue.EnqueueParams
+		for _, k := range []string{"a01", "d03"} {
+			for i := range 1200 {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: k, ID: fmt.Sprint(k, "-", i), Delay: time.Second})
+			}
+		}
+		for k, perCall := range map[string]int{"b03": 25, "c10": 5} {
+			for i := range calls * perCall {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: k, ID: fmt.Sprint(k, "-", i),
+					Delay: time.Second + time.Duration(i/perCall)*10*time.Millisecond})
+			}
+		}
+		for k, w := range map[string]float64{"b03": 3, "d03": 3, "c10": 10} {
+			require.NoError(t, b.q.SetWeight(b.ctx, env, queueName, k, w))
+		}
+		enqueueAll(t, b, ps)
+		b.clock.Advance(time.Second)
+		served, _ := servedByKey(t, b, calls, 100)
+		part := float64(served["d03"]) / float64(served["a01"]+served["d03"])
+		t.Logf("served %v; d03 / (a01 + d03) = %.3f (0.750 due)", served, part)
+		require.InDelta(t, 0.75, part, 0.03)
+		require.Equal(t, calls*25, served["b03"], "b03 served every run due")
+		require.Equal(t, calls*5, served["c10"], "c10 served every run due")
+	})
+}
+
 // servedByKey makes calls Dequeue(maxCount) calls of the bundle's queue,
 // 10 ms of its clock apart, acking what each serves, and returns the runs
 // served by key and in all.

@@ -77,18 +77,19 @@
 //     run first, keeping ScanLimit/4 places for the others, each group in
 //     the delay index's order, one filling the places the other leaves.
 //     The call's budget,
-//     max(PromoteLimit, maxCount), is spent on those variants in three
-//     passes (PromotePlanWeighted), the first two by weight (the same
-//     shares, rounded up, for equal weights): each takes up to
-//     ceil(budget x w / the variants' sum of w), at most PromoteLimit; those that filled their share take up to
-//     a share of what is left by weight; those that filled that take what is
-//     still left, in order. Then the variants at their key limit (held)
-//     keep what they took and the others take as much again: the budget
-//     goes whole to the variants the call can serve. So only what the second pass leaves
-//     goes by a variant's name (the delay index's order among runs due
-//     together), a call promotes fewer than 2 x (budget + ScanLimit) runs
-//     however many are due, and a share one variant leaves unused goes to
-//     others.
+//     max(PromoteLimit, maxCount), is spent on those variants by weight
+//     (PromotePlanWeighted; the same shares, rounded up, for equal
+//     weights): each takes up to ceil(budget x w / the variants' sum of w),
+//     at most PromoteLimit; what that leaves goes to those that filled
+//     their share by weighted water-filling (fillByWeight: what one cannot
+//     take goes to the others by weight, not by name). Then the variants
+//     at their key limit (held) keep what they took and the others take as
+//     much again, filled the same way: the budget goes whole to the
+//     variants the call can serve. So a call promotes fewer than 2 x
+//     (budget + ScanLimit) runs however many are due, and a share one
+//     variant leaves unused goes to others by weight. (A flag-off call's
+//     plan, PromotePlan, shares evenly and gives what its second pass
+//     leaves in order.)
 //   - ungate: when the key limit rose above the one the gated variants were
 //     gated under (or went away), every gated variant returns (those still
 //     at the new limit are gated again when met): that call costs in

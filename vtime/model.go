@@ -763,11 +763,10 @@ func (c *call) promote(now int64, maxCount int) {
 // first share, then the rest, registering as place does when flagOn, else
 // as put does (a flag-off call).
 func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int, flagOn bool) {
-	var milli []int64
+	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due, m.atKeyLimit(vms))
 	if flagOn {
-		milli = m.promoteWeights(vms)
+		plan, first = PromotePlanWeighted(m.cfg.PromoteLimit, maxCount, due, m.atKeyLimit(vms), m.promoteWeights(vms))
 	}
-	plan, first := PromotePlanWeighted(m.cfg.PromoteLimit, maxCount, due, m.atKeyLimit(vms), milli)
 	for i, vm := range vms {
 		m.promoteBy(vm, now, first[i], flagOn)
 	}
@@ -849,23 +848,25 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 	return vms, due
 }
 
-// PromotePlan is how many due delayed runs a dequeue call of maxCount
-// promotes of each due variant it reaches, given their due runs in the
-// delay index's order, where one variant gives at most limit, and which of
-// them are held (held[i]: at its key limit, so that the call cannot serve
-// it; nil: none). The call's budget is max(limit, maxCount), spent in three
-// passes (the Lua makes the same three). First every variant takes up to
-// the same share, fixed when the call starts: min(limit, ceil(budget /
-// variants)). Then, of what they left of the budget, those that filled
-// their share take up to the same share again: ceil(left / those
-// variants), within limit. Then those that filled that second share
-// take what is still left, in order, within limit. Only the third pass,
-// which takes what the second left unused, goes by a variant's place in
-// the order (the delay index's: due time, then member). (A share of what
-// was left, given in turn, handed each variant's unused runs, and the
-// rounding up, to the variants after it, the same ones in every call while
-// their due times were equal: 60 variants and a budget of 100 promoted 2
-// runs a call to the first 40 and 1 to the others.)
+// PromotePlan is how many due delayed runs a flag-off dequeue call of
+// maxCount promotes of each due variant it reaches, given their due runs
+// in the delay index's order, where one variant gives at most limit, and
+// which of them are held (held[i]: at its key limit, so that the call
+// cannot serve it; nil: none). The call's budget is max(limit, maxCount),
+// spent in three passes (the Lua makes the same three). First every
+// variant takes up to the same share, fixed when the call starts:
+// min(limit, ceil(budget / variants)). Then, of what they left of the
+// budget, those that filled their share take up to the same share again:
+// ceil(left / those variants), within limit. Then those that filled that
+// second share take what is still left, in order, within limit. Only the
+// third pass, which takes what the second left unused, goes by a variant's
+// place in the order (the delay index's: due time, then member). (A share
+// of what was left, given in turn, handed each variant's unused runs, and
+// the rounding up, to the variants after it, the same ones in every call
+// while their due times were equal: 60 variants and a budget of 100
+// promoted 2 runs a call to the first 40 and 1 to the others.) A flag-on
+// call follows PromotePlanWeighted, whose later passes go by weight, not
+// by order; the flag-off scripts are pinned.
 //
 // Then the variants at their key limit (held: the call cannot serve them)
 // keep what they took, and the others take as much again among them, in a
@@ -885,33 +886,52 @@ func (m *Model) dueVariants(now int64, n int) (vms []string, due []int) {
 // that many within limit each. plan is the total of each, first what the
 // first pass took.
 func PromotePlan(limit, maxCount int, due []int, held []bool) (plan, first []int) {
-	return PromotePlanWeighted(limit, maxCount, due, held, nil)
+	return promotePlan(limit, maxCount, due, held, nil, spreadLeft)
 }
 
-// PromotePlanWeighted is PromotePlan for a flag-on call, whose first two
-// passes share by the variants' milli-weights (milli[i]): the first gives each
-// min(limit, ceil(budget x milli[i] / the variants' sum)), the second
-// (spreadLeft, and again with what the held variants took) ceil(left x
-// milli[i] / the sum of those it shares among); nil milli (a queue
-// without weights) is PromotePlan's even shares, which equal weights give
-// too. (helper-168: with an even second pass, what a heavy key left, with
-// few runs due or at its key limit, went evenly to the others: w3's share
-// of w1 + w3 0.579 where 0.750 is due.) The third pass, what the second
-// left among those that filled their second share, goes in order, as in
-// PromotePlan: when a heavy key runs out of due runs in the second pass,
-// its unused part goes to the keys first in the delay index, whatever
-// their weights (helper-170: a weight-1 key promoted 32 runs where a
-// weight-3 key promoted 22, in one shape; over 200,000 random plans of
-// weights 1, 3 and 10, 512 inversions against 3,101 with even shares).
-// And weights hold only while each key's part, budget x w / the sum, is
-// within limit: a key capped there leaves the rest to the others, which
-// raises the lighter keys towards the limit too. Where a call
-// serves about as many runs as it promotes (every key's work delayed and
-// due, maxCount near the budget), the promotion decides the serves: with
-// even shares a key of weight 10 among 29 of weight 1 was served as one of
-// them (helper-165: 0.040 of the serves at maxCount 100, against 10 / 39 =
-// 0.256).
+// PromotePlanWeighted is the plan of a flag-on call, PromotePlan's with
+// shares by the variants' milli-weights (milli[i]; nil: a queue without
+// weights, every variant alike). The first pass gives each min(limit,
+// ceil(budget x milli[i] / the variants' sum)). What it leaves then goes
+// to those that filled their share by weighted water-filling
+// (fillByWeight): each takes its part of it by weight, up to what it has
+// due within limit, and what a variant cannot take goes to the others by
+// weight again, so no part goes by a variant's place in the order; the
+// held variants' runs go again to the variants not held in the same way.
+// So, within the rounding up of two or three shares, every variant that
+// could take more has as many runs per unit of weight as any other:
+// plan[j] < plan[i] x milli[j] / milli[i] + 3 for such an i and every j.
+// (helper-168: with an even second pass, what a heavy key left, with few
+// runs due or at its key limit, went evenly to the others: w3's share of
+// w1 + w3 0.579 where 0.750 is due; helper-170: with the third pass in
+// order, a heavy key that ran out of due runs left its part to the keys
+// first in the delay index, 0.407 where 0.750 is due, 512 inversions in
+// 200,000 random plans.) Weights hold only while each key's part, budget
+// x w / the sum, is within limit: a key capped there leaves the rest to
+// the others, which raises the lighter keys towards the limit too. Where a
+// call serves about as many runs as it promotes (every key's work delayed
+// and due, maxCount near the budget), the promotion decides the serves:
+// with even shares a key of weight 10 among 29 of weight 1 was served as
+// one of them (helper-165: 0.040 of the serves at maxCount 100, against 10
+// / 39 = 0.256). The bounds are PromotePlan's: every variant reached gains
+// a run, fewer than 2 x (budget + len(due)) in all, the budget whole to
+// the variants not held when they hold that many.
 func PromotePlanWeighted(limit, maxCount int, due []int, held []bool, milli []int64) (plan, first []int) {
+	if milli == nil {
+		milli = make([]int64, len(due))
+		for i := range milli {
+			milli[i] = 1000
+		}
+	}
+	return promotePlan(limit, maxCount, due, held, milli, fillByWeight)
+}
+
+// promotePlan is PromotePlan's and PromotePlanWeighted's plan: the first
+// pass by shareOf (milli nil: even), then spread over those that filled
+// their share with what the first pass left, then the held variants'
+// runs spread again over those of them not held.
+func promotePlan(limit, maxCount int, due []int, held []bool, milli []int64,
+	spread func(limit int, due, plan, among []int, total int, milli []int64)) (plan, first []int) {
 	budget := max(limit, maxCount)
 	plan, first = make([]int, len(due)), make([]int, len(due))
 	if len(due) == 0 {
@@ -922,11 +942,10 @@ func PromotePlanWeighted(limit, maxCount int, due []int, held []bool, milli []in
 		all[i] = i
 	}
 	part := shareOf(budget, milli, all)
-	share := func(i int) int { return min(limit, part(i)) }
 	left := budget
 	var filled []int
 	for i, d := range due {
-		share := share(i)
+		share := min(limit, part(i))
 		first[i] = min(d, share)
 		left -= first[i]
 		if first[i] == share {
@@ -934,7 +953,9 @@ func PromotePlanWeighted(limit, maxCount int, due []int, held []bool, milli []in
 		}
 	}
 	copy(plan, first)
-	spreadLeft(limit, due, plan, filled, left, milli)
+	if left > 0 {
+		spread(limit, due, plan, filled, left, milli)
+	}
 	if held == nil {
 		return plan, first
 	}
@@ -950,24 +971,25 @@ func PromotePlanWeighted(limit, maxCount int, due []int, held []bool, milli []in
 			more += plan[i]
 		}
 	}
-	spreadLeft(limit, due, plan, free, more, milli)
+	if more > 0 {
+		spread(limit, due, plan, free, more, milli)
+	}
 	return plan, first
 }
 
 // spreadLeft is PromotePlan's second and third passes over the variants
-// filled (those that filled their first share), adding to plan: each takes
-// up to the same share of left, ceil(left / len(filled)), or with milli a
-// share by weight, ceil(left x milli[i] / their sum over filled), within
-// limit; those that filled that take what is still left, in order, within
-// limit. It returns what is left after both.
-func spreadLeft(limit int, due, plan, filled []int, left int, milli []int64) int {
-	if left <= 0 || len(filled) == 0 {
-		return left
+// among (those that filled their first share), adding to plan: each takes
+// up to the same share of left, ceil(left / len(among)), within limit;
+// those that filled that take what is still left, in order, within limit.
+// (milli is unused: PromotePlan's shares are even.)
+func spreadLeft(limit int, due, plan, among []int, left int, _ []int64) {
+	if len(among) == 0 {
+		return
 	}
-	second := shareOf(left, milli, filled)
+	second := ceilDiv(left, len(among))
 	var again []int
-	for _, i := range filled {
-		want := min(second(i), limit-plan[i])
+	for _, i := range among {
+		want := min(second, limit-plan[i])
 		more := min(want, due[i]-plan[i])
 		plan[i] += more
 		left -= more
@@ -983,7 +1005,50 @@ func spreadLeft(limit int, due, plan, filled []int, left int, milli []int64) int
 		plan[i] += more
 		left -= more
 	}
-	return left
+}
+
+// fillByWeight is PromotePlanWeighted's later passes: total goes to the
+// variants among (their indexes), adding to plan, by weighted
+// water-filling. Each can take cap = min(limit, due) - plan more; in
+// increasing order of cap / milli, a variant whose cap is within its part
+// by weight of what is still to give, cap <= total x milli / the sum of
+// milli over those not yet given, takes its cap, and the others take their
+// part of what is left then, ceil(total x milli / sum), which is within
+// their cap (their cap / milli is larger). The result does not depend on
+// how ties in that order are broken (a variant within its part leaves the
+// others a larger part each), and the variants are promoted in the delay
+// index's order. It gives all of total when the caps hold that much, and
+// less than total + len(among) in all.
+func fillByWeight(limit int, due, plan, among []int, total int, milli []int64) {
+	var cand []int
+	capOf := make(map[int]int64, len(among))
+	for _, i := range among {
+		if c := min(limit, due[i]) - plan[i]; c > 0 {
+			cand = append(cand, i)
+			capOf[i] = int64(c)
+		}
+	}
+	sort.SliceStable(cand, func(a, b int) bool {
+		i, j := cand[a], cand[b]
+		return capOf[i]*milli[j] < capOf[j]*milli[i]
+	})
+	var sum int64
+	for _, i := range cand {
+		sum += milli[i]
+	}
+	t, k := int64(total), 0
+	for ; k < len(cand); k++ {
+		i := cand[k]
+		if capOf[i]*sum > t*milli[i] {
+			break
+		}
+		plan[i] += int(capOf[i])
+		t -= capOf[i]
+		sum -= milli[i]
+	}
+	for _, i := range cand[k:] {
+		plan[i] += int(ceilDiv64(t*milli[i], sum))
+	}
 }
 
 // shareOf is each variant's share of total among the variants among (their

@@ -257,7 +257,7 @@ func batchConditions(m *Model, n int, now int64) (bool, string) {
 	if len(due) > scanOf(m.cfg, 1) {
 		return false, "promotion"
 	}
-	plan, _ := PromotePlan(m.cfg.PromoteLimit, 1, due, m.atKeyLimit(vms))
+	plan, _ := PromotePlanWeighted(m.cfg.PromoteLimit, 1, due, m.atKeyLimit(vms), m.promoteWeights(vms))
 	for i := range due {
 		if plan[i] < due[i] {
 			return false, "promotion"

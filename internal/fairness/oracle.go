@@ -517,12 +517,12 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 // promotePlan is how many of its due runs (due, in the delay index's
 // order) each reached variant promotes in a call of maxCount, those at
 // their key limit held, milli their milli-weights: the plan the scripts
-// follow, vtime.PromotePlanWeighted with the flag on (the first pass
-// shares by weight), vtime.PromotePlan with it off (docs/design.md,
-// "Dequeue").
+// follow, vtime.PromotePlanWeighted with the flag on (shares by weight),
+// vtime.PromotePlan with it off (docs/design.md, "Dequeue").
 func (o *Oracle) promotePlan(maxCount int, due []int, held []bool, milli []int64) []int {
 	if !o.flagOn {
-		milli = nil
+		plan, _ := vtime.PromotePlan(o.cfg.PromoteLimit, maxCount, due, held)
+		return plan
 	}
 	plan, _ := vtime.PromotePlanWeighted(o.cfg.PromoteLimit, maxCount, due, held, milli)
 	return plan

@@ -80,15 +80,11 @@ dq_promote(dq, promoted, function(look)
   for i = 1, f do due[s + i] = fed[i] end
   return due
 end, function(due)
-  -- the milli-weights of the variants to promote, in one read (none when
-  -- none of them has a weight: equal weights give the even shares)
+  -- the milli-weights of the variants to promote, in one read
   local raw = sched_hmget(S.w, due)
-  local ws, any = {}, false
-  for i = 1, #due do
-    ws[i] = sched_milli(raw[i])
-    any = any or raw[i] ~= false
-  end
-  return any and ws or nil
+  local ws = {}
+  for i = 1, #due do ws[i] = sched_milli(raw[i]) end
+  return ws
 end)
 if promoted[1] then sched_register_many(S, promoted) end
 -- A queue without scheduler state (never used, or idle past StateTTL) and

@@ -532,24 +532,18 @@ local function dq_at_limit(dq, vm)
   return dq_inflight(dq, vm) + c.taken - (c.swept or 0) >= dq.key_limit
 end
 
--- dq_promote's second and third passes (vtime.spreadLeft) over the due
--- variants at the positions filled (those that filled their first share;
--- then again over those not held, with what the held took),
--- plan holding what each took: each takes up to the same share of left,
--- ceil(left / #filled), or with ws (the due variants' milli-weights) a
--- share by weight, ceil(left x ws[i] / their sum over filled), within the
--- promote limit; those that filled that take what is still left, in
--- order. Returns what is left after both.
-local function dq_spread(dq, hooks, due, plan, filled, left, ws)
-  if left <= 0 or not filled[1] then return left end
+-- dq_promote's second and third passes of a flag-off call
+-- (vtime.spreadLeft) over the due variants at the positions filled
+-- (those that filled their first share; then again over those not held,
+-- with what the held took), plan holding what each took: each takes up to
+-- the same share of left, ceil(left / #filled), within the promote limit;
+-- those that filled that take what is still left, in order.
+local function dq_spread(dq, hooks, due, plan, filled, left)
+  if left <= 0 or not filled[1] then return end
   local limit = dq.promote_limit
-  local share, base, sum = math.ceil(left / #filled), left, 0
-  if ws then
-    for _, i in ipairs(filled) do sum = sum + ws[i] end
-  end
+  local share = math.ceil(left / #filled)
   local again = {}
   for _, i in ipairs(filled) do
-    if ws then share = math.ceil(base * ws[i] / sum) end
     local want = math.min(share, limit - plan[i])
     if want > 0 then
       local got = dq_promote_variant(dq, hooks, due[i], want)
@@ -567,33 +561,86 @@ local function dq_spread(dq, hooks, due, plan, filled, left, ws)
       left = left - got
     end
   end
-  return left
+end
+
+-- dq_promote's later passes of a flag-on call (vtime.fillByWeight): total
+-- goes to the due variants at the positions among by weighted
+-- water-filling, ws their milli-weights. Each can take cap = min(promote
+-- limit - plan, its due runs left) more (one ZCOUNT of its due runs the
+-- first time it is needed, kept in rest); in increasing order of cap /
+-- weight, one whose cap is within its part of what is still to give, cap
+-- <= total x weight / the weights' sum over those not yet given, takes
+-- its cap, and the others take ceil(total x weight / sum) of what is left
+-- then (within their cap). Then each is promoted once, in the delay
+-- index's order: what a variant cannot take goes to the others by weight,
+-- none by its place.
+local function dq_fill(dq, hooks, due, plan, among, total, ws, rest)
+  local limit = dq.promote_limit
+  local cand, cap = {}, {}
+  for _, i in ipairs(among) do
+    local c = limit - plan[i]
+    if c > 0 then
+      if rest[i] == nil then
+        rest[i] = redis.call('ZCOUNT', dq_var(dq, due[i]).delayed, '-inf', dq.now_arg)
+      end
+      c = math.min(c, rest[i])
+    end
+    if c > 0 then
+      cand[#cand + 1] = i
+      cap[i] = c
+    end
+  end
+  table.sort(cand, function(a, b)
+    local x, y = cap[a] * ws[b], cap[b] * ws[a]
+    if x ~= y then return x < y end
+    return a < b
+  end)
+  local sum = 0
+  for _, i in ipairs(cand) do sum = sum + ws[i] end
+  local give, k = {}, 1
+  while cand[k] and cap[cand[k]] * sum <= total * ws[cand[k]] do
+    local i = cand[k]
+    give[i] = cap[i]
+    total = total - cap[i]
+    sum = sum - ws[i]
+    k = k + 1
+  end
+  for j = k, #cand do
+    local i = cand[j]
+    give[i] = math.ceil(total * ws[i] / sum)
+  end
+  for _, i in ipairs(among) do
+    local g = give[i]
+    if g and g > 0 then
+      local got = dq_promote_variant(dq, hooks, due[i], g)
+      plan[i] = plan[i] + got
+      rest[i] = rest[i] - got
+    end
+  end
 end
 
 -- Promote the due delayed runs of the first scan due variants, as many of
--- each as vtime.PromotePlan gives: the call's budget, max(promote limit,
--- maxCount), in three passes. First every variant takes up to the same
--- share, fixed when the call starts, min(limit, ceil(budget / variants));
--- then, of what they left, those that filled their share take up to the
--- same share again, ceil(left / those), within the limit; then those that
--- filled that take what is still left, in order, within the limit. Then
--- the variants at their key limit (held: the call cannot serve them) keep
--- what they took, and the others take as much again in a second and a
--- third pass over those not held that filled their first share, so that
--- the budget goes whole to the variants the call can serve. So only what the second pass
--- leaves goes by a variant's place in the delay index (due time, then
--- member), one call promotes fewer than 2 x (budget + scan) runs however
--- many are due, and a share one variant left unused goes to others. A
--- look at delayIndex's head comes first: when nothing is due
+-- each as the plan gives (vtime.PromotePlan flag off,
+-- vtime.PromotePlanWeighted flag on): the call's budget, max(promote
+-- limit, maxCount). First every variant takes up to its share, fixed when
+-- the call starts: flag off the same, min(limit, ceil(budget /
+-- variants)); flag on by weight, min(limit, ceil(budget x weight / the
+-- variants' sum)). Then what they left goes to those that filled their
+-- share: flag off by dq_spread (the same share again, then what is still
+-- left in order), flag on by dq_fill (weighted water-filling). Then the
+-- variants at their key limit (held: the call cannot serve them) keep what
+-- they took, and the others take as much again, spread or filled as before
+-- over those not held that filled their first share, so that the budget
+-- goes whole to the variants the call can serve. So one call promotes
+-- fewer than 2 x (budget + scan) runs however many are due, and a share
+-- one variant left unused goes to others (flag off, what the second pass
+-- leaves by a variant's place in the delay index: due time, then
+-- member). A look at delayIndex's head comes first: when nothing is due
 -- (the common case) it is all the call reads of delayed runs, and
 -- dq_finish reuses it. pick, when given (the flag-on dequeue), chooses the
 -- variants when more than scan are due: it gets the first scan + 1 and
 -- returns those to promote. weigh, when given (the flag-on dequeue), gets
--- the variants to promote and returns their milli-weights, or nil when
--- the queue has none: the first two passes then share by weight, the
--- first min(limit, ceil(budget x weight / the variants' sum)), the second
--- (and the held variants' runs) as dq_spread says; the third still goes
--- in order (vtime.PromotePlanWeighted).
+-- the variants to promote and returns their milli-weights.
 local function dq_promote(dq, hooks, pick, weigh)
   local head = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not head[2] then
@@ -624,7 +671,8 @@ local function dq_promote(dq, hooks, pick, weigh)
     plan[i] = got
     left = left - got
   end
-  dq_spread(dq, hooks, due, plan, filled, left, ws)
+  local spread, rest = ws and dq_fill or dq_spread, {}
+  if left > 0 and filled[1] then spread(dq, hooks, due, plan, filled, left, ws, rest) end
   if dq.key_limit <= 0 then return end
   local more, free = 0, {}
   for _, i in ipairs(filled) do
@@ -633,7 +681,7 @@ local function dq_promote(dq, hooks, pick, weigh)
   for i, vm in ipairs(due) do
     if dq_at_limit(dq, vm) then more = more + plan[i] end
   end
-  dq_spread(dq, hooks, due, plan, free, more, ws)
+  if more > 0 and free[1] then spread(dq, hooks, due, plan, free, more, ws, rest) end
 end
 
 -- Head of variant vm's ready ZSET as seen by this call (after the runs it

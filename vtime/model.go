@@ -1016,8 +1016,8 @@ func spreadLeft(limit int, due, plan, among []int, left int, _ []int64) {
 // part of what is left then, ceil(total x milli / sum), which is within
 // their cap (their cap / milli is larger). The result does not depend on
 // how ties in that order are broken (a variant within its part leaves the
-// others a larger part each), and the variants are promoted in the delay
-// index's order. It gives all of total when the caps hold that much, and
+// others a larger part each), and the variants are promoted in the order
+// the call reached them. It gives all of total when the caps hold that much, and
 // less than total + len(among) in all.
 func fillByWeight(limit int, due, plan, among []int, total int, milli []int64) {
 	var cand []int

@@ -1152,9 +1152,9 @@ end
 -- weight, one whose cap is within its part of what is still to give, cap
 -- <= total x weight / the weights' sum over those not yet given, takes
 -- its cap, and the others take ceil(total x weight / sum) of what is left
--- then (within their cap). Then each is promoted once, in the delay
--- index's order: what a variant cannot take goes to the others by weight,
--- none by its place.
+-- then (within their cap). Then each is promoted once, in the order the
+-- call reached them: what a variant cannot take goes to the others by
+-- weight, none by its place.
 local function dq_fill(dq, hooks, due, plan, among, total, ws, rest)
   local limit = dq.promote_limit
   local cand, cap = {}, {}

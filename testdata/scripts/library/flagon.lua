@@ -1,4 +1,4 @@
-#!lua name=runqueue_8ac59101914ffbc2
+#!lua name=runqueue_d5e48970cb1bb674
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1323,9 +1323,9 @@ end
 -- weight, one whose cap is within its part of what is still to give, cap
 -- <= total x weight / the weights' sum over those not yet given, takes
 -- its cap, and the others take ceil(total x weight / sum) of what is left
--- then (within their cap). Then each is promoted once, in the delay
--- index's order: what a variant cannot take goes to the others by weight,
--- none by its place.
+-- then (within their cap). Then each is promoted once, in the order the
+-- call reached them: what a variant cannot take goes to the others by
+-- weight, none by its place.
 local function dq_fill(dq, hooks, due, plan, among, total, ws, rest)
   local limit = dq.promote_limit
   local cand, cap = {}, {}
@@ -2852,9 +2852,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_8ac59101914ffbc2_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_8ac59101914ffbc2_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8ac59101914ffbc2_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8ac59101914ffbc2_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8ac59101914ffbc2_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8ac59101914ffbc2_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

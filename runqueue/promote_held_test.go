@@ -186,3 +186,65 @@ func TestPromoteHeldKeysLeaveNoFedKeyBehind(t *testing.T) {
 		})
 	}
 }
+
+// TestPromoteHeldFrontSkipped: keys at their limit whose due delayed runs
+// fill the front of the delay index do not shut a free key out of the
+// promotion. n keys at KeyConcurrency 1, each holding a run that is never
+// acked, with p delayed runs due together; a free key F with one run due
+// 1 ms after theirs; ScanLimit 30, calls of 10. helper-172 (stop 53):
+// once the first 4 x ScanLimit due keys had ready runs the call promoted
+// only them, 4 runs each, which no call could serve: F was promoted and
+// served after 130 calls (n 130, p 500), 380 (200 x 500), 505 (130 x
+// 2,000), every call before it empty. The promotion's pick now puts the
+// keys at their limit after the others and looks further while fewer than
+// ScanLimit of those it looked at are free (vtime.PromoteLookMore): F is
+// served in the first call, and a held key whose slot frees is served in
+// the next. With more than 10 x 4 x ScanLimit held keys in front (past the
+// look) F still waits, as the docs say.
+func TestPromoteHeldFrontSkipped(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ n, p int }{{130, 500}, {600, 100}} {
+		t.Run(fmt.Sprintf("%dx%d", tc.n, tc.p), func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b := setup(t, c, func(cfg *runqueue.Config) {
+					cfg.VtimeScheduling, cfg.KeyConcurrency, cfg.ScanLimit = true, 1, 30
+					cfg.LeaseDuration = time.Hour
+				})
+				var ps []runqueue.EnqueueParams
+				for k := range tc.n {
+					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%03d", k), ID: fmt.Sprintf("h%03d-first", k)})
+				}
+				enqueueAll(t, b, ps)
+				var held []*runqueue.Run
+				for len(held) < tc.n {
+					runs := dequeue(t, b, queueName, 100)
+					require.NotEmpty(t, runs)
+					held = append(held, runs...)
+				}
+				t0 := b.clock.Now()
+				ps = nil
+				for k := range tc.n {
+					for i := range tc.p {
+						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%03d", k),
+							ID: fmt.Sprintf("h%03d-%d", k, i), AvailableAt: t0.Add(time.Millisecond)})
+					}
+				}
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "F", ID: "F", AvailableAt: t0.Add(2 * time.Millisecond)})
+				enqueueAll(t, b, ps)
+				b.clock.Advance(10 * time.Millisecond)
+				runs := dequeue(t, b, queueName, 10)
+				require.Len(t, runs, 1, "the first call serves F")
+				require.Equal(t, "F", runs[0].Key)
+				// The held keys are served again once their slots free:
+				// the acks of two holders make both served in the next
+				// call.
+				ackAll(t, b, held[:2])
+				b.clock.Advance(10 * time.Millisecond)
+				runs = dequeue(t, b, queueName, 10)
+				require.Len(t, runs, 2)
+				require.ElementsMatch(t, []string{held[0].Key, held[1].Key}, []string{runs[0].Key, runs[1].Key})
+			})
+		})
+	}
+}

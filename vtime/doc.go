@@ -73,9 +73,13 @@
 //     the call does nothing.
 //   - promote: the due delayed runs of up to ScanLimit due variants become
 //     ready, registering their variants: all of them when no more are due;
-//     else, among the first PromoteLook x ScanLimit, those with no ready
-//     run first, keeping ScanLimit/4 places for the others, each group in
-//     the delay index's order, one filling the places the other leaves.
+//     else, among the first PromoteLook x ScanLimit, of those not at their
+//     key limit those with no ready run first, keeping ScanLimit/4 places
+//     for the others, each group in the delay index's order, one filling
+//     the places the other leaves, then those at their key limit (held)
+//     in the room left; while fewer than ScanLimit of those looked at are
+//     not held, it looks at PromoteLook x ScanLimit more, up to
+//     PromoteLookMore looks.
 //     The call's budget,
 //     max(PromoteLimit, maxCount), is spent on those variants by weight
 //     (PromotePlanWeighted; the same shares, rounded up, for equal
@@ -219,12 +223,15 @@
 //     maxCount))+1 calls (a lap more for each variant before it that a TTL
 //     sweep or a flag-off writer removed meanwhile), and every registered variant with
 //     a ready head below its limit is served within the bounds of 1, 2
-//     and 7. A variant with due delayed runs and no ready run, among the
-//     first PromoteLook x ScanLimit due variants, gains a ready run within
+//     and 7. A variant below its key limit with due delayed runs and no
+//     ready run, among the first PromoteLook x ScanLimit due variants
+//     (or further, while fewer than ScanLimit of those are below their
+//     limit, up to PromoteLookMore looks), gains a ready run within
 //     ceil(due variants/(ScanLimit-ScanLimit/4-maxCount)) calls when that
 //     divisor is above 0, however long the bursts due before it last; one
 //     with ready runs is reached earliest due first among those, in
-//     ScanLimit/4 places a call at least.
+//     ScanLimit/4 places a call at least. A variant at its key limit is
+//     reached in the room the others leave.
 //  6. Work conservation: a call stops early only when nothing it can reach
 //     is servable; the age-head fallback reads what a flag-off call reads.
 //     Flag on therefore serves whenever flag off would (but for a gated

@@ -737,6 +737,11 @@ func (m *Model) capacity(maxCount int) int {
 // more than scan are due (see call.promote).
 const PromoteLook = 4
 
+// PromoteLookMore is how many looks of PromoteLook x scan due variants a
+// call reads at most while those it read hold fewer than scan it can use
+// (see call.promote).
+const PromoteLookMore = 10
+
 // promote moves due delayed runs to ready (registering the variants that
 // gain a ready run), as many of each variant it reaches as PromotePlan
 // gives it. It reaches scan due variants at most: all of them when no more
@@ -748,11 +753,21 @@ const PromoteLook = 4
 // that order, and fills the places one group leaves with the other. So a
 // burst of delayed runs of many keys falling due together cannot hold a
 // key due behind it: once promoted, the burst's keys have ready runs and
-// give way to the keys that have none (docs/design.md, "Dequeue").
+// give way to the keys that have none (docs/design.md, "Dequeue"). The
+// variants at their key limit (held: nothing promoted for them can be
+// served until a slot frees) come after all the others; and while the
+// variants looked at hold fewer than scan not held, the call looks at
+// PromoteLook*scan more, up to PromoteLookMore looks in all, so that keys
+// held at their limit with due backlogs in front of the delay index no
+// longer shut a free key out of the promotion (helper-172: 130 such keys
+// of 500 due runs, key limit 1, calls of 10: a free key's run due 1 ms
+// after theirs promoted and served after 130 calls, every one of them
+// empty). A held variant's due runs wait while free ones fill the places:
+// once a slot frees it is a free variant again.
 func (c *call) promote(now int64, maxCount int) {
 	vms, due := c.m.dueVariants(now, PromoteLook*c.scan)
 	if len(vms) > c.scan {
-		vms, due = c.m.starvingFirst(vms, due, c.scan)
+		vms, due = c.m.starvingFirst(now, vms, due, c.scan)
 	}
 	c.m.promotePlanned(vms, due, now, maxCount, true)
 }
@@ -807,24 +822,42 @@ func (m *Model) atKeyLimit(vms []string) []bool {
 	return out
 }
 
-// starvingFirst picks n of the due variants vms (with their due runs):
-// those without a ready run (starving) first, n - n/4 of them at most when
-// there are others (fed), then the fed, and then more starving in the
-// room the fed left; each group in vms's order.
-func (m *Model) starvingFirst(vms []string, due []int, n int) ([]string, []int) {
-	var starving, fed []int
-	for i, vm := range vms {
-		if len(m.ready[vm]) == 0 {
-			starving = append(starving, i)
-		} else {
-			fed = append(fed, i)
+// starvingFirst picks n of the due variants vms (with their due runs, the
+// first PromoteLook*n of the delay index at now). Of those not at their
+// key limit, those without a ready run (starving) first, n - n/4 of them
+// at most when there are others (fed), then the fed, then more starving
+// in the room the fed left; then those at their key limit (held) in the
+// room left; each group in the delay index's order. While a full look
+// holds fewer than n variants not held, it looks at the next
+// PromoteLook*n due variants too, up to PromoteLookMore looks in all.
+func (m *Model) starvingFirst(now int64, vms []string, due []int, n int) ([]string, []int) {
+	var starving, fed, held []int
+	classify := func(from int) {
+		at := m.atKeyLimit(vms[from:])
+		for i := from; i < len(vms); i++ {
+			switch {
+			case at != nil && at[i-from]:
+				held = append(held, i)
+			case len(m.ready[vms[i]]) == 0:
+				starving = append(starving, i)
+			default:
+				fed = append(fed, i)
+			}
 		}
+	}
+	classify(0)
+	look := PromoteLook * n
+	for k := 1; k < PromoteLookMore && len(vms) == k*look && len(starving)+len(fed) < n; k++ {
+		from := len(vms)
+		vms, due = m.dueVariants(now, (k+1)*look)
+		classify(from)
 	}
 	s := min(len(starving), n-min(len(fed), n/4))
 	f := min(len(fed), n-s)
+	h := min(len(held), n-s-f)
 	var rv []string
 	var rd []int
-	for _, i := range append(starving[:s:s], fed[:f]...) {
+	for _, i := range slices.Concat(starving[:s], fed[:f], held[:h]) {
 		rv, rd = append(rv, vms[i]), append(rd, due[i])
 	}
 	return rv, rd

@@ -1,4 +1,4 @@
-#!lua name=runqueue_d5e48970cb1bb674
+#!lua name=runqueue_3b93e47a49d18403
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2039,28 +2039,61 @@ dq_due(dq)
 -- each group in delayIndex's order, one group filling the places the
 -- other leaves (vtime's call.promote): a burst of many keys' delayed runs
 -- falling due together no longer holds a key due behind it until every
--- earlier run is promoted.
+-- earlier run is promoted. Those at their key limit come after all the
+-- others, and while fewer than scan of those looked at are not at their
+-- limit the pick looks further (keys held at their limit with due
+-- backlogs in front no longer shut a free key out).
 local promoted = sched_gather()
 dq_promote(dq, promoted, function(look)
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
+  -- (vtime.PromoteLook); while those read hold fewer than scan not at
+  -- their key limit, the next 4 x scan, up to 10 looks in all
+  -- (vtime.PromoteLookMore)
   local scan = dq.scan
-  local more = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', #look, 4 * scan - #look)
-  for i = 1, #more do look[#look + 1] = more[i] end
-  local starving, fed = {}, {}
-  for i = 1, #look, 1000 do
-    local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, math.min(i + 999, #look)))
-    for j = 1, #heads do
-      local vm = look[i + j - 1]
-      if heads[j] then fed[#fed + 1] = vm else starving[#starving + 1] = vm end
+  local chunk = 4 * scan
+  local starving, fed, held = {}, {}, {}
+  local function read(upto)
+    if upto <= #look then return end
+    local more = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', #look, upto - #look)
+    for i = 1, #more do look[#look + 1] = more[i] end
+  end
+  local function classify(from)
+    for i = from, #look, 1000 do
+      local to = math.min(i + 999, #look)
+      -- (those at their key limit: nothing promoted for them can be
+      -- served until a slot frees)
+      local n = dq.key_limit > 0 and redis.call('HMGET', dq.kin, unpack(look, i, to))
+      local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, to))
+      for j = 1, #heads do
+        local vm = look[i + j - 1]
+        if n and (tonumber(n[j]) or 0) >= dq.key_limit then
+          held[#held + 1] = vm
+        elseif heads[j] then
+          fed[#fed + 1] = vm
+        else
+          starving[#starving + 1] = vm
+        end
+      end
     end
   end
-  -- (starving first, leaving scan/4 places to the fed when there are
-  -- any, then the fed in the room left)
+  read(chunk)
+  classify(1)
+  local k = 1
+  while k < 10 and #look == k * chunk and #starving + #fed < scan do
+    local from = #look + 1
+    read((k + 1) * chunk)
+    classify(from)
+    k = k + 1
+  end
+  -- (of those not held, the starving first, leaving scan/4 places to the
+  -- fed when there are any, then the fed in the room left; then the held)
   local s = math.min(#starving, scan - math.min(#fed, math.floor(scan / 4)))
   local f = math.min(#fed, scan - s)
+  local h = math.min(#held, scan - s - f)
   local due = {}
-  for i = 1, s do due[i] = starving[i] end
-  for i = 1, f do due[s + i] = fed[i] end
+  for i = 1, s do due[#due + 1] = starving[i] end
+  for i = 1, f do due[#due + 1] = fed[i] end
+  for i = 1, h do due[#due + 1] = held[i] end
   return due
 end, function(due)
   -- the milli-weights of the variants to promote, in one read
@@ -2852,9 +2885,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d5e48970cb1bb674_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

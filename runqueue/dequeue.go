@@ -71,9 +71,10 @@ func (r *Run) ref() keys.Ref { return keys.Ref{Env: r.Env, Queue: r.Queue, Key: 
 // that stand for them: their maxCounts summed, their ScanLimits summed (at
 // most 10,000) and their PromoteLimits summed (at most the maxCounts
 // summed, or PromoteLimit when more), so a script call reaches what its
-// calls would and promotes at least what one call of their maxCounts
-// summed would (see Config.PromoteLimit: the budget is spent over the due
-// variants).
+// calls would and has at least the budget of one call of their maxCounts
+// summed (see Config.PromoteLimit: the budget is spent over the due
+// variants; how many runs the plan's shares, rounded up, give in all may
+// differ by a few).
 // Its runs are handed out in the order it served them, each call taking
 // up to its own maxCount, the earliest calls first. With the flag off
 // that order is age order over the runs ready once it promoted: it may

@@ -79,7 +79,7 @@
 //     the places the other leaves, then those at their key limit (held)
 //     in the room left; while fewer than ScanLimit of those looked at are
 //     not held, it looks at PromoteLook x ScanLimit more, up to
-//     PromoteLookMore looks.
+//     PromoteLookMore looks and PromoteLookCap variants.
 //     The call's budget,
 //     max(PromoteLimit, maxCount), is spent on those variants by weight
 //     (PromotePlanWeighted; the same shares, rounded up, for equal
@@ -226,7 +226,7 @@
 //     and 7. A variant below its key limit with due delayed runs and no
 //     ready run, among the first PromoteLook x ScanLimit due variants
 //     (or further, while fewer than ScanLimit of those are below their
-//     limit, up to PromoteLookMore looks), gains a ready run within
+//     limit, up to PromoteLookMore looks and PromoteLookCap variants), gains a ready run within
 //     ceil(due variants/(ScanLimit-ScanLimit/4-maxCount)) calls when that
 //     divisor is above 0, however long the bursts due before it last; one
 //     with ready runs is reached earliest due first among those, in

@@ -738,9 +738,15 @@ func (m *Model) capacity(maxCount int) int {
 const PromoteLook = 4
 
 // PromoteLookMore is how many looks of PromoteLook x scan due variants a
-// call reads at most while those it read hold fewer than scan it can use
-// (see call.promote).
-const PromoteLookMore = 10
+// call reads at most while those it read hold fewer than scan below their
+// key limit (see call.promote), and PromoteLookCap how many due variants
+// the further looks may bring the call's look to (the first look is read
+// whatever its size: with a ScanLimit of 1,000 or more there is none
+// further).
+const (
+	PromoteLookMore = 10
+	PromoteLookCap  = 4000
+)
 
 // promote moves due delayed runs to ready (registering the variants that
 // gain a ready run), as many of each variant it reaches as PromotePlan
@@ -757,7 +763,8 @@ const PromoteLookMore = 10
 // variants at their key limit (held: nothing promoted for them can be
 // served until a slot frees) come after all the others; and while the
 // variants looked at hold fewer than scan not held, the call looks at
-// PromoteLook*scan more, up to PromoteLookMore looks in all, so that keys
+// PromoteLook*scan more, up to PromoteLookMore looks and PromoteLookCap
+// variants in all, so that keys
 // held at their limit with due backlogs in front of the delay index no
 // longer shut a free key out of the promotion (helper-172: 130 such keys
 // of 500 due runs, key limit 1, calls of 10: a free key's run due 1 ms
@@ -829,7 +836,8 @@ func (m *Model) atKeyLimit(vms []string) []bool {
 // in the room the fed left; then those at their key limit (held) in the
 // room left; each group in the delay index's order. While a full look
 // holds fewer than n variants not held, it looks at the next
-// PromoteLook*n due variants too, up to PromoteLookMore looks in all.
+// PromoteLook*n due variants too, up to PromoteLookMore looks and
+// PromoteLookCap variants in all.
 func (m *Model) starvingFirst(now int64, vms []string, due []int, n int) ([]string, []int) {
 	var starving, fed, held []int
 	classify := func(from int) {
@@ -847,7 +855,7 @@ func (m *Model) starvingFirst(now int64, vms []string, due []int, n int) ([]stri
 	}
 	classify(0)
 	look := PromoteLook * n
-	for k := 1; k < PromoteLookMore && len(vms) == k*look && len(starving)+len(fed) < n; k++ {
+	for k := 1; k < PromoteLookMore && (k+1)*look <= PromoteLookCap && len(vms) == k*look && len(starving)+len(fed) < n; k++ {
 		from := len(vms)
 		vms, due = m.dueVariants(now, (k+1)*look)
 		classify(from)

@@ -1640,8 +1640,8 @@ local promoted = sched_gather()
 dq_promote(dq, promoted, function(look)
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   -- (vtime.PromoteLook); while those read hold fewer than scan not at
-  -- their key limit, the next 4 x scan, up to 10 looks in all
-  -- (vtime.PromoteLookMore)
+  -- their key limit, the next 4 x scan, up to 10 looks and 4,000 variants
+  -- in all (vtime.PromoteLookMore, PromoteLookCap)
   local scan = dq.scan
   local chunk = 4 * scan
   local starving, fed, held = {}, {}, {}
@@ -1672,7 +1672,7 @@ dq_promote(dq, promoted, function(look)
   read(chunk)
   classify(1)
   local k = 1
-  while k < 10 and #look == k * chunk and #starving + #fed < scan do
+  while k < 10 and (k + 1) * chunk <= 4000 and #look == k * chunk and #starving + #fed < scan do
     local from = #look + 1
     read((k + 1) * chunk)
     classify(from)

@@ -1,4 +1,4 @@
-#!lua name=runqueue_3b93e47a49d18403
+#!lua name=runqueue_93310cefccfcd98c
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2047,8 +2047,8 @@ local promoted = sched_gather()
 dq_promote(dq, promoted, function(look)
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   -- (vtime.PromoteLook); while those read hold fewer than scan not at
-  -- their key limit, the next 4 x scan, up to 10 looks in all
-  -- (vtime.PromoteLookMore)
+  -- their key limit, the next 4 x scan, up to 10 looks and 4,000 variants
+  -- in all (vtime.PromoteLookMore, PromoteLookCap)
   local scan = dq.scan
   local chunk = 4 * scan
   local starving, fed, held = {}, {}, {}
@@ -2079,7 +2079,7 @@ dq_promote(dq, promoted, function(look)
   read(chunk)
   classify(1)
   local k = 1
-  while k < 10 and #look == k * chunk and #starving + #fed < scan do
+  while k < 10 and (k + 1) * chunk <= 4000 and #look == k * chunk and #starving + #fed < scan do
     local from = #look + 1
     read((k + 1) * chunk)
     classify(from)
@@ -2885,9 +2885,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3b93e47a49d18403_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

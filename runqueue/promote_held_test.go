@@ -198,8 +198,8 @@ func TestPromoteHeldKeysLeaveNoFedKeyBehind(t *testing.T) {
 // 2,000), every call before it empty. The promotion's pick now puts the
 // keys at their limit after the others and looks further while fewer than
 // ScanLimit of those it looked at are free (vtime.PromoteLookMore): F is
-// served in the first call, and a held key whose slot frees is served in
-// the next. With more than 10 x 4 x ScanLimit held keys in front (past the
+// served in the first call (and Preview shows it), and a held key whose
+// slot frees is served in the next. With more than 10 x 4 x ScanLimit held keys in front (past the
 // look) F still waits, as the docs say.
 func TestPromoteHeldFrontSkipped(t *testing.T) {
 	t.Parallel()
@@ -233,6 +233,11 @@ func TestPromoteHeldFrontSkipped(t *testing.T) {
 				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "F", ID: "F", AvailableAt: t0.Add(2 * time.Millisecond)})
 				enqueueAll(t, b, ps)
 				b.clock.Advance(10 * time.Millisecond)
+				// Preview shows it (helper-174: it read only the first
+				// look of due variants and showed nothing).
+				pv, err := b.q.Preview(b.ctx, env, queueName, 10)
+				require.NoError(t, err)
+				require.Equal(t, []runqueue.PreviewRun{{Key: "F", ID: "F", Attempt: 1}}, pv)
 				runs := dequeue(t, b, queueName, 10)
 				require.Len(t, runs, 1, "the first call serves F")
 				require.Equal(t, "F", runs[0].Key)

@@ -748,6 +748,14 @@ const (
 	PromoteLookCap  = 4000
 )
 
+// PromoteLookMax is how many due variants a call of the given scan looks
+// at in all at most: PromoteLook*scan a look, PromoteLookMore looks while
+// they stay within PromoteLookCap, one look at least.
+func PromoteLookMax(scan int) int {
+	look := PromoteLook * scan
+	return look * min(PromoteLookMore, max(1, PromoteLookCap/max(look, 1)))
+}
+
 // promote moves due delayed runs to ready (registering the variants that
 // gain a ready run), as many of each variant it reaches as PromotePlan
 // gives it. It reaches scan due variants at most: all of them when no more

@@ -464,9 +464,12 @@ func (o *Oracle) dueVariants() []dueVariant {
 // call reaches scan due variants at most and spends a budget of
 // max(PromoteLimit, maxCount) runs on them (promotePlan): all of them when
 // no more are due; else, with the flag off, the first scan; with it on,
-// among the first vtime.PromoteLook x scan, those with no ready run first,
-// keeping scan/4 places for the others, each group in the delay index's
-// order, one filling the places the other leaves (docs/design.md,
+// among the first vtime.PromoteLook x scan, of those below their key
+// limit those with no ready run first, keeping scan/4 places for the
+// others, each group in the delay index's order, one filling the places
+// the other leaves, then those at their limit in the room left, looking
+// vtime.PromoteLook x scan further while fewer than scan of those looked
+// at are below their limit, up to vtime.PromoteLookMax (docs/design.md,
 // "Dequeue").
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
@@ -474,16 +477,23 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	reached, reached1 := min(len(dv), scan), min(len(dv), o.scan(1))
 	window := dv[:reached]
 	if o.flagOn && len(dv) > scan {
-		var starving, fed []dueVariant
-		for _, v := range dv[:min(len(dv), vtime.PromoteLook*scan)] {
-			if v.k.ready == 0 {
+		var starving, fed, held []dueVariant
+		for _, v := range dv[:min(len(dv), vtime.PromoteLookMax(scan))] {
+			switch {
+			case o.atKeyLimit(v.k):
+				held = append(held, v)
+			case v.k.ready == 0:
 				starving = append(starving, v)
-			} else {
+			default:
 				fed = append(fed, v)
+			}
+			if n := len(starving) + len(fed) + len(held); n%(vtime.PromoteLook*scan) == 0 && len(starving)+len(fed) >= scan {
+				break // (a look ends with enough below their limit)
 			}
 		}
 		s := min(len(starving), scan-min(len(fed), scan/4))
-		window = slices.Concat(starving[:s], fed[:min(len(fed), scan-s)])
+		f := min(len(fed), scan-s)
+		window = slices.Concat(starving[:s], fed[:f], held[:min(len(held), scan-s-f)])
 	}
 	due, held, milli := make([]int, reached), make([]bool, reached), make([]int64, reached)
 	for i, v := range window {

@@ -77,7 +77,7 @@
 //     key limit those with no ready run first, keeping ScanLimit/4 places
 //     for the others, each group in the delay index's order, one filling
 //     the places the other leaves, then those at their key limit (held)
-//     in the room left; while fewer than ScanLimit of those looked at are
+//     in the room left by the same rule; while fewer than ScanLimit of those looked at are
 //     not held, it looks at PromoteLook x ScanLimit more, up to
 //     PromoteLookMore looks and PromoteLookCap variants.
 //     The call's budget,

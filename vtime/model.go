@@ -842,22 +842,27 @@ func (m *Model) atKeyLimit(vms []string) []bool {
 // key limit, those without a ready run (starving) first, n - n/4 of them
 // at most when there are others (fed), then the fed, then more starving
 // in the room the fed left; then those at their key limit (held) in the
-// room left; each group in the delay index's order. While a full look
+// room left by the same rule (helper-175: taken in the delay index's
+// order, a held front past the look moved 75 due runs a call instead of
+// 121); each group in the delay index's order. While a full look
 // holds fewer than n variants not held, it looks at the next
 // PromoteLook*n due variants too, up to PromoteLookMore looks and
 // PromoteLookCap variants in all.
 func (m *Model) starvingFirst(now int64, vms []string, due []int, n int) ([]string, []int) {
-	var starving, fed, held []int
+	var starving, fed, heldStarving, heldFed []int
 	classify := func(from int) {
 		at := m.atKeyLimit(vms[from:])
 		for i := from; i < len(vms); i++ {
+			held, ready := at != nil && at[i-from], len(m.ready[vms[i]]) > 0
 			switch {
-			case at != nil && at[i-from]:
-				held = append(held, i)
-			case len(m.ready[vms[i]]) == 0:
-				starving = append(starving, i)
-			default:
+			case held && ready:
+				heldFed = append(heldFed, i)
+			case held:
+				heldStarving = append(heldStarving, i)
+			case ready:
 				fed = append(fed, i)
+			default:
+				starving = append(starving, i)
 			}
 		}
 	}
@@ -868,12 +873,18 @@ func (m *Model) starvingFirst(now int64, vms []string, due []int, n int) ([]stri
 		vms, due = m.dueVariants(now, (k+1)*look)
 		classify(from)
 	}
-	s := min(len(starving), n-min(len(fed), n/4))
-	f := min(len(fed), n-s)
-	h := min(len(held), n-s-f)
+	var picked []int
+	take := func(starving, fed []int, room int) {
+		s := min(len(starving), room-min(len(fed), room/4))
+		picked = slices.Concat(picked, starving[:s], fed[:min(len(fed), room-s)])
+	}
+	take(starving, fed, n)
+	// (the held in the room left, by the same rule: the starving move
+	// more of the front's due runs, as before held keys came last)
+	take(heldStarving, heldFed, n-len(picked))
 	var rv []string
 	var rd []int
-	for _, i := range slices.Concat(starving[:s], fed[:f], held[:h]) {
+	for _, i := range picked {
 		rv, rd = append(rv, vms[i]), append(rd, due[i])
 	}
 	return rv, rd

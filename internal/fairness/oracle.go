@@ -467,7 +467,8 @@ func (o *Oracle) dueVariants() []dueVariant {
 // among the first vtime.PromoteLook x scan, of those below their key
 // limit those with no ready run first, keeping scan/4 places for the
 // others, each group in the delay index's order, one filling the places
-// the other leaves, then those at their limit in the room left, looking
+// the other leaves, then those at their limit in the room left by the
+// same rule, looking
 // vtime.PromoteLook x scan further while fewer than scan of those looked
 // at are below their limit, up to vtime.PromoteLookMax (docs/design.md,
 // "Dequeue").
@@ -477,23 +478,22 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	reached, reached1 := min(len(dv), scan), min(len(dv), o.scan(1))
 	window := dv[:reached]
 	if o.flagOn && len(dv) > scan {
-		var starving, fed, held []dueVariant
-		for _, v := range dv[:min(len(dv), vtime.PromoteLookMax(scan))] {
-			switch {
-			case o.atKeyLimit(v.k):
-				held = append(held, v)
-			case v.k.ready == 0:
-				starving = append(starving, v)
-			default:
-				fed = append(fed, v)
-			}
-			if n := len(starving) + len(fed) + len(held); n%(vtime.PromoteLook*scan) == 0 && len(starving)+len(fed) >= scan {
+		// [held][ready]: below their limit without and with a ready run,
+		// then at their limit without and with one
+		var g [2][2][]dueVariant
+		for i, v := range dv[:min(len(dv), vtime.PromoteLookMax(scan))] {
+			h, r := b2i(o.atKeyLimit(v.k)), b2i(v.k.ready > 0)
+			g[h][r] = append(g[h][r], v)
+			if (i+1)%(vtime.PromoteLook*scan) == 0 && len(g[0][0])+len(g[0][1]) >= scan {
 				break // (a look ends with enough below their limit)
 			}
 		}
-		s := min(len(starving), scan-min(len(fed), scan/4))
-		f := min(len(fed), scan-s)
-		window = slices.Concat(starving[:s], fed[:f], held[:min(len(held), scan-s-f)])
+		window = nil
+		for _, st := range g {
+			room := scan - len(window)
+			s := min(len(st[0]), room-min(len(st[1]), room/4))
+			window = slices.Concat(window, st[0][:s], st[1][:min(len(st[1]), room-s)])
+		}
 	}
 	due, held, milli := make([]int, reached), make([]bool, reached), make([]int64, reached)
 	for i, v := range window {
@@ -1093,4 +1093,12 @@ func (o *Oracle) Finish() error {
 	sort.Slice(open, func(i, j int) bool { return idLess(open[i], open[j]) })
 	o.emit(Event{Kind: EvEnd, IDs: open})
 	return nil
+}
+
+// b2i is 1 for true, 0 for false.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

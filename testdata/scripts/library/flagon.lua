@@ -1,4 +1,4 @@
-#!lua name=runqueue_93310cefccfcd98c
+#!lua name=runqueue_a7bdb10f84dfaa15
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2051,7 +2051,7 @@ dq_promote(dq, promoted, function(look)
   -- in all (vtime.PromoteLookMore, PromoteLookCap)
   local scan = dq.scan
   local chunk = 4 * scan
-  local starving, fed, held = {}, {}, {}
+  local starving, fed, held_starving, held_fed = {}, {}, {}, {}
   local function read(upto)
     if upto <= #look then return end
     local more = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', #look, upto - #look)
@@ -2066,13 +2066,13 @@ dq_promote(dq, promoted, function(look)
       local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, to))
       for j = 1, #heads do
         local vm = look[i + j - 1]
+        local g
         if n and (tonumber(n[j]) or 0) >= dq.key_limit then
-          held[#held + 1] = vm
-        elseif heads[j] then
-          fed[#fed + 1] = vm
+          g = heads[j] and held_fed or held_starving
         else
-          starving[#starving + 1] = vm
+          g = heads[j] and fed or starving
         end
+        g[#g + 1] = vm
       end
     end
   end
@@ -2086,14 +2086,17 @@ dq_promote(dq, promoted, function(look)
     k = k + 1
   end
   -- (of those not held, the starving first, leaving scan/4 places to the
-  -- fed when there are any, then the fed in the room left; then the held)
-  local s = math.min(#starving, scan - math.min(#fed, math.floor(scan / 4)))
-  local f = math.min(#fed, scan - s)
-  local h = math.min(#held, scan - s - f)
+  -- fed when there are any, then the fed in the room left; then the held
+  -- in the room left by the same rule)
   local due = {}
-  for i = 1, s do due[#due + 1] = starving[i] end
-  for i = 1, f do due[#due + 1] = fed[i] end
-  for i = 1, h do due[#due + 1] = held[i] end
+  local function take(st, fd, room)
+    local s = math.min(#st, room - math.min(#fd, math.floor(room / 4)))
+    local f = math.min(#fd, room - s)
+    for i = 1, s do due[#due + 1] = st[i] end
+    for i = 1, f do due[#due + 1] = fd[i] end
+  end
+  take(starving, fed, scan)
+  take(held_starving, held_fed, scan - #due)
   return due
 end, function(due)
   -- the milli-weights of the variants to promote, in one read
@@ -2885,9 +2888,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_93310cefccfcd98c_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -741,8 +741,7 @@ const PromoteLook = 4
 // call reads at most while those it read hold fewer than scan below their
 // key limit (see call.promote), and PromoteLookCap how many due variants
 // the further looks may bring the call's look to (the first look is read
-// whatever its size: with a ScanLimit of 1,000 or more there is none
-// further).
+// whatever its size: with a scan above 500 there is none further).
 const (
 	PromoteLookMore = 10
 	PromoteLookCap  = 4000
@@ -769,16 +768,16 @@ func PromoteLookMax(scan int) int {
 // key due behind it: once promoted, the burst's keys have ready runs and
 // give way to the keys that have none (docs/design.md, "Dequeue"). The
 // variants at their key limit (held: nothing promoted for them can be
-// served until a slot frees) come after all the others; and while the
-// variants looked at hold fewer than scan not held, the call looks at
-// PromoteLook*scan more, up to PromoteLookMore looks and PromoteLookCap
-// variants in all, so that keys
-// held at their limit with due backlogs in front of the delay index no
-// longer shut a free key out of the promotion (helper-172: 130 such keys
-// of 500 due runs, key limit 1, calls of 10: a free key's run due 1 ms
-// after theirs promoted and served after 130 calls, every one of them
-// empty). A held variant's due runs wait while free ones fill the places:
-// once a slot frees it is a free variant again.
+// served until a slot frees) come after all the others, by the same rule;
+// and while the variants looked at hold fewer than scan not held, the
+// call looks at PromoteLook*scan more, up to PromoteLookMore looks and
+// PromoteLookCap variants in all, so that keys held at their limit with
+// due backlogs in front of the delay index no longer shut a free key out
+// of the promotion (helper-172: 130 such keys of 500 due runs, key limit
+// 1, calls of 10: a free key's run due 1 ms after theirs promoted and
+// served after 130 calls, every one of them empty). A held variant's due
+// runs wait while free ones fill the places: once a slot frees it is a
+// free variant again.
 func (c *call) promote(now int64, maxCount int) {
 	vms, due := c.m.dueVariants(now, PromoteLook*c.scan)
 	if len(vms) > c.scan {
@@ -1076,9 +1075,9 @@ func spreadLeft(limit int, due, plan, among []int, left int, _ []int64) {
 // part of what is left then, ceil(total x milli / sum), which is within
 // their cap (their cap / milli is larger). The result does not depend on
 // how ties in that order are broken (a variant within its part leaves the
-// others a larger part each), and the variants are promoted in the order
-// the call reached them. It gives all of total when the caps hold that much, and
-// less than total + len(among) in all.
+// others a larger part each); the Lua promotes the variants in the order
+// the call reached them. It gives all of total when the caps hold that
+// much, and less than total + len(among) in all.
 func fillByWeight(limit int, due, plan, among []int, total int, milli []int64) {
 	var cand []int
 	capOf := make(map[int]int64, len(among))

@@ -1633,9 +1633,9 @@ dq_due(dq)
 -- other leaves (vtime's call.promote): a burst of many keys' delayed runs
 -- falling due together no longer holds a key due behind it until every
 -- earlier run is promoted. Those at their key limit come after all the
--- others, and while fewer than scan of those looked at are not at their
--- limit the pick looks further (keys held at their limit with due
--- backlogs in front no longer shut a free key out).
+-- others, by the same rule, and while fewer than scan of those looked at
+-- are not at their limit the pick looks further (keys held at their limit
+-- with due backlogs in front no longer shut a free key out).
 local promoted = sched_gather()
 dq_promote(dq, promoted, function(look)
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan

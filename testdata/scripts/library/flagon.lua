@@ -1,4 +1,4 @@
-#!lua name=runqueue_a7bdb10f84dfaa15
+#!lua name=runqueue_e437fe1ea990c354
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2040,9 +2040,9 @@ dq_due(dq)
 -- other leaves (vtime's call.promote): a burst of many keys' delayed runs
 -- falling due together no longer holds a key due behind it until every
 -- earlier run is promoted. Those at their key limit come after all the
--- others, and while fewer than scan of those looked at are not at their
--- limit the pick looks further (keys held at their limit with due
--- backlogs in front no longer shut a free key out).
+-- others, by the same rule, and while fewer than scan of those looked at
+-- are not at their limit the pick looks further (keys held at their limit
+-- with due backlogs in front no longer shut a free key out).
 local promoted = sched_gather()
 dq_promote(dq, promoted, function(look)
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
@@ -2888,9 +2888,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_a7bdb10f84dfaa15_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

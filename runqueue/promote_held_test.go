@@ -253,3 +253,67 @@ func TestPromoteHeldFrontSkipped(t *testing.T) {
 		})
 	}
 }
+
+// TestPromoteHeldFrontFedInFront: keys below their limit with ready runs
+// (fed) in front of keys at their limit that have no ready run do not pin
+// the front. 40 fed keys of 50 ready and 500 delayed runs due first, 200
+// keys at KeyConcurrency 2 holding two runs each with 3 runs due next,
+// then a free key F; ScanLimit 30, calls of 10, every run acked.
+// helper-176: with every key at its limit picked last, the fed keys took
+// all 30 places, the held keys' due runs were never promoted and F never
+// looked at: served at call 136 (508 with 2,000 delayed runs a fed key),
+// against 16 before. Keys at their limit without a ready run count with
+// the starving again (after those below their limit): F at call 16.
+func TestPromoteHeldFrontFedInFront(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling, cfg.KeyConcurrency, cfg.ScanLimit, cfg.LeaseDuration = true, 2, 30, time.Hour
+		})
+		var ps []runqueue.EnqueueParams
+		for k := range 200 {
+			for i := range 2 {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%03d", k), ID: fmt.Sprintf("h%03d-first%d", k, i)})
+			}
+		}
+		enqueueAll(t, b, ps)
+		for held := 0; held < 400; {
+			runs := dequeue(t, b, queueName, 1000)
+			require.NotEmpty(t, runs)
+			held += len(runs)
+		}
+		t0 := b.clock.Now()
+		ps = nil
+		for k := range 40 {
+			key := fmt.Sprintf("f%02d", k)
+			for i := range 50 {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: key, ID: fmt.Sprintf("%s-r%d", key, i)})
+			}
+			for i := range 500 {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: key, ID: fmt.Sprintf("%s-d%d", key, i), AvailableAt: t0.Add(time.Millisecond)})
+			}
+		}
+		for k := range 200 {
+			for i := range 3 {
+				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%03d", k), ID: fmt.Sprintf("h%03d-%d", k, i), AvailableAt: t0.Add(2 * time.Millisecond)})
+			}
+		}
+		ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "F", ID: "F", AvailableAt: t0.Add(3 * time.Millisecond)})
+		enqueueAll(t, b, ps)
+		b.clock.Advance(10 * time.Millisecond)
+		first := -1
+		for call := 0; call < 200 && first < 0; call++ {
+			runs := dequeue(t, b, queueName, 10)
+			for _, r := range runs {
+				if r.Key == "F" {
+					first = call
+				}
+			}
+			ackAll(t, b, runs)
+			b.clock.Advance(time.Millisecond)
+		}
+		t.Logf("F served at call %d", first)
+		require.GreaterOrEqual(t, first, 0, "F served")
+		require.LessOrEqual(t, first, 20, "F served within 20 calls (16 before held keys came last, 136 with them all last)")
+	})
+}

@@ -73,13 +73,13 @@
 //     the call does nothing.
 //   - promote: the due delayed runs of up to ScanLimit due variants become
 //     ready, registering their variants: all of them when no more are due;
-//     else, among the first PromoteLook x ScanLimit, of those not at their
-//     key limit those with no ready run first, keeping ScanLimit/4 places
-//     for the others, each group in the delay index's order, one filling
-//     the places the other leaves, then those at their key limit (held)
-//     in the room left by the same rule; while fewer than ScanLimit of those looked at are
-//     not held, it looks at PromoteLook x ScanLimit more, up to
-//     PromoteLookMore looks and PromoteLookCap variants.
+//     else, among the first PromoteLook x ScanLimit, those with no ready
+//     run first, keeping ScanLimit/4 places for the others, each group in
+//     the delay index's order (in each, those at their key limit after
+//     those below it), one filling the places the other leaves; while
+//     fewer than ScanLimit of those looked at are below their key limit,
+//     it looks at PromoteLook x ScanLimit more, up to PromoteLookMore
+//     looks and PromoteLookCap variants.
 //     The call's budget,
 //     max(PromoteLimit, maxCount), is spent on those variants by weight
 //     (PromotePlanWeighted; the same shares, rounded up, for equal
@@ -231,7 +231,7 @@
 //     divisor is above 0, however long the bursts due before it last; one
 //     with ready runs is reached earliest due first among those, in
 //     ScanLimit/4 places a call at least. A variant at its key limit is
-//     reached in the room the others leave.
+//     reached after those below theirs in its group.
 //  6. Work conservation: a call stops early only when nothing it can reach
 //     is servable; the age-head fallback reads what a flag-off call reads.
 //     Flag on therefore serves whenever flag off would (but for a gated

@@ -738,8 +738,8 @@ func (m *Model) capacity(maxCount int) int {
 const PromoteLook = 4
 
 // PromoteLookMore is how many looks of PromoteLook x scan due variants a
-// call reads at most while those it read hold fewer than scan below their
-// key limit (see call.promote), and PromoteLookCap how many due variants
+// call reads at most while those it read hold fewer than scan below
+// their key limit (see call.promote), and PromoteLookCap how many due variants
 // the further looks may bring the call's look to (the first look is read
 // whatever its size: with a scan above 500 there is none further).
 const (
@@ -767,10 +767,11 @@ func PromoteLookMax(scan int) int {
 // burst of delayed runs of many keys falling due together cannot hold a
 // key due behind it: once promoted, the burst's keys have ready runs and
 // give way to the keys that have none (docs/design.md, "Dequeue"). The
-// variants at their key limit (held: nothing promoted for them can be
-// served until a slot frees) come after all the others, by the same rule;
-// and while the variants looked at hold fewer than scan not held, the
-// call looks at PromoteLook*scan more, up to PromoteLookMore looks and
+// variants at their key limit that have a ready run (held: nothing
+// promoted for them can be served until a slot frees) come after all the
+// others, and those at it without one after the others without one; and
+// while the variants looked at hold fewer than scan below their key limit,
+// the call looks at PromoteLook*scan more, up to PromoteLookMore looks and
 // PromoteLookCap variants in all, so that keys held at their limit with
 // due backlogs in front of the delay index no longer shut a free key out
 // of the promotion (helper-172: 130 such keys of 500 due runs, key limit
@@ -837,16 +838,21 @@ func (m *Model) atKeyLimit(vms []string) []bool {
 }
 
 // starvingFirst picks n of the due variants vms (with their due runs, the
-// first PromoteLook*n of the delay index at now). Of those not at their
-// key limit, those without a ready run (starving) first, n - n/4 of them
-// at most when there are others (fed), then the fed, then more starving
-// in the room the fed left; then those at their key limit (held) in the
-// room left by the same rule (helper-175: taken in the delay index's
-// order, a held front past the look moved 75 due runs a call instead of
-// 121); each group in the delay index's order. While a full look
-// holds fewer than n variants not held, it looks at the next
-// PromoteLook*n due variants too, up to PromoteLookMore looks and
-// PromoteLookCap variants in all.
+// first PromoteLook*n of the delay index at now): those without a ready
+// run (starving) first, those below their key limit before those at it,
+// n - n/4 of them at most when there are others (fed) below their limit,
+// then those fed, then more starving in the room the fed left; then, in
+// the room left, those fed at their key limit (held with a ready run:
+// nothing promoted for them can be served until a slot frees, and they
+// have runs to serve then); each group in the delay index's order. While
+// a full look holds fewer than n below their key limit, it looks at the
+// next PromoteLook*n due variants too, up to PromoteLookMore looks and
+// PromoteLookCap variants in all. (helper-176: with every variant at its
+// limit last, free variants with ready runs in front held the starving
+// held ones, and with them the whole front, in place: a free key behind
+// them served at call 508 against 16 before held variants came last;
+// helper-175: the held taken in the delay index's order moved a held front
+// past the look 75 due runs a call instead of 121.)
 func (m *Model) starvingFirst(now int64, vms []string, due []int, n int) ([]string, []int) {
 	var starving, fed, heldStarving, heldFed []int
 	classify := func(from int) {
@@ -867,20 +873,15 @@ func (m *Model) starvingFirst(now int64, vms []string, due []int, n int) ([]stri
 	}
 	classify(0)
 	look := PromoteLook * n
-	for k := 1; k < PromoteLookMore && (k+1)*look <= PromoteLookCap && len(vms) == k*look && len(starving)+len(fed) < n; k++ {
+	for k := 1; k < PromoteLookMore && (k+1)*look <= PromoteLookCap && len(vms) == k*look &&
+		len(starving)+len(fed) < n; k++ {
 		from := len(vms)
 		vms, due = m.dueVariants(now, (k+1)*look)
 		classify(from)
 	}
-	var picked []int
-	take := func(starving, fed []int, room int) {
-		s := min(len(starving), room-min(len(fed), room/4))
-		picked = slices.Concat(picked, starving[:s], fed[:min(len(fed), room-s)])
-	}
-	take(starving, fed, n)
-	// (the held in the room left, by the same rule: the starving move
-	// more of the front's due runs, as before held keys came last)
-	take(heldStarving, heldFed, n-len(picked))
+	starving, fed = append(starving, heldStarving...), append(fed, heldFed...)
+	s := min(len(starving), n-min(len(fed), n/4))
+	picked := slices.Concat(starving[:s], fed[:min(len(fed), n-s)])
 	var rv []string
 	var rd []int
 	for _, i := range picked {

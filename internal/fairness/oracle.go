@@ -464,14 +464,13 @@ func (o *Oracle) dueVariants() []dueVariant {
 // call reaches scan due variants at most and spends a budget of
 // max(PromoteLimit, maxCount) runs on them (promotePlan): all of them when
 // no more are due; else, with the flag off, the first scan; with it on,
-// among the first vtime.PromoteLook x scan, of those below their key
-// limit those with no ready run first, keeping scan/4 places for the
-// others, each group in the delay index's order, one filling the places
-// the other leaves, then those at their limit in the room left by the
-// same rule, looking
-// vtime.PromoteLook x scan further while fewer than scan of those looked
-// at are below their limit, up to vtime.PromoteLookMax (docs/design.md,
-// "Dequeue").
+// among the first vtime.PromoteLook x scan, those with no ready run first
+// (below their key limit before at it), keeping scan/4 places for those
+// with one below their limit, each group in the delay index's order, one
+// filling the places the other leaves, then those at their limit with a
+// ready run in the room left, looking vtime.PromoteLook x scan further
+// while fewer than scan of those looked at are below their limit, up to
+// vtime.PromoteLookMax (docs/design.md, "Dequeue").
 func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	dv := o.dueVariants()
 	scan := o.scan(maxCount)
@@ -488,12 +487,9 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 				break // (a look ends with enough below their limit)
 			}
 		}
-		window = nil
-		for _, st := range g {
-			room := scan - len(window)
-			s := min(len(st[0]), room-min(len(st[1]), room/4))
-			window = slices.Concat(window, st[0][:s], st[1][:min(len(st[1]), room-s)])
-		}
+		starving, fed := slices.Concat(g[0][0], g[1][0]), slices.Concat(g[0][1], g[1][1])
+		s := min(len(starving), scan-min(len(fed), scan/4))
+		window = slices.Concat(starving[:s], fed[:min(len(fed), scan-s)])
 	}
 	due, held, milli := make([]int, reached), make([]bool, reached), make([]int64, reached)
 	for i, v := range window {

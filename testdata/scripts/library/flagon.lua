@@ -1,4 +1,4 @@
-#!lua name=runqueue_e437fe1ea990c354
+#!lua name=runqueue_95bbc5724e8a1b61
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2039,14 +2039,15 @@ dq_due(dq)
 -- each group in delayIndex's order, one group filling the places the
 -- other leaves (vtime's call.promote): a burst of many keys' delayed runs
 -- falling due together no longer holds a key due behind it until every
--- earlier run is promoted. Those at their key limit come after all the
--- others, by the same rule, and while fewer than scan of those looked at
--- are not at their limit the pick looks further (keys held at their limit
+-- earlier run is promoted. Those at their key limit with a ready run come
+-- after all the others (and those without one after the others without
+-- one), and while fewer than scan of those looked at are below their
+-- limit the pick looks further (keys held at their limit
 -- with due backlogs in front no longer shut a free key out).
 local promoted = sched_gather()
 dq_promote(dq, promoted, function(look)
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
-  -- (vtime.PromoteLook); while those read hold fewer than scan not at
+  -- (vtime.PromoteLook); while those read hold fewer than scan below
   -- their key limit, the next 4 x scan, up to 10 looks and 4,000 variants
   -- in all (vtime.PromoteLookMore, PromoteLookCap)
   local scan = dq.scan
@@ -2061,7 +2062,8 @@ dq_promote(dq, promoted, function(look)
     for i = from, #look, 1000 do
       local to = math.min(i + 999, #look)
       -- (those at their key limit: nothing promoted for them can be
-      -- served until a slot frees)
+      -- served until a slot frees; with a ready run they have runs to
+      -- serve then)
       local n = dq.key_limit > 0 and redis.call('HMGET', dq.kin, unpack(look, i, to))
       local heads = redis.call('ZMSCORE', dq.ck_index, unpack(look, i, to))
       for j = 1, #heads do
@@ -2085,18 +2087,16 @@ dq_promote(dq, promoted, function(look)
     classify(from)
     k = k + 1
   end
-  -- (of those not held, the starving first, leaving scan/4 places to the
-  -- fed when there are any, then the fed in the room left; then the held
-  -- in the room left by the same rule)
+  -- (the starving first, those below their limit before those at it,
+  -- leaving scan/4 places to the fed below their limit when there are
+  -- any, then those fed in the room left; then the fed at their limit)
+  for _, vm in ipairs(held_starving) do starving[#starving + 1] = vm end
+  for _, vm in ipairs(held_fed) do fed[#fed + 1] = vm end
+  local s = math.min(#starving, scan - math.min(#fed, math.floor(scan / 4)))
+  local f = math.min(#fed, scan - s)
   local due = {}
-  local function take(st, fd, room)
-    local s = math.min(#st, room - math.min(#fd, math.floor(room / 4)))
-    local f = math.min(#fd, room - s)
-    for i = 1, s do due[#due + 1] = st[i] end
-    for i = 1, f do due[#due + 1] = fd[i] end
-  end
-  take(starving, fed, scan)
-  take(held_starving, held_fed, scan - #due)
+  for i = 1, s do due[i] = starving[i] end
+  for i = 1, f do due[s + i] = fed[i] end
   return due
 end, function(due)
   -- the milli-weights of the variants to promote, in one read
@@ -2888,9 +2888,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_e437fe1ea990c354_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

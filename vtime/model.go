@@ -808,17 +808,11 @@ func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int,
 }
 
 // promoteWeights is the milli-weight of each variant of vms, for a
-// flag-on call's promotion (PromotePlanWeighted); nil when none of them
-// has a weight of its own (all 1: the plan is the same).
+// flag-on call's promotion (PromotePlanWeighted), as the Lua reads them.
 func (m *Model) promoteWeights(vms []string) []int64 {
-	out, weighted := make([]int64, len(vms)), false
+	out := make([]int64, len(vms))
 	for i, vm := range vms {
-		_, own := m.weights[vm]
-		weighted = weighted || own
 		out[i] = m.MilliWeight(vm)
-	}
-	if !weighted {
-		return nil
 	}
 	return out
 }

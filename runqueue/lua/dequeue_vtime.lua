@@ -70,6 +70,7 @@ dq_promote(dq, promoted, function(look)
   local scan = dq.scan
   local chunk = 4 * scan
   local starving, fed, held_starving, held_fed = {}, {}, {}, {}
+  local inflight = {} -- (read here, kept for those reached: dq_inflight)
   local function read(upto)
     if upto <= #look then return end
     local more = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', #look, upto - #look)
@@ -86,7 +87,8 @@ dq_promote(dq, promoted, function(look)
       for j = 1, #heads do
         local vm = look[i + j - 1]
         local g
-        if n and (tonumber(n[j]) or 0) >= dq.key_limit then
+        if n then inflight[vm] = tonumber(n[j]) or 0 end
+        if n and inflight[vm] >= dq.key_limit then
           g = heads[j] and held_fed or held_starving
         else
           g = heads[j] and fed or starving
@@ -114,6 +116,9 @@ dq_promote(dq, promoted, function(look)
   local due = {}
   for i = 1, s do due[i] = starving[i] end
   for i = 1, f do due[s + i] = fed[i] end
+  for _, vm in ipairs(due) do
+    if inflight[vm] then dq_var(dq, vm).inflight_n = inflight[vm] end
+  end
   return due
 end, function(due)
   -- the milli-weights of the variants to promote, in one read

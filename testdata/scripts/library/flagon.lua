@@ -1,4 +1,4 @@
-#!lua name=runqueue_95bbc5724e8a1b61
+#!lua name=runqueue_65c57d751ca0ab2e
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2053,6 +2053,7 @@ dq_promote(dq, promoted, function(look)
   local scan = dq.scan
   local chunk = 4 * scan
   local starving, fed, held_starving, held_fed = {}, {}, {}, {}
+  local inflight = {} -- (read here, kept for those reached: dq_inflight)
   local function read(upto)
     if upto <= #look then return end
     local more = redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', #look, upto - #look)
@@ -2069,7 +2070,8 @@ dq_promote(dq, promoted, function(look)
       for j = 1, #heads do
         local vm = look[i + j - 1]
         local g
-        if n and (tonumber(n[j]) or 0) >= dq.key_limit then
+        if n then inflight[vm] = tonumber(n[j]) or 0 end
+        if n and inflight[vm] >= dq.key_limit then
           g = heads[j] and held_fed or held_starving
         else
           g = heads[j] and fed or starving
@@ -2097,6 +2099,9 @@ dq_promote(dq, promoted, function(look)
   local due = {}
   for i = 1, s do due[i] = starving[i] end
   for i = 1, f do due[s + i] = fed[i] end
+  for _, vm in ipairs(due) do
+    if inflight[vm] then dq_var(dq, vm).inflight_n = inflight[vm] end
+  end
   return due
 end, function(due)
   -- the milli-weights of the variants to promote, in one read
@@ -2888,9 +2893,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_95bbc5724e8a1b61_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65c57d751ca0ab2e_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_65c57d751ca0ab2e_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65c57d751ca0ab2e_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65c57d751ca0ab2e_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65c57d751ca0ab2e_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_65c57d751ca0ab2e_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -159,13 +159,7 @@ func TestDequeueShardFailingQueuesBackBehindTheOthers(t *testing.T) {
 					require.Len(t, runs, 4, "call %d", i)
 					ackAll(t, b, runs)
 				}
-				for round := range 3 {
-					for i := range 5 {
-						call(round*5 + i)
-					}
-					time.Sleep(1100 * time.Millisecond) // past shardFailBack: back from going late
-				}
-				call(15)
+				callRounds(call)
 			})
 		})
 	}
@@ -212,14 +206,21 @@ func TestDequeueShardFailingEnvsBackBehindTheOthers(t *testing.T) {
 					require.Len(t, runs, tc.maxCount, "call %d", i)
 					ackAll(t, b, runs)
 				}
-				for round := range 3 {
-					for i := range 5 {
-						call(round*5 + i)
-					}
-					time.Sleep(1100 * time.Millisecond) // past shardFailBack: back from going late
-				}
-				call(15)
+				callRounds(call)
 			})
 		})
 	}
+}
+
+// callRounds makes calls 0-15 of call: three rounds of five, each
+// followed by a pause past shardFailBack (the failing queues' marks lapse:
+// they are back from going late), then one more.
+func callRounds(call func(i int)) {
+	for round := range 3 {
+		for i := range 5 {
+			call(round*5 + i)
+		}
+		time.Sleep(1100 * time.Millisecond)
+	}
+	call(15)
 }

@@ -211,28 +211,7 @@ func TestPromoteHeldFrontSkipped(t *testing.T) {
 					cfg.VtimeScheduling, cfg.KeyConcurrency, cfg.ScanLimit = true, 1, 30
 					cfg.LeaseDuration = time.Hour
 				})
-				var ps []runqueue.EnqueueParams
-				for k := range tc.n {
-					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%03d", k), ID: fmt.Sprintf("h%03d-first", k)})
-				}
-				enqueueAll(t, b, ps)
-				var held []*runqueue.Run
-				for len(held) < tc.n {
-					runs := dequeue(t, b, queueName, 100)
-					require.NotEmpty(t, runs)
-					held = append(held, runs...)
-				}
-				t0 := b.clock.Now()
-				ps = nil
-				for k := range tc.n {
-					for i := range tc.p {
-						ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%03d", k),
-							ID: fmt.Sprintf("h%03d-%d", k, i), AvailableAt: t0.Add(time.Millisecond)})
-					}
-				}
-				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "F", ID: "F", AvailableAt: t0.Add(2 * time.Millisecond)})
-				enqueueAll(t, b, ps)
-				b.clock.Advance(10 * time.Millisecond)
+				held := heldFront(t, b, tc.n, tc.p)
 				// Preview shows it (helper-174: it read only the first
 				// look of due variants and showed nothing).
 				pv, err := b.q.Preview(b.ctx, env, queueName, 10)
@@ -252,6 +231,62 @@ func TestPromoteHeldFrontSkipped(t *testing.T) {
 			})
 		})
 	}
+}
+
+// heldFront builds a held front on b's queue: n keys at KeyConcurrency 1
+// (the caller's config), each holding a run that is never acked (returned),
+// with p delayed runs due 1 ms after the clock, and a free key F with one
+// run due 1 ms after theirs; the clock then 10 ms on.
+func heldFront(t *testing.T, b *testBundle, n, p int) []*runqueue.Run {
+	t.Helper()
+	var ps []runqueue.EnqueueParams
+	for k := range n {
+		ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%04d", k), ID: fmt.Sprintf("h%04d-first", k)})
+	}
+	enqueueAll(t, b, ps)
+	var held []*runqueue.Run
+	for len(held) < n {
+		runs := dequeue(t, b, queueName, 1000)
+		require.NotEmpty(t, runs)
+		held = append(held, runs...)
+	}
+	t0 := b.clock.Now()
+	ps = nil
+	for k := range n {
+		for i := range p {
+			ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("h%04d", k),
+				ID: fmt.Sprintf("h%04d-%d", k, i), AvailableAt: t0.Add(time.Millisecond)})
+		}
+	}
+	ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: "F", ID: "F", AvailableAt: t0.Add(2 * time.Millisecond)})
+	enqueueAll(t, b, ps)
+	b.clock.Advance(10 * time.Millisecond)
+	return held
+}
+
+// TestPromoteHeldFrontCoalesced: a coalesced dequeue reaches as far into
+// the delay index as each of its calls would alone. Its scan is the sum
+// of its calls', and how far the pick looks (vtime.PromoteLookMax) fell
+// as the scan grew past whole looks within the cap: 3,600 due variants at
+// a scan of 300, 2,400 at 600. helper-177 (stop 54): 2,500 keys at
+// KeyConcurrency 1 holding a run each with due delayed runs, a free key F
+// due 1 ms after them, ScanLimit 300: a Dequeue(10) served F, two
+// Dequeue(10) calls coalesced served nothing for as many calls as the held
+// keys had due runs (40 with 40). The reach no longer falls (4,000 for
+// both): the coalesced pair serves F.
+func TestPromoteHeldFrontCoalesced(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling, cfg.KeyConcurrency, cfg.ScanLimit = true, 1, 300
+			cfg.LeaseDuration = time.Hour
+		})
+		heldFront(t, b, 2500, 2)
+		got, err := b.q.DequeueCoalesced(b.ctx, env, queueName, 10, 10)
+		require.NoError(t, err)
+		require.Equal(t, []string{"F"}, runIDs(append(got[0], got[1]...)),
+			"the coalesced pair serves F, as each of its calls would alone")
+	})
 }
 
 // TestPromoteHeldFrontFedInFront: keys below their limit with ready runs

@@ -79,7 +79,8 @@
 //     those below it), one filling the places the other leaves; while
 //     fewer than ScanLimit of those looked at are below their key limit,
 //     it looks at PromoteLook x ScanLimit more, up to PromoteLookMore
-//     looks and PromoteLookCap variants.
+//     looks, the last cut to PromoteLookCap variants in all
+//     (PromoteLookMax, which never falls as the scan grows).
 //     The call's budget,
 //     max(PromoteLimit, maxCount), is spent on those variants by weight
 //     (PromotePlanWeighted; the same shares, rounded up, for equal

@@ -59,3 +59,28 @@ func TestPropPromoteStarvingFirst(t *testing.T) {
 		}
 	})
 }
+
+// TestPromoteLookMaxNeverFalls: how far a call's promotion looks never
+// falls as its scan grows, so a coalesced call (its calls' scans summed)
+// reaches as far as each of its calls would. helper-177 (stop 54): whole
+// looks within the cap reached 3,600 due variants at a scan of 300 and
+// 2,400 at 600, and two coalesced calls of ScanLimit 300 served nothing
+// for 40 calls where each alone served a free key behind 2,500 held keys.
+// It is 10 looks of 4 x scan up to a scan of 100, then the cap, then one
+// look of 4 x scan from a scan of 1,000.
+func TestPromoteLookMaxNeverFalls(t *testing.T) {
+	for scan := 1; scan <= 10000; scan++ {
+		got := PromoteLookMax(scan)
+		if scan > 1 && got < PromoteLookMax(scan-1) {
+			t.Fatalf("scan %d: reach %d below scan %d's %d", scan, got, scan-1, PromoteLookMax(scan-1))
+		}
+		if got < PromoteLook*scan || got > max(PromoteLook*scan, PromoteLookCap) {
+			t.Fatalf("scan %d: reach %d outside [one look, max(one look, the cap)]", scan, got)
+		}
+	}
+	for _, c := range []struct{ scan, reach int }{{30, 1200}, {100, 4000}, {300, 4000}, {600, 4000}, {1000, 4000}, {2000, 8000}} {
+		if got := PromoteLookMax(c.scan); got != c.reach {
+			t.Errorf("scan %d: reach %d, want %d", c.scan, got, c.reach)
+		}
+	}
+}

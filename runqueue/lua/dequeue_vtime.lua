@@ -65,10 +65,12 @@ local promoted = sched_gather()
 dq_promote(dq, promoted, function(look)
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   -- (vtime.PromoteLook); while those read hold fewer than scan below
-  -- their key limit, the next 4 x scan, up to 10 looks and 4,000 variants
-  -- in all (vtime.PromoteLookMore, PromoteLookCap)
+  -- their key limit, the next 4 x scan, up to 10 looks, the last cut to
+  -- 4,000 variants in all (vtime.PromoteLookMax: never less for a larger
+  -- scan, so a coalesced call reaches as far as each of its calls)
   local scan = dq.scan
   local chunk = 4 * scan
+  local reach = math.max(chunk, math.min(4000, 10 * chunk))
   local starving, fed, held_starving, held_fed = {}, {}, {}, {}
   local inflight = {} -- (read here, kept for those reached: dq_inflight)
   local function read(upto)
@@ -99,12 +101,12 @@ dq_promote(dq, promoted, function(look)
   end
   read(chunk)
   classify(1)
-  local k = 1
-  while k < 10 and (k + 1) * chunk <= 4000 and #look == k * chunk and #starving + #fed < scan do
+  local got = chunk
+  while got < reach and #look == got and #starving + #fed < scan do
     local from = #look + 1
-    read((k + 1) * chunk)
+    got = math.min(reach, got + chunk)
+    read(got)
     classify(from)
-    k = k + 1
   end
   -- (the starving first, those below their limit before those at it,
   -- leaving scan/4 places to the fed below their limit when there are

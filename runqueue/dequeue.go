@@ -578,7 +578,12 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // x maxCount) calls, and such envs take turns, a call's read keeping
 // their places between the calls that read them; envs whose queues are
 // read in every call are served more often than those reached only by
-// the moving read.) This credit is the Queue's own, in memory, per shard:
+// the moving read. A call that the queues it read leave short reads the
+// next due queues in master order, up to 3 x max(64, 4 x maxCount) more:
+// queues whose work is all held by their limits keep their old scores, and
+// 64 of them in front made every other call empty while other queues had
+// runs to serve, helper-177; behind more than 4 x that many, a queue is
+// reached by the moving read only.) This credit is the Queue's own, in memory, per shard:
 // instances sharing a shard each keep their own.
 //
 // A queue's score in the shard's master is the earliest time it has work
@@ -706,8 +711,53 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	t := shardTally{served: map[string]int{}, short: map[string]bool{}, queues: map[string]bool{}, failed: map[string]bool{}}
 	defer q.shardCommit(shard, &t, maxCount)
 	out, err := q.serveShard(ctx, shard, members, maxCount, now, &f, &t)
-	return out, f.first, err
+	if err != nil || len(out) >= maxCount || int64(len(oldest.Val())) < n {
+		return out, f.first, err
+	}
+	// Short, and more due queues than the oldest read: the next ones in
+	// master order, up to shardLookMore reads of n more (queues the call
+	// read already left out), while the call stays short. Queues whose
+	// work is all held by their limits keep their old scores, so without
+	// this a call whose read held only such queues came back empty while
+	// other queues of the shard had runs it could serve (helper-177: 64
+	// held queues in front of an env's ready runs, every other
+	// DequeueShard(0, 10) empty, each DequeueShardWait sleeping its poll
+	// interval).
+	seen := make(map[string]bool, len(members))
+	for _, m := range members {
+		seen[m] = true
+	}
+	for k := int64(1); k <= shardLookMore && len(out) < maxCount; k++ {
+		more, err := q.rdb.ZRangeByScore(ctx, sh.Master(),
+			&redis.ZRangeBy{Min: "-inf", Max: nowS, Offset: k * n, Count: n}).Result()
+		if err != nil {
+			return out, f.first, err
+		}
+		var fresh []string
+		for _, m := range more {
+			if !seen[m] {
+				seen[m] = true
+				fresh = append(fresh, m)
+			}
+		}
+		if len(fresh) > 0 {
+			runs, err := q.serveShard(ctx, shard, fresh, maxCount-len(out), now, &f, &t)
+			out = append(out, runs...)
+			if err != nil {
+				return out, f.first, err
+			}
+		}
+		if int64(len(more)) < n {
+			break
+		}
+	}
+	return out, f.first, nil
 }
+
+// shardLookMore is how many further reads of max(64, 4 x maxCount) due
+// queues a shard call that its first read left short makes at most (see
+// dequeueShard).
+const shardLookMore = 3
 
 // readyMembers returns the members of z (master entries of a shard scored
 // after now, in order) that hold ready runs, leaving out those of seen (see

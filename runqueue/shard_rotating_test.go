@@ -150,3 +150,52 @@ func TestDequeueShardAwayCreditWearsOff(t *testing.T) {
 		}
 	})
 }
+
+// TestShardHeldQueuesReadFurther: a shard call that its oldest queues
+// leave short reads the next ones. Env a has H queues whose only work is
+// held (one key at KeyConcurrency 1 holding a run never acked, and one
+// more ready run of it), older than env b's ready runs of 10 free keys;
+// Shards 1, DequeueShard(0, 10). helper-177 (stop 54): a call reads the
+// max(64, 4 x maxCount) oldest due queues and, every other call, as many
+// at a moving offset; with 64 or more held queues in front every other
+// call came back empty (130: two calls in three) while b had 100 runs it
+// could serve, and each DequeueShardWait slept its poll interval. A short
+// call now reads up to 3 x that many more: every call serves 10, up to
+// 4 x 64 held queues in front. Both flags.
+func TestShardHeldQueuesReadFurther(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{false, true} {
+		for _, h := range []int{64, 130, 250} {
+			t.Run(fmt.Sprintf("vtime=%v/held=%d", on, h), func(t *testing.T) {
+				t.Parallel()
+				forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+					b := setup(t, c, func(cfg *runqueue.Config) {
+						cfg.VtimeScheduling, cfg.KeyConcurrency, cfg.Shards, cfg.LeaseDuration = on, 1, 1, time.Hour
+					})
+					for i := range h {
+						qn := fmt.Sprintf("q%03d", i)
+						enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: qn, Key: "h", ID: "first"})
+						runs, err := b.q.Dequeue(b.ctx, "a", qn, 10)
+						require.NoError(t, err)
+						require.Len(t, runs, 1)
+						enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: qn, Key: "h", ID: "second"})
+					}
+					b.clock.Advance(10 * time.Millisecond)
+					for i := range 100 {
+						enqueue(t, b, runqueue.EnqueueParams{Env: "b", Queue: "q", Key: fmt.Sprint("k", i%10), ID: fmt.Sprint(i)})
+					}
+					for call := range 6 {
+						runs, err := b.q.DequeueShard(b.ctx, 0, 10)
+						require.NoError(t, err)
+						require.Len(t, runs, 10, "call %d: env b has runs it may serve", call)
+						for _, r := range runs {
+							require.Equal(t, "b", r.Env)
+						}
+						ackAll(t, b, runs)
+						b.clock.Advance(time.Millisecond)
+					}
+				})
+			})
+		}
+	}
+}

@@ -710,9 +710,12 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	var f shardFaults
 	t := shardTally{served: map[string]int{}, short: map[string]bool{}, queues: map[string]bool{}, failed: map[string]bool{}}
 	defer q.shardCommit(shard, &t, maxCount)
-	out, err := q.serveShard(ctx, shard, members, maxCount, now, &f, &t)
-	if err != nil || len(out) >= maxCount || int64(len(oldest.Val())) < n {
+	out, err := q.serveShard(ctx, shard, members, maxCount, now, &f, &t, nil)
+	if err != nil {
 		return out, f.first, err
+	}
+	if len(out) >= maxCount || int64(len(oldest.Val())) < n {
+		return out, f.first, shardStop(out, &f)
 	}
 	// Short, and more due queues than the oldest read: the next ones in
 	// master order, up to shardLookMore reads of n more (queues the call
@@ -741,8 +744,11 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 			}
 		}
 		if len(fresh) > 0 {
-			runs, err := q.serveShard(ctx, shard, fresh, maxCount-len(out), now, &f, &t)
-			out = append(out, runs...)
+			// (out: what the call served counts for its faults, as in one
+			// pass; helper-179: from an empty start, a further pass that
+			// served nothing after three failures stopped the call with an
+			// error beside its runs.)
+			out, err = q.serveShard(ctx, shard, fresh, maxCount, now, &f, &t, out)
 			if err != nil {
 				return out, f.first, err
 			}
@@ -751,7 +757,18 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 			break
 		}
 	}
-	return out, f.first, nil
+	return out, f.first, shardStop(out, &f)
+}
+
+// shardStop is a shard call's error when it ends having served nothing
+// and passed over as many failures as stop a call (the queues' calls that
+// were known to fail do not stop a call before the others are tried, the
+// further reads' included; see shardQueue): the first of them.
+func shardStop(out []*Run, f *shardFaults) error {
+	if len(out) == 0 && f.n >= shardFaultsMax {
+		return f.first
+	}
+	return nil
 }
 
 // shardLookMore is how many further reads of max(64, 4 x maxCount) due
@@ -907,9 +924,11 @@ const aheadRecheck = 1000
 //     nothing is left or no queue can take more.
 //
 // Then what is left goes to the queues whose call failed within
-// shardFailBack, in turn.
+// shardFailBack, in turn. out holds the runs the call served before (an
+// earlier read's; see dequeueShard): maxCount is the call's, and they
+// count as served for its faults; it returns them with the new ones.
 func (q *Queue) serveShard(ctx context.Context, shard int, members []string, maxCount int, now int64,
-	f *shardFaults, t *shardTally) (out []*Run, err error) {
+	f *shardFaults, t *shardTally, out []*Run) ([]*Run, error) {
 	plan, env, credit, nfirst, late, back := q.shardPlan(shard, members)
 	for _, e := range env[:nfirst] {
 		t.served[e] += 0 // read by the call
@@ -993,12 +1012,6 @@ func (q *Queue) serveShard(ctx context.Context, shard int, members []string, max
 			return out, err
 		}
 		out = append(out, runs...)
-	}
-	if len(out) == 0 && f.n >= shardFaultsMax {
-		// Nothing served, and as many failures as stop a call: a stop
-		// (the queues' calls that were known to fail do not stop a call
-		// before the others are tried; see shardQueue).
-		return nil, f.first
 	}
 	return out, nil
 }

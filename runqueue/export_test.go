@@ -99,6 +99,13 @@ func scriptSources(vtime bool) (map[string]string, error) {
 // heartbeat does every WorkerConfig.HeartbeatInterval. Tests only.
 func (w *Worker) Heartbeat() { w.heartbeat() }
 
+// DequeueShardFetch is what a Worker's shard fetch gets (dequeueShard):
+// the runs, the first failure of a queue's own the call passed over, and
+// the call's error.
+func (q *Queue) DequeueShardFetch(ctx context.Context, shard, maxCount int) (runs []*Run, fault, err error) {
+	return q.dequeueShard(ctx, shard, maxCount)
+}
+
 // PendingEnqueues, PendingAcks and PendingDequeues are how many coalesced
 // Enqueue, Ack and Dequeue calls wait for a sender.
 func (q *Queue) PendingEnqueues() int { return q.enq.waiting() }

@@ -525,3 +525,64 @@ func TestDequeueShardEveryQueueRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestShardFailingQueuesFurtherReads: a shard call's further reads (a
+// call its first read leaves short reads the next due queues) count what
+// the call served before for its failures, and failing queues do not stop
+// the call before the further reads' queues are tried. Shards 1, key
+// limit 1, in master order: a queue of 61 runs of two keys, three queues
+// whose LimitsFor is refused, 130 queues held at their key limit, then a
+// queue of 20 ready runs of 20 keys. helper-179 (stop 54): a further read
+// from an empty start stopped the call after the three failures with an
+// error beside its runs (a Worker counts that fetch as failed and
+// pauses), and once the failing queues went last a call served nothing
+// and returned the failure. Now both calls serve 10 and return no error
+// (the failure passed over is still reported as the fetch's fault).
+func TestShardFailingQueuesFurtherReads(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.Shards, cfg.LeaseDuration = 1, time.Hour
+			cfg.LimitsFor = func(env, queue string) runqueue.Limits {
+				if strings.HasPrefix(queue, "bad") {
+					return runqueue.Limits{Key: -1}
+				}
+				return runqueue.Limits{Key: 1}
+			}
+		})
+		enqueueOldest(t, b, "a", "h")
+		for i := range 3 {
+			enqueueOldest(t, b, fmt.Sprint("x", i), fmt.Sprint("bad", i))
+		}
+		for i := range 130 {
+			qn := fmt.Sprintf("q%03d", i)
+			enqueue(t, b, runqueue.EnqueueParams{Env: "z", Queue: qn, Key: "h", ID: "first"})
+			runs, err := b.q.Dequeue(b.ctx, "z", qn, 10)
+			require.NoError(t, err)
+			require.Len(t, runs, 1)
+			enqueue(t, b, runqueue.EnqueueParams{Env: "z", Queue: qn, Key: "h", ID: "second"})
+			b.clock.Advance(time.Millisecond)
+		}
+		for i := range 20 {
+			enqueue(t, b, runqueue.EnqueueParams{Env: "y", Queue: "g", Key: fmt.Sprint("k", i), ID: fmt.Sprint(i)})
+		}
+		for i := range 60 {
+			enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "h", Key: "k", ID: fmt.Sprint("h", i)})
+		}
+		b.clock.Advance(10 * time.Millisecond)
+		for call := range 2 {
+			runs, fault, err := b.q.DequeueShardFetch(b.ctx, 0, 10)
+			require.NoError(t, err, "call %d", call)
+			require.ErrorIs(t, fault, runqueue.ErrInvalid, "call %d: the refused queues passed over", call)
+			require.Len(t, runs, 10, "call %d", call)
+			got := map[string]int{}
+			for _, r := range runs {
+				got[r.Env] += 1
+			}
+			require.Positive(t, got["y"], "call %d: the queue behind the held ones served: %v", call, got)
+			require.Equal(t, 10, got["a"]+got["y"], "call %d: %v", call, got)
+			ackAll(t, b, runs)
+			b.clock.Advance(time.Millisecond)
+		}
+	})
+}

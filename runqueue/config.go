@@ -68,6 +68,13 @@ type Config struct {
 
 	// EnvConcurrency, QueueConcurrency and KeyConcurrency are the default
 	// concurrency limits when LimitsFor is nil. Default to 0: no limit.
+	// An env limit is shared by the env's queues, not scheduled among them
+	// by Dequeue: a consumer that acks and takes in one call (AckAndDequeue,
+	// a Worker given queues) takes back the slots its acks free, so another
+	// queue of the env waiting at the limit may wait until that queue's
+	// backlog drains. DequeueShard (a Worker given Shards) serves an env's
+	// queues in turn: use it where queues share an env limit
+	// (docs/design.md, guarantee 6).
 	EnvConcurrency   int
 	QueueConcurrency int
 	KeyConcurrency   int

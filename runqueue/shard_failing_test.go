@@ -554,15 +554,7 @@ func TestShardFailingQueuesFurtherReads(t *testing.T) {
 		for i := range 3 {
 			enqueueOldest(t, b, fmt.Sprint("x", i), fmt.Sprint("bad", i))
 		}
-		for i := range 130 {
-			qn := fmt.Sprintf("q%03d", i)
-			enqueue(t, b, runqueue.EnqueueParams{Env: "z", Queue: qn, Key: "h", ID: "first"})
-			runs, err := b.q.Dequeue(b.ctx, "z", qn, 10)
-			require.NoError(t, err)
-			require.Len(t, runs, 1)
-			enqueue(t, b, runqueue.EnqueueParams{Env: "z", Queue: qn, Key: "h", ID: "second"})
-			b.clock.Advance(time.Millisecond)
-		}
+		heldQueues(t, b, "z", 130)
 		for i := range 20 {
 			enqueue(t, b, runqueue.EnqueueParams{Env: "y", Queue: "g", Key: fmt.Sprint("k", i), ID: fmt.Sprint(i)})
 		}

@@ -714,8 +714,12 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	if err != nil {
 		return out, f.first, err
 	}
+	// The call's error is decided by what its first read met (nothing
+	// served and shardFaultsMax failures: a stop), unless the further
+	// reads serve.
+	stop := shardStop(out, &f)
 	if len(out) >= maxCount || int64(len(oldest.Val())) < n {
-		return out, f.first, shardStop(out, &f)
+		return out, f.first, stop
 	}
 	// Short, and more due queues than the oldest read: the next ones in
 	// master order, up to shardLookMore reads of n more (queues the call
@@ -730,7 +734,8 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 	for _, m := range members {
 		seen[m] = true
 	}
-	for k := int64(1); k <= shardLookMore && len(out) < maxCount; k++ {
+	f.further = true
+	for k := int64(1); k <= shardLookMore && len(out) < maxCount && !f.furtherDone(len(out)); k++ {
 		more, err := q.rdb.ZRangeByScore(ctx, sh.Master(),
 			&redis.ZRangeBy{Min: "-inf", Max: nowS, Offset: k * n, Count: n}).Result()
 		if err != nil {
@@ -757,13 +762,22 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 			break
 		}
 	}
-	return out, f.first, shardStop(out, &f)
+	if len(out) > 0 {
+		stop = nil
+	}
+	return out, f.first, stop
 }
 
-// shardStop is a shard call's error when it ends having served nothing
-// and passed over as many failures as stop a call (the queues' calls that
-// were known to fail do not stop a call before the others are tried, the
-// further reads' included; see shardQueue): the first of them.
+// shardStop is a shard call's error when its first read has served
+// nothing and passed over as many failures as stop a call (the queues'
+// calls that were known to fail do not stop a call before the others are
+// tried; see shardQueue): the first of them. The further reads' failures
+// never make the call's error: they are passed over (helper-181: three
+// failing queues spread over the further reads behind held queues made
+// every call a Worker's failed fetch, where each read of 64 before met
+// one), and shardFaultsMax of them with nothing served end the further
+// reads (f.furtherDone; a refusal of every queue, an ACL without
+// scripting, tries that many more).
 func shardStop(out []*Run, f *shardFaults) error {
 	if len(out) == 0 && f.n >= shardFaultsMax {
 		return f.first
@@ -1303,6 +1317,16 @@ type shardFaults struct {
 	first error
 	n     int
 	known int
+	// further: the call is in its further reads (dequeueShard), whose
+	// failures are counted in nFurther too.
+	further  bool
+	nFurther int
+}
+
+// furtherDone says whether a shard call's further reads stop: nothing
+// served (served runs) and shardFaultsMax failures among them.
+func (f *shardFaults) furtherDone(served int) bool {
+	return served == 0 && f.nFurther >= shardFaultsMax
 }
 
 // shardFaultsMax: a shard call that has passed over this many failures of
@@ -1334,7 +1358,7 @@ const shardFaultsMax = 3
 // call. A success clears the mark of a marked queue.
 func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, marked bool,
 	f *shardFaults, served int) ([]*Run, error) {
-	if marked && served == 0 && f.known >= shardFaultsMax {
+	if (marked && served == 0 && f.known >= shardFaultsMax) || f.furtherDone(served) {
 		return nil, nil
 	}
 	runs, err := q.dequeueQueue(ctx, qn, maxCount, now)
@@ -1360,10 +1384,13 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 	if marked {
 		f.known++
 	}
+	if f.further {
+		f.nFurther++
+	}
 	if f.first == nil {
 		f.first = err
 	}
-	if served == 0 && !marked && f.n >= shardFaultsMax {
+	if served == 0 && !marked && !f.further && f.n >= shardFaultsMax {
 		return nil, err
 	}
 	return nil, nil

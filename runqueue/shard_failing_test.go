@@ -554,7 +554,7 @@ func TestShardFailingQueuesFurtherReads(t *testing.T) {
 		for i := range 3 {
 			enqueueOldest(t, b, fmt.Sprint("x", i), fmt.Sprint("bad", i))
 		}
-		heldQueues(t, b, "z", 130)
+		heldQueues(t, b, "z", 0, 130)
 		for i := range 20 {
 			enqueue(t, b, runqueue.EnqueueParams{Env: "y", Queue: "g", Key: fmt.Sprint("k", i), ID: fmt.Sprint(i)})
 		}
@@ -574,6 +574,48 @@ func TestShardFailingQueuesFurtherReads(t *testing.T) {
 			require.Positive(t, got["y"], "call %d: the queue behind the held ones served: %v", call, got)
 			require.Equal(t, 10, got["a"]+got["y"], "call %d: %v", call, got)
 			ackAll(t, b, runs)
+			b.clock.Advance(time.Millisecond)
+		}
+	})
+}
+
+// TestShardFailingQueuesSpreadFurther: failures that a shard call's
+// further reads pass over never make the call's error. Shards 1, key limit
+// 1, 200 queues held at their limit with nothing else to serve, and three
+// queues whose LimitsFor is refused, one in each of the master's second,
+// third and fourth 64 (none in the first read). helper-181 (stop 54):
+// the further reads met all three with nothing served and every call
+// returned the first as its error (a Worker's failed fetch: a run queued
+// then in a fresh queue handled after 4.5 s against 59 ms), where a read
+// of 64 and the moving read of 64 met at most two. Now each call serves
+// nothing, reports the failure as its fault and returns no error.
+func TestShardFailingQueuesSpreadFurther(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.Shards, cfg.LeaseDuration = 1, time.Hour
+			cfg.LimitsFor = func(env, queue string) runqueue.Limits {
+				if strings.HasPrefix(queue, "bad") {
+					return runqueue.Limits{Key: -1}
+				}
+				return runqueue.Limits{Key: 1}
+			}
+		})
+		from := 0
+		for _, at := range []int{70, 140, 190} {
+			heldQueues(t, b, "z", from, at)
+			enqueueOldest(t, b, fmt.Sprint("x", at), fmt.Sprint("bad", at))
+			from = at
+		}
+		heldQueues(t, b, "z", from, 200)
+		b.clock.Advance(10 * time.Millisecond)
+		for call := range 4 {
+			runs, fault, err := b.q.DequeueShardFetch(b.ctx, 0, 10)
+			require.NoError(t, err, "call %d", call)
+			require.Empty(t, runs, "call %d", call)
+			if call == 0 {
+				require.ErrorIs(t, fault, runqueue.ErrInvalid, "the refused queues passed over")
+			}
 			b.clock.Advance(time.Millisecond)
 		}
 	})

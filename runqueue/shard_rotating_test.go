@@ -172,7 +172,7 @@ func TestShardHeldQueuesReadFurther(t *testing.T) {
 					b := setup(t, c, func(cfg *runqueue.Config) {
 						cfg.VtimeScheduling, cfg.KeyConcurrency, cfg.Shards, cfg.LeaseDuration = on, 1, 1, time.Hour
 					})
-					heldQueues(t, b, "a", h)
+					heldQueues(t, b, "a", 0, h)
 					b.clock.Advance(10 * time.Millisecond)
 					for i := range 100 {
 						enqueue(t, b, runqueue.EnqueueParams{Env: "b", Queue: "q", Key: fmt.Sprint("k", i%10), ID: fmt.Sprint(i)})
@@ -193,13 +193,13 @@ func TestShardHeldQueuesReadFurther(t *testing.T) {
 	}
 }
 
-// heldQueues makes n queues q000.. of env whose only work is held: one key
-// at KeyConcurrency 1 (the caller's config) holding a run never acked, and
-// one more ready run of it; the clock 1 ms on after each, so that they
-// sort in master order.
-func heldQueues(t *testing.T, b *testBundle, env string, n int) {
+// heldQueues makes queues q<from>..q<to-1> (q000 ...) of env whose only
+// work is held: one key at KeyConcurrency 1 (the caller's config) holding
+// a run never acked, and one more ready run of it; the clock 1 ms on after
+// each, so that they sort in master order.
+func heldQueues(t *testing.T, b *testBundle, env string, from, to int) {
 	t.Helper()
-	for i := range n {
+	for i := from; i < to; i++ {
 		qn := fmt.Sprintf("q%03d", i)
 		enqueue(t, b, runqueue.EnqueueParams{Env: env, Queue: qn, Key: "h", ID: "first"})
 		runs, err := b.q.Dequeue(b.ctx, env, qn, 10)

@@ -583,7 +583,9 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // queues whose work is all held by their limits keep their old scores, and
 // 64 of them in front made every other call empty while other queues had
 // runs to serve, helper-177; behind more than 4 x that many, a queue is
-// reached by the moving read only.) This credit is the Queue's own, in memory, per shard:
+// reached by the moving read only; the failures of queues these further
+// reads reach are passed over, never the call's error, and three of them
+// with nothing served end them.) This credit is the Queue's own, in memory, per shard:
 // instances sharing a shard each keep their own.
 //
 // A queue's score in the shard's master is the earliest time it has work

@@ -1353,11 +1353,14 @@ const shardFaultsMax = 3
 // others (helper-164: failing queues of three envs, back in their place,
 // came first, envs that served nothing ranking first, and stopped a call
 // about once a second); while nothing is served, a call makes at most
-// shardFaultsMax calls of marked queues, and passes over the others, so
-// a refusal of every queue costs a call shardFaultsMax + 1 script calls
-// at most (serveShard stops a call that served nothing after
-// shardFaultsMax failures). Any other failure is returned, to stop the
-// call. A success clears the mark of a marked queue.
+// shardFaultsMax calls of marked queues, and passes over the others; in
+// the further reads (dequeueShard) a failure never stops the call, and
+// shardFaultsMax of them with nothing served end the reads (furtherDone).
+// So a refusal of every queue costs a call 2 x shardFaultsMax + 1 script
+// calls at most (helper-182: 7, 3 once every queue read is marked; 4
+// before the further reads), and the call's error is decided by its first
+// read (shardStop). Any other failure is returned, to stop the call. A
+// success clears the mark of a marked queue.
 func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, now int64, marked bool,
 	f *shardFaults, served int) ([]*Run, error) {
 	if (marked && served == 0 && f.known >= shardFaultsMax) || f.furtherDone(served) {

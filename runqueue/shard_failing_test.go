@@ -20,23 +20,29 @@ import (
 
 // badLimits gives every queue named "bad..." limits the Queue refuses (a
 // negative per-key limit), so each dequeue of such a queue fails with an
-// *InvalidError before it reaches Redis, while the other queues are fine;
-// badEnvLimits does so for every queue of the envs named "bad...". Both
-// make one shard.
+// *InvalidError before it reaches Redis, while the other queues are fine
+// (no limits); badEnvLimits does so for every queue of the envs named
+// "bad..."; badLimitsKey1 is badLimits with key limit 1 for the others and
+// an hour's lease (their runs held until acked). All make one shard.
 var (
-	badLimits    = refuseBad(func(_, queue string) string { return queue })
-	badEnvLimits = refuseBad(func(env, _ string) string { return env })
+	badLimits     = refuseBad(func(_, queue string) string { return queue }, runqueue.Limits{})
+	badEnvLimits  = refuseBad(func(env, _ string) string { return env }, runqueue.Limits{})
+	badLimitsKey1 = func(cfg *runqueue.Config) {
+		refuseBad(func(_, queue string) string { return queue }, runqueue.Limits{Key: 1})(cfg)
+		cfg.LeaseDuration = time.Hour
+	}
 )
 
-// refuseBad is badLimits for the queues whose name picks "bad...".
-func refuseBad(name func(env, queue string) string) func(*runqueue.Config) {
+// refuseBad is badLimits for the queues whose name picks "bad...", the
+// others given good.
+func refuseBad(name func(env, queue string) string, good runqueue.Limits) func(*runqueue.Config) {
 	return func(cfg *runqueue.Config) {
 		cfg.Shards = 1
 		cfg.LimitsFor = func(env, queue string) runqueue.Limits {
 			if strings.HasPrefix(name(env, queue), "bad") {
 				return runqueue.Limits{Key: -1}
 			}
-			return runqueue.Limits{}
+			return good
 		}
 	}
 }
@@ -541,15 +547,7 @@ func TestDequeueShardEveryQueueRefused(t *testing.T) {
 func TestShardFailingQueuesFurtherReads(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.Shards, cfg.LeaseDuration = 1, time.Hour
-			cfg.LimitsFor = func(env, queue string) runqueue.Limits {
-				if strings.HasPrefix(queue, "bad") {
-					return runqueue.Limits{Key: -1}
-				}
-				return runqueue.Limits{Key: 1}
-			}
-		})
+		b := setup(t, c, badLimitsKey1)
 		enqueueOldest(t, b, "a", "h")
 		for i := range 3 {
 			enqueueOldest(t, b, fmt.Sprint("x", i), fmt.Sprint("bad", i))
@@ -592,15 +590,7 @@ func TestShardFailingQueuesFurtherReads(t *testing.T) {
 func TestShardFailingQueuesSpreadFurther(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.Shards, cfg.LeaseDuration = 1, time.Hour
-			cfg.LimitsFor = func(env, queue string) runqueue.Limits {
-				if strings.HasPrefix(queue, "bad") {
-					return runqueue.Limits{Key: -1}
-				}
-				return runqueue.Limits{Key: 1}
-			}
-		})
+		b := setup(t, c, badLimitsKey1)
 		from := 0
 		for _, at := range []int{70, 140, 190} {
 			heldQueues(t, b, "z", from, at)

@@ -171,6 +171,16 @@
 //     So newcomers together get the share of one key (minting keys buys
 //     nothing), and newcomers that expire, drain or are minted and gone
 //     never push later ones back.
+//   - Cold mark (a promotion of work due together on a cold state): a call
+//     whose promotion reaches fewer variants than are due while the state
+//     is cold (the lane empty, no competing tag above V) records its time
+//     as the mark; a variant a later promotion registers whose first due
+//     run (its delay index score before the promotion) is at or before the
+//     mark registers as a discovered one, at V, not through the lane. So
+//     work due together on a cold state registers together, as if the
+//     first call had reached all of it. A call that promotes and leaves
+//     nothing due by the mark in the delay index drops it; the mark goes
+//     with the state (see call.promote).
 //
 // Variants that register in the same call (promotion of runs due at the
 // same time, discovery) register in their index order, whose exact ties
@@ -244,5 +254,8 @@
 //  7. Newcomer bound: with equal weights (any equal weights), a key that
 //     registers when the lane is empty is served within 3 serves per other active key,
 //     whatever expired, drained, returned or was minted before it; the k-th
-//     newcomer waiting in the lane, after about k rounds.
+//     newcomer waiting in the lane, after about k rounds. A key whose
+//     delayed work fell due by the cold mark counts as registered when it
+//     fell due: the rest of a cold burst may be served before a newcomer
+//     that came after it, each once a round.
 package vtime

@@ -125,6 +125,8 @@ type Model struct {
 	gp      int64 // probe cursor: the gating number the probe last looked at
 	began   bool  // the state's first discovery read is done (see discover)
 	born    int64 // and its call's time (ms)
+	marked  bool  // the cold mark is set (see call.promote)
+	mark    int64 // and its time (ms)
 	reg     map[string]*Reg
 	idle    map[string]int64 // variant member -> parked tag
 
@@ -161,6 +163,7 @@ func New(cfg Config) *Model {
 func (m *Model) ExpireState() {
 	m.v, m.epoch, m.cursor, m.nextSeq, m.gk, m.gn, m.gp = 0, 0, 0, 1, 0, 1, 0
 	m.began, m.born = false, 0
+	m.marked, m.mark = false, 0
 	m.reg = map[string]*Reg{}
 	m.idle = map[string]int64{}
 }
@@ -168,6 +171,10 @@ func (m *Model) ExpireState() {
 // Born returns the time (ms) of the state's first discovery read and
 // whether it happened (see discover): what Redis stores as the state's b.
 func (m *Model) Born() (born int64, began bool) { return m.born, m.began }
+
+// ColdMark returns the cold mark's time (ms) and whether it is set (see
+// call.promote): what Redis stores as the state's cm (-1 when unset).
+func (m *Model) ColdMark() (mark int64, marked bool) { return m.mark, m.marked }
 
 // SetLimits changes the concurrency limits from the next call on.
 func (m *Model) SetLimits(l Limits) { m.cfg.Limits = l }
@@ -784,30 +791,84 @@ func PromoteLookMax(scan int) int {
 // served after 130 calls, every one of them empty). A held variant's due
 // runs wait while free ones fill the places: once a slot frees it is a
 // free variant again.
+//
+// The cold mark: a call that reaches fewer variants than are due (more
+// than scan) on a cold state (the lane empty and no competing tag above V,
+// where a newcomer registers at V) sets the mark to its time; a variant a
+// later promotion registers whose first due run (its delay index score
+// when the call starts) is at or before the mark registers at V, as a
+// discovered one (a parked tag above V still first), not through the
+// lane: work due together on a cold state registers together, as if the
+// call had reached it all, as when the same runs are enqueued ready.
+// (helper-165: 100 tenants of 40 runs due together into an idle queue,
+// calls of 10: the ScanLimit first by name registered at V and the rest
+// came through the lane, one key's share together: the 30 first took 997
+// of the first 1,000 serves, the last was first served at call 321.) A
+// call that promotes and finds no delayed variant due at or before the
+// mark after its promotion drops it. Work due after the mark registers as
+// before (a newcomer, at V only on a cold state).
 func (c *call) promote(now int64, maxCount int) {
-	vms, due := c.m.dueVariants(now, PromoteLook*c.scan)
-	if len(vms) > c.scan {
-		vms, due = c.m.starvingFirst(now, vms, due, c.scan)
+	m := c.m
+	cold := m.cold()
+	vms, due := m.dueVariants(now, PromoteLook*c.scan)
+	if len(vms) == 0 {
+		return
 	}
-	c.m.promotePlanned(vms, due, now, maxCount, true)
+	cut := len(vms) > c.scan
+	if cut {
+		vms, due = m.starvingFirst(now, vms, due, c.scan)
+	}
+	var found []bool
+	if m.marked {
+		found = make([]bool, len(vms))
+		for i, vm := range vms {
+			h, _ := head(m.delayed[vm])
+			found[i] = h.Score <= float64(m.mark)
+		}
+	}
+	m.promotePlanned(vms, due, now, maxCount, true, found)
+	switch {
+	case cut && cold:
+		if !m.marked || now > m.mark {
+			m.mark = now
+		}
+		m.marked = true
+	case m.marked:
+		if h := m.delayIndex(); len(h) == 0 || h[0].Score > float64(m.mark) {
+			m.marked, m.mark = false, 0
+		}
+	}
+}
+
+// cold reports whether a newcomer would register at V now: the lane is
+// empty and no competing tag is above V (registerAt's cold start).
+func (m *Model) cold() bool {
+	if _, h := m.laneHead(); h != nil {
+		return false
+	}
+	top, has := m.topActive()
+	return !has || top <= m.v
 }
 
 // promotePlanned promotes the due runs of vms (due: how many each holds)
 // as PromotePlan divides them for a call of maxCount, a variant with as
 // many runs in flight as the key limit counting as held: each variant's
 // first share, then the rest, registering as place does when flagOn, else
-// as put does (a flag-off call).
-func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int, flagOn bool) {
+// as put does (a flag-off call); a variant of vms with found[i] (its first
+// due run at or before the cold mark: see call.promote) registers as a
+// discovered one, at V.
+func (m *Model) promotePlanned(vms []string, due []int, now int64, maxCount int, flagOn bool, found []bool) {
 	plan, first := PromotePlan(m.cfg.PromoteLimit, maxCount, due, m.atKeyLimit(vms))
 	if flagOn {
 		plan, first = PromotePlanWeighted(m.cfg.PromoteLimit, maxCount, due, m.atKeyLimit(vms), m.promoteWeights(vms))
 	}
+	at := func(i int) bool { return found != nil && found[i] }
 	for i, vm := range vms {
-		m.promoteBy(vm, now, first[i], flagOn)
+		m.promoteBy(vm, now, first[i], flagOn, at(i))
 	}
 	for i, vm := range vms {
 		if more := plan[i] - first[i]; more > 0 {
-			m.promoteBy(vm, now, more, flagOn)
+			m.promoteBy(vm, now, more, flagOn, at(i))
 		}
 	}
 }
@@ -1132,8 +1193,9 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 func ceilDiv64(a, b int64) int64 { return (a + b - 1) / b }
 
 // promoteBy moves up to limit due delayed runs of vm to ready, registering
-// as place does when flagOn, else as put does (no scheduler hook).
-func (m *Model) promoteBy(vm string, now int64, limit int, flagOn bool) {
+// as place does when flagOn, else as put does (no scheduler hook); found:
+// vm registers, when it does, as a discovered variant (the cold mark).
+func (m *Model) promoteBy(vm string, now int64, limit int, flagOn, found bool) {
 	set := m.delayed[vm]
 	due := sortedEntries(set)
 	for i, e := range due {
@@ -1141,7 +1203,16 @@ func (m *Model) promoteBy(vm string, now int64, limit int, flagOn bool) {
 			break
 		}
 		delete(set, e.Member)
-		m.requeue(m.runs[e.Member], now, flagOn) // due: it goes to ready
+		r := m.runs[e.Member]
+		if !flagOn || !found {
+			m.requeue(r, now, flagOn) // due: it goes to ready
+			continue
+		}
+		if _, moved := m.put(r, now); moved {
+			if _, ok := m.reg[vm]; !ok {
+				m.registerAt(vm, 0, false, true)
+			}
+		}
 	}
 	if len(set) == 0 {
 		delete(m.delayed, vm)
@@ -1611,7 +1682,7 @@ func (m *Model) DequeueOff(maxCount int, now int64) []Served {
 	sweeps := m.anyDue(now)
 	scan := m.scanOf(maxCount)
 	vms, due := m.dueVariants(now, scan)
-	m.promotePlanned(vms, due, now, maxCount, false)
+	m.promotePlanned(vms, due, now, maxCount, false, nil)
 	keyLimit := m.cfg.Limits.Key
 	reach := scan
 	if keyLimit <= 0 {

@@ -21,8 +21,11 @@ type Snapshot struct {
 	GN       int64 // 0 means 1
 	GP       int64
 	// Began: the state's first discovery read is done, at Born (ms).
-	Began   bool
-	Born    int64
+	Began bool
+	Born  int64
+	// Marked: the cold mark is set, at Mark (ms) (see Model.ColdMark).
+	Marked  bool
+	Mark    int64
 	Reg     map[string]Reg   // variant member -> registration
 	Idle    map[string]int64 // variant member -> parked tag
 	Weights map[string]int64 // variant member -> milli-weight
@@ -38,6 +41,7 @@ func Restore(cfg Config, s Snapshot) *Model {
 	m.v, m.epoch, m.cursor, m.gk, m.gp = s.V, s.Epoch, s.Cursor, s.GK, s.GP
 	m.nextSeq, m.gn = max(1, s.NextSeq), max(1, s.GN)
 	m.began, m.born = s.Began, s.Born
+	m.marked, m.mark = s.Marked, s.Mark
 	m.EnvOther = s.EnvOther
 	for k, r := range s.Reg {
 		cp := r
@@ -71,7 +75,7 @@ func Restore(cfg Config, s Snapshot) *Model {
 // Snapshot returns the model's state as a Snapshot (the runs' ids encoded).
 func (m *Model) Snapshot() Snapshot {
 	s := Snapshot{V: m.v, Epoch: m.epoch, Cursor: m.cursor, NextSeq: m.nextSeq,
-		GK: m.gk, GN: m.gn, GP: m.gp, Began: m.began, Born: m.born, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
+		GK: m.gk, GN: m.gn, GP: m.gp, Began: m.began, Born: m.born, Marked: m.marked, Mark: m.mark, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
 		InFlight: map[string]int{}, EnvOther: m.EnvOther}
 	for k, r := range m.reg {
 		s.Reg[k] = *r

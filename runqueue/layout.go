@@ -41,7 +41,14 @@ import (
 //     new keys (newcomers). A build of layout 5 ignores it: its dequeues
 //     register every key they find untagged at V, and a flag-off
 //     producer's new keys starve the other keys.
-const LayoutVersion = 6
+//   - 7: the scheduler's state hash holds cm, the cold mark: the time of
+//     a flag-on dequeue whose promotion reached fewer variants than were
+//     due on a cold state, by which later promotions register the work due
+//     by then at V, not through the newcomer lane. A build of layout 6
+//     ignores it: a burst of delayed work of many keys falling due
+//     together into an idle queue registers the ScanLimit first at V and
+//     the rest one key's share together.
+const LayoutVersion = 7
 
 // ErrLayout is wrapped by every *LayoutError.
 var ErrLayout = errors.New("runqueue: redis holds another layout version")

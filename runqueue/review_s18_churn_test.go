@@ -119,7 +119,7 @@ type s18Sched struct {
 // s18Scalars are the state hash's own fields (lib/sched_reg) and its wide
 // mark.
 var s18Scalars = map[string]bool{"v": true, "e": true, "c": true, "s": true, "x": true, "gk": true, "gn": true,
-	"gp": true, "ng": true, "nw": true, "lh": true, "~": true, schedfmt.FieldBorn: true}
+	"gp": true, "ng": true, "nw": true, "lh": true, "~": true, schedfmt.FieldBorn: true, schedfmt.FieldColdMark: true}
 
 func s18SchedOf(t testing.TB, b *testBundle, envName, queue string) s18Sched {
 	t.Helper()

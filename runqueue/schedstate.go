@@ -125,6 +125,9 @@ func (q *Queue) readScheduler(ctx context.Context, qk keys.Queue) (*schedState, 
 	if b, ok := h[schedfmt.FieldBorn]; ok && schedfmt.Num(b) >= 0 {
 		st.snap.Began, st.snap.Born = true, schedfmt.Num(b)
 	}
+	if cm, ok := h[schedfmt.FieldColdMark]; ok && schedfmt.Num(cm) >= 0 {
+		st.snap.Marked, st.snap.Mark = true, schedfmt.Num(cm)
+	}
 	for field, v := range h {
 		if !strings.HasPrefix(field, schedfmt.RegPrefix) {
 			continue

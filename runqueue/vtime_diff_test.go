@@ -508,11 +508,13 @@ func requireSameScheduler(t require.TestingT, want, got vtime.Snapshot, step str
 		GN, GP        int64
 		Began         bool
 		Born          int64
+		Marked        bool
+		Mark          int64
 		Reg           map[string]vtime.Reg
 		Idle, Weights map[string]int64
 	}
 	pick := func(s vtime.Snapshot) sched {
-		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Began, s.Born, s.Reg, s.Idle, s.Weights}
+		out := sched{s.V, s.Epoch, s.Cursor, max(1, s.NextSeq), s.GK, max(1, s.GN), s.GP, s.Began, s.Born, s.Marked, s.Mark, s.Reg, s.Idle, s.Weights}
 		for _, m := range []*map[string]int64{&out.Idle, &out.Weights} {
 			if *m == nil {
 				*m = map[string]int64{}
@@ -764,6 +766,58 @@ func TestVtimeDifferentialHeldPromotion(t *testing.T) {
 		default:
 			d.clock.Advance(time.Duration(rapid.IntRange(5, 45).Draw(rt, "advance")) * time.Second)
 			return "advance"
+		}
+	})
+}
+
+// burst queues one delayed run for each of several keys, all due at the
+// same moment (the ones before it may be due already).
+func (d *diff) burst(rt *rapid.T) {
+	delay := time.Duration(rapid.SampledFrom([]int{1, 5, 40}).Draw(rt, "burstDelay")) * time.Second
+	now := d.now()
+	for _, key := range d.keys {
+		if rapid.IntRange(0, 3).Draw(rt, "skip") == 0 {
+			continue
+		}
+		d.nextID++
+		id := "r" + strconv.Itoa(d.nextID)
+		prio := rapid.SampledFrom([]int{0, 0, 0, 1}).Draw(rt, "priority")
+		ok, err := d.q.Enqueue(d.ctx, runqueue.EnqueueParams{Env: d.env, Queue: d.queue, Key: key, ID: id,
+			Payload: []byte(id), Priority: prio, Delay: delay})
+		require.NoError(rt, err)
+		require.True(rt, ok)
+		require.NoError(rt, d.m.Enqueue(id, key, prio, now+delay.Milliseconds(), now))
+	}
+}
+
+// TestVtimeDifferentialColdBurst runs the differential with bursts of
+// delayed runs of many keys falling due together, often on a cold state
+// (the state expired, or every key drained), so that promotions cut short
+// by ScanLimit set the cold mark and later ones register what was due by
+// it at V (vtime's call.promote), which the general mix reaches seldom: a
+// Lua that never registered by the mark passed TestVtimeDifferential.
+func TestVtimeDifferentialColdBurst(t *testing.T) {
+	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
+	runDifferential(t, func(d *diff, rt *rapid.T, op int) string {
+		switch {
+		case op < 25:
+			d.burst(rt)
+			return "burst"
+		case op < 32:
+			d.enqueue(rt)
+			return "enqueue"
+		case op < 65:
+			d.dequeue(rt, rapid.IntRange(1, 4).Draw(rt, "maxCount"))
+			return "dequeue"
+		case op < 80:
+			d.ack(rt)
+			return "ack"
+		case op < 94:
+			d.clock.Advance(time.Duration(rapid.IntRange(1, 45).Draw(rt, "advance")) * time.Second)
+			return "advance"
+		default:
+			d.expireState(rt)
+			return "expire state"
 		}
 	})
 }

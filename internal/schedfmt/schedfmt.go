@@ -62,6 +62,9 @@ const (
 	// FieldBorn is the time (ms) of the state's first discovery read; -1 or
 	// missing until then.
 	FieldBorn = "b"
+	// FieldColdMark is the cold mark (ms): a dequeue's promotion cut short
+	// on a cold state (see vtime's call.promote); -1 or missing when unset.
+	FieldColdMark = "cm"
 	// RegPrefix starts every field of a registered variant (its variant
 	// member).
 	RegPrefix = "="

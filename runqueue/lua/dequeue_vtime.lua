@@ -61,8 +61,18 @@ dq_due(dq)
 -- one), and while fewer than scan of those looked at are below their
 -- limit the pick looks further (keys held at their limit
 -- with due backlogs in front no longer shut a free key out).
+-- The cold mark (vtime's call.promote): a call that reaches fewer variants
+-- than are due (cut) on a cold state (the lane empty, no competing tag
+-- above V) sets st.cm to its time; a variant the promotion registers whose
+-- first due run (its delayIndex score before the promotion) is at or
+-- before the mark registers at V as a discovered one (found), not through
+-- the lane: work due together on a cold state registers together, as if
+-- the call had reached it all. A call that promotes and finds nothing due
+-- by the mark left in delayIndex drops it (-1).
 local promoted = sched_gather()
+local cut, mark, found = false, -1, {}
 dq_promote(dq, promoted, function(look)
+  cut = true
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   -- (vtime.PromoteLook); while those read hold fewer than scan below
   -- their key limit, the next 4 x scan, up to 10 looks, the last cut to
@@ -123,13 +133,35 @@ dq_promote(dq, promoted, function(look)
   end
   return due
 end, function(due)
-  -- the milli-weights of the variants to promote, in one read
+  -- the milli-weights of the variants to promote, in one read; the mark,
+  -- and when it is set the first due run of each (before they move)
   local raw = sched_hmget(S.w, due)
   local ws = {}
   for i = 1, #due do ws[i] = sched_milli(raw[i]) end
+  if S.st then mark = sched_state(S).cm else mark = tonumber(redis.call('HGET', S.h, 'cm')) or -1 end
+  if mark >= 0 then
+    for i = 1, #due, 1000 do
+      local to = math.min(i + 999, #due)
+      local at = redis.call('ZMSCORE', dq.delay_index, unpack(due, i, to))
+      for j = 1, #at do
+        if at[j] and num(at[j]) <= mark then found[due[i + j - 1]] = true end
+      end
+    end
+  end
   return ws
 end)
-if promoted[1] then sched_register_many(S, promoted) end
+-- (cold as the state stood before the promotion's registrations, which
+-- come next; nothing before them changed it)
+local cold = false
+if cut then
+  local st0 = sched_state(S)
+  cold = st0.lh == ''
+  if cold then
+    local t = redis.call('ZREVRANGEBYSCORE', S.z, SCHED.ACTIVE_END, '0', 'WITHSCORES', 'LIMIT', '0', '1')
+    cold = not t[2] or num(t[2]) <= st0.v
+  end
+end
+if promoted[1] then sched_register_many(S, promoted, found) end
 -- A queue without scheduler state (never used, or idle past StateTTL) and
 -- with no ready run makes none: nothing can be served, and the first work
 -- that becomes ready starts the state. So a poll of an empty queue writes
@@ -143,6 +175,12 @@ if not S.st then
   sched_state(S, r, 0)
 end
 local st = sched_state(S)
+if cut and cold then
+  st.cm = math.max(st.cm, dq.now)
+elseif mark >= 0 then
+  local h = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
+  if not h[2] or num(h[2]) > mark then st.cm = -1 end
+end
 
 -- Milli-weights, read once per variant (none when the queue has none).
 local milli = {}

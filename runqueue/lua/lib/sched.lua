@@ -128,17 +128,20 @@ end
 -- broken) drops what was read of it before: every variant after that is
 -- unregistered and has no parked tag. vms may also be one variant member,
 -- a string (most calls make one variant ready, and pay for no list).
-local function sched_register_many(S, vms)
+-- found, when given, holds the variants that register as discovered ones,
+-- at V (the dequeue's promotion: the cold mark).
+local function sched_register_many(S, vms, found)
   if type(vms) == 'string' then
     sched_register(S, vms, false)
     return
   end
+  found = found or {}
   local k = #vms
   if k == 1 or k > 1000 then
     -- (more than the reads' arguments may be: one at a time; only a
     -- dequeue's promotion gathers that many, when more than 1,000 keys'
     -- delayed runs fall due at once and ScanLimit lets it promote them)
-    for i = 1, k do sched_register(S, vms[i], false) end
+    for i = 1, k do sched_register(S, vms[i], found[vms[i]] or false) end
     return
   end
   local st, regs, parked, off = S.st, nil, nil, 0
@@ -170,7 +173,7 @@ local function sched_register_many(S, vms)
         end
         local p = false
         if not void then p = parked[i + off] end
-        sched_admit_into(S, st, vm, false, p, B)
+        sched_admit_into(S, st, vm, found[vm] or false, p, B)
         n = n + 1
       end
     end

@@ -32,7 +32,9 @@
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
 --   head, "" when the lane is empty), b (the time, ms, of the state's first
 --   discovery read; -1 or missing until then: see dequeue_vtime's
---   discover); and per registered variant member:
+--   discover), cm (the cold mark, ms: a promotion cut short on a cold
+--   state; -1 or missing when unset: see dequeue_vtime's promote); and per
+--   registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
 --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
 --   64 entries, the wide mark's field "~" (never read).
@@ -109,12 +111,12 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
            renew = true }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b', 'cm' }
 -- What a registration reads and writes of them (with x, which
 -- sched_save reads), and the rest, read when a later step of the same
 -- call asks for the whole state (see sched_state).
 local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b' }
+local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b', 'cm' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -148,7 +150,7 @@ local function sched_state(S, r, at, sentinel, fields)
   end
   fields = fields or SCHED_FIELDS
   if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1 }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1, cm = -1 }
   local broken = false
   if r[at + 1] and S.check then
     if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
@@ -173,7 +175,7 @@ local function sched_state(S, r, at, sentinel, fields)
   -- built whole, not grown key by key)
   S.st = st
   S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
-            ng = st.ng, nw = st.nw, lh = st.lh, b = st.b }
+            ng = st.ng, nw = st.nw, lh = st.lh, b = st.b, cm = st.cm }
   return st
 end
 

@@ -259,7 +259,9 @@ local function hooks_lib(H)
       --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
       --   head, "" when the lane is empty), b (the time, ms, of the state's first
       --   discovery read; -1 or missing until then: see dequeue_vtime's
-      --   discover); and per registered variant member:
+      --   discover), cm (the cold mark, ms: a promotion cut short on a cold
+      --   state; -1 or missing when unset: see dequeue_vtime's promote); and per
+      --   registered variant member:
       --   its seq code, then "g" and its tag when gated or "w" when in the lane,
       --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
       --   64 entries, the wide mark's field "~" (never read).
@@ -323,12 +325,12 @@ local function hooks_lib(H)
                  renew = true }
       end
 
-      local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b' }
+      local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b', 'cm' }
       -- What a registration reads and writes of them (with x, which
       -- sched_save reads), and the rest, read when a later step of the same
       -- call asks for the whole state (see sched_state).
       local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-      local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b' }
+      local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b', 'cm' }
 
       -- The scalars, read once per script. A missing state is created whole:
       -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -362,7 +364,7 @@ local function hooks_lib(H)
         end
         fields = fields or SCHED_FIELDS
         if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
-        local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1 }
+        local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1, cm = -1 }
         local broken = false
         if r[at + 1] and S.check then
           if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
@@ -387,7 +389,7 @@ local function hooks_lib(H)
         -- built whole, not grown key by key)
         S.st = st
         S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
-                  ng = st.ng, nw = st.nw, lh = st.lh, b = st.b }
+                  ng = st.ng, nw = st.nw, lh = st.lh, b = st.b, cm = st.cm }
         return st
       end
 
@@ -695,17 +697,20 @@ local function hooks_lib(H)
       -- broken) drops what was read of it before: every variant after that is
       -- unregistered and has no parked tag. vms may also be one variant member,
       -- a string (most calls make one variant ready, and pay for no list).
-      local function sched_register_many(S, vms)
+      -- found, when given, holds the variants that register as discovered ones,
+      -- at V (the dequeue's promotion: the cold mark).
+      local function sched_register_many(S, vms, found)
         if type(vms) == 'string' then
           sched_register(S, vms, false)
           return
         end
+        found = found or {}
         local k = #vms
         if k == 1 or k > 1000 then
           -- (more than the reads' arguments may be: one at a time; only a
           -- dequeue's promotion gathers that many, when more than 1,000 keys'
           -- delayed runs fall due at once and ScanLimit lets it promote them)
-          for i = 1, k do sched_register(S, vms[i], false) end
+          for i = 1, k do sched_register(S, vms[i], found[vms[i]] or false) end
           return
         end
         local st, regs, parked, off = S.st, nil, nil, 0
@@ -737,7 +742,7 @@ local function hooks_lib(H)
               end
               local p = false
               if not void then p = parked[i + off] end
-              sched_admit_into(S, st, vm, false, p, B)
+              sched_admit_into(S, st, vm, found[vm] or false, p, B)
               n = n + 1
             end
           end

@@ -48,7 +48,9 @@ end
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
 --   head, "" when the lane is empty), b (the time, ms, of the state's first
 --   discovery read; -1 or missing until then: see dequeue_vtime's
---   discover); and per registered variant member:
+--   discover), cm (the cold mark, ms: a promotion cut short on a cold
+--   state; -1 or missing when unset: see dequeue_vtime's promote); and per
+--   registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
 --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
 --   64 entries, the wide mark's field "~" (never read).
@@ -93,12 +95,12 @@ local function sched_value(code, gated, waiting, r, u)
 end
 
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b', 'cm' }
 -- What a registration reads and writes of them (with x, which
 -- sched_save reads), and the rest, read when a later step of the same
 -- call asks for the whole state (see sched_state).
 local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b' }
+local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b', 'cm' }
 
 
 

@@ -1,4 +1,4 @@
-#!lua name=runqueue_92678d2426eb88dc
+#!lua name=runqueue_2c241b0917316aa7
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -94,7 +94,9 @@ end
 --   ng (gated variants), nw (weight overrides, -1 unknown), lh (the lane's
 --   head, "" when the lane is empty), b (the time, ms, of the state's first
 --   discovery read; -1 or missing until then: see dequeue_vtime's
---   discover); and per registered variant member:
+--   discover), cm (the cold mark, ms: a promotion cut short on a cold
+--   state; -1 or missing when unset: see dequeue_vtime's promote); and per
+--   registered variant member:
 --   its seq code, then "g" and its tag when gated or "w" when in the lane,
 --   then "|r" when its stride remainder r is not 0; and, once ckVtime held
 --   64 entries, the wide mark's field "~" (never read).
@@ -158,12 +160,12 @@ local function sched_open(zkey, hkey, wkey, ttl_ms, idle_max, now)
            renew = true }
 end
 
-local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b' }
+local SCHED_FIELDS = { 'v', 'e', 'c', 's', 'x', 'gk', 'gn', 'gp', 'ng', 'nw', 'lh', 'b', 'cm' }
 -- What a registration reads and writes of them (with x, which
 -- sched_save reads), and the rest, read when a later step of the same
 -- call asks for the whole state (see sched_state).
 local SCHED_REG_FIELDS = { 'v', 's', 'x', 'nw', 'lh' }
-local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b' }
+local SCHED_REST_FIELDS = { 'e', 'c', 'gk', 'gn', 'gp', 'ng', 'b', 'cm' }
 
 -- The scalars, read once per script. A missing state is created whole:
 -- a stray ckVtime without its hash is dropped first, so V never restarts
@@ -197,7 +199,7 @@ local function sched_state(S, r, at, sentinel, fields)
   end
   fields = fields or SCHED_FIELDS
   if not r then r, at = redis.call('HMGET', S.h, unpack(fields)), 0 end
-  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1 }
+  local st = { v = 0, e = 0, c = 0, s = 1, x = 0, gk = 0, gn = 1, gp = 0, ng = 0, nw = -1, lh = '', b = -1, cm = -1 }
   local broken = false
   if r[at + 1] and S.check then
     if sentinel == nil then sentinel = redis.call('ZSCORE', S.z, '') end
@@ -222,7 +224,7 @@ local function sched_state(S, r, at, sentinel, fields)
   -- built whole, not grown key by key)
   S.st = st
   S.was = { v = st.v, e = st.e, c = st.c, s = st.s, x = st.x, gk = st.gk, gn = st.gn, gp = st.gp,
-            ng = st.ng, nw = st.nw, lh = st.lh, b = st.b }
+            ng = st.ng, nw = st.nw, lh = st.lh, b = st.b, cm = st.cm }
   return st
 end
 
@@ -534,17 +536,20 @@ end
 -- broken) drops what was read of it before: every variant after that is
 -- unregistered and has no parked tag. vms may also be one variant member,
 -- a string (most calls make one variant ready, and pay for no list).
-local function sched_register_many(S, vms)
+-- found, when given, holds the variants that register as discovered ones,
+-- at V (the dequeue's promotion: the cold mark).
+local function sched_register_many(S, vms, found)
   if type(vms) == 'string' then
     sched_register(S, vms, false)
     return
   end
+  found = found or {}
   local k = #vms
   if k == 1 or k > 1000 then
     -- (more than the reads' arguments may be: one at a time; only a
     -- dequeue's promotion gathers that many, when more than 1,000 keys'
     -- delayed runs fall due at once and ScanLimit lets it promote them)
-    for i = 1, k do sched_register(S, vms[i], false) end
+    for i = 1, k do sched_register(S, vms[i], found[vms[i]] or false) end
     return
   end
   local st, regs, parked, off = S.st, nil, nil, 0
@@ -576,7 +581,7 @@ local function sched_register_many(S, vms)
         end
         local p = false
         if not void then p = parked[i + off] end
-        sched_admit_into(S, st, vm, false, p, B)
+        sched_admit_into(S, st, vm, found[vm] or false, p, B)
         n = n + 1
       end
     end
@@ -2044,8 +2049,18 @@ dq_due(dq)
 -- one), and while fewer than scan of those looked at are below their
 -- limit the pick looks further (keys held at their limit
 -- with due backlogs in front no longer shut a free key out).
+-- The cold mark (vtime's call.promote): a call that reaches fewer variants
+-- than are due (cut) on a cold state (the lane empty, no competing tag
+-- above V) sets st.cm to its time; a variant the promotion registers whose
+-- first due run (its delayIndex score before the promotion) is at or
+-- before the mark registers at V as a discovered one (found), not through
+-- the lane: work due together on a cold state registers together, as if
+-- the call had reached it all. A call that promotes and finds nothing due
+-- by the mark left in delayIndex drops it (-1).
 local promoted = sched_gather()
+local cut, mark, found = false, -1, {}
 dq_promote(dq, promoted, function(look)
+  cut = true
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   -- (vtime.PromoteLook); while those read hold fewer than scan below
   -- their key limit, the next 4 x scan, up to 10 looks, the last cut to
@@ -2106,13 +2121,35 @@ dq_promote(dq, promoted, function(look)
   end
   return due
 end, function(due)
-  -- the milli-weights of the variants to promote, in one read
+  -- the milli-weights of the variants to promote, in one read; the mark,
+  -- and when it is set the first due run of each (before they move)
   local raw = sched_hmget(S.w, due)
   local ws = {}
   for i = 1, #due do ws[i] = sched_milli(raw[i]) end
+  if S.st then mark = sched_state(S).cm else mark = tonumber(redis.call('HGET', S.h, 'cm')) or -1 end
+  if mark >= 0 then
+    for i = 1, #due, 1000 do
+      local to = math.min(i + 999, #due)
+      local at = redis.call('ZMSCORE', dq.delay_index, unpack(due, i, to))
+      for j = 1, #at do
+        if at[j] and num(at[j]) <= mark then found[due[i + j - 1]] = true end
+      end
+    end
+  end
   return ws
 end)
-if promoted[1] then sched_register_many(S, promoted) end
+-- (cold as the state stood before the promotion's registrations, which
+-- come next; nothing before them changed it)
+local cold = false
+if cut then
+  local st0 = sched_state(S)
+  cold = st0.lh == ''
+  if cold then
+    local t = redis.call('ZREVRANGEBYSCORE', S.z, '(1125899906842624', '0', 'WITHSCORES', 'LIMIT', '0', '1')
+    cold = not t[2] or num(t[2]) <= st0.v
+  end
+end
+if promoted[1] then sched_register_many(S, promoted, found) end
 -- A queue without scheduler state (never used, or idle past StateTTL) and
 -- with no ready run makes none: nothing can be served, and the first work
 -- that becomes ready starts the state. So a poll of an empty queue writes
@@ -2126,6 +2163,12 @@ if not S.st then
   sched_state(S, r, 0)
 end
 local st = sched_state(S)
+if cut and cold then
+  st.cm = math.max(st.cm, dq.now)
+elseif mark >= 0 then
+  local h = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
+  if not h[2] or num(h[2]) > mark then st.cm = -1 end
+end
 
 -- Milli-weights, read once per variant (none when the queue has none).
 local milli = {}
@@ -2895,9 +2938,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_92678d2426eb88dc_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_92678d2426eb88dc_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_92678d2426eb88dc_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_92678d2426eb88dc_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_92678d2426eb88dc_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_92678d2426eb88dc_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -148,12 +148,3 @@ func (w *Worker) HoldFetchWaitUntilDrained(give <-chan struct{}) {
 		}
 	}
 }
-
-// NextDue is when a blocking dequeue of a queue (shard < 0: queueNext) or
-// of a shard (shardNext) looks again, by the Queue's clock (ms). Tests only.
-func (q *Queue) NextDue(ctx context.Context, env, queue string, shard int) (int64, bool, error) {
-	if shard < 0 {
-		return q.queueNext(ctx, q.space.Env(env).Queue(queue))
-	}
-	return q.shardNext(ctx, shard)
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -324,18 +323,13 @@ func hasReady(ctx context.Context, p redis.Pipeliner, qk keys.Queue) *redis.Stri
 // does not tell: it is the earliest of its ready head's score and its
 // delayed head's time, both from its writers' clocks, and a ready head
 // scored by a writer ahead of this clock would read as work to come.
-// With ready runs held back, a delayed run due before the poll is its time
-// (pollOrSooner): the waiter wakes for it, not a poll later (helper-177:
-// a free key's run due 281 ms on waited 1.012 s beside held keys' runs).
 // One round trip.
 func (q *Queue) queueNext(ctx context.Context, qk keys.Queue) (at int64, ok bool, err error) {
 	var score *redis.FloatCmd
 	var ready *redis.StringSliceCmd
-	var delayed *redis.ZSliceCmd
 	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		score = p.ZScore(ctx, qk.Master(), qk.Member())
 		ready = hasReady(ctx, p, qk)
-		delayed = p.ZRangeWithScores(ctx, qk.DelayIndex(), 0, 0)
 		return nil
 	})
 	switch {
@@ -346,24 +340,9 @@ func (q *Queue) queueNext(ctx context.Context, qk keys.Queue) (at int64, ok bool
 	}
 	at = int64(score.Val())
 	if len(ready.Val()) > 0 {
-		now := q.now()
-		at = min(at, now)
-		if d := delayed.Val(); len(d) > 0 {
-			at = q.pollOrSooner(at, int64(d[0].Score), now)
-		}
+		at = min(at, q.now())
 	}
 	return at, true, nil
-}
-
-// pollOrSooner is when a waiter looks again whose due work (at, at or
-// before now) limits hold back: at, which means after
-// Config.BlockPollInterval, unless next, the time of work to come, falls
-// within that poll: then next.
-func (q *Queue) pollOrSooner(at, next, now int64) int64 {
-	if next > now && next < now+ms(q.cfg.BlockPollInterval) {
-		return next
-	}
-	return at
 }
 
 // shardNextPeek is how many of a shard's earliest queues shardNext looks
@@ -373,9 +352,8 @@ const shardNextPeek = 64
 // shardNext reads when the next work of shard is due for DequeueShard, by
 // this Queue's clock (ms): at or before now when a queue it reads has work
 // (limits hold it back, as the caller's call just served nothing: look
-// again after Config.BlockPollInterval), unless a queue scored after now is
-// due within that poll (its time, as below); ok is false when the shard has
-// no queued run. When the master's head is scored after now, the earliest
+// again after Config.BlockPollInterval); ok is false when the shard has no
+// queued run. When the master's head is scored after now, the earliest
 // shardNextPeek queues are looked at (one more round trip, for those not
 // already found without ready runs at their score: see aheadReady): a queue that
 // holds ready runs is due when its score comes within
@@ -388,42 +366,14 @@ const shardNextPeek = 64
 // by the run's write within that second slept until the queue's delayed
 // work, 6 s later).
 func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, err error) {
-	master := q.space.Shard(shard).Master()
-	z, err := q.rdb.ZRangeWithScores(ctx, master, 0, shardNextPeek-1).Result()
+	z, err := q.rdb.ZRangeWithScores(ctx, q.space.Shard(shard).Master(), 0, shardNextPeek-1).Result()
 	if err != nil || len(z) == 0 {
 		return 0, false, err
 	}
-	at, now := int64(z[0].Score), q.now()
-	if at > now {
-		at, err = q.laterNext(ctx, z, now)
-		return at, err == nil, err
-	}
-	// Due queues that the caller's call left (limits hold them): look
-	// again after the poll, unless a queue scored after now is due within
-	// it (one more round trip: helper-184, a delayed run of an idle env due
-	// in 200 ms was served 1.8 s late, at the poll of 2 s, whenever a queue
-	// of another env at its limit was due on the shard).
-	later, err := q.rdb.ZRangeByScoreWithScores(ctx, master, &redis.ZRangeBy{
-		Min: "(" + strconv.FormatInt(now, 10), Max: "+inf", Count: shardNextPeek}).Result()
-	if err != nil || len(later) == 0 {
-		return at, err == nil, err
-	}
-	next, err := q.laterNext(ctx, later, now)
-	if err != nil {
-		return 0, false, err
-	}
-	return q.pollOrSooner(at, next, now), true, nil
-}
-
-// laterNext is when the first of the queues of z (master entries scored
-// after now, in master order) is due: a queue that holds ready runs when
-// its score comes within Config.ShardLookAhead of now, one whose only work
-// is delayed at its score; no later than aheadRecheck (see shardNext).
-func (q *Queue) laterNext(ctx context.Context, z []redis.Z, now int64) (int64, error) {
-	at := int64(z[0].Score)
+	at = int64(z[0].Score)
 	look := q.shardLookAhead()
-	if look == 0 {
-		return at, nil
+	if look == 0 || at <= q.now() {
+		return at, true, nil
 	}
 	// Only a queue scored before the head's score + look can be due
 	// before the head.
@@ -431,9 +381,9 @@ func (q *Queue) laterNext(ctx context.Context, z []redis.Z, now int64) (int64, e
 	for end < len(z) && int64(z[end].Score)-look < at {
 		end++
 	}
-	ready, recheck, err := q.aheadReady(ctx, z[:end], now)
+	ready, recheck, err := q.aheadReady(ctx, z[:end], q.now())
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	at = min(at, recheck)
 	for i, e := range z[:end] {
@@ -441,7 +391,7 @@ func (q *Queue) laterNext(ctx context.Context, z []redis.Z, now int64) (int64, e
 			at = min(at, int64(e.Score)-look)
 		}
 	}
-	return at, nil
+	return at, true, nil
 }
 
 // shardLookAhead is Config.ShardLookAhead in ms; 0: no look ahead.

@@ -126,3 +126,62 @@ func TestPromoteBurstsKeepWeights(t *testing.T) {
 		require.Less(t, hi/lo, 1.3, "serves per unit of weight by class (0.25, 1, 4), calls 100-199: %v", perWeight)
 	})
 }
+
+// TestColdMarkDequeuerAhead: the cold mark is the time the last due
+// variant fell due, not the marking call's clock. helper-185: a dequeuer
+// whose clock ran 60 s ahead made the first call on an idle queue when 40
+// keys' burst of 500 runs each fell due, and marked its own time; 100 new
+// keys whose runs fell due 2 s later, while the burst's keys were served,
+// then registered at V past the newcomer lane (the burst's backlog kept
+// the mark alive): 350 of the next 500 serves, every new key served,
+// against 45 through the lane without the skew. Now the same either way.
+func TestColdMarkDequeuerAhead(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		newServes := map[time.Duration]int{}
+		for _, skew := range []time.Duration{0, time.Minute} {
+			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.SerialCalls = true, true })
+			t0 := b.clock.Now()
+			var ps []runqueue.EnqueueParams
+			for k := range 40 {
+				for i := range 500 {
+					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("b%02d", k),
+						ID: fmt.Sprintf("b%02d-%d", k, i), AvailableAt: t0.Add(time.Millisecond)})
+				}
+			}
+			enqueueAll(t, b, ps)
+			b.clock.Advance(time.Millisecond + skew)
+			ackAll(t, b, dequeue(t, b, queueName, 10)) // cut short on a cold state: the mark
+			b.clock.Advance(-skew)
+			ps = nil
+			for k := range 100 {
+				for i := range 30 {
+					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("n%03d", k),
+						ID: fmt.Sprintf("n%03d-%d", k, i), AvailableAt: t0.Add(2 * time.Second)})
+				}
+			}
+			enqueueAll(t, b, ps)
+			for range 100 {
+				ackAll(t, b, dequeue(t, b, queueName, 10))
+				b.clock.Advance(time.Millisecond)
+			}
+			b.clock.Advance(t0.Add(2 * time.Second).Sub(b.clock.Now()))
+			for range 50 {
+				got := dequeue(t, b, queueName, 10)
+				require.Len(t, got, 10)
+				for _, r := range got {
+					if r.Key[0] == 'n' {
+						newServes[skew]++
+					}
+				}
+				ackAll(t, b, got)
+				b.clock.Advance(time.Millisecond)
+			}
+		}
+		t.Logf("new keys' serves of the 500 after they fell due: %v", newServes)
+		// through the lane, beside 40 backlogged keys: about one serve in 41 for
+		// the lane and one for each newcomer it let in
+		require.Less(t, newServes[0], 100, "no skew")
+		require.Equal(t, newServes[0], newServes[time.Minute], "the first dequeuer 60 s ahead")
+	})
+}

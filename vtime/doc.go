@@ -173,8 +173,9 @@
 //     never push later ones back.
 //   - Cold mark (a promotion of work due together on a cold state): a call
 //     whose promotion reaches fewer variants than are due while the state
-//     is cold (the lane empty, no competing tag above V) records its time
-//     as the mark; a variant a later promotion registers whose first due
+//     is cold (the lane empty, no competing tag above V) records as the
+//     mark the time the last of the due variants fell due (not its own
+//     clock, which may run ahead of the producers'); a variant a later promotion registers whose first due
 //     run (its delay index score before the promotion) is at or before the
 //     mark registers as a discovered one, at V, not through the lane. So
 //     work due together on a cold state registers together, as if the

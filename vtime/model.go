@@ -794,7 +794,11 @@ func PromoteLookMax(scan int) int {
 //
 // The cold mark: a call that reaches fewer variants than are due (more
 // than scan) on a cold state (the lane empty and no competing tag above V,
-// where a newcomer registers at V) sets the mark to its time; a variant a
+// where a newcomer registers at V) sets the mark to the time the last of
+// them fell due (the latest delay index score at or before its time: not
+// its own clock, which may run ahead of the producers', helper-185: a
+// dequeuer 60 s ahead marked a minute of new keys' work, which then came
+// at V past the lane while other keys were served); a variant a
 // later promotion registers whose first due run (its delay index score
 // when the call starts) is at or before the mark registers at V, as a
 // discovered one (a parked tag above V still first), not through the
@@ -814,8 +818,9 @@ func (c *call) promote(now int64, maxCount int) {
 	if len(vms) == 0 {
 		return
 	}
-	cut := len(vms) > c.scan
+	cut, lastDue := len(vms) > c.scan, int64(0)
 	if cut {
+		lastDue = m.lastDue(now)
 		vms, due = m.starvingFirst(now, vms, due, c.scan)
 	}
 	var found []bool
@@ -829,8 +834,8 @@ func (c *call) promote(now int64, maxCount int) {
 	m.promotePlanned(vms, due, now, maxCount, true, found)
 	switch {
 	case cut && cold:
-		if !m.marked || now > m.mark {
-			m.mark = now
+		if !m.marked || lastDue > m.mark {
+			m.mark = lastDue
 		}
 		m.marked = true
 	case m.marked:
@@ -838,6 +843,19 @@ func (c *call) promote(now int64, maxCount int) {
 			m.marked, m.mark = false, 0
 		}
 	}
+}
+
+// lastDue is the latest delay index score at or before now: the time the
+// last of the due variants fell due.
+func (m *Model) lastDue(now int64) int64 {
+	var last int64
+	for _, e := range m.delayIndex() {
+		if e.Score > float64(now) {
+			break
+		}
+		last = int64(e.Score)
+	}
+	return last
 }
 
 // cold reports whether a newcomer would register at V now: the lane is

@@ -1,4 +1,4 @@
-#!lua name=runqueue_2c241b0917316aa7
+#!lua name=runqueue_06a429fd54a4616e
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -2051,16 +2051,20 @@ dq_due(dq)
 -- with due backlogs in front no longer shut a free key out).
 -- The cold mark (vtime's call.promote): a call that reaches fewer variants
 -- than are due (cut) on a cold state (the lane empty, no competing tag
--- above V) sets st.cm to its time; a variant the promotion registers whose
+-- above V) sets st.cm to the time the last of them fell due; a variant the promotion registers whose
 -- first due run (its delayIndex score before the promotion) is at or
 -- before the mark registers at V as a discovered one (found), not through
 -- the lane: work due together on a cold state registers together, as if
 -- the call had reached it all. A call that promotes and finds nothing due
 -- by the mark left in delayIndex drops it (-1).
 local promoted = sched_gather()
-local cut, mark, found = false, -1, {}
+local cut, mark, found, last_due = false, -1, {}, -1
 dq_promote(dq, promoted, function(look)
   cut = true
+  -- (when the last of the due variants fell due, before any moves: the
+  -- mark, not the call's own clock, which may run ahead of the producers')
+  local last = redis.call('ZREVRANGEBYSCORE', dq.delay_index, dq.now_arg, '-inf', 'WITHSCORES', 'LIMIT', '0', '1')
+  last_due = num(last[2])
   -- look holds the first scan + 1 due variants: read the rest of 4 x scan
   -- (vtime.PromoteLook); while those read hold fewer than scan below
   -- their key limit, the next 4 x scan, up to 10 looks, the last cut to
@@ -2164,7 +2168,7 @@ if not S.st then
 end
 local st = sched_state(S)
 if cut and cold then
-  st.cm = math.max(st.cm, dq.now)
+  st.cm = math.max(st.cm, last_due)
 elseif mark >= 0 then
   local h = redis.call('ZRANGE', dq.delay_index, '0', '0', 'WITHSCORES')
   if not h[2] or num(h[2]) > mark then st.cm = -1 end
@@ -2938,9 +2942,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_2c241b0917316aa7_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_06a429fd54a4616e_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_06a429fd54a4616e_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_06a429fd54a4616e_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_06a429fd54a4616e_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_06a429fd54a4616e_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_06a429fd54a4616e_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -292,7 +292,9 @@ func TestS17ConfigLayout(t *testing.T) {
 		require.NoError(t, ro.Close())
 		require.Empty(t, s17AllKeys(t, c, prefix))
 
-		for _, v := range []string{"5", "7", "06", "6 ", ""} {
+		// another version, the next, and this one padded or spaced
+		lv := runqueue.LayoutVersion
+		for _, v := range []string{fmt.Sprint(lv - 1), fmt.Sprint(lv + 1), fmt.Sprintf("0%d", lv), fmt.Sprintf("%d ", lv), ""} {
 			require.NoError(t, c.Set(ctx, space.Layout(), v, 0).Err())
 			before := s17AllKeys(t, c, prefix)
 			for _, readOnly := range []bool{false, true} {

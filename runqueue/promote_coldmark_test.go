@@ -26,14 +26,7 @@ func TestPromoteBurstIntoIdleQueue(t *testing.T) {
 		b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.SerialCalls = true, true })
 		const tenants, runs = 100, 40
 		due := b.clock.Now().Add(time.Second)
-		var ps []runqueue.EnqueueParams
-		for k := range tenants {
-			for i := range runs {
-				ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("t%03d", k),
-					ID: fmt.Sprintf("t%03d-%d", k, i), AvailableAt: due})
-			}
-		}
-		enqueueAll(t, b, ps)
+		enqueueAll(t, b, dueTogether(tenants, runs, func(k int) string { return fmt.Sprintf("t%03d", k) }, "", due))
 		b.clock.Advance(time.Second)
 		served, first := map[string]int{}, map[string]int{}
 		for call := range 100 {
@@ -86,12 +79,7 @@ func TestPromoteBurstsKeepWeights(t *testing.T) {
 		var ps []runqueue.EnqueueParams
 		for bu := range bursts {
 			due := t0.Add(time.Duration(bu*every)*10*time.Millisecond + time.Millisecond)
-			for k := range keys {
-				for i := range per {
-					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: key(k),
-						ID: fmt.Sprintf("%s-b%d-%d", key(k), bu, i), AvailableAt: due})
-				}
-			}
+			ps = append(ps, dueTogether(keys, per, key, fmt.Sprintf("-b%d", bu), due)...)
 		}
 		enqueueAll(t, b, ps)
 		b.clock.Advance(5 * time.Millisecond)
@@ -142,25 +130,11 @@ func TestColdMarkDequeuerAhead(t *testing.T) {
 		for _, skew := range []time.Duration{0, time.Minute} {
 			b := setup(t, c, func(cfg *runqueue.Config) { cfg.VtimeScheduling, cfg.SerialCalls = true, true })
 			t0 := b.clock.Now()
-			var ps []runqueue.EnqueueParams
-			for k := range 40 {
-				for i := range 500 {
-					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("b%02d", k),
-						ID: fmt.Sprintf("b%02d-%d", k, i), AvailableAt: t0.Add(time.Millisecond)})
-				}
-			}
-			enqueueAll(t, b, ps)
+			enqueueAll(t, b, dueTogether(40, 500, func(k int) string { return fmt.Sprintf("b%02d", k) }, "", t0.Add(time.Millisecond)))
 			b.clock.Advance(time.Millisecond + skew)
 			ackAll(t, b, dequeue(t, b, queueName, 10)) // cut short on a cold state: the mark
 			b.clock.Advance(-skew)
-			ps = nil
-			for k := range 100 {
-				for i := range 30 {
-					ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: fmt.Sprintf("n%03d", k),
-						ID: fmt.Sprintf("n%03d-%d", k, i), AvailableAt: t0.Add(2 * time.Second)})
-				}
-			}
-			enqueueAll(t, b, ps)
+			enqueueAll(t, b, dueTogether(100, 30, func(k int) string { return fmt.Sprintf("n%03d", k) }, "", t0.Add(2*time.Second)))
 			for range 100 {
 				ackAll(t, b, dequeue(t, b, queueName, 10))
 				b.clock.Advance(time.Millisecond)
@@ -184,4 +158,17 @@ func TestColdMarkDequeuerAhead(t *testing.T) {
 		require.Less(t, newServes[0], 100, "no skew")
 		require.Equal(t, newServes[0], newServes[time.Minute], "the first dequeuer 60 s ahead")
 	})
+}
+
+// dueTogether is runs runs of each of keys keys (key(k) names key k) of
+// the test queue, all due at at, with ids key(k) + tag + "-" + i.
+func dueTogether(keys, runs int, key func(int) string, tag string, at time.Time) []runqueue.EnqueueParams {
+	var ps []runqueue.EnqueueParams
+	for k := range keys {
+		for i := range runs {
+			ps = append(ps, runqueue.EnqueueParams{Env: env, Queue: queueName, Key: key(k),
+				ID: fmt.Sprintf("%s%s-%d", key(k), tag, i), AvailableAt: at})
+		}
+	}
+	return ps
 }

@@ -219,11 +219,14 @@ func checkLuaScenario(t *testing.T, name string) {
 
 // The audit's states (docs/design.md section 8) as scripted sequences.
 
-func TestFairnessScenarioExpiredNewcomers(t *testing.T)  { checkLuaScenario(t, "ExpiredNewcomers") }
-func TestFairnessScenarioAdversarialNames(t *testing.T)  { checkLuaScenario(t, "AdversarialNames") }
-func TestFairnessScenarioEqualCountsFlip(t *testing.T)   { checkLuaScenario(t, "EqualCountsFlip") }
-func TestFairnessScenarioGatedWindow(t *testing.T)       { checkLuaScenario(t, "GatedWindow") }
-func TestFairnessScenarioLaneAcrossFlip(t *testing.T)    { checkLuaScenario(t, "LaneAcrossFlip") }
+func TestFairnessScenarioExpiredNewcomers(t *testing.T) { checkLuaScenario(t, "ExpiredNewcomers") }
+func TestFairnessScenarioAdversarialNames(t *testing.T) { checkLuaScenario(t, "AdversarialNames") }
+func TestFairnessScenarioEqualCountsFlip(t *testing.T)  { checkLuaScenario(t, "EqualCountsFlip") }
+func TestFairnessScenarioGatedWindow(t *testing.T)      { checkLuaScenario(t, "GatedWindow") }
+func TestFairnessScenarioLaneAcrossFlip(t *testing.T)   { checkLuaScenario(t, "LaneAcrossFlip") }
+func TestFairnessScenarioServedBeforeDiscovery(t *testing.T) {
+	checkLuaScenario(t, "ServedBeforeDiscovery")
+}
 func TestFairnessScenarioResetWhileWaiting(t *testing.T) { checkLuaScenario(t, "ResetWhileWaiting") }
 func TestFairnessScenarioOutagePastTTL(t *testing.T)     { checkLuaScenario(t, "OutagePastTTL") }
 func TestFairnessScenarioStaleCleanup10k(t *testing.T)   { checkLuaScenario(t, "StaleCleanup10k") }

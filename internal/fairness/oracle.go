@@ -70,6 +70,11 @@ type okey struct {
 	drainServe      int // serve index of the serve that drained it; -1: not by a serve at weight 1, flag on
 	pending         bool
 	debt            float64
+	// offNew: it registered with the flag off while a scheduler state
+	// may have been there: discovery may find it as a newcomer and put
+	// it in the lane (docs/design.md, Discovery), whatever flag-off
+	// calls served meanwhile.
+	offNew bool
 	// unsaid: a flag-off operation freed a slot of the key while it was
 	// at its key limit, so the scheduler may hold it gated below its
 	// limit until the gated probe reaches it (see Oracle.unsaid).
@@ -122,6 +127,7 @@ type Oracle struct {
 	lastWrite time.Duration // last certain scheduler write
 	lapsed    bool          // no certain write for StateTTL/2 since lastWrite
 	dirty     bool          // a certain write since the state last went
+	stateMay  bool          // a flag-on call since the state last went: the state may be there
 	finishing bool          // Finish is draining: no batch probes (each replays the history)
 	op        int
 
@@ -206,12 +212,12 @@ func (o *Oracle) checkLapse(moved bool) {
 // stateGone: the scheduler state is gone as a whole; keys with ready runs
 // await discovery, the others start anew.
 func (o *Oracle) stateGone() {
-	o.lapsed = false
+	o.lapsed, o.stateMay = false, false
 	o.lastWrite = o.now
 	o.clearUnsaid()
 	for _, name := range o.keyOrder {
 		k := o.keys[name]
-		k.debt = 0
+		k.debt, k.offNew = 0, false
 		// No lane survives the state: keys with ready runs are found again
 		// at V, and no newcomer waits ahead of a later one.
 		if k.pending {
@@ -227,6 +233,15 @@ func (o *Oracle) stateGone() {
 			k.stale = false
 			o.stales--
 		}
+	}
+}
+
+// called notes a call of the scripts: with the flag on, it may make the
+// state (a registration, a discovery read), whether or not the oracle
+// can tell.
+func (o *Oracle) called() {
+	if o.flagOn {
+		o.stateMay = true
 	}
 }
 
@@ -336,6 +351,7 @@ func (o *Oracle) gainReady(r *orun) {
 			k.debt = 2 + float64(p)
 		}
 		k.everReady, k.resetSinceReady, k.drainServe = true, false, -1
+		k.offNew = !o.flagOn && o.stateMay
 		k.pending = true
 		o.pendingN++
 		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt})
@@ -552,6 +568,7 @@ func (o *Oracle) Enqueue(key string, priority int, delay, ttl time.Duration) (st
 	o.nextID++
 	id := fmt.Sprintf("r%d", o.nextID)
 	o.begin("enqueue %q %s prio=%d delay=%v ttl=%v", key, id, priority, delay, ttl)
+	o.called()
 	defer o.end()
 	if err := o.d.Enqueue(key, id, priority, delay, ttl); err != nil {
 		return "", o.fail(err)
@@ -570,6 +587,7 @@ func (o *Oracle) Enqueue(key string, priority int, delay, ttl time.Duration) (st
 // it took past their TTL are recorded, not returned).
 func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 	o.begin("dequeue %d", maxCount)
+	o.called()
 	defer o.end()
 	capacity := o.capacity(maxCount)
 	certain, certain1 := true, true
@@ -728,9 +746,15 @@ func (o *Oracle) serve(s Served) {
 	// A flag-off serve writes nothing of the scheduler: a newcomer it
 	// serves that waits in the scheduler's lane stays there, ahead of
 	// later newcomers, when the flag is on again (scenario LaneAcrossFlip).
-	// One that registered at V, or with the flag off, is in no lane: the
-	// serve ends its wait. Without a LaneProber, every serve does.
-	if k.pending && (o.flagOn || !o.inLane(k.name)) {
+	// One that registered at V is in no lane: the serve ends its wait.
+	// One registered with the flag off is in no lane either: when it
+	// registered before the state began, discovery finds it at V; when
+	// a state may have been there (offNew), discovery may put it in the
+	// lane when the flag is on again, ahead of later newcomers, and a
+	// flag-off serve before that leaves it waiting (scenario
+	// ServedBeforeDiscovery). Without a LaneProber, every other serve
+	// ends the wait.
+	if k.pending && (o.flagOn || (!(k.suspect && k.offNew) && !o.inLane(k.name))) {
 		k.pending = false
 		o.pendingN--
 	}
@@ -811,6 +835,7 @@ func (o *Oracle) clearUnsaid() {
 // Ack completes a held run.
 func (o *Oracle) Ack(id string) error {
 	o.begin("ack %s", id)
+	o.called()
 	defer o.end()
 	r := o.runs[id]
 	err := o.d.Ack(id)
@@ -831,6 +856,7 @@ func (o *Oracle) Ack(id string) error {
 // Nack gives a held run back, retried after retryAfter or dead-lettered.
 func (o *Oracle) Nack(id string, retryAfter time.Duration, deadLetter bool) error {
 	o.begin("nack %s retry=%v dead=%v", id, retryAfter, deadLetter)
+	o.called()
 	defer o.end()
 	r := o.runs[id]
 	requeued, err := o.d.Nack(id, retryAfter, deadLetter)
@@ -859,6 +885,7 @@ func (o *Oracle) RecoverLeases() error {
 		return err
 	}
 	o.begin("recover leases")
+	o.called()
 	defer o.end()
 	var due []*orun
 	for _, r := range o.runs {
@@ -908,6 +935,7 @@ func (o *Oracle) RecoverLeases() error {
 // SweepTTL expires the queued runs whose TTL passed.
 func (o *Oracle) SweepTTL() error {
 	o.begin("sweep ttl")
+	o.called()
 	defer o.end()
 	var due []*orun
 	for _, r := range o.runs {
@@ -936,6 +964,7 @@ func (o *Oracle) SweepTTL() error {
 // SetWeight sets key's weight.
 func (o *Oracle) SetWeight(key string, w float64) error {
 	o.begin("weight %q %g", key, w)
+	o.called()
 	defer o.end()
 	if err := o.d.SetWeight(key, w); err != nil {
 		return o.fail(err)

@@ -167,6 +167,39 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "ServedBeforeDiscovery", Flip: true, Run: func(o *Oracle) error {
+		// From a random sequence (rapid seed 303203007562882286): flag on,
+		// b is served once and keeps a backlog, its tag in the state. Flag
+		// off: c and e arrive (after the state began: newcomers when
+		// discovery finds them), each with a priority-9 run that a
+		// flag-off call serves before b's older ones; both keep runs. Flag
+		// on again: the first call's discovery puts c and e in the
+		// newcomer lane, u arrives behind them, and calls of 10 serve b
+		// several times before u (first version of the oracle: the
+		// flag-off serves ended c's and e's wait, as if the scheduler
+		// knew them, so u had P = 0 and b's third serve read as a
+		// violation of its bound).
+		s := &script{o: o}
+		tick := func() { s.do(o.Advance(time.Millisecond)) } // runs age in enqueue order
+		s.enq("b", 12, 0)
+		s.deq(1, false)
+		s.do(o.SetFlag(false))
+		for _, k := range []string{"c", "e", "f"} {
+			tick()
+			if s.err == nil {
+				_, s.err = o.Enqueue(k, 9, 0, 0)
+			}
+			s.enq(k, 3, 0)
+		}
+		s.deq(3, false) // the priority-9 runs
+		s.do(o.SetFlag(true))
+		s.deq(1, false)
+		s.enq("u", 1, 0)
+		for i := 0; i < 3 && s.err == nil; i++ {
+			s.deq(10, false)
+		}
+		return s.err
+	}},
 	{Name: "ResetWhileWaiting", Run: func(o *Oracle) error {
 		// From a random sequence (rapid seed 4865173080621460690): u1
 		// registers behind a; the state expires; c, d, e and b register as

@@ -70,10 +70,13 @@ type okey struct {
 	drainServe      int // serve index of the serve that drained it; -1: not by a serve at weight 1, flag on
 	pending         bool
 	debt            float64
-	// offNew: it registered with the flag off while a scheduler state
-	// may have been there: discovery may find it as a newcomer and put
-	// it in the lane (docs/design.md, Discovery), whatever flag-off
-	// calls served meanwhile.
+	// offNew: it registered with the flag off after the state's first
+	// discovery read may have set b, or, undiscovered, it gained a ready
+	// run since then (either flag) that may be or become its head (a
+	// priority, a nack, a later run that flag-off serves bring to the
+	// head): discovery may find it as a newcomer and put it in the lane
+	// (docs/design.md, Discovery), whatever flag-off calls served
+	// meanwhile.
 	offNew bool
 	// unsaid: a flag-off operation freed a slot of the key while it was
 	// at its key limit, so the scheduler may hold it gated below its
@@ -127,8 +130,12 @@ type Oracle struct {
 	lastWrite time.Duration // last certain scheduler write
 	lapsed    bool          // no certain write for StateTTL/2 since lastWrite
 	dirty     bool          // a certain write since the state last went
-	stateMay  bool          // a flag-on call since the state last went: the state may be there
-	finishing bool          // Finish is draining: no batch probes (each replays the history)
+	// bMay: a flag-on dequeue since the state last went: its discovery
+	// read may have set the state's b (only a flag-on dequeue reads
+	// ckIndex for discovery; a key written with the flag off before b,
+	// all of whose work is that old, registers at V whenever found).
+	bMay      bool
+	finishing bool // Finish is draining: no batch probes (each replays the history)
 	op        int
 
 	// serve log for the eligibility rule: key, weight 1, flag on
@@ -212,7 +219,7 @@ func (o *Oracle) checkLapse(moved bool) {
 // stateGone: the scheduler state is gone as a whole; keys with ready runs
 // await discovery, the others start anew.
 func (o *Oracle) stateGone() {
-	o.lapsed, o.stateMay = false, false
+	o.lapsed, o.bMay = false, false
 	o.lastWrite = o.now
 	o.clearUnsaid()
 	for _, name := range o.keyOrder {
@@ -236,12 +243,11 @@ func (o *Oracle) stateGone() {
 	}
 }
 
-// called notes a call of the scripts: with the flag on, it may make the
-// state (a registration, a discovery read), whether or not the oracle
-// can tell.
+// called notes a dequeue call: with the flag on, its discovery read may
+// set the state's b, whether or not the oracle can tell.
 func (o *Oracle) called() {
 	if o.flagOn {
-		o.stateMay = true
+		o.bMay = true
 	}
 }
 
@@ -351,7 +357,7 @@ func (o *Oracle) gainReady(r *orun) {
 			k.debt = 2 + float64(p)
 		}
 		k.everReady, k.resetSinceReady, k.drainServe = true, false, -1
-		k.offNew = !o.flagOn && o.stateMay
+		k.offNew = !o.flagOn && o.bMay
 		k.pending = true
 		o.pendingN++
 		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt})
@@ -364,7 +370,7 @@ func (o *Oracle) gainReady(r *orun) {
 		} else {
 			o.setSuspect(k, true)
 		}
-	} else if o.flagOn && k.suspect && !k.pending {
+	} else if k.suspect && (o.flagOn || o.bMay) {
 		// A flag-on write that moves an undiscovered key's head (a run
 		// ready earlier than its ready runs: a priority, a promotion, a
 		// recovery) registers it in the scheduler, by the newcomer rule:
@@ -372,8 +378,24 @@ func (o *Oracle) gainReady(r *orun) {
 		// not know ready scores, so it counts the key of every such run as
 		// one (P may then count keys whose head did not move: an upper
 		// bound, as for the keys of one promotion or recovery).
-		k.pending = true
-		o.pendingN++
+		//
+		// After a flag-on dequeue may have set b (bMay), a run written to
+		// an undiscovered key, with either flag, may become its head
+		// before discovery finds it (a flag-off write that moves the head;
+		// or a run behind the head that flag-off serves or a sweep bring
+		// to it) and is available after b: discovery then puts the key in
+		// the lane as a newcomer (docs/design.md, Discovery: "a key with
+		// old work whose first ready run became available after b"), as
+		// it does a key registered with the flag off after b. offNew keeps
+		// it counted across flag-off serves until a flag-on serve; the
+		// same upper bound (helper-190's TestReviewH190HeadMovedByFlagOff).
+		if o.bMay {
+			k.offNew = true
+		}
+		if !k.pending {
+			k.pending = true
+			o.pendingN++
+		}
 	}
 	o.refresh(k)
 }
@@ -568,7 +590,6 @@ func (o *Oracle) Enqueue(key string, priority int, delay, ttl time.Duration) (st
 	o.nextID++
 	id := fmt.Sprintf("r%d", o.nextID)
 	o.begin("enqueue %q %s prio=%d delay=%v ttl=%v", key, id, priority, delay, ttl)
-	o.called()
 	defer o.end()
 	if err := o.d.Enqueue(key, id, priority, delay, ttl); err != nil {
 		return "", o.fail(err)
@@ -747,13 +768,14 @@ func (o *Oracle) serve(s Served) {
 	// serves that waits in the scheduler's lane stays there, ahead of
 	// later newcomers, when the flag is on again (scenario LaneAcrossFlip).
 	// One that registered at V is in no lane: the serve ends its wait.
-	// One registered with the flag off is in no lane either: when it
-	// registered before the state began, discovery finds it at V; when
-	// a state may have been there (offNew), discovery may put it in the
-	// lane when the flag is on again, ahead of later newcomers, and a
-	// flag-off serve before that leaves it waiting (scenario
-	// ServedBeforeDiscovery). Without a LaneProber, every other serve
-	// ends the wait.
+	// One registered with the flag off is in no lane either: when all its
+	// work predates the state's b, discovery finds it at V; when it
+	// registered after a flag-on dequeue may have set b, or a flag-off
+	// write since may have moved its head (offNew), discovery may put it
+	// in the lane when the flag is on again, ahead of later newcomers,
+	// and a flag-off serve before that leaves it waiting (scenario
+	// ServedBeforeDiscovery; helper-190's TestReviewH190HeadMovedByFlagOff).
+	// Without a LaneProber, every other serve ends the wait.
 	if k.pending && (o.flagOn || (!(k.suspect && k.offNew) && !o.inLane(k.name))) {
 		k.pending = false
 		o.pendingN--
@@ -835,7 +857,6 @@ func (o *Oracle) clearUnsaid() {
 // Ack completes a held run.
 func (o *Oracle) Ack(id string) error {
 	o.begin("ack %s", id)
-	o.called()
 	defer o.end()
 	r := o.runs[id]
 	err := o.d.Ack(id)
@@ -856,7 +877,6 @@ func (o *Oracle) Ack(id string) error {
 // Nack gives a held run back, retried after retryAfter or dead-lettered.
 func (o *Oracle) Nack(id string, retryAfter time.Duration, deadLetter bool) error {
 	o.begin("nack %s retry=%v dead=%v", id, retryAfter, deadLetter)
-	o.called()
 	defer o.end()
 	r := o.runs[id]
 	requeued, err := o.d.Nack(id, retryAfter, deadLetter)
@@ -885,7 +905,6 @@ func (o *Oracle) RecoverLeases() error {
 		return err
 	}
 	o.begin("recover leases")
-	o.called()
 	defer o.end()
 	var due []*orun
 	for _, r := range o.runs {
@@ -935,7 +954,6 @@ func (o *Oracle) RecoverLeases() error {
 // SweepTTL expires the queued runs whose TTL passed.
 func (o *Oracle) SweepTTL() error {
 	o.begin("sweep ttl")
-	o.called()
 	defer o.end()
 	var due []*orun
 	for _, r := range o.runs {
@@ -964,7 +982,6 @@ func (o *Oracle) SweepTTL() error {
 // SetWeight sets key's weight.
 func (o *Oracle) SetWeight(key string, w float64) error {
 	o.begin("weight %q %g", key, w)
-	o.called()
 	defer o.end()
 	if err := o.d.SetWeight(key, w); err != nil {
 		return o.fail(err)

@@ -76,7 +76,8 @@
 // [Queue.DequeueWait] and [Queue.DequeueShardWait] wait for work without
 // polling: an enqueue anywhere wakes them through Redis pub/sub, a delayed
 // run at its time, and work held by limits is looked at every
-// [Config.BlockPollInterval].
+// [Config.BlockPollInterval] (and at the time of other delayed work due
+// sooner, once a poll while such looks serve nothing).
 //
 // A holder then calls [Queue.Ack] (done: the run is removed and its slot
 // freed), [Queue.Nack] (retry at [NackOptions.RetryAt] or after

@@ -148,3 +148,19 @@ func (w *Worker) HoldFetchWaitUntilDrained(give <-chan struct{}) {
 		}
 	}
 }
+
+// NextDue is when a blocking dequeue of a queue (shard < 0: queueNext) or
+// of a shard (shardNext) looks again, by the Queue's clock (ms), and with
+// from (a look's start; 0: not read), the time of work due before the poll
+// beside held work, of that due since from (0: none). Tests only.
+func (q *Queue) NextDue(ctx context.Context, env, queue string, shard int, from int64) (at, sooner int64, ok bool, err error) {
+	if shard < 0 {
+		return q.queueNext(ctx, q.space.Env(env).Queue(queue), from)
+	}
+	return q.shardNext(ctx, shard, from)
+}
+
+// NoEarlyLook makes q's blocking waits and Workers beside held work look
+// again at the poll alone, as before the early look, to compare. Call
+// before any wait. Tests only.
+func (q *Queue) NoEarlyLook() { q.noEarlyLook = true }

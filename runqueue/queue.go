@@ -50,6 +50,11 @@ type Queue struct {
 	// keyLimited: the instance has given some queue a per-key limit, so
 	// a freed slot looks for a gated variant (see vtimeArgs).
 	keyLimited atomic.Bool
+
+	// noEarlyLook (tests only, set before any wait): a blocking wait
+	// beside held work looks again at the poll alone, as before the early
+	// look (see Queue.block), to compare with it.
+	noEarlyLook bool
 }
 
 // New returns a Queue on client. It assembles and loads every script of the

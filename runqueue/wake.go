@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -45,12 +46,14 @@ type nextRead struct {
 // forward publishes) wakes it again, whatever the read missed. But what
 // the read saw may have been taken since, which publishes nothing, so a
 // joiner keeps the answer only when future says it is no work or work to
-// come (a time after now). When it says work is due (the caller would
-// sleep the poll interval, while a later delayed run may be due sooner),
-// or the read failed (its error may be its starter's context), the joiner
-// takes a read that started after its look ended instead (future nil: any
-// answer), as it would have read itself then, shared with the joiners in
-// the same case. A caller that starts a read starts it after its look
+// come (a time after now), or, for block, work due with the time of work
+// to come sooner than the poll that the caller wakes for (nextZ's second
+// entry: the work taken since does not bring that forward). When it says
+// work is due otherwise (the caller would sleep the poll interval, while
+// a later delayed run may be due sooner), or the read failed (its error
+// may be its starter's context), the joiner takes a read that started
+// after its look ended instead (future nil: any answer), as it would have
+// read itself then, shared with the joiners in the same case. A caller that starts a read starts it after its look
 // ended: the answer is its own.
 func (w *waker) next(ctx context.Context, topic string, since, ended time.Time, read func() (*redis.ZSliceCmd, error), future func([]redis.Z) bool) ([]redis.Z, error) {
 	w.readMu.Lock()
@@ -259,10 +262,13 @@ func (w *waker) close() error {
 // Redis pub/sub, a delayed run wakes it at its time, and while the queue
 // holds ready runs that limits hold back it looks again every
 // Config.BlockPollInterval, whatever their scores say (a run's score is
-// its writer's clock, which may be ahead of this Queue's). It returns an
-// empty slice on timeout, and ctx's error when ctx ends first. Waiters
-// woken together look again in one coalesced call, and share the read of
-// when the queue's next work is due.
+// its writer's clock, which may be ahead of this Queue's), or sooner, at
+// the time of the queue's first delayed run due within that poll; but a
+// look at such a time that serves nothing (that run held too: its key at
+// its limit) spends the sooner look until a poll has passed or a wake-up
+// came (see block). It returns an empty slice on timeout, and ctx's error
+// when ctx ends first. Waiters woken together look again in one coalesced
+// call, and share the read of when the queue's next work is due.
 func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int, timeout time.Duration) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -273,13 +279,15 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 	qn := q.names(env, queue)
 	return q.block(ctx, qn.wake+"|"+qn.member, timeout,
 		func() ([]*Run, error) { return q.dequeueOne(ctx, qn, maxCount) },
-		func() (*redis.ZSliceCmd, error) { return nextZ(q.queueNext(ctx, qn.qk)) })
+		func(from int64) (*redis.ZSliceCmd, error) { return nextZ(q.queueNext(ctx, qn.qk, from)) })
 }
 
 // DequeueShardWait is DequeueShard that waits up to timeout, like DequeueWait.
 // It looks again every Config.BlockPollInterval while a queue DequeueShard
 // reads (one scored up to now + Config.ShardLookAhead and holding ready
-// runs, or one scored up to now) has work that limits hold back; a queue
+// runs, or one scored up to now) has work that limits hold back, or sooner,
+// when a queue scored after now is due within that poll (see shardNext),
+// at most once a poll while such looks serve nothing (see block); a queue
 // whose only work is delayed wakes it at its time. As DequeueShard, it
 // never returns runs with an error: runs served before ctx ended or a
 // queue's call failed are returned with a nil error.
@@ -292,18 +300,23 @@ func (q *Queue) DequeueShardWait(ctx context.Context, shard, maxCount int, timeo
 	}
 	return q.block(ctx, q.space.Shard(shard).Wake(), timeout,
 		func() ([]*Run, error) { return q.DequeueShard(ctx, shard, maxCount) },
-		func() (*redis.ZSliceCmd, error) { return nextZ(q.shardNext(ctx, shard)) })
+		func(from int64) (*redis.ZSliceCmd, error) { return nextZ(q.shardNext(ctx, shard, from)) })
 }
 
 // nextZ is a read of the next work time as waker.next and block take it:
-// one entry scored at, or none when ok is false.
-func nextZ(at int64, ok bool, err error) (*redis.ZSliceCmd, error) {
+// none when ok is false, else an entry scored at, and a second one scored
+// soon when soon is set (work due before the poll beside due work that
+// limits hold, or due since the look began: see queueNext).
+func nextZ(at, soon int64, ok bool, err error) (*redis.ZSliceCmd, error) {
 	if err != nil {
 		return nil, err
 	}
 	var z []redis.Z
 	if ok {
 		z = []redis.Z{{Score: float64(at)}}
+		if soon != 0 {
+			z = append(z, redis.Z{Score: float64(soon)})
+		}
 	}
 	return redis.NewZSliceCmdResult(z, nil), nil
 }
@@ -323,8 +336,13 @@ func hasReady(ctx context.Context, p redis.Pipeliner, qk keys.Queue) *redis.Stri
 // does not tell: it is the earliest of its ready head's score and its
 // delayed head's time, both from its writers' clocks, and a ready head
 // scored by a writer ahead of this clock would read as work to come.
-// One round trip.
-func (q *Queue) queueNext(ctx context.Context, qk keys.Queue) (at int64, ok bool, err error) {
+// One round trip; with from set (a look's start, this Queue's clock, ms)
+// and ready runs there, a second one reads the delay index's first variant
+// due after from and before the poll ends, whose time is sooner (0: none;
+// at or before now: it fell due after the look began), for a waiter that
+// may look early for it (see block: helper-177, a free key's run due
+// 281 ms on waited 1.012 s beside held keys' runs).
+func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, sooner int64, ok bool, err error) {
 	var score *redis.FloatCmd
 	var ready *redis.StringSliceCmd
 	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -334,16 +352,31 @@ func (q *Queue) queueNext(ctx context.Context, qk keys.Queue) (at int64, ok bool
 	})
 	switch {
 	case errors.Is(score.Err(), redis.Nil):
-		return 0, false, nil
+		return 0, 0, false, nil
 	case err != nil:
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	at = int64(score.Val())
 	if len(ready.Val()) > 0 {
-		at = min(at, q.now())
+		now := q.now()
+		at = min(at, now)
+		if from > 0 {
+			z, err := q.rdb.ZRangeByScoreWithScores(ctx, qk.DelayIndex(), &redis.ZRangeBy{
+				Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+q.pollMs(), 10),
+				Count: 1}).Result()
+			if err != nil {
+				return 0, 0, false, err
+			}
+			if len(z) > 0 {
+				sooner = int64(z[0].Score)
+			}
+		}
 	}
-	return at, true, nil
+	return at, sooner, true, nil
 }
+
+// pollMs is Config.BlockPollInterval in ms.
+func (q *Queue) pollMs() int64 { return ms(q.cfg.BlockPollInterval) }
 
 // shardNextPeek is how many of a shard's earliest queues shardNext looks
 // at.
@@ -364,16 +397,40 @@ const shardNextPeek = 64
 // (aheadRecheck), so that a ready run a writer ahead put there meanwhile
 // waits no longer than it would for DequeueShard (helper-163: a wait woken
 // by the run's write within that second slept until the queue's delayed
-// work, 6 s later).
-func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, err error) {
-	z, err := q.rdb.ZRangeWithScores(ctx, q.space.Shard(shard).Master(), 0, shardNextPeek-1).Result()
+// work, 6 s later). With from set (a look's start, this Queue's clock, ms),
+// when at is at or before now, sooner is the first time after from and
+// before the poll ends at which a queue is due, as above, of those scored
+// after from (0: none; at or before now: it fell due after the look began;
+// see shardSoon), for a waiter that may look early for it (see block: helper-184, an idle env's run due
+// in 200 ms was served 1.8 s late at a poll of 2 s whenever another env of
+// the shard was at its limit).
+func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, sooner int64, ok bool, err error) {
+	master := q.space.Shard(shard).Master()
+	z, err := q.rdb.ZRangeWithScores(ctx, master, 0, shardNextPeek-1).Result()
 	if err != nil || len(z) == 0 {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	at = int64(z[0].Score)
+	now := q.now()
 	look := q.shardLookAhead()
-	if look == 0 || at <= q.now() {
-		return at, true, nil
+	if at <= now {
+		if from <= 0 {
+			return at, 0, true, nil
+		}
+		// The queues scored after from: one more round trip.
+		z, err = q.rdb.ZRangeByScoreWithScores(ctx, master, &redis.ZRangeBy{
+			Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+look+q.pollMs(), 10),
+			Count: shardNextPeek}).Result()
+		if err == nil {
+			sooner, err = q.shardSoon(ctx, z, from, now)
+		}
+		if err != nil {
+			return 0, 0, false, err
+		}
+		return at, sooner, true, nil
+	}
+	if look == 0 {
+		return at, 0, true, nil
 	}
 	// Only a queue scored before the head's score + look can be due
 	// before the head.
@@ -381,9 +438,9 @@ func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, er
 	for end < len(z) && int64(z[end].Score)-look < at {
 		end++
 	}
-	ready, recheck, err := q.aheadReady(ctx, z[:end], q.now())
+	ready, recheck, err := q.aheadReady(ctx, z[:end], now)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	at = min(at, recheck)
 	for i, e := range z[:end] {
@@ -391,7 +448,57 @@ func (q *Queue) shardNext(ctx context.Context, shard int) (at int64, ok bool, er
 			at = min(at, int64(e.Score)-look)
 		}
 	}
-	return at, true, nil
+	if at <= now && from > 0 {
+		// A queue in the look-ahead holds ready runs that the caller's
+		// call left (limits hold them back): as above, with z.
+		if sooner, err = q.shardSoon(ctx, z, from, now); err != nil {
+			return 0, 0, false, err
+		}
+	}
+	return at, sooner, true, nil
+}
+
+// shardSoon is the first time after from (a look's start) and before now +
+// Config.BlockPollInterval at which a queue of z (master entries of a
+// shard scored after from, in order) is due for DequeueShard: one that holds
+// ready runs when its score comes within Config.ShardLookAhead of now, one
+// whose only work is delayed at its score; 0 for none. Which hold ready
+// runs it reads as the look-ahead does (aheadReady: one round trip, for
+// those not already found without ready runs at their score), for the
+// entries that can be due before the poll ends. The look-ahead's rechecks
+// (aheadRecheck) do not count: a wait beside held work looks again at the
+// poll, as before, and such a time would spend its early look (see block).
+func (q *Queue) shardSoon(ctx context.Context, z []redis.Z, from, now int64) (int64, error) {
+	look, end := q.shardLookAhead(), now+q.pollMs()
+	n := 0
+	for n < len(z) && int64(z[n].Score)-look < end {
+		n++
+	}
+	z = z[:n]
+	// Those scored up to now fell due since the look began; the others
+	// are read as the look-ahead reads them.
+	k := 0
+	for k < len(z) && int64(z[k].Score) <= now {
+		k++
+	}
+	var ready []bool
+	if look > 0 && k < len(z) {
+		var err error
+		if ready, _, err = q.aheadReady(ctx, z[k:], now); err != nil {
+			return 0, err
+		}
+	}
+	var soon int64
+	for i, e := range z {
+		at := int64(e.Score)
+		if i >= k && ready != nil && ready[i-k] {
+			at -= look
+		}
+		if at > from && at < end && (soon == 0 || at < soon) {
+			soon = at
+		}
+	}
+	return soon, nil
 }
 
 // shardLookAhead is Config.ShardLookAhead in ms; 0: no look ahead.
@@ -429,8 +536,22 @@ func (q *Queue) readyOf(ctx context.Context, qks []keys.Queue) ([]bool, error) {
 	return out, nil
 }
 
+// block runs try until it serves something, an error, the timeout, ctx's
+// end or Close, waiting between tries for a wake-up (a publish on topic)
+// or a timer at the next work's time (next: see queueNext, shardNext).
+// While due work that limits hold back is there, the timer is
+// Config.BlockPollInterval, or sooner when next says other work is due
+// within it (an idle env's delayed run beside an env at its limit): the
+// early look. But such work may be held too (a key at its limit with
+// delayed runs of its own, an env at its limit with delayed runs in many
+// queues), so an early look that serves nothing spends the early look:
+// the waits after it are the whole poll, and next does not read the
+// sooner work, until a poll has passed since or a wake-up came (helper-186:
+// waking at every such time, DequeueWait made 31-101 script calls in
+// 1.5 s where the poll makes 3). So looks that serve nothing come at most
+// once more a poll than the poll's own (and once more a wake-up).
 func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
-	try func() ([]*Run, error), next func() (*redis.ZSliceCmd, error)) ([]*Run, error) {
+	try func() ([]*Run, error), next func(from int64) (*redis.ZSliceCmd, error)) ([]*Run, error) {
 	if timeout < 0 {
 		return nil, invalid("timeout", "must not be negative")
 	}
@@ -439,11 +560,14 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		return nil, ctxFirst(ctx, err)
 	}
 	deadline := time.Now().Add(timeout)
+	poll := q.cfg.BlockPollInterval
+	var spent time.Time // an early look served nothing: none before then
+	early := false      // this look was an early one
 	for {
 		// Register before looking, so a publish between the look and the
 		// wait is not lost.
 		ch := w.register(topic)
-		began := time.Now()
+		began, from := time.Now(), q.now()
 		runs, err := try()
 		ended := time.Now()
 		if err != nil || len(runs) > 0 {
@@ -453,29 +577,48 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 			}
 			return runs, err
 		}
+		if early {
+			spent = ended.Add(poll)
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			w.unregister(topic, ch)
 			return runs, nil
 		}
+		soon := !q.noEarlyLook && !ended.Before(spent)
+		if !soon {
+			from = 0
+		}
 		sleep := left
-		if z, err := w.next(ctx, topic, began, ended, next, func(z []redis.Z) bool {
-			return len(z) == 0 || int64(z[0].Score) > q.now()
+		early = false
+		if z, err := w.next(ctx, topic, began, ended, func() (*redis.ZSliceCmd, error) { return next(from) }, func(z []redis.Z) bool {
+			now := q.now()
+			// Work due in the shared answer may have been taken since
+			// (see waker.next), unless this caller looks at the sooner
+			// work's time anyway: what was taken does not bring it forward.
+			_, ok := q.soonWithin(z, now)
+			return len(z) == 0 || int64(z[0].Score) > now || soon && ok
 		}); err != nil {
 			w.unregister(topic, ch)
 			return nil, ctxFirst(ctx, err)
 		} else if len(z) > 0 {
-			due := time.Duration(int64(z[0].Score)-q.now()) * time.Millisecond
+			now := q.now()
+			due := time.Duration(int64(z[0].Score)-now) * time.Millisecond
 			if due <= 0 {
 				// Work exists but limits hold it (queueNext, shardNext:
-				// ready runs count as due whatever their scores).
-				due = q.cfg.BlockPollInterval
+				// ready runs count as due whatever their scores): look
+				// again after the poll, or at the sooner work's time.
+				due = poll
+				if d, ok := q.soonWithin(z, now); soon && ok {
+					due, early = d, true
+				}
 			}
 			sleep = min(sleep, due)
 		}
 		t := time.NewTimer(sleep)
 		select {
 		case <-ch:
+			early, spent = false, time.Time{}
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
@@ -489,6 +632,18 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		t.Stop()
 		w.unregister(topic, ch)
 	}
+}
+
+// soonWithin is how long from now (ms, this Queue's clock) until the sooner
+// work of a read of the next work time (nextZ's second entry), 0 when it
+// fell due already (since the look began), and whether there is such work
+// due within Config.BlockPollInterval.
+func (q *Queue) soonWithin(z []redis.Z, now int64) (time.Duration, bool) {
+	if len(z) < 2 {
+		return 0, false
+	}
+	d := max(0, time.Duration(int64(z[1].Score)-now)*time.Millisecond)
+	return d, d < q.cfg.BlockPollInterval
 }
 
 // ctxFirst is err, or ctx's error when ctx has ended: a blocking call

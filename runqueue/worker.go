@@ -92,7 +92,9 @@ type WorkerConfig struct {
 	// lost while the pub/sub connection reconnects. An enqueue wakes the
 	// worker at once through pub/sub, a delayed run at its time, and work
 	// held by concurrency limits is looked at every
-	// Config.BlockPollInterval. Defaults to 1m.
+	// Config.BlockPollInterval (and at the time of other delayed work due
+	// sooner, once a poll while such looks serve nothing: see
+	// Queue.DequeueWait). Defaults to 1m.
 	IdlePollInterval time.Duration
 
 	// Logger receives handler failures, panics (with their stacks), lost

@@ -106,8 +106,10 @@ func (s *source) attrs(kv ...any) []any {
 type fetchCall struct {
 	acks    []*job
 	ks      []int
-	final   bool // started once the stop was forced
-	wakes   int  // the loop's wake-ups when it started
+	final   bool  // started once the stop was forced
+	wakes   int   // the loop's wake-ups when it started
+	early   bool  // the loop's early look (see fetchLoop.spent)
+	from    int64 // Config.Clock when it started (ms): see Queue.queueNext
 	runs    []*Run
 	ackErrs []error
 	ackErr  error
@@ -207,37 +209,49 @@ func (s *source) settled(acks []*job, errs []error) {
 // hold back (whatever the ready runs' scores, which are their writers'
 // clocks: see Queue.queueNext and Queue.shardNext, which also say how
 // Config.ShardLookAhead counts for a shard), IdlePollInterval when there
-// is none. Once the Queue is closed, no enqueue wakes the worker (Close
-// stops the wake-up listener), so it waits at most BlockPollInterval.
-func (s *source) nextLook() time.Duration {
-	d := s.nextLookOpen()
+// is none. With from set (the call's start, Config.Clock, ms), work due
+// before that poll beside held work (of that due since from) brings the
+// look forward to its time (early true): an early look, which the loop
+// spends when it serves nothing (see fetchLoop.spent, and Queue.block for
+// why). Once the Queue is closed, no enqueue wakes the
+// worker (Close stops the wake-up listener), so it waits at most
+// BlockPollInterval.
+func (s *source) nextLook(from int64) (d time.Duration, early bool) {
+	d, early = s.nextLookOpen(from)
 	if s.w.q.isClosed() {
 		d = min(d, s.w.q.cfg.BlockPollInterval)
 	}
-	return d
+	return d, early
 }
 
-func (s *source) nextLookOpen() time.Duration {
+func (s *source) nextLookOpen(from int64) (time.Duration, bool) {
 	w := s.w
-	var at int64
+	var at, sooner int64
 	var ok bool
 	var err error
 	if s.shard < 0 {
-		at, ok, err = w.q.queueNext(w.ctx(), w.q.space.Env(s.env).Queue(s.queue))
+		at, sooner, ok, err = w.q.queueNext(w.ctx(), w.q.space.Env(s.env).Queue(s.queue), from)
 	} else {
-		at, ok, err = w.q.shardNext(w.ctx(), s.shard)
+		at, sooner, ok, err = w.q.shardNext(w.ctx(), s.shard, from)
 	}
 	switch {
 	case err != nil:
-		return w.q.cfg.BlockPollInterval
+		return w.q.cfg.BlockPollInterval, false
 	case !ok:
-		return w.cfg.IdlePollInterval
+		return w.cfg.IdlePollInterval, false
 	}
-	due := time.Duration(at-w.q.now()) * time.Millisecond
+	now := w.q.now()
+	due := time.Duration(at-now) * time.Millisecond
 	if due <= 0 {
-		return w.q.cfg.BlockPollInterval // ready work that limits hold
+		// ready work that limits hold
+		if sooner != 0 {
+			if d := max(0, time.Duration(sooner-now)*time.Millisecond); d < w.q.cfg.BlockPollInterval {
+				return d, true
+			}
+		}
+		return w.q.cfg.BlockPollInterval, false
 	}
-	return min(due, w.cfg.IdlePollInterval)
+	return min(due, w.cfg.IdlePollInterval), false
 }
 
 // retryDelay is the wait after the n-th failure in a row: 100ms doubling
@@ -281,6 +295,12 @@ type fetchLoop struct {
 	drained     bool // no more acks can come (Worker.drained was closed when checkStop last looked)
 	qclosed     bool // the Queue was closed: no wake-ups come any more (see nextLook)
 	giveUp      bool // makes no more calls; leaves once no more acks can come
+	// The early look (see nextLook): lookEarly says the look timer is set
+	// for one, earlyDue that it fired and the next call to start is that
+	// look; spent is when an early look last served nothing + the poll:
+	// none before then (a wake-up or a call that serves runs clears it).
+	lookEarly, earlyDue bool
+	spent               time.Time
 
 	look, gather, pause    *time.Timer
 	lookC, gatherC, pauseC <-chan time.Time
@@ -423,7 +443,11 @@ func (l *fetchLoop) setForced() {
 
 func (l *fetchLoop) start(acks []*job, ks []int) {
 	l.inflight++
-	c := &fetchCall{acks: acks, ks: ks, final: l.forced, wakes: l.wakes}
+	c := &fetchCall{acks: acks, ks: ks, final: l.forced, wakes: l.wakes, early: l.earlyDue && len(ks) > 0,
+		from: l.w.q.now()}
+	if len(ks) > 0 {
+		l.earlyDue = false
+	}
 	go func() {
 		l.s.fetch(c)
 		l.results <- c // never blocks: room for fetchDepth replies
@@ -457,6 +481,7 @@ func (l *fetchLoop) wait() bool {
 	case <-l.wake:
 		l.idle, l.looked = false, false
 		l.wakes++
+		l.earlyDue, l.spent = false, time.Time{}
 	case <-qclosed:
 		// Queue.Close stopped the wake-ups: look again now, and from now on
 		// at most every BlockPollInterval (nextLook).
@@ -464,10 +489,11 @@ func (l *fetchLoop) wait() bool {
 		l.idle, l.looked = false, false
 		if l.lookC != nil {
 			l.look.Stop()
-			l.lookC = nil
+			l.lookC, l.lookEarly = nil, false
 		}
 	case <-l.lookC:
 		l.lookC, l.idle, l.looked = nil, false, false
+		l.earlyDue, l.lookEarly = l.lookEarly, false
 	case <-l.gatherC:
 		l.gatherC = nil
 	case <-l.pauseC:
@@ -530,7 +556,11 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	}
 	l.failures = 0
 	if len(c.runs) > 0 {
-		l.looked = false
+		l.looked, l.spent = false, time.Time{}
+	} else if c.early && len(c.ks) > 0 {
+		// An early look that served nothing: the next looks wait the
+		// whole poll until it has passed (see nextLook).
+		l.spent = time.Now().Add(w.q.cfg.BlockPollInterval)
 	}
 	switch n := len(c.ks); {
 	case n == 0:
@@ -538,7 +568,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		l.idle, l.full = false, true
 		if l.lookC != nil {
 			l.look.Stop()
-			l.lookC = nil
+			l.lookC, l.lookEarly = nil, false
 		}
 		if l.gatherWant > 1 {
 			l.startGather(min(c.took, maxGather))
@@ -558,22 +588,28 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
 		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
-			l.armLook(d)
+			l.armLook(d, false)
 		}
 	default:
 		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
 		if !l.looked {
-			l.armLook(s.nextLook())
+			var from int64 // 0: no early look
+			if !w.q.noEarlyLook && !time.Now().Before(l.spent) {
+				from = c.from
+			}
+			l.armLook(s.nextLook(from))
 			l.looked = true
 		}
 	}
 }
 
-// armLook (re)starts the look timer for d.
-func (l *fetchLoop) armLook(d time.Duration) {
+// armLook (re)starts the look timer for d; early: an early look (see
+// nextLook).
+func (l *fetchLoop) armLook(d time.Duration, early bool) {
 	l.lookC = arm(&l.look, d)
 	l.lookAt = time.Now().Add(d)
+	l.lookEarly = early
 }
 
 // startGather makes the next call wait, for at most d (about a round

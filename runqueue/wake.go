@@ -337,17 +337,26 @@ func hasReady(ctx context.Context, p redis.Pipeliner, qk keys.Queue) *redis.Stri
 // delayed head's time, both from its writers' clocks, and a ready head
 // scored by a writer ahead of this clock would read as work to come.
 // One round trip; with from set (a look's start, this Queue's clock, ms)
-// and ready runs there, a second one reads the delay index's first variant
-// due after from and before the poll ends, whose time is sooner (0: none;
+// it also reads the delay index's first variant due after from: with ready
+// runs there, when it is due before the poll ends, its time is sooner (0: none;
 // at or before now: it fell due after the look began), for a waiter that
 // may look early for it (see block: helper-177, a free key's run due
 // 281 ms on waited 1.012 s beside held keys' runs).
 func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, sooner int64, ok bool, err error) {
 	var score *redis.FloatCmd
 	var ready *redis.StringSliceCmd
+	var delayed *redis.ZSliceCmd
 	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		score = p.ZScore(ctx, qk.Master(), qk.Member())
 		ready = hasReady(ctx, p, qk)
+		if from > 0 {
+			// In the same round trip (helper-191: a second one cost a
+			// look beside held work 45% more round trips): the delay
+			// index's first variant due after from, kept below when due
+			// before the poll ends.
+			delayed = p.ZRangeByScoreWithScores(ctx, qk.DelayIndex(), &redis.ZRangeBy{
+				Min: "(" + strconv.FormatInt(from, 10), Max: "+inf", Count: 1})
+		}
 		return nil
 	})
 	switch {
@@ -360,14 +369,8 @@ func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, s
 	if len(ready.Val()) > 0 {
 		now := q.now()
 		at = min(at, now)
-		if from > 0 {
-			z, err := q.rdb.ZRangeByScoreWithScores(ctx, qk.DelayIndex(), &redis.ZRangeBy{
-				Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+q.pollMs(), 10),
-				Count: 1}).Result()
-			if err != nil {
-				return 0, 0, false, err
-			}
-			if len(z) > 0 {
+		if delayed != nil {
+			if z := delayed.Val(); len(z) > 0 && int64(z[0].Score) < now+q.pollMs() {
 				sooner = int64(z[0].Score)
 			}
 		}

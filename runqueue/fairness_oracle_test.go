@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,11 +81,24 @@ func checkLua(t *testing.T, name string) { checkLuaGen(t, name, fairness.Default
 
 // checkLuaGen is checkLua with sequences drawn by g.
 func checkLuaGen(t *testing.T, name string, g fairness.GenConfig) {
+	checkLuaGenAll(t, []string{name}, g)
+}
+
+// checkLuaGenAll is checkLuaGen holding each sequence to every check of
+// names (one drive per sequence for all of them).
+func checkLuaGenAll(t *testing.T, names []string, g fairness.GenConfig) {
 	// Parallel: each backend's pool is under a prefix of its own (miniredis
 	// of its own for Mini), on a fake clock; nothing server-wide.
 	t.Parallel()
-	c, ok := fairness.CheckByName(name)
-	require.True(t, ok, name)
+	var checks []fairness.Check
+	lag := false
+	for _, name := range names {
+		c, ok := fairness.CheckByName(name)
+		require.True(t, ok, name)
+		checks = append(checks, c)
+		lag = lag || name == "lag"
+	}
+	name := strings.Join(names, ",")
 	for _, b := range foBackends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
@@ -99,15 +113,15 @@ func checkLuaGen(t *testing.T, name string, g fairness.GenConfig) {
 				o := foOracleOn(rt, p, mini, 1)
 				require.NoError(rt, fairness.Drive(rt, o, g))
 				cov.Add(&o.H)
-				if name == "lag" {
+				if lag {
 					watches.Add(fairness.LagWatches(&o.H))
 				}
-				if vs := c.Fn(&o.H); len(vs) > 0 {
+				if vs := fairness.Run(&o.H, checks...); len(vs) > 0 {
 					rt.Fatalf("%s", fairness.Report(&o.H, vs))
 				}
 			})
 			t.Logf("Lua on %s, check %s: %s", b.name, name, cov)
-			if name == "lag" {
+			if lag {
 				t.Logf("Lua on %s, check lag: %s", b.name, watches)
 			}
 		})
@@ -135,6 +149,19 @@ func TestFairnessOracleLagIdleWeights(t *testing.T) {
 	checkLuaGen(t, "lag", g)
 }
 func TestFairnessOracleReachability(t *testing.T) { checkLua(t, "reachability") }
+
+// TestFairnessOracleColdBurst: sequences with bursts of delayed work over
+// more keys than a call's promotion reaches (31..120 keys due together,
+// fairness.GenConfig.ColdBurst), into an idle queue (a cold state: the
+// cold mark, docs/design.md section 6, Registration) or while other keys
+// are served, with newcomers minted right after; each sequence held to
+// the newcomer bound and order, reachability, the lag bound, work
+// conservation and exactly-once (guarantees 10, 5, 2, 6, 7).
+func TestFairnessOracleColdBurst(t *testing.T) {
+	g := fairness.DefaultGen
+	g.ColdBurst = 4
+	checkLuaGenAll(t, []string{"newcomer", "newcomer-order", "reachability", "lag", "work", "exactly-once"}, g)
+}
 func TestFairnessOracleWorkConservation(t *testing.T) {
 	checkLua(t, "work")
 }

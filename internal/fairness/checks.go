@@ -114,7 +114,11 @@ func (s *servability) w(key string) float64 {
 // queues one quantum behind min(highest tag, V + 1) or behind the
 // previous newcomer, whose tag is bounded the same way one rank earlier;
 // expired, drained or served newcomers do not count (the anchor never
-// outlives the newcomers). Ties at k's tag may go to j: the +1 serve.
+// outlives the newcomers). A cold burst's key that the cold mark registers
+// at V after k (docs/design.md section 6, Cold mark: it counts as
+// registered when its work fell due, so it may be served before k, once a
+// round) starts at a V >= V0 and is in no lane: it is one of the j above,
+// and P need not count it. Ties at k's tag may go to j: the +1 serve.
 // The episode ends without a verdict when k stops being servable, awaits
 // discovery, the flag turns off, or the state expires or may have lapsed.
 //
@@ -230,23 +234,36 @@ func CheckNewcomer(h *History) []Violation {
 // a flag-on write and be servable. Until h is served, no key that
 // registered fresh through a flag-on write in a later operation is
 // served, as long as h stays servable, nothing expires the state and the
-// flag stays on.
+// flag stays on. A key a promotion registers while the cold mark may be
+// set, with due work at or before it (Event.DueOp), registered somewhere
+// from the operation at which that work fell due to that promotion: it is
+// later than h only when its work fell due after h registered, and h is
+// later than it only when h registered after that promotion.
 //
 // Why. A newcomer queues one quantum behind the previous newcomer's tag
 // when that is above V, else at V; so a later newcomer's tag is at least
 // h's while h waits (the anchor is never lowered below a registered tag),
 // and ties go by registration order, never by name. Keys registering in
 // one operation (a promotion, a lease recovery sweep) register in an order
-// the oracle does not choose, so only later operations count.
+// the oracle does not choose, so only later operations count. Work that
+// fell due together by the cold mark registers together, as if the call
+// cut short had reached it all (docs/design.md section 6, Cold mark): the
+// mark registers the burst's keys that call left at V, ahead of a
+// newcomer that came in between, and of the call's own keys, which the
+// newcomer rule may have put in the lane (one that returned at a parked
+// tag above V makes the state warm for the rest).
 func CheckNewcomerOrder(h *History) []Violation {
+	// span: registered somewhere in operations lo..hi (lo < hi only for
+	// the keys of a cold burst, Event.DueOp)
+	type span struct{ lo, hi int }
 	type waiting struct {
 		key string
-		op  int
+		span
 	}
 	var out []Violation
-	var queue []waiting         // fresh newcomers waiting, in registration order
-	freshOp := map[string]int{} // key -> op of its fresh registration, while waiting
-	pending := map[string]int{}
+	var queue []waiting          // fresh newcomers waiting, in registration order
+	freshOp := map[string]span{} // key -> its fresh registration, while waiting
+	pending := map[string]span{}
 	drop := func(k string) {
 		delete(freshOp, k)
 		for i, w := range queue {
@@ -256,19 +273,29 @@ func CheckNewcomerOrder(h *History) []Violation {
 			}
 		}
 	}
+	at := func(s span) string {
+		if s.lo == s.hi {
+			return fmt.Sprintf("op #%d", s.hi)
+		}
+		return fmt.Sprintf("op #%d, due by the cold mark at op #%d", s.hi, s.lo)
+	}
 	flagOn := true
 	for _, e := range h.Events {
 		switch e.Kind {
 		case EvRegister:
 			delete(pending, e.Key)
 			if e.Fresh && e.Visible && flagOn {
-				pending[e.Key] = e.Op
+				sp := span{e.Op, e.Op}
+				if e.DueOp > 0 && e.DueOp < e.Op {
+					sp.lo = e.DueOp
+				}
+				pending[e.Key] = sp
 			}
 		case EvServable:
-			if op, ok := pending[e.Key]; ok {
+			if sp, ok := pending[e.Key]; ok {
 				delete(pending, e.Key)
-				freshOp[e.Key] = op
-				queue = append(queue, waiting{e.Key, op})
+				freshOp[e.Key] = sp
+				queue = append(queue, waiting{e.Key, sp})
 			}
 		case EvUnservable:
 			drop(e.Key)
@@ -280,16 +307,24 @@ func CheckNewcomerOrder(h *History) []Violation {
 			if e.Kind == EvFlag {
 				flagOn = e.On
 			}
-			queue, freshOp, pending = nil, map[string]int{}, map[string]int{}
+			queue, freshOp, pending = nil, map[string]span{}, map[string]span{}
 		case EvServe:
 			// (an expired serve is not judged: the Lua driver cannot see
 			// where among its call's serves it was taken)
-			if op, ok := freshOp[e.Key]; ok && !e.Expiring {
-				if len(queue) > 0 && queue[0].op < op {
-					w := queue[0]
+			if sp, ok := freshOp[e.Key]; ok && !e.Expiring {
+				// (the one certainly registered first: a cold burst's key
+				// may stand in the queue after a later one)
+				first := -1
+				for i, w := range queue {
+					if first < 0 || w.hi < queue[first].hi {
+						first = i
+					}
+				}
+				if first >= 0 && queue[first].hi < sp.lo {
+					w := queue[first]
 					out = append(out, Violation{Check: "newcomer-order", Op: e.Op, Serve: e.Serve,
-						Msg: fmt.Sprintf("newcomer %q (registered at op #%d) served before newcomer %q (registered at op #%d, still waiting)",
-							e.Key, op, w.key, w.op)})
+						Msg: fmt.Sprintf("newcomer %q (registered at %s) served before newcomer %q (registered at %s, still waiting)",
+							e.Key, at(sp), w.key, at(w.span))})
 				}
 			}
 			drop(e.Key)
@@ -709,7 +744,11 @@ func sameServes(a, b []Served) bool {
 // D the debt bound of k: an upper bound on its tag minus V, tracked by the
 // oracle from what it saw (Event.Debt): 1/w after a flag-on serve at
 // weight w, max(previous, 2 + P) when it registers, 0 when the state
-// expired while it had ready runs (it is discovered at V).
+// expired while it had ready runs (it is discovered at V), and max(that,
+// 2 + P) when, still undiscovered, a flag-on write moves its head (a
+// promotion of a run due earlier than its ready ones: EvHeadMoved): it
+// then registers by the newcomer rule and may wait in the lane behind the
+// P before it, a round each, also when its wait began before.
 //
 // Why. Discovery reaches every untagged variant within ceil(N/30) + 1
 // calls (the cursor moves 30 or more variants per call); once k has a tag
@@ -744,6 +783,13 @@ func CheckReachability(h *History) []Violation {
 		switch e.Kind {
 		case EvRegister:
 			debt[e.Key] = e.Debt
+		case EvHeadMoved:
+			// (an undiscovered key a flag-on write put in the lane: a wait
+			// that began before keeps going, with the bound of the lane)
+			debt[e.Key] = math.Max(debt[e.Key], e.Debt)
+			if w := waits[e.Key]; w != nil {
+				w.debt = math.Max(w.debt, e.Debt)
+			}
 		case EvReset, EvLapse:
 			if e.Kind == EvReset || e.On {
 				// The state is gone: every key is found again at V and the

@@ -33,6 +33,17 @@ type GenConfig struct {
 	// servable (parked, or at their key limit) when there is one: CheckLag
 	// then follows a weight changed while the key is gated or parked.
 	IdleBias int
+	// ColdBurst, when above 0, adds before ColdBurst percent of the steps
+	// a burst of delayed work over more keys than a call's promotion
+	// reaches (ScanLimit: 30 at maxCount <= 10): 31..120 keys ("c1",
+	// "c2", ..., the same pool across a sequence's bursts, so keys come
+	// back) with 1..3 runs each due at the same time; half of the time
+	// the ready work is served and acked first, so that the burst falls
+	// due into an idle queue (a cold state: the first call cut short sets
+	// the cold mark, docs/design.md section 6, Registration), otherwise
+	// while other keys are being served. The clock then moves to the due
+	// time, and a dequeue and a newcomer ("u<n>") may follow at once.
+	ColdBurst int
 }
 
 // DefaultGen is the generator of the oracle tests.
@@ -84,7 +95,58 @@ func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
 		}
 		return err
 	}
+	burst := func() error {
+		if rapid.Bool().Draw(t, "burstIdle") {
+			// serve and ack what is ready (held runs stay held, delayed
+			// ones delayed): the burst then falls due into an idle queue
+			for c := 0; c < 200 && o.withReady > 0; c++ {
+				served, err := o.Dequeue(10)
+				for _, s := range served {
+					if err == nil {
+						err = o.Ack(s.ID)
+					}
+				}
+				if err != nil {
+					return err
+				}
+				if len(served) == 0 {
+					break // (what is left is gated: not idle, a warm burst)
+				}
+			}
+		}
+		delay := dur("burstDelay", 1, 5, 20)
+		runs := rapid.IntRange(1, 3).Draw(t, "burstRuns")
+		for c := rapid.IntRange(31, 120).Draw(t, "burstKeys"); c > 0; c-- {
+			for r := 0; r < runs; r++ {
+				if _, err := o.Enqueue(fmt.Sprintf("c%d", c), 0, delay, 0); err != nil {
+					return err
+				}
+			}
+		}
+		if err := o.Advance(delay); err != nil {
+			return err
+		}
+		if rapid.Bool().Draw(t, "burstCall") {
+			if err := dequeue(); err != nil {
+				return err
+			}
+		}
+		if rapid.Bool().Draw(t, "burstNewcomer") {
+			mint++
+			key := fmt.Sprintf("u%d", mint)
+			minted = append(minted, key)
+			if _, err := o.Enqueue(key, 0, 0, 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for i := 0; i < steps; i++ {
+		if g.ColdBurst > 0 && rapid.IntRange(0, 99).Draw(t, "coldBurst") < g.ColdBurst {
+			if err := burst(); err != nil {
+				return err
+			}
+		}
 		if g.WeightBias > 0 && rapid.IntRange(0, 99).Draw(t, "weightBias") < g.WeightBias {
 			pool := names
 			if g.IdleBias > 0 && rapid.IntRange(0, 99).Draw(t, "idleBias") < g.IdleBias {

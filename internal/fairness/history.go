@@ -74,12 +74,16 @@ const (
 	EvEnd
 	// EvError: a driver call failed unexpectedly (Text).
 	EvError
+	// EvHeadMoved: a flag-on write moved the head of Key while it awaited
+	// discovery: it registers by the newcomer rule (P, Debt as for
+	// EvRegister), behind the newcomers before it.
+	EvHeadMoved
 )
 
 var kindNames = map[Kind]string{EvOp: "op", EvCall: "call", EvServe: "serve", EvCallEnd: "call-end",
 	EvRegister: "register", EvDrain: "drain", EvServable: "servable", EvUnservable: "unservable",
 	EvSuspect: "suspect", EvWeight: "weight", EvLimits: "limits", EvFlag: "flag", EvReset: "reset",
-	EvLapse: "lapse", EvV: "V", EvProbe: "probe", EvEnqueue: "enqueue", EvAck: "ack", EvNack: "nack",
+	EvLapse: "lapse", EvV: "V", EvHeadMoved: "head-moved", EvProbe: "probe", EvEnqueue: "enqueue", EvAck: "ack", EvNack: "nack",
 	EvRecover: "recover", EvExpire: "expire", EvEnd: "end", EvError: "error"}
 
 func (k Kind) String() string { return kindNames[k] }
@@ -121,6 +125,11 @@ type Event struct {
 	Fresh    bool
 	P        int
 	Debt     float64
+	// DueOp, when above 0 (EvRegister of a promotion), is the operation at
+	// which the key's first due run fell due, at or before a cold mark
+	// that may be set: the key counts as registered then, not at Op
+	// (docs/design.md section 6, Registration, Cold mark; guarantee 10).
+	DueOp int
 
 	IDs     []string
 	Dead    []string
@@ -144,8 +153,13 @@ func (e Event) String() string {
 		if e.Expiring {
 			b.WriteString(" expiring")
 		}
+	case EvHeadMoved:
+		fmt.Fprintf(&b, " %q P=%d debt=%g", e.Key, e.P, e.Debt)
 	case EvRegister:
 		fmt.Fprintf(&b, " %q visible=%v eligible=%v P=%d debt=%g", e.Key, e.Visible, e.Eligible, e.P, e.Debt)
+		if e.DueOp > 0 {
+			fmt.Fprintf(&b, " due@#%d", e.DueOp)
+		}
 	case EvV:
 		fmt.Fprintf(&b, " %g", e.W)
 	default:
@@ -205,7 +219,8 @@ func (h *History) Trace(upTo int) string {
 			fmt.Fprintf(&b, " [%q %s%s]", e.Key, e.ID, map[bool]string{true: " expired"}[e.Expiring])
 		case EvRegister:
 			if e.Visible {
-				fmt.Fprintf(&b, " (+%q P=%d%s)", e.Key, e.P, map[bool]string{true: " fresh"}[e.Eligible])
+				fmt.Fprintf(&b, " (+%q P=%d%s%s)", e.Key, e.P, map[bool]string{true: " fresh"}[e.Eligible],
+					map[bool]string{true: fmt.Sprintf(" due@#%d", e.DueOp)}[e.DueOp > 0])
 			}
 		case EvV:
 			fmt.Fprintf(&b, " V=%g", e.W)

@@ -46,6 +46,11 @@ const (
 	stExpired
 )
 
+type opTime struct {
+	op  int
+	now time.Duration
+}
+
 type orun struct {
 	id, key  string
 	priority int
@@ -127,6 +132,27 @@ type Oracle struct {
 	// each gets P = batchBase + batchRegs - 1.
 	batchRegs, batchBase int
 
+	// mark is the cold mark the scheduler may hold (-1: none): the time
+	// the last of the due variants fell due at a flag-on promotion cut
+	// short by ScanLimit (docs/design.md section 6, Registration, Cold
+	// mark). The scripts set it only on a cold state (the lane empty, no
+	// tag above V), which the oracle, not knowing tags, cannot tell: it
+	// takes every cut as one that may have set it (an upper bound). A key
+	// whose first due run is at or before it may register at V when a
+	// later promotion reaches it, so it counts as registered when that
+	// run fell due (guarantee 10), for CheckNewcomerOrder (its DueOp).
+	// (Not in the P of a newcomer that registers meanwhile: a key the
+	// mark registers at V starts at or above the V at which the newcomer
+	// registered and pushes no newcomer's tag back, which CheckNewcomer's
+	// bound on each other key's serves already covers.)
+	mark time.Duration
+	// markFound, during a promotion, is the reached keys whose first due
+	// run is at or before the mark as the call read it, with the
+	// operation at which that run fell due (Event.DueOp).
+	markFound map[string]int
+	// clock is the time after each clock move, with its operation.
+	clock []opTime
+
 	lastWrite time.Duration // last certain scheduler write
 	lapsed    bool          // no certain write for StateTTL/2 since lastWrite
 	dirty     bool          // a certain write since the state last went
@@ -149,7 +175,7 @@ func New(d Driver, cfg Config) *Oracle {
 		cfg.PromoteLimit = 100
 	}
 	return &Oracle{d: d, cfg: cfg, flagOn: true, runs: map[string]*orun{}, keys: map[string]*okey{},
-		delayedK: map[string]*okey{}, H: History{ScanMin: 30}}
+		delayedK: map[string]*okey{}, H: History{ScanMin: 30}, mark: -1}
 }
 
 // Now is the time since the oracle started.
@@ -220,6 +246,7 @@ func (o *Oracle) checkLapse(moved bool) {
 // await discovery, the others start anew.
 func (o *Oracle) stateGone() {
 	o.lapsed, o.bMay = false, false
+	o.mark = -1 // (the mark is a field of the state)
 	o.lastWrite = o.now
 	o.clearUnsaid()
 	for _, name := range o.keyOrder {
@@ -360,7 +387,8 @@ func (o *Oracle) gainReady(r *orun) {
 		k.offNew = !o.flagOn && o.bMay
 		k.pending = true
 		o.pendingN++
-		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt})
+		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt,
+			DueOp: o.markFound[k.name]})
 		if o.flagOn {
 			o.wrote()
 			if k.stale { // the stale tag is the key's tag again
@@ -395,6 +423,15 @@ func (o *Oracle) gainReady(r *orun) {
 		if !k.pending {
 			k.pending = true
 			o.pendingN++
+			// Its debt bound too (CheckReachability): a key found at V when
+			// the state went waits in the lane behind the P before it, a
+			// round each (helper-189).
+			p := o.pendingN - 1
+			if o.batchRegs > 0 {
+				p = o.batchBase + o.batchRegs - 1
+			}
+			k.debt = max(k.debt, 2+float64(p))
+			o.emit(Event{Kind: EvHeadMoved, Key: k.name, P: p, Debt: k.debt})
 		}
 	}
 	o.refresh(k)
@@ -425,6 +462,15 @@ func (o *Oracle) loseReady(k *okey, byServe bool) {
 	o.refresh(k)
 }
 
+// dueOp is the operation of the clock move at which time t came.
+func (o *Oracle) dueOp(t time.Duration) int {
+	i := sort.Search(len(o.clock), func(i int) bool { return o.clock[i].now >= t })
+	if i == len(o.clock) || t <= 0 {
+		return 1
+	}
+	return max(o.clock[i].op, 1)
+}
+
 // beginBatch announces that the runs rs become ready together.
 func (o *Oracle) beginBatch(rs []*orun) {
 	fresh := map[string]bool{}
@@ -437,7 +483,7 @@ func (o *Oracle) beginBatch(rs []*orun) {
 	o.batchRegs, o.batchBase = len(fresh), o.pendingN
 }
 
-func (o *Oracle) endBatch() { o.batchRegs = 0 }
+func (o *Oracle) endBatch() { o.batchRegs, o.markFound = 0, nil }
 
 func (o *Oracle) place(r *orun) {
 	if r.at <= o.now {
@@ -549,11 +595,42 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 		certain = certain && plan[i] == due[i]
 		certain1 = certain1 && (i >= reached1 || plan1[i] == due[i])
 	}
+	// The cold mark this call may set, and the keys registered by the
+	// mark: those it registers at V (due at or before the mark as the call
+	// read it), and those of the call that sets it, which fell due with
+	// the rest of the burst (on a cold state the newcomer rule registers
+	// them at V too, or, when a key of the call returns at a parked tag
+	// above V, through the lane, where the burst's later keys, found at
+	// V, may pass them): each counts from when its work fell due.
+	if o.flagOn && len(dv) > reached {
+		o.mark = max(o.mark, dv[len(dv)-1].head)
+	}
+	if o.flagOn && o.mark >= 0 {
+		o.markFound = map[string]int{}
+		for _, v := range window {
+			if v.head <= o.mark {
+				o.markFound[v.k.name] = o.dueOp(v.head)
+			}
+		}
+	}
 	o.beginBatch(batch)
 	defer o.endBatch()
 	for _, r := range batch {
 		o.unDelay(r)
 		o.gainReady(r)
+	}
+	// (a call that promotes and leaves nothing due by the mark drops it;
+	// no operation of the oracle dates delayed work at or before now)
+	if o.mark >= 0 && len(batch) > 0 {
+		left := false
+		for _, k := range o.delayedK {
+			for _, r := range k.delayed {
+				left = left || r.at <= o.mark
+			}
+		}
+		if !left {
+			o.mark = -1
+		}
 	}
 	return certain, certain1
 }
@@ -1018,6 +1095,7 @@ func (o *Oracle) advance(d time.Duration) error {
 		return o.fail(err)
 	}
 	o.now += d
+	o.clock = append(o.clock, opTime{o.op, o.now})
 	o.checkLapse(true)
 	return nil
 }

@@ -68,7 +68,8 @@ func h190HeadMoved(o *fairness.Oracle, nc int, mode string, beforeU func()) erro
 		tick()
 		enq(fmt.Sprintf("x%02d", i), 9)
 	}
-	if mode == "onWrite" {
+	switch {
+	case mode == "onWrite":
 		for i := 1; i <= nc; i++ {
 			tick()
 			enq(fmt.Sprintf("c%d", i), 9)
@@ -82,7 +83,7 @@ func h190HeadMoved(o *fairness.Oracle, nc int, mode string, beforeU func()) erro
 		}
 		do(o.SetFlag(false))
 		deq(30 + nc) // flag off: the priority-9 runs (x's drain, c's keep the new run)
-	} else if expiry {
+	case expiry:
 		for i := 1; i <= nc; i++ {
 			tick()
 			enq(fmt.Sprintf("c%d", i), 0)
@@ -96,7 +97,7 @@ func h190HeadMoved(o *fairness.Oracle, nc int, mode string, beforeU func()) erro
 			enq(fmt.Sprintf("c%d", i), 9) // the new head, available after b
 		}
 		deq(30) // flag off: the x's (priority 9, older) drain; no c served
-	} else {
+	default:
 		for i := 1; i <= nc; i++ {
 			tick()
 			enq(fmt.Sprintf("c%d", i), 9)

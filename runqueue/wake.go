@@ -425,7 +425,7 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 			Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+look+q.pollMs(), 10),
 			Count: shardNextPeek}).Result()
 		if err == nil {
-			sooner, err = q.shardSoon(ctx, z, from, now)
+			sooner, err = q.shardSoon(ctx, z, nil, from, now)
 		}
 		if err != nil {
 			return 0, 0, false, err
@@ -453,8 +453,9 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 	}
 	if at <= now && from > 0 {
 		// A queue in the look-ahead holds ready runs that the caller's
-		// call left (limits hold them back): as above, with z.
-		if sooner, err = q.shardSoon(ctx, z, from, now); err != nil {
+		// call left (limits hold them back): as above, with z, whose
+		// first end entries' ready runs were just read.
+		if sooner, err = q.shardSoon(ctx, z, ready, from, now); err != nil {
 			return 0, 0, false, err
 		}
 	}
@@ -468,10 +469,11 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 // whose only work is delayed at its score; 0 for none. Which hold ready
 // runs it reads as the look-ahead does (aheadReady: one round trip, for
 // those not already found without ready runs at their score), for the
-// entries that can be due before the poll ends. The look-ahead's rechecks
+// entries that can be due before the poll ends and that known (read at
+// now, for z's first entries) does not already tell. The look-ahead's rechecks
 // (aheadRecheck) do not count: a wait beside held work looks again at the
 // poll, as before, and such a time would spend its early look (see block).
-func (q *Queue) shardSoon(ctx context.Context, z []redis.Z, from, now int64) (int64, error) {
+func (q *Queue) shardSoon(ctx context.Context, z []redis.Z, known []bool, from, now int64) (int64, error) {
 	look, end := q.shardLookAhead(), now+q.pollMs()
 	n := 0
 	for n < len(z) && int64(z[n].Score)-look < end {
@@ -484,17 +486,21 @@ func (q *Queue) shardSoon(ctx context.Context, z []redis.Z, from, now int64) (in
 	for k < len(z) && int64(z[k].Score) <= now {
 		k++
 	}
-	var ready []bool
-	if look > 0 && k < len(z) {
-		var err error
-		if ready, _, err = q.aheadReady(ctx, z[k:], now); err != nil {
-			return 0, err
+	ready := make([]bool, len(z))
+	if look > 0 {
+		copy(ready, known)
+		if rest := max(k, len(known)); rest < len(z) {
+			r, _, err := q.aheadReady(ctx, z[rest:], now)
+			if err != nil {
+				return 0, err
+			}
+			copy(ready[rest:], r)
 		}
 	}
 	var soon int64
 	for i, e := range z {
 		at := int64(e.Score)
-		if i >= k && ready != nil && ready[i-k] {
+		if i >= k && ready[i] {
 			at -= look
 		}
 		if at > from && at < end && (soon == 0 || at < soon) {
@@ -645,7 +651,18 @@ func (q *Queue) soonWithin(z []redis.Z, now int64) (time.Duration, bool) {
 	if len(z) < 2 {
 		return 0, false
 	}
-	d := max(0, time.Duration(int64(z[1].Score)-now)*time.Millisecond)
+	return q.soonIn(int64(z[1].Score), now)
+}
+
+// soonIn is how long from now (ms, this Queue's clock) until sooner (a
+// time queueNext or shardNext read; 0: none), 0 when it is due already,
+// and whether it is due within Config.BlockPollInterval: the early look's
+// time, for block and a Worker's nextLook alike.
+func (q *Queue) soonIn(sooner, now int64) (time.Duration, bool) {
+	if sooner == 0 {
+		return 0, false
+	}
+	d := max(0, time.Duration(sooner-now)*time.Millisecond)
 	return d, d < q.cfg.BlockPollInterval
 }
 

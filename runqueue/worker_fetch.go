@@ -244,10 +244,8 @@ func (s *source) nextLookOpen(from int64) (time.Duration, bool) {
 	due := time.Duration(at-now) * time.Millisecond
 	if due <= 0 {
 		// ready work that limits hold
-		if sooner != 0 {
-			if d := max(0, time.Duration(sooner-now)*time.Millisecond); d < w.q.cfg.BlockPollInterval {
-				return d, true
-			}
+		if d, soon := w.q.soonIn(sooner, now); soon {
+			return d, true
 		}
 		return w.q.cfg.BlockPollInterval, false
 	}

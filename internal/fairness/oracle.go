@@ -270,14 +270,6 @@ func (o *Oracle) stateGone() {
 	}
 }
 
-// called notes a dequeue call: with the flag on, its discovery read may
-// set the state's b, whether or not the oracle can tell.
-func (o *Oracle) called() {
-	if o.flagOn {
-		o.bMay = true
-	}
-}
-
 // wrote notes a certain scheduler write (flag on): a serve, a
 // registration or a drain.
 func (o *Oracle) wrote() {
@@ -685,7 +677,9 @@ func (o *Oracle) Enqueue(key string, priority int, delay, ttl time.Duration) (st
 // it took past their TTL are recorded, not returned).
 func (o *Oracle) Dequeue(maxCount int) ([]Served, error) {
 	o.begin("dequeue %d", maxCount)
-	o.called()
+	if o.flagOn {
+		o.bMay = true // its discovery read may set the state's b, seen or not
+	}
 	defer o.end()
 	capacity := o.capacity(maxCount)
 	certain, certain1 := true, true

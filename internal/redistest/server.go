@@ -153,6 +153,13 @@ func (p *proc) waitReady() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("INFO server: %w", err)
 	}
+	// Another server may answer on the port: two spawns given the same
+	// free port at once, the other bound it and this one failed to (a CI
+	// run formed a cluster of one node twice over). The answer must be
+	// this child's; else spawn tries another port.
+	if pid := infoField(info, "process_id"); pid != strconv.Itoa(p.cmd.Process.Pid) {
+		return "", fmt.Errorf("%s answered from process %s, not the server started (pid %d)", p.addr, pid, p.cmd.Process.Pid)
+	}
 	return infoField(info, "redis_version"), nil
 }
 

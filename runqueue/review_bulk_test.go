@@ -136,9 +136,10 @@ func TestReviewBulkEquivalenceStates(t *testing.T) {
 
 // TestReviewBulkWake: the bulk path publishes on the wake channel exactly
 // when one of the n single calls would: runs behind their variant's head
-// (equal scores), delayed runs behind the queue's ready work, delayed runs
-// that bring the queue's earliest work forward, a ready run that moves
-// last behind 39 delayed ones.
+// (equal scores), delayed runs behind the queue's ready work (the queue's
+// first delayed work: it publishes) and behind its delayed work (it does
+// not), delayed runs that bring the queue's earliest work forward, a ready
+// run that moves last behind 39 delayed ones.
 func TestReviewBulkWake(t *testing.T) {
 	t.Parallel() // only its own prefix on the shared servers, and no wall-clock bound
 	redistest.ForEachBackend(t, memoBackends, func(t *testing.T, c redis.UniversalClient) {
@@ -166,9 +167,16 @@ func TestReviewBulkWake(t *testing.T) {
 					func(now time.Time) []runqueue.EnqueueParams {
 						return many(now, "a", func(int) time.Time { return now })
 					}, false},
+				// The queue's first delayed work beside its ready work: a
+				// consumer asleep beside ready work that limits hold looks
+				// early at the first delayed time it read (place_soonest).
 				{"DelayedBehindReady", []runqueue.EnqueueParams{run("a", "p", base, 0)},
 					func(now time.Time) []runqueue.EnqueueParams {
 						return many(now, "b", func(i int) time.Time { return now.Add(time.Duration(40-i) * time.Minute) })
+					}, true},
+				{"DelayedBehindDelayed", []runqueue.EnqueueParams{run("a", "p", base, 0), run("c", "d", base.Add(time.Minute), 0)},
+					func(now time.Time) []runqueue.EnqueueParams {
+						return many(now, "b", func(i int) time.Time { return now.Add(time.Duration(41-i) * time.Minute) })
 					}, false},
 				{"DelayedEarlier", []runqueue.EnqueueParams{run("a", "p", base.Add(time.Hour), 0)},
 					func(now time.Time) []runqueue.EnqueueParams {

@@ -403,8 +403,9 @@ const shardNextPeek = 64
 // work, 6 s later). With from set (a look's start, this Queue's clock, ms),
 // when at is at or before now, sooner is the first time after from and
 // before the poll ends at which a queue is due, as above, of those scored
-// after from (0: none; at or before now: it fell due after the look began;
-// see shardSoon), for a waiter that may look early for it (see block: helper-184, an idle env's run due
+// after from, or a queue due now has delayed work due (dueDelayed: of the
+// first shardNextPeek queues) (0: none; at or before now: it fell due
+// after the look began; see shardSoon), for a waiter that may look early for it (see block: helper-184, an idle env's run due
 // in 200 ms was served 1.8 s late at a poll of 2 s whenever another env of
 // the shard was at its limit).
 func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, sooner int64, ok bool, err error) {
@@ -420,15 +421,32 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 		if from <= 0 {
 			return at, 0, true, nil
 		}
-		// The queues scored after from: one more round trip.
-		z, err = q.rdb.ZRangeByScoreWithScores(ctx, master, &redis.ZRangeBy{
-			Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+look+q.pollMs(), 10),
-			Count: shardNextPeek}).Result()
-		if err == nil {
-			sooner, err = q.shardSoon(ctx, z, nil, from, now)
+		// One more round trip: the queues scored after from, and the
+		// delayed work of the due queues read (their score, their due
+		// work's, hides it).
+		var after *redis.ZSliceCmd
+		var delayed []*redis.ZSliceCmd
+		// (The pipeline's error is a command's: each is looked at below.)
+		_, _ = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			after = p.ZRangeByScoreWithScores(ctx, master, &redis.ZRangeBy{
+				Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+look+q.pollMs(), 10),
+				Count: shardNextPeek})
+			delayed = q.dueDelayed(ctx, p, z, from, now)
+			return nil
+		})
+		if err = after.Err(); err == nil {
+			sooner, err = q.shardSoon(ctx, after.Val(), nil, from, now)
 		}
 		if err != nil {
 			return 0, 0, false, err
+		}
+		for _, c := range delayed {
+			if c.Err() != nil && (ctxEnded(ctx) || !queueFault(c.Err())) {
+				return 0, 0, false, c.Err()
+			}
+			if d := c.Val(); len(d) > 0 && (sooner == 0 || int64(d[0].Score) < sooner) {
+				sooner = int64(d[0].Score)
+			}
 		}
 		return at, sooner, true, nil
 	}
@@ -460,6 +478,30 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 		}
 	}
 	return at, sooner, true, nil
+}
+
+// dueDelayed queues on p, for each queue of z (a shard's master entries,
+// in order) due at now, a read of its delay index's first variant due
+// after from and before now + Config.BlockPollInterval: a free key's
+// delayed run in a queue that holds due work that limits hold back, which
+// the queue's master score (its due work's) does not show (a write of it
+// wakes the waiters: see place_soonest in lua/lib/place.lua). A queue
+// whose member does not decode is skipped.
+func (q *Queue) dueDelayed(ctx context.Context, p redis.Pipeliner, z []redis.Z, from, now int64) []*redis.ZSliceCmd {
+	var out []*redis.ZSliceCmd
+	by := &redis.ZRangeBy{Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+q.pollMs(), 10), Count: 1}
+	for _, e := range z {
+		if int64(e.Score) > now {
+			break
+		}
+		m, _ := e.Member.(string)
+		env, queue, err := keys.DecodeQueueMember(m)
+		if err != nil {
+			continue
+		}
+		out = append(out, p.ZRangeByScoreWithScores(ctx, q.space.Env(env).Queue(queue).DelayIndex(), by))
+	}
+	return out
 }
 
 // shardSoon is the first time after from (a look's start) and before now +

@@ -200,7 +200,9 @@ if n >= BULK_AT and max_queue == 0 and max_key == 0 then
       woke = true
     end
     moved, head = index_moves(q.delay_index, dvm, dss)
-    if moved and redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 then woke = true end
+    if moved and (redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 or not woke and place_soonest(q, head, now)) then
+      woke = true
+    end
     place_flush(q) -- (after the indexes' moves: it may widen them)
     return out, woke
   end

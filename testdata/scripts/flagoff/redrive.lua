@@ -181,6 +181,23 @@ local function place_moves(q, index, vm, s)
   return true
 end
 
+-- Whether delayed work due at `at` (a variant's delay-index entry just
+-- moved there; the master score did not move: the queue holds due work, or
+-- delayed work due no later) is the queue's first delayed work due after
+-- now. A consumer that waits beside due work that limits hold back looks
+-- early at the first such time it read when it went to sleep (queueNext in
+-- runqueue/wake.go), so it is told of an earlier one: without it, a free
+-- key's retry due in 100 ms waited out the poll (Config.BlockPollInterval)
+-- beside a key at its limit. One ZRANGEBYSCORE, in the calls that move an
+-- entry of the delay index and not the master score, unless the call
+-- (its memo, q.memo.woke) already woke consumers.
+local function place_soonest(q, at, now)
+  local memo = q.memo
+  if memo and memo.woke then return false end
+  local first = redis.call('ZRANGEBYSCORE', q.delay_index, string.format('(%d', now), '(' .. at, 'LIMIT', '0', '1')
+  return not first[1]
+end
+
 -- Put a queued run into its variant: ready (scored by ready score rs) when
 -- available_at <= now, else delayed (scored by available_at). at and rs
 -- are numbers or decimal strings. Maintains the depth counters, ckIndex /
@@ -188,8 +205,9 @@ end
 -- when the index entry did (CH says so). hooks:ready_start(vm) runs when
 -- the variant's ready head is new or earlier (the scheduler registers a
 -- variant that has no tag).
--- Returns: whether the run is ready or now the queue's earliest work (a
--- blocked consumer should look again).
+-- Returns: whether the run is ready (its variant's head), the queue's
+-- earliest work, or its first delayed work due after now (place_soonest):
+-- a blocked consumer should look again.
 local function place(q, v, hooks, id, vm, at, rs, now)
   local woke = false
   if at + 0 <= now then
@@ -198,13 +216,15 @@ local function place(q, v, hooks, id, vm, at, rs, now)
       hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       woke = true
+      if q.memo then q.memo.woke = true end
     end
     place_count(q, 'r', v.ready)
     return woke
   end
   redis.call('ZADD', v.delayed, at, id)
   if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1
+    woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1 or place_soonest(q, at, now)
+    if woke and q.memo then q.memo.woke = true end
   end
   place_count(q, 'd', v.delayed)
   return woke

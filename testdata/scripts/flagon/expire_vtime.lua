@@ -808,6 +808,7 @@ end
 
 
 
+
 -- Point vm's entry in index (ckIndex or delayIndex) at the head score of
 -- its set, or remove the entry when the set is empty. Returns false then.
 local function index_head(set, index, vm)

@@ -407,3 +407,48 @@ func TestEnqueueManyCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestDelayedWriteWakeCommands: what a delayed run's enqueue reads and
+// publishes (lua/lib/place.lua, place_soonest): into a queue whose master
+// score it moves (an idle queue), a PUBLISH and no read; into a queue that
+// holds due work, one ZRANGEBYSCORE of the delay index, and a PUBLISH when
+// the run is the queue's first delayed work due after now; none of either
+// when its key has earlier delayed work (the index entry does not move).
+// A Nack with a retry time places the run the same way.
+func TestDelayedWriteWakeCommands(t *testing.T) {
+	c := redistest.Private(t)
+	now := time.UnixMilli(1_900_000_000_000)
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("on=%v", on), func(t *testing.T) {
+			b := newBundle(t, c, on, nil)
+			one := func(key, id string, at time.Time) redistest.Stats {
+				return measure(t, c, func() {
+					ok, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: "env", Queue: "q", Key: key,
+						ID: id, Payload: []byte("p"), AvailableAt: at})
+					require.NoError(t, err)
+					require.True(t, ok)
+				})
+			}
+			check := func(st redistest.Stats, reads, publishes int64, what string) {
+				t.Helper()
+				require.Equal(t, reads, st["zrangebyscore"].Calls, what+": reads of the delay index")
+				require.Equal(t, publishes, st["publish"].Calls, what+": wake-ups")
+			}
+			check(one("a", "d0", now.Add(time.Minute)), 0, 1, "idle queue: the master score moves")
+			check(one("r", "r0", now.Add(-time.Second)), 0, 1, "a ready run: the queue's earliest work")
+			check(one("b", "d1", now.Add(30*time.Second)), 1, 1, "first delayed work beside due work")
+			check(one("c", "d2", now.Add(45*time.Second)), 1, 0, "after other delayed work")
+			check(one("b", "d3", now.Add(40*time.Second)), 0, 0, "its key's entry does not move")
+			one("s", "r1", now.Add(-time.Second)) // (due work left when one is taken)
+			runs, err := b.q.Dequeue(b.ctx, "env", "q", 1)
+			require.NoError(t, err)
+			require.Len(t, runs, 1)
+			st := measure(t, c, func() {
+				res, err := b.q.Nack(b.ctx, runs[0], &runqueue.NackOptions{RetryAt: now.Add(10 * time.Second)})
+				require.NoError(t, err)
+				require.True(t, res.Requeued)
+			})
+			check(st, 1, 1, "a nack's retry before the queue's delayed work")
+		})
+	}
+}

@@ -403,8 +403,8 @@ const shardNextPeek = 64
 // work, 6 s later). With from set (a look's start, this Queue's clock, ms),
 // when at is at or before now, sooner is the first time after from and
 // before the poll ends at which a queue is due, as above, of those scored
-// after from, or a queue due now has delayed work due (dueDelayed: of the
-// first shardNextPeek queues) (0: none; at or before now: it fell due
+// after from, or, when none of those is, a queue due now has delayed work
+// due (dueDelayed: of the first shardNextPeek queues) (0: none; at or before now: it fell due
 // after the look began; see shardSoon), for a waiter that may look early for it (see block: helper-184, an idle env's run due
 // in 200 ms was served 1.8 s late at a poll of 2 s whenever another env of
 // the shard was at its limit).
@@ -444,8 +444,15 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 			if c.Err() != nil && (ctxEnded(ctx) || !queueFault(c.Err())) {
 				return 0, 0, false, c.Err()
 			}
-			if d := c.Val(); len(d) > 0 && (sooner == 0 || int64(d[0].Score) < sooner) {
-				sooner = int64(d[0].Score)
+		}
+		// Only when no queue scored after from is due within the poll: a
+		// due queue's delayed run is as likely held as free, and an early
+		// look it spends must not take the one helper-184's idle env had.
+		if sooner == 0 {
+			for _, c := range delayed {
+				if d := c.Val(); len(d) > 0 && (sooner == 0 || int64(d[0].Score) < sooner) {
+					sooner = int64(d[0].Score)
+				}
 			}
 		}
 		return at, sooner, true, nil
@@ -600,7 +607,11 @@ func (q *Queue) readyOf(ctx context.Context, qks []keys.Queue) ([]bool, error) {
 // sooner work, until a poll has passed since or a wake-up came (helper-186:
 // waking at every such time, DequeueWait made 31-101 script calls in
 // 1.5 s where the poll makes 3). So looks that serve nothing come at most
-// once more a poll than the poll's own (and once more a wake-up).
+// once more a poll than the poll's own (and once more a wake-up). An early
+// look does not put the poll's look off: the wait after it ends at the
+// poll counted from the last look that was not early (pollAt; helper-193:
+// counted from the early look, a run an ack freed, which publishes
+// nothing, waited up to twice the poll).
 func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 	try func() ([]*Run, error), next func(from int64) (*redis.ZSliceCmd, error)) ([]*Run, error) {
 	if timeout < 0 {
@@ -612,8 +623,9 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 	}
 	deadline := time.Now().Add(timeout)
 	poll := q.cfg.BlockPollInterval
-	var spent time.Time // an early look served nothing: none before then
-	early := false      // this look was an early one
+	var spent time.Time  // an early look served nothing: none before then
+	var pollAt time.Time // the poll's look after the last look that was not early
+	early := false       // this look was an early one
 	for {
 		// Register before looking, so a publish between the look and the
 		// wait is not lost.
@@ -628,8 +640,11 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 			}
 			return runs, err
 		}
+		wasEarly := early
 		if early {
 			spent = ended.Add(poll)
+		} else {
+			pollAt = ended.Add(poll)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -660,6 +675,10 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 				// ready runs count as due whatever their scores): look
 				// again after the poll, or at the sooner work's time.
 				due = poll
+				if wasEarly && !pollAt.IsZero() {
+					// (an early look does not put the poll's look off)
+					due = max(0, time.Until(pollAt))
+				}
 				if d, ok := q.soonWithin(z, now); soon && ok {
 					due, early = d, true
 				}

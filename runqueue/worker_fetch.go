@@ -299,6 +299,12 @@ type fetchLoop struct {
 	// none before then (a wake-up or a call that serves runs clears it).
 	lookEarly, earlyDue bool
 	spent               time.Time
+	// pollAt is when the poll's look is due after the last look that
+	// served nothing and was not early: an early look does not put it off
+	// (helper-193: a held key's delayed run looked at early pushed the
+	// poll's look a whole poll later, and a run an ack freed, which
+	// publishes nothing, waited up to twice the poll).
+	pollAt time.Time
 
 	look, gather, pause    *time.Timer
 	lookC, gatherC, pauseC <-chan time.Time
@@ -556,8 +562,9 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	if len(c.runs) > 0 {
 		l.looked, l.spent = false, time.Time{}
 	} else if c.early && len(c.ks) > 0 {
-		// An early look that served nothing: the next looks wait the
-		// whole poll until it has passed (see nextLook).
+		// An early look that served nothing: the next look is the
+		// poll's (pollAt), the looks after it wait the whole poll until
+		// it has passed (see nextLook).
 		l.spent = time.Now().Add(w.q.cfg.BlockPollInterval)
 	}
 	switch n := len(c.ks); {
@@ -596,7 +603,13 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			if !w.q.noEarlyLook && !time.Now().Before(l.spent) {
 				from = c.from
 			}
-			l.armLook(s.nextLook(from))
+			d, early := s.nextLook(from)
+			if !c.early {
+				l.pollAt = time.Now().Add(w.q.cfg.BlockPollInterval)
+			} else if !early && !l.pollAt.IsZero() {
+				d = min(d, max(0, time.Until(l.pollAt)))
+			}
+			l.armLook(d, early)
 			l.looked = true
 		}
 	}

@@ -411,8 +411,9 @@ func TestEnqueueManyCommands(t *testing.T) {
 // TestDelayedWriteWakeCommands: what a delayed run's enqueue reads and
 // publishes (lua/lib/place.lua, place_soonest): into a queue whose master
 // score it moves (an idle queue), a PUBLISH and no read; into a queue that
-// holds due work, one ZRANGEBYSCORE of the delay index, and a PUBLISH when
-// the run is the queue's first delayed work due after now; none of either
+// holds due work, one ZCOUNT of the delay index, and a PUBLISH when the
+// run is the queue's first delayed work due after now (none other due at
+// or before it: helper-193, runs due together); none of either
 // when its key has earlier delayed work (the index entry does not move).
 // A Nack with a retry time places the run the same way.
 func TestDelayedWriteWakeCommands(t *testing.T) {
@@ -431,13 +432,14 @@ func TestDelayedWriteWakeCommands(t *testing.T) {
 			}
 			check := func(st redistest.Stats, reads, publishes int64, what string) {
 				t.Helper()
-				require.Equal(t, reads, st["zrangebyscore"].Calls, what+": reads of the delay index")
+				require.Equal(t, reads, st["zcount"].Calls, what+": reads of the delay index")
 				require.Equal(t, publishes, st["publish"].Calls, what+": wake-ups")
 			}
 			check(one("a", "d0", now.Add(time.Minute)), 0, 1, "idle queue: the master score moves")
 			check(one("r", "r0", now.Add(-time.Second)), 0, 1, "a ready run: the queue's earliest work")
 			check(one("b", "d1", now.Add(30*time.Second)), 1, 1, "first delayed work beside due work")
 			check(one("c", "d2", now.Add(45*time.Second)), 1, 0, "after other delayed work")
+			check(one("e", "d4", now.Add(30*time.Second)), 1, 0, "with other delayed work")
 			check(one("b", "d3", now.Add(40*time.Second)), 0, 0, "its key's entry does not move")
 			one("s", "r1", now.Add(-time.Second)) // (due work left when one is taken)
 			runs, err := b.q.Dequeue(b.ctx, "env", "q", 1)

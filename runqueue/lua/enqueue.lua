@@ -113,16 +113,16 @@ if n >= BULK_AT and max_queue == 0 and max_key == 0 then
   -- run by run, since a hook may start its state again in between) and the
   -- lowest score moved to (as given), or nil when none moved.
   local function index_moves(index, vms, ss)
-    local moves, head, head_s = {}, nil, nil
+    local moves, head, head_s, head_n = {}, nil, nil, 0
     for k, vm in ipairs(vms) do
       if place_moves(q, index, vm, ss[k]) and redis.call('ZADD', index, 'LT', 'CH', ss[k], vm) == 1 then
         moves[#moves + 1] = vm
         local s = ss[k] + 0
-        if head == nil or s < head then head, head_s = s, ss[k] end
+        if head == nil or s < head then head, head_s, head_n = s, ss[k], 1 elseif s == head then head_n = head_n + 1 end
       end
     end
     if #moves == 0 then return nil end
-    return moves, head_s
+    return moves, head_s, head_n
   end
 
   -- Many runs and no admission limit: each kind of write in one command
@@ -199,8 +199,9 @@ if n >= BULK_AT and max_queue == 0 and max_key == 0 then
       redis.call('ZADD', q.master, 'LT', head, q.qm)
       woke = true
     end
-    moved, head = index_moves(q.delay_index, dvm, dss)
-    if moved and (redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 or not woke and place_soonest(q, head, now)) then
+    local head_n
+    moved, head, head_n = index_moves(q.delay_index, dvm, dss)
+    if moved and (redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 or not woke and place_soonest(q, head, now, head_n)) then
       woke = true
     end
     place_flush(q) -- (after the indexes' moves: it may widen them)

@@ -110,7 +110,7 @@ end
 
 if part == 'runs' then
   local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
-              master = KEYS[5], qm = ARGV[3] }
+              master = KEYS[5], qm = ARGV[3], nowake = true } -- (repair publishes nothing: see place_soonest)
   local held, dead, env_dead, leases, ttl_set = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
   local vbase, prefix, now, step, kill = ARGV[2], ARGV[4], ARGV[5] + 0, ARGV[6] + 0, ARGV[7] == '1'
   local max_attempts = ARGV[8] + 0

@@ -192,21 +192,23 @@ local function place_moves(q, index, vm, s)
   return true
 end
 
--- Whether delayed work due at `at` (a variant's delay-index entry just
--- moved there; the master score did not move: the queue holds due work, or
--- delayed work due no later) is the queue's first delayed work due after
--- now. A consumer that waits beside due work that limits hold back looks
--- early at the first such time it read when it went to sleep (queueNext in
--- runqueue/wake.go), so it is told of an earlier one: without it, a free
--- key's retry due in 100 ms waited out the poll (Config.BlockPollInterval)
--- beside a key at its limit. One ZRANGEBYSCORE, in the calls that move an
--- entry of the delay index and not the master score, unless the call
--- (its memo, q.memo.woke) already woke consumers.
-local function place_soonest(q, at, now)
+-- Whether delayed work due at `at` (k variants' delay-index entries, nil:
+-- 1, just moved there; the master score did not move: the queue holds due
+-- work, or delayed work due no later) is the queue's first delayed work
+-- due after now, with no other due at or before at. A consumer that waits
+-- beside due work that limits hold back looks early at the first such
+-- time it read when it went to sleep (queueNext in runqueue/wake.go), so
+-- it is told of an earlier one: without it, a free key's retry due in
+-- 100 ms waited out the poll (Config.BlockPollInterval) beside a key at its
+-- limit. Work due at the time of other delayed work is not told
+-- (helper-193: runs of new keys all due at one time published at each
+-- write). One ZCOUNT, in the calls that move an entry of the delay index
+-- and not the master score, unless the call (q.memo.woke) already woke
+-- consumers or tells none (q.nowake: repair).
+local function place_soonest(q, at, now, k)
   local memo = q.memo
-  if memo and memo.woke then return false end
-  local first = redis.call('ZRANGEBYSCORE', q.delay_index, string.format('(%d', now), '(' .. at, 'LIMIT', '0', '1')
-  return not first[1]
+  if q.nowake or memo and memo.woke then return false end
+  return redis.call('ZCOUNT', q.delay_index, string.format('(%d', now), at) <= (k or 1)
 end
 
 -- Put a queued run into its variant: ready (scored by ready score rs) when
@@ -347,16 +349,16 @@ if n >= BULK_AT and max_queue == 0 and max_key == 0 then
   -- run by run, since a hook may start its state again in between) and the
   -- lowest score moved to (as given), or nil when none moved.
   local function index_moves(index, vms, ss)
-    local moves, head, head_s = {}, nil, nil
+    local moves, head, head_s, head_n = {}, nil, nil, 0
     for k, vm in ipairs(vms) do
       if place_moves(q, index, vm, ss[k]) and redis.call('ZADD', index, 'LT', 'CH', ss[k], vm) == 1 then
         moves[#moves + 1] = vm
         local s = ss[k] + 0
-        if head == nil or s < head then head, head_s = s, ss[k] end
+        if head == nil or s < head then head, head_s, head_n = s, ss[k], 1 elseif s == head then head_n = head_n + 1 end
       end
     end
     if #moves == 0 then return nil end
-    return moves, head_s
+    return moves, head_s, head_n
   end
 
   -- Many runs and no admission limit: each kind of write in one command
@@ -433,8 +435,9 @@ if n >= BULK_AT and max_queue == 0 and max_key == 0 then
       redis.call('ZADD', q.master, 'LT', head, q.qm)
       woke = true
     end
-    moved, head = index_moves(q.delay_index, dvm, dss)
-    if moved and (redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 or not woke and place_soonest(q, head, now)) then
+    local head_n
+    moved, head, head_n = index_moves(q.delay_index, dvm, dss)
+    if moved and (redis.call('ZADD', q.master, 'LT', 'CH', head, q.qm) == 1 or not woke and place_soonest(q, head, now, head_n)) then
       woke = true
     end
     place_flush(q) -- (after the indexes' moves: it may widen them)

@@ -288,21 +288,23 @@ local function place_moves(q, index, vm, s)
   return true
 end
 
--- Whether delayed work due at `at` (a variant's delay-index entry just
--- moved there; the master score did not move: the queue holds due work, or
--- delayed work due no later) is the queue's first delayed work due after
--- now. A consumer that waits beside due work that limits hold back looks
--- early at the first such time it read when it went to sleep (queueNext in
--- runqueue/wake.go), so it is told of an earlier one: without it, a free
--- key's retry due in 100 ms waited out the poll (Config.BlockPollInterval)
--- beside a key at its limit. One ZRANGEBYSCORE, in the calls that move an
--- entry of the delay index and not the master score, unless the call
--- (its memo, q.memo.woke) already woke consumers.
-local function place_soonest(q, at, now)
+-- Whether delayed work due at `at` (k variants' delay-index entries, nil:
+-- 1, just moved there; the master score did not move: the queue holds due
+-- work, or delayed work due no later) is the queue's first delayed work
+-- due after now, with no other due at or before at. A consumer that waits
+-- beside due work that limits hold back looks early at the first such
+-- time it read when it went to sleep (queueNext in runqueue/wake.go), so
+-- it is told of an earlier one: without it, a free key's retry due in
+-- 100 ms waited out the poll (Config.BlockPollInterval) beside a key at its
+-- limit. Work due at the time of other delayed work is not told
+-- (helper-193: runs of new keys all due at one time published at each
+-- write). One ZCOUNT, in the calls that move an entry of the delay index
+-- and not the master score, unless the call (q.memo.woke) already woke
+-- consumers or tells none (q.nowake: repair).
+local function place_soonest(q, at, now, k)
   local memo = q.memo
-  if memo and memo.woke then return false end
-  local first = redis.call('ZRANGEBYSCORE', q.delay_index, string.format('(%d', now), '(' .. at, 'LIMIT', '0', '1')
-  return not first[1]
+  if q.nowake or memo and memo.woke then return false end
+  return redis.call('ZCOUNT', q.delay_index, string.format('(%d', now), at) <= (k or 1)
 end
 
 -- Put a queued run into its variant: ready (scored by ready score rs) when
@@ -398,7 +400,7 @@ end
 
 if part == 'runs' then
   local q = { runs = KEYS[1], ck_index = KEYS[2], delay_index = KEYS[3], depth = KEYS[4],
-              master = KEYS[5], qm = ARGV[3] }
+              master = KEYS[5], qm = ARGV[3], nowake = true } -- (repair publishes nothing: see place_soonest)
   local held, dead, env_dead, leases, ttl_set = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
   local vbase, prefix, now, step, kill = ARGV[2], ARGV[4], ARGV[5] + 0, ARGV[6] + 0, ARGV[7] == '1'
   local max_attempts = ARGV[8] + 0

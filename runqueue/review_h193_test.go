@@ -103,11 +103,7 @@ func TestReviewH193SameTimeNoWake(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, func(cfg *runqueue.Config) {
-					cfg.VtimeScheduling, cfg.Shards, cfg.KeyConcurrency = on, 1, 1
-					cfg.LeaseDuration = time.Hour
-				})
-				heldQueues(t, b, "a", 0, 1)
+				b := heldSetup(t, c, on)
 				T := b.clock.Now().Add(time.Second)
 				enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: "k0", ID: "k0", AvailableAt: T})
 				got := wakeCount(t, b, c, func() {
@@ -234,11 +230,7 @@ func TestReviewH193BulkSameTime(t *testing.T) {
 		for _, withK0 := range []bool{true, false} {
 			t.Run(fmt.Sprintf("vtime=%v/k0=%v", on, withK0), func(t *testing.T) {
 				forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-					b := setup(t, c, func(cfg *runqueue.Config) {
-						cfg.VtimeScheduling, cfg.Shards, cfg.KeyConcurrency = on, 1, 1
-						cfg.LeaseDuration = time.Hour
-					})
-					heldQueues(t, b, "a", 0, 1)
+					b := heldSetup(t, c, on)
 					T := b.clock.Now().Add(time.Second)
 					if withK0 {
 						enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: "k0", ID: "k0", AvailableAt: T})

@@ -9,7 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -47,6 +46,19 @@ var delayedWrites = []struct {
 	}},
 }
 
+// heldSetup is a Queue of one shard, flag on or not, whose env a's queue
+// q000 holds a run of key h that its limit (KeyConcurrency 1) holds back,
+// the other in flight for an hour (fake clock).
+func heldSetup(t *testing.T, c redis.UniversalClient, on bool) *testBundle {
+	t.Helper()
+	b := setup(t, c, func(cfg *runqueue.Config) {
+		cfg.VtimeScheduling, cfg.Shards, cfg.KeyConcurrency = on, 1, 1
+		cfg.LeaseDuration = time.Hour
+	})
+	heldQueues(t, b, "a", 0, 1)
+	return b
+}
+
 // enqueueDelayedMany enqueues n runs of new keys into env a's q000 in one
 // EnqueueMany: run id due at at, the others an hour later.
 func enqueueDelayedMany(t *testing.T, b *testBundle, id string, at time.Time, n int) {
@@ -81,28 +93,12 @@ func TestDelayedWriteTellsWaiters(t *testing.T) {
 		for _, dw := range delayedWrites {
 			t.Run(fmt.Sprintf("vtime=%v/%s", on, dw.name), func(t *testing.T) {
 				forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-					b := setup(t, c, func(cfg *runqueue.Config) {
-						cfg.VtimeScheduling, cfg.Shards, cfg.KeyConcurrency = on, 1, 1
-						cfg.LeaseDuration = time.Hour
-					})
-					heldQueues(t, b, "a", 0, 1)
+					b := heldSetup(t, c, on)
 					first := dw.prepare(t, b, "d1")
 					second := dw.prepare(t, b, "d2")
 					now := b.clock.Now()
-					space, err := keys.NewSpace(b.prefix, b.q.Shards())
-					require.NoError(t, err)
-					wake := space.Env("a").Queue("q000").Wake()
 					told := func(write func(time.Time), at time.Time) bool {
-						sub := c.Subscribe(b.ctx, wake)
-						defer func() { _ = sub.Close() }()
-						_, err := sub.Receive(b.ctx)
-						require.NoError(t, err)
-						write(at)
-						const marker = "marker: no wake-up before"
-						require.NoError(t, c.Publish(b.ctx, wake, marker).Err())
-						msg, err := sub.ReceiveMessage(b.ctx)
-						require.NoError(t, err)
-						return msg.Payload != marker
+						return wakeCount(t, b, c, func() { write(at) }) > 0
 					}
 					require.True(t, told(first, now.Add(time.Second)),
 						"the queue's first delayed work beside held work wakes consumers")

@@ -325,17 +325,16 @@ local function place(q, v, hooks, id, vm, at, rs, now)
       hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       woke = true
-      if q.memo then q.memo.woke = true end
     end
     place_count(q, 'r', v.ready)
-    return woke
+  else
+    redis.call('ZADD', v.delayed, at, id)
+    if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+      woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1 or place_soonest(q, at, now)
+    end
+    place_count(q, 'd', v.delayed)
   end
-  redis.call('ZADD', v.delayed, at, id)
-  if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1 or place_soonest(q, at, now)
-    if woke and q.memo then q.memo.woke = true end
-  end
-  place_count(q, 'd', v.delayed)
+  if woke and q.memo then q.memo.woke = true end
   return woke
 end
 

@@ -1,4 +1,4 @@
-#!lua name=runqueue_dcad205e950bc347
+#!lua name=runqueue_f3cc37e7a45c6075
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -910,17 +910,16 @@ local function place(q, v, hooks, id, vm, at, rs, now)
       hooks:ready_start(vm)
       redis.call('ZADD', q.master, 'LT', rs, q.qm)
       woke = true
-      if q.memo then q.memo.woke = true end
     end
     place_count(q, 'r', v.ready)
-    return woke
+  else
+    redis.call('ZADD', v.delayed, at, id)
+    if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
+      woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1 or place_soonest(q, at, now)
+    end
+    place_count(q, 'd', v.delayed)
   end
-  redis.call('ZADD', v.delayed, at, id)
-  if place_moves(q, q.delay_index, vm, at) and redis.call('ZADD', q.delay_index, 'LT', 'CH', at, vm) == 1 then
-    woke = redis.call('ZADD', q.master, 'LT', 'CH', at, q.qm) == 1 or place_soonest(q, at, now)
-    if woke and q.memo then q.memo.woke = true end
-  end
-  place_count(q, 'd', v.delayed)
+  if woke and q.memo then q.memo.woke = true end
   return woke
 end
 
@@ -2967,9 +2966,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_dcad205e950bc347_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_dcad205e950bc347_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcad205e950bc347_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcad205e950bc347_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcad205e950bc347_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_dcad205e950bc347_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3cc37e7a45c6075_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_f3cc37e7a45c6075_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3cc37e7a45c6075_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3cc37e7a45c6075_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3cc37e7a45c6075_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_f3cc37e7a45c6075_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

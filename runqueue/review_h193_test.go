@@ -21,18 +21,24 @@ import (
 	"github.com/runqueue/runqueue/runqueue"
 )
 
-// wakeCount subscribes to the shard channel of env a's q000 (shard 0),
-// runs write, then publishes a marker and counts the wake-ups before it.
-func wakeCount(t *testing.T, b *testBundle, c redis.UniversalClient, write func()) int {
+// q000Wake is the wake channel of env a's queue q000.
+func q000Wake(t *testing.T, b *testBundle) string {
 	t.Helper()
-	qk := keySpace(t, b).Env("a").Queue("q000")
-	sub := c.Subscribe(b.ctx, qk.Wake())
+	return keySpace(t, b).Env("a").Queue("q000").Wake()
+}
+
+// wakeCount subscribes to the wake channel wake (a shard's), runs write,
+// then publishes a marker and counts the wake-ups before it (the channel
+// delivers in order: a wake-up comes before the marker or was never sent).
+func wakeCount(t *testing.T, b *testBundle, c redis.UniversalClient, wake string, write func()) int {
+	t.Helper()
+	sub := c.Subscribe(b.ctx, wake)
 	defer func() { _ = sub.Close() }()
 	_, err := sub.Receive(b.ctx)
 	require.NoError(t, err)
 	write()
 	const marker = "marker"
-	require.NoError(t, c.Publish(b.ctx, qk.Wake(), marker).Err())
+	require.NoError(t, c.Publish(b.ctx, wake, marker).Err())
 	n := 0
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 	defer cancel()
@@ -68,7 +74,7 @@ func TestReviewH193WakeStorm(t *testing.T) {
 						}
 						T := b.clock.Now().Add(time.Hour)
 						enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: "k0", ID: "k0", AvailableAt: T})
-						got := wakeCount(t, b, c, func() {
+						got := wakeCount(t, b, c, q000Wake(t, b), func() {
 							for i := 1; i <= n; i++ {
 								at := T
 								if order == "decreasing" {
@@ -106,7 +112,7 @@ func TestReviewH193SameTimeNoWake(t *testing.T) {
 				b := heldSetup(t, c, on)
 				T := b.clock.Now().Add(time.Second)
 				enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: "k0", ID: "k0", AvailableAt: T})
-				got := wakeCount(t, b, c, func() {
+				got := wakeCount(t, b, c, q000Wake(t, b), func() {
 					enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: "k1", ID: "k1", AvailableAt: T})
 				})
 				require.Zero(t, got, "a run due with the queue's first delayed work, not before it, needs no wake-up")
@@ -239,7 +245,7 @@ func TestReviewH193BulkSameTime(t *testing.T) {
 					for i := 1; i <= 40; i++ {
 						ps = append(ps, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: fmt.Sprint("k", i), ID: fmt.Sprint("k", i), AvailableAt: T})
 					}
-					got := wakeCount(t, b, c, func() { enqueueAll(t, b, ps) })
+					got := wakeCount(t, b, c, q000Wake(t, b), func() { enqueueAll(t, b, ps) })
 					want := 1
 					if withK0 {
 						want = 0

@@ -355,7 +355,7 @@ func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, s
 			// index's first variant due after from, kept below when due
 			// before the poll ends.
 			delayed = p.ZRangeByScoreWithScores(ctx, qk.DelayIndex(), &redis.ZRangeBy{
-				Min: "(" + strconv.FormatInt(from, 10), Max: "+inf", Count: 1})
+				Min: exclusive(from), Max: "+inf", Count: 1})
 		}
 		return nil
 	})
@@ -377,6 +377,9 @@ func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, s
 	}
 	return at, sooner, true, nil
 }
+
+// exclusive is the exclusive score bound at ms of a sorted-set range.
+func exclusive(ms int64) string { return "(" + strconv.FormatInt(ms, 10) }
 
 // pollMs is Config.BlockPollInterval in ms.
 func (q *Queue) pollMs() int64 { return ms(q.cfg.BlockPollInterval) }
@@ -403,11 +406,12 @@ const shardNextPeek = 64
 // work, 6 s later). With from set (a look's start, this Queue's clock, ms),
 // when at is at or before now, sooner is the first time after from and
 // before the poll ends at which a queue is due, as above, of those scored
-// after from, or, when none of those is, a queue due now has delayed work
-// due (dueDelayed: of the first shardNextPeek queues) (0: none; at or before now: it fell due
-// after the look began; see shardSoon), for a waiter that may look early for it (see block: helper-184, an idle env's run due
-// in 200 ms was served 1.8 s late at a poll of 2 s whenever another env of
-// the shard was at its limit).
+// after from, or, when none of those is, at which a queue due now has
+// delayed work due (dueDelayed: of the first shardNextPeek queues); 0:
+// none; at or before now: it fell due after the look began (see
+// shardSoon). A waiter may look early at it (see block: helper-184, an
+// idle env's run due in 200 ms was served 1.8 s late at a poll of 2 s
+// whenever another env of the shard was at its limit).
 func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, sooner int64, ok bool, err error) {
 	master := q.space.Shard(shard).Master()
 	z, err := q.rdb.ZRangeWithScores(ctx, master, 0, shardNextPeek-1).Result()
@@ -429,8 +433,7 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 		// (The pipeline's error is a command's: each is looked at below.)
 		_, _ = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			after = p.ZRangeByScoreWithScores(ctx, master, &redis.ZRangeBy{
-				Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+look+q.pollMs(), 10),
-				Count: shardNextPeek})
+				Min: exclusive(from), Max: exclusive(now + look + q.pollMs()), Count: shardNextPeek})
 			delayed = q.dueDelayed(ctx, p, z, from, now)
 			return nil
 		})
@@ -440,20 +443,20 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 		if err != nil {
 			return 0, 0, false, err
 		}
+		var first int64 // the due queues' first delayed work
 		for _, c := range delayed {
 			if c.Err() != nil && (ctxEnded(ctx) || !queueFault(c.Err())) {
 				return 0, 0, false, c.Err()
+			}
+			if d := c.Val(); len(d) > 0 && (first == 0 || int64(d[0].Score) < first) {
+				first = int64(d[0].Score)
 			}
 		}
 		// Only when no queue scored after from is due within the poll: a
 		// due queue's delayed run is as likely held as free, and an early
 		// look it spends must not take the one helper-184's idle env had.
 		if sooner == 0 {
-			for _, c := range delayed {
-				if d := c.Val(); len(d) > 0 && (sooner == 0 || int64(d[0].Score) < sooner) {
-					sooner = int64(d[0].Score)
-				}
-			}
+			sooner = first
 		}
 		return at, sooner, true, nil
 	}
@@ -496,7 +499,7 @@ func (q *Queue) shardNext(ctx context.Context, shard int, from int64) (at, soone
 // whose member does not decode is skipped.
 func (q *Queue) dueDelayed(ctx context.Context, p redis.Pipeliner, z []redis.Z, from, now int64) []*redis.ZSliceCmd {
 	var out []*redis.ZSliceCmd
-	by := &redis.ZRangeBy{Min: "(" + strconv.FormatInt(from, 10), Max: "(" + strconv.FormatInt(now+q.pollMs(), 10), Count: 1}
+	by := &redis.ZRangeBy{Min: exclusive(from), Max: exclusive(now + q.pollMs()), Count: 1}
 	for _, e := range z {
 		if int64(e.Score) > now {
 			break
@@ -609,9 +612,7 @@ func (q *Queue) readyOf(ctx context.Context, qks []keys.Queue) ([]bool, error) {
 // 1.5 s where the poll makes 3). So looks that serve nothing come at most
 // once more a poll than the poll's own (and once more a wake-up). An early
 // look does not put the poll's look off: the wait after it ends at the
-// poll counted from the last look that was not early (pollAt; helper-193:
-// counted from the early look, a run an ack freed, which publishes
-// nothing, waited up to twice the poll).
+// poll counted from the last look that was not early (see earlyLooks).
 func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 	try func() ([]*Run, error), next func(from int64) (*redis.ZSliceCmd, error)) ([]*Run, error) {
 	if timeout < 0 {
@@ -623,9 +624,8 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 	}
 	deadline := time.Now().Add(timeout)
 	poll := q.cfg.BlockPollInterval
-	var spent time.Time  // an early look served nothing: none before then
-	var pollAt time.Time // the poll's look after the last look that was not early
-	early := false       // this look was an early one
+	var el earlyLooks
+	early := false // this look was an early one
 	for {
 		// Register before looking, so a publish between the look and the
 		// wait is not lost.
@@ -641,17 +641,13 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 			return runs, err
 		}
 		wasEarly := early
-		if early {
-			spent = ended.Add(poll)
-		} else {
-			pollAt = ended.Add(poll)
-		}
+		el.idle(early, ended, poll)
 		left := time.Until(deadline)
 		if left <= 0 {
 			w.unregister(topic, ch)
 			return runs, nil
 		}
-		soon := !q.noEarlyLook && !ended.Before(spent)
+		soon := !q.noEarlyLook && el.allowed(ended)
 		if !soon {
 			from = 0
 		}
@@ -674,11 +670,7 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 				// Work exists but limits hold it (queueNext, shardNext:
 				// ready runs count as due whatever their scores): look
 				// again after the poll, or at the sooner work's time.
-				due = poll
-				if wasEarly && !pollAt.IsZero() {
-					// (an early look does not put the poll's look off)
-					due = max(0, time.Until(pollAt))
-				}
+				due = el.pollWait(wasEarly, poll)
 				if d, ok := q.soonWithin(z, now); soon && ok {
 					due, early = d, true
 				}
@@ -688,7 +680,8 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		t := time.NewTimer(sleep)
 		select {
 		case <-ch:
-			early, spent = false, time.Time{}
+			early = false
+			el.reset()
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
@@ -702,6 +695,43 @@ func (q *Queue) block(ctx context.Context, topic string, timeout time.Duration,
 		t.Stop()
 		w.unregister(topic, ch)
 	}
+}
+
+// earlyLooks is what a wait loop beside held work (block, a Worker's
+// fetch loop) keeps of its early looks: spent, when an early look last
+// served nothing + the poll (no early look before then), and pollAt, when
+// the poll's look is due after the last look that served nothing and was
+// not early (an early look does not put it off: helper-193, counted from
+// the early look, a run an ack freed, which publishes nothing, waited up
+// to twice the poll).
+type earlyLooks struct {
+	spent, pollAt time.Time
+}
+
+// idle notes a look that served nothing and ended at ended (early: an
+// early look).
+func (e *earlyLooks) idle(early bool, ended time.Time, poll time.Duration) {
+	if early {
+		e.spent = ended.Add(poll)
+	} else {
+		e.pollAt = ended.Add(poll)
+	}
+}
+
+// reset: a wake-up came or a look served runs; early looks may come again.
+func (e *earlyLooks) reset() { e.spent = time.Time{} }
+
+// allowed says whether a wait that starts at now may look early.
+func (e *earlyLooks) allowed(now time.Time) bool { return !now.Before(e.spent) }
+
+// pollWait is how long to wait for held work after a look that served
+// nothing: the poll, or after an early look (early), until the poll's
+// look.
+func (e *earlyLooks) pollWait(early bool, poll time.Duration) time.Duration {
+	if early && !e.pollAt.IsZero() {
+		return max(0, time.Until(e.pollAt))
+	}
+	return poll
 }
 
 // soonWithin is how long from now (ms, this Queue's clock) until the sooner

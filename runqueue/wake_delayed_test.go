@@ -98,7 +98,7 @@ func TestDelayedWriteTellsWaiters(t *testing.T) {
 					second := dw.prepare(t, b, "d2")
 					now := b.clock.Now()
 					told := func(write func(time.Time), at time.Time) bool {
-						return wakeCount(t, b, c, func() { write(at) }) > 0
+						return wakeCount(t, b, c, q000Wake(t, b), func() { write(at) }) > 0
 					}
 					require.True(t, told(first, now.Add(time.Second)),
 						"the queue's first delayed work beside held work wakes consumers")

@@ -108,7 +108,7 @@ type fetchCall struct {
 	ks      []int
 	final   bool  // started once the stop was forced
 	wakes   int   // the loop's wake-ups when it started
-	early   bool  // the loop's early look (see fetchLoop.spent)
+	early   bool  // the loop's early look (see fetchLoop.el)
 	from    int64 // Config.Clock when it started (ms): see Queue.queueNext
 	runs    []*Run
 	ackErrs []error
@@ -212,7 +212,7 @@ func (s *source) settled(acks []*job, errs []error) {
 // is none. With from set (the call's start, Config.Clock, ms), work due
 // before that poll beside held work (of that due since from) brings the
 // look forward to its time (early true): an early look, which the loop
-// spends when it serves nothing (see fetchLoop.spent, and Queue.block for
+// spends when it serves nothing (see fetchLoop.el, and Queue.block for
 // why). Once the Queue is closed, no enqueue wakes the
 // worker (Close stops the wake-up listener), so it waits at most
 // BlockPollInterval.
@@ -295,16 +295,10 @@ type fetchLoop struct {
 	giveUp      bool // makes no more calls; leaves once no more acks can come
 	// The early look (see nextLook): lookEarly says the look timer is set
 	// for one, earlyDue that it fired and the next call to start is that
-	// look; spent is when an early look last served nothing + the poll:
-	// none before then (a wake-up or a call that serves runs clears it).
+	// look; el, when the early look is spent and the poll's look due (a
+	// wake-up or a call that serves runs resets it).
 	lookEarly, earlyDue bool
-	spent               time.Time
-	// pollAt is when the poll's look is due after the last look that
-	// served nothing and was not early: an early look does not put it off
-	// (helper-193: a held key's delayed run looked at early pushed the
-	// poll's look a whole poll later, and a run an ack freed, which
-	// publishes nothing, waited up to twice the poll).
-	pollAt time.Time
+	el                  earlyLooks
 
 	look, gather, pause    *time.Timer
 	lookC, gatherC, pauseC <-chan time.Time
@@ -485,7 +479,8 @@ func (l *fetchLoop) wait() bool {
 	case <-l.wake:
 		l.idle, l.looked = false, false
 		l.wakes++
-		l.earlyDue, l.spent = false, time.Time{}
+		l.earlyDue = false
+		l.el.reset()
 	case <-qclosed:
 		// Queue.Close stopped the wake-ups: look again now, and from now on
 		// at most every BlockPollInterval (nextLook).
@@ -560,12 +555,13 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	}
 	l.failures = 0
 	if len(c.runs) > 0 {
-		l.looked, l.spent = false, time.Time{}
+		l.looked = false
+		l.el.reset()
 	} else if c.early && len(c.ks) > 0 {
 		// An early look that served nothing: the next look is the
-		// poll's (pollAt), the looks after it wait the whole poll until
-		// it has passed (see nextLook).
-		l.spent = time.Now().Add(w.q.cfg.BlockPollInterval)
+		// poll's, the looks after it wait the whole poll until it has
+		// passed (see nextLook).
+		l.el.idle(true, time.Now(), w.q.cfg.BlockPollInterval)
 	}
 	switch n := len(c.ks); {
 	case n == 0:
@@ -600,14 +596,14 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		w.slots.forget(s)
 		if !l.looked {
 			var from int64 // 0: no early look
-			if !w.q.noEarlyLook && !time.Now().Before(l.spent) {
+			if !w.q.noEarlyLook && l.el.allowed(time.Now()) {
 				from = c.from
 			}
 			d, early := s.nextLook(from)
 			if !c.early {
-				l.pollAt = time.Now().Add(w.q.cfg.BlockPollInterval)
-			} else if !early && !l.pollAt.IsZero() {
-				d = min(d, max(0, time.Until(l.pollAt)))
+				l.el.idle(false, time.Now(), w.q.cfg.BlockPollInterval)
+			} else if !early {
+				d = min(d, l.el.pollWait(true, d))
 			}
 			l.armLook(d, early)
 			l.looked = true

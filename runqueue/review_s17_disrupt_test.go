@@ -128,6 +128,17 @@ func (s *s17Server) launch(extra ...string) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The answer must be this child's: two parallel spawns may pick the
+	// same free port, one binds it and the other's PING is answered by it
+	// (a CI run's OOM test then wrote to another test's full server). Else
+	// s17Spawn tries another port.
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		return failed("INFO server: " + err.Error())
+	}
+	if !strings.Contains(info, "process_id:"+strconv.Itoa(cmd.Process.Pid)+"\r\n") {
+		return failed("answered from another process, not the server started")
+	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +28,21 @@ func s28wServer(t *testing.T) *redis.Client {
 		}
 		t.Skip("redis-server is not on PATH")
 	}
+	// A port picked free may be taken by another spawn before this one
+	// binds it, whose server then answers here: the answer must be this
+	// child's (INFO process_id), else another port is tried.
+	for attempt := 1; ; attempt++ {
+		if c := s28wSpawn(t); c != nil {
+			return c
+		}
+		require.Less(t, attempt, 3, "redis-server did not start on three ports")
+	}
+}
+
+// s28wSpawn starts a redis-server on a free port; nil when the server that
+// answers there is not the one started.
+func s28wSpawn(t *testing.T) *redis.Client {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := l.Addr().(*net.TCPAddr).Port
@@ -43,6 +59,11 @@ func s28wServer(t *testing.T) *redis.Client {
 	for c.Ping(context.Background()).Err() != nil {
 		require.True(t, time.Now().Before(deadline), "redis-server did not answer")
 		time.Sleep(20 * time.Millisecond)
+	}
+	info, err := c.Info(context.Background(), "server").Result()
+	require.NoError(t, err)
+	if !strings.Contains(info, "process_id:"+strconv.Itoa(cmd.Process.Pid)+"\r\n") {
+		return nil
 	}
 	return c
 }

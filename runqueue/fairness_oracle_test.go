@@ -264,7 +264,8 @@ func TestFairnessScenarioUnsaidRelease(t *testing.T) { checkLuaScenario(t, "Unsa
 func TestFairnessScenarioUnsaidReleaseRegated(t *testing.T) {
 	checkLuaScenario(t, "UnsaidReleaseRegated")
 }
-func TestFairnessScenarioWeightRaised(t *testing.T) { checkLuaScenario(t, "WeightRaised") }
+func TestFairnessScenarioWeightRaised(t *testing.T)   { checkLuaScenario(t, "WeightRaised") }
+func TestFairnessScenarioHeavyNewcomers(t *testing.T) { checkLuaScenario(t, "HeavyNewcomers") }
 func TestFairnessScenarioWeightRaisedGated(t *testing.T) {
 	checkLuaScenario(t, "WeightRaisedGated")
 }

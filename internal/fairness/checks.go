@@ -86,7 +86,9 @@ func (s *servability) w(key string) float64 {
 // Statement. Let key k register (gain its first ready run) through a
 // flag-on write, with no debt (Event.Eligible: k never had a ready run,
 // or the state expired since it last had one, or its last ready run left
-// by a serve at weight 1 and at least 3A flag-on serves, all at weight 1,
+// by a serve at weight 1 or more (its tag then at most one weight-1 serve
+// past that serve's start, as a weight-1 key's) and at least 3A flag-on
+// serves, all at weight 1,
 // followed, A the distinct keys they served), and be servable at once.
 // Let P be the number of other keys that registered before k (or in the
 // same lease recovery or promotion, whose order the oracle does not
@@ -102,19 +104,26 @@ func (s *servability) w(key string) float64 {
 // served, every other key j that is served m times while k waits
 // satisfies
 //
-//	sum over j's first m-1 of those serves of 1/w_j(at that serve) <= 2 + P + Tol*(m+1)
+//	sum over j's first m-1 of those serves of 1/w_j(at that serve) <= B + Tol*(m+1)
 //
-// With equal weights (all 1) that is: no other key receives more than
-// 3 + P serves before k, and with no newcomer ahead of k (P = 0) no more
-// than 3.
+// where, with q = min(1, 1/w_k) k's quantum (one serve of its own, at most
+// a weight-1 serve; the largest of its weights while it waits), B = 2q when
+// P = 0 and B = 1 + P + q when P > 0. With equal weights (all 1) that is:
+// no other key receives more than 3 + P serves before k, and with no
+// newcomer ahead of k (P = 0) no more than 3; a newcomer of weight 2 or
+// more with none ahead, at most one serve of each weight-1 key.
 //
 // Why. E_j = max(S_j, V) >= V0 (V when k registered) for every j, and
 // each serve of j moves its tag up by 1/w_j, so j's m-th serve starts at
-// least the sum above past V0. k's tag is at most V0 + 2 + P: a newcomer
-// queues one quantum behind min(highest tag, V + 1) or behind the
-// previous newcomer, whose tag is bounded the same way one rank earlier;
-// expired, drained or served newcomers do not count (the anchor never
-// outlives the newcomers). A cold burst's key that the cold mark registers
+// least the sum above past V0. k's tag is at most V0 + B: with the lane
+// empty a newcomer becomes its head at min(highest tag, V + q) + q; behind
+// a head, it becomes the head one quantum of its own past the old head's
+// serve (at the old head's tag), or at the tag of a head that left
+// unserved, or at V when that is later (V is then at most the old head's
+// tag); so the first head ahead of k is at most V0 + 2 (its quantum at
+// most 1), each next one at most 1 further, and k one quantum of its own
+// past the last; expired, drained or served newcomers do not count (the
+// anchor never outlives the newcomers). A cold burst's key that the cold mark registers
 // at V after k (docs/design.md section 6, Cold mark: it counts as
 // registered when its work fell due, so it may be served before k, once a
 // round) starts at a V >= V0 and is in no lane: it is one of the j above,
@@ -122,6 +131,9 @@ func (s *servability) w(key string) float64 {
 // The episode ends without a verdict when k stops being servable, awaits
 // discovery, the flag turns off, or the state expires or may have lapsed.
 //
+// A weight change of k while it waits keeps the largest quantum (a lane
+// head's tag above V only comes down at a change, and one waiting behind
+// the head takes its quantum at the weight it has when it becomes head).
 // A weight change of j to w while k waits caps j's count at 1/w: the
 // change brings a tag above V down to V + 1/w (guarantee 3), which
 // forgives part of j's serves before it. j's tag is then at least
@@ -132,6 +144,7 @@ func CheckNewcomer(h *History) []Violation {
 	type episode struct {
 		key   string
 		p     int
+		q     float64            // k's largest quantum while it waits
 		start int                // serve index at which k registered
 		n     map[string]int     // serves of each other key since start
 		work  map[string]float64 // their lower bound on its tag past V0
@@ -166,7 +179,7 @@ func CheckNewcomer(h *History) []Violation {
 			stop(pendingStart[e.Key])
 			delete(pendingStart, e.Key)
 			if e.Visible && e.Eligible && flagOn {
-				ep := &episode{key: e.Key, p: e.P, start: e.Serve, n: map[string]int{}, work: map[string]float64{}}
+				ep := &episode{key: e.Key, p: e.P, q: quantum(e.W), start: e.Serve, n: map[string]int{}, work: map[string]float64{}}
 				pendingStart[e.Key] = ep
 				eps = append(eps, ep)
 			}
@@ -185,6 +198,9 @@ func CheckNewcomer(h *History) []Violation {
 		case EvWeight:
 			// The cap: a tag above V comes down to V + 1/w (new weight).
 			for _, ep := range eps {
+				if ep.key == e.Key {
+					ep.q = max(ep.q, quantum(e.W))
+				}
 				if w, ok := ep.work[e.Key]; ok && w > 1/e.W {
 					ep.work[e.Key] = 1 / e.W
 				}
@@ -203,11 +219,14 @@ func CheckNewcomer(h *History) []Violation {
 				}
 				m := ep.n[j] + 1 // this serve is j's m-th in the wait
 				work := ep.work[j]
-				bound := 2 + float64(ep.p) + Tol*float64(m+1)
+				bound := 2*ep.q + Tol*float64(m+1)
+				if ep.p > 0 {
+					bound = 1 + float64(ep.p) + ep.q + Tol*float64(m+1)
+				}
 				if m >= 2 && work > bound && ep.live {
 					out = append(out, Violation{Check: "newcomer", Op: e.Op, Serve: e.Serve,
-						Msg: fmt.Sprintf("%q (P=%d) registered after %d serves and still waits; %q is served for the %d-th time since (work before this serve %.6g > 2+P)",
-							ep.key, ep.p, ep.start, j, m, work)})
+						Msg: fmt.Sprintf("%q (P=%d, quantum %.6g) registered after %d serves and still waits; %q is served for the %d-th time since (work before this serve %.6g > %.6g)",
+							ep.key, ep.p, ep.q, ep.start, j, m, work, bound)})
 					ep.done = true
 					if active[ep.key] == ep {
 						delete(active, ep.key)
@@ -1060,4 +1079,13 @@ func CheckClock(h *History) []Violation {
 		}
 	}
 	return out
+}
+
+// quantum is a newcomer's offset in the lane at weight w: one serve of its
+// own, at most a weight-1 serve (vtime's quantum; a weight of 0 is 1).
+func quantum(w float64) float64 {
+	if w <= 1 {
+		return 1
+	}
+	return 1 / w
 }

@@ -113,12 +113,13 @@ type Event struct {
 	// EvRegister: Visible = the run came through a flag-on write (the key
 	// registers now); Eligible = the key has no debt: it never had a ready
 	// run, or the state expired since it last had one, or since its last
-	// ready run left by a serve at weight 1 there were at least 3A
+	// ready run left by a serve at weight 1 or more there were at least 3A
 	// flag-on serves, all at weight 1, A the number of distinct keys they
 	// served; P = other keys that registered before it (or in the same
 	// lease recovery or promotion), still hold ready runs and were not
 	// served since (the newcomers it may queue behind);
-	// Debt = an upper bound on its tag minus V (see CheckReachability).
+	// Debt = an upper bound on its tag minus V (see CheckReachability);
+	// W = its weight then (0: cleared, i.e. 1).
 	// Fresh = the key never had a ready run before.
 	Visible  bool
 	Eligible bool

@@ -72,7 +72,7 @@ type okey struct {
 	stale           bool
 	everReady       bool
 	resetSinceReady bool
-	drainServe      int // serve index of the serve that drained it; -1: not by a serve at weight 1, flag on
+	drainServe      int // serve index of the serve that drained it; -1: not by a flag-on serve at weight 1 or more
 	pending         bool
 	debt            float64
 	// offNew: it registered with the flag off after the state's first
@@ -380,7 +380,7 @@ func (o *Oracle) gainReady(r *orun) {
 		k.pending = true
 		o.pendingN++
 		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt,
-			DueOp: o.markFound[k.name]})
+			W: k.weight, DueOp: o.markFound[k.name]})
 		if o.flagOn {
 			o.wrote()
 			if k.stale { // the stale tag is the key's tag again
@@ -439,7 +439,9 @@ func (o *Oracle) loseReady(k *okey, byServe bool) {
 			o.pendingN--
 		}
 		k.drainServe = -1
-		if byServe && o.flagOn && k.weight == 1 {
+		// A serve at weight 1 or more leaves a tag at most one weight-1
+		// serve past its start (see Event.Eligible).
+		if byServe && o.flagOn && (k.weight == 0 || k.weight >= 1) {
 			k.drainServe = o.H.Serves - 1
 		}
 		if o.flagOn {

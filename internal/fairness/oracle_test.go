@@ -121,7 +121,8 @@ func TestModelScenarioResetWhileWaiting(t *testing.T) { checkModelScenario(t, "R
 func TestModelScenarioExpiredChainSurvivor(t *testing.T) {
 	checkModelScenario(t, "ExpiredChainSurvivor")
 }
-func TestModelScenarioWeightRaised(t *testing.T) { checkModelScenario(t, "WeightRaised") }
+func TestModelScenarioWeightRaised(t *testing.T)   { checkModelScenario(t, "WeightRaised") }
+func TestModelScenarioHeavyNewcomers(t *testing.T) { checkModelScenario(t, "HeavyNewcomers") }
 func TestModelScenarioWeightRaisedGated(t *testing.T) {
 	if w := LagWatches(runModelScenario(t, "WeightRaisedGated")); w.Gated == 0 {
 		t.Fatalf("no gated watch started: %s", w)

@@ -501,4 +501,30 @@ var Scenarios = []Scenario{
 		}
 		return s.err
 	}},
+	{Name: "HeavyNewcomers", Run: func(o *Oracle) error {
+		// Six weight-1 keys stay backlogged. A fresh key of weight 8
+		// registers with the lane empty: one serve of its own behind the
+		// pack (a lane tag at most V + 2/8), so no backlogged key is
+		// served twice before it (CheckNewcomer's quantum, not the
+		// weight-1 bound of 2 quanta that would allow three serves each).
+		// It drains, and once the backlogged keys were served 3 times
+		// each it comes again (no debt: through the lane, its parked tag
+		// passed). Then three fresh keys at once, weights 4, 1 and 8 (the
+		// later ones behind the lane's head).
+		s := &script{o: o}
+		keys := []string{"a", "b", "c", "d", "e", "f"}
+		s.backlogged(4, 2, keys...)
+		s.do(o.SetWeight("h8", 8))
+		s.enq("h8", 3, 0)
+		s.backlogged(30, 1, keys...)
+		s.enq("h8", 2, 0)
+		s.backlogged(12, 1, keys...)
+		s.do(o.SetWeight("h4", 4))
+		s.do(o.SetWeight("g8", 8))
+		s.enq("h4", 2, 0)
+		s.enq("w1", 2, 0)
+		s.enq("g8", 2, 0)
+		s.backlogged(30, 1, keys...)
+		return s.err
+	}},
 }

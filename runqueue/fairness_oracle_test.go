@@ -150,6 +150,13 @@ func TestFairnessOracleLagIdleWeights(t *testing.T) {
 }
 func TestFairnessOracleReachability(t *testing.T) { checkLua(t, "reachability") }
 
+// TestFairnessOracleHeavyNewcomers: the newcomer checks, the lag bound and
+// reachability over sequences whose newcomers are often heavier than 1
+// (fairness.HeavyNewcomerGen: CheckNewcomer's quantum, min(1, 1/w)).
+func TestFairnessOracleHeavyNewcomers(t *testing.T) {
+	checkLuaGenAll(t, []string{"newcomer", "newcomer-order", "lag", "reachability"}, fairness.HeavyNewcomerGen)
+}
+
 // TestFairnessOracleColdBurst: sequences with bursts of delayed work over
 // more keys than a call's promotion reaches (31..120 keys due together,
 // fairness.GenConfig.ColdBurst), into an idle queue (a cold state: the

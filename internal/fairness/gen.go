@@ -44,6 +44,12 @@ type GenConfig struct {
 	// while other keys are being served. The clock then moves to the due
 	// time, and a dequeue and a newcomer ("u<n>") may follow at once.
 	ColdBurst int
+	// MintWeightBias, when above 0, gives a one-run key, in MintWeightBias
+	// percent of those minted, a weight drawn from MintWeights before its
+	// run is enqueued: a fresh newcomer of its own weight (CheckNewcomer's
+	// quantum, min(1, 1/w)).
+	MintWeightBias int
+	MintWeights    []float64
 }
 
 // DefaultGen is the generator of the oracle tests.
@@ -53,6 +59,17 @@ var DefaultGen = GenConfig{
 	Weights: []float64{0.001, 0.01, 0.5, 1, 1, 1, 2, 3, 100, 1000},
 	Waves:   12,
 }
+
+// HeavyNewcomerGen is DefaultGen with half of the one-run keys given a
+// weight above 1 before their run (fresh newcomers of a quantum below a
+// weight-1 serve), and long-lived keys' weights changed before a tenth of
+// the steps (heavy keys that drain and return).
+var HeavyNewcomerGen = func() GenConfig {
+	g := DefaultGen
+	g.MintWeightBias, g.MintWeights = 50, []float64{1.5, 2, 4, 8, 1000}
+	g.WeightBias = 10
+	return g
+}()
 
 // Drive runs one random operation sequence on o and finishes it (drain,
 // final sweep). Flag flips and state expiry are drawn only when the
@@ -141,6 +158,12 @@ func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
 		}
 		return nil
 	}
+	mintWeight := func(key string) error {
+		if g.MintWeightBias == 0 || rapid.IntRange(0, 99).Draw(t, "mintWeightBias") >= g.MintWeightBias {
+			return nil
+		}
+		return o.SetWeight(key, rapid.SampledFrom(g.MintWeights).Draw(t, "mintWeight"))
+	}
 	for i := 0; i < steps; i++ {
 		if g.ColdBurst > 0 && rapid.IntRange(0, 99).Draw(t, "coldBurst") < g.ColdBurst {
 			if err := burst(); err != nil {
@@ -170,14 +193,19 @@ func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
 			mint++
 			key := fmt.Sprintf("u%d", mint)
 			minted = append(minted, key)
-			_, err = o.Enqueue(key, 0, dur("mintDelay", 0, 0, 0, 5), dur("mintTTL", 0, 0, 10, 30))
+			err = mintWeight(key)
+			if err == nil {
+				_, err = o.Enqueue(key, 0, dur("mintDelay", 0, 0, 0, 5), dur("mintTTL", 0, 0, 10, 30))
+			}
 		case op < 23 && g.Waves > 0:
 			ttl := dur("waveTTL", 0, 0, 10)
 			for c := rapid.IntRange(1, g.Waves).Draw(t, "wave"); c > 0 && err == nil; c-- {
 				mint++
 				key := fmt.Sprintf("u%d", mint)
 				minted = append(minted, key)
-				_, err = o.Enqueue(key, 0, 0, ttl)
+				if err = mintWeight(key); err == nil {
+					_, err = o.Enqueue(key, 0, 0, ttl)
+				}
 			}
 		case op < 50:
 			err = dequeue()

@@ -235,11 +235,14 @@ func (h *History) Trace(upTo int) string {
 // probes, V reads, serves.
 type Coverage struct {
 	Sequences, Ops, Calls, Serves, Newcomers, WorkCalls, Probes, VReads int
+	// HeavyNewcomers: of the newcomer registrations, those at a weight
+	// above 1 (a quantum below a weight-1 serve).
+	HeavyNewcomers int
 }
 
 func (c Coverage) String() string {
-	return fmt.Sprintf("%d sequences, %d operations, %d dequeue calls, %d serves checked (%d newcomer registrations, %d calls held to work conservation, %d batch probes, %d V reads)",
-		c.Sequences, c.Ops, c.Calls, c.Serves, c.Newcomers, c.WorkCalls, c.Probes, c.VReads)
+	return fmt.Sprintf("%d sequences, %d operations, %d dequeue calls, %d serves checked (%d newcomer registrations, %d at a weight above 1, %d calls held to work conservation, %d batch probes, %d V reads)",
+		c.Sequences, c.Ops, c.Calls, c.Serves, c.Newcomers, c.HeavyNewcomers, c.WorkCalls, c.Probes, c.VReads)
 }
 
 // Add adds h's counts to c.
@@ -253,6 +256,9 @@ func (c *Coverage) Add(h *History) {
 		case EvRegister:
 			if e.Visible && e.Eligible {
 				c.Newcomers++
+				if e.W > 1 {
+					c.HeavyNewcomers++
+				}
 			}
 		case EvCall:
 			if e.On && e.Clean && e.Certain {

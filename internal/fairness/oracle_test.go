@@ -123,6 +123,17 @@ func TestModelScenarioExpiredChainSurvivor(t *testing.T) {
 }
 func TestModelScenarioWeightRaised(t *testing.T)   { checkModelScenario(t, "WeightRaised") }
 func TestModelScenarioHeavyNewcomers(t *testing.T) { checkModelScenario(t, "HeavyNewcomers") }
+
+// TestModelHeavyNewcomerGen: the newcomer checks and the lag bound over
+// sequences whose newcomers are often heavier than 1 (HeavyNewcomerGen).
+func TestModelHeavyNewcomerGen(t *testing.T) {
+	for _, name := range []string{"newcomer", "newcomer-order", "lag", "reachability"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			checkModelGen(t, name, HeavyNewcomerGen)
+		})
+	}
+}
 func TestModelScenarioWeightRaisedGated(t *testing.T) {
 	if w := LagWatches(runModelScenario(t, "WeightRaisedGated")); w.Gated == 0 {
 		t.Fatalf("no gated watch started: %s", w)

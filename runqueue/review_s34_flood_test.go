@@ -37,6 +37,8 @@ const s34Env, s34Queue = "s34", "work"
 type s34Rec struct {
 	mu     sync.Mutex
 	starts []*runqueue.Run
+	at     []s34Stamp // the starts with their times
+	ends   []s34Stamp // handlers' ends, in order
 	notify map[string]chan struct{}
 	dur    func(r *runqueue.Run) time.Duration
 	inKey  map[string]int // handlers running per key
@@ -47,9 +49,16 @@ func s34NewRec(dur func(r *runqueue.Run) time.Duration) *s34Rec {
 	return &s34Rec{notify: map[string]chan struct{}{}, dur: dur, inKey: map[string]int{}, maxIn: map[string]int{}}
 }
 
+// s34Stamp is a handler's start or end and when.
+type s34Stamp struct {
+	r  *runqueue.Run
+	at time.Time
+}
+
 func (h *s34Rec) handler(ctx context.Context, r *runqueue.Run) error {
 	h.mu.Lock()
 	h.starts = append(h.starts, r)
+	h.at = append(h.at, s34Stamp{r, time.Now()})
 	if ch := h.notify[r.ID]; ch != nil {
 		close(ch)
 		delete(h.notify, r.ID)
@@ -67,8 +76,16 @@ func (h *s34Rec) handler(ctx context.Context, r *runqueue.Run) error {
 	}
 	h.mu.Lock()
 	h.inKey[r.Key]--
+	h.ends = append(h.ends, s34Stamp{r, time.Now()})
 	h.mu.Unlock()
 	return nil
+}
+
+// stamps are the starts with their times; ends the handlers' ends.
+func (h *s34Rec) stamps() (starts, ends []s34Stamp) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]s34Stamp(nil), h.at...), append([]s34Stamp(nil), h.ends...)
 }
 
 // expect registers id before its enqueue: the channel closes at its start.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sort"
+
+	"github.com/runqueue/runqueue/vtime"
 )
 
 // Tol is the arithmetic tolerance of the checks, per serve involved: the
@@ -104,11 +106,14 @@ func (s *servability) w(key string) float64 {
 // served, every other key j that is served m times while k waits
 // satisfies
 //
-//	sum over j's first m-1 of those serves of 1/w_j(at that serve) <= B + Tol*(m+1)
+//	sum over j's first m-1 of those serves of s_j(at that serve) <= B + Tol*(m+1)
 //
-// where, with q = min(1, 1/w_k) k's quantum (one serve of its own, at most
-// a weight-1 serve; the largest of its weights while it waits), B = 2q when
-// P = 0 and B = 1 + P + q when P > 0. With equal weights (all 1) that is:
+// where s = 1000/mw is a serve's stride at weight w, mw = vtime.MilliWeightOf(w)
+// the milli-weight the scheduler rounds w to (a weight of 0 is 1); with
+// q = min(1, s_k) k's quantum (one serve of its own, at most a weight-1
+// serve; the largest of its weights while it waits), B = 2q when P = 0 and
+// B = 1 + P + q when P > 0; B = 2 + P (q taken as 1) when a key a flag-off
+// call drained may still wait in the lane (Event.Stale). With equal weights (all 1) that is:
 // no other key receives more than 3 + P serves before k, and with no
 // newcomer ahead of k (P = 0) no more than 3; a newcomer of weight 2 or
 // more with none ahead, at most one serve of each weight-1 key.
@@ -122,22 +127,30 @@ func (s *servability) w(key string) float64 {
 // unserved, or at V when that is later (V is then at most the old head's
 // tag); so the first head ahead of k is at most V0 + 2 (its quantum at
 // most 1), each next one at most 1 further, and k one quantum of its own
-// past the last; expired, drained or served newcomers do not count (the
-// anchor never outlives the newcomers). A cold burst's key that the cold mark registers
+// past the last; newcomers that expire, drain or are served with the flag
+// on leave the lane and do not count. A key a flag-off call served and
+// drained stays in the lane (flag-off scripts write nothing of the
+// scheduler) with no ready run, so P does not count it: as the head it
+// leaves only when pass 1 reaches its tag (at most V0 + 2), which the next
+// head takes; behind a served head it takes a quantum of its own (at most
+// 1) in k's place: hence B = 2 + P then (helper-195). A cold burst's key that the cold mark registers
 // at V after k (docs/design.md section 6, Cold mark: it counts as
 // registered when its work fell due, so it may be served before k, once a
 // round) starts at a V >= V0 and is in no lane: it is one of the j above,
 // and P need not count it. Ties at k's tag may go to j: the +1 serve.
-// The episode ends without a verdict when k stops being servable, awaits
-// discovery, the flag turns off, or the state expires or may have lapsed.
+// The episode ends without a verdict when k is not servable by the end
+// of the operation that registered it (at its key limit: it competes
+// later, at max(tag, V), where this bound does not hold: helper-195),
+// stops being servable, awaits discovery, the flag turns off, or the
+// state expires or may have lapsed.
 //
 // A weight change of k while it waits keeps the largest quantum (a lane
 // head's tag above V only comes down at a change, and one waiting behind
 // the head takes its quantum at the weight it has when it becomes head).
-// A weight change of j to w while k waits caps j's count at 1/w: the
-// change brings a tag above V down to V + 1/w (guarantee 3), which
+// A weight change of j to w while k waits caps j's count at s: the
+// change brings a tag above V down to V + s (guarantee 3), which
 // forgives part of j's serves before it. j's tag is then at least
-// V0 + min(count, 1/w) (a tag below the cap stays, and V >= V0), and the
+// V0 + min(count, s) (a tag below the cap stays, and V >= V0), and the
 // serves after the change move it by their strides, so the argument holds
 // with the capped count.
 func CheckNewcomer(h *History) []Violation {
@@ -145,6 +158,7 @@ func CheckNewcomer(h *History) []Violation {
 		key   string
 		p     int
 		q     float64            // k's largest quantum while it waits
+		op    int                // operation that registered k
 		start int                // serve index at which k registered
 		n     map[string]int     // serves of each other key since start
 		work  map[string]float64 // their lower bound on its tag past V0
@@ -174,12 +188,23 @@ func CheckNewcomer(h *History) []Violation {
 		active, pendingStart = map[string]*episode{}, map[string]*episode{}
 	}
 	for _, e := range h.Events {
+		// Not servable by the end of its registering operation: no verdict.
+		for k, ep := range pendingStart {
+			if ep.op != e.Op {
+				stop(ep)
+				delete(pendingStart, k)
+			}
+		}
 		switch e.Kind {
 		case EvRegister:
 			stop(pendingStart[e.Key])
 			delete(pendingStart, e.Key)
 			if e.Visible && e.Eligible && flagOn {
-				ep := &episode{key: e.Key, p: e.P, q: quantum(e.W), start: e.Serve, n: map[string]int{}, work: map[string]float64{}}
+				q := quantum(e.W)
+				if e.Stale {
+					q = 1
+				}
+				ep := &episode{key: e.Key, p: e.P, q: q, op: e.Op, start: e.Serve, n: map[string]int{}, work: map[string]float64{}}
 				pendingStart[e.Key] = ep
 				eps = append(eps, ep)
 			}
@@ -201,8 +226,8 @@ func CheckNewcomer(h *History) []Violation {
 				if ep.key == e.Key {
 					ep.q = max(ep.q, quantum(e.W))
 				}
-				if w, ok := ep.work[e.Key]; ok && w > 1/e.W {
-					ep.work[e.Key] = 1 / e.W
+				if w, ok := ep.work[e.Key]; ok && w > stride(e.W) {
+					ep.work[e.Key] = stride(e.W)
 				}
 			}
 		case EvFlag:
@@ -234,7 +259,7 @@ func CheckNewcomer(h *History) []Violation {
 					continue
 				}
 				ep.n[j] = m
-				ep.work[j] = work + 1/e.W
+				ep.work[j] = work + stride(e.W)
 			}
 			// Keep the episode list short: drop finished ones at the front.
 			for len(eps) > 0 && eps[0].done {
@@ -1081,11 +1106,17 @@ func CheckClock(h *History) []Violation {
 	return out
 }
 
-// quantum is a newcomer's offset in the lane at weight w: one serve of its
-// own, at most a weight-1 serve (vtime's quantum; a weight of 0 is 1).
-func quantum(w float64) float64 {
-	if w <= 1 {
-		return 1
+// stride is one serve at weight w in weight-1 serves, as the scheduler
+// counts it: at the milli-weight it rounds w to (vtime.MilliWeightOf; a
+// weight of 0 is 1), so 2.0004 is 2 and 0.9996 is 1 (helper-195).
+func stride(w float64) float64 {
+	mw := vtime.MilliWeightOf(w)
+	if mw == 0 {
+		mw = 1000
 	}
-	return 1 / w
+	return 1000 / float64(mw)
 }
+
+// quantum is a newcomer's offset in the lane at weight w: one serve of its
+// own, at most a weight-1 serve (vtime's quantum).
+func quantum(w float64) float64 { return min(1, stride(w)) }

@@ -119,11 +119,14 @@ type Event struct {
 	// lease recovery or promotion), still hold ready runs and were not
 	// served since (the newcomers it may queue behind);
 	// Debt = an upper bound on its tag minus V (see CheckReachability);
-	// W = its weight then (0: cleared, i.e. 1).
+	// W = its weight then (0: cleared, i.e. 1); Stale = some key (it
+	// too) was drained by a flag-off operation and may still wait in the
+	// newcomer lane, where P does not count it.
 	// Fresh = the key never had a ready run before.
 	Visible  bool
 	Eligible bool
 	Fresh    bool
+	Stale    bool
 	P        int
 	Debt     float64
 	// DueOp, when above 0 (EvRegister of a promotion), is the operation at

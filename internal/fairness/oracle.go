@@ -380,7 +380,7 @@ func (o *Oracle) gainReady(r *orun) {
 		k.pending = true
 		o.pendingN++
 		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt,
-			W: k.weight, DueOp: o.markFound[k.name]})
+			W: k.weight, Stale: o.stales > 0, DueOp: o.markFound[k.name]})
 		if o.flagOn {
 			o.wrote()
 			if k.stale { // the stale tag is the key's tag again

@@ -115,8 +115,9 @@ func (s *servability) w(key string) float64 {
 // B = 1 + P + q when P > 0; B = 2 + P (q taken as 1) when a key a flag-off
 // call drained may still wait in the lane (Event.Stale). With equal weights (all 1) that is:
 // no other key receives more than 3 + P serves before k, and with no
-// newcomer ahead of k (P = 0) no more than 3; a newcomer of weight 2 or
-// more with none ahead, at most one serve of each weight-1 key.
+// newcomer ahead of k (P = 0) no more than 3; a newcomer of weight above
+// 2 with none ahead, at most one serve of each weight-1 key (at weight 2,
+// two: the second a tie).
 //
 // Why. E_j = max(S_j, V) >= V0 (V when k registered) for every j, and
 // each serve of j moves its tag up by 1/w_j, so j's m-th serve starts at
@@ -138,10 +139,12 @@ func (s *servability) w(key string) float64 {
 // registered when its work fell due, so it may be served before k, once a
 // round) starts at a V >= V0 and is in no lane: it is one of the j above,
 // and P need not count it. Ties at k's tag may go to j: the +1 serve.
-// The episode ends without a verdict when k is not servable by the end
-// of the operation that registered it (at its key limit: it competes
-// later, at max(tag, V), where this bound does not hold: helper-195),
-// stops being servable, awaits discovery, the flag turns off, or the
+// The episode ends without a verdict when k is still not servable (at
+// its key limit) as a dequeue call begins: the call may gate it, and it
+// competes again at max(tag, V), where this bound does not hold
+// (helper-195); only a call gates, so one made servable before any call
+// (an ack, a nack, a recovery, a raised limit) is judged from its
+// registration (helper-197). It also ends when k stops being servable, awaits discovery, the flag turns off, or the
 // state expires or may have lapsed.
 //
 // A weight change of k while it waits keeps the largest quantum (a lane
@@ -158,7 +161,6 @@ func CheckNewcomer(h *History) []Violation {
 		key   string
 		p     int
 		q     float64            // k's largest quantum while it waits
-		op    int                // operation that registered k
 		start int                // serve index at which k registered
 		n     map[string]int     // serves of each other key since start
 		work  map[string]float64 // their lower bound on its tag past V0
@@ -188,9 +190,12 @@ func CheckNewcomer(h *History) []Violation {
 		active, pendingStart = map[string]*episode{}, map[string]*episode{}
 	}
 	for _, e := range h.Events {
-		// Not servable by the end of its registering operation: no verdict.
-		for k, ep := range pendingStart {
-			if ep.op != e.Op {
+		// Not servable when a dequeue call begins: the call may gate it
+		// (and only a call can): no verdict (helper-195). One made
+		// servable before any call (an ack, a nack, a recovery, a raised
+		// key limit) was never gated and waits as any newcomer (helper-197).
+		if e.Kind == EvCall {
+			for k, ep := range pendingStart {
 				stop(ep)
 				delete(pendingStart, k)
 			}
@@ -204,7 +209,7 @@ func CheckNewcomer(h *History) []Violation {
 				if e.Stale {
 					q = 1
 				}
-				ep := &episode{key: e.Key, p: e.P, q: q, op: e.Op, start: e.Serve, n: map[string]int{}, work: map[string]float64{}}
+				ep := &episode{key: e.Key, p: e.P, q: q, start: e.Serve, n: map[string]int{}, work: map[string]float64{}}
 				pendingStart[e.Key] = ep
 				eps = append(eps, ep)
 			}
@@ -221,7 +226,7 @@ func CheckNewcomer(h *History) []Violation {
 				end(e.Key)
 			}
 		case EvWeight:
-			// The cap: a tag above V comes down to V + 1/w (new weight).
+			// The cap: a tag above V comes down to V + s (s: a stride at the new weight).
 			for _, ep := range eps {
 				if ep.key == e.Key {
 					ep.q = max(ep.q, quantum(e.W))

@@ -121,7 +121,8 @@ type Event struct {
 	// Debt = an upper bound on its tag minus V (see CheckReachability);
 	// W = its weight then (0: cleared, i.e. 1); Stale = some key (it
 	// too) was drained by a flag-off operation and may still wait in the
-	// newcomer lane, where P does not count it.
+	// newcomer lane, where P does not count it (with a LaneProber, only
+	// keys the probe finds there: Oracle.staleInLane).
 	// Fresh = the key never had a ready run before.
 	Visible  bool
 	Eligible bool

@@ -70,6 +70,7 @@ type okey struct {
 	weight          float64
 	suspect         bool
 	stale           bool
+	outOfLane       bool // stale, and a lane probe found it out of the lane (staleInLane)
 	everReady       bool
 	resetSinceReady bool
 	drainServe      int // serve index of the serve that drained it; -1: not by a flag-on serve at weight 1 or more
@@ -380,7 +381,7 @@ func (o *Oracle) gainReady(r *orun) {
 		k.pending = true
 		o.pendingN++
 		o.emit(Event{Kind: EvRegister, Key: k.name, Visible: o.flagOn, Eligible: eligible, Fresh: fresh, P: p, Debt: k.debt,
-			W: k.weight, Stale: o.stales > 0, DueOp: o.markFound[k.name]})
+			W: k.weight, Stale: o.staleInLane(), DueOp: o.markFound[k.name]})
 		if o.flagOn {
 			o.wrote()
 			if k.stale { // the stale tag is the key's tag again
@@ -429,6 +430,34 @@ func (o *Oracle) gainReady(r *orun) {
 	o.refresh(k)
 }
 
+// staleInLane reports whether a key a flag-off operation drained may
+// still wait in the newcomer lane (Event.Stale). With a LaneProber, a
+// drained key the probe finds out of the lane is out of it for good
+// (outOfLane): with no ready run it cannot come back to the lane but by a
+// registration (or, with the flag off, a ready run that makes it pending),
+// and P then counts it (helper-197); its tag may still be stale for the
+// other checks. Without one, every such key counts until it registers
+// again or the state goes.
+func (o *Oracle) staleInLane() bool {
+	if o.stales == 0 {
+		return false
+	}
+	if _, ok := o.d.(LaneProber); !ok {
+		return true
+	}
+	for _, name := range o.keyOrder {
+		k := o.keys[name]
+		if !k.stale || k.outOfLane {
+			continue
+		}
+		if k.ready > 0 || o.inLane(name) {
+			return true
+		}
+		k.outOfLane = true
+	}
+	return false
+}
+
 // loseReady takes a ready run away (served or expired).
 func (o *Oracle) loseReady(k *okey, byServe bool) {
 	k.ready--
@@ -447,7 +476,7 @@ func (o *Oracle) loseReady(k *okey, byServe bool) {
 		if o.flagOn {
 			o.wrote()
 		} else if !k.stale {
-			k.stale = true
+			k.stale, k.outOfLane = true, false
 			o.stales++
 		}
 		o.setSuspect(k, false)

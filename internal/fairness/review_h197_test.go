@@ -83,14 +83,7 @@ func TestH197AckedBeforeCallCaught(t *testing.T) {
 
 	// the Lua scripts (miniredis): they admit at a key limit as the model
 	// does (gating is a dequeue's), and serve k within the bound
-	m, c := redistest.MiniServer(t)
-	p, err := NewLuaPool(context.Background(), LuaConfig{Client: c, Mini: m, Prefix: redistest.Prefix(t),
-		Lease: time.Minute, MaxAttempts: 3})
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	ld, err := p.NewDriver(context.Background())
-	require.NoError(t, err)
-	o = h197AckedBeforeCall(t, ld, nil)
+	o = h197AckedBeforeCall(t, h197Lua(t, 0), nil)
 	require.Empty(t, CheckNewcomer(&o.H))
 	t.Logf("Lua: serves of a, b before k: %d, %d", servesBeforeLast(&o.H, "a", "k"), servesBeforeLast(&o.H, "b", "k"))
 	require.LessOrEqual(t, servesBeforeLast(&o.H, "a", "k"), 2)
@@ -203,13 +196,7 @@ func (d h197Unprobed) SetFlag(on bool) error { return d.f.SetFlag(on) }
 // judged at its own quantum; without a probe the mark stays.
 func TestH197StaleOutOfLane(t *testing.T) {
 	for _, probe := range []bool{true, false} {
-		m, c := redistest.MiniServer(t)
-		p, err := NewLuaPool(context.Background(), LuaConfig{Client: c, Mini: m, Prefix: redistest.Prefix(t),
-			Lease: time.Minute, MaxAttempts: 3})
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		ld, err := p.NewDriver(context.Background())
-		require.NoError(t, err)
+		ld := h197Lua(t, 0)
 		var drv Driver = ld
 		if !probe {
 			drv = h197Unprobed{ld, ld}
@@ -237,4 +224,18 @@ func TestH197StaleOutOfLane(t *testing.T) {
 		require.True(t, reg.Eligible && reg.Visible, "%s", reg)
 		require.Equal(t, !probe, reg.Stale, "probe=%v", probe)
 	}
+}
+
+// h197Lua is a driver of the Lua scripts on a miniredis of the test's own
+// (stateTTL 0: the pool's default).
+func h197Lua(t *testing.T, stateTTL time.Duration) *LuaDriver {
+	t.Helper()
+	m, c := redistest.MiniServer(t)
+	p, err := NewLuaPool(context.Background(), LuaConfig{Client: c, Mini: m, Prefix: redistest.Prefix(t),
+		Lease: time.Minute, MaxAttempts: 3, StateTTL: stateTTL})
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	ld, err := p.NewDriver(context.Background())
+	require.NoError(t, err)
+	return ld
 }

@@ -113,14 +113,15 @@ func (s *servability) w(key string) float64 {
 // q = min(1, s_k) k's quantum (one serve of its own, at most a weight-1
 // serve; the largest of its weights while it waits), B = 2q when P = 0 and
 // B = 1 + P + q when P > 0; B = 2 + P (q taken as 1) when a key a flag-off
-// call drained may still wait in the lane (Event.Stale). With equal weights (all 1) that is:
-// no other key receives more than 3 + P serves before k, and with no
+// call drained may still wait in the lane (Event.Stale). With equal
+// weights (all 1) that is: no other key receives more than 3 + P serves
+// before k, and with no
 // newcomer ahead of k (P = 0) no more than 3; a newcomer of weight above
 // 2 with none ahead, at most one serve of each weight-1 key (at weight 2,
 // two: the second a tie).
 //
 // Why. E_j = max(S_j, V) >= V0 (V when k registered) for every j, and
-// each serve of j moves its tag up by 1/w_j, so j's m-th serve starts at
+// each serve of j moves its tag up by s_j, so j's m-th serve starts at
 // least the sum above past V0. k's tag is at most V0 + B: with the lane
 // empty a newcomer becomes its head at min(highest tag, V + q) + q; behind
 // a head, it becomes the head one quantum of its own past the old head's
@@ -134,8 +135,9 @@ func (s *servability) w(key string) float64 {
 // scheduler) with no ready run, so P does not count it: as the head it
 // leaves only when pass 1 reaches its tag (at most V0 + 2), which the next
 // head takes; behind a served head it takes a quantum of its own (at most
-// 1) in k's place: hence B = 2 + P then (helper-195). A cold burst's key that the cold mark registers
-// at V after k (docs/design.md section 6, Cold mark: it counts as
+// 1) in k's place: hence B = 2 + P then (helper-195). A cold burst's key
+// that the cold mark registers at V after k (docs/design.md section 6,
+// Cold mark: it counts as
 // registered when its work fell due, so it may be served before k, once a
 // round) starts at a V >= V0 and is in no lane: it is one of the j above,
 // and P need not count it. Ties at k's tag may go to j: the +1 serve.
@@ -144,8 +146,9 @@ func (s *servability) w(key string) float64 {
 // competes again at max(tag, V), where this bound does not hold
 // (helper-195); only a call gates, so one made servable before any call
 // (an ack, a nack, a recovery, a raised limit) is judged from its
-// registration (helper-197). It also ends when k stops being servable, awaits discovery, the flag turns off, or the
-// state expires or may have lapsed.
+// registration (helper-197). It also ends when k stops being servable,
+// awaits discovery, the flag turns off, or the state expires or may have
+// lapsed.
 //
 // A weight change of k while it waits keeps the largest quantum (a lane
 // head's tag above V only comes down at a change, and one waiting behind

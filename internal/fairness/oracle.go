@@ -470,7 +470,7 @@ func (o *Oracle) loseReady(k *okey, byServe bool) {
 		k.drainServe = -1
 		// A serve at weight 1 or more leaves a tag at most one weight-1
 		// serve past its start (see Event.Eligible).
-		if byServe && o.flagOn && (k.weight == 0 || k.weight >= 1) {
+		if mw := vtime.MilliWeightOf(k.weight); byServe && o.flagOn && (mw == 0 || mw >= 1000) {
 			k.drainServe = o.H.Serves - 1
 		}
 		if o.flagOn {

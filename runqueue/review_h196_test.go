@@ -97,6 +97,7 @@ func h196Worker(t *testing.T, q *runqueue.Queue, hd runqueue.Handler, cfg runque
 // source). Bound: 3 x (B + 1) + fetchDepth x Concurrency x (2 x sources
 // - 1).
 func TestH196NewcomersBesideFlood(t *testing.T) {
+	t.Parallel()
 	for _, m := range h196NewcomerModes {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
@@ -111,10 +112,13 @@ type h196NewcomerMode struct {
 	conc, queues, shard int // Workers: queues queue sources, shard shard sources
 }
 
+// The backlogs are 3.5-4 times what the newcomers' time took (about 1.5
+// s on a shared 2-core machine) at each key's share, times 4, so that a
+// faster machine still serves the newcomers while every key is backlogged.
 var h196NewcomerModes = []h196NewcomerMode{
-	{"3x50-b10", 10, 2500, 50, 2, 1},
-	{"2x10-b30", 30, 500, 10, 2, 0},
-	{"4x100-b20", 20, 2500, 100, 3, 1},
+	{"3x50-b10", 10, 10000, 50, 2, 1},
+	{"2x10-b30", 30, 2000, 10, 2, 0},
+	{"4x100-b20", 20, 10000, 100, 3, 1},
 }
 
 // TestH196NewcomersBesideFloodFlagOff is the comparison: flag off is age
@@ -122,7 +126,7 @@ var h196NewcomerModes = []h196NewcomerMode{
 // (asserted: its place in the serve order); its figures are logged.
 func TestH196NewcomersBesideFloodFlagOff(t *testing.T) {
 	t.Parallel()
-	h196Newcomers(t, false, h196NewcomerModes[0])
+	h196Newcomers(t, false, h196NewcomerMode{"3x50-b10", 10, 2500, 50, 2, 1}) // every older run first: smaller
 }
 
 func h196Newcomers(t *testing.T, vtime bool, m h196NewcomerMode) {
@@ -361,6 +365,7 @@ func TestH196WeightsSlowKey(t *testing.T) {
 //     first serve, two competing keys of weight 1 within 1 + 1) until the
 //     first key runs out, |n_R - n_K| <= 2 at every prefix, for every K.
 func TestH196RecoveredKey(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"cancel", "forced", "backlogged"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
@@ -554,9 +559,8 @@ func h196Pct(d []time.Duration, p float64) time.Duration {
 // at its limit nearly always, gated; the fast keys, also at their limit of
 // 3 (4 x 3 + 3 > 12), share the rest of the slots.
 //
-// Checked: the key limit (at most 3 handlers of a key at once); the fast
-// keys are not held back by S (they all finish while S still has runs);
-// and a slot a key frees is taken again: after a handler of a key ends
+// Checked: the key limit (at most 3 handlers of a key at once); and a
+// slot a key frees is taken again: after a handler of a key ends
 // with the key below its limit and runs left, the key's next start. The
 // time is logged (p50/p99/max, both keys' classes, flag on and off: the
 // same Worker path, the flag-off script has no gating). The asserted
@@ -565,6 +569,7 @@ func h196Pct(d []time.Duration, p float64) time.Duration {
 // run below its limit, so the newest fast key F3 can wait until an older
 // one drains (about 200 ms seen, once in a few runs).
 func TestH196KeyLimitSlowKey(t *testing.T) {
+	t.Parallel()
 	for _, vtime := range []bool{true, false} {
 		t.Run(fmt.Sprintf("vtime=%v", vtime), func(t *testing.T) {
 			t.Parallel()
@@ -633,7 +638,10 @@ func TestH196KeyLimitSlowKey(t *testing.T) {
 			for k, n := range maxIn {
 				require.LessOrEqual(t, n, limit, k)
 			}
-			require.Greater(t, sLeft, 0, "the fast keys finish while S still has runs")
+			// (sLeft, logged: how many of S's runs start after the fast
+			// keys' last; a race of handler times against fetches, not
+			// asserted: a CI run at bec6ba9 fetched slowly enough, flag off,
+			// for S to finish first)
 			if vtime {
 				require.Less(t, h196Pct(sg, 1), time.Second)
 				require.Less(t, h196Pct(fg, 1), time.Second)

@@ -1114,16 +1114,19 @@ func CheckClock(h *History) []Violation {
 	return out
 }
 
-// stride is one serve at weight w in weight-1 serves, as the scheduler
-// counts it: at the milli-weight it rounds w to (vtime.MilliWeightOf; a
-// weight of 0 is 1), so 2.0004 is 2 and 0.9996 is 1 (helper-195).
-func stride(w float64) float64 {
-	mw := vtime.MilliWeightOf(w)
-	if mw == 0 {
-		mw = 1000
+// milliWeight is the milli-weight the scheduler holds for weight w
+// (vtime.MilliWeightOf; a weight of 0 clears it: 1,000), so 2.0004 is
+// 2,000 and 0.9996 is 1,000 (helper-195).
+func milliWeight(w float64) int64 {
+	if mw := vtime.MilliWeightOf(w); mw != 0 {
+		return mw
 	}
-	return 1000 / float64(mw)
+	return 1000
 }
+
+// stride is one serve at weight w in weight-1 serves, as the scheduler
+// counts it: at its milli-weight.
+func stride(w float64) float64 { return 1000 / float64(milliWeight(w)) }
 
 // quantum is a newcomer's offset in the lane at weight w: one serve of its
 // own, at most a weight-1 serve (vtime's quantum).

@@ -470,7 +470,7 @@ func (o *Oracle) loseReady(k *okey, byServe bool) {
 		k.drainServe = -1
 		// A serve at weight 1 or more leaves a tag at most one weight-1
 		// serve past its start (see Event.Eligible).
-		if mw := vtime.MilliWeightOf(k.weight); byServe && o.flagOn && (mw == 0 || mw >= 1000) {
+		if byServe && o.flagOn && milliWeight(k.weight) >= 1000 {
 			k.drainServe = o.H.Serves - 1
 		}
 		if o.flagOn {
@@ -601,9 +601,7 @@ func (o *Oracle) promote(maxCount int) (certain, certain1 bool) {
 	due, held, milli := make([]int, reached), make([]bool, reached), make([]int64, reached)
 	for i, v := range window {
 		held[i] = o.atKeyLimit(v.k)
-		if milli[i] = vtime.MilliWeightOf(v.k.weight); milli[i] == 0 {
-			milli[i] = 1000 // a weight of 0 clears it (vtime.Model.SetWeight)
-		}
+		milli[i] = milliWeight(v.k.weight)
 		sort.Slice(v.due, func(a, b int) bool {
 			x, y := v.due[a], v.due[b]
 			return x.at < y.at || (x.at == y.at && keys.Segment(x.id) < keys.Segment(y.id))

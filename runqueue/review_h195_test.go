@@ -1,12 +1,10 @@
 package runqueue_test
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"pgregory.net/rapid"
 
 	"github.com/runqueue/runqueue/internal/fairness"
 )
@@ -77,48 +75,4 @@ func TestReviewH195StaleLaneHead(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestReviewH195HeavyNewcomersLua: the newcomer checks on the Lua
-// (miniredis; flag flips and state expiry included) with heavy fresh
-// newcomers: the weights of the one-run keys and of the long-lived keys
-// are set before they ever hold a run, and change often (WeightBias).
-// RUNQUEUE_FAIRNESS_SEQUENCES sets the count (15).
-func TestReviewH195HeavyNewcomersLua(t *testing.T) {
-	g := fairness.GenConfig{
-		MinOps: 10, MaxOps: 120,
-		Names:      []string{"a", "b", "c", "d", "e", "f"},
-		Weights:    []float64{1.5, 2, 8, 1000, 1, 0.5, 0.001},
-		Waves:      6,
-		WeightBias: 30,
-	}
-	var checks []fairness.Check
-	for _, n := range []string{"newcomer", "newcomer-order", "reachability"} {
-		c, ok := fairness.CheckByName(n)
-		require.True(t, ok, n)
-		checks = append(checks, c)
-	}
-	p, mini := foPool(t, foBackends[0], 1)
-	runs, limit := 0, foSequences()
-	rapid.Check(t, func(rt *rapid.T) {
-		if runs++; runs > limit {
-			return
-		}
-		o := foOracleOn(rt, p, mini, 1)
-		pre := func(k string) {
-			if rapid.IntRange(0, 3).Draw(rt, "preHeavy") > 0 {
-				require.NoError(rt, o.SetWeight(k, rapid.SampledFrom(g.Weights).Draw(rt, "preW")))
-			}
-		}
-		for _, k := range g.Names {
-			pre(k)
-		}
-		for i := 1; i <= 60; i++ {
-			pre(fmt.Sprintf("u%d", i))
-		}
-		require.NoError(rt, fairness.Drive(rt, o, g))
-		if vs := fairness.Run(&o.H, checks...); len(vs) > 0 {
-			rt.Fatalf("%s", fairness.Report(&o.H, vs))
-		}
-	})
 }

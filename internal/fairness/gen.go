@@ -50,6 +50,11 @@ type GenConfig struct {
 	// quantum, min(1, 1/w)).
 	MintWeightBias int
 	MintWeights    []float64
+	// PreWeightBias, when above 0, gives each long-lived key of a sequence,
+	// in PreWeightBias percent of them, a weight drawn from Weights before
+	// the first step: keys that are heavy (or light) before they ever hold
+	// a run.
+	PreWeightBias int
 }
 
 // DefaultGen is the generator of the oracle tests.
@@ -62,12 +67,14 @@ var DefaultGen = GenConfig{
 
 // HeavyNewcomerGen is DefaultGen with half of the one-run keys given a
 // weight above 1 before their run (fresh newcomers of a quantum below a
-// weight-1 serve), and long-lived keys' weights changed before a tenth of
-// the steps (heavy keys that drain and return).
+// weight-1 serve), three quarters of the long-lived keys weighted before
+// they hold a run, and long-lived keys' weights changed before 30% of the
+// steps (heavy keys that drain and return; helper-195's generator).
 var HeavyNewcomerGen = func() GenConfig {
 	g := DefaultGen
 	g.MintWeightBias, g.MintWeights = 50, []float64{1.5, 2, 4, 8, 1000}
-	g.WeightBias = 10
+	g.PreWeightBias = 75
+	g.WeightBias = 30
 	return g
 }()
 
@@ -88,6 +95,13 @@ func Drive(t *rapid.T, o *Oracle, g GenConfig) error {
 	// ack, nack or lease recovery, which fills the key limits (gated keys).
 	// sustained: keys topped up before every dequeue, so that they stay
 	// backlogged for many calls (long waits show).
+	for _, k := range names {
+		if g.PreWeightBias > 0 && rapid.IntRange(0, 99).Draw(t, "preWeightBias") < g.PreWeightBias {
+			if err := o.SetWeight(k, rapid.SampledFrom(g.Weights).Draw(t, "preWeight")); err != nil {
+				return err
+			}
+		}
+	}
 	autoAck := rapid.Bool().Draw(t, "autoAck")
 	sustained := names[:rapid.IntRange(0, min(3, len(names))).Draw(t, "sustained")]
 	if rapid.Bool().Draw(t, "limitsFirst") {

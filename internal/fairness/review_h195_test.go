@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"pgregory.net/rapid"
 
 	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/vtime"
@@ -69,55 +68,6 @@ func TestH195MilliRounding(t *testing.T) {
 		require.Equal(t, tc.flagged, len(vs) > 0, "wu=%g wb=%g", tc.wu, tc.wb)
 		require.Equal(t, tc.prevFlag, len(checkNewcomerPrev(&o.H)) > 0, "wu=%g wb=%g (previous bound)", tc.wu, tc.wb)
 	}
-}
-
-// heavyGen: weights that make newcomers heavy (quantum below 1) and that
-// the scheduler holds exactly (milli-weights), set often.
-var heavyGen = GenConfig{
-	MinOps: 10, MaxOps: 120,
-	Names:      []string{"a", "b", "c", "d", "e", "f"},
-	Weights:    []float64{1.5, 2, 8, 1000, 1, 0.5, 0.001},
-	Waves:      6,
-	WeightBias: 30,
-}
-
-// TestH195HeavyNewcomersModel: the newcomer checks (and the reachability
-// check, whose debt the eligible returns share) on the model, with the
-// weights of one-run keys ("u1".."u80", minted fresh by Drive) and of the
-// long-lived keys set before they ever hold a run, so fresh newcomers are
-// heavy; weights keep changing during the waits (WeightBias).
-func TestH195HeavyNewcomersModel(t *testing.T) {
-	var checks []Check
-	for _, n := range []string{"newcomer", "newcomer-order", "reachability"} {
-		c, ok := CheckByName(n)
-		require.True(t, ok, n)
-		checks = append(checks, c)
-	}
-	var cov Coverage
-	rapid.Check(t, func(rt *rapid.T) {
-		o := modelOracle(rt)
-		pre := func(k string) {
-			if rapid.IntRange(0, 3).Draw(rt, "preHeavy") > 0 {
-				if err := o.SetWeight(k, rapid.SampledFrom(heavyGen.Weights).Draw(rt, "preW")); err != nil {
-					rt.Fatalf("%v", err)
-				}
-			}
-		}
-		for _, k := range heavyGen.Names {
-			pre(k)
-		}
-		for i := 1; i <= 80; i++ {
-			pre(fmt.Sprintf("u%d", i))
-		}
-		if err := Drive(rt, o, heavyGen); err != nil {
-			rt.Fatalf("driving the model: %v", err)
-		}
-		cov.Add(&o.H)
-		if vs := Run(&o.H, checks...); len(vs) > 0 {
-			rt.Fatalf("%s", Report(&o.H, vs))
-		}
-	})
-	t.Logf("model, heavy newcomers: %s", cov)
 }
 
 // TestH195RegisteredAtLimit: k registers (eligible: it drained by a

@@ -273,6 +273,7 @@ func TestFairnessScenarioUnsaidReleaseRegated(t *testing.T) {
 }
 func TestFairnessScenarioWeightRaised(t *testing.T)   { checkLuaScenario(t, "WeightRaised") }
 func TestFairnessScenarioHeavyNewcomers(t *testing.T) { checkLuaScenario(t, "HeavyNewcomers") }
+func TestFairnessScenarioRoundedWeights(t *testing.T) { checkLuaScenario(t, "RoundedWeights") }
 func TestFairnessScenarioWeightRaisedGated(t *testing.T) {
 	checkLuaScenario(t, "WeightRaisedGated")
 }

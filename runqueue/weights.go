@@ -19,7 +19,9 @@ const (
 // instance: a key that was served at a lower weight owes at most one serve
 // at the new weight (its tag is capped at the scheduler's clock plus one
 // serve), so a mistaken low weight, once corrected, does not hold the key
-// back for the cost of its serves at the old one. Weights are configuration: they do not expire with the
+// back for the cost of its serves at the old one. The scheduler holds a
+// weight to the nearest 0.001 (0.0014 is scheduled as 0.001, 2.0004 as 2);
+// Weights lists the value set. Weights are configuration: they do not expire with the
 // scheduler's state. At most Config.MaxWeightOverrides keys per queue may
 // have one (ErrTooManyWeights beyond). Weight 1, the default, is no
 // override: SetWeight of 1 is ClearWeight (Weights does not list the key,

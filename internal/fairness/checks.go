@@ -75,11 +75,15 @@ func (s *servability) apply(e Event) {
 	}
 }
 
+// w is key's weight as the scheduler holds it: its milli-weight over
+// 1,000 (0.0014 is 0.001, 2.0004 is 2; none, or 0, is 1).
 func (s *servability) w(key string) float64 {
-	if w, ok := s.weight[key]; ok {
-		return w
-	}
-	return 1
+	return float64(milliWeight(s.weight[key])) / 1000
+}
+
+// stride is one serve of key in weight-1 serves, as the scheduler counts it.
+func (s *servability) stride(key string) float64 {
+	return stride(s.weight[key])
 }
 
 // CheckNewcomer: the no-debt wait and newcomer bound (docs/design.md
@@ -594,14 +598,14 @@ func checkLag(h *History, count *WatchCount) []Violation {
 			}
 			if pw := pending[e.Key]; pw != nil {
 				delete(pending, e.Key)
-				w := st.w(e.Key)
+				s := st.stride(e.Key)
 				switch {
 				case !ok(e.Key) || !isFollowed[e.Key]:
 				case !pw.parked:
-					start(e.Key, "gated", 1/w)
+					start(e.Key, "gated", s)
 					count.Gated++
 				case pw.returned && pw.op == e.Op && pw.serv == e.Serve:
-					start(e.Key, "parked", math.Max(1/w, 2+float64(pw.p)))
+					start(e.Key, "parked", math.Max(s, 2+float64(pw.p)))
 					count.Parked++
 				}
 			}
@@ -624,7 +628,7 @@ func checkLag(h *History, count *WatchCount) []Violation {
 			case !st.flagOn || st.suspect[e.Key]:
 			case st.servable[e.Key]:
 				if served[e.Key] && isFollowed[e.Key] {
-					start(e.Key, "competing", 1/st.w(e.Key))
+					start(e.Key, "competing", st.stride(e.Key))
 					count.Competing++
 				}
 			case hasReady[e.Key]:
@@ -656,8 +660,8 @@ func checkLag(h *History, count *WatchCount) []Violation {
 				}
 				w.n[e.Key] = n + 1
 				count.Judged++
-				lhs := float64(n+1) / st.w(e.Key)
-				bound := w.owed + 1/st.w(e.Key) + Tol*float64(2+n+1)
+				lhs := float64(n+1) * st.stride(e.Key)
+				bound := w.owed + st.stride(e.Key) + Tol*float64(2+n+1)
 				if lhs > bound {
 					out = append(out, Violation{Check: "lag", Op: e.Op, Serve: e.Serve,
 						Msg: fmt.Sprintf("%q (w %g) served %d times since %q's weight became %g (%s; owes at most %.6g), and %q not once: %.6g > bound %.6g",
@@ -712,13 +716,13 @@ func checkLag(h *History, count *WatchCount) []Violation {
 				}
 				if e.Key == p.i {
 					p.ni++
-					p.d += 1 / st.w(p.i)
+					p.d += st.stride(p.i)
 				} else {
 					p.nj++
-					p.d -= 1 / st.w(p.j)
+					p.d -= st.stride(p.j)
 				}
 				p.minD, p.maxD = math.Min(p.minD, p.d), math.Max(p.maxD, p.d)
-				bound := 1/st.w(p.i) + 1/st.w(p.j) + Tol*float64(2+p.ni+p.nj)
+				bound := st.stride(p.i) + st.stride(p.j) + Tol*float64(2+p.ni+p.nj)
 				if !p.reported && (p.d-p.minD > bound || p.maxD-p.d > bound) {
 					p.reported = true
 					out = append(out, Violation{Check: "lag", Op: e.Op, Serve: e.Serve,
@@ -877,7 +881,7 @@ func CheckReachability(h *History) []Violation {
 			delete(waits, e.Key)
 			servedInCall[e.Key] = true
 			if e.On {
-				debt[e.Key] = 1 / e.W
+				debt[e.Key] = stride(e.W)
 			}
 		case EvCallEnd:
 			if !counting {

@@ -839,7 +839,7 @@ func (o *Oracle) serve(s Served) {
 	}
 	o.H.Serves++
 	o.serveKey = append(o.serveKey, s.Key)
-	o.serveW1 = append(o.serveW1, o.flagOn && k.weight == 1)
+	o.serveW1 = append(o.serveW1, o.flagOn && milliWeight(k.weight) == 1000)
 	r, ok := o.runs[s.ID]
 	if ok && r.state == stDelayed && r.key == s.Key {
 		if r.at > o.now {
@@ -881,7 +881,7 @@ func (o *Oracle) serve(s Served) {
 		o.pendingN--
 	}
 	if o.flagOn {
-		k.debt = 1 / k.weight
+		k.debt = stride(k.weight)
 		o.setSuspect(k, false)
 		o.wrote()
 	}

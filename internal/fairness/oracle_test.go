@@ -123,6 +123,7 @@ func TestModelScenarioExpiredChainSurvivor(t *testing.T) {
 }
 func TestModelScenarioWeightRaised(t *testing.T)   { checkModelScenario(t, "WeightRaised") }
 func TestModelScenarioHeavyNewcomers(t *testing.T) { checkModelScenario(t, "HeavyNewcomers") }
+func TestModelScenarioRoundedWeights(t *testing.T) { checkModelScenario(t, "RoundedWeights") }
 
 // TestModelHeavyNewcomerGen: the newcomer checks and the lag bound over
 // sequences whose newcomers are often heavier than 1 (HeavyNewcomerGen).

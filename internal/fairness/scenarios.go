@@ -527,4 +527,22 @@ var Scenarios = []Scenario{
 		s.backlogged(30, 1, keys...)
 		return s.err
 	}},
+	{Name: "RoundedWeights", Run: func(o *Oracle) error {
+		// Weights that are not whole milli-weights: the scheduler holds
+		// 0.0014 as 0.001 (a serve costs 1,000 weight-1 serves) and 0.0016
+		// as 0.002 (500), so b, backlogged at weight 1, is served 1,000
+		// times between a's serves and 500 between c's. Every check reads
+		// the weight as the scheduler does; one that read the raw weight
+		// (a serve of a 714 weight-1 serves) flagged this fair schedule.
+		s := &script{o: o}
+		s.do(o.SetWeight("a", 0.0014))
+		s.do(o.SetWeight("c", 0.0016))
+		s.enq("a", 2, 0)
+		s.enq("c", 3, 0)
+		s.enq("b", 1100, 0)
+		for i := 0; i < 111 && s.err == nil; i++ {
+			s.deq(10, false)
+		}
+		return s.err
+	}},
 }

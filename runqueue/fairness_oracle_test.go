@@ -87,6 +87,11 @@ func checkLuaGen(t *testing.T, name string, g fairness.GenConfig) {
 // checkLuaGenAll is checkLuaGen holding each sequence to every check of
 // names (one drive per sequence for all of them).
 func checkLuaGenAll(t *testing.T, names []string, g fairness.GenConfig) {
+	checkLuaGenN(t, names, g, foSequences())
+}
+
+// checkLuaGenN is checkLuaGenAll with limit sequences per backend.
+func checkLuaGenN(t *testing.T, names []string, g fairness.GenConfig, limit int) {
 	// Parallel: each backend's pool is under a prefix of its own (miniredis
 	// of its own for Mini), on a fake clock; nothing server-wide.
 	t.Parallel()
@@ -105,7 +110,7 @@ func checkLuaGenAll(t *testing.T, names []string, g fairness.GenConfig) {
 			p, mini := foPool(t, b, 1)
 			var cov fairness.Coverage
 			var watches fairness.WatchCount
-			runs, limit := 0, foSequences()
+			runs, cycles := 0, 0
 			rapid.Check(t, func(rt *rapid.T) {
 				if runs++; runs > limit {
 					return // rapid has no per-test count; the rest pass trivially
@@ -113,6 +118,7 @@ func checkLuaGenAll(t *testing.T, names []string, g fairness.GenConfig) {
 				o := foOracleOn(rt, p, mini, 1)
 				require.NoError(rt, fairness.Drive(rt, o, g))
 				cov.Add(&o.H)
+				cycles += fairness.LightCycles(&o.H)
 				if lag {
 					watches.Add(fairness.LagWatches(&o.H))
 				}
@@ -121,6 +127,9 @@ func checkLuaGenAll(t *testing.T, names []string, g fairness.GenConfig) {
 				}
 			})
 			t.Logf("Lua on %s, check %s: %s", b.name, name, cov)
+			if cycles > 0 {
+				t.Logf("Lua on %s: %d whole cycles of keys of weight 0.004 or less", b.name, cycles)
+			}
 			if lag {
 				t.Logf("Lua on %s, check lag: %s", b.name, watches)
 			}
@@ -168,6 +177,18 @@ func TestFairnessOracleColdBurst(t *testing.T) {
 	g := fairness.DefaultGen
 	g.ColdBurst = 4
 	checkLuaGenAll(t, []string{"newcomer", "newcomer-order", "reachability", "lag", "work", "exactly-once"}, g)
+}
+
+// TestFairnessOracleLong: every check over long sequences
+// (fairness.LongGen: 1,500 to 3,000 steps, weights down to 0.001, so a
+// light key's serves come round within a sequence), a fifth as many as
+// the other oracle tests (3 by default: 6 to 10 s each).
+func TestFairnessOracleLong(t *testing.T) {
+	var names []string
+	for _, c := range fairness.Checks {
+		names = append(names, c.Name)
+	}
+	checkLuaGenN(t, names, fairness.LongGen, max(1, foSequences()/5))
 }
 func TestFairnessOracleWorkConservation(t *testing.T) {
 	checkLua(t, "work")

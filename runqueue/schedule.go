@@ -36,7 +36,9 @@ type KeySchedule struct {
 	// registration order with no tag (Tag and Lag are 0) until they head
 	// it (Reason "waiting in the newcomer lane").
 	Waiting bool
-	Weight  float64
+	// Weight is the key's weight as set (SetWeight; 1 when none); the
+	// scheduler holds it to the nearest 0.001 (0.0014 is scheduled as 0.001).
+	Weight float64
 	// Parked is the tag kept while the key has no ready run (HasParked).
 	HasParked bool
 	Parked    float64

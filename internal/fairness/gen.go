@@ -83,6 +83,58 @@ var HeavyNewcomerGen = func() GenConfig {
 	return g
 }()
 
+// LongGen is DefaultGen with sequences 10 to 25 times as long (1,500 to
+// 3,000 steps: about 2,700 serves) and weights down to 0.001, 0.0014
+// (held as 0.001) and 0.004: a serve of such a key costs 1,000 or 250
+// weight-1 serves, so its serves come round within a sequence and the
+// lag bound is judged over its whole cycles, which DefaultGen's sequences
+// (at most 120 steps, a few hundred serves) never finish.
+var LongGen = func() GenConfig {
+	g := DefaultGen
+	g.MinOps, g.MaxOps = 1500, 3000
+	g.Weights = []float64{0.001, 0.0014, 0.004, 0.02, 0.5, 1, 1, 2, 7, 100, 1000}
+	return g
+}()
+
+// OddWeightGen is HeavyNewcomerGen drawing only weights that are odd
+// milli-weights, weights the scheduler rounds (half-way ones too) and
+// weights a hair from 1, with weight changes before 40% of the steps
+// (helper-198): every check reads a weight as the scheduler holds it.
+var OddWeightGen = func() GenConfig {
+	g := HeavyNewcomerGen
+	g.Weights = []float64{0.0014, 0.0016, 0.0025, 0.0015, 0.003, 0.007, 0.9996, 1.0004, 1, 2.0004,
+		333.333, 333.3335, 1000}
+	g.MintWeights = []float64{1.0004, 2.0004, 333.3335, 0.0025}
+	g.WeightBias = 40
+	return g
+}()
+
+// LightCycles counts, in h, the serves of a key of milli-weight 4 or less
+// (weight 0.004 or less, as the scheduler holds it) that came at least 200
+// serves of other keys after its previous serve: whole cycles of a light
+// key, which the lag bound judges only in long sequences.
+func LightCycles(h *History) int {
+	weight := map[string]float64{}
+	last := map[string]int{}
+	n, serves := 0, 0
+	for _, e := range h.Events {
+		switch e.Kind {
+		case EvWeight:
+			weight[e.Key] = e.W
+			delete(last, e.Key)
+		case EvServe:
+			if w, ok := weight[e.Key]; ok && milliWeight(w) <= 4 {
+				if at, ok := last[e.Key]; ok && serves-at > 200 {
+					n++
+				}
+				last[e.Key] = serves
+			}
+			serves++
+		}
+	}
+	return n
+}
+
 // Drive runs one random operation sequence on o and finishes it (drain,
 // final sweep). Flag flips and state expiry are drawn only when the
 // driver supports them.

@@ -260,7 +260,7 @@ func (c *Coverage) Add(h *History) {
 		case EvRegister:
 			if e.Visible && e.Eligible {
 				c.Newcomers++
-				if e.W > 1 {
+				if milliWeight(e.W) > 1000 { // as the scheduler holds it: 1.0004 is 1
 					c.HeavyNewcomers++
 				}
 			}

@@ -125,6 +125,30 @@ func TestModelScenarioWeightRaised(t *testing.T)   { checkModelScenario(t, "Weig
 func TestModelScenarioHeavyNewcomers(t *testing.T) { checkModelScenario(t, "HeavyNewcomers") }
 func TestModelScenarioRoundedWeights(t *testing.T) { checkModelScenario(t, "RoundedWeights") }
 
+// TestModelLongGen: every check over long sequences (LongGen: light keys'
+// serves come round within a sequence), at most 20 of them (about 1.2 s
+// each; -rapid.checks below 20 runs fewer).
+func TestModelLongGen(t *testing.T) {
+	t.Parallel()
+	var cov Coverage
+	cycles, runs := 0, 0
+	rapid.Check(t, func(rt *rapid.T) {
+		if runs++; runs > 20 {
+			return // rapid has no per-test count; the rest pass trivially
+		}
+		o := modelOracle(rt)
+		if err := Drive(rt, o, LongGen); err != nil {
+			rt.Fatalf("driving the model: %v", err)
+		}
+		cov.Add(&o.H)
+		cycles += LightCycles(&o.H)
+		if vs := Run(&o.H, Checks...); len(vs) > 0 {
+			rt.Fatalf("%s", Report(&o.H, vs))
+		}
+	})
+	t.Logf("model, long sequences, every check: %s; %d whole cycles of keys of weight 0.004 or less", cov, cycles)
+}
+
 // TestModelHeavyNewcomerGen: the newcomer checks and the lag bound over
 // sequences whose newcomers are often heavier than 1 (HeavyNewcomerGen).
 func TestModelHeavyNewcomerGen(t *testing.T) {

@@ -81,8 +81,8 @@ func (tr *s36Tracker) step() {
 			}
 		case EvWeight:
 			for _, ep := range tr.eps {
-				if w, ok := ep.work[e.Key]; ok && w > 1/e.W {
-					ep.work[e.Key] = 1 / e.W
+				if w, ok := ep.work[e.Key]; ok && w > stride(e.W) {
+					ep.work[e.Key] = stride(e.W)
 					if tr.capKeys[ep] == nil {
 						tr.capKeys[ep] = map[string]bool{}
 					}
@@ -99,7 +99,7 @@ func (tr *s36Tracker) step() {
 			for _, ep := range tr.eps {
 				if !ep.done {
 					ep.n[e.Key]++
-					ep.work[e.Key] += 1 / e.W
+					ep.work[e.Key] += stride(e.W)
 				}
 			}
 		}

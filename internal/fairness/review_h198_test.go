@@ -32,7 +32,7 @@ func TestH198OddMilliWeightsLong(t *testing.T) {
 		wa, wb float64
 		n      int
 	}{{0.003, 1, 2000}, {0.007, 1, 2000}, {0.0025, 1, 2000}, {333.333, 1, 400}, {0.003, 333.333, 3000}, {0.007, 0.003, 40}} {
-		o := New(NewModelDriver(ModelConfig{MaxAttempts: 3, Lease: time.Minute}), Config{Lease: time.Minute, MaxAttempts: 3})
+		o := h195Model()
 		s := &script{o: o}
 		s.do(o.SetWeight("a", tc.wa))
 		if tc.wb != 1 {
@@ -68,7 +68,7 @@ func TestH198OddMilliWeightsLong(t *testing.T) {
 // The history is the model's fair one with b's serves thinned.
 func TestH198LagCatchesOddUnfair(t *testing.T) {
 	t.Parallel()
-	o := New(NewModelDriver(ModelConfig{MaxAttempts: 3, Lease: time.Minute}), Config{Lease: time.Minute, MaxAttempts: 3})
+	o := h195Model()
 	s := &script{o: o}
 	s.do(o.SetWeight("a", 0.003))
 	s.enq("a", 10, 0)

@@ -102,7 +102,7 @@ func TestLagRoundedWeights(t *testing.T) {
 // check read 1/0 and judged nothing; reachability's debt was infinite).
 func TestZeroWeightCleared(t *testing.T) {
 	t.Parallel()
-	o := New(NewModelDriver(ModelConfig{MaxAttempts: 3, Lease: time.Minute}), Config{Lease: time.Minute, MaxAttempts: 3})
+	o := h195Model()
 	s := &script{o: o}
 	s.do(o.SetWeight("a", 0.5))
 	s.enq("a", 20, 0)

@@ -378,8 +378,9 @@ func TestH199Soak(t *testing.T) {
 	// the ack, and a call takes the acks queued before it reads its clock.
 	// At 1 ms, stretches in which a key was at its limit were judged (runs
 	// of this test under load: w7 served, w333 served once, w7 served again in
-	// one call, 2 runs of 3); 5 ms judged none in 9 runs and is logged; 20
-	// ms is asserted.
+	// one call, 2 runs of 3); 5 ms judged none in 9 of helper-199's runs;
+	// 20 ms, used here (one pass: (d) reads the same estimate), judges
+	// fewer stretches. Logged, not asserted (see the end of the test).
 	gatedFor := func(ackMargin time.Duration) ([]map[string]bool, []string) {
 		t.Logf("(c) with an ack margin of %v:", ackMargin)
 		// Possibly at its key limit at a serve: the key's earlier deliveries
@@ -622,8 +623,6 @@ func TestH199Soak(t *testing.T) {
 
 		return gatedAt, cViol
 	}
-	_, viol5 := gatedFor(5 * time.Millisecond)
-	t.Logf("(c) at an ack margin of 5 ms: %d violations (logged, not asserted): %v", len(viol5), viol5)
 	gatedAt, cViol := gatedFor(20 * time.Millisecond)
 
 	// (d) no key starves: for each delivery, the serves of other keys (and

@@ -393,8 +393,10 @@ func CheckNewcomerOrder(h *History) []Violation {
 // CheckLag: the lag bound (docs/design.md section 7, guarantee 2).
 //
 // Statement. For two keys i, j that are both servable, not awaiting
-// discovery, with the flag on and their weights w_i, w_j unchanged,
-// from the point at which each has been served once in that stretch:
+// discovery, with the flag on and their weights w_i, w_j unchanged (here
+// and below, a weight as the scheduler holds it: its milli-weight over
+// 1,000, so 1/w is servability.stride), from the point at which each has
+// been served once in that stretch:
 // for D(t) = n_i(t)/w_i - n_j(t)/w_j, n(t) the serves since that point
 // and t running over every prefix of the serve sequence (inside a batch
 // too: each serve is a prefix point),
@@ -798,8 +800,9 @@ func sameServes(a, b []Served) bool {
 // call's start and A = N - 1; W the largest weight of a key servable at
 // a call's start (at least 1);
 // D the debt bound of k: an upper bound on its tag minus V, tracked by the
-// oracle from what it saw (Event.Debt): 1/w after a flag-on serve at
-// weight w, max(previous, 2 + P) when it registers, 0 when the state
+// oracle from what it saw (Event.Debt): 1/w (a stride, at the
+// milli-weight) after a flag-on serve at weight w, max(previous, 2 + P)
+// when it registers, 0 when the state
 // expired while it had ready runs (it is discovered at V), and max(that,
 // 2 + P) when, still undiscovered, a flag-on write moves its head (a
 // promotion of a run due earlier than its ready ones: EvHeadMoved): it

@@ -71,14 +71,13 @@ var DefaultGen = GenConfig{
 // weight-1 serve), three quarters of the long-lived keys weighted before
 // they hold a run, and long-lived keys' weights changed before 30% of the
 // steps (heavy keys that drain and return; helper-195's generator), with
-// two weights that are not whole milli-weights among those drawn.
+// two weights that are not whole milli-weights among those drawn (0.0014
+// is held as 0.001, 2.0004 as 2).
 var HeavyNewcomerGen = func() GenConfig {
 	g := DefaultGen
 	g.MintWeightBias, g.MintWeights = 50, []float64{1.5, 2, 4, 8, 1000}
 	g.PreWeightBias = 75
 	g.WeightBias = 30
-	// and weights the scheduler rounds (0.0014 is held as 0.001, 2.0004
-	// as 2): every check reads a weight as the scheduler holds it.
 	g.Weights = append(slices.Clone(DefaultGen.Weights), 0.0014, 2.0004)
 	return g
 }()

@@ -281,15 +281,29 @@ func (w *s26World) answer(ok bool, err error) string {
 // is gone must have passed its TTL (verify checks the rest of the store).
 func (w *s26World) expiredByDequeue(who string) {
 	now := w.now()
-	for k, r := range w.runs {
-		if r.state != "queued" || r.ttl == 0 || r.ttl > now {
-			continue
+	// The records of every queued run past its TTL, in one pipeline (one
+	// read a run, each its own round trip, was most of a big world's time).
+	type recordRead struct {
+		k      string
+		exists *redis.BoolCmd
+	}
+	var reads []recordRead
+	_, err := w.c.Pipelined(w.ctx, func(p redis.Pipeliner) error {
+		for k, r := range w.runs {
+			if r.state != "queued" || r.ttl == 0 || r.ttl > now {
+				continue
+			}
+			reads = append(reads, recordRead{k, p.HExists(w.ctx, w.space.Env(r.env).Queue(r.queue).Runs(), keys.Segment(r.id))})
 		}
-		ok, err := w.c.HExists(w.ctx, w.space.Env(r.env).Queue(r.queue).Runs(), keys.Segment(r.id)).Result()
-		w.noErr(err, "%s record of %s", who, k)
+		return nil
+	})
+	w.noErr(err, "%s records of runs past their TTL", who)
+	for _, rd := range reads {
+		ok, err := rd.exists.Result()
+		w.noErr(err, "%s record of %s", who, rd.k)
 		if !ok {
-			w.logf("%s expired %s at a dequeue", who, k)
-			delete(w.runs, k)
+			w.logf("%s expired %s at a dequeue", who, rd.k)
+			delete(w.runs, rd.k)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/runqueue/runqueue/internal/schedfmt"
 	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/vtime"
 )
 
 // Weight bounds for SetWeight.
@@ -24,13 +25,14 @@ const (
 // Weights lists the value set. Weights are configuration: they do not expire with the
 // scheduler's state. At most Config.MaxWeightOverrides keys per queue may
 // have one (ErrTooManyWeights beyond). Weight 1, the default, is no
-// override: SetWeight of 1 is ClearWeight (Weights does not list the key,
-// and it takes none of MaxWeightOverrides).
+// override: SetWeight of 1, or of any weight held as 1 (1 to the nearest
+// 0.001, such as 1.0004 or 0.9996), is ClearWeight (Weights does not list
+// the key, and it takes none of MaxWeightOverrides).
 func (q *Queue) SetWeight(ctx context.Context, env, queue, key string, w float64) error {
 	if !(w >= MinWeight && w <= MaxWeight) {
 		return invalid("weight", "%v is outside %v..%v", w, MinWeight, MaxWeight)
 	}
-	if w == 1 {
+	if vtime.MilliWeightOf(w) == 1000 { // held as 1, the default
 		return q.ClearWeight(ctx, env, queue, key)
 	}
 	return q.setWeight(ctx, env, queue, key, schedfmt.FormatWeight(w))

@@ -26,8 +26,9 @@ func TestPrefix(t *testing.T) {
 	t.Parallel()
 
 	seen := map[string]bool{}
+	f := &failedTB{TB: t} // (its cleanups, which would look for keys, never run)
 	for range 1000 {
-		p := Prefix(t)
+		p := Prefix(f)
 		require.Regexp(t, regexp.MustCompile(`^t[0-9a-f]{8}$`), p)
 		require.False(t, seen[p], "duplicate prefix %q", p)
 		seen[p] = true
@@ -465,4 +466,63 @@ func TestFindLeaksPatience(t *testing.T) {
 	require.Error(t, err, "a goroutine blocked for good is a leak")
 	require.GreaterOrEqual(t, time.Since(start), LeakPatience, "it was judged before the patience ran out")
 	require.NoError(t, FindLeaks(ignore))
+}
+
+// failedTB is a test that has failed: it keeps its cleanups for the caller
+// to run.
+type failedTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (f *failedTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+func (f *failedTB) Failed() bool      { return true }
+
+// TestPrefixKeysRemoved: the keys holding a prefix are removed from the
+// shared servers when its test passes (in a hash tag or not), another
+// prefix's keys stay, and a failed test's keys stay.
+func TestPrefixKeysRemoved(t *testing.T) {
+	t.Parallel()
+	for _, b := range []Backend{{Name: "Real", Client: Real}, {Name: "Cluster", Client: Cluster}} {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			c := b.Client(t)
+			ctx := context.Background()
+			names := func(p string) []string {
+				return []string{"{" + p + ":e1}:a", "{" + p + ":e2}:b", "x:" + p + ":c"}
+			}
+			write := func(p string) {
+				for _, k := range names(p) {
+					require.NoError(t, c.Set(ctx, k, "v", time.Hour).Err())
+				}
+			}
+			count := func(p string) int {
+				n := 0
+				for _, k := range names(p) {
+					n += int(c.Exists(ctx, k).Val())
+				}
+				return n
+			}
+			bystander := Prefix(t)
+			write(bystander)
+			var passed string
+			t.Run("passes", func(t *testing.T) {
+				passed = Prefix(t)
+				write(passed)
+				require.Equal(t, 3, count(passed))
+			})
+			require.Zero(t, count(passed), "a passed test's keys are removed")
+			require.Equal(t, 3, count(bystander), "another prefix's keys stay")
+
+			f := &failedTB{TB: t}
+			failed := Prefix(f)
+			write(failed)
+			for i := len(f.cleanups) - 1; i >= 0; i-- {
+				f.cleanups[i]()
+			}
+			require.Equal(t, 3, count(failed), "a failed test's keys stay")
+			forget(failed)
+			require.Zero(t, count(failed))
+		})
+	}
 }

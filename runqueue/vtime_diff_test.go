@@ -446,7 +446,8 @@ func (d *diff) expireState(rt *rapid.T) {
 
 func (d *diff) setWeight(rt *rapid.T) {
 	key := rapid.SampledFrom(d.keys).Draw(rt, "weightKey")
-	w := rapid.SampledFrom([]float64{0, 0.001, 0.01, 0.3, 0.5, 2, 3, 7, 100, 1000}).Draw(rt, "weight")
+	// (0.9996 and 1.0004 are held as 1: SetWeight clears, as the model does)
+	w := rapid.SampledFrom([]float64{0, 0.001, 0.01, 0.3, 0.5, 0.9996, 1.0004, 2, 3, 7, 100, 1000}).Draw(rt, "weight")
 	if w == 0 {
 		require.NoError(rt, d.q.ClearWeight(d.ctx, d.env, d.queue, key))
 	} else {

@@ -274,8 +274,9 @@ func MilliWeightOf(w float64) int64 {
 	return min(MaxMilliWeight, max(MinMilliWeight, int64(math.Floor(w*1000+0.5))))
 }
 
-// SetWeight sets (w > 0) or clears (w == 0, or 1: the default weight is no
-// override, as runqueue's SetWeight of 1 stores none) the weight of key. The new
+// SetWeight sets (w > 0) or clears (w == 0, or any w held as 1, 1 to the
+// nearest 0.001: the default weight is no override, as runqueue's SetWeight
+// of such a weight stores none) the weight of key. The new
 // weight prices the serves from now on (the sub-unit remainder of the old
 // stride is dropped), and it caps what the key still owes for its serves at
 // the old weight: a tag above V plus one serve at the new weight (competing,
@@ -286,7 +287,7 @@ func MilliWeightOf(w float64) int64 {
 // (guarantees 2 and 12).
 func (m *Model) SetWeight(key string, w float64) {
 	vm := keys.VariantMember(key)
-	if w == 0 || w == 1 {
+	if w == 0 || MilliWeightOf(w) == 1000 {
 		delete(m.weights, vm)
 	} else {
 		m.weights[vm] = MilliWeightOf(w)

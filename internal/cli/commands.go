@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runqueue/runqueue/runqueue"
+	"github.com/runqueue/runqueue/vtime"
 )
 
 // runFunc runs a command on an open Queue with its positional arguments.
@@ -206,7 +207,9 @@ count and the scheduler's state (a fair dequeue starts it again)
 		summary: "give a concurrency key a scheduler weight (writes)",
 		help: fmt.Sprintf(`Gives KEY a scheduler weight (%v..%v): with the fair scheduler on, a key of
 weight w gets w times the share of a key of weight 1 while both have work. It
-applies at the next serve, on every instance, and does not expire.`, runqueue.MinWeight, runqueue.MaxWeight),
+applies at the next serve, on every instance, and does not expire. The
+scheduler holds a weight to the nearest 0.001; one held as 1 (1.0004) clears
+the key's override, as weight clear does.`, runqueue.MinWeight, runqueue.MaxWeight),
 		setup: func(*flag.FlagSet, *runqueue.Config) runFunc { return runWeightSet },
 	},
 	{
@@ -778,6 +781,10 @@ func runWeightSet(ctx context.Context, q *runqueue.Queue, out *output, args []st
 	}
 	if err := q.SetWeight(ctx, args[0], args[1], args[2], w); err != nil {
 		return err
+	}
+	if vtime.MilliWeightOf(w) == 1000 && w != 1 {
+		// SetWeight cleared the override: the scheduler holds w as 1.
+		return weightResult(out, args, 1, "cleared: "+weight(w)+" is held as 1, the default")
 	}
 	return weightResult(out, args, w, "set to "+weight(w))
 }

@@ -438,6 +438,13 @@ func TestWeights(t *testing.T) {
 			decode[setJSON](t, b.run(t, "weight", "set", "-json", "prod", "builds", "globex", "1e3").ok(t)))
 		require.Equal(t, "weight of key acme in queue builds of env prod cleared: back to 1\n",
 			b.run(t, "weight", "clear", "prod", "builds", "acme").ok(t))
+		// A weight the scheduler holds as 1 (the nearest 0.001) clears too.
+		require.Equal(t, "weight of key globex in queue builds of env prod cleared: 1.0004 is held as 1, the default\n",
+			b.run(t, "weight", "set", "prod", "builds", "globex", "1.0004").ok(t))
+		require.Equal(t, setJSON{"prod", "builds", "globex", 1},
+			decode[setJSON](t, b.run(t, "weight", "set", "-json", "prod", "builds", "globex", "0.9996").ok(t)))
+		require.Equal(t, "weight of key globex in queue builds of env prod set to 2\n",
+			b.run(t, "weight", "set", "prod", "builds", "globex", "2").ok(t))
 		require.Equal(t, setJSON{"prod", "builds", "globex", 1},
 			decode[setJSON](t, b.run(t, "weight", "clear", "-json", "prod", "builds", "globex").ok(t)))
 		ws, err = b.q.Weights(b.ctx, "prod", "builds")

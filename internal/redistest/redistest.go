@@ -187,9 +187,11 @@ func ClusterSource() string { return clustered.source() }
 // lowercase hex digits. It holds only [a-z0-9], so it fits in any key and
 // inside a {hash tag}.
 //
-// When t ends without failing, the keys that hold the prefix are removed
-// (UNLINK) from the shared [Real] and [Cluster] servers, if this binary has
-// used them; a failed test's keys stay for a look. So the shared keyspace
+// When t ends without failing, the keys that hold the prefix in a hash tag
+// or its start ("{<prefix>...") are removed (UNLINK) from the shared [Real]
+// and [Cluster] servers, if this binary has used them; a failed test's keys
+// stay for a look (unless it failed in a cleanup registered before Prefix,
+// which runs after this one). So the shared keyspace
 // holds the keys of the tests still running: a test that lists its own keys
 // (SCAN MATCH) walks every key of the server, and with the keys of every
 // finished test left in place such SCANs were 40% of the shared server's
@@ -210,19 +212,32 @@ func Prefix(t testing.TB) string {
 	return p
 }
 
-// forget removes, best effort, the keys holding prefix from the shared
-// servers this binary started or found (errors are ignored: the keys only
-// cost the SCANs of later tests). It talks to each node directly, with a
-// client of its own that it closes: a client kept between tests would
-// leave goroutines running where tests check for leaks.
+// forget removes, best effort, the keys holding prefix in a hash tag or
+// its start ("{t1a2b3c4d:0}...", "{t1a2b3c4d}...": every key a runqueue
+// Config.Prefix makes) from the shared servers this binary started or
+// found (errors are ignored: the keys only cost the SCANs of later tests).
+// The pattern is anchored there: on a server other work shares, a key that
+// merely contains the prefix's 9 characters is not the test's. It talks to
+// each node with a client of its own that it closes (a client kept between
+// tests would leave goroutines running where tests check for leaks): the
+// nodes of a spawned cluster are its masters; REDIS_CLUSTER_ADDRS may list
+// only some, so a cluster client finds the masters there.
 func forget(prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pattern := "*" + prefix + "*"
+	pattern := "{" + prefix + "*"
 	for _, s := range []*shared{standalone, clustered} {
 		d := s.ready.Load()
 		if d == nil {
 			continue // not started: nothing of this binary's there
+		}
+		if s == clustered && !strings.HasPrefix(d.source, "spawned") {
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.addrs, ReadTimeout: 5 * time.Second})
+			_ = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+				return unlinkMatching(ctx, n, pattern, true)
+			})
+			_ = c.Close()
+			continue
 		}
 		for _, addr := range d.addrs {
 			opt := &redis.Options{Addr: addr}

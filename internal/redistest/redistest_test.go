@@ -478,9 +478,9 @@ type failedTB struct {
 func (f *failedTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
 func (f *failedTB) Failed() bool      { return true }
 
-// TestPrefixKeysRemoved: the keys holding a prefix are removed from the
-// shared servers when its test passes (in a hash tag or not), another
-// prefix's keys stay, and a failed test's keys stay.
+// TestPrefixKeysRemoved: the keys that start with a prefix in a hash tag
+// are removed from the shared servers when its test passes; a key holding
+// it elsewhere, another prefix's keys and a failed test's keys stay.
 func TestPrefixKeysRemoved(t *testing.T) {
 	t.Parallel()
 	for _, b := range []Backend{{Name: "Real", Client: Real}, {Name: "Cluster", Client: Cluster}} {
@@ -489,7 +489,7 @@ func TestPrefixKeysRemoved(t *testing.T) {
 			c := b.Client(t)
 			ctx := context.Background()
 			names := func(p string) []string {
-				return []string{"{" + p + ":e1}:a", "{" + p + ":e2}:b", "x:" + p + ":c"}
+				return []string{"{" + p + ":e1}:a", "{" + p + ":e2}:b", "{" + p + "}:c"}
 			}
 			write := func(p string) {
 				for _, k := range names(p) {
@@ -506,12 +506,16 @@ func TestPrefixKeysRemoved(t *testing.T) {
 			bystander := Prefix(t)
 			write(bystander)
 			var passed string
+			elsewhere := func() string { return "x:" + passed + ":c" }
 			t.Run("passes", func(t *testing.T) {
 				passed = Prefix(t)
 				write(passed)
+				require.NoError(t, c.Set(ctx, elsewhere(), "v", time.Hour).Err())
 				require.Equal(t, 3, count(passed))
 			})
 			require.Zero(t, count(passed), "a passed test's keys are removed")
+			require.Equal(t, int64(1), c.Exists(ctx, elsewhere()).Val(), "a key holding the prefix elsewhere stays")
+			require.NoError(t, c.Del(ctx, elsewhere()).Err())
 			require.Equal(t, 3, count(bystander), "another prefix's keys stay")
 
 			f := &failedTB{TB: t}

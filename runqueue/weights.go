@@ -32,7 +32,7 @@ func (q *Queue) SetWeight(ctx context.Context, env, queue, key string, w float64
 	if !(w >= MinWeight && w <= MaxWeight) {
 		return invalid("weight", "%v is outside %v..%v", w, MinWeight, MaxWeight)
 	}
-	if vtime.MilliWeightOf(w) == 1000 { // held as 1, the default
+	if vtime.HeldAsDefault(w) {
 		return q.ClearWeight(ctx, env, queue, key)
 	}
 	return q.setWeight(ctx, env, queue, key, schedfmt.FormatWeight(w))

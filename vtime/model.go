@@ -274,9 +274,14 @@ func MilliWeightOf(w float64) int64 {
 	return min(MaxMilliWeight, max(MinMilliWeight, int64(math.Floor(w*1000+0.5))))
 }
 
-// SetWeight sets (w > 0) or clears (w == 0, or any w held as 1, 1 to the
-// nearest 0.001: the default weight is no override, as runqueue's SetWeight
-// of such a weight stores none) the weight of key. The new
+// HeldAsDefault reports whether the scheduler holds weight w as 1, the
+// default (1 to the nearest 0.001: 1.0004, 0.9996): setting it is no
+// override, and SetWeight (here and runqueue's) clears instead.
+func HeldAsDefault(w float64) bool { return MilliWeightOf(w) == 1000 }
+
+// SetWeight sets (w > 0) or clears (w == 0, or HeldAsDefault(w): the default
+// weight is no override, as runqueue's SetWeight of such a weight stores
+// none) the weight of key. The new
 // weight prices the serves from now on (the sub-unit remainder of the old
 // stride is dropped), and it caps what the key still owes for its serves at
 // the old weight: a tag above V plus one serve at the new weight (competing,
@@ -287,7 +292,7 @@ func MilliWeightOf(w float64) int64 {
 // (guarantees 2 and 12).
 func (m *Model) SetWeight(key string, w float64) {
 	vm := keys.VariantMember(key)
-	if w == 0 || MilliWeightOf(w) == 1000 {
+	if w == 0 || HeldAsDefault(w) {
 		delete(m.weights, vm)
 	} else {
 		m.weights[vm] = MilliWeightOf(w)

@@ -782,7 +782,7 @@ func runWeightSet(ctx context.Context, q *runqueue.Queue, out *output, args []st
 	if err := q.SetWeight(ctx, args[0], args[1], args[2], w); err != nil {
 		return err
 	}
-	if vtime.MilliWeightOf(w) == 1000 && w != 1 {
+	if vtime.HeldAsDefault(w) && w != 1 {
 		// SetWeight cleared the override: the scheduler holds w as 1.
 		return weightResult(out, args, 1, "cleared: "+weight(w)+" is held as 1, the default")
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/internal/redistest"
-	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -115,26 +114,12 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	const maxAttempts = 3
 
 	// Three envs on three masters.
-	masters, err := redistest.Masters(ctx, c)
-	require.NoError(t, err)
-	require.Len(t, masters, 3)
 	probe := s34NewQueue(t, c, prefix, nil)
-	space, err := keys.NewSpace(prefix, probe.Shards())
-	require.NoError(t, err)
-	byNode := map[string]string{}
-	for i := 0; len(byNode) < len(masters) && i < 10000; i++ {
-		e := fmt.Sprintf("h200e%d", i)
-		node, err := redistest.NodeOf(ctx, c, space.Shard(probe.ShardOf(e)).Master())
-		require.NoError(t, err)
-		if _, ok := byNode[node]; !ok {
-			byNode[node] = e
-		}
-	}
-	var envs []string
+	envs := envsOnMasters(t, c, probe, prefix, "h200e")
+	require.Len(t, envs, 3)
 	var shards []int
-	for _, m := range masters {
-		envs = append(envs, byNode[m])
-		shards = append(shards, probe.ShardOf(byNode[m]))
+	for _, e := range envs {
+		shards = append(shards, probe.ShardOf(e))
 	}
 	queues := []string{"qa", "qb"}
 	envLim := map[string]int{envs[0]: 9, envs[1]: 12, envs[2]: 7}
@@ -158,7 +143,7 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 		}
 	}
 	qOn := s34NewQueue(t, c, prefix, mut(true))
-	t.Logf("cluster: %s; envs %v on %v, shards %v", redistest.ClusterSource(), envs, masters, shards)
+	t.Logf("cluster: %s; envs %v (one on each master), shards %v", redistest.ClusterSource(), envs, shards)
 
 	// The workload.
 	type vk struct{ env, queue, key string }

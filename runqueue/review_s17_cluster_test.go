@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -22,13 +23,23 @@ import (
 // shard that master serves), so that a test's work spans every node.
 func s17EnvsOnMasters(t *testing.T, b *testBundle) []string {
 	t.Helper()
-	masters, err := redistest.Masters(b.ctx, b.client)
+	return envsOnMasters(t, b.client, b.q, b.prefix, "env")
+}
+
+// envsOnMasters returns one env per master of the cluster c, in the order
+// of redistest.Masters, named name0, name1, ... (the first on each master)
+// for q, whose Config.Prefix is prefix.
+func envsOnMasters(t testing.TB, c redis.UniversalClient, q *runqueue.Queue, prefix, name string) []string {
+	t.Helper()
+	ctx := context.Background()
+	masters, err := redistest.Masters(ctx, c)
 	require.NoError(t, err)
-	space := keySpace(t, b)
+	space, err := keys.NewSpace(prefix, q.Shards())
+	require.NoError(t, err)
 	byNode := map[string]string{}
 	for i := 0; len(byNode) < len(masters) && i < 10000; i++ {
-		e := fmt.Sprintf("env%d", i)
-		node, err := redistest.NodeOf(b.ctx, b.client, space.Shard(b.q.ShardOf(e)).Master())
+		e := fmt.Sprintf("%s%d", name, i)
+		node, err := redistest.NodeOf(ctx, c, space.Shard(q.ShardOf(e)).Master())
 		require.NoError(t, err)
 		if _, ok := byNode[node]; !ok {
 			byNode[node] = e

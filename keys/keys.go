@@ -227,6 +227,11 @@ func (e Env) InflightCount() string { return e.base + ":inflightN" }
 // Dead is the env's HASH queue member -> number of dead-lettered runs.
 func (e Env) Dead() string { return e.base + ":dead" }
 
+// Waiting is the env's HASH of the queues waiting for a slot of its
+// concurrency (layout 8): queue member -> "<since ms>:<until ms>", written
+// by flag-on dequeues only (lua/lib/envwait.lua).
+func (e Env) Waiting() string { return e.base + ":waiting" }
+
 // Queue returns the keys of a base queue of the env.
 func (e Env) Queue(queue string) Queue {
 	return Queue{Env: e, queue: queue, base: e.base + ":q:" + Segment(queue)}

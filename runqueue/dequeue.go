@@ -316,7 +316,7 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	}
 	ks := n.dequeue
 	lease := now + ms(q.cfg.LeaseDuration)
-	args := make([]any, 0, 16+3*len(acks))
+	args := make([]any, 0, 19+3*len(acks))
 	args = append(args, now, size.maxCount, lim.Env, lim.Queue, lim.Key, lease, n.member,
 		n.runPrefix, ms(q.cfg.PriorityStep), size.scan, size.promote,
 		n.vbase, len(acks))
@@ -324,8 +324,9 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 		args = append(args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
 	}
 	if q.cfg.VtimeScheduling {
-		ks = append(ks, n.vtime...)
-		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier, look)
+		ks = n.dqVtime
+		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier, look,
+			n.wake, q.waitingLife())
 	}
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
 	if err != nil {
@@ -387,6 +388,12 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 	}
 	return runs, ackErrs, err
 }
+
+// waitingLife is how long (ms) the mark of a flag-on dequeue that the env's
+// limit held stays live without being renewed (lua/lib/envwait.lua): two
+// poll intervals and a second, so that a consumer that waits between its
+// calls keeps its place while it waits.
+func (q *Queue) waitingLife() int64 { return ms(2*q.cfg.BlockPollInterval + time.Second) }
 
 // ackedCount is how many of the acks of a dequeue script's reply were
 // acked by this call (1), leaving out those gone already (0) and errors.

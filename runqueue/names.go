@@ -19,6 +19,7 @@ type queueNames struct {
 	dequeue   []string // the dequeue scripts' own KEYS (lib/dequeue)
 	held      []string // heldKeys
 	vtime     []string // vtimeKeys
+	dqVtime   []string // the flag-on dequeue's KEYS: dequeue, vtime, the env's waiting hash
 	member    string   // qk.Member()
 	vbase     string   // qk.VariantBase()
 	wake      string   // qk.Wake()
@@ -70,7 +71,7 @@ func (q *Queue) names(env, queue string) *queueNames {
 // size is the bytes of n's strings.
 func (n *queueNames) size() int {
 	total := len(n.member) + len(n.vbase) + len(n.wake) + len(n.runPrefix)
-	for _, ks := range [][]string{n.place, n.dequeue, n.held, n.vtime} {
+	for _, ks := range [][]string{n.place, n.dequeue, n.held, n.vtime, n.dqVtime} {
 		for _, k := range ks {
 			total += len(k)
 		}
@@ -79,13 +80,16 @@ func (n *queueNames) size() int {
 }
 
 func (q *Queue) buildNames(qk keys.Queue) *queueNames {
+	dequeue := slices.Clip([]string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
+		qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens(), qk.TTL()})
+	vtime := slices.Clip(q.vtimeKeys(qk))
 	return &queueNames{
-		qk:    qk,
-		place: slices.Clip(placeKeys(qk, qk.TTL())),
-		dequeue: slices.Clip([]string{qk.CkIndex(), qk.DelayIndex(), qk.Depth(), qk.Master(), qk.Leases(),
-			qk.Env.InflightCount(), qk.Held(), qk.Runs(), qk.KeyInflight(), qk.Tokens(), qk.TTL()}),
+		qk:        qk,
+		place:     slices.Clip(placeKeys(qk, qk.TTL())),
+		dequeue:   dequeue,
 		held:      slices.Clip(q.heldKeys(qk)),
-		vtime:     slices.Clip(q.vtimeKeys(qk)),
+		vtime:     vtime,
+		dqVtime:   slices.Clip(slices.Concat(dequeue, vtime, []string{qk.Env.Waiting()})),
 		member:    qk.Member(),
 		vbase:     qk.VariantBase(),
 		wake:      qk.Wake(),

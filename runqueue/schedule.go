@@ -48,7 +48,8 @@ type KeySchedule struct {
 	// Reason says why the key is not being served, "" when it competes:
 	// "idle" (no queued run; runs in flight may remain), "head in the
 	// future" (only delayed runs), "at its limit" (KeyConcurrency reached),
-	// "queue or env at its limit",
+	// "queue or env at its limit" (the env's free slots left to other
+	// queues of the env waiting ahead of this one count as taken),
 	// "awaiting discovery" (ready runs written without the flag, not yet
 	// registered: a dequeue's discovery reaches it within
 	// ceil(variants / max(1, ScanLimit - maxCount)) + 1 calls, guarantee 5
@@ -144,10 +145,17 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 	return out, nil
 }
 
+// capacityGone: a dequeue of qk now would take nothing for its queue's
+// or env's limit; the env's free slots left to the other queues of the env
+// that wait ahead of qk (envAhead) count as taken.
 func (q *Queue) capacityGone(ctx context.Context, qk keys.Queue, lim Limits) (bool, error) {
 	if lim.Env > 0 {
 		n, err := q.envInflight(ctx, qk.Env)
-		if err != nil || n >= int64(lim.Env) {
+		if err != nil {
+			return false, err
+		}
+		ahead, err := q.envAhead(ctx, qk, q.now())
+		if err != nil || n+int64(ahead) >= int64(lim.Env) {
 			return err == nil, err
 		}
 	}
@@ -300,6 +308,11 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 	lim, err := q.cfg.limitsFor(env, queue)
 	if err != nil {
 		return nil, 0, err
+	}
+	if lim.Env > 0 {
+		if snap.EnvAhead, err = q.envAhead(ctx, qk, now); err != nil {
+			return nil, 0, err
+		}
 	}
 	m := vtime.Restore(vtime.Config{
 		WindowMultiplier: q.cfg.WindowMultiplier, IdleMaxEntries: q.cfg.IdleMaxEntries,

@@ -140,6 +140,10 @@ type Model struct {
 
 	// EnvOther counts runs in flight in other queues of the env.
 	EnvOther int
+	// EnvAhead counts the other queues of the env that wait ahead of this
+	// one for a slot of the env (runqueue's env waiting hash: a dequeue
+	// leaves a free slot to each, see runqueue/lua/lib/envwait.lua).
+	EnvAhead int
 }
 
 // New returns an empty model.
@@ -738,7 +742,7 @@ func (m *Model) capacity(maxCount int) int {
 	}
 	capacity := maxCount
 	if lim.Env > 0 {
-		capacity = min(capacity, lim.Env-queueN-m.EnvOther)
+		capacity = min(capacity, lim.Env-queueN-m.EnvOther-m.EnvAhead)
 	}
 	if lim.Queue > 0 {
 		capacity = min(capacity, lim.Queue-queueN)

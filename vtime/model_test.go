@@ -1918,7 +1918,7 @@ func TestSnapshotRestore(t *testing.T) {
 		for i := 0; i < 4; i++ {
 			m.Dequeue(2, int64(i))
 		}
-		m.EnvOther = 1
+		m.EnvOther, m.EnvAhead = 1, 2
 		m.epoch = 3
 		return m
 	}
@@ -1987,17 +1987,23 @@ func TestCapacity(t *testing.T) {
 		name     string
 		limits   Limits
 		envOther int
+		envAhead int
 		maxCount int
 		want     int
 	}{
-		{"none", Limits{}, 5, 4, 4},
-		{"queue", Limits{Queue: 3}, 0, 4, 2},
-		{"env", Limits{Env: 5}, 2, 4, 2},
-		{"envAndQueue", Limits{Env: 10, Queue: 2}, 1, 4, 1},
-		{"envFull", Limits{Env: 3}, 2, 4, 0},
-		{"envOverfull", Limits{Env: 3}, 7, 4, 0},
-		{"queueFull", Limits{Queue: 1}, 0, 4, 0},
-		{"maxCountZero", Limits{}, 0, 0, 0},
+		{"none", Limits{}, 5, 0, 4, 4},
+		{"queue", Limits{Queue: 3}, 0, 0, 4, 2},
+		{"env", Limits{Env: 5}, 2, 0, 4, 2},
+		{"envAndQueue", Limits{Env: 10, Queue: 2}, 1, 0, 4, 1},
+		{"envFull", Limits{Env: 3}, 2, 0, 4, 0},
+		{"envOverfull", Limits{Env: 3}, 7, 0, 4, 0},
+		{"queueFull", Limits{Queue: 1}, 0, 0, 4, 0},
+		{"maxCountZero", Limits{}, 0, 0, 0, 0},
+		// Free slots of the env left to queues waiting ahead.
+		{"envAhead", Limits{Env: 5}, 1, 2, 4, 1},
+		{"envAheadAll", Limits{Env: 5}, 1, 3, 4, 0},
+		{"envAheadMore", Limits{Env: 5}, 1, 9, 4, 0},
+		{"envAheadNoEnvLimit", Limits{}, 1, 9, 4, 4},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -2008,7 +2014,7 @@ func TestCapacity(t *testing.T) {
 				add(t, m, k, 1, 0, 0)
 			}
 			require.NoError(t, m.Enqueue("late#1", "late", 0, 5, 0))
-			m.EnvOther = c.envOther
+			m.EnvOther, m.EnvAhead = c.envOther, c.envAhead
 			m.SetLimits(c.limits)
 			require.Equal(t, c.want, max(m.capacity(c.maxCount), 0))
 			before := normalized(m.Snapshot())

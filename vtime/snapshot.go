@@ -33,6 +33,7 @@ type Snapshot struct {
 	// InFlight is the number of runs in flight per variant member.
 	InFlight map[string]int
 	EnvOther int
+	EnvAhead int
 }
 
 // Restore builds a model holding s.
@@ -42,7 +43,7 @@ func Restore(cfg Config, s Snapshot) *Model {
 	m.nextSeq, m.gn = max(1, s.NextSeq), max(1, s.GN)
 	m.began, m.born = s.Began, s.Born
 	m.marked, m.mark = s.Marked, s.Mark
-	m.EnvOther = s.EnvOther
+	m.EnvOther, m.EnvAhead = s.EnvOther, s.EnvAhead
 	for k, r := range s.Reg {
 		cp := r
 		m.reg[k] = &cp
@@ -76,7 +77,7 @@ func Restore(cfg Config, s Snapshot) *Model {
 func (m *Model) Snapshot() Snapshot {
 	s := Snapshot{V: m.v, Epoch: m.epoch, Cursor: m.cursor, NextSeq: m.nextSeq,
 		GK: m.gk, GN: m.gn, GP: m.gp, Began: m.began, Born: m.born, Marked: m.marked, Mark: m.mark, Reg: map[string]Reg{}, Idle: map[string]int64{}, Weights: map[string]int64{},
-		InFlight: map[string]int{}, EnvOther: m.EnvOther}
+		InFlight: map[string]int{}, EnvOther: m.EnvOther, EnvAhead: m.EnvAhead}
 	for k, r := range m.reg {
 		s.Reg[k] = *r
 	}

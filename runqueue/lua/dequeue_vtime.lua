@@ -15,6 +15,9 @@
 -- ARGV[16+3a] -> window multiplier
 -- ARGV[17+3a] -> 1 when a freed slot looks for a gated variant (see
 --                lib/hooks_vtime), else 0
+-- KEYS[15] -> the env's waiting HASH (see lib/envwait)
+-- ARGV[18+3a] -> the shard's wake-up channel
+-- ARGV[19+3a] -> the life of the call's waiting mark (ms)
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 --@include record
@@ -23,6 +26,7 @@
 --@include place
 --@include dequeue
 --@include span
+--@include envwait
 local OWN_KEYS = 11
 local dq = dq_open(KEYS, ARGV)
 local S = sched_open(KEYS[OWN_KEYS + 1], KEYS[OWN_KEYS + 2], KEYS[OWN_KEYS + 3],
@@ -37,7 +41,12 @@ local acked = {}
 if dq.acks > 0 then -- (the hooks are closures: made only for acks)
   acked = dq_ack(dq, sched_hooks(S, dq.key_limit > 0 or ARGV[dq.own_args + 4] == '1'))
 end
-if dq_capacity(dq) <= 0 then
+-- The env's free slots left to its queues that wait longer (lib/envwait).
+dq_capacity(dq)
+local ew = ew_open(KEYS[OWN_KEYS + 4], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
+ew_capacity(ew)
+if dq.cap <= 0 then
+  ew_settle(ew, 0)
   if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
@@ -174,6 +183,7 @@ if promoted[1] then sched_register_many(S, promoted, found) end
 if not S.st then
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   if not r[1] and redis.call('EXISTS', dq.ck_index) == 0 then
+    ew_settle(ew, 0)
     return dq_finish(dq, acked)
   end
   sched_state(S, r, 0)
@@ -585,6 +595,7 @@ end
 -- their ready sets, so a full Redis still hands out runs, whose acks free
 -- memory (as with the flag off).
 local out = dq_finish(dq, acked)
+ew_settle(ew, #dq.served - dq.nswept)
 
 -- collect and persist: the tags and registrations this call changed
 -- (gathered from the entries it touched), then parked tags.

@@ -1,0 +1,260 @@
+package runqueue_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// The queues of an env wait for its slots in turn (lua/lib/envwait.lua,
+// layout 8): a flag-on dequeue leaves a slot its acks free to another
+// queue of the env that found the env at its limit with ready runs, so a
+// consumer that acks and takes in one call no longer takes back every slot
+// while another queue waits for its backlog to drain.
+
+func ewSetup(t *testing.T, c redis.UniversalClient, on bool, envLimit int) (*testBundle, string) {
+	b := setup(t, c, func(cfg *runqueue.Config) {
+		cfg.VtimeScheduling = on
+		cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: envLimit} }
+		cfg.BlockPollInterval = 500 * time.Millisecond
+	})
+	sp, err := keys.NewSpace(b.prefix, b.q.Shards())
+	require.NoError(t, err)
+	return b, sp.Env(env).Waiting()
+}
+
+func ewEnqueue(t *testing.T, b *testBundle, queue string, n int) {
+	t.Helper()
+	for i := range n {
+		_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: queue, Key: "k", ID: fmt.Sprintf("%s-%03d", queue, i)})
+		require.NoError(t, err)
+		b.clock.Advance(time.Millisecond)
+	}
+}
+
+func ewTake(t *testing.T, b *testBundle, acks []*runqueue.Run, queue string) []*runqueue.Run {
+	t.Helper()
+	runs, errs, err := b.q.AckAndDequeue(b.ctx, acks, env, queue, 1)
+	require.NoError(t, err)
+	for _, e := range errs {
+		require.NoError(t, e)
+	}
+	return runs
+}
+
+// TestEnvWaitingSlotLeft: env limit 1, queue qa with a backlog, qb with
+// one run. Flag on, qa's fused ack leaves the slot to qb, which found the
+// env full; qa then waits its turn behind qb; once qb has nothing more,
+// qa takes again and the waiting hash is gone. Flag off (pinned, age
+// order per queue) qa takes the slot back.
+func TestEnvWaitingSlotLeft(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, on := range []bool{false, true} {
+			t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+				b, waiting := ewSetup(t, c, on, 1)
+				ewEnqueue(t, b, "qa", 5)
+				ewEnqueue(t, b, "qb", 1)
+				a := ewTake(t, b, nil, "qa")
+				require.Len(t, a, 1)
+				require.Empty(t, ewTake(t, b, nil, "qb"), "the env is at its limit")
+				a2 := ewTake(t, b, a, "qa")
+				if !on {
+					require.Len(t, a2, 1, "flag off, the fused call takes its slot back")
+					require.Zero(t, b.client.Exists(b.ctx, waiting).Val(), "flag off writes no waiting mark")
+					return
+				}
+				require.Empty(t, a2, "the slot qa's ack freed is left to qb, which waits")
+				require.True(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val())
+				bb := ewTake(t, b, nil, "qb")
+				require.Len(t, bb, 1)
+				require.Equal(t, "qb-000", bb[0].ID)
+				require.Empty(t, ewTake(t, b, nil, "qa"), "the env is at its limit")
+				require.Empty(t, ewTake(t, b, bb, "qb"), "qb has nothing more")
+				require.False(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val(), "qb's mark is dropped")
+				a3 := ewTake(t, b, nil, "qa")
+				require.Len(t, a3, 1)
+				require.Equal(t, "qa-001", a3[0].ID)
+				require.Zero(t, b.client.Exists(b.ctx, waiting).Val(), "no queue waits")
+			})
+		}
+	})
+}
+
+// TestEnvWaitingMarkLapses: a waiting queue whose consumer is gone holds
+// nothing back once its mark's life (2 x BlockPollInterval + 1 s) is over.
+func TestEnvWaitingMarkLapses(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, waiting := ewSetup(t, c, true, 1)
+		ewEnqueue(t, b, "qa", 3)
+		ewEnqueue(t, b, "qb", 1)
+		a := ewTake(t, b, nil, "qa")
+		require.Empty(t, ewTake(t, b, nil, "qb"))
+		life := 2*b.cfg.BlockPollInterval + time.Second
+		b.clock.Advance(life) // (at its until: still live)
+		a = append(a, ewTake(t, b, nil, "qa")...)
+		require.Len(t, a, 1, "the env is full either way")
+		a2 := ewTake(t, b, a, "qa")
+		require.Empty(t, a2, "qb's mark is live at its until")
+		b.clock.Advance(time.Millisecond)
+		a3 := ewTake(t, b, nil, "qa")
+		require.Len(t, a3, 1, "qb's mark lapsed")
+		require.False(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val(), "the lapsed mark is dropped")
+	})
+}
+
+// TestEnvWaitingTurns: env limit 2, three queues with backlogs, each
+// consumer acking and taking one run a call in turn. Flag on, every
+// queue's serves in any window of calls stay within one of the others'
+// (the slots go round); flag off, the third queue is never served while
+// the first two have runs.
+func TestEnvWaitingTurns(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, on := range []bool{false, true} {
+			t.Run(fmt.Sprintf("vtime=%v", on), func(t *testing.T) {
+				b, _ := ewSetup(t, c, on, 2)
+				qs := []string{"qa", "qb", "qc"}
+				for _, q := range qs {
+					ewEnqueue(t, b, q, 20)
+				}
+				held := map[string][]*runqueue.Run{}
+				served := map[string]int{}
+				var order []string
+				for range 10 {
+					for _, q := range qs {
+						runs := ewTake(t, b, held[q], q)
+						held[q] = runs
+						for range runs {
+							served[q]++
+							order = append(order, q)
+						}
+					}
+				}
+				t.Logf("serve order: %v", order)
+				if !on {
+					require.Zero(t, served["qc"], "flag off, the fused calls of qa and qb take their slots back")
+					return
+				}
+				lo, hi := served["qa"], served["qa"]
+				for _, q := range qs {
+					lo, hi = min(lo, served[q]), max(hi, served[q])
+				}
+				require.LessOrEqual(t, hi-lo, 1, "served %v", served)
+				require.GreaterOrEqual(t, lo, 3, "served %v", served)
+			})
+		}
+	})
+}
+
+// TestEnvWaitingWorker: a flag-on Worker over two queues of an env with a
+// limit of 1, one queue with a backlog of 400 runs; a run enqueued into
+// the other after 10 deliveries is served long before the backlog drains.
+// BlockPollInterval is a minute, so only the wake-up the fused call
+// publishes when it leaves the slot brings the other queue's fetch.
+func TestEnvWaitingWorker(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling = true
+			cfg.BlockPollInterval = time.Minute
+			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 1} }
+		})
+		ewEnqueue(t, b, "qa", 400)
+		var aDone atomic.Int64
+		atB := make(chan int64, 1)
+		tenth := make(chan struct{})
+		var once sync.Once
+		h := func(_ context.Context, r *runqueue.Run) error {
+			if r.Queue == "qb" {
+				atB <- aDone.Load()
+				return nil
+			}
+			if aDone.Add(1) == 10 {
+				once.Do(func() { close(tenth) })
+			}
+			return nil
+		}
+		startWorker(t, b.q, h, func(cfg *runqueue.WorkerConfig) {
+			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qa"}, {Env: env, Queue: "qb"}}
+			cfg.Concurrency = 2
+		})
+		select {
+		case <-tenth:
+		case <-time.After(time.Minute):
+			t.Fatal("qa's runs are not served")
+		}
+		_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: "qb", Key: "k", ID: "b"})
+		require.NoError(t, err)
+		var at int64
+		select {
+		case at = <-atB:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("qb's run is not served")
+		}
+		t.Logf("qb's run served after %d of qa's 400", at)
+		require.Less(t, at, int64(200), "qb's run waited for qa's backlog")
+	})
+}
+
+// TestEnvWaitingPreview: Preview and Schedule count the env's free slots
+// left to the queues waiting ahead (envAhead): env limit 2, three queues
+// with backlogs, each consumer acking apart (AckMany) and then dequeuing
+// one run, in turn; before each dequeue, Preview of one run names the run
+// the dequeue then takes, or none when it takes none, and Schedule says
+// "queue or env at its limit" exactly when it takes none.
+func TestEnvWaitingPreview(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 2)
+		qs := []string{"qa", "qb", "qc"}
+		for _, q := range qs {
+			ewEnqueue(t, b, q, 12)
+		}
+		held := map[string][]*runqueue.Run{}
+		served := map[string]int{}
+		for range 8 {
+			for _, q := range qs {
+				errs, err := b.q.AckMany(b.ctx, held[q])
+				require.NoError(t, err)
+				for _, e := range errs {
+					require.NoError(t, e)
+				}
+				p, err := b.q.Preview(b.ctx, env, q, 1)
+				require.NoError(t, err)
+				sc, err := b.q.Schedule(b.ctx, env, q, 1)
+				require.NoError(t, err)
+				require.Len(t, sc.Keys, 1)
+				runs, err := b.q.Dequeue(b.ctx, env, q, 1)
+				require.NoError(t, err)
+				held[q] = runs
+				if len(runs) == 0 {
+					require.Empty(t, p, "%s", q)
+					require.Equal(t, "queue or env at its limit", sc.Keys[0].Reason, "%s", q)
+					continue
+				}
+				served[q]++
+				require.Len(t, p, 1, "%s", q)
+				require.Equal(t, runs[0].ID, p[0].ID, "%s", q)
+				require.Empty(t, sc.Keys[0].Reason, "%s", q)
+			}
+		}
+		t.Logf("served %v", served)
+		lo, hi := served["qa"], served["qa"]
+		for _, q := range qs {
+			lo, hi = min(lo, served[q]), max(hi, served[q])
+		}
+		require.LessOrEqual(t, hi-lo, 1, "served %v", served)
+		require.GreaterOrEqual(t, lo, 3, "served %v", served)
+	})
+}

@@ -146,7 +146,7 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	t.Logf("cluster: %s; envs %v (one on each master), shards %v", redistest.ClusterSource(), envs, shards)
 
 	// The workload.
-	type vk struct{ env, queue, key string }
+	type vk = h200VK
 	total := map[string]vk{} // run id -> its variant
 	alwaysFails := map[string]bool{}
 	rng := rand.New(rand.NewSource(200))
@@ -479,7 +479,63 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	t.Logf("%d runs, %d deliveries, %d dead letters (%d always-failing runs); queues empty at %v",
 		len(total), len(all), len(dead), len(alwaysFails), drained.Sub(began).Round(time.Millisecond))
 
-	var viol []string
+	viol, _ := (&h200Judge{all: all, total: total, alwaysFails: alwaysFails, dead: dead, hard: hard, flagOf: flagOf,
+		maxAttempts: maxAttempts, limits: limits, envs: envs, queues: queues}).judge(t)
+
+	// Logged, not asserted: the newcomers' waits and the serves per Worker.
+	var waits []time.Duration
+	for id, at := range enqAt {
+		if s, ok := startedAt[id[strings.IndexByte(id, '/')+1:]]; ok {
+			waits = append(waits, s.Sub(at))
+		}
+	}
+	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+	if len(waits) > 0 {
+		t.Logf("newcomers: %d started; wait from enqueue to first start: median %v, max %v", len(waits), waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond))
+	}
+	per := map[string]int{}
+	for _, d := range all {
+		per[fmt.Sprintf("%s(%v)", d.worker, flagOf[d.worker])]++
+	}
+	t.Logf("deliveries per Worker (flag): %v", per)
+
+	for _, v := range viol[:min(len(viol), 20)] {
+		t.Log("violation: " + v)
+	}
+	require.Empty(t, viol)
+	// (every run of total delivered, and none else: among viol)
+}
+
+// h200VK is a run's variant: env, queue and concurrency key.
+type h200VK struct{ env, queue, key string }
+
+// h200Judge is what the verdict of a rollout soak (h200, h202) judges:
+// the deliveries, the runs enqueued (env/id -> variant), the runs that
+// always fail, the dead letters (env/id), the Workers stopped hard and the
+// flag of each Worker, the Config's MaxAttempts and limits, and the envs
+// and base queues (for the log of the highest counts).
+type h200Judge struct {
+	all          []*h200Del
+	total        map[string]h200VK
+	alwaysFails  map[string]bool
+	dead         map[string]runqueue.DeadRun
+	hard, flagOf map[string]bool
+	maxAttempts  int
+	limits       func(env, queue string) runqueue.Limits
+	envs, queues []string
+}
+
+// judge logs and returns the violations of (a) every run delivered, (b)
+// the clipped intervals of one run never overlapping, no redelivery after
+// a success but after a hard stop or a possible lease pass, (c) the dead
+// letters exact, and (d) the caps at every instant on the clipped
+// intervals (see h200's header); capViol counts (d)'s violations (the
+// first five are among viol).
+func (j *h200Judge) judge(t *testing.T) (viol []string, capViol int) {
+	t.Helper()
+	type vk = h200VK
+	all, total, alwaysFails, dead, hard, flagOf, maxAttempts, limits, envs, queues :=
+		j.all, j.total, j.alwaysFails, j.dead, j.hard, j.flagOf, j.maxAttempts, j.limits, j.envs, j.queues
 	// (a) every run delivered; (b) the clipped intervals of one run never
 	// overlap; no delivery after a success but a lease pass; (c) the dead
 	// letters.
@@ -576,7 +632,6 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	inKey, inQ, inEnv := map[vk]int{}, map[vk]int{}, map[string]int{}
 	maxKey, maxQ, maxEnv := map[vk]int{}, map[vk]int{}, map[string]int{}
 	running := map[*h200Del]bool{}
-	capViol := 0
 	for _, e := range evs {
 		r := e.del.r
 		k, qk := vk{r.Env, r.Queue, r.Key}, vk{r.Env, r.Queue, ""}
@@ -619,7 +674,7 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	}
 	var ml []string
 	for _, e := range envs {
-		ml = append(ml, fmt.Sprintf("env %s %d/%d", e, maxEnv[e], envLim[e]))
+		ml = append(ml, fmt.Sprintf("env %s %d/%d", e, maxEnv[e], limits(e, queues[0]).Env))
 		for _, qn := range queues {
 			l := limits(e, qn)
 			mkey := 0
@@ -632,27 +687,5 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 		}
 	}
 	t.Logf("(d) %d intervals judged; highest running (clipped) against the limits: %s; %d cap violations", len(evs)/2, strings.Join(ml, ", "), capViol)
-
-	// Logged, not asserted: the newcomers' waits and the serves per Worker.
-	var waits []time.Duration
-	for id, at := range enqAt {
-		if s, ok := startedAt[id[strings.IndexByte(id, '/')+1:]]; ok {
-			waits = append(waits, s.Sub(at))
-		}
-	}
-	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
-	if len(waits) > 0 {
-		t.Logf("newcomers: %d started; wait from enqueue to first start: median %v, max %v", len(waits), waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond))
-	}
-	per := map[string]int{}
-	for _, d := range all {
-		per[fmt.Sprintf("%s(%v)", d.worker, flagOf[d.worker])]++
-	}
-	t.Logf("deliveries per Worker (flag): %v", per)
-
-	for _, v := range viol[:min(len(viol), 20)] {
-		t.Log("violation: " + v)
-	}
-	require.Empty(t, viol)
-	require.Len(t, byID, len(total))
+	return viol, capViol
 }

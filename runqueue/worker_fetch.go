@@ -91,6 +91,20 @@ func (s *source) pending() int {
 
 func (s *source) isDrained() bool { return isDone(s.w.drained) }
 
+// acksLive says whether a pending ack's lease is still ahead (by
+// Config.Clock): sending it again may still settle its run.
+func (s *source) acksLive() bool {
+	now := s.w.q.cfg.Clock.Now().UnixMilli()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, j := range s.acks {
+		if j.lease.Load() > now {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *source) attrs(kv ...any) []any {
 	if s.shard >= 0 {
 		return append([]any{"shard", s.shard}, kv...)
@@ -546,7 +560,11 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			l.giveUp = true // that was the acks' one attempt since the stop was forced
 		case l.forced:
 			// A fetch started before: the acks pending go at once, once.
-		case !l.fetching && l.failures > 3 && s.isDrained():
+		case !l.fetching && l.failures > 3 && s.isDrained() && !(refusedUnrun(c.err) && s.acksLive()):
+			// (Redis unreachable: a graceful stop must end. A call Redis
+			// refused unrun, a slot on the move above all, goes again
+			// while an ack's lease lasts: it succeeds once the slot has
+			// moved, as a nack's resend does.)
 			l.giveUp = true
 		default:
 			l.pauseC = arm(&l.pause, retryDelay(l.failures))

@@ -68,13 +68,18 @@ type Config struct {
 
 	// EnvConcurrency, QueueConcurrency and KeyConcurrency are the default
 	// concurrency limits when LimitsFor is nil. Default to 0: no limit.
-	// An env limit is shared by the env's queues, not scheduled among them
-	// by Dequeue: a consumer that acks and takes in one call (AckAndDequeue,
-	// a Worker given queues) takes back the slots its acks free, so another
+	// An env limit is shared by the env's queues. With VtimeScheduling, the
+	// queues take its slots in turn: a dequeue that the env's limit held
+	// back with ready runs left puts its queue in the env's waiting line,
+	// and the dequeues of the env's other queues leave each slot they could
+	// take to a queue that has waited longer, and wake it (a mark lapses 2
+	// x BlockPollInterval + 1 s after its queue's last call). With the flag
+	// off a consumer that acks and takes in one call (AckAndDequeue, a
+	// Worker given queues) takes back the slots its acks free, so another
 	// queue of the env waiting at the limit may wait until that queue's
-	// backlog drains. DequeueShard (a Worker given Shards) serves an env's
-	// queues in turn: use it where queues share an env limit
-	// (docs/design.md, guarantee 6).
+	// backlog drains; DequeueShard (a Worker given Shards) serves an env's
+	// queues in turn with either flag (docs/design.md, section 6, "The
+	// env's queues", and guarantee 6).
 	EnvConcurrency   int
 	QueueConcurrency int
 	KeyConcurrency   int

@@ -258,3 +258,72 @@ func TestEnvWaitingPreview(t *testing.T) {
 		require.GreaterOrEqual(t, lo, 3, "served %v", served)
 	})
 }
+
+// TestEnvWaitingWorkerManyQueues: a flag-on Worker over 50 queues of an
+// env with a limit of 5; one queue holds a flood of 2,000 runs, and once
+// 10 of them are served each of the other 49 gets one run. Every light run
+// is served long before the flood drains (flag off, or before layout 8,
+// some were served only after the flood's 2,000: helper-180).
+func TestEnvWaitingWorkerManyQueues(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling = true
+			cfg.BlockPollInterval = time.Minute
+			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 5} }
+		})
+		const light = 49
+		ewEnqueue(t, b, "flood", 2000)
+		var floodDone atomic.Int64
+		var mu sync.Mutex
+		at := map[string]int64{} // light queue -> flood serves before its run
+		all := make(chan struct{})
+		tenth := make(chan struct{})
+		var once, onceAll sync.Once
+		h := func(_ context.Context, r *runqueue.Run) error {
+			if r.Queue != "flood" {
+				mu.Lock()
+				at[r.Queue] = floodDone.Load()
+				if len(at) == light {
+					onceAll.Do(func() { close(all) })
+				}
+				mu.Unlock()
+				return nil
+			}
+			if floodDone.Add(1) == 10 {
+				once.Do(func() { close(tenth) })
+			}
+			return nil
+		}
+		qs := []runqueue.WorkerQueue{{Env: env, Queue: "flood"}}
+		for i := range light {
+			qs = append(qs, runqueue.WorkerQueue{Env: env, Queue: fmt.Sprintf("l%02d", i)})
+		}
+		startWorker(t, b.q, h, func(cfg *runqueue.WorkerConfig) {
+			cfg.Queues = qs
+			cfg.Concurrency = 10
+		})
+		select {
+		case <-tenth:
+		case <-time.After(time.Minute):
+			t.Fatal("the flood is not served")
+		}
+		for i := range light {
+			_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: fmt.Sprintf("l%02d", i), Key: "k", ID: "r"})
+			require.NoError(t, err)
+		}
+		select {
+		case <-all:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("the light runs are not all served")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		last := int64(0)
+		for _, n := range at {
+			last = max(last, n)
+		}
+		t.Logf("the last light run served after %d of the flood's 2,000", last)
+		require.Less(t, last, int64(1000), "a light queue waited for the flood: %v", at)
+	})
+}

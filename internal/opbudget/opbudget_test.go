@@ -454,3 +454,33 @@ func TestDelayedWriteWakeCommands(t *testing.T) {
 		})
 	}
 }
+
+// TestEnvWaitingCommands: what the env's waiting line (lua/lib/envwait.lua)
+// adds to a flag-on dequeue. With an env limit that does not bind and no
+// queue waiting, one HGETALL of the line, nothing else; without an env
+// limit, nothing.
+func TestEnvWaitingCommands(t *testing.T) {
+	c := redistest.Private(t)
+	calls := map[int]redistest.Stats{}
+	for _, envLimit := range []int{0, 100} {
+		b := newBundle(t, c, true, func(cfg *runqueue.Config) { cfg.EnvConcurrency = envLimit })
+		past := time.UnixMilli(1_899_999_000_000)
+		for k := 0; k < 5; k++ {
+			enqueue(t, b, fmt.Sprintf("k%d", k), 4, past)
+		}
+		_, err := b.q.Dequeue(b.ctx, "env", "q", 2) // (the state's first calls)
+		require.NoError(t, err)
+		calls[envLimit] = measure(t, c, func() {
+			runs, err := b.q.Dequeue(b.ctx, "env", "q", 2)
+			require.NoError(t, err)
+			require.Len(t, runs, 2)
+		})
+	}
+	without, with := calls[0], calls[100]
+	t.Logf("dequeue of 2: %d commands without an env limit, %d with one", without.Commands().Calls, with.Commands().Calls)
+	require.Zero(t, without["hgetall"].Calls, "%v", without)
+	require.Equal(t, int64(1), with["hgetall"].Calls, "%v", with)
+	// (and the env's count, GET, which the capacity always read)
+	require.Equal(t, without["get"].Calls+1, with["get"].Calls, "without %v\nwith %v", without, with)
+	require.Equal(t, without.Commands().Calls+2, with.Commands().Calls, "without %v\nwith %v", without, with)
+}

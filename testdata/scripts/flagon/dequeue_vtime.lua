@@ -1637,7 +1637,7 @@ end
 local EW_WAKE_MAX = 16
 
 local function ew_open(key, wake, life, dq)
-  return { key = key, wake = wake, life = life + 0, dq = dq, mine = nil, room = 0, held = false }
+  return { key = key, wake = wake, life = life + 0, dq = dq, mine = nil, room = 0, held = false, lazy = false }
 end
 
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
@@ -1647,9 +1647,11 @@ local function ew_capacity(ew)
   local dq = ew.dq
   if dq.env_limit <= 0 then return end
   local raw = redis.call('HGETALL', ew.key)
-  if #raw == 0 and dq.cap <= 0 and dq.max_count > 0 and dq.queue_limit <= 0 then
-    -- (no mark to read or drop: the env full, the call held by it alone)
-    ew.held = true
+  if #raw == 0 then
+    -- No queue waits: nothing to leave or wake, no mark to keep. Whether
+    -- the env held the call is read after the serves, and only when the
+    -- call used all its room (ew_settle).
+    ew.lazy = true
     return
   end
   local free = dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
@@ -1695,6 +1697,15 @@ end
 local function ew_settle(ew, served)
   local dq = ew.dq
   if dq.env_limit <= 0 or dq.max_count <= 0 then return end
+  if ew.lazy then
+    -- (no marks were read: the call had the env's free slots, dq.cap, as
+    -- its room; it was held by the env when it took them all, fewer than
+    -- maxCount, and the env is full now while its queue is not)
+    if served < dq.cap or served >= dq.max_count then return end
+    if dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0) > 0 then return end
+    if dq.queue_limit > 0 and dq.queue_limit - held_count(dq.held) <= 0 then return end
+    ew.held, ew.room = true, served
+  end
   if ew.held and served >= ew.room and redis.call('EXISTS', dq.ck_index) == 1 then
     local turn = ew.mine
     if turn == nil or served > 0 then turn = redis.call('HINCRBY', ew.key, '#', 1) end

@@ -1,4 +1,4 @@
-#!lua name=runqueue_c1d315dd8ffcdaf3
+#!lua name=runqueue_d4e4c9e86bfa8e70
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1825,7 +1825,7 @@ end
 local EW_WAKE_MAX = 16
 
 local function ew_open(key, wake, life, dq)
-  return { key = key, wake = wake, life = life + 0, dq = dq, mine = nil, room = 0, held = false }
+  return { key = key, wake = wake, life = life + 0, dq = dq, mine = nil, room = 0, held = false, lazy = false }
 end
 
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
@@ -1835,9 +1835,11 @@ local function ew_capacity(ew)
   local dq = ew.dq
   if dq.env_limit <= 0 then return end
   local raw = redis.call('HGETALL', ew.key)
-  if #raw == 0 and dq.cap <= 0 and dq.max_count > 0 and dq.queue_limit <= 0 then
-    -- (no mark to read or drop: the env full, the call held by it alone)
-    ew.held = true
+  if #raw == 0 then
+    -- No queue waits: nothing to leave or wake, no mark to keep. Whether
+    -- the env held the call is read after the serves, and only when the
+    -- call used all its room (ew_settle).
+    ew.lazy = true
     return
   end
   local free = dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
@@ -1883,6 +1885,15 @@ end
 local function ew_settle(ew, served)
   local dq = ew.dq
   if dq.env_limit <= 0 or dq.max_count <= 0 then return end
+  if ew.lazy then
+    -- (no marks were read: the call had the env's free slots, dq.cap, as
+    -- its room; it was held by the env when it took them all, fewer than
+    -- maxCount, and the env is full now while its queue is not)
+    if served < dq.cap or served >= dq.max_count then return end
+    if dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0) > 0 then return end
+    if dq.queue_limit > 0 and dq.queue_limit - held_count(dq.held) <= 0 then return end
+    ew.held, ew.room = true, served
+  end
   if ew.held and served >= ew.room and redis.call('EXISTS', dq.ck_index) == 1 then
     local turn = ew.mine
     if turn == nil or served > 0 then turn = redis.call('HINCRBY', ew.key, '#', 1) end
@@ -3073,9 +3084,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_c1d315dd8ffcdaf3_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_c1d315dd8ffcdaf3_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c1d315dd8ffcdaf3_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c1d315dd8ffcdaf3_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c1d315dd8ffcdaf3_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_c1d315dd8ffcdaf3_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -324,9 +324,14 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 		args = append(args, keys.VariantMember(r.Key), keys.Segment(r.ID), r.Token)
 	}
 	if q.cfg.VtimeScheduling {
-		ks = n.dqVtime
-		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier, look,
-			n.wake, q.waitingLife())
+		args = append(args, ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, q.cfg.WindowMultiplier, look)
+		if lim.Env > 0 {
+			// (the env's waiting line: lua/lib/envwait.lua)
+			ks = n.dqVtime
+			args = append(args, n.wake, q.waitingLife())
+		} else {
+			ks = n.dqVtime[: len(n.dqVtime)-1 : len(n.dqVtime)-1]
+		}
 	}
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()
 	if err != nil {

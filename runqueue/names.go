@@ -19,7 +19,7 @@ type queueNames struct {
 	dequeue   []string // the dequeue scripts' own KEYS (lib/dequeue)
 	held      []string // heldKeys
 	vtime     []string // vtimeKeys
-	dqVtime   []string // the flag-on dequeue's KEYS: dequeue, vtime, the env's waiting hash
+	dqVtime   []string // the flag-on dequeue's KEYS: dequeue, vtime, the env's waiting hash (left out without an env limit)
 	member    string   // qk.Member()
 	vbase     string   // qk.VariantBase()
 	wake      string   // qk.Wake()

@@ -15,9 +15,9 @@
 -- ARGV[16+3a] -> window multiplier
 -- ARGV[17+3a] -> 1 when a freed slot looks for a gated variant (see
 --                lib/hooks_vtime), else 0
--- KEYS[15] -> the env's waiting HASH (see lib/envwait)
--- ARGV[18+3a] -> the shard's wake-up channel
--- ARGV[19+3a] -> the life of the call's waiting mark (ms)
+-- KEYS[15] -> the env's waiting HASH (see lib/envwait), only with an env limit
+-- ARGV[18+3a] -> the shard's wake-up channel, only with an env limit
+-- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env limit
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 --@include record
@@ -43,10 +43,13 @@ if dq.acks > 0 then -- (the hooks are closures: made only for acks)
 end
 -- The env's free slots left to its queues that wait longer (lib/envwait).
 dq_capacity(dq)
-local ew = ew_open(KEYS[OWN_KEYS + 4], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
-ew_capacity(ew)
+local ew = nil
+if dq.env_limit > 0 then
+  ew = ew_open(KEYS[OWN_KEYS + 4], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
+  ew_capacity(ew)
+end
 if dq.cap <= 0 then
-  ew_settle(ew, 0)
+  if ew then ew_settle(ew, 0) end
   if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
@@ -183,7 +186,7 @@ if promoted[1] then sched_register_many(S, promoted, found) end
 if not S.st then
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   if not r[1] and redis.call('EXISTS', dq.ck_index) == 0 then
-    ew_settle(ew, 0)
+    if ew then ew_settle(ew, 0) end
     return dq_finish(dq, acked)
   end
   sched_state(S, r, 0)
@@ -595,7 +598,7 @@ end
 -- their ready sets, so a full Redis still hands out runs, whose acks free
 -- memory (as with the flag off).
 local out = dq_finish(dq, acked)
-ew_settle(ew, #dq.served - dq.nswept)
+if ew then ew_settle(ew, #dq.served - dq.nswept) end
 
 -- collect and persist: the tags and registrations this call changed
 -- (gathered from the entries it touched), then parked tags.

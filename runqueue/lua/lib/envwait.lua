@@ -22,7 +22,8 @@
 -- of another queue ahead of its own in the line (to every one when it has
 -- none) and publishes a wake-up to the first of them (up to
 -- EW_WAKE_MAX), so each slot an ack frees goes to the queue that waited
--- longest. An env without a limit reads nothing.
+-- longest. An env without a limit reads nothing: the dequeue is sent
+-- without the hash's key (and opens no line) then.
 
 local EW_WAKE_MAX = 16
 
@@ -35,7 +36,6 @@ end
 -- no mark.
 local function ew_capacity(ew)
   local dq = ew.dq
-  if dq.env_limit <= 0 then return end
   local raw = redis.call('HGETALL', ew.key)
   if #raw == 0 then
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
@@ -86,7 +86,7 @@ end
 -- After the serves (served: how many the call took): the call's mark.
 local function ew_settle(ew, served)
   local dq = ew.dq
-  if dq.env_limit <= 0 or dq.max_count <= 0 then return end
+  if dq.max_count <= 0 then return end
   if ew.lazy then
     -- (no marks were read: the call had the env's free slots, dq.cap, as
     -- its room; it was held by the env when it took them all, fewer than

@@ -1,4 +1,4 @@
-#!lua name=runqueue_d4e4c9e86bfa8e70
+#!lua name=runqueue_ec36e0bfcb3b2a77
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1820,7 +1820,8 @@ end
 -- of another queue ahead of its own in the line (to every one when it has
 -- none) and publishes a wake-up to the first of them (up to
 -- EW_WAKE_MAX), so each slot an ack frees goes to the queue that waited
--- longest. An env without a limit reads nothing.
+-- longest. An env without a limit reads nothing: the dequeue is sent
+-- without the hash's key (and opens no line) then.
 
 local EW_WAKE_MAX = 16
 
@@ -1833,7 +1834,6 @@ end
 -- no mark.
 local function ew_capacity(ew)
   local dq = ew.dq
-  if dq.env_limit <= 0 then return end
   local raw = redis.call('HGETALL', ew.key)
   if #raw == 0 then
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
@@ -1884,7 +1884,7 @@ end
 -- After the serves (served: how many the call took): the call's mark.
 local function ew_settle(ew, served)
   local dq = ew.dq
-  if dq.env_limit <= 0 or dq.max_count <= 0 then return end
+  if dq.max_count <= 0 then return end
   if ew.lazy then
     -- (no marks were read: the call had the env's free slots, dq.cap, as
     -- its room; it was held by the env when it took them all, fewer than
@@ -2141,9 +2141,9 @@ KEYS, ARGV = keys, args
 -- ARGV[16+3a] -> window multiplier
 -- ARGV[17+3a] -> 1 when a freed slot looks for a gated variant (see
 --                lib/hooks_vtime), else 0
--- KEYS[15] -> the env's waiting HASH (see lib/envwait)
--- ARGV[18+3a] -> the shard's wake-up channel
--- ARGV[19+3a] -> the life of the call's waiting mark (ms)
+-- KEYS[15] -> the env's waiting HASH (see lib/envwait), only with an env limit
+-- ARGV[18+3a] -> the shard's wake-up channel, only with an env limit
+-- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env limit
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 local OWN_KEYS = 11
@@ -2162,10 +2162,13 @@ if dq.acks > 0 then -- (the hooks are closures: made only for acks)
 end
 -- The env's free slots left to its queues that wait longer (lib/envwait).
 dq_capacity(dq)
-local ew = ew_open(KEYS[OWN_KEYS + 4], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
-ew_capacity(ew)
+local ew = nil
+if dq.env_limit > 0 then
+  ew = ew_open(KEYS[OWN_KEYS + 4], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
+  ew_capacity(ew)
+end
 if dq.cap <= 0 then
-  ew_settle(ew, 0)
+  if ew then ew_settle(ew, 0) end
   if S.st then sched_save(S) else sched_keep(S) end
   return dq_finish(dq, acked)
 end
@@ -2302,7 +2305,7 @@ if promoted[1] then sched_register_many(S, promoted, found) end
 if not S.st then
   local r = redis.call('HMGET', S.h, unpack(SCHED_FIELDS))
   if not r[1] and redis.call('EXISTS', dq.ck_index) == 0 then
-    ew_settle(ew, 0)
+    if ew then ew_settle(ew, 0) end
     return dq_finish(dq, acked)
   end
   sched_state(S, r, 0)
@@ -2714,7 +2717,7 @@ end
 -- their ready sets, so a full Redis still hands out runs, whose acks free
 -- memory (as with the flag off).
 local out = dq_finish(dq, acked)
-ew_settle(ew, #dq.served - dq.nswept)
+if ew then ew_settle(ew, #dq.served - dq.nswept) end
 
 -- collect and persist: the tags and registrations this call changed
 -- (gathered from the entries it touched), then parked tags.
@@ -3084,9 +3087,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_d4e4c9e86bfa8e70_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ec36e0bfcb3b2a77_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_ec36e0bfcb3b2a77_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ec36e0bfcb3b2a77_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ec36e0bfcb3b2a77_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ec36e0bfcb3b2a77_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_ec36e0bfcb3b2a77_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -228,8 +228,9 @@ func (e Env) InflightCount() string { return e.base + ":inflightN" }
 func (e Env) Dead() string { return e.base + ":dead" }
 
 // Waiting is the env's HASH of the queues waiting for a slot of its
-// concurrency (layout 8): queue member -> "<since ms>:<until ms>", written
-// by flag-on dequeues only (lua/lib/envwait.lua).
+// concurrency (layout 8): queue member -> "<place>:<live until, ms>", and
+// "#", the last place given; written by flag-on dequeues only
+// (lua/lib/envwait.lua).
 func (e Env) Waiting() string { return e.base + ":waiting" }
 
 // Queue returns the keys of a base queue of the env.

@@ -11,16 +11,24 @@ import (
 )
 
 // envAhead reads the env's waiting hash (lua/lib/envwait.lua) as a flag-on
-// dequeue of qk at now would: how many other queues of the env wait ahead
-// of qk for a slot (live marks with an earlier place than qk's, or every
-// live mark of another queue when qk has none). A dequeue leaves a free
-// slot of the env to each.
-func (q *Queue) envAhead(ctx context.Context, qk keys.Queue, now int64) (int, error) {
+// dequeue of qk would now: how many other queues of the env wait ahead of
+// qk for a slot (live marks with an earlier place than qk's, or every live
+// mark of another queue when qk has none). A dequeue leaves a free slot of
+// the env to each. Marks live by Redis's clock (TIME), as the script reads
+// them.
+func (q *Queue) envAhead(ctx context.Context, qk keys.Queue) (int, error) {
 	marks, err := q.rdb.HGetAll(ctx, qk.Env.Waiting()).Result()
 	if err != nil && err != redis.Nil {
 		return 0, err
 	}
-	return envAheadOf(marks, qk.Member(), now), nil
+	if len(marks) == 0 {
+		return 0, nil
+	}
+	now, err := q.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	return envAheadOf(marks, qk.Member(), now.UnixMilli()), nil
 }
 
 // envAheadOf is envAhead on the hash's fields (member -> "<turn>:<until>";

@@ -3,6 +3,8 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,11 +27,52 @@ func ewSetup(t *testing.T, c redis.UniversalClient, on bool, envLimit int) (*tes
 	b := setup(t, c, func(cfg *runqueue.Config) {
 		cfg.VtimeScheduling = on
 		cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: envLimit} }
-		cfg.BlockPollInterval = 500 * time.Millisecond
+		cfg.BlockPollInterval = 30 * time.Second // (a mark lives 61 s: the tests' calls are well within it)
 	})
 	sp, err := keys.NewSpace(b.prefix, b.q.Shards())
 	require.NoError(t, err)
 	return b, sp.Env(env).Waiting()
+}
+
+// ewPeer is a second Queue on b's prefix with its own clock and poll
+// interval (so its own mark life).
+func ewPeer(t *testing.T, b *testBundle, clock *fakeClock, poll time.Duration, envLimit int) *runqueue.Queue {
+	cfg := &runqueue.Config{Prefix: b.prefix, Clock: clock, VtimeScheduling: true, BlockPollInterval: poll,
+		LimitsFor: func(string, string) runqueue.Limits { return runqueue.Limits{Env: envLimit} }}
+	q, err := runqueue.New(b.ctx, b.client, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	return q
+}
+
+// ewUntil is the live-until time (ms) of queue's mark.
+func ewUntil(t *testing.T, b *testBundle, waiting, queue string) int64 {
+	t.Helper()
+	v, err := b.client.HGet(b.ctx, waiting, keys.QueueMember(env, queue)).Result()
+	require.NoError(t, err)
+	_, u, ok := strings.Cut(v, ":")
+	require.True(t, ok, v)
+	n, err := strconv.ParseInt(u, 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// ewServerMs is Redis's clock (TIME), in ms: the marks' clock.
+func ewServerMs(t *testing.T, b *testBundle) int64 {
+	t.Helper()
+	if cc, ok := b.client.(*redis.ClusterClient); ok {
+		// (the node that holds the env's keys)
+		sp, err := keys.NewSpace(b.prefix, b.q.Shards())
+		require.NoError(t, err)
+		n, err := cc.MasterForKey(b.ctx, sp.Env(env).Waiting())
+		require.NoError(t, err)
+		tm, err := n.Time(b.ctx).Result()
+		require.NoError(t, err)
+		return tm.UnixMilli()
+	}
+	tm, err := b.client.Time(b.ctx).Result()
+	require.NoError(t, err)
+	return tm.UnixMilli()
 }
 
 func ewEnqueue(t *testing.T, b *testBundle, queue string, n int) {
@@ -91,24 +134,33 @@ func TestEnvWaitingSlotLeft(t *testing.T) {
 }
 
 // TestEnvWaitingMarkLapses: a waiting queue whose consumer is gone holds
-// nothing back once its mark's life (2 x BlockPollInterval + 1 s) is over.
+// nothing back once its mark's life (2 x BlockPollInterval + 1 s, by
+// Redis's clock, TIME) is over: the consumer of qb has a poll of 1 ms (a
+// life of 1.002 s); the test waits until Redis's clock is past the mark's
+// until, and qa's fused call takes its slot back and drops the mark.
 func TestEnvWaitingMarkLapses(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b, waiting := ewSetup(t, c, true, 1)
+		quick := ewPeer(t, b, b.clock, time.Millisecond, 1)
 		ewEnqueue(t, b, "qa", 3)
 		ewEnqueue(t, b, "qb", 1)
 		a := ewTake(t, b, nil, "qa")
-		require.Empty(t, ewTake(t, b, nil, "qb"))
-		life := 2*b.cfg.BlockPollInterval + time.Second
-		b.clock.Advance(life) // (at its until: still live)
-		a = append(a, ewTake(t, b, nil, "qa")...)
-		require.Len(t, a, 1, "the env is full either way")
+		require.Len(t, a, 1)
+		before := ewServerMs(t, b)
+		r, err := quick.Dequeue(b.ctx, env, "qb", 1)
+		require.NoError(t, err)
+		require.Empty(t, r, "the env is full")
+		after := ewServerMs(t, b)
+		until := ewUntil(t, b, waiting, "qb")
+		life := int64(1002)
+		require.GreaterOrEqual(t, until, before+life, "the mark lives its life by Redis's clock")
+		require.LessOrEqual(t, until, after+life)
+		for ewServerMs(t, b) <= until {
+			time.Sleep(50 * time.Millisecond)
+		}
 		a2 := ewTake(t, b, a, "qa")
-		require.Empty(t, a2, "qb's mark is live at its until")
-		b.clock.Advance(time.Millisecond)
-		a3 := ewTake(t, b, nil, "qa")
-		require.Len(t, a3, 1, "qb's mark lapsed")
+		require.Len(t, a2, 1, "qb's mark lapsed")
 		require.False(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val(), "the lapsed mark is dropped")
 	})
 }

@@ -154,7 +154,7 @@ func (q *Queue) capacityGone(ctx context.Context, qk keys.Queue, lim Limits) (bo
 		if err != nil {
 			return false, err
 		}
-		ahead, err := q.envAhead(ctx, qk, q.now())
+		ahead, err := q.envAhead(ctx, qk)
 		if err != nil || n+int64(ahead) >= int64(lim.Env) {
 			return err == nil, err
 		}
@@ -310,7 +310,7 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 		return nil, 0, err
 	}
 	if lim.Env > 0 {
-		if snap.EnvAhead, err = q.envAhead(ctx, qk, now); err != nil {
+		if snap.EnvAhead, err = q.envAhead(ctx, qk); err != nil {
 			return nil, 0, err
 		}
 	}

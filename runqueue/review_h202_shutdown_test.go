@@ -86,7 +86,7 @@ func h202ShutdownHalfMoved(t *testing.T, on, nackVariant bool, hold time.Duratio
 	// Half the slot's keys to another master, then hold.
 	m, err := redistest.StartMigration(ctx, c, slot)
 	require.NoError(t, err)
-	all, err := m.From.ClusterCountKeysInSlot(ctx, int(slot)).Result()
+	all, err := m.From.ClusterCountKeysInSlot(ctx, slot).Result()
 	require.NoError(t, err)
 	moved := 0
 	for int64(moved) < all/2 {

@@ -227,11 +227,14 @@ func (e Env) InflightCount() string { return e.base + ":inflightN" }
 // Dead is the env's HASH queue member -> number of dead-lettered runs.
 func (e Env) Dead() string { return e.base + ":dead" }
 
-// Waiting is the env's HASH of the queues waiting for a slot of its
-// concurrency (layout 8): queue member -> "<place>:<live until, ms>", and
-// "#", the last place given; written by flag-on dequeues only
-// (lua/lib/envwait.lua).
+// Waiting is the env's ZSET of the queues waiting for a slot of its
+// concurrency (layout 8): queue member, score its place in the line;
+// written by flag-on dequeues only (lua/lib/envwait.lua).
 func (e Env) Waiting() string { return e.base + ":waiting" }
+
+// WaitingUntil is the HASH beside Waiting: queue member -> the time its
+// mark lives until (ms, Redis's clock), and "#", the last place given.
+func (e Env) WaitingUntil() string { return e.base + ":waitingU" }
 
 // Queue returns the keys of a base queue of the env.
 func (e Env) Queue(queue string) Queue {

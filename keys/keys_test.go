@@ -322,6 +322,7 @@ func TestKeyNames(t *testing.T) {
 		e.InflightCount():            tag + ":e:prod:inflightN",
 		e.Dead():                     tag + ":e:prod:dead",
 		e.Waiting():                  tag + ":e:prod:waiting",
+		e.WaitingUntil():             tag + ":e:prod:waitingU",
 		q.CkIndex():                  tag + ":e:prod:q:emails:ckIndex",
 		q.DelayIndex():               tag + ":e:prod:q:emails:delayIndex",
 		q.Depth():                    tag + ":e:prod:q:emails:depth",
@@ -341,7 +342,7 @@ func TestKeyNames(t *testing.T) {
 	for got, w := range want {
 		require.Equal(t, w, got)
 	}
-	require.Len(t, want, 23, "two accessors returned the same key")
+	require.Len(t, want, 24, "two accessors returned the same key")
 	require.Equal(t, "=user%3A1", v.Member())
 	require.Equal(t, "prod:emails", q.Member())
 	require.Equal(t, "prod:emails:", q.RunPrefix())

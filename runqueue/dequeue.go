@@ -330,7 +330,7 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 			ks = n.dqVtime
 			args = append(args, n.wake, q.waitingLife())
 		} else {
-			ks = n.dqVtime[: len(n.dqVtime)-1 : len(n.dqVtime)-1]
+			ks = n.dqVtime[: len(n.dqVtime)-2 : len(n.dqVtime)-2]
 		}
 	}
 	res, err := run(ctx, q.rdb, q.scripts.dequeue, ks, args...).Slice()

@@ -3,59 +3,63 @@ package runqueue
 import (
 	"context"
 	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/runqueue/runqueue/keys"
 )
 
-// envAhead reads the env's waiting hash (lua/lib/envwait.lua) as a flag-on
+// envAhead reads the env's waiting line (lua/lib/envwait.lua) as a flag-on
 // dequeue of qk would now: how many other queues of the env wait ahead of
 // qk for a slot (live marks with an earlier place than qk's, or every live
 // mark of another queue when qk has none). A dequeue leaves a free slot of
-// the env to each. Marks live by Redis's clock (TIME), as the script reads
-// them.
+// the env to each (the script stops counting at the env's free slots,
+// which comes to the same capacity). Marks live by Redis's clock (TIME,
+// read on the node that holds the env), as the script reads them.
 func (q *Queue) envAhead(ctx context.Context, qk keys.Queue) (int, error) {
-	marks, err := q.rdb.HGetAll(ctx, qk.Env.Waiting()).Result()
-	if err != nil && err != redis.Nil {
+	line, err := q.rdb.ZRangeWithScores(ctx, qk.Env.Waiting(), 0, -1).Result()
+	if err != nil || len(line) == 0 {
 		return 0, err
 	}
-	if len(marks) == 0 {
-		return 0, nil
-	}
-	now, err := q.rdb.Time(ctx).Result()
+	lives, err := q.rdb.HGetAll(ctx, qk.Env.WaitingUntil()).Result()
 	if err != nil {
 		return 0, err
 	}
-	return envAheadOf(marks, qk.Member(), now.UnixMilli()), nil
+	var timer interface {
+		Time(context.Context) *redis.TimeCmd
+	} = q.rdb
+	if cc, ok := q.rdb.(*redis.ClusterClient); ok {
+		n, err := cc.MasterForKey(ctx, qk.Env.Waiting())
+		if err != nil {
+			return 0, err
+		}
+		timer = n
+	}
+	now, err := timer.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	return envAheadOf(line, lives, qk.Member(), now.UnixMilli()), nil
 }
 
-// envAheadOf is envAhead on the hash's fields (member -> "<turn>:<until>";
-// "#" the last place given): the script's rule, field by field.
-func envAheadOf(marks map[string]string, member string, now int64) int {
-	type mark struct{ turn, until int64 }
-	parse := func(v string) (mark, bool) {
-		t, u, ok := strings.Cut(v, ":")
-		if !ok {
-			return mark{}, false
-		}
-		turn, err1 := strconv.ParseInt(t, 10, 64)
-		until, err2 := strconv.ParseInt(u, 10, 64)
-		return mark{turn, until}, err1 == nil && err2 == nil
+// envAheadOf is envAhead on the line (member, place) and the lives hash
+// (member -> live until, ms; "#" the last place given): the script's rule.
+func envAheadOf(line []redis.Z, lives map[string]string, member string, now int64) int {
+	live := func(m string) bool {
+		v, ok := lives[m]
+		n, err := strconv.ParseUint(v, 10, 63)
+		return ok && err == nil && int64(n) >= now
 	}
-	mine, have := mark{}, false
-	if v, ok := marks[member]; ok {
-		if m, ok := parse(v); ok && m.until >= now {
-			mine, have = m, true
+	mine, have := 0.0, false
+	for _, z := range line {
+		if z.Member == member && live(member) {
+			mine, have = z.Score, true
 		}
 	}
 	n := 0
-	for f, v := range marks {
-		if f == "#" || f == member {
-			continue
-		}
-		if m, ok := parse(v); ok && m.until >= now && (!have || m.turn < mine.turn) {
+	for _, z := range line {
+		m, _ := z.Member.(string)
+		if m != member && live(m) && (!have || z.Score < mine) {
 			n++
 		}
 	}

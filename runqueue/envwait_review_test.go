@@ -101,7 +101,6 @@ func TestEnvWaitingDeclinedSlotWakesNext(t *testing.T) {
 		})
 		sp, err := keys.NewSpace(b.prefix, b.q.Shards())
 		require.NoError(t, err)
-		waiting := sp.Env(env).Waiting()
 		wake := sp.Shard(sp.ShardOf(env)).Wake()
 		// (a cluster's pub/sub reaches a subscriber on any node)
 		ps := c.Subscribe(b.ctx, wake)
@@ -131,15 +130,15 @@ func TestEnvWaitingDeclinedSlotWakesNext(t *testing.T) {
 		a := ewTake(t, b, nil, "qa")
 		require.Len(t, a, 1) // the env's 2 slots taken
 		require.Empty(t, ewTake(t, b, nil, "qb"))
-		require.True(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val())
+		require.True(t, ewMarked(t, b, "qb"))
 		wakes("s1")
 		require.Empty(t, ewTake(t, b, a, "qa"), "qa's freed slot is left to qb")
-		require.True(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qa")).Val(), "qa waits behind qb")
+		require.True(t, ewMarked(t, b, "qa"), "qa waits behind qb")
 		require.Contains(t, wakes("s2"), keys.QueueMember(env, "qb"))
 		// qb, woken, takes nothing (k at its limit), drops its mark, and
 		// passes the slot on.
 		require.Empty(t, ewTake(t, b, nil, "qb"))
-		require.False(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val())
+		require.False(t, ewMarked(t, b, "qb"))
 		require.Contains(t, wakes("s3"), keys.QueueMember(env, "qa"), "the queue behind is woken for the slot")
 		require.Len(t, ewTake(t, b, nil, "qa"), 1)
 	})
@@ -172,51 +171,60 @@ func TestEnvWaitingClocks(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, r)
 		after := ewServerMs(t, b)
-		u := ewUntil(t, b, waiting, "qb")
+		u := ewUntil(t, b, "qb")
 		require.GreaterOrEqual(t, u, before+121_000)
 		require.LessOrEqual(t, u, after+121_000, "an hour ahead's mark is Redis's clock plus its life")
-		require.Greater(t, b.client.PTTL(b.ctx, waiting).Val(), 100*time.Second, "the hash lives as long as qb's mark")
+		for _, k := range []string{waiting, ewSpace(t, b).Env(env).WaitingUntil()} {
+			require.Greater(t, b.client.PTTL(b.ctx, k).Val(), 100*time.Second, "the line lives as long as qb's mark")
+		}
 		// qc's mark (the writer 10 s behind) is live: qa leaves the slot
 		// its ack frees to qb, the older of the two.
 		require.Empty(t, ewTake(t, b, a, "qa"))
-		require.True(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qc")).Val())
+		require.True(t, ewMarked(t, b, "qc"))
 		r, err = ahead.Dequeue(b.ctx, env, "qb", 1)
 		require.NoError(t, err)
 		require.Len(t, r, 1)
 	})
 }
 
-// TestEnvWaitingLineBound: the line holds at most 64 queues (each
-// dequeue reads it whole): env limit 1, 70 queues with backlogs; the first
-// 64 to find the env full mark, the other 5 wait outside; a queue of the
-// full line that is served leaves it, and the next queue outside to call
-// comes in.
-func TestEnvWaitingLineBound(t *testing.T) {
+// TestEnvWaitingLongLine: the line has no bound, and a call reads only as
+// many marks ahead of it as the env has free slots (an earlier version read
+// it whole, then held it to 64 queues, which starved the queues outside):
+// env limit 1, 70 queues with backlogs, each consumer acking and taking one
+// run a call in turn; the first 70 serves go to 70 queues, in the order
+// they found the env full.
+func TestEnvWaitingLongLine(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b, waiting := ewSetup(t, c, true, 1)
 		name := func(i int) string { return fmt.Sprintf("q%02d", i) }
 		for i := range 70 {
-			ewEnqueue(t, b, name(i), 2)
+			ewEnqueue(t, b, name(i), 3)
 		}
-		a := ewTake(t, b, nil, name(0))
-		require.Len(t, a, 1)
-		for i := 1; i < 70; i++ {
-			require.Empty(t, ewTake(t, b, nil, name(i)))
+		held := map[string][]*runqueue.Run{}
+		var order []string
+		// (one serve a round of 70 calls: the env's one slot goes from the
+		// queue that acks to the next in the line, which calls next)
+		for round := 0; len(order) < 70 && round < 75; round++ {
+			for i := range 70 {
+				q := name(i)
+				runs := ewTake(t, b, held[q], q)
+				held[q] = runs
+				for range runs {
+					order = append(order, q)
+				}
+			}
+			if round == 0 {
+				require.Equal(t, int64(69), b.client.ZCard(b.ctx, waiting).Val(), "every queue but the one served waits")
+			}
 		}
-		marked := func(i int) bool {
-			return b.client.HExists(b.ctx, waiting, keys.QueueMember(env, name(i))).Val()
+		require.GreaterOrEqual(t, len(order), 70)
+		seen := map[string]bool{}
+		for i, q := range order[:70] {
+			require.False(t, seen[q], "%s served twice in the first 70 serves: %v", q, order[:i+1])
+			seen[q] = true
 		}
-		require.Equal(t, int64(65), b.client.HLen(b.ctx, waiting).Val(), "64 marks and the place counter")
-		for i := 1; i < 70; i++ {
-			require.Equal(t, i <= 64, marked(i), "%s", name(i))
-		}
-		require.Empty(t, ewTake(t, b, a, name(0)), "the slot is left to the line's first")
-		require.False(t, marked(0), "the line is full")
-		got := ewTake(t, b, nil, name(1))
-		require.Len(t, got, 1)
-		require.False(t, marked(1), "served in a full line, it leaves it")
-		require.Empty(t, ewTake(t, b, nil, name(65)))
-		require.True(t, marked(65), "the first to call from outside comes in")
+		require.Equal(t, name(0), order[0])
+		require.Equal(t, name(1), order[1], "the slot goes to the line's first")
 	})
 }

@@ -3,8 +3,6 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,15 +44,28 @@ func ewPeer(t *testing.T, b *testBundle, clock *fakeClock, poll time.Duration, e
 }
 
 // ewUntil is the live-until time (ms) of queue's mark.
-func ewUntil(t *testing.T, b *testBundle, waiting, queue string) int64 {
+func ewUntil(t *testing.T, b *testBundle, queue string) int64 {
 	t.Helper()
-	v, err := b.client.HGet(b.ctx, waiting, keys.QueueMember(env, queue)).Result()
-	require.NoError(t, err)
-	_, u, ok := strings.Cut(v, ":")
-	require.True(t, ok, v)
-	n, err := strconv.ParseInt(u, 10, 64)
+	n, err := b.client.HGet(b.ctx, ewSpace(t, b).Env(env).WaitingUntil(), keys.QueueMember(env, queue)).Int64()
 	require.NoError(t, err)
 	return n
+}
+
+// ewMarked says whether queue is in its env's waiting line.
+func ewMarked(t *testing.T, b *testBundle, queue string) bool {
+	t.Helper()
+	err := b.client.ZScore(b.ctx, ewSpace(t, b).Env(env).Waiting(), keys.QueueMember(env, queue)).Err()
+	if err == redis.Nil {
+		return false
+	}
+	require.NoError(t, err)
+	return true
+}
+
+func ewSpace(t *testing.T, b *testBundle) keys.Space {
+	sp, err := keys.NewSpace(b.prefix, b.q.Shards())
+	require.NoError(t, err)
+	return sp
 }
 
 // ewServerMs is Redis's clock (TIME), in ms: the marks' clock.
@@ -113,21 +124,21 @@ func TestEnvWaitingSlotLeft(t *testing.T) {
 				a2 := ewTake(t, b, a, "qa")
 				if !on {
 					require.Len(t, a2, 1, "flag off, the fused call takes its slot back")
-					require.Zero(t, b.client.Exists(b.ctx, waiting).Val(), "flag off writes no waiting mark")
+					require.Zero(t, b.client.Exists(b.ctx, waiting, ewSpace(t, b).Env(env).WaitingUntil()).Val(), "flag off writes no waiting mark")
 					return
 				}
 				require.Empty(t, a2, "the slot qa's ack freed is left to qb, which waits")
-				require.True(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val())
+				require.True(t, ewMarked(t, b, "qb"))
 				bb := ewTake(t, b, nil, "qb")
 				require.Len(t, bb, 1)
 				require.Equal(t, "qb-000", bb[0].ID)
 				require.Empty(t, ewTake(t, b, nil, "qa"), "the env is at its limit")
 				require.Empty(t, ewTake(t, b, bb, "qb"), "qb has nothing more")
-				require.False(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val(), "qb's mark is dropped")
+				require.False(t, ewMarked(t, b, "qb"), "qb's mark is dropped")
 				a3 := ewTake(t, b, nil, "qa")
 				require.Len(t, a3, 1)
 				require.Equal(t, "qa-001", a3[0].ID)
-				require.Zero(t, b.client.Exists(b.ctx, waiting).Val(), "no queue waits")
+				require.Zero(t, b.client.Exists(b.ctx, waiting, ewSpace(t, b).Env(env).WaitingUntil()).Val(), "no queue waits")
 			})
 		}
 	})
@@ -141,7 +152,7 @@ func TestEnvWaitingSlotLeft(t *testing.T) {
 func TestEnvWaitingMarkLapses(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b, waiting := ewSetup(t, c, true, 1)
+		b, _ := ewSetup(t, c, true, 1)
 		quick := ewPeer(t, b, b.clock, time.Millisecond, 1)
 		ewEnqueue(t, b, "qa", 3)
 		ewEnqueue(t, b, "qb", 1)
@@ -152,7 +163,7 @@ func TestEnvWaitingMarkLapses(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, r, "the env is full")
 		after := ewServerMs(t, b)
-		until := ewUntil(t, b, waiting, "qb")
+		until := ewUntil(t, b, "qb")
 		life := int64(1002)
 		require.GreaterOrEqual(t, until, before+life, "the mark lives its life by Redis's clock")
 		require.LessOrEqual(t, until, after+life)
@@ -161,7 +172,7 @@ func TestEnvWaitingMarkLapses(t *testing.T) {
 		}
 		a2 := ewTake(t, b, a, "qa")
 		require.Len(t, a2, 1, "qb's mark lapsed")
-		require.False(t, b.client.HExists(b.ctx, waiting, keys.QueueMember(env, "qb")).Val(), "the lapsed mark is dropped")
+		require.False(t, ewMarked(t, b, "qb"), "the lapsed mark is dropped")
 	})
 }
 

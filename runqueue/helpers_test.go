@@ -141,6 +141,19 @@ func setup(t testing.TB, c redis.UniversalClient, mutate func(*runqueue.Config))
 	return b
 }
 
+// expiresOnItsOwn says whether k is a key the flag-on scripts leave, with a
+// TTL, once every run is gone: a queue's scheduler state (ckVtime,
+// ckVtimeState: StateTTL) and an env's waiting line (waiting, waitingU:
+// the life of its longest-lived mark).
+func expiresOnItsOwn(k string) bool {
+	for _, s := range []string{":ckVtime", ":ckVtimeState", ":waiting", ":waitingU"} {
+		if strings.HasSuffix(k, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // prefixKeys lists every key under prefix, on a single node or on every
 // master of a cluster.
 func prefixKeys(t testing.TB, client redis.UniversalClient, prefix string) []string {

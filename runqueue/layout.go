@@ -48,13 +48,14 @@ import (
 //     ignores it: a burst of delayed work of many keys falling due
 //     together into an idle queue registers the ScanLimit first at V and
 //     the rest one key's share together.
-//   - 8: an env's waiting hash (keys.Env.Waiting) holds the queues of the
-//     env that a flag-on dequeue found held by the env's limit with ready
-//     runs left; flag-on dequeues of the env's other queues leave freed
-//     slots to them (lua/lib/envwait.lua). A build of layout 7 ignores
-//     it: its fused ack-and-take calls take back every slot their acks
-//     free, and a queue of the env at its limit waits until another
-//     queue's backlog drains.
+//   - 8: an env's waiting line (keys.Env.Waiting, a ZSET by place, and
+//     keys.Env.WaitingUntil, each mark's life) holds the queues of the
+//     env that a flag-on dequeue found held by the env's limit with work
+//     left; flag-on dequeues of the env's other queues leave freed slots
+//     to them (lua/lib/envwait.lua). A build of layout 7 would ignore it:
+//     its fused ack-and-take calls take back every slot their acks free,
+//     and a queue of the env at its limit waits until another queue's
+//     backlog drains.
 const LayoutVersion = 8
 
 // ErrLayout is wrapped by every *LayoutError.

@@ -19,7 +19,7 @@ type queueNames struct {
 	dequeue   []string // the dequeue scripts' own KEYS (lib/dequeue)
 	held      []string // heldKeys
 	vtime     []string // vtimeKeys
-	dqVtime   []string // the flag-on dequeue's KEYS: dequeue, vtime, the env's waiting hash (left out without an env limit)
+	dqVtime   []string // the flag-on dequeue's KEYS: dequeue, vtime, the env's waiting line's two keys (left out without an env limit)
 	member    string   // qk.Member()
 	vbase     string   // qk.VariantBase()
 	wake      string   // qk.Wake()
@@ -89,7 +89,7 @@ func (q *Queue) buildNames(qk keys.Queue) *queueNames {
 		dequeue:   dequeue,
 		held:      slices.Clip(q.heldKeys(qk)),
 		vtime:     vtime,
-		dqVtime:   slices.Clip(slices.Concat(dequeue, vtime, []string{qk.Env.Waiting()})),
+		dqVtime:   slices.Clip(slices.Concat(dequeue, vtime, []string{qk.Env.Waiting(), qk.Env.WaitingUntil()})),
 		member:    qk.Member(),
 		vbase:     qk.VariantBase(),
 		wake:      qk.Wake(),

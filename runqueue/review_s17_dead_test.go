@@ -9,7 +9,6 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +50,7 @@ func s17RunKeys(t testing.TB, b *testBundle) []string {
 	t.Helper()
 	var out []string
 	for _, k := range b.keysUnder(t) {
-		if !strings.HasSuffix(k, ":ckVtime") && !strings.HasSuffix(k, ":ckVtimeState") {
+		if !expiresOnItsOwn(k) {
 			out = append(out, k)
 		}
 	}

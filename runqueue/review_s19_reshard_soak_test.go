@@ -788,7 +788,7 @@ func s19sReshardLive(t *testing.T, on bool) {
 	left := map[string]string{}
 	var schedKeys []string
 	for _, k := range b.keysUnder(t) {
-		if on && (strings.HasSuffix(k, ":ckVtime") || strings.HasSuffix(k, ":ckVtimeState")) {
+		if on && expiresOnItsOwn(k) {
 			schedKeys = append(schedKeys, k)
 			continue
 		}

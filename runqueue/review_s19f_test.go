@@ -870,7 +870,7 @@ func s19fFailover(t *testing.T, on, forced bool) {
 	}
 	left := map[string]string{}
 	for k, a := range cl.keysUnder(b.prefix) {
-		if on && (strings.HasSuffix(k, ":ckVtime") || strings.HasSuffix(k, ":ckVtimeState")) {
+		if on && expiresOnItsOwn(k) {
 			pttl, err := a.PTTL(ctx, k).Result()
 			require.NoError(t, err)
 			if pttl > 0 {

@@ -930,7 +930,7 @@ func (w *s26World) drain() {
 	for _, k := range prefixKeys(w.t, w.c, w.prefix) {
 		switch {
 		case strings.HasSuffix(k, ":tokens"), strings.HasSuffix(k, ":layout"), strings.HasSuffix(k, ":weights"):
-		case strings.HasSuffix(k, ":ckVtime"), strings.HasSuffix(k, ":ckVtimeState"):
+		case expiresOnItsOwn(k):
 			ttl, err := w.c.PTTL(w.ctx, k).Result()
 			w.noErr(err, "pttl")
 			// -2: the key expired between the listing and PTTL (the
@@ -1586,7 +1586,7 @@ func s26Concurrent(t *testing.T, c redis.UniversalClient, seed int64) {
 	for _, k := range prefixKeys(t, c, w.prefix) {
 		switch {
 		case strings.HasSuffix(k, ":tokens"), strings.HasSuffix(k, ":layout"), strings.HasSuffix(k, ":weights"):
-		case strings.HasSuffix(k, ":ckVtime"), strings.HasSuffix(k, ":ckVtimeState"):
+		case expiresOnItsOwn(k):
 			ttl, err := c.PTTL(w.ctx, k).Result()
 			require.NoError(t, err)
 			require.Positive(t, ttl, "scheduler key %s without TTL", k)

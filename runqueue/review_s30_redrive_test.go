@@ -24,7 +24,7 @@ func s30Rest(t *testing.T, b *testBundle) {
 	for _, k := range prefixKeys(t, b.client, b.prefix) {
 		switch {
 		case strings.HasSuffix(k, ":tokens"), strings.HasSuffix(k, ":layout"), strings.HasSuffix(k, ":weights"):
-		case strings.HasSuffix(k, ":ckVtime"), strings.HasSuffix(k, ":ckVtimeState"):
+		case expiresOnItsOwn(k):
 			ttl, err := b.client.PTTL(b.ctx, k).Result()
 			require.NoError(t, err)
 			require.Greater(t, ttl, time.Duration(0), "scheduler key %s without TTL", k)

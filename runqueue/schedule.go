@@ -146,17 +146,22 @@ func (q *Queue) Schedule(ctx context.Context, env, queue string, maxCount int) (
 }
 
 // capacityGone: a dequeue of qk now would take nothing for its queue's
-// or env's limit; the env's free slots left to the other queues of the env
-// that wait ahead of qk (envAhead) count as taken.
+// or env's limit; with the flag on, the env's free slots left to the other
+// queues of the env that wait ahead of qk (envAhead) count as taken.
 func (q *Queue) capacityGone(ctx context.Context, qk keys.Queue, lim Limits) (bool, error) {
 	if lim.Env > 0 {
 		n, err := q.envInflight(ctx, qk.Env)
 		if err != nil {
 			return false, err
 		}
-		ahead, err := q.envAhead(ctx, qk)
-		if err != nil || n+int64(ahead) >= int64(lim.Env) {
-			return err == nil, err
+		ahead := 0
+		if q.cfg.VtimeScheduling { // (flag-off dequeues do not read the line)
+			if ahead, err = q.envAhead(ctx, qk); err != nil {
+				return false, err
+			}
+		}
+		if n+int64(ahead) >= int64(lim.Env) {
+			return true, nil
 		}
 	}
 	if lim.Queue > 0 {

@@ -390,9 +390,9 @@ func (e *UnsettledError) Unwrap() []error {
 // running handlers until ctx ends, sends the acks of the runs that finished
 // and returns nil. An ack Redis refuses unrun (a slot on the move during a
 // resharding, a node loading, a script past busy-reply-threshold) is sent
-// again, with a growing pause, while its run's lease lasts; after four
-// failed sends in a row of another kind (Redis unreachable) the acks are
-// given up, as below. When ctx ends first, the stop is forced: the handlers
+// again, with a growing pause, while its run's lease lasts, for a minute
+// at most; after that, or after four failed sends in a row of another kind
+// (Redis unreachable), the acks are given up, as below. When ctx ends first, the stop is forced: the handlers
 // still running get their context cancelled and their runs are released
 // (nacked with a retry time of now, so that another worker runs them at
 // once rather than after their lease), and Shutdown returns ctx's error.

@@ -91,6 +91,25 @@ func (s *source) pending() int {
 
 func (s *source) isDrained() bool { return isDone(s.w.drained) }
 
+// maxRefusedResend bounds how long a stopping fetch loop sends its acks
+// again while Redis refuses them unrun (see fetchLoop.finish).
+const maxRefusedResend = time.Minute
+
+// resendRefused says whether a stopping loop whose call failed with err
+// sends its acks again: Redis refused the call unrun (a slot on the move,
+// a node loading, a busy script), a pending ack's lease lasts, and such
+// refusals, every failure since, began less than maxRefusedResend ago.
+func (l *fetchLoop) resendRefused(err error) bool {
+	if !refusedUnrun(err) {
+		l.refusedFrom = time.Time{}
+		return false
+	}
+	if l.refusedFrom.IsZero() {
+		l.refusedFrom = time.Now()
+	}
+	return time.Since(l.refusedFrom) < maxRefusedResend && l.s.acksLive()
+}
+
 // acksLive says whether a pending ack's lease is still ahead (by
 // Config.Clock): sending it again may still settle its run.
 func (s *source) acksLive() bool {
@@ -307,6 +326,9 @@ type fetchLoop struct {
 	drained     bool // no more acks can come (Worker.drained was closed when checkStop last looked)
 	qclosed     bool // the Queue was closed: no wake-ups come any more (see nextLook)
 	giveUp      bool // makes no more calls; leaves once no more acks can come
+	// refusedFrom: when the failures in a row since the stop began, all
+	// calls Redis refused unrun, began (zero: none such now).
+	refusedFrom time.Time
 	// The early look (see nextLook): lookEarly says the look timer is set
 	// for one, earlyDue that it fired and the next call to start is that
 	// look; el, when the early look is spent and the poll's look due (a
@@ -560,18 +582,18 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			l.giveUp = true // that was the acks' one attempt since the stop was forced
 		case l.forced:
 			// A fetch started before: the acks pending go at once, once.
-		case !l.fetching && l.failures > 3 && s.isDrained() && !(refusedUnrun(c.err) && s.acksLive()):
+		case !l.fetching && l.failures > 3 && s.isDrained() && !l.resendRefused(c.err):
 			// (Redis unreachable: a graceful stop must end. A call Redis
 			// refused unrun, a slot on the move above all, goes again
-			// while an ack's lease lasts: it succeeds once the slot has
-			// moved, as a nack's resend does.)
+			// while an ack's lease lasts, for a minute at most: it
+			// succeeds once the slot has moved, as a nack's resend does.)
 			l.giveUp = true
 		default:
 			l.pauseC = arm(&l.pause, retryDelay(l.failures))
 		}
 		return
 	}
-	l.failures = 0
+	l.failures, l.refusedFrom = 0, time.Time{}
 	if len(c.runs) > 0 {
 		l.looked = false
 		l.el.reset()

@@ -15,7 +15,8 @@
 -- ARGV[16+3a] -> window multiplier
 -- ARGV[17+3a] -> 1 when a freed slot looks for a gated variant (see
 --                lib/hooks_vtime), else 0
--- KEYS[15] -> the env's waiting HASH (see lib/envwait), only with an env limit
+-- KEYS[15] -> the env's waiting line ZSET (see lib/envwait), only with an env limit
+-- KEYS[16] -> the line's HASH of lives and places, only with an env limit
 -- ARGV[18+3a] -> the shard's wake-up channel, only with an env limit
 -- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env limit
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
@@ -45,7 +46,7 @@ end
 dq_capacity(dq)
 local ew = nil
 if dq.env_limit > 0 then
-  ew = ew_open(KEYS[OWN_KEYS + 4], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
+  ew = ew_open(KEYS[OWN_KEYS + 4], KEYS[OWN_KEYS + 5], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
   ew_capacity(ew)
 end
 if dq.cap <= 0 then

@@ -4,32 +4,30 @@
 -- in one call takes back every slot its acks free, and another queue of
 -- the env at its limit waits until that queue's backlog drains.
 --
--- The env's waiting HASH holds a field per waiting queue: its member ->
--- "<turn>:<until>": its place in the line and, in ms of Redis's own clock
--- (TIME: the callers' clocks may disagree), live until; and the field "#",
--- the last place given (a queue member always holds a ':').
+-- The line: a ZSET of the waiting queues (member: the queue's member,
+-- score: its place) and a HASH beside it (the queue's member -> the time
+-- its mark lives until, in ms of Redis's own clock, TIME: the callers'
+-- clocks may disagree; "#" -> the last place given; a queue member always
+-- holds a ':').
 -- A dequeue whose call the env's limit held to less than it could take
--- otherwise (the queue's limit and maxCount), and that leaves ready runs
--- behind, marks its queue: the place is kept while the queue waits without
--- being served, and a new one (the back of the line) is taken when it was
--- served or had none. A dequeue that the env does not hold so, or that
--- leaves nothing ready, drops its mark (and the hash with the last one).
--- A mark past its until is dead (its consumer gone or gone quiet) and
--- dropped by the next call that reads it; a waiter renews it at each call
--- (until: TIME + the caller's mark life, twice its poll interval and a
--- second). The hash expires with its longest-lived mark.
+-- otherwise (the queue's limit and maxCount), and that leaves ready or due
+-- runs behind, marks its queue: the place is kept while the queue waits
+-- without being served, and a new one (the back of the line) is taken when
+-- it was served or had none. A dequeue that the env does not hold so, or
+-- that leaves nothing ready, drops its mark (and the keys with the last
+-- one). A mark past its until is dead (its consumer gone or gone quiet)
+-- and dropped by the call that meets it; a waiter renews it at each held
+-- call (until: TIME + the caller's mark life). The keys expire with the
+-- longest-lived mark.
 --
 -- Every dequeue of the env's queues leaves a free slot to each live mark
 -- of another queue ahead of its own in the line (to every one when it has
--- none) and publishes a wake-up to the first of them; a call that used
--- fewer of the slots left to it wakes as many queues behind it (a waiting
--- queue whose ready runs cannot be served, all of their keys at their
--- limit, passes its turn on). At most EW_WAKE_MAX wake-ups a call.
---
--- The line holds at most EW_MARKS_MAX queues (a call reads it whole): a
--- queue that finds it full waits outside, as before the line (its poll),
--- and a queue in a full line that was served leaves it rather than taking
--- a new place, so the queues outside come in.
+-- none) and publishes a wake-up to them; a call that used fewer of the
+-- slots left to it wakes as many queues behind it (a waiting queue whose
+-- ready runs cannot be served, all of their keys at their limit, passes
+-- its turn on). At most EW_WAKE_MAX wake-ups a call. A call reads the line
+-- only while the env has free slots, and then at most as many marks ahead
+-- of it as there are free slots (and the dead ones it drops on the way).
 --
 -- The marks are best effort: their writes go by pcall, so that on a Redis
 -- at maxmemory (where a script run by EVALSHA is refused at its first write
@@ -37,15 +35,11 @@
 -- did before the line.
 
 local EW_WAKE_MAX = 16
-local EW_MARKS_MAX = 64
 
-local function ew_open(key, wake, life, dq)
-  return { key = key, wake = wake, life = life + 0, dq = dq,
+local function ew_open(line, lives, wake, life, dq)
+  return { line = line, lives = lives, wake = wake, life = life + 0, dq = dq,
     now = nil,     -- TIME (ms), read once a mark is to be read or written
     mine = nil,    -- this queue's live place
-    live = 0,      -- live marks (this queue's included)
-    last = 0,      -- the latest until of the live marks
-    behind = {},   -- live marks of other queues after this queue's, by place
     room = 0, held = false,
     lazy = false } -- the line was empty: the held test waits for ew_settle
 end
@@ -58,10 +52,6 @@ local function ew_time(ew)
   return ew.now
 end
 
-local function ew_wake(ew, marks, n)
-  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i][1]) end
-end
-
 -- A write that may be refused on a full Redis: nil then.
 local function ew_write(...)
   local r = redis.pcall(...)
@@ -69,54 +59,78 @@ local function ew_write(...)
   return r
 end
 
+local function ew_drop(ew, members)
+  redis.call('ZREM', ew.line, unpack(members))
+  redis.call('HDEL', ew.lives, unpack(members))
+  if redis.call('ZCARD', ew.line) == 0 then redis.call('DEL', ew.line, ew.lives) end
+end
+
+-- Up to n live marks of the line with a place in (lo, hi], in place
+-- order, dropping the dead ones met (at most 4 reads).
+local function ew_live(ew, lo, hi, n)
+  local now = ew_time(ew)
+  local out = {}
+  for _ = 1, 4 do
+    if #out >= n then break end
+    local want = n - #out
+    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out, want)
+    if #batch == 0 then break end
+    local lives = redis.call('HMGET', ew.lives, unpack(batch))
+    local dead = {}
+    for i, m in ipairs(batch) do
+      if lives[i] and lives[i] + 0 >= now then out[#out + 1] = m else dead[#dead + 1] = m end
+    end
+    if #dead > 0 then ew_drop(ew, dead) end
+    if #batch < want then break end
+  end
+  return out
+end
+
+local function ew_wake(ew, marks, n)
+  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+end
+
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
 -- that wait ahead. An ack-only call (maxCount 0) wakes them and changes
 -- no mark.
 local function ew_capacity(ew)
   local dq = ew.dq
-  local raw = redis.call('HGETALL', ew.key)
-  if #raw == 0 then
+  if redis.call('ZCARD', ew.line) == 0 then
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
     -- the env held the call is read after the serves, and only when the
     -- call used all its room (ew_settle).
     ew.lazy = true
     return
   end
-  local now = ew_time(ew)
   local free = dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
-  local others, dead = {}, {}
-  for i = 1, #raw, 2 do
-    if raw[i] ~= '#' then
-      local turn, till = string.match(raw[i + 1], '^(%d+):(%d+)$')
-      if turn == nil or till + 0 < now then
-        dead[#dead + 1] = raw[i]
-      else
-        ew.live = ew.live + 1
-        ew.last = math.max(ew.last, till + 0)
-        if raw[i] == dq.qm then ew.mine = turn + 0 else others[#others + 1] = { raw[i], turn + 0 } end
-      end
-    end
+  local turn = redis.call('ZSCORE', ew.line, dq.qm)
+  if turn then
+    local till = redis.call('HGET', ew.lives, dq.qm)
+    if till and till + 0 >= ew_time(ew) then ew.mine = turn + 0 else ew_drop(ew, { dq.qm }) end
   end
-  if #dead > 0 then
-    if ew.live == 0 then redis.call('DEL', ew.key) else redis.call('HDEL', ew.key, unpack(dead)) end
+  local ahead = 0
+  if free > 0 then
+    local hi = '+inf'
+    if ew.mine then hi = '(' .. ew.mine end
+    local marks = ew_live(ew, '-inf', hi, free)
+    ew_wake(ew, marks, free)
+    ahead = #marks
   end
-  table.sort(others, function(a, b) return a[2] < b[2] end)
-  local ahead = others
-  if ew.mine ~= nil then
-    ahead = {}
-    for _, o in ipairs(others) do
-      if o[2] < ew.mine then ahead[#ahead + 1] = o else ew.behind[#ew.behind + 1] = o end
-    end
-  end
-  if #ahead > 0 and free > 0 then ew_wake(ew, ahead, free) end
   if dq.max_count <= 0 then return end
-  ew.room = free - #ahead
+  ew.room = free - ahead
   -- What the call could take but for the env: maxCount within the
   -- queue's limit.
   local other = dq.max_count
   if dq.queue_limit > 0 then other = math.min(other, dq.queue_limit - held_count(dq.held)) end
-  ew.held = ew.room < other
+  ew.held = other > 0 and ew.room < other
   if ew.room < dq.cap then dq.cap = math.max(ew.room, 0) end
+end
+
+-- Whether the queue has work a later call could serve: a ready run, or a
+-- delayed one now due (a held call returns before it promotes).
+local function ew_work(dq)
+  if redis.call('EXISTS', dq.ck_index) == 1 then return true end
+  return redis.call('ZRANGEBYSCORE', dq.delay_index, '-inf', dq.now_arg, 'LIMIT', 0, 1)[1] ~= nil
 end
 
 -- After the serves (served: how many the call took): the call's mark, and
@@ -133,21 +147,23 @@ local function ew_settle(ew, served)
     if dq.queue_limit > 0 and dq.queue_limit - held_count(dq.held) <= 0 then return end
     ew.held, ew.room = true, served
   end
-  local stay = ew.held and served >= ew.room and redis.call('EXISTS', dq.ck_index) == 1
-  local turn = ew.mine
-  if stay and (turn == nil or served > 0) then
-    -- a new place at the back; none when the line is full (see above)
-    turn = nil
-    if ew.live < EW_MARKS_MAX then turn = ew_write('HINCRBY', ew.key, '#', 1) end
+  local turn = nil
+  if ew.held and served >= ew.room and ew_work(dq) then
+    turn = ew.mine
+    if turn == nil or served > 0 then turn = ew_write('HINCRBY', ew.lives, '#', 1) end
   end
-  if stay and turn then
-    local now = ew_time(ew)
-    local till = now + ew.life
-    if ew_write('HSET', ew.key, dq.qm, string.format('%d:%d', turn, till)) then
-      ew_write('PEXPIRE', ew.key, math.max(till, ew.last) - now)
+  if turn then
+    local till = ew_time(ew) + ew.life
+    if ew_write('HSET', ew.lives, dq.qm, string.format('%d', till)) and ew_write('ZADD', ew.line, turn, dq.qm) then
+      -- (the keys live as long as their longest-lived mark)
+      for _, k in ipairs({ ew.line, ew.lives }) do
+        if redis.call('PTTL', k) < ew.life then ew_write('PEXPIRE', k, ew.life) end
+      end
     end
   elseif ew.mine ~= nil then
-    if ew.live <= 1 then redis.call('DEL', ew.key) else redis.call('HDEL', ew.key, dq.qm) end
+    ew_drop(ew, { dq.qm })
   end
-  if ew.room > served and #ew.behind > 0 then ew_wake(ew, ew.behind, ew.room - served) end
+  if ew.mine ~= nil and ew.room > served then
+    ew_wake(ew, ew_live(ew, '(' .. ew.mine, '+inf', ew.room - served), ew.room - served)
+  end
 end

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -122,171 +123,36 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 		shards = append(shards, probe.ShardOf(e))
 	}
 	queues := []string{"qa", "qb"}
-	envLim := map[string]int{envs[0]: 9, envs[1]: 12, envs[2]: 7}
-	limits := func(env, queue string) runqueue.Limits {
-		l := runqueue.Limits{Env: envLim[env], Queue: 5, Key: 2}
-		if queue == "qb" {
-			l.Queue, l.Key = 7, 3
-		}
-		if env == envs[1] && queue == "qa" {
-			l.Key = 1
-		}
-		return l
-	}
-	mut := func(on bool) func(*runqueue.Config) {
-		return func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = on
-			cfg.LeaseDuration = h200Lease
-			cfg.MaxAttempts = maxAttempts
-			cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 40*time.Millisecond
-			cfg.LimitsFor = limits
-		}
-	}
+	limits, mut := h200Config(envs, [3]int{9, 12, 7}, 5, 7, maxAttempts)
 	qOn := s34NewQueue(t, c, prefix, mut(true))
 	t.Logf("cluster: %s; envs %v (one on each master), shards %v", redistest.ClusterSource(), envs, shards)
 
 	// The workload.
-	type vk = h200VK
-	total := map[string]vk{} // run id -> its variant
-	alwaysFails := map[string]bool{}
-	rng := rand.New(rand.NewSource(200))
-	now := time.Now()
-	var ps []runqueue.EnqueueParams
-	flush := func() {
-		for len(ps) > 0 {
-			n := min(len(ps), 500)
-			res, err := qOn.EnqueueMany(ctx, ps[:n])
-			require.NoError(t, err)
-			for i, r := range res {
-				require.NoError(t, r.Err)
-				require.True(t, r.Queued, ps[i].ID)
-			}
-			ps = ps[n:]
-		}
-	}
-	add := func(env, queue, key string, n int, delayed int) {
-		for i := 0; i < n; i++ {
-			id := fmt.Sprintf("%s-%s-%d", queue, key, i)
-			p := runqueue.EnqueueParams{Env: env, Queue: queue, Key: key, ID: id, Payload: []byte("x"), Priority: []int{0, 1, 9}[i%3]}
-			if i < delayed {
-				p.AvailableAt = now.Add(300*time.Millisecond + time.Duration(rng.Int63n(int64(2700*time.Millisecond))))
-			}
-			ps = append(ps, p)
-			total[env+"/"+id] = vk{env, queue, key}
-			if key == "K3" && i%25 == 0 {
-				alwaysFails[env+"/"+id] = true
-			}
-		}
-	}
-	for _, e := range envs {
-		for _, qn := range queues {
-			for k := 0; k < 5; k++ {
-				d := 0
-				if k == 2 {
-					d = 80
-				}
-				add(e, qn, fmt.Sprintf("K%d", k), 250, d)
-			}
-			for k, w := range map[string]float64{"K0": 0.5, "K1": 8, "K2": 4} {
-				require.NoError(t, qOn.SetWeight(ctx, e, qn, k, w))
-			}
-		}
-	}
-	require.NoError(t, qOn.SetWeight(ctx, envs[0], "qa", "FL", 2))
-	add(envs[0], "qa", "FL", 8000, 0)
-	add(envs[0], "qa", "", 200, 0) // the empty key is a variant too, under the key limit
-	add(envs[1], "qb", "", 200, 0)
-	flush()
 	const news = 60
-	newQ := func(i int) (string, string) { return envs[i%3], queues[(i/3)%2] }
-	for i := 0; i < news; i++ {
-		e, qn := newQ(i)
-		total[e+"/"+fmt.Sprintf("n-%s-N%02d", qn, i)] = vk{e, qn, fmt.Sprintf("N%02d", i)}
-	}
+	load := h200Workload(t, qOn, envs, queues, 200, 250, 80, 8000, 200, news)
+	total, alwaysFails := load.total, load.alwaysFails
 	expected := len(total) + 3*len(alwaysFails) + 80 // (retries: a rough count, for the triggers only)
 
-	// The handler.
-	var dmu sync.Mutex
-	var dels []*h200Del
-	var started, inHandler atomic.Int64
+	// The handler, and the handlers running per Worker and the newcomers'
+	// first starts.
+	hs := newH200Handlers("h200", 200)
 	var runMu sync.Mutex
-	runningBy := map[string]int{} // handlers running per Worker
-	var wmu sync.Mutex
-	hard := map[string]bool{} // the Workers stopped hard
-	isHard := func(name string) bool {
-		wmu.Lock()
-		defer wmu.Unlock()
-		return hard[name]
-	}
-	startedAt := map[string]time.Time{} // newcomers' first start
-	dur := h196Dur(200, 0, 3, nil)
-	var durMu sync.Mutex
-	slow := rand.New(rand.NewSource(2000))
-	mk := func(name string) runqueue.Handler {
-		return func(hctx context.Context, r *runqueue.Run) error {
-			st := time.Now()
-			started.Add(1)
-			inHandler.Add(1)
-			defer inHandler.Add(-1)
+	runningBy := map[string]int{}
+	startedAt := map[string]time.Time{}
+	hs.begin = func(name string, r *runqueue.Run, st time.Time) func() {
+		runMu.Lock()
+		runningBy[name]++
+		if _, ok := startedAt[r.ID]; !ok && strings.HasPrefix(r.Key, "N") {
+			startedAt[r.ID] = st
+		}
+		runMu.Unlock()
+		return func() {
 			runMu.Lock()
-			runningBy[name]++
+			runningBy[name]--
 			runMu.Unlock()
-			defer func() {
-				runMu.Lock()
-				runningBy[name]--
-				runMu.Unlock()
-			}()
-			if strings.HasPrefix(r.Key, "N") {
-				dmu.Lock()
-				if _, ok := startedAt[r.ID]; !ok {
-					startedAt[r.ID] = st
-				}
-				dmu.Unlock()
-			}
-			d := dur(r)
-			if r.Key == "K4" {
-				durMu.Lock()
-				d = time.Duration(10000+slow.Intn(20001)) * time.Microsecond
-				durMu.Unlock()
-			}
-			if d > 0 {
-				select {
-				case <-time.After(d):
-				case <-hctx.Done():
-				}
-			}
-			var err error
-			if r.Key == "K3" {
-				i := h199Idx(r.ID)
-				switch {
-				case i%25 == 0:
-					err = errors.New("h200: always fails")
-				case i%3 == 0 && r.Attempt == 1:
-					err = runqueue.RetryAfter(errors.New("h200: rate limited"), 20*time.Millisecond)
-				}
-			}
-			if hctx.Err() != nil && isHard(name) {
-				// A handler of a Worker stopped hard that ignores its
-				// context (Shutdown does not wait for it): it runs on until
-				// just before the lease deadline its fetch returned, so
-				// that the caps are judged with the crashed Worker's holds
-				// still running, up to the time lease recovery may free
-				// them.
-				if w := time.Until(r.LeaseDeadline) - 50*time.Millisecond; w > 0 {
-					time.Sleep(w)
-				}
-			}
-			del := &h200Del{r: r, worker: name, start: st.Round(0), end: time.Now().Round(0), cancelled: hctx.Err() != nil}
-			del.ok = err == nil && !del.cancelled
-			dmu.Lock()
-			dels = append(dels, del)
-			dmu.Unlock()
-			if del.cancelled {
-				return hctx.Err()
-			}
-			return err
 		}
 	}
+	var wmu sync.Mutex // workers, flagOf
 
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var allQ []runqueue.WorkerQueue
@@ -306,7 +172,7 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 			cfg.Queues = allQ
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		w, err := runqueue.NewWorker(q, mk(name), &cfg)
+		w, err := runqueue.NewWorker(q, hs.handler(name), &cfg)
 		require.NoError(t, err)
 		require.NoError(t, w.Start(wctx))
 		hw := &h200W{name: name, on: on, q: q, w: w, cancel: cancel}
@@ -335,12 +201,11 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	newsDone := make(chan error, 1)
 	go func() {
 		for i := 0; i < news; i++ {
-			e, qn := newQ(i)
-			id := fmt.Sprintf("n-%s-N%02d", qn, i)
+			p := load.newcomer(i)
 			enqMu.Lock()
-			enqAt[e+"/"+id] = time.Now()
+			enqAt[p.Env+"/"+p.ID] = time.Now()
 			enqMu.Unlock()
-			if _, err := qOn.Enqueue(ctx, runqueue.EnqueueParams{Env: e, Queue: qn, Key: fmt.Sprintf("N%02d", i), ID: id, Payload: []byte("x")}); err != nil {
+			if _, err := qOn.Enqueue(ctx, p); err != nil {
 				newsDone <- err
 				return
 			}
@@ -354,10 +219,10 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	hardStop := func(name string) {
 		wmu.Lock()
 		hw := workers[name]
-		hard[name] = true
 		wmu.Unlock()
+		hs.stoppedHard(name)
 		hw.cancel()
-		logs = append(logs, fmt.Sprintf("%v: %s (flag %v) stopped hard at %d deliveries started", time.Since(began).Round(time.Millisecond), name, hw.on, started.Load()))
+		logs = append(logs, fmt.Sprintf("%v: %s (flag %v) stopped hard at %d deliveries started", time.Since(began).Round(time.Millisecond), name, hw.on, hs.started.Load()))
 	}
 	replacedBy := map[string]string{} // a crashed Worker's role is its replacement's
 	roll := func(old, name string, on, byShard bool) {
@@ -377,16 +242,7 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 		require.NoError(t, err)
 		start(name, on, byShard)
 	}
-	waitFor := func(frac float64) {
-		n := int64(frac * float64(expected))
-		deadline := time.Now().Add(120 * time.Second)
-		for started.Load() < n {
-			if time.Now().After(deadline) { // a liveness guard
-				t.Fatalf("only %d of %d deliveries started", started.Load(), n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	waitFor := func(frac float64) { hs.waitStarted(t, int64(frac*float64(expected)), 120*time.Second) }
 	waitFor(0.15)
 	roll("W1", "W6", true, false)
 	waitFor(0.30)
@@ -427,7 +283,7 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 	waitFor(0.80)
 	roll("W4", "W9", false, true)
 	require.NoError(t, <-newsDone)
-	for name := range hard {
+	for name := range hs.hard {
 		sctx, c := context.WithTimeout(ctx, 5*time.Second)
 		err := workers[name].w.Shutdown(sctx)
 		c()
@@ -455,9 +311,9 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	drained := time.Now()
-	for inHandler.Load() > 0 { // (a liveness guard: every handler returned)
+	for hs.inHandler.Load() > 0 { // (a liveness guard: every handler returned)
 		if time.Now().After(deadline) {
-			t.Fatalf("%d handlers still running", inHandler.Load())
+			t.Fatalf("%d handlers still running", hs.inHandler.Load())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -473,13 +329,11 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 			dead[d.Env+"/"+d.ID] = d
 		}
 	}
-	dmu.Lock()
-	all := append([]*h200Del(nil), dels...)
-	dmu.Unlock()
+	all := hs.deliveries()
 	t.Logf("%d runs, %d deliveries, %d dead letters (%d always-failing runs); queues empty at %v",
 		len(total), len(all), len(dead), len(alwaysFails), drained.Sub(began).Round(time.Millisecond))
 
-	viol, _ := (&h200Judge{all: all, total: total, alwaysFails: alwaysFails, dead: dead, hard: hard, flagOf: flagOf,
+	viol, _ := (&h200Judge{all: all, total: total, alwaysFails: alwaysFails, dead: dead, hard: hs.hard, flagOf: flagOf,
 		maxAttempts: maxAttempts, limits: limits, envs: envs, queues: queues}).judge(t)
 
 	// Logged, not asserted: the newcomers' waits and the serves per Worker.
@@ -688,4 +542,218 @@ func (j *h200Judge) judge(t *testing.T) (viol []string, capViol int) {
 	}
 	t.Logf("(d) %d intervals judged; highest running (clipped) against the limits: %s; %d cap violations", len(evs)/2, strings.Join(ml, ", "), capViol)
 	return viol, capViol
+}
+
+// h200Load is the rollout soaks' workload (h200, h202), enqueued through
+// a flag-on instance: per env and queue five keys K0..K4 of perKey runs
+// (priorities 0, 1, 9 in turn; the first `delayed` of K2's due in 0.3-3 s;
+// K1 weight 8, K0 0.5, K2 4; K3's every 25th run always fails), a flood
+// key FL (weight 2) in the first env's qa, `empty` runs of the empty key
+// (a variant too, under the key limit) in envs[0]/qa and envs[1]/qb, and
+// `news` newcomers, one run each, that the soak enqueues later (newcomer).
+type h200Load struct {
+	envs, queues []string
+	total        map[string]h200VK // env/id -> its variant
+	alwaysFails  map[string]bool   // env/id
+}
+
+func h200Workload(t *testing.T, q *runqueue.Queue, envs, queues []string, seed int64, perKey, delayed, flood, empty, news int) *h200Load {
+	ctx := context.Background()
+	l := &h200Load{envs: envs, queues: queues, total: map[string]h200VK{}, alwaysFails: map[string]bool{}}
+	rng := rand.New(rand.NewSource(seed))
+	now := time.Now()
+	var ps []runqueue.EnqueueParams
+	add := func(env, queue, key string, n int, delayed int) {
+		for i := 0; i < n; i++ {
+			id := fmt.Sprintf("%s-%s-%d", queue, key, i)
+			p := runqueue.EnqueueParams{Env: env, Queue: queue, Key: key, ID: id, Payload: []byte("x"), Priority: []int{0, 1, 9}[i%3]}
+			if i < delayed {
+				p.AvailableAt = now.Add(300*time.Millisecond + time.Duration(rng.Int63n(int64(2700*time.Millisecond))))
+			}
+			ps = append(ps, p)
+			l.total[env+"/"+id] = h200VK{env, queue, key}
+			if key == "K3" && i%25 == 0 {
+				l.alwaysFails[env+"/"+id] = true
+			}
+		}
+	}
+	for _, e := range envs {
+		for _, qn := range queues {
+			for k := 0; k < 5; k++ {
+				d := 0
+				if k == 2 {
+					d = delayed
+				}
+				add(e, qn, fmt.Sprintf("K%d", k), perKey, d)
+			}
+			for k, w := range map[string]float64{"K0": 0.5, "K1": 8, "K2": 4} {
+				require.NoError(t, q.SetWeight(ctx, e, qn, k, w))
+			}
+		}
+	}
+	require.NoError(t, q.SetWeight(ctx, envs[0], "qa", "FL", 2))
+	add(envs[0], "qa", "FL", flood, 0)
+	add(envs[0], "qa", "", empty, 0)
+	add(envs[1], "qb", "", empty, 0)
+	for len(ps) > 0 {
+		n := min(len(ps), 500)
+		res, err := q.EnqueueMany(ctx, ps[:n])
+		require.NoError(t, err)
+		for i, r := range res {
+			require.NoError(t, r.Err)
+			require.True(t, r.Queued, ps[i].ID)
+		}
+		ps = ps[n:]
+	}
+	for i := 0; i < news; i++ {
+		p := l.newcomer(i)
+		l.total[p.Env+"/"+p.ID] = h200VK{p.Env, p.Queue, p.Key}
+	}
+	return l
+}
+
+// newcomer is the i-th newcomer's run.
+func (l *h200Load) newcomer(i int) runqueue.EnqueueParams {
+	qn := l.queues[(i/3)%2]
+	return runqueue.EnqueueParams{Env: l.envs[i%3], Queue: qn, Key: fmt.Sprintf("N%02d", i), ID: fmt.Sprintf("n-%s-N%02d", qn, i), Payload: []byte("x")}
+}
+
+// h200Handlers are the soaks' handlers and what they record. A handler
+// takes 0-3 ms (K4's 10-30 ms); K3 fails every third run once with
+// RetryAfter and every 25th always; one of a Worker stopped hard ignores
+// its context and runs on until 50 ms before the lease deadline its fetch
+// returned (see the header). Each delivery is recorded as it ends.
+type h200Handlers struct {
+	tag   string
+	dur   func(*runqueue.Run) time.Duration
+	durMu sync.Mutex
+	slow  *rand.Rand
+	// begin, when set, runs as a handler starts; what it returns, as the
+	// handler returns.
+	begin func(name string, r *runqueue.Run, st time.Time) func()
+
+	started, inHandler atomic.Int64
+	mu                 sync.Mutex
+	dels               []*h200Del
+	hard               map[string]bool // the Workers stopped hard
+}
+
+func newH200Handlers(tag string, seed int64) *h200Handlers {
+	return &h200Handlers{tag: tag, dur: h196Dur(seed, 0, 3, nil), slow: rand.New(rand.NewSource(10 * seed)), hard: map[string]bool{}}
+}
+
+func (h *h200Handlers) isHard(name string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.hard[name]
+}
+
+// stoppedHard notes that Worker name is stopped hard (before its Start
+// context is cancelled).
+func (h *h200Handlers) stoppedHard(name string) {
+	h.mu.Lock()
+	h.hard[name] = true
+	h.mu.Unlock()
+}
+
+// deliveries are the deliveries recorded so far.
+func (h *h200Handlers) deliveries() []*h200Del {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]*h200Del(nil), h.dels...)
+}
+
+// waitStarted waits until n deliveries have started (guard: a liveness
+// guard).
+func (h *h200Handlers) waitStarted(t *testing.T, n int64, guard time.Duration) {
+	deadline := time.Now().Add(guard)
+	for h.started.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d deliveries started", h.started.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (h *h200Handlers) handler(name string) runqueue.Handler {
+	return func(hctx context.Context, r *runqueue.Run) error {
+		st := time.Now()
+		h.started.Add(1)
+		h.inHandler.Add(1)
+		defer h.inHandler.Add(-1)
+		if h.begin != nil {
+			defer h.begin(name, r, st)()
+		}
+		d := h.dur(r)
+		if r.Key == "K4" {
+			h.durMu.Lock()
+			d = time.Duration(10000+h.slow.Intn(20001)) * time.Microsecond
+			h.durMu.Unlock()
+		}
+		if d > 0 {
+			select {
+			case <-time.After(d):
+			case <-hctx.Done():
+			}
+		}
+		var err error
+		if r.Key == "K3" {
+			i := h199Idx(r.ID)
+			switch {
+			case i%25 == 0:
+				err = errors.New(h.tag + ": always fails")
+			case i%3 == 0 && r.Attempt == 1:
+				err = runqueue.RetryAfter(errors.New(h.tag+": rate limited"), 20*time.Millisecond)
+			}
+		}
+		if hctx.Err() != nil && h.isHard(name) {
+			// A handler of a Worker stopped hard that ignores its
+			// context (Shutdown does not wait for it): it runs on until
+			// just before the lease deadline its fetch returned, so that
+			// the caps are judged with the crashed Worker's holds still
+			// running, up to the time lease recovery may free them.
+			if w := time.Until(r.LeaseDeadline) - 50*time.Millisecond; w > 0 {
+				time.Sleep(w)
+			}
+		}
+		del := &h200Del{r: r, worker: name, start: st.Round(0), end: time.Now().Round(0), cancelled: hctx.Err() != nil}
+		del.ok = err == nil && !del.cancelled
+		h.mu.Lock()
+		h.dels = append(h.dels, del)
+		h.mu.Unlock()
+		if del.cancelled {
+			return hctx.Err()
+		}
+		return err
+	}
+}
+
+// h200Config is the soaks' limits (every instance has the same): each
+// env's limit, qa's queue limit and key limit 2, qb's queue limit and key
+// limit 3, and key limit 1 in the second env's qa; and each instance's
+// config, of its flag.
+func h200Config(envs []string, envLim [3]int, qaLimit, qbLimit, maxAttempts int) (func(env, queue string) runqueue.Limits, func(on bool) func(*runqueue.Config)) {
+	limits := func(env, queue string) runqueue.Limits {
+		l := runqueue.Limits{Queue: qaLimit, Key: 2}
+		if i := slices.Index(envs, env); i >= 0 {
+			l.Env = envLim[i]
+		}
+		if queue == "qb" {
+			l.Queue, l.Key = qbLimit, 3
+		}
+		if env == envs[1] && queue == "qa" {
+			l.Key = 1
+		}
+		return l
+	}
+	mut := func(on bool) func(*runqueue.Config) {
+		return func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling = on
+			cfg.LeaseDuration = h200Lease
+			cfg.MaxAttempts = maxAttempts
+			cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 40*time.Millisecond
+			cfg.LimitsFor = limits
+		}
+	}
+	return limits, mut
 }

@@ -2,7 +2,6 @@ package runqueue_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand"
@@ -160,26 +159,7 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 		slots = append(slots, keys.Slot(space.Shard(s).Master()))
 	}
 	queues := []string{"qa", "qb"}
-	envLim := map[string]int{envs[0]: 6, envs[1]: 8, envs[2]: 5}
-	limits := func(env, queue string) runqueue.Limits {
-		l := runqueue.Limits{Env: envLim[env], Queue: 4, Key: 2}
-		if queue == "qb" {
-			l.Queue, l.Key = 5, 3
-		}
-		if env == envs[1] && queue == "qa" {
-			l.Key = 1
-		}
-		return l
-	}
-	mut := func(on bool) func(*runqueue.Config) {
-		return func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = on
-			cfg.LeaseDuration = h200Lease
-			cfg.MaxAttempts = maxAttempts
-			cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 40*time.Millisecond
-			cfg.LimitsFor = limits
-		}
-	}
+	limits, mut := h200Config(envs, [3]int{6, 8, 5}, 4, 5, maxAttempts)
 	qOn := s34NewQueue(t, c, prefix, mut(true))
 	t.Logf("envs %v (one on each master), shards %v, slots %v; the slots of %s and %s move",
 		envs, shards, slots, envs[0], envs[1])
@@ -200,62 +180,9 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 		}
 	}
 
-	// The workload.
-	total := map[string]h200VK{} // env/id -> its variant
-	alwaysFails := map[string]bool{}
-	rng := rand.New(rand.NewSource(202))
-	now := time.Now()
-	var ps []runqueue.EnqueueParams
-	flush := func() {
-		for len(ps) > 0 {
-			n := min(len(ps), 500)
-			res, err := qOn.EnqueueMany(ctx, ps[:n])
-			require.NoError(t, err)
-			for i, r := range res {
-				require.NoError(t, r.Err)
-				require.True(t, r.Queued, ps[i].ID)
-			}
-			ps = ps[n:]
-		}
-	}
-	add := func(env, queue, key string, n int, delayed int) {
-		for i := 0; i < n; i++ {
-			id := fmt.Sprintf("%s-%s-%d", queue, key, i)
-			p := runqueue.EnqueueParams{Env: env, Queue: queue, Key: key, ID: id, Payload: []byte("x"), Priority: []int{0, 1, 9}[i%3]}
-			if i < delayed {
-				p.AvailableAt = now.Add(300*time.Millisecond + time.Duration(rng.Int63n(int64(2700*time.Millisecond))))
-			}
-			ps = append(ps, p)
-			total[env+"/"+id] = h200VK{env, queue, key}
-			if key == "K3" && i%25 == 0 {
-				alwaysFails[env+"/"+id] = true
-			}
-		}
-	}
-	for _, e := range envs {
-		for _, qn := range queues {
-			for k := 0; k < 5; k++ {
-				d := 0
-				if k == 2 {
-					d = 20
-				}
-				add(e, qn, fmt.Sprintf("K%d", k), h202PerKey, d)
-			}
-			for k, w := range map[string]float64{"K0": 0.5, "K1": 8, "K2": 4} {
-				require.NoError(t, qOn.SetWeight(ctx, e, qn, k, w))
-			}
-		}
-	}
-	require.NoError(t, qOn.SetWeight(ctx, envs[0], "qa", "FL", 2))
-	add(envs[0], "qa", "FL", h202Flood, 0)
-	add(envs[0], "qa", "", 60, 0)
-	add(envs[1], "qb", "", 60, 0)
-	flush()
-	newQ := func(i int) (string, string) { return envs[i%3], queues[(i/3)%2] }
-	for i := 0; i < h202News; i++ {
-		e, qn := newQ(i)
-		total[e+"/"+fmt.Sprintf("n-%s-N%02d", qn, i)] = h200VK{e, qn, fmt.Sprintf("N%02d", i)}
-	}
+	// The workload (h200's).
+	load := h200Workload(t, qOn, envs, queues, 202, h202PerKey, 20, h202Flood, 60, h202News)
+	total, alwaysFails := load.total, load.alwaysFails
 	retries := 0
 	for id, v := range total {
 		if v.key == "K3" && h199Idx(id)%3 == 0 {
@@ -265,65 +192,8 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 	expected := len(total) + 2*len(alwaysFails) + retries
 
 	// The handler (h200's).
-	var dmu sync.Mutex
-	var dels []*h200Del
-	var started, inHandler atomic.Int64
-	var wmu sync.Mutex
-	hard := map[string]bool{}
-	isHard := func(name string) bool {
-		wmu.Lock()
-		defer wmu.Unlock()
-		return hard[name]
-	}
-	dur := h196Dur(202, 0, 3, nil)
-	var durMu sync.Mutex
-	slow := rand.New(rand.NewSource(2020))
-	mk := func(name string) runqueue.Handler {
-		return func(hctx context.Context, r *runqueue.Run) error {
-			st := time.Now()
-			started.Add(1)
-			inHandler.Add(1)
-			defer inHandler.Add(-1)
-			d := dur(r)
-			if r.Key == "K4" {
-				durMu.Lock()
-				d = time.Duration(10000+slow.Intn(20001)) * time.Microsecond
-				durMu.Unlock()
-			}
-			if d > 0 {
-				select {
-				case <-time.After(d):
-				case <-hctx.Done():
-				}
-			}
-			var err error
-			if r.Key == "K3" {
-				i := h199Idx(r.ID)
-				switch {
-				case i%25 == 0:
-					err = errors.New("h202: always fails")
-				case i%3 == 0 && r.Attempt == 1:
-					err = runqueue.RetryAfter(errors.New("h202: rate limited"), 20*time.Millisecond)
-				}
-			}
-			if hctx.Err() != nil && isHard(name) {
-				// (h200: the crashed Worker's handlers run on until just
-				// before their lease deadline, ignoring their context.)
-				if w := time.Until(r.LeaseDeadline) - 50*time.Millisecond; w > 0 {
-					time.Sleep(w)
-				}
-			}
-			del := &h200Del{r: r, worker: name, start: st.Round(0), end: time.Now().Round(0), cancelled: hctx.Err() != nil}
-			del.ok = err == nil && !del.cancelled
-			dmu.Lock()
-			dels = append(dels, del)
-			dmu.Unlock()
-			if del.cancelled {
-				return hctx.Err()
-			}
-			return err
-		}
-	}
+	hs := newH200Handlers("h202", 202)
+	var wmu sync.Mutex // workers, flagOf
 
 	counts := &s19sLog{}
 	var logMu sync.Mutex
@@ -340,14 +210,14 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 	start := func(name string, on, byShard bool) {
 		q := s34NewQueue(t, c, prefix, mut(on))
 		cfg := runqueue.WorkerConfig{Concurrency: 6, SweepInterval: 300 * time.Millisecond,
-			Logger: slog.New(&h202Log{name: name, counts: counts, hard: isHard, mu: &logMu, strange: &strangeLogs, slotErr: &slotLogs})}
+			Logger: slog.New(&h202Log{name: name, counts: counts, hard: hs.isHard, mu: &logMu, strange: &strangeLogs, slotErr: &slotLogs})}
 		if byShard {
 			cfg.Shards = shards
 		} else {
 			cfg.Queues = allQ
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		w, err := runqueue.NewWorker(q, mk(name), &cfg)
+		w, err := runqueue.NewWorker(q, hs.handler(name), &cfg)
 		require.NoError(t, err)
 		require.NoError(t, retry("Worker.Start", func() error { return w.Start(wctx) }))
 		t.Cleanup(func() {
@@ -431,8 +301,7 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 	newsDone := make(chan error, 1)
 	go func() {
 		for i := 0; i < h202News; i++ {
-			e, qn := newQ(i)
-			p := runqueue.EnqueueParams{Env: e, Queue: qn, Key: fmt.Sprintf("N%02d", i), ID: fmt.Sprintf("n-%s-N%02d", qn, i), Payload: []byte("x")}
+			p := load.newcomer(i)
 			if err := retry("Enqueue", func() error { _, err := qOn.Enqueue(ctx, p); return err }); err != nil {
 				newsDone <- err
 				return
@@ -445,7 +314,7 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 	var logs []string
 	step := func(what string) {
 		half := waitHalf()
-		logs = append(logs, fmt.Sprintf("%v: %s (%d deliveries started; slot half moved: %v)", time.Since(began).Round(time.Millisecond), what, started.Load(), half))
+		logs = append(logs, fmt.Sprintf("%v: %s (%d deliveries started; slot half moved: %v)", time.Since(began).Round(time.Millisecond), what, hs.started.Load(), half))
 	}
 	var shutdownErrs []string
 	roll := func(old, name string, on, byShard bool) {
@@ -461,23 +330,12 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 		}
 		start(name, on, byShard)
 	}
-	waitFor := func(frac float64) {
-		n := int64(frac * float64(expected))
-		deadline := time.Now().Add(60 * time.Second)
-		for started.Load() < n {
-			if time.Now().After(deadline) { // a liveness guard
-				t.Fatalf("only %d of %d deliveries started", started.Load(), n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	waitFor := func(frac float64) { hs.waitStarted(t, int64(frac*float64(expected)), 60*time.Second) }
 	waitFor(0.15)
 	roll("W1", "W6", true, false)
 	waitFor(0.30)
 	step("W5 (flag false) stopped hard")
-	wmu.Lock()
-	hard["W5"] = true
-	wmu.Unlock()
+	hs.stoppedHard("W5")
 	workers["W5"].cancel()
 	waitFor(0.40)
 	step("K0 and K1 swap weights")
@@ -491,9 +349,7 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 	roll("W3", "W7", false, true)
 	waitFor(0.62)
 	step("W6 (flag true) stopped hard, W9 (flag true, queues) started in its place")
-	wmu.Lock()
-	hard["W6"] = true
-	wmu.Unlock()
+	hs.stoppedHard("W6")
 	workers["W6"].cancel()
 	start("W9", true, false)
 	waitFor(0.70)
@@ -529,9 +385,9 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	drained := time.Now()
-	for inHandler.Load() > 0 {
+	for hs.inHandler.Load() > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d handlers still running", inHandler.Load())
+			t.Fatalf("%d handlers still running", hs.inHandler.Load())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -550,9 +406,7 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 			dead[d.Env+"/"+d.ID] = d
 		}
 	}
-	dmu.Lock()
-	all := append([]*h200Del(nil), dels...)
-	dmu.Unlock()
+	all := hs.deliveries()
 	redelivered := 0
 	seen := map[string]int{}
 	for _, d := range all {
@@ -564,7 +418,7 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 	t.Logf("%d runs, %d deliveries (%d beyond the first of a run: retries, dead letters' attempts, recoveries), %d dead letters (%d always-failing runs); %d moves (%d keys moved); queues empty at %v",
 		len(total), len(all), redelivered, len(dead), len(alwaysFails), moves, movedKeys, drained.Sub(began).Round(time.Millisecond))
 
-	viol, capViol := (&h200Judge{all: all, total: total, alwaysFails: alwaysFails, dead: dead, hard: hard, flagOf: flagOf,
+	viol, capViol := (&h200Judge{all: all, total: total, alwaysFails: alwaysFails, dead: dead, hard: hs.hard, flagOf: flagOf,
 		maxAttempts: maxAttempts, limits: limits, envs: envs, queues: queues}).judge(t)
 
 	per := map[string]int{}

@@ -3,6 +3,7 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,12 +36,10 @@ func ewSetup(t *testing.T, c redis.UniversalClient, on bool, envLimit int) (*tes
 // ewPeer is a second Queue on b's prefix with its own clock and poll
 // interval (so its own mark life).
 func ewPeer(t *testing.T, b *testBundle, clock *fakeClock, poll time.Duration, envLimit int) *runqueue.Queue {
-	cfg := &runqueue.Config{Prefix: b.prefix, Clock: clock, VtimeScheduling: true, BlockPollInterval: poll,
-		LimitsFor: func(string, string) runqueue.Limits { return runqueue.Limits{Env: envLimit} }}
-	q, err := runqueue.New(b.ctx, b.client, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
-	return q
+	return s34NewQueue(t, b.client, b.prefix, func(cfg *runqueue.Config) {
+		cfg.Clock, cfg.BlockPollInterval = clock, poll
+		cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: envLimit} }
+	})
 }
 
 // ewUntil is the live-until time (ms) of queue's mark.
@@ -220,53 +219,77 @@ func TestEnvWaitingTurns(t *testing.T) {
 	})
 }
 
-// TestEnvWaitingWorker: a flag-on Worker over two queues of an env with a
-// limit of 1, one queue with a backlog of 400 runs; a run enqueued into
-// the other after 10 deliveries is served long before the backlog drains.
-// BlockPollInterval is a minute, so only the wake-up the fused call
-// publishes when it leaves the slot brings the other queue's fetch.
+// ewFloodWorker runs a flag-on Worker (Concurrency conc) over a queue
+// "flood" of n runs and the light queues of an env with a limit of
+// envLimit, BlockPollInterval a minute (so that only the wake-up a dequeue
+// publishes when it leaves a slot can bring a light queue's fetch early);
+// once 10 flood runs are served each light queue gets one run. It returns,
+// per light queue, how many flood runs were served before its run.
+func ewFloodWorker(t *testing.T, c redis.UniversalClient, envLimit, n int, light []string, conc int) map[string]int64 {
+	b := setup(t, c, func(cfg *runqueue.Config) {
+		cfg.VtimeScheduling = true
+		cfg.BlockPollInterval = time.Minute
+		cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: envLimit} }
+	})
+	ewEnqueue(t, b, "flood", n)
+	var floodDone atomic.Int64
+	var mu sync.Mutex
+	at := map[string]int64{}
+	all := make(chan struct{})
+	tenth := make(chan struct{})
+	var once, onceAll sync.Once
+	h := func(_ context.Context, r *runqueue.Run) error {
+		if r.Queue != "flood" {
+			mu.Lock()
+			at[r.Queue] = floodDone.Load()
+			if len(at) == len(light) {
+				onceAll.Do(func() { close(all) })
+			}
+			mu.Unlock()
+			return nil
+		}
+		if floodDone.Add(1) == 10 {
+			once.Do(func() { close(tenth) })
+		}
+		return nil
+	}
+	qs := []runqueue.WorkerQueue{{Env: env, Queue: "flood"}}
+	for _, q := range light {
+		qs = append(qs, runqueue.WorkerQueue{Env: env, Queue: q})
+	}
+	startWorker(t, b.q, h, func(cfg *runqueue.WorkerConfig) {
+		cfg.Queues = qs
+		cfg.Concurrency = conc
+	})
+	select {
+	case <-tenth:
+	case <-time.After(time.Minute):
+		t.Fatal("the flood is not served")
+	}
+	for _, q := range light {
+		_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: q, Key: "k", ID: "r"})
+		require.NoError(t, err)
+	}
+	select {
+	case <-all:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the light runs are not all served")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return maps.Clone(at)
+}
+
+// TestEnvWaitingWorker: env limit 1, a flood of 400 runs and one other
+// queue, a Worker over both: a run enqueued into the other after 10 flood
+// serves is served long before the flood drains (the first version of the
+// library: after all 400).
 func TestEnvWaitingWorker(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = true
-			cfg.BlockPollInterval = time.Minute
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 1} }
-		})
-		ewEnqueue(t, b, "qa", 400)
-		var aDone atomic.Int64
-		atB := make(chan int64, 1)
-		tenth := make(chan struct{})
-		var once sync.Once
-		h := func(_ context.Context, r *runqueue.Run) error {
-			if r.Queue == "qb" {
-				atB <- aDone.Load()
-				return nil
-			}
-			if aDone.Add(1) == 10 {
-				once.Do(func() { close(tenth) })
-			}
-			return nil
-		}
-		startWorker(t, b.q, h, func(cfg *runqueue.WorkerConfig) {
-			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qa"}, {Env: env, Queue: "qb"}}
-			cfg.Concurrency = 2
-		})
-		select {
-		case <-tenth:
-		case <-time.After(time.Minute):
-			t.Fatal("qa's runs are not served")
-		}
-		_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: "qb", Key: "k", ID: "b"})
-		require.NoError(t, err)
-		var at int64
-		select {
-		case at = <-atB:
-		case <-time.After(2 * time.Minute):
-			t.Fatal("qb's run is not served")
-		}
-		t.Logf("qb's run served after %d of qa's 400", at)
-		require.Less(t, at, int64(200), "qb's run waited for qa's backlog")
+		at := ewFloodWorker(t, c, 1, 400, []string{"qb"}, 2)["qb"]
+		t.Logf("qb's run served after %d of the flood's 400", at)
+		require.Less(t, at, int64(200), "qb's run waited for the flood")
 	})
 }
 
@@ -322,66 +345,18 @@ func TestEnvWaitingPreview(t *testing.T) {
 	})
 }
 
-// TestEnvWaitingWorkerManyQueues: a flag-on Worker over 50 queues of an
-// env with a limit of 5; one queue holds a flood of 2,000 runs, and once
-// 10 of them are served each of the other 49 gets one run. Every light run
-// is served long before the flood drains (flag off, or before layout 8,
-// some were served only after the flood's 2,000: helper-180).
+// TestEnvWaitingWorkerManyQueues: env limit 5, a flood of 2,000 runs and
+// 49 other queues, a Worker (Concurrency 10) over all: every light run is
+// served long before the flood drains (flag off, or before layout 8, some
+// were served only after the flood's 2,000: helper-180).
 func TestEnvWaitingWorkerManyQueues(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := setup(t, c, func(cfg *runqueue.Config) {
-			cfg.VtimeScheduling = true
-			cfg.BlockPollInterval = time.Minute
-			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 5} }
-		})
-		const light = 49
-		ewEnqueue(t, b, "flood", 2000)
-		var floodDone atomic.Int64
-		var mu sync.Mutex
-		at := map[string]int64{} // light queue -> flood serves before its run
-		all := make(chan struct{})
-		tenth := make(chan struct{})
-		var once, onceAll sync.Once
-		h := func(_ context.Context, r *runqueue.Run) error {
-			if r.Queue != "flood" {
-				mu.Lock()
-				at[r.Queue] = floodDone.Load()
-				if len(at) == light {
-					onceAll.Do(func() { close(all) })
-				}
-				mu.Unlock()
-				return nil
-			}
-			if floodDone.Add(1) == 10 {
-				once.Do(func() { close(tenth) })
-			}
-			return nil
+		var light []string
+		for i := range 49 {
+			light = append(light, fmt.Sprintf("l%02d", i))
 		}
-		qs := []runqueue.WorkerQueue{{Env: env, Queue: "flood"}}
-		for i := range light {
-			qs = append(qs, runqueue.WorkerQueue{Env: env, Queue: fmt.Sprintf("l%02d", i)})
-		}
-		startWorker(t, b.q, h, func(cfg *runqueue.WorkerConfig) {
-			cfg.Queues = qs
-			cfg.Concurrency = 10
-		})
-		select {
-		case <-tenth:
-		case <-time.After(time.Minute):
-			t.Fatal("the flood is not served")
-		}
-		for i := range light {
-			_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: fmt.Sprintf("l%02d", i), Key: "k", ID: "r"})
-			require.NoError(t, err)
-		}
-		select {
-		case <-all:
-		case <-time.After(2 * time.Minute):
-			t.Fatal("the light runs are not all served")
-		}
-		mu.Lock()
-		defer mu.Unlock()
+		at := ewFloodWorker(t, c, 5, 2000, light, 10)
 		last := int64(0)
 		for _, n := range at {
 			last = max(last, n)

@@ -138,7 +138,10 @@ type dequeueResult struct {
 
 // dqSize is how much one dequeue script call may do: serve maxCount runs,
 // look at scan variants, promote promote due runs of a variant.
-type dqSize struct{ maxCount, scan, promote int }
+type dqSize struct {
+	maxCount, scan, promote int
+	leave                   bool // (maxCount 0) a consumer leaving the env's waiting line: see leaveLine
+}
 
 // sizeOf is the size of a dequeue call of maxCount.
 func (q *Queue) sizeOf(maxCount int) dqSize {
@@ -328,7 +331,11 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 		if lim.Env > 0 {
 			// (the env's waiting line: lua/lib/envwait.lua)
 			ks = n.dqVtime
-			args = append(args, n.wake, q.waitingLife())
+			life := q.waitingLife()
+			if size.leave {
+				life = -ms(leaveGrace)
+			}
+			args = append(args, n.wake, life)
 		} else {
 			ks = n.dqVtime[: len(n.dqVtime)-2 : len(n.dqVtime)-2]
 		}
@@ -399,6 +406,32 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 // poll intervals and a second, so that a consumer that waits between its
 // calls keeps its place while it waits.
 func (q *Queue) waitingLife() int64 { return ms(2*q.cfg.BlockPollInterval + time.Second) }
+
+// leaveGrace is how long the env's waiting mark of a queue stays live once
+// a consumer of the queue leaves (leaveLine): time for its other
+// consumers, woken, to renew it in its place.
+const leaveGrace = time.Second
+
+// leaveLine tells the env's waiting line (lua/lib/envwait.lua) that a
+// consumer of env/queue stops (a Worker's graceful Shutdown): the queue's
+// mark, if it has one, lives at most leaveGrace more, and the queue's
+// other consumers are woken, so that one still waiting keeps its place;
+// with none, the env's free slots no longer wait for the stopped one for
+// the rest of its mark's life (two poll intervals and a second). Flag on,
+// for a queue with an env limit only: else it does nothing. Best effort:
+// the mark lapses by itself.
+func (q *Queue) leaveLine(ctx context.Context, env, queue string) error {
+	if !q.cfg.VtimeScheduling {
+		return nil
+	}
+	if lim, err := q.cfg.limitsFor(env, queue); err != nil || lim.Env <= 0 {
+		return nil
+	}
+	size := q.sizeOf(0)
+	size.leave = true
+	_, _, err := q.serve(ctx, q.names(env, queue), nil, size, q.now(), false, &corrupt{}, 0)
+	return err
+}
 
 // ackedCount is how many of the acks of a dequeue script's reply were
 // acked by this call (1), leaving out those gone already (0) and errors.

@@ -411,6 +411,13 @@ func (e *UnsettledError) Unwrap() []error {
 // over (a hard stop: see Start), Shutdown returns an *UnsettledError with
 // that context's error: see UnsettledError for what it counts.
 //
+// With Config.VtimeScheduling on, once a queue source of a graceful stop
+// takes no more runs, its queue's place in its env's waiting line (an env
+// limit shared by its queues: see Config.EnvConcurrency) is cut to a
+// second, and the queue's other consumers are woken to renew it: the
+// env's free slots are not left to a queue nobody serves for two of its
+// poll intervals (one best-effort script call a queue, at most a second).
+//
 // A release counts as a delivery attempt (the requeue that nacks and lease
 // recovery share always adds one), but it never dead-letters a run: a run
 // released at its last attempt gets one more delivery. Shutdown does not

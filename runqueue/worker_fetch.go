@@ -1,6 +1,7 @@
 package runqueue
 
 import (
+	"context"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -418,6 +419,15 @@ func (l *fetchLoop) checkStop() {
 	if !l.fetching && !l.left && l.inflight == 0 {
 		l.left = true
 		l.w.slots.leaveFetch()
+		if l.s.shard < 0 && l.failures == 0 {
+			// No call of this source takes runs any more (the calls left
+			// are its acks): flag on, its queue's waiting mark is cut
+			// short (Queue.leaveLine; best effort, bounded: the mark
+			// lapses by itself).
+			ctx, cancel := context.WithTimeout(l.w.ctx(), leaveGrace)
+			_ = l.w.q.leaveLine(ctx, l.s.env, l.s.queue)
+			cancel()
+		}
 	}
 }
 

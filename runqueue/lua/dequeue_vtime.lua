@@ -18,7 +18,9 @@
 -- KEYS[15] -> the env's waiting line ZSET (see lib/envwait), only with an env limit
 -- KEYS[16] -> the line's HASH of lives and places, only with an env limit
 -- ARGV[18+3a] -> the shard's wake-up channel, only with an env limit
--- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env limit
+-- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env
+--                limit; -grace from a consumer leaving (maxCount 0: see
+--                lib/envwait's ew_leave)
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 --@include record

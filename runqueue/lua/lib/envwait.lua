@@ -29,6 +29,14 @@
 -- only while the env has free slots, and then at most as many marks ahead
 -- of it as there are free slots (and the dead ones it drops on the way).
 --
+-- A consumer that stops (a Worker's graceful Shutdown) sends a call of
+-- maxCount 0 with a negative life, -grace (ew_leave): its queue's mark
+-- then lives at most grace (ms) more, and the queue's other consumers are
+-- woken, so that one still waiting renews the mark in its place at once;
+-- with none left the mark lapses after grace, not after the stopped
+-- consumer's whole life (two of its poll intervals and a second), during
+-- which every free slot of the env was left to it.
+--
 -- The marks are best effort: their writes go by pcall, so that on a Redis
 -- at maxmemory (where a script run by EVALSHA is refused at its first write
 -- that may add memory) a held dequeue still returns, serving nothing, as it
@@ -90,11 +98,26 @@ local function ew_wake(ew, marks, n)
   for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
 end
 
+-- A consumer leaving (life -grace): its queue's mark, if any, lives at most
+-- grace more, and a wake-up goes to the queue's other consumers.
+local function ew_leave(ew)
+  local qm = ew.dq.qm
+  local till = redis.call('HGET', ew.lives, qm)
+  if not till then return end
+  local cut = ew_time(ew) - ew.life
+  if till + 0 > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
+  redis.call('PUBLISH', ew.wake, qm)
+end
+
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
 -- that wait ahead. An ack-only call (maxCount 0) wakes them and changes
--- no mark.
+-- no mark; one with a negative life leaves (ew_leave).
 local function ew_capacity(ew)
   local dq = ew.dq
+  if ew.life < 0 then
+    ew_leave(ew)
+    return
+  end
   if redis.call('ZCARD', ew.line) == 0 then
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
     -- the env held the call is read after the serves, and only when the

@@ -1,4 +1,4 @@
-#!lua name=runqueue_3583ea227a154d6f
+#!lua name=runqueue_cd6168c1d8619b7c
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1827,6 +1827,14 @@ end
 -- only while the env has free slots, and then at most as many marks ahead
 -- of it as there are free slots (and the dead ones it drops on the way).
 --
+-- A consumer that stops (a Worker's graceful Shutdown) sends a call of
+-- maxCount 0 with a negative life, -grace (ew_leave): its queue's mark
+-- then lives at most grace (ms) more, and the queue's other consumers are
+-- woken, so that one still waiting renews the mark in its place at once;
+-- with none left the mark lapses after grace, not after the stopped
+-- consumer's whole life (two of its poll intervals and a second), during
+-- which every free slot of the env was left to it.
+--
 -- The marks are best effort: their writes go by pcall, so that on a Redis
 -- at maxmemory (where a script run by EVALSHA is refused at its first write
 -- that may add memory) a held dequeue still returns, serving nothing, as it
@@ -1888,11 +1896,26 @@ local function ew_wake(ew, marks, n)
   for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
 end
 
+-- A consumer leaving (life -grace): its queue's mark, if any, lives at most
+-- grace more, and a wake-up goes to the queue's other consumers.
+local function ew_leave(ew)
+  local qm = ew.dq.qm
+  local till = redis.call('HGET', ew.lives, qm)
+  if not till then return end
+  local cut = ew_time(ew) - ew.life
+  if till + 0 > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
+  redis.call('PUBLISH', ew.wake, qm)
+end
+
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
 -- that wait ahead. An ack-only call (maxCount 0) wakes them and changes
--- no mark.
+-- no mark; one with a negative life leaves (ew_leave).
 local function ew_capacity(ew)
   local dq = ew.dq
+  if ew.life < 0 then
+    ew_leave(ew)
+    return
+  end
   if redis.call('ZCARD', ew.line) == 0 then
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
     -- the env held the call is read after the serves, and only when the
@@ -2205,7 +2228,9 @@ KEYS, ARGV = keys, args
 -- KEYS[15] -> the env's waiting line ZSET (see lib/envwait), only with an env limit
 -- KEYS[16] -> the line's HASH of lives and places, only with an env limit
 -- ARGV[18+3a] -> the shard's wake-up channel, only with an env limit
--- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env limit
+-- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env
+--                limit; -grace from a consumer leaving (maxCount 0: see
+--                lib/envwait's ew_leave)
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 local OWN_KEYS = 11
@@ -3149,9 +3174,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_3583ea227a154d6f_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_3583ea227a154d6f_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3583ea227a154d6f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3583ea227a154d6f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3583ea227a154d6f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_3583ea227a154d6f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

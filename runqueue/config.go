@@ -73,9 +73,9 @@ type Config struct {
 	// back with ready runs left puts its queue in the env's waiting line,
 	// and the dequeues of the env's other queues leave each slot they could
 	// take to a queue that has waited longer, and wake it (a mark lapses 2
-	// x BlockPollInterval + 1 s after its queue's last call, a second after
-	// a Worker of the queue stops gracefully unless another consumer of the
-	// queue still waits). With the flag
+	// x BlockPollInterval + 1 s after its queue's last call; a Worker that
+	// stops gracefully cuts it to half a second, passed over, which another
+	// consumer of the queue still waiting renews in its place). With the flag
 	// off a consumer that acks and takes in one call (AckAndDequeue, a
 	// Worker given queues) takes back the slots its acks free, so another
 	// queue of the env waiting at the limit may wait until that queue's

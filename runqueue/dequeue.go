@@ -333,9 +333,9 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 			ks = n.dqVtime
 			life := q.waitingLife()
 			if size.leave {
-				life = -ms(leaveGrace)
+				life = -1
 			}
-			args = append(args, n.wake, life)
+			args = append(args, n.wake, life, ms(q.leaveGrace))
 		} else {
 			ks = n.dqVtime[: len(n.dqVtime)-2 : len(n.dqVtime)-2]
 		}
@@ -407,19 +407,24 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 // calls keeps its place while it waits.
 func (q *Queue) waitingLife() int64 { return ms(2*q.cfg.BlockPollInterval + time.Second) }
 
-// leaveGrace is how long the env's waiting mark of a queue stays live once
-// a consumer of the queue leaves (leaveLine): time for its other
-// consumers, woken, to renew it in its place.
-const leaveGrace = time.Second
+// defaultLeaveGrace is the env's waiting line's leaving grace
+// (lua/lib/envwait.lua): a mark with no more of its life left is passed
+// over when the env's free slots are left to the queues that wait, and a
+// consumer that leaves (leaveLine) cuts its queue's mark to it, time for
+// the queue's other consumers, woken, to renew the mark in its place. Half
+// of the second a mark lives past two poll intervals, so that a waiter's
+// mark, renewed at least once a poll, is never passed over for it.
+const defaultLeaveGrace = 500 * time.Millisecond
 
 // leaveLine tells the env's waiting line (lua/lib/envwait.lua) that a
 // consumer of env/queue stops (a Worker's graceful Shutdown): the queue's
-// mark, if it has one, lives at most leaveGrace more, and the queue's
-// other consumers are woken, so that one still waiting keeps its place;
-// with none, the env's free slots no longer wait for the stopped one for
-// the rest of its mark's life (two poll intervals and a second). Flag on,
-// for a queue with an env limit only: else it does nothing. Best effort:
-// the mark lapses by itself.
+// mark, if it has one, is cut to the leaving grace, so that the env's free
+// slots go to the queues behind it at once and the queue's other
+// consumers, woken, renew it in its place; with none left, it lapses after
+// the grace. Before, every free slot of the env was left to the stopped
+// consumer's mark for the rest of its life (two poll intervals and a
+// second). Flag on, for a queue with an env limit only: else it does
+// nothing. Best effort: the mark lapses by itself.
 func (q *Queue) leaveLine(ctx context.Context, env, queue string) error {
 	if !q.cfg.VtimeScheduling {
 		return nil

@@ -39,27 +39,32 @@ func (q *Queue) envAhead(ctx context.Context, qk keys.Queue) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return envAheadOf(line, lives, qk.Member(), now.UnixMilli()), nil
+	return envAheadOf(line, lives, qk.Member(), now.UnixMilli(), ms(q.leaveGrace)), nil
 }
 
 // envAheadOf is envAhead on the line (member, place) and the lives hash
 // (member -> live until, ms; "#" the last place given): the script's rule.
-func envAheadOf(line []redis.Z, lives map[string]string, member string, now int64) int {
-	live := func(m string) bool {
+// A mark with grace (ms) or less of its life left is leaving: passed over,
+// but its own queue's still.
+func envAheadOf(line []redis.Z, lives map[string]string, member string, now, grace int64) int {
+	left := func(m string) int64 { // ms of life left; -1 dead
 		v, ok := lives[m]
 		n, err := strconv.ParseUint(v, 10, 63)
-		return ok && err == nil && int64(n) >= now
+		if !ok || err != nil || int64(n) < now {
+			return -1
+		}
+		return int64(n) - now
 	}
 	mine, have := 0.0, false
 	for _, z := range line {
-		if z.Member == member && live(member) {
+		if z.Member == member && left(member) >= 0 {
 			mine, have = z.Score, true
 		}
 	}
 	n := 0
 	for _, z := range line {
 		m, _ := z.Member.(string)
-		if m != member && live(m) && (!have || z.Score < mine) {
+		if m != member && left(m) > grace && (!have || z.Score < mine) {
 			n++
 		}
 	}

@@ -14,82 +14,171 @@ import (
 )
 
 // A Worker that stops gracefully leaves its queues' places in their env's
-// waiting line (Queue.leaveLine): the mark is cut to a second, and the
-// queue's other consumers are woken to renew it.
+// waiting line (Queue.leaveLine): the mark is cut to the leaving grace, the
+// env's free slots go past it to the queues behind, and the queue's other
+// consumers are woken to renew it in its place. ewSetup's poll is 30 s (a
+// mark lives 61 s): every wait below ends long before a poll could bring
+// anything.
 
-// ewLeaveSetup: env limit 1 (poll 30 s: a mark lives 61 s), qa holding the
-// env's one slot with runs left, and workers Workers over qb (one run),
-// each idle once qb is marked. It returns the run qa holds.
-func ewLeaveSetup(t *testing.T, b *testBundle, workers int) ([]*runqueue.Run, []*runqueue.Worker) {
-	ewEnqueue(t, b, "qa", 3)
-	ewEnqueue(t, b, "qb", 1)
-	a := ewTake(t, b, nil, "qa")
-	require.Len(t, a, 1)
-	ws := make([]*runqueue.Worker, workers)
-	for i := range ws {
-		ws[i] = startWorker(t, b.q, func(context.Context, *runqueue.Run) error { return nil }, func(cfg *runqueue.WorkerConfig) {
-			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qb"}}
-		})
-	}
-	require.Eventually(t, func() bool { return ewMarked(t, b, "qb") }, 10*time.Second, 5*time.Millisecond,
-		"the Workers' dequeues find the env full and mark qb")
-	return a, ws
+// ewOver is a WorkerConfig edit: one queue of env.
+func ewOver(queue string) func(*runqueue.WorkerConfig) {
+	return func(cfg *runqueue.WorkerConfig) { cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: queue}} }
 }
 
-// TestEnvWaitingWorkerLeaves: the lone Worker over qb stops: qb's mark is
-// cut to a second past the stop by Redis's clock (before: it lived its 61
-// s, every free slot of the env left to a queue nobody served), and once
-// it lapses qa's fused call takes its slot back.
+func ewNop(context.Context, *runqueue.Run) error { return nil }
+
+// ewWaits waits until queue is in its env's waiting line.
+func ewWaits(t *testing.T, b *testBundle, queue string) {
+	t.Helper()
+	line := ewSpace(t, b).Env(env).Waiting()
+	require.Eventually(t, func() bool {
+		return b.client.ZScore(b.ctx, line, keys.QueueMember(env, queue)).Err() == nil
+	}, 10*time.Second, 5*time.Millisecond, "%s's consumer finds the env full and marks it", queue)
+}
+
+// ewServed is a handler that reports each run it is given on the channel.
+func ewServed(ch chan<- string) runqueue.Handler {
+	return func(_ context.Context, r *runqueue.Run) error {
+		ch <- r.ID
+		return nil
+	}
+}
+
+// ewWithin waits for a run on ch for 20 s (two thirds of the waiters'
+// poll).
+func ewWithin(t *testing.T, ch <-chan string, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: not served in 20 s (the waiters' poll is 30 s)", what)
+	}
+}
+
+// TestEnvWaitingWorkerLeaves: env limit 1, qa holds the slot, the lone
+// Worker over qb waits; it stops: qb's mark is cut to the grace (it lived
+// 61 s before, every free slot of the env left to a queue nobody served),
+// and qa's call takes the slot its ack frees at once, passing over
+// qb's leaving mark without dropping it (and Preview names that run).
 func TestEnvWaitingWorkerLeaves(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b, _ := ewSetup(t, c, true, 1)
-		a, ws := ewLeaveSetup(t, b, 1)
-		require.Greater(t, ewUntil(t, b, "qb"), ewServerMs(t, b)+30_000, "a held Worker's mark lives two polls and a second")
+		ewEnqueue(t, b, "qa", 3)
+		ewEnqueue(t, b, "qb", 1)
+		a := ewTake(t, b, nil, "qa")
+		require.Len(t, a, 1)
+		wb := startWorker(t, b.q, ewNop, ewOver("qb"))
+		ewWaits(t, b, "qb")
+		require.Greater(t, ewUntil(t, b, "qb"), ewServerMs(t, b)+30_000, "a waiting Worker's mark lives two polls and a second")
 		require.Empty(t, ewTake(t, b, nil, "qa"), "the env is full")
-		shutdown(t, ws[0])
-		after := ewServerMs(t, b)
-		until := ewUntil(t, b, "qb")
-		require.LessOrEqual(t, until, after+1000, "the stopped Worker's mark is cut to a second")
-		for ewServerMs(t, b) <= until {
-			time.Sleep(50 * time.Millisecond)
-		}
-		a2 := ewTake(t, b, a, "qa")
-		require.Len(t, a2, 1, "qb's mark lapsed: the slot is qa's")
-		require.False(t, ewMarked(t, b, "qb"))
+		shutdown(t, wb)
+		require.LessOrEqual(t, ewUntil(t, b, "qb"), ewServerMs(t, b)+500, "the stopped Worker's mark is cut to the grace")
+		require.NoError(t, b.q.Ack(b.ctx, a[0]))
+		// Preview and Schedule read the line as the script does
+		// (envAheadOf): the leaving mark is passed over.
+		p, err := b.q.Preview(b.ctx, env, "qa", 1)
+		require.NoError(t, err)
+		sc, err := b.q.Schedule(b.ctx, env, "qa", 1)
+		require.NoError(t, err)
+		require.Len(t, sc.Keys, 1)
+		require.Empty(t, sc.Keys[0].Reason)
+		a2 := ewTake(t, b, nil, "qa")
+		require.Len(t, a2, 1, "qb's leaving mark is passed over: the slot is qa's")
+		require.Len(t, p, 1)
+		require.Equal(t, a2[0].ID, p[0].ID)
+		require.True(t, ewMarked(t, b, "qb"), "a leaving mark keeps its place until it lapses")
 	})
 }
 
-// TestEnvWaitingWorkerLeavesOthersStay: two Workers over qb, and qc waiting
+// TestEnvWaitingWorkerLeavesOthersStay: two Workers over qb, qc waiting
 // behind qb; one of qb's Workers stops: the other, woken, renews qb's mark
-// in its place, and the slot qa's ack frees is still left to qb after the
-// cut second (a mark dropped at the stop would send qb to the back of the
-// line, behind qc).
+// in its place (a grace of 5 s here: time enough on a loaded machine), and
+// the slot qa's ack frees is left to qb (a mark dropped at the stop would
+// send qb to the back of the line, behind qc).
 func TestEnvWaitingWorkerLeavesOthersStay(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		b, _ := ewSetup(t, c, true, 1)
-		a, ws := ewLeaveSetup(t, b, 2)
+		b.q.SetLeaveGrace(5 * time.Second)
+		ewEnqueue(t, b, "qa", 3)
+		ewEnqueue(t, b, "qb", 1)
 		ewEnqueue(t, b, "qc", 1)
+		a := ewTake(t, b, nil, "qa")
+		require.Len(t, a, 1)
+		wb := startWorker(t, b.q, ewNop, ewOver("qb"))
+		startWorker(t, b.q, ewNop, ewOver("qb"))
+		ewWaits(t, b, "qb")
 		require.Empty(t, ewTake(t, b, nil, "qc"), "the env is full")
 		require.True(t, ewMarked(t, b, "qc"), "qc waits behind qb")
-		line := ewSpace(t, b).Env(env).Waiting()
+		line, lives := ewSpace(t, b).Env(env).Waiting(), ewSpace(t, b).Env(env).WaitingUntil()
 		place, err := b.client.ZScore(b.ctx, line, keys.QueueMember(env, "qb")).Result()
 		require.NoError(t, err)
-		shutdown(t, ws[0])
-		cut := ewServerMs(t, b) + 1000
-		lives := ewSpace(t, b).Env(env).WaitingUntil()
+		before := ewUntil(t, b, "qb")
+		shutdown(t, wb)
 		require.Eventually(t, func() bool {
 			until, err := b.client.HGet(b.ctx, lives, keys.QueueMember(env, "qb")).Int64()
-			return err == nil && until > cut+10_000
-		}, 10*time.Second, 5*time.Millisecond,
-			"the Worker left over qb renews the mark")
-		for ewServerMs(t, b) <= cut {
-			time.Sleep(50 * time.Millisecond)
-		}
+			return err == nil && until > before
+		}, 10*time.Second, 5*time.Millisecond, "the Worker left over qb renews the mark")
 		again, err := b.client.ZScore(b.ctx, line, keys.QueueMember(env, "qb")).Result()
 		require.NoError(t, err)
 		require.Equal(t, fmt.Sprint(place), fmt.Sprint(again), "qb keeps its place")
 		require.Empty(t, ewTake(t, b, a, "qa"), "the slot qa's ack frees is left to qb")
+	})
+}
+
+// TestEnvWaitingLeaveFreesSlotLater (helper-205's probe): env limit 1, qa's
+// Worker holds the slot, qb's and qc's Workers wait (qb ahead); qb's
+// Worker stops, then qa's run ends: its ack passes the slot over qb's
+// leaving mark to qc and wakes qc (the first version left it to the cut
+// mark, woke only qb, and nothing woke qc once the mark lapsed: qc was
+// served at its 30 s poll).
+func TestEnvWaitingLeaveFreesSlotLater(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 1)
+		ewEnqueue(t, b, "qa", 1)
+		ewEnqueue(t, b, "qb", 1)
+		ewEnqueue(t, b, "qc", 1)
+		startedA, release := make(chan struct{}), make(chan struct{})
+		startWorker(t, b.q, func(context.Context, *runqueue.Run) error { close(startedA); <-release; return nil }, ewOver("qa"))
+		waitClosed(t, startedA)
+		wb := startWorker(t, b.q, ewNop, ewOver("qb"))
+		ewWaits(t, b, "qb")
+		servedC := make(chan string, 1)
+		startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
+		ewWaits(t, b, "qc")
+		shutdown(t, wb)
+		close(release)
+		ewWithin(t, servedC, "qc's run")
+	})
+}
+
+// TestEnvWaitingLeaveWakesBehind: env limit 1, qb's and qc's Workers wait
+// (qb ahead) while a run of qa holds the slot; a plain Ack frees it (a
+// plain ack wakes nobody: the slot is qb's while its mark lives); qb's
+// Worker stops: the leave itself wakes qc for the free slot.
+func TestEnvWaitingLeaveWakesBehind(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 1)
+		ewEnqueue(t, b, "qa", 1)
+		ewEnqueue(t, b, "qb", 1)
+		ewEnqueue(t, b, "qc", 1)
+		a := ewTake(t, b, nil, "qa")
+		require.Len(t, a, 1)
+		wb := startWorker(t, b.q, ewNop, ewOver("qb"))
+		ewWaits(t, b, "qb")
+		servedC := make(chan string, 1)
+		startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
+		ewWaits(t, b, "qc")
+		require.NoError(t, b.q.Ack(b.ctx, a[0]))
+		select {
+		case id := <-servedC:
+			t.Fatalf("qc served %s before qb's Worker stopped: the slot was qb's", id)
+		default:
+		}
+		shutdown(t, wb)
+		ewWithin(t, servedC, "qc's run")
 	})
 }

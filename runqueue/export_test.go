@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -164,3 +165,7 @@ func (q *Queue) NextDue(ctx context.Context, env, queue string, shard int, from 
 // again at the poll alone, as before the early look, to compare. Call
 // before any wait. Tests only.
 func (q *Queue) NoEarlyLook() { q.noEarlyLook = true }
+
+// SetLeaveGrace sets the env's waiting line's leaving grace of q's calls
+// (defaultLeaveGrace), before any call. Tests only.
+func (q *Queue) SetLeaveGrace(d time.Duration) { q.leaveGrace = d }

@@ -55,6 +55,9 @@ type Queue struct {
 	// beside held work looks again at the poll alone, as before the early
 	// look (see Queue.block), to compare with it.
 	noEarlyLook bool
+	// leaveGrace: see defaultLeaveGrace (tests may change it before any
+	// call: SetLeaveGrace).
+	leaveGrace time.Duration
 }
 
 // New returns a Queue on client. It assembles and loads every script of the
@@ -99,7 +102,7 @@ func New(ctx context.Context, client redis.UniversalClient, cfg *Config) (*Queue
 	}
 	q := &Queue{rdb: client, cfg: c, space: space, scripts: scripts, observe: observing(c.Observer),
 		closed: make(chan struct{}), shardOff: map[int]int64{}, shardCredit: map[int]*shardCredit{},
-		aheadIdle: map[string]aheadMark{}, shardFailed: map[string]time.Time{}}
+		aheadIdle: map[string]aheadMark{}, shardFailed: map[string]time.Time{}, leaveGrace: defaultLeaveGrace}
 	q.enq = newCoalescer(func(ctx context.Context, ps []EnqueueParams) []EnqueueResult {
 		res, _ := q.enqueueMany(ctx, ps, false)
 		return res

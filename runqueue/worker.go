@@ -412,11 +412,14 @@ func (e *UnsettledError) Unwrap() []error {
 // that context's error: see UnsettledError for what it counts.
 //
 // With Config.VtimeScheduling on, once a queue source of a graceful stop
-// takes no more runs, its queue's place in its env's waiting line (an env
-// limit shared by its queues: see Config.EnvConcurrency) is cut to a
-// second, and the queue's other consumers are woken to renew it: the
-// env's free slots are not left to a queue nobody serves for two of its
-// poll intervals (one best-effort script call a queue, at most a second).
+// takes no more runs, and its last call got fewer runs than it asked for,
+// its queue's mark in its env's waiting line (an env limit shared by its
+// queues: see Config.EnvConcurrency) is cut to half a second and passed
+// over from then on, and the queue's other consumers are woken to renew it
+// in its place: the env's free slots are not left to a queue nobody serves
+// for up to two of its poll intervals and a second. That is one
+// best-effort script call a queue, bounded by a second (on a Redis that
+// does not answer, by the client's read timeout, as any call).
 //
 // A release counts as a delivery attempt (the requeue that nacks and lease
 // recovery share always adds one), but it never dead-letters a run: a run

@@ -419,12 +419,15 @@ func (l *fetchLoop) checkStop() {
 	if !l.fetching && !l.left && l.inflight == 0 {
 		l.left = true
 		l.w.slots.leaveFetch()
-		if l.s.shard < 0 && l.failures == 0 {
+		if l.s.shard < 0 && l.idle && l.failures == 0 && !l.forced {
 			// No call of this source takes runs any more (the calls left
-			// are its acks): flag on, its queue's waiting mark is cut
-			// short (Queue.leaveLine; best effort, bounded: the mark
-			// lapses by itself).
-			ctx, cancel := context.WithTimeout(l.w.ctx(), leaveGrace)
+			// are its acks): flag on, the waiting mark its last call may
+			// have written (one that got fewer runs than it asked for) is
+			// cut to the leaving grace (Queue.leaveLine; best effort: the
+			// mark lapses by itself; one call, at most a second but on a
+			// Redis that does not answer, where the client's read timeout
+			// bounds it).
+			ctx, cancel := context.WithTimeout(l.w.ctx(), time.Second)
 			_ = l.w.q.leaveLine(ctx, l.s.env, l.s.queue)
 			cancel()
 		}

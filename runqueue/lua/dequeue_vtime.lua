@@ -19,8 +19,10 @@
 -- KEYS[16] -> the line's HASH of lives and places, only with an env limit
 -- ARGV[18+3a] -> the shard's wake-up channel, only with an env limit
 -- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env
---                limit; -grace from a consumer leaving (maxCount 0: see
+--                limit; negative from a consumer leaving (maxCount 0: see
 --                lib/envwait's ew_leave)
+-- ARGV[20+3a] -> the leaving grace (ms), only with an env limit: a mark
+--                with no more life left is passed over (lib/envwait)
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 --@include record
@@ -48,7 +50,8 @@ end
 dq_capacity(dq)
 local ew = nil
 if dq.env_limit > 0 then
-  ew = ew_open(KEYS[OWN_KEYS + 4], KEYS[OWN_KEYS + 5], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
+  ew = ew_open(KEYS[OWN_KEYS + 4], KEYS[OWN_KEYS + 5], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6],
+               ARGV[dq.own_args + 7], dq)
   ew_capacity(ew)
 end
 if dq.cap <= 0 then

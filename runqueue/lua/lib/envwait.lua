@@ -29,13 +29,18 @@
 -- only while the env has free slots, and then at most as many marks ahead
 -- of it as there are free slots (and the dead ones it drops on the way).
 --
--- A consumer that stops (a Worker's graceful Shutdown) sends a call of
--- maxCount 0 with a negative life, -grace (ew_leave): its queue's mark
--- then lives at most grace (ms) more, and the queue's other consumers are
--- woken, so that one still waiting renews the mark in its place at once;
--- with none left the mark lapses after grace, not after the stopped
--- consumer's whole life (two of its poll intervals and a second), during
--- which every free slot of the env was left to it.
+-- A mark with at most grace (ms) of its life left is leaving: no slot is
+-- left to it (the calls pass over it to the marks behind), but it keeps its
+-- place until it lapses, and a call of its own queue renews it there. A
+-- consumer that stops (a Worker's graceful Shutdown) sends a call of
+-- maxCount 0 with a negative life (ew_leave): its queue's mark is cut to
+-- grace, leaving at once, the env's free slots go to the marks behind it,
+-- and the queue's other consumers are woken, so that one still waiting
+-- renews the mark in its place; with none left the mark lapses after grace.
+-- Before, every free slot of the env was left to the stopped consumer's
+-- mark for the rest of its life (two of its poll intervals and a second).
+-- A waiter renews its mark at least once a poll, so its mark has a second
+-- more than grace left at any time while it waits.
 --
 -- The marks are best effort: their writes go by pcall, so that on a Redis
 -- at maxmemory (where a script run by EVALSHA is refused at its first write
@@ -44,8 +49,8 @@
 
 local EW_WAKE_MAX = 16
 
-local function ew_open(line, lives, wake, life, dq)
-  return { line = line, lives = lives, wake = wake, life = life + 0, dq = dq,
+local function ew_open(line, lives, wake, life, grace, dq)
+  return { line = line, lives = lives, wake = wake, life = life + 0, grace = grace + 0, dq = dq,
     now = nil,     -- TIME (ms), read once a mark is to be read or written
     mine = nil,    -- this queue's live place
     room = 0, held = false,
@@ -74,19 +79,27 @@ local function ew_drop(ew, members)
 end
 
 -- Up to n live marks of the line with a place in (lo, hi], in place
--- order, dropping the dead ones met (at most 4 reads).
+-- order, passing over the leaving ones and dropping the dead ones met (at
+-- most 4 reads).
 local function ew_live(ew, lo, hi, n)
   local now = ew_time(ew)
-  local out = {}
+  local out, leaving = {}, 0
   for _ = 1, 4 do
     if #out >= n then break end
     local want = n - #out
-    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out, want)
+    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + leaving, want)
     if #batch == 0 then break end
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
     for i, m in ipairs(batch) do
-      if lives[i] and lives[i] + 0 >= now then out[#out + 1] = m else dead[#dead + 1] = m end
+      local till = lives[i] and lives[i] + 0
+      if not till or till < now then
+        dead[#dead + 1] = m
+      elseif till - now > ew.grace then
+        out[#out + 1] = m
+      else
+        leaving = leaving + 1
+      end
     end
     if #dead > 0 then ew_drop(ew, dead) end
     if #batch < want then break end
@@ -98,24 +111,32 @@ local function ew_wake(ew, marks, n)
   for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
 end
 
--- A consumer leaving (life -grace): its queue's mark, if any, lives at most
--- grace more, and a wake-up goes to the queue's other consumers.
+-- A consumer leaving (a negative life): its queue's mark, if any, lives at
+-- most grace more (leaving), and a wake-up goes to the queue's other
+-- consumers. It says whether the queue had a mark.
 local function ew_leave(ew)
   local qm = ew.dq.qm
   local till = redis.call('HGET', ew.lives, qm)
-  if not till then return end
-  local cut = ew_time(ew) - ew.life
+  if not till then return false end
+  local cut = ew_time(ew) + ew.grace
   if till + 0 > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
   redis.call('PUBLISH', ew.wake, qm)
+  return true
 end
 
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
 -- that wait ahead. An ack-only call (maxCount 0) wakes them and changes
--- no mark; one with a negative life leaves (ew_leave).
+-- no mark; one with a negative life leaves (ew_leave), and wakes the
+-- marks the env's free slots now go to.
 local function ew_capacity(ew)
   local dq = ew.dq
   if ew.life < 0 then
-    ew_leave(ew)
+    if not ew_leave(ew) then return end
+    local free = dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+    if free > 0 then
+      local marks = ew_live(ew, '-inf', '+inf', free)
+      ew_wake(ew, marks, free)
+    end
     return
   end
   if redis.call('ZCARD', ew.line) == 0 then

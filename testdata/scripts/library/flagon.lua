@@ -1,4 +1,4 @@
-#!lua name=runqueue_cd6168c1d8619b7c
+#!lua name=runqueue_3dfd0093c5d9286f
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -1827,13 +1827,18 @@ end
 -- only while the env has free slots, and then at most as many marks ahead
 -- of it as there are free slots (and the dead ones it drops on the way).
 --
--- A consumer that stops (a Worker's graceful Shutdown) sends a call of
--- maxCount 0 with a negative life, -grace (ew_leave): its queue's mark
--- then lives at most grace (ms) more, and the queue's other consumers are
--- woken, so that one still waiting renews the mark in its place at once;
--- with none left the mark lapses after grace, not after the stopped
--- consumer's whole life (two of its poll intervals and a second), during
--- which every free slot of the env was left to it.
+-- A mark with at most grace (ms) of its life left is leaving: no slot is
+-- left to it (the calls pass over it to the marks behind), but it keeps its
+-- place until it lapses, and a call of its own queue renews it there. A
+-- consumer that stops (a Worker's graceful Shutdown) sends a call of
+-- maxCount 0 with a negative life (ew_leave): its queue's mark is cut to
+-- grace, leaving at once, the env's free slots go to the marks behind it,
+-- and the queue's other consumers are woken, so that one still waiting
+-- renews the mark in its place; with none left the mark lapses after grace.
+-- Before, every free slot of the env was left to the stopped consumer's
+-- mark for the rest of its life (two of its poll intervals and a second).
+-- A waiter renews its mark at least once a poll, so its mark has a second
+-- more than grace left at any time while it waits.
 --
 -- The marks are best effort: their writes go by pcall, so that on a Redis
 -- at maxmemory (where a script run by EVALSHA is refused at its first write
@@ -1842,8 +1847,8 @@ end
 
 local EW_WAKE_MAX = 16
 
-local function ew_open(line, lives, wake, life, dq)
-  return { line = line, lives = lives, wake = wake, life = life + 0, dq = dq,
+local function ew_open(line, lives, wake, life, grace, dq)
+  return { line = line, lives = lives, wake = wake, life = life + 0, grace = grace + 0, dq = dq,
     now = nil,     -- TIME (ms), read once a mark is to be read or written
     mine = nil,    -- this queue's live place
     room = 0, held = false,
@@ -1872,19 +1877,27 @@ local function ew_drop(ew, members)
 end
 
 -- Up to n live marks of the line with a place in (lo, hi], in place
--- order, dropping the dead ones met (at most 4 reads).
+-- order, passing over the leaving ones and dropping the dead ones met (at
+-- most 4 reads).
 local function ew_live(ew, lo, hi, n)
   local now = ew_time(ew)
-  local out = {}
+  local out, leaving = {}, 0
   for _ = 1, 4 do
     if #out >= n then break end
     local want = n - #out
-    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out, want)
+    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + leaving, want)
     if #batch == 0 then break end
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
     for i, m in ipairs(batch) do
-      if lives[i] and lives[i] + 0 >= now then out[#out + 1] = m else dead[#dead + 1] = m end
+      local till = lives[i] and lives[i] + 0
+      if not till or till < now then
+        dead[#dead + 1] = m
+      elseif till - now > ew.grace then
+        out[#out + 1] = m
+      else
+        leaving = leaving + 1
+      end
     end
     if #dead > 0 then ew_drop(ew, dead) end
     if #batch < want then break end
@@ -1896,24 +1909,32 @@ local function ew_wake(ew, marks, n)
   for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
 end
 
--- A consumer leaving (life -grace): its queue's mark, if any, lives at most
--- grace more, and a wake-up goes to the queue's other consumers.
+-- A consumer leaving (a negative life): its queue's mark, if any, lives at
+-- most grace more (leaving), and a wake-up goes to the queue's other
+-- consumers. It says whether the queue had a mark.
 local function ew_leave(ew)
   local qm = ew.dq.qm
   local till = redis.call('HGET', ew.lives, qm)
-  if not till then return end
-  local cut = ew_time(ew) - ew.life
+  if not till then return false end
+  local cut = ew_time(ew) + ew.grace
   if till + 0 > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
   redis.call('PUBLISH', ew.wake, qm)
+  return true
 end
 
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
 -- that wait ahead. An ack-only call (maxCount 0) wakes them and changes
--- no mark; one with a negative life leaves (ew_leave).
+-- no mark; one with a negative life leaves (ew_leave), and wakes the
+-- marks the env's free slots now go to.
 local function ew_capacity(ew)
   local dq = ew.dq
   if ew.life < 0 then
-    ew_leave(ew)
+    if not ew_leave(ew) then return end
+    local free = dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+    if free > 0 then
+      local marks = ew_live(ew, '-inf', '+inf', free)
+      ew_wake(ew, marks, free)
+    end
     return
   end
   if redis.call('ZCARD', ew.line) == 0 then
@@ -2229,8 +2250,10 @@ KEYS, ARGV = keys, args
 -- KEYS[16] -> the line's HASH of lives and places, only with an env limit
 -- ARGV[18+3a] -> the shard's wake-up channel, only with an env limit
 -- ARGV[19+3a] -> the life of the call's waiting mark (ms), only with an env
---                limit; -grace from a consumer leaving (maxCount 0: see
+--                limit; negative from a consumer leaving (maxCount 0: see
 --                lib/envwait's ew_leave)
+-- ARGV[20+3a] -> the leaving grace (ms), only with an env limit: a mark
+--                with no more life left is passed over (lib/envwait)
 -- Returns: see dq_finish (its first value -1 - the acks when the call found
 -- the state broken and served nothing: see w_extend).
 local OWN_KEYS = 11
@@ -2251,7 +2274,8 @@ end
 dq_capacity(dq)
 local ew = nil
 if dq.env_limit > 0 then
-  ew = ew_open(KEYS[OWN_KEYS + 4], KEYS[OWN_KEYS + 5], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6], dq)
+  ew = ew_open(KEYS[OWN_KEYS + 4], KEYS[OWN_KEYS + 5], ARGV[dq.own_args + 5], ARGV[dq.own_args + 6],
+               ARGV[dq.own_args + 7], dq)
   ew_capacity(ew)
 end
 if dq.cap <= 0 then
@@ -3174,9 +3198,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_cd6168c1d8619b7c_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3dfd0093c5d9286f_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_3dfd0093c5d9286f_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3dfd0093c5d9286f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3dfd0093c5d9286f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3dfd0093c5d9286f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_3dfd0093c5d9286f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

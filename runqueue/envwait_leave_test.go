@@ -182,3 +182,82 @@ func TestEnvWaitingLeaveWakesBehind(t *testing.T) {
 		ewWithin(t, servedC, "qc's run")
 	})
 }
+
+// TestEnvWaitingLeaveManyQueues (helper-206's probe): env limit 1, a run of
+// qa holds the slot; one Worker over q1..q5 waits (all five marked), qc's
+// Worker waits behind them; a plain Ack frees the slot (it wakes nobody:
+// the slot is q1's while its mark lives); the Worker over q1..q5 stops:
+// its five leaves cut the five marks, and the last one wakes qc. (A read
+// of the line asked for as many marks as free slots, at most 4 reads: the
+// 4 leaving marks in front used them all, and qc waited for its poll.)
+func TestEnvWaitingLeaveManyQueues(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 1)
+		ewEnqueue(t, b, "qa", 1)
+		qs := []string{"q1", "q2", "q3", "q4", "q5"}
+		for _, q := range qs {
+			ewEnqueue(t, b, q, 1)
+		}
+		ewEnqueue(t, b, "qc", 1)
+		a := ewTake(t, b, nil, "qa")
+		require.Len(t, a, 1)
+		wq := startWorker(t, b.q, ewNop, func(cfg *runqueue.WorkerConfig) {
+			cfg.Queues = nil
+			for _, q := range qs {
+				cfg.Queues = append(cfg.Queues, runqueue.WorkerQueue{Env: env, Queue: q})
+			}
+		})
+		for _, q := range qs {
+			ewWaits(t, b, q)
+		}
+		servedC := make(chan string, 1)
+		startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
+		ewWaits(t, b, "qc")
+		require.NoError(t, b.q.Ack(b.ctx, a[0]))
+		shutdown(t, wq)
+		for _, q := range qs {
+			require.LessOrEqual(t, ewUntil(t, b, q), ewServerMs(t, b)+500, "%s's mark is cut to the grace", q)
+		}
+		ewWithin(t, servedC, "qc's run")
+	})
+}
+
+// TestEnvWaitingLeaveThenOwnAck (helper-206's probe): env limit 1; qa's
+// Worker runs qa's first run (the env's slot) and its next call, held by
+// the env, marks qa; qc's Worker waits behind qa. qa's Worker stops: its
+// leave cuts qa's mark (no free slot: nothing to wake); then its handler
+// ends and the ack goes as an ack-only call (maxCount 0), which passes
+// over its own leaving mark and wakes qc for the slot it frees (it woke
+// only the marks ahead of its own: qc waited for its poll). (A grace of 5
+// s: the ack comes well within it on a loaded machine.)
+func TestEnvWaitingLeaveThenOwnAck(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 1)
+		b.q.SetLeaveGrace(5 * time.Second)
+		ewEnqueue(t, b, "qa", 2)
+		ewEnqueue(t, b, "qc", 1)
+		startedA, release := make(chan struct{}), make(chan struct{})
+		wa := startWorker(t, b.q, func(context.Context, *runqueue.Run) error { close(startedA); <-release; return nil }, ewOver("qa"))
+		waitClosed(t, startedA)
+		ewWaits(t, b, "qa")
+		servedC := make(chan string, 1)
+		startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
+		ewWaits(t, b, "qc")
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			done <- wa.Shutdown(ctx)
+		}()
+		lives := ewSpace(t, b).Env(env).WaitingUntil()
+		require.Eventually(t, func() bool {
+			until, err := b.client.HGet(b.ctx, lives, keys.QueueMember(env, "qa")).Int64()
+			return err == nil && until <= ewServerMs(t, b)+5_000
+		}, 10*time.Second, 5*time.Millisecond, "qa's Worker leaves: its mark is cut to the grace")
+		close(release)
+		require.NoError(t, <-done)
+		ewWithin(t, servedC, fmt.Sprintf("qc's run (qa's mark until %d, now %d)", ewUntil(t, b, "qa"), ewServerMs(t, b)))
+	})
+}

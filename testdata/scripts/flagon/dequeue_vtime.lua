@@ -1654,8 +1654,13 @@ end
 -- renews the mark in its place; with none left the mark lapses after grace.
 -- Before, every free slot of the env was left to the stopped consumer's
 -- mark for the rest of its life (two of its poll intervals and a second).
--- A waiter renews its mark at least once a poll, so its mark has a second
--- more than grace left at any time while it waits.
+-- A Worker or DequeueWait that waits renews its mark at least once a poll,
+-- so its mark has more than grace left while it waits; a consumer that
+-- calls less often (a plain Dequeue loop slower than its poll interval, a
+-- Worker whose handlers are all busy or that backs off after failures) may
+-- find its mark passed over in its last half second. The stopping
+-- consumer's own acks (ack-only calls, maxCount 0) pass over its leaving
+-- mark too, and wake the marks behind it for the slots they free.
 --
 -- The marks are best effort: their writes go by pcall, so that on a Redis
 -- at maxmemory (where a script run by EVALSHA is refused at its first write
@@ -1701,7 +1706,10 @@ local function ew_live(ew, lo, hi, n)
   local out, leaving = {}, 0
   for _ = 1, 4 do
     if #out >= n then break end
-    local want = n - #out
+    -- (a read asks for as many more as it passed leaving marks, which
+    -- stay: else a few of them use up the reads before the live ones
+    -- behind, 4 at one free slot: helper-206)
+    local want = n - #out + leaving
     local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + leaving, want)
     if #batch == 0 then break end
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
@@ -1711,7 +1719,7 @@ local function ew_live(ew, lo, hi, n)
       if not till or till < now then
         dead[#dead + 1] = m
       elseif till - now > ew.grace then
-        out[#out + 1] = m
+        if #out < n then out[#out + 1] = m else leaving = leaving + 1 end
       else
         leaving = leaving + 1
       end
@@ -1766,6 +1774,10 @@ local function ew_capacity(ew)
   if turn then
     local till = redis.call('HGET', ew.lives, dq.qm)
     if till and till + 0 >= ew_time(ew) then ew.mine = turn + 0 else ew_drop(ew, { dq.qm }) end
+    -- (an ack-only call of a queue whose mark is leaving, a stopped
+    -- Worker's acks: the slots it frees go past its mark, so it wakes the
+    -- marks behind it too: helper-206)
+    if ew.mine and dq.max_count <= 0 and till + 0 - ew_time(ew) <= ew.grace then ew.mine = nil end
   end
   local ahead = 0
   if free > 0 then

@@ -154,73 +154,53 @@ func TestEnvWaitingLeaveFreesSlotLater(t *testing.T) {
 	})
 }
 
-// TestEnvWaitingLeaveWakesBehind: env limit 1, qb's and qc's Workers wait
-// (qb ahead) while a run of qa holds the slot; a plain Ack frees it (a
-// plain ack wakes nobody: the slot is qb's while its mark lives); qb's
-// Worker stops: the leave itself wakes qc for the free slot.
+// TestEnvWaitingLeaveWakesBehind: env limit 1, a run of qa holds the slot;
+// one Worker over some queues of the env waits (each marked), qc's Worker
+// waits behind them; a plain Ack frees the slot (a plain ack wakes nobody:
+// the slot is the first queue's while its mark lives); the Worker stops:
+// its leaves cut its queues' marks, and the leave wakes qc for the free
+// slot. Over five queues (helper-206's probe): a read of the line asked
+// for as many marks as free slots, at most 4 reads, so the 4 leaving marks
+// in front used them all, and qc waited for its poll.
 func TestEnvWaitingLeaveWakesBehind(t *testing.T) {
 	t.Parallel()
-	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b, _ := ewSetup(t, c, true, 1)
-		ewEnqueue(t, b, "qa", 1)
-		ewEnqueue(t, b, "qb", 1)
-		ewEnqueue(t, b, "qc", 1)
-		a := ewTake(t, b, nil, "qa")
-		require.Len(t, a, 1)
-		wb := startWorker(t, b.q, ewNop, ewOver("qb"))
-		ewWaits(t, b, "qb")
-		servedC := make(chan string, 1)
-		startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
-		ewWaits(t, b, "qc")
-		require.NoError(t, b.q.Ack(b.ctx, a[0]))
-		select {
-		case id := <-servedC:
-			t.Fatalf("qc served %s before qb's Worker stopped: the slot was qb's", id)
-		default:
-		}
-		shutdown(t, wb)
-		ewWithin(t, servedC, "qc's run")
-	})
-}
-
-// TestEnvWaitingLeaveManyQueues (helper-206's probe): env limit 1, a run of
-// qa holds the slot; one Worker over q1..q5 waits (all five marked), qc's
-// Worker waits behind them; a plain Ack frees the slot (it wakes nobody:
-// the slot is q1's while its mark lives); the Worker over q1..q5 stops:
-// its five leaves cut the five marks, and the last one wakes qc. (A read
-// of the line asked for as many marks as free slots, at most 4 reads: the
-// 4 leaving marks in front used them all, and qc waited for its poll.)
-func TestEnvWaitingLeaveManyQueues(t *testing.T) {
-	t.Parallel()
-	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b, _ := ewSetup(t, c, true, 1)
-		ewEnqueue(t, b, "qa", 1)
-		qs := []string{"q1", "q2", "q3", "q4", "q5"}
-		for _, q := range qs {
-			ewEnqueue(t, b, q, 1)
-		}
-		ewEnqueue(t, b, "qc", 1)
-		a := ewTake(t, b, nil, "qa")
-		require.Len(t, a, 1)
-		wq := startWorker(t, b.q, ewNop, func(cfg *runqueue.WorkerConfig) {
-			cfg.Queues = nil
-			for _, q := range qs {
-				cfg.Queues = append(cfg.Queues, runqueue.WorkerQueue{Env: env, Queue: q})
-			}
+	for _, qs := range [][]string{{"qb"}, {"q1", "q2", "q3", "q4", "q5"}} {
+		t.Run(fmt.Sprintf("queues=%d", len(qs)), func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+				b, _ := ewSetup(t, c, true, 1)
+				ewEnqueue(t, b, "qa", 1)
+				for _, q := range qs {
+					ewEnqueue(t, b, q, 1)
+				}
+				ewEnqueue(t, b, "qc", 1)
+				a := ewTake(t, b, nil, "qa")
+				require.Len(t, a, 1)
+				w := startWorker(t, b.q, ewNop, func(cfg *runqueue.WorkerConfig) {
+					cfg.Queues = nil
+					for _, q := range qs {
+						cfg.Queues = append(cfg.Queues, runqueue.WorkerQueue{Env: env, Queue: q})
+					}
+				})
+				for _, q := range qs {
+					ewWaits(t, b, q)
+				}
+				servedC := make(chan string, 1)
+				startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
+				ewWaits(t, b, "qc")
+				require.NoError(t, b.q.Ack(b.ctx, a[0]))
+				select {
+				case id := <-servedC:
+					t.Fatalf("qc served %s before the Worker ahead stopped: the slot was %s's", id, qs[0])
+				default:
+				}
+				shutdown(t, w)
+				for _, q := range qs {
+					require.LessOrEqual(t, ewUntil(t, b, q), ewServerMs(t, b)+500, "%s's mark is cut to the grace", q)
+				}
+				ewWithin(t, servedC, "qc's run")
+			})
 		})
-		for _, q := range qs {
-			ewWaits(t, b, q)
-		}
-		servedC := make(chan string, 1)
-		startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
-		ewWaits(t, b, "qc")
-		require.NoError(t, b.q.Ack(b.ctx, a[0]))
-		shutdown(t, wq)
-		for _, q := range qs {
-			require.LessOrEqual(t, ewUntil(t, b, q), ewServerMs(t, b)+500, "%s's mark is cut to the grace", q)
-		}
-		ewWithin(t, servedC, "qc's run")
-	})
+	}
 }
 
 // TestEnvWaitingLeaveThenOwnAck (helper-206's probe): env limit 1; qa's

@@ -316,10 +316,6 @@ type fetchLoop struct {
 	fetching bool // Shutdown has not started
 	left     bool // told the slots this loop hands out no more runs
 	idle     bool // the last call that asked for runs got fewer
-	// short: the last call that asked for runs got fewer (it may have
-	// marked its queue in the env's waiting line: see Queue.leaveLine); a
-	// wake-up does not clear it, as it does idle.
-	short    bool
 	full     bool // the last call that asked for runs got all: a second call may go
 	looked   bool // the look timer was set from a look at the source since anything changed
 	failures int
@@ -423,10 +419,11 @@ func (l *fetchLoop) checkStop() {
 	if !l.fetching && !l.left && l.inflight == 0 {
 		l.left = true
 		l.w.slots.leaveFetch()
-		if l.s.shard < 0 && l.short && l.failures == 0 && !l.forced {
+		if l.s.shard < 0 && !l.full && l.failures == 0 && !l.forced {
 			// No call of this source takes runs any more (the calls left
 			// are its acks): flag on, the waiting mark its last call may
-			// have written (one that got fewer runs than it asked for) is
+			// have written (one that got fewer runs than it asked for, !full:
+			// a wake-up clears idle, not full) is
 			// cut to the leaving grace (Queue.leaveLine; best effort: the
 			// mark lapses by itself; one call, at most a second but on a
 			// Redis that does not answer, where the client's read timeout
@@ -623,7 +620,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	switch n := len(c.ks); {
 	case n == 0:
 	case len(c.runs) == n: // there may be more
-		l.idle, l.full, l.short = false, true, false
+		l.idle, l.full = false, true
 		if l.lookC != nil {
 			l.look.Stop()
 			l.lookC, l.lookEarly = nil, false
@@ -643,13 +640,13 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// call may have been for a delayed run now the queue's head, and
 		// runs these fail are nacked behind it, which publishes nothing;
 		// with no ack to look again, that timer alone would serve them.
-		l.idle, l.full, l.short = l.wakes == c.wakes, false, true
+		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
 		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
 			l.armLook(d, false)
 		}
 	default:
-		l.idle, l.full, l.short = l.wakes == c.wakes, false, true
+		l.idle, l.full = l.wakes == c.wakes, false
 		w.slots.forget(s)
 		if !l.looked {
 			var from int64 // 0: no early look

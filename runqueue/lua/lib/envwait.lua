@@ -77,6 +77,11 @@ local function ew_write(...)
   return r
 end
 
+-- The env's free slots now.
+local function ew_free(dq)
+  return dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+end
+
 local function ew_drop(ew, members)
   redis.call('ZREM', ew.line, unpack(members))
   redis.call('HDEL', ew.lives, unpack(members))
@@ -88,14 +93,14 @@ end
 -- most 4 reads).
 local function ew_live(ew, lo, hi, n)
   local now = ew_time(ew)
-  local out, leaving = {}, 0
+  local out, passed = {}, 0
   for _ = 1, 4 do
     if #out >= n then break end
-    -- (a read asks for as many more as it passed leaving marks, which
-    -- stay: else a few of them use up the reads before the live ones
-    -- behind, 4 at one free slot: helper-206)
-    local want = n - #out + leaving
-    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + leaving, want)
+    -- (a read asks for as many more as it passed marks, which stay, the
+    -- leaving ones above all: else a few of them use up the reads before
+    -- the live ones behind, 4 at one free slot: helper-206)
+    local want = n - #out + passed
+    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + passed, want)
     if #batch == 0 then break end
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
@@ -104,9 +109,9 @@ local function ew_live(ew, lo, hi, n)
       if not till or till < now then
         dead[#dead + 1] = m
       elseif till - now > ew.grace then
-        if #out < n then out[#out + 1] = m else leaving = leaving + 1 end
+        if #out < n then out[#out + 1] = m else passed = passed + 1 end
       else
-        leaving = leaving + 1
+        passed = passed + 1
       end
     end
     if #dead > 0 then ew_drop(ew, dead) end
@@ -134,19 +139,12 @@ end
 
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
 -- that wait ahead. An ack-only call (maxCount 0) wakes them and changes
--- no mark; one with a negative life leaves (ew_leave), and wakes the
--- marks the env's free slots now go to.
+-- no mark; one with a negative life (maxCount 0) leaves first (ew_leave):
+-- when its queue had a mark, it goes on as an ack-only call whose own mark
+-- is leaving, and wakes the marks the env's free slots now go to.
 local function ew_capacity(ew)
   local dq = ew.dq
-  if ew.life < 0 then
-    if not ew_leave(ew) then return end
-    local free = dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
-    if free > 0 then
-      local marks = ew_live(ew, '-inf', '+inf', free)
-      ew_wake(ew, marks, free)
-    end
-    return
-  end
+  if ew.life < 0 and not ew_leave(ew) then return end
   if redis.call('ZCARD', ew.line) == 0 then
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
     -- the env held the call is read after the serves, and only when the
@@ -154,13 +152,13 @@ local function ew_capacity(ew)
     ew.lazy = true
     return
   end
-  local free = dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+  local free = ew_free(dq)
   local turn = redis.call('ZSCORE', ew.line, dq.qm)
   if turn then
     local till = redis.call('HGET', ew.lives, dq.qm)
     if till and till + 0 >= ew_time(ew) then ew.mine = turn + 0 else ew_drop(ew, { dq.qm }) end
     -- (an ack-only call of a queue whose mark is leaving, a stopped
-    -- Worker's acks: the slots it frees go past its mark, so it wakes the
+    -- Worker's leave and acks: the slots go past its mark, so it wakes the
     -- marks behind it too: helper-206)
     if ew.mine and dq.max_count <= 0 and till + 0 - ew_time(ew) <= ew.grace then ew.mine = nil end
   end
@@ -199,7 +197,7 @@ local function ew_settle(ew, served)
     -- its room; it was held by the env when it took them all, fewer than
     -- maxCount, and the env is full now while its queue is not)
     if served < dq.cap or served >= dq.max_count then return end
-    if dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0) > 0 then return end
+    if ew_free(dq) > 0 then return end
     if dq.queue_limit > 0 and dq.queue_limit - held_count(dq.held) <= 0 then return end
     ew.held, ew.room = true, served
   end

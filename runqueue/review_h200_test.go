@@ -290,44 +290,9 @@ func TestH200ClusterRolloutSoak(t *testing.T) {
 		logs = append(logs, fmt.Sprintf("%s's Shutdown after the hard stop: %v", name, err))
 	}
 
-	// Wait for every queue to empty (a liveness guard, not a timing
-	// assertion).
-	deadline := time.Now().Add(150 * time.Second)
-	for {
-		var left []string
-		for _, wq := range allQ {
-			st, err := qOn.QueueStats(ctx, wq.Env, wq.Queue)
-			require.NoError(t, err)
-			if st.Ready+st.Delayed+st.InFlight != 0 {
-				left = append(left, fmt.Sprintf("%s/%s %+v", wq.Env, wq.Queue, st))
-			}
-		}
-		if len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queues not empty: %v", left)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	drained := time.Now()
-	for hs.inHandler.Load() > 0 { // (a liveness guard: every handler returned)
-		if time.Now().After(deadline) {
-			t.Fatalf("%d handlers still running", hs.inHandler.Load())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	drained, dead := hs.drain(t, ctx, qOn, allQ, 150*time.Second, func(_ string, f func() error) error { return f() })
 	for _, l := range logs {
 		t.Log(l)
-	}
-
-	dead := map[string]runqueue.DeadRun{}
-	for _, wq := range allQ {
-		ds, err := qOn.DeadLetters(ctx, wq.Env, wq.Queue, 0, 10000)
-		require.NoError(t, err)
-		for _, d := range ds {
-			dead[d.Env+"/"+d.ID] = d
-		}
 	}
 	all := hs.deliveries()
 	t.Logf("%d runs, %d deliveries, %d dead letters (%d always-failing runs); queues empty at %v",
@@ -726,6 +691,50 @@ func (h *h200Handlers) handler(name string) runqueue.Handler {
 		}
 		return err
 	}
+}
+
+// drain waits (a liveness guard, not a timing assertion: within) until
+// every queue of allQ is empty and every handler returned, and reads the
+// queues' dead letters (by env/id); call makes each of those reads (h202
+// retries those a moving slot refuses). It returns when the queues were
+// empty.
+func (hs *h200Handlers) drain(t *testing.T, ctx context.Context, q *runqueue.Queue, allQ []runqueue.WorkerQueue, within time.Duration,
+	call func(op string, f func() error) error) (time.Time, map[string]runqueue.DeadRun) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var left []string
+		for _, wq := range allQ {
+			var st runqueue.Stats
+			require.NoError(t, call("QueueStats", func() (err error) { st, err = q.QueueStats(ctx, wq.Env, wq.Queue); return err }))
+			if st.Ready+st.Delayed+st.InFlight != 0 {
+				left = append(left, fmt.Sprintf("%s/%s %+v", wq.Env, wq.Queue, st))
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queues not empty: %v", left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	drained := time.Now()
+	for hs.inHandler.Load() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d handlers still running", hs.inHandler.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	dead := map[string]runqueue.DeadRun{}
+	for _, wq := range allQ {
+		var ds []runqueue.DeadRun
+		require.NoError(t, call("DeadLetters", func() (err error) { ds, err = q.DeadLetters(ctx, wq.Env, wq.Queue, 0, 10000); return err }))
+		for _, d := range ds {
+			dead[d.Env+"/"+d.ID] = d
+		}
+	}
+	return drained, dead
 }
 
 // h200Config is the soaks' limits (every instance has the same): each

@@ -364,47 +364,12 @@ func TestH202RolloutDuringMigration(t *testing.T) {
 		logs = append(logs, fmt.Sprintf("%s's Shutdown after the hard stop: %v", name, err))
 	}
 
-	// Wait for every queue to empty (a liveness guard, not a timing
-	// assertion).
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var left []string
-		for _, wq := range allQ {
-			var st runqueue.Stats
-			require.NoError(t, retry("QueueStats", func() (err error) { st, err = qOn.QueueStats(ctx, wq.Env, wq.Queue); return err }))
-			if st.Ready+st.Delayed+st.InFlight != 0 {
-				left = append(left, fmt.Sprintf("%s/%s %+v", wq.Env, wq.Queue, st))
-			}
-		}
-		if len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queues not empty: %v", left)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	drained := time.Now()
-	for hs.inHandler.Load() > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d handlers still running", hs.inHandler.Load())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	drained, dead := hs.drain(t, ctx, qOn, allQ, 60*time.Second, retry)
 	for _, l := range moveLog {
 		t.Log(l)
 	}
 	for _, l := range logs {
 		t.Log(l)
-	}
-
-	dead := map[string]runqueue.DeadRun{}
-	for _, wq := range allQ {
-		var ds []runqueue.DeadRun
-		require.NoError(t, retry("DeadLetters", func() (err error) { ds, err = qOn.DeadLetters(ctx, wq.Env, wq.Queue, 0, 10000); return err }))
-		for _, d := range ds {
-			dead[d.Env+"/"+d.ID] = d
-		}
 	}
 	all := hs.deliveries()
 	redelivered := 0

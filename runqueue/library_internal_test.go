@@ -130,3 +130,44 @@ func TestLibraryKeepsNoCallState(t *testing.T) {
 		require.Equal(t, all-1, ok, "%s: a use that is not a plain read (the other is its definition)", name)
 	}
 }
+
+// TestScriptsNameOnlyDefinedNames: no script, and not the library, reads a
+// global other than Redis's Lua API: a name a fragment calls that is
+// defined after it, or not at all, compiles to a global read (nil, an
+// error when called). The library orders each fragment after the ones it
+// includes, so a fragment that calls another's function without including
+// it may find it undefined there while every script that includes both
+// works (an env-limited dequeue by FCALL called held_count, a global there,
+// once lib/hooks_vtime included the env's line before lib/held).
+func TestScriptsNameOnlyDefinedNames(t *testing.T) {
+	luac := reviewLua(t, "luac")
+	api := map[string]bool{}
+	for _, n := range strings.Fields("redis string math table tonumber tostring type unpack ipairs pairs " +
+		"select error pcall next cjson cmsgpack bit struct assert rawget rawset setmetatable getmetatable KEYS ARGV") {
+		api[n] = true
+	}
+	get := regexp.MustCompile(`GETGLOBAL\s+\S+\s+\S+\s+; (\S+)`)
+	check := func(name, src string) {
+		path := filepath.Join(t.TempDir(), "s.lua")
+		require.NoError(t, os.WriteFile(path, []byte(src), 0o644))
+		out, err := exec.Command(luac, "-l", "-p", path).CombinedOutput()
+		require.NoError(t, err, string(out))
+		seen := map[string]bool{}
+		for _, m := range get.FindAllStringSubmatch(string(out), -1) {
+			if !api[m[1]] && !seen[m[1]] {
+				seen[m[1]] = true
+				t.Errorf("%s reads the global %s (defined after its use, or nowhere)", name, m[1])
+			}
+		}
+	}
+	for _, vtime := range []bool{false, true} {
+		s, err := buildScripts(vtime)
+		require.NoError(t, err)
+		for _, sc := range s.all() {
+			check(sc.name, sc.src)
+		}
+		if vtime {
+			check("library", s.lib.src) // (luac skips its "#!" line)
+		}
+	}
+}

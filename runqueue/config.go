@@ -72,7 +72,8 @@ type Config struct {
 	// queues take its slots in turn: a dequeue that the env's limit held
 	// back with ready runs left puts its queue in the env's waiting line,
 	// and the dequeues of the env's other queues leave each slot they could
-	// take to a queue that has waited longer, and wake it (a mark lapses 2
+	// take to a queue that has waited longer, and wake it, as the acks and
+	// nacks that free the env's slots do (a mark lapses 2
 	// x BlockPollInterval + 1 s after its queue's last call; a Worker that
 	// stops gracefully cuts it to half a second, passed over, which another
 	// consumer of the queue still waiting renews in its place). With the flag

@@ -156,8 +156,9 @@ func TestEnvWaitingLeaveFreesSlotLater(t *testing.T) {
 
 // TestEnvWaitingLeaveWakesBehind: env limit 1, a run of qa holds the slot;
 // one Worker over some queues of the env waits (each marked), qc's Worker
-// waits behind them; a plain Ack frees the slot (a plain ack wakes nobody:
-// the slot is the first queue's while its mark lives); the Worker stops:
+// waits behind them; a flag-off instance's Ack frees the slot (it wakes
+// nobody: the slot is the first queue's while its mark lives, its
+// consumer not woken); the Worker stops:
 // its leaves cut its queues' marks, and the leave wakes qc for the free
 // slot. Over five queues (helper-206's probe): a read of the line asked
 // for as many marks as free slots, at most 4 reads, so the 4 leaving marks
@@ -187,7 +188,12 @@ func TestEnvWaitingLeaveWakesBehind(t *testing.T) {
 				servedC := make(chan string, 1)
 				startWorker(t, b.q, ewServed(servedC), ewOver("qc"))
 				ewWaits(t, b, "qc")
-				require.NoError(t, b.q.Ack(b.ctx, a[0]))
+				// (acked by a flag-off instance, which wakes nobody: a
+				// flag-on release wakes qs[0]'s consumer, which takes the slot)
+				off := s34NewQueue(t, b.client, b.prefix, func(cfg *runqueue.Config) {
+					cfg.VtimeScheduling, cfg.Clock = false, b.clock
+				})
+				require.NoError(t, off.Ack(b.ctx, a[0]))
 				select {
 				case id := <-servedC:
 					t.Fatalf("qc served %s before the Worker ahead stopped: the slot was %s's", id, qs[0])

@@ -123,6 +123,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 		b.args[2] = len(b.idx)
 		sc := q.ackScript(b.qn.qk)
 		ks, args := q.withHooks(sc, b.qn, b.qn.held, b.args)
+		ks, args = q.withEnvLine(sc, b.qn, ks, args)
 		calls[i] = call{sc: sc, keys: ks, args: args}
 	}
 	cmds, err := runPipelined(ctx, q.rdb, calls)
@@ -334,6 +335,7 @@ func (q *Queue) requeueCallRaw(qn *queueNames, r rawRef, token, now, retry int64
 	args := []any{now, r.encID, r.vm, qn.runPrefix + r.vm + ":" + r.encID, token, retry,
 		ms(q.cfg.PriorityStep), maxAttempts, killArg, qn.member, qn.wake, qn.vbase}
 	ks, args = q.withHooks(q.scripts.requeue, qn, ks, args)
+	ks, args = q.withEnvLine(q.scripts.requeue, qn, ks, args)
 	return call{sc: q.scripts.requeue, keys: ks, args: args}
 }
 

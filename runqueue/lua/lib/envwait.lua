@@ -1,5 +1,5 @@
 -- The queues waiting for a slot of their env (layout 8; flag-on dequeues
--- with an env limit only). An env's limit is shared by its queues, and a
+-- with an env limit only; the line's reads and wake-ups are lib/envline). An env's limit is shared by its queues, and a
 -- dequeue serves one queue: without this, a consumer that acks and takes
 -- in one call takes back every slot its acks free, and another queue of
 -- the env at its limit waits until that queue's backlog drains.
@@ -28,6 +28,10 @@
 -- its turn on). At most EW_WAKE_MAX wake-ups a call. A call reads the line
 -- only while the env has free slots, and then at most as many marks ahead
 -- of it as there are free slots (and the dead ones it drops on the way).
+-- A flag-on ack or requeue (a plain Ack, AckMany, Nack, a lease recovery)
+-- that frees slots of the env wakes the live marks they go to, in line
+-- order (lib/hooks_vtime); before, such a slot waited for the next dequeue
+-- of the env or the waiting queue's poll.
 --
 -- A mark with at most grace (ms) of its life left is leaving: no slot is
 -- left to it (the calls pass over it to the marks behind), but it keeps its
@@ -52,76 +56,13 @@
 -- that may add memory) a held dequeue still returns, serving nothing, as it
 -- did before the line.
 
-local EW_WAKE_MAX = 16
-
-local function ew_open(line, lives, wake, life, grace, dq)
-  return { line = line, lives = lives, wake = wake, life = life + 0, grace = grace + 0, dq = dq,
-    now = nil,     -- TIME (ms), read once a mark is to be read or written
-    mine = nil,    -- this queue's live place
-    room = 0, held = false,
-    lazy = false } -- the line was empty: the held test waits for ew_settle
-end
-
-local function ew_time(ew)
-  if ew.now == nil then
-    local t = redis.call('TIME')
-    ew.now = t[1] * 1000 + math.floor(t[2] / 1000)
-  end
-  return ew.now
-end
+--@include envline
 
 -- A write that may be refused on a full Redis: nil then.
 local function ew_write(...)
   local r = redis.pcall(...)
   if type(r) == 'table' and r.err then return nil end
   return r
-end
-
--- The env's free slots now.
-local function ew_free(dq)
-  return dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
-end
-
-local function ew_drop(ew, members)
-  redis.call('ZREM', ew.line, unpack(members))
-  redis.call('HDEL', ew.lives, unpack(members))
-  if redis.call('ZCARD', ew.line) == 0 then redis.call('DEL', ew.line, ew.lives) end
-end
-
--- Up to n live marks of the line with a place in (lo, hi], in place
--- order, passing over the leaving ones and dropping the dead ones met (at
--- most 4 reads).
-local function ew_live(ew, lo, hi, n)
-  local now = ew_time(ew)
-  local out, passed = {}, 0
-  for _ = 1, 4 do
-    if #out >= n then break end
-    -- (a read asks for as many more as it passed marks, which stay, the
-    -- leaving ones above all: else a few of them use up the reads before
-    -- the live ones behind, 4 at one free slot: helper-206)
-    local want = n - #out + passed
-    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + passed, want)
-    if #batch == 0 then break end
-    local lives = redis.call('HMGET', ew.lives, unpack(batch))
-    local dead = {}
-    for i, m in ipairs(batch) do
-      local till = lives[i] and lives[i] + 0
-      if not till or till < now then
-        dead[#dead + 1] = m
-      elseif till - now > ew.grace then
-        if #out < n then out[#out + 1] = m else passed = passed + 1 end
-      else
-        passed = passed + 1
-      end
-    end
-    if #dead > 0 then ew_drop(ew, dead) end
-    if #batch < want then break end
-  end
-  return out
-end
-
-local function ew_wake(ew, marks, n)
-  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
 end
 
 -- A consumer leaving (a negative life): its queue's mark, if any, lives at

@@ -12,6 +12,14 @@
 --                       queue has a per-key limit now, or the instance
 --                       gave one to a queue before (the limit may have
 --                       gone and come back since the variant was gated)
+-- and, from a script that frees the env's slots (ack, requeue) of a queue
+-- with an env limit, the env's waiting line (see envline):
+--   KEYS[own_keys+4] -> the env's in-flight counter
+--   KEYS[own_keys+5] -> the env's waiting line ZSET
+--   KEYS[own_keys+6] -> the line's HASH of lives and places
+--   ARGV[own_args+4] -> the env limit
+--   ARGV[own_args+5] -> the shard's wake-up channel
+--   ARGV[own_args+6] -> the leaving grace (ms)
 --
 -- The scheduler's code is defined inside hooks_lib(), at the first hook that
 -- does something: Redis runs a script's whole body at every call, and most
@@ -62,19 +70,37 @@ local function hooks_ready_empty(H, vm)
   hooks_lib(H):ready_empty(vm)
 end
 local function hooks_released(H, vms)
+  H.freed = true
   if H.look then
     if H.pend then hooks_flush(H) end
     hooks_lib(H):released(vms)
   end
 end
+-- A call that freed slots of an env with a limit wakes the live marks of
+-- its waiting line the free slots now go to (up to one a free slot, in
+-- line order, the call's own queue's too), as a dequeue of the env does.
+-- Without it a slot a plain ack or nack freed stayed idle until the next
+-- dequeue of any queue of the env or the waiting queue's poll. (The code
+-- is made only then: most calls have no env limit.)
 local function hooks_finish(H)
   if H.pend then hooks_flush(H) end
   if H.h then H.h:finish() end
+  if H.freed and H.env and redis.call('EXISTS', H.keys[H.own_keys + 5]) == 1 then
+    (function(k, a)
+      --@include envline
+      local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
+      local free = ew_free(dq)
+      if free <= 0 then return end
+      local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
+      ew_wake(ew, ew_live(ew, '-inf', '+inf', free), free)
+    end)(H.keys, H.args)
+  end
 end
 
 local function hooks_open(keys, args, own_keys, own_args, now)
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
            look = args[own_args + 3] == '1', h = false, pend = false,
+           env = args[own_args + 4] ~= nil, freed = false,
            ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
            released = hooks_released, finish = hooks_finish }
 end

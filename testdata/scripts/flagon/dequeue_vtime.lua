@@ -1614,7 +1614,7 @@ local function span_remove(s, i)
   return e
 end
 -- The queues waiting for a slot of their env (layout 8; flag-on dequeues
--- with an env limit only). An env's limit is shared by its queues, and a
+-- with an env limit only; the line's reads and wake-ups are lib/envline). An env's limit is shared by its queues, and a
 -- dequeue serves one queue: without this, a consumer that acks and takes
 -- in one call takes back every slot its acks free, and another queue of
 -- the env at its limit waits until that queue's backlog drains.
@@ -1643,6 +1643,10 @@ end
 -- its turn on). At most EW_WAKE_MAX wake-ups a call. A call reads the line
 -- only while the env has free slots, and then at most as many marks ahead
 -- of it as there are free slots (and the dead ones it drops on the way).
+-- A flag-on ack or requeue (a plain Ack, AckMany, Nack, a lease recovery)
+-- that frees slots of the env wakes the live marks they go to, in line
+-- order (lib/hooks_vtime); before, such a slot waited for the next dequeue
+-- of the env or the waiting queue's poll.
 --
 -- A mark with at most grace (ms) of its life left is leaving: no slot is
 -- left to it (the calls pass over it to the marks behind), but it keeps its
@@ -1667,6 +1671,15 @@ end
 -- that may add memory) a held dequeue still returns, serving nothing, as it
 -- did before the line.
 
+-- An env's waiting line (layout 8): the queues of an env with a limit that
+-- wait for its slots, read and woken (lib/envwait keeps the marks: what a
+-- mark is, when a dequeue writes one, when one is live, leaving or dead).
+-- A ZSET (member: a queue's member, score: its place) and a HASH beside
+-- it (the queue's member -> the time its mark lives until, in ms of
+-- Redis's TIME; "#" -> the last place given). Included by lib/envwait and
+-- by lib/hooks_vtime, whose acks and requeues wake the line for the slots
+-- they free.
+
 local EW_WAKE_MAX = 16
 
 local function ew_open(line, lives, wake, life, grace, dq)
@@ -1683,13 +1696,6 @@ local function ew_time(ew)
     ew.now = t[1] * 1000 + math.floor(t[2] / 1000)
   end
   return ew.now
-end
-
--- A write that may be refused on a full Redis: nil then.
-local function ew_write(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then return nil end
-  return r
 end
 
 -- The env's free slots now.
@@ -1737,6 +1743,13 @@ end
 
 local function ew_wake(ew, marks, n)
   for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+end
+
+-- A write that may be refused on a full Redis: nil then.
+local function ew_write(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then return nil end
+  return r
 end
 
 -- A consumer leaving (a negative life): its queue's mark, if any, lives at

@@ -89,6 +89,14 @@ end
 --                       queue has a per-key limit now, or the instance
 --                       gave one to a queue before (the limit may have
 --                       gone and come back since the variant was gated)
+-- and, from a script that frees the env's slots (ack, requeue) of a queue
+-- with an env limit, the env's waiting line (see envline):
+--   KEYS[own_keys+4] -> the env's in-flight counter
+--   KEYS[own_keys+5] -> the env's waiting line ZSET
+--   KEYS[own_keys+6] -> the line's HASH of lives and places
+--   ARGV[own_args+4] -> the env limit
+--   ARGV[own_args+5] -> the shard's wake-up channel
+--   ARGV[own_args+6] -> the leaving grace (ms)
 --
 -- The scheduler's code is defined inside hooks_lib(), at the first hook that
 -- does something: Redis runs a script's whole body at every call, and most
@@ -718,19 +726,109 @@ local function hooks_ready_empty(H, vm)
   hooks_lib(H):ready_empty(vm)
 end
 local function hooks_released(H, vms)
+  H.freed = true
   if H.look then
     if H.pend then hooks_flush(H) end
     hooks_lib(H):released(vms)
   end
 end
+-- A call that freed slots of an env with a limit wakes the live marks of
+-- its waiting line the free slots now go to (up to one a free slot, in
+-- line order, the call's own queue's too), as a dequeue of the env does.
+-- Without it a slot a plain ack or nack freed stayed idle until the next
+-- dequeue of any queue of the env or the waiting queue's poll. (The code
+-- is made only then: most calls have no env limit.)
 local function hooks_finish(H)
   if H.pend then hooks_flush(H) end
   if H.h then H.h:finish() end
+  if H.freed and H.env and redis.call('EXISTS', H.keys[H.own_keys + 5]) == 1 then
+    (function(k, a)
+      -- An env's waiting line (layout 8): the queues of an env with a limit that
+      -- wait for its slots, read and woken (lib/envwait keeps the marks: what a
+      -- mark is, when a dequeue writes one, when one is live, leaving or dead).
+      -- A ZSET (member: a queue's member, score: its place) and a HASH beside
+      -- it (the queue's member -> the time its mark lives until, in ms of
+      -- Redis's TIME; "#" -> the last place given). Included by lib/envwait and
+      -- by lib/hooks_vtime, whose acks and requeues wake the line for the slots
+      -- they free.
+
+      local EW_WAKE_MAX = 16
+
+      local function ew_open(line, lives, wake, life, grace, dq)
+        return { line = line, lives = lives, wake = wake, life = life + 0, grace = grace + 0, dq = dq,
+          now = nil,     -- TIME (ms), read once a mark is to be read or written
+          mine = nil,    -- this queue's live place
+          room = 0, held = false,
+          lazy = false } -- the line was empty: the held test waits for ew_settle
+      end
+
+      local function ew_time(ew)
+        if ew.now == nil then
+          local t = redis.call('TIME')
+          ew.now = t[1] * 1000 + math.floor(t[2] / 1000)
+        end
+        return ew.now
+      end
+
+      -- The env's free slots now.
+      local function ew_free(dq)
+        return dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+      end
+
+      local function ew_drop(ew, members)
+        redis.call('ZREM', ew.line, unpack(members))
+        redis.call('HDEL', ew.lives, unpack(members))
+        if redis.call('ZCARD', ew.line) == 0 then redis.call('DEL', ew.line, ew.lives) end
+      end
+
+      -- Up to n live marks of the line with a place in (lo, hi], in place
+      -- order, passing over the leaving ones and dropping the dead ones met (at
+      -- most 4 reads).
+      local function ew_live(ew, lo, hi, n)
+        local now = ew_time(ew)
+        local out, passed = {}, 0
+        for _ = 1, 4 do
+          if #out >= n then break end
+          -- (a read asks for as many more as it passed marks, which stay, the
+          -- leaving ones above all: else a few of them use up the reads before
+          -- the live ones behind, 4 at one free slot: helper-206)
+          local want = n - #out + passed
+          local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + passed, want)
+          if #batch == 0 then break end
+          local lives = redis.call('HMGET', ew.lives, unpack(batch))
+          local dead = {}
+          for i, m in ipairs(batch) do
+            local till = lives[i] and lives[i] + 0
+            if not till or till < now then
+              dead[#dead + 1] = m
+            elseif till - now > ew.grace then
+              if #out < n then out[#out + 1] = m else passed = passed + 1 end
+            else
+              passed = passed + 1
+            end
+          end
+          if #dead > 0 then ew_drop(ew, dead) end
+          if #batch < want then break end
+        end
+        return out
+      end
+
+      local function ew_wake(ew, marks, n)
+        for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+      end
+      local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
+      local free = ew_free(dq)
+      if free <= 0 then return end
+      local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
+      ew_wake(ew, ew_live(ew, '-inf', '+inf', free), free)
+    end)(H.keys, H.args)
+  end
 end
 
 local function hooks_open(keys, args, own_keys, own_args, now)
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
            look = args[own_args + 3] == '1', h = false, pend = false,
+           env = args[own_args + 4] ~= nil, freed = false,
            ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
            released = hooks_released, finish = hooks_finish }
 end

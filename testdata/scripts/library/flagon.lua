@@ -1,4 +1,4 @@
-#!lua name=runqueue_9c2959d5b5d084e5
+#!lua name=runqueue_9eb24684b6b3db7e
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -640,6 +640,79 @@ local function sched_hooks(S, look)
   return { S = S, look = look, ready_start_many = sched_hook_ready_start_many,
            ready_empty = sched_hook_ready_empty, released = sched_hook_released, finish = sched_hook_finish }
 end
+-- An env's waiting line (layout 8): the queues of an env with a limit that
+-- wait for its slots, read and woken (lib/envwait keeps the marks: what a
+-- mark is, when a dequeue writes one, when one is live, leaving or dead).
+-- A ZSET (member: a queue's member, score: its place) and a HASH beside
+-- it (the queue's member -> the time its mark lives until, in ms of
+-- Redis's TIME; "#" -> the last place given). Included by lib/envwait and
+-- by lib/hooks_vtime, whose acks and requeues wake the line for the slots
+-- they free.
+
+local EW_WAKE_MAX = 16
+
+local function ew_open(line, lives, wake, life, grace, dq)
+  return { line = line, lives = lives, wake = wake, life = life + 0, grace = grace + 0, dq = dq,
+    now = nil,     -- TIME (ms), read once a mark is to be read or written
+    mine = nil,    -- this queue's live place
+    room = 0, held = false,
+    lazy = false } -- the line was empty: the held test waits for ew_settle
+end
+
+local function ew_time(ew)
+  if ew.now == nil then
+    local t = redis.call('TIME')
+    ew.now = t[1] * 1000 + math.floor(t[2] / 1000)
+  end
+  return ew.now
+end
+
+-- The env's free slots now.
+local function ew_free(dq)
+  return dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+end
+
+local function ew_drop(ew, members)
+  redis.call('ZREM', ew.line, unpack(members))
+  redis.call('HDEL', ew.lives, unpack(members))
+  if redis.call('ZCARD', ew.line) == 0 then redis.call('DEL', ew.line, ew.lives) end
+end
+
+-- Up to n live marks of the line with a place in (lo, hi], in place
+-- order, passing over the leaving ones and dropping the dead ones met (at
+-- most 4 reads).
+local function ew_live(ew, lo, hi, n)
+  local now = ew_time(ew)
+  local out, passed = {}, 0
+  for _ = 1, 4 do
+    if #out >= n then break end
+    -- (a read asks for as many more as it passed marks, which stay, the
+    -- leaving ones above all: else a few of them use up the reads before
+    -- the live ones behind, 4 at one free slot: helper-206)
+    local want = n - #out + passed
+    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + passed, want)
+    if #batch == 0 then break end
+    local lives = redis.call('HMGET', ew.lives, unpack(batch))
+    local dead = {}
+    for i, m in ipairs(batch) do
+      local till = lives[i] and lives[i] + 0
+      if not till or till < now then
+        dead[#dead + 1] = m
+      elseif till - now > ew.grace then
+        if #out < n then out[#out + 1] = m else passed = passed + 1 end
+      else
+        passed = passed + 1
+      end
+    end
+    if #dead > 0 then ew_drop(ew, dead) end
+    if #batch < want then break end
+  end
+  return out
+end
+
+local function ew_wake(ew, marks, n)
+  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+end
 -- Scheduler flag on: the hooks keep each variant's registration (see
 -- sched). A script that includes "hooks" calls
 --   hooks_open(KEYS, ARGV, own_keys, own_args, now)
@@ -654,6 +727,14 @@ end
 --                       queue has a per-key limit now, or the instance
 --                       gave one to a queue before (the limit may have
 --                       gone and come back since the variant was gated)
+-- and, from a script that frees the env's slots (ack, requeue) of a queue
+-- with an env limit, the env's waiting line (see envline):
+--   KEYS[own_keys+4] -> the env's in-flight counter
+--   KEYS[own_keys+5] -> the env's waiting line ZSET
+--   KEYS[own_keys+6] -> the line's HASH of lives and places
+--   ARGV[own_args+4] -> the env limit
+--   ARGV[own_args+5] -> the shard's wake-up channel
+--   ARGV[own_args+6] -> the leaving grace (ms)
 --
 -- The scheduler's code is defined inside hooks_lib(), at the first hook that
 -- does something: Redis runs a script's whole body at every call, and most
@@ -703,19 +784,36 @@ local function hooks_ready_empty(H, vm)
   hooks_lib(H):ready_empty(vm)
 end
 local function hooks_released(H, vms)
+  H.freed = true
   if H.look then
     if H.pend then hooks_flush(H) end
     hooks_lib(H):released(vms)
   end
 end
+-- A call that freed slots of an env with a limit wakes the live marks of
+-- its waiting line the free slots now go to (up to one a free slot, in
+-- line order, the call's own queue's too), as a dequeue of the env does.
+-- Without it a slot a plain ack or nack freed stayed idle until the next
+-- dequeue of any queue of the env or the waiting queue's poll. (The code
+-- is made only then: most calls have no env limit.)
 local function hooks_finish(H)
   if H.pend then hooks_flush(H) end
   if H.h then H.h:finish() end
+  if H.freed and H.env and redis.call('EXISTS', H.keys[H.own_keys + 5]) == 1 then
+    (function(k, a)
+      local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
+      local free = ew_free(dq)
+      if free <= 0 then return end
+      local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
+      ew_wake(ew, ew_live(ew, '-inf', '+inf', free), free)
+    end)(H.keys, H.args)
+  end
 end
 
 local function hooks_open(keys, args, own_keys, own_args, now)
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
            look = args[own_args + 3] == '1', h = false, pend = false,
+           env = args[own_args + 4] ~= nil, freed = false,
            ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
            released = hooks_released, finish = hooks_finish }
 end
@@ -1797,7 +1895,7 @@ local function span_remove(s, i)
   return e
 end
 -- The queues waiting for a slot of their env (layout 8; flag-on dequeues
--- with an env limit only). An env's limit is shared by its queues, and a
+-- with an env limit only; the line's reads and wake-ups are lib/envline). An env's limit is shared by its queues, and a
 -- dequeue serves one queue: without this, a consumer that acks and takes
 -- in one call takes back every slot its acks free, and another queue of
 -- the env at its limit waits until that queue's backlog drains.
@@ -1826,6 +1924,10 @@ end
 -- its turn on). At most EW_WAKE_MAX wake-ups a call. A call reads the line
 -- only while the env has free slots, and then at most as many marks ahead
 -- of it as there are free slots (and the dead ones it drops on the way).
+-- A flag-on ack or requeue (a plain Ack, AckMany, Nack, a lease recovery)
+-- that frees slots of the env wakes the live marks they go to, in line
+-- order (lib/hooks_vtime); before, such a slot waited for the next dequeue
+-- of the env or the waiting queue's poll.
 --
 -- A mark with at most grace (ms) of its life left is leaving: no slot is
 -- left to it (the calls pass over it to the marks behind), but it keeps its
@@ -1850,76 +1952,12 @@ end
 -- that may add memory) a held dequeue still returns, serving nothing, as it
 -- did before the line.
 
-local EW_WAKE_MAX = 16
-
-local function ew_open(line, lives, wake, life, grace, dq)
-  return { line = line, lives = lives, wake = wake, life = life + 0, grace = grace + 0, dq = dq,
-    now = nil,     -- TIME (ms), read once a mark is to be read or written
-    mine = nil,    -- this queue's live place
-    room = 0, held = false,
-    lazy = false } -- the line was empty: the held test waits for ew_settle
-end
-
-local function ew_time(ew)
-  if ew.now == nil then
-    local t = redis.call('TIME')
-    ew.now = t[1] * 1000 + math.floor(t[2] / 1000)
-  end
-  return ew.now
-end
 
 -- A write that may be refused on a full Redis: nil then.
 local function ew_write(...)
   local r = redis.pcall(...)
   if type(r) == 'table' and r.err then return nil end
   return r
-end
-
--- The env's free slots now.
-local function ew_free(dq)
-  return dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
-end
-
-local function ew_drop(ew, members)
-  redis.call('ZREM', ew.line, unpack(members))
-  redis.call('HDEL', ew.lives, unpack(members))
-  if redis.call('ZCARD', ew.line) == 0 then redis.call('DEL', ew.line, ew.lives) end
-end
-
--- Up to n live marks of the line with a place in (lo, hi], in place
--- order, passing over the leaving ones and dropping the dead ones met (at
--- most 4 reads).
-local function ew_live(ew, lo, hi, n)
-  local now = ew_time(ew)
-  local out, passed = {}, 0
-  for _ = 1, 4 do
-    if #out >= n then break end
-    -- (a read asks for as many more as it passed marks, which stay, the
-    -- leaving ones above all: else a few of them use up the reads before
-    -- the live ones behind, 4 at one free slot: helper-206)
-    local want = n - #out + passed
-    local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + passed, want)
-    if #batch == 0 then break end
-    local lives = redis.call('HMGET', ew.lives, unpack(batch))
-    local dead = {}
-    for i, m in ipairs(batch) do
-      local till = lives[i] and lives[i] + 0
-      if not till or till < now then
-        dead[#dead + 1] = m
-      elseif till - now > ew.grace then
-        if #out < n then out[#out + 1] = m else passed = passed + 1 end
-      else
-        passed = passed + 1
-      end
-    end
-    if #dead > 0 then ew_drop(ew, dead) end
-    if #batch < want then break end
-  end
-  return out
-end
-
-local function ew_wake(ew, marks, n)
-  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
 end
 
 -- A consumer leaving (a negative life): its queue's mark, if any, lives at
@@ -3208,9 +3246,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_9c2959d5b5d084e5_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_9c2959d5b5d084e5_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9c2959d5b5d084e5_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9c2959d5b5d084e5_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9c2959d5b5d084e5_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9c2959d5b5d084e5_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9eb24684b6b3db7e_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_9eb24684b6b3db7e_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9eb24684b6b3db7e_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9eb24684b6b3db7e_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9eb24684b6b3db7e_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9eb24684b6b3db7e_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

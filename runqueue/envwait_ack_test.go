@@ -1,7 +1,6 @@
 package runqueue_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -19,26 +18,33 @@ import (
 
 // TestEnvWaitingPlainReleaseWakes: env limit 1, a plain Dequeue of qa holds
 // the slot, a Worker over qb waits (its mark in the line); qa's run is
-// released by each way a caller outside a Worker releases one, and no
+// released by each way a caller outside a Worker releases one (a lease
+// recovery too), and no
 // other call of the env follows: qb's Worker is woken and served at once.
 func TestEnvWaitingPlainReleaseWakes(t *testing.T) {
 	t.Parallel()
-	for name, release := range map[string]func(t *testing.T, q *runqueue.Queue, r *runqueue.Run){
-		"ack": func(t *testing.T, q *runqueue.Queue, r *runqueue.Run) {
-			require.NoError(t, q.Ack(context.Background(), r))
+	for name, release := range map[string]func(t *testing.T, b *testBundle, r *runqueue.Run){
+		"ack": func(t *testing.T, b *testBundle, r *runqueue.Run) {
+			require.NoError(t, b.q.Ack(b.ctx, r))
 		},
-		"ackmany": func(t *testing.T, q *runqueue.Queue, r *runqueue.Run) {
-			errs, err := q.AckMany(context.Background(), []*runqueue.Run{r})
+		"ackmany": func(t *testing.T, b *testBundle, r *runqueue.Run) {
+			errs, err := b.q.AckMany(b.ctx, []*runqueue.Run{r})
 			require.NoError(t, err)
 			require.NoError(t, errs[0])
 		},
-		"nack": func(t *testing.T, q *runqueue.Queue, r *runqueue.Run) {
-			_, err := q.Nack(context.Background(), r, &runqueue.NackOptions{RetryAt: time.Now().Add(time.Hour)})
+		"nack": func(t *testing.T, b *testBundle, r *runqueue.Run) {
+			_, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: time.Now().Add(time.Hour)})
 			require.NoError(t, err)
 		},
-		"deadletter": func(t *testing.T, q *runqueue.Queue, r *runqueue.Run) {
-			_, err := q.Nack(context.Background(), r, &runqueue.NackOptions{DeadLetter: true})
+		"deadletter": func(t *testing.T, b *testBundle, r *runqueue.Run) {
+			_, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{DeadLetter: true})
 			require.NoError(t, err)
+		},
+		"recover": func(t *testing.T, b *testBundle, _ *runqueue.Run) {
+			b.clock.Advance(6 * time.Minute) // (past the lease, 5 min)
+			n, err := b.q.RecoverLeases(b.ctx, b.q.ShardOf(env), 10)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -52,7 +58,7 @@ func TestEnvWaitingPlainReleaseWakes(t *testing.T) {
 				served := make(chan string, 1)
 				startWorker(t, b.q, ewServed(served), ewOver("qb"))
 				ewWaits(t, b, "qb")
-				release(t, b.q, a[0])
+				release(t, b, a[0])
 				ewWithin(t, served, "qb after qa's slot was released")
 			})
 		})

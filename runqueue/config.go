@@ -75,8 +75,10 @@ type Config struct {
 	// take to a queue that has waited longer, and wake it, as the acks and
 	// nacks that free the env's slots do (a mark lapses 2
 	// x BlockPollInterval + 1 s after its queue's last call; a Worker that
-	// stops gracefully cuts it to half a second, passed over, which another
-	// consumer of the queue still waiting renews in its place). With the flag
+	// stops gracefully or whose handlers are all busy with other queues'
+	// runs, and a DequeueWait that ends empty, cut it to half a second,
+	// passed over, which another consumer of the queue still waiting renews
+	// in its place). With the flag
 	// off a consumer that acks and takes in one call (AckAndDequeue, a
 	// Worker given queues) takes back the slots its acks free, so another
 	// queue of the env waiting at the limit may wait until that queue's

@@ -417,25 +417,33 @@ func (q *Queue) waitingLife() int64 { return ms(2*q.cfg.BlockPollInterval + time
 const defaultLeaveGrace = 500 * time.Millisecond
 
 // leaveLine tells the env's waiting line (lua/lib/envwait.lua) that a
-// consumer of env/queue stops (a Worker's graceful Shutdown): the queue's
-// mark, if it has one, is cut to the leaving grace, so that the env's free
-// slots go to the queues behind it at once and the queue's other
-// consumers, woken, renew it in its place; with none left, it lapses after
-// the grace. Before, every free slot of the env was left to the stopped
-// consumer's mark for the rest of its life (two poll intervals and a
-// second). Flag on, for a queue with an env limit only: else it does
-// nothing. Best effort: the mark lapses by itself.
-func (q *Queue) leaveLine(ctx context.Context, env, queue string) error {
-	if !q.cfg.VtimeScheduling {
-		return nil
-	}
-	if lim, err := q.cfg.limitsFor(env, queue); err != nil || lim.Env <= 0 {
-		return nil
-	}
+// consumer of env/queue stops or cannot take runs now (a Worker's graceful
+// Shutdown, a Worker whose handlers are all busy, a DequeueWait that
+// returns empty): the queue's mark, if it has one, is cut to the leaving
+// grace, so that the env's free slots go to the queues behind it at once
+// and the queue's other consumers, woken, renew it in its place; with none
+// left, it lapses after the grace. Before, every free slot of the env was
+// left to the mark for the rest of its life (two poll intervals and a
+// second) whether or not its consumer could take runs. The call carries
+// acks (runs of env/queue, at most 1,000), whose results it returns as
+// AckMany would; it serves nothing. Callers ask leavesLine first. Best
+// effort: the mark lapses by itself.
+func (q *Queue) leaveLine(ctx context.Context, env, queue string, acks []*Run) ([]error, error) {
 	size := q.sizeOf(0)
 	size.leave = true
-	_, _, err := q.serve(ctx, q.names(env, queue), nil, size, q.now(), false, &corrupt{}, 0)
-	return err
+	_, ackErrs, err := q.settleAndDequeue(ctx, q.names(env, queue), acks, size, q.now(), true)
+	return ackErrs, err
+}
+
+// leavesLine says whether a consumer of env/queue leaves its env's waiting
+// line (leaveLine): with the flag on and an env limit (the line is kept
+// then only).
+func (q *Queue) leavesLine(env, queue string) bool {
+	if !q.cfg.VtimeScheduling {
+		return false
+	}
+	lim, err := q.cfg.limitsFor(env, queue)
+	return err == nil && lim.Env > 0
 }
 
 // ackedCount is how many of the acks of a dequeue script's reply were

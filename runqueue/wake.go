@@ -268,7 +268,11 @@ func (w *waker) close() error {
 // its limit) spends the sooner look until a poll has passed or a wake-up
 // came (see block). It returns an empty slice on timeout, and ctx's error
 // when ctx ends first. Waiters woken together look again in one coalesced
-// call, and share the read of when the queue's next work is due.
+// call, and share the read of when the queue's next work is due. With
+// VtimeScheduling and an env limit, a wait that ends empty (timeout or
+// ctx) leaves its env's waiting line (one more script call, at most a
+// second): the env's free slots stop being left to the queue, and a
+// caller that waits again at once keeps its queue's place.
 func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int, timeout time.Duration) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -277,9 +281,22 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 		return nil, err
 	}
 	qn := q.names(env, queue)
-	return q.block(ctx, qn.wake+"|"+qn.member, timeout,
+	runs, err := q.block(ctx, qn.wake+"|"+qn.member, timeout,
 		func() ([]*Run, error) { return q.dequeueOne(ctx, qn, maxCount) },
 		func(from int64) (*redis.ZSliceCmd, error) { return nextZ(q.queueNext(ctx, qn.qk, from)) })
+	if len(runs) == 0 && (err == nil || ctx.Err() != nil && errors.Is(err, ctx.Err())) && q.leavesLine(env, queue) {
+		// The wait ends empty (its timeout, or ctx's end): its tries may
+		// have marked the queue in its env's waiting line, and the env's
+		// free slots would be left to that mark, which nobody serves, for
+		// the rest of its life (helper-207: the env idle 59 s after a
+		// DequeueWait of 300 ms). It is cut to the leaving grace; a caller
+		// that waits again at once renews it in its place (leaveLine). One
+		// call, bounded by a second, after ctx's end too.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_, _ = q.leaveLine(lctx, env, queue, nil)
+		cancel()
+	}
+	return runs, err
 }
 
 // DequeueShardWait is DequeueShard that waits up to timeout, like DequeueWait.

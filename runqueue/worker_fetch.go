@@ -143,6 +143,7 @@ type fetchCall struct {
 	final   bool  // started once the stop was forced
 	wakes   int   // the loop's wake-ups when it started
 	early   bool  // the loop's early look (see fetchLoop.el)
+	leave   bool  // a leave of the env's waiting line with the acks (Queue.leaveLine): no runs asked
 	from    int64 // Config.Clock when it started (ms): see Queue.queueNext
 	runs    []*Run
 	ackErrs []error
@@ -165,7 +166,11 @@ func (s *source) fetch(c *fetchCall) {
 	}
 	n := len(c.ks)
 	if s.shard < 0 {
-		c.runs, c.ackErrs, c.err = w.q.ackAndDequeue(ctx, ackRuns, s.env, s.queue, n)
+		if c.leave {
+			c.ackErrs, c.err = w.q.leaveLine(ctx, s.env, s.queue, ackRuns)
+		} else {
+			c.runs, c.ackErrs, c.err = w.q.ackAndDequeue(ctx, ackRuns, s.env, s.queue, n)
+		}
 		if c.ackErrs == nil || len(ackRuns) == 0 {
 			c.ackErr = c.err // (with results, the acks were made: see AckAndDequeue)
 		}
@@ -317,6 +322,9 @@ type fetchLoop struct {
 	left     bool // told the slots this loop hands out no more runs
 	idle     bool // the last call that asked for runs got fewer
 	full     bool // the last call that asked for runs got all: a second call may go
+	// marked: the last call that asked for runs got fewer, and no leave was
+	// sent since: its queue may have a mark in its env's waiting line.
+	marked   bool
 	looked   bool // the look timer was set from a look at the source since anything changed
 	failures int
 	// faultLogged: when a fetch last logged a queue's failure it passed
@@ -419,17 +427,17 @@ func (l *fetchLoop) checkStop() {
 	if !l.fetching && !l.left && l.inflight == 0 {
 		l.left = true
 		l.w.slots.leaveFetch()
-		if l.s.shard < 0 && !l.full && l.failures == 0 && !l.forced {
+		if l.s.shard < 0 && l.marked && l.failures == 0 && !l.forced && l.w.q.leavesLine(l.s.env, l.s.queue) {
 			// No call of this source takes runs any more (the calls left
 			// are its acks): flag on, the waiting mark its last call may
-			// have written (one that got fewer runs than it asked for, !full:
-			// a wake-up clears idle, not full) is
-			// cut to the leaving grace (Queue.leaveLine; best effort: the
-			// mark lapses by itself; one call, at most a second but on a
-			// Redis that does not answer, where the client's read timeout
-			// bounds it).
+			// have written (one that got fewer runs than it asked for:
+			// marked; a wake-up clears idle, not marked) is cut to the
+			// leaving grace (Queue.leaveLine; best effort: the mark lapses
+			// by itself; one call, at most a second but on a Redis that
+			// does not answer, where the client's read timeout bounds it).
+			l.marked = false
 			ctx, cancel := context.WithTimeout(l.w.ctx(), time.Second)
-			_ = l.w.q.leaveLine(ctx, l.s.env, l.s.queue)
+			_, _ = l.w.q.leaveLine(ctx, l.s.env, l.s.queue, nil)
 			cancel()
 		}
 	}
@@ -465,6 +473,17 @@ func (l *fetchLoop) issue() bool {
 	}
 	ks := w.slots.take(s, w.fetchN, least, nil)
 	if len(ks) == 0 {
+		if least == 1 && l.inflight == 0 && l.marked && s.shard < 0 && w.q.leavesLine(s.env, s.queue) {
+			// Every slot is busy (with other sources' runs) while the
+			// queue may hold a mark in its env's waiting line: the env's
+			// slots left to it would stay idle until a slot of this Worker
+			// frees (helper-207: an env below its limit for 5.7 s of every
+			// 6 s while another queue waited). Leave, with the acks
+			// pending; the next call that is held marks the queue again.
+			l.marked = false
+			l.startLeave(s.takeAcks())
+			return true
+		}
 		if least == 1 && l.inflight == 0 {
 			// Every slot is busy: the acks of runs that finished (their
 			// slots went to other sources) go alone rather than wait.
@@ -490,10 +509,19 @@ func (l *fetchLoop) setForced() {
 }
 
 func (l *fetchLoop) start(acks []*job, ks []int) {
+	l.launch(&fetchCall{acks: acks, ks: ks, final: l.forced, wakes: l.wakes, early: l.earlyDue && len(ks) > 0,
+		from: l.w.q.now()})
+}
+
+// startLeave starts a call that leaves the env's waiting line
+// (Queue.leaveLine) with acks.
+func (l *fetchLoop) startLeave(acks []*job) {
+	l.launch(&fetchCall{acks: acks, leave: true, final: l.forced, wakes: l.wakes, from: l.w.q.now()})
+}
+
+func (l *fetchLoop) launch(c *fetchCall) {
 	l.inflight++
-	c := &fetchCall{acks: acks, ks: ks, final: l.forced, wakes: l.wakes, early: l.earlyDue && len(ks) > 0,
-		from: l.w.q.now()}
-	if len(ks) > 0 {
+	if len(c.ks) > 0 {
 		l.earlyDue = false
 	}
 	go func() {
@@ -620,7 +648,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	switch n := len(c.ks); {
 	case n == 0:
 	case len(c.runs) == n: // there may be more
-		l.idle, l.full = false, true
+		l.idle, l.full, l.marked = false, true, false
 		if l.lookC != nil {
 			l.look.Stop()
 			l.lookC, l.lookEarly = nil, false
@@ -640,13 +668,13 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// call may have been for a delayed run now the queue's head, and
 		// runs these fail are nacked behind it, which publishes nothing;
 		// with no ack to look again, that timer alone would serve them.
-		l.idle, l.full = l.wakes == c.wakes, false
+		l.idle, l.full, l.marked = l.wakes == c.wakes, false, true
 		w.slots.forget(s)
 		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
 			l.armLook(d, false)
 		}
 	default:
-		l.idle, l.full = l.wakes == c.wakes, false
+		l.idle, l.full, l.marked = l.wakes == c.wakes, false, true
 		w.slots.forget(s)
 		if !l.looked {
 			var from int64 // 0: no early look

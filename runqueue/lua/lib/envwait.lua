@@ -35,8 +35,11 @@
 --
 -- A mark with at most grace (ms) of its life left is leaving: no slot is
 -- left to it (the calls pass over it to the marks behind), but it keeps its
--- place until it lapses, and a call of its own queue renews it there. A
--- consumer that stops (a Worker's graceful Shutdown) sends a call of
+-- place until it lapses, and a call of its own queue renews it there (to
+-- the longer of its life and the caller's: consumers of one queue may poll
+-- at different intervals). A consumer that stops or cannot take runs now
+-- (a Worker's graceful Shutdown, a Worker whose handlers are all busy
+-- with other queues' runs, a DequeueWait that returns empty) sends a call of
 -- maxCount 0 with a negative life (ew_leave): its queue's mark is cut to
 -- grace, leaving at once, the env's free slots go to the marks behind it,
 -- and the queue's other consumers are woken, so that one still waiting
@@ -81,11 +84,12 @@ end
 -- After dq_capacity: dq.cap less the env's free slots left to the queues
 -- that wait ahead. An ack-only call (maxCount 0) wakes them and changes
 -- no mark; one with a negative life (maxCount 0) leaves first (ew_leave):
--- when its queue had a mark, it goes on as an ack-only call whose own mark
--- is leaving, and wakes the marks the env's free slots now go to.
+-- when its queue had a mark, or the call carries acks (their slots are
+-- left to the line), it goes on as an ack-only call whose own mark is
+-- leaving, and wakes the marks the env's free slots now go to.
 local function ew_capacity(ew)
   local dq = ew.dq
-  if ew.life < 0 and not ew_leave(ew) then return end
+  if ew.life < 0 and not ew_leave(ew) and dq.acks == 0 then return end
   if redis.call('ZCARD', ew.line) == 0 then
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
     -- the env held the call is read after the serves, and only when the
@@ -97,7 +101,7 @@ local function ew_capacity(ew)
   local turn = redis.call('ZSCORE', ew.line, dq.qm)
   if turn then
     local till = redis.call('HGET', ew.lives, dq.qm)
-    if till and till + 0 >= ew_time(ew) then ew.mine = turn + 0 else ew_drop(ew, { dq.qm }) end
+    if till and till + 0 >= ew_time(ew) then ew.mine, ew.till = turn + 0, till + 0 else ew_drop(ew, { dq.qm }) end
     -- (an ack-only call of a queue whose mark is leaving, a stopped
     -- Worker's leave and acks: the slots go past its mark, so it wakes the
     -- marks behind it too: helper-206)
@@ -149,6 +153,11 @@ local function ew_settle(ew, served)
   end
   if turn then
     local till = ew_time(ew) + ew.life
+    -- (a renewal in place keeps the longer life: consumers of one queue
+    -- with different polls renew one mark, and one with a short poll must
+    -- not cut the life of a waiter with a longer one, which would then
+    -- lapse before that waiter's next call: helper-207)
+    if turn == ew.mine and ew.till > till then till = ew.till end
     if ew_write('HSET', ew.lives, dq.qm, string.format('%d', till)) and ew_write('ZADD', ew.line, turn, dq.qm) then
       -- (the keys live as long as their longest-lived mark)
       for _, k in ipairs({ ew.line, ew.lives }) do

@@ -759,6 +759,7 @@ local function hooks_finish(H)
         return { line = line, lives = lives, wake = wake, life = life + 0, grace = grace + 0, dq = dq,
           now = nil,     -- TIME (ms), read once a mark is to be read or written
           mine = nil,    -- this queue's live place
+          till = 0,      -- and the life of its mark then
           room = 0, held = false,
           lazy = false } -- the line was empty: the held test waits for ew_settle
       end

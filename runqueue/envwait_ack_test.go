@@ -1,12 +1,14 @@
 package runqueue_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/runqueue/runqueue/keys"
 	"github.com/runqueue/runqueue/runqueue"
 )
 
@@ -33,7 +35,7 @@ func TestEnvWaitingPlainReleaseWakes(t *testing.T) {
 			require.NoError(t, errs[0])
 		},
 		"nack": func(t *testing.T, b *testBundle, r *runqueue.Run) {
-			_, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: time.Now().Add(time.Hour)})
+			_, err := b.q.Nack(b.ctx, r, &runqueue.NackOptions{RetryAt: b.clock.Now().Add(time.Hour)})
 			require.NoError(t, err)
 		},
 		"deadletter": func(t *testing.T, b *testBundle, r *runqueue.Run) {
@@ -91,5 +93,79 @@ func TestEnvWaitingPlainAckWakesEach(t *testing.T) {
 		require.Equal(t, []error{nil, nil}, errs)
 		ewWithin(t, served, "qc, second in line, for the second slot")
 		require.True(t, ewMarked(t, b, "qb"), "qb keeps its mark (and the slot left to it)")
+	})
+}
+
+// TestEnvWaitingReleaseReadsLimitsOnce: an Ack, an AckMany of one queue's
+// runs and a Nack each ask Config.LimitsFor once (a user's function, said
+// to be called at each dequeue): the release's script, its scheduler
+// arguments and the env's line come from one read (helper-208: 4 reads an
+// Ack, 2 a Nack).
+func TestEnvWaitingReleaseReadsLimitsOnce(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		var calls atomic.Int64
+		b := setup(t, c, func(cfg *runqueue.Config) {
+			cfg.VtimeScheduling = true
+			cfg.SerialCalls = true // (one call each, not coalesced)
+			cfg.LimitsFor = func(string, string) runqueue.Limits {
+				calls.Add(1)
+				return runqueue.Limits{Env: 4, Key: 10}
+			}
+		})
+		ewEnqueue(t, b, "qa", 4)
+		runs, err := b.q.Dequeue(b.ctx, env, "qa", 4)
+		require.NoError(t, err)
+		require.Len(t, runs, 4)
+		calls.Store(0)
+		require.NoError(t, b.q.Ack(b.ctx, runs[0]))
+		require.Equal(t, int64(1), calls.Swap(0), "Ack")
+		errs, err := b.q.AckMany(b.ctx, runs[1:3])
+		require.NoError(t, err)
+		require.Equal(t, []error{nil, nil}, errs)
+		require.Equal(t, int64(1), calls.Swap(0), "AckMany of one queue's runs")
+		_, err = b.q.Nack(b.ctx, runs[3], &runqueue.NackOptions{RetryAt: b.clock.Now().Add(time.Hour)})
+		require.NoError(t, err)
+		require.Equal(t, int64(1), calls.Swap(0), "Nack")
+	})
+}
+
+// TestEnvWaitingReleaseCorruptLife: a mark's life that does not read as a
+// number (a hand edit of the line's hash) is a dead mark: the flag-on Ack,
+// Nack and dequeue that read the line drop it and succeed (helper-208: each
+// failed with a Lua error, the releases after their writes, until the
+// line's keys expired).
+func TestEnvWaitingReleaseCorruptLife(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 1)
+		for _, q := range []string{"qa", "qb", "qc", "qd"} {
+			ewEnqueue(t, b, q, 1)
+		}
+		lives := ewSpace(t, b).Env(env).WaitingUntil()
+		corrupt := func(queue string) {
+			require.True(t, ewMarked(t, b, queue))
+			require.NoError(t, c.HSet(b.ctx, lives, keys.QueueMember(env, queue), "x").Err())
+		}
+		a := ewTake(t, b, nil, "qa")
+		require.Len(t, a, 1)
+		require.Empty(t, ewTake(t, b, nil, "qb"))
+		require.Empty(t, ewTake(t, b, nil, "qc"))
+		corrupt("qb")
+		require.NoError(t, b.q.Ack(b.ctx, a[0]))
+		require.False(t, ewMarked(t, b, "qb"), "the Ack dropped the dead mark")
+		cr := ewTake(t, b, nil, "qc")
+		require.Len(t, cr, 1, "the slot was qc's")
+		require.Empty(t, ewTake(t, b, nil, "qb"))
+		corrupt("qb")
+		_, err := b.q.Nack(b.ctx, cr[0], &runqueue.NackOptions{RetryAt: b.clock.Now().Add(time.Hour)})
+		require.NoError(t, err)
+		require.False(t, ewMarked(t, b, "qb"), "the Nack dropped the dead mark")
+		br := ewTake(t, b, nil, "qb")
+		require.Len(t, br, 1)
+		require.Empty(t, ewTake(t, b, nil, "qd"))
+		corrupt("qd")
+		require.Empty(t, ewTake(t, b, br, "qb"), "the dequeue that acks qb's run reads the line")
+		require.False(t, ewMarked(t, b, "qd"), "and drops the dead mark")
 	})
 }

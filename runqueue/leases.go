@@ -121,9 +121,9 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 	calls := make([]call, len(order))
 	for i, b := range order {
 		b.args[2] = len(b.idx)
-		sc := q.ackScript(b.qn.qk)
-		ks, args := q.withHooks(sc, b.qn, b.qn.held, b.args)
-		ks, args = q.withEnvLine(sc, b.qn, ks, args)
+		lim := q.releaseLimits(b.qn.qk)
+		sc := q.ackScript(lim)
+		ks, args := q.withRelease(sc, b.qn, b.qn.held, b.args, lim)
 		calls[i] = call{sc: sc, keys: ks, args: args}
 	}
 	cmds, err := runPipelined(ctx, q.rdb, calls)
@@ -334,8 +334,7 @@ func (q *Queue) requeueCallRaw(qn *queueNames, r rawRef, token, now, retry int64
 	maxAttempts = max(maxAttempts, 0)
 	args := []any{now, r.encID, r.vm, qn.runPrefix + r.vm + ":" + r.encID, token, retry,
 		ms(q.cfg.PriorityStep), maxAttempts, killArg, qn.member, qn.wake, qn.vbase}
-	ks, args = q.withHooks(q.scripts.requeue, qn, ks, args)
-	ks, args = q.withEnvLine(q.scripts.requeue, qn, ks, args)
+	ks, args = q.withRelease(q.scripts.requeue, qn, ks, args, q.releaseLimits(qk))
 	return call{sc: q.scripts.requeue, keys: ks, args: args}
 }
 

@@ -324,8 +324,13 @@ func (q *Queue) vtimeKeys(qk keys.Queue) []string {
 // variant was gated; the release must not wait for the gated probe). An
 // instance that never meets a key limit spares every ack that read.
 func (q *Queue) vtimeArgs(qk keys.Queue) []any {
+	return q.vtimeArgsGiven(q.cfg.LimitsFor(qk.Env.Name(), qk.Name()))
+}
+
+// vtimeArgsGiven is vtimeArgs for a queue whose limits are lim.
+func (q *Queue) vtimeArgsGiven(lim Limits) []any {
 	look := 0
-	if q.looksForGated(qk) {
+	if q.looksGivenLimits(lim) {
 		look = 1
 	}
 	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, look}
@@ -345,18 +350,18 @@ func (q *Queue) looksGivenLimits(lim Limits) bool {
 	return q.keyLimited.Load()
 }
 
-// ackScript is the script that acks runs of qk. With the flag on, an ack's
-// only scheduler work is the look for a gated variant when a slot frees
-// (looksForGated); without it the flag-on ack's hooks do nothing, and the
+// ackScript is the script that acks runs of a queue whose limits are lim
+// (releaseLimits). With the flag on, an ack's scheduler work is the look
+// for a gated variant when a slot frees (looksForGated) and the env's
+// waiting line; without them the flag-on ack's hooks do nothing, and the
 // flag-off ack runs instead: the same commands and the same data, without
 // the scheduler's keys and arguments to parse or its hooks to set up (18,000
 // fewer instructions of Redis per ack of one run, counted under callgrind
 // on Redis 7.0: 126,000 -> 108,000).
-//
-// A queue with an env limit acks with the flag-on ack too: it wakes the
-// queues waiting for the env's slots it frees (withEnvLine).
-func (q *Queue) ackScript(qk keys.Queue) *script {
-	if q.scripts.ackPlain != nil && !q.looksForGated(qk) && q.envLimitOf(qk) <= 0 {
+// A queue with an env limit acks with the flag-on ack: it wakes the queues
+// waiting for the env's slots it frees (withRelease).
+func (q *Queue) ackScript(lim releaseLim) *script {
+	if q.scripts.ackPlain != nil && !q.looksGivenLimits(lim.Limits) && lim.env <= 0 {
 		return q.scripts.ackPlain
 	}
 	return q.scripts.ack
@@ -372,31 +377,40 @@ func (q *Queue) withHooks(sc *script, n *queueNames, ks []string, args []any) ([
 	return ks, args
 }
 
-// withEnvLine appends the env's waiting line to a flag-on call of sc that
-// frees slots of n's env (an ack, a requeue) when the env has a limit: the
-// script wakes the queues of the env that wait for the slots it frees, as
-// a dequeue of the env does (lib/hooks_vtime, lib/envwait).
-func (q *Queue) withEnvLine(sc *script, n *queueNames, ks []string, args []any) ([]string, []any) {
+// releaseLim is a queue's limits as a call that releases its runs (an
+// ack, a requeue) reads them, once: Config.LimitsFor as it returned them,
+// and env, the env limit, 0 when the dequeues would refuse them.
+type releaseLim struct {
+	Limits
+	env int
+}
+
+// releaseLimits reads qk's limits for a call that releases runs of it.
+func (q *Queue) releaseLimits(qk keys.Queue) releaseLim {
+	lim, err := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
+	r := releaseLim{Limits: lim}
+	if err == nil {
+		r.env = lim.Env
+	}
+	return r
+}
+
+// withRelease is withHooks for a call of sc that releases runs of n (an
+// ack, a requeue) given n's limits, with the env's waiting line appended
+// when the env has a limit: the script wakes the queues of the env that
+// wait for the slots it frees, as a dequeue of the env does
+// (lib/hooks_vtime, lib/envline).
+func (q *Queue) withRelease(sc *script, n *queueNames, ks []string, args []any, lim releaseLim) ([]string, []any) {
 	if !sc.hooks {
 		return ks, args
 	}
-	env := q.envLimitOf(n.qk)
-	if env <= 0 {
-		return ks, args
+	ks = append(ks, n.vtime...)
+	args = append(args, q.vtimeArgsGiven(lim.Limits)...)
+	if lim.env > 0 {
+		ks = append(ks, n.qk.Env.InflightCount(), n.qk.Env.Waiting(), n.qk.Env.WaitingUntil())
+		args = append(args, lim.env, n.wake, ms(q.leaveGrace))
 	}
-	ks = append(ks, n.qk.Env.InflightCount(), n.qk.Env.Waiting(), n.qk.Env.WaitingUntil())
-	args = append(args, env, n.wake, ms(q.leaveGrace))
 	return ks, args
-}
-
-// envLimitOf is qk's env limit: 0 for none, and when Config.LimitsFor
-// returns limits it refuses (the dequeues refuse them).
-func (q *Queue) envLimitOf(qk keys.Queue) int {
-	lim, err := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
-	if err != nil {
-		return 0
-	}
-	return lim.Env
 }
 
 // placeKeys are the keys of a run's place in its queue (its record, the

@@ -54,7 +54,7 @@ local function ew_live(ew, lo, hi, n)
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
     for i, m in ipairs(batch) do
-      local till = lives[i] and lives[i] + 0
+      local till = tonumber(lives[i]) -- (nil, dead, for a life that is not a number: a hand edit)
       if not till or till < now then
         dead[#dead + 1] = m
       elseif till - now > ew.grace then

@@ -938,7 +938,7 @@ local function hooks_finish(H)
           local lives = redis.call('HMGET', ew.lives, unpack(batch))
           local dead = {}
           for i, m in ipairs(batch) do
-            local till = lives[i] and lives[i] + 0
+            local till = tonumber(lives[i]) -- (nil, dead, for a life that is not a number: a hand edit)
             if not till or till < now then
               dead[#dead + 1] = m
             elseif till - now > ew.grace then
@@ -966,6 +966,12 @@ local function hooks_finish(H)
 end
 
 local function hooks_open(keys, args, own_keys, own_args, now)
+  -- Effects replication, before the first write, when the call may read
+  -- the env's line after its release (hooks_finish: TIME, then the drop of
+  -- dead marks): Redis 6.2 run with lua-replicate-commands no refuses every
+  -- write after TIME, which would fail the release after its writes
+  -- (helper-208). Redis 7 always replicates effects (a no-op there).
+  if args[own_args + 4] ~= nil and redis.replicate_commands then redis.replicate_commands() end
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
            look = args[own_args + 3] == '1', h = false, pend = false,
            env = args[own_args + 4] ~= nil, freed = false,

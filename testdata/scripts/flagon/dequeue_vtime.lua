@@ -1730,7 +1730,7 @@ local function ew_live(ew, lo, hi, n)
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
     for i, m in ipairs(batch) do
-      local till = lives[i] and lives[i] + 0
+      local till = tonumber(lives[i]) -- (nil, dead, for a life that is not a number: a hand edit)
       if not till or till < now then
         dead[#dead + 1] = m
       elseif till - now > ew.grace then
@@ -1761,10 +1761,10 @@ end
 -- consumers. It says whether the queue had a mark.
 local function ew_leave(ew)
   local qm = ew.dq.qm
-  local till = redis.call('HGET', ew.lives, qm)
+  local till = tonumber(redis.call('HGET', ew.lives, qm))
   if not till then return false end
   local cut = ew_time(ew) + ew.grace
-  if till + 0 > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
+  if till > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
   redis.call('PUBLISH', ew.wake, qm)
   return true
 end
@@ -1788,12 +1788,13 @@ local function ew_capacity(ew)
   local free = ew_free(dq)
   local turn = redis.call('ZSCORE', ew.line, dq.qm)
   if turn then
-    local till = redis.call('HGET', ew.lives, dq.qm)
-    if till and till + 0 >= ew_time(ew) then ew.mine, ew.till = turn + 0, till + 0 else ew_drop(ew, { dq.qm }) end
+    -- (a life that is not a number, a hand edit, is dead: nil)
+    local till = tonumber(redis.call('HGET', ew.lives, dq.qm))
+    if till and till >= ew_time(ew) then ew.mine, ew.till = turn + 0, till else ew_drop(ew, { dq.qm }) end
     -- (an ack-only call of a queue whose mark is leaving, a stopped
     -- Worker's leave and acks: the slots go past its mark, so it wakes the
     -- marks behind it too: helper-206)
-    if ew.mine and dq.max_count <= 0 and till + 0 - ew_time(ew) <= ew.grace then ew.mine = nil end
+    if ew.mine and dq.max_count <= 0 and till - ew_time(ew) <= ew.grace then ew.mine = nil end
   end
   local ahead = 0
   if free > 0 then

@@ -1,4 +1,4 @@
-#!lua name=runqueue_4dcbfc023fae43e1
+#!lua name=runqueue_9fe6c1d720b07cad
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -696,7 +696,7 @@ local function ew_live(ew, lo, hi, n)
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
     for i, m in ipairs(batch) do
-      local till = lives[i] and lives[i] + 0
+      local till = tonumber(lives[i]) -- (nil, dead, for a life that is not a number: a hand edit)
       if not till or till < now then
         dead[#dead + 1] = m
       elseif till - now > ew.grace then
@@ -812,6 +812,12 @@ local function hooks_finish(H)
 end
 
 local function hooks_open(keys, args, own_keys, own_args, now)
+  -- Effects replication, before the first write, when the call may read
+  -- the env's line after its release (hooks_finish: TIME, then the drop of
+  -- dead marks): Redis 6.2 run with lua-replicate-commands no refuses every
+  -- write after TIME, which would fail the release after its writes
+  -- (helper-208). Redis 7 always replicates effects (a no-op there).
+  if args[own_args + 4] ~= nil and redis.replicate_commands then redis.replicate_commands() end
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
            look = args[own_args + 3] == '1', h = false, pend = false,
            env = args[own_args + 4] ~= nil, freed = false,
@@ -1969,10 +1975,10 @@ end
 -- consumers. It says whether the queue had a mark.
 local function ew_leave(ew)
   local qm = ew.dq.qm
-  local till = redis.call('HGET', ew.lives, qm)
+  local till = tonumber(redis.call('HGET', ew.lives, qm))
   if not till then return false end
   local cut = ew_time(ew) + ew.grace
-  if till + 0 > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
+  if till > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
   redis.call('PUBLISH', ew.wake, qm)
   return true
 end
@@ -1996,12 +2002,13 @@ local function ew_capacity(ew)
   local free = ew_free(dq)
   local turn = redis.call('ZSCORE', ew.line, dq.qm)
   if turn then
-    local till = redis.call('HGET', ew.lives, dq.qm)
-    if till and till + 0 >= ew_time(ew) then ew.mine, ew.till = turn + 0, till + 0 else ew_drop(ew, { dq.qm }) end
+    -- (a life that is not a number, a hand edit, is dead: nil)
+    local till = tonumber(redis.call('HGET', ew.lives, dq.qm))
+    if till and till >= ew_time(ew) then ew.mine, ew.till = turn + 0, till else ew_drop(ew, { dq.qm }) end
     -- (an ack-only call of a queue whose mark is leaving, a stopped
     -- Worker's leave and acks: the slots go past its mark, so it wakes the
     -- marks behind it too: helper-206)
-    if ew.mine and dq.max_count <= 0 and till + 0 - ew_time(ew) <= ew.grace then ew.mine = nil end
+    if ew.mine and dq.max_count <= 0 and till - ew_time(ew) <= ew.grace then ew.mine = nil end
   end
   local ahead = 0
   if free > 0 then
@@ -3256,9 +3263,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_4dcbfc023fae43e1_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_4dcbfc023fae43e1_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4dcbfc023fae43e1_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4dcbfc023fae43e1_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4dcbfc023fae43e1_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_4dcbfc023fae43e1_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

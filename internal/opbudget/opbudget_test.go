@@ -483,3 +483,29 @@ func TestEnvWaitingCommands(t *testing.T) {
 	require.Equal(t, without["get"].Calls+1, with["get"].Calls, "without %v\nwith %v", without, with)
 	require.Equal(t, without.Commands().Calls+2, with.Commands().Calls, "without %v\nwith %v", without, with)
 }
+
+// TestEnvWaitingReleaseCommands: a flag-on Ack of a queue with an env
+// limit and no queue of the env waiting runs one command more than without
+// a limit: the EXISTS of the env's waiting line (the flag-on ack, not the
+// plain one, with the same commands otherwise); a queue waiting adds the
+// reads of the line and a PUBLISH (see docs/design.md, "Releases wake the
+// line too").
+func TestEnvWaitingReleaseCommands(t *testing.T) {
+	c := redistest.Private(t)
+	calls := map[int]redistest.Stats{}
+	for _, envLimit := range []int{0, 100} {
+		b := newBundle(t, c, true, func(cfg *runqueue.Config) { cfg.EnvConcurrency = envLimit })
+		enqueue(t, b, "k0", 2, time.UnixMilli(1_899_999_000_000))
+		runs, err := b.q.Dequeue(b.ctx, "env", "q", 2)
+		require.NoError(t, err)
+		require.Len(t, runs, 2)
+		require.NoError(t, b.q.Ack(b.ctx, runs[0])) // (a first ack: scripts loaded, state made)
+		calls[envLimit] = measure(t, c, func() {
+			require.NoError(t, b.q.Ack(b.ctx, runs[1]))
+		})
+	}
+	without, with := calls[0], calls[100]
+	t.Logf("ack of 1: %d commands without an env limit, %d with one", without.Commands().Calls, with.Commands().Calls)
+	require.Equal(t, without["exists"].Calls+1, with["exists"].Calls, "without %v\nwith %v", without, with)
+	require.Equal(t, without.Commands().Calls+1, with.Commands().Calls, "without %v\nwith %v", without, with)
+}

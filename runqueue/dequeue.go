@@ -428,10 +428,10 @@ const defaultLeaveGrace = 500 * time.Millisecond
 // acks (runs of env/queue, at most 1,000), whose results it returns as
 // AckMany would; it serves nothing. Callers ask leavesLine first. Best
 // effort: the mark lapses by itself.
-func (q *Queue) leaveLine(ctx context.Context, env, queue string, acks []*Run) ([]error, error) {
+func (q *Queue) leaveLine(ctx context.Context, qn *queueNames, acks []*Run) ([]error, error) {
 	size := q.sizeOf(0)
 	size.leave = true
-	_, ackErrs, err := q.settleAndDequeue(ctx, q.names(env, queue), acks, size, q.now(), true)
+	_, ackErrs, err := q.settleAndDequeue(ctx, qn, acks, size, q.now(), true)
 	return ackErrs, err
 }
 
@@ -695,7 +695,7 @@ func decodeDequeue(qk keys.Queue, res []any, lease int64, acks int) (runs, gone,
 // returned when nothing else is served; a Worker logs a queue's failure
 // (at most once a second for each of its sources) and serves on.
 func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, error) {
-	runs, fault, err := q.dequeueShard(ctx, shard, maxCount)
+	runs, fault, err := q.dequeueShard(ctx, shard, maxCount, nil)
 	switch {
 	case len(runs) > 0:
 		return runs, nil
@@ -708,8 +708,12 @@ func (q *Queue) DequeueShard(ctx context.Context, shard, maxCount int) ([]*Run, 
 // dequeueShard is DequeueShard, but a call that fails after others served
 // runs returns both (the Worker hands the runs out and logs the error),
 // and fault is the first failure of a queue's own that the call passed
-// over (the Worker logs it, and does not count it as its fetch's).
-func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*Run, fault, err error) {
+// over (the Worker logs it, and does not count it as its fetch's). visit,
+// when not nil, is told of each queue's call that went through, and
+// whether it got fewer runs than it asked for (it may have marked the
+// queue in its env's waiting line: a Worker leaves the line for those
+// queues when it stops or cannot take runs).
+func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int, visit func(qn *queueNames, short bool)) (runs []*Run, fault, err error) {
 	if err := q.checkShard(shard); err != nil {
 		return nil, nil, err
 	}
@@ -771,7 +775,7 @@ func (q *Queue) dequeueShard(ctx context.Context, shard, maxCount int) (runs []*
 		}
 		members = append(members, ready...)
 	}
-	var f shardFaults
+	f := shardFaults{visit: visit}
 	t := shardTally{served: map[string]int{}, short: map[string]bool{}, queues: map[string]bool{}, failed: map[string]bool{}}
 	defer q.shardCommit(shard, &t, maxCount)
 	out, err := q.serveShard(ctx, shard, members, maxCount, now, &f, &t, nil)
@@ -1385,6 +1389,8 @@ type shardFaults struct {
 	// failures are counted in nFurther too.
 	further  bool
 	nFurther int
+	// visit: see dequeueShard (nil: nobody asks).
+	visit func(qn *queueNames, short bool)
 }
 
 // furtherDone says whether a shard call's further reads stop: nothing
@@ -1433,6 +1439,9 @@ func (q *Queue) shardQueue(ctx context.Context, qn *queueNames, maxCount int, no
 		return runs, err
 	}
 	if err == nil {
+		if f.visit != nil {
+			f.visit(qn, len(runs) < maxCount)
+		}
 		// Only a queue marked when the call planned can have a mark (no
 		// lock on the common path).
 		if marked {

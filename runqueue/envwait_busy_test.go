@@ -147,3 +147,33 @@ func TestEnvWaitingDequeueWaitLeaves(t *testing.T) {
 		})
 	}
 }
+
+// TestEnvWaitingShardWorkerLeaves: env limit 1, a plain take of qa holds
+// the slot; a Worker over the env's shard finds qb's run held by the env
+// (its DequeueShard call marks qb) and stops gracefully: it leaves the line
+// for the queues its calls got fewer runs of, so qb's mark is cut to the
+// grace, and the slot qa's Ack frees goes to qc's Worker, which waits
+// behind. Before, a shard Worker left its marks to lapse (helper-207: 61 s
+// at a 30 s poll, the env served once in 20 s).
+func TestEnvWaitingShardWorkerLeaves(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 1)
+		ewEnqueue(t, b, "qa", 1)
+		a := ewTake(t, b, nil, "qa")
+		require.Len(t, a, 1)
+		ewEnqueue(t, b, "qb", 1)
+		ws := startWorker(t, b.q, ewNop, func(cfg *runqueue.WorkerConfig) {
+			cfg.Queues, cfg.Shards = nil, []int{b.q.ShardOf(env)}
+		})
+		ewWaits(t, b, "qb")
+		shutdown(t, ws)
+		require.LessOrEqual(t, ewUntil(t, b, "qb"), ewServerMs(t, b)+500, "the stopped shard Worker cut qb's mark to the grace")
+		ewEnqueue(t, b, "qc", 1)
+		served := make(chan string, 1)
+		startWorker(t, b.q, ewServed(served), ewOver("qc"))
+		ewWaits(t, b, "qc")
+		require.NoError(t, b.q.Ack(b.ctx, a[0]))
+		ewWithin(t, served, "qc, behind the stopped shard Worker's queue")
+	})
+}

@@ -104,7 +104,7 @@ func (w *Worker) Heartbeat() { w.heartbeat() }
 // the runs, the first failure of a queue's own the call passed over, and
 // the call's error.
 func (q *Queue) DequeueShardFetch(ctx context.Context, shard, maxCount int) (runs []*Run, fault, err error) {
-	return q.dequeueShard(ctx, shard, maxCount)
+	return q.dequeueShard(ctx, shard, maxCount, nil)
 }
 
 // PendingEnqueues, PendingAcks and PendingDequeues are how many coalesced

@@ -293,7 +293,7 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 		// that waits again at once renews it in its place (leaveLine). One
 		// call, bounded by a second, after ctx's end too.
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		_, _ = q.leaveLine(lctx, env, queue, nil)
+		_, _ = q.leaveLine(lctx, qn, nil)
 		cancel()
 	}
 	return runs, err

@@ -417,9 +417,12 @@ func (e *UnsettledError) Unwrap() []error {
 // queues: see Config.EnvConcurrency) is cut to half a second and passed
 // over from then on, and the queue's other consumers are woken to renew it
 // in its place: the env's free slots are not left to a queue nobody serves
-// for up to two of its poll intervals and a second. That is one
-// best-effort script call a queue, bounded by a second (on a Redis that
-// does not answer, by the client's read timeout, as any call).
+// for up to two of its poll intervals and a second. A shard source does so
+// for the queues whose last visit by its calls got fewer runs (the latest
+// 64). That is one best-effort script call a queue, a second in all (on a
+// Redis that does not answer, the client's read timeout bounds a call, as
+// any call). A running Worker does the same when all its handler slots are
+// busy with other sources' runs.
 //
 // A release counts as a delivery attempt (the requeue that nacks and lease
 // recovery share always adds one), but it never dead-letters a run: a run

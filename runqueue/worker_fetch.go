@@ -3,6 +3,7 @@ package runqueue
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 )
@@ -140,10 +141,14 @@ func (s *source) attrs(kv ...any) []any {
 type fetchCall struct {
 	acks    []*job
 	ks      []int
-	final   bool  // started once the stop was forced
-	wakes   int   // the loop's wake-ups when it started
-	early   bool  // the loop's early look (see fetchLoop.el)
-	leave   bool  // a leave of the env's waiting line with the acks (Queue.leaveLine): no runs asked
+	final   bool // started once the stop was forced
+	wakes   int  // the loop's wake-ups when it started
+	early   bool // the loop's early look (see fetchLoop.el)
+	leave   bool // a leave of the env's waiting line with the acks (Queue.leaveLine): no runs asked
+	leaveQs []*queueNames
+	// visits: a shard call's queues that went through, and whether each
+	// got fewer runs than asked (see dequeueShard).
+	visits  map[*queueNames]bool
 	from    int64 // Config.Clock when it started (ms): see Queue.queueNext
 	runs    []*Run
 	ackErrs []error
@@ -167,7 +172,7 @@ func (s *source) fetch(c *fetchCall) {
 	n := len(c.ks)
 	if s.shard < 0 {
 		if c.leave {
-			c.ackErrs, c.err = w.q.leaveLine(ctx, s.env, s.queue, ackRuns)
+			c.ackErrs, c.err = w.q.leaveLine(ctx, c.leaveQs[0], ackRuns)
 		} else {
 			c.runs, c.ackErrs, c.err = w.q.ackAndDequeue(ctx, ackRuns, s.env, s.queue, n)
 		}
@@ -188,8 +193,27 @@ func (s *source) fetch(c *fetchCall) {
 			return
 		}
 	}
+	if c.leave {
+		leaveAll(ctx, w.q, c.leaveQs)
+		return
+	}
 	if n > 0 {
-		c.runs, c.fault, c.err = w.q.dequeueShard(ctx, s.shard, n)
+		c.visits = map[*queueNames]bool{}
+		c.runs, c.fault, c.err = w.q.dequeueShard(ctx, s.shard, n, func(qn *queueNames, short bool) {
+			if !short || w.q.leavesLine(qn.qk.Env.Name(), qn.qk.Name()) {
+				c.visits[qn] = short
+			}
+		})
+	}
+}
+
+// leaveAll leaves the env's waiting line for each of qs, in turn, while
+// ctx lasts (best effort: a mark left in place lapses by itself).
+func leaveAll(ctx context.Context, q *Queue, qs []*queueNames) {
+	for _, qn := range qs {
+		if _, err := q.leaveLine(ctx, qn, nil); err != nil && ctx.Err() != nil {
+			return
+		}
 	}
 }
 
@@ -323,8 +347,11 @@ type fetchLoop struct {
 	idle     bool // the last call that asked for runs got fewer
 	full     bool // the last call that asked for runs got all: a second call may go
 	// marked: the last call that asked for runs got fewer, and no leave was
-	// sent since: its queue may have a mark in its env's waiting line.
+	// sent since: its queue may have a mark in its env's waiting line. A
+	// shard source's: held, the queues whose last visit by its calls got
+	// fewer runs than asked (flag on, an env limit), and when.
 	marked   bool
+	held     map[*queueNames]time.Time
 	looked   bool // the look timer was set from a look at the source since anything changed
 	failures int
 	// faultLogged: when a fetch last logged a queue's failure it passed
@@ -427,18 +454,19 @@ func (l *fetchLoop) checkStop() {
 	if !l.fetching && !l.left && l.inflight == 0 {
 		l.left = true
 		l.w.slots.leaveFetch()
-		if l.s.shard < 0 && l.marked && l.failures == 0 && !l.forced && l.w.q.leavesLine(l.s.env, l.s.queue) {
+		if l.failures == 0 && !l.forced {
 			// No call of this source takes runs any more (the calls left
-			// are its acks): flag on, the waiting mark its last call may
-			// have written (one that got fewer runs than it asked for:
-			// marked; a wake-up clears idle, not marked) is cut to the
-			// leaving grace (Queue.leaveLine; best effort: the mark lapses
-			// by itself; one call, at most a second but on a Redis that
-			// does not answer, where the client's read timeout bounds it).
-			l.marked = false
-			ctx, cancel := context.WithTimeout(l.w.ctx(), time.Second)
-			_, _ = l.w.q.leaveLine(ctx, l.s.env, l.s.queue, nil)
-			cancel()
+			// are its acks): flag on, the waiting marks its calls may
+			// have written (takeMarks; a wake-up clears idle, not these)
+			// are cut to the leaving grace (Queue.leaveLine; best effort:
+			// a mark lapses by itself; one call a queue, a second in all
+			// but on a Redis that does not answer, where the client's read
+			// timeout bounds a call).
+			if qs := l.takeMarks(); len(qs) > 0 {
+				ctx, cancel := context.WithTimeout(l.w.ctx(), time.Second)
+				leaveAll(ctx, l.w.q, qs)
+				cancel()
+			}
 		}
 	}
 }
@@ -473,18 +501,18 @@ func (l *fetchLoop) issue() bool {
 	}
 	ks := w.slots.take(s, w.fetchN, least, nil)
 	if len(ks) == 0 {
-		if least == 1 && l.inflight == 0 && l.marked && s.shard < 0 && w.q.leavesLine(s.env, s.queue) {
-			// Every slot is busy (with other sources' runs) while the
-			// queue may hold a mark in its env's waiting line: the env's
-			// slots left to it would stay idle until a slot of this Worker
-			// frees (helper-207: an env below its limit for 5.7 s of every
-			// 6 s while another queue waited). Leave, with the acks
-			// pending; the next call that is held marks the queue again.
-			l.marked = false
-			l.startLeave(s.takeAcks())
-			return true
-		}
 		if least == 1 && l.inflight == 0 {
+			// Every slot is busy (with other sources' runs) while a queue
+			// of this source may hold a mark in its env's waiting line:
+			// the env's slots left to it would stay idle until a slot of
+			// this Worker frees (helper-207: an env below its limit for
+			// 5.7 s of every 6 s while another queue waited). Leave, with
+			// the acks pending; the next call that is held marks the
+			// queue again.
+			if qs := l.takeMarks(); len(qs) > 0 {
+				l.startLeave(s.takeAcks(), qs)
+				return true
+			}
 			// Every slot is busy: the acks of runs that finished (their
 			// slots went to other sources) go alone rather than wait.
 			if acks := s.takeAcks(); len(acks) > 0 {
@@ -514,9 +542,42 @@ func (l *fetchLoop) start(acks []*job, ks []int) {
 }
 
 // startLeave starts a call that leaves the env's waiting line
-// (Queue.leaveLine) with acks.
-func (l *fetchLoop) startLeave(acks []*job) {
-	l.launch(&fetchCall{acks: acks, leave: true, final: l.forced, wakes: l.wakes, from: l.w.q.now()})
+// (Queue.leaveLine) for qs, with acks.
+func (l *fetchLoop) startLeave(acks []*job, qs []*queueNames) {
+	l.launch(&fetchCall{acks: acks, leave: true, leaveQs: qs, final: l.forced, wakes: l.wakes, from: l.w.q.now()})
+}
+
+// leaveMax: the most queues a shard source leaves the env's waiting line
+// for at once (the latest its calls got fewer runs of).
+const leaveMax = 64
+
+// takeMarks returns the queues of this source that may hold a mark in
+// their env's waiting line (flag on, an env limit), and forgets them: a
+// queue source's queue when its last call that asked for runs got fewer
+// (marked), a shard source's queues whose last visits got fewer, within a
+// mark's life (held; the latest leaveMax).
+func (l *fetchLoop) takeMarks() []*queueNames {
+	s, q := l.s, l.w.q
+	if s.shard < 0 {
+		if !l.marked || !q.leavesLine(s.env, s.queue) {
+			return nil
+		}
+		l.marked = false
+		return []*queueNames{q.names(s.env, s.queue)}
+	}
+	if len(l.held) == 0 {
+		return nil
+	}
+	life := time.Duration(q.waitingLife()) * time.Millisecond
+	qs := make([]*queueNames, 0, len(l.held))
+	for qn, at := range l.held {
+		if time.Since(at) < life {
+			qs = append(qs, qn)
+		}
+	}
+	slices.SortFunc(qs, func(a, b *queueNames) int { return l.held[b].Compare(l.held[a]) })
+	clear(l.held)
+	return qs[:min(len(qs), leaveMax)]
 }
 
 func (l *fetchLoop) launch(c *fetchCall) {
@@ -636,6 +697,16 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		return
 	}
 	l.failures, l.refusedFrom = 0, time.Time{}
+	for qn, short := range c.visits {
+		if !short {
+			delete(l.held, qn)
+			continue
+		}
+		if l.held == nil {
+			l.held = map[*queueNames]time.Time{}
+		}
+		l.held[qn] = time.Now()
+	}
 	if len(c.runs) > 0 {
 		l.looked = false
 		l.el.reset()

@@ -864,7 +864,10 @@ end
 local function hooks_finish(H)
   if H.pend then hooks_flush(H) end
   if H.h then H.h:finish() end
-  if H.freed and H.env and redis.call('EXISTS', H.keys[H.own_keys + 5]) == 1 then
+  -- (H.freed: set by hooks_released; the line's arguments follow the
+  -- hooks' only then: fields left out of hooks_open's table, which every
+  -- flag-on enqueue makes)
+  if H.freed and H.args[H.own_args + 4] ~= nil and redis.call('EXISTS', H.keys[H.own_keys + 5]) == 1 then
     (function(k, a)
       -- An env's waiting line (layout 8): the queues of an env with a limit that
       -- wait for its slots, read and woken (lib/envwait keeps the marks: what a
@@ -958,7 +961,6 @@ local function hooks_open(keys, args, own_keys, own_args, now)
   if args[own_args + 4] ~= nil and redis.replicate_commands then redis.replicate_commands() end
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
            look = args[own_args + 3] == '1', h = false, pend = false,
-           env = args[own_args + 4] ~= nil, freed = false,
            ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
            released = hooks_released, finish = hooks_finish }
 end

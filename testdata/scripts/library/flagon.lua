@@ -1,4 +1,4 @@
-#!lua name=runqueue_9fe6c1d720b07cad
+#!lua name=runqueue_8e45cd23c4e1ce8f
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -800,7 +800,10 @@ end
 local function hooks_finish(H)
   if H.pend then hooks_flush(H) end
   if H.h then H.h:finish() end
-  if H.freed and H.env and redis.call('EXISTS', H.keys[H.own_keys + 5]) == 1 then
+  -- (H.freed: set by hooks_released; the line's arguments follow the
+  -- hooks' only then: fields left out of hooks_open's table, which every
+  -- flag-on enqueue makes)
+  if H.freed and H.args[H.own_args + 4] ~= nil and redis.call('EXISTS', H.keys[H.own_keys + 5]) == 1 then
     (function(k, a)
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
       local free = ew_free(dq)
@@ -820,7 +823,6 @@ local function hooks_open(keys, args, own_keys, own_args, now)
   if args[own_args + 4] ~= nil and redis.replicate_commands then redis.replicate_commands() end
   return { keys = keys, args = args, own_keys = own_keys, own_args = own_args, now = now,
            look = args[own_args + 3] == '1', h = false, pend = false,
-           env = args[own_args + 4] ~= nil, freed = false,
            ready_start = hooks_ready_start, ready_empty = hooks_ready_empty,
            released = hooks_released, finish = hooks_finish }
 end
@@ -3263,9 +3265,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_9fe6c1d720b07cad_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

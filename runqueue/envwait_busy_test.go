@@ -2,6 +2,7 @@ package runqueue_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -175,5 +176,64 @@ func TestEnvWaitingShardWorkerLeaves(t *testing.T) {
 		ewWaits(t, b, "qc")
 		require.NoError(t, b.q.Ack(b.ctx, a[0]))
 		ewWithin(t, served, "qc, behind the stopped shard Worker's queue")
+	})
+}
+
+// TestEnvWaitingDequeueWaitCoWaiterStays: two DequeueWaits of qb on one
+// Queue, both held by the env; the one with the shorter timeout ends while
+// the other still waits: it does not leave the line (no leave's wake-up
+// for qb on the shard's channel), since the other keeps the mark (each
+// waiter ending in turn made the rest try again: helper-209, 20 waiters
+// made 70-76 calls against 23). When the last one ends, it leaves.
+func TestEnvWaitingDequeueWaitCoWaiterStays(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		b, _ := ewSetup(t, c, true, 1)
+		ewEnqueue(t, b, "qa", 1)
+		ewEnqueue(t, b, "qb", 1)
+		require.Len(t, ewTake(t, b, nil, "qa"), 1)
+		sp := ewSpace(t, b)
+		channel := sp.Env(env).Queue("qb").Wake()
+		member := keys.QueueMember(env, "qb")
+		sub := c.Subscribe(b.ctx, channel)
+		defer sub.Close()
+		_, err := sub.Receive(b.ctx) // (the subscription's confirmation)
+		require.NoError(t, err)
+		// wakes reads the channel up to a sentinel published now: the
+		// messages published before it, in order.
+		wakes := func(sentinel string) (n int) {
+			require.NoError(t, c.Publish(b.ctx, channel, sentinel).Err())
+			for {
+				msg, err := sub.ReceiveMessage(b.ctx)
+				require.NoError(t, err)
+				if msg.Payload == sentinel {
+					return n
+				}
+				if msg.Payload == member {
+					n++
+				}
+			}
+		}
+		long := make(chan error, 1)
+		ctx, cancel := context.WithCancel(b.ctx)
+		defer cancel()
+		go func() {
+			runs, err := b.q.DequeueWait(ctx, env, "qb", 1, time.Minute)
+			if err == nil && len(runs) > 0 {
+				err = fmt.Errorf("served %d runs with the env full", len(runs))
+			}
+			long <- err
+		}()
+		ewWaits(t, b, "qb")
+		require.Zero(t, wakes("s0"))
+		runs, err := b.q.DequeueWait(b.ctx, env, "qb", 1, 50*time.Millisecond)
+		require.NoError(t, err)
+		require.Empty(t, runs)
+		require.Zero(t, wakes("s1"), "the co-waiter still waits: no leave")
+		require.Greater(t, ewUntil(t, b, "qb"), ewServerMs(t, b)+30_000, "qb's mark keeps its life")
+		cancel()
+		require.ErrorIs(t, <-long, context.Canceled)
+		require.Equal(t, 1, wakes("s2"), "the last waiter leaves (its leave wakes qb's consumers)")
+		require.LessOrEqual(t, ewUntil(t, b, "qb"), ewServerMs(t, b)+500)
 	})
 }

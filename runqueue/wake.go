@@ -239,6 +239,22 @@ func (w *waker) register(topic string) chan struct{} {
 	return ch
 }
 
+// waiting says whether a wait on topic is registered.
+func (w *waker) waiting(topic string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.waiters[topic]) > 0
+}
+
+// waiting says whether a wait on topic is registered on q (a DequeueWait
+// of its queue).
+func (q *Queue) waiting(topic string) bool {
+	q.closeMu.Lock()
+	w := q.waker
+	q.closeMu.Unlock()
+	return w != nil && w.waiting(topic)
+}
+
 func (w *waker) unregister(topic string, ch chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -271,8 +287,9 @@ func (w *waker) close() error {
 // call, and share the read of when the queue's next work is due. With
 // VtimeScheduling and an env limit, a wait that ends empty (timeout or
 // ctx) leaves its env's waiting line (one more script call, at most a
-// second): the env's free slots stop being left to the queue, and a
-// caller that waits again at once keeps its queue's place.
+// second), unless another DequeueWait of the queue on this Queue still
+// waits: the env's free slots stop being left to the queue, and a caller
+// that waits again at once keeps its queue's place.
 func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int, timeout time.Duration) ([]*Run, error) {
 	if err := checkQueue(env, queue); err != nil {
 		return nil, err
@@ -281,17 +298,23 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 		return nil, err
 	}
 	qn := q.names(env, queue)
-	runs, err := q.block(ctx, qn.wake+"|"+qn.member, timeout,
+	topic := qn.wake + "|" + qn.member
+	runs, err := q.block(ctx, topic, timeout,
 		func() ([]*Run, error) { return q.dequeueOne(ctx, qn, maxCount) },
 		func(from int64) (*redis.ZSliceCmd, error) { return nextZ(q.queueNext(ctx, qn.qk, from)) })
-	if len(runs) == 0 && (err == nil || ctx.Err() != nil && errors.Is(err, ctx.Err())) && q.leavesLine(env, queue) {
+	if len(runs) == 0 && (err == nil || ctx.Err() != nil && errors.Is(err, ctx.Err())) && q.leavesLine(env, queue) &&
+		!q.waiting(topic) {
 		// The wait ends empty (its timeout, or ctx's end): its tries may
 		// have marked the queue in its env's waiting line, and the env's
 		// free slots would be left to that mark, which nobody serves, for
 		// the rest of its life (helper-207: the env idle 59 s after a
 		// DequeueWait of 300 ms). It is cut to the leaving grace; a caller
 		// that waits again at once renews it in its place (leaveLine). One
-		// call, bounded by a second, after ctx's end too.
+		// call, bounded by a second, after ctx's end too. Not while
+		// another DequeueWait of the queue on this Queue waits: it keeps
+		// the mark (its leave's wake-up would only make those tries
+		// again: helper-209, 20 waiters ending in turn made 70-76 calls
+		// against 23).
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		_, _ = q.leaveLine(lctx, qn, nil)
 		cancel()

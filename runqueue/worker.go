@@ -421,8 +421,8 @@ func (e *UnsettledError) Unwrap() []error {
 // for the queues whose last visit by its calls got fewer runs (the latest
 // 64). That is one best-effort script call a queue, a second in all (on a
 // Redis that does not answer, the client's read timeout bounds a call, as
-// any call). A running Worker does the same when all its handler slots are
-// busy with other sources' runs.
+// any call). A running queue source does the same when, woken, it finds
+// all its Worker's handler slots busy with other sources' runs.
 //
 // A release counts as a delivery attempt (the requeue that nacks and lease
 // recovery share always adds one), but it never dead-letters a run: a run

@@ -172,7 +172,10 @@ func (s *source) fetch(c *fetchCall) {
 	n := len(c.ks)
 	if s.shard < 0 {
 		if c.leave {
-			c.ackErrs, c.err = w.q.leaveLine(ctx, c.leaveQs[0], ackRuns)
+			// (bounded as the leave at a stop: helper-209)
+			lctx, cancel := context.WithTimeout(ctx, time.Second)
+			c.ackErrs, c.err = w.q.leaveLine(lctx, c.leaveQs[0], ackRuns)
+			cancel()
 		} else {
 			c.runs, c.ackErrs, c.err = w.q.ackAndDequeue(ctx, ackRuns, s.env, s.queue, n)
 		}
@@ -193,25 +196,25 @@ func (s *source) fetch(c *fetchCall) {
 			return
 		}
 	}
-	if c.leave {
-		leaveAll(ctx, w.q, c.leaveQs)
-		return
-	}
 	if n > 0 {
-		c.visits = map[*queueNames]bool{}
-		c.runs, c.fault, c.err = w.q.dequeueShard(ctx, s.shard, n, func(qn *queueNames, short bool) {
-			if !short || w.q.leavesLine(qn.qk.Env.Name(), qn.qk.Name()) {
-				c.visits[qn] = short
+		var visit func(*queueNames, bool)
+		if w.q.cfg.VtimeScheduling { // (the line is kept with the flag on only)
+			c.visits = map[*queueNames]bool{}
+			visit = func(qn *queueNames, short bool) {
+				if !short || w.q.leavesLine(qn.qk.Env.Name(), qn.qk.Name()) {
+					c.visits[qn] = short
+				}
 			}
-		})
+		}
+		c.runs, c.fault, c.err = w.q.dequeueShard(ctx, s.shard, n, visit)
 	}
 }
 
-// leaveAll leaves the env's waiting line for each of qs, in turn, while
-// ctx lasts (best effort: a mark left in place lapses by itself).
+// leaveAll leaves the env's waiting line for each of qs, in turn, until
+// one fails (best effort: a mark left in place lapses by itself).
 func leaveAll(ctx context.Context, q *Queue, qs []*queueNames) {
 	for _, qn := range qs {
-		if _, err := q.leaveLine(ctx, qn, nil); err != nil && ctx.Err() != nil {
+		if _, err := q.leaveLine(ctx, qn, nil); err != nil {
 			return
 		}
 	}
@@ -350,8 +353,11 @@ type fetchLoop struct {
 	// sent since: its queue may have a mark in its env's waiting line. A
 	// shard source's: held, the queues whose last visit by its calls got
 	// fewer runs than asked (flag on, an env limit), and when.
-	marked   bool
-	held     map[*queueNames]time.Time
+	marked bool
+	held   map[string]heldVisit // by queue member
+	// offered: a wake-up came since the last call that asked for runs
+	// (a slot may have been left to the queue's mark).
+	offered  bool
 	looked   bool // the look timer was set from a look at the source since anything changed
 	failures int
 	// faultLogged: when a fetch last logged a queue's failure it passed
@@ -501,18 +507,24 @@ func (l *fetchLoop) issue() bool {
 	}
 	ks := w.slots.take(s, w.fetchN, least, nil)
 	if len(ks) == 0 {
-		if least == 1 && l.inflight == 0 {
-			// Every slot is busy (with other sources' runs) while a queue
-			// of this source may hold a mark in its env's waiting line:
+		if least == 1 && l.inflight == 0 && s.shard < 0 && l.offered {
+			// Every slot is busy (with other sources' runs) while the
+			// queue may hold a mark in its env's waiting line and a
+			// wake-up came since (a slot may have been left to the mark):
 			// the env's slots left to it would stay idle until a slot of
 			// this Worker frees (helper-207: an env below its limit for
 			// 5.7 s of every 6 s while another queue waited). Leave, with
 			// the acks pending; the next call that is held marks the
-			// queue again.
+			// queue again. (A shard source does not: its visits do not
+			// say which queues the env held, and leaving every queue
+			// a visit got fewer runs of cost 32 leaves a run served at
+			// saturation: helper-209.)
 			if qs := l.takeMarks(); len(qs) > 0 {
 				l.startLeave(s.takeAcks(), qs)
 				return true
 			}
+		}
+		if least == 1 && l.inflight == 0 {
 			// Every slot is busy: the acks of runs that finished (their
 			// slots went to other sources) go alone rather than wait.
 			if acks := s.takeAcks(); len(acks) > 0 {
@@ -548,7 +560,8 @@ func (l *fetchLoop) startLeave(acks []*job, qs []*queueNames) {
 }
 
 // leaveMax: the most queues a shard source leaves the env's waiting line
-// for at once (the latest its calls got fewer runs of).
+// for at its stop (the latest its calls got fewer runs of); it keeps
+// twice as many (held).
 const leaveMax = 64
 
 // takeMarks returns the queues of this source that may hold a mark in
@@ -565,25 +578,67 @@ func (l *fetchLoop) takeMarks() []*queueNames {
 		l.marked = false
 		return []*queueNames{q.names(s.env, s.queue)}
 	}
-	if len(l.held) == 0 {
-		return nil
-	}
-	life := time.Duration(q.waitingLife()) * time.Millisecond
+	l.pruneHeld(leaveMax)
 	qs := make([]*queueNames, 0, len(l.held))
-	for qn, at := range l.held {
-		if time.Since(at) < life {
-			qs = append(qs, qn)
+	for _, h := range l.held {
+		qs = append(qs, h.qn)
+	}
+	clear(l.held)
+	return qs
+}
+
+// noteVisits notes a shard call's visits (see dequeueShard) in held.
+func (l *fetchLoop) noteVisits(visits map[*queueNames]bool) {
+	for qn, short := range visits {
+		if !short {
+			delete(l.held, qn.member)
+			continue
+		}
+		if l.held == nil {
+			l.held = map[string]heldVisit{}
+		}
+		l.held[qn.member] = heldVisit{qn, time.Now()}
+	}
+	if len(l.held) > 2*leaveMax {
+		// (queues come and go: the map is kept to the latest, helper-209:
+		// 4.5 MB for 12,000 one-run queues)
+		l.pruneHeld(2 * leaveMax)
+	}
+}
+
+// heldVisit is a shard source's queue whose last visit got fewer runs than
+// asked (held), and when.
+type heldVisit struct {
+	qn *queueNames
+	at time.Time
+}
+
+// pruneHeld drops the held queues past a mark's life and, when more than
+// keep (0: no bound) are left, the oldest of them.
+func (l *fetchLoop) pruneHeld(keep int) {
+	life := time.Duration(l.w.q.waitingLife()) * time.Millisecond
+	for m, h := range l.held {
+		if time.Since(h.at) >= life {
+			delete(l.held, m)
 		}
 	}
-	slices.SortFunc(qs, func(a, b *queueNames) int { return l.held[b].Compare(l.held[a]) })
-	clear(l.held)
-	return qs[:min(len(qs), leaveMax)]
+	if keep <= 0 || len(l.held) <= keep {
+		return
+	}
+	all := make([]string, 0, len(l.held))
+	for m := range l.held {
+		all = append(all, m)
+	}
+	slices.SortFunc(all, func(a, b string) int { return l.held[b].at.Compare(l.held[a].at) })
+	for _, m := range all[keep:] {
+		delete(l.held, m)
+	}
 }
 
 func (l *fetchLoop) launch(c *fetchCall) {
 	l.inflight++
 	if len(c.ks) > 0 {
-		l.earlyDue = false
+		l.earlyDue, l.offered = false, false
 	}
 	go func() {
 		l.s.fetch(c)
@@ -617,6 +672,7 @@ func (l *fetchLoop) wait() bool {
 	case <-l.s.kick:
 	case <-l.wake:
 		l.idle, l.looked = false, false
+		l.offered = true
 		l.wakes++
 		l.earlyDue = false
 		l.el.reset()
@@ -697,16 +753,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		return
 	}
 	l.failures, l.refusedFrom = 0, time.Time{}
-	for qn, short := range c.visits {
-		if !short {
-			delete(l.held, qn)
-			continue
-		}
-		if l.held == nil {
-			l.held = map[*queueNames]time.Time{}
-		}
-		l.held[qn] = time.Now()
-	}
+	l.noteVisits(c.visits)
 	if len(c.runs) > 0 {
 		l.looked = false
 		l.el.reset()

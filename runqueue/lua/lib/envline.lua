@@ -69,6 +69,11 @@ local function ew_live(ew, lo, hi, n)
   return out
 end
 
-local function ew_wake(ew, marks, n)
-  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+-- Wakes up to n live marks with a place in (lo, hi] (ew_live; at most
+-- EW_WAKE_MAX) and returns how many live marks it found: the env's free
+-- slots go to them.
+local function ew_wake_live(ew, lo, hi, n)
+  local marks = ew_live(ew, lo, hi, n)
+  for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+  return #marks
 end

@@ -1,8 +1,9 @@
 -- The queues waiting for a slot of their env (layout 8; flag-on dequeues
--- with an env limit only; the line's reads and wake-ups are lib/envline). An env's limit is shared by its queues, and a
--- dequeue serves one queue: without this, a consumer that acks and takes
--- in one call takes back every slot its acks free, and another queue of
--- the env at its limit waits until that queue's backlog drains.
+-- with an env limit only; the line's reads and wake-ups are lib/envline).
+-- An env's limit is shared by its queues, and a dequeue serves one queue:
+-- without this, a consumer that acks and takes in one call takes back
+-- every slot its acks free, and another queue of the env at its limit
+-- waits until that queue's backlog drains.
 --
 -- The line: a ZSET of the waiting queues (member: the queue's member,
 -- score: its place) and a HASH beside it (the queue's member -> the time
@@ -112,9 +113,7 @@ local function ew_capacity(ew)
   if free > 0 then
     local hi = '+inf'
     if ew.mine then hi = '(' .. ew.mine end
-    local marks = ew_live(ew, '-inf', hi, free)
-    ew_wake(ew, marks, free)
-    ahead = #marks
+    ahead = ew_wake_live(ew, '-inf', hi, free)
   end
   if dq.max_count <= 0 then return end
   ew.room = free - ahead
@@ -169,6 +168,6 @@ local function ew_settle(ew, served)
     ew_drop(ew, { dq.qm })
   end
   if ew.mine ~= nil and ew.room > served then
-    ew_wake(ew, ew_live(ew, '(' .. ew.mine, '+inf', ew.room - served), ew.room - served)
+    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served)
   end
 end

@@ -95,7 +95,7 @@ local function hooks_finish(H)
       local free = ew_free(dq)
       if free <= 0 then return end
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake(ew, ew_live(ew, '-inf', '+inf', free), free)
+      ew_wake_live(ew, '-inf', '+inf', free)
     end)(H.keys, H.args)
   end
 end

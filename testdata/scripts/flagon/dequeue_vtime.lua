@@ -1614,10 +1614,11 @@ local function span_remove(s, i)
   return e
 end
 -- The queues waiting for a slot of their env (layout 8; flag-on dequeues
--- with an env limit only; the line's reads and wake-ups are lib/envline). An env's limit is shared by its queues, and a
--- dequeue serves one queue: without this, a consumer that acks and takes
--- in one call takes back every slot its acks free, and another queue of
--- the env at its limit waits until that queue's backlog drains.
+-- with an env limit only; the line's reads and wake-ups are lib/envline).
+-- An env's limit is shared by its queues, and a dequeue serves one queue:
+-- without this, a consumer that acks and takes in one call takes back
+-- every slot its acks free, and another queue of the env at its limit
+-- waits until that queue's backlog drains.
 --
 -- The line: a ZSET of the waiting queues (member: the queue's member,
 -- score: its place) and a HASH beside it (the queue's member -> the time
@@ -1745,8 +1746,13 @@ local function ew_live(ew, lo, hi, n)
   return out
 end
 
-local function ew_wake(ew, marks, n)
-  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+-- Wakes up to n live marks with a place in (lo, hi] (ew_live; at most
+-- EW_WAKE_MAX) and returns how many live marks it found: the env's free
+-- slots go to them.
+local function ew_wake_live(ew, lo, hi, n)
+  local marks = ew_live(ew, lo, hi, n)
+  for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+  return #marks
 end
 
 -- A write that may be refused on a full Redis: nil then.
@@ -1800,9 +1806,7 @@ local function ew_capacity(ew)
   if free > 0 then
     local hi = '+inf'
     if ew.mine then hi = '(' .. ew.mine end
-    local marks = ew_live(ew, '-inf', hi, free)
-    ew_wake(ew, marks, free)
-    ahead = #marks
+    ahead = ew_wake_live(ew, '-inf', hi, free)
   end
   if dq.max_count <= 0 then return end
   ew.room = free - ahead
@@ -1857,7 +1861,7 @@ local function ew_settle(ew, served)
     ew_drop(ew, { dq.qm })
   end
   if ew.mine ~= nil and ew.room > served then
-    ew_wake(ew, ew_live(ew, '(' .. ew.mine, '+inf', ew.room - served), ew.room - served)
+    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served)
   end
 end
 local OWN_KEYS = 11

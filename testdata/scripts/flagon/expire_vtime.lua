@@ -810,14 +810,19 @@ local function hooks_finish(H)
         return out
       end
 
-      local function ew_wake(ew, marks, n)
-        for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+      -- Wakes up to n live marks with a place in (lo, hi] (ew_live; at most
+      -- EW_WAKE_MAX) and returns how many live marks it found: the env's free
+      -- slots go to them.
+      local function ew_wake_live(ew, lo, hi, n)
+        local marks = ew_live(ew, lo, hi, n)
+        for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+        return #marks
       end
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
       local free = ew_free(dq)
       if free <= 0 then return end
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake(ew, ew_live(ew, '-inf', '+inf', free), free)
+      ew_wake_live(ew, '-inf', '+inf', free)
     end)(H.keys, H.args)
   end
 end

@@ -1,4 +1,4 @@
-#!lua name=runqueue_8e45cd23c4e1ce8f
+#!lua name=runqueue_9606799aa1c6f0da
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -711,8 +711,13 @@ local function ew_live(ew, lo, hi, n)
   return out
 end
 
-local function ew_wake(ew, marks, n)
-  for i = 1, math.min(#marks, n, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+-- Wakes up to n live marks with a place in (lo, hi] (ew_live; at most
+-- EW_WAKE_MAX) and returns how many live marks it found: the env's free
+-- slots go to them.
+local function ew_wake_live(ew, lo, hi, n)
+  local marks = ew_live(ew, lo, hi, n)
+  for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
+  return #marks
 end
 -- Scheduler flag on: the hooks keep each variant's registration (see
 -- sched). A script that includes "hooks" calls
@@ -809,7 +814,7 @@ local function hooks_finish(H)
       local free = ew_free(dq)
       if free <= 0 then return end
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake(ew, ew_live(ew, '-inf', '+inf', free), free)
+      ew_wake_live(ew, '-inf', '+inf', free)
     end)(H.keys, H.args)
   end
 end
@@ -1904,10 +1909,11 @@ local function span_remove(s, i)
   return e
 end
 -- The queues waiting for a slot of their env (layout 8; flag-on dequeues
--- with an env limit only; the line's reads and wake-ups are lib/envline). An env's limit is shared by its queues, and a
--- dequeue serves one queue: without this, a consumer that acks and takes
--- in one call takes back every slot its acks free, and another queue of
--- the env at its limit waits until that queue's backlog drains.
+-- with an env limit only; the line's reads and wake-ups are lib/envline).
+-- An env's limit is shared by its queues, and a dequeue serves one queue:
+-- without this, a consumer that acks and takes in one call takes back
+-- every slot its acks free, and another queue of the env at its limit
+-- waits until that queue's backlog drains.
 --
 -- The line: a ZSET of the waiting queues (member: the queue's member,
 -- score: its place) and a HASH beside it (the queue's member -> the time
@@ -2016,9 +2022,7 @@ local function ew_capacity(ew)
   if free > 0 then
     local hi = '+inf'
     if ew.mine then hi = '(' .. ew.mine end
-    local marks = ew_live(ew, '-inf', hi, free)
-    ew_wake(ew, marks, free)
-    ahead = #marks
+    ahead = ew_wake_live(ew, '-inf', hi, free)
   end
   if dq.max_count <= 0 then return end
   ew.room = free - ahead
@@ -2073,7 +2077,7 @@ local function ew_settle(ew, served)
     ew_drop(ew, { dq.qm })
   end
   if ew.mine ~= nil and ew.room > served then
-    ew_wake(ew, ew_live(ew, '(' .. ew.mine, '+inf', ew.room - served), ew.room - served)
+    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served)
   end
 end
 
@@ -3265,9 +3269,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_8e45cd23c4e1ce8f_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9606799aa1c6f0da_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_9606799aa1c6f0da_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9606799aa1c6f0da_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9606799aa1c6f0da_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9606799aa1c6f0da_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_9606799aa1c6f0da_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

@@ -360,8 +360,8 @@ func (q *Queue) looksGivenLimits(lim Limits) bool {
 // on Redis 7.0: 126,000 -> 108,000).
 // A queue with an env limit acks with the flag-on ack: it wakes the queues
 // waiting for the env's slots it frees (withRelease).
-func (q *Queue) ackScript(lim releaseLim) *script {
-	if q.scripts.ackPlain != nil && !q.looksGivenLimits(lim.Limits) && lim.env <= 0 {
+func (q *Queue) ackScript(lim Limits) *script {
+	if q.scripts.ackPlain != nil && !q.looksGivenLimits(lim) && lim.Env <= 0 {
 		return q.scripts.ackPlain
 	}
 	return q.scripts.ack
@@ -377,22 +377,15 @@ func (q *Queue) withHooks(sc *script, n *queueNames, ks []string, args []any) ([
 	return ks, args
 }
 
-// releaseLim is a queue's limits as a call that releases its runs (an
-// ack, a requeue) reads them, once: Config.LimitsFor as it returned them,
-// and env, the env limit, 0 when the dequeues would refuse them.
-type releaseLim struct {
-	Limits
-	env int
-}
-
-// releaseLimits reads qk's limits for a call that releases runs of it.
-func (q *Queue) releaseLimits(qk keys.Queue) releaseLim {
+// releaseLimits reads qk's limits, once, for a call that releases runs of
+// it (an ack, a requeue): Config.LimitsFor as it returned them, but no env
+// limit when the dequeues would refuse them (a negative one).
+func (q *Queue) releaseLimits(qk keys.Queue) Limits {
 	lim, err := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
-	r := releaseLim{Limits: lim}
-	if err == nil {
-		r.env = lim.Env
+	if err != nil {
+		lim.Env = 0
 	}
-	return r
+	return lim
 }
 
 // withRelease is withHooks for a call of sc that releases runs of n (an
@@ -400,15 +393,15 @@ func (q *Queue) releaseLimits(qk keys.Queue) releaseLim {
 // when the env has a limit: the script wakes the queues of the env that
 // wait for the slots it frees, as a dequeue of the env does
 // (lib/hooks_vtime, lib/envline).
-func (q *Queue) withRelease(sc *script, n *queueNames, ks []string, args []any, lim releaseLim) ([]string, []any) {
+func (q *Queue) withRelease(sc *script, n *queueNames, ks []string, args []any, lim Limits) ([]string, []any) {
 	if !sc.hooks {
 		return ks, args
 	}
 	ks = append(ks, n.vtime...)
-	args = append(args, q.vtimeArgsGiven(lim.Limits)...)
-	if lim.env > 0 {
+	args = append(args, q.vtimeArgsGiven(lim)...)
+	if lim.Env > 0 {
 		ks = append(ks, n.qk.Env.InflightCount(), n.qk.Env.Waiting(), n.qk.Env.WaitingUntil())
-		args = append(args, lim.env, n.wake, ms(q.leaveGrace))
+		args = append(args, lim.Env, n.wake, ms(q.leaveGrace))
 	}
 	return ks, args
 }

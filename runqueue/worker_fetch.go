@@ -139,13 +139,14 @@ func (s *source) attrs(kv ...any) []any {
 // when some were dequeued (DequeueShard stops at the first queue that
 // fails): they are held, so they are handed out.
 type fetchCall struct {
-	acks    []*job
-	ks      []int
-	final   bool // started once the stop was forced
-	wakes   int  // the loop's wake-ups when it started
-	early   bool // the loop's early look (see fetchLoop.el)
-	leave   bool // a leave of the env's waiting line with the acks (Queue.leaveLine): no runs asked
-	leaveQs []*queueNames
+	acks  []*job
+	ks    []int
+	final bool // started once the stop was forced
+	wakes int  // the loop's wake-ups when it started
+	early bool // the loop's early look (see fetchLoop.el)
+	// leave: a leave of this queue's env's waiting line with the acks
+	// (Queue.leaveLine), no runs asked; nil for any other call.
+	leave *queueNames
 	// visits: a shard call's queues that went through, and whether each
 	// got fewer runs than asked (see dequeueShard).
 	visits  map[*queueNames]bool
@@ -171,10 +172,10 @@ func (s *source) fetch(c *fetchCall) {
 	}
 	n := len(c.ks)
 	if s.shard < 0 {
-		if c.leave {
+		if c.leave != nil {
 			// (bounded as the leave at a stop: helper-209)
 			lctx, cancel := context.WithTimeout(ctx, time.Second)
-			c.ackErrs, c.err = w.q.leaveLine(lctx, c.leaveQs[0], ackRuns)
+			c.ackErrs, c.err = w.q.leaveLine(lctx, c.leave, ackRuns)
 			cancel()
 		} else {
 			c.runs, c.ackErrs, c.err = w.q.ackAndDequeue(ctx, ackRuns, s.env, s.queue, n)
@@ -520,7 +521,7 @@ func (l *fetchLoop) issue() bool {
 			// a visit got fewer runs of cost 32 leaves a run served at
 			// saturation: helper-209.)
 			if qs := l.takeMarks(); len(qs) > 0 {
-				l.startLeave(s.takeAcks(), qs)
+				l.startLeave(s.takeAcks(), qs[0])
 				return true
 			}
 		}
@@ -553,10 +554,10 @@ func (l *fetchLoop) start(acks []*job, ks []int) {
 		from: l.w.q.now()})
 }
 
-// startLeave starts a call that leaves the env's waiting line
-// (Queue.leaveLine) for qs, with acks.
-func (l *fetchLoop) startLeave(acks []*job, qs []*queueNames) {
-	l.launch(&fetchCall{acks: acks, leave: true, leaveQs: qs, final: l.forced, wakes: l.wakes, from: l.w.q.now()})
+// startLeave starts a call of a queue source that leaves the env's waiting
+// line (Queue.leaveLine) for its queue qn, with acks.
+func (l *fetchLoop) startLeave(acks []*job, qn *queueNames) {
+	l.launch(&fetchCall{acks: acks, leave: qn, final: l.forced, wakes: l.wakes, from: l.w.q.now()})
 }
 
 // leaveMax: the most queues a shard source leaves the env's waiting line

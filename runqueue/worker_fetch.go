@@ -142,7 +142,7 @@ type fetchCall struct {
 	acks  []*job
 	ks    []int
 	final bool // started once the stop was forced
-	wakes int  // the loop's wake-ups when it started
+	hints int  // the loop's hints when it started (fetchLoop.hints)
 	early bool // the loop's early look (see fetchLoop.el)
 	// leave: a leave of this queue's env's waiting line with the acks
 	// (Queue.leaveLine), no runs asked; nil for any other call.
@@ -364,7 +364,15 @@ type fetchLoop struct {
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
 	faultLogged time.Time
-	wakes       int  // wake-ups received: a call notes the count it started at
+	// hints: the wake-ups received and the calls that got all they asked
+	// for, each a sign that the queue may have runs: a call notes the count
+	// it started at, and one that gets fewer runs than asked leaves the
+	// source idle only when none came meanwhile. (Two calls of a source may
+	// reach Redis in the other order than their replies come back: a call
+	// the env held, then one that got all it asked and dropped the queue's
+	// mark; had the held one's reply, processed last, left the source idle,
+	// nothing would wake it: helper-209's stall of a whole poll.)
+	hints       int
 	forced      bool // the stop was forced
 	drained     bool // no more acks can come (Worker.drained was closed when checkStop last looked)
 	qclosed     bool // the Queue was closed: no wake-ups come any more (see nextLook)
@@ -495,6 +503,18 @@ func (l *fetchLoop) issue() bool {
 		var ks []int
 		if l.fetching {
 			ks = w.slots.take(nil, w.fetchN, 1, nil) // ask for runs with the acks: it costs nothing more
+			if len(ks) == 0 {
+				// Every slot is busy with other sources' runs: the acks go
+				// alone, and the slots they free in the queue and its env
+				// may be what held the queue. The source is no longer idle:
+				// it asks again once a slot of this Worker frees (it waits
+				// for one as any source), rather than wait for a wake-up
+				// or its look: after the env held it, nothing else may
+				// come (helper-209: a Worker's last queue idle a whole
+				// poll with 48-78 ready runs once its other queues
+				// drained, the env free).
+				l.idle = false
+			}
 		}
 		l.start(acks, ks)
 		return true
@@ -550,14 +570,14 @@ func (l *fetchLoop) setForced() {
 }
 
 func (l *fetchLoop) start(acks []*job, ks []int) {
-	l.launch(&fetchCall{acks: acks, ks: ks, final: l.forced, wakes: l.wakes, early: l.earlyDue && len(ks) > 0,
+	l.launch(&fetchCall{acks: acks, ks: ks, final: l.forced, hints: l.hints, early: l.earlyDue && len(ks) > 0,
 		from: l.w.q.now()})
 }
 
 // startLeave starts a call of a queue source that leaves the env's waiting
 // line (Queue.leaveLine) for its queue qn, with acks.
 func (l *fetchLoop) startLeave(acks []*job, qn *queueNames) {
-	l.launch(&fetchCall{acks: acks, leave: qn, final: l.forced, wakes: l.wakes, from: l.w.q.now()})
+	l.launch(&fetchCall{acks: acks, leave: qn, final: l.forced, hints: l.hints, from: l.w.q.now()})
 }
 
 // leaveMax: the most queues a shard source leaves the env's waiting line
@@ -674,7 +694,7 @@ func (l *fetchLoop) wait() bool {
 	case <-l.wake:
 		l.idle, l.looked = false, false
 		l.offered = true
-		l.wakes++
+		l.hints++
 		l.earlyDue = false
 		l.el.reset()
 	case <-qclosed:
@@ -768,6 +788,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	case n == 0:
 	case len(c.runs) == n: // there may be more
 		l.idle, l.full, l.marked = false, true, false
+		l.hints++
 		if l.lookC != nil {
 			l.look.Stop()
 			l.lookC, l.lookEarly = nil, false
@@ -779,7 +800,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// Limits (or a drained queue) cut the call short; the acks of
 		// these runs will look again. The timer bounds the wait should
 		// none come (a nack elsewhere, say). (Below, idle stays false when
-		// a wake-up came while the call was on its way, maybe for work the
+		// a hint came while the call was on its way, maybe for work the
 		// call did not see: the loop looks again at once rather than wait
 		// for its timer, which may be IdlePollInterval away.) A timer
 		// set before, from a look that found the queue empty or its next
@@ -787,13 +808,13 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// call may have been for a delayed run now the queue's head, and
 		// runs these fail are nacked behind it, which publishes nothing;
 		// with no ack to look again, that timer alone would serve them.
-		l.idle, l.full, l.marked = l.wakes == c.wakes, false, true
+		l.idle, l.full, l.marked = l.hints == c.hints, false, true
 		w.slots.forget(s)
 		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
 			l.armLook(d, false)
 		}
 	default:
-		l.idle, l.full, l.marked = l.wakes == c.wakes, false, true
+		l.idle, l.full, l.marked = l.hints == c.hints, false, true
 		w.slots.forget(s)
 		if !l.looked {
 			var from int64 // 0: no early look

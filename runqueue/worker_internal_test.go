@@ -164,3 +164,80 @@ func TestWorkerShardHeldKeepsLatest(t *testing.T) {
 	require.Empty(t, l.held)
 	require.Empty(t, l.takeMarks())
 }
+
+// An idle source whose acks go alone (every slot busy with another
+// source's runs) asks again once a slot frees: its acks free slots of its
+// queue and env, which may be what held it, and nothing else may wake it
+// (helper-209: a Worker's last queue idle for its whole poll with ready
+// runs and its env free, once its other queue drained).
+func TestWorkerIdleSourceAsksAgainAfterItsAcksGoAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := handWorker(t, 1, "a", "b")
+	a := w.sources[0]
+	for _, id := range []string{"r1", "r2"} {
+		_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "a", Key: "k", ID: id})
+		require.NoError(t, err)
+	}
+	done, err := w.q.Dequeue(ctx, "e", "a", 1)
+	require.NoError(t, err)
+	require.Len(t, done, 1)
+
+	// The only slot is held by a handler of b; a's run finished, its
+	// source is idle (its last call was held back).
+	held := w.slots.take(nil, 1, 1, nil)
+	require.Len(t, held, 1)
+	l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, idle: true, gatherWant: 1}
+	a.acks = []*job{{run: done[0], src: a}}
+	require.True(t, l.issue(), "the ack goes at once")
+	c := <-l.results
+	require.Empty(t, c.ks, "no slot was free: the call asks for no runs")
+	require.NoError(t, c.err)
+	l.inflight--
+	l.finish(c)
+
+	// a waits for a slot now, and the slot b's handler frees goes to it.
+	require.False(t, l.issue())
+	w.slots.give(held...)
+	select {
+	case <-a.kick:
+	default:
+		t.Fatal("the freed slot did not poke a, whose acks went alone")
+	}
+	require.True(t, l.issue())
+	c = <-l.results
+	require.NoError(t, c.err)
+	require.Len(t, c.runs, 1, "a's next call serves its ready run")
+	require.Equal(t, "r2", c.runs[0].ID)
+}
+
+// Two calls of a source in flight may run in Redis in the other order
+// than their replies come back: the one whose reply comes last (it got
+// fewer runs than asked: held back) may have run first, and the other
+// (it got all it asked for) after it. The source stays busy then: it asks
+// again rather than wait for a wake-up that may never come. A call started
+// after a full reply was seen leaves it idle as before.
+func TestWorkerShortReplyAfterFullStaysBusy(t *testing.T) {
+	t.Parallel()
+	w := handWorker(t, 2, "a", "b")
+	a := w.sources[0]
+	l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	ks := w.slots.take(a, 2, 1, nil)
+	require.Len(t, ks, 2)
+	first := &fetchCall{ks: ks[:1], hints: l.hints}
+	second := &fetchCall{ks: ks[1:], hints: l.hints}
+	l.inflight = 2
+	first.runs = []*Run{{Env: "e", Queue: "a", ID: "r", Token: 1, LeaseDeadline: time.Now().Add(time.Minute)}}
+	l.inflight--
+	l.finish(first)
+	j := <-w.jobs
+	j.expiry.Stop()
+	l.inflight--
+	l.finish(second) // no runs
+	require.False(t, l.idle, "a reply of all asked came while the short call was on its way")
+
+	third := &fetchCall{ks: w.slots.take(a, 1, 1, nil), hints: l.hints}
+	require.Len(t, third.ks, 1)
+	l.finish(third) // no runs
+	require.True(t, l.idle, "a short call started after every reply was seen leaves the source idle")
+}

@@ -1,0 +1,90 @@
+package runqueue_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+	"github.com/runqueue/runqueue/runqueue"
+)
+
+// TestWorkerDrainsLastQueueUnderEnvLimit: helper-209's stall. Flag on, env
+// limit 2: a Worker over qa and qb (Concurrency 2) and a Worker over qc on
+// another Queue share the env's two slots; 300 runs a queue. Every run is
+// handled once, within 20 s (the polls are 30 s). Before, once two queues
+// drained, the Worker's remaining queue sat idle for its whole poll with
+// its ready runs and the env free: its last call that asked for runs was
+// held (its mark then dropped by a call of its own that Redis ran after
+// it), and its acks went alone while the Worker's slots were busy with its
+// other queue's runs; nothing woke it again (29.9 s in 3 runs of 3 on a
+// real Redis).
+func TestWorkerDrainsLastQueueUnderEnvLimit(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
+		prefix := redistest.Prefix(t)
+		limits := func(cfg *runqueue.Config) {
+			cfg.LimitsFor = func(string, string) runqueue.Limits { return runqueue.Limits{Env: 2} }
+			cfg.BlockPollInterval = 30 * time.Second
+		}
+		q1 := s34NewQueue(t, c, prefix, limits)
+		q2 := s34NewQueue(t, c, prefix, limits)
+		const per = 300
+		queues := []string{"qa", "qb", "qc"}
+		for _, qu := range queues {
+			ps := make([]runqueue.EnqueueParams, per)
+			for i := range ps {
+				ps[i] = runqueue.EnqueueParams{Env: env, Queue: qu, Key: "k", ID: fmt.Sprintf("%s-%03d", qu, i)}
+			}
+			_, err := q1.EnqueueMany(context.Background(), ps)
+			require.NoError(t, err)
+		}
+		var mu sync.Mutex
+		seen := map[string]int{}
+		handle := func(_ context.Context, r *runqueue.Run) error {
+			time.Sleep(2 * time.Millisecond)
+			mu.Lock()
+			seen[r.ID]++
+			mu.Unlock()
+			return nil
+		}
+		w1 := startWorker(t, q1, handle, func(cfg *runqueue.WorkerConfig) {
+			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qa"}, {Env: env, Queue: "qb"}}
+			cfg.Concurrency = 2
+		})
+		w2 := startWorker(t, q2, handle, func(cfg *runqueue.WorkerConfig) {
+			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qc"}}
+			cfg.Concurrency = 2
+		})
+		handled := func() (int, map[string]int) {
+			mu.Lock()
+			defer mu.Unlock()
+			by := map[string]int{}
+			for id := range seen {
+				by[id[:2]]++
+			}
+			return len(seen), by
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			n, by := handled()
+			if n == len(queues)*per {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d runs handled in 20 s (by queue %v): a queue waits for its 30 s poll", n, len(queues)*per, by)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		shutdown(t, w1)
+		shutdown(t, w2)
+		for id, n := range seen {
+			require.Equal(t, 1, n, "%s handled once", id)
+		}
+	})
+}

@@ -372,11 +372,11 @@ type fetchLoop struct {
 	// the env held, then one that got all it asked and dropped the queue's
 	// mark; had the held one's reply, processed last, left the source idle,
 	// nothing would wake it: helper-209's stall of a whole poll.)
-	hints       int
-	forced      bool // the stop was forced
-	drained     bool // no more acks can come (Worker.drained was closed when checkStop last looked)
-	qclosed     bool // the Queue was closed: no wake-ups come any more (see nextLook)
-	giveUp      bool // makes no more calls; leaves once no more acks can come
+	hints   int
+	forced  bool // the stop was forced
+	drained bool // no more acks can come (Worker.drained was closed when checkStop last looked)
+	qclosed bool // the Queue was closed: no wake-ups come any more (see nextLook)
+	giveUp  bool // makes no more calls; leaves once no more acks can come
 	// refusedFrom: when the failures in a row since the stop began, all
 	// calls Redis refused unrun, began (zero: none such now).
 	refusedFrom time.Time

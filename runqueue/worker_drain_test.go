@@ -88,3 +88,82 @@ func TestWorkerDrainsLastQueueUnderEnvLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestWorkerQueueLimitAtSaturationDrains: helper-210's stall: a Worker of
+// Concurrency 4 over an unlimited queue q00 (800 runs) and ten queues of
+// queue limit 1 (40 runs each), polls of 30 s. Every run is handled within
+// 20 s. Before, a queue of limit 1 sat out a whole poll in about half the
+// runs: its ack went alone (every slot busy), a slot freed meanwhile, and
+// its call for runs ran in Redis before the ack (nothing: its one run still
+// held the queue), then the ack; the short reply left the source idle and
+// nothing woke it.
+func TestWorkerQueueLimitAtSaturationDrains(t *testing.T) {
+	t.Parallel()
+	for _, flag := range []bool{false, true} {
+		t.Run(fmt.Sprintf("vtime=%v", flag), func(t *testing.T) {
+			c := redistest.Real(t)
+			prefix := redistest.Prefix(t)
+			q := s34NewQueue(t, c, prefix, func(cfg *runqueue.Config) {
+				cfg.VtimeScheduling = flag
+				cfg.BlockPollInterval = 30 * time.Second
+				cfg.LimitsFor = func(_, queue string) runqueue.Limits {
+					if queue == "q00" {
+						return runqueue.Limits{}
+					}
+					return runqueue.Limits{Queue: 1}
+				}
+			})
+			const queues = 11
+			total := 0
+			for i := range queues {
+				n := 40
+				if i == 0 {
+					n = 800
+				}
+				ps := make([]runqueue.EnqueueParams, n)
+				for k := range ps {
+					ps[k] = runqueue.EnqueueParams{Env: env, Queue: fmt.Sprintf("q%02d", i), Key: "k", ID: fmt.Sprintf("q%02d-%03d", i, k)}
+				}
+				_, err := q.EnqueueMany(context.Background(), ps)
+				require.NoError(t, err)
+				total += n
+			}
+			var mu sync.Mutex
+			seen := map[string]int{}
+			w := startWorker(t, q, func(_ context.Context, r *runqueue.Run) error {
+				time.Sleep(time.Millisecond)
+				mu.Lock()
+				seen[r.ID]++
+				mu.Unlock()
+				return nil
+			}, func(cfg *runqueue.WorkerConfig) {
+				cfg.Queues = nil
+				for i := range queues {
+					cfg.Queues = append(cfg.Queues, runqueue.WorkerQueue{Env: env, Queue: fmt.Sprintf("q%02d", i)})
+				}
+				cfg.Concurrency = 4
+			})
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				mu.Lock()
+				n := len(seen)
+				by := map[string]int{}
+				for id := range seen {
+					by[id[:3]]++
+				}
+				mu.Unlock()
+				if n == total {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d runs handled in 20 s (by queue %v): a queue waits for its 30 s poll", n, total, by)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			shutdown(t, w)
+			for id, n := range seen {
+				require.Equal(t, 1, n, "%s handled once", id)
+			}
+		})
+	}
+}

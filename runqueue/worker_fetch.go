@@ -395,19 +395,25 @@ type fetchLoop struct {
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
 	faultLogged time.Time
-	// hints: the wake-ups received and the calls that got all they asked
-	// for, each a sign that the queue may have runs: a call notes the count
-	// it started at, and one that gets fewer runs than asked leaves the
-	// source idle only when none came meanwhile. (Two calls of a source may
-	// reach Redis in the other order than their replies come back: a call
-	// the env held, then one that got all it asked and dropped the queue's
-	// mark; had the held one's reply, processed last, left the source idle,
-	// nothing would wake it: helper-209's stall of a whole poll.)
-	hints   int
-	forced  bool // the stop was forced
-	drained bool // no more acks can come (Worker.drained was closed when checkStop last looked)
-	qclosed bool // the Queue was closed: no wake-ups come any more (see nextLook)
-	giveUp  bool // makes no more calls; leaves once no more acks can come
+	// hints: the wake-ups received, the calls that got all they asked for
+	// and the replies of calls with acks alone, each a sign that the queue
+	// may have runs: a call notes the count it started at, and one that
+	// gets fewer runs than asked leaves the source idle only when none came
+	// meanwhile. (Two calls of a source may reach Redis in the other order
+	// than their replies come back: a call the env held, then one that got
+	// all it asked and dropped the queue's mark, or acks that freed the
+	// limit that held it; had the held one's reply, processed last, left
+	// the source idle, nothing would wake it: helper-209's stall of a whole
+	// poll, helper-210's.)
+	hints int
+	// ackAlone: the calls in flight that carry acks and ask for no runs
+	// (their acks may free what holds a call for runs on its way: a short
+	// reply leaves the source idle only when none is in flight).
+	ackAlone int
+	forced   bool // the stop was forced
+	drained  bool // no more acks can come (Worker.drained was closed when checkStop last looked)
+	qclosed  bool // the Queue was closed: no wake-ups come any more (see nextLook)
+	giveUp   bool // makes no more calls; leaves once no more acks can come
 	// refusedFrom: when the failures in a row since the stop began, all
 	// calls Redis refused unrun, began (zero: none such now).
 	refusedFrom time.Time
@@ -690,6 +696,9 @@ func (l *fetchLoop) pruneHeld(keep int) {
 
 func (l *fetchLoop) launch(c *fetchCall) {
 	l.inflight++
+	if len(c.ks) == 0 && len(c.acks) > 0 {
+		l.ackAlone++
+	}
 	if len(c.ks) > 0 {
 		l.earlyDue, l.offered = false, false
 		l.s.heldBack.Store(false)
@@ -768,6 +777,9 @@ func (l *fetchLoop) woken() {
 // finish processes a call's reply.
 func (l *fetchLoop) finish(c *fetchCall) {
 	w, s := l.w, l.s
+	if len(c.ks) == 0 && len(c.acks) > 0 {
+		l.ackAlone--
+	}
 	if len(c.runs) > 0 {
 		s.dispatch(c.runs, c.ks, c.began)
 	}
@@ -828,6 +840,12 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	}
 	switch n := len(c.ks); {
 	case n == 0:
+		if len(c.acks) > 0 {
+			// Its acks may have freed what held a call for runs that ran
+			// in Redis before them and is still on its way (helper-210: a
+			// queue at its limit of 1 idle a whole poll at saturation).
+			l.hints++
+		}
 	case len(c.runs) == n: // there may be more
 		l.idle, l.full, l.marked = false, true, false
 		l.hints++
@@ -851,14 +869,14 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// call may have been for a delayed run now the queue's head, and
 		// runs these fail are nacked behind it, which publishes nothing;
 		// with no ack to look again, that timer alone would serve them.
-		l.idle, l.full, l.marked = l.hints == c.hints, false, true
+		l.idle, l.full, l.marked = l.hints == c.hints && l.ackAlone == 0, false, true
 		s.heldBack.Store(l.idle && l.nudges != nil)
 		w.slots.forget(s)
 		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
 			l.armLook(d, false)
 		}
 	default:
-		l.idle, l.full, l.marked = l.hints == c.hints, false, true
+		l.idle, l.full, l.marked = l.hints == c.hints && l.ackAlone == 0, false, true
 		w.slots.forget(s)
 		if !l.looked {
 			var from int64 // 0: no early look

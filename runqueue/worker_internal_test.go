@@ -301,3 +301,46 @@ func TestWorkerNudgesHeldSiblingFlagOff(t *testing.T) {
 		}
 	})
 }
+
+// A source's acks went alone (every slot busy) and, while they were on
+// their way, a slot freed and the source asked for runs. Redis may run the
+// ask first (the run being acked still holds the queue, its env or its key
+// at its limit: nothing) and the acks after it: the short reply leaves the
+// source busy whichever reply comes first (helper-210: a queue of limit 1
+// idle for its whole poll at saturation). An ask launched after the acks'
+// reply was seen, with no acks on their way, goes idle as before.
+func TestWorkerAcksAloneBesideShortAskStayBusy(t *testing.T) {
+	t.Parallel()
+	for _, acksFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("acks reply first=%v", acksFirst), func(t *testing.T) {
+			t.Parallel()
+			w := handWorker(t, 2, "a", "b")
+			a := w.sources[0]
+			l := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, full: true, gatherWant: 1}
+			ack := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "a", ID: "done", Token: 1}, src: a}}, hints: l.hints}
+			ks := w.slots.take(a, 1, 1, nil)
+			require.Len(t, ks, 1)
+			ask := &fetchCall{ks: ks, hints: l.hints}
+			l.inflight, l.ackAlone = 2, 1 // as launch counts them
+			if acksFirst {
+				l.inflight--
+				l.finish(ack)
+				l.inflight--
+				l.finish(ask)
+			} else {
+				l.inflight--
+				l.finish(ask)
+				l.inflight--
+				l.finish(ack)
+			}
+			require.False(t, l.idle, "the acks beside the short call may have freed what held it")
+
+			later := &fetchCall{ks: w.slots.take(a, 1, 1, nil), hints: l.hints}
+			require.Len(t, later.ks, 1)
+			l.inflight = 1
+			l.inflight--
+			l.finish(later)
+			require.True(t, l.idle, "a short call with no acks beside it leaves the source idle")
+		})
+	}
+}

@@ -275,7 +275,7 @@ func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
 		seenQ[wq] = true
 		qk := q.space.Env(wq.Env).Queue(wq.Queue)
 		w.sources = append(w.sources, &source{w: w, env: wq.Env, queue: wq.Queue, shard: -1,
-			topic: qk.Wake() + "|" + qk.Member(), kick: make(chan struct{}, 1), nudged: make(chan struct{}, 1)})
+			topic: qk.Wake() + "|" + qk.Member(), kick: make(chan struct{}, 1)})
 		swept[q.ShardOf(wq.Env)] = true
 	}
 	seenS := map[int]bool{}

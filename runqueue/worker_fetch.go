@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -28,32 +27,9 @@ type source struct {
 	shard      int    // a shard source; -1 for a queue source
 	topic      string // wake-up topic
 	kick       chan struct{}
-	// heldBack (flag off, a queue source): the source is idle and its last
-	// look found ready runs that limits held back. Another queue source of
-	// its env in this Worker whose call freed env slots it did not take
-	// again wakes it (nudge): with the flag off no waiting line does, and
-	// it would wait for its look, BlockPollInterval.
-	heldBack atomic.Bool
-	nudged   chan struct{}
 
 	mu   sync.Mutex
 	acks []*job
-}
-
-// siblings are the Worker's other queue sources of s's env, which a
-// flag-off s nudges (fetchLoop.nudge); none for a shard source or with the
-// flag on.
-func (s *source) siblings() []*source {
-	if s.shard >= 0 || s.w.q.cfg.VtimeScheduling {
-		return nil
-	}
-	var out []*source
-	for _, o := range s.w.sources {
-		if o != s && o.shard < 0 && o.env == s.env {
-			out = append(out, o)
-		}
-	}
-	return out
 }
 
 func (s *source) poke() {
@@ -307,17 +283,15 @@ func (s *source) settled(acks []*job, errs []error) {
 // why). Once the Queue is closed, no enqueue wakes the
 // worker (Close stops the wake-up listener), so it waits at most
 // BlockPollInterval.
-func (s *source) nextLook(from int64) (d time.Duration, early, held bool) {
-	d, early, held = s.nextLookOpen(from)
+func (s *source) nextLook(from int64) (d time.Duration, early bool) {
+	d, early = s.nextLookOpen(from)
 	if s.w.q.isClosed() {
 		d = min(d, s.w.q.cfg.BlockPollInterval)
 	}
-	return d, early, held
+	return d, early
 }
 
-// nextLookOpen is nextLook's look; held: the source holds ready work that
-// limits hold back.
-func (s *source) nextLookOpen(from int64) (time.Duration, bool, bool) {
+func (s *source) nextLookOpen(from int64) (time.Duration, bool) {
 	w := s.w
 	var at, sooner int64
 	var ok bool
@@ -329,20 +303,20 @@ func (s *source) nextLookOpen(from int64) (time.Duration, bool, bool) {
 	}
 	switch {
 	case err != nil:
-		return w.q.cfg.BlockPollInterval, false, false
+		return w.q.cfg.BlockPollInterval, false
 	case !ok:
-		return w.cfg.IdlePollInterval, false, false
+		return w.cfg.IdlePollInterval, false
 	}
 	now := w.q.now()
 	due := time.Duration(at-now) * time.Millisecond
 	if due <= 0 {
 		// ready work that limits hold
 		if d, soon := w.q.soonIn(sooner, now); soon {
-			return d, true, true
+			return d, true
 		}
-		return w.q.cfg.BlockPollInterval, false, true
+		return w.q.cfg.BlockPollInterval, false
 	}
-	return min(due, w.cfg.IdlePollInterval), false, false
+	return min(due, w.cfg.IdlePollInterval), false
 }
 
 // retryDelay is the wait after the n-th failure in a row: 100ms doubling
@@ -382,15 +356,10 @@ type fetchLoop struct {
 	// fewer runs than asked (flag on, an env limit), and when.
 	marked bool
 	held   map[string]heldVisit // by queue member
-	// nudges (flag off, a queue source): the Worker's other queue sources
-	// of its env, which its calls may wake (see nudge), from nudgeAt on.
-	nudges  []*source
-	nudgeAt int
 	// offered: a wake-up came since the last call that asked for runs
 	// (a slot may have been left to the queue's mark).
 	offered  bool
 	looked   bool // the look timer was set from a look at the source since anything changed
-	lookHeld bool // and that look found ready runs that limits hold back
 	failures int
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
@@ -440,8 +409,7 @@ func (s *source) loop() {
 		// a call then carries about Concurrency/fetchDepth runs, not the
 		// few freed meanwhile. That matters for the fair scheduler, whose
 		// work per run drops when one call serves a key more than once.
-		gatherWant: max(1, 3*w.fetchN/(4*fetchDepth*len(w.sources))),
-		nudges:     s.siblings()}
+		gatherWant: max(1, 3*w.fetchN/(4*fetchDepth*len(w.sources)))}
 	defer l.close()
 	for {
 		l.checkStop()
@@ -701,7 +669,6 @@ func (l *fetchLoop) launch(c *fetchCall) {
 	}
 	if len(c.ks) > 0 {
 		l.earlyDue, l.offered = false, false
-		l.s.heldBack.Store(false)
 	}
 	go func() {
 		l.s.fetch(c)
@@ -734,10 +701,11 @@ func (l *fetchLoop) wait() bool {
 		l.finish(c)
 	case <-l.s.kick:
 	case <-l.wake:
-		l.woken()
+		l.idle, l.looked = false, false
 		l.offered = true
-	case <-l.s.nudged:
-		l.woken()
+		l.hints++
+		l.earlyDue = false
+		l.el.reset()
 	case <-qclosed:
 		// Queue.Close stopped the wake-ups: look again now, and from now on
 		// at most every BlockPollInterval (nextLook).
@@ -762,16 +730,6 @@ func (l *fetchLoop) wait() bool {
 		return false
 	}
 	return true
-}
-
-// woken: a wake-up, or a nudge (source.heldBack), came: the queue may
-// have runs for a call.
-func (l *fetchLoop) woken() {
-	l.idle, l.looked = false, false
-	l.s.heldBack.Store(false)
-	l.hints++
-	l.earlyDue = false
-	l.el.reset()
 }
 
 // finish processes a call's reply.
@@ -849,7 +807,6 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	case len(c.runs) == n: // there may be more
 		l.idle, l.full, l.marked = false, true, false
 		l.hints++
-		s.heldBack.Store(false)
 		if l.lookC != nil {
 			l.look.Stop()
 			l.lookC, l.lookEarly = nil, false
@@ -870,7 +827,6 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// runs these fail are nacked behind it, which publishes nothing;
 		// with no ack to look again, that timer alone would serve them.
 		l.idle, l.full, l.marked = l.hints == c.hints && l.ackAlone == 0, false, true
-		s.heldBack.Store(l.idle && l.nudges != nil)
 		w.slots.forget(s)
 		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
 			l.armLook(d, false)
@@ -883,9 +839,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			if !w.q.noEarlyLook && l.el.allowed(time.Now()) {
 				from = c.from
 			}
-			var d time.Duration
-			var early bool
-			d, early, l.lookHeld = s.nextLook(from)
+			d, early := s.nextLook(from)
 			if !c.early {
 				l.el.idle(false, time.Now(), w.q.cfg.BlockPollInterval)
 			} else if !early {
@@ -893,39 +847,6 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			}
 			l.armLook(d, early)
 			l.looked = true
-		}
-		s.heldBack.Store(l.idle && l.lookHeld && l.nudges != nil)
-	}
-	if freed := len(c.acks) - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
-		l.nudge(freed)
-	}
-}
-
-// nudge (flag off, an env with a limit) wakes up to n of the Worker's other
-// queue sources of the source's env held back by a limit (source.heldBack),
-// in turn: a call of the source freed that many slots of the env more than
-// it took again (a short call or acks alone). Each nudged source makes one
-// call: it is served, or held back again. (With the flag on, the env's
-// waiting line wakes the queues held back, in every process.)
-func (l *fetchLoop) nudge(n int) {
-	if len(l.nudges) == 0 {
-		return
-	}
-	if lim, err := l.w.q.cfg.limitsFor(l.s.env, l.s.queue); err != nil || lim.Env <= 0 {
-		return
-	}
-	for i := range l.nudges {
-		if n == 0 {
-			break
-		}
-		o := l.nudges[(l.nudgeAt+i)%len(l.nudges)]
-		if o.heldBack.CompareAndSwap(true, false) {
-			n--
-			l.nudgeAt = (l.nudgeAt + i + 1) % len(l.nudges)
-			select {
-			case o.nudged <- struct{}{}:
-			default:
-			}
 		}
 	}
 }

@@ -12,10 +12,12 @@ import (
 )
 
 // A source whose queue is idle sends the acks of its finished runs and asks
-// for runs with them only if a slot happens to be free: it must not queue up
-// as a slot waiter, or the slot freed next pokes it (it wants nothing) rather
-// than a source with a backlog, which then waits for ever. The loops are
-// driven by hand so that the order is the one that stalled.
+// for runs with them only if a slot happens to be free: its try must not
+// queue it up as a slot waiter, or the slot freed next pokes it (it wants
+// nothing) rather than a source with a backlog, which then waits for ever.
+// (Once its acks went alone it does want a slot, and waits for one after
+// that call: TestWorkerIdleSourceAsksAgainAfterItsAcksGoAlone.) The loops
+// are driven by hand so that the order is the one that stalled.
 func TestWorkerIdleSourceDoesNotSwallowSlotPokes(t *testing.T) {
 	t.Parallel()
 	w := handWorker(t, 1, "idle", "busy")

@@ -106,7 +106,7 @@ func TestAckPlainSameAsHookedAck(t *testing.T) {
 	for _, r := range pb {
 		args = append(args, nb.qk.Variant(r.Key).Member(), keys.Segment(r.ID), r.Token)
 	}
-	require.False(t, b.looksForGated(nb.qk))
+	require.False(t, b.looksForGated(b.cfg.LimitsFor("env", "q")))
 	ks, args := b.withHooks(b.scripts.ack, nb, nb.held, args)
 	require.Len(t, ks, len(nb.held)+3, "the flag-on ack takes the scheduler's keys")
 	cmds, err := runPipelined(ctx, b.rdb, []call{{sc: b.scripts.ack, keys: ks, args: args}})

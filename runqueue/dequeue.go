@@ -314,7 +314,7 @@ func (q *Queue) serve(ctx context.Context, n *queueNames, acks []*Run, size dqSi
 		lim, size = Limits{}, q.sizeOf(0)
 	}
 	look := 0
-	if q.looksGivenLimits(lim) {
+	if q.looksForGated(lim) {
 		look = 1
 	}
 	ks := n.dequeue

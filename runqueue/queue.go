@@ -318,32 +318,23 @@ func (q *Queue) vtimeKeys(qk keys.Queue) []string {
 	return []string{qk.CkVtime(), qk.CkVtimeState(), qk.Weights()}
 }
 
-// vtimeArgs: the state TTL, the idle cap, and whether a freed slot looks
-// for a gated variant: when qk has a per-key limit now, or the instance
-// gave a queue one before (qk's limit may have gone and come back since a
-// variant was gated; the release must not wait for the gated probe). An
-// instance that never meets a key limit spares every ack that read.
-func (q *Queue) vtimeArgs(qk keys.Queue) []any {
-	return q.vtimeArgsGiven(q.cfg.LimitsFor(qk.Env.Name(), qk.Name()))
-}
-
-// vtimeArgsGiven is vtimeArgs for a queue whose limits are lim.
-func (q *Queue) vtimeArgsGiven(lim Limits) []any {
+// vtimeArgs, for a queue whose limits are lim: the state TTL, the idle
+// cap, and whether a freed slot looks for a gated variant (looksForGated).
+func (q *Queue) vtimeArgs(lim Limits) []any {
 	look := 0
-	if q.looksGivenLimits(lim) {
+	if q.looksForGated(lim) {
 		look = 1
 	}
 	return []any{ms(q.cfg.StateTTL), q.cfg.IdleMaxEntries, look}
 }
 
-// looksForGated says whether a slot freed in qk looks for a gated variant
-// (see vtimeArgs), noting a per-key limit of qk.
-func (q *Queue) looksForGated(qk keys.Queue) bool {
-	return q.looksGivenLimits(q.cfg.LimitsFor(qk.Env.Name(), qk.Name()))
-}
-
-// looksGivenLimits is looksForGated for a queue whose limits are lim.
-func (q *Queue) looksGivenLimits(lim Limits) bool {
+// looksForGated says whether a slot freed in a queue whose limits are lim
+// looks for a gated variant, noting a per-key limit: when the queue has a
+// per-key limit now, or the instance gave a queue one before (its limit
+// may have gone and come back since a variant was gated; the release must
+// not wait for the gated probe). An instance that never meets a key limit
+// spares every ack that read.
+func (q *Queue) looksForGated(lim Limits) bool {
 	if lim.Key > 0 {
 		q.keyLimited.Store(true)
 	}
@@ -361,20 +352,19 @@ func (q *Queue) looksGivenLimits(lim Limits) bool {
 // A queue with an env limit acks with the flag-on ack: it wakes the queues
 // waiting for the env's slots it frees (withRelease).
 func (q *Queue) ackScript(lim Limits) *script {
-	if q.scripts.ackPlain != nil && !q.looksGivenLimits(lim) && lim.Env <= 0 {
+	if q.scripts.ackPlain != nil && !q.looksForGated(lim) && lim.Env <= 0 {
 		return q.scripts.ackPlain
 	}
 	return q.scripts.ack
 }
 
 // withHooks appends the scheduler's keys and arguments when sc was built
-// with the scheduler's hooks.
+// with the scheduler's hooks (Config.LimitsFor read only then).
 func (q *Queue) withHooks(sc *script, n *queueNames, ks []string, args []any) ([]string, []any) {
-	if sc.hooks {
-		ks = append(ks, n.vtime...)
-		args = append(args, q.vtimeArgs(n.qk)...)
+	if !sc.hooks {
+		return ks, args
 	}
-	return ks, args
+	return append(ks, n.vtime...), append(args, q.vtimeArgs(q.cfg.LimitsFor(n.qk.Env.Name(), n.qk.Name()))...)
 }
 
 // releaseLimits reads qk's limits, once, for a call that releases runs of
@@ -397,8 +387,7 @@ func (q *Queue) withRelease(sc *script, n *queueNames, ks []string, args []any, 
 	if !sc.hooks {
 		return ks, args
 	}
-	ks = append(ks, n.vtime...)
-	args = append(args, q.vtimeArgsGiven(lim)...)
+	ks, args = append(ks, n.vtime...), append(args, q.vtimeArgs(lim)...)
 	if lim.Env > 0 {
 		ks = append(ks, n.qk.Env.InflightCount(), n.qk.Env.Waiting(), n.qk.Env.WaitingUntil())
 		args = append(args, lim.Env, n.wake, ms(q.leaveGrace))

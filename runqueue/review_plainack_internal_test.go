@@ -83,9 +83,9 @@ func TestReviewAckPlainGatedOtherInstance(t *testing.T) {
 	for _, r := range b.held[:2] {
 		args = append(args, nb.qk.Variant(r.Key).Member(), keys.Segment(r.ID), r.Token)
 	}
-	require.Equal(t, 0, b.free.vtimeArgs(nb.qk)[2])
+	require.Equal(t, 0, b.free.vtimeArgs(b.free.cfg.LimitsFor("env", "q"))[2])
 	ks := append(append([]string(nil), nb.held...), nb.vtime...)
-	args = append(args, b.free.vtimeArgs(nb.qk)...)
+	args = append(args, b.free.vtimeArgs(b.free.cfg.LimitsFor("env", "q"))...)
 	cmds, err := runPipelined(ctx, c, []call{{sc: b.free.scripts.ack, keys: ks, args: args}})
 	require.NoError(t, err)
 	got, err := cmds[0].Slice()

@@ -160,6 +160,9 @@ type fetchCall struct {
 	began   int64 // Worker.mono when the call began: its runs' leases start after it
 }
 
+// acksAlone says whether c carries acks and asks for no runs.
+func (c *fetchCall) acksAlone() bool { return len(c.ks) == 0 && len(c.acks) > 0 }
+
 func (s *source) fetch(c *fetchCall) {
 	w := s.w
 	ctx := w.ctx()
@@ -664,7 +667,7 @@ func (l *fetchLoop) pruneHeld(keep int) {
 
 func (l *fetchLoop) launch(c *fetchCall) {
 	l.inflight++
-	if len(c.ks) == 0 && len(c.acks) > 0 {
+	if c.acksAlone() {
 		l.ackAlone++
 	}
 	if len(c.ks) > 0 {
@@ -735,7 +738,7 @@ func (l *fetchLoop) wait() bool {
 // finish processes a call's reply.
 func (l *fetchLoop) finish(c *fetchCall) {
 	w, s := l.w, l.s
-	if len(c.ks) == 0 && len(c.acks) > 0 {
+	if c.acksAlone() {
 		l.ackAlone--
 	}
 	if len(c.runs) > 0 {
@@ -798,7 +801,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	}
 	switch n := len(c.ks); {
 	case n == 0:
-		if len(c.acks) > 0 {
+		if c.acksAlone() {
 			// Its acks may have freed what held a call for runs that ran
 			// in Redis before them and is still on its way (helper-210: a
 			// queue at its limit of 1 idle a whole poll at saturation).
@@ -826,14 +829,12 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// call may have been for a delayed run now the queue's head, and
 		// runs these fail are nacked behind it, which publishes nothing;
 		// with no ack to look again, that timer alone would serve them.
-		l.idle, l.full, l.marked = l.hints == c.hints && l.ackAlone == 0, false, true
-		w.slots.forget(s)
+		l.cutShort(c)
 		if d := w.q.cfg.BlockPollInterval; l.lookC == nil || time.Until(l.lookAt) > d {
 			l.armLook(d, false)
 		}
 	default:
-		l.idle, l.full, l.marked = l.hints == c.hints && l.ackAlone == 0, false, true
-		w.slots.forget(s)
+		l.cutShort(c)
 		if !l.looked {
 			var from int64 // 0: no early look
 			if !w.q.noEarlyLook && l.el.allowed(time.Now()) {
@@ -849,6 +850,15 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			l.looked = true
 		}
 	}
+}
+
+// cutShort notes a call that got fewer runs than it asked for: the source
+// goes idle unless a hint came while the call was on its way or acks alone
+// still are (see hints, ackAlone); its queue may have a mark in its env's
+// waiting line; its wait for a slot, if any, is dropped.
+func (l *fetchLoop) cutShort(c *fetchCall) {
+	l.idle, l.full, l.marked = l.hints == c.hints && l.ackAlone == 0, false, true
+	l.w.slots.forget(l.s)
 }
 
 // armLook (re)starts the look timer for d; early: an early look (see

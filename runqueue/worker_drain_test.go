@@ -3,6 +3,7 @@ package runqueue_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,15 +45,8 @@ func TestWorkerDrainsLastQueueUnderEnvLimit(t *testing.T) {
 			_, err := q1.EnqueueMany(context.Background(), ps)
 			require.NoError(t, err)
 		}
-		var mu sync.Mutex
-		seen := map[string]int{}
-		handle := func(_ context.Context, r *runqueue.Run) error {
-			time.Sleep(2 * time.Millisecond)
-			mu.Lock()
-			seen[r.ID]++
-			mu.Unlock()
-			return nil
-		}
+		rec := newDrainLog()
+		handle := rec.handler(2 * time.Millisecond)
 		w1 := startWorker(t, q1, handle, func(cfg *runqueue.WorkerConfig) {
 			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qa"}, {Env: env, Queue: "qb"}}
 			cfg.Concurrency = 2
@@ -61,31 +55,10 @@ func TestWorkerDrainsLastQueueUnderEnvLimit(t *testing.T) {
 			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qc"}}
 			cfg.Concurrency = 2
 		})
-		handled := func() (int, map[string]int) {
-			mu.Lock()
-			defer mu.Unlock()
-			by := map[string]int{}
-			for id := range seen {
-				by[id[:2]]++
-			}
-			return len(seen), by
-		}
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			n, by := handled()
-			if n == len(queues)*per {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d runs handled in 20 s (by queue %v): a queue waits for its 30 s poll", n, len(queues)*per, by)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		rec.await(t, len(queues)*per)
 		shutdown(t, w1)
 		shutdown(t, w2)
-		for id, n := range seen {
-			require.Equal(t, 1, n, "%s handled once", id)
-		}
+		rec.once(t)
 	})
 }
 
@@ -128,42 +101,70 @@ func TestWorkerQueueLimitAtSaturationDrains(t *testing.T) {
 				require.NoError(t, err)
 				total += n
 			}
-			var mu sync.Mutex
-			seen := map[string]int{}
-			w := startWorker(t, q, func(_ context.Context, r *runqueue.Run) error {
-				time.Sleep(time.Millisecond)
-				mu.Lock()
-				seen[r.ID]++
-				mu.Unlock()
-				return nil
-			}, func(cfg *runqueue.WorkerConfig) {
+			rec := newDrainLog()
+			w := startWorker(t, q, rec.handler(time.Millisecond), func(cfg *runqueue.WorkerConfig) {
 				cfg.Queues = nil
 				for i := range queues {
 					cfg.Queues = append(cfg.Queues, runqueue.WorkerQueue{Env: env, Queue: fmt.Sprintf("q%02d", i)})
 				}
 				cfg.Concurrency = 4
 			})
-			deadline := time.Now().Add(20 * time.Second)
-			for {
-				mu.Lock()
-				n := len(seen)
-				by := map[string]int{}
-				for id := range seen {
-					by[id[:3]]++
-				}
-				mu.Unlock()
-				if n == total {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d of %d runs handled in 20 s (by queue %v): a queue waits for its 30 s poll", n, total, by)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			rec.await(t, total)
 			shutdown(t, w)
-			for id, n := range seen {
-				require.Equal(t, 1, n, "%s handled once", id)
-			}
+			rec.once(t)
 		})
+	}
+}
+
+// drainLog counts how often each run was handled, by ID (a run's queue is
+// its ID up to the "-").
+type drainLog struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func newDrainLog() *drainLog { return &drainLog{seen: map[string]int{}} }
+
+// handler takes d per run and counts it.
+func (l *drainLog) handler(d time.Duration) runqueue.Handler {
+	return func(_ context.Context, r *runqueue.Run) error {
+		time.Sleep(d)
+		l.mu.Lock()
+		l.seen[r.ID]++
+		l.mu.Unlock()
+		return nil
+	}
+}
+
+// await waits until total runs were handled, for 20 s (the tests' polls
+// are 30 s).
+func (l *drainLog) await(t *testing.T, total int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		l.mu.Lock()
+		n, by := len(l.seen), map[string]int{}
+		for id := range l.seen {
+			qu, _, _ := strings.Cut(id, "-")
+			by[qu]++
+		}
+		l.mu.Unlock()
+		if n == total {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d runs handled in 20 s (by queue %v): a queue waits for its 30 s poll", n, total, by)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// once checks that every run was handled once.
+func (l *drainLog) once(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, n := range l.seen {
+		require.Equal(t, 1, n, "%s handled once", id)
 	}
 }

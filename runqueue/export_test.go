@@ -156,7 +156,7 @@ func (w *Worker) HoldFetchWaitUntilDrained(give <-chan struct{}) {
 // beside held work, of that due since from (0: none). Tests only.
 func (q *Queue) NextDue(ctx context.Context, env, queue string, shard int, from int64) (at, sooner int64, ok bool, err error) {
 	if shard < 0 {
-		return q.queueNext(ctx, q.space.Env(env).Queue(queue), from)
+		return q.queueNext(ctx, q.space.Env(env).Queue(queue), from, nil)
 	}
 	return q.shardNext(ctx, shard, from)
 }

@@ -281,6 +281,14 @@ func readHeld(ctx context.Context, p redis.Pipeliner, qk keys.Queue) heldLen {
 	return heldLen{n: p.HLen(ctx, qk.Held()), mark: p.HExists(ctx, qk.Held(), heldWideField)}
 }
 
+// err is the reads' first error.
+func (h heldLen) err() error {
+	if err := h.n.Err(); err != nil {
+		return err
+	}
+	return h.mark.Err()
+}
+
 func (h heldLen) val() int64 {
 	if h.mark.Val() {
 		return max(0, h.n.Val()-1) // (read apart: see readTx)

@@ -301,7 +301,7 @@ func (q *Queue) DequeueWait(ctx context.Context, env, queue string, maxCount int
 	topic := qn.wake + "|" + qn.member
 	runs, err := q.block(ctx, topic, timeout,
 		func() ([]*Run, error) { return q.dequeueOne(ctx, qn, maxCount) },
-		func(from int64) (*redis.ZSliceCmd, error) { return nextZ(q.queueNext(ctx, qn.qk, from)) })
+		func(from int64) (*redis.ZSliceCmd, error) { return nextZ(q.queueNext(ctx, qn.qk, from, nil)) })
 	if len(runs) == 0 && (err == nil || ctx.Err() != nil && errors.Is(err, ctx.Err())) && q.leavesLine(env, queue) &&
 		!q.waiting(topic) {
 		// The wait ends empty (its timeout, or ctx's end): its tries may
@@ -382,7 +382,7 @@ func hasReady(ctx context.Context, p redis.Pipeliner, qk keys.Queue) *redis.Stri
 // at or before now: it fell due after the look began), for a waiter that
 // may look early for it (see block: helper-177, a free key's run due
 // 281 ms on waited 1.012 s beside held keys' runs).
-func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, sooner int64, ok bool, err error) {
+func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64, counts *lookCounts) (at, sooner int64, ok bool, err error) {
 	var score *redis.FloatCmd
 	var ready *redis.StringSliceCmd
 	var delayed *redis.ZSliceCmd
@@ -397,8 +397,17 @@ func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, s
 			delayed = p.ZRangeByScoreWithScores(ctx, qk.DelayIndex(), &redis.ZRangeBy{
 				Min: exclusive(from), Max: "+inf", Count: 1})
 		}
+		if counts != nil { // (last: see below)
+			counts.env = p.Get(ctx, qk.Env.InflightCount())
+			counts.held = readHeld(ctx, p, qk)
+		}
 		return nil
 	})
+	if counts != nil && errors.Is(err, redis.Nil) && !errors.Is(score.Err(), redis.Nil) {
+		// An env with nothing in flight has no count: GET's nil is then
+		// the pipeline's first error; only the reads after it may fail.
+		err = counts.held.err()
+	}
 	switch {
 	case errors.Is(score.Err(), redis.Nil):
 		return 0, 0, false, nil
@@ -416,6 +425,23 @@ func (q *Queue) queueNext(ctx context.Context, qk keys.Queue, from int64) (at, s
 		}
 	}
 	return at, sooner, true, nil
+}
+
+// lookCounts are the in-flight counts queueNext reads when given one (a
+// flag-off Worker's envLine): its env's and its queue's.
+type lookCounts struct {
+	env  *redis.StringCmd
+	held heldLen
+}
+
+// envHeld says whether the env is at its limit lim.Env and the queue is
+// not at its own.
+func (c *lookCounts) envHeld(lim Limits) bool {
+	n, err := c.env.Int64()
+	if errors.Is(err, redis.Nil) {
+		n, err = 0, nil
+	}
+	return err == nil && n >= int64(lim.Env) && (lim.Queue <= 0 || c.held.val() < int64(lim.Queue))
 }
 
 // exclusive is the exclusive score bound at ms of a sorted-set range.

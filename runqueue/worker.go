@@ -278,6 +278,9 @@ func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
 			topic: qk.Wake() + "|" + qk.Member(), kick: make(chan struct{}, 1)})
 		swept[q.ShardOf(wq.Env)] = true
 	}
+	if !q.cfg.VtimeScheduling {
+		newEnvLines(w.sources)
+	}
 	seenS := map[int]bool{}
 	for _, s := range c.Shards {
 		if seenS[s] {

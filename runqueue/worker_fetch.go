@@ -27,6 +27,13 @@ type source struct {
 	shard      int    // a shard source; -1 for a queue source
 	topic      string // wake-up topic
 	kick       chan struct{}
+	// line (flag off, a queue source whose env has more of this Worker's
+	// queue sources): the Worker's waiting line for the env's limit, which
+	// wakes the source by nudged; inLine (guarded by line.mu): the source
+	// waits in it.
+	line   *envLine
+	nudged chan struct{}
+	inLine bool
 
 	mu   sync.Mutex
 	acks []*job
@@ -158,10 +165,28 @@ type fetchCall struct {
 	fault   error // a failure of a queue's own that a shard fetch passed over (logged, not counted)
 	took    time.Duration
 	began   int64 // Worker.mono when the call began: its runs' leases start after it
+	// released: its source's envLine's releases when a call for runs began
+	// (envLine.join).
+	released int64
 }
 
 // acksAlone says whether c carries acks and asks for no runs.
 func (c *fetchCall) acksAlone() bool { return len(c.ks) == 0 && len(c.acks) > 0 }
+
+// acked is how many of c's acks this call made (the others failed or were
+// gone before).
+func (c *fetchCall) acked() int {
+	if c.ackErr != nil {
+		return 0
+	}
+	n := 0
+	for i := range c.acks {
+		if c.ackErrs == nil || c.ackErrs[i] == nil {
+			n++
+		}
+	}
+	return n
+}
 
 func (s *source) fetch(c *fetchCall) {
 	w := s.w
@@ -286,40 +311,52 @@ func (s *source) settled(acks []*job, errs []error) {
 // why). Once the Queue is closed, no enqueue wakes the
 // worker (Close stops the wake-up listener), so it waits at most
 // BlockPollInterval.
-func (s *source) nextLook(from int64) (d time.Duration, early bool) {
-	d, early = s.nextLookOpen(from)
+func (s *source) nextLook(from int64) (d time.Duration, early, envHeld bool) {
+	d, early, envHeld = s.nextLookOpen(from)
 	if s.w.q.isClosed() {
 		d = min(d, s.w.q.cfg.BlockPollInterval)
 	}
-	return d, early
+	return d, early, envHeld
 }
 
-func (s *source) nextLookOpen(from int64) (time.Duration, bool) {
+// nextLookOpen is nextLook's look. envHeld (a source with an envLine and
+// an env limit): the queue holds ready runs, the env is at its limit and
+// the queue is not at its own; the look then reads both counts too, in its
+// round trip.
+func (s *source) nextLookOpen(from int64) (time.Duration, bool, bool) {
 	w := s.w
 	var at, sooner int64
 	var ok bool
 	var err error
+	var counts *lookCounts
+	var lim Limits
 	if s.shard < 0 {
-		at, sooner, ok, err = w.q.queueNext(w.ctx(), w.q.space.Env(s.env).Queue(s.queue), from)
+		if s.line != nil {
+			if lim, err = w.q.cfg.limitsFor(s.env, s.queue); err == nil && lim.Env > 0 {
+				counts = &lookCounts{}
+			}
+		}
+		at, sooner, ok, err = w.q.queueNext(w.ctx(), w.q.space.Env(s.env).Queue(s.queue), from, counts)
 	} else {
 		at, sooner, ok, err = w.q.shardNext(w.ctx(), s.shard, from)
 	}
 	switch {
 	case err != nil:
-		return w.q.cfg.BlockPollInterval, false
+		return w.q.cfg.BlockPollInterval, false, false
 	case !ok:
-		return w.cfg.IdlePollInterval, false
+		return w.cfg.IdlePollInterval, false, false
 	}
 	now := w.q.now()
 	due := time.Duration(at-now) * time.Millisecond
 	if due <= 0 {
 		// ready work that limits hold
+		envHeld := counts != nil && counts.envHeld(lim)
 		if d, soon := w.q.soonIn(sooner, now); soon {
-			return d, true
+			return d, true, envHeld
 		}
-		return w.q.cfg.BlockPollInterval, false
+		return w.q.cfg.BlockPollInterval, false, envHeld
 	}
-	return min(due, w.cfg.IdlePollInterval), false
+	return min(due, w.cfg.IdlePollInterval), false, false
 }
 
 // retryDelay is the wait after the n-th failure in a row: 100ms doubling
@@ -363,6 +400,7 @@ type fetchLoop struct {
 	// (a slot may have been left to the queue's mark).
 	offered  bool
 	looked   bool // the look timer was set from a look at the source since anything changed
+	envHeld  bool // and that look found the env's limit holding ready runs (see nextLookOpen)
 	failures int
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
@@ -452,6 +490,9 @@ func (s *source) loop() {
 
 func (l *fetchLoop) close() {
 	l.w.wake.unregister(l.s.topic, l.wake)
+	if l.s.line != nil {
+		l.s.line.leave(l.s)
+	}
 	for _, t := range []*time.Timer{l.look, l.gather, l.pause} {
 		if t != nil {
 			t.Stop()
@@ -465,6 +506,9 @@ func (l *fetchLoop) checkStop() {
 		case <-l.w.stopFetch:
 			l.fetching = false
 			l.w.slots.forget(l.s)
+			if l.s.line != nil {
+				l.s.line.leave(l.s)
+			}
 		default:
 		}
 	}
@@ -672,6 +716,9 @@ func (l *fetchLoop) launch(c *fetchCall) {
 	}
 	if len(c.ks) > 0 {
 		l.earlyDue, l.offered = false, false
+		if l.s.line != nil {
+			c.released = l.s.line.leave(l.s)
+		}
 	}
 	go func() {
 		l.s.fetch(c)
@@ -704,11 +751,10 @@ func (l *fetchLoop) wait() bool {
 		l.finish(c)
 	case <-l.s.kick:
 	case <-l.wake:
-		l.idle, l.looked = false, false
+		l.woken()
 		l.offered = true
-		l.hints++
-		l.earlyDue = false
-		l.el.reset()
+	case <-l.s.nudged:
+		l.woken()
 	case <-qclosed:
 		// Queue.Close stopped the wake-ups: look again now, and from now on
 		// at most every BlockPollInterval (nextLook).
@@ -733,6 +779,15 @@ func (l *fetchLoop) wait() bool {
 		return false
 	}
 	return true
+}
+
+// woken: a wake-up came, or a nudge of the source's envLine: the queue
+// may have runs for a call.
+func (l *fetchLoop) woken() {
+	l.idle, l.looked = false, false
+	l.hints++
+	l.earlyDue = false
+	l.el.reset()
 }
 
 // finish processes a call's reply.
@@ -840,7 +895,9 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			if !w.q.noEarlyLook && l.el.allowed(time.Now()) {
 				from = c.from
 			}
-			d, early := s.nextLook(from)
+			var d time.Duration
+			var early bool
+			d, early, l.envHeld = s.nextLook(from)
 			if !c.early {
 				l.el.idle(false, time.Now(), w.q.cfg.BlockPollInterval)
 			} else if !early {
@@ -849,6 +906,28 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			l.armLook(d, early)
 			l.looked = true
 		}
+	}
+	if s.line != nil {
+		l.lineStep(c)
+	}
+}
+
+// lineStep (a source with an envLine, an env limit): a call for runs that
+// got none, its look finding the env's limit holding the queue, joins the
+// line (or, a release made since the call began, asks again: see
+// envLine.join); a call that freed slots of the env it did not take again
+// (fewer runs than it acked, and fewer than it asked for or acks alone)
+// wakes as many sources of the line.
+func (l *fetchLoop) lineStep(c *fetchCall) {
+	s := l.s
+	if lim, err := l.w.q.cfg.limitsFor(s.env, s.queue); err != nil || lim.Env <= 0 {
+		return
+	}
+	if len(c.ks) > 0 && len(c.runs) == 0 && l.idle && l.envHeld && l.fetching && !s.line.join(s, c.released) {
+		l.idle = false
+	}
+	if freed := c.acked() - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
+		s.line.release(s, freed)
 	}
 }
 

@@ -1,0 +1,102 @@
+package runqueue
+
+import (
+	"slices"
+	"sync"
+)
+
+// envLine (flag off) is a Worker's own waiting line for the env's limit:
+// its queue sources of one env (when it has two or more) whose last call
+// for runs got none while its look found ready runs and the env at its
+// limit (not the queue at its own). With the flag off no waiting line in
+// Redis wakes such a queue (the pinned flag-off scripts keep none), and
+// nothing else may: a queue the env held waited for its look
+// (BlockPollInterval) while another queue of the same Worker freed the env
+// (helper-209's shape, flag off: 29.6 s at a 30 s poll, twice a run).
+//
+// A call of one of these sources that frees slots of the env it does not
+// take again (it got fewer runs than it acked, or it carried acks alone)
+// wakes as many sources of the line, the longest held first; each makes
+// one call and is served or, held again, joins at the back. A held call
+// that was on its way while such a release was made may have run in Redis
+// before it: the source asks again at once rather than join (released
+// counts the releases for that). Only this Worker's own releases wake its
+// line: slots freed by other processes, or by a shard source, wait for the
+// look, as before.
+type envLine struct {
+	mu       sync.Mutex
+	released int64     // the releases made so far
+	waiting  []*source // in the order they joined
+}
+
+// newEnvLines gives each env with two or more of the Worker's queue
+// sources a line (flag off only: with the flag on the env's waiting line
+// in Redis wakes the queues it held, in every process).
+func newEnvLines(sources []*source) {
+	byEnv := map[string][]*source{}
+	for _, s := range sources {
+		if s.shard < 0 {
+			byEnv[s.env] = append(byEnv[s.env], s)
+		}
+	}
+	for _, ss := range byEnv {
+		if len(ss) < 2 {
+			continue
+		}
+		line := &envLine{}
+		for _, s := range ss {
+			s.line, s.nudged = line, make(chan struct{}, 1)
+		}
+	}
+}
+
+// leave takes s out of the line (it calls for runs now, or stops) and
+// returns the releases so far, which its call notes (fetchCall.released).
+func (e *envLine) leave(s *source) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s.inLine {
+		s.inLine = false
+		e.waiting = slices.DeleteFunc(e.waiting, func(o *source) bool { return o == s })
+	}
+	return e.released
+}
+
+// join puts s at the back of the line, unless a release was made since its
+// call began (released, as leave returned it): then it returns false and
+// s asks again.
+func (e *envLine) join(s *source, released int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.released != released {
+		return false
+	}
+	if !s.inLine {
+		s.inLine = true
+		e.waiting = append(e.waiting, s)
+	}
+	return true
+}
+
+// release notes that a call of from freed n slots of the env it did not
+// take again, and wakes up to n of the sources waiting, the longest held
+// first (from itself stays: its own reply tells it).
+func (e *envLine) release(from *source, n int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.released++
+	for i := 0; i < len(e.waiting) && n > 0; {
+		s := e.waiting[i]
+		if s == from {
+			i++
+			continue
+		}
+		e.waiting = slices.Delete(e.waiting, i, i+1)
+		s.inLine = false
+		n--
+		select {
+		case s.nudged <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -287,6 +287,7 @@ func TestWorkerAcksAloneBesideShortAskStayBusy(t *testing.T) {
 		})
 	}
 }
+
 // Flag off (no waiting line in Redis), env limit 2: a Worker over qa and
 // qb whose qa runs hold both env slots; qb's call finds its run held back
 // and its look the env at its limit: qb joins the Worker's envLine. When

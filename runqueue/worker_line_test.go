@@ -1,0 +1,202 @@
+package runqueue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/runqueue/runqueue/internal/redistest"
+)
+
+// lineSources are n queue sources of one env sharing an envLine, for the
+// line's own tests (no Worker behind them).
+func lineSources(n int) []*source {
+	ss := make([]*source, n)
+	for i := range ss {
+		ss[i] = &source{env: "e", queue: string(rune('a' + i)), shard: -1}
+	}
+	newEnvLines(ss)
+	return ss
+}
+
+func nudgedNow(s *source) bool {
+	select {
+	case <-s.nudged:
+		return true
+	default:
+		return false
+	}
+}
+
+// The line wakes the sources held longest first, as many as slots were
+// freed, never the source that freed them; a source that left (it calls
+// again, or stops) is not woken; one whose call began before a release
+// does not join (it asks again).
+func TestEnvLineOrderAndCrossing(t *testing.T) {
+	t.Parallel()
+	ss := lineSources(4)
+	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
+	line := a.line
+	require.Same(t, line, d.line, "one line for the env")
+	at := line.leave(c)
+	require.True(t, line.join(c, at))
+	at = line.leave(b)
+	require.True(t, line.join(b, at))
+	at = line.leave(a)
+	require.True(t, line.join(a, at))
+
+	line.release(a, 1)
+	require.True(t, nudgedNow(c), "the longest held is woken first")
+	require.False(t, nudgedNow(b))
+	require.False(t, nudgedNow(a))
+	require.False(t, inEnvLine(c))
+	require.True(t, inEnvLine(a), "the releasing source keeps its place")
+
+	line.leave(b) // b calls again on its own (its look, a wake-up)
+	line.release(d, 5)
+	require.False(t, nudgedNow(b), "a source that left is not woken")
+	require.True(t, nudgedNow(a))
+	require.Empty(t, line.waiting)
+
+	at = line.leave(d) // d's call for runs begins
+	line.release(a, 1) // a release runs meanwhile (maybe in Redis after d's call)
+	require.False(t, line.join(d, at), "a release since the call began: ask again, do not join")
+	require.False(t, inEnvLine(d))
+	at = line.leave(d)
+	require.True(t, line.join(d, at))
+	require.True(t, line.join(d, at), "joining twice keeps one place")
+	require.Len(t, line.waiting, 1)
+	line.release(d, 1)
+	require.False(t, nudgedNow(d), "a source's own release does not wake it")
+	require.True(t, inEnvLine(d))
+}
+
+// lineWorker is a Worker over queues a and b of env "e", flag off, with
+// limits *lim (read at each use), not started (its loops are driven by
+// hand).
+func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
+	ctx := context.Background()
+	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+		LimitsFor: func(string, string) Limits { return *lim }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
+		Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}, Concurrency: 2})
+	require.NoError(t, err)
+	w.setBase(ctx)
+	return w
+}
+
+// A source's call for runs that got none joins the line only when its look
+// found the env's limit holding ready runs: not when the queue is empty,
+// not when its own queue limit holds it, not when the env has room (an
+// env with nothing in flight has no count: the look reads that as 0).
+// With the flag on there is no line (the env's line in Redis wakes).
+func TestEnvLineJoinsOnlyWhenTheEnvHolds(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, []redistest.Backend{
+		{Name: "Mini", Client: redistest.Mini},
+		{Name: "Real", Client: redistest.Real},
+	}, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		lim := Limits{Env: 2, Queue: 1}
+		w := lineWorker(t, c, &lim)
+		b := w.sources[1]
+		require.NotNil(t, b.line)
+		look := func(s *source) bool {
+			_, _, held := s.nextLook(0)
+			return held
+		}
+		require.False(t, look(b), "an empty queue")
+		for _, id := range []string{"b1", "b2", "b3"} {
+			_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "b", Key: "k", ID: id})
+			require.NoError(t, err)
+		}
+		_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "a", Key: "k", ID: "a1"})
+		require.NoError(t, err)
+		require.False(t, look(b), "nothing in flight: the env has room")
+		at, _, ok, err := w.q.queueNext(ctx, w.q.space.Env("e").Queue("b"), 0, &lookCounts{})
+		require.NoError(t, err, "an env with no count yet reads as 0, not as a failed look")
+		require.True(t, ok)
+		require.LessOrEqual(t, at, w.q.now(), "ready runs")
+		runs, err := w.q.Dequeue(ctx, "e", "a", 1)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+		require.False(t, look(b), "the env at 1 of 2")
+		runs, err = w.q.Dequeue(ctx, "e", "b", 1)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+		require.False(t, look(b), "the env at 2 of 2, but the queue at its own limit of 1 too")
+		held := func() *fetchLoop { // b's call for runs that got none, and its look
+			l := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+			ks := w.slots.take(b, 1, 1, nil)
+			require.Len(t, ks, 1)
+			l.finish(&fetchCall{ks: ks, hints: l.hints, released: b.line.leave(b)})
+			return l
+		}
+		l := held()
+		require.True(t, l.idle)
+		require.False(t, inEnvLine(b), "held by its own queue limit: b does not wait in the env's line")
+		lim.Queue = 2
+		require.True(t, look(b), "the env at its limit holds the queue's ready runs")
+		l = held()
+		require.True(t, l.idle)
+		require.True(t, inEnvLine(b), "held by the env: b waits in the line")
+
+		q2, err := New(ctx, c, &Config{Prefix: w.q.cfg.Prefix, VtimeScheduling: true})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q2.Close() })
+		w2, err := NewWorker(q2, func(context.Context, *Run) error { return nil }, &WorkerConfig{
+			Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}})
+		require.NoError(t, err)
+		require.Nil(t, w2.sources[1].line, "flag on: no line")
+	})
+}
+
+// A held call that was on its way while another source's call freed the
+// env (the release may have run in Redis after it) asks again at once
+// rather than join the line: nothing would wake it. The release wakes the
+// sources waiting, the held call's source not among them yet.
+func TestEnvLineHeldCallCrossingReleaseAsksAgain(t *testing.T) {
+	t.Parallel()
+	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
+	a, b := w.sources[0], w.sources[1]
+	lb := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	ks := w.slots.take(b, 1, 1, nil)
+	require.Len(t, ks, 1)
+	held := &fetchCall{ks: ks, hints: lb.hints, released: b.line.leave(b)}
+	// a's acks go alone and free two env slots while b's call is on its way.
+	acks := &fetchCall{acks: []*job{
+		{run: &Run{Env: "e", Queue: "a", ID: "x", Token: 1}, src: a},
+		{run: &Run{Env: "e", Queue: "a", ID: "y", Token: 1}, src: a}}, ackErrs: []error{nil, nil}}
+	la.inflight, la.ackAlone = 1, 1
+	la.inflight--
+	la.finish(acks)
+	lb.looked, lb.envHeld = true, true // (its look found the env holding it)
+	lb.finish(held)
+	require.False(t, lb.idle, "a release crossed the held call: b asks again")
+	require.False(t, inEnvLine(b))
+
+	again := &fetchCall{ks: w.slots.take(b, 1, 1, nil), hints: lb.hints, released: b.line.leave(b)}
+	require.Len(t, again.ks, 1)
+	lb.finish(again)
+	require.True(t, lb.idle, "no release since: b waits in the line")
+	require.True(t, inEnvLine(b))
+
+	// A release of a's that freed fewer than it acked, its call cut short,
+	// wakes b; one that took all it freed again does not.
+	full := &fetchCall{acks: acks.acks, ackErrs: []error{nil, nil}, ks: w.slots.take(a, 1, 1, nil)}
+	require.Len(t, full.ks, 1)
+	full.runs = []*Run{{Env: "e", Queue: "a", ID: "z", Token: 1, LeaseDeadline: time.Now().Add(time.Minute)}}
+	la.finish(full)
+	(<-w.jobs).expiry.Stop()
+	require.False(t, nudgedNow(b), "a call that got all it asked for takes its slots again")
+	gone := &fetchCall{acks: acks.acks, ackErrs: []error{errGoneBefore, nil}}
+	la.finish(gone)
+	require.True(t, nudgedNow(b), "one slot freed: b is woken")
+	require.False(t, inEnvLine(b))
+}

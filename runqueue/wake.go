@@ -434,15 +434,23 @@ type lookCounts struct {
 	held heldLen
 }
 
-// envHeld says whether the env is at its limit lim.Env and the queue is
-// not at its own.
-func (c *lookCounts) envHeld(lim Limits) bool {
+// envState says whether the env is at its limit lim.Env (held) or below
+// it (free), the queue not at its own (neither: the queue at its limit, or
+// a read failed).
+func (c *lookCounts) envState(lim Limits) envLook {
 	n, err := c.env.Int64()
 	if errors.Is(err, redis.Nil) {
 		n, err = 0, nil
 	}
-	return err == nil && n >= int64(lim.Env) && (lim.Queue <= 0 || c.held.val() < int64(lim.Queue))
+	if err != nil || lim.Queue > 0 && c.held.val() >= int64(lim.Queue) {
+		return envLook{}
+	}
+	return envLook{held: n >= int64(lim.Env), free: n < int64(lim.Env)}
 }
+
+// envLook is what a look found of the env's limit, the queue holding
+// ready runs (see nextLookOpen).
+type envLook struct{ held, free bool }
 
 // exclusive is the exclusive score bound at ms of a sorted-set range.
 func exclusive(ms int64) string { return "(" + strconv.FormatInt(ms, 10) }

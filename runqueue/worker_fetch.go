@@ -166,8 +166,9 @@ type fetchCall struct {
 	took    time.Duration
 	began   int64 // Worker.mono when the call began: its runs' leases start after it
 	// released: its source's envLine's releases when a call for runs began
-	// (envLine.join).
+	// (envLine.join); lineAcks: its acks count in envLine.acking.
 	released int64
+	lineAcks bool
 }
 
 // acksAlone says whether c carries acks and asks for no runs.
@@ -311,19 +312,19 @@ func (s *source) settled(acks []*job, errs []error) {
 // why). Once the Queue is closed, no enqueue wakes the
 // worker (Close stops the wake-up listener), so it waits at most
 // BlockPollInterval.
-func (s *source) nextLook(from int64) (d time.Duration, early, envHeld bool) {
-	d, early, envHeld = s.nextLookOpen(from)
+func (s *source) nextLook(from int64) (d time.Duration, early bool, env envLook) {
+	d, early, env = s.nextLookOpen(from)
 	if s.w.q.isClosed() {
 		d = min(d, s.w.q.cfg.BlockPollInterval)
 	}
-	return d, early, envHeld
+	return d, early, env
 }
 
-// nextLookOpen is nextLook's look. envHeld (a source with an envLine and
-// an env limit): the queue holds ready runs, the env is at its limit and
-// the queue is not at its own; the look then reads both counts too, in its
-// round trip.
-func (s *source) nextLookOpen(from int64) (time.Duration, bool, bool) {
+// nextLookOpen is nextLook's look. With an envLine and an env limit it
+// also reads the env's and the queue's in-flight counts, in its round trip,
+// and says, when the queue holds ready runs, whether the env is at its
+// limit or below it, the queue not at its own (envLook).
+func (s *source) nextLookOpen(from int64) (time.Duration, bool, envLook) {
 	w := s.w
 	var at, sooner int64
 	var ok bool
@@ -342,21 +343,24 @@ func (s *source) nextLookOpen(from int64) (time.Duration, bool, bool) {
 	}
 	switch {
 	case err != nil:
-		return w.q.cfg.BlockPollInterval, false, false
+		return w.q.cfg.BlockPollInterval, false, envLook{}
 	case !ok:
-		return w.cfg.IdlePollInterval, false, false
+		return w.cfg.IdlePollInterval, false, envLook{}
 	}
 	now := w.q.now()
 	due := time.Duration(at-now) * time.Millisecond
 	if due <= 0 {
 		// ready work that limits hold
-		envHeld := counts != nil && counts.envHeld(lim)
-		if d, soon := w.q.soonIn(sooner, now); soon {
-			return d, true, envHeld
+		var env envLook
+		if counts != nil {
+			env = counts.envState(lim)
 		}
-		return w.q.cfg.BlockPollInterval, false, envHeld
+		if d, soon := w.q.soonIn(sooner, now); soon {
+			return d, true, env
+		}
+		return w.q.cfg.BlockPollInterval, false, env
 	}
-	return min(due, w.cfg.IdlePollInterval), false, false
+	return min(due, w.cfg.IdlePollInterval), false, envLook{}
 }
 
 // retryDelay is the wait after the n-th failure in a row: 100ms doubling
@@ -398,10 +402,13 @@ type fetchLoop struct {
 	held   map[string]heldVisit // by queue member
 	// offered: a wake-up came since the last call that asked for runs
 	// (a slot may have been left to the queue's mark).
-	offered  bool
-	looked   bool // the look timer was set from a look at the source since anything changed
-	envHeld  bool // and that look found the env's limit holding ready runs (see nextLookOpen)
-	failures int
+	offered bool
+	looked  bool    // the look timer was set from a look at the source since anything changed
+	envLook envLook // and what that look found of the env's limit, ready runs held (see nextLookOpen)
+	// freeAsked: a call asked again since the last wake-up or call that
+	// served runs, its look having found the env free (see lineStep).
+	freeAsked bool
+	failures  int
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
 	faultLogged time.Time
@@ -720,6 +727,10 @@ func (l *fetchLoop) launch(c *fetchCall) {
 			c.released = l.s.line.leave(l.s)
 		}
 	}
+	if l.s.line != nil && len(c.acks) > 0 {
+		c.lineAcks = true
+		l.s.line.acks(1)
+	}
 	go func() {
 		l.s.fetch(c)
 		l.results <- c // never blocks: room for fetchDepth replies
@@ -784,7 +795,7 @@ func (l *fetchLoop) wait() bool {
 // woken: a wake-up came, or a nudge of the source's envLine: the queue
 // may have runs for a call.
 func (l *fetchLoop) woken() {
-	l.idle, l.looked = false, false
+	l.idle, l.looked, l.freeAsked = false, false, false
 	l.hints++
 	l.earlyDue = false
 	l.el.reset()
@@ -793,6 +804,9 @@ func (l *fetchLoop) woken() {
 // finish processes a call's reply.
 func (l *fetchLoop) finish(c *fetchCall) {
 	w, s := l.w, l.s
+	if c.lineAcks {
+		defer s.line.acks(-1) // (after its release, in lineStep)
+	}
 	if c.acksAlone() {
 		l.ackAlone--
 	}
@@ -846,7 +860,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	l.failures, l.refusedFrom = 0, time.Time{}
 	l.noteVisits(c.visits)
 	if len(c.runs) > 0 {
-		l.looked = false
+		l.looked, l.freeAsked = false, false
 		l.el.reset()
 	} else if c.early && len(c.ks) > 0 {
 		// An early look that served nothing: the next look is the
@@ -897,7 +911,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			}
 			var d time.Duration
 			var early bool
-			d, early, l.envHeld = s.nextLook(from)
+			d, early, l.envLook = s.nextLook(from)
 			if !c.early {
 				l.el.idle(false, time.Now(), w.q.cfg.BlockPollInterval)
 			} else if !early {
@@ -923,8 +937,26 @@ func (l *fetchLoop) lineStep(c *fetchCall) {
 	if lim, err := l.w.q.cfg.limitsFor(s.env, s.queue); err != nil || lim.Env <= 0 {
 		return
 	}
-	if len(c.ks) > 0 && len(c.runs) == 0 && l.idle && l.envHeld && l.fetching && !s.line.join(s, c.released) {
-		l.idle = false
+	if len(c.ks) > 0 && len(c.runs) == 0 && l.idle && l.fetching {
+		env := l.envLook
+		switch {
+		case env.free && !l.freeAsked:
+			// The look found ready runs and the env and queue below their
+			// limits: acks that ran in Redis after the call, whose release
+			// this loop may not have seen yet (helper-212: the source then
+			// stayed out of the line, idle for its poll, with the env
+			// free). Ask again, once until a wake-up or a call that serves
+			// runs (a queue its key limits hold would ask on and on).
+			l.idle, l.looked, l.freeAsked = false, false, true
+		case env.held || env.free:
+			// (free again: it joins while acks of the line are on their
+			// way, whose release may be what it missed: helper-212's
+			// second crossing in a row)
+			if s.line.join(s, c.released, env.free) == lineCrossed {
+				// A release crossed the call: ask again, after a fresh look.
+				l.idle, l.looked = false, false
+			}
+		}
 	}
 	if freed := c.acked() - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
 		s.line.release(s, freed)

@@ -26,6 +26,7 @@ import (
 type envLine struct {
 	mu       sync.Mutex
 	released int64     // the releases made so far
+	acking   int       // the calls with acks of its sources on their way
 	waiting  []*source // in the order they joined
 }
 
@@ -62,20 +63,43 @@ func (e *envLine) leave(s *source) int64 {
 	return e.released
 }
 
+// joined is what join did.
+type joined int
+
+const (
+	lineJoined  joined = iota // s waits in the line
+	lineCrossed               // a release was made since s's call began: s asks again
+	lineOut                   // the env was free and no acks of the line are on their way: s stays out
+)
+
 // join puts s at the back of the line, unless a release was made since its
-// call began (released, as leave returned it): then it returns false and
-// s asks again.
-func (e *envLine) join(s *source, released int64) bool {
+// call began (released, as leave returned it). free: s's look found the
+// env below its limit (acks ran in Redis after s's call): s joins only
+// while calls with acks of the line are on their way, whose release may
+// be it (a queue its key limits hold, the env free, would otherwise spend
+// the line's wake-ups).
+func (e *envLine) join(s *source, released int64, free bool) joined {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.released != released {
-		return false
+	switch {
+	case e.released != released:
+		return lineCrossed
+	case free && e.acking == 0:
+		return lineOut
 	}
 	if !s.inLine {
 		s.inLine = true
 		e.waiting = append(e.waiting, s)
 	}
-	return true
+	return lineJoined
+}
+
+// acks counts a call with acks of a source of the line on its way (d +1 at
+// its launch, -1 once its reply was processed, its release made).
+func (e *envLine) acks(d int) {
+	e.mu.Lock()
+	e.acking += d
+	e.mu.Unlock()
 }
 
 // release notes that a call of from freed n slots of the env it did not

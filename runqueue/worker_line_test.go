@@ -42,11 +42,11 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 	line := a.line
 	require.Same(t, line, d.line, "one line for the env")
 	at := line.leave(c)
-	require.True(t, line.join(c, at))
+	require.Equal(t, lineJoined, line.join(c, at, false))
 	at = line.leave(b)
-	require.True(t, line.join(b, at))
+	require.Equal(t, lineJoined, line.join(b, at, false))
 	at = line.leave(a)
-	require.True(t, line.join(a, at))
+	require.Equal(t, lineJoined, line.join(a, at, false))
 
 	line.release(a, 1)
 	require.True(t, nudgedNow(c), "the longest held is woken first")
@@ -63,15 +63,21 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 
 	at = line.leave(d) // d's call for runs begins
 	line.release(a, 1) // a release runs meanwhile (maybe in Redis after d's call)
-	require.False(t, line.join(d, at), "a release since the call began: ask again, do not join")
+	require.Equal(t, lineCrossed, line.join(d, at, false), "a release since the call began: ask again, do not join")
 	require.False(t, inEnvLine(d))
 	at = line.leave(d)
-	require.True(t, line.join(d, at))
-	require.True(t, line.join(d, at), "joining twice keeps one place")
+	require.Equal(t, lineJoined, line.join(d, at, false))
+	require.Equal(t, lineJoined, line.join(d, at, false), "joining twice keeps one place")
 	require.Len(t, line.waiting, 1)
 	line.release(d, 1)
 	require.False(t, nudgedNow(d), "a source's own release does not wake it")
 	require.True(t, inEnvLine(d))
+
+	at = line.leave(b)
+	require.Equal(t, lineOut, line.join(b, at, true), "the env free and no acks on their way: b stays out")
+	line.acks(1)
+	require.Equal(t, lineJoined, line.join(b, at, true), "the env free, acks on their way: b waits for their release")
+	line.acks(-1)
 }
 
 // lineWorker is a Worker over queues a and b of env "e", flag off, with
@@ -84,7 +90,7 @@ func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
 	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
-		Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}, Concurrency: 2})
+		Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}, Concurrency: 4})
 	require.NoError(t, err)
 	w.setBase(ctx)
 	return w
@@ -107,8 +113,8 @@ func TestEnvLineJoinsOnlyWhenTheEnvHolds(t *testing.T) {
 		b := w.sources[1]
 		require.NotNil(t, b.line)
 		look := func(s *source) bool {
-			_, _, held := s.nextLook(0)
-			return held
+			_, _, env := s.nextLook(0)
+			return env.held
 		}
 		require.False(t, look(b), "an empty queue")
 		for _, id := range []string{"b1", "b2", "b3"} {
@@ -176,13 +182,15 @@ func TestEnvLineHeldCallCrossingReleaseAsksAgain(t *testing.T) {
 	la.inflight, la.ackAlone = 1, 1
 	la.inflight--
 	la.finish(acks)
-	lb.looked, lb.envHeld = true, true // (its look found the env holding it)
+	lb.looked, lb.envLook = true, envLook{held: true} // (its look found the env holding it)
 	lb.finish(held)
 	require.False(t, lb.idle, "a release crossed the held call: b asks again")
 	require.False(t, inEnvLine(b))
 
 	again := &fetchCall{ks: w.slots.take(b, 1, 1, nil), hints: lb.hints, released: b.line.leave(b)}
 	require.Len(t, again.ks, 1)
+	require.False(t, lb.looked, "it looks afresh after asking again")
+	lb.looked, lb.envLook = true, envLook{held: true} // (and finds the env holding it)
 	lb.finish(again)
 	require.True(t, lb.idle, "no release since: b waits in the line")
 	require.True(t, inEnvLine(b))
@@ -199,4 +207,76 @@ func TestEnvLineHeldCallCrossingReleaseAsksAgain(t *testing.T) {
 	la.finish(gone)
 	require.True(t, nudgedNow(b), "one slot freed: b is woken")
 	require.False(t, inEnvLine(b))
+}
+
+// freedBeforeReleaseSeen drives, by hand, flag off at env limit 2, a
+// Worker over qa and qb: qa's a1 and a2 hold both env slots; qb's call
+// (b1 ready) runs in Redis while the env is full; qa's acks (qa then
+// empty) run in Redis after it and free both slots, but their reply (the
+// line's release) is processed after qb's, whose look finds the env free,
+// not held. It returns qb's loop once both replies were processed.
+// freeAsked: qb already asked again once for such a look.
+func freedBeforeReleaseSeen(t *testing.T, freeAsked bool) (*Worker, *fetchLoop) {
+	ctx := context.Background()
+	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
+	a, b := w.sources[0], w.sources[1]
+	la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	lb := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1,
+		freeAsked: freeAsked}
+	for _, id := range []string{"a1", "a2"} {
+		_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "a", Key: "k", ID: id})
+		require.NoError(t, err)
+	}
+	_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "b", Key: "k", ID: "b1"})
+	require.NoError(t, err)
+	ca := &fetchCall{ks: w.slots.take(a, 2, 1, nil), hints: la.hints, released: a.line.leave(a)}
+	a.fetch(ca)
+	require.NoError(t, ca.err)
+	require.Len(t, ca.runs, 2)
+	la.finish(ca)
+	j1, j2 := <-w.jobs, <-w.jobs
+	j1.expiry.Stop()
+	j2.expiry.Stop()
+
+	// qb's call runs in Redis: the env holds b1.
+	cb := &fetchCall{ks: w.slots.take(b, 1, 1, nil), hints: lb.hints, released: b.line.leave(b)}
+	b.fetch(cb)
+	require.NoError(t, cb.err)
+	require.Empty(t, cb.runs)
+	// qa's acks run in Redis (both env slots free); their reply waits.
+	ca2 := &fetchCall{acks: []*job{j1, j2}, ks: w.slots.take(nil, 1, 1, nil), hints: la.hints,
+		released: a.line.leave(a), lineAcks: true}
+	a.line.acks(1) // (as launch counts it)
+	a.fetch(ca2)
+	require.NoError(t, ca2.err)
+	require.Empty(t, ca2.runs)
+	lb.finish(cb)
+	la.finish(ca2)
+	return w, lb
+}
+
+// helper-212: a held call whose look finds the env free (acks ran in
+// Redis after it, their release not yet seen) asks again, once: before,
+// it neither joined the line nor asked, and the release found the line
+// empty; qb sat idle for its look (30 s) with b1 ready and the env free.
+func TestEnvLineFreedBeforeReleaseSeenAsksAgain(t *testing.T) {
+	t.Parallel()
+	w, lb := freedBeforeReleaseSeen(t, false)
+	require.False(t, lb.idle, "the env was free at qb's look: qb asks again")
+	require.True(t, lb.freeAsked)
+	probe := &fetchCall{ks: w.slots.take(nil, 1, 1, nil)}
+	lb.s.fetch(probe)
+	require.NoError(t, probe.err)
+	require.Len(t, probe.runs, 1, "the env is free and b1 ready")
+}
+
+// helper-212's second crossing: a source that already asked again once for
+// a look that found the env free, and finds it free again, joins the line
+// while acks of the line are on their way, and their release wakes it;
+// before, it went idle out of the line for its look.
+func TestEnvLineFreedAgainJoinsWhileAcksAreOnTheirWay(t *testing.T) {
+	t.Parallel()
+	_, lb := freedBeforeReleaseSeen(t, true)
+	require.True(t, lb.idle)
+	require.True(t, nudgedNow(lb.s), "qa's release wakes qb, which joined while qa's acks were on their way")
 }

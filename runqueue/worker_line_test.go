@@ -280,3 +280,28 @@ func TestEnvLineFreedAgainJoinsWhileAcksAreOnTheirWay(t *testing.T) {
 	require.True(t, lb.idle)
 	require.True(t, nudgedNow(lb.s), "qa's release wakes qb, which joined while qa's acks were on their way")
 }
+
+// A call with acks of a source of the line counts in the line's acking
+// from its launch until its reply was processed (its release made).
+func TestEnvLineCountsAcksOnTheirWay(t *testing.T) {
+	t.Parallel()
+	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
+	a := w.sources[0]
+	la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	acking := func() int {
+		a.line.mu.Lock()
+		defer a.line.mu.Unlock()
+		return a.line.acking
+	}
+	la.launch(&fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "a", ID: "x", Token: 1}, src: a}}})
+	require.Equal(t, 1, acking(), "on its way")
+	c := <-la.results
+	require.Equal(t, 1, acking(), "until its reply is processed")
+	la.inflight--
+	la.finish(c)
+	require.Equal(t, 0, acking())
+	la.launch(&fetchCall{ks: w.slots.take(a, 1, 1, nil)})
+	require.Equal(t, 0, acking(), "a call without acks does not count")
+	la.inflight--
+	la.finish(<-la.results)
+}

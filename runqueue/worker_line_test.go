@@ -11,6 +11,12 @@ import (
 	"github.com/runqueue/runqueue/internal/redistest"
 )
 
+// lineBackends: miniredis and the shared real Redis.
+var lineBackends = []redistest.Backend{
+	{Name: "Mini", Client: redistest.Mini},
+	{Name: "Real", Client: redistest.Real},
+}
+
 // lineSources are n queue sources of one env sharing an envLine, for the
 // line's own tests (no Worker behind them).
 func lineSources(n int) []*source {
@@ -103,10 +109,7 @@ func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
 // With the flag on there is no line (the env's line in Redis wakes).
 func TestEnvLineJoinsOnlyWhenTheEnvHolds(t *testing.T) {
 	t.Parallel()
-	redistest.ForEachBackend(t, []redistest.Backend{
-		{Name: "Mini", Client: redistest.Mini},
-		{Name: "Real", Client: redistest.Real},
-	}, func(t *testing.T, c redis.UniversalClient) {
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
 		ctx := context.Background()
 		lim := Limits{Env: 2, Queue: 1}
 		w := lineWorker(t, c, &lim)
@@ -304,4 +307,69 @@ func TestEnvLineCountsAcksOnTheirWay(t *testing.T) {
 	require.Equal(t, 0, acking(), "a call without acks does not count")
 	la.inflight--
 	la.finish(<-la.results)
+}
+
+// Flag off (no waiting line in Redis), env limit 2: a Worker over qa and
+// qb whose qa runs hold both env slots; qb's call finds its run held back
+// and its look the env at its limit: qb joins the Worker's envLine. When
+// qa's runs end and qa has nothing more, the acks' call frees the env's
+// slots and wakes qb, which is served at once; before, it waited for its
+// look (BlockPollInterval, 30 s here), the env free.
+func TestWorkerEnvLineWakesHeldQueueFlagOff(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+			LimitsFor: func(string, string) Limits { return Limits{Env: 2} }})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		gate := make(chan struct{})
+		started, served := make(chan string, 4), make(chan string, 4)
+		w, err := NewWorker(q, func(_ context.Context, r *Run) error {
+			started <- r.ID
+			if r.Queue == "qa" {
+				<-gate
+			}
+			served <- r.ID
+			return nil
+		}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}, {Env: "e", Queue: "qb"}}, Concurrency: 3})
+		require.NoError(t, err)
+		for _, id := range []string{"a1", "a2"} {
+			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
+			require.NoError(t, err)
+		}
+		require.NoError(t, w.Start(ctx))
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			require.NoError(t, w.Shutdown(sctx))
+		})
+		for range 2 {
+			<-started
+		}
+		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
+		require.NoError(t, err)
+		qb := w.sources[1]
+		require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond,
+			"qb's call finds the env full: it joins the line")
+		close(gate)
+		deadline := time.After(20 * time.Second)
+		for {
+			select {
+			case id := <-served:
+				if id == "b1" {
+					return
+				}
+			case <-deadline:
+				t.Fatal("qb's run not served in 20 s once qa's runs ended (its poll is 30 s)")
+			}
+		}
+	})
+}
+
+// inEnvLine says whether s waits in its envLine.
+func inEnvLine(s *source) bool {
+	s.line.mu.Lock()
+	defer s.line.mu.Unlock()
+	return s.inLine
 }

@@ -2,6 +2,7 @@ package runqueue
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -34,6 +35,9 @@ type source struct {
 	line   *envLine
 	nudged chan struct{}
 	inLine bool
+	// lineHeld (guarded by line.mu): s joined on a look that found the
+	// env at its limit (see envLine.pass).
+	lineHeld bool
 
 	mu   sync.Mutex
 	acks []*job
@@ -408,6 +412,10 @@ type fetchLoop struct {
 	// freeAsked: a call asked again since the last wake-up or call that
 	// served runs, its look having found the env free (see lineStep).
 	freeAsked bool
+	// lineWoken: the source's envLine woke it (nudged) and no call of it
+	// has served runs or found the env held since: the slot it was woken
+	// for may still be free (see lineStep).
+	lineWoken bool
 	failures  int
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
@@ -766,6 +774,7 @@ func (l *fetchLoop) wait() bool {
 		l.offered = true
 	case <-l.s.nudged:
 		l.woken()
+		l.lineWoken = true
 	case <-qclosed:
 		// Queue.Close stopped the wake-ups: look again now, and from now on
 		// at most every BlockPollInterval (nextLook).
@@ -860,7 +869,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	l.failures, l.refusedFrom = 0, time.Time{}
 	l.noteVisits(c.visits)
 	if len(c.runs) > 0 {
-		l.looked, l.freeAsked = false, false
+		l.looked, l.freeAsked, l.lineWoken = false, false, false
 		l.el.reset()
 	} else if c.early && len(c.ks) > 0 {
 		// An early look that served nothing: the next look is the
@@ -934,7 +943,15 @@ func (l *fetchLoop) finish(c *fetchCall) {
 // wakes as many sources of the line.
 func (l *fetchLoop) lineStep(c *fetchCall) {
 	s := l.s
-	if lim, err := l.w.q.cfg.limitsFor(s.env, s.queue); err != nil || lim.Env <= 0 {
+	if lim, err := l.w.q.cfg.limitsFor(s.env, s.queue); err != nil {
+		return
+	} else if lim.Env <= 0 {
+		// No env limit (lifted since sources joined, say): none waits for
+		// it, and no release of a limited env would wake them (helper-213:
+		// a source in the line waited its poll once the limit was lifted).
+		if c.acked() > 0 {
+			s.line.release(s, math.MaxInt)
+		}
 		return
 	}
 	if len(c.ks) > 0 && len(c.runs) == 0 && l.idle && l.fetching {
@@ -948,7 +965,22 @@ func (l *fetchLoop) lineStep(c *fetchCall) {
 			// free). Ask again, once until a wake-up or a call that serves
 			// runs (a queue its key limits hold would ask on and on).
 			l.idle, l.looked, l.freeAsked = false, false, true
-		case env.held || env.free:
+		default:
+			if l.lineWoken && !env.held {
+				// The line woke this source for a slot it did not take (its
+				// key limits hold it, its queue is empty or at its limit)
+				// and its look did not find the env at its limit: the
+				// wake-up goes on to a source waiting for the env, or that
+				// one waits for its poll (helper-213).
+				s.line.pass(s)
+			}
+			l.lineWoken = false
+			if !env.held && !env.free || c.acked() > 0 {
+				// (a call whose own acks ran first, in its script, was not
+				// held by the env: its look, maybe one from before them,
+				// says nothing of it; helper-213)
+				break
+			}
 			// (free again: it joins while acks of the line are on their
 			// way, whose release may be what it missed: helper-212's
 			// second crossing in a row)

@@ -91,6 +91,7 @@ func (e *envLine) join(s *source, released int64, free bool) joined {
 		s.inLine = true
 		e.waiting = append(e.waiting, s)
 	}
+	s.lineHeld = !free
 	return lineJoined
 }
 
@@ -122,5 +123,28 @@ func (e *envLine) release(from *source, n int) {
 		case s.nudged <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// pass: a source the line woke could not take the slot it was woken for
+// (its key limits hold it, say) and its look found the env with room: the
+// wake-up goes to the first source waiting that joined on a look finding
+// the env at its limit (one that joined on a free look is owed none: two
+// such would pass it back and forth while acks flow), other than from.
+// It counts as a release (a held call crossing it asks again).
+func (e *envLine) pass(from *source) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	i := slices.IndexFunc(e.waiting, func(o *source) bool { return o != from && o.lineHeld })
+	if i < 0 {
+		return
+	}
+	e.released++
+	s := e.waiting[i]
+	e.waiting = slices.Delete(e.waiting, i, i+1)
+	s.inLine = false
+	select {
+	case s.nudged <- struct{}{}:
+	default:
 	}
 }

@@ -2,6 +2,8 @@ package runqueue
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -353,17 +355,7 @@ func TestWorkerEnvLineWakesHeldQueueFlagOff(t *testing.T) {
 		require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond,
 			"qb's call finds the env full: it joins the line")
 		close(gate)
-		deadline := time.After(20 * time.Second)
-		for {
-			select {
-			case id := <-served:
-				if id == "b1" {
-					return
-				}
-			case <-deadline:
-				t.Fatal("qb's run not served in 20 s once qa's runs ended (its poll is 30 s)")
-			}
-		}
+		waitServed(t, served, "b1", func() string { return "once qa's runs ended" })
 	})
 }
 
@@ -372,4 +364,188 @@ func inEnvLine(s *source) bool {
 	s.line.mu.Lock()
 	defer s.line.mu.Unlock()
 	return s.inLine
+}
+
+// A source the line woke that cannot take the slot (its key limits hold
+// it), the env left free, passes the wake-up to the first source that
+// joined on a held look, never to one that joined on a free look (two
+// such would pass it back and forth while acks flow) nor to itself.
+func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
+	t.Parallel()
+	ss := lineSources(4)
+	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
+	line := a.line
+	line.acks(1)
+	at := line.leave(b)
+	require.Equal(t, lineJoined, line.join(b, at, true), "b joins on a free look")
+	at = line.leave(c)
+	require.Equal(t, lineJoined, line.join(c, at, false), "c joins on a held look")
+	at = line.leave(a)
+	require.Equal(t, lineJoined, line.join(a, at, false))
+	line.acks(-1)
+
+	at = line.leave(d)
+	line.pass(a)
+	require.False(t, nudgedNow(b), "b joined on a free look: owed none")
+	require.True(t, nudgedNow(c), "the first held waiter is woken")
+	require.False(t, inEnvLine(c))
+	require.True(t, inEnvLine(b))
+	require.Equal(t, lineCrossed, line.join(d, at, false), "a pass counts as a release for a crossing call")
+
+	line.leave(a)
+	at = line.leave(a)
+	require.Equal(t, lineJoined, line.join(a, at, false))
+	line.pass(a)
+	require.False(t, nudgedNow(a), "never the passing source itself")
+	require.False(t, nudgedNow(b))
+	require.True(t, inEnvLine(a))
+}
+
+// waitServed waits up to 20 s (the tests' polls are 30 s) for the run id
+// among those served, and fails saying why (state) otherwise.
+func waitServed(t *testing.T, served <-chan string, id string, state func() string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case got := <-served:
+			if got == id {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%s not served in 20 s (its poll is 30 s) %s", id, state())
+		}
+	}
+}
+
+// helper-213: a source its key limit holds is first in the line; a release
+// wakes it and it takes nothing (its key is busy), the env left with room:
+// the wake-up goes on to the env-held source behind it. Before, that one
+// was never woken: it waited for its poll (30 s).
+func TestWorkerEnvLineWakeUpGoesOnPastKeyHeldQueue(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+			LimitsFor: func(_, queue string) Limits {
+				if queue == "qa" {
+					return Limits{Env: 2, Key: 1}
+				}
+				return Limits{Env: 2}
+			}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		gateA, gateC := make(chan struct{}), make(chan struct{})
+		started, served := make(chan string, 16), make(chan string, 16)
+		w, err := NewWorker(q, func(_ context.Context, r *Run) error {
+			started <- r.ID
+			switch r.Queue {
+			case "qa":
+				<-gateA // a long run: its key holds qa's other runs
+			case "qc":
+				<-gateC
+			}
+			served <- r.ID
+			return nil
+		}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}, {Env: "e", Queue: "qb"}, {Env: "e", Queue: "qc"}},
+			Concurrency: 4})
+		require.NoError(t, err)
+		for _, p := range []EnqueueParams{{Env: "e", Queue: "qa", Key: "k", ID: "a1"}, {Env: "e", Queue: "qc", Key: "k", ID: "c1"}} {
+			_, err := q.Enqueue(ctx, p)
+			require.NoError(t, err)
+		}
+		require.NoError(t, w.Start(ctx))
+		t.Cleanup(func() {
+			close(gateA)
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			require.NoError(t, w.Shutdown(sctx))
+		})
+		for range 2 {
+			<-started
+		}
+		qa, qb := w.sources[0], w.sources[1]
+		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: "a2"})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return inEnvLine(qa) }, 10*time.Second, 5*time.Millisecond,
+			"qa's call finds the env full (and its key busy): it joins the line")
+		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond,
+			"qb's call finds the env full: it joins the line behind qa")
+		close(gateC) // c1 ends: qc's ack frees one env slot and wakes qa, whose key still holds it
+		waitServed(t, served, "b1", func() string {
+			return fmt.Sprintf("with the env at 1 of 2; qb in line: %v, qa in line: %v", inEnvLine(qb), inEnvLine(qa))
+		})
+	})
+}
+
+// helper-213: the env's limit is lifted (Limits.Env 0) while qb waits in
+// the line; qa's runs end and their acks wake the whole line. Before, the
+// release was made only under an env limit: qb waited for its poll (30 s).
+func TestWorkerEnvLineWokenWhenEnvLimitLifted(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		var envLim atomic.Int64
+		envLim.Store(2)
+		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+			LimitsFor: func(string, string) Limits { return Limits{Env: int(envLim.Load())} }})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		gate := make(chan struct{})
+		started, served := make(chan string, 4), make(chan string, 4)
+		w, err := NewWorker(q, func(_ context.Context, r *Run) error {
+			started <- r.ID
+			if r.Queue == "qa" {
+				<-gate
+			}
+			served <- r.ID
+			return nil
+		}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}, {Env: "e", Queue: "qb"}}, Concurrency: 3})
+		require.NoError(t, err)
+		for _, id := range []string{"a1", "a2"} {
+			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
+			require.NoError(t, err)
+		}
+		require.NoError(t, w.Start(ctx))
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			require.NoError(t, w.Shutdown(sctx))
+		})
+		for range 2 {
+			<-started
+		}
+		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
+		require.NoError(t, err)
+		qb := w.sources[1]
+		require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond)
+		envLim.Store(0) // the env's limit is lifted
+		close(gate)
+		waitServed(t, served, "b1", func() string {
+			return fmt.Sprintf("with the env's limit lifted and qa's runs ended; qb in line: %v", inEnvLine(qb))
+		})
+	})
+}
+
+// A call whose own acks ran first in its script, and that got no runs, was
+// not held by the env (its acks made room for it): it does not join the
+// line, whatever its last look said (an idle source's call with acks does
+// not look again when nothing changed).
+func TestEnvLineCallWithOwnAcksDoesNotJoin(t *testing.T) {
+	t.Parallel()
+	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
+	b := w.sources[1]
+	lb := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	lb.looked, lb.envLook = true, envLook{held: true} // (a look from before its acks)
+	c := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "b", ID: "x", Token: 1}, src: b}}, ackErrs: []error{nil},
+		ks: w.slots.take(b, 1, 1, nil), released: b.line.leave(b)}
+	require.Len(t, c.ks, 1)
+	lb.finish(c)
+	require.True(t, lb.idle)
+	require.False(t, inEnvLine(b), "its own acks made room: the env did not hold it")
+	d := &fetchCall{ks: w.slots.take(b, 1, 1, nil), released: b.line.leave(b)}
+	lb.finish(d)
+	require.True(t, inEnvLine(b), "a call without acks, the look finding the env full, joins")
 }

@@ -325,7 +325,13 @@ func (q *Queue) queueInflight(ctx context.Context, qk keys.Queue) (int64, error)
 
 // envInflight is the env's in-flight count.
 func (q *Queue) envInflight(ctx context.Context, e keys.Env) (int64, error) {
-	n, err := q.rdb.Get(ctx, e.InflightCount()).Int64()
+	return envCount(q.rdb.Get(ctx, e.InflightCount()))
+}
+
+// envCount is the env's in-flight count a GET read: 0 when the key is not
+// there (nothing in flight).
+func envCount(cmd *redis.StringCmd) (int64, error) {
+	n, err := cmd.Int64()
 	if errors.Is(err, redis.Nil) {
 		return 0, nil
 	}

@@ -438,10 +438,7 @@ type lookCounts struct {
 // it (free), the queue not at its own (neither: the queue at its limit, or
 // a read failed).
 func (c *lookCounts) envState(lim Limits) envLook {
-	n, err := c.env.Int64()
-	if errors.Is(err, redis.Nil) {
-		n, err = 0, nil
-	}
+	n, err := envCount(c.env)
 	if err != nil || lim.Queue > 0 && c.held.val() >= int64(lim.Queue) {
 		return envLook{}
 	}

@@ -935,21 +935,25 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	}
 }
 
-// lineStep (a source with an envLine, an env limit): a call for runs that
-// got none, its look finding the env's limit holding the queue, joins the
-// line (or, a release made since the call began, asks again: see
-// envLine.join); a call that freed slots of the env it did not take again
-// (fewer runs than it acked, and fewer than it asked for or acks alone)
-// wakes as many sources of the line.
+// lineStep (a source with an envLine): a call for runs that got none, its
+// look finding the env's limit holding the queue, joins the line (or, a
+// release made since the call began, asks again: see envLine.join); one
+// whose look found the env free asks again once, then joins only while
+// acks of the line are on their way; one the line woke that took nothing,
+// the env not full, passes the wake-up on (envLine.pass). A call that
+// freed slots of the env it did not take again (fewer runs than it acked,
+// and fewer than it asked for or acks alone) wakes as many sources of the
+// line; with no env limit, a call with acks wakes them all.
 func (l *fetchLoop) lineStep(c *fetchCall) {
 	s := l.s
+	acked := c.acked()
 	if lim, err := l.w.q.cfg.limitsFor(s.env, s.queue); err != nil {
 		return
 	} else if lim.Env <= 0 {
 		// No env limit (lifted since sources joined, say): none waits for
 		// it, and no release of a limited env would wake them (helper-213:
 		// a source in the line waited its poll once the limit was lifted).
-		if c.acked() > 0 {
+		if acked > 0 {
 			s.line.release(s, math.MaxInt)
 		}
 		return
@@ -975,7 +979,7 @@ func (l *fetchLoop) lineStep(c *fetchCall) {
 				s.line.pass(s)
 			}
 			l.lineWoken = false
-			if !env.held && !env.free || c.acked() > 0 {
+			if !env.held && !env.free || acked > 0 {
 				// (a call whose own acks ran first, in its script, was not
 				// held by the env: its look, maybe one from before them,
 				// says nothing of it; helper-213)
@@ -990,7 +994,7 @@ func (l *fetchLoop) lineStep(c *fetchCall) {
 			}
 		}
 	}
-	if freed := c.acked() - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
+	if freed := acked - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
 		s.line.release(s, freed)
 	}
 }

@@ -111,18 +111,23 @@ func (e *envLine) release(from *source, n int) {
 	defer e.mu.Unlock()
 	e.released++
 	for i := 0; i < len(e.waiting) && n > 0; {
-		s := e.waiting[i]
-		if s == from {
+		if e.waiting[i] == from {
 			i++
 			continue
 		}
-		e.waiting = slices.Delete(e.waiting, i, i+1)
-		s.inLine = false
+		e.wake(i)
 		n--
-		select {
-		case s.nudged <- struct{}{}:
-		default:
-		}
+	}
+}
+
+// wake takes the i-th source waiting out of the line and wakes it.
+func (e *envLine) wake(i int) {
+	s := e.waiting[i]
+	e.waiting = slices.Delete(e.waiting, i, i+1)
+	s.inLine = false
+	select {
+	case s.nudged <- struct{}{}:
+	default:
 	}
 }
 
@@ -140,11 +145,5 @@ func (e *envLine) pass(from *source) {
 		return
 	}
 	e.released++
-	s := e.waiting[i]
-	e.waiting = slices.Delete(e.waiting, i, i+1)
-	s.inLine = false
-	select {
-	case s.nudged <- struct{}{}:
-	default:
-	}
+	e.wake(i)
 }

@@ -320,40 +320,7 @@ func TestEnvLineCountsAcksOnTheirWay(t *testing.T) {
 func TestWorkerEnvLineWakesHeldQueueFlagOff(t *testing.T) {
 	t.Parallel()
 	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
-		ctx := context.Background()
-		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-			LimitsFor: func(string, string) Limits { return Limits{Env: 2} }})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		gate := make(chan struct{})
-		started, served := make(chan string, 4), make(chan string, 4)
-		w, err := NewWorker(q, func(_ context.Context, r *Run) error {
-			started <- r.ID
-			if r.Queue == "qa" {
-				<-gate
-			}
-			served <- r.ID
-			return nil
-		}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}, {Env: "e", Queue: "qb"}}, Concurrency: 3})
-		require.NoError(t, err)
-		for _, id := range []string{"a1", "a2"} {
-			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
-			require.NoError(t, err)
-		}
-		require.NoError(t, w.Start(ctx))
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			require.NoError(t, w.Shutdown(sctx))
-		})
-		for range 2 {
-			<-started
-		}
-		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
-		require.NoError(t, err)
-		qb := w.sources[1]
-		require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond,
-			"qb's call finds the env full: it joins the line")
+		_, gate, served := qbBehindQa(t, c, func() int { return 2 })
 		close(gate)
 		waitServed(t, served, "b1", func() string { return "once qa's runs ended" })
 	})
@@ -399,6 +366,49 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	require.False(t, nudgedNow(a), "never the passing source itself")
 	require.False(t, nudgedNow(b))
 	require.True(t, inEnvLine(a))
+}
+
+// qbBehindQa starts, flag off at 30 s polls, a Worker over qa and qb of env
+// "e" with the env limit envLimit() (2 to begin with): qa's runs a1 and a2
+// hold both env slots until gate closes; b1, enqueued then, finds the env
+// full and qb joins the line. It returns qb's source, the gate and the
+// served runs' IDs.
+func qbBehindQa(t *testing.T, c redis.UniversalClient, envLimit func() int) (*source, chan struct{}, chan string) {
+	ctx := context.Background()
+	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+		LimitsFor: func(string, string) Limits { return Limits{Env: envLimit()} }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	gate := make(chan struct{})
+	started, served := make(chan string, 4), make(chan string, 4)
+	w, err := NewWorker(q, func(_ context.Context, r *Run) error {
+		started <- r.ID
+		if r.Queue == "qa" {
+			<-gate
+		}
+		served <- r.ID
+		return nil
+	}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}, {Env: "e", Queue: "qb"}}, Concurrency: 3})
+	require.NoError(t, err)
+	for _, id := range []string{"a1", "a2"} {
+		_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
+		require.NoError(t, err)
+	}
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Shutdown(sctx))
+	})
+	for range 2 {
+		<-started
+	}
+	_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
+	require.NoError(t, err)
+	qb := w.sources[1]
+	require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond,
+		"qb's call finds the env full: it joins the line")
+	return qb, gate, served
 }
 
 // waitServed waits up to 20 s (the tests' polls are 30 s) for the run id
@@ -486,41 +496,9 @@ func TestWorkerEnvLineWakeUpGoesOnPastKeyHeldQueue(t *testing.T) {
 func TestWorkerEnvLineWokenWhenEnvLimitLifted(t *testing.T) {
 	t.Parallel()
 	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
-		ctx := context.Background()
 		var envLim atomic.Int64
 		envLim.Store(2)
-		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-			LimitsFor: func(string, string) Limits { return Limits{Env: int(envLim.Load())} }})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		gate := make(chan struct{})
-		started, served := make(chan string, 4), make(chan string, 4)
-		w, err := NewWorker(q, func(_ context.Context, r *Run) error {
-			started <- r.ID
-			if r.Queue == "qa" {
-				<-gate
-			}
-			served <- r.ID
-			return nil
-		}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}, {Env: "e", Queue: "qb"}}, Concurrency: 3})
-		require.NoError(t, err)
-		for _, id := range []string{"a1", "a2"} {
-			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
-			require.NoError(t, err)
-		}
-		require.NoError(t, w.Start(ctx))
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			require.NoError(t, w.Shutdown(sctx))
-		})
-		for range 2 {
-			<-started
-		}
-		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
-		require.NoError(t, err)
-		qb := w.sources[1]
-		require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond)
+		qb, gate, served := qbBehindQa(t, c, func() int { return int(envLim.Load()) })
 		envLim.Store(0) // the env's limit is lifted
 		close(gate)
 		waitServed(t, served, "b1", func() string {

@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -401,7 +402,19 @@ func h196RecoveredKey(t *testing.T, mode string) {
 		s34EnqueueBulk(t, qa, fmt.Sprintf("K%d", i), per, 0, "k")
 	}
 	qb := s34NewQueue(t, c, prefix, mut)
-	hb := s34NewRec(h196Dur(11, 1, 3, nil))
+	// Until R's runs are ready again, B's handlers take 50 ms: B then
+	// serves at most 160 runs a second, so the K keys (3200 runs) cannot
+	// run out while the test waits for the leases (at most ~11 s), however
+	// fast the machine serves the 1-3 ms handlers. (At 1-3 ms a fast run
+	// served all of them before R came back, leaving no stretch to test.)
+	var back atomic.Bool
+	fast := h196Dur(11, 1, 3, nil)
+	hb := s34NewRec(func(r *runqueue.Run) time.Duration {
+		if !back.Load() {
+			return 50 * time.Millisecond
+		}
+		return fast(r)
+	})
 	tokKey := s34Tokens(t, c, qb, prefix)
 	h196Worker(t, qb, hb.handler,
 		runqueue.WorkerConfig{Concurrency: 8}, context.Background())
@@ -438,29 +451,30 @@ func h196RecoveredKey(t *testing.T, mode string) {
 		require.Less(t, time.Since(stopped), 10*time.Second, "R's leases were not recovered")
 		time.Sleep(20 * time.Millisecond)
 	}
+	back.Store(true)
 	hb.waitCount(t, keys*per+rTotal)
 	serves := s34Serves(hb.snapshot())
-	var rpos, back []int
+	var rpos, returned []int
 	attempts := map[int]int{}
 	for i, r := range serves {
 		if r.Key == "R" {
 			rpos = append(rpos, i)
 			if r.Attempt > 1 {
-				back = append(back, i)
+				returned = append(returned, i)
 				attempts[r.Attempt]++
 			}
 		}
 	}
-	require.Len(t, back, rRuns, "R's held runs come back")
+	require.Len(t, returned, rRuns, "R's held runs come back")
 	from := rpos[0]
 	wait := -1
 	if mode != "backlogged" {
 		wait = 0
-		for k := back[0] - 1; k >= 0 && serves[k].Token > readyTok; k-- {
+		for k := returned[0] - 1; k >= 0 && serves[k].Token > readyTok; k-- {
 			wait++
 		}
 		require.LessOrEqual(t, wait, 3*keys, "R's first serve once back")
-		from = back[0]
+		from = returned[0]
 	} else {
 		// The K keys came as newcomers beside R (which registered
 		// first, with A): they leave the lane one a round (guarantee
@@ -483,6 +497,11 @@ func h196RecoveredKey(t *testing.T, mode string) {
 	for _, r := range serves[:from] {
 		left[r.Key]--
 	}
+	// Every key competes when the stretch begins (else the bound below
+	// would be read on R alone).
+	for k, l := range left {
+		require.Positive(t, l, "key %s has no run left when the stretch begins at serve %d", k, from)
+	}
 	n := map[string]int{}
 	worst := 0
 	for i := from; i < len(serves); i++ {
@@ -497,7 +516,7 @@ func h196RecoveredKey(t *testing.T, mode string) {
 		}
 	}
 	t.Logf("%s: R's returned runs (attempts %v) at serves %v of %d; first served after %d serves of others once ready (bound %d); max |n_R - n_K| %d from serve %d (bound 2)",
-		mode, attempts, back, len(serves), wait, 3*keys, worst, from)
+		mode, attempts, returned, len(serves), wait, 3*keys, worst, from)
 	require.LessOrEqual(t, worst, 2)
 }
 

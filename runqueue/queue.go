@@ -47,6 +47,11 @@ type Queue struct {
 
 	nameCache nameCache // queueNames by (env, queue)
 
+	// lines: flag off, each env's waiting line of the Queue's Workers'
+	// queue sources (see envLine); guarded by linesMu.
+	lines   map[string]*envLine
+	linesMu sync.Mutex
+
 	// keyLimited: the instance has given some queue a per-key limit, so
 	// a freed slot looks for a gated variant (see vtimeArgs).
 	keyLimited atomic.Bool

@@ -279,7 +279,7 @@ func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
 		swept[q.ShardOf(wq.Env)] = true
 	}
 	if !q.cfg.VtimeScheduling {
-		newEnvLines(w.sources)
+		q.lineOf(w.sources)
 	}
 	seenS := map[int]bool{}
 	for _, s := range c.Shards {

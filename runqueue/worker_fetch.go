@@ -28,10 +28,9 @@ type source struct {
 	shard      int    // a shard source; -1 for a queue source
 	topic      string // wake-up topic
 	kick       chan struct{}
-	// line (flag off, a queue source whose env has more of this Worker's
-	// queue sources): the Worker's waiting line for the env's limit, which
-	// wakes the source by nudged; inLine (guarded by line.mu): the source
-	// waits in it.
+	// line (flag off, a queue source): its Queue's waiting line for the
+	// env's limit, which wakes the source by nudged; inLine (guarded by
+	// line.mu): the source waits in it.
 	line   *envLine
 	nudged chan struct{}
 	inLine bool
@@ -336,7 +335,7 @@ func (s *source) nextLookOpen(from int64) (time.Duration, bool, envLook) {
 	var counts *lookCounts
 	var lim Limits
 	if s.shard < 0 {
-		if s.line != nil {
+		if s.line != nil && s.line.shared() {
 			if lim, err = w.q.cfg.limitsFor(s.env, s.queue); err == nil && lim.Env > 0 {
 				counts = &lookCounts{}
 			}
@@ -416,7 +415,10 @@ type fetchLoop struct {
 	// has served runs or found the env held since: the slot it was woken
 	// for may still be free (see lineStep).
 	lineWoken bool
-	failures  int
+	// lineIn: the source counts in its line's members (it calls for runs:
+	// see quitLine).
+	lineIn   bool
+	failures int
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
 	faultLogged time.Time
@@ -466,6 +468,10 @@ func (s *source) loop() {
 		// few freed meanwhile. That matters for the fair scheduler, whose
 		// work per run drops when one call serves a key more than once.
 		gatherWant: max(1, 3*w.fetchN/(4*fetchDepth*len(w.sources)))}
+	if s.line != nil {
+		s.line.enter()
+		l.lineIn = true
+	}
 	defer l.close()
 	for {
 		l.checkStop()
@@ -505,14 +511,30 @@ func (s *source) loop() {
 
 func (l *fetchLoop) close() {
 	l.w.wake.unregister(l.s.topic, l.wake)
-	if l.s.line != nil {
-		l.s.line.leave(l.s)
-	}
+	l.quitLine()
 	for _, t := range []*time.Timer{l.look, l.gather, l.pause} {
 		if t != nil {
 			t.Stop()
 		}
 	}
+}
+
+// quitLine: the source calls for runs no more (its Worker stops, or its
+// loop ends). It leaves its line (the Queue's Workers' other sources of the
+// env go on), and a wake-up of the line it got and did not use goes on to
+// one of them (pass), rather than be lost with it.
+func (l *fetchLoop) quitLine() {
+	if !l.lineIn {
+		return
+	}
+	l.lineIn = false
+	woken := l.lineWoken
+	select {
+	case <-l.s.nudged:
+		woken = true
+	default:
+	}
+	l.s.line.exit(l.s, woken)
 }
 
 func (l *fetchLoop) checkStop() {
@@ -521,9 +543,7 @@ func (l *fetchLoop) checkStop() {
 		case <-l.w.stopFetch:
 			l.fetching = false
 			l.w.slots.forget(l.s)
-			if l.s.line != nil {
-				l.s.line.leave(l.s)
-			}
+			l.quitLine()
 		default:
 		}
 	}

@@ -5,14 +5,15 @@ import (
 	"sync"
 )
 
-// envLine (flag off) is a Worker's own waiting line for the env's limit:
-// its queue sources of one env (when it has two or more) whose last call
-// for runs got none while its look found ready runs and the env at its
-// limit (not the queue at its own). With the flag off no waiting line in
-// Redis wakes such a queue (the pinned flag-off scripts keep none), and
-// nothing else may: a queue the env held waited for its look
-// (BlockPollInterval) while another queue of the same Worker freed the env
-// (helper-209's shape, flag off: 29.6 s at a 30 s poll, twice a run).
+// envLine (flag off) is a Queue's own waiting line for an env's limit, in
+// this process: the queue sources of one env of all the Queue's Workers
+// (when they have two or more) whose last call for runs got none while its
+// look found ready runs and the env at its limit (not the queue at its
+// own). With the flag off no waiting line in Redis wakes such a queue (the
+// pinned flag-off scripts keep none), and nothing else may: a queue the
+// env held waited for its look (BlockPollInterval) while another queue of
+// the same process freed the env (helper-209's shape, flag off: 29.6 s at
+// a 30 s poll, twice a run, the third queue on a Worker of its own).
 //
 // A call of one of these sources that frees slots of the env it does not
 // take again (it got fewer runs than it acked, or it carried acks alone)
@@ -20,34 +21,67 @@ import (
 // one call and is served or, held again, joins at the back. A held call
 // that was on its way while such a release was made may have run in Redis
 // before it: the source asks again at once rather than join (released
-// counts the releases for that). Only this Worker's own releases wake its
-// line: slots freed by other processes, or by a shard source, wait for the
-// look, as before.
+// counts the releases for that). Only the Queue's own Workers' releases
+// wake its line: slots freed by other processes (or other Queues), by a
+// shard source, a DequeueWait or a plain Ack, wait for the look, as
+// before.
 type envLine struct {
 	mu       sync.Mutex
 	released int64     // the releases made so far
 	acking   int       // the calls with acks of its sources on their way
+	members  int       // the sources calling for runs (see enter)
 	waiting  []*source // in the order they joined
 }
 
-// newEnvLines gives each env with two or more of the Worker's queue
-// sources a line (flag off only: with the flag on the env's waiting line
-// in Redis wakes the queues it held, in every process).
-func newEnvLines(sources []*source) {
-	byEnv := map[string][]*source{}
+// lineOf gives every queue source of a flag-off Worker its Queue's line for
+// its env (flag off only: with the flag on the env's waiting line in Redis
+// wakes the queues it held, in every process). A source counts in the line
+// once its loop runs (enter); looks read the counts the line needs only
+// while it has two or more (shared).
+func (q *Queue) lineOf(sources []*source) {
+	q.linesMu.Lock()
+	defer q.linesMu.Unlock()
 	for _, s := range sources {
-		if s.shard < 0 {
-			byEnv[s.env] = append(byEnv[s.env], s)
-		}
-	}
-	for _, ss := range byEnv {
-		if len(ss) < 2 {
+		if s.shard >= 0 {
 			continue
 		}
-		line := &envLine{}
-		for _, s := range ss {
-			s.line, s.nudged = line, make(chan struct{}, 1)
+		if q.lines == nil {
+			q.lines = map[string]*envLine{}
 		}
+		line := q.lines[s.env]
+		if line == nil {
+			line = &envLine{}
+			q.lines[s.env] = line
+		}
+		s.line, s.nudged = line, make(chan struct{}, 1)
+	}
+}
+
+// enter counts a source whose loop calls for runs.
+func (e *envLine) enter() {
+	e.mu.Lock()
+	e.members++
+	e.mu.Unlock()
+}
+
+// shared: two or more sources call for runs, so one may wake another.
+func (e *envLine) shared() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.members >= 2
+}
+
+// exit: s no longer calls for runs (its Worker stops, or its loop ended).
+// It leaves the line and its members; woken: a wake-up of the line came to
+// it that no call of its used, which goes on (see pass) rather than be
+// lost with it.
+func (e *envLine) exit(s *source, woken bool) {
+	e.leave(s)
+	e.mu.Lock()
+	e.members--
+	e.mu.Unlock()
+	if woken {
+		e.pass(s)
 	}
 }
 

@@ -20,13 +20,16 @@ var lineBackends = []redistest.Backend{
 }
 
 // lineSources are n queue sources of one env sharing an envLine, for the
-// line's own tests (no Worker behind them).
+// line's own tests (no Worker behind them), each counted in it.
 func lineSources(n int) []*source {
 	ss := make([]*source, n)
 	for i := range ss {
 		ss[i] = &source{env: "e", queue: string(rune('a' + i)), shard: -1}
 	}
-	newEnvLines(ss)
+	(&Queue{}).lineOf(ss)
+	for _, s := range ss {
+		s.line.enter()
+	}
 	return ss
 }
 
@@ -90,7 +93,7 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 
 // lineWorker is a Worker over queues a and b of env "e", flag off, with
 // limits *lim (read at each use), not started (its loops are driven by
-// hand).
+// hand; both sources count in the env's line, as their loops would).
 func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
 	ctx := context.Background()
 	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
@@ -101,6 +104,9 @@ func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
 		Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}, Concurrency: 4})
 	require.NoError(t, err)
 	w.setBase(ctx)
+	for _, s := range w.sources {
+		s.line.enter()
+	}
 	return w
 }
 
@@ -320,10 +326,69 @@ func TestEnvLineCountsAcksOnTheirWay(t *testing.T) {
 func TestWorkerEnvLineWakesHeldQueueFlagOff(t *testing.T) {
 	t.Parallel()
 	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
-		_, gate, served := qbBehindQa(t, c, func() int { return 2 })
+		_, gate, served := qbBehindQa(t, c, func() int { return 2 }, false)
 		close(gate)
 		waitServed(t, served, "b1", func() string { return "once qa's runs ended" })
 	})
+}
+
+// As TestWorkerEnvLineWakesHeldQueueFlagOff, with qa and qb on two Workers
+// of one Queue (helper-209's shape, flag off: the third queue on a Worker
+// of its own): the line is the Queue's, so qa's Worker's release wakes qb's
+// Worker; before, b1 waited for qb's look (30 s).
+func TestWorkerEnvLineWakesHeldQueueOfAnotherWorkerFlagOff(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+		_, gate, served := qbBehindQa(t, c, func() int { return 2 }, true)
+		close(gate)
+		waitServed(t, served, "b1", func() string { return "once qa's runs ended, on another Worker" })
+	})
+}
+
+// A source counts in its line while its loop calls for runs: looks read
+// the env's counts only while two or more do (a lone Worker over one queue
+// of the env pays nothing for the line). A source that stops calling (its
+// Worker stops) leaves the line, and a wake-up it got and did not use goes
+// on to the first source waiting for the env, not to one that joined on a
+// free look, and not back to itself.
+func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
+	t.Parallel()
+	ss := lineSources(4)
+	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
+	line := a.line
+	require.True(t, line.shared())
+	loop := func(s *source) *fetchLoop { return &fetchLoop{s: s, lineIn: true} }
+	for _, s := range []*source{b, c} {
+		at := line.leave(s)
+		require.Equal(t, lineJoined, line.join(s, at, false))
+	}
+	line.acks(1)
+	at := line.leave(d)
+	require.Equal(t, lineJoined, line.join(d, at, true), "d joins on a free look")
+	line.acks(-1)
+	line.release(a, 1)
+	require.False(t, inEnvLine(b), "b, the longest held, is woken")
+	lb := loop(b)
+	lb.quitLine() // b's Worker stops before b's loop saw the wake-up
+	require.False(t, lb.lineIn)
+	require.True(t, nudgedNow(c), "b's unused wake-up goes on to c")
+	require.False(t, nudgedNow(d), "d joined on a free look: owed none")
+	require.False(t, nudgedNow(b))
+	lb.quitLine()
+	require.True(t, line.shared(), "a, c and d still call")
+
+	at = line.leave(c)
+	require.Equal(t, lineJoined, line.join(c, at, false))
+	la := loop(a)
+	la.lineWoken = true // a's call for the wake-up it got is on its way
+	la.quitLine()
+	require.True(t, nudgedNow(c), "a wake-up a call of a's has not answered goes on too")
+	loop(c).quitLine()
+	require.False(t, line.shared(), "d alone calls: its looks read no counts")
+	require.True(t, inEnvLine(d))
+	loop(d).quitLine()
+	require.False(t, inEnvLine(d), "a source that stops leaves the line")
+	require.Zero(t, line.members)
 }
 
 // inEnvLine says whether s waits in its envLine.
@@ -369,11 +434,12 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 }
 
 // qbBehindQa starts, flag off at 30 s polls, a Worker over qa and qb of env
-// "e" with the env limit envLimit() (2 to begin with): qa's runs a1 and a2
+// "e" with the env limit envLimit() (2 to begin with), or (split) two
+// Workers of one Queue, one over qa and one over qb: qa's runs a1 and a2
 // hold both env slots until gate closes; b1, enqueued then, finds the env
 // full and qb joins the line. It returns qb's source, the gate and the
 // served runs' IDs.
-func qbBehindQa(t *testing.T, c redis.UniversalClient, envLimit func() int) (*source, chan struct{}, chan string) {
+func qbBehindQa(t *testing.T, c redis.UniversalClient, envLimit func() int, split bool) (*source, chan struct{}, chan string) {
 	ctx := context.Background()
 	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
 		LimitsFor: func(string, string) Limits { return Limits{Env: envLimit()} }})
@@ -381,38 +447,46 @@ func qbBehindQa(t *testing.T, c redis.UniversalClient, envLimit func() int) (*so
 	t.Cleanup(func() { _ = q.Close() })
 	gate := make(chan struct{})
 	started, served := make(chan string, 4), make(chan string, 4)
-	w, err := NewWorker(q, func(_ context.Context, r *Run) error {
+	handler := func(_ context.Context, r *Run) error {
 		started <- r.ID
 		if r.Queue == "qa" {
 			<-gate
 		}
 		served <- r.ID
 		return nil
-	}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}, {Env: "e", Queue: "qb"}}, Concurrency: 3})
-	require.NoError(t, err)
+	}
+	qa, qb := WorkerQueue{Env: "e", Queue: "qa"}, WorkerQueue{Env: "e", Queue: "qb"}
+	cfgs := []*WorkerConfig{{Queues: []WorkerQueue{qa, qb}, Concurrency: 3}}
+	if split {
+		cfgs = []*WorkerConfig{{Queues: []WorkerQueue{qa}, Concurrency: 2}, {Queues: []WorkerQueue{qb}, Concurrency: 1}}
+	}
 	for _, id := range []string{"a1", "a2"} {
 		_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
 		require.NoError(t, err)
 	}
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		require.NoError(t, w.Shutdown(sctx))
-	})
+	var qbs *source
+	for _, cfg := range cfgs {
+		w, err := NewWorker(q, handler, cfg)
+		require.NoError(t, err)
+		require.NoError(t, w.Start(ctx))
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			require.NoError(t, w.Shutdown(sctx))
+		})
+		qbs = w.sources[len(w.sources)-1]
+	}
 	for range 2 {
 		<-started
 	}
 	_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
 	require.NoError(t, err)
-	qb := w.sources[1]
-	require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond,
+	require.Equal(t, "qb", qbs.queue)
+	require.Eventually(t, func() bool { return inEnvLine(qbs) }, 10*time.Second, 5*time.Millisecond,
 		"qb's call finds the env full: it joins the line")
-	return qb, gate, served
+	return qbs, gate, served
 }
 
-// waitServed waits up to 20 s (the tests' polls are 30 s) for the run id
-// among those served, and fails saying why (state) otherwise.
 func waitServed(t *testing.T, served <-chan string, id string, state func() string) {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
@@ -498,7 +572,7 @@ func TestWorkerEnvLineWokenWhenEnvLimitLifted(t *testing.T) {
 	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
 		var envLim atomic.Int64
 		envLim.Store(2)
-		qb, gate, served := qbBehindQa(t, c, func() int { return int(envLim.Load()) })
+		qb, gate, served := qbBehindQa(t, c, func() int { return int(envLim.Load()) }, false)
 		envLim.Store(0) // the env's limit is lifted
 		close(gate)
 		waitServed(t, served, "b1", func() string {

@@ -319,30 +319,27 @@ func TestEnvLineCountsAcksOnTheirWay(t *testing.T) {
 
 // Flag off (no waiting line in Redis), env limit 2: a Worker over qa and
 // qb whose qa runs hold both env slots; qb's call finds its run held back
-// and its look the env at its limit: qb joins the Worker's envLine. When
-// qa's runs end and qa has nothing more, the acks' call frees the env's
-// slots and wakes qb, which is served at once; before, it waited for its
-// look (BlockPollInterval, 30 s here), the env free.
+// and its look the env at its limit: qb joins the env's envLine. When qa's
+// runs end and qa has nothing more, the acks' call frees the env's slots
+// and wakes qb, which is served at once; before, it waited for its look
+// (BlockPollInterval, 30 s here), the env free. two-Workers: qa and qb on
+// two Workers of one Queue (helper-209's shape, flag off: the third queue
+// on a Worker of its own): the line is the Queue's, so qa's Worker's
+// release wakes qb's Worker (with a line per Worker, b1 waited for its
+// look).
 func TestWorkerEnvLineWakesHeldQueueFlagOff(t *testing.T) {
 	t.Parallel()
-	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
-		_, gate, served := qbBehindQa(t, c, func() int { return 2 }, false)
-		close(gate)
-		waitServed(t, served, "b1", func() string { return "once qa's runs ended" })
-	})
-}
-
-// As TestWorkerEnvLineWakesHeldQueueFlagOff, with qa and qb on two Workers
-// of one Queue (helper-209's shape, flag off: the third queue on a Worker
-// of its own): the line is the Queue's, so qa's Worker's release wakes qb's
-// Worker; before, b1 waited for qb's look (30 s).
-func TestWorkerEnvLineWakesHeldQueueOfAnotherWorkerFlagOff(t *testing.T) {
-	t.Parallel()
-	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
-		_, gate, served := qbBehindQa(t, c, func() int { return 2 }, true)
-		close(gate)
-		waitServed(t, served, "b1", func() string { return "once qa's runs ended, on another Worker" })
-	})
+	for _, split := range []bool{false, true} {
+		name := map[bool]string{false: "one-Worker", true: "two-Workers"}[split]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+				_, gate, served := qbBehindQa(t, c, func() int { return 2 }, split)
+				close(gate)
+				waitServed(t, served, "b1", func() string { return "once qa's runs ended (" + name + ")" })
+			})
+		})
+	}
 }
 
 // A source counts in its line while its loop calls for runs: looks read

@@ -950,7 +950,9 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			l.looked = true
 		}
 	}
-	if s.line != nil {
+	if s.line != nil && s.line.shared() {
+		// (a lone source has no one to wake, nor to be woken by: it
+		// spends no LimitsFor call on the line)
 		l.lineStep(c)
 	}
 }

@@ -55,7 +55,11 @@ func TestWorkerDrainsLastQueueUnderEnvLimit(t *testing.T) {
 			cfg.Queues = []runqueue.WorkerQueue{{Env: env, Queue: "qc"}}
 			cfg.Concurrency = 2
 		})
-		rec.await(t, len(queues)*per)
+		want := map[string]int{}
+		for _, qu := range queues {
+			want[qu] = per
+		}
+		rec.await(t, want)
 		shutdown(t, w1)
 		shutdown(t, w2)
 		rec.once(t)
@@ -87,7 +91,7 @@ func TestWorkerQueueLimitAtSaturationDrains(t *testing.T) {
 				}
 			})
 			const queues = 11
-			total := 0
+			want := map[string]int{}
 			for i := range queues {
 				n := 40
 				if i == 0 {
@@ -99,7 +103,7 @@ func TestWorkerQueueLimitAtSaturationDrains(t *testing.T) {
 				}
 				_, err := q.EnqueueMany(context.Background(), ps)
 				require.NoError(t, err)
-				total += n
+				want[fmt.Sprintf("q%02d", i)] = n
 			}
 			rec := newDrainLog()
 			w := startWorker(t, q, rec.handler(time.Millisecond), func(cfg *runqueue.WorkerConfig) {
@@ -109,7 +113,7 @@ func TestWorkerQueueLimitAtSaturationDrains(t *testing.T) {
 				}
 				cfg.Concurrency = 4
 			})
-			rec.await(t, total)
+			rec.await(t, want)
 			shutdown(t, w)
 			rec.once(t)
 		})
@@ -121,9 +125,12 @@ func TestWorkerQueueLimitAtSaturationDrains(t *testing.T) {
 type drainLog struct {
 	mu   sync.Mutex
 	seen map[string]int
+	last map[string]time.Time // by queue: its last run handled
 }
 
-func newDrainLog() *drainLog { return &drainLog{seen: map[string]int{}} }
+func newDrainLog() *drainLog {
+	return &drainLog{seen: map[string]int{}, last: map[string]time.Time{}}
+}
 
 // handler takes d per run and counts it.
 func (l *drainLog) handler(d time.Duration) runqueue.Handler {
@@ -131,16 +138,30 @@ func (l *drainLog) handler(d time.Duration) runqueue.Handler {
 		time.Sleep(d)
 		l.mu.Lock()
 		l.seen[r.ID]++
+		qu, _, _ := strings.Cut(r.ID, "-")
+		l.last[qu] = time.Now()
 		l.mu.Unlock()
 		return nil
 	}
 }
 
-// await waits until total runs were handled, for 20 s (the tests' polls
-// are 30 s).
-func (l *drainLog) await(t *testing.T, total int) {
+// drainStall is how long a queue with runs left may go without one
+// handled: a third of the tests' 30 s polls. A queue sitting out a poll
+// shows as such a gap whatever the machine's speed, where a deadline on
+// the whole drain (20 s, before) measured the machine too: a loaded run
+// took 10 s of it on the Cluster backend.
+const drainStall = 10 * time.Second
+
+// await waits until the runs of want (by queue) were handled, failing as
+// soon as a queue with runs left had none handled for drainStall (from
+// the call, for a queue not served yet); 2 min in all is a liveness guard.
+func (l *drainLog) await(t *testing.T, want map[string]int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	total := 0
+	for _, n := range want {
+		total += n
+	}
+	began := time.Now()
 	for {
 		l.mu.Lock()
 		n, by := len(l.seen), map[string]int{}
@@ -148,12 +169,26 @@ func (l *drainLog) await(t *testing.T, total int) {
 			qu, _, _ := strings.Cut(id, "-")
 			by[qu]++
 		}
+		var stalled []string
+		for qu, m := range want {
+			at := l.last[qu]
+			if at.IsZero() {
+				at = began
+			}
+			if by[qu] < m && time.Since(at) > drainStall {
+				stalled = append(stalled, fmt.Sprintf("%s (%d of %d, the last %v ago)", qu, by[qu], m, time.Since(at).Round(time.Millisecond)))
+			}
+		}
 		l.mu.Unlock()
 		if n == total {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d runs handled in 20 s (by queue %v): a queue waits for its 30 s poll", n, total, by)
+		if len(stalled) > 0 {
+			t.Fatalf("%d of %d runs handled in %v (by queue %v): a queue with runs left had none handled for %v, it waits for its 30 s poll: %v",
+				n, total, time.Since(began).Round(time.Millisecond), by, drainStall, stalled)
+		}
+		if time.Since(began) > 2*time.Minute {
+			t.Fatalf("%d of %d runs handled in 2 min (by queue %v)", n, total, by)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -279,7 +279,9 @@ func NewWorker(q *Queue, handler Handler, cfg *WorkerConfig) (*Worker, error) {
 		swept[q.ShardOf(wq.Env)] = true
 	}
 	if !q.cfg.VtimeScheduling {
-		q.lineOf(w.sources)
+		for _, s := range w.sources {
+			s.lined, s.nudged = true, make(chan struct{}, 1)
+		}
 	}
 	seenS := map[int]bool{}
 	for _, s := range c.Shards {

@@ -28,9 +28,11 @@ type source struct {
 	shard      int    // a shard source; -1 for a queue source
 	topic      string // wake-up topic
 	kick       chan struct{}
-	// line (flag off, a queue source): its Queue's waiting line for the
-	// env's limit, which wakes the source by nudged; inLine (guarded by
-	// line.mu): the source waits in it.
+	// lined: a queue source of a flag-off Worker, whose loop takes its
+	// Queue's waiting line for the env's limit, line (Queue.enterLine),
+	// which wakes the source by nudged; inLine (guarded by line.mu): the
+	// source waits in it.
+	lined  bool
 	line   *envLine
 	nudged chan struct{}
 	inLine bool
@@ -415,9 +417,11 @@ type fetchLoop struct {
 	// has served runs or found the env held since: the slot it was woken
 	// for may still be free (see lineStep).
 	lineWoken bool
-	// lineIn: the source counts in its line's members (it calls for runs:
-	// see quitLine).
+	// lineIn: the source counts in its line's members (its loop runs: see
+	// Queue.enterLine, exitLine); lineQuit: it calls for runs no more and
+	// left the line's waiting (quitLine).
 	lineIn   bool
+	lineQuit bool
 	failures int
 	// faultLogged: when a fetch last logged a queue's failure it passed
 	// over (fetchCall.fault).
@@ -468,8 +472,8 @@ func (s *source) loop() {
 		// few freed meanwhile. That matters for the fair scheduler, whose
 		// work per run drops when one call serves a key more than once.
 		gatherWant: max(1, 3*w.fetchN/(4*fetchDepth*len(w.sources)))}
-	if s.line != nil {
-		s.line.enter()
+	if s.lined {
+		w.q.enterLine(s)
 		l.lineIn = true
 	}
 	defer l.close()
@@ -511,7 +515,7 @@ func (s *source) loop() {
 
 func (l *fetchLoop) close() {
 	l.w.wake.unregister(l.s.topic, l.wake)
-	l.quitLine()
+	l.exitLine()
 	for _, t := range []*time.Timer{l.look, l.gather, l.pause} {
 		if t != nil {
 			t.Stop()
@@ -520,21 +524,28 @@ func (l *fetchLoop) close() {
 }
 
 // quitLine: the source calls for runs no more (its Worker stops, or its
-// loop ends). It leaves its line (the Queue's Workers' other sources of the
-// env go on), and a wake-up of the line it got and did not use goes on to
-// one of them (pass), rather than be lost with it.
+// loop ends). It leaves its line's waiting (the Queue's Workers' other
+// sources of the env go on), and a wake-up of the line it got and did not
+// use goes on to one of them (envLine.quit), rather than be lost with it.
+// It still counts in the members until its loop ends (exitLine): while its
+// Worker drains, the acks of its last runs free slots whose release wakes
+// the others, which must look with the env's counts to join (helper-214).
 func (l *fetchLoop) quitLine() {
-	if !l.lineIn {
+	if !l.lineIn || l.lineQuit {
 		return
 	}
-	l.lineIn = false
-	woken := l.lineWoken
-	select {
-	case <-l.s.nudged:
-		woken = true
-	default:
+	l.lineQuit = true
+	l.s.line.quit(l.s, l.lineWoken)
+	l.lineWoken = false // (passed on: a call of its that answers finds it spent)
+}
+
+// exitLine: the loop ends; the source counts in its line no more.
+func (l *fetchLoop) exitLine() {
+	l.quitLine()
+	if l.lineIn {
+		l.lineIn = false
+		l.w.q.exitLine(l.s)
 	}
-	l.s.line.exit(l.s, woken)
 }
 
 func (l *fetchLoop) checkStop() {

@@ -29,39 +29,46 @@ type envLine struct {
 	mu       sync.Mutex
 	released int64     // the releases made so far
 	acking   int       // the calls with acks of its sources on their way
-	members  int       // the sources calling for runs (see enter)
+	members  int       // the sources whose loops run (see Queue.enterLine)
 	waiting  []*source // in the order they joined
 }
 
-// lineOf gives every queue source of a flag-off Worker its Queue's line for
-// its env (flag off only: with the flag on the env's waiting line in Redis
-// wakes the queues it held, in every process). A source counts in the line
-// once its loop runs (enter); looks read the counts the line needs only
-// while it has two or more (shared).
-func (q *Queue) lineOf(sources []*source) {
+// enterLine: s's loop begins to call for runs (a queue source of a
+// flag-off Worker: with the flag on the env's waiting line in Redis wakes
+// the queues it held, in every process). s counts in its Queue's line for
+// its env, made for the first such source, until exitLine; looks read the
+// counts the line needs only while it has two or more (shared).
+func (q *Queue) enterLine(s *source) {
 	q.linesMu.Lock()
 	defer q.linesMu.Unlock()
-	for _, s := range sources {
-		if s.shard >= 0 {
-			continue
-		}
+	e := q.lines[s.env]
+	if e == nil {
 		if q.lines == nil {
 			q.lines = map[string]*envLine{}
 		}
-		line := q.lines[s.env]
-		if line == nil {
-			line = &envLine{}
-			q.lines[s.env] = line
-		}
-		s.line, s.nudged = line, make(chan struct{}, 1)
+		e = &envLine{}
+		q.lines[s.env] = e
 	}
-}
-
-// enter counts a source whose loop calls for runs.
-func (e *envLine) enter() {
 	e.mu.Lock()
 	e.members++
 	e.mu.Unlock()
+	s.line = e
+}
+
+// exitLine: s's loop ended: it counts in its line no more, and the line
+// goes with its last member (helper-214: a Queue whose Workers come and go
+// over many envs kept a line for each).
+func (q *Queue) exitLine(s *source) {
+	q.linesMu.Lock()
+	defer q.linesMu.Unlock()
+	e := s.line
+	e.mu.Lock()
+	e.members--
+	last := e.members == 0
+	e.mu.Unlock()
+	if last && q.lines[s.env] == e {
+		delete(q.lines, s.env)
+	}
 }
 
 // shared: two or more sources call for runs, so one may wake another.
@@ -71,17 +78,24 @@ func (e *envLine) shared() bool {
 	return e.members >= 2
 }
 
-// exit: s no longer calls for runs (its Worker stops, or its loop ended).
-// It leaves the line and its members; woken: a wake-up of the line came to
-// it that no call of its used, which goes on (see pass) rather than be
-// lost with it.
-func (e *envLine) exit(s *source, woken bool) {
-	e.leave(s)
+// quit: s calls for runs no more (its Worker stops, or its loop ended). It
+// leaves the line; woken: a wake-up of the line came to it that no call of
+// its used, which goes on (passOn, held false: s never calls again, so it
+// may go to a source that joined on a free look) rather than be lost with
+// it (helper-214). A nudge
+// still in s.nudged is taken under mu, after s left the waiting line, so
+// none can come after it (wake sends under mu).
+func (e *envLine) quit(s *source, woken bool) {
 	e.mu.Lock()
-	e.members--
+	e.out(s)
+	select {
+	case <-s.nudged:
+		woken = true
+	default:
+	}
 	e.mu.Unlock()
 	if woken {
-		e.pass(s)
+		e.passOn(s, false)
 	}
 }
 
@@ -90,11 +104,16 @@ func (e *envLine) exit(s *source, woken bool) {
 func (e *envLine) leave(s *source) int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.out(s)
+	return e.released
+}
+
+// out takes s out of the waiting line, if it waits there (under mu).
+func (e *envLine) out(s *source) {
 	if s.inLine {
 		s.inLine = false
 		e.waiting = slices.DeleteFunc(e.waiting, func(o *source) bool { return o == s })
 	}
-	return e.released
 }
 
 // joined is what join did.
@@ -171,10 +190,19 @@ func (e *envLine) wake(i int) {
 // the env at its limit (one that joined on a free look is owed none: two
 // such would pass it back and forth while acks flow), other than from.
 // It counts as a release (a held call crossing it asks again).
-func (e *envLine) pass(from *source) {
+func (e *envLine) pass(from *source) { e.passOn(from, true) }
+
+// passOn is pass; held false (a source that stops: it calls no more, so
+// no wake-up can come back to it): when no source waiting joined on a held
+// look, to the first that joined on a free one (it waits for a release
+// this may have been).
+func (e *envLine) passOn(from *source, held bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	i := slices.IndexFunc(e.waiting, func(o *source) bool { return o != from && o.lineHeld })
+	if i < 0 && !held {
+		i = slices.IndexFunc(e.waiting, func(o *source) bool { return o != from })
+	}
 	if i < 0 {
 		return
 	}

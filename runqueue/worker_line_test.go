@@ -22,13 +22,12 @@ var lineBackends = []redistest.Backend{
 // lineSources are n queue sources of one env sharing an envLine, for the
 // line's own tests (no Worker behind them), each counted in it.
 func lineSources(n int) []*source {
+	w := &Worker{q: &Queue{}}
 	ss := make([]*source, n)
 	for i := range ss {
-		ss[i] = &source{env: "e", queue: string(rune('a' + i)), shard: -1}
-	}
-	(&Queue{}).lineOf(ss)
-	for _, s := range ss {
-		s.line.enter()
+		ss[i] = &source{w: w, env: "e", queue: string(rune('a' + i)), shard: -1,
+			lined: true, nudged: make(chan struct{}, 1)}
+		w.q.enterLine(ss[i])
 	}
 	return ss
 }
@@ -105,7 +104,7 @@ func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
 	require.NoError(t, err)
 	w.setBase(ctx)
 	for _, s := range w.sources {
-		s.line.enter()
+		w.q.enterLine(s)
 	}
 	return w
 }
@@ -169,7 +168,7 @@ func TestEnvLineJoinsOnlyWhenTheEnvHolds(t *testing.T) {
 		w2, err := NewWorker(q2, func(context.Context, *Run) error { return nil }, &WorkerConfig{
 			Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}})
 		require.NoError(t, err)
-		require.Nil(t, w2.sources[1].line, "flag on: no line")
+		require.False(t, w2.sources[1].lined, "flag on: no line")
 	})
 }
 
@@ -342,19 +341,20 @@ func TestWorkerEnvLineWakesHeldQueueFlagOff(t *testing.T) {
 	}
 }
 
-// A source counts in its line while its loop calls for runs: looks read
-// the env's counts only while two or more do (a lone Worker over one queue
-// of the env pays nothing for the line). A source that stops calling (its
-// Worker stops) leaves the line, and a wake-up it got and did not use goes
-// on to the first source waiting for the env, not to one that joined on a
-// free look, and not back to itself.
+// A source counts in its line while its loop runs: looks read the env's
+// counts only while two or more do (a lone Worker over one queue of the
+// env pays nothing for the line). A source whose loop ends leaves the
+// line, and a wake-up it got and did not use goes on to the first source
+// waiting for the env, not to one that joined on a free look while one
+// that joined held waits, and not back to itself; the line goes with its
+// last source.
 func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 	t.Parallel()
 	ss := lineSources(4)
 	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
 	line := a.line
 	require.True(t, line.shared())
-	loop := func(s *source) *fetchLoop { return &fetchLoop{s: s, lineIn: true} }
+	loop := func(s *source) *fetchLoop { return &fetchLoop{s: s, w: s.w, lineIn: true} }
 	for _, s := range []*source{b, c} {
 		at := line.leave(s)
 		require.Equal(t, lineJoined, line.join(s, at, false))
@@ -366,26 +366,27 @@ func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 	line.release(a, 1)
 	require.False(t, inEnvLine(b), "b, the longest held, is woken")
 	lb := loop(b)
-	lb.quitLine() // b's Worker stops before b's loop saw the wake-up
+	lb.exitLine() // b's Worker stops before b's loop saw the wake-up
 	require.False(t, lb.lineIn)
 	require.True(t, nudgedNow(c), "b's unused wake-up goes on to c")
 	require.False(t, nudgedNow(d), "d joined on a free look: owed none")
 	require.False(t, nudgedNow(b))
-	lb.quitLine()
+	lb.exitLine()
 	require.True(t, line.shared(), "a, c and d still call")
 
 	at = line.leave(c)
 	require.Equal(t, lineJoined, line.join(c, at, false))
 	la := loop(a)
 	la.lineWoken = true // a's call for the wake-up it got is on its way
-	la.quitLine()
+	la.exitLine()
 	require.True(t, nudgedNow(c), "a wake-up a call of a's has not answered goes on too")
-	loop(c).quitLine()
+	loop(c).exitLine()
 	require.False(t, line.shared(), "d alone calls: its looks read no counts")
 	require.True(t, inEnvLine(d))
-	loop(d).quitLine()
+	loop(d).exitLine()
 	require.False(t, inEnvLine(d), "a source that stops leaves the line")
 	require.Zero(t, line.members)
+	require.Empty(t, a.w.q.lines, "the line goes with its last member")
 }
 
 // inEnvLine says whether s waits in its envLine.

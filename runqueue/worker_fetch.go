@@ -500,6 +500,16 @@ func (s *source) loop() {
 				// them; nothing is dispatched after a hard stop).
 				c := <-l.results
 				w.unsettled.Add(int64(len(c.runs)))
+				if c.lineAcks {
+					// Its acks are no more on their way (or the line's
+					// free-look joins would wait for them on, in the
+					// Queue's line, after this Worker); slots they freed
+					// that the call did not take again wake the others.
+					if freed := c.acked() - len(c.runs); freed > 0 {
+						s.line.release(s, freed)
+					}
+					s.line.acks(-1)
+				}
 				if c.ackErr != nil {
 					s.putBack(c.acks)
 				} else {

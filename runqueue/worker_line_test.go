@@ -3,6 +3,8 @@ package runqueue
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -598,4 +600,118 @@ func TestEnvLineCallWithOwnAcksDoesNotJoin(t *testing.T) {
 	d := &fetchCall{ks: w.slots.take(b, 1, 1, nil), released: b.line.leave(b)}
 	lb.finish(d)
 	require.True(t, inEnvLine(b), "a call without acks, the look finding the env full, joins")
+}
+
+// evalHold holds the replies of the script calls naming queue (evalsha,
+// alone or in a pipeline: the call runs in Redis, its reply waits) while on
+// is set, until release closes; held says one is held.
+type evalHold struct {
+	queue   string
+	on      atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *evalHold) hold(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if c.Name() == "evalsha" && h.on.Load() && strings.Contains(fmt.Sprint(c.Args()...), h.queue) {
+			h.once.Do(func() { close(h.held) })
+			<-h.release
+			return
+		}
+	}
+}
+
+func (h *evalHold) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *evalHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		err := next(ctx, c)
+		h.hold([]redis.Cmder{c})
+		return err
+	}
+}
+func (h *evalHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.hold(cmds)
+		return err
+	}
+}
+
+// Env limit 1: Worker W1's run a1 of qa holds the env; b1 of qb, on Worker
+// W2 of the same Queue, is held and qb waits in the line. W1 is stopped
+// hard (its Start context ends) while the call carrying a1's ack is on its
+// way (it ran in Redis, freeing the env; its reply is late). The hard stop
+// takes the reply without the usual step: the line, the Queue's and kept
+// by W2, counted those acks on their way for good (a free-look join would
+// wait on them), and the slot they freed woke nobody: b1 waited for qb's
+// poll (30 s). Now the reply's acks are settled in the line and their
+// release wakes qb.
+func TestEnvLineHardStopSettlesItsAcksOnTheirWay(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		hook := &evalHold{queue: "qa", held: make(chan struct{}), release: make(chan struct{})}
+		c.AddHook(hook)
+		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+			LimitsFor: func(string, string) Limits { return Limits{Env: 1} }})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		started, finish := make(chan struct{}), make(chan struct{})
+		w1, err := NewWorker(q, func(context.Context, *Run) error {
+			close(started)
+			<-finish
+			hook.on.Store(true) // the reply of the call carrying a1's ack is held
+			return nil
+		}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}}, Concurrency: 1})
+		require.NoError(t, err)
+		served := make(chan string, 1)
+		w2, err := NewWorker(q, func(_ context.Context, r *Run) error { served <- r.ID; return nil },
+			&WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qb"}}, Concurrency: 1})
+		require.NoError(t, err)
+		require.NoError(t, w2.Start(ctx))
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			require.NoError(t, w2.Shutdown(sctx))
+		})
+		hard, stop := context.WithCancel(ctx)
+		defer stop()
+		require.NoError(t, w1.Start(hard))
+		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: "a1"})
+		require.NoError(t, err)
+		<-started
+		_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
+		require.NoError(t, err)
+		qb := w2.sources[0]
+		require.Eventually(t, func() bool { return inEnvLine(qb) }, 10*time.Second, 5*time.Millisecond,
+			"qb's call finds the env full: it joins the line")
+		close(finish)
+		select {
+		case <-hook.held:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the call carrying a1's ack was not sent")
+		}
+		q.linesMu.Lock()
+		line := q.lines["e"]
+		q.linesMu.Unlock()
+		acking := func() int {
+			line.mu.Lock()
+			defer line.mu.Unlock()
+			return line.acking
+		}
+		require.Equal(t, 1, acking(), "a1's ack is on its way")
+		stop() // the hard stop
+		close(hook.release)
+		waitServed(t, served, "b1", func() string {
+			return fmt.Sprintf("once W1's late reply came after its hard stop; qb in line: %v", inEnvLine(qb))
+		})
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_ = w1.Shutdown(sctx) // (after a hard stop it reports the Start context's end; it returns once W1's loops ended)
+		// (W2's ack of b1 may be on its way a moment)
+		require.Eventually(t, func() bool { return acking() == 0 }, 10*time.Second, 5*time.Millisecond,
+			"no acks of the line are on their way")
+	})
 }

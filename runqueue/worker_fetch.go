@@ -505,9 +505,7 @@ func (s *source) loop() {
 					// free-look joins would wait for them on, in the
 					// Queue's line, after this Worker); slots they freed
 					// that the call did not take again wake the others.
-					if freed := c.acked() - len(c.runs); freed > 0 {
-						s.line.release(s, freed)
-					}
+					l.lineAcksSettled(c)
 					s.line.acks(-1)
 				}
 				if c.ackErr != nil {
@@ -883,6 +881,12 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		w.log.Warn("runqueue: worker passed over a queue whose call failed", s.attrs("err", c.fault)...)
 	}
 	if c.err != nil {
+		if c.lineAcks {
+			// (helper-216) The call failed, its acks made (results with an
+			// error) or maybe made (its reply lost): lineStep does not run,
+			// so the slots they freed would wake nobody in the line.
+			l.lineAcksSettled(c)
+		}
 		if w.base.Err() != nil {
 			return
 		}
@@ -975,6 +979,11 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// (a lone source has no one to wake, nor to be woken by: it
 		// spends no LimitsFor call on the line)
 		l.lineStep(c)
+	} else if len(c.ks) > 0 {
+		// (a wake-up that came before its partner left was spent by this
+		// call: kept, a later pass or quit would hand on a phantom one,
+		// helper-216)
+		l.lineWoken = false
 	}
 }
 
@@ -1039,6 +1048,20 @@ func (l *fetchLoop) lineStep(c *fetchCall) {
 	}
 	if freed := acked - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
 		s.line.release(s, freed)
+	}
+}
+
+// lineAcksSettled: a call c that failed, or whose reply a hard stop took,
+// carried acks counted in the line, and lineStep does not run for it: the
+// slots its acks freed and it did not take again wake as many sources
+// (release); when it cannot tell (ackErr: its reply lost), the sources that
+// joined the line on a free look, waiting for acks on their way, look again
+// once none are (envLine.acksLost). (c's acks(-1) comes after.)
+func (l *fetchLoop) lineAcksSettled(c *fetchCall) {
+	if n := c.acked() - len(c.runs); n > 0 {
+		l.s.line.release(l.s, n)
+	} else if c.ackErr != nil {
+		l.s.line.acksLost(l.s)
 	}
 }
 

@@ -209,3 +209,29 @@ func (e *envLine) passOn(from *source, held bool) {
 	e.released++
 	e.wake(i)
 }
+
+// acksLost: a call of from with acks of the line on their way failed with
+// no word whether they ran (helper-216: its acks(-1) then left the sources
+// that joined on a free look, which wait for those acks' release alone, to
+// their poll). When it was the last such call, they are woken to look
+// again (each asks once; found free again with no acks on their way, it
+// stays out: envLine.join). Called before the call's acks(-1).
+func (e *envLine) acksLost(from *source) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.acking > 1 {
+		return // other acks are on their way: their release may be it
+	}
+	woke := false
+	for i := 0; i < len(e.waiting); {
+		if o := e.waiting[i]; o != from && !o.lineHeld {
+			e.wake(i)
+			woke = true
+			continue
+		}
+		i++
+	}
+	if woke {
+		e.released++
+	}
+}

@@ -56,24 +56,8 @@ func TestH214DrainingWorkersReleaseWakesHeldQueue(t *testing.T) {
 		ctx := context.Background()
 		hook := &lookHook{queue: "qb"}
 		c.AddHook(hook)
-		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-			LimitsFor: func(string, string) Limits { return Limits{Env: 2} }})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
-		gate := make(chan struct{})
-		started, served := make(chan string, 4), make(chan string, 4)
-		handler := func(_ context.Context, r *Run) error {
-			started <- r.ID
-			if r.Queue == "qa" {
-				<-gate
-			}
-			served <- r.ID
-			return nil
-		}
-		for _, id := range []string{"a1", "a2"} {
-			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
-			require.NoError(t, err)
-		}
+		g := newGatedQa(t, c, func() int { return 2 })
+		q, handler, gate, started, served := g.q, g.handler, g.gate, g.started, g.served
 		w1, err := NewWorker(q, handler, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}}, Concurrency: 2})
 		require.NoError(t, err)
 		w2, err := NewWorker(q, handler, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qb"}}, Concurrency: 1})

@@ -433,6 +433,38 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	require.True(t, inEnvLine(a))
 }
 
+// gatedQa is a flag-off Queue at 30 s polls whose env "e" has the limit
+// envLimit(), with qa's runs a1 and a2 enqueued, and a handler whose qa runs
+// wait until gate closes; started and served get each run's ID.
+type gatedQa struct {
+	q               *Queue
+	handler         Handler
+	gate            chan struct{}
+	started, served chan string
+}
+
+func newGatedQa(t *testing.T, c redis.UniversalClient, envLimit func() int) *gatedQa {
+	ctx := context.Background()
+	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+		LimitsFor: func(string, string) Limits { return Limits{Env: envLimit()} }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	g := &gatedQa{q: q, gate: make(chan struct{}), started: make(chan string, 4), served: make(chan string, 4)}
+	g.handler = func(_ context.Context, r *Run) error {
+		g.started <- r.ID
+		if r.Queue == "qa" {
+			<-g.gate
+		}
+		g.served <- r.ID
+		return nil
+	}
+	for _, id := range []string{"a1", "a2"} {
+		_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
+		require.NoError(t, err)
+	}
+	return g
+}
+
 // qbBehindQa starts, flag off at 30 s polls, a Worker over qa and qb of env
 // "e" with the env limit envLimit() (2 to begin with), or (split) two
 // Workers of one Queue, one over qa and one over qb: qa's runs a1 and a2
@@ -441,28 +473,12 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 // served runs' IDs.
 func qbBehindQa(t *testing.T, c redis.UniversalClient, envLimit func() int, split bool) (*source, chan struct{}, chan string) {
 	ctx := context.Background()
-	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-		LimitsFor: func(string, string) Limits { return Limits{Env: envLimit()} }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
-	gate := make(chan struct{})
-	started, served := make(chan string, 4), make(chan string, 4)
-	handler := func(_ context.Context, r *Run) error {
-		started <- r.ID
-		if r.Queue == "qa" {
-			<-gate
-		}
-		served <- r.ID
-		return nil
-	}
+	g := newGatedQa(t, c, envLimit)
+	q, handler, gate, started, served := g.q, g.handler, g.gate, g.started, g.served
 	qa, qb := WorkerQueue{Env: "e", Queue: "qa"}, WorkerQueue{Env: "e", Queue: "qb"}
 	cfgs := []*WorkerConfig{{Queues: []WorkerQueue{qa, qb}, Concurrency: 3}}
 	if split {
 		cfgs = []*WorkerConfig{{Queues: []WorkerQueue{qa}, Concurrency: 2}, {Queues: []WorkerQueue{qb}, Concurrency: 1}}
-	}
-	for _, id := range []string{"a1", "a2"} {
-		_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qa", Key: "k", ID: id})
-		require.NoError(t, err)
 	}
 	var qbs *source
 	for _, cfg := range cfgs {
@@ -479,7 +495,7 @@ func qbBehindQa(t *testing.T, c redis.UniversalClient, envLimit func() int, spli
 	for range 2 {
 		<-started
 	}
-	_, err = q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
+	_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "qb", Key: "k", ID: "b1"})
 	require.NoError(t, err)
 	require.Equal(t, "qb", qbs.queue)
 	require.Eventually(t, func() bool { return inEnvLine(qbs) }, 10*time.Second, 5*time.Millisecond,

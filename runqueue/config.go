@@ -85,9 +85,9 @@ type Config struct {
 	// backlog drains, and a queue the env's limit held waits for its next
 	// look (BlockPollInterval) unless a Worker of the same Queue frees the
 	// env's slots (the Queue's Workers keep a waiting line of their own, in
-	// this process: slots freed elsewhere wake nothing); DequeueShard (a Worker given Shards) serves an env's
-	// queues in turn with either flag (docs/design.md, section 6, "The
-	// env's queues", and guarantee 6).
+	// this process: slots freed elsewhere wake nothing); DequeueShard (a
+	// Worker given Shards) serves an env's queues in turn with either flag
+	// (docs/design.md, section 6, "The env's queues", and guarantee 6).
 	EnvConcurrency   int
 	QueueConcurrency int
 	KeyConcurrency   int

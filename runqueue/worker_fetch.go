@@ -317,30 +317,28 @@ func (s *source) settled(acks []*job, errs []error) {
 // why). Once the Queue is closed, no enqueue wakes the
 // worker (Close stops the wake-up listener), so it waits at most
 // BlockPollInterval.
-func (s *source) nextLook(from int64) (d time.Duration, early bool, env envLook) {
-	d, early, env = s.nextLookOpen(from)
+func (s *source) nextLook(from int64, lim Limits) (d time.Duration, early bool, env envLook) {
+	d, early, env = s.nextLookOpen(from, lim)
 	if s.w.q.isClosed() {
 		d = min(d, s.w.q.cfg.BlockPollInterval)
 	}
 	return d, early, env
 }
 
-// nextLookOpen is nextLook's look. With an envLine and an env limit it
-// also reads the env's and the queue's in-flight counts, in its round trip,
-// and says, when the queue holds ready runs, whether the env is at its
-// limit or below it, the queue not at its own (envLook).
-func (s *source) nextLookOpen(from int64) (time.Duration, bool, envLook) {
+// nextLookOpen is nextLook's look. Given an env limit (lim: a source whose
+// line is shared, see finish) it also reads the env's and the queue's
+// in-flight counts, in its round trip, and says, when the queue holds
+// ready runs, whether the env is at its limit or below it, the queue not
+// at its own (envLook).
+func (s *source) nextLookOpen(from int64, lim Limits) (time.Duration, bool, envLook) {
 	w := s.w
 	var at, sooner int64
 	var ok bool
 	var err error
 	var counts *lookCounts
-	var lim Limits
 	if s.shard < 0 {
-		if s.line != nil && s.line.shared() {
-			if lim, err = w.q.cfg.limitsFor(s.env, s.queue); err == nil && lim.Env > 0 {
-				counts = &lookCounts{}
-			}
+		if lim.Env > 0 {
+			counts = &lookCounts{}
 		}
 		at, sooner, ok, err = w.q.queueNext(w.ctx(), w.q.space.Env(s.env).Queue(s.queue), from, counts)
 	} else {
@@ -922,6 +920,15 @@ func (l *fetchLoop) finish(c *fetchCall) {
 		// passed (see nextLook).
 		l.el.idle(true, time.Now(), w.q.cfg.BlockPollInterval)
 	}
+	// A source whose line is shared (one may wake another: a lone source
+	// spends no LimitsFor call on it) reads its limits once for the look
+	// and the line's step.
+	lined := s.line != nil && s.line.shared()
+	var lim Limits
+	var limErr error
+	if lined {
+		lim, limErr = w.q.cfg.limitsFor(s.env, s.queue)
+	}
 	switch n := len(c.ks); {
 	case n == 0:
 		if c.acksAlone() {
@@ -965,7 +972,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			}
 			var d time.Duration
 			var early bool
-			d, early, l.envLook = s.nextLook(from)
+			d, early, l.envLook = s.nextLook(from, lim)
 			if !c.early {
 				l.el.idle(false, time.Now(), w.q.cfg.BlockPollInterval)
 			} else if !early {
@@ -975,10 +982,10 @@ func (l *fetchLoop) finish(c *fetchCall) {
 			l.looked = true
 		}
 	}
-	if s.line != nil && s.line.shared() {
-		// (a lone source has no one to wake, nor to be woken by: it
-		// spends no LimitsFor call on the line)
-		l.lineStep(c)
+	if lined {
+		if limErr == nil {
+			l.lineStep(c, lim)
+		}
 	} else if len(c.ks) > 0 {
 		// (a wake-up that came before its partner left was spent by this
 		// call: kept, a later pass or quit would hand on a phantom one,
@@ -995,13 +1002,12 @@ func (l *fetchLoop) finish(c *fetchCall) {
 // the env not full, passes the wake-up on (envLine.pass). A call that
 // freed slots of the env it did not take again (fewer runs than it acked,
 // and fewer than it asked for or acks alone) wakes as many sources of the
-// line; with no env limit, a call with acks wakes them all.
-func (l *fetchLoop) lineStep(c *fetchCall) {
+// line; with no env limit (lim, the queue's), a call with acks wakes them
+// all.
+func (l *fetchLoop) lineStep(c *fetchCall, lim Limits) {
 	s := l.s
 	acked := c.acked()
-	if lim, err := l.w.q.cfg.limitsFor(s.env, s.queue); err != nil {
-		return
-	} else if lim.Env <= 0 {
+	if lim.Env <= 0 {
 		// No env limit (lifted since sources joined, say): none waits for
 		// it, and no release of a limited env would wake them (helper-213:
 		// a source in the line waited its poll once the limit was lifted).
@@ -1028,7 +1034,7 @@ func (l *fetchLoop) lineStep(c *fetchCall) {
 				// and its look did not find the env at its limit: the
 				// wake-up goes on to a source waiting for the env, or that
 				// one waits for its poll (helper-213).
-				s.line.pass(s)
+				s.line.pass(s, false)
 			}
 			l.lineWoken = false
 			if !env.held && !env.free || acked > 0 {

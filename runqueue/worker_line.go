@@ -80,11 +80,9 @@ func (e *envLine) shared() bool {
 
 // quit: s calls for runs no more (its Worker stops, or its loop ended). It
 // leaves the line; woken: a wake-up of the line came to it that no call of
-// its used, which goes on (passOn, held false: s never calls again, so it
-// may go to a source that joined on a free look) rather than be lost with
-// it (helper-214). A nudge
-// still in s.nudged is taken under mu, after s left the waiting line, so
-// none can come after it (wake sends under mu).
+// its used, which goes on (pass) rather than be lost with it (helper-214).
+// A nudge still in s.nudged is taken under mu, after s left the waiting
+// line, so none can come after it (wake sends under mu).
 func (e *envLine) quit(s *source, woken bool) {
 	e.mu.Lock()
 	e.out(s)
@@ -95,7 +93,7 @@ func (e *envLine) quit(s *source, woken bool) {
 	}
 	e.mu.Unlock()
 	if woken {
-		e.passOn(s, false)
+		e.pass(s, true)
 	}
 }
 
@@ -185,22 +183,19 @@ func (e *envLine) wake(i int) {
 }
 
 // pass: a source the line woke could not take the slot it was woken for
-// (its key limits hold it, say) and its look found the env with room: the
-// wake-up goes to the first source waiting that joined on a look finding
-// the env at its limit (one that joined on a free look is owed none: two
-// such would pass it back and forth while acks flow), other than from.
-// It counts as a release (a held call crossing it asks again).
-func (e *envLine) pass(from *source) { e.passOn(from, true) }
-
-// passOn is pass; held false (a source that stops: it calls no more, so
-// no wake-up can come back to it): when no source waiting joined on a held
-// look, to the first that joined on a free one (it waits for a release
-// this may have been).
-func (e *envLine) passOn(from *source, held bool) {
+// (its key limits hold it, say) and its look found the env with room, or
+// it stops (quit) with the wake-up unused: the wake-up goes to the first
+// source waiting that joined on a look finding the env at its limit, other
+// than from. One that joined on a free look is owed none (two such would
+// pass it back and forth while acks flow), unless from stops (it calls no
+// more, so nothing comes back to it) and no held one waits: then the first
+// that joined on a free look gets it (it waits for a release this may have
+// been). It counts as a release (a held call crossing it asks again).
+func (e *envLine) pass(from *source, stops bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	i := slices.IndexFunc(e.waiting, func(o *source) bool { return o != from && o.lineHeld })
-	if i < 0 && !held {
+	if i < 0 && stops {
 		i = slices.IndexFunc(e.waiting, func(o *source) bool { return o != from })
 	}
 	if i < 0 {

@@ -125,7 +125,7 @@ func TestEnvLineJoinsOnlyWhenTheEnvHolds(t *testing.T) {
 		b := w.sources[1]
 		require.NotNil(t, b.line)
 		look := func(s *source) bool {
-			_, _, env := s.nextLook(0)
+			_, _, env := s.nextLook(0, lim) // (as finish gives it: the limits read then)
 			return env.held
 		}
 		require.False(t, look(b), "an empty queue")
@@ -417,7 +417,7 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	line.acks(-1)
 
 	at = line.leave(d)
-	line.pass(a)
+	line.pass(a, false)
 	require.False(t, nudgedNow(b), "b joined on a free look: owed none")
 	require.True(t, nudgedNow(c), "the first held waiter is woken")
 	require.False(t, inEnvLine(c))
@@ -427,7 +427,7 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	line.leave(a)
 	at = line.leave(a)
 	require.Equal(t, lineJoined, line.join(a, at, false))
-	line.pass(a)
+	line.pass(a, false)
 	require.False(t, nudgedNow(a), "never the passing source itself")
 	require.False(t, nudgedNow(b))
 	require.True(t, inEnvLine(a))

@@ -60,15 +60,8 @@ func TestH214DrainingWorkersReleaseWakesHeldQueue(t *testing.T) {
 		q, handler, gate, started, served := g.q, g.handler, g.gate, g.started, g.served
 		w1, err := NewWorker(q, handler, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}}, Concurrency: 2})
 		require.NoError(t, err)
-		w2, err := NewWorker(q, handler, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qb"}}, Concurrency: 1})
-		require.NoError(t, err)
 		require.NoError(t, w1.Start(ctx))
-		require.NoError(t, w2.Start(ctx))
-		defer func() {
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			require.NoError(t, w2.Shutdown(sctx))
-		}()
+		w2 := startedWorker(t, q, handler, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qb"}}, Concurrency: 1})
 		<-started
 		<-started
 		require.Eventually(t, func() bool { return hook.n.Load() > 0 }, 10*time.Second, 5*time.Millisecond, "qb's first look")

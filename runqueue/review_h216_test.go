@@ -78,7 +78,7 @@ func TestH216FailedAcksLeaveFreeJoiner(t *testing.T) {
 		w := lineWorker(t, c, &lim)
 		a, d := w.sources[0], w.sources[1]
 		line := a.line
-		la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+		la := handLoop(w, a)
 		ca := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "a", ID: "x"}}}, lineAcks: true}
 		line.acks(1) // (as launch counts it)
 		at := line.leave(d)
@@ -107,7 +107,7 @@ func TestH216FailedCallWithAcksMadeReleases(t *testing.T) {
 		w := lineWorker(t, c, &lim)
 		a, b := w.sources[0], w.sources[1]
 		line := a.line
-		la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+		la := handLoop(w, a)
 		at := line.leave(b)
 		require.Equal(t, lineJoined, line.join(b, at, false), "b held by the env")
 		line.acks(1)
@@ -129,8 +129,8 @@ func TestH216LoneKeepsStaleLineWoken(t *testing.T) {
 		w := lineWorker(t, c, &lim)
 		a, b := w.sources[0], w.sources[1]
 		w.q.exitLine(b) // b's loop ended: a is alone
-		la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1,
-			lineIn: true, lineWoken: true}
+		la := handLoop(w, a)
+		la.lineIn, la.lineWoken = true, true
 		ks := w.slots.take(a, 1, 1, nil)
 		require.Len(t, ks, 1)
 		la.finish(&fetchCall{ks: ks, hints: la.hints, released: a.line.leave(a)})

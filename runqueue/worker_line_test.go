@@ -34,6 +34,12 @@ func lineSources(n int) []*source {
 	return ss
 }
 
+// handLoop is s's fetch loop, driven by hand (no goroutine): fetching,
+// gathering one slot.
+func handLoop(w *Worker, s *source) *fetchLoop {
+	return &fetchLoop{s: s, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+}
+
 func nudgedNow(s *source) bool {
 	select {
 	case <-s.nudged:
@@ -149,7 +155,7 @@ func TestEnvLineJoinsOnlyWhenTheEnvHolds(t *testing.T) {
 		require.Len(t, runs, 1)
 		require.False(t, look(b), "the env at 2 of 2, but the queue at its own limit of 1 too")
 		held := func() *fetchLoop { // b's call for runs that got none, and its look
-			l := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+			l := handLoop(w, b)
 			ks := w.slots.take(b, 1, 1, nil)
 			require.Len(t, ks, 1)
 			l.finish(&fetchCall{ks: ks, hints: l.hints, released: b.line.leave(b)})
@@ -182,8 +188,8 @@ func TestEnvLineHeldCallCrossingReleaseAsksAgain(t *testing.T) {
 	t.Parallel()
 	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
 	a, b := w.sources[0], w.sources[1]
-	lb := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
-	la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	lb := handLoop(w, b)
+	la := handLoop(w, a)
 	ks := w.slots.take(b, 1, 1, nil)
 	require.Len(t, ks, 1)
 	held := &fetchCall{ks: ks, hints: lb.hints, released: b.line.leave(b)}
@@ -232,9 +238,9 @@ func freedBeforeReleaseSeen(t *testing.T, freeAsked bool) (*Worker, *fetchLoop) 
 	ctx := context.Background()
 	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
 	a, b := w.sources[0], w.sources[1]
-	la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
-	lb := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1,
-		freeAsked: freeAsked}
+	la := handLoop(w, a)
+	lb := handLoop(w, b)
+	lb.freeAsked = freeAsked
 	for _, id := range []string{"a1", "a2"} {
 		_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "a", Key: "k", ID: id})
 		require.NoError(t, err)
@@ -299,7 +305,7 @@ func TestEnvLineCountsAcksOnTheirWay(t *testing.T) {
 	t.Parallel()
 	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
 	a := w.sources[0]
-	la := &fetchLoop{s: a, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	la := handLoop(w, a)
 	acking := func() int {
 		a.line.mu.Lock()
 		defer a.line.mu.Unlock()
@@ -465,6 +471,22 @@ func newGatedQa(t *testing.T, c redis.UniversalClient, envLimit func() int) *gat
 	return g
 }
 
+// startedWorker is a started Worker of q over cfg, with handler h, shut
+// down gracefully (within 10 s, without error) at the test's end.
+func startedWorker(t *testing.T, q *Queue, h Handler, cfg *WorkerConfig) *Worker {
+	t.Helper()
+	ctx := context.Background()
+	w, err := NewWorker(q, h, cfg)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Shutdown(sctx))
+	})
+	return w
+}
+
 // qbBehindQa starts, flag off at 30 s polls, a Worker over qa and qb of env
 // "e" with the env limit envLimit() (2 to begin with), or (split) two
 // Workers of one Queue, one over qa and one over qb: qa's runs a1 and a2
@@ -482,14 +504,7 @@ func qbBehindQa(t *testing.T, c redis.UniversalClient, envLimit func() int, spli
 	}
 	var qbs *source
 	for _, cfg := range cfgs {
-		w, err := NewWorker(q, handler, cfg)
-		require.NoError(t, err)
-		require.NoError(t, w.Start(ctx))
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			require.NoError(t, w.Shutdown(sctx))
-		})
+		w := startedWorker(t, q, handler, cfg)
 		qbs = w.sources[len(w.sources)-1]
 	}
 	for range 2 {
@@ -605,7 +620,7 @@ func TestEnvLineCallWithOwnAcksDoesNotJoin(t *testing.T) {
 	t.Parallel()
 	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
 	b := w.sources[1]
-	lb := &fetchLoop{s: b, w: w, results: make(chan *fetchCall, fetchDepth), fetching: true, gatherWant: 1}
+	lb := handLoop(w, b)
 	lb.looked, lb.envLook = true, envLook{held: true} // (a look from before its acks)
 	c := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "b", ID: "x", Token: 1}, src: b}}, ackErrs: []error{nil},
 		ks: w.slots.take(b, 1, 1, nil), released: b.line.leave(b)}
@@ -683,15 +698,8 @@ func TestEnvLineHardStopSettlesItsAcksOnTheirWay(t *testing.T) {
 		}, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}}, Concurrency: 1})
 		require.NoError(t, err)
 		served := make(chan string, 1)
-		w2, err := NewWorker(q, func(_ context.Context, r *Run) error { served <- r.ID; return nil },
+		w2 := startedWorker(t, q, func(_ context.Context, r *Run) error { served <- r.ID; return nil },
 			&WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qb"}}, Concurrency: 1})
-		require.NoError(t, err)
-		require.NoError(t, w2.Start(ctx))
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			require.NoError(t, w2.Shutdown(sctx))
-		})
 		hard, stop := context.WithCancel(ctx)
 		defer stop()
 		require.NoError(t, w1.Start(hard))

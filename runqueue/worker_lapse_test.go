@@ -158,7 +158,10 @@ func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
 	hook := &failPipelines{release: make(chan struct{})}
 	hook.hang.Store(true)
 	c := hookedReal(t, hook)
-	lease, beat := 3*time.Second, time.Second
+	// A long beat, so the margin the bound below leaves the cancel (a
+	// quarter beat, 1 s) is not the machine's speed (helper-215: 250 ms at
+	// a 1 s beat).
+	lease, beat := 12*time.Second, 4*time.Second
 	o := newS16Observer()
 	b := setup(t, c, func(cfg *runqueue.Config) { cfg.LeaseDuration = lease; cfg.Observer = o; cfg.MaxAttempts = 1 })
 	var began time.Time
@@ -177,20 +180,22 @@ func TestWorkerLeaseRunsOutWhileABeatHangs(t *testing.T) {
 	}, oneSlot(beat))
 	var once sync.Once
 	release := func() { once.Do(func() { close(hook.release) }) }
-	t.Cleanup(release) // before the Worker's and the Queue's, on a failure
+	t.Cleanup(release)     // before the Worker's and the Queue's, on a failure
+	enqueued := time.Now() // before the fetch that sets the lease
 	enqueue(t, b, runqueue.EnqueueParams{ID: "r"})
 	waitClosed(t, started)
 	hook.on.Store(true)
 	select {
 	case at := <-cancelled:
 		// The timer counts from the fetch's start, before began: the
-		// handler is cancelled a quarter beat (250 ms) before the lease
+		// handler is cancelled a quarter beat (1 s) before the lease
 		// runs out, not a whole beat before (the failing beats of
 		// TestWorkerLeaseRunsOutUnextended cancel earlier, by lapse).
-		ran := at.Sub(began)
-		require.Less(t, ran, lease, "cancelled after its lease ran out")
-		require.Greater(t, ran, lease-beat, "cancelled more than a beat before its lease ran out")
-	case <-time.After(10 * time.Second):
+		// (Both bounds err on the safe side: the lease is set after the
+		// enqueue and before began.)
+		require.Less(t, at.Sub(enqueued), lease, "cancelled after its lease ran out")
+		require.Greater(t, at.Sub(began), lease-beat, "cancelled more than a beat before its lease ran out")
+	case <-time.After(lease + 10*time.Second):
 		t.Fatal("the handler's context was not cancelled while its beats hung past the lease")
 	}
 	// The run is still this delivery's (the clock stands still, so no

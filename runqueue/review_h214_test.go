@@ -42,7 +42,7 @@ func (h *lookHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func lineMembers(e *envLine) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.members
+	return len(e.members)
 }
 
 // H214-1: W1 (qa) drains (Shutdown began, its handlers hold both env

@@ -37,8 +37,10 @@ type source struct {
 	nudged chan struct{}
 	inLine bool
 	// lineHeld (guarded by line.mu): s joined on a look that found the
-	// env at its limit (see envLine.pass).
-	lineHeld bool
+	// env at its limit (see envLine.pass). relook (guarded by line.mu):
+	// the nudge pending, if any, asks s to look again, no wake-up of the
+	// line (see Queue.enterLine).
+	lineHeld, relook bool
 
 	mu   sync.Mutex
 	acks []*job
@@ -811,7 +813,7 @@ func (l *fetchLoop) wait() bool {
 		l.offered = true
 	case <-l.s.nudged:
 		l.woken()
-		l.lineWoken = true
+		l.lineWoken = l.s.line.nudgedFor(l.s) || l.lineWoken
 	case <-qclosed:
 		// Queue.Close stopped the wake-ups: look again now, and from now on
 		// at most every BlockPollInterval (nextLook).

@@ -29,7 +29,7 @@ type envLine struct {
 	mu       sync.Mutex
 	released int64     // the releases made so far
 	acking   int       // the calls with acks of its sources on their way
-	members  int       // the sources whose loops run (see Queue.enterLine)
+	members  []*source // the sources whose loops run (see Queue.enterLine)
 	waiting  []*source // in the order they joined
 }
 
@@ -37,7 +37,13 @@ type envLine struct {
 // flag-off Worker: with the flag on the env's waiting line in Redis wakes
 // the queues it held, in every process). s counts in its Queue's line for
 // its env, made for the first such source, until exitLine; looks read the
-// counts the line needs only while it has two or more (shared).
+// counts the line needs only while it has two or more (shared). When s
+// makes the line shared, the source that called alone until now looks
+// again (relook): its last look, taken alone, read no counts, so a queue
+// the env held stayed out of the line, and s's releases would not wake it
+// (helper-216's G3: it waited for its poll). The nudge is sent under mu,
+// after s counts, so a look of that source's either came after it (and
+// found the line shared) or is followed by the nudge.
 func (q *Queue) enterLine(s *source) {
 	q.linesMu.Lock()
 	defer q.linesMu.Unlock()
@@ -50,7 +56,16 @@ func (q *Queue) enterLine(s *source) {
 		q.lines[s.env] = e
 	}
 	e.mu.Lock()
-	e.members++
+	e.members = append(e.members, s)
+	if len(e.members) == 2 {
+		if o := e.members[0]; !o.inLine {
+			o.relook = true
+			select {
+			case o.nudged <- struct{}{}:
+			default:
+			}
+		}
+	}
 	e.mu.Unlock()
 	s.line = e
 }
@@ -63,8 +78,8 @@ func (q *Queue) exitLine(s *source) {
 	defer q.linesMu.Unlock()
 	e := s.line
 	e.mu.Lock()
-	e.members--
-	last := e.members == 0
+	e.members = slices.DeleteFunc(e.members, func(o *source) bool { return o == s })
+	last := len(e.members) == 0
 	e.mu.Unlock()
 	if last && q.lines[s.env] == e {
 		delete(q.lines, s.env)
@@ -75,7 +90,19 @@ func (q *Queue) exitLine(s *source) {
 func (e *envLine) shared() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.members >= 2
+	return len(e.members) >= 2
+}
+
+// nudgedFor says what a nudge s got was for: true, a wake-up of the line
+// (wake); false, a look again asked by enterLine, no wake-up (one that
+// took nothing passes nothing on: envLine.pass). A wake-up after the
+// relook's nudge, which its token carries, is the line's.
+func (e *envLine) nudgedFor(s *source) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	woken := !s.relook
+	s.relook = false
+	return woken
 }
 
 // quit: s calls for runs no more (its Worker stops, or its loop ended). It
@@ -176,6 +203,7 @@ func (e *envLine) wake(i int) {
 	s := e.waiting[i]
 	e.waiting = slices.Delete(e.waiting, i, i+1)
 	s.inLine = false
+	s.relook = false // (the token, sent or pending, is this wake-up's now)
 	select {
 	case s.nudged <- struct{}{}:
 	default:

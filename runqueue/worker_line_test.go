@@ -22,7 +22,8 @@ var lineBackends = []redistest.Backend{
 }
 
 // lineSources are n queue sources of one env sharing an envLine, for the
-// line's own tests (no Worker behind them), each counted in it.
+// line's own tests (no Worker behind them), each counted in it (the
+// first source's look again, asked as the second came, taken).
 func lineSources(n int) []*source {
 	w := &Worker{q: &Queue{}}
 	ss := make([]*source, n)
@@ -31,7 +32,17 @@ func lineSources(n int) []*source {
 			lined: true, nudged: make(chan struct{}, 1)}
 		w.q.enterLine(ss[i])
 	}
+	takeRelook(ss[0])
 	return ss
+}
+
+// takeRelook takes the nudge, if any, that Queue.enterLine sent s, the
+// lone member, when a second source came (it looks again), as s's loop
+// would.
+func takeRelook(s *source) {
+	if nudgedNow(s) {
+		s.line.nudgedFor(s)
+	}
 }
 
 // handLoop is s's fetch loop, driven by hand (no goroutine): fetching,
@@ -114,6 +125,7 @@ func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
 	for _, s := range w.sources {
 		w.q.enterLine(s)
 	}
+	takeRelook(w.sources[0])
 	return w
 }
 
@@ -393,7 +405,7 @@ func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 	require.True(t, inEnvLine(d))
 	loop(d).exitLine()
 	require.False(t, inEnvLine(d), "a source that stops leaves the line")
-	require.Zero(t, line.members)
+	require.Empty(t, line.members)
 	require.Empty(t, a.w.q.lines, "the line goes with its last member")
 }
 
@@ -737,5 +749,106 @@ func TestEnvLineHardStopSettlesItsAcksOnTheirWay(t *testing.T) {
 		// (W2's ack of b1 may be on its way a moment)
 		require.Eventually(t, func() bool { return acking() == 0 }, 10*time.Second, 5*time.Millisecond,
 			"no acks of the line are on their way")
+	})
+}
+
+// helper-216's G3: a source that called alone looked without the env's
+// counts, so a queue the env held stayed out of the line; a second source
+// entering then freed the env's slots and woke nobody (the first waited
+// for its poll). The second's entry asks the lone source to look again, a
+// nudge that is no wake-up of the line (nothing to pass on); only the
+// entry that makes the line shared sends one, and only to a source not
+// waiting in the line already (a release wakes that one). A wake-up after
+// the ask is the line's.
+func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
+	t.Parallel()
+	w := &Worker{q: &Queue{}}
+	w.setBase(context.Background())
+	src := func(queue string) *source {
+		s := &source{w: w, env: "e", queue: queue, shard: -1, lined: true, nudged: make(chan struct{}, 1)}
+		w.q.enterLine(s)
+		return s
+	}
+	exit := func(s *source) {
+		l := handLoop(w, s)
+		l.lineIn = true
+		l.exitLine()
+	}
+	a := src("a")
+	require.False(t, nudgedNow(a), "alone: no one to ask")
+	la := handLoop(w, a)
+	la.idle, la.looked = true, true // a's call got nothing, its look (alone) read no counts
+	b := src("b")
+	require.False(t, nudgedNow(b), "the entering source itself is not asked")
+	require.Len(t, a.nudged, 1, "b's entry made the line shared: a is asked to look again")
+	require.True(t, la.wait())
+	require.False(t, la.idle || la.looked, "a looks again, now with the env's counts")
+	require.False(t, la.lineWoken, "a look again is no wake-up of the line: a's call that takes nothing passes none on")
+	c := src("c")
+	require.False(t, nudgedNow(a) || nudgedNow(b) || nudgedNow(c), "the line was shared already")
+
+	// a waits in the line when the others leave and one comes again: a
+	// release of the newcomer's wakes it, no look again is asked.
+	at := a.line.leave(a)
+	require.Equal(t, lineJoined, a.line.join(a, at, false))
+	exit(b)
+	exit(c)
+	require.Len(t, a.line.members, 1)
+	d := src("d")
+	require.False(t, nudgedNow(a), "a waits in the line: no look again")
+	a.line.release(d, 1)
+	require.True(t, nudgedNow(a))
+	require.True(t, a.line.nudgedFor(a), "a wake-up of the line")
+
+	// Asked to look again, then woken before it took the nudge (one
+	// token): the wake-up's.
+	exit(d)
+	e := src("e2")
+	at = a.line.leave(a)
+	require.Equal(t, lineJoined, a.line.join(a, at, false))
+	a.line.release(e, 1)
+	require.True(t, nudgedNow(a))
+	require.True(t, a.line.nudgedFor(a), "the wake-up after the ask is the line's")
+	require.False(t, nudgedNow(e))
+}
+
+// G3 end to end (flag off, env limit 1, 30 s polls): b0 of qb, taken by a
+// plain Dequeue, holds the env; W1 over qa alone calls, gets nothing and
+// looks without counts. W2 over qb starts: qa looks again with the env's
+// counts and joins the line. b0 is acked (a plain Ack wakes nobody) and b1
+// enqueued: W2 serves b1 and its ack's release wakes qa, which serves a1
+// well within its poll. Before, qa never joined and waited for its poll.
+func TestWorkerEnvLineSecondWorkerAsksLoneQueueToLookAgain(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		hook := &lookHook{queue: "qa"}
+		c.AddHook(hook)
+		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+			LimitsFor: func(string, string) Limits { return Limits{Env: 1} }})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = q.Close() })
+		enq := func(queue, id string) {
+			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: queue, Key: "k", ID: id})
+			require.NoError(t, err)
+		}
+		enq("qb", "b0")
+		held, err := q.Dequeue(ctx, "e", "qb", 1)
+		require.NoError(t, err)
+		require.Len(t, held, 1)
+		enq("qa", "a1")
+		served := make(chan string, 4)
+		handler := func(_ context.Context, r *Run) error { served <- r.ID; return nil }
+		w1 := startedWorker(t, q, handler, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qa"}}, Concurrency: 1})
+		require.Eventually(t, func() bool { return hook.n.Load() > 0 }, 10*time.Second, 5*time.Millisecond, "qa's look")
+		require.Zero(t, hook.gets.Load(), "qa, alone in the env's line, looks without its counts")
+		qa := w1.sources[0]
+		require.False(t, inEnvLine(qa))
+		startedWorker(t, q, handler, &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: "qb"}}, Concurrency: 1})
+		require.Eventually(t, func() bool { return inEnvLine(qa) }, 10*time.Second, 5*time.Millisecond,
+			"W2 came: qa looks again, with the env's counts, and joins the line")
+		require.NoError(t, q.Ack(ctx, held[0]))
+		enq("qb", "b1")
+		waitServed(t, served, "a1", func() string { return fmt.Sprintf("qa in line: %v", inEnvLine(qa)) })
 	})
 }

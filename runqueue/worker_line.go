@@ -115,9 +115,10 @@ func (e *envLine) quit(s *source, woken bool) {
 	e.out(s)
 	select {
 	case <-s.nudged:
-		woken = true
+		woken = woken || !s.relook // (a look again asked is no wake-up)
 	default:
 	}
+	s.relook = false
 	e.mu.Unlock()
 	if woken {
 		e.pass(s, true)

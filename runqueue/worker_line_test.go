@@ -810,6 +810,23 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	require.True(t, nudgedNow(a))
 	require.True(t, a.line.nudgedFor(a), "the wake-up after the ask is the line's")
 	require.False(t, nudgedNow(e))
+
+	// A source asked to look again that stops before it took the nudge
+	// passes nothing on (it got no wake-up): e, waiting on a held look,
+	// is not woken.
+	exit(e)
+	exit(a)
+	require.Empty(t, w.q.lines)
+	g := src("g")
+	h := src("h")
+	require.Len(t, g.nudged, 1, "g, alone and not waiting, is asked to look again")
+	at = h.line.leave(h)
+	require.Equal(t, lineJoined, h.line.join(h, at, false))
+	lg := handLoop(w, g)
+	lg.lineIn = true
+	lg.quitLine()
+	require.False(t, nudgedNow(h), "g's stop passed on a wake-up it never got")
+	require.Empty(t, g.nudged)
 }
 
 // G3 end to end (flag off, env limit 1, 30 s polls): b0 of qb, taken by a

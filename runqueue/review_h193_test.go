@@ -275,15 +275,15 @@ func TestReviewH193ShardBrokenMember(t *testing.T) {
 }
 
 // TestReviewH193ShardPollDeferred: a shard wait beside held work looks
-// again at its poll (2 s) for work that limits freed without a publish (an
+// again at its poll (4 s) for work that limits freed without a publish (an
 // Ack publishes nothing): key h of q000 at KeyConcurrency 1, run "second"
-// held behind the leased "first", acked 1.95 s into the wait. Key h2 of
-// q000 is at its limit too and has a delayed run due 1.9 s into the wait
+// held behind the leased "first", acked 3.5 s into the wait. Key h2 of
+// q000 is at its limit too and has a delayed run due 3 s into the wait
 // (held when due). Before 100f94d the shard wait did not read q000's delay
-// index: it looked at the poll (2.0 s) and served "second" about 50 ms
-// after the ack. Now it looks early at h2's run (1.9 s), which serves
-// nothing and spends the early look, and the next look is a whole poll
-// later (3.9 s): "second" waits about 1.95 s after the ack, later than
+// index: it looked at the poll (4 s) and served "second" about 500 ms
+// after the ack. With 100f94d it looked early at h2's run (3 s), which
+// served nothing and spent the early look, and the next look was a whole
+// poll later (7 s): "second" waited about 3.5 s after the ack, later than
 // the poll. (DequeueWait of q000 and a Worker of q000 read the delay index
 // since stop 56 and did the same: now every wait keeps the poll's phase,
 // an early look does not put the poll's look off.)
@@ -291,7 +291,11 @@ func TestReviewH193ShardPollDeferred(t *testing.T) {
 	for _, wt := range soonWaiters {
 		t.Run(wt.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := setup(t, c, soonConfig(false, 2*time.Second, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 }))
+				// (Scaled from the case above, 2 s poll, h2's run at 1.9 s,
+				// the ack at 1.95 s: the ack had 50 ms to run before the
+				// poll's look, a stall's worth; now it has 500 ms.)
+				poll := 4 * time.Second
+				b := setup(t, c, soonConfig(false, poll, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 }))
 				enqueueAll(t, b, []runqueue.EnqueueParams{
 					{Env: "a", Queue: "q000", Key: "h", ID: "first"},
 					{Env: "a", Queue: "q000", Key: "h2", ID: "h2first"},
@@ -308,22 +312,23 @@ func TestReviewH193ShardPollDeferred(t *testing.T) {
 				start := time.Now()
 				enqueueAll(t, b, []runqueue.EnqueueParams{
 					{Env: "a", Queue: "q000", Key: "h", ID: "second"},
-					{Env: "a", Queue: "q000", Key: "h2", ID: "h2delayed", AvailableAt: start.Add(1900 * time.Millisecond)},
+					{Env: "a", Queue: "q000", Key: "h2", ID: "h2delayed", AvailableAt: start.Add(3 * time.Second)},
 				})
 				acked := make(chan time.Time, 1)
 				go func() {
-					time.Sleep(time.Until(start.Add(1950 * time.Millisecond)))
+					time.Sleep(time.Until(start.Add(3500 * time.Millisecond)))
 					if err := b.q.Ack(b.ctx, first); err != nil {
 						t.Error(err)
 					}
 					acked <- time.Now()
 				}()
-				got := wt.wait(t, b, 6*time.Second)
+				got := wt.wait(t, b, 3*poll)
 				served := time.Now()
 				late := served.Sub(<-acked)
-				t.Logf("served %v %v after the ack (poll 2 s)", got, late.Round(time.Millisecond))
+				t.Logf("served %v %v after the ack (poll %v)", got, late.Round(time.Millisecond), poll)
 				require.Equal(t, []string{"second"}, got)
-				require.Less(t, late, time.Second, "served at the poll, as before 100f94d")
+				// (a look a whole poll after the early one: 3.5 s after the ack)
+				require.Less(t, late, poll/2, "served at the poll, as before 100f94d")
 			})
 		})
 	}

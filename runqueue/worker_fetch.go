@@ -39,8 +39,9 @@ type source struct {
 	// lineHeld (guarded by line.mu): s joined on a look that found the
 	// env at its limit (see envLine.pass). relook (guarded by line.mu):
 	// the nudge pending, if any, asks s to look again, no wake-up of the
-	// line (see Queue.enterLine).
-	lineHeld, relook bool
+	// line (see Queue.enterLine). lookedAlone (guarded by line.mu): s's
+	// last call's finish found the line not shared (envLine.sharedFor).
+	lineHeld, relook, lookedAlone bool
 
 	mu   sync.Mutex
 	acks []*job
@@ -925,7 +926,7 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	// A source whose line is shared (one may wake another: a lone source
 	// spends no LimitsFor call on it) reads its limits once for the look
 	// and the line's step.
-	lined := s.line != nil && s.line.shared()
+	lined := s.line != nil && s.line.sharedFor(s)
 	var lim Limits
 	var limErr error
 	if lined {

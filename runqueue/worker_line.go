@@ -39,11 +39,16 @@ type envLine struct {
 // its env, made for the first such source, until exitLine; looks read the
 // counts the line needs only while it has two or more (shared). When s
 // makes the line shared, the source that called alone until now looks
-// again (relook): its last look, taken alone, read no counts, so a queue
-// the env held stayed out of the line, and s's releases would not wake it
-// (helper-216's G3: it waited for its poll). The nudge is sent under mu,
-// after s counts, so a look of that source's either came after it (and
-// found the line shared) or is followed by the nudge.
+// again (relook) if its last look was taken alone (lookedAlone, see
+// sharedFor) and it does not wait in the line: that look read no counts,
+// so a queue the env held stayed out of the line, and s's releases would
+// not wake it (helper-216's G3: it waited for its poll). (helper-217: a
+// source whose first call has not answered yet looks with the counts;
+// asked, it made one call more at every such start.) The nudge is sent
+// under mu, after s counts, so a look of that source's either came after
+// it (and found the line shared) or is followed by the nudge; a token
+// pending already (a wake-up's) is left as it is: the source looks again
+// for it anyway.
 func (q *Queue) enterLine(s *source) {
 	q.linesMu.Lock()
 	defer q.linesMu.Unlock()
@@ -58,10 +63,10 @@ func (q *Queue) enterLine(s *source) {
 	e.mu.Lock()
 	e.members = append(e.members, s)
 	if len(e.members) == 2 {
-		if o := e.members[0]; !o.inLine {
-			o.relook = true
+		if o := e.members[0]; !o.inLine && o.lookedAlone {
 			select {
 			case o.nudged <- struct{}{}:
+				o.relook = true
 			default:
 			}
 		}
@@ -91,6 +96,17 @@ func (e *envLine) shared() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return len(e.members) >= 2
+}
+
+// sharedFor is shared, for a look of s's: s.lookedAlone notes a look that
+// reads no counts, which the entry making the line shared asks again
+// (enterLine; a source whose first call has not answered yet looks with
+// the counts then, and is not asked).
+func (e *envLine) sharedFor(s *source) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s.lookedAlone = len(e.members) < 2
+	return !s.lookedAlone
 }
 
 // nudgedFor says what a nudge s got was for: true, a wake-up of the line

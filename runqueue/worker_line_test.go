@@ -778,6 +778,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	require.False(t, nudgedNow(a), "alone: no one to ask")
 	la := handLoop(w, a)
 	la.idle, la.looked = true, true // a's call got nothing, its look (alone) read no counts
+	require.False(t, a.line.sharedFor(a))
 	b := src("b")
 	require.False(t, nudgedNow(b), "the entering source itself is not asked")
 	require.Len(t, a.nudged, 1, "b's entry made the line shared: a is asked to look again")
@@ -818,6 +819,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	exit(a)
 	require.Empty(t, w.q.lines)
 	g := src("g")
+	require.False(t, g.line.sharedFor(g)) // g's call answered, alone
 	h := src("h")
 	require.Len(t, g.nudged, 1, "g, alone and not waiting, is asked to look again")
 	at = h.line.leave(h)

@@ -22,10 +22,7 @@ func TestH216LineChurn(t *testing.T) {
 	t.Parallel()
 	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
 		ctx := context.Background()
-		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-			LimitsFor: func(string, string) Limits { return Limits{Env: 1} }})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
+		q := lineQueue(t, c, func(string, string) Limits { return Limits{Env: 1} })
 		for i := range 20 {
 			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: fmt.Sprintf("q%d", i%3), Key: "k", ID: fmt.Sprint(i)})
 			require.NoError(t, err)

@@ -109,15 +109,22 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 	line.acks(-1)
 }
 
+// lineQueue is a flag-off Queue at 30 s polls (a queue that waits for its
+// look is unmistakable) with the limits lf, closed at the test's end.
+func lineQueue(t *testing.T, c redis.UniversalClient, lf func(env, queue string) Limits) *Queue {
+	q, err := New(context.Background(), c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
+		LimitsFor: lf})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = q.Close() })
+	return q
+}
+
 // lineWorker is a Worker over queues a and b of env "e", flag off, with
 // limits *lim (read at each use), not started (its loops are driven by
 // hand; both sources count in the env's line, as their loops would).
 func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
 	ctx := context.Background()
-	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-		LimitsFor: func(string, string) Limits { return *lim }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
+	q := lineQueue(t, c, func(string, string) Limits { return *lim })
 	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
 		Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}, Concurrency: 4})
 	require.NoError(t, err)
@@ -463,10 +470,7 @@ type gatedQa struct {
 
 func newGatedQa(t *testing.T, c redis.UniversalClient, envLimit func() int) *gatedQa {
 	ctx := context.Background()
-	q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-		LimitsFor: func(string, string) Limits { return Limits{Env: envLimit()} }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = q.Close() })
+	q := lineQueue(t, c, func(string, string) Limits { return Limits{Env: envLimit()} })
 	g := &gatedQa{q: q, gate: make(chan struct{}), started: make(chan string, 4), served: make(chan string, 4)}
 	g.handler = func(_ context.Context, r *Run) error {
 		g.started <- r.ID
@@ -553,15 +557,12 @@ func TestWorkerEnvLineWakeUpGoesOnPastKeyHeldQueue(t *testing.T) {
 	t.Parallel()
 	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
 		ctx := context.Background()
-		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-			LimitsFor: func(_, queue string) Limits {
-				if queue == "qa" {
-					return Limits{Env: 2, Key: 1}
-				}
-				return Limits{Env: 2}
-			}})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
+		q := lineQueue(t, c, func(_, queue string) Limits {
+			if queue == "qa" {
+				return Limits{Env: 2, Key: 1}
+			}
+			return Limits{Env: 2}
+		})
 		gateA, gateC := make(chan struct{}), make(chan struct{})
 		started, served := make(chan string, 16), make(chan string, 16)
 		w, err := NewWorker(q, func(_ context.Context, r *Run) error {
@@ -697,10 +698,7 @@ func TestEnvLineHardStopSettlesItsAcksOnTheirWay(t *testing.T) {
 		ctx := context.Background()
 		hook := &evalHold{queue: "qa", held: make(chan struct{}), release: make(chan struct{})}
 		c.AddHook(hook)
-		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-			LimitsFor: func(string, string) Limits { return Limits{Env: 1} }})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
+		q := lineQueue(t, c, func(string, string) Limits { return Limits{Env: 1} })
 		started, finish := make(chan struct{}), make(chan struct{})
 		w1, err := NewWorker(q, func(context.Context, *Run) error {
 			close(started)
@@ -843,10 +841,7 @@ func TestWorkerEnvLineSecondWorkerAsksLoneQueueToLookAgain(t *testing.T) {
 		ctx := context.Background()
 		hook := &lookHook{queue: "qa"}
 		c.AddHook(hook)
-		q, err := New(ctx, c, &Config{Prefix: redistest.Prefix(t), BlockPollInterval: 30 * time.Second,
-			LimitsFor: func(string, string) Limits { return Limits{Env: 1} }})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = q.Close() })
+		q := lineQueue(t, c, func(string, string) Limits { return Limits{Env: 1} })
 		enq := func(queue, id string) {
 			_, err := q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: queue, Key: "k", ID: id})
 			require.NoError(t, err)

@@ -30,9 +30,16 @@ type Limits struct {
 }
 
 // limitsFor is Config.LimitsFor(env, queue), refused when a limit is
-// negative (the scripts would read it as none).
-func (c *Config) limitsFor(env, queue string) (Limits, error) {
-	l := c.LimitsFor(env, queue)
+// negative (the scripts would read it as none) or when it panics
+// (helper-219: a Worker calls it in goroutines of its own, where a panic
+// ended the process; a handler's panic is an error of its run).
+func (c *Config) limitsFor(env, queue string) (l Limits, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			l, err = Limits{}, invalid("Config.LimitsFor", "panicked for env %q, queue %q: %v", env, queue, p)
+		}
+	}()
+	l = c.LimitsFor(env, queue)
 	if l.Env < 0 || l.Queue < 0 || l.Key < 0 {
 		return l, invalid("Config.LimitsFor", "returned %+v for env %q, queue %q: a limit is 0 (none) or more", l, env, queue)
 	}
@@ -91,10 +98,16 @@ type Config struct {
 	EnvConcurrency   int
 	QueueConcurrency int
 	KeyConcurrency   int
-	// LimitsFor returns the limits of a base queue at each dequeue. Defaults
-	// to the three fields above for every queue. A negative limit is an
-	// error (*InvalidError, Field "Config.LimitsFor") of the call that asked
-	// for it; nothing is written.
+	// LimitsFor returns the limits of a base queue at each dequeue (and,
+	// for the env's waiting line and key limits, at its acks and nacks, and
+	// with VtimeScheduling at its enqueues, sweeps and redrives). Defaults
+	// to the three fields above for every queue. A negative limit, or a
+	// panic, is an error (*InvalidError, Field "Config.LimitsFor") of the
+	// dequeue that asked for it; nothing is written (a Worker logs it and
+	// calls again after a pause). Elsewhere such limits count as none
+	// (an ack wakes no queue for the env's limit; the scheduler's hooks
+	// look for key-held runs). It is called concurrently and must not
+	// block.
 	LimitsFor func(env, queue string) Limits
 
 	// LeaseDuration is how long a dequeued run is held before lease recovery

@@ -364,12 +364,18 @@ func (q *Queue) ackScript(lim Limits) *script {
 }
 
 // withHooks appends the scheduler's keys and arguments when sc was built
-// with the scheduler's hooks (Config.LimitsFor read only then).
+// with the scheduler's hooks (Config.LimitsFor read only then: limits it
+// refuses, or a panic of it, look for key-held runs, as a key limit does).
 func (q *Queue) withHooks(sc *script, n *queueNames, ks []string, args []any) ([]string, []any) {
 	if !sc.hooks {
 		return ks, args
 	}
-	return append(ks, n.vtime...), append(args, q.vtimeArgs(q.cfg.LimitsFor(n.qk.Env.Name(), n.qk.Name()))...)
+	lim, err := q.cfg.limitsFor(n.qk.Env.Name(), n.qk.Name())
+	va := q.vtimeArgs(lim)
+	if err != nil {
+		va[2] = 1
+	}
+	return append(ks, n.vtime...), append(args, va...)
 }
 
 // releaseLimits reads qk's limits, once, for a call that releases runs of

@@ -24,7 +24,14 @@ func (wallClock) Now() time.Time { return time.Now() }
 
 // Limits are concurrency limits for one base queue; 0 means no limit.
 type Limits struct {
-	Env   int // runs in flight across every queue of the env
+	// Env: runs in flight across every queue of the env. Give every queue
+	// of an env the same: each dequeue caps the env's count by the value
+	// its own queue has, so a queue with a higher one may take the env past
+	// a lower one's, which then gets nothing until the count falls below
+	// it, and the env's waiting line (flag on) keeps no queue's value: a
+	// queue its lower value holds may be left slots it cannot use while a
+	// queue with a higher one waits (docs/design.md, section 6).
+	Env   int
 	Queue int // runs in flight in the base queue, all keys together
 	Key   int // runs in flight per concurrency key of the queue
 }

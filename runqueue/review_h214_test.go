@@ -104,7 +104,7 @@ func TestH214QuitTakesANudgeThatCameBeforeIt(t *testing.T) {
 	line := a.line
 	for _, s := range []*source{b, c} {
 		at := line.leave(s)
-		require.Equal(t, lineJoined, line.join(s, at, false))
+		require.Equal(t, lineJoined, line.join(s, at, false, 0))
 	}
 	lb := &fetchLoop{s: b, lineIn: true}
 	require.False(t, nudgedNow(b)) // (what quitLine looked at first)
@@ -125,10 +125,10 @@ func TestH214QuitterPassesToFreeJoiner(t *testing.T) {
 	a, b, d := ss[0], ss[1], ss[3]
 	line := a.line
 	at := line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, false))
+	require.Equal(t, lineJoined, line.join(b, at, false, 0))
 	line.acks(1) // a's acks on their way
 	at = line.leave(d)
-	require.Equal(t, lineJoined, line.join(d, at, true), "d joins on a free look")
+	require.Equal(t, lineJoined, line.join(d, at, true, 0), "d joins on a free look")
 	line.release(a, 1) // a's acks free one slot
 	line.acks(-1)
 	require.False(t, inEnvLine(b), "b is woken")

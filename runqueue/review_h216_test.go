@@ -79,7 +79,7 @@ func TestH216FailedAcksLeaveFreeJoiner(t *testing.T) {
 		ca := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "a", ID: "x"}}}, lineAcks: true}
 		line.acks(1) // (as launch counts it)
 		at := line.leave(d)
-		require.Equal(t, lineJoined, line.join(d, at, true), "d joins on a free look, a's acks on their way")
+		require.Equal(t, lineJoined, line.join(d, at, true, 0), "d joins on a free look, a's acks on their way")
 		ca.err, ca.ackErr = errors.New("i/o timeout"), errors.New("i/o timeout") // (sent; the reply lost)
 		la.inflight = 1
 		la.inflight--
@@ -106,7 +106,7 @@ func TestH216FailedCallWithAcksMadeReleases(t *testing.T) {
 		line := a.line
 		la := handLoop(w, a)
 		at := line.leave(b)
-		require.Equal(t, lineJoined, line.join(b, at, false), "b held by the env")
+		require.Equal(t, lineJoined, line.join(b, at, false, 0), "b held by the env")
 		line.acks(1)
 		ca := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "a", ID: "x"}}}, lineAcks: true,
 			ackErrs: []error{nil}, err: errors.New("the dequeue's part failed")}

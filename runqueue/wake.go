@@ -442,12 +442,15 @@ func (c *lookCounts) envState(lim Limits) envLook {
 	if err != nil || lim.Queue > 0 && c.held.val() >= int64(lim.Queue) {
 		return envLook{}
 	}
-	return envLook{held: n >= int64(lim.Env), free: n < int64(lim.Env)}
+	return envLook{held: n >= int64(lim.Env), free: n < int64(lim.Env), count: n}
 }
 
 // envLook is what a look found of the env's limit, the queue holding
-// ready runs (see nextLookOpen).
-type envLook struct{ held, free bool }
+// ready runs (see nextLookOpen), and the env's count it read.
+type envLook struct {
+	held, free bool
+	count      int64
+}
 
 // exclusive is the exclusive score bound at ms of a sorted-set range.
 func exclusive(ms int64) string { return "(" + strconv.FormatInt(ms, 10) }

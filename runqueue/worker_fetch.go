@@ -42,6 +42,10 @@ type source struct {
 	// line (see Queue.enterLine). lookedAlone (guarded by line.mu): s's
 	// last call's finish found the line not shared (envLine.sharedFor).
 	lineHeld, relook, lookedAlone bool
+	// lineLimit (guarded by line.mu): the env's limit s's queue had when
+	// it joined (LimitsFor may give the env's queues different ones: see
+	// envLine.passAbove).
+	lineLimit int
 
 	mu   sync.Mutex
 	acks []*job
@@ -1031,13 +1035,19 @@ func (l *fetchLoop) lineStep(c *fetchCall, lim Limits) {
 			// runs (a queue its key limits hold would ask on and on).
 			l.idle, l.looked, l.freeAsked = false, false, true
 		default:
-			if l.lineWoken && !env.held {
+			switch {
+			case l.lineWoken && !env.held:
 				// The line woke this source for a slot it did not take (its
 				// key limits hold it, its queue is empty or at its limit)
 				// and its look did not find the env at its limit: the
 				// wake-up goes on to a source waiting for the env, or that
 				// one waits for its poll (helper-213).
 				s.line.pass(s, false)
+			case l.lineWoken:
+				// Woken, and the env still at its queue's limit: a lower
+				// one than another waiter's may be what holds it
+				// (helper-219's F3), and the slot goes on to that waiter.
+				s.line.passAbove(s, env.count)
 			}
 			l.lineWoken = false
 			if !env.held && !env.free || acked > 0 {
@@ -1049,7 +1059,7 @@ func (l *fetchLoop) lineStep(c *fetchCall, lim Limits) {
 			// (free again: it joins while acks of the line are on their
 			// way, whose release may be what it missed: helper-212's
 			// second crossing in a row)
-			if s.line.join(s, c.released, env.free) == lineCrossed {
+			if s.line.join(s, c.released, env.free, lim.Env) == lineCrossed {
 				// A release crossed the call: ask again, after a fresh look.
 				l.idle, l.looked = false, false
 			}

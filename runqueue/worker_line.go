@@ -172,8 +172,9 @@ const (
 // env below its limit (acks ran in Redis after s's call): s joins only
 // while calls with acks of the line are on their way, whose release may
 // be it (a queue its key limits hold, the env free, would otherwise spend
-// the line's wake-ups).
-func (e *envLine) join(s *source, released int64, free bool) joined {
+// the line's wake-ups). limit: the env's limit for s's queue (see
+// passAbove).
+func (e *envLine) join(s *source, released int64, free bool, limit int) joined {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
@@ -186,7 +187,7 @@ func (e *envLine) join(s *source, released int64, free bool) joined {
 		s.inLine = true
 		e.waiting = append(e.waiting, s)
 	}
-	s.lineHeld = !free
+	s.lineHeld, s.lineLimit = !free, limit
 	return lineJoined
 }
 
@@ -243,6 +244,24 @@ func (e *envLine) pass(from *source, stops bool) {
 	if i < 0 && stops {
 		i = slices.IndexFunc(e.waiting, func(o *source) bool { return o != from })
 	}
+	if i < 0 {
+		return
+	}
+	e.released++
+	e.wake(i)
+}
+
+// passAbove: a source the line woke found the env's count at or above
+// its own queue's env limit, count: LimitsFor gives the env's queues
+// different limits, and the slot freed may fit a waiter whose queue has a
+// higher one (helper-219's F3: a release woke a queue limited to 1 at a
+// count of 2, which joined again, while a queue limited to 3 behind it
+// waited for its poll). The wake-up goes to the first such waiter, other
+// than from (its limit as it joined). It counts as a release.
+func (e *envLine) passAbove(from *source, count int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	i := slices.IndexFunc(e.waiting, func(o *source) bool { return o != from && int64(o.lineLimit) > count })
 	if i < 0 {
 		return
 	}

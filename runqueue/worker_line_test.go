@@ -71,11 +71,11 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 	line := a.line
 	require.Same(t, line, d.line, "one line for the env")
 	at := line.leave(c)
-	require.Equal(t, lineJoined, line.join(c, at, false))
+	require.Equal(t, lineJoined, line.join(c, at, false, 0))
 	at = line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, false))
+	require.Equal(t, lineJoined, line.join(b, at, false, 0))
 	at = line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false))
+	require.Equal(t, lineJoined, line.join(a, at, false, 0))
 
 	line.release(a, 1)
 	require.True(t, nudgedNow(c), "the longest held is woken first")
@@ -92,20 +92,20 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 
 	at = line.leave(d) // d's call for runs begins
 	line.release(a, 1) // a release runs meanwhile (maybe in Redis after d's call)
-	require.Equal(t, lineCrossed, line.join(d, at, false), "a release since the call began: ask again, do not join")
+	require.Equal(t, lineCrossed, line.join(d, at, false, 0), "a release since the call began: ask again, do not join")
 	require.False(t, inEnvLine(d))
 	at = line.leave(d)
-	require.Equal(t, lineJoined, line.join(d, at, false))
-	require.Equal(t, lineJoined, line.join(d, at, false), "joining twice keeps one place")
+	require.Equal(t, lineJoined, line.join(d, at, false, 0))
+	require.Equal(t, lineJoined, line.join(d, at, false, 0), "joining twice keeps one place")
 	require.Len(t, line.waiting, 1)
 	line.release(d, 1)
 	require.False(t, nudgedNow(d), "a source's own release does not wake it")
 	require.True(t, inEnvLine(d))
 
 	at = line.leave(b)
-	require.Equal(t, lineOut, line.join(b, at, true), "the env free and no acks on their way: b stays out")
+	require.Equal(t, lineOut, line.join(b, at, true, 0), "the env free and no acks on their way: b stays out")
 	line.acks(1)
-	require.Equal(t, lineJoined, line.join(b, at, true), "the env free, acks on their way: b waits for their release")
+	require.Equal(t, lineJoined, line.join(b, at, true, 0), "the env free, acks on their way: b waits for their release")
 	line.acks(-1)
 }
 
@@ -384,11 +384,11 @@ func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 	loop := func(s *source) *fetchLoop { return &fetchLoop{s: s, w: s.w, lineIn: true} }
 	for _, s := range []*source{b, c} {
 		at := line.leave(s)
-		require.Equal(t, lineJoined, line.join(s, at, false))
+		require.Equal(t, lineJoined, line.join(s, at, false, 0))
 	}
 	line.acks(1)
 	at := line.leave(d)
-	require.Equal(t, lineJoined, line.join(d, at, true), "d joins on a free look")
+	require.Equal(t, lineJoined, line.join(d, at, true, 0), "d joins on a free look")
 	line.acks(-1)
 	line.release(a, 1)
 	require.False(t, inEnvLine(b), "b, the longest held, is woken")
@@ -402,7 +402,7 @@ func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 	require.True(t, line.shared(), "a, c and d still call")
 
 	at = line.leave(c)
-	require.Equal(t, lineJoined, line.join(c, at, false))
+	require.Equal(t, lineJoined, line.join(c, at, false, 0))
 	la := loop(a)
 	la.lineWoken = true // a's call for the wake-up it got is on its way
 	la.exitLine()
@@ -417,9 +417,18 @@ func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 }
 
 // inEnvLine says whether s waits in its envLine.
+// (It finds the line through the Queue's map: s.line is its loop's, set
+// as the loop begins.)
 func inEnvLine(s *source) bool {
-	s.line.mu.Lock()
-	defer s.line.mu.Unlock()
+	q := s.w.q
+	q.linesMu.Lock()
+	e := q.lines[s.env]
+	q.linesMu.Unlock()
+	if e == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	return s.inLine
 }
 
@@ -434,11 +443,11 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	line := a.line
 	line.acks(1)
 	at := line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, true), "b joins on a free look")
+	require.Equal(t, lineJoined, line.join(b, at, true, 0), "b joins on a free look")
 	at = line.leave(c)
-	require.Equal(t, lineJoined, line.join(c, at, false), "c joins on a held look")
+	require.Equal(t, lineJoined, line.join(c, at, false, 0), "c joins on a held look")
 	at = line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false))
+	require.Equal(t, lineJoined, line.join(a, at, false, 0))
 	line.acks(-1)
 
 	at = line.leave(d)
@@ -447,11 +456,11 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	require.True(t, nudgedNow(c), "the first held waiter is woken")
 	require.False(t, inEnvLine(c))
 	require.True(t, inEnvLine(b))
-	require.Equal(t, lineCrossed, line.join(d, at, false), "a pass counts as a release for a crossing call")
+	require.Equal(t, lineCrossed, line.join(d, at, false, 0), "a pass counts as a release for a crossing call")
 
 	line.leave(a)
 	at = line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false))
+	require.Equal(t, lineJoined, line.join(a, at, false, 0))
 	line.pass(a, false)
 	require.False(t, nudgedNow(a), "never the passing source itself")
 	require.False(t, nudgedNow(b))
@@ -789,7 +798,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	// a waits in the line when the others leave and one comes again: a
 	// release of the newcomer's wakes it, no look again is asked.
 	at := a.line.leave(a)
-	require.Equal(t, lineJoined, a.line.join(a, at, false))
+	require.Equal(t, lineJoined, a.line.join(a, at, false, 0))
 	exit(b)
 	exit(c)
 	require.Len(t, a.line.members, 1)
@@ -804,7 +813,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	exit(d)
 	e := src("e2")
 	at = a.line.leave(a)
-	require.Equal(t, lineJoined, a.line.join(a, at, false))
+	require.Equal(t, lineJoined, a.line.join(a, at, false, 0))
 	a.line.release(e, 1)
 	require.True(t, nudgedNow(a))
 	require.True(t, a.line.nudgedFor(a), "the wake-up after the ask is the line's")
@@ -821,7 +830,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	h := src("h")
 	require.Len(t, g.nudged, 1, "g, alone and not waiting, is asked to look again")
 	at = h.line.leave(h)
-	require.Equal(t, lineJoined, h.line.join(h, at, false))
+	require.Equal(t, lineJoined, h.line.join(h, at, false, 0))
 	lg := handLoop(w, g)
 	lg.lineIn = true
 	lg.quitLine()
@@ -865,4 +874,92 @@ func TestWorkerEnvLineSecondWorkerAsksLoneQueueToLookAgain(t *testing.T) {
 		enq("qb", "b1")
 		waitServed(t, served, "a1", func() string { return fmt.Sprintf("qa in line: %v", inEnvLine(qa)) })
 	})
+}
+
+// helper-219's F3 (flag off, 30 s polls): LimitsFor gives env e's queues
+// different limits, qa 1, qb and qc 3. qb's three runs hold the env at 3;
+// qa, then qc, join the line held. One of qb's runs ends and qb has no
+// more: its release wakes qa, the longest held, which the env still holds
+// (2 of its 1) and which joins again; the slot fits qc (2 of 3), to which
+// qa now passes the wake-up. Before, qc waited for its poll.
+func TestWorkerEnvLineWakeUpGoesOnToHigherLimit(t *testing.T) {
+	t.Parallel()
+	redistest.ForEachBackend(t, lineBackends, func(t *testing.T, c redis.UniversalClient) {
+		ctx := context.Background()
+		q := lineQueue(t, c, func(_, queue string) Limits {
+			if queue == "qa" {
+				return Limits{Env: 1}
+			}
+			return Limits{Env: 3}
+		})
+		gates := map[string]chan struct{}{}
+		for _, p := range []EnqueueParams{{Queue: "qb", ID: "b0"}, {Queue: "qb", ID: "b1"}, {Queue: "qb", ID: "b2"},
+			{Queue: "qa", ID: "a1"}, {Queue: "qc", ID: "c1"}} {
+			p.Env, p.Key = "e", "k"+p.ID
+			_, err := q.Enqueue(ctx, p)
+			require.NoError(t, err)
+			if p.Queue == "qb" {
+				gates[p.ID] = make(chan struct{})
+			}
+		}
+		started, served := make(chan string, 8), make(chan string, 8)
+		handler := func(_ context.Context, r *Run) error {
+			started <- r.ID
+			if g := gates[r.ID]; g != nil {
+				<-g
+			}
+			served <- r.ID
+			return nil
+		}
+		over := func(queue string, n int) *WorkerConfig {
+			return &WorkerConfig{Queues: []WorkerQueue{{Env: "e", Queue: queue}}, Concurrency: n}
+		}
+		startedWorker(t, q, handler, over("qb", 3))
+		for range 3 {
+			<-started
+		}
+		wa := startedWorker(t, q, handler, over("qa", 1))
+		require.Eventually(t, func() bool { return inEnvLine(wa.sources[0]) }, 10*time.Second, 5*time.Millisecond,
+			"qa, held at 3 of its 1, joins the line")
+		wc := startedWorker(t, q, handler, over("qc", 1))
+		require.Eventually(t, func() bool { return inEnvLine(wc.sources[0]) }, 10*time.Second, 5*time.Millisecond,
+			"qc, held at 3 of its 3, joins behind qa")
+		t.Cleanup(func() { close(gates["b1"]); close(gates["b2"]) }) // (before the Workers' shutdowns)
+		close(gates["b0"])
+		waitServed(t, served, "c1", func() string {
+			return fmt.Sprintf("qa in line: %v, qc in line: %v", inEnvLine(wa.sources[0]), inEnvLine(wc.sources[0]))
+		})
+	})
+}
+
+// passAbove wakes the first waiter whose queue's env limit, as it joined,
+// is above the count the passing source saw, never the passing source,
+// and counts as a release.
+func TestEnvLinePassAboveGoesToAHigherLimit(t *testing.T) {
+	t.Parallel()
+	ss := lineSources(4)
+	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
+	line := a.line
+	for _, j := range []struct {
+		s     *source
+		limit int
+	}{{a, 1}, {b, 2}, {c, 3}, {d, 3}} {
+		at := line.leave(j.s)
+		require.Equal(t, lineJoined, line.join(j.s, at, false, j.limit))
+	}
+	at := line.leave(a)
+	require.Equal(t, lineJoined, line.join(a, at, false, 1), "a, woken, held at 2 of its 1, joins again")
+	line.passAbove(a, 3)
+	require.False(t, nudgedNow(b) || nudgedNow(c) || nudgedNow(d), "no waiter's limit is above 3")
+	line.passAbove(a, 2)
+	require.False(t, nudgedNow(b), "b's limit 2 is not above 2")
+	require.True(t, nudgedNow(c), "c's limit 3 is: the first such waiter")
+	require.False(t, nudgedNow(d))
+	require.Equal(t, lineCrossed, line.join(b, at, false, 2), "a pass counts as a release")
+	line.passAbove(d, 0)
+	require.True(t, nudgedNow(b), "b, first in line now, its limit above 0")
+	require.False(t, nudgedNow(d) || nudgedNow(a))
+	line.passAbove(d, 0)
+	require.False(t, nudgedNow(d), "never the passing source")
+	require.True(t, nudgedNow(a))
 }

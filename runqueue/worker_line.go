@@ -256,12 +256,17 @@ func (e *envLine) pass(from *source, stops bool) {
 // different limits, and the slot freed may fit a waiter whose queue has a
 // higher one (helper-219's F3: a release woke a queue limited to 1 at a
 // count of 2, which joined again, while a queue limited to 3 behind it
-// waited for its poll). The wake-up goes to the first such waiter, other
-// than from (its limit as it joined). It counts as a release.
+// waited for its poll). The wake-up goes to the first such waiter that
+// joined on a look finding the env at its limit, other than from (its
+// limit as it joined): not to one that joined on a free look, which, its
+// key limits holding it, would pass it back (pass) for as long as acks
+// are on their way. It counts as a release.
 func (e *envLine) passAbove(from *source, count int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	i := slices.IndexFunc(e.waiting, func(o *source) bool { return o != from && int64(o.lineLimit) > count })
+	i := slices.IndexFunc(e.waiting, func(o *source) bool {
+		return o != from && o.lineHeld && int64(o.lineLimit) > count
+	})
 	if i < 0 {
 		return
 	}

@@ -962,4 +962,16 @@ func TestEnvLinePassAboveGoesToAHigherLimit(t *testing.T) {
 	line.passAbove(d, 0)
 	require.False(t, nudgedNow(d), "never the passing source")
 	require.True(t, nudgedNow(a))
+
+	// d joined on a free look (waiting for acks on their way): passed
+	// over, as its key limits may hold it and it would pass the wake-up
+	// back for as long as acks are on their way.
+	line.acks(1)
+	at = line.leave(d)
+	require.Equal(t, lineJoined, line.join(d, at, true, 3))
+	at = line.leave(b)
+	require.Equal(t, lineJoined, line.join(b, at, false, 1))
+	line.passAbove(b, 2)
+	require.False(t, nudgedNow(d), "d joined on a free look")
+	line.acks(-1)
 }

@@ -41,12 +41,17 @@ type Limits struct {
 // (helper-219: a Worker calls it in goroutines of its own, where a panic
 // ended the process; a handler's panic is an error of its run).
 func (c *Config) limitsFor(env, queue string) (l Limits, err error) {
+	returned := false
 	defer func() {
-		if p := recover(); p != nil {
+		// (not recover() != nil, which a panic(nil) under GODEBUG
+		// panicnil=1 passes as no panic, with no limits: helper-220)
+		if !returned {
+			p := recover()
 			l, err = Limits{}, invalid("Config.LimitsFor", "panicked for env %q, queue %q: %v", env, queue, p)
 		}
 	}()
 	l = c.LimitsFor(env, queue)
+	returned = true
 	if l.Env < 0 || l.Queue < 0 || l.Key < 0 {
 		return l, invalid("Config.LimitsFor", "returned %+v for env %q, queue %q: a limit is 0 (none) or more", l, env, queue)
 	}
@@ -114,7 +119,7 @@ type Config struct {
 	// calls again after a pause). Elsewhere such limits count as none
 	// (an ack wakes no queue for the env's limit; the scheduler's hooks
 	// look for key-held runs). It is called concurrently and must not
-	// block.
+	// block, nor end its goroutine (runtime.Goexit, a test's FailNow).
 	LimitsFor func(env, queue string) Limits
 
 	// LeaseDuration is how long a dequeued run is held before lease recovery

@@ -992,6 +992,11 @@ func (l *fetchLoop) finish(c *fetchCall) {
 	if lined {
 		if limErr == nil {
 			l.lineStep(c, lim)
+		} else {
+			// (LimitsFor failed after the call read it: the slots its acks
+			// freed still wake as many sources, helper-220; a wake-up of
+			// this source's waits for its next call)
+			l.lineRelease(c)
 		}
 	} else if len(c.ks) > 0 {
 		// (a wake-up that came before its partner left was spent by this
@@ -1065,8 +1070,15 @@ func (l *fetchLoop) lineStep(c *fetchCall, lim Limits) {
 			}
 		}
 	}
-	if freed := acked - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
-		s.line.release(s, freed)
+	l.lineRelease(c)
+}
+
+// lineRelease: a call that freed slots of the env it did not take again
+// (fewer runs than it acked, and fewer than it asked for or acks alone)
+// wakes as many sources of the line.
+func (l *fetchLoop) lineRelease(c *fetchCall) {
+	if freed := c.acked() - len(c.runs); freed > 0 && len(c.runs) < max(len(c.ks), 1) {
+		l.s.line.release(l.s, freed)
 	}
 }
 

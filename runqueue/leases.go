@@ -121,7 +121,7 @@ func (q *Queue) ackMany(ctx context.Context, runs []*Run, observe bool) ([]error
 	calls := make([]call, len(order))
 	for i, b := range order {
 		b.args[2] = len(b.idx)
-		lim := q.releaseLimits(b.qn.qk)
+		lim := q.lenientLimits(b.qn.qk)
 		sc := q.ackScript(lim)
 		ks, args := q.withRelease(sc, b.qn, b.qn.held, b.args, lim)
 		calls[i] = call{sc: sc, keys: ks, args: args}
@@ -334,7 +334,7 @@ func (q *Queue) requeueCallRaw(qn *queueNames, r rawRef, token, now, retry int64
 	maxAttempts = max(maxAttempts, 0)
 	args := []any{now, r.encID, r.vm, qn.runPrefix + r.vm + ":" + r.encID, token, retry,
 		ms(q.cfg.PriorityStep), maxAttempts, killArg, qn.member, qn.wake, qn.vbase}
-	ks, args = q.withRelease(q.scripts.requeue, qn, ks, args, q.releaseLimits(qk))
+	ks, args = q.withRelease(q.scripts.requeue, qn, ks, args, q.lenientLimits(qk))
 	return call{sc: q.scripts.requeue, keys: ks, args: args}
 }
 

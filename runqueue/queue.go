@@ -347,7 +347,7 @@ func (q *Queue) looksForGated(lim Limits) bool {
 }
 
 // ackScript is the script that acks runs of a queue whose limits are lim
-// (releaseLimits). With the flag on, an ack's scheduler work is the look
+// (lenientLimits). With the flag on, an ack's scheduler work is the look
 // for a gated variant when a slot frees (looksForGated) and the env's
 // waiting line; without them the flag-on ack's hooks do nothing, and the
 // flag-off ack runs instead: the same commands and the same data, without
@@ -364,24 +364,22 @@ func (q *Queue) ackScript(lim Limits) *script {
 }
 
 // withHooks appends the scheduler's keys and arguments when sc was built
-// with the scheduler's hooks (Config.LimitsFor read only then: limits it
-// refuses, or a panic of it, look for key-held runs, as a key limit does).
+// with the scheduler's hooks (Config.LimitsFor read only then, as
+// lenientLimits reads it).
 func (q *Queue) withHooks(sc *script, n *queueNames, ks []string, args []any) ([]string, []any) {
 	if !sc.hooks {
 		return ks, args
 	}
-	lim, err := q.cfg.limitsFor(n.qk.Env.Name(), n.qk.Name())
-	va := q.vtimeArgs(lim)
-	if err != nil {
-		va[2] = 1
-	}
-	return append(ks, n.vtime...), append(args, va...)
+	return append(ks, n.vtime...), append(args, q.vtimeArgs(q.lenientLimits(n.qk))...)
 }
 
-// releaseLimits reads qk's limits, once, for a call that releases runs of
-// it (an ack, a requeue): Config.LimitsFor as it returned them, but no env
-// limit when the dequeues would refuse them (a negative one).
-func (q *Queue) releaseLimits(qk keys.Queue) Limits {
+// lenientLimits reads qk's limits, once, for a call that goes on whatever
+// Config.LimitsFor says (an ack, a requeue, the scheduler's hooks of an
+// enqueue, a sweep or a redrive): its limits as it returned them, but no
+// env limit when the dequeues would refuse them (a negative one), and none
+// at all when it panicked (a key-held run is still looked for once the
+// instance met a key limit: looksForGated).
+func (q *Queue) lenientLimits(qk keys.Queue) Limits {
 	lim, err := q.cfg.limitsFor(qk.Env.Name(), qk.Name())
 	if err != nil {
 		lim.Env = 0

@@ -39,12 +39,6 @@ func (h *lookHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
-func lineMembers(e *envLine) int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.members)
-}
-
 // H214-1: W1 (qa) drains (Shutdown began, its handlers hold both env
 // slots). Had it left the line's members at its stop, W2's lone qb source
 // would look without counts and not join, and W1's acks (released during
@@ -103,8 +97,7 @@ func TestH214QuitTakesANudgeThatCameBeforeIt(t *testing.T) {
 	a, b, c := ss[0], ss[1], ss[2]
 	line := a.line
 	for _, s := range []*source{b, c} {
-		at := line.leave(s)
-		require.Equal(t, lineJoined, line.join(s, at, false, 0))
+		mustJoin(t, s, false, 0)
 	}
 	lb := &fetchLoop{s: b, lineIn: true}
 	require.False(t, nudgedNow(b)) // (what quitLine looked at first)
@@ -124,11 +117,9 @@ func TestH214QuitterPassesToFreeJoiner(t *testing.T) {
 	ss := lineSources(4)
 	a, b, d := ss[0], ss[1], ss[3]
 	line := a.line
-	at := line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, false, 0))
+	mustJoin(t, b, false, 0)
 	line.acks(1) // a's acks on their way
-	at = line.leave(d)
-	require.Equal(t, lineJoined, line.join(d, at, true, 0), "d joins on a free look")
+	mustJoin(t, d, true, 0, "d joins on a free look")
 	line.release(a, 1) // a's acks free one slot
 	line.acks(-1)
 	require.False(t, inEnvLine(b), "b is woken")

@@ -78,8 +78,7 @@ func TestH216FailedAcksLeaveFreeJoiner(t *testing.T) {
 		la := handLoop(w, a)
 		ca := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "a", ID: "x"}}}, lineAcks: true}
 		line.acks(1) // (as launch counts it)
-		at := line.leave(d)
-		require.Equal(t, lineJoined, line.join(d, at, true, 0), "d joins on a free look, a's acks on their way")
+		mustJoin(t, d, true, 0, "d joins on a free look, a's acks on their way")
 		ca.err, ca.ackErr = errors.New("i/o timeout"), errors.New("i/o timeout") // (sent; the reply lost)
 		la.inflight = 1
 		la.inflight--
@@ -105,8 +104,7 @@ func TestH216FailedCallWithAcksMadeReleases(t *testing.T) {
 		a, b := w.sources[0], w.sources[1]
 		line := a.line
 		la := handLoop(w, a)
-		at := line.leave(b)
-		require.Equal(t, lineJoined, line.join(b, at, false, 0), "b held by the env")
+		mustJoin(t, b, false, 0, "b held by the env")
 		line.acks(1)
 		ca := &fetchCall{acks: []*job{{run: &Run{Env: "e", Queue: "a", ID: "x"}}}, lineAcks: true,
 			ackErrs: []error{nil}, err: errors.New("the dequeue's part failed")}

@@ -24,16 +24,14 @@ func TestH217RelookOverPendingWakeUpIsMisread(t *testing.T) {
 	ss := lineSources(2)
 	a, b := ss[0], ss[1]
 	line := a.line
-	at := line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false, 0))
+	mustJoin(t, a, false, 0)
 	line.release(b, 1) // b's call freed a slot: a is woken (token pending)
 	require.Len(t, a.nudged, 1)
 	(&fetchLoop{s: b, w: b.w, lineIn: true}).exitLine() // b's Worker stops
 	require.False(t, line.sharedFor(a), "(a call of a's with acks alone answers: its look, alone, read no counts)")
 	d := &source{w: a.w, env: "e", queue: "d", shard: -1, lined: true, nudged: make(chan struct{}, 1)}
 	a.w.q.enterLine(d) // a second Worker starts: the line is shared again
-	at = line.leave(d)
-	require.Equal(t, lineJoined, line.join(d, at, false, 0), "d's first call finds the env held")
+	mustJoin(t, d, false, 0, "d's first call finds the env held")
 	require.True(t, nudgedNow(a))
 	require.True(t, line.nudgedFor(a), "the token a takes is the release's wake-up, not a look again")
 }
@@ -53,8 +51,7 @@ func TestH217QuitPassesARelookOn(t *testing.T) {
 	w.q.enterLine(b)
 	require.Len(t, a.nudged, 1, "a is asked to look again")
 	line := a.line
-	at := line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, false, 0))
+	mustJoin(t, b, false, 0)
 	rel := line.released
 	(&fetchLoop{s: a, w: w, lineIn: true}).quitLine() // a's Worker stops, the look again untaken
 	require.Equal(t, rel, line.released, "no release was made")

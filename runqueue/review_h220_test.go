@@ -22,24 +22,21 @@ func TestH220PassAboveSkipsFreeJoinedWaiter(t *testing.T) {
 	ss := lineSources(3)
 	a, b := ss[0], ss[1]
 	line := a.line
-	at := line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false, 1), "a joins held (count 2 of its 1)")
+	mustJoin(t, a, false, 1, "a joins held (count 2 of its 1)")
 	line.acks(1) // a call with acks of the line on its way (c's)
-	at = line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, true, 3), "b joins on a free look while acks are on their way")
+	mustJoin(t, b, true, 3, "b joins on a free look while acks are on their way")
 
 	for round := range 3 {
 		// a, woken (say), is held at 2 of its 1 and passes above.
 		line.leave(a)
-		at = line.leave(a)
+		at := line.leave(a)
 		line.passAbove(a, 2)
 		woke := nudgedNow(b)
 		if woke {
 			// b takes nothing (key-held), finds the env free: pass, to a,
 			// which rejoined held; b rejoins free (acks still on their way).
 			require.Equal(t, lineCrossed, line.join(a, at, false, 1))
-			at = line.leave(a)
-			require.Equal(t, lineJoined, line.join(a, at, false, 1))
+			mustJoin(t, a, false, 1)
 			bt := line.leave(b)
 			line.pass(b, false)
 			require.True(t, nudgedNow(a), "pass wakes a, the held waiter")
@@ -126,8 +123,7 @@ func TestH220PassAboveSameLimitChangesNothing(t *testing.T) {
 	a, b, c := ss[0], ss[1], ss[2]
 	line := a.line
 	for _, s := range []*source{a, b} {
-		at := line.leave(s)
-		require.Equal(t, lineJoined, line.join(s, at, false, 2))
+		mustJoin(t, s, false, 2)
 	}
 	at := line.leave(c)
 	line.passAbove(a, 2)

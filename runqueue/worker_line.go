@@ -37,7 +37,7 @@ type envLine struct {
 // flag-off Worker: with the flag on the env's waiting line in Redis wakes
 // the queues it held, in every process). s counts in its Queue's line for
 // its env, made for the first such source, until exitLine; looks read the
-// counts the line needs only while it has two or more (shared). When s
+// counts the line needs only while it has two or more (sharedFor). When s
 // makes the line shared, the source that called alone until now looks
 // again (relook) if its last look was taken alone (lookedAlone, see
 // sharedFor) and it does not wait in the line: that look read no counts,
@@ -91,15 +91,9 @@ func (q *Queue) exitLine(s *source) {
 	}
 }
 
-// shared: two or more sources call for runs, so one may wake another.
-func (e *envLine) shared() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.members) >= 2
-}
-
-// sharedFor is shared, for a look of s's: s.lookedAlone notes a look that
-// reads no counts, which the entry making the line shared asks again
+// sharedFor: two or more sources call for runs, so one may wake another
+// (a look of s's then reads the counts). s.lookedAlone notes a look that
+// reads none, which the entry making the line shared asks again
 // (enterLine; a source whose first call has not answered yet looks with
 // the counts then, and is not asked).
 func (e *envLine) sharedFor(s *source) bool {

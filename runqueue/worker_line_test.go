@@ -70,12 +70,9 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
 	line := a.line
 	require.Same(t, line, d.line, "one line for the env")
-	at := line.leave(c)
-	require.Equal(t, lineJoined, line.join(c, at, false, 0))
-	at = line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, false, 0))
-	at = line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false, 0))
+	mustJoin(t, c, false, 0)
+	mustJoin(t, b, false, 0)
+	mustJoin(t, a, false, 0)
 
 	line.release(a, 1)
 	require.True(t, nudgedNow(c), "the longest held is woken first")
@@ -90,8 +87,8 @@ func TestEnvLineOrderAndCrossing(t *testing.T) {
 	require.True(t, nudgedNow(a))
 	require.Empty(t, line.waiting)
 
-	at = line.leave(d) // d's call for runs begins
-	line.release(a, 1) // a release runs meanwhile (maybe in Redis after d's call)
+	at := line.leave(d) // d's call for runs begins
+	line.release(a, 1)  // a release runs meanwhile (maybe in Redis after d's call)
 	require.Equal(t, lineCrossed, line.join(d, at, false, 0), "a release since the call began: ask again, do not join")
 	require.False(t, inEnvLine(d))
 	at = line.leave(d)
@@ -380,15 +377,13 @@ func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 	ss := lineSources(4)
 	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
 	line := a.line
-	require.True(t, line.shared())
+	require.GreaterOrEqual(t, lineMembers(line), 2)
 	loop := func(s *source) *fetchLoop { return &fetchLoop{s: s, w: s.w, lineIn: true} }
 	for _, s := range []*source{b, c} {
-		at := line.leave(s)
-		require.Equal(t, lineJoined, line.join(s, at, false, 0))
+		mustJoin(t, s, false, 0)
 	}
 	line.acks(1)
-	at := line.leave(d)
-	require.Equal(t, lineJoined, line.join(d, at, true, 0), "d joins on a free look")
+	mustJoin(t, d, true, 0, "d joins on a free look")
 	line.acks(-1)
 	line.release(a, 1)
 	require.False(t, inEnvLine(b), "b, the longest held, is woken")
@@ -399,21 +394,35 @@ func TestEnvLineMembersAndWakeUpOfAStoppingSource(t *testing.T) {
 	require.False(t, nudgedNow(d), "d joined on a free look: owed none")
 	require.False(t, nudgedNow(b))
 	lb.exitLine()
-	require.True(t, line.shared(), "a, c and d still call")
+	require.GreaterOrEqual(t, lineMembers(line), 2, "a, c and d still call")
 
-	at = line.leave(c)
-	require.Equal(t, lineJoined, line.join(c, at, false, 0))
+	mustJoin(t, c, false, 0)
 	la := loop(a)
 	la.lineWoken = true // a's call for the wake-up it got is on its way
 	la.exitLine()
 	require.True(t, nudgedNow(c), "a wake-up a call of a's has not answered goes on too")
 	loop(c).exitLine()
-	require.False(t, line.shared(), "d alone calls: its looks read no counts")
+	require.Equal(t, 1, lineMembers(line), "d alone calls: its looks read no counts")
 	require.True(t, inEnvLine(d))
 	loop(d).exitLine()
 	require.False(t, inEnvLine(d), "a source that stops leaves the line")
 	require.Empty(t, line.members)
 	require.Empty(t, a.w.q.lines, "the line goes with its last member")
+}
+
+// lineMembers is how many sources count in e.
+func lineMembers(e *envLine) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.members)
+}
+
+// mustJoin: s's call for runs begins (leave) and, no release made since,
+// s joins its line (free: on a free look; limit: its queue's env limit).
+func mustJoin(t *testing.T, s *source, free bool, limit int, msgAndArgs ...any) {
+	t.Helper()
+	at := s.line.leave(s)
+	require.Equal(t, lineJoined, s.line.join(s, at, free, limit), msgAndArgs...)
 }
 
 // inEnvLine says whether s waits in its envLine.
@@ -442,15 +451,12 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	a, b, c, d := ss[0], ss[1], ss[2], ss[3]
 	line := a.line
 	line.acks(1)
-	at := line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, true, 0), "b joins on a free look")
-	at = line.leave(c)
-	require.Equal(t, lineJoined, line.join(c, at, false, 0), "c joins on a held look")
-	at = line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false, 0))
+	mustJoin(t, b, true, 0, "b joins on a free look")
+	mustJoin(t, c, false, 0, "c joins on a held look")
+	mustJoin(t, a, false, 0)
 	line.acks(-1)
 
-	at = line.leave(d)
+	at := line.leave(d)
 	line.pass(a, false)
 	require.False(t, nudgedNow(b), "b joined on a free look: owed none")
 	require.True(t, nudgedNow(c), "the first held waiter is woken")
@@ -459,8 +465,7 @@ func TestEnvLinePassGoesToAHeldWaiter(t *testing.T) {
 	require.Equal(t, lineCrossed, line.join(d, at, false, 0), "a pass counts as a release for a crossing call")
 
 	line.leave(a)
-	at = line.leave(a)
-	require.Equal(t, lineJoined, line.join(a, at, false, 0))
+	mustJoin(t, a, false, 0)
 	line.pass(a, false)
 	require.False(t, nudgedNow(a), "never the passing source itself")
 	require.False(t, nudgedNow(b))
@@ -797,8 +802,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 
 	// a waits in the line when the others leave and one comes again: a
 	// release of the newcomer's wakes it, no look again is asked.
-	at := a.line.leave(a)
-	require.Equal(t, lineJoined, a.line.join(a, at, false, 0))
+	mustJoin(t, a, false, 0)
 	exit(b)
 	exit(c)
 	require.Len(t, a.line.members, 1)
@@ -812,8 +816,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	// token): the wake-up's.
 	exit(d)
 	e := src("e2")
-	at = a.line.leave(a)
-	require.Equal(t, lineJoined, a.line.join(a, at, false, 0))
+	mustJoin(t, a, false, 0)
 	a.line.release(e, 1)
 	require.True(t, nudgedNow(a))
 	require.True(t, a.line.nudgedFor(a), "the wake-up after the ask is the line's")
@@ -829,8 +832,7 @@ func TestEnvLineSecondMemberAsksTheLoneOneToLookAgain(t *testing.T) {
 	require.False(t, g.line.sharedFor(g)) // g's call answered, alone
 	h := src("h")
 	require.Len(t, g.nudged, 1, "g, alone and not waiting, is asked to look again")
-	at = h.line.leave(h)
-	require.Equal(t, lineJoined, h.line.join(h, at, false, 0))
+	mustJoin(t, h, false, 0)
 	lg := handLoop(w, g)
 	lg.lineIn = true
 	lg.quitLine()
@@ -944,8 +946,7 @@ func TestEnvLinePassAboveGoesToAHigherLimit(t *testing.T) {
 		s     *source
 		limit int
 	}{{a, 1}, {b, 2}, {c, 3}, {d, 3}} {
-		at := line.leave(j.s)
-		require.Equal(t, lineJoined, line.join(j.s, at, false, j.limit))
+		mustJoin(t, j.s, false, j.limit)
 	}
 	at := line.leave(a)
 	require.Equal(t, lineJoined, line.join(a, at, false, 1), "a, woken, held at 2 of its 1, joins again")
@@ -967,10 +968,8 @@ func TestEnvLinePassAboveGoesToAHigherLimit(t *testing.T) {
 	// over, as its key limits may hold it and it would pass the wake-up
 	// back for as long as acks are on their way.
 	line.acks(1)
-	at = line.leave(d)
-	require.Equal(t, lineJoined, line.join(d, at, true, 3))
-	at = line.leave(b)
-	require.Equal(t, lineJoined, line.join(b, at, false, 1))
+	mustJoin(t, d, true, 3)
+	mustJoin(t, b, false, 1)
 	line.passAbove(b, 2)
 	require.False(t, nudgedNow(d), "d joined on a free look")
 	line.acks(-1)

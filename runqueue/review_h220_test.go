@@ -1,7 +1,6 @@
 package runqueue
 
 import (
-	"context"
 	"sync/atomic"
 	"testing"
 
@@ -54,42 +53,16 @@ func TestH220PassAboveSkipsFreeJoinedWaiter(t *testing.T) {
 // line, which waits for its poll.
 func TestH220FinishLimitsPanicStillReleases(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	var boom atomic.Bool
-	q := lineQueue(t, redistest.Mini(t), func(string, string) Limits {
+	w := lineWorkerOf(t, redistest.Mini(t), func(string, string) Limits {
 		if boom.Load() {
 			panic("the limits store is down")
 		}
 		return Limits{Env: 2}
 	})
-	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
-		Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}, Concurrency: 4})
-	require.NoError(t, err)
-	w.setBase(ctx)
-	for _, s := range w.sources {
-		w.q.enterLine(s)
-	}
-	takeRelook(w.sources[0])
 	a, b := w.sources[0], w.sources[1]
 	la, lb := handLoop(w, a), handLoop(w, b)
-	for _, p := range []EnqueueParams{{Queue: "a", ID: "a1"}, {Queue: "a", ID: "a2"}, {Queue: "b", ID: "b1"}} {
-		p.Env, p.Key = "e", "k"+p.ID
-		_, err := q.Enqueue(ctx, p)
-		require.NoError(t, err)
-	}
-	ca := &fetchCall{ks: w.slots.take(a, 2, 1, nil), hints: la.hints, released: a.line.leave(a)}
-	a.fetch(ca)
-	require.NoError(t, ca.err)
-	require.Len(t, ca.runs, 2)
-	la.finish(ca)
-	j1, j2 := <-w.jobs, <-w.jobs
-	j1.expiry.Stop()
-	j2.expiry.Stop()
-
-	cb := &fetchCall{ks: w.slots.take(b, 1, 1, nil), hints: lb.hints, released: b.line.leave(b)}
-	b.fetch(cb)
-	require.NoError(t, cb.err)
-	require.Empty(t, cb.runs)
+	j1, j2, cb := aHoldsBothSlots(t, w, la, lb)
 	lb.finish(cb)
 	require.True(t, inEnvLine(b), "b, held at 2 of 2, waits in the line")
 

@@ -120,8 +120,13 @@ func lineQueue(t *testing.T, c redis.UniversalClient, lf func(env, queue string)
 // limits *lim (read at each use), not started (its loops are driven by
 // hand; both sources count in the env's line, as their loops would).
 func lineWorker(t *testing.T, c redis.UniversalClient, lim *Limits) *Worker {
+	return lineWorkerOf(t, c, func(string, string) Limits { return *lim })
+}
+
+// lineWorkerOf is lineWorker with the limits lf.
+func lineWorkerOf(t *testing.T, c redis.UniversalClient, lf func(env, queue string) Limits) *Worker {
 	ctx := context.Background()
-	q := lineQueue(t, c, func(string, string) Limits { return *lim })
+	q := lineQueue(t, c, lf)
 	w, err := NewWorker(q, func(context.Context, *Run) error { return nil }, &WorkerConfig{
 		Queues: []WorkerQueue{{Env: "e", Queue: "a"}, {Env: "e", Queue: "b"}}, Concurrency: 4})
 	require.NoError(t, err)
@@ -251,32 +256,11 @@ func TestEnvLineHeldCallCrossingReleaseAsksAgain(t *testing.T) {
 // not held. It returns qb's loop once both replies were processed.
 // freeAsked: qb already asked again once for such a look.
 func freedBeforeReleaseSeen(t *testing.T, freeAsked bool) (*Worker, *fetchLoop) {
-	ctx := context.Background()
 	w := lineWorker(t, redistest.Mini(t), &Limits{Env: 2})
-	a, b := w.sources[0], w.sources[1]
-	la := handLoop(w, a)
-	lb := handLoop(w, b)
+	a := w.sources[0]
+	la, lb := handLoop(w, a), handLoop(w, w.sources[1])
 	lb.freeAsked = freeAsked
-	for _, id := range []string{"a1", "a2"} {
-		_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "a", Key: "k", ID: id})
-		require.NoError(t, err)
-	}
-	_, err := w.q.Enqueue(ctx, EnqueueParams{Env: "e", Queue: "b", Key: "k", ID: "b1"})
-	require.NoError(t, err)
-	ca := &fetchCall{ks: w.slots.take(a, 2, 1, nil), hints: la.hints, released: a.line.leave(a)}
-	a.fetch(ca)
-	require.NoError(t, ca.err)
-	require.Len(t, ca.runs, 2)
-	la.finish(ca)
-	j1, j2 := <-w.jobs, <-w.jobs
-	j1.expiry.Stop()
-	j2.expiry.Stop()
-
-	// qb's call runs in Redis: the env holds b1.
-	cb := &fetchCall{ks: w.slots.take(b, 1, 1, nil), hints: lb.hints, released: b.line.leave(b)}
-	b.fetch(cb)
-	require.NoError(t, cb.err)
-	require.Empty(t, cb.runs)
+	j1, j2, cb := aHoldsBothSlots(t, w, la, lb)
 	// qa's acks run in Redis (both env slots free); their reply waits.
 	ca2 := &fetchCall{acks: []*job{j1, j2}, ks: w.slots.take(nil, 1, 1, nil), hints: la.hints,
 		released: a.line.leave(a), lineAcks: true}
@@ -287,6 +271,35 @@ func freedBeforeReleaseSeen(t *testing.T, freeAsked bool) (*Worker, *fetchLoop) 
 	lb.finish(cb)
 	la.finish(ca2)
 	return w, lb
+}
+
+// aHoldsBothSlots: on a lineWorker w at env limit 2 with its sources'
+// loops la (queue a) and lb (queue b), driven by hand, a's call takes a1
+// and a2 (both env slots; its reply processed, their expiry timers
+// stopped), and b's call runs in Redis and gets none of b1: b's reply is
+// left to the caller.
+func aHoldsBothSlots(t *testing.T, w *Worker, la, lb *fetchLoop) (j1, j2 *job, cb *fetchCall) {
+	t.Helper()
+	ctx := context.Background()
+	a, b := la.s, lb.s
+	for _, p := range []EnqueueParams{{Queue: "a", ID: "a1"}, {Queue: "a", ID: "a2"}, {Queue: "b", ID: "b1"}} {
+		p.Env, p.Key = "e", "k"
+		_, err := w.q.Enqueue(ctx, p)
+		require.NoError(t, err)
+	}
+	ca := &fetchCall{ks: w.slots.take(a, 2, 1, nil), hints: la.hints, released: a.line.leave(a)}
+	a.fetch(ca)
+	require.NoError(t, ca.err)
+	require.Len(t, ca.runs, 2)
+	la.finish(ca)
+	j1, j2 = <-w.jobs, <-w.jobs
+	j1.expiry.Stop()
+	j2.expiry.Stop()
+	cb = &fetchCall{ks: w.slots.take(b, 1, 1, nil), hints: lb.hints, released: b.line.leave(b)}
+	b.fetch(cb)
+	require.NoError(t, cb.err)
+	require.Empty(t, cb.runs)
+	return j1, j2, cb
 }
 
 // helper-212: a held call whose look finds the env free (acks ran in

@@ -232,8 +232,9 @@ func (e Env) Dead() string { return e.base + ":dead" }
 // written by flag-on dequeues only (lua/lib/envwait.lua).
 func (e Env) Waiting() string { return e.base + ":waiting" }
 
-// WaitingUntil is the HASH beside Waiting: queue member -> the time its
-// mark lives until (ms, Redis's clock), and "#", the last place given.
+// WaitingUntil is the HASH beside Waiting: queue member -> its mark,
+// "till:limit" (layout 9): the time it lives until (ms, Redis's clock) and
+// the env limit of the call that wrote it; and "#", the last place given.
 func (e Env) WaitingUntil() string { return e.base + ":waitingU" }
 
 // Queue returns the keys of a base queue of the env.

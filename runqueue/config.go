@@ -28,9 +28,9 @@ type Limits struct {
 	// of an env the same: each dequeue caps the env's count by the value
 	// its own queue has, so a queue with a higher one may take the env past
 	// a lower one's, which then gets nothing until the count falls below
-	// it, and the env's waiting line (flag on) keeps no queue's value: a
-	// queue its lower value holds may be left slots it cannot use while a
-	// queue with a higher one waits (docs/design.md, section 6).
+	// it. The env's waiting line (flag on) keeps each waiting queue's value
+	// and leaves a queue slots only while its own value leaves it some
+	// (docs/design.md, section 6).
 	Env   int
 	Queue int // runs in flight in the base queue, all keys together
 	Key   int // runs in flight per concurrency key of the queue

@@ -2,7 +2,9 @@ package runqueue
 
 import (
 	"context"
+	"math"
 	"strconv"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -10,13 +12,14 @@ import (
 )
 
 // envAhead reads the env's waiting line (lua/lib/envwait.lua) as a flag-on
-// dequeue of qk would now: how many other queues of the env wait ahead of
-// qk for a slot (live marks with an earlier place than qk's, or every live
-// mark of another queue when qk has none). A dequeue leaves a free slot of
-// the env to each (the script stops counting at the env's free slots,
-// which comes to the same capacity). Marks live by Redis's clock (TIME,
-// read on the node that holds the env), as the script reads them.
-func (q *Queue) envAhead(ctx context.Context, qk keys.Queue) (int, error) {
+// dequeue of qk with env limit limit would now, the env holding count runs
+// in flight: how many of the env's slots it leaves to the other queues of
+// the env that wait ahead of qk (live marks with an earlier place than
+// qk's, or every live mark of another queue when qk has none): one to each
+// mark whose limit leaves it one, and those that the lowest limit among
+// them keeps from qk's call. Marks live by Redis's clock (TIME, read on the
+// node that holds the env), as the script reads them.
+func (q *Queue) envAhead(ctx context.Context, qk keys.Queue, limit int, count int64) (int, error) {
 	line, err := q.rdb.ZRangeWithScores(ctx, qk.Env.Waiting(), 0, -1).Result()
 	if err != nil || len(line) == 0 {
 		return 0, err
@@ -39,34 +42,57 @@ func (q *Queue) envAhead(ctx context.Context, qk keys.Queue) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return envAheadOf(line, lives, qk.Member(), now.UnixMilli(), ms(q.leaveGrace)), nil
+	return envAheadOf(line, lives, qk.Member(), now.UnixMilli(), ms(q.leaveGrace), limit, count), nil
+}
+
+// envMark parses a mark of the lives hash, "till:limit" (layout 9): the
+// time it lives until (ms) and its queue's env limit; ok false for a value
+// not so written (dead to the scripts).
+func envMark(v string) (till int64, limit int64, ok bool) {
+	a, b, found := strings.Cut(v, ":")
+	t, err1 := strconv.ParseUint(a, 10, 63)
+	l, err2 := strconv.ParseUint(b, 10, 63)
+	if !found || err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return int64(t), int64(l), true
 }
 
 // envAheadOf is envAhead on the line (member, place) and the lives hash
-// (member -> live until, ms; "#" the last place given): the script's rule.
-// A mark with grace (ms) or less of its life left is leaving: passed over,
-// but its own queue's still.
-func envAheadOf(line []redis.Z, lives map[string]string, member string, now, grace int64) int {
-	left := func(m string) int64 { // ms of life left; -1 dead
-		v, ok := lives[m]
-		n, err := strconv.ParseUint(v, 10, 63)
-		if !ok || err != nil || int64(n) < now {
-			return -1
+// (member -> "till:limit"; "#" the last place given): the script's rule
+// (ew_capacity, ew_live). A mark with grace (ms) or less of its life left
+// is leaving: passed over, but its own queue's still. A mark ahead is left
+// a slot while it and those left one before it all have a limit above
+// count plus their number, up to the call's free slots (limit - count);
+// the call then takes at most what the lowest of their limits leaves.
+func envAheadOf(line []redis.Z, lives map[string]string, member string, now, grace int64, limit int, count int64) int {
+	left := func(m string) (int64, int64) { // ms of life left (-1 dead), limit
+		till, lim, ok := envMark(lives[m])
+		if !ok || till < now {
+			return -1, 0
 		}
-		return int64(n) - now
+		return till - now, lim
+	}
+	free := int64(limit) - count
+	if free <= 0 {
+		return 0
 	}
 	mine, have := 0.0, false
 	for _, z := range line {
-		if z.Member == member && left(member) >= 0 {
+		if l, _ := left(member); z.Member == member && l >= 0 {
 			mine, have = z.Score, true
 		}
 	}
-	n := 0
+	ahead, lowest := int64(0), int64(math.MaxInt64)
 	for _, z := range line {
 		m, _ := z.Member.(string)
-		if m != member && left(m) > grace && (!have || z.Score < mine) {
-			n++
+		l, lim := left(m)
+		if m == member || l <= grace || (have && z.Score >= mine) || ahead >= free {
+			continue
+		}
+		if min(lowest, lim) > count+ahead {
+			ahead, lowest = ahead+1, min(lowest, lim)
 		}
 	}
-	return n
+	return int(ahead + int64(limit) - min(int64(limit), lowest))
 }

@@ -111,13 +111,14 @@ func TestEnvWaitingWorkerLeavesOthersStay(t *testing.T) {
 		ewWaits(t, b, "qb")
 		require.Empty(t, ewTake(t, b, nil, "qc"), "the env is full")
 		require.True(t, ewMarked(t, b, "qc"), "qc waits behind qb")
-		line, lives := ewSpace(t, b).Env(env).Waiting(), ewSpace(t, b).Env(env).WaitingUntil()
+		space := ewSpace(t, b)
+		line := space.Env(env).Waiting()
 		place, err := b.client.ZScore(b.ctx, line, keys.QueueMember(env, "qb")).Result()
 		require.NoError(t, err)
 		before := ewUntil(t, b, "qb")
 		shutdown(t, wb)
 		require.Eventually(t, func() bool {
-			until, err := b.client.HGet(b.ctx, lives, keys.QueueMember(env, "qb")).Int64()
+			until, _, err := ewMarkOf(b, space, "qb")
 			return err == nil && until > before
 		}, 10*time.Second, 5*time.Millisecond, "the Worker left over qb renews the mark")
 		again, err := b.client.ZScore(b.ctx, line, keys.QueueMember(env, "qb")).Result()
@@ -237,9 +238,9 @@ func TestEnvWaitingLeaveThenOwnAck(t *testing.T) {
 			defer cancel()
 			done <- wa.Shutdown(ctx)
 		}()
-		lives := ewSpace(t, b).Env(env).WaitingUntil()
+		space := ewSpace(t, b)
 		require.Eventually(t, func() bool {
-			until, err := b.client.HGet(b.ctx, lives, keys.QueueMember(env, "qa")).Int64()
+			until, _, err := ewMarkOf(b, space, "qa")
 			return err == nil && until <= ewServerMs(t, b)+5_000
 		}, 10*time.Second, 5*time.Millisecond, "qa's Worker leaves: its mark is cut to the grace")
 		close(release)

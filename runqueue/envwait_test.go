@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,9 +47,27 @@ func ewPeer(t *testing.T, b *testBundle, clock *fakeClock, poll time.Duration, e
 // ewUntil is the live-until time (ms) of queue's mark.
 func ewUntil(t *testing.T, b *testBundle, queue string) int64 {
 	t.Helper()
-	n, err := b.client.HGet(b.ctx, ewSpace(t, b).Env(env).WaitingUntil(), keys.QueueMember(env, queue)).Int64()
+	until, _, err := ewMarkOf(b, ewSpace(t, b), queue)
 	require.NoError(t, err)
-	return n
+	return until
+}
+
+// ewMarkOf reads queue's mark, "till:limit" (layout 9): the time it lives
+// until (ms) and the env limit of the call that wrote it. (No require: it
+// may be called in a require.Eventually condition.)
+func ewMarkOf(b *testBundle, space keys.Space, queue string) (until, limit int64, err error) {
+	v, err := b.client.HGet(b.ctx, space.Env(env).WaitingUntil(), keys.QueueMember(env, queue)).Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	a, l, ok := strings.Cut(v, ":")
+	if !ok {
+		return 0, 0, fmt.Errorf("mark %q is not till:limit", v)
+	}
+	if until, err = strconv.ParseInt(a, 10, 64); err == nil {
+		limit, err = strconv.ParseInt(l, 10, 64)
+	}
+	return until, limit, err
 }
 
 // ewMarked says whether queue is in its env's waiting line.

@@ -56,7 +56,12 @@ import (
 //     its fused ack-and-take calls take back every slot their acks free,
 //     and a queue of the env at its limit waits until another queue's
 //     backlog drains.
-const LayoutVersion = 8
+//   - 9: each mark of an env's waiting line (keys.Env.WaitingUntil) holds
+//     its queue's env limit beside its life, "till:limit", so that a mark
+//     is left slots only while its own limit leaves it some (helper-219: a
+//     queue held by a lower limit than its neighbours' kept the slots from
+//     them). A build of layout 8 would read every such mark as dead.
+const LayoutVersion = 9
 
 // ErrLayout is wrapped by every *LayoutError.
 var ErrLayout = errors.New("runqueue: redis holds another layout version")

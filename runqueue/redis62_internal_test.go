@@ -147,7 +147,7 @@ func TestScriptsKeepRedis62WriteRule(t *testing.T) {
 	dead := func() {
 		require.Empty(t, take("qb"))
 		require.Empty(t, take("qc"))
-		require.NoError(t, c.HSet(ctx, lives, keys.QueueMember("env", "qb"), "1").Err())
+		require.NoError(t, c.HSet(ctx, lives, keys.QueueMember("env", "qb"), "1:1").Err())
 	}
 	held := take("qa")
 	require.Len(t, held, 1)

@@ -156,7 +156,7 @@ func (q *Queue) capacityGone(ctx context.Context, qk keys.Queue, lim Limits) (bo
 		}
 		ahead := 0
 		if q.cfg.VtimeScheduling { // (flag-off dequeues do not read the line)
-			if ahead, err = q.envAhead(ctx, qk); err != nil {
+			if ahead, err = q.envAhead(ctx, qk, lim.Env, n); err != nil {
 				return false, err
 			}
 		}
@@ -315,7 +315,7 @@ func (q *Queue) preview(ctx context.Context, env, queue string, n int, now int64
 		return nil, 0, err
 	}
 	if lim.Env > 0 {
-		if snap.EnvAhead, err = q.envAhead(ctx, qk); err != nil {
+		if snap.EnvAhead, err = q.envAhead(ctx, qk, lim.Env, en); err != nil {
 			return nil, 0, err
 		}
 	}

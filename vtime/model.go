@@ -140,9 +140,11 @@ type Model struct {
 
 	// EnvOther counts runs in flight in other queues of the env.
 	EnvOther int
-	// EnvAhead counts the other queues of the env that wait ahead of this
-	// one for a slot of the env (runqueue's env waiting hash: a dequeue
-	// leaves a free slot to each, see runqueue/lua/lib/envwait.lua).
+	// EnvAhead counts the slots of the env left to the other queues of the
+	// env that wait ahead of this one (runqueue's env waiting line: a
+	// dequeue leaves a free slot to each that can use one, and takes at
+	// most what the lowest limit among them leaves; see
+	// runqueue/lua/lib/envwait.lua and runqueue's envAheadOf).
 	EnvAhead int
 }
 

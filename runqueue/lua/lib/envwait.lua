@@ -6,10 +6,11 @@
 -- waits until that queue's backlog drains.
 --
 -- The line: a ZSET of the waiting queues (member: the queue's member,
--- score: its place) and a HASH beside it (the queue's member -> the time
--- its mark lives until, in ms of Redis's own clock, TIME: the callers'
--- clocks may disagree; "#" -> the last place given; a queue member always
--- holds a ':').
+-- score: its place) and a HASH beside it (the queue's member -> "till:
+-- limit", the time its mark lives until, in ms of Redis's own clock, TIME:
+-- the callers' clocks may disagree, and the env limit of the call that
+-- last wrote it; "#" -> the last place given; a queue member always holds
+-- a ':').
 -- A dequeue whose call the env's limit held to less than it could take
 -- otherwise (the queue's limit and maxCount), and that leaves ready or due
 -- runs behind, marks its queue: the place is kept while the queue waits
@@ -23,7 +24,9 @@
 --
 -- Every dequeue of the env's queues leaves a free slot to each live mark
 -- of another queue ahead of its own in the line (to every one when it has
--- none) and publishes a wake-up to them; a call that used fewer of the
+-- none) and publishes a wake-up to them, and takes at most what the
+-- lowest limit among them leaves (a mark is left a slot only when its own
+-- limit leaves it one: lib/envline's ew_live); a call that used fewer of the
 -- slots left to it wakes as many queues behind it (a waiting queue whose
 -- ready runs cannot be served, all of their keys at their limit, passes
 -- its turn on). At most EW_WAKE_MAX wake-ups a call. A call reads the line
@@ -74,10 +77,10 @@ end
 -- consumers. It says whether the queue had a mark.
 local function ew_leave(ew)
   local qm = ew.dq.qm
-  local till = tonumber(redis.call('HGET', ew.lives, qm))
+  local till, lim = ew_mark(redis.call('HGET', ew.lives, qm))
   if not till then return false end
   local cut = ew_time(ew) + ew.grace
-  if till > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
+  if till > cut then ew_write('HSET', ew.lives, qm, string.format('%d:%d', cut, lim)) end
   redis.call('PUBLISH', ew.wake, qm)
   return true
 end
@@ -98,25 +101,27 @@ local function ew_capacity(ew)
     ew.lazy = true
     return
   end
-  local free = ew_free(dq)
+  ew.count = ew_count(dq)
+  local free = dq.env_limit - ew.count
   local turn = redis.call('ZSCORE', ew.line, dq.qm)
   if turn then
-    -- (a life that is not a number, a hand edit, is dead: nil)
-    local till = tonumber(redis.call('HGET', ew.lives, dq.qm))
+    -- (a mark not written "till:limit", a hand edit, is dead: nil)
+    local till = ew_mark(redis.call('HGET', ew.lives, dq.qm))
     if till and till >= ew_time(ew) then ew.mine, ew.till = turn + 0, till else ew_drop(ew, { dq.qm }) end
     -- (an ack-only call of a queue whose mark is leaving, a stopped
     -- Worker's leave and acks: the slots go past its mark, so it wakes the
     -- marks behind it too: helper-206)
     if ew.mine and dq.max_count <= 0 and till - ew_time(ew) <= ew.grace then ew.mine = nil end
   end
-  local ahead = 0
   if free > 0 then
     local hi = '+inf'
     if ew.mine then hi = '(' .. ew.mine end
-    ahead = ew_wake_live(ew, '-inf', hi, free)
+    ew.ahead, ew.lowest = ew_wake_live(ew, '-inf', hi, free, ew.count)
   end
   if dq.max_count <= 0 then return end
-  ew.room = free - ahead
+  -- (the marks ahead use their slots at counts up to ew.count + ahead,
+  -- below each one's limit: the call's serves must leave them that)
+  ew.room = math.min(dq.env_limit, ew.lowest) - ew.count - ew.ahead
   -- What the call could take but for the env: maxCount within the
   -- queue's limit.
   local other = dq.max_count
@@ -142,7 +147,7 @@ local function ew_settle(ew, served)
     -- its room; it was held by the env when it took them all, fewer than
     -- maxCount, and the env is full now while its queue is not)
     if served < dq.cap or served >= dq.max_count then return end
-    if ew_free(dq) > 0 then return end
+    if dq.env_limit - ew_count(dq) > 0 then return end
     if dq.queue_limit > 0 and dq.queue_limit - held_count(dq.held) <= 0 then return end
     ew.held, ew.room = true, served
   end
@@ -158,7 +163,8 @@ local function ew_settle(ew, served)
     -- not cut the life of a waiter with a longer one, which would then
     -- lapse before that waiter's next call: helper-207)
     if turn == ew.mine and ew.till > till then till = ew.till end
-    if ew_write('HSET', ew.lives, dq.qm, string.format('%d', till)) and ew_write('ZADD', ew.line, turn, dq.qm) then
+    if ew_write('HSET', ew.lives, dq.qm, string.format('%d:%d', till, dq.env_limit))
+        and ew_write('ZADD', ew.line, turn, dq.qm) then
       -- (the keys live as long as their longest-lived mark)
       for _, k in ipairs({ ew.line, ew.lives }) do
         if redis.call('PTTL', k) < ew.life then ew_write('PEXPIRE', k, ew.life) end
@@ -168,6 +174,6 @@ local function ew_settle(ew, served)
     ew_drop(ew, { dq.qm })
   end
   if ew.mine ~= nil and ew.room > served then
-    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served)
+    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served, ew.count + ew.ahead + served, ew.lowest)
   end
 end

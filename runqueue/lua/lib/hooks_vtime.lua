@@ -78,7 +78,10 @@ local function hooks_released(H, vms)
 end
 -- A call that freed slots of an env with a limit wakes the live marks of
 -- its waiting line the free slots now go to (up to one a free slot, in
--- line order, the call's own queue's too), as a dequeue of the env does.
+-- line order, the call's own queue's too), as a dequeue of the env does;
+-- the free slots are the call's queue's limit's, but a mark is woken by
+-- its own limit: where a queue with a higher limit waits, a call whose
+-- lower limit leaves no free slot still wakes one.
 -- Without it a slot a plain ack or nack freed stayed idle until the next
 -- dequeue of any queue of the env or the waiting queue's poll. (The code
 -- is made only then: most calls have no env limit.)
@@ -92,10 +95,9 @@ local function hooks_finish(H)
     (function(k, a)
       --@include envline
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
-      local free = ew_free(dq)
-      if free <= 0 then return end
+      local count = ew_count(dq)
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake_live(ew, '-inf', '+inf', free)
+      ew_wake_live(ew, '-inf', '+inf', math.max(dq.env_limit - count, 1), count)
     end)(H.keys, H.args)
   end
 end

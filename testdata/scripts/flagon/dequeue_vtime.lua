@@ -1621,10 +1621,11 @@ end
 -- waits until that queue's backlog drains.
 --
 -- The line: a ZSET of the waiting queues (member: the queue's member,
--- score: its place) and a HASH beside it (the queue's member -> the time
--- its mark lives until, in ms of Redis's own clock, TIME: the callers'
--- clocks may disagree; "#" -> the last place given; a queue member always
--- holds a ':').
+-- score: its place) and a HASH beside it (the queue's member -> "till:
+-- limit", the time its mark lives until, in ms of Redis's own clock, TIME:
+-- the callers' clocks may disagree, and the env limit of the call that
+-- last wrote it; "#" -> the last place given; a queue member always holds
+-- a ':').
 -- A dequeue whose call the env's limit held to less than it could take
 -- otherwise (the queue's limit and maxCount), and that leaves ready or due
 -- runs behind, marks its queue: the place is kept while the queue waits
@@ -1638,7 +1639,9 @@ end
 --
 -- Every dequeue of the env's queues leaves a free slot to each live mark
 -- of another queue ahead of its own in the line (to every one when it has
--- none) and publishes a wake-up to them; a call that used fewer of the
+-- none) and publishes a wake-up to them, and takes at most what the
+-- lowest limit among them leaves (a mark is left a slot only when its own
+-- limit leaves it one: lib/envline's ew_live); a call that used fewer of the
 -- slots left to it wakes as many queues behind it (a waiting queue whose
 -- ready runs cannot be served, all of their keys at their limit, passes
 -- its turn on). At most EW_WAKE_MAX wake-ups a call. A call reads the line
@@ -1679,10 +1682,18 @@ end
 -- wait for its slots, read and woken (lib/envwait keeps the marks: what a
 -- mark is, when a dequeue writes one, when one is live, leaving or dead).
 -- A ZSET (member: a queue's member, score: its place) and a HASH beside
--- it (the queue's member -> the time its mark lives until, in ms of
--- Redis's TIME; "#" -> the last place given). Included by lib/envwait and
--- by lib/hooks_vtime, whose acks and requeues wake the line for the slots
--- they free.
+-- it (the queue's member -> its mark, "till:limit": the time the mark
+-- lives until, in ms of Redis's TIME, and the env limit the queue's
+-- consumer gave (layout 9); "#" -> the last place given). Included by
+-- lib/envwait and by lib/hooks_vtime, whose acks and requeues wake the
+-- line for the slots they free.
+--
+-- The env's queues may be given different env limits (Config.LimitsFor):
+-- a mark is left a slot only while the env's count is below its own
+-- limit, and the marks left slots together must all be able to use them
+-- (each one's limit above the count plus their number), so a queue held
+-- by its own lower limit neither keeps the slots from a queue behind it
+-- that could use them, nor is left one that another's serves would fill.
 
 local EW_WAKE_MAX = 16
 
@@ -1691,6 +1702,9 @@ local function ew_open(line, lives, wake, life, grace, dq)
     now = nil,     -- TIME (ms), read once a mark is to be read or written
     mine = nil,    -- this queue's live place
     till = 0,      -- and the life of its mark then
+    count = 0,     -- ew_capacity: the env's count the slots are counted from,
+    ahead = 0,     -- the marks ahead left a slot,
+    lowest = math.huge, -- and the lowest of their limits
     room = 0, held = false,
     lazy = false } -- the line was empty: the held test waits for ew_settle
 end
@@ -1703,9 +1717,18 @@ local function ew_time(ew)
   return ew.now
 end
 
--- The env's free slots now.
-local function ew_free(dq)
-  return dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+-- The env's runs in flight now.
+local function ew_count(dq)
+  return tonumber(redis.call('GET', dq.env_n)) or 0
+end
+
+-- A mark's life and env limit from its value ("till:limit"); nil for one
+-- not so written (a hand edit): dead.
+local function ew_mark(v)
+  if not v then return nil end
+  local till, lim = string.match(v, '^(%d+):(%d+)$')
+  if not till then return nil end
+  return till + 0, lim + 0
 end
 
 local function ew_drop(ew, members)
@@ -1715,11 +1738,17 @@ local function ew_drop(ew, members)
 end
 
 -- Up to n live marks of the line with a place in (lo, hi], in place
--- order, passing over the leaving ones and dropping the dead ones met (at
--- most 4 reads).
-local function ew_live(ew, lo, hi, n)
+-- order, that can use the env's slots counted from count: a mark is taken
+-- when its limit and those of the marks taken before it (and lowest, the
+-- lowest limit of marks already left slots, if any) are all above count
+-- plus their number with it. It passes over the leaving marks and those
+-- that cannot, and drops the dead ones met (at most 4 reads). It returns
+-- the marks and the lowest of their limits and lowest (math.huge for
+-- none).
+local function ew_live(ew, lo, hi, n, count, lowest)
   local now = ew_time(ew)
   local out, passed = {}, 0
+  lowest = lowest or math.huge
   for _ = 1, 4 do
     if #out >= n then break end
     -- (a read asks for as many more as it passed marks, which stay, the
@@ -1731,11 +1760,11 @@ local function ew_live(ew, lo, hi, n)
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
     for i, m in ipairs(batch) do
-      local till = tonumber(lives[i]) -- (nil, dead, for a life that is not a number: a hand edit)
+      local till, lim = ew_mark(lives[i])
       if not till or till < now then
         dead[#dead + 1] = m
-      elseif till - now > ew.grace then
-        if #out < n then out[#out + 1] = m else passed = passed + 1 end
+      elseif till - now > ew.grace and #out < n and math.min(lowest, lim) > count + #out then
+        out[#out + 1], lowest = m, math.min(lowest, lim)
       else
         passed = passed + 1
       end
@@ -1743,16 +1772,18 @@ local function ew_live(ew, lo, hi, n)
     if #dead > 0 then ew_drop(ew, dead) end
     if #batch < want then break end
   end
-  return out
+  return out, lowest
 end
 
--- Wakes up to n live marks with a place in (lo, hi] (ew_live; at most
--- EW_WAKE_MAX) and returns how many live marks it found: the env's free
--- slots go to them.
-local function ew_wake_live(ew, lo, hi, n)
-  local marks = ew_live(ew, lo, hi, n)
+-- Wakes up to n live marks with a place in (lo, hi] that can use the
+-- env's slots counted from count (ew_live, with lowest; at most
+-- EW_WAKE_MAX) and returns how many it found, and the lowest limit: the
+-- env's free slots go to them.
+local function ew_wake_live(ew, lo, hi, n, count, lowest)
+  local marks
+  marks, lowest = ew_live(ew, lo, hi, n, count, lowest)
   for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
-  return #marks
+  return #marks, lowest
 end
 
 -- A write that may be refused on a full Redis: nil then.
@@ -1767,10 +1798,10 @@ end
 -- consumers. It says whether the queue had a mark.
 local function ew_leave(ew)
   local qm = ew.dq.qm
-  local till = tonumber(redis.call('HGET', ew.lives, qm))
+  local till, lim = ew_mark(redis.call('HGET', ew.lives, qm))
   if not till then return false end
   local cut = ew_time(ew) + ew.grace
-  if till > cut then ew_write('HSET', ew.lives, qm, string.format('%d', cut)) end
+  if till > cut then ew_write('HSET', ew.lives, qm, string.format('%d:%d', cut, lim)) end
   redis.call('PUBLISH', ew.wake, qm)
   return true
 end
@@ -1791,25 +1822,27 @@ local function ew_capacity(ew)
     ew.lazy = true
     return
   end
-  local free = ew_free(dq)
+  ew.count = ew_count(dq)
+  local free = dq.env_limit - ew.count
   local turn = redis.call('ZSCORE', ew.line, dq.qm)
   if turn then
-    -- (a life that is not a number, a hand edit, is dead: nil)
-    local till = tonumber(redis.call('HGET', ew.lives, dq.qm))
+    -- (a mark not written "till:limit", a hand edit, is dead: nil)
+    local till = ew_mark(redis.call('HGET', ew.lives, dq.qm))
     if till and till >= ew_time(ew) then ew.mine, ew.till = turn + 0, till else ew_drop(ew, { dq.qm }) end
     -- (an ack-only call of a queue whose mark is leaving, a stopped
     -- Worker's leave and acks: the slots go past its mark, so it wakes the
     -- marks behind it too: helper-206)
     if ew.mine and dq.max_count <= 0 and till - ew_time(ew) <= ew.grace then ew.mine = nil end
   end
-  local ahead = 0
   if free > 0 then
     local hi = '+inf'
     if ew.mine then hi = '(' .. ew.mine end
-    ahead = ew_wake_live(ew, '-inf', hi, free)
+    ew.ahead, ew.lowest = ew_wake_live(ew, '-inf', hi, free, ew.count)
   end
   if dq.max_count <= 0 then return end
-  ew.room = free - ahead
+  -- (the marks ahead use their slots at counts up to ew.count + ahead,
+  -- below each one's limit: the call's serves must leave them that)
+  ew.room = math.min(dq.env_limit, ew.lowest) - ew.count - ew.ahead
   -- What the call could take but for the env: maxCount within the
   -- queue's limit.
   local other = dq.max_count
@@ -1835,7 +1868,7 @@ local function ew_settle(ew, served)
     -- its room; it was held by the env when it took them all, fewer than
     -- maxCount, and the env is full now while its queue is not)
     if served < dq.cap or served >= dq.max_count then return end
-    if ew_free(dq) > 0 then return end
+    if dq.env_limit - ew_count(dq) > 0 then return end
     if dq.queue_limit > 0 and dq.queue_limit - held_count(dq.held) <= 0 then return end
     ew.held, ew.room = true, served
   end
@@ -1851,7 +1884,8 @@ local function ew_settle(ew, served)
     -- not cut the life of a waiter with a longer one, which would then
     -- lapse before that waiter's next call: helper-207)
     if turn == ew.mine and ew.till > till then till = ew.till end
-    if ew_write('HSET', ew.lives, dq.qm, string.format('%d', till)) and ew_write('ZADD', ew.line, turn, dq.qm) then
+    if ew_write('HSET', ew.lives, dq.qm, string.format('%d:%d', till, dq.env_limit))
+        and ew_write('ZADD', ew.line, turn, dq.qm) then
       -- (the keys live as long as their longest-lived mark)
       for _, k in ipairs({ ew.line, ew.lives }) do
         if redis.call('PTTL', k) < ew.life then ew_write('PEXPIRE', k, ew.life) end
@@ -1861,7 +1895,7 @@ local function ew_settle(ew, served)
     ew_drop(ew, { dq.qm })
   end
   if ew.mine ~= nil and ew.room > served then
-    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served)
+    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served, ew.count + ew.ahead + served, ew.lowest)
   end
 end
 local OWN_KEYS = 11

@@ -735,7 +735,10 @@ local function hooks_released(H, vms)
 end
 -- A call that freed slots of an env with a limit wakes the live marks of
 -- its waiting line the free slots now go to (up to one a free slot, in
--- line order, the call's own queue's too), as a dequeue of the env does.
+-- line order, the call's own queue's too), as a dequeue of the env does;
+-- the free slots are the call's queue's limit's, but a mark is woken by
+-- its own limit: where a queue with a higher limit waits, a call whose
+-- lower limit leaves no free slot still wakes one.
 -- Without it a slot a plain ack or nack freed stayed idle until the next
 -- dequeue of any queue of the env or the waiting queue's poll. (The code
 -- is made only then: most calls have no env limit.)
@@ -751,10 +754,18 @@ local function hooks_finish(H)
       -- wait for its slots, read and woken (lib/envwait keeps the marks: what a
       -- mark is, when a dequeue writes one, when one is live, leaving or dead).
       -- A ZSET (member: a queue's member, score: its place) and a HASH beside
-      -- it (the queue's member -> the time its mark lives until, in ms of
-      -- Redis's TIME; "#" -> the last place given). Included by lib/envwait and
-      -- by lib/hooks_vtime, whose acks and requeues wake the line for the slots
-      -- they free.
+      -- it (the queue's member -> its mark, "till:limit": the time the mark
+      -- lives until, in ms of Redis's TIME, and the env limit the queue's
+      -- consumer gave (layout 9); "#" -> the last place given). Included by
+      -- lib/envwait and by lib/hooks_vtime, whose acks and requeues wake the
+      -- line for the slots they free.
+      --
+      -- The env's queues may be given different env limits (Config.LimitsFor):
+      -- a mark is left a slot only while the env's count is below its own
+      -- limit, and the marks left slots together must all be able to use them
+      -- (each one's limit above the count plus their number), so a queue held
+      -- by its own lower limit neither keeps the slots from a queue behind it
+      -- that could use them, nor is left one that another's serves would fill.
 
       local EW_WAKE_MAX = 16
 
@@ -763,6 +774,9 @@ local function hooks_finish(H)
           now = nil,     -- TIME (ms), read once a mark is to be read or written
           mine = nil,    -- this queue's live place
           till = 0,      -- and the life of its mark then
+          count = 0,     -- ew_capacity: the env's count the slots are counted from,
+          ahead = 0,     -- the marks ahead left a slot,
+          lowest = math.huge, -- and the lowest of their limits
           room = 0, held = false,
           lazy = false } -- the line was empty: the held test waits for ew_settle
       end
@@ -775,9 +789,18 @@ local function hooks_finish(H)
         return ew.now
       end
 
-      -- The env's free slots now.
-      local function ew_free(dq)
-        return dq.env_limit - (tonumber(redis.call('GET', dq.env_n)) or 0)
+      -- The env's runs in flight now.
+      local function ew_count(dq)
+        return tonumber(redis.call('GET', dq.env_n)) or 0
+      end
+
+      -- A mark's life and env limit from its value ("till:limit"); nil for one
+      -- not so written (a hand edit): dead.
+      local function ew_mark(v)
+        if not v then return nil end
+        local till, lim = string.match(v, '^(%d+):(%d+)$')
+        if not till then return nil end
+        return till + 0, lim + 0
       end
 
       local function ew_drop(ew, members)
@@ -787,11 +810,17 @@ local function hooks_finish(H)
       end
 
       -- Up to n live marks of the line with a place in (lo, hi], in place
-      -- order, passing over the leaving ones and dropping the dead ones met (at
-      -- most 4 reads).
-      local function ew_live(ew, lo, hi, n)
+      -- order, that can use the env's slots counted from count: a mark is taken
+      -- when its limit and those of the marks taken before it (and lowest, the
+      -- lowest limit of marks already left slots, if any) are all above count
+      -- plus their number with it. It passes over the leaving marks and those
+      -- that cannot, and drops the dead ones met (at most 4 reads). It returns
+      -- the marks and the lowest of their limits and lowest (math.huge for
+      -- none).
+      local function ew_live(ew, lo, hi, n, count, lowest)
         local now = ew_time(ew)
         local out, passed = {}, 0
+        lowest = lowest or math.huge
         for _ = 1, 4 do
           if #out >= n then break end
           -- (a read asks for as many more as it passed marks, which stay, the
@@ -803,11 +832,11 @@ local function hooks_finish(H)
           local lives = redis.call('HMGET', ew.lives, unpack(batch))
           local dead = {}
           for i, m in ipairs(batch) do
-            local till = tonumber(lives[i]) -- (nil, dead, for a life that is not a number: a hand edit)
+            local till, lim = ew_mark(lives[i])
             if not till or till < now then
               dead[#dead + 1] = m
-            elseif till - now > ew.grace then
-              if #out < n then out[#out + 1] = m else passed = passed + 1 end
+            elseif till - now > ew.grace and #out < n and math.min(lowest, lim) > count + #out then
+              out[#out + 1], lowest = m, math.min(lowest, lim)
             else
               passed = passed + 1
             end
@@ -815,22 +844,23 @@ local function hooks_finish(H)
           if #dead > 0 then ew_drop(ew, dead) end
           if #batch < want then break end
         end
-        return out
+        return out, lowest
       end
 
-      -- Wakes up to n live marks with a place in (lo, hi] (ew_live; at most
-      -- EW_WAKE_MAX) and returns how many live marks it found: the env's free
-      -- slots go to them.
-      local function ew_wake_live(ew, lo, hi, n)
-        local marks = ew_live(ew, lo, hi, n)
+      -- Wakes up to n live marks with a place in (lo, hi] that can use the
+      -- env's slots counted from count (ew_live, with lowest; at most
+      -- EW_WAKE_MAX) and returns how many it found, and the lowest limit: the
+      -- env's free slots go to them.
+      local function ew_wake_live(ew, lo, hi, n, count, lowest)
+        local marks
+        marks, lowest = ew_live(ew, lo, hi, n, count, lowest)
         for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
-        return #marks
+        return #marks, lowest
       end
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
-      local free = ew_free(dq)
-      if free <= 0 then return end
+      local count = ew_count(dq)
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake_live(ew, '-inf', '+inf', free)
+      ew_wake_live(ew, '-inf', '+inf', math.max(dq.env_limit - count, 1), count)
     end)(H.keys, H.args)
   end
 end

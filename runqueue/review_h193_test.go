@@ -193,14 +193,17 @@ func TestReviewH193StormLooks(t *testing.T) {
 }
 
 // TestReviewH193ShardHeldDelayedSpendsEarlyLook: helper-184's case (an idle
-// env's run due in 400 ms beside an env whose queue holds work that limits
-// hold back, DequeueShardWait and a shard Worker, poll 2 s), with one more
-// thing: the held key h of q000 has a delayed run of its own due in 100
+// env's run due in 500 ms beside an env whose queue holds work that limits
+// hold back, DequeueShardWait and a shard Worker, poll 6 s), with one more
+// thing: the held key h of q000 has a delayed run of its own due in 200
 // ms (held when due: h is at its limit). dueDelayed reads it in q000's
 // delay index and makes it the sooner time; the early look at it serves
 // nothing and spends the early look, so the idle env's run waits for the
 // poll. Before 100f94d the shard wait did not read due queues' delay
 // indexes, looked early at the idle env's run and served it at its time.
+// (Scaled from a poll of 2 s, the runs due in 100 and 400 ms and a bound
+// of 1 s: a run served at its time had 1 s to come, the poll's look came
+// 1.6 s late; now it has 3 s, and the poll's look comes 5.5 s late.)
 func TestReviewH193ShardHeldDelayedSpendsEarlyLook(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		for _, wt := range soonWaiters[:3] {
@@ -209,17 +212,19 @@ func TestReviewH193ShardHeldDelayedSpendsEarlyLook(t *testing.T) {
 			}
 			t.Run(fmt.Sprintf("vtime=%v/%s", on, wt.name), func(t *testing.T) {
 				forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-					b := setup(t, c, soonConfig(on, 2*time.Second, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 }))
+					poll := 6 * time.Second
+					b := setup(t, c, soonConfig(on, poll, func(cfg *runqueue.Config) { cfg.KeyConcurrency = 1 }))
 					heldQueues(t, b, "a", 0, 1)
 					now := time.Now()
-					enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: "h", ID: "held-delayed", AvailableAt: now.Add(100 * time.Millisecond)})
-					due := now.Add(400 * time.Millisecond)
+					enqueue(t, b, runqueue.EnqueueParams{Env: "a", Queue: "q000", Key: "h", ID: "held-delayed", AvailableAt: now.Add(200 * time.Millisecond)})
+					due := now.Add(500 * time.Millisecond)
 					enqueue(t, b, runqueue.EnqueueParams{Env: "b", Queue: "q", Key: "k", ID: "soon", AvailableAt: due})
-					got := wt.wait(t, b, 5*time.Second)
+					got := wt.wait(t, b, 2*poll)
 					late := time.Since(due)
-					t.Logf("served %v %v after its time", got, late.Round(time.Millisecond))
+					t.Logf("served %v %v after its time (poll %v)", got, late.Round(time.Millisecond), poll)
 					require.Equal(t, []string{"soon"}, got)
-					require.Less(t, late, time.Second, "served near its time, as before 100f94d, not at the poll")
+					// (the poll's look: 5.5 s after its time)
+					require.Less(t, late, poll/2, "served near its time, as before 100f94d, not at the poll")
 				})
 			})
 		}

@@ -6,6 +6,8 @@ package runqueue_test
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,16 +153,26 @@ func TestS16CHardStopDropsRunsOfCallInFlight(t *testing.T) {
 	c := s16cClient(t)
 	startCtx, cancelStart := context.WithCancel(context.Background())
 	defer cancelStart()
-	var armed, fired atomic.Bool
+	var armed, fired, drained atomic.Bool
+	returned := make(chan struct{}) // the hook gave the call its reply back
+	var before map[string]bool      // the fetch loops of other tests, left running
 	c.AddHook(s16cHook(func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 		err := next(ctx, cmd)
 		if armed.Load() && err == nil && s16cScriptKeys(cmd) > 0 {
 			if v, ok := cmd.(*redis.Cmd).Val().([]any); ok && len(v) > 0 && fired.CompareAndSwap(false, true) {
 				cancelStart()
-				// The loop sees base.Done before this reply (1s: with 200ms, a
-				// stall of the loop as long found both ready, and a select
-				// may take the reply).
-				time.Sleep(time.Second)
+				// The loop sees base.Done before this reply: the reply is
+				// held until the loop, having taken the Start context's
+				// end, waits for it in its drain. (A sleep of 1 s here
+				// left a loop stalled as long both ready, and a select
+				// may take the reply.) 30 s: a liveness bound only.
+				for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+					if s16cLoopDraining(before) {
+						drained.Store(true)
+						break
+					}
+				}
+				defer close(returned)
 			}
 		}
 		return err
@@ -176,10 +188,15 @@ func TestS16CHardStopDropsRunsOfCallInFlight(t *testing.T) {
 	}, &runqueue.WorkerConfig{Queues: []runqueue.WorkerQueue{{Env: env, Queue: queueName}},
 		SweepInterval: -1, Logger: quietLogger, Concurrency: 3})
 	require.NoError(t, err)
+	before = s16cFetchLoops()
 	armed.Store(true)
 	require.NoError(t, w.Start(startCtx))
-	require.Eventually(t, fired.Load, 5*time.Second, 5*time.Millisecond)
-	time.Sleep(1100 * time.Millisecond)
+	select {
+	case <-returned:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the fetch call with runs did not come back")
+	}
+	require.True(t, drained.Load(), "the fetch loop did not take the Start context's end and wait for its call's reply")
 	got := w.Shutdown(context.Background())
 	s := queueStats(t, b, queueName)
 	t.Logf("Shutdown: %v; stats %+v; handled %d", got, s, handled.Load())
@@ -188,6 +205,52 @@ func TestS16CHardStopDropsRunsOfCallInFlight(t *testing.T) {
 	var ue *runqueue.UnsettledError
 	require.True(t, errors.As(got, &ue), "DEFECT: 3 runs left in flight, not reported: %v", got)
 	require.Equal(t, 3, ue.Runs)
+}
+
+// s16cFetchLoops returns the goroutines running a fetch loop
+// (source.loop), by id, each with whether it waits in the loop's drain: a
+// channel receive in source.loop's own body, the first frame of its stack
+// out of the runtime.
+func s16cFetchLoops() map[string]bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	out := map[string]bool{}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		lines := strings.Split(g, "\n")
+		if !strings.Contains(g, "runqueue.(*source).loop(") || !strings.HasPrefix(lines[0], "goroutine ") {
+			continue
+		}
+		id, state, _ := strings.Cut(strings.TrimPrefix(lines[0], "goroutine "), " ")
+		top := ""
+		for _, l := range lines[1:] {
+			if !strings.HasPrefix(l, "\t") && !strings.HasPrefix(l, "runtime.") {
+				top = l
+				break
+			}
+		}
+		// The drain's receive is the only one in source.loop's own body
+		// (its wait is a select in fetchLoop.wait).
+		out[id] = strings.HasPrefix(state, "[chan receive") && strings.Contains(top, "runqueue.(*source).loop(")
+	}
+	return out
+}
+
+// s16cLoopDraining says whether a fetch loop not in before (by id) waits
+// for a call's reply in its drain, the Start context's end taken.
+func s16cLoopDraining(before map[string]bool) bool {
+	for id, draining := range s16cFetchLoops() {
+		if draining && !before[id] {
+			return true
+		}
+	}
+	return false
 }
 
 // What held: a Start context cancelled after a clean stop leaves the

@@ -501,6 +501,7 @@ func TestDequeueShardEveryQueueRefused(t *testing.T) {
 				enqueueN(t, b, fmt.Sprint("e", i), "q", 1)
 			}
 			hook.left.Store(-1)
+			start := time.Now()
 			for call := range 5 {
 				before := hook.calls.Load()
 				runs, err := b.q.DequeueShard(b.ctx, 0, 10)
@@ -512,6 +513,17 @@ func TestDequeueShardEveryQueueRefused(t *testing.T) {
 				// FCALL the refusal sends to EVALSHA (the library goes off).
 				most := int64(3)
 				if flag && call == 0 {
+					most = 4
+				}
+				// The calls after the first count on its marks (those
+				// queues go last): a call that ended shardFailBack (a
+				// second, real time) or more after the first began may have
+				// met a mark lapsed, a known failure, which does not stop
+				// a call: a stalled machine's case, bounded as below once
+				// the marks lapsed (4: a stall of a second before the
+				// fourth call gave 4).
+				if d := time.Since(start); call > 0 && d >= time.Second {
+					t.Logf("call %d ended %v after the first began: the first marks may have lapsed", call, d)
 					most = 4
 				}
 				require.LessOrEqual(t, hook.calls.Load()-before, most, "call %d: script calls", call)

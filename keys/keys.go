@@ -234,7 +234,8 @@ func (e Env) Waiting() string { return e.base + ":waiting" }
 
 // WaitingUntil is the HASH beside Waiting: queue member -> its mark,
 // "till:limit" (layout 9): the time it lives until (ms, Redis's clock) and
-// the env limit of the call that wrote it; and "#", the last place given.
+// the env limit of the call that wrote it; "#", the last place given; and
+// "^", the highest limit a mark was written with.
 func (e Env) WaitingUntil() string { return e.base + ":waitingU" }
 
 // Queue returns the keys of a base queue of the env.

@@ -29,8 +29,9 @@ type Limits struct {
 	// its own queue has, so a queue with a higher one may take the env past
 	// a lower one's, which then gets nothing until the count falls below
 	// it. The env's waiting line (flag on) keeps each waiting queue's value
-	// and leaves a queue slots only while its own value leaves it some
-	// (docs/design.md, section 6).
+	// and leaves a queue slots only while its own value leaves it some; a
+	// waiting queue with a lower value at the front of the line holds the
+	// env at that value until its next call (docs/design.md, section 6).
 	Env   int
 	Queue int // runs in flight in the base queue, all keys together
 	Key   int // runs in flight per concurrency key of the queue

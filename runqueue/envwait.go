@@ -59,12 +59,15 @@ func envMark(v string) (till int64, limit int64, ok bool) {
 }
 
 // envAheadOf is envAhead on the line (member, place) and the lives hash
-// (member -> "till:limit"; "#" the last place given): the script's rule
-// (ew_capacity, ew_live). A mark with grace (ms) or less of its life left
-// is leaving: passed over, but its own queue's still. A mark ahead is left
-// a slot while it and those left one before it all have a limit above
-// count plus their number, up to the call's free slots (limit - count);
-// the call then takes at most what the lowest of their limits leaves.
+// (member -> "till:limit"; "#" the last place given, "^" the highest
+// limit): the script's rule (ew_capacity, ew_live). A mark with grace (ms)
+// or less of its life left is leaving: passed over, but its own queue's
+// still. A mark ahead is left a slot while it and those left one before it
+// all have a limit above count plus their number, up to the call's free
+// slots (limit - count); the call then takes at most what the lowest of
+// their limits leaves. As the script, it reads the marks ahead in at most
+// ewReads reads of as many more as it has passed (a dead mark is dropped
+// where it is met): marks behind more passed ones are not reached.
 func envAheadOf(line []redis.Z, lives map[string]string, member string, now, grace int64, limit int, count int64) int {
 	left := func(m string) (int64, int64) { // ms of life left (-1 dead), limit
 		till, lim, ok := envMark(lives[m])
@@ -83,16 +86,36 @@ func envAheadOf(line []redis.Z, lives map[string]string, member string, now, gra
 			mine, have = z.Score, true
 		}
 	}
-	ahead, lowest := int64(0), int64(math.MaxInt64)
+	var ahead []string // in place order, as ZRANGEBYSCORE reads them
 	for _, z := range line {
-		m, _ := z.Member.(string)
-		l, lim := left(m)
-		if m == member || l <= grace || (have && z.Score >= mine) || ahead >= free {
-			continue
-		}
-		if min(lowest, lim) > count+ahead {
-			ahead, lowest = ahead+1, min(lowest, lim)
+		if m, _ := z.Member.(string); m != member && (!have || z.Score < mine) {
+			ahead = append(ahead, m)
 		}
 	}
-	return int(ahead + int64(limit) - min(int64(limit), lowest))
+	n, passed, lowest := int64(0), int64(0), int64(math.MaxInt64)
+	for read := 0; read < ewReads && n < free; read++ {
+		want := free - n + passed
+		batch := ahead[:min(int64(len(ahead)), want)]
+		ahead = ahead[len(batch):]
+		if len(batch) == 0 {
+			break
+		}
+		for _, m := range batch {
+			l, lim := left(m)
+			switch {
+			case l < 0: // (dropped)
+			case l > grace && n < free && min(lowest, lim) > count+n:
+				n, lowest = n+1, min(lowest, lim)
+			default:
+				passed++
+			}
+		}
+		if int64(len(batch)) < want {
+			break
+		}
+	}
+	return int(n + int64(limit) - min(int64(limit), lowest))
 }
+
+// ewReads is how many reads of the line ew_live makes at most.
+const ewReads = 4

@@ -57,10 +57,11 @@ import (
 //     and a queue of the env at its limit waits until another queue's
 //     backlog drains.
 //   - 9: each mark of an env's waiting line (keys.Env.WaitingUntil) holds
-//     its queue's env limit beside its life, "till:limit", so that a mark
-//     is left slots only while its own limit leaves it some (helper-219: a
-//     queue held by a lower limit than its neighbours' kept the slots from
-//     them). A build of layout 8 would read every such mark as dead.
+//     its queue's env limit beside its life, "till:limit", and the hash
+//     "^", the highest such limit, so that a mark is left slots only while
+//     its own limit leaves it some (helper-219: a queue held by a lower
+//     limit than its neighbours' kept the slots from them). A build of
+//     layout 8 would read every such mark as dead.
 const LayoutVersion = 9
 
 // ErrLayout is wrapped by every *LayoutError.

@@ -4,7 +4,8 @@
 -- A ZSET (member: a queue's member, score: its place) and a HASH beside
 -- it (the queue's member -> its mark, "till:limit": the time the mark
 -- lives until, in ms of Redis's TIME, and the env limit the queue's
--- consumer gave (layout 9); "#" -> the last place given). Included by
+-- consumer gave (layout 9); "#" -> the last place given; "^" -> the
+-- highest limit a mark was written with since the line was made). Included by
 -- lib/envwait and by lib/hooks_vtime, whose acks and requeues wake the
 -- line for the slots they free.
 --
@@ -13,7 +14,9 @@
 -- limit, and the marks left slots together must all be able to use them
 -- (each one's limit above the count plus their number), so a queue held
 -- by its own lower limit neither keeps the slots from a queue behind it
--- that could use them, nor is left one that another's serves would fill.
+-- that could use them, nor is left one that another's serves would fill;
+-- and a call whose own limit leaves it nothing more wakes a mark behind it
+-- that a higher limit leaves a slot ("^" tells whether one may).
 
 local EW_WAKE_MAX = 16
 
@@ -25,6 +28,7 @@ local function ew_open(line, lives, wake, life, grace, dq)
     count = 0,     -- ew_capacity: the env's count the slots are counted from,
     ahead = 0,     -- the marks ahead left a slot,
     lowest = math.huge, -- and the lowest of their limits
+    top = nil,     -- the line's "^", once read
     room = 0, held = false,
     lazy = false } -- the line was empty: the held test waits for ew_settle
 end

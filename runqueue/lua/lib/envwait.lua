@@ -106,7 +106,9 @@ local function ew_capacity(ew)
   local turn = redis.call('ZSCORE', ew.line, dq.qm)
   if turn then
     -- (a mark not written "till:limit", a hand edit, is dead: nil)
-    local till = ew_mark(redis.call('HGET', ew.lives, dq.qm))
+    local v = redis.call('HMGET', ew.lives, dq.qm, '^')
+    local till = ew_mark(v[1])
+    ew.top = tonumber(v[2]) or 0
     if till and till >= ew_time(ew) then ew.mine, ew.till = turn + 0, till else ew_drop(ew, { dq.qm }) end
     -- (an ack-only call of a queue whose mark is leaving, a stopped
     -- Worker's leave and acks: the slots go past its mark, so it wakes the
@@ -163,8 +165,11 @@ local function ew_settle(ew, served)
     -- not cut the life of a waiter with a longer one, which would then
     -- lapse before that waiter's next call: helper-207)
     if turn == ew.mine and ew.till > till then till = ew.till end
-    if ew_write('HSET', ew.lives, dq.qm, string.format('%d:%d', till, dq.env_limit))
-        and ew_write('ZADD', ew.line, turn, dq.qm) then
+    local mark = { 'HSET', ew.lives, dq.qm, string.format('%d:%d', till, dq.env_limit) }
+    -- ("^": the highest limit of the line's marks; an empty line has none)
+    if ew.top == nil and not ew.lazy then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) end
+    if dq.env_limit > (ew.top or 0) then mark[5], mark[6] = '^', dq.env_limit end
+    if ew_write(unpack(mark)) and ew_write('ZADD', ew.line, turn, dq.qm) then
       -- (the keys live as long as their longest-lived mark)
       for _, k in ipairs({ ew.line, ew.lives }) do
         if redis.call('PTTL', k) < ew.life then ew_write('PEXPIRE', k, ew.life) end
@@ -173,7 +178,12 @@ local function ew_settle(ew, served)
   elseif ew.mine ~= nil then
     ew_drop(ew, { dq.qm })
   end
-  if ew.mine ~= nil and ew.room > served then
-    ew_wake_live(ew, '(' .. ew.mine, '+inf', ew.room - served, ew.count + ew.ahead + served, ew.lowest)
+  if ew.mine ~= nil then
+    local n, count = ew.room - served, ew.count + ew.ahead + served
+    -- (the call's own limit left it no more, or its place kept a slot for
+    -- a limit it no longer has, while a mark behind may have a higher
+    -- limit that leaves it one: one of them is woken, by their limits)
+    if n <= 0 and math.min(ew.top, ew.lowest) > count then n = 1 end
+    if n > 0 then ew_wake_live(ew, '(' .. ew.mine, '+inf', n, count, ew.lowest) end
   end
 end

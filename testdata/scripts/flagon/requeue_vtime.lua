@@ -878,7 +878,8 @@ local function hooks_finish(H)
       -- A ZSET (member: a queue's member, score: its place) and a HASH beside
       -- it (the queue's member -> its mark, "till:limit": the time the mark
       -- lives until, in ms of Redis's TIME, and the env limit the queue's
-      -- consumer gave (layout 9); "#" -> the last place given). Included by
+      -- consumer gave (layout 9); "#" -> the last place given; "^" -> the
+      -- highest limit a mark was written with since the line was made). Included by
       -- lib/envwait and by lib/hooks_vtime, whose acks and requeues wake the
       -- line for the slots they free.
       --
@@ -887,7 +888,9 @@ local function hooks_finish(H)
       -- limit, and the marks left slots together must all be able to use them
       -- (each one's limit above the count plus their number), so a queue held
       -- by its own lower limit neither keeps the slots from a queue behind it
-      -- that could use them, nor is left one that another's serves would fill.
+      -- that could use them, nor is left one that another's serves would fill;
+      -- and a call whose own limit leaves it nothing more wakes a mark behind it
+      -- that a higher limit leaves a slot ("^" tells whether one may).
 
       local EW_WAKE_MAX = 16
 
@@ -899,6 +902,7 @@ local function hooks_finish(H)
           count = 0,     -- ew_capacity: the env's count the slots are counted from,
           ahead = 0,     -- the marks ahead left a slot,
           lowest = math.huge, -- and the lowest of their limits
+          top = nil,     -- the line's "^", once read
           room = 0, held = false,
           lazy = false } -- the line was empty: the held test waits for ew_settle
       end
@@ -981,8 +985,11 @@ local function hooks_finish(H)
       end
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
       local count = ew_count(dq)
+      local n = dq.env_limit - count
+      -- (none free by its own limit: one, if a mark's limit may leave it one)
+      if n <= 0 and (tonumber(redis.call('HGET', k[H.own_keys + 6], '^')) or 0) <= count then return end
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake_live(ew, '-inf', '+inf', math.max(dq.env_limit - count, 1), count)
+      ew_wake_live(ew, '-inf', '+inf', math.max(n, 1), count)
     end)(H.keys, H.args)
   end
 end

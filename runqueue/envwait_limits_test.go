@@ -1,14 +1,13 @@
 package runqueue_test
 
 import (
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/keys"
-	"github.com/runqueue/runqueue/runqueue"
 )
 
 // The env's waiting line where LimitsFor gives an env's queues different
@@ -16,13 +15,22 @@ import (
 // and F2, found at layout 8). Flag on, polls of 30 s (a mark lives 61 s):
 // every wait below ends long before a poll could bring anything.
 
-// ewLimitsSetup is ewSetup with an env limit per queue.
+// ewLimitsSetup is ewSetup with an env limit per queue (h222Setup's,
+// fixed).
 func ewLimitsSetup(t *testing.T, c redis.UniversalClient, limits map[string]int) *testBundle {
-	return setup(t, c, func(cfg *runqueue.Config) {
-		cfg.VtimeScheduling = true
-		cfg.LimitsFor = func(_, queue string) runqueue.Limits { return runqueue.Limits{Env: limits[queue]} }
-		cfg.BlockPollInterval = 30 * time.Second
-	})
+	return h222Setup(t, c, &h222Limits{env: limits})
+}
+
+// ewMarkEach marks queues w00 ... w(n-1) of env: one run each, a call the
+// env holds back (it is at the queues' limits).
+func ewMarkEach(t *testing.T, b *testBundle, n int) {
+	t.Helper()
+	for i := range n {
+		q := fmt.Sprintf("w%02d", i)
+		ewEnqueue(t, b, q, 1)
+		require.Empty(t, ewTake(t, b, nil, q))
+		require.True(t, ewMarked(t, b, q), "%s waits in the line", q)
+	}
 }
 
 // ewPlace is queue's place in its env's line.

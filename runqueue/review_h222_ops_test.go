@@ -95,12 +95,7 @@ func TestH222OverLimitReleaseOps(t *testing.T) {
 	runs, err := b.q.Dequeue(b.ctx, env, "qa", 3)
 	require.NoError(t, err)
 	require.Len(t, runs, 3)
-	for i := range 15 {
-		q := fmt.Sprintf("w%02d", i)
-		ewEnqueue(t, b, q, 1)
-		require.Empty(t, ewTake(t, b, nil, q))
-		require.True(t, ewMarked(t, b, q))
-	}
+	ewMarkEach(t, b, 15)
 	lim.set(1)
 	// (each queue's consumer calls again: its mark, renewed in place, now
 	// holds the lowered limit)

@@ -121,12 +121,7 @@ func TestH222PassedMarksHideWaiter(t *testing.T) {
 		held, err := b.q.Dequeue(b.ctx, env, "qf", 9)
 		require.NoError(t, err)
 		require.Len(t, held, 9)
-		for i := range 15 {
-			q := fmt.Sprintf("w%02d", i)
-			ewEnqueue(t, b, q, 1)
-			require.Empty(t, ewTake(t, b, nil, q))
-			require.True(t, ewMarked(t, b, q))
-		}
+		ewMarkEach(t, b, 15)
 		ewEnqueue(t, b, "qz", 3)
 		got, err := b.q.Dequeue(b.ctx, env, "qz", 2)
 		require.NoError(t, err)

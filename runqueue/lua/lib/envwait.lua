@@ -65,13 +65,6 @@
 
 --@include envline
 
--- A write that may be refused on a full Redis: nil then.
-local function ew_write(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then return nil end
-  return r
-end
-
 -- A consumer leaving (a negative life): its queue's mark, if any, lives at
 -- most grace more (leaving), and a wake-up goes to the queue's other
 -- consumers. It says whether the queue had a mark.
@@ -119,6 +112,11 @@ local function ew_capacity(ew)
     local hi = '+inf'
     if ew.mine then hi = '(' .. ew.mine end
     ew.ahead, ew.lowest = ew_wake_live(ew, '-inf', hi, free, ew.count)
+  elseif dq.acks > 0 then
+    -- (the call's acks freed slots its own limit leaves it no use of: one
+    -- mark whose limit does is woken, as a plain ack's hooks_finish does)
+    if ew.top == nil then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0 end
+    ew_wake_one(ew, ew.count)
   end
   if dq.max_count <= 0 then return end
   -- (the marks ahead use their slots at counts up to ew.count + ahead,

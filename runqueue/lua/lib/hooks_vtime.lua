@@ -96,11 +96,13 @@ local function hooks_finish(H)
       --@include envline
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
       local count = ew_count(dq)
-      local n = dq.env_limit - count
-      -- (none free by its own limit: one, if a mark's limit may leave it one)
-      if n <= 0 and (tonumber(redis.call('HGET', k[H.own_keys + 6], '^')) or 0) <= count then return end
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake_live(ew, '-inf', '+inf', math.max(n, 1), count)
+      if dq.env_limit - count > 0 then
+        ew_wake_live(ew, '-inf', '+inf', dq.env_limit - count, count)
+      else -- (none free by its own limit: one, if a mark's limit leaves it one)
+        ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0
+        ew_wake_one(ew, count)
+      end
     end)(H.keys, H.args)
   end
 end

@@ -773,6 +773,7 @@ local function hooks_finish(H)
           ahead = 0,     -- the marks ahead left a slot,
           lowest = math.huge, -- and the lowest of their limits
           top = nil,     -- the line's "^", once read
+          seen = 0, whole = false, -- ew_live: the highest limit met; read to the end
           room = 0, held = false,
           lazy = false } -- the line was empty: the held test waits for ew_settle
       end
@@ -783,6 +784,13 @@ local function hooks_finish(H)
           ew.now = t[1] * 1000 + math.floor(t[2] / 1000)
         end
         return ew.now
+      end
+
+      -- A write that may be refused on a full Redis: nil then.
+      local function ew_write(...)
+        local r = redis.pcall(...)
+        if type(r) == 'table' and r.err then return nil end
+        return r
       end
 
       -- The env's runs in flight now.
@@ -802,7 +810,10 @@ local function hooks_finish(H)
       local function ew_drop(ew, members)
         redis.call('ZREM', ew.line, unpack(members))
         redis.call('HDEL', ew.lives, unpack(members))
-        if redis.call('ZCARD', ew.line) == 0 then redis.call('DEL', ew.line, ew.lives) end
+        if redis.call('ZCARD', ew.line) == 0 then
+          redis.call('DEL', ew.line, ew.lives)
+          ew.top = 0 -- (the line and its "^" are gone: a mark written now makes them)
+        end
       end
 
       -- Up to n live marks of the line with a place in (lo, hi], in place
@@ -817,6 +828,7 @@ local function hooks_finish(H)
         local now = ew_time(ew)
         local out, passed = {}, 0
         lowest = lowest or math.huge
+        ew.seen, ew.whole = 0, false
         for _ = 1, 4 do
           if #out >= n then break end
           -- (a read asks for as many more as it passed marks, which stay, the
@@ -824,21 +836,24 @@ local function hooks_finish(H)
           -- the live ones behind, 4 at one free slot: helper-206)
           local want = n - #out + passed
           local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + passed, want)
-          if #batch == 0 then break end
+          if #batch == 0 then ew.whole = true break end
           local lives = redis.call('HMGET', ew.lives, unpack(batch))
           local dead = {}
           for i, m in ipairs(batch) do
             local till, lim = ew_mark(lives[i])
             if not till or till < now then
               dead[#dead + 1] = m
-            elseif till - now > ew.grace and #out < n and math.min(lowest, lim) > count + #out then
-              out[#out + 1], lowest = m, math.min(lowest, lim)
             else
-              passed = passed + 1
+              if lim > ew.seen then ew.seen = lim end
+              if till - now > ew.grace and #out < n and math.min(lowest, lim) > count + #out then
+                out[#out + 1], lowest = m, math.min(lowest, lim)
+              else
+                passed = passed + 1
+              end
             end
           end
           if #dead > 0 then ew_drop(ew, dead) end
-          if #batch < want then break end
+          if #batch < want then ew.whole = true break end
         end
         return out, lowest
       end
@@ -853,13 +868,30 @@ local function hooks_finish(H)
         for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
         return #marks, lowest
       end
+
+      -- A wake-up of one mark by the marks' own limits (a release or acks whose
+      -- own queue's limit leaves no slot free), when "^" (ew.top) is above the
+      -- count: else none can take one. A read of the whole line to its end
+      -- lowers "^" to the highest limit it met (an env limit lowered for every
+      -- queue: else "^" stays above the count, and each such release, and each
+      -- call of a waiting queue that its own limit holds, reads the line for
+      -- nothing while it lives).
+      local function ew_wake_one(ew, count)
+        if ew.top <= count then return end
+        ew_wake_live(ew, '-inf', '+inf', 1, count)
+        if ew.whole and ew.seen > 0 and ew.seen < ew.top and ew_write('HSET', ew.lives, '^', ew.seen) then
+          ew.top = ew.seen
+        end
+      end
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
       local count = ew_count(dq)
-      local n = dq.env_limit - count
-      -- (none free by its own limit: one, if a mark's limit may leave it one)
-      if n <= 0 and (tonumber(redis.call('HGET', k[H.own_keys + 6], '^')) or 0) <= count then return end
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake_live(ew, '-inf', '+inf', math.max(n, 1), count)
+      if dq.env_limit - count > 0 then
+        ew_wake_live(ew, '-inf', '+inf', dq.env_limit - count, count)
+      else -- (none free by its own limit: one, if a mark's limit leaves it one)
+        ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0
+        ew_wake_one(ew, count)
+      end
     end)(H.keys, H.args)
   end
 end

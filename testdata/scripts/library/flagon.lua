@@ -1,4 +1,4 @@
-#!lua name=runqueue_de74cdd64419703d
+#!lua name=runqueue_90877769d2e97ad8
 -- runqueue's flag-on scripts as one library (see runqueue/library.go).
 local KEYS, ARGV
 -- A run's record is one field of the queue's runs HASH, built by Go
@@ -671,6 +671,7 @@ local function ew_open(line, lives, wake, life, grace, dq)
     ahead = 0,     -- the marks ahead left a slot,
     lowest = math.huge, -- and the lowest of their limits
     top = nil,     -- the line's "^", once read
+    seen = 0, whole = false, -- ew_live: the highest limit met; read to the end
     room = 0, held = false,
     lazy = false } -- the line was empty: the held test waits for ew_settle
 end
@@ -681,6 +682,13 @@ local function ew_time(ew)
     ew.now = t[1] * 1000 + math.floor(t[2] / 1000)
   end
   return ew.now
+end
+
+-- A write that may be refused on a full Redis: nil then.
+local function ew_write(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then return nil end
+  return r
 end
 
 -- The env's runs in flight now.
@@ -700,7 +708,10 @@ end
 local function ew_drop(ew, members)
   redis.call('ZREM', ew.line, unpack(members))
   redis.call('HDEL', ew.lives, unpack(members))
-  if redis.call('ZCARD', ew.line) == 0 then redis.call('DEL', ew.line, ew.lives) end
+  if redis.call('ZCARD', ew.line) == 0 then
+    redis.call('DEL', ew.line, ew.lives)
+    ew.top = 0 -- (the line and its "^" are gone: a mark written now makes them)
+  end
 end
 
 -- Up to n live marks of the line with a place in (lo, hi], in place
@@ -715,6 +726,7 @@ local function ew_live(ew, lo, hi, n, count, lowest)
   local now = ew_time(ew)
   local out, passed = {}, 0
   lowest = lowest or math.huge
+  ew.seen, ew.whole = 0, false
   for _ = 1, 4 do
     if #out >= n then break end
     -- (a read asks for as many more as it passed marks, which stay, the
@@ -722,21 +734,24 @@ local function ew_live(ew, lo, hi, n, count, lowest)
     -- the live ones behind, 4 at one free slot: helper-206)
     local want = n - #out + passed
     local batch = redis.call('ZRANGEBYSCORE', ew.line, lo, hi, 'LIMIT', #out + passed, want)
-    if #batch == 0 then break end
+    if #batch == 0 then ew.whole = true break end
     local lives = redis.call('HMGET', ew.lives, unpack(batch))
     local dead = {}
     for i, m in ipairs(batch) do
       local till, lim = ew_mark(lives[i])
       if not till or till < now then
         dead[#dead + 1] = m
-      elseif till - now > ew.grace and #out < n and math.min(lowest, lim) > count + #out then
-        out[#out + 1], lowest = m, math.min(lowest, lim)
       else
-        passed = passed + 1
+        if lim > ew.seen then ew.seen = lim end
+        if till - now > ew.grace and #out < n and math.min(lowest, lim) > count + #out then
+          out[#out + 1], lowest = m, math.min(lowest, lim)
+        else
+          passed = passed + 1
+        end
       end
     end
     if #dead > 0 then ew_drop(ew, dead) end
-    if #batch < want then break end
+    if #batch < want then ew.whole = true break end
   end
   return out, lowest
 end
@@ -750,6 +765,21 @@ local function ew_wake_live(ew, lo, hi, n, count, lowest)
   marks, lowest = ew_live(ew, lo, hi, n, count, lowest)
   for i = 1, math.min(#marks, EW_WAKE_MAX) do redis.call('PUBLISH', ew.wake, marks[i]) end
   return #marks, lowest
+end
+
+-- A wake-up of one mark by the marks' own limits (a release or acks whose
+-- own queue's limit leaves no slot free), when "^" (ew.top) is above the
+-- count: else none can take one. A read of the whole line to its end
+-- lowers "^" to the highest limit it met (an env limit lowered for every
+-- queue: else "^" stays above the count, and each such release, and each
+-- call of a waiting queue that its own limit holds, reads the line for
+-- nothing while it lives).
+local function ew_wake_one(ew, count)
+  if ew.top <= count then return end
+  ew_wake_live(ew, '-inf', '+inf', 1, count)
+  if ew.whole and ew.seen > 0 and ew.seen < ew.top and ew_write('HSET', ew.lives, '^', ew.seen) then
+    ew.top = ew.seen
+  end
 end
 -- Scheduler flag on: the hooks keep each variant's registration (see
 -- sched). A script that includes "hooks" calls
@@ -847,11 +877,13 @@ local function hooks_finish(H)
     (function(k, a)
       local dq = { env_limit = a[H.own_args + 4] + 0, env_n = k[H.own_keys + 4] }
       local count = ew_count(dq)
-      local n = dq.env_limit - count
-      -- (none free by its own limit: one, if a mark's limit may leave it one)
-      if n <= 0 and (tonumber(redis.call('HGET', k[H.own_keys + 6], '^')) or 0) <= count then return end
       local ew = ew_open(k[H.own_keys + 5], k[H.own_keys + 6], a[H.own_args + 5], 0, a[H.own_args + 6], dq)
-      ew_wake_live(ew, '-inf', '+inf', math.max(n, 1), count)
+      if dq.env_limit - count > 0 then
+        ew_wake_live(ew, '-inf', '+inf', dq.env_limit - count, count)
+      else -- (none free by its own limit: one, if a mark's limit leaves it one)
+        ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0
+        ew_wake_one(ew, count)
+      end
     end)(H.keys, H.args)
   end
 end
@@ -2011,13 +2043,6 @@ end
 -- did before the line.
 
 
--- A write that may be refused on a full Redis: nil then.
-local function ew_write(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then return nil end
-  return r
-end
-
 -- A consumer leaving (a negative life): its queue's mark, if any, lives at
 -- most grace more (leaving), and a wake-up goes to the queue's other
 -- consumers. It says whether the queue had a mark.
@@ -2065,6 +2090,11 @@ local function ew_capacity(ew)
     local hi = '+inf'
     if ew.mine then hi = '(' .. ew.mine end
     ew.ahead, ew.lowest = ew_wake_live(ew, '-inf', hi, free, ew.count)
+  elseif dq.acks > 0 then
+    -- (the call's acks freed slots its own limit leaves it no use of: one
+    -- mark whose limit does is woken, as a plain ack's hooks_finish does)
+    if ew.top == nil then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0 end
+    ew_wake_one(ew, ew.count)
   end
   if dq.max_count <= 0 then return end
   -- (the marks ahead use their slots at counts up to ew.count + ahead,
@@ -3322,9 +3352,9 @@ hooks:finish()
 return 1
 end
 
-redis.register_function{ function_name = 'runqueue_de74cdd64419703d_enqueue_vtime', callback = script_enqueue_vtime }
-redis.register_function{ function_name = 'runqueue_de74cdd64419703d_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_de74cdd64419703d_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_de74cdd64419703d_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_de74cdd64419703d_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
-redis.register_function{ function_name = 'runqueue_de74cdd64419703d_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_90877769d2e97ad8_enqueue_vtime', callback = script_enqueue_vtime }
+redis.register_function{ function_name = 'runqueue_90877769d2e97ad8_dequeue_vtime', callback = script_dequeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_90877769d2e97ad8_ack_vtime', callback = script_ack_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_90877769d2e97ad8_requeue_vtime', callback = script_requeue_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_90877769d2e97ad8_expire_vtime', callback = script_expire_vtime, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'runqueue_90877769d2e97ad8_redrive_vtime', callback = script_redrive_vtime, flags = { 'allow-oom' } }

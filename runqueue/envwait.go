@@ -81,9 +81,11 @@ func envAheadOf(line []redis.Z, lives map[string]string, member string, now, gra
 		return 0
 	}
 	mine, have := 0.0, false
-	for _, z := range line {
-		if l, _ := left(member); z.Member == member && l >= 0 {
-			mine, have = z.Score, true
+	if l, _ := left(member); l >= 0 {
+		for _, z := range line {
+			if z.Member == member {
+				mine, have = z.Score, true
+			}
 		}
 	}
 	var ahead []string // in place order, as ZRANGEBYSCORE reads them

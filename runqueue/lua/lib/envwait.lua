@@ -91,7 +91,7 @@ local function ew_capacity(ew)
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
     -- the env held the call is read after the serves, and only when the
     -- call used all its room (ew_settle).
-    ew.lazy = true
+    ew.lazy, ew.top = true, 0
     return
   end
   ew.count = ew_count(dq)
@@ -115,7 +115,6 @@ local function ew_capacity(ew)
   elseif dq.acks > 0 then
     -- (the call's acks freed slots its own limit leaves it no use of: one
     -- mark whose limit does is woken, as a plain ack's hooks_finish does)
-    if ew.top == nil then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0 end
     ew_wake_one(ew, ew.count)
   end
   if dq.max_count <= 0 then return end
@@ -164,9 +163,8 @@ local function ew_settle(ew, served)
     -- lapse before that waiter's next call: helper-207)
     if turn == ew.mine and ew.till > till then till = ew.till end
     local mark = { 'HSET', ew.lives, dq.qm, string.format('%d:%d', till, dq.env_limit) }
-    -- ("^": the highest limit of the line's marks; an empty line has none)
-    if ew.top == nil and not ew.lazy then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) end
-    if dq.env_limit > (ew.top or 0) then mark[5], mark[6] = '^', dq.env_limit end
+    -- ("^": the highest limit of the line's marks)
+    if dq.env_limit > ew_top(ew) then mark[5], mark[6] = '^', dq.env_limit end
     if ew_write(unpack(mark)) and ew_write('ZADD', ew.line, turn, dq.qm) then
       -- (the keys live as long as their longest-lived mark)
       for _, k in ipairs({ ew.line, ew.lives }) do
@@ -181,7 +179,7 @@ local function ew_settle(ew, served)
     -- (the call's own limit left it no more, or its place kept a slot for
     -- a limit it no longer has, while a mark behind may have a higher
     -- limit that leaves it one: one of them is woken, by their limits)
-    if n <= 0 and math.min(ew.top, ew.lowest) > count then n = 1 end
+    if n <= 0 and math.min(ew_top(ew), ew.lowest) > count then n = 1 end
     if n > 0 then ew_wake_live(ew, '(' .. ew.mine, '+inf', n, count, ew.lowest) end
   end
 end

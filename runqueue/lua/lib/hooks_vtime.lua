@@ -100,7 +100,6 @@ local function hooks_finish(H)
       if dq.env_limit - count > 0 then
         ew_wake_live(ew, '-inf', '+inf', dq.env_limit - count, count)
       else -- (none free by its own limit: one, if a mark's limit leaves it one)
-        ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0
         ew_wake_one(ew, count)
       end
     end)(H.keys, H.args)

@@ -1805,15 +1805,21 @@ local function ew_wake_live(ew, lo, hi, n, count, lowest)
   return #marks, lowest
 end
 
+-- The line's "^" (0 for none), read once a call.
+local function ew_top(ew)
+  if ew.top == nil then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0 end
+  return ew.top
+end
+
 -- A wake-up of one mark by the marks' own limits (a release or acks whose
--- own queue's limit leaves no slot free), when "^" (ew.top) is above the
--- count: else none can take one. A read of the whole line to its end
+-- own queue's limit leaves no slot free), when "^" is above the count:
+-- else none can take one. A read of the whole line to its end
 -- lowers "^" to the highest limit it met (an env limit lowered for every
 -- queue: else "^" stays above the count, and each such release, and each
 -- call of a waiting queue that its own limit holds, reads the line for
 -- nothing while it lives).
 local function ew_wake_one(ew, count)
-  if ew.top <= count then return end
+  if ew_top(ew) <= count then return end
   ew_wake_live(ew, '-inf', '+inf', 1, count)
   if ew.whole and ew.seen > 0 and ew.seen < ew.top and ew_write('HSET', ew.lives, '^', ew.seen) then
     ew.top = ew.seen
@@ -1846,7 +1852,7 @@ local function ew_capacity(ew)
     -- No queue waits: nothing to leave or wake, no mark to keep. Whether
     -- the env held the call is read after the serves, and only when the
     -- call used all its room (ew_settle).
-    ew.lazy = true
+    ew.lazy, ew.top = true, 0
     return
   end
   ew.count = ew_count(dq)
@@ -1870,7 +1876,6 @@ local function ew_capacity(ew)
   elseif dq.acks > 0 then
     -- (the call's acks freed slots its own limit leaves it no use of: one
     -- mark whose limit does is woken, as a plain ack's hooks_finish does)
-    if ew.top == nil then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0 end
     ew_wake_one(ew, ew.count)
   end
   if dq.max_count <= 0 then return end
@@ -1919,9 +1924,8 @@ local function ew_settle(ew, served)
     -- lapse before that waiter's next call: helper-207)
     if turn == ew.mine and ew.till > till then till = ew.till end
     local mark = { 'HSET', ew.lives, dq.qm, string.format('%d:%d', till, dq.env_limit) }
-    -- ("^": the highest limit of the line's marks; an empty line has none)
-    if ew.top == nil and not ew.lazy then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) end
-    if dq.env_limit > (ew.top or 0) then mark[5], mark[6] = '^', dq.env_limit end
+    -- ("^": the highest limit of the line's marks)
+    if dq.env_limit > ew_top(ew) then mark[5], mark[6] = '^', dq.env_limit end
     if ew_write(unpack(mark)) and ew_write('ZADD', ew.line, turn, dq.qm) then
       -- (the keys live as long as their longest-lived mark)
       for _, k in ipairs({ ew.line, ew.lives }) do
@@ -1936,7 +1940,7 @@ local function ew_settle(ew, served)
     -- (the call's own limit left it no more, or its place kept a slot for
     -- a limit it no longer has, while a mark behind may have a higher
     -- limit that leaves it one: one of them is woken, by their limits)
-    if n <= 0 and math.min(ew.top, ew.lowest) > count then n = 1 end
+    if n <= 0 and math.min(ew_top(ew), ew.lowest) > count then n = 1 end
     if n > 0 then ew_wake_live(ew, '(' .. ew.mine, '+inf', n, count, ew.lowest) end
   end
 end

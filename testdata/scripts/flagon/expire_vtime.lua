@@ -869,15 +869,21 @@ local function hooks_finish(H)
         return #marks, lowest
       end
 
+      -- The line's "^" (0 for none), read once a call.
+      local function ew_top(ew)
+        if ew.top == nil then ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0 end
+        return ew.top
+      end
+
       -- A wake-up of one mark by the marks' own limits (a release or acks whose
-      -- own queue's limit leaves no slot free), when "^" (ew.top) is above the
-      -- count: else none can take one. A read of the whole line to its end
+      -- own queue's limit leaves no slot free), when "^" is above the count:
+      -- else none can take one. A read of the whole line to its end
       -- lowers "^" to the highest limit it met (an env limit lowered for every
       -- queue: else "^" stays above the count, and each such release, and each
       -- call of a waiting queue that its own limit holds, reads the line for
       -- nothing while it lives).
       local function ew_wake_one(ew, count)
-        if ew.top <= count then return end
+        if ew_top(ew) <= count then return end
         ew_wake_live(ew, '-inf', '+inf', 1, count)
         if ew.whole and ew.seen > 0 and ew.seen < ew.top and ew_write('HSET', ew.lives, '^', ew.seen) then
           ew.top = ew.seen
@@ -889,7 +895,6 @@ local function hooks_finish(H)
       if dq.env_limit - count > 0 then
         ew_wake_live(ew, '-inf', '+inf', dq.env_limit - count, count)
       else -- (none free by its own limit: one, if a mark's limit leaves it one)
-        ew.top = tonumber(redis.call('HGET', ew.lives, '^')) or 0
         ew_wake_one(ew, count)
       end
     end)(H.keys, H.args)

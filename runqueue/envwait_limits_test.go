@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/runqueue/runqueue/keys"
+	"github.com/runqueue/runqueue/runqueue"
 )
 
 // The env's waiting line where LimitsFor gives an env's queues different
@@ -110,18 +111,27 @@ func TestEnvWaitingLowestLimitLeavesItsSlot(t *testing.T) {
 func TestEnvWaitingReleaseWakesByOwnLimit(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := ewLimitsSetup(t, c, map[string]int{"qa": 1, "qb": 3})
-		ewEnqueue(t, b, "qa", 1)
-		ewEnqueue(t, b, "qb", 3)
-		a := ewTake(t, b, nil, "qa")
-		require.Len(t, a, 1)
-		held, err := b.q.Dequeue(b.ctx, env, "qb", 2)
-		require.NoError(t, err)
-		require.Len(t, held, 2)
-		served := make(chan string, 1)
-		startWorker(t, b.q, ewServed(served), ewOver("qb"))
-		ewWaits(t, b, "qb")
+		b, a, served := ewQbWaitsAtItsLimit(t, c)
 		require.NoError(t, b.q.Ack(b.ctx, a[0]))
 		ewWithin(t, served, "qb after qa's ack")
 	})
+}
+
+// ewQbWaitsAtItsLimit: qa's env limit 1, qb's 3; qa holds one run (a), qb
+// two (the env at qb's limit), and qb's Worker, whose handler reports its
+// runs on served, waits in the line.
+func ewQbWaitsAtItsLimit(t *testing.T, c redis.UniversalClient) (b *testBundle, a []*runqueue.Run, served chan string) {
+	t.Helper()
+	b = ewLimitsSetup(t, c, map[string]int{"qa": 1, "qb": 3})
+	ewEnqueue(t, b, "qa", 1)
+	ewEnqueue(t, b, "qb", 3)
+	a = ewTake(t, b, nil, "qa")
+	require.Len(t, a, 1)
+	held, err := b.q.Dequeue(b.ctx, env, "qb", 2)
+	require.NoError(t, err)
+	require.Len(t, held, 2)
+	served = make(chan string, 4)
+	startWorker(t, b.q, ewServed(served), ewOver("qb"))
+	ewWaits(t, b, "qb")
+	return b, a, served
 }

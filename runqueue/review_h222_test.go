@@ -171,6 +171,51 @@ func TestH222LoweredLimitMarkIdlesSlot(t *testing.T) {
 	})
 }
 
+// h222Walk is a pseudo-random walk of calls over queues of env with env
+// limits lims: each take checks Preview against the dequeue it names and
+// the env's count against the queue's limit.
+type h222Walk struct {
+	t    *testing.T
+	b    *testBundle
+	lims map[string]int
+	next map[string]int // queue -> runs enqueued
+	held []*runqueue.Run
+	bad  int // takes whose Preview named another number of runs
+}
+
+// put enqueues n runs of q, each of a key of its own.
+func (w *h222Walk) put(q string, n int) {
+	for range n {
+		_, err := w.b.q.Enqueue(w.b.ctx, runqueue.EnqueueParams{Env: env, Queue: q, Key: fmt.Sprintf("k%d", w.next[q]), ID: fmt.Sprintf("%s-%03d", q, w.next[q])})
+		require.NoError(w.t, err)
+		w.next[q]++
+		w.b.clock.Advance(time.Millisecond)
+	}
+}
+
+// ack acks the i-th run held.
+func (w *h222Walk) ack(i int) {
+	require.NoError(w.t, w.b.q.Ack(w.b.ctx, w.held[i]))
+	w.held = append(w.held[:i], w.held[i+1:]...)
+}
+
+// take is Preview then Dequeue of n runs of q.
+func (w *h222Walk) take(step int, q string, n int) {
+	t, b := w.t, w.b
+	before := h219EnvCount(t, b)
+	p, err := b.q.Preview(b.ctx, env, q, n)
+	require.NoError(t, err)
+	got, err := b.q.Dequeue(b.ctx, env, q, n)
+	require.NoError(t, err)
+	after := h219EnvCount(t, b)
+	if len(p) != len(got) {
+		w.bad++
+		t.Logf("step %d: %s (limit %d) n %d count %d: Preview %d, took %d", step, q, w.lims[q], n, before, len(p), len(got))
+	}
+	require.LessOrEqual(t, after, max(before, w.lims[q]), "step %d: %s took the env past its limit", step, q)
+	w.held = append(w.held, got...)
+}
+
 // TestH222PreviewMatchesDequeueMixed: five queues with env limits 1, 2, 3,
 // 5 and 5, a fixed pseudo-random sequence of Dequeue and Ack: before each
 // Dequeue, Preview of the same call must name as many runs, and no call
@@ -181,46 +226,22 @@ func TestH222PreviewMatchesDequeueMixed(t *testing.T) {
 		lims := map[string]int{"qa": 1, "qb": 2, "qc": 3, "qd": 5, "qe": 5}
 		b := h222Setup(t, c, &h222Limits{env: lims})
 		qs := []string{"qa", "qb", "qc", "qd", "qe"}
-		next := map[string]int{}
-		put := func(q string, n int) {
-			for range n {
-				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: q, Key: fmt.Sprintf("k%d", next[q]), ID: fmt.Sprintf("%s-%03d", q, next[q])})
-				require.NoError(t, err)
-				next[q]++
-				b.clock.Advance(time.Millisecond)
-			}
-		}
+		w := &h222Walk{t: t, b: b, lims: lims, next: map[string]int{}}
 		for _, q := range qs {
-			put(q, 4)
+			w.put(q, 4)
 		}
-		var held []*runqueue.Run
 		r := rand.New(rand.NewPCG(222, 9))
-		bad := 0
 		for step := range 400 {
 			q := qs[r.IntN(len(qs))]
-			if r.IntN(2) == 0 && len(held) > 0 {
-				i := r.IntN(len(held))
-				require.NoError(t, b.q.Ack(b.ctx, held[i]))
-				held = append(held[:i], held[i+1:]...)
+			if r.IntN(2) == 0 && len(w.held) > 0 {
+				w.ack(r.IntN(len(w.held)))
 				continue
 			}
-			n := 1 + r.IntN(3)
-			before := h219EnvCount(t, b)
-			p, err := b.q.Preview(b.ctx, env, q, n)
-			require.NoError(t, err)
-			got, err := b.q.Dequeue(b.ctx, env, q, n)
-			require.NoError(t, err)
-			after := h219EnvCount(t, b)
-			if len(p) != len(got) {
-				bad++
-				t.Logf("step %d: %s (limit %d) n %d count %d: Preview %d, took %d", step, q, lims[q], n, before, len(p), len(got))
-			}
-			require.LessOrEqual(t, after, max(before, lims[q]), "step %d: %s took the env past its limit", step, q)
-			held = append(held, got...)
+			w.take(step, q, 1+r.IntN(3))
 			if r.IntN(4) == 0 {
-				put(q, 2)
+				w.put(q, 2)
 			}
 		}
-		require.Zero(t, bad, "Preview disagreed with the dequeue")
+		require.Zero(t, w.bad, "Preview disagreed with the dequeue")
 	})
 }

@@ -111,17 +111,7 @@ func TestH223FusedAckWakesNobody(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-				b := ewLimitsSetup(t, c, map[string]int{"qa": 1, "qb": 3})
-				ewEnqueue(t, b, "qa", 1)
-				ewEnqueue(t, b, "qb", 3)
-				a := ewTake(t, b, nil, "qa")
-				require.Len(t, a, 1)
-				held, err := b.q.Dequeue(b.ctx, env, "qb", 2)
-				require.NoError(t, err)
-				require.Len(t, held, 2)
-				served := make(chan string, 4)
-				startWorker(t, b.q, ewServed(served), ewOver("qb"))
-				ewWaits(t, b, "qb")
+				b, a, served := ewQbWaitsAtItsLimit(t, c)
 				if tc.more > 0 {
 					for i := range tc.more {
 						_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: "qa", Key: "k2", ID: "qa-more-" + string(rune('a'+i))})
@@ -246,29 +236,18 @@ func TestH223PreviewMatchesDequeueLapses(t *testing.T) {
 		b.q.SetLeaveGrace(30 * time.Second) // (a mark cut to leaving stays so for the test's length)
 		lives := ewSpace(t, b).Env(env).WaitingUntil()
 		qs := []string{"qa", "qb", "qc", "qd", "qe", "qf", "qg"}
-		next := map[string]int{}
-		put := func(q string, n int) {
-			for range n {
-				_, err := b.q.Enqueue(b.ctx, runqueue.EnqueueParams{Env: env, Queue: q, Key: fmt.Sprintf("k%d", next[q]), ID: fmt.Sprintf("%s-%03d", q, next[q])})
-				require.NoError(t, err)
-				next[q]++
-				b.clock.Advance(time.Millisecond)
-			}
-		}
+		w := &h222Walk{t: t, b: b, lims: lims, next: map[string]int{}}
 		for _, q := range qs {
-			put(q, 4)
+			w.put(q, 4)
 		}
-		var held []*runqueue.Run
 		r := rand.New(rand.NewPCG(223, 9))
-		bad, lapsed, leaving := 0, 0, 0
+		lapsed, leaving := 0, 0
 		for step := range 500 {
 			q := qs[r.IntN(len(qs))]
 			switch r.IntN(8) {
 			case 0, 1, 2:
-				if len(held) > 0 {
-					i := r.IntN(len(held))
-					require.NoError(t, b.q.Ack(b.ctx, held[i]))
-					held = append(held[:i], held[i+1:]...)
+				if len(w.held) > 0 {
+					w.ack(r.IntN(len(w.held)))
 					continue
 				}
 			case 3:
@@ -285,24 +264,12 @@ func TestH223PreviewMatchesDequeueLapses(t *testing.T) {
 					require.NoError(t, b.client.HSet(b.ctx, lives, m, fmt.Sprintf("%d:%s", till, l)).Err())
 				}
 			}
-			n := 1 + r.IntN(3)
-			before := h219EnvCount(t, b)
-			p, err := b.q.Preview(b.ctx, env, q, n)
-			require.NoError(t, err)
-			got, err := b.q.Dequeue(b.ctx, env, q, n)
-			require.NoError(t, err)
-			after := h219EnvCount(t, b)
-			if len(p) != len(got) {
-				bad++
-				t.Logf("step %d: %s (limit %d) n %d count %d: Preview %d, took %d", step, q, lims[q], n, before, len(p), len(got))
-			}
-			require.LessOrEqual(t, after, max(before, lims[q]), "step %d: %s took the env past its limit", step, q)
-			held = append(held, got...)
+			w.take(step, q, 1+r.IntN(3))
 			if r.IntN(3) == 0 {
-				put(q, 2)
+				w.put(q, 2)
 			}
 		}
 		t.Logf("marks lapsed by hand %d, cut to leaving %d", lapsed, leaving)
-		require.Zero(t, bad, "Preview disagreed with the dequeue")
+		require.Zero(t, w.bad, "Preview disagreed with the dequeue")
 	})
 }

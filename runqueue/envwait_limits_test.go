@@ -16,10 +16,10 @@ import (
 // and F2, found at layout 8). Flag on, polls of 30 s (a mark lives 61 s):
 // every wait below ends long before a poll could bring anything.
 
-// ewLimitsSetup is ewSetup with an env limit per queue (h222Setup's,
-// fixed).
+// ewLimitsSetup is ewSetup with an env limit per queue (h219Setup's,
+// flag on).
 func ewLimitsSetup(t *testing.T, c redis.UniversalClient, limits map[string]int) *testBundle {
-	return h222Setup(t, c, &h222Limits{env: limits})
+	return h219Setup(t, c, true, &h219Limits{env: limits})
 }
 
 // ewMarkEach marks queues w00 ... w(n-1) of env: one run each, a call the

@@ -41,6 +41,12 @@ func (l *h219Limits) setAll(n int) {
 	l.def = n
 }
 
+func (l *h219Limits) set(queue string, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.env[queue] = n
+}
+
 func (l *h219Limits) get(_, queue string) runqueue.Limits {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,20 +57,7 @@ func h222Fmt(m map[string]int) string {
 	return sb.String()
 }
 
-// h222Lim is a LimitsFor whose one env limit can change.
-type h222Lim struct {
-	mu sync.Mutex
-	n  int
-}
-
-func (l *h222Lim) set(n int) { l.mu.Lock(); l.n = n; l.mu.Unlock() }
-func (l *h222Lim) get(string, string) runqueue.Limits {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return runqueue.Limits{Env: l.n}
-}
-
-func h222OwnSetup(t *testing.T, lim *h222Lim) *testBundle {
+func h222OwnSetup(t *testing.T, lim *h219Limits) *testBundle {
 	c := redis.NewClient(&redis.Options{Addr: ownRedis(t)})
 	t.Cleanup(func() { _ = c.Close() })
 	return setup(t, c, func(cfg *runqueue.Config) {
@@ -89,14 +75,14 @@ func h222OwnSetup(t *testing.T, lim *h222Lim) *testBundle {
 // limit ("^", 3 since the marks were first written) is above the count:
 // at most its four reads, then, at a count of 3 or more by "^", nothing.
 func TestH222OverLimitReleaseOps(t *testing.T) {
-	lim := &h222Lim{n: 3}
+	lim := &h219Limits{def: 3}
 	b := h222OwnSetup(t, lim)
 	ewEnqueue(t, b, "qa", 3)
 	runs, err := b.q.Dequeue(b.ctx, env, "qa", 3)
 	require.NoError(t, err)
 	require.Len(t, runs, 3)
 	ewMarkEach(t, b, 15)
-	lim.set(1)
+	lim.setAll(1)
 	// (each queue's consumer calls again: its mark, renewed in place, now
 	// holds the lowered limit)
 	for i := range 15 {
@@ -113,9 +99,9 @@ func TestH222OverLimitReleaseOps(t *testing.T) {
 	// A line whose marks were all written at the lowered limit: its "^"
 	// is 1, and a release at a count of 1 reads nothing of it.
 	ewEnqueue(t, b, "qa", 1)
-	lim.set(3)
+	lim.setAll(3)
 	require.Len(t, ewTake(t, b, nil, "qa"), 1) // (count 2)
-	lim.set(1)
+	lim.setAll(1)
 	require.NoError(t, b.client.Del(b.ctx, ewSpace(t, b).Env(env).Waiting(), ewSpace(t, b).Env(env).WaitingUntil()).Err())
 	for i := range 3 {
 		require.Empty(t, ewTake(t, b, nil, fmt.Sprintf("w%02d", i)))

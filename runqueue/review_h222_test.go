@@ -8,7 +8,6 @@ package runqueue_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,27 +16,6 @@ import (
 
 	"github.com/runqueue/runqueue/runqueue"
 )
-
-// h222Limits is an env limit per queue that can change.
-type h222Limits struct {
-	mu  sync.Mutex
-	env map[string]int
-}
-
-func (l *h222Limits) set(q string, n int) { l.mu.Lock(); l.env[q] = n; l.mu.Unlock() }
-func (l *h222Limits) get(_, q string) runqueue.Limits {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return runqueue.Limits{Env: l.env[q]}
-}
-
-func h222Setup(t *testing.T, c redis.UniversalClient, lim *h222Limits) *testBundle {
-	return setup(t, c, func(cfg *runqueue.Config) {
-		cfg.VtimeScheduling = true
-		cfg.LimitsFor = lim.get
-		cfg.BlockPollInterval = 30 * time.Second
-	})
-}
 
 // h222LowMarkAtFront: qa (env limit 1) waits at the front of the line with
 // the env empty: qa took its one slot, called again (held by its own
@@ -63,7 +41,7 @@ func h222LowMarkAtFront(t *testing.T, b *testBundle) {
 func TestH222LowMarkServedWakesNobody(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := h222Setup(t, c, &h222Limits{env: map[string]int{"qa": 1, "qb": 10}})
+		b := ewLimitsSetup(t, c, map[string]int{"qa": 1, "qb": 10})
 		h222LowMarkAtFront(t, b)
 		ewEnqueue(t, b, "qb", 5)
 		served := make(chan string, 16)
@@ -85,7 +63,7 @@ func TestH222LowMarkServedWakesNobody(t *testing.T) {
 func TestH222LowMarkHoldsEnv(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := h222Setup(t, c, &h222Limits{env: map[string]int{"qa": 1, "qc": 10}})
+		b := ewLimitsSetup(t, c, map[string]int{"qa": 1, "qc": 10})
 		h222LowMarkAtFront(t, b)
 		ewEnqueue(t, b, "qc", 20)
 		for i := range 3 {
@@ -112,11 +90,11 @@ func TestH222LowMarkHoldsEnv(t *testing.T) {
 func TestH222PassedMarksHideWaiter(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		lim := &h222Limits{env: map[string]int{"qf": 10, "qz": 10, "qc": 10}}
+		lim := &h219Limits{env: map[string]int{"qf": 10, "qz": 10, "qc": 10}}
 		for i := range 15 {
 			lim.env[fmt.Sprintf("w%02d", i)] = 1
 		}
-		b := h222Setup(t, c, lim)
+		b := h219Setup(t, c, true, lim)
 		ewEnqueue(t, b, "qf", 9)
 		held, err := b.q.Dequeue(b.ctx, env, "qf", 9)
 		require.NoError(t, err)
@@ -151,8 +129,8 @@ func TestH222PassedMarksHideWaiter(t *testing.T) {
 func TestH222LoweredLimitMarkIdlesSlot(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		lim := &h222Limits{env: map[string]int{"qa": 10, "qb": 10, "qc": 10}}
-		b := h222Setup(t, c, lim)
+		lim := &h219Limits{env: map[string]int{"qa": 10, "qb": 10, "qc": 10}}
+		b := h219Setup(t, c, true, lim)
 		ewEnqueue(t, b, "qb", 10)
 		held, err := b.q.Dequeue(b.ctx, env, "qb", 10)
 		require.NoError(t, err)
@@ -224,7 +202,7 @@ func TestH222PreviewMatchesDequeueMixed(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		lims := map[string]int{"qa": 1, "qb": 2, "qc": 3, "qd": 5, "qe": 5}
-		b := h222Setup(t, c, &h222Limits{env: lims})
+		b := ewLimitsSetup(t, c, lims)
 		qs := []string{"qa", "qb", "qc", "qd", "qe"}
 		w := &h222Walk{t: t, b: b, lims: lims, next: map[string]int{}}
 		for _, q := range qs {

@@ -35,7 +35,7 @@ import (
 func TestH223DeadOwnMarkLosesCaret(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
-		b := h222Setup(t, c, &h222Limits{env: map[string]int{"qL": 1, "qf": 10, "qx": 10, "qb": 5}})
+		b := ewLimitsSetup(t, c, map[string]int{"qL": 1, "qf": 10, "qx": 10, "qb": 5})
 		lives := ewSpace(t, b).Env(env).WaitingUntil()
 		ewEnqueue(t, b, "qL", 1)
 		l := ewTake(t, b, nil, "qL")
@@ -188,7 +188,7 @@ func TestH223WorkerAckWakesNobody(t *testing.T) {
 // "^" to 1, the highest limit it met; the held calls after it read
 // nothing of the line behind them.
 func TestH223LoweredLimitHeldCallsRead(t *testing.T) {
-	lim := &h222Lim{n: 10}
+	lim := &h219Limits{def: 10}
 	b := h222OwnSetup(t, lim)
 	ewEnqueue(t, b, "qa", 10)
 	runs, err := b.q.Dequeue(b.ctx, env, "qa", 10)
@@ -203,7 +203,7 @@ func TestH223LoweredLimitHeldCallsRead(t *testing.T) {
 	for _, r := range runs[:7] {
 		require.NoError(t, b.q.Ack(b.ctx, r))
 	}
-	lim.set(1)
+	lim.setAll(1)
 	for _, q := range ws { // (each renews its mark at 1: no stale limit left)
 		require.Empty(t, ewTake(t, b, nil, q))
 		_, l, err := ewMarkOf(b, ewSpace(t, b), q)
@@ -232,7 +232,7 @@ func TestH223PreviewMatchesDequeueLapses(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, c redis.UniversalClient) {
 		lims := map[string]int{"qa": 1, "qb": 2, "qc": 3, "qd": 5, "qe": 5, "qf": 1, "qg": 2}
-		b := h222Setup(t, c, &h222Limits{env: lims})
+		b := ewLimitsSetup(t, c, lims)
 		b.q.SetLeaveGrace(30 * time.Second) // (a mark cut to leaving stays so for the test's length)
 		lives := ewSpace(t, b).Env(env).WaitingUntil()
 		qs := []string{"qa", "qb", "qc", "qd", "qe", "qf", "qg"}
